@@ -1,0 +1,214 @@
+"""The GPU backend contract: one interface for NVIDIA, AMD and the virtual GPU.
+
+Every backend converts vendor units (mW, mJ, µJ ticks) to SI units here, at the
+boundary, and nowhere else: powers are watts, energies joules, times seconds.
+Vendor exceptions are translated into the small hierarchy below and chained with
+``raise ... from exc``.
+
+Thread safety: a backend is called from two threads, the sampler thread (samples,
+energy counter) and the training thread (power-limit get/set at step boundaries).
+Implementations must make those calls safe to interleave.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+READ_ONLY_ENV = "ZEUS_CALLBACKS_READ_ONLY"
+
+
+class BackendError(RuntimeError):
+    """Base class of every error a GPU backend raises."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be used here (library missing, no device, MIG, ...)."""
+
+
+class SensorError(BackendError):
+    """A sensor read failed (GPU lost, unknown error, counter went backwards)."""
+
+    def __init__(self, message: str, kind: str = "unknown") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class NotSupported(BackendError):
+    """The device does not support this query or setting."""
+
+
+class PermissionDenied(BackendError):
+    """The caller may not change this setting (no root, or read-only mode)."""
+
+
+class ReadOnlyError(PermissionDenied):
+    """A setter was called while ``ZEUS_CALLBACKS_READ_ONLY=1`` is set."""
+
+
+def read_only_from_env() -> bool:
+    """Return True when ``ZEUS_CALLBACKS_READ_ONLY`` asks for read-only mode.
+
+    Any value other than empty, ``0``, ``false`` or ``no`` (case-insensitive) counts.
+    """
+    value = os.environ.get(READ_ONLY_ENV, "").strip().lower()
+    return value not in ("", "0", "false", "no")
+
+
+class Clock(Protocol):
+    """A source of time in seconds, on the same time base as a backend's samples."""
+
+    def now_s(self) -> float:
+        """Return the current time in seconds."""
+        ...
+
+
+class WallClock:
+    """The CPU realtime clock (seconds since the epoch).
+
+    NVML's buffered power samples carry µs timestamps on this clock, so window
+    boundaries must be taken on it too.
+    """
+
+    def now_s(self) -> float:
+        """Return ``time.time()`` in seconds."""
+        return time.time()
+
+
+class ManualClock:
+    """A virtual clock that only moves when told to; used by the simulator and tests."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now_s = float(start_s)
+
+    def now_s(self) -> float:
+        """Return the current virtual time in seconds."""
+        return self._now_s
+
+    def advance(self, dt_s: float) -> float:
+        """Move time forward by ``dt_s`` seconds (must be ≥ 0) and return the new time."""
+        if dt_s < 0:
+            raise ValueError(f"cannot move a clock backwards (dt_s={dt_s})")
+        self._now_s += dt_s
+        return self._now_s
+
+
+@dataclass(frozen=True)
+class PowerSample:
+    """One power reading of one GPU.
+
+    Attributes:
+        timestamp_s: When the sensor produced the value, on the backend's clock (s).
+        power_W: The power the sensor reported (W). On NVIDIA this is roughly an
+            average over the preceding 10–20 ms (see DESIGN.md, H200 facts).
+    """
+
+    timestamp_s: float
+    power_W: float
+
+
+class GPUBackend(abc.ABC):
+    """A set of GPUs this process may measure, and their power limits.
+
+    Device indices are the process's own view (0..device_count()-1), i.e. after
+    ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` remapping.
+
+    Attributes:
+        name: Short backend name (``"nvml"``, ``"amdsmi"``, ``"virtual"``).
+        clock: The clock whose time base sample timestamps use.
+        read_only: When True, every setter raises :class:`ReadOnlyError`.
+        sample_period_s: Nominal period of :meth:`power_samples_since` (s).
+        sensor_delay_s: How long after a power change the first sample showing it
+            arrives (s); 0.016 on an H200 (DESIGN.md). Window attribution shifts
+            samples back by this much.
+    """
+
+    name: str = "abstract"
+    sample_period_s: float = 0.02
+    sensor_delay_s: float = 0.0
+
+    def __init__(self, *, clock: Clock | None = None, read_only: bool | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self.read_only = read_only_from_env() if read_only is None else bool(read_only)
+
+    # -- identity ---------------------------------------------------------------
+    @abc.abstractmethod
+    def device_count(self) -> int:
+        """Return how many GPUs this backend exposes to the process."""
+
+    @abc.abstractmethod
+    def device_name(self, index: int) -> str:
+        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``)."""
+
+    # -- sensors (called from the sampler thread) --------------------------------
+    @abc.abstractmethod
+    def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
+        """Return buffered power samples of GPU ``index`` newer than ``since_s``.
+
+        Args:
+            index: Device index.
+            since_s: Only samples with ``timestamp_s > since_s`` are returned.
+
+        Returns:
+            Samples in increasing timestamp order (possibly empty).
+
+        Raises:
+            SensorError: The read failed; ``kind`` names the fault.
+        """
+
+    @abc.abstractmethod
+    def energy_counter_J(self, index: int) -> float:
+        """Return the cumulative energy counter of GPU ``index`` (J).
+
+        The counter's origin is arbitrary; only differences are meaningful. On
+        NVIDIA one call costs 3–5 ms: call it from the sampler thread only.
+
+        Raises:
+            SensorError: The read failed.
+            NotSupported: The device has no energy counter.
+        """
+
+    # -- power limit (called from the training thread) -------------------------
+    @abc.abstractmethod
+    def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
+        """Return the ``(min, max)`` power limit GPU ``index`` accepts (W)."""
+
+    @abc.abstractmethod
+    def power_limit_W(self, index: int) -> float:
+        """Return the power limit in force on GPU ``index`` (W)."""
+
+    def set_power_limit_W(self, index: int, limit_W: float) -> None:
+        """Set the power limit of GPU ``index`` to ``limit_W`` watts.
+
+        Raises:
+            ReadOnlyError: Read-only mode is on (``ZEUS_CALLBACKS_READ_ONLY=1``).
+            PermissionDenied: The process may not change the limit.
+            ValueError: ``limit_W`` is outside :meth:`power_limit_constraints_W`.
+        """
+        if self.read_only:
+            raise ReadOnlyError(
+                f"{self.name}: refusing to set the power limit of GPU {index} to {limit_W:.0f} W "
+                f"because {READ_ONLY_ENV} is set"
+            )
+        low, high = self.power_limit_constraints_W(index)
+        if not low <= limit_W <= high:
+            raise ValueError(
+                f"power limit {limit_W:.0f} W is outside GPU {index}'s range [{low:.0f}, {high:.0f}] W"
+            )
+        self._set_power_limit_W(index, limit_W)
+
+    @abc.abstractmethod
+    def _set_power_limit_W(self, index: int, limit_W: float) -> None:
+        """Apply a validated limit; read-only and range checks are already done."""
+
+    def close(self) -> None:
+        """Release vendor handles. Safe to call more than once."""
+
+    def describe(self) -> str:
+        """Return a one-line human description of the devices."""
+        count = self.device_count()
+        names = sorted({self.device_name(i) for i in range(count)})
+        return f"{self.name}: {count} GPU(s) ({', '.join(names)})"

@@ -1,0 +1,202 @@
+"""The YAML configuration: one pydantic v2 model for the whole file.
+
+Every section forbids unknown keys, so a typo fails loudly with the field's path
+(``logging.interval_step: Extra inputs are not permitted``) instead of being ignored.
+The sections ``power_limit``, ``batch_size`` and ``store`` are reserved for the
+optimisers and the persistent store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the file and each bad field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class VirtualGPUConfig(_Section):
+    """Settings of the virtual GPU (used when ``backend`` is ``virtual``, or ``auto`` finds no GPU)."""
+
+    gpu: Literal["A40", "V100"] = Field("A40", description="GPU model whose Zeus trace drives the power.")
+    workload: str = Field(
+        "imagenet",
+        description="Trace workload by dataset: cifar100, imagenet, librispeech, movielens-1m, "
+        "sentiment140 or squad.",
+    )
+    batch_size: int | None = Field(None, gt=0, description="Trace batch size; default: the workload's.")
+    num_devices: int = Field(1, ge=1, description="How many virtual GPUs this process sees.")
+    noise_W: float = Field(3.0, ge=0, description="Standard deviation of the sensor noise (W).")
+    sample_period_s: float = Field(0.02, gt=0, description="Power sample period (s); 20 ms like an H200.")
+    seed: int = Field(0, description="Seed of the sensor noise.")
+
+
+class SamplingConfig(_Section):
+    """The background power sampler."""
+
+    poll_period_s: float = Field(
+        0.1, gt=0, le=1.0, description="How often the sampler thread drains the power stream (s)."
+    )
+    energy_counter_period_s: float = Field(
+        1.0, gt=0, description="How often the sampler reads the energy counter for cross-checks (s)."
+    )
+    buffer_s: float = Field(
+        900.0,
+        gt=0,
+        description="Seconds of power samples kept in memory (ring buffer); older samples are dropped "
+        "once every window that needs them has been attributed.",
+    )
+
+
+class WindowsConfig(_Section):
+    """Which windows are measured."""
+
+    step: bool = Field(True, description="Measure every training step.")
+    epoch: bool = Field(True, description="Measure every training epoch.")
+    eval: bool = Field(True, description="Measure every evaluation loop.")
+    sensor_delay_s: float = Field(
+        0.016,
+        ge=0,
+        description="Delay between a power change and the first sample that shows it (s); "
+        "16 ms on an H200 (DESIGN.md).",
+    )
+
+
+class LoggingConfig(_Section):
+    """Where and how often energy is reported."""
+
+    interval_steps: int = Field(
+        50, ge=1, description="Log step energy (mean over the interval) every this many steps."
+    )
+    log_dir: Path = Field(Path("zeus_logs"), description="Directory of the JSONL energy log.")
+    jsonl: bool = Field(True, description="Write the JSONL energy log.")
+    progress_bar: bool = Field(True, description="Show the run's energy on the progress bar (Lightning).")
+    run_name: str | None = Field(None, description="Name of the run's JSONL file; default: a timestamp.")
+
+
+class PowerLimitConfig(_Section):
+    """Reserved: just-in-time power-limit profiling (a later release)."""
+
+    enabled: bool = Field(False, description="Profile power limits at the start of training.")
+
+
+class BatchSizeConfig(_Section):
+    """Reserved: batch-size optimisation across recurring runs (a later release)."""
+
+    enabled: bool = Field(False, description="Suggest batch sizes across recurrences.")
+
+
+class StoreConfig(_Section):
+    """Reserved: the persistent store of runs, trials and profiles (a later release)."""
+
+    backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format.")
+    path: Path | None = Field(None, description="Store file; default: <log_dir>/zeus_store.<ext>.")
+
+
+class ZeusConfig(_Section):
+    """The whole zeus-callbacks configuration (one YAML file).
+
+    Example:
+        >>> cfg = ZeusConfig.model_validate({"backend": "virtual", "logging": {"interval_steps": 10}})
+        >>> cfg.logging.interval_steps
+        10
+    """
+
+    job_id: str = Field("default", min_length=1, description="Names the recurring job (store key).")
+    backend: Literal["auto", "nvml", "amdsmi", "virtual"] = Field(
+        "auto", description="GPU backend: auto = NVIDIA, else AMD, else the virtual GPU."
+    )
+    gpu_indices: list[int] | None = Field(
+        None,
+        description="GPUs this process measures; default: its local rank's GPU under a distributed "
+        "launcher, else every visible GPU.",
+    )
+    virtual: VirtualGPUConfig = Field(default_factory=VirtualGPUConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    windows: WindowsConfig = Field(default_factory=WindowsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    power_limit: PowerLimitConfig = Field(default_factory=PowerLimitConfig)
+    batch_size: BatchSizeConfig = Field(default_factory=BatchSizeConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @field_validator("gpu_indices")
+    @classmethod
+    def _indices_unique(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("must name at least one GPU, or be null for the default")
+            if len(set(value)) != len(value) or min(value) < 0:
+                raise ValueError(f"must be distinct non-negative indices, got {value}")
+        return value
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid zeus-callbacks configuration in {source}:"]
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"]) or "<root>"
+        lines.append(f"  {path}: {error['msg']} (got {error.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
+    """Validate a mapping (e.g. parsed YAML) into a :class:`ZeusConfig`.
+
+    Args:
+        data: A mapping, ``None`` (all defaults) or an existing ``ZeusConfig``.
+        source: Where the data came from, for error messages.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: The data is not a mapping, has unknown keys or bad values; the
+            message lists each offending field by its dotted path.
+    """
+    if isinstance(data, ZeusConfig):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"invalid zeus-callbacks configuration in {source}: expected a mapping of settings, "
+            f"got {type(data).__name__}"
+        )
+    try:
+        return ZeusConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path) -> ZeusConfig:
+    """Read and validate a YAML configuration file (``yaml.safe_load``).
+
+    Args:
+        path: The YAML file.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: The file is missing, unreadable, not YAML, or invalid; the
+            message names the file (and the field, for invalid values).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return parse_config(data, source=str(path))

@@ -1,0 +1,1 @@
+"""Power sampling and window energy attribution."""

@@ -1,0 +1,215 @@
+"""Background power sampling: one thread per process drains the backends' streams.
+
+The training thread never calls a sensor. A daemon thread drains each GPU's buffered
+power samples every ``poll_period_s`` and reads the (slow, 3–5 ms on an H200) energy
+counter every ``energy_counter_period_s``, into bounded ring buffers. Sensor errors are
+caught, counted and warned about once per kind; measurement then runs degraded and
+training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zeus_callbacks.backends.base import BackendError, GPUBackend, NotSupported, SensorError
+from zeus_callbacks.measurement.ring import TimeSeriesRing
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplerHealth:
+    """What went wrong while sampling.
+
+    Attributes:
+        faults: Count of failed reads per fault kind (e.g. ``"gpu_lost"``).
+        dropped_samples: Samples overwritten because the ring buffer was full.
+    """
+
+    faults: Counter = field(default_factory=Counter)
+    dropped_samples: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        """True when at least one read failed."""
+        return bool(self.faults)
+
+
+class PowerSampler:
+    """Collect power samples and energy-counter readings of several GPUs.
+
+    Args:
+        backend: Where the readings come from.
+        gpu_indices: The backend device indices to sample.
+        poll_period_s: Seconds between drains of the power stream (≤ 1 s: an H200
+            keeps only ~2.4 s of samples).
+        energy_counter_period_s: Seconds between energy-counter reads.
+        buffer_s: Seconds of samples kept per GPU (sets the ring capacity).
+
+    Thread safety: ``poll_once`` runs on the sampler thread (or the caller's, when not
+    started); the readers (:meth:`samples`, :meth:`counter_readings`) may be called from
+    any thread.
+    """
+
+    def __init__(
+        self,
+        backend: GPUBackend,
+        gpu_indices: list[int],
+        *,
+        poll_period_s: float = 0.1,
+        energy_counter_period_s: float = 1.0,
+        buffer_s: float = 900.0,
+    ) -> None:
+        if not gpu_indices:
+            raise ValueError("PowerSampler needs at least one GPU index")
+        self.backend = backend
+        self.gpu_indices = list(gpu_indices)
+        self.poll_period_s = poll_period_s
+        self.energy_counter_period_s = energy_counter_period_s
+        period = max(backend.sample_period_s, 1e-3)
+        capacity = max(16, math.ceil(buffer_s / period))
+        counter_capacity = max(16, math.ceil(buffer_s / energy_counter_period_s) + 2)
+        self._power = {i: TimeSeriesRing(capacity) for i in self.gpu_indices}
+        self._counter = {i: TimeSeriesRing(counter_capacity) for i in self.gpu_indices}
+        self._counter_supported = {i: True for i in self.gpu_indices}
+        self._last_counter_read_s = -math.inf
+        self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.health = SamplerHealth()
+        self._warned: set[str] = set()
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Take first readings and start the background thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self.poll_once(read_counter=True)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="zeus-power-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread, then drain once more so nothing recorded is lost (idempotent)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            self._wake.set()
+            thread.join(timeout=5.0)
+            if thread.is_alive():
+                self._warn_once("join", "the power sampler thread did not stop within 5 s")
+        self.poll_once(read_counter=True)
+
+    @property
+    def running(self) -> bool:
+        """True while the background thread runs."""
+        return self._thread is not None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_period_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.poll_once()
+
+    # -- reading the backend --------------------------------------------------------
+    def poll_once(self, *, read_counter: bool | None = None) -> None:
+        """Drain new power samples of every GPU; read the energy counter when due.
+
+        Never raises: failures are counted in :attr:`health` and warned about once
+        per kind.
+        """
+        with self._poll_lock:
+            now_s = self.backend.clock.now_s()
+            if read_counter is None:
+                read_counter = now_s - self._last_counter_read_s >= self.energy_counter_period_s
+            for index in self.gpu_indices:
+                self._drain_samples(index)
+                if read_counter and self._counter_supported[index]:
+                    self._read_counter(index)
+            if read_counter:
+                self._last_counter_read_s = now_s
+
+    def _drain_samples(self, index: int) -> None:
+        ring = self._power[index]
+        try:
+            with self._lock:
+                since_s = ring.last_time()
+            samples = self.backend.power_samples_since(index, -math.inf if since_s is None else since_s)
+        except Exception as exc:  # measurement must never crash training
+            self._record_fault(exc, f"power samples of GPU {index}")
+            return
+        with self._lock:
+            for sample in samples:
+                last = ring.last_time()
+                if last is not None and sample.timestamp_s <= last:
+                    continue
+                ring.append(sample.timestamp_s, sample.power_W)
+            self.health.dropped_samples = sum(r.dropped for r in self._power.values())
+
+    def _read_counter(self, index: int) -> None:
+        try:
+            energy_J = self.backend.energy_counter_J(index)
+            now_s = self.backend.clock.now_s()
+        except Exception as exc:
+            if isinstance(exc, NotSupported):
+                self._counter_supported[index] = False
+                self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
+                return
+            self._record_fault(exc, f"energy counter of GPU {index}")
+            return
+        with self._lock:
+            ring = self._counter[index]
+            _, values = ring.arrays() if len(ring) else (None, None)
+            if values is not None and energy_J < values[-1]:
+                self.health.faults["counter_backwards"] += 1
+                self._warn_once(
+                    "counter_backwards",
+                    f"the energy counter of GPU {index} went backwards "
+                    f"({values[-1]:.3f} J -> {energy_J:.3f} J); counter cross-checks are degraded",
+                )
+                return
+            ring.append(now_s, energy_J)
+
+    def _record_fault(self, exc: Exception, what: str) -> None:
+        kind = exc.kind if isinstance(exc, SensorError) else type(exc).__name__
+        self.health.faults[kind] += 1
+        label = "sensor error" if isinstance(exc, BackendError) else "unexpected error"
+        self._warn_once(kind, f"{label} reading the {what} ({kind}): {exc}; measurement is degraded")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning("zeus-callbacks: %s (further faults of this kind are counted, not logged)", message)
+
+    # -- readers ------------------------------------------------------------------------
+    def samples(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return (timestamps_s, power_W) of GPU ``index``, oldest first; shapes (n,), (n,)."""
+        with self._lock:
+            return self._power[index].arrays()
+
+    def counter_readings(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return (timestamps_s, energy_J) energy-counter readings of GPU ``index``; shapes (n,), (n,)."""
+        with self._lock:
+            return self._counter[index].arrays()
+
+    def latest_sample_s(self) -> float | None:
+        """Return the oldest of the GPUs' newest sample times (None before any sample)."""
+        with self._lock:
+            times = [ring.last_time() for ring in self._power.values()]
+        if any(t is None for t in times):
+            return None
+        return min(times)  # type: ignore[type-var]
+
+    def request_poll(self) -> None:
+        """Wake the sampler thread for an early drain (non-blocking)."""
+        self._wake.set()

@@ -1,0 +1,196 @@
+"""Metric names (the one place they are defined), the JSONL energy log and run summaries.
+
+Every key logged to TensorBoard / W&B is listed in :data:`METRICS` with its unit;
+``docs/metrics.md`` is generated from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STEP_ENERGY_J = "energy/step_J"
+STEP_COUNT = "energy/step_count"
+STEP_POWER_SAMPLES = "energy/step_power_samples"
+STEP_TIME_S = "time/step_s"
+MEAN_POWER_W = "power/mean_W"
+ENERGY_PER_SAMPLE_J = "energy/per_sample_J"
+ENERGY_PER_TOKEN_J = "energy/per_token_J"
+POWER_LIMIT_W = "power_limit/W"
+EPOCH_ENERGY_J = "energy/epoch_J"
+EPOCH_COUNTER_ENERGY_J = "energy/epoch_counter_J"
+EPOCH_TIME_S = "time/epoch_s"
+EPOCH_MEAN_POWER_W = "power/epoch_mean_W"
+EVAL_ENERGY_J = "energy/eval_J"
+EVAL_TIME_S = "time/eval_s"
+TOTAL_ENERGY_J = "energy/total_J"
+TOTAL_TIME_S = "time/total_s"
+PROGRESS_BAR_ENERGY = "energy_kJ"
+
+
+def window_energy_key(name: str) -> str:
+    """Metric key of a user-named window's energy (e.g. ``energy/window/forward_J``)."""
+    return f"energy/window/{name}_J"
+
+
+METRICS: dict[str, str] = {
+    STEP_ENERGY_J: "J — mean GPU energy per training step over the logging interval (summed over GPUs)",
+    STEP_COUNT: "steps — how many steps the mean in energy/step_J covers",
+    STEP_POWER_SAMPLES: "samples — power samples behind energy/step_J",
+    STEP_TIME_S: "s — mean step time over the logging interval",
+    MEAN_POWER_W: "W — mean GPU power during the interval's steps",
+    ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
+    ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",
+    POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
+    EPOCH_ENERGY_J: "J — GPU energy of the training epoch, from the power samples",
+    EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
+    EPOCH_TIME_S: "s — epoch wall time",
+    EPOCH_MEAN_POWER_W: "W — mean GPU power over the epoch",
+    EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",
+    EVAL_TIME_S: "s — time of the last evaluation loop",
+    TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
+    TOTAL_TIME_S: "s — wall time of the whole run",
+    "energy/window/<name>_J": "J — energy of the last execution of a user-named window",
+    PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
+}
+
+
+@dataclass
+class RunSummary:
+    """What a run measured, end to end.
+
+    Attributes:
+        run_name: Name of the run (also the JSONL file's stem).
+        status: ``"completed"``, ``"failed"`` or ``"interrupted"``.
+        backend: One-line description of the backend and its GPUs.
+        energy_J: GPU energy of the run, summed over GPUs (J).
+        time_s: Wall time of the run (s).
+        steps: Training steps measured.
+        epochs: Training epochs completed.
+        mean_power_W: ``energy_J / time_s`` (W).
+        step_energy_J: Mean energy per step (J), NaN without steps.
+        step_time_s: Mean step time (s), NaN without steps.
+        epoch_energy_J: Energy of each epoch (J).
+        power_limit_W: Power limit in force at the end (W).
+        counter_energy_J: The run's energy from the hardware energy counter (J), when known.
+        faults: Sensor faults counted, by kind.
+        jsonl_path: The JSONL log, when written.
+    """
+
+    run_name: str
+    status: str
+    backend: str
+    energy_J: float
+    time_s: float
+    steps: int
+    epochs: int
+    mean_power_W: float
+    step_energy_J: float
+    step_time_s: float
+    epoch_energy_J: list[float] = field(default_factory=list)
+    power_limit_W: float | None = None
+    counter_energy_J: float | None = None
+    faults: dict[str, int] = field(default_factory=dict)
+    jsonl_path: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        def fmt(value: float | None, unit: str, scale: float = 1.0) -> str:
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return "n/a"
+            return f"{value / scale:,.3f} {unit}"
+
+        lines = [
+            f"zeus-callbacks run {self.run_name!r} ({self.status}) on {self.backend}",
+            f"  energy        {fmt(self.energy_J, 'J')}"
+            + (f"   (energy counter: {fmt(self.counter_energy_J, 'J')})" if self.counter_energy_J else ""),
+            f"  time          {fmt(self.time_s, 's')}",
+            f"  mean power    {fmt(self.mean_power_W, 'W')}",
+            f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
+            f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
+            f"  epochs        {self.epochs}   energy/epoch "
+            + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]),
+            f"  power limit   {fmt(self.power_limit_W, 'W')}",
+        ]
+        if self.faults:
+            lines.append(f"  DEGRADED: sensor faults {dict(self.faults)}")
+        if self.jsonl_path:
+            lines.append(f"  log           {self.jsonl_path}")
+        return "\n".join(lines)
+
+
+class JsonlWriter:
+    """Append one JSON object per line to the run's energy log.
+
+    The file is opened in append mode and flushed after every record, so a crash
+    loses at most the record being written. An unwritable directory raises a clear
+    ``OSError`` at construction, before training starts.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived handle
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot write the zeus-callbacks energy log {self.path}: {exc.strerror}"
+            ) from exc
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Write one record (NaN/inf become null)."""
+        if self._file.closed:
+            return
+        self._file.write(json.dumps(_json_safe(record), sort_keys=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Flush, fsync and close (idempotent)."""
+        if not self._file.closed:
+            self._file.flush()
+            try:
+                os.fsync(self._file.fileno())
+            except OSError:
+                pass
+            self._file.close()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL energy log, skipping a torn last line (crash mid-write).
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+    """
+    records = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                logger.warning("zeus-callbacks: ignoring a torn last line in %s", path)
+                continue
+            raise
+    return records

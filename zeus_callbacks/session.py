@@ -1,0 +1,665 @@
+"""EnergySession: the framework-free controller every adapter talks to.
+
+Adapters (the Lightning and Hugging Face callbacks, the simulator) translate their
+hooks into the plain events below and act on the :class:`Decision` they get back.
+Everything hardware-facing sits underneath: a backend, a background
+:class:`~zeus_callbacks.measurement.sampler.PowerSampler`, and a
+:class:`~zeus_callbacks.measurement.windows.WindowMeter` whose boundaries cost one
+clock read (or one CUDA event record) on the training thread.
+
+Event order::
+
+    train_start → (epoch_start → (step_start → step_end)* → [eval_start → eval_end → evaluate]
+                   → epoch_end)* → train_end          (exception() at any point)
+
+Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3) acts at
+``step_start``/``step_end`` boundaries and the batch-size bandit (§4.2) at
+``train_start``/``evaluate``/``train_end``; both answer through :class:`Decision`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as _dt
+import logging
+import math
+import os
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeus_callbacks import reporting as metric
+from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
+from zeus_callbacks.config import ZeusConfig, parse_config
+from zeus_callbacks.measurement.attribution import counter_energy_J
+from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
+from zeus_callbacks.reporting import JsonlWriter, RunSummary
+
+logger = logging.getLogger(__name__)
+
+_EPOCH_FLUSH_TIMEOUT_S = 0.25  # wall time an epoch end may wait for the sensor to catch up
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the session asks the training loop to do after an event.
+
+    Attributes:
+        stop_training: Stop training now (early stopping of a costly recurrence).
+        reason: Why, for the log.
+    """
+
+    stop_training: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class _Totals:
+    """Running totals of the training run (carried across checkpoint resumes)."""
+
+    energy_J: float = 0.0
+    time_s: float = 0.0
+    steps: int = 0
+    epochs: int = 0
+    step_energy_J: float = 0.0
+    step_time_s: float = 0.0
+    epoch_energy_J: list[float] = field(default_factory=list)
+
+
+def default_gpu_indices(backend: GPUBackend) -> list[int]:
+    """GPUs this process measures by default.
+
+    Under a distributed launcher (``WORLD_SIZE`` > 1 and ``LOCAL_RANK`` set) each process
+    measures its own GPU only, so nothing is counted twice; a single process measures
+    every GPU it can see.
+    """
+    count = backend.device_count()
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return [int(local_rank) % count]
+    return list(range(count))
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class EnergySession:
+    """Measure GPU energy of a training run and report it as metrics.
+
+    Args:
+        config: A :class:`~zeus_callbacks.config.ZeusConfig`, a mapping of settings, or
+            None for the defaults.
+        backend: An open backend to use (the caller keeps ownership); default: the one
+            ``config.backend`` names, opened at :meth:`train_start` and closed at the end.
+        is_main_process: Whether this process writes the JSONL log; default: ``RANK`` is 0.
+
+    Raises:
+        ConfigError: ``config`` is invalid.
+
+    Example:
+        >>> session = EnergySession({"backend": "virtual"})
+        >>> session.train_start()
+        >>> session.epoch_start(0); session.step_start(0); session.step_end(0, num_samples=32)
+        Decision(stop_training=False, reason=None)
+        >>> summary = session.train_end()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: ZeusConfig | Mapping[str, Any] | None = None,
+        *,
+        backend: GPUBackend | None = None,
+        is_main_process: bool | None = None,
+    ) -> None:
+        self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
+        self._given_backend = backend
+        self.backend: GPUBackend | None = backend
+        self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        self.run_name: str | None = None
+        self.gpu_indices: list[int] = []
+        self.power_limit_W: float | None = None
+        self.sampler: PowerSampler | None = None
+        self.meter: WindowMeter | None = None
+        self._timer: BoundaryTimer | None = None
+        self._writer: JsonlWriter | None = None
+        self._totals = _Totals()
+        self._carried = _Totals()
+        self._pending_metrics: dict[str, float] = {}
+        self._unreported_steps: list[WindowRecord] = []
+        self._steps_since_report = 0
+        self._run_start_s: float | None = None
+        self._run_start_wall: float | None = None
+        self._epoch_index: int | None = None
+        self._epoch_steps = 0
+        self._last_eval_metrics: dict[str, float] = {}
+        self._started = False
+        self._finished: RunSummary | None = None
+        self._status = "completed"
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        """True between :meth:`train_start` and :meth:`train_end`."""
+        return self._started and self._finished is None
+
+    def train_start(self, *, run_name: str | None = None) -> None:
+        """Open the backend, start sampling and open the run window.
+
+        Args:
+            run_name: Name of the run's JSONL file; default ``config.logging.run_name``
+                or a timestamp.
+
+        Raises:
+            BackendUnavailable: ``config.backend`` names a backend that cannot be used.
+            OSError: The JSONL log directory is not writable (raised before training).
+        """
+        if self.started:
+            return
+        cfg = self.config
+        self._finished = None
+        self._status = "completed"
+        self._totals = _Totals(
+            energy_J=self._carried.energy_J,
+            time_s=self._carried.time_s,
+            steps=self._carried.steps,
+            epochs=self._carried.epochs,
+            step_energy_J=self._carried.step_energy_J,
+            step_time_s=self._carried.step_time_s,
+            epoch_energy_J=list(self._carried.epoch_energy_J),
+        )
+        if self.backend is None:
+            self.backend = get_backend(cfg.backend, virtual=cfg.virtual)
+        backend = self.backend
+        if cfg.gpu_indices is not None:
+            bad = [i for i in cfg.gpu_indices if i >= backend.device_count()]
+            if bad:
+                raise ValueError(
+                    f"gpu_indices {bad} do not exist: the {backend.name} backend sees "
+                    f"{backend.device_count()} GPU(s)"
+                )
+            self.gpu_indices = list(cfg.gpu_indices)
+        else:
+            self.gpu_indices = default_gpu_indices(backend)
+        self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+        if self.is_main_process and cfg.logging.jsonl:
+            self._writer = JsonlWriter(cfg.logging.log_dir / f"{self.run_name}.jsonl")
+        self.sampler = PowerSampler(
+            backend,
+            self.gpu_indices,
+            poll_period_s=cfg.sampling.poll_period_s,
+            energy_counter_period_s=cfg.sampling.energy_counter_period_s,
+            buffer_s=cfg.sampling.buffer_s,
+        )
+        self._timer = self._make_timer(backend)
+        self.meter = WindowMeter(self.sampler, self._timer, sensor_delay_s=backend.sensor_delay_s)
+        self.power_limit_W = self._read_power_limit_W()
+        self.sampler.start()
+        self._run_start_wall = time.time()
+        self._run_start_s = backend.clock.now_s()
+        self.meter.begin("run")
+        self._started = True
+        _LIVE_SESSIONS.add(self)
+        self._write(
+            {
+                "event": "run_start",
+                "run_name": self.run_name,
+                "job_id": cfg.job_id,
+                "backend": backend.describe(),
+                "gpu_indices": self.gpu_indices,
+                "power_limit_W": self.power_limit_W,
+                "read_only": backend.read_only,
+                "resumed_energy_J": self._carried.energy_J,
+                "wall_time": self._run_start_wall,
+                "config": cfg.model_dump(mode="json"),
+            }
+        )
+        # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
+
+    def _make_timer(self, backend: GPUBackend) -> BoundaryTimer:
+        if backend.name in ("nvml", "amdsmi"):
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    return CudaEventTimer(backend.clock)
+            except Exception as exc:  # no torch, or CUDA unusable: fall back to the clock
+                logger.info("zeus-callbacks: CUDA events unavailable (%s); timing windows on the CPU clock", exc)
+        return ClockTimer(backend.clock)
+
+    def _read_power_limit_W(self) -> float | None:
+        assert self.backend is not None
+        try:
+            limits = [self.backend.power_limit_W(i) for i in self.gpu_indices]
+        except BackendError as exc:
+            logger.warning("zeus-callbacks: cannot read the power limit (%s)", exc)
+            return None
+        return sum(limits) / len(limits)
+
+    def epoch_start(self, epoch: int) -> None:
+        """Open the epoch window (and re-anchor CUDA event timing once)."""
+        if not self.started:
+            return
+        assert self.meter is not None and self._timer is not None
+        self._timer.anchor()
+        self._epoch_index = epoch
+        self._epoch_steps = 0
+        if self.config.windows.epoch:
+            self.meter.begin("epoch", epoch=epoch)
+
+    def step_start(self, step: int) -> None:
+        """Open the step window. Hot path: one clock read or CUDA event record."""
+        if self.started and self.config.windows.step:
+            self.meter.begin("step", step=step)  # type: ignore[union-attr]
+        # Optimiser hook: the power-limit profiler switches limits at step boundaries.
+
+    def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
+        """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
+
+        Args:
+            step: The global step index.
+            num_samples: Training samples in the step (per process), for energy per sample.
+            num_tokens: Input tokens in the step, for energy per token.
+
+        Returns:
+            Whether to stop training.
+        """
+        if not self.started:
+            return Decision()
+        assert self.meter is not None
+        if self.config.windows.step:
+            self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
+        self._epoch_steps += 1
+        self._steps_since_report += 1
+        if self._steps_since_report >= self.config.logging.interval_steps:
+            self._report_steps()
+        return self._decide()
+
+    def _decide(self) -> Decision:
+        # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
+        return Decision()
+
+    def eval_start(self) -> None:
+        """Open the evaluation window."""
+        if self.started and self.config.windows.eval:
+            self.meter.begin("eval")  # type: ignore[union-attr]
+
+    def eval_end(self) -> None:
+        """Close the evaluation window; its energy is reported once attributed."""
+        if self.started and self.config.windows.eval:
+            self.meter.end("eval")  # type: ignore[union-attr]
+
+    def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
+        """Record validation metrics (numbers only); the batch-size target is checked here.
+
+        Args:
+            metrics: Metric name → value, as the framework reports them.
+
+        Returns:
+            Whether to stop training.
+        """
+        numeric = {}
+        for key, value in metrics.items():
+            try:
+                numeric[str(key)] = float(value)
+            except (TypeError, ValueError):
+                continue
+        self._last_eval_metrics = numeric
+        if self.started:
+            self._write({"event": "evaluate", "step": self._totals.steps, "metrics": numeric})
+        return self._decide()
+
+    def epoch_end(self, epoch: int) -> dict[str, float]:
+        """Close the epoch window and attribute its energy (waits ≤ 0.25 s for the sensor).
+
+        Returns:
+            The epoch metrics (also queued for :meth:`pop_metrics`).
+        """
+        if not self.started:
+            return {}
+        assert self.meter is not None and self.backend is not None
+        self._totals.epochs += 1
+        if not self.meter.end("epoch", epoch=epoch):
+            self._report_steps()
+            return {}
+        self._flush_sensor(self.backend.clock.now_s())
+        self._report_steps(resolve_final=False)
+        epoch_prefixes = ("energy/epoch", "time/epoch", "power/epoch")
+        return {k: v for k, v in self._pending_metrics.items() if k.startswith(epoch_prefixes)}
+
+    def train_end(self, status: str | None = None) -> RunSummary:
+        """Close every window, stop sampling, write the summary, release the backend.
+
+        Idempotent: a second call returns the first summary.
+
+        Args:
+            status: ``"completed"`` (default), ``"failed"`` or ``"interrupted"``.
+
+        Returns:
+            The run summary.
+        """
+        if self._finished is not None:
+            return self._finished
+        if not self._started:
+            raise RuntimeError("train_end() called before train_start()")
+        assert self.meter is not None and self.sampler is not None and self.backend is not None
+        if status is not None:
+            self._status = status
+        for name in ("step", "eval", "epoch"):
+            if self.meter.is_open(name):
+                self.meter.end(name)
+        self.meter.end("run")
+        try:
+            self._flush_sensor(self.backend.clock.now_s())
+        finally:
+            self.sampler.stop()
+        self._report_steps(resolve_final=True)
+        summary = self._summary()
+        self._finished = summary
+        self._write({"event": "run_end", **summary.as_dict()})
+        if self._writer is not None:
+            self._writer.close()
+        if self._given_backend is None:
+            self.backend.close()
+        _LIVE_SESSIONS.discard(self)
+        return summary
+
+    def exception(self, exc: BaseException | None = None) -> RunSummary | None:
+        """End the run after a training failure; nothing measured so far is lost."""
+        if not self.started:
+            return self._finished
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        if exc is not None:
+            self._write({"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]})
+        return self.train_end(status=status)
+
+    # -------------------------------------------------------------- user windows
+    @contextmanager
+    def window(self, name: str, **info: Any) -> Iterator[None]:
+        """Measure a user-named window; its energy is logged as ``energy/window/<name>_J``.
+
+        Example:
+            >>> with session.window("generate"):  # doctest: +SKIP
+            ...     model.generate(**inputs)
+        """
+        if name in ("run", "step", "epoch", "eval"):
+            raise ValueError(f"window name {name!r} is reserved")
+        if not self.started:
+            yield
+            return
+        self.meter.begin(name, **info)  # type: ignore[union-attr]
+        try:
+            yield
+        finally:
+            self.meter.end(name)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ reporting
+    def pop_metrics(self, *, flush_steps: bool = False) -> dict[str, float]:
+        """Return and clear the metrics queued for the framework's loggers.
+
+        Args:
+            flush_steps: Report the steps since the last report now (HF Trainer calls
+                this at each of its own logging events).
+        """
+        if flush_steps and self.started:
+            self._report_steps()
+        metrics, self._pending_metrics = self._pending_metrics, {}
+        return metrics
+
+    def totals(self) -> dict[str, float]:
+        """The run's energy and time so far: ``energy/total_J``, ``time/total_s``."""
+        if self._finished is not None:
+            return {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
+        if not self.started:
+            return {}
+        return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
+
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The short metrics shown on a progress bar (run energy in kJ)."""
+        totals = self.totals()
+        if not totals:
+            return {}
+        return {metric.PROGRESS_BAR_ENERGY: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
+
+    @property
+    def summary(self) -> RunSummary | None:
+        """The run summary once :meth:`train_end` has run."""
+        return self._finished
+
+    @property
+    def degraded(self) -> bool:
+        """True when a sensor fault made the measurement incomplete."""
+        return self.sampler is not None and self.sampler.health.degraded
+
+    # ------------------------------------------------------------- resume support
+    def state_dict(self) -> dict[str, Any]:
+        """Totals to carry across a checkpoint resume."""
+        t = self._totals if self.started or self._finished else self._carried
+        energy_J = self.totals().get(metric.TOTAL_ENERGY_J, t.energy_J) if self.started else t.energy_J
+        time_s = self.totals().get(metric.TOTAL_TIME_S, t.time_s) if self.started else t.time_s
+        return {
+            "energy_J": energy_J,
+            "time_s": time_s,
+            "steps": t.steps,
+            "epochs": t.epochs,
+            "step_energy_J": t.step_energy_J,
+            "step_time_s": t.step_time_s,
+            "epoch_energy_J": list(t.epoch_energy_J),
+            "run_name": self.run_name,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Carry totals from a checkpoint into the next :meth:`train_start` (unknown keys ignored)."""
+        self._carried = _Totals(
+            energy_J=float(state.get("energy_J", 0.0)),
+            time_s=float(state.get("time_s", 0.0)),
+            steps=int(state.get("steps", 0)),
+            epochs=int(state.get("epochs", 0)),
+            step_energy_J=float(state.get("step_energy_J", 0.0)),
+            step_time_s=float(state.get("step_time_s", 0.0)),
+            epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _flush_sensor(self, until_s: float) -> None:
+        """Poll until samples cover ``until_s`` (bounded wait), and read the counter."""
+        assert self.sampler is not None and self.backend is not None
+        deadline = time.monotonic() + _EPOCH_FLUSH_TIMEOUT_S
+        delay = self.backend.sensor_delay_s
+        while True:
+            self.sampler.poll_once(read_counter=True)
+            latest = self.sampler.latest_sample_s()
+            if latest is not None and latest - delay >= until_s:
+                return
+            if time.monotonic() >= deadline or self.backend.clock.now_s() <= until_s and _is_manual(self.backend):
+                return
+            time.sleep(0.005)
+
+    def _report_steps(self, *, resolve_final: bool = False) -> None:
+        """Attribute closed windows and queue their metrics."""
+        assert self.meter is not None
+        for record in self.meter.resolve(final=resolve_final):
+            self._absorb(record)
+        self._steps_since_report = 0
+        if self._unreported_steps:
+            self._queue_step_metrics()
+
+    def _absorb(self, record: WindowRecord) -> None:
+        if record.name == "step":
+            self._unreported_steps.append(record)
+            self._totals.steps += 1
+            self._totals.step_energy_J += record.energy_J
+            self._totals.step_time_s += record.time_s
+        elif record.name == "epoch":
+            self._queue_epoch_metrics(record)
+        elif record.name == "eval":
+            self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
+            self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
+            self._write({"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s})
+        elif record.name == "run":
+            self._run_record = record
+        else:
+            self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
+            self._write(
+                {"event": "window", "name": record.name, "energy_J": record.energy_J, "time_s": record.time_s}
+            )
+
+    def _queue_step_metrics(self) -> None:
+        steps = self._unreported_steps
+        self._unreported_steps = []
+        energy_J = sum(r.energy_J for r in steps)
+        time_s = sum(r.time_s for r in steps)
+        samples = [r.info.get("num_samples") for r in steps]
+        tokens = [r.info.get("num_tokens") for r in steps]
+        values = {
+            metric.STEP_ENERGY_J: energy_J / len(steps),
+            metric.STEP_COUNT: float(len(steps)),
+            metric.STEP_POWER_SAMPLES: float(sum(r.num_power_samples for r in steps)),
+            metric.STEP_TIME_S: time_s / len(steps),
+            metric.MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
+        }
+        if all(s for s in samples):
+            values[metric.ENERGY_PER_SAMPLE_J] = energy_J / sum(samples)  # type: ignore[arg-type]
+        if all(t for t in tokens):
+            values[metric.ENERGY_PER_TOKEN_J] = energy_J / sum(tokens)  # type: ignore[arg-type]
+        if self.power_limit_W is not None:
+            values[metric.POWER_LIMIT_W] = self.power_limit_W
+        self._pending_metrics.update(values)
+        self._write(
+            {
+                "event": "steps",
+                "last_step": steps[-1].info.get("step"),
+                "count": len(steps),
+                "energy_J_mean": values[metric.STEP_ENERGY_J],
+                "time_s_mean": values[metric.STEP_TIME_S],
+                "power_W_mean": values[metric.MEAN_POWER_W],
+                "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
+                "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
+                "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
+                "complete": all(r.complete for r in steps),
+                "power_limit_W": self.power_limit_W,
+            }
+        )
+
+    def _queue_epoch_metrics(self, record: WindowRecord) -> None:
+        counter_J = self._counter_energy_J(record.start_s, record.end_s)
+        self._totals.epoch_energy_J.append(record.energy_J)
+        values = {
+            metric.EPOCH_ENERGY_J: record.energy_J,
+            metric.EPOCH_TIME_S: record.time_s,
+            metric.EPOCH_MEAN_POWER_W: record.energy_J / record.time_s if record.time_s > 0 else math.nan,
+        }
+        if counter_J is not None:
+            values[metric.EPOCH_COUNTER_ENERGY_J] = counter_J
+            gap = abs(counter_J - record.energy_J) / max(counter_J, 1e-9)
+            if record.time_s >= 5.0 and gap > 0.15:
+                logger.warning(
+                    "zeus-callbacks: epoch %s energy from power samples (%.1f J) and from the energy "
+                    "counter (%.1f J) differ by %.0f%%",
+                    record.info.get("epoch"),
+                    record.energy_J,
+                    counter_J,
+                    100 * gap,
+                )
+        self._pending_metrics.update(values)
+        self._write(
+            {
+                "event": "epoch",
+                "epoch": record.info.get("epoch"),
+                "energy_J": record.energy_J,
+                "counter_energy_J": counter_J,
+                "time_s": record.time_s,
+                "power_W_mean": values[metric.EPOCH_MEAN_POWER_W],
+                "gpu_energy_J": list(record.gpu_energy_J),
+                "power_samples": record.num_power_samples,
+                "complete": record.complete,
+            }
+        )
+
+    def _counter_energy_J(self, start_s: float, end_s: float) -> float | None:
+        assert self.sampler is not None
+        total = 0.0
+        for index in self.gpu_indices:
+            times, readings = self.sampler.counter_readings(index)
+            energy = counter_energy_J(times, readings, start_s, end_s)
+            if energy is None:
+                return None
+            total += energy
+        return total
+
+    def _run_energy_so_far_J(self) -> float:
+        assert self.sampler is not None and self._run_start_s is not None
+        from zeus_callbacks.measurement.attribution import cumulative_energy, interval_energy_J
+
+        total = 0.0
+        for index in self.gpu_indices:
+            times, power = self.sampler.samples(index)
+            knots, cumulative = cumulative_energy(
+                times,
+                power,
+                sample_period_s=self.backend.sample_period_s,  # type: ignore[union-attr]
+                sensor_delay_s=self.backend.sensor_delay_s,  # type: ignore[union-attr]
+            )
+            if len(knots):
+                total += float(interval_energy_J(knots, cumulative, [self._run_start_s], [knots[-1]])[0])
+        return self._carried.energy_J + total
+
+    def _run_time_so_far_s(self) -> float:
+        assert self.backend is not None and self._run_start_s is not None
+        return self._carried.time_s + self.backend.clock.now_s() - self._run_start_s
+
+    def _summary(self) -> RunSummary:
+        assert self.backend is not None and self.sampler is not None
+        run = getattr(self, "_run_record", None)
+        energy_J = self._carried.energy_J + (run.energy_J if run else 0.0)
+        time_s = self._carried.time_s + (run.time_s if run else 0.0)
+        counter_J = self._counter_energy_J(run.start_s, run.end_s) if run else None
+        t = self._totals
+        return RunSummary(
+            run_name=self.run_name or "",
+            status=self._status,
+            backend=self.backend.describe(),
+            energy_J=energy_J,
+            time_s=time_s,
+            steps=t.steps,
+            epochs=t.epochs,
+            mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
+            step_energy_J=t.step_energy_J / t.steps if t.steps else math.nan,
+            step_time_s=t.step_time_s / t.steps if t.steps else math.nan,
+            epoch_energy_J=list(t.epoch_energy_J),
+            power_limit_W=self.power_limit_W,
+            counter_energy_J=None if counter_J is None else self._carried.energy_J + counter_J,
+            faults=dict(self.sampler.health.faults),
+            jsonl_path=str(self._writer.path) if self._writer is not None else None,
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.write(record)
+            except OSError as exc:  # a full disk must not stop training
+                logger.warning("zeus-callbacks: cannot write the energy log (%s); logging stops", exc)
+                self._writer = None
+
+
+def _is_manual(backend: GPUBackend) -> bool:
+    from zeus_callbacks.backends.base import ManualClock
+
+    return isinstance(backend.clock, ManualClock)
+
+
+_LIVE_SESSIONS: weakref.WeakSet[EnergySession] = weakref.WeakSet()
+
+
+@atexit.register
+def _end_live_sessions() -> None:
+    """At interpreter exit, end runs that never saw train_end (their log gets a summary)."""
+    for session in list(_LIVE_SESSIONS):
+        try:
+            session.train_end(status="interrupted")
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
