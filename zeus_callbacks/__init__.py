@@ -1,0 +1,49 @@
+"""zeus-callbacks: GPU energy as a first-class training metric.
+
+Public API:
+    ZeusCallback: PyTorch Lightning callback (needs ``lightning``).
+    ZeusTrainerCallback: Hugging Face ``transformers.Trainer`` callback (needs ``transformers``).
+    EnergySession: the framework-free controller both use.
+    ZeusConfig, load_config: the YAML configuration.
+    get_backend: open a GPU backend (``auto``, ``nvml``, ``amdsmi``, ``virtual``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zeus_callbacks.backends import get_backend
+from zeus_callbacks.config import ConfigError, ZeusConfig, load_config
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import Decision, EnergySession
+
+if TYPE_CHECKING:
+    from zeus_callbacks.integrations.huggingface import ZeusTrainerCallback
+    from zeus_callbacks.integrations.lightning import ZeusCallback
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Decision",
+    "EnergySession",
+    "RunSummary",
+    "ZeusCallback",
+    "ZeusConfig",
+    "ZeusTrainerCallback",
+    "get_backend",
+    "load_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The adapters import their framework; load them only when asked for.
+    if name == "ZeusCallback":
+        from zeus_callbacks.integrations.lightning import ZeusCallback
+
+        return ZeusCallback
+    if name == "ZeusTrainerCallback":
+        from zeus_callbacks.integrations.huggingface import ZeusTrainerCallback
+
+        return ZeusTrainerCallback
+    raise AttributeError(f"module 'zeus_callbacks' has no attribute {name!r}")

@@ -204,7 +204,7 @@ class GPUBackend(abc.ABC):
     def _set_power_limit_W(self, index: int, limit_W: float) -> None:
         """Apply a validated limit; read-only and range checks are already done."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release vendor handles. Safe to call more than once."""
 
     def describe(self) -> str:

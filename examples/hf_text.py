@@ -1,0 +1,119 @@
+"""Train a small GPT-2-style causal LM (random init) with the Hugging Face Trainer.
+
+Real text: the Python standard library's own source files, byte-level tokenised
+(vocabulary of 256 bytes, so no tokenizer download is needed). The ZeusTrainerCallback
+is configured from ``examples/zeus.yaml``; energy goes to TensorBoard (and W&B with
+``--report-to tensorboard wandb``) and to the JSONL log. Uses the GPU when present,
+else the CPU with the virtual GPU reporting power.
+
+    python examples/hf_text.py [--max-steps 120] [--report-to tensorboard] [--no-callback]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from zeus_callbacks import ZeusTrainerCallback
+
+HERE = Path(__file__).resolve().parent
+
+
+def stdlib_text(max_bytes: int) -> bytes:
+    """Concatenate the standard library's .py sources (sorted, so runs are repeatable)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return b"\n".join(chunks)[:max_bytes]
+
+
+class ByteBlocks(Dataset):
+    """Fixed-length blocks of bytes as token ids; labels = inputs (the model shifts them)."""
+
+    def __init__(self, data: bytes, block: int) -> None:
+        ids = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        n = len(ids) // block
+        self.blocks = ids[: n * block].view(n, block)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--block", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--config", default=str(HERE / "zeus.yaml"))
+    parser.add_argument("--output-dir", default="runs/hf_text")
+    parser.add_argument("--report-to", nargs="+", default=["tensorboard"])
+    parser.add_argument("--no-callback", action="store_true", help="train without zeus-callbacks (baseline)")
+    parser.add_argument("--summary-json", help="also write the run summary to this JSON file")
+    args = parser.parse_args()
+    hf_logging.set_verbosity_warning()
+    torch.manual_seed(0)
+
+    data = stdlib_text(2_000_000)
+    split = int(0.95 * len(data))
+    train_set, eval_set = ByteBlocks(data[:split], args.block), ByteBlocks(data[split:], args.block)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=args.block, n_embd=args.width, n_layer=args.layers, n_head=4)
+    )
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=1e-3,
+        warmup_steps=10,
+        logging_steps=20,
+        eval_strategy="steps",
+        eval_steps=max(args.max_steps // 2, 1),
+        save_strategy="no",
+        report_to=args.report_to,
+        include_num_input_tokens_seen=True,
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        seed=0,
+    )
+    callbacks = [] if args.no_callback else [ZeusTrainerCallback.from_yaml(args.config)]
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=train_set, eval_dataset=eval_set, callbacks=callbacks
+    )
+    start = time.perf_counter()
+    output = trainer.train()
+    wall_s = time.perf_counter() - start
+    eval_loss = trainer.evaluate().get("eval_loss", float("nan"))
+    print(f"\nhf_text: {output.global_step} steps, train loss {output.training_loss:.3f}, "
+          f"eval loss {eval_loss:.3f}, {wall_s:.1f} s wall, {1e3 * wall_s / max(output.global_step, 1):.2f} ms/step")
+    result = {"example": "hf_text", "steps": output.global_step, "eval_loss": eval_loss, "wall_s": wall_s}
+    if callbacks:
+        print(callbacks[0].summary)  # the HF callback logs it at INFO; print it for the user
+        result["summary"] = callbacks[0].summary.as_dict()
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""AMD GPUs through the ROCm SMI Python interface (``amdsmi``).
+
+What is read:
+
+* **Energy counter**: ``amdsmi_get_energy_count(h)`` returns a tick count and
+  ``counter_resolution`` (µJ per tick); the driver refreshes it every ~1 ms. The tick
+  key was renamed in ROCm 6.4 (``power`` → ``energy_accumulator``); both are read.
+* **Power**: amdsmi has no buffered power samples, so
+  :meth:`AMDSMIBackend.power_samples_since` polls the energy counter and reports
+  ΔE/Δt since its previous poll, stamped with the backend's clock. The first poll
+  after start only primes. The first derived power is checked once against
+  ``amdsmi_get_power_info`` (socket power, W); a disagreement over 25 % is logged.
+* **Power cap**: ``amdsmi_get_power_cap_info(h)`` (µW) and
+  ``amdsmi_set_power_cap(h, 0, cap_uW)``.
+
+µJ ticks and µW are converted to J and W here and nowhere else. ``AmdSmiException``
+is translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
+:meth:`AMDSMIBackend._translate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from zeus_callbacks.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Clock,
+    GPUBackend,
+    NotSupported,
+    PermissionDenied,
+    PowerSample,
+    SensorError,
+)
+
+logger = logging.getLogger(__name__)
+
+#: amdsmi energy resolution and power caps are in micro-units.
+J_PER_UJ = 1e-6
+UW_PER_W = 1_000_000.0
+
+#: ``amdsmi_status_t`` values from the C header (stable across ROCm releases).
+STATUS_NOT_SUPPORTED = 2
+STATUS_NOT_YET_IMPLEMENTED = 3
+STATUS_NO_PERM = 10
+
+#: Shortest interval between two polls that yields a power sample (s). The counter
+#: refreshes every ~1 ms, so a 10 ms interval bounds the quantisation error to ~10 %.
+MIN_POLL_INTERVAL_S = 0.010
+#: A counter-derived power that differs from amdsmi's socket power by more than this
+#: fraction is reported (once).
+POWER_CHECK_TOLERANCE = 0.25
+
+ENERGY_TICK_KEYS = ("energy_accumulator", "power")
+SOCKET_POWER_KEYS = ("average_socket_power", "current_socket_power")
+VISIBLE_DEVICE_ENVS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+@dataclass
+class _DeviceState:
+    """Per-device state; ``lock`` guards the poll and counter fields."""
+
+    amdsmi_index: int
+    handle: Any
+    name: str
+    lock: threading.Lock
+    last_poll: tuple[float, float] | None = None  # (time_s, energy_J)
+    power_checked: bool = False
+    last_energy_J: float | None = None
+
+
+class AMDSMIBackend(GPUBackend):
+    """Measure and cap AMD GPUs through amdsmi.
+
+    Device indices are the process's view after ``ROCR_VISIBLE_DEVICES`` and then
+    ``HIP_VISIBLE_DEVICES`` (integer lists; HIP's indices refer to the devices ROCr
+    left visible). Like the HIP runtime, a list ends at its first entry that names no
+    device. Integers index amdsmi's enumeration order.
+
+    Thread safety: amdsmi is called without a global lock; each device's polling
+    state has its own lock, held only by sensor reads, so power-cap calls on the
+    training thread never wait behind the sampler thread.
+
+    Args:
+        clock: Time source that stamps the polled power samples (default: wall clock).
+        read_only: Refuse every setter; default from ``ZEUS_CALLBACKS_READ_ONLY``.
+        amdsmi_module: An ``amdsmi``-compatible module (tests inject a fake); default
+            ``import amdsmi``.
+
+    Raises:
+        BackendUnavailable: ``amdsmi`` or ``libamd_smi.so`` is missing, ``amdsmi_init``
+            fails, or no GPU is visible.
+    """
+
+    name = "amdsmi"
+    sample_period_s = 0.02
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        read_only: bool | None = None,
+        amdsmi_module: ModuleType | Any | None = None,
+    ) -> None:
+        super().__init__(clock=clock, read_only=read_only)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._warned: set[tuple[str, int]] = set()
+        self._warned_lock = threading.Lock()
+        self._smi = amdsmi_module if amdsmi_module is not None else _import_amdsmi()
+        self._error_cls = getattr(self._smi, "AmdSmiException", Exception)
+        try:
+            self._smi.amdsmi_init()
+        except self._error_cls as exc:
+            raise BackendUnavailable(f"AMD backend unavailable: amdsmi_init failed ({exc})") from exc
+        try:
+            self._devices = self._discover_devices()
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _discover_devices(self) -> list[_DeviceState]:
+        try:
+            handles = list(self._smi.amdsmi_get_processor_handles())
+        except self._error_cls as exc:
+            raise BackendUnavailable(f"AMD backend unavailable: cannot enumerate GPUs ({exc})") from exc
+        if not handles:
+            raise BackendUnavailable("AMD backend unavailable: amdsmi reports no GPU")
+        visible = list(range(len(handles)))
+        for env in VISIBLE_DEVICE_ENVS:
+            visible = _apply_visible_list(env, os.environ.get(env), visible)
+            if not visible:
+                raise BackendUnavailable(
+                    f"AMD backend unavailable: {env}={os.environ.get(env)!r} leaves no GPU visible"
+                )
+        devices = []
+        for amdsmi_index in visible:
+            handle = handles[amdsmi_index]
+            try:
+                name = str(self._smi.amdsmi_get_gpu_asic_info(handle)["market_name"])
+            except (self._error_cls, KeyError) as exc:
+                logger.warning("amdsmi: cannot read the name of GPU %d: %s", amdsmi_index, exc)
+                name = "AMD GPU"
+            devices.append(_DeviceState(amdsmi_index, handle, name, threading.Lock()))
+        return devices
+
+    # -- error translation: the one place amdsmi exceptions become ours ----------------
+    @contextlib.contextmanager
+    def _translated(self, what: str, index: int, *, sensor: bool = False) -> Iterator[None]:
+        """Translate ``AmdSmiException`` raised inside the block, chained with ``from exc``."""
+        try:
+            yield
+        except self._error_cls as exc:
+            raise self._translate(exc, what, index, sensor=sensor) from exc
+
+    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
+        """Map an amdsmi error to ours.
+
+        ``ERR_NO_PERM`` → :class:`PermissionDenied`; ``ERR_NOT_SUPPORTED`` /
+        ``NOT_IMPLEMENTED`` → :class:`NotSupported` (``SensorError(kind="not_supported")``
+        when ``sensor``); anything else ``SensorError(kind="unknown")``.
+        """
+        code = getattr(exc, "err_code", None)
+        message = f"amdsmi: {what} failed on GPU {index}: {exc}"
+        if code == STATUS_NO_PERM:
+            return PermissionDenied(message + " (run as root, or ask an administrator)")
+        if code in (STATUS_NOT_SUPPORTED, STATUS_NOT_YET_IMPLEMENTED):
+            return SensorError(message, kind="not_supported") if sensor else NotSupported(message)
+        return SensorError(message, kind="unknown")
+
+    # -- identity ----------------------------------------------------------------------
+    def _device(self, index: int) -> _DeviceState:
+        if self._closed:
+            raise BackendError("amdsmi: the backend is closed")
+        if not 0 <= index < len(self._devices):
+            raise IndexError(f"amdsmi: GPU index {index} is out of range (0..{len(self._devices) - 1})")
+        return self._devices[index]
+
+    def device_count(self) -> int:
+        """Return how many GPUs are visible to this process."""
+        return len(self._devices)
+
+    def device_name(self, index: int) -> str:
+        """Return the market name of GPU ``index`` (e.g. ``"AMD Instinct MI300X"``)."""
+        return self._device(index).name
+
+    def amdsmi_index(self, index: int) -> int:
+        """Return amdsmi's index of the process's GPU ``index``."""
+        return self._device(index).amdsmi_index
+
+    # -- sensors -----------------------------------------------------------------------
+    def _read_energy_J(self, device: _DeviceState, index: int, *, sensor: bool) -> float:
+        with self._translated("reading the energy counter", index, sensor=sensor):
+            counts = self._smi.amdsmi_get_energy_count(device.handle)
+        ticks = next((counts[k] for k in ENERGY_TICK_KEYS if k in counts), None)
+        if ticks is None or "counter_resolution" not in counts:
+            raise SensorError(
+                f"amdsmi: GPU {index} energy count has none of {ENERGY_TICK_KEYS} or no counter_resolution: "
+                f"{sorted(counts)}",
+                kind="unknown",
+            )
+        return float(ticks) * float(counts["counter_resolution"]) * J_PER_UJ
+
+    def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
+        """Poll GPU ``index``'s energy counter and return the mean power since the last poll.
+
+        The first call primes and returns ``[]``; so does a call less than
+        :data:`MIN_POLL_INTERVAL_S` after the previous one (the poll is kept). The
+        sample is the mean power over ``(previous poll, now]``, stamped ``now`` on
+        the backend's clock. Poll every ~20 ms for a stream like NVIDIA's.
+
+        Args:
+            index: Device index (process view).
+            since_s: Only samples with ``timestamp_s > since_s`` are returned (s).
+
+        Returns:
+            Zero or one sample, power in W.
+
+        Raises:
+            SensorError: The read failed, or the counter went backwards
+                (``kind="counter_backwards"``; polling restarts from the new value).
+        """
+        device = self._device(index)
+        with device.lock:
+            energy_J = self._read_energy_J(device, index, sensor=True)
+            now_s = self.clock.now_s()
+            previous, device.last_poll = device.last_poll, (now_s, energy_J)
+            if previous is None:
+                return []
+            then_s, then_J = previous
+            if now_s - then_s < MIN_POLL_INTERVAL_S:
+                device.last_poll = previous
+                return []
+            if energy_J < then_J:
+                self._warn_once(
+                    "counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index
+                )
+                raise SensorError(
+                    f"amdsmi: GPU {index} energy counter went backwards ({then_J:.3f} J -> {energy_J:.3f} J)",
+                    kind="counter_backwards",
+                )
+            power_W = (energy_J - then_J) / (now_s - then_s)
+            if not device.power_checked:
+                device.power_checked = True
+                self._check_against_socket_power(device, index, power_W)
+        return [PowerSample(now_s, power_W)] if now_s > since_s else []
+
+    def _check_against_socket_power(self, device: _DeviceState, index: int, power_W: float) -> None:
+        try:
+            info = self._smi.amdsmi_get_power_info(device.handle)
+        except self._error_cls as exc:
+            logger.debug("amdsmi: GPU %d: cannot read socket power to check the counter: %s", index, exc)
+            return
+        reference = next((info[k] for k in SOCKET_POWER_KEYS if isinstance(info.get(k), (int, float))), None)
+        if reference is None or reference <= 0:
+            logger.debug("amdsmi: GPU %d reports no socket power to check the counter against", index)
+            return
+        if abs(power_W - reference) > POWER_CHECK_TOLERANCE * reference:
+            self._warn_once(
+                "power_mismatch",
+                index,
+                "amdsmi: GPU %d energy counter gives %.1f W but socket power reads %.1f W (> %.0f %% apart); "
+                "energy figures may be off",
+                index,
+                power_W,
+                float(reference),
+                POWER_CHECK_TOLERANCE * 100,
+            )
+
+    def energy_counter_J(self, index: int) -> float:
+        """Return GPU ``index``'s cumulative energy counter (J).
+
+        Ticks × ``counter_resolution`` (µJ/tick), refreshed every ~1 ms.
+
+        Args:
+            index: Device index (process view).
+
+        Returns:
+            Energy in joules; only differences are meaningful.
+
+        Raises:
+            NotSupported: The GPU has no energy counter.
+            SensorError: The read failed, or the counter went backwards since the last
+                read (``kind="counter_backwards"``; the next read counts from the new value).
+        """
+        device = self._device(index)
+        energy_J = self._read_energy_J(device, index, sensor=False)
+        with device.lock:
+            previous_J, device.last_energy_J = device.last_energy_J, energy_J
+        if previous_J is not None and energy_J < previous_J:
+            self._warn_once("counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index)
+            raise SensorError(
+                f"amdsmi: GPU {index} energy counter went backwards ({previous_J:.3f} J -> {energy_J:.3f} J)",
+                kind="counter_backwards",
+            )
+        return energy_J
+
+    # -- power cap ---------------------------------------------------------------------
+    def _cap_info(self, index: int) -> dict[str, Any]:
+        device = self._device(index)
+        with self._translated("reading the power cap", index):
+            return self._smi.amdsmi_get_power_cap_info(device.handle)
+
+    def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
+        """Return the ``(min, max)`` power cap GPU ``index`` accepts (W).
+
+        Raises:
+            NotSupported: The GPU does not report power caps.
+            SensorError: The read failed.
+        """
+        info = self._cap_info(index)
+        return info["min_power_cap"] / UW_PER_W, info["max_power_cap"] / UW_PER_W
+
+    def power_limit_W(self, index: int) -> float:
+        """Return the power cap in force on GPU ``index`` (W).
+
+        Raises:
+            NotSupported: The GPU does not report power caps.
+            SensorError: The read failed.
+        """
+        return self._cap_info(index)["power_cap"] / UW_PER_W
+
+    def _set_power_limit_W(self, index: int, limit_W: float) -> None:
+        device = self._device(index)
+        cap_uW = int(round(limit_W * UW_PER_W))
+        with self._translated(f"setting the power cap to {limit_W:.0f} W", index):
+            self._smi.amdsmi_set_power_cap(device.handle, 0, cap_uW)
+        logger.info("amdsmi: GPU %d power cap set to %.0f W", index, limit_W)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Shut amdsmi down (once); later calls on this backend raise :class:`BackendError`."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            self._smi.amdsmi_shut_down()
+        except self._error_cls as exc:
+            logger.debug("amdsmi: amdsmi_shut_down failed: %s", exc)
+
+    def _warn_once(self, kind: str, index: int, message: str, *args: object) -> None:
+        with self._warned_lock:
+            if (kind, index) in self._warned:
+                return
+            self._warned.add((kind, index))
+        logger.warning(message, *args)
+
+
+def _import_amdsmi() -> ModuleType:
+    try:
+        import amdsmi
+    except (ImportError, OSError) as exc:  # OSError: libamd_smi.so missing or unloadable
+        raise BackendUnavailable(
+            f"AMD backend unavailable: cannot import amdsmi ({exc}); install ROCm's amdsmi package"
+        ) from exc
+    return amdsmi
+
+
+def _apply_visible_list(env: str, spec: str | None, visible: list[int]) -> list[int]:
+    """Narrow ``visible`` (amdsmi indices) by one ``*_VISIBLE_DEVICES`` integer list.
+
+    Args:
+        env: The variable's name (for messages).
+        spec: Its value, or None when unset (no change).
+        visible: The amdsmi indices visible so far, in process order.
+
+    Returns:
+        The amdsmi indices the list selects, in its order; the list ends at its first
+        entry that is not an integer naming a new device (logged).
+    """
+    if spec is None:
+        return visible
+    selected: list[int] = []
+    for raw in spec.split(","):
+        token = raw.strip()
+        try:
+            position = int(token)
+        except ValueError:
+            position = -1
+        if not 0 <= position < len(visible) or visible[position] in selected:
+            if token:
+                logger.warning("amdsmi: %s entry %r names no (new) GPU; ignoring it and every later entry", env, token)
+            break
+        selected.append(visible[position])
+    return selected

@@ -1,0 +1,398 @@
+"""A virtual GPU driven by the public Zeus (NSDI '23) power-limit traces.
+
+Everything runs and is tested on machines with no GPU: the callbacks train on the
+CPU in real time (default :class:`WallClock`) while this backend reports the power a
+traced GPU would draw, or the simulator drives it with a :class:`ManualClock`.
+
+Model (per device ``d``, at time ``t``)::
+
+    true_power_W(t) = idle_W + u(t) · (P_trace(limit(t)) − idle_W) + offset_W[d]
+
+where ``P_trace`` is the trace's average power interpolated at the power limit in force
+(:func:`~zeus_callbacks.backends.traces.average_power_W_at`), ``u(t)`` the utilization
+(1 busy, 0 idle) set by :meth:`VirtualGPUBackend.set_utilization`, and ``idle_W`` the
+per-GPU constant :data:`IDLE_POWER_W` (capped at the curve's lowest power). Limit and
+utilization changes are timestamped, so samples before a change keep the old power.
+
+Sensors imitate NVML (see DESIGN.md, H200 facts):
+
+- ``power_samples_since``: one sample every ``sample_period_s`` (±1 ms jitter), each the
+  mean true power over the preceding sample interval plus Gaussian noise
+  (``noise_W``); only the last 2.4 s are kept. Sample ``k`` of device ``d`` depends only
+  on ``(seed, d, k)`` and the power history, never on how often the buffer is polled.
+- ``energy_counter_J``: the exact integral of true power (no noise), taken at the last
+  100 ms boundary and floored to 1 mJ, like the H200 counter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from zeus_callbacks.backends import traces
+from zeus_callbacks.backends.base import Clock, GPUBackend, PowerSample, SensorError
+
+logger = logging.getLogger(__name__)
+
+IDLE_POWER_W = {"V100": 40.0, "A40": 30.0}
+"""Idle power (W) per traced GPU: a modelling assumption, not in the Zeus traces.
+
+Typical draw of an idle V100 (~40 W) and A40 (~30 W) with a process attached. A
+backend uses ``min(IDLE_POWER_W[gpu], lowest average power of its curve)`` so that idle
+never exceeds busy (the V100 NCF sweeps average as little as 35 W).
+"""
+HISTORY_S = 2.4
+"""Seconds of power-sample history kept, like NVML's buffer (DESIGN.md, H200 facts)."""
+COUNTER_PERIOD_S = 0.1
+"""Update period of the energy counter (s), as measured on the H200."""
+COUNTER_RESOLUTION_J = 1e-3
+"""Resolution of the energy counter (J): NVML counts millijoules."""
+JITTER_S = 0.001
+"""Half-width of the uniform jitter on sample timestamps (s); at most a quarter period."""
+_BLOCK = 1024  # samples per pre-drawn block of noise and jitter
+_PRUNE_AT = 512  # prune a device's power history once it holds this many changes
+_PRUNE_MARGIN_S = 1.0  # history kept beyond HISTORY_S when pruning (s)
+
+SensorKind = Literal["any", "samples", "energy"]
+
+
+@dataclass
+class _Segment:
+    """Power from ``start_s`` until the next segment: a state and the energy before it."""
+
+    start_s: float
+    limit_W: float | None  # the change this segment applies (None: keep previous)
+    utilization: float | None
+    power_limit_W: float = 0.0  # resulting state
+    util: float = 0.0
+    power_W: float = 0.0
+    energy_before_J: float = 0.0  # integral of true power from the origin to start_s
+
+
+class _Timeline:
+    """Piecewise-constant true power of one device with timestamped changes."""
+
+    def __init__(self, start_s: float, limit_W: float, util: float, power_fn) -> None:
+        self._power_fn = power_fn
+        first = _Segment(start_s, limit_W, util, limit_W, util, power_fn(limit_W, util))
+        self._segments = [first]
+        self._starts = [start_s]
+
+    def change(self, at_s: float, *, limit_W: float | None = None, util: float | None = None) -> None:
+        if not math.isfinite(at_s):
+            raise ValueError(f"the time of a change must be finite, got {at_s}")
+        if at_s < self._starts[0]:
+            raise ValueError(
+                f"cannot change the virtual GPU at t={at_s:.3f} s: history before "
+                f"{self._starts[0]:.3f} s is gone"
+            )
+        i = bisect.bisect_right(self._starts, at_s)
+        self._segments.insert(i, _Segment(at_s, limit_W, util))
+        self._starts.insert(i, at_s)
+        for j in range(i, len(self._segments)):  # later segments inherit the new state
+            prev, seg = self._segments[j - 1], self._segments[j]
+            seg.power_limit_W = prev.power_limit_W if seg.limit_W is None else seg.limit_W
+            seg.util = prev.util if seg.utilization is None else seg.utilization
+            seg.power_W = self._power_fn(seg.power_limit_W, seg.util)
+            seg.energy_before_J = prev.energy_before_J + prev.power_W * (seg.start_s - prev.start_s)
+
+    def at(self, t_s: float) -> _Segment:
+        return self._segments[max(bisect.bisect_right(self._starts, t_s) - 1, 0)]
+
+    def energy_J(self, t_s: float) -> float:
+        seg = self.at(t_s)
+        return seg.energy_before_J + seg.power_W * (t_s - seg.start_s)
+
+    def prune(self, before_s: float) -> None:
+        if len(self._segments) < _PRUNE_AT:
+            return
+        keep_from = max(bisect.bisect_right(self._starts, before_s) - 1, 0)
+        del self._segments[:keep_from], self._starts[:keep_from]
+
+
+class VirtualGPUBackend(GPUBackend):
+    """Virtual GPUs replaying a Zeus NSDI '23 power-limit sweep (V100 or A40).
+
+    Thread-safe: every public method holds one re-entrant lock.
+
+    Args:
+        gpu: ``"V100"`` or ``"A40"`` (case-insensitive).
+        workload: Workload named by its dataset (``"cifar100"``, ``"imagenet"``,
+            ``"librispeech"``, ``"movielens-1m"``, ``"sentiment140"``, ``"squad"``).
+        batch_size: Batch size; None picks the paper default capped to the trace.
+        num_devices: Number of identical virtual GPUs.
+        clock: Time source; default :class:`WallClock` (real time).
+        read_only: Refuse power-limit changes; None reads ``ZEUS_CALLBACKS_READ_ONLY``.
+        noise_W: Standard deviation of the Gaussian noise on power samples (W).
+        sample_period_s: Nominal period of power samples (s).
+        seed: Seed of the sample noise and jitter (any int).
+        utilization: Initial utilization of every device, in [0, 1].
+        power_offset_W: Constant added to each device's true power (W): one value for
+            all devices or one per device (models device-to-device spread).
+
+    Raises:
+        ValueError: Unknown GPU, workload or batch size (the message lists the valid
+            choices), or an out-of-range argument.
+
+    """
+
+    name = "virtual"
+
+    def __init__(
+        self,
+        *,
+        gpu: str = "A40",
+        workload: str = "imagenet",
+        batch_size: int | None = None,
+        num_devices: int = 1,
+        clock: Clock | None = None,
+        read_only: bool | None = None,
+        noise_W: float = 3.0,
+        sample_period_s: float = 0.02,
+        seed: int = 0,
+        utilization: float = 1.0,
+        power_offset_W: float | Sequence[float] = 0.0,
+    ) -> None:
+        super().__init__(clock=clock, read_only=read_only)
+        self.gpu = traces.normalize_gpu(gpu)
+        self.workload = traces.get_workload(workload)
+        self.batch_size = (
+            traces.default_batch_size(self.gpu, workload) if batch_size is None else int(batch_size)
+        )
+        self.curve = traces.power_curve(self.gpu, workload, self.batch_size)
+        if num_devices < 1:
+            raise ValueError(f"num_devices must be ≥ 1, got {num_devices}")
+        if noise_W < 0:
+            raise ValueError(f"noise_W must be ≥ 0, got {noise_W}")
+        if not sample_period_s > 0:
+            raise ValueError(f"sample_period_s must be > 0, got {sample_period_s}")
+        _check_utilization(utilization)
+        offsets = (
+            [float(power_offset_W)] * num_devices
+            if isinstance(power_offset_W, (int, float))
+            else [float(x) for x in power_offset_W]
+        )
+        if len(offsets) != num_devices:
+            raise ValueError(f"power_offset_W has {len(offsets)} values for {num_devices} devices")
+        self.num_devices = int(num_devices)
+        self.noise_W = float(noise_W)
+        self.sample_period_s = float(sample_period_s)
+        self.seed = int(seed)
+        self._jitter_s = min(JITTER_S, self.sample_period_s / 4)
+        self.idle_power_W = min(IDLE_POWER_W[self.gpu], float(self.curve.average_power_W.min()))
+        self.power_offset_W = tuple(offsets)
+        self._lock = threading.RLock()
+        self._start_s = self.clock.now_s()
+        self._timelines = [
+            _Timeline(self._start_s, self.curve.max_limit_W, float(utilization), self._power_fn(d))
+            for d in range(num_devices)
+        ]
+        self._blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._faults: list[list] = []  # [remaining, kind, index | None, sensor]
+        logger.debug("virtual backend: %s", self.describe())
+
+    # -- identity -------------------------------------------------------------------
+    def device_count(self) -> int:
+        """Return the number of virtual GPUs."""
+        return self.num_devices
+
+    def device_name(self, index: int) -> str:
+        """Return e.g. ``"Virtual A40 (zeus_nsdi23 imagenet/resnet50 bs 256)"``."""
+        self._check_index(index)
+        w = self.workload
+        return f"Virtual {self.gpu} (zeus_nsdi23 {w.dataset}/{w.network} bs {self.batch_size})"
+
+    # -- trace model ----------------------------------------------------------------
+    def average_power_W(self, limit_W: float) -> float:
+        """Trace average power (W) at ``limit_W``, busy, without offset (Zeus NSDI '23)."""
+        return traces.average_power_W_at(self.curve, limit_W)
+
+    def epoch_time_s(self, limit_W: float) -> float:
+        """Trace time per epoch (s) at ``limit_W`` (Zeus NSDI '23)."""
+        return traces.time_per_epoch_s_at(self.curve, limit_W)
+
+    def epoch_energy_J(self, limit_W: float) -> float:
+        """Trace energy per epoch (J) at ``limit_W``: time per epoch × average power."""
+        return traces.epoch_energy_J_at(self.curve, limit_W)
+
+    def step_time_factor(self, limit_W: float) -> float:
+        """Slowdown at ``limit_W``: time per epoch there / at the maximum limit (≥ ~1)."""
+        return self.epoch_time_s(limit_W) / self.epoch_time_s(self.curve.max_limit_W)
+
+    def true_power_W(self, index: int, at_s: float | None = None) -> float:
+        """Noise-free power (W) of GPU ``index`` at ``at_s`` (default: now)."""
+        self._check_index(index)
+        with self._lock:
+            t_s = self.clock.now_s() if at_s is None else at_s
+            return self._timelines[index].at(t_s).power_W
+
+    def set_utilization(
+        self, utilization: float, at_s: float | None = None, *, index: int | None = None
+    ) -> None:
+        """Mark GPU ``index`` (None: all) busy (1), idle (0) or in between from ``at_s`` on.
+
+        Args:
+            utilization: Fraction of the traced busy power above idle, in [0, 1].
+            at_s: When the change happens on the backend clock (default: now). It may
+                lie in the future (a schedule) or in the past (power already reported
+                after it is then rewritten), but not before the kept history (the
+                backend's creation, or ~3.4 s ago once many changes have piled up).
+            index: Device index, or None for every device.
+
+        Raises:
+            ValueError: ``utilization`` outside [0, 1] or ``at_s`` too old.
+
+        """
+        _check_utilization(utilization)
+        indices = range(self.num_devices) if index is None else [self._check_index(index)]
+        with self._lock:
+            t_s = self.clock.now_s() if at_s is None else float(at_s)
+            for d in indices:
+                self._timelines[d].change(t_s, util=float(utilization))
+                self._timelines[d].prune(self.clock.now_s() - HISTORY_S - _PRUNE_MARGIN_S)
+
+    # -- faults ---------------------------------------------------------------------
+    def inject_fault(
+        self, reads: int = 1, kind: str = "unknown", *, index: int | None = None, sensor: SensorKind = "any"
+    ) -> None:
+        """Make the next ``reads`` sensor reads raise :class:`SensorError` (for tests).
+
+        Args:
+            reads: How many reads fail.
+            kind: The ``SensorError.kind`` to raise (e.g. ``"gpu_lost"``).
+            index: Only reads of this device; None: any device.
+            sensor: ``"samples"`` (power_samples_since), ``"energy"`` (energy_counter_J)
+                or ``"any"``.
+
+        """
+        with self._lock:
+            self._faults.append([int(reads), kind, index, sensor])
+
+    def clear_faults(self) -> None:
+        """Drop every pending injected fault."""
+        with self._lock:
+            self._faults.clear()
+
+    # -- sensors --------------------------------------------------------------------
+    def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
+        """Return the buffered samples of GPU ``index`` newer than ``since_s``.
+
+        Samples of the last 2.4 s only; see the module docstring for their model.
+
+        Raises:
+            SensorError: An injected fault.
+
+        """
+        self._check_index(index)
+        with self._lock:
+            self._maybe_fault(index, "samples")
+            now_s = self.clock.now_s()
+            timeline = self._timelines[index]
+            lower_s = since_s if since_s > now_s - HISTORY_S else now_s - HISTORY_S  # NaN: all
+            period = self.sample_period_s
+            k = max(1, math.floor((lower_s - self._start_s - self._jitter_s) / period))
+            samples = []
+            prev_t = self._sample_time(index, k - 1)
+            while True:
+                t_s = self._sample_time(index, k)
+                if t_s > now_s:
+                    break
+                if t_s > lower_s:
+                    mean_W = (timeline.energy_J(t_s) - timeline.energy_J(prev_t)) / (t_s - prev_t)
+                    samples.append(PowerSample(t_s, mean_W + self._noise(index, k)))
+                prev_t, k = t_s, k + 1
+            timeline.prune(now_s - HISTORY_S - _PRUNE_MARGIN_S)
+            return samples
+
+    def energy_counter_J(self, index: int) -> float:
+        """Return the energy (J) GPU ``index`` used since the backend was created.
+
+        The exact integral of true power at the last 100 ms boundary, floored to 1 mJ.
+
+        Raises:
+            SensorError: An injected fault.
+
+        """
+        self._check_index(index)
+        with self._lock:
+            self._maybe_fault(index, "energy")
+            now_s = self.clock.now_s()
+            ticks = max(math.floor((now_s - self._start_s) / COUNTER_PERIOD_S + 1e-9), 0)
+            energy_J = self._timelines[index].energy_J(self._start_s + ticks * COUNTER_PERIOD_S)
+            return math.floor(energy_J / COUNTER_RESOLUTION_J + 1e-6) * COUNTER_RESOLUTION_J
+
+    # -- power limit ----------------------------------------------------------------
+    def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
+        """Return the lowest and highest power limit in the trace (W)."""
+        self._check_index(index)
+        return self.curve.min_limit_W, self.curve.max_limit_W
+
+    def power_limit_W(self, index: int) -> float:
+        """Return the power limit in force on GPU ``index`` now (W)."""
+        self._check_index(index)
+        with self._lock:
+            return self._timelines[index].at(self.clock.now_s()).power_limit_W
+
+    def _set_power_limit_W(self, index: int, limit_W: float) -> None:
+        self._check_index(index)
+        with self._lock:
+            now_s = self.clock.now_s()
+            self._timelines[index].change(now_s, limit_W=float(limit_W))
+            self._timelines[index].prune(now_s - HISTORY_S - _PRUNE_MARGIN_S)
+        logger.debug("virtual GPU %d: power limit set to %.0f W", index, limit_W)
+
+    # -- internals ------------------------------------------------------------------
+    def _power_fn(self, index: int):
+        def power_W(limit_W: float, util: float) -> float:
+            busy_W = traces.average_power_W_at(self.curve, limit_W)
+            idle_W = self.idle_power_W
+            return max(idle_W + util * (busy_W - idle_W) + self.power_offset_W[index], 0.0)
+
+        return power_W
+
+    def _block(self, index: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        block, offset = divmod(k, _BLOCK)
+        key = (index, block)
+        if key not in self._blocks:
+            if len(self._blocks) > 4 * self.num_devices:
+                self._blocks.clear()
+            rng = np.random.default_rng((self.seed & 0xFFFF_FFFF_FFFF_FFFF, index, block))
+            jitter = rng.uniform(-self._jitter_s, self._jitter_s, _BLOCK)
+            noise = rng.normal(0.0, 1.0, _BLOCK)
+            self._blocks[key] = (jitter, noise)
+        jitter, noise = self._blocks[key]
+        return jitter, noise, offset
+
+    def _sample_time(self, index: int, k: int) -> float:
+        jitter, _, offset = self._block(index, k)
+        return self._start_s + k * self.sample_period_s + float(jitter[offset])
+
+    def _noise(self, index: int, k: int) -> float:
+        _, noise, offset = self._block(index, k)
+        return self.noise_W * float(noise[offset])
+
+    def _maybe_fault(self, index: int, sensor: str) -> None:
+        for fault in self._faults:
+            remaining, kind, fault_index, fault_sensor = fault
+            if fault_index in (None, index) and fault_sensor in ("any", sensor):
+                fault[0] -= 1
+                if fault[0] <= 0:
+                    self._faults.remove(fault)
+                raise SensorError(f"virtual GPU {index}: injected {sensor} fault ({kind})", kind=kind)
+
+    def _check_index(self, index: int) -> int:
+        if not 0 <= index < self.num_devices:
+            raise IndexError(f"virtual GPU index {index} out of range [0, {self.num_devices - 1}]")
+        return index
+
+
+def _check_utilization(utilization: float) -> None:
+    if not 0.0 <= utilization <= 1.0:
+        raise ValueError(f"utilization must be in [0, 1], got {utilization}")

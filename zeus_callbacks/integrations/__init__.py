@@ -1,0 +1,1 @@
+"""Thin framework adapters: they translate hooks into EnergySession events and nothing more."""

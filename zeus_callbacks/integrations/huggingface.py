@@ -1,0 +1,183 @@
+"""``ZeusTrainerCallback``: GPU energy in a Hugging Face ``transformers.Trainer``.
+
+Example:
+    >>> from transformers import Trainer, TrainingArguments
+    >>> from zeus_callbacks import ZeusTrainerCallback
+    >>> args = TrainingArguments("out", report_to=["tensorboard"])  # doctest: +SKIP
+    >>> trainer = Trainer(model, args, train_dataset=ds,  # doctest: +SKIP
+    ...                   callbacks=[ZeusTrainerCallback.from_yaml("zeus.yaml")])
+
+Energy values travel to TensorBoard and W&B inside the Trainer's own ``logs``
+dict. The Trainer calls callbacks in list order and puts user callbacks *after* its
+reporters, so values a user callback adds in ``on_log`` would never reach them: this
+callback therefore moves itself right after ``DefaultFlowCallback`` when the Trainer is
+built and again when training begins.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+from zeus_callbacks.backends.base import GPUBackend
+from zeus_callbacks.config import ZeusConfig, load_config
+from zeus_callbacks.integrations.common import resolve_config
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import EnergySession
+
+logger = logging.getLogger(__name__)
+
+# Keys the Trainer puts only in its last log, after the training loop ("train_runtime"
+# is not enough: speed metrics with token counting add it to every log).
+_FINAL_LOG_KEYS = ("total_flos", "train_loss")
+
+
+class ZeusTrainerCallback(TrainerCallback):
+    """Measure and log GPU energy of a Hugging Face Trainer run.
+
+    A *step* is one optimizer step: with gradient accumulation its window spans every
+    micro-batch, and energy per sample divides by
+    ``per_device_train_batch_size × gradient_accumulation_steps``. Energy per token is
+    logged when ``TrainingArguments(include_num_input_tokens_seen=True)``.
+
+    Args:
+        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None.
+        backend: An open GPU backend to use instead of the configured one (tests,
+            simulations); the caller closes it.
+
+    Raises:
+        ConfigError: The configuration is invalid (raised here, before training).
+
+    Attributes:
+        summary: The :class:`~zeus_callbacks.reporting.RunSummary` once training ended.
+        session: The :class:`~zeus_callbacks.session.EnergySession` of the current run.
+    """
+
+    def __init__(
+        self, config: ZeusConfig | dict[str, Any] | str | Path | None = None, backend: GPUBackend | None = None
+    ) -> None:
+        self.config = resolve_config(config)
+        self._backend = backend
+        self.session = EnergySession(self.config, backend=backend)
+        self.summary: RunSummary | None = None
+        self._tokens_seen = 0
+        self._in_eval = False
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusTrainerCallback:
+        """Build the callback from a YAML file.
+
+        Raises:
+            ConfigError: The file is missing or invalid.
+        """
+        return cls(load_config(path), **kwargs)
+
+    # -- ordering ------------------------------------------------------------------------
+    def _move_before_reporters(self) -> None:
+        """Place this callback right after DefaultFlowCallback in the Trainer's handler.
+
+        The handler is not passed to callbacks, so it is found as the caller of this
+        event. Moving an element *earlier* in the list during the handler's loop
+        neither skips nor repeats a callback.
+        """
+        frame = sys._getframe(1)
+        while frame is not None:
+            handler = frame.f_locals.get("self")
+            if isinstance(handler, CallbackHandler) and self in handler.callbacks:
+                callbacks = handler.callbacks
+                flow = next((i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), -1)
+                if callbacks.index(self) > flow + 1:
+                    callbacks.remove(self)
+                    callbacks.insert(flow + 1, self)
+                return
+            frame = frame.f_back
+        logger.warning(
+            "zeus-callbacks: could not find the Trainer's callback list; energy values may not reach "
+            "TensorBoard/W&B (they are still in the JSONL log)"
+        )
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Move before the reporters."""
+        self._move_before_reporters()
+
+    # -- training ------------------------------------------------------------------------
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Start the run (a fresh session per ``train()`` call)."""
+        self._move_before_reporters()
+        self.session = EnergySession(self.config, backend=self._backend, is_main_process=state.is_world_process_zero)
+        self.summary = None
+        self._tokens_seen = state.num_input_tokens_seen or 0
+        run_name = self.config.logging.run_name or (Path(args.run_name).name if args.run_name else None)
+        self.session.train_start(run_name=run_name)
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Open the epoch window."""
+        self.session.epoch_start(int(state.epoch or 0))
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Open the step window (the first micro-batch of an optimizer step)."""
+        self.session.step_start(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Close the step window; stop training if the session says so."""
+        tokens = None
+        if state.num_input_tokens_seen:
+            tokens = state.num_input_tokens_seen - self._tokens_seen
+            self._tokens_seen = state.num_input_tokens_seen
+        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        decision = self.session.step_end(state.global_step, num_samples=samples, num_tokens=tokens or None)
+        if decision.stop_training:
+            logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
+            control.should_training_stop = True
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Close the epoch window; its metrics go out with the next log."""
+        self.session.epoch_end(int(round(state.epoch or 0)) - 1)
+
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ):
+        """Open the evaluation window at the first evaluation batch (HF has no begin hook)."""
+        if not self._in_eval and self.session.started:
+            self._in_eval = True
+            self.session.eval_start()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics=None, **kwargs: Any
+    ):
+        """Close the evaluation window and hand the metrics to the session."""
+        if self._in_eval:
+            self._in_eval = False
+            self.session.eval_end()
+        decision = self.session.evaluate(metrics or {})
+        if decision.stop_training:
+            control.should_training_stop = True
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any
+    ):
+        """Add the energy metrics to ``logs`` before TensorBoard / W&B read it."""
+        if logs is None or (not self.session.started and self.session.summary is None):
+            return
+        if all(key in logs for key in _FINAL_LOG_KEYS) and self.session.started:
+            self._finish()
+        logs.update(self.session.pop_metrics(flush_steps=self.session.started))
+        logs.update(self.session.totals())
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """End the run (if the final log did not already) and print the summary."""
+        if self.session.started:
+            self._finish()
+        if self.summary is not None and state.is_world_process_zero:
+            logger.info("%s", self.summary)
+
+    def _finish(self) -> None:
+        if self._in_eval:
+            self._in_eval = False
+            self.session.eval_end()
+        self.summary = self.session.train_end()

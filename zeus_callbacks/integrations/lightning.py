@@ -1,0 +1,191 @@
+"""``ZeusCallback``: GPU energy in a PyTorch Lightning ``Trainer``.
+
+Example:
+    >>> import lightning.pytorch as L
+    >>> from lightning.pytorch.loggers import TensorBoardLogger
+    >>> from zeus_callbacks import ZeusCallback
+    >>> trainer = L.Trainer(callbacks=[ZeusCallback.from_yaml("zeus.yaml")],  # doctest: +SKIP
+    ...                     logger=TensorBoardLogger("runs"))
+
+From ``LightningCLI``::
+
+    trainer:
+      callbacks:
+        - class_path: zeus_callbacks.ZeusCallback
+          init_args:
+            config: zeus.yaml          # or the settings inline, as a mapping
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.data import extract_batch_size
+from typing_extensions import override
+
+from zeus_callbacks.backends.base import GPUBackend
+from zeus_callbacks.config import ZeusConfig, load_config
+from zeus_callbacks.integrations.common import resolve_config
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import EnergySession
+
+logger = logging.getLogger(__name__)
+
+
+class ZeusCallback(Callback):
+    """Measure and log GPU energy of a Lightning training run.
+
+    Logs per-step energy (mean over ``logging.interval_steps``), mean power, energy
+    per sample, the power limit, per-epoch energy (with the energy-counter
+    cross-check) and evaluation energy through ``pl_module.log``; the run's total
+    energy and time at the end through ``trainer.loggers`` (``self.log`` is refused in
+    ``on_train_end``). See ``docs/metrics.md`` for every key.
+
+    Args:
+        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None
+            for the defaults.
+        backend: An open GPU backend to use instead of the one the config names
+            (tests and simulations); the caller closes it.
+
+    Raises:
+        ConfigError: The configuration is invalid (raised here, before training).
+
+    Attributes:
+        summary: The :class:`~zeus_callbacks.reporting.RunSummary` once training ended.
+        session: The :class:`~zeus_callbacks.session.EnergySession` of the current fit.
+    """
+
+    def __init__(
+        self, config: ZeusConfig | dict[str, Any] | str | None = None, backend: GPUBackend | None = None
+    ) -> None:
+        super().__init__()
+        self.config = resolve_config(config)
+        self._backend = backend
+        self.session = EnergySession(self.config, backend=backend)
+        self.summary: RunSummary | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusCallback:
+        """Build the callback from a YAML file (see ``docs/configuration.md``).
+
+        Raises:
+            ConfigError: The file is missing or invalid.
+        """
+        return cls(load_config(path), **kwargs)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(job_id=self.config.job_id)
+
+    # -- setup and resume ----------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # A fresh session per fit; a checkpoint restore (after setup) then loads its totals.
+        if stage == "fit":
+            self.session = EnergySession(self.config, backend=self._backend)
+            self.summary = None
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return self.session.state_dict()
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.session.load_state_dict(state_dict)
+
+    # -- training --------------------------------------------------------------------
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        run_name = self.config.logging.run_name
+        if run_name is None and trainer.logger is not None and trainer.logger.version is not None:
+            version = trainer.logger.version
+            run_name = f"{trainer.logger.name}-{version}" if isinstance(version, int) else str(version)
+        self.session.train_start(run_name=run_name)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.session.epoch_start(trainer.current_epoch)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.session.step_start(trainer.global_step)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
+        self._log(pl_module, self.session.pop_metrics(), on_step=True)
+        if decision.stop_training:
+            logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
+            trainer.should_stop = True
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.session.eval_start()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self.session.eval_end()
+        decision = self.session.evaluate(trainer.callback_metrics)
+        if decision.stop_training:
+            trainer.should_stop = True
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.session.epoch_end(trainer.current_epoch)
+        self._log(pl_module, self.session.pop_metrics(), on_step=False)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish(trainer, status="completed")
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # teardown is skipped on an exception: end the run here so nothing is lost.
+        if self.session.started:
+            self.summary = self.session.exception(exception)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.session.started:
+            self._finish(trainer, status="completed")
+
+    # -- helpers -----------------------------------------------------------------------
+    def _log(self, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool) -> None:
+        if not metrics:
+            return
+        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=True)
+        if self.config.logging.progress_bar:
+            bar = self.session.progress_bar_metrics()
+            if bar:
+                pl_module.log_dict(
+                    bar, on_step=on_step, on_epoch=not on_step, prog_bar=True, logger=False, batch_size=1
+                )
+
+    def _finish(self, trainer: pl.Trainer, *, status: str) -> None:
+        self.summary = self.session.train_end(status=status)
+        final = {key: float(value) for key, value in self.session.pop_metrics().items()}
+        final.update(self.session.totals())
+        for pl_logger in trainer.loggers:
+            pl_logger.log_metrics(final, step=trainer.global_step)
+            pl_logger.save()
+        rank_zero_info(str(self.summary))
+
+
+def _batch_size(batch: Any) -> int | None:
+    try:
+        return int(extract_batch_size(batch))
+    except Exception:  # an exotic batch: energy per sample is simply not reported
+        return None
