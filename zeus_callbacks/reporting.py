@@ -62,6 +62,14 @@ METRICS: dict[str, str] = {
 }
 
 
+_OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/")
+
+
+def is_own_metric(key: str) -> bool:
+    """True for keys this package logs (so they are not mistaken for validation metrics)."""
+    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY
+
+
 @dataclass
 class RunSummary:
     """What a run measured, end to end.

@@ -140,6 +140,8 @@ class EnergySession:
         self._started = False
         self._finished: RunSummary | None = None
         self._status = "completed"
+        self._exception_record: dict[str, Any] | None = None
+        self._run_record: WindowRecord | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -304,6 +306,8 @@ class EnergySession:
         """
         numeric = {}
         for key, value in metrics.items():
+            if metric.is_own_metric(str(key)):
+                continue
             try:
                 numeric[str(key)] = float(value)
             except (TypeError, ValueError):
@@ -349,7 +353,10 @@ class EnergySession:
         assert self.meter is not None and self.sampler is not None and self.backend is not None
         if status is not None:
             self._status = status
-        for name in ("step", "eval", "epoch"):
+        # A step cut short is not a step (its energy stays in the run total); an
+        # unfinished epoch or evaluation is still measured up to now.
+        self.meter.discard("step")
+        for name in ("eval", "epoch"):
             if self.meter.is_open(name):
                 self.meter.end(name)
         self.meter.end("run")
@@ -360,6 +367,8 @@ class EnergySession:
         self._report_steps(resolve_final=True)
         summary = self._summary()
         self._finished = summary
+        if self._exception_record is not None:
+            self._write(self._exception_record)
         self._write({"event": "run_end", **summary.as_dict()})
         if self._writer is not None:
             self._writer.close()
@@ -374,7 +383,7 @@ class EnergySession:
             return self._finished
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         if exc is not None:
-            self._write({"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]})
+            self._exception_record = {"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]}
         return self.train_end(status=status)
 
     # -------------------------------------------------------------- user windows
@@ -438,9 +447,11 @@ class EnergySession:
     # ------------------------------------------------------------- resume support
     def state_dict(self) -> dict[str, Any]:
         """Totals to carry across a checkpoint resume."""
-        t = self._totals if self.started or self._finished else self._carried
-        energy_J = self.totals().get(metric.TOTAL_ENERGY_J, t.energy_J) if self.started else t.energy_J
-        time_s = self.totals().get(metric.TOTAL_TIME_S, t.time_s) if self.started else t.time_s
+        measured = self.started or self._finished is not None
+        t = self._totals if measured else self._carried
+        totals = self.totals() if measured else {}
+        energy_J = totals.get(metric.TOTAL_ENERGY_J, t.energy_J)
+        time_s = totals.get(metric.TOTAL_TIME_S, t.time_s)
         return {
             "energy_J": energy_J,
             "time_s": time_s,
@@ -614,7 +625,7 @@ class EnergySession:
 
     def _summary(self) -> RunSummary:
         assert self.backend is not None and self.sampler is not None
-        run = getattr(self, "_run_record", None)
+        run = self._run_record
         energy_J = self._carried.energy_J + (run.energy_J if run else 0.0)
         time_s = self._carried.time_s + (run.time_s if run else 0.0)
         counter_J = self._counter_energy_J(run.start_s, run.end_s) if run else None

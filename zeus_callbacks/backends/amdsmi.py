@@ -239,9 +239,7 @@ class AMDSMIBackend(GPUBackend):
                 device.last_poll = previous
                 return []
             if energy_J < then_J:
-                self._warn_once(
-                    "counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index
-                )
+                self._warn_once("counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index)
                 raise SensorError(
                     f"amdsmi: GPU {index} energy counter went backwards ({then_J:.3f} J -> {energy_J:.3f} J)",
                     kind="counter_backwards",

@@ -175,6 +175,10 @@ class WindowMeter:
         self._pending.append(_Pending(name, start, self.timer.mark(), {**start_info, **info}))
         return True
 
+    def discard(self, name: str) -> bool:
+        """Drop window ``name`` without measuring it (e.g. a step cut short by an exception)."""
+        return self._open.pop(name, None) is not None
+
     def is_open(self, name: str) -> bool:
         """True while window ``name`` is open."""
         return name in self._open

@@ -1,0 +1,39 @@
+"""Shared pieces of the framework integration tests: a tiny model, TB read-back, virtual-GPU truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.config import ZeusConfig
+
+
+def virtual_config(tmp_path: Path, **logging: object) -> dict:
+    """A config that measures the virtual GPU and logs under ``tmp_path``."""
+    return {
+        "backend": "virtual",
+        "virtual": {"gpu": "A40", "workload": "imagenet", "noise_W": 3.0},
+        "logging": {"interval_steps": 5, "log_dir": str(tmp_path / "zeus"), "run_name": "test", **logging},
+    }
+
+
+def expected_power_W(config: dict) -> float:
+    """The virtual GPU's power at its default (maximum) limit, from the trace itself."""
+    cfg = ZeusConfig.model_validate(config).virtual
+    backend = VirtualGPUBackend(gpu=cfg.gpu, workload=cfg.workload, batch_size=cfg.batch_size)
+    return backend.average_power_W(backend.power_limit_W(0))
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files under ``log_dir``: tag -> [(step, value)]."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    event_dirs = {p.parent for p in Path(log_dir).rglob("events.out.tfevents.*")}
+    assert event_dirs, f"no TensorBoard event files under {log_dir}"
+    for directory in event_dirs:
+        acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return scalars

@@ -1,0 +1,194 @@
+"""ZeusCallback in a real Lightning Trainer on the CPU, measuring the virtual GPU."""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as L
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from zeus_callbacks import ConfigError, ZeusCallback
+from zeus_callbacks.reporting import read_jsonl
+from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
+
+BATCH = 8
+N_TRAIN = 160  # 20 steps an epoch
+
+
+class TinyRegressor(L.LightningModule):
+    def __init__(self, fail_at_step: int | None = None) -> None:
+        super().__init__()
+        self.layer = nn.Linear(16, 1)
+        self.fail_at_step = fail_at_step
+
+    def training_step(self, batch, batch_idx):
+        if self.fail_at_step is not None and self.global_step == self.fail_at_step:
+            raise RuntimeError("planted failure")
+        x, y = batch
+        # A little real work per step, so steps span a few power samples.
+        for _ in range(20):
+            torch.linalg.matmul(torch.randn(96, 96), torch.randn(96, 96))
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", nn.functional.mse_loss(self.layer(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def loaders():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(N_TRAIN, 16, generator=g), torch.randn(N_TRAIN, 1, generator=g)
+    train = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    val = DataLoader(TensorDataset(x[:32], y[:32]), batch_size=16)
+    return train, val
+
+
+def make_trainer(tmp_path, callback, **kwargs):
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        callbacks=[callback],
+        logger=TensorBoardLogger(str(tmp_path / "tb"), name="run"),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
+def test_energy_reaches_tensorboard_and_matches_the_virtual_gpu(tmp_path):
+    config = virtual_config(tmp_path)
+    callback = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, callback, max_epochs=2)
+    train, val = loaders()
+    trainer.fit(TinyRegressor(), train, val)
+
+    scalars = read_scalars(tmp_path / "tb")
+    power_W = expected_power_W(config)
+    for tag in ("energy/step_J", "power/mean_W", "energy/per_sample_J", "power_limit/W", "energy/epoch_J",
+                "time/epoch_s", "energy/total_J", "time/total_s", "energy/eval_J"):
+        assert tag in scalars, f"{tag} missing from TensorBoard; have {sorted(scalars)}"
+        assert all(v > 0 and math.isfinite(v) for _, v in scalars[tag]), tag
+    # Mean power over the steps agrees with the trace's power at the limit in force (3 W sensor noise).
+    for _, mean_W in scalars["power/mean_W"]:
+        assert mean_W == pytest.approx(power_W, rel=0.05)
+    # Step energy is power x step time; per-sample energy is step energy / batch size.
+    # (Tags logged in one call have one event each, in the same order: zip them.)
+    step_J = [v for _, v in scalars["energy/step_J"]]
+    step_s = [v for _, v in scalars["time/step_s"]]
+    per_sample = [v for _, v in scalars["energy/per_sample_J"]]
+    assert len(step_J) == len(step_s) == len(per_sample) >= 2
+    for energy, time_s, energy_per_sample in zip(step_J, step_s, per_sample):
+        assert energy == pytest.approx(power_W * time_s, rel=0.05)
+        assert energy_per_sample == pytest.approx(energy / BATCH, rel=1e-4)
+    # Epoch energy is power x epoch time, and the run total is at least the two epochs.
+    epoch_s = [v for _, v in scalars["time/epoch_s"]]
+    assert len(epoch_s) == 2
+    for energy, time_s in zip((v for _, v in scalars["energy/epoch_J"]), epoch_s):
+        assert energy == pytest.approx(power_W * time_s, rel=0.05)
+    total_J = scalars["energy/total_J"][-1][1]
+    assert total_J >= sum(v for _, v in scalars["energy/epoch_J"]) * 0.99
+    assert callback.summary is not None and callback.summary.status == "completed"
+    assert callback.summary.steps == 2 * N_TRAIN // BATCH
+    assert callback.summary.energy_J == pytest.approx(total_J, rel=1e-6)
+
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    events = [r["event"] for r in records]
+    assert events[0] == "run_start" and events[-1] == "run_end"
+    assert events.count("epoch") == 2
+    assert sum(r["count"] for r in records if r["event"] == "steps") == 2 * N_TRAIN // BATCH
+
+
+def test_progress_bar_shows_run_energy(tmp_path):
+    callback = ZeusCallback(virtual_config(tmp_path))
+    trainer = make_trainer(tmp_path, callback, max_epochs=1)
+    train, _ = loaders()
+    trainer.fit(TinyRegressor(), train)
+    assert trainer.progress_bar_metrics["energy_kJ"] > 0
+
+
+def test_exception_ends_the_run_and_keeps_the_log(tmp_path):
+    callback = ZeusCallback(virtual_config(tmp_path))
+    trainer = make_trainer(tmp_path, callback, max_epochs=1)
+    train, _ = loaders()
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.fit(TinyRegressor(fail_at_step=12), train)
+    assert callback.summary is not None and callback.summary.status == "failed"
+    assert callback.summary.energy_J > 0
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    assert [r["event"] for r in records][-2:] == ["exception", "run_end"]
+    assert sum(r["count"] for r in records if r["event"] == "steps") == 12
+    assert not callback.session.started  # sampler stopped, backend released
+
+
+def test_resume_from_checkpoint_carries_energy(tmp_path):
+    config = virtual_config(tmp_path)
+    first = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, first, max_epochs=1)
+    train, _ = loaders()
+    trainer.fit(TinyRegressor(), train)
+    ckpt = tmp_path / "one_epoch.ckpt"
+    trainer.save_checkpoint(ckpt)
+    first_J = first.summary.energy_J
+
+    second = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, second, max_epochs=2)
+    trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))
+    assert second.summary.steps == 2 * N_TRAIN // BATCH  # steps of both segments
+    assert second.summary.epochs == 2
+    # The total includes the first segment plus a second segment of similar size.
+    assert second.summary.energy_J > first_J * 1.5
+    assert len(second.summary.epoch_energy_J) == 2
+
+
+def test_bad_config_fails_before_training(tmp_path):
+    with pytest.raises(ConfigError, match=r"logging\.interval_step"):
+        ZeusCallback({"backend": "virtual", "logging": {"interval_step": 5}})
+    with pytest.raises(ConfigError, match="not found"):
+        ZeusCallback.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_lightning_cli_accepts_the_callback_from_yaml(tmp_path):
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    zeus_yaml = tmp_path / "zeus.yaml"
+    zeus_yaml.write_text(
+        "backend: virtual\nlogging:\n  interval_steps: 2\n  run_name: cli\n"
+        f"  log_dir: {tmp_path / 'zeus'}\n"
+    )
+    cli_yaml = tmp_path / "cli.yaml"
+    cli_yaml.write_text(
+        "trainer:\n"
+        "  max_epochs: 1\n  accelerator: cpu\n  devices: 1\n  logger: false\n"
+        "  enable_progress_bar: false\n  enable_checkpointing: false\n  limit_train_batches: 6\n"
+        "  callbacks:\n"
+        "    - class_path: zeus_callbacks.ZeusCallback\n"
+        f"      init_args:\n        config: {zeus_yaml}\n"
+        "    - class_path: zeus_callbacks.ZeusCallback\n"
+        "      init_args:\n        config:\n          job_id: inline\n          backend: virtual\n"
+        f"          logging: {{run_name: inline, log_dir: {tmp_path / 'zeus'}}}\n"
+    )
+    cli = LightningCLI(CLIModel, CLIData, args=["fit", "--config", str(cli_yaml)], save_config_callback=None)
+    zeus = [cb for cb in cli.trainer.callbacks if isinstance(cb, ZeusCallback)]
+    assert [cb.config.job_id for cb in zeus] == ["default", "inline"]
+    assert zeus[0].config.logging.interval_steps == 2
+    assert all(cb.summary is not None and cb.summary.steps == 6 for cb in zeus)
+    assert (tmp_path / "zeus" / "cli.jsonl").exists() and (tmp_path / "zeus" / "inline.jsonl").exists()
+
+
+class CLIModel(TinyRegressor):
+    def __init__(self) -> None:
+        super().__init__()
+
+
+class CLIData(L.LightningDataModule):
+    def train_dataloader(self):
+        return loaders()[0]
