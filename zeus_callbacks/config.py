@@ -62,11 +62,11 @@ class WindowsConfig(_Section):
     step: bool = Field(True, description="Measure every training step.")
     epoch: bool = Field(True, description="Measure every training epoch.")
     eval: bool = Field(True, description="Measure every evaluation loop.")
-    sensor_delay_s: float = Field(
-        0.016,
+    sensor_delay_s: float | None = Field(
+        None,
         ge=0,
-        description="Delay between a power change and the first sample that shows it (s); "
-        "16 ms on an H200 (DESIGN.md).",
+        description="Lag of the power samples behind the power they report (s); default: the backend's "
+        "own figure (4 ms for NVML, from the H200 step test; 0 for the virtual GPU).",
     )
 
 

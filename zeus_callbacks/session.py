@@ -123,6 +123,7 @@ class EnergySession:
         self.run_name: str | None = None
         self.gpu_indices: list[int] = []
         self.power_limit_W: float | None = None
+        self.sensor_delay_s = 0.0
         self.sampler: PowerSampler | None = None
         self.meter: WindowMeter | None = None
         self._timer: BoundaryTimer | None = None
@@ -198,7 +199,9 @@ class EnergySession:
             buffer_s=cfg.sampling.buffer_s,
         )
         self._timer = self._make_timer(backend)
-        self.meter = WindowMeter(self.sampler, self._timer, sensor_delay_s=backend.sensor_delay_s)
+        delay_s = cfg.windows.sensor_delay_s
+        self.sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
+        self.meter = WindowMeter(self.sampler, self._timer, sensor_delay_s=self.sensor_delay_s)
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
         self._run_start_wall = time.time()
@@ -480,7 +483,7 @@ class EnergySession:
         """Poll until samples cover ``until_s`` (bounded wait), and read the counter."""
         assert self.sampler is not None and self.backend is not None
         deadline = time.monotonic() + _EPOCH_FLUSH_TIMEOUT_S
-        delay = self.backend.sensor_delay_s
+        delay = self.sensor_delay_s
         while True:
             self.sampler.poll_once(read_counter=True)
             latest = self.sampler.latest_sample_s()
@@ -606,17 +609,20 @@ class EnergySession:
         assert self.sampler is not None and self._run_start_s is not None
         from zeus_callbacks.measurement.attribution import cumulative_energy, interval_energy_J
 
+        assert self.backend is not None
+        if self.sampler.latest_sample_s() is None:
+            self.sampler.poll_once(read_counter=False)  # early in the run: read once, off the step path
+        now_s = self.backend.clock.now_s()
         total = 0.0
         for index in self.gpu_indices:
             times, power = self.sampler.samples(index)
             knots, cumulative = cumulative_energy(
-                times,
-                power,
-                sample_period_s=self.backend.sample_period_s,  # type: ignore[union-attr]
-                sensor_delay_s=self.backend.sensor_delay_s,  # type: ignore[union-attr]
+                times, power, sample_period_s=self.backend.sample_period_s, sensor_delay_s=self.sensor_delay_s
             )
             if len(knots):
                 total += float(interval_energy_J(knots, cumulative, [self._run_start_s], [knots[-1]])[0])
+                # Samples lag the present; the latest power stands in for the gap.
+                total += max(0.0, now_s - max(knots[-1], self._run_start_s)) * float(power[-1])
         return self._carried.energy_J + total
 
     def _run_time_so_far_s(self) -> float:

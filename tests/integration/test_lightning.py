@@ -11,9 +11,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
 from zeus_callbacks import ConfigError, ZeusCallback
 from zeus_callbacks.reporting import read_jsonl
-from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
 
 BATCH = 8
 N_TRAIN = 160  # 20 steps an epoch
@@ -85,13 +85,13 @@ def test_energy_reaches_tensorboard_and_matches_the_virtual_gpu(tmp_path):
     step_s = [v for _, v in scalars["time/step_s"]]
     per_sample = [v for _, v in scalars["energy/per_sample_J"]]
     assert len(step_J) == len(step_s) == len(per_sample) >= 2
-    for energy, time_s, energy_per_sample in zip(step_J, step_s, per_sample):
+    for energy, time_s, energy_per_sample in zip(step_J, step_s, per_sample, strict=True):
         assert energy == pytest.approx(power_W * time_s, rel=0.05)
         assert energy_per_sample == pytest.approx(energy / BATCH, rel=1e-4)
     # Epoch energy is power x epoch time, and the run total is at least the two epochs.
     epoch_s = [v for _, v in scalars["time/epoch_s"]]
     assert len(epoch_s) == 2
-    for energy, time_s in zip((v for _, v in scalars["energy/epoch_J"]), epoch_s):
+    for energy, time_s in zip((v for _, v in scalars["energy/epoch_J"]), epoch_s, strict=True):
         assert energy == pytest.approx(power_W * time_s, rel=0.05)
     total_J = scalars["energy/total_J"][-1][1]
     assert total_J >= sum(v for _, v in scalars["energy/epoch_J"]) * 0.99

@@ -118,6 +118,10 @@ class NVMLBackend(GPUBackend):
 
     name = "nvml"
     sample_period_s = 0.02
+    # H200 step test (DESIGN.md): the first 20 ms sample after an idle->busy edge, 16 ms
+    # later, is already ~90 % busy, so a sample covers roughly the preceding 20 ms with
+    # only a few ms of lag.
+    sensor_delay_s = 0.004
 
     def __init__(
         self,

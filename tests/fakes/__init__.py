@@ -1,0 +1,159 @@
+"""Faithful fakes of the vendor GPU libraries (``pynvml``, ``amdsmi``) for tests.
+
+Each fake is an object that quacks like the vendor module (same function names,
+constants and exception classes) and is injected into a backend through its
+``nvml_module=`` / ``amdsmi_module=`` argument, or into ``sys.modules``.
+
+This package holds what both fakes share:
+
+* :class:`PowerModel`: the *true* power of a fake GPU as a function of time, so a
+  test knows exactly what a sensor should have reported;
+* :class:`FaultPlan`: scripted faults ("the next 3 calls of X raise Y").
+
+The per-vendor sensor behaviour (update periods, buffers, units, call costs) lives in
+``fake_pynvml.py`` and ``fake_amdsmi.py``; the numbers come from the H200 probes in
+``shared/h200/``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from itertools import pairwise
+
+US_PER_S = 1_000_000
+
+
+def to_us(t_s: float) -> int:
+    """Return ``t_s`` seconds as integer microseconds (rounded), the fakes' time grid."""
+    return int(round(t_s * US_PER_S))
+
+
+class PowerModel:
+    """The true power draw of one fake GPU over time.
+
+    By default the GPU idles at ``idle_W``. :meth:`set_load` switches to a constant
+    power from now on (keeping history, so past sensor windows stay consistent);
+    :meth:`set_power_function` replaces the whole history with ``fn(t_s) -> W``.
+    Energy over piecewise-constant stretches is exact; over a function it uses the
+    midpoint rule with ``step_s`` steps.
+    """
+
+    def __init__(self, idle_W: float = 121.0, time_fn: Callable[[], float] = time.time, step_s: float = 0.001) -> None:
+        self.time_fn = time_fn
+        self.step_s = step_s
+        self._lock = threading.RLock()
+        self._base: float | Callable[[float], float] = float(idle_W)
+        self._step_starts: list[float] = []
+        self._step_powers: list[float] = []
+
+    def now_s(self) -> float:
+        """Return the fake's current time (s)."""
+        return self.time_fn()
+
+    def set_load(self, power_W: float, at_s: float | None = None) -> None:
+        """Draw ``power_W`` watts from ``at_s`` (default: now) on; earlier history is kept."""
+        at_s = self.now_s() if at_s is None else at_s
+        with self._lock:
+            cut = bisect.bisect_left(self._step_starts, at_s)
+            del self._step_starts[cut:]
+            del self._step_powers[cut:]
+            self._step_starts.append(at_s)
+            self._step_powers.append(float(power_W))
+
+    def set_power_function(self, fn: Callable[[float], float]) -> None:
+        """Replace the whole power history with ``fn(t_s) -> W``."""
+        with self._lock:
+            self._base = fn
+            self._step_starts.clear()
+            self._step_powers.clear()
+
+    def power_W(self, t_s: float) -> float:
+        """Return the true power at time ``t_s`` (W)."""
+        with self._lock:
+            k = bisect.bisect_right(self._step_starts, t_s) - 1
+            if k >= 0:
+                return self._step_powers[k]
+            return self._base(t_s) if callable(self._base) else self._base
+
+    def energy_J(self, t0_s: float, t1_s: float) -> float:
+        """Return the true energy drawn in ``[t0_s, t1_s]`` (J)."""
+        if t1_s <= t0_s:
+            return 0.0
+        with self._lock:
+            cuts = [t for t in self._step_starts if t0_s < t < t1_s]
+            edges = [t0_s, *cuts, t1_s]
+            total = 0.0
+            for a, b in pairwise(edges):
+                k = bisect.bisect_right(self._step_starts, a) - 1
+                if k >= 0:
+                    total += self._step_powers[k] * (b - a)
+                elif not callable(self._base):
+                    total += self._base * (b - a)
+                else:
+                    total += self._integrate_base(a, b)
+            return total
+
+    def mean_power_W(self, t0_s: float, t1_s: float) -> float:
+        """Return the mean true power over ``[t0_s, t1_s]`` (W)."""
+        if t1_s <= t0_s:
+            return self.power_W(t1_s)
+        return self.energy_J(t0_s, t1_s) / (t1_s - t0_s)
+
+    def _integrate_base(self, a: float, b: float) -> float:
+        fn = self._base
+        assert callable(fn)
+        n = max(1, int((b - a) / self.step_s + 0.5))
+        h = (b - a) / n
+        return sum(fn(a + (i + 0.5) * h) for i in range(n)) * h
+
+
+class FaultPlan:
+    """Scripted faults for a fake vendor library, and a count of every call.
+
+    Faults are keyed by vendor function name and, optionally, device index. A
+    one-shot fault fires on the next ``count`` matching calls; a permanent one on
+    every matching call until :meth:`clear`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: list[list] = []  # [func, index|None, remaining, make_exc]
+        self._always: dict[tuple[str, int | None], Callable[[], BaseException]] = {}
+        self.calls: Counter[str] = Counter()
+
+    def fail_next(
+        self, func: str, make_exc: Callable[[], BaseException], count: int = 1, index: int | None = None
+    ) -> None:
+        """Make the next ``count`` calls of ``func`` (on device ``index``, or any) raise."""
+        with self._lock:
+            self._next.append([func, index, int(count), make_exc])
+
+    def fail_always(self, func: str, make_exc: Callable[[], BaseException], index: int | None = None) -> None:
+        """Make every call of ``func`` (on device ``index``, or any) raise until :meth:`clear`."""
+        with self._lock:
+            self._always[(func, index)] = make_exc
+
+    def clear(self) -> None:
+        """Remove every scripted fault (call counts are kept)."""
+        with self._lock:
+            self._next.clear()
+            self._always.clear()
+
+    def check(self, func: str, index: int | None = None) -> None:
+        """Count a call of ``func`` and raise the scripted fault, if any."""
+        with self._lock:
+            self.calls[func] += 1
+            for entry in self._next:
+                f, i, remaining, make_exc = entry
+                if f == func and remaining > 0 and (i is None or i == index):
+                    entry[2] -= 1
+                    if entry[2] == 0:
+                        self._next.remove(entry)
+                    raise make_exc()
+            make_exc = self._always.get((func, index)) or self._always.get((func, None))
+        if make_exc is not None:
+            raise make_exc()

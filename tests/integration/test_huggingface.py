@@ -1,0 +1,142 @@
+"""ZeusTrainerCallback in a real Hugging Face Trainer on the CPU, measuring the virtual GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import DefaultFlowCallback
+
+from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
+from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.reporting import read_jsonl
+
+BLOCK = 32
+
+
+class RandomTokens(Dataset):
+    def __init__(self, n: int) -> None:
+        self.ids = torch.randint(0, 64, (n, BLOCK), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_lm() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=BLOCK, n_embd=32, n_layer=1, n_head=2))
+
+
+def make_trainer(tmp_path, callback, *, report_to, max_steps=12, grad_accum=1, eval_steps=None, **kwargs):
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=grad_accum,
+        logging_steps=4,
+        report_to=report_to,
+        save_strategy="no",
+        eval_strategy="steps" if eval_steps else "no",
+        eval_steps=eval_steps,
+        include_num_input_tokens_seen=True,
+        disable_tqdm=True,
+        use_cpu=True,
+        **kwargs,
+    )
+    return Trainer(
+        model=tiny_lm(),
+        args=args,
+        train_dataset=RandomTokens(200),
+        eval_dataset=RandomTokens(16) if eval_steps else None,
+        callbacks=[callback],
+    )
+
+
+def test_callback_runs_before_the_reporters(tmp_path):
+    callback = ZeusTrainerCallback(virtual_config(tmp_path))
+    trainer = make_trainer(tmp_path, callback, report_to=["tensorboard"])
+    kinds = [type(cb) for cb in trainer.callback_handler.callbacks]
+    assert kinds.index(DefaultFlowCallback) + 1 == kinds.index(ZeusTrainerCallback)
+    assert kinds.index(ZeusTrainerCallback) < kinds.index(TensorBoardCallback)
+
+
+def test_energy_reaches_tensorboard(tmp_path):
+    config = virtual_config(tmp_path, interval_steps=2)
+    callback = ZeusTrainerCallback(config)
+    trainer = make_trainer(tmp_path, callback, report_to=["tensorboard"], eval_steps=6)
+    trainer.train()
+
+    # transformers 5 writes TB events under output_dir and prefixes training logs with "train/".
+    scalars = {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
+    power_W = expected_power_W(config)
+    for tag in ("energy/step_J", "power/mean_W", "energy/per_sample_J", "energy/per_token_J", "power_limit/W",
+                "time/total_s", "energy/eval_J", "energy/epoch_J"):
+        assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"
+        assert all(v > 0 and math.isfinite(v) for _, v in scalars[tag]), tag
+    # The running total never decreases (it may be 0 before the first 20 ms power sample).
+    totals = [v for _, v in scalars["energy/total_J"]]
+    assert totals == sorted(totals) and totals[-1] > 0
+    for _, mean_W in scalars["power/mean_W"]:
+        assert mean_W == pytest.approx(power_W, rel=0.05)
+    step_J = [v for _, v in scalars["energy/step_J"]]
+    per_sample = [v for _, v in scalars["energy/per_sample_J"]]
+    per_token = [v for _, v in scalars["energy/per_token_J"]]
+    for energy, sample_J, token_J in zip(step_J, per_sample, per_token, strict=True):
+        assert sample_J == pytest.approx(energy / 4, rel=1e-4)  # 4 sequences a step
+        assert token_J == pytest.approx(energy / (4 * BLOCK), rel=1e-4)
+    # The last logged total is the run's total, and equals the summary.
+    assert scalars["energy/total_J"][-1][1] == pytest.approx(callback.summary.energy_J, rel=1e-5)
+    assert callback.summary.steps == 12 and callback.summary.status == "completed"
+
+
+def test_gradient_accumulation_makes_one_window_per_optimizer_step(tmp_path):
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=3))
+    trainer = make_trainer(tmp_path, callback, report_to="none", max_steps=6, grad_accum=3)
+    trainer.train()
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["count"] for r in steps) == 6
+    for r in steps:  # 4 per micro-batch x 3 micro-batches; BLOCK tokens each
+        assert r["energy_J_per_sample"] == pytest.approx(r["energy_J_mean"] / 12, rel=1e-6)
+        assert r["energy_J_per_token"] == pytest.approx(r["energy_J_mean"] / (12 * BLOCK), rel=1e-6)
+
+
+def test_energy_reaches_wandb(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[dict] = []
+    real_init = wandb.init
+
+    def spying_init(*args, **kwargs):
+        run = real_init(*args, **kwargs)
+        real_log = run.log
+
+        def log(data, *a, **k):
+            logged.append(dict(data))
+            return real_log(data, *a, **k)
+
+        # wandb.init binds the module-level wandb.log (which the HF callback calls) to run.log.
+        monkeypatch.setattr(run, "log", log)
+        monkeypatch.setattr(wandb, "log", log)
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    callback = ZeusTrainerCallback(virtual_config(tmp_path))
+    trainer = make_trainer(tmp_path, callback, report_to=["wandb"])
+    trainer.train()
+    wandb.finish()
+    keys = {k for entry in logged for k in entry}
+    # The W&B integration prefixes training logs with "train/".
+    for key in ("train/energy/step_J", "train/power/mean_W", "train/energy/total_J"):
+        assert key in keys, f"{key} not sent to W&B; sent {sorted(keys)}"
+    totals = [entry["train/energy/total_J"] for entry in logged if "train/energy/total_J" in entry]
+    assert totals[-1] == pytest.approx(callback.summary.energy_J, rel=1e-5)
