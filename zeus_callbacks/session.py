@@ -34,7 +34,7 @@ from typing import Any
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
-from zeus_callbacks.measurement.attribution import counter_energy_J
+from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
@@ -63,7 +63,8 @@ class _Totals:
 
     energy_J: float = 0.0
     time_s: float = 0.0
-    steps: int = 0
+    steps: int = 0  # steps executed
+    measured_steps: int = 0  # steps whose energy has been attributed
     epochs: int = 0
     step_energy_J: float = 0.0
     step_time_s: float = 0.0
@@ -170,6 +171,7 @@ class EnergySession:
             energy_J=self._carried.energy_J,
             time_s=self._carried.time_s,
             steps=self._carried.steps,
+            measured_steps=self._carried.measured_steps,
             epochs=self._carried.epochs,
             step_energy_J=self._carried.step_energy_J,
             step_time_s=self._carried.step_time_s,
@@ -191,17 +193,18 @@ class EnergySession:
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
             self._writer = JsonlWriter(cfg.logging.log_dir / f"{self.run_name}.jsonl")
+        delay_s = cfg.windows.sensor_delay_s
+        self.sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
         self.sampler = PowerSampler(
             backend,
             self.gpu_indices,
             poll_period_s=cfg.sampling.poll_period_s,
             energy_counter_period_s=cfg.sampling.energy_counter_period_s,
             buffer_s=cfg.sampling.buffer_s,
+            sensor_delay_s=self.sensor_delay_s,
         )
         self._timer = self._make_timer(backend)
-        delay_s = cfg.windows.sensor_delay_s
-        self.sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
-        self.meter = WindowMeter(self.sampler, self._timer, sensor_delay_s=self.sensor_delay_s)
+        self.meter = WindowMeter(self.sampler, self._timer)
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
         self._run_start_wall = time.time()
@@ -279,6 +282,7 @@ class EnergySession:
         if self.config.windows.step:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
         self._epoch_steps += 1
+        self._totals.steps += 1
         self._steps_since_report += 1
         if self._steps_since_report >= self.config.logging.interval_steps:
             self._report_steps()
@@ -459,6 +463,7 @@ class EnergySession:
             "energy_J": energy_J,
             "time_s": time_s,
             "steps": t.steps,
+            "measured_steps": t.measured_steps,
             "epochs": t.epochs,
             "step_energy_J": t.step_energy_J,
             "step_time_s": t.step_time_s,
@@ -472,6 +477,7 @@ class EnergySession:
             energy_J=float(state.get("energy_J", 0.0)),
             time_s=float(state.get("time_s", 0.0)),
             steps=int(state.get("steps", 0)),
+            measured_steps=int(state.get("measured_steps", state.get("steps", 0))),
             epochs=int(state.get("epochs", 0)),
             step_energy_J=float(state.get("step_energy_J", 0.0)),
             step_time_s=float(state.get("step_time_s", 0.0)),
@@ -484,8 +490,10 @@ class EnergySession:
         assert self.sampler is not None and self.backend is not None
         deadline = time.monotonic() + _EPOCH_FLUSH_TIMEOUT_S
         delay = self.sensor_delay_s
+        read_counter = True  # once: a counter read costs 3-5 ms on an H200
         while True:
-            self.sampler.poll_once(read_counter=True)
+            self.sampler.poll_once(read_counter=read_counter)
+            read_counter = False
             latest = self.sampler.latest_sample_s()
             if latest is not None and latest - delay >= until_s:
                 return
@@ -505,7 +513,7 @@ class EnergySession:
     def _absorb(self, record: WindowRecord) -> None:
         if record.name == "step":
             self._unreported_steps.append(record)
-            self._totals.steps += 1
+            self._totals.measured_steps += 1
             self._totals.step_energy_J += record.energy_J
             self._totals.step_time_s += record.time_s
         elif record.name == "epoch":
@@ -606,23 +614,18 @@ class EnergySession:
         return total
 
     def _run_energy_so_far_J(self) -> float:
-        assert self.sampler is not None and self._run_start_s is not None
-        from zeus_callbacks.measurement.attribution import cumulative_energy, interval_energy_J
-
-        assert self.backend is not None
+        assert self.sampler is not None and self._run_start_s is not None and self.backend is not None
         if self.sampler.latest_sample_s() is None:
             self.sampler.poll_once(read_counter=False)  # early in the run: read once, off the step path
         now_s = self.backend.clock.now_s()
         total = 0.0
         for index in self.gpu_indices:
-            times, power = self.sampler.samples(index)
-            knots, cumulative = cumulative_energy(
-                times, power, sample_period_s=self.backend.sample_period_s, sensor_delay_s=self.sensor_delay_s
-            )
-            if len(knots):
+            knots, cumulative = self.sampler.cumulative_energy(index)
+            if len(knots) >= 2:
                 total += float(interval_energy_J(knots, cumulative, [self._run_start_s], [knots[-1]])[0])
                 # Samples lag the present; the latest power stands in for the gap.
-                total += max(0.0, now_s - max(knots[-1], self._run_start_s)) * float(power[-1])
+                last_W = (cumulative[-1] - cumulative[-2]) / max(knots[-1] - knots[-2], 1e-12)
+                total += max(0.0, now_s - max(knots[-1], self._run_start_s)) * last_W
         return self._carried.energy_J + total
 
     def _run_time_so_far_s(self) -> float:
@@ -645,8 +648,8 @@ class EnergySession:
             steps=t.steps,
             epochs=t.epochs,
             mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
-            step_energy_J=t.step_energy_J / t.steps if t.steps else math.nan,
-            step_time_s=t.step_time_s / t.steps if t.steps else math.nan,
+            step_energy_J=t.step_energy_J / t.measured_steps if t.measured_steps else math.nan,
+            step_time_s=t.step_time_s / t.measured_steps if t.measured_steps else math.nan,
             epoch_energy_J=list(t.epoch_energy_J),
             power_limit_W=self.power_limit_W,
             counter_energy_J=None if counter_J is None else self._carried.energy_J + counter_J,

@@ -5,6 +5,13 @@ power samples every ``poll_period_s`` and reads the (slow, 3–5 ms on an H200) 
 counter every ``energy_counter_period_s``, into bounded ring buffers. Sensor errors are
 caught, counted and warned about once per kind; measurement then runs degraded and
 training goes on.
+
+As samples arrive the sampler also integrates them into a running energy total ``F(t)``
+(see :mod:`~zeus_callbacks.measurement.attribution` for how a sample is read). ``F`` is
+kept at every sample for the last ``buffer_s`` seconds and once every
+``coarse_period_s`` for ``history_s`` seconds, so the energy of a window of any
+length, an hour-long epoch included, is ``F(end) - F(start)`` even after its raw
+samples have left the buffer.
 """
 
 from __future__ import annotations
@@ -50,7 +57,10 @@ class PowerSampler:
         poll_period_s: Seconds between drains of the power stream (≤ 1 s: an H200
             keeps only ~2.4 s of samples).
         energy_counter_period_s: Seconds between energy-counter reads.
-        buffer_s: Seconds of samples kept per GPU (sets the ring capacity).
+        buffer_s: Seconds of raw samples (and fine ``F`` knots) kept per GPU.
+        sensor_delay_s: Lag of a sample behind the power it reports (s).
+        coarse_period_s: Spacing of the coarse ``F`` knots kept for long windows (s).
+        history_s: How far back the coarse knots reach (s); 48 h by default, ~2.8 MB a GPU.
 
     Thread safety: ``poll_once`` runs on the sampler thread (or the caller's, when not
     started); the readers (:meth:`samples`, :meth:`counter_readings`) may be called from
@@ -65,6 +75,9 @@ class PowerSampler:
         poll_period_s: float = 0.1,
         energy_counter_period_s: float = 1.0,
         buffer_s: float = 900.0,
+        sensor_delay_s: float = 0.0,
+        coarse_period_s: float = 1.0,
+        history_s: float = 48 * 3600.0,
     ) -> None:
         if not gpu_indices:
             raise ValueError("PowerSampler needs at least one GPU index")
@@ -75,7 +88,13 @@ class PowerSampler:
         period = max(backend.sample_period_s, 1e-3)
         capacity = max(16, math.ceil(buffer_s / period))
         counter_capacity = max(16, math.ceil(buffer_s / energy_counter_period_s) + 2)
+        self.sensor_delay_s = sensor_delay_s
+        self.coarse_period_s = coarse_period_s
         self._power = {i: TimeSeriesRing(capacity) for i in self.gpu_indices}
+        # Running energy integral F: fine knots (one per sample) and coarse knots.
+        self._fine = {i: TimeSeriesRing(capacity + 1) for i in self.gpu_indices}
+        self._coarse = {i: TimeSeriesRing(max(16, math.ceil(history_s / coarse_period_s))) for i in self.gpu_indices}
+        self._energy_J = {i: 0.0 for i in self.gpu_indices}
         self._counter = {i: TimeSeriesRing(counter_capacity) for i in self.gpu_indices}
         self._counter_supported = {i: True for i in self.gpu_indices}
         self._last_counter_read_s = -math.inf
@@ -153,8 +172,25 @@ class PowerSampler:
                 last = ring.last_time()
                 if last is not None and sample.timestamp_s <= last:
                     continue
+                self._integrate(index, sample.timestamp_s, sample.power_W, last)
                 ring.append(sample.timestamp_s, sample.power_W)
             self.health.dropped_samples = sum(r.dropped for r in self._power.values())
+
+    def _integrate(self, index: int, timestamp_s: float, power_W: float, previous_s: float | None) -> None:
+        """Extend F by one sample: power_W over (previous sample, this sample], shifted by the delay."""
+        fine, coarse = self._fine[index], self._coarse[index]
+        knot_end = timestamp_s - self.sensor_delay_s
+        if previous_s is None:
+            knot_start = knot_end - self.backend.sample_period_s
+            fine.append(knot_start, 0.0)
+            coarse.append(knot_start, 0.0)
+        else:
+            knot_start = previous_s - self.sensor_delay_s
+        self._energy_J[index] += power_W * (knot_end - knot_start)
+        fine.append(knot_end, self._energy_J[index])
+        last_coarse = coarse.last_time()
+        if last_coarse is None or knot_end - last_coarse >= self.coarse_period_s:
+            coarse.append(knot_end, self._energy_J[index])
 
     def _read_counter(self, index: int) -> None:
         try:
@@ -175,9 +211,10 @@ class PowerSampler:
                 self._warn_once(
                     "counter_backwards",
                     f"the energy counter of GPU {index} went backwards "
-                    f"({values[-1]:.3f} J -> {energy_J:.3f} J); counter cross-checks are degraded",
+                    f"({values[-1]:.3f} J -> {energy_J:.3f} J); cross-checks spanning the reset are skipped",
                 )
-                return
+                # Start a new baseline: readings before the reset cannot be compared with later ones.
+                self._counter[index] = ring = TimeSeriesRing(ring.capacity)
             ring.append(now_s, energy_J)
 
     def _record_fault(self, exc: Exception, what: str) -> None:
@@ -196,6 +233,20 @@ class PowerSampler:
         """Return (timestamps_s, power_W) of GPU ``index``, oldest first; shapes (n,), (n,)."""
         with self._lock:
             return self._power[index].arrays()
+
+    def cumulative_energy(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return the knots ``(time_s, energy_J)`` of GPU ``index``'s running energy integral F.
+
+        Coarse knots cover the time before the oldest fine knot. Between knots F is
+        linear (the power is a step function). Shapes (n,), (n,); empty before any sample.
+        """
+        with self._lock:
+            fine_t, fine_F = self._fine[index].arrays()
+            coarse_t, coarse_F = self._coarse[index].arrays()
+        if len(fine_t) == 0:
+            return fine_t, fine_F
+        older = coarse_t < fine_t[0]
+        return np.concatenate((coarse_t[older], fine_t)), np.concatenate((coarse_F[older], fine_F))
 
     def counter_readings(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Return (timestamps_s, energy_J) energy-counter readings of GPU ``index``; shapes (n,), (n,)."""

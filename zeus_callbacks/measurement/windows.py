@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zeus_callbacks.backends.base import Clock
-from zeus_callbacks.measurement.attribution import cumulative_energy, interval_energy_J, samples_in
+from zeus_callbacks.measurement.attribution import interval_energy_J, samples_in
 from zeus_callbacks.measurement.sampler import PowerSampler
 
 logger = logging.getLogger(__name__)
@@ -135,12 +135,11 @@ class _Pending:
 
 
 class WindowMeter:
-    """Open and close named windows; attribute their energy from power samples.
+    """Open and close named windows; attribute their energy from the sampler's running integral.
 
     Args:
         sampler: The power sampler of the GPUs to measure.
         timer: How boundaries are marked (clock or CUDA events).
-        sensor_delay_s: Shift applied to samples before attribution (s).
         stale_after_s: A window whose end is this much older than now is attributed
             even if samples never covered it (a dead sensor must not make pending
             windows pile up); it is marked incomplete.
@@ -149,12 +148,11 @@ class WindowMeter:
     """
 
     def __init__(
-        self, sampler: PowerSampler, timer: BoundaryTimer, *, sensor_delay_s: float, stale_after_s: float = 10.0
+        self, sampler: PowerSampler, timer: BoundaryTimer, *, stale_after_s: float = 10.0
     ) -> None:
         self.sampler = sampler
         self.stale_after_s = stale_after_s
         self.timer = timer
-        self.sensor_delay_s = sensor_delay_s
         self._open: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._pending: list[_Pending] = []
         self._warned_reopen: set[str] = set()
@@ -221,8 +219,7 @@ class WindowMeter:
         ready = np.ones(len(timed), dtype=bool)
         complete = np.ones(len(timed), dtype=bool)
         for index in self.sampler.gpu_indices:
-            times, power = self.sampler.samples(index)
-            energy, n, cov_end, is_complete = self._attribute(times, power, starts, ends)
+            energy, n, cov_end, is_complete = self._attribute(index, starts, ends)
             per_gpu.append(energy)
             counts.append(n)
             complete &= is_complete
@@ -253,19 +250,19 @@ class WindowMeter:
         return records
 
     def _attribute(
-        self, times: np.ndarray, power: np.ndarray, starts: np.ndarray, ends: np.ndarray
+        self, index: int, starts: np.ndarray, ends: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-        if len(times) == 0:
+        knots, cumulative = self.sampler.cumulative_energy(index)
+        if len(knots) < 2:
             return np.zeros_like(starts), np.zeros(len(starts), dtype=int), -np.inf, np.zeros(len(starts), bool)
-        period = self.sampler.backend.sample_period_s
-        knots, cumulative = cumulative_energy(
-            times, power, sample_period_s=period, sensor_delay_s=self.sensor_delay_s
-        )
         energy = interval_energy_J(knots, cumulative, starts, ends)
         cov_start, cov_end = knots[0], knots[-1]
-        # Edges outside the covered span take the nearest sample's power.
-        energy += np.clip(np.minimum(ends, cov_start) - starts, 0, None) * power[0]
-        energy += np.clip(ends - np.maximum(starts, cov_end), 0, None) * power[-1]
+        # Edges outside the covered span take the power of the nearest segment.
+        first_W = (cumulative[1] - cumulative[0]) / max(knots[1] - knots[0], 1e-12)
+        last_W = (cumulative[-1] - cumulative[-2]) / max(knots[-1] - knots[-2], 1e-12)
+        energy += np.clip(np.minimum(ends, cov_start) - starts, 0, None) * first_W
+        energy += np.clip(ends - np.maximum(starts, cov_end), 0, None) * last_W
         is_complete = (starts >= cov_start) & (ends <= cov_end)
-        counts = samples_in(times, starts, ends, self.sensor_delay_s)
+        times, _ = self.sampler.samples(index)
+        counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
         return energy, counts, float(cov_end), is_complete

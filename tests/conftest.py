@@ -1,0 +1,33 @@
+"""Shared fixtures: virtual GPUs on a manual clock or on the wall clock (only hardware is faked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeus_callbacks.backends.base import ManualClock, WallClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+MANUAL_START_S = 1_000.0
+"""Start time of the manual clock (s); any value works, a non-zero one catches origin bugs."""
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    """A clock that only moves when a test advances it."""
+    return ManualClock(MANUAL_START_S)
+
+
+@pytest.fixture
+def virtual_backend(manual_clock: ManualClock):
+    """One noise-free virtual GPU, busy at its maximum power limit, on ``manual_clock``."""
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def wall_virtual_backend():
+    """One noise-free virtual GPU on the real (wall) clock."""
+    backend = VirtualGPUBackend(clock=WallClock(), noise_W=0.0, read_only=True)
+    yield backend
+    backend.close()

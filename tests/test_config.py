@@ -1,0 +1,205 @@
+"""Tests of the YAML configuration: unknown keys, types, ranges and file errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from zeus_callbacks.config import ConfigError, ZeusConfig, load_config, parse_config
+
+# Every nested section of the config, found from the model itself so a new section is covered too.
+SECTIONS = sorted(
+    name
+    for name, info in ZeusConfig.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
+)
+
+
+def write_yaml(directory: Path, text: str, name: str = "zeus.yaml") -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def config_error(data) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return info.value
+
+
+def test_sections_are_discovered():
+    assert {"virtual", "sampling", "windows", "logging", "power_limit", "batch_size", "store"} <= set(SECTIONS)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_unknown_key_in_every_section_names_its_dotted_path(tmp_path, section):
+    path = write_yaml(tmp_path, yaml.safe_dump({section: {"no_such_setting": 1}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"{section}.no_such_setting" in message
+    assert str(path) in message
+
+
+def test_unknown_top_level_key_is_named():
+    assert "no_such_setting" in str(config_error({"no_such_setting": True}))
+
+
+def test_typo_of_a_real_key_is_reported_not_ignored():
+    message = str(config_error({"logging": {"interval_step": 5}}))
+    assert "logging.interval_step" in message
+    assert "logging.interval_steps" not in message
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"logging": {"interval_steps": "often"}}, "logging.interval_steps"),
+        ({"virtual": {"noise_W": "loud"}}, "virtual.noise_W"),
+        ({"windows": {"step": "sometimes"}}, "windows.step"),
+        ({"backend": "cuda"}, "backend"),
+        ({"virtual": {"gpu": "H100"}}, "virtual.gpu"),
+        ({"store": {"backend": "postgres"}}, "store.backend"),
+        ({"gpu_indices": "zero"}, "gpu_indices"),
+        ({"logging": 5}, "logging"),
+    ],
+)
+def test_wrong_types_name_the_field(data, path):
+    message = str(config_error(data))
+    assert f"  {path}:" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"logging": {"interval_steps": 0}}, "logging.interval_steps"),
+        ({"virtual": {"noise_W": -0.5}}, "virtual.noise_W"),
+        ({"virtual": {"num_devices": 0}}, "virtual.num_devices"),
+        ({"virtual": {"sample_period_s": 0}}, "virtual.sample_period_s"),
+        ({"sampling": {"poll_period_s": 0}}, "sampling.poll_period_s"),
+        ({"sampling": {"poll_period_s": 2.5}}, "sampling.poll_period_s"),
+        ({"sampling": {"buffer_s": -1}}, "sampling.buffer_s"),
+        ({"windows": {"sensor_delay_s": -0.01}}, "windows.sensor_delay_s"),
+        ({"job_id": ""}, "job_id"),
+        ({"gpu_indices": []}, "gpu_indices"),
+        ({"gpu_indices": [0, 1, 0]}, "gpu_indices"),
+        ({"gpu_indices": [-1]}, "gpu_indices"),
+    ],
+)
+def test_out_of_range_values_name_the_field(data, path):
+    message = str(config_error(data))
+    assert f"  {path}:" in message
+
+
+def test_every_bad_field_is_listed():
+    message = str(config_error({"logging": {"interval_steps": 0}, "virtual": {"noise_W": -1}}))
+    assert "logging.interval_steps" in message
+    assert "virtual.noise_W" in message
+
+
+def test_valid_settings_are_kept(tmp_path):
+    settings = {
+        "backend": "virtual",
+        "gpu_indices": [1, 0],
+        "logging": {"interval_steps": 7, "log_dir": str(tmp_path / "logs")},
+        "virtual": {"num_devices": 2, "noise_W": 0.0},
+    }
+    cfg = load_config(write_yaml(tmp_path, yaml.safe_dump(settings)))
+    assert cfg.backend == settings["backend"]
+    assert cfg.gpu_indices == settings["gpu_indices"]
+    assert cfg.logging.interval_steps == settings["logging"]["interval_steps"]
+    assert cfg.logging.log_dir == Path(settings["logging"]["log_dir"])
+    assert cfg.virtual.num_devices == settings["virtual"]["num_devices"]
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read a file whatever its mode")
+def test_unreadable_file_names_the_file(tmp_path):
+    path = write_yaml(tmp_path, "job_id: secret\n")
+    path.chmod(0)
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+    finally:
+        path.chmod(0o600)
+    assert str(path) in str(info.value)
+
+
+def test_directory_instead_of_file_is_a_config_error(tmp_path):
+    # Unreadable even for root: reading a directory fails with an OSError.
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_not_yaml_names_the_file(tmp_path):
+    path = write_yaml(tmp_path, "logging: [1, 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert info.value.__cause__ is None
+
+
+def test_yaml_list_is_not_a_mapping(tmp_path):
+    path = write_yaml(tmp_path, "- backend\n- virtual\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert "mapping" in message
+    assert "list" in message
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_empty_file_gives_defaults(tmp_path, text):
+    assert load_config(write_yaml(tmp_path, text)) == ZeusConfig()
+
+
+def test_none_and_config_pass_through():
+    assert parse_config(None) == ZeusConfig()
+    cfg = ZeusConfig(job_id="kept")
+    assert parse_config(cfg) is cfg
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "text"),
+    [
+        ("virtual", "noise_W", "1e-5"),
+        ("windows", "sensor_delay_s", "2e-2"),
+        ("sampling", "poll_period_s", "5E-2"),
+    ],
+)
+def test_exponent_strings_are_coerced_for_float_fields(tmp_path, section, key, text):
+    yaml_text = f"{section}:\n  {key}: {text}\n"
+    # The premise: PyYAML (YAML 1.1) reads these as strings, not floats.
+    assert isinstance(yaml.safe_load(yaml_text)[section][key], str)
+    cfg = load_config(write_yaml(tmp_path, yaml_text))
+    value = getattr(getattr(cfg, section), key)
+    assert isinstance(value, float)
+    assert value == float(text)
+
+
+def test_messages_carry_no_traceback_or_pydantic_chain():
+    error = config_error({"logging": {"interval_steps": 0, "bogus": 1}})
+    message = str(error)
+    assert error.__cause__ is None
+    assert error.__suppress_context__
+    assert "Traceback" not in message
+    assert "errors.pydantic.dev" not in message
+    assert "ValidationError" not in message
+
+
+def test_config_error_is_a_value_error():
+    assert isinstance(config_error({"backend": 3}), ValueError)

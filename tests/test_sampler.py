@@ -1,0 +1,310 @@
+"""Tests of the ring buffer and the background power sampler."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from zeus_callbacks.backends.base import NotSupported
+from zeus_callbacks.measurement.ring import TimeSeriesRing
+from zeus_callbacks.measurement.sampler import PowerSampler
+
+THREAD_NAME = "zeus-power-sampler"
+LOGGER = "zeus_callbacks"
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def wait_until(predicate, timeout_s: float = 2.0) -> bool:
+    """Wait for a background thread to do something (not a speed assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def warnings_in(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+# -- ring buffer ------------------------------------------------------------------
+def test_ring_keeps_only_the_newest_capacity_pairs():
+    capacity = 8
+    total = 10 * capacity
+    ring = TimeSeriesRing(capacity)
+    for k in range(total):
+        ring.append(float(k), 2.0 * k)
+    times, values = ring.arrays()
+    assert len(ring) == capacity
+    assert ring.dropped == total - capacity
+    expected_times = np.arange(total - capacity, total, dtype=float)
+    np.testing.assert_array_equal(times, expected_times)
+    np.testing.assert_array_equal(values, 2.0 * expected_times)
+    assert ring.last_time() == expected_times[-1]
+
+
+def test_ring_before_it_fills():
+    ring = TimeSeriesRing(4)
+    assert len(ring) == 0
+    assert ring.last_time() is None
+    assert ring.arrays()[0].shape == (0,)
+    ring.append(1.0, 10.0)
+    ring.append(2.0, 20.0)
+    times, values = ring.arrays()
+    np.testing.assert_array_equal(times, [1.0, 2.0])
+    np.testing.assert_array_equal(values, [10.0, 20.0])
+    assert ring.dropped == 0
+
+
+def test_ring_arrays_are_copies():
+    ring = TimeSeriesRing(4)
+    for k in range(6):
+        ring.append(float(k), float(k))
+    times, _ = ring.arrays()
+    times[:] = -1.0
+    assert ring.arrays()[0].min() >= 0.0
+
+
+def test_ring_rejects_tiny_capacity():
+    with pytest.raises(ValueError, match="capacity"):
+        TimeSeriesRing(1)
+
+
+# -- polling on a manual clock -------------------------------------------------------
+def test_poll_once_collects_the_backend_samples(virtual_backend, manual_clock):
+    sampler = PowerSampler(virtual_backend, [0])
+    assert sampler.latest_sample_s() is None
+    manual_clock.advance(1.0)
+    sampler.poll_once()
+    times, power = sampler.samples(0)
+    reference = virtual_backend.power_samples_since(0, -math.inf)
+    assert len(times) == len(reference) > 0
+    np.testing.assert_allclose(times, [s.timestamp_s for s in reference])
+    np.testing.assert_allclose(power, virtual_backend.true_power_W(0))
+    assert sampler.latest_sample_s() == times[-1]
+    assert times[-1] <= manual_clock.now_s()
+
+
+def test_repeated_polls_do_not_duplicate_samples(virtual_backend, manual_clock):
+    sampler = PowerSampler(virtual_backend, [0])
+    for _ in range(5):
+        manual_clock.advance(0.3)
+        sampler.poll_once()
+        sampler.poll_once()
+    times, _ = sampler.samples(0)
+    assert np.all(np.diff(times) > 0)
+    reference = virtual_backend.power_samples_since(0, -math.inf)  # the backend keeps 2.4 s, we polled 1.5 s
+    assert len(times) == len(reference)
+
+
+def test_energy_counter_is_read_when_due(virtual_backend, manual_clock):
+    period_s = 0.5
+    sampler = PowerSampler(virtual_backend, [0], energy_counter_period_s=period_s)
+    sampler.poll_once()  # first poll: due
+    manual_clock.advance(period_s / 2)
+    sampler.poll_once()  # not due yet
+    assert len(sampler.counter_readings(0)[0]) == 1
+    manual_clock.advance(period_s / 2)
+    sampler.poll_once()  # due again
+    times, energy = sampler.counter_readings(0)
+    assert len(times) == 2
+    assert times[-1] == manual_clock.now_s()
+    assert energy[-1] == virtual_backend.energy_counter_J(0)
+
+
+def test_sampler_needs_a_gpu(virtual_backend):
+    with pytest.raises(ValueError):
+        PowerSampler(virtual_backend, [])
+
+
+# -- the background thread on the wall clock ---------------------------------------------
+def test_start_and_stop_the_thread(wall_virtual_backend):
+    before = len(sampler_threads())
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler.start()
+    try:
+        assert sampler.running
+        assert len(sampler_threads()) == before + 1
+        first = len(sampler.samples(0)[0])
+        assert wait_until(lambda: len(sampler.samples(0)[0]) > first)  # the thread drains on its own
+    finally:
+        sampler.stop()
+    assert not sampler.running
+    assert len(sampler_threads()) == before
+    collected = len(sampler.samples(0)[0])
+    sampler.stop()  # idempotent
+    assert not sampler.running
+    assert len(sampler_threads()) == before
+    assert len(sampler.samples(0)[0]) >= collected
+
+
+def test_start_is_idempotent(wall_virtual_backend):
+    before = len(sampler_threads())
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler.start()
+    sampler.start()
+    try:
+        assert len(sampler_threads()) == before + 1
+    finally:
+        sampler.stop()
+    assert len(sampler_threads()) == before
+
+
+def test_stop_without_start_is_harmless(wall_virtual_backend):
+    sampler = PowerSampler(wall_virtual_backend, [0])
+    sampler.stop()
+    assert not sampler.running
+
+
+# -- faults --------------------------------------------------------------------------------
+def test_sensor_errors_are_counted_and_warned_once(virtual_backend, manual_clock, caplog):
+    failing_reads = 20
+    sampler = PowerSampler(virtual_backend, [0])
+    virtual_backend.inject_fault(reads=failing_reads, kind="gpu_lost", sensor="samples")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(failing_reads + 5):
+            manual_clock.advance(0.1)
+            sampler.poll_once()  # must not raise
+    assert sampler.health.faults["gpu_lost"] == failing_reads
+    assert sampler.health.degraded
+    gpu_lost = [m for m in warnings_in(caplog) if "gpu_lost" in m]
+    assert len(gpu_lost) == 1
+    # The sensor recovered: samples flow again.
+    assert len(sampler.samples(0)[0]) > 0
+
+
+def test_each_fault_kind_is_warned_once(virtual_backend, manual_clock, caplog):
+    sampler = PowerSampler(virtual_backend, [0])
+    kinds = ["gpu_lost", "unknown_error"]
+    reads_each = 3
+    for kind in kinds:
+        virtual_backend.inject_fault(reads=reads_each, kind=kind, sensor="samples")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(len(kinds) * reads_each + 2):
+            manual_clock.advance(0.05)
+            sampler.poll_once()
+    assert dict(sampler.health.faults) == dict.fromkeys(kinds, reads_each)
+    for kind in kinds:
+        assert len([m for m in warnings_in(caplog) if kind in m]) == 1
+
+
+def test_energy_counter_faults_are_contained(virtual_backend, manual_clock, caplog):
+    failing_reads = 4
+    sampler = PowerSampler(virtual_backend, [0])
+    virtual_backend.inject_fault(reads=failing_reads, kind="gpu_lost", sensor="energy")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(failing_reads + 2):
+            manual_clock.advance(0.1)
+            sampler.poll_once(read_counter=True)
+    assert sampler.health.faults["gpu_lost"] == failing_reads
+    assert len([m for m in warnings_in(caplog) if "gpu_lost" in m]) == 1
+    assert len(sampler.counter_readings(0)[0]) == 2  # the reads after the faults
+
+
+def test_unexpected_exceptions_are_contained(virtual_backend, manual_clock, monkeypatch, caplog):
+    polls = 6
+
+    def broken(index, since_s):
+        raise RuntimeError("driver bug")
+
+    monkeypatch.setattr(virtual_backend, "power_samples_since", broken)
+    sampler = PowerSampler(virtual_backend, [0])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(polls):
+            manual_clock.advance(0.1)
+            sampler.poll_once()
+    assert sampler.health.faults["RuntimeError"] == polls
+    messages = [m for m in warnings_in(caplog) if "RuntimeError" in m]
+    assert len(messages) == 1
+    assert "driver bug" in messages[0]
+
+
+def test_faults_on_the_thread_do_not_kill_it(wall_virtual_backend):
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler.start()
+    try:
+        wall_virtual_backend.inject_fault(reads=3, kind="gpu_lost", sensor="samples")
+        assert wait_until(lambda: sampler.health.faults["gpu_lost"] == 3)
+        after_faults = sampler.latest_sample_s() or -math.inf
+        assert wait_until(lambda: (sampler.latest_sample_s() or -math.inf) > after_faults)
+        assert sampler.running
+    finally:
+        sampler.stop()
+
+
+def test_energy_counter_going_backwards_is_detected_once(virtual_backend, manual_clock, monkeypatch, caplog):
+    readings = [10.0, 20.0, 5.0, 25.0, 4.0, 3.0]
+    feed = iter(readings)
+    monkeypatch.setattr(virtual_backend, "energy_counter_J", lambda index: next(feed))
+    sampler = PowerSampler(virtual_backend, [0])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in readings:
+            manual_clock.advance(0.1)
+            sampler.poll_once(read_counter=True)
+    # Each backwards step is a fault and starts a new baseline (a counter reset); the
+    # readings kept are those since the last reset.
+    baseline, backwards = [], 0
+    for value in readings:
+        if baseline and value < baseline[-1]:
+            backwards += 1
+            baseline = []
+        baseline.append(value)
+    assert sampler.health.faults["counter_backwards"] == backwards
+    np.testing.assert_array_equal(sampler.counter_readings(0)[1], baseline)
+    assert len([m for m in warnings_in(caplog) if "backwards" in m]) == 1
+
+
+def test_unsupported_energy_counter_disables_cross_checks_once(virtual_backend, manual_clock, monkeypatch, caplog):
+    calls = []
+
+    def unsupported(index):
+        calls.append(index)
+        raise NotSupported("no energy counter on this device")
+
+    monkeypatch.setattr(virtual_backend, "energy_counter_J", unsupported)
+    sampler = PowerSampler(virtual_backend, [0])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(5):
+            manual_clock.advance(0.1)
+            sampler.poll_once(read_counter=True)
+    assert calls == [0]  # asked once, then never again
+    assert len(sampler.counter_readings(0)[0]) == 0
+    assert not sampler.health.degraded  # a missing counter is not a fault
+    assert len(warnings_in(caplog)) == 1
+    assert len(sampler.samples(0)[0]) > 0  # power samples still flow
+
+
+# -- memory ---------------------------------------------------------------------------------
+def test_memory_stays_bounded(virtual_backend, manual_clock, monkeypatch):
+    buffer_s = 1.0
+    seen = []
+    real = virtual_backend.power_samples_since
+
+    def counting(index, since_s):
+        samples = real(index, since_s)
+        seen.extend(s.timestamp_s for s in samples)
+        return samples
+
+    monkeypatch.setattr(virtual_backend, "power_samples_since", counting)
+    sampler = PowerSampler(virtual_backend, [0], buffer_s=buffer_s)
+    expected_capacity = math.ceil(buffer_s / virtual_backend.sample_period_s)
+    lengths = []
+    for _ in range(40):
+        manual_clock.advance(0.5)
+        sampler.poll_once()
+        lengths.append(len(sampler.samples(0)[0]))
+    times, _ = sampler.samples(0)
+    assert len(seen) > 10 * expected_capacity
+    assert max(lengths) == expected_capacity
+    assert lengths[-1] == expected_capacity
+    assert sampler.health.dropped_samples == len(set(seen)) - expected_capacity
+    np.testing.assert_array_equal(times, sorted(seen)[-expected_capacity:])  # the newest are kept

@@ -1,0 +1,500 @@
+"""Tests of EnergySession driven by events on a virtual GPU (manual clock unless stated)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from zeus_callbacks import reporting as metric
+from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, COUNTER_RESOLUTION_J, VirtualGPUBackend
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
+
+INTERVAL_STEPS = 5
+STEP_S = 0.05
+STEPS_PER_EPOCH = 12
+EPOCHS = 2
+NUM_SAMPLES = 8
+NUM_TOKENS = 96
+REL = 1e-9  # noise-free constant power: attribution is exact up to float rounding
+# Epochs last STEPS_PER_EPOCH × STEP_S = 0.6 s and start at the backend's creation, so every
+# epoch boundary falls on one of the energy counter's 100 ms update ticks, and the session
+# reads the counter at train start and at each epoch end: the counter then differs from
+# the truth only by its resolution (floored at each end).
+COUNTER_TOL_J = 2 * COUNTER_RESOLUTION_J
+assert math.isclose((STEPS_PER_EPOCH * STEP_S / COUNTER_PERIOD_S) % 1, 0, abs_tol=1e-9)
+
+
+def sampler_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "zeus-power-sampler")
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@pytest.fixture
+def new_session(tmp_path):
+    """Build sessions logging under tmp_path; any left running are ended at teardown."""
+    made: list[EnergySession] = []
+
+    def make(backend, run_name: str = "run", **config) -> EnergySession:
+        base = {
+            "backend": "virtual",
+            "logging": {"log_dir": str(tmp_path), "run_name": run_name, "interval_steps": INTERVAL_STEPS},
+        }
+        session = EnergySession(deep_merge(base, config), backend=backend, is_main_process=True)
+        made.append(session)
+        return session
+
+    yield make
+    for session in made:
+        if session.started:
+            session.train_end()
+
+
+def do_step(session: EnergySession, clock, step: int, **sizes) -> tuple[Decision, dict[str, float]]:
+    """One training step of STEP_S manual seconds; drains the sensor like the sampler thread does."""
+    session.step_start(step)
+    clock.advance(STEP_S)
+    session.sampler.poll_once()
+    decision = session.step_end(step, **sizes)
+    return decision, session.pop_metrics()
+
+
+def settle(session: EnergySession, clock) -> None:
+    """Let two sample periods pass and drain, so samples cover every closed window."""
+    clock.advance(2 * session.backend.sample_period_s)
+    session.sampler.poll_once()
+
+
+@dataclass
+class FullRun:
+    power_W: float
+    start_s: float
+    end_s: float
+    epoch_bounds_s: list[tuple[float, float]] = field(default_factory=list)
+    step_reports: list[dict[str, float]] = field(default_factory=list)
+    all_metrics: list[dict[str, float]] = field(default_factory=list)
+    summary: object = None
+    records: list[dict] = field(default_factory=list)
+
+
+def full_run(session: EnergySession, backend, clock) -> FullRun:
+    session.train_start()
+    run = FullRun(power_W=backend.true_power_W(0), start_s=clock.now_s(), end_s=math.nan)
+    step = 0
+    for epoch in range(EPOCHS):
+        session.epoch_start(epoch)
+        epoch_start_s = clock.now_s()
+        for in_epoch in range(STEPS_PER_EPOCH):
+            decision, metrics = do_step(session, clock, step, num_samples=NUM_SAMPLES, num_tokens=NUM_TOKENS)
+            assert decision == Decision()
+            run.all_metrics.append(metrics)
+            # The interval counts from the epoch start: epoch_end flushes the steps since the last report.
+            reported = metric.STEP_ENERGY_J in metrics
+            assert reported == ((in_epoch + 1) % INTERVAL_STEPS == 0), f"step {step}: {sorted(metrics)}"
+            if reported:
+                run.step_reports.append(metrics)
+            step += 1
+        returned = session.epoch_end(epoch)
+        queued = session.pop_metrics()
+        assert returned.items() <= queued.items()
+        if metric.STEP_ENERGY_J in queued:
+            run.step_reports.append(queued)
+        run.all_metrics.append(queued)
+        run.epoch_bounds_s.append((epoch_start_s, clock.now_s()))
+    run.end_s = clock.now_s()
+    run.summary = session.train_end()
+    run.all_metrics.append(session.pop_metrics())
+    run.records = read_jsonl(run.summary.jsonl_path)
+    return run
+
+
+@pytest.fixture
+def finished_run(new_session, virtual_backend, manual_clock) -> FullRun:
+    return full_run(new_session(virtual_backend), virtual_backend, manual_clock)
+
+
+# -- step metrics ---------------------------------------------------------------------------
+def test_step_metrics_every_interval(finished_run, virtual_backend):
+    run = finished_run
+    step_J = run.power_W * STEP_S
+    assert len(run.step_reports) >= EPOCHS * (STEPS_PER_EPOCH // INTERVAL_STEPS)
+    for report in run.step_reports:
+        assert report[metric.STEP_ENERGY_J] == pytest.approx(step_J, rel=REL)
+        assert report[metric.STEP_TIME_S] == pytest.approx(STEP_S, rel=REL)
+        assert report[metric.MEAN_POWER_W] == pytest.approx(run.power_W, rel=REL)
+        assert report[metric.ENERGY_PER_SAMPLE_J] == pytest.approx(step_J / NUM_SAMPLES, rel=REL)
+        assert report[metric.ENERGY_PER_TOKEN_J] == pytest.approx(step_J / NUM_TOKENS, rel=REL)
+        assert report[metric.POWER_LIMIT_W] == virtual_backend.power_limit_W(0)
+        assert 1 <= report[metric.STEP_COUNT] <= INTERVAL_STEPS
+        # A 50 ms step holds about 50 ms / 20 ms samples; every step holds at least one.
+        assert report[metric.STEP_POWER_SAMPLES] >= report[metric.STEP_COUNT]
+
+
+def test_every_step_is_reported_exactly_once(finished_run):
+    counted = sum(m.get(metric.STEP_COUNT, 0) for m in finished_run.all_metrics)
+    assert counted == EPOCHS * STEPS_PER_EPOCH
+    assert finished_run.summary.steps == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_per_sample_and_per_token_only_when_given(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    reports = []
+    for step in range(3 * INTERVAL_STEPS):
+        _, metrics = do_step(session, manual_clock, step, num_samples=NUM_SAMPLES)
+        if metric.STEP_ENERGY_J in metrics:
+            reports.append(metrics)
+    session.train_end()
+    assert reports
+    for report in reports:
+        assert metric.ENERGY_PER_SAMPLE_J in report
+        assert metric.ENERGY_PER_TOKEN_J not in report
+
+
+# -- epochs and totals -------------------------------------------------------------------------
+def test_epoch_metrics_match_power_and_counter(finished_run):
+    run = finished_run
+    epochs = [m for m in run.all_metrics if metric.EPOCH_ENERGY_J in m]
+    assert len(epochs) == EPOCHS
+    for metrics, (start_s, end_s) in zip(epochs, run.epoch_bounds_s, strict=True):
+        assert metrics[metric.EPOCH_TIME_S] == pytest.approx(end_s - start_s, rel=REL)
+        assert metrics[metric.EPOCH_ENERGY_J] == pytest.approx(run.power_W * (end_s - start_s), rel=REL)
+        assert metrics[metric.EPOCH_MEAN_POWER_W] == pytest.approx(run.power_W, rel=REL)
+        assert metrics[metric.EPOCH_COUNTER_ENERGY_J] == pytest.approx(
+            metrics[metric.EPOCH_ENERGY_J], abs=COUNTER_TOL_J
+        )
+
+
+def test_run_totals_are_the_sum_of_their_parts(finished_run):
+    run = finished_run
+    summary = run.summary
+    run_s = run.end_s - run.start_s
+    assert summary.status == "completed"
+    assert summary.time_s == pytest.approx(run_s, rel=REL)
+    assert summary.energy_J == pytest.approx(run.power_W * run_s, rel=REL)
+    assert summary.mean_power_W == pytest.approx(run.power_W, rel=REL)
+    assert summary.epochs == EPOCHS
+    assert len(summary.epoch_energy_J) == EPOCHS
+    assert sum(summary.epoch_energy_J) == pytest.approx(summary.energy_J, rel=REL)  # epochs tile the run
+    assert summary.step_energy_J * summary.steps == pytest.approx(summary.energy_J, rel=REL)  # so do steps
+    assert summary.step_time_s == pytest.approx(STEP_S, rel=REL)
+    assert summary.counter_energy_J == pytest.approx(summary.energy_J, abs=COUNTER_TOL_J)
+    assert summary.faults == {}
+
+
+def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
+    run = finished_run
+    summary = run.summary
+    records = run.records
+    events = [r["event"] for r in records]
+    assert events[0] == "run_start"
+    assert events[-1] == "run_end"
+    assert events.count("run_end") == 1
+    assert events.count("epoch") == EPOCHS
+    start = records[0]
+    assert start["gpu_indices"] == [0]
+    assert start["power_limit_W"] == virtual_backend.power_limit_W(0)
+    assert start["config"]["logging"]["interval_steps"] == INTERVAL_STEPS
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["count"] for r in steps) == summary.steps
+    for record in steps:
+        assert record["energy_J_mean"] == pytest.approx(run.power_W * STEP_S, rel=REL)
+        assert record["energy_J_per_sample"] == pytest.approx(run.power_W * STEP_S / NUM_SAMPLES, rel=REL)
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == list(range(EPOCHS))
+    assert [r["energy_J"] for r in epochs] == pytest.approx(summary.epoch_energy_J, rel=REL)
+    for record in epochs:
+        assert record["counter_energy_J"] == pytest.approx(record["energy_J"], abs=COUNTER_TOL_J)
+    end = records[-1]
+    assert end["energy_J"] == pytest.approx(summary.energy_J, rel=REL)
+    assert end["steps"] == summary.steps
+    assert end["status"] == "completed"
+
+
+def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_virtual_backend):
+    session = new_session(wall_virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(3):
+        session.step_start(step)
+        time.sleep(0.03)
+        session.step_end(step)
+    metrics = session.epoch_end(0)
+    session.train_end()
+    power_W = wall_virtual_backend.true_power_W(0)
+    # rel 1e-6: wall-clock times near 1.7e9 s carry ~1e-7 s of float rounding on a ~0.1 s epoch.
+    assert metrics[metric.EPOCH_ENERGY_J] == pytest.approx(power_W * metrics[metric.EPOCH_TIME_S], rel=1e-6)
+    assert not any(key.startswith("energy/step") for key in metrics)
+
+
+def test_eval_window(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    session.train_start()
+    eval_s = 0.35
+    session.eval_start()
+    manual_clock.advance(eval_s)
+    session.eval_end()
+    settle(session, manual_clock)
+    metrics = session.pop_metrics(flush_steps=True)
+    assert metrics[metric.EVAL_TIME_S] == pytest.approx(eval_s, rel=REL)
+    assert metrics[metric.EVAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * eval_s, rel=REL)
+
+
+def test_step_windows_can_be_switched_off(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend, windows={"step": False})
+    session.train_start()
+    seen = [do_step(session, manual_clock, step)[1] for step in range(2 * INTERVAL_STEPS)]
+    summary = session.train_end()
+    assert not any(metric.STEP_ENERGY_J in m for m in seen)
+    assert summary.steps == 2 * INTERVAL_STEPS  # steps are still counted, just not measured
+    assert math.isnan(summary.step_energy_J)
+
+
+# -- end of the run ------------------------------------------------------------------------------
+def test_train_end_is_idempotent(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    session.train_start()
+    for step in range(3):
+        do_step(session, manual_clock, step)
+    first = session.train_end()
+    assert session.train_end() is first
+    assert not session.started
+    assert session.step_end(99) == Decision()  # events after the end are ignored
+    events = [r["event"] for r in read_jsonl(first.jsonl_path)]
+    assert events.count("run_end") == 1
+
+
+def test_train_end_before_start_is_an_error(new_session, virtual_backend):
+    with pytest.raises(RuntimeError):
+        new_session(virtual_backend).train_end()
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(ValueError("loss is nan"), "failed"), (KeyboardInterrupt(), "interrupted")],
+)
+def test_exception_ends_the_run_with_a_record(new_session, virtual_backend, manual_clock, exc, status):
+    session = new_session(virtual_backend)
+    session.train_start()
+    start_s = manual_clock.now_s()
+    session.epoch_start(0)
+    finished = 3
+    for step in range(finished):
+        do_step(session, manual_clock, step)
+    session.step_start(finished)
+    manual_clock.advance(STEP_S)  # the step the exception cuts short
+    summary = session.exception(exc)
+    assert summary.status == status
+    assert summary.steps == finished
+    run_s = manual_clock.now_s() - start_s
+    assert summary.energy_J == pytest.approx(virtual_backend.true_power_W(0) * run_s, rel=REL)  # nothing lost
+    assert not session.started
+    assert not session.sampler.running
+    assert session.exception(exc) is summary  # a second report changes nothing
+    records = read_jsonl(summary.jsonl_path)
+    raised = [r for r in records if r["event"] == "exception"]
+    assert len(raised) == 1
+    assert raised[0]["type"] == type(exc).__name__
+    assert raised[0]["message"] == str(exc)
+    assert records[-1]["event"] == "run_end"
+    assert records[-1]["status"] == status
+
+
+def test_sensor_faults_show_in_the_summary(new_session, virtual_backend, manual_clock):
+    failing_reads = 4
+    session = new_session(virtual_backend)
+    session.train_start()
+    virtual_backend.inject_fault(reads=failing_reads, kind="gpu_lost", sensor="samples")
+    for step in range(failing_reads + INTERVAL_STEPS):
+        do_step(session, manual_clock, step)  # every step drains once; the thread may too
+    assert session.degraded
+    summary = session.train_end()
+    assert summary.faults == {"gpu_lost": failing_reads}
+    assert "DEGRADED" in str(summary)
+    assert read_jsonl(summary.jsonl_path)[-1]["faults"] == {"gpu_lost": failing_reads}
+
+
+# -- resume -------------------------------------------------------------------------------------
+def test_resume_carries_totals_into_the_next_session(new_session, virtual_backend, manual_clock):
+    first_session = new_session(virtual_backend, run_name="first")
+    first = full_run(first_session, virtual_backend, manual_clock)
+    state = first_session.state_dict()
+    assert state["energy_J"] == first.summary.energy_J
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = new_session(backend, run_name="second")
+    second.load_state_dict(state)
+    run = full_run(second, backend, manual_clock)
+    run_s = run.end_s - run.start_s
+    summary = run.summary
+    assert summary.energy_J == pytest.approx(first.summary.energy_J + run.power_W * run_s, rel=REL)
+    assert summary.time_s == pytest.approx(first.summary.time_s + run_s, rel=REL)
+    assert summary.steps == 2 * EPOCHS * STEPS_PER_EPOCH
+    assert summary.epochs == 2 * EPOCHS
+    assert summary.epoch_energy_J[:EPOCHS] == first.summary.epoch_energy_J
+    assert len(summary.epoch_energy_J) == 2 * EPOCHS
+    assert run.records[0]["resumed_energy_J"] == pytest.approx(first.summary.energy_J)
+
+
+def test_state_dict_mid_run_counts_the_finished_steps(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend, logging={"interval_steps": 50})
+    session.train_start()
+    start_s = manual_clock.now_s()
+    session.epoch_start(0)
+    done = 7
+    for step in range(done):
+        do_step(session, manual_clock, step)
+    settle(session, manual_clock)
+    state = session.state_dict()
+    assert state["steps"] == done
+    assert state["energy_J"] == pytest.approx(virtual_backend.true_power_W(0) * (manual_clock.now_s() - start_s))
+
+
+def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    assert session.totals() == {}
+    session.train_start()
+    start_s = manual_clock.now_s()
+    for step in range(4):
+        do_step(session, manual_clock, step)
+    totals = session.totals()
+    elapsed_s = manual_clock.now_s() - start_s
+    assert totals[metric.TOTAL_TIME_S] == pytest.approx(elapsed_s, rel=REL)
+    # Samples lag the present; the latest (constant) power stands in for the gap.
+    assert totals[metric.TOTAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * elapsed_s, rel=REL)
+    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_ENERGY]
+    assert shown_kJ == pytest.approx(totals[metric.TOTAL_ENERGY_J] / 1e3, abs=5e-4)  # rounded to 1 J
+
+
+def test_load_state_dict_tolerates_missing_and_unknown_keys(new_session, virtual_backend):
+    session = new_session(virtual_backend)
+    session.load_state_dict({"energy_J": 12.5, "added_in_a_later_release": [1, 2]})
+    state = session.state_dict()
+    assert state["energy_J"] == 12.5
+    assert state["steps"] == 0
+    assert state["epoch_energy_J"] == []
+
+
+# -- errors at train start ------------------------------------------------------------------------
+def test_unwritable_log_dir_fails_at_train_start(new_session, virtual_backend, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    log_dir = blocker / "sub"  # fails even for root: a regular file cannot hold a directory
+    threads = sampler_threads()
+    session = new_session(virtual_backend, logging={"log_dir": str(log_dir)})
+    with pytest.raises(OSError) as info:
+        session.train_start()
+    assert str(log_dir) in str(info.value)
+    assert not session.started
+    assert sampler_threads() == threads
+
+
+def test_missing_gpu_index_is_a_clear_error(new_session, virtual_backend):
+    missing = virtual_backend.device_count()
+    threads = sampler_threads()
+    session = new_session(virtual_backend, gpu_indices=[0, missing])
+    with pytest.raises(ValueError) as info:
+        session.train_start()
+    message = str(info.value)
+    assert "gpu_indices" in message
+    assert str([missing]) in message
+    assert str(virtual_backend.device_count()) in message
+    assert not session.started
+    assert sampler_threads() == threads
+
+
+# -- user windows --------------------------------------------------------------------------------
+def test_user_window_is_logged(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    session.train_start()
+    window_s = 0.27
+    with session.window("generate"):
+        manual_clock.advance(window_s)
+    settle(session, manual_clock)
+    metrics = session.pop_metrics(flush_steps=True)
+    key = metric.window_energy_key("generate")
+    assert key == "energy/window/generate_J"
+    assert metrics[key] == pytest.approx(virtual_backend.true_power_W(0) * window_s, rel=REL)
+    summary = session.train_end()
+    windows = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "window"]
+    assert [(r["name"], r["energy_J"]) for r in windows] == [("generate", metrics[key])]
+
+
+def test_user_window_is_closed_when_its_body_raises(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    session.train_start()
+    with pytest.raises(ZeroDivisionError), session.window("broken"):
+        manual_clock.advance(0.1)
+        _ = 1 / 0
+    assert not session.meter.is_open("broken")
+
+
+@pytest.mark.parametrize("name", ["run", "step", "epoch", "eval"])
+def test_reserved_window_names_are_rejected(new_session, virtual_backend, name):
+    session = new_session(virtual_backend)
+    session.train_start()
+    with pytest.raises(ValueError, match=name), session.window(name):
+        pass
+
+
+# -- GPUs of this process ------------------------------------------------------------------------
+@pytest.fixture
+def two_gpus(manual_clock):
+    offsets_W = [0.0, 40.0]  # tell the GPUs apart by their power
+    return VirtualGPUBackend(
+        clock=manual_clock, noise_W=0.0, num_devices=len(offsets_W), power_offset_W=offsets_W, read_only=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, [1]),
+        ({"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, [0]),
+        ({"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, [0, 1]),
+        ({}, [0, 1]),
+    ],
+)
+def test_default_gpu_indices(two_gpus, monkeypatch, env, expected):
+    for name in ("LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert default_gpu_indices(two_gpus) == expected
+
+
+def test_local_rank_measures_only_its_own_gpu(new_session, two_gpus, manual_clock, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    session = new_session(two_gpus)
+    session.train_start()
+    start_s = manual_clock.now_s()
+    for step in range(3):
+        do_step(session, manual_clock, step)
+    summary = session.train_end()
+    assert session.gpu_indices == [1]
+    assert read_jsonl(summary.jsonl_path)[0]["gpu_indices"] == [1]
+    run_s = manual_clock.now_s() - start_s
+    assert summary.energy_J == pytest.approx(two_gpus.true_power_W(1) * run_s, rel=REL)
+
+
+# -- configuration --------------------------------------------------------------------------------
+def test_configured_sensor_delay_is_used(new_session, virtual_backend):
+    delay_s = 0.05
+    assert delay_s != virtual_backend.sensor_delay_s
+    session = new_session(virtual_backend, windows={"sensor_delay_s": delay_s})
+    session.train_start()
+    assert session.sampler.sensor_delay_s == delay_s
