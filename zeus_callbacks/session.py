@@ -98,6 +98,9 @@ class EnergySession:
         backend: An open backend to use (the caller keeps ownership); default: the one
             ``config.backend`` names, opened at :meth:`train_start` and closed at the end.
         is_main_process: Whether this process writes the JSONL log; default: ``RANK`` is 0.
+        device_index: The one GPU this process trains on, as the framework knows it (its
+            local rank or CUDA device index); default: :func:`default_gpu_indices`. An
+            explicit ``gpu_indices`` in the config wins over both.
 
     Raises:
         ConfigError: ``config`` is invalid.
@@ -116,11 +119,13 @@ class EnergySession:
         *,
         backend: GPUBackend | None = None,
         is_main_process: bool | None = None,
+        device_index: int | None = None,
     ) -> None:
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
         self._given_backend = backend
         self.backend: GPUBackend | None = backend
         self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        self._device_index = device_index
         self.run_name: str | None = None
         self.gpu_indices: list[int] = []
         self.power_limit_W: float | None = None
@@ -188,6 +193,8 @@ class EnergySession:
                     f"{backend.device_count()} GPU(s)"
                 )
             self.gpu_indices = list(cfg.gpu_indices)
+        elif self._device_index is not None:
+            self.gpu_indices = [self._device_index % backend.device_count()]
         else:
             self.gpu_indices = default_gpu_indices(backend)
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")

@@ -192,3 +192,22 @@ class CLIModel(TinyRegressor):
 class CLIData(L.LightningDataModule):
     def train_dataloader(self):
         return loaders()[0]
+
+
+def test_every_step_report_reaches_the_logger_whatever_log_every_n_steps(tmp_path):
+    callback = ZeusCallback(virtual_config(tmp_path, interval_steps=3))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, callbacks=[callback], max_epochs=2,
+        logger=TensorBoardLogger(str(tmp_path / "tb"), name="run"),
+        log_every_n_steps=50,  # Lightning would drop step values logged between these
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    train, _ = loaders()
+    trainer.fit(TinyRegressor(), train)
+    reports = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "steps"]
+    logged = read_scalars(tmp_path / "tb")["energy/step_J"]
+    # (Steps here take ~2 ms, so a report waits for the 20 ms power samples to cover its steps.)
+    assert len(reports) >= 2 and sum(r["count"] for r in reports) == 2 * N_TRAIN // BATCH
+    assert [v for _, v in logged] == pytest.approx([r["energy_J_mean"] for r in reports], rel=1e-6)
+    # Energy metrics are also in callback_metrics, for ModelCheckpoint / EarlyStopping monitors.
+    assert "energy/epoch_J" in trainer.callback_metrics

@@ -109,7 +109,12 @@ class ZeusTrainerCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Start the run (a fresh session per ``train()`` call)."""
         self._move_before_reporters()
-        self.session = EnergySession(self.config, backend=self._backend, is_main_process=state.is_world_process_zero)
+        self.session = EnergySession(
+            self.config,
+            backend=self._backend,
+            is_main_process=state.is_world_process_zero,
+            device_index=args.local_process_index if args.world_size > 1 else None,
+        )
         self.summary = None
         self._tokens_seen = state.num_input_tokens_seen or 0
         run_name = self.config.logging.run_name or (Path(args.run_name).name if args.run_name else None)

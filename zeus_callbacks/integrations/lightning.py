@@ -61,7 +61,7 @@ class ZeusCallback(Callback):
     """
 
     def __init__(
-        self, config: ZeusConfig | dict[str, Any] | str | None = None, backend: GPUBackend | None = None
+        self, config: ZeusConfig | dict[str, Any] | str | Path | None = None, backend: GPUBackend | None = None
     ) -> None:
         super().__init__()
         self.config = resolve_config(config)
@@ -88,7 +88,12 @@ class ZeusCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A fresh session per fit; a checkpoint restore (after setup) then loads its totals.
         if stage == "fit":
-            self.session = EnergySession(self.config, backend=self._backend)
+            self.session = EnergySession(
+                self.config,
+                backend=self._backend,
+                is_main_process=trainer.is_global_zero,
+                device_index=_device_index(trainer),
+            )
             self.summary = None
 
     @override
@@ -123,7 +128,7 @@ class ZeusCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
-        self._log(pl_module, self.session.pop_metrics(), on_step=True)
+        self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
@@ -145,7 +150,7 @@ class ZeusCallback(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.epoch_end(trainer.current_epoch)
-        self._log(pl_module, self.session.pop_metrics(), on_step=False)
+        self._log(trainer, pl_module, self.session.pop_metrics(), on_step=False)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -163,10 +168,17 @@ class ZeusCallback(Callback):
             self._finish(trainer, status="completed")
 
     # -- helpers -----------------------------------------------------------------------
-    def _log(self, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool) -> None:
+    def _log(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool
+    ) -> None:
         if not metrics:
             return
-        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=True)
+        # Loggers get every report directly (pl_module.log would drop step values that
+        # fall between log_every_n_steps); pl_module.log puts them in callback_metrics,
+        # so other callbacks (checkpointing, early stopping) can monitor energy.
+        for pl_logger in trainer.loggers:
+            pl_logger.log_metrics(metrics, step=trainer.global_step)
+        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
             if bar:
@@ -182,6 +194,16 @@ class ZeusCallback(Callback):
             pl_logger.log_metrics(final, step=trainer.global_step)
             pl_logger.save()
         rank_zero_info(str(self.summary))
+
+
+def _device_index(trainer: pl.Trainer) -> int | None:
+    """The GPU this process trains on: the CUDA device, else the local rank under DDP."""
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        return device.index or 0
+    if trainer.world_size > 1:
+        return trainer.local_rank
+    return None
 
 
 def _batch_size(batch: Any) -> int | None:
