@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,22 +45,29 @@ def power_limits_W() -> list[float] | None:
         backend.close()
 
 
-def run(job: str, with_callback: bool, out: Path, round_index: int) -> dict:
-    summary = out / f"{job}_{'on' if with_callback else 'off'}_{round_index}.json"
+def run(job: str, with_callback: bool, work: Path, round_index: int) -> dict:
+    summary = work / f"{job}_{'on' if with_callback else 'off'}_{round_index}.json"
     command = [*JOBS[job], "--summary-json", str(summary), "--config", str(ROOT / "examples" / "zeus.yaml")]
     if not with_callback:
         command.append("--no-callback")
-    subprocess.run(command, check=True, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = work / f"{job}_{'on' if with_callback else 'off'}_{round_index}.log"
+    with open(log, "w") as stream:
+        finished = subprocess.run(command, cwd=work, stdout=stream, stderr=subprocess.STDOUT)
+    if finished.returncode != 0:
+        raise SystemExit(f"{job} failed (exit {finished.returncode}); its output:\n{log.read_text()[-4000:]}")
     return json.loads(summary.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("example_overhead"))
+    parser.add_argument("--out", type=Path, default=Path("example_overhead"), help="where the JSON report goes")
+    parser.add_argument("--work", type=Path, help="where the runs write their logs (default: a temporary folder)")
     parser.add_argument("--jobs", nargs="+", default=list(JOBS))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="zeus-overhead-"))
+    work.mkdir(parents=True, exist_ok=True)
     before = power_limits_W()
     report: dict = {"read_only": os.environ.get("ZEUS_CALLBACKS_READ_ONLY"), "power_limits_before_W": before}
     for job in args.jobs:
@@ -68,7 +76,7 @@ def main() -> None:
         summaries = []
         for r in range(args.rounds):
             for with_callback in (True, False):
-                result = run(job, with_callback, args.out, r)
+                result = run(job, with_callback, work, r)
                 per_step[with_callback].append(result["median_step_s"])
                 wall[with_callback].append(result["wall_s"])
                 if with_callback:
