@@ -1,0 +1,42 @@
+import subprocess
+import sys
+
+from zeus_callbacks.cli import main
+from zeus_callbacks.session import EnergySession
+
+
+def test_validate_config_accepts_a_good_file_and_names_bad_fields(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("backend: virtual\nlogging: {interval_steps: 7}\n")
+    assert main(["validate-config", str(good)]) == 0
+    assert "valid" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backend: virtual\nlogging: {interval_step: 7}\n")
+    assert main(["validate-config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "logging.interval_step" in err and "Traceback" not in err
+
+
+def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock):
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path), "run_name": "r1", "interval_steps": 2}},
+        backend=virtual_backend,
+    )
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    summary = session.train_end()
+    assert main(["report", str(tmp_path / "r1.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert f"{summary.energy_J:.1f} J" in out and "4 steps" in out
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_console_script_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "validate-config" in done.stdout

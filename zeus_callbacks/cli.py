@@ -1,0 +1,87 @@
+"""The ``zeus-callbacks`` command.
+
+Subcommands:
+    validate-config FILE   check a YAML configuration; exit 1 with the errors if invalid
+    report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from zeus_callbacks.config import ConfigError, load_config
+from zeus_callbacks.reporting import read_jsonl
+
+
+def _validate_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(config.model_dump(mode="json"), indent=2))
+    else:
+        print(f"{args.file}: valid (backend {config.backend}, job_id {config.job_id!r})")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    path = Path(args.run)
+    try:
+        records = read_jsonl(path)
+    except FileNotFoundError:
+        print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
+        return 1
+    except json.JSONDecodeError as exc:
+        print(f"zeus-callbacks: {path} is not a zeus-callbacks JSONL log ({exc})", file=sys.stderr)
+        return 1
+    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    if args.json:
+        print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
+        return 0
+    if end is None:
+        print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
+    else:
+        print(
+            f"run {end['run_name']} ({end['status']}) on {end['backend']}\n"
+            f"  energy {end['energy_J']:.1f} J over {end['time_s']:.1f} s "
+            f"(mean {end['mean_power_W']:.1f} W), {end['steps']} steps, power limit {end['power_limit_W']} W"
+        )
+    if epochs:
+        print("  epoch   energy_J   counter_J     time_s   power_W")
+        for r in epochs:
+            counter = "n/a" if r.get("counter_energy_J") is None else f"{r['counter_energy_J']:.1f}"
+            row = f"  {r['epoch']!s:>5} {r['energy_J']:10.1f} {counter:>11} {r['time_s']:10.2f}"
+            print(f"{row} {r['power_W_mean']:9.1f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``zeus-callbacks`` command."""
+    parser = argparse.ArgumentParser(prog="zeus-callbacks", description="GPU energy for training runs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    validate = sub.add_parser("validate-config", help="check a YAML configuration file")
+    validate.add_argument("file")
+    validate.add_argument("--json", action="store_true", help="print the validated configuration as JSON")
+    validate.set_defaults(func=_validate_config)
+    report = sub.add_parser("report", help="summarise a run's JSONL energy log")
+    report.add_argument("run", help="path of the run's .jsonl file")
+    report.add_argument("--json", action="store_true")
+    report.set_defaults(func=_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
