@@ -51,8 +51,8 @@ class SamplingConfig(_Section):
     buffer_s: float = Field(
         900.0,
         gt=0,
-        description="Seconds of power samples kept in memory (ring buffer); older samples are dropped "
-        "once every window that needs them has been attributed.",
+        description="Seconds of raw power samples kept in memory (ring buffer). Longer windows stay exact: "
+        "the sampler keeps a running energy integral (every sample for this long, every second for 48 h).",
     )
 
 
