@@ -37,6 +37,9 @@ class VirtualGPUConfig(_Section):
     noise_W: float = Field(3.0, ge=0, description="Standard deviation of the sensor noise (W).")
     sample_period_s: float = Field(0.02, gt=0, description="Power sample period (s); 20 ms like an H200.")
     seed: int = Field(0, description="Seed of the sensor noise.")
+    power_offset_W: float | list[float] = Field(
+        0.0, description="Power added to every (or, as a list, to each) virtual GPU (W): makes GPUs differ."
+    )
 
 
 class SamplingConfig(_Section):

@@ -40,6 +40,11 @@ def window_energy_key(name: str) -> str:
     return f"energy/window/{name}_J"
 
 
+def gpu_energy_key(index: int) -> str:
+    """Metric key of one GPU's epoch energy when several GPUs are measured (``energy/gpu0_J``)."""
+    return f"energy/gpu{index}_J"
+
+
 METRICS: dict[str, str] = {
     STEP_ENERGY_J: "J — mean GPU energy per training step over the logging interval (summed over GPUs)",
     STEP_COUNT: "steps — how many steps the mean in energy/step_J covers",
@@ -58,6 +63,7 @@ METRICS: dict[str, str] = {
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
     "energy/window/<name>_J": "J — energy of the last execution of a user-named window",
+    "energy/gpu<i>_J": "J — one GPU's energy in the epoch, when several GPUs are measured (ranks in order)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
 }
 
@@ -88,8 +94,11 @@ class RunSummary:
         epoch_energy_J: Energy of each epoch (J).
         power_limit_W: Power limit in force at the end (W).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
-        faults: Sensor faults counted, by kind.
+        faults: Sensor faults counted on this process, by kind.
         jsonl_path: The JSONL log, when written.
+        world_size: Processes whose GPUs the figures cover (1 without DDP).
+        gpu_energy_J: Each measured GPU's energy over the run, ranks in order (J).
+        degraded: A sensor fault on any rank made the measurement incomplete.
     """
 
     run_name: str
@@ -107,6 +116,9 @@ class RunSummary:
     counter_energy_J: float | None = None
     faults: dict[str, int] = field(default_factory=dict)
     jsonl_path: str | None = None
+    world_size: int = 1
+    gpu_energy_J: list[float] = field(default_factory=list)
+    degraded: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -130,8 +142,11 @@ class RunSummary:
             + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]),
             f"  power limit   {fmt(self.power_limit_W, 'W')}",
         ]
-        if self.faults:
-            lines.append(f"  DEGRADED: sensor faults {dict(self.faults)}")
+        if self.world_size > 1 or len(self.gpu_energy_J) > 1:
+            per_gpu = ", ".join(fmt(e, "J") for e in self.gpu_energy_J)
+            lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
+        if self.degraded or self.faults:
+            lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)

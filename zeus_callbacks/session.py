@@ -34,6 +34,7 @@ from typing import Any
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
+from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
@@ -148,6 +149,9 @@ class EnergySession:
         self._finished: RunSummary | None = None
         self._status = "completed"
         self._exception_record: dict[str, Any] | None = None
+        self.ranks = RankGroup()
+        self._collectives_ok = True  # False once a failure may leave ranks out of step
+        self._peer_degraded = False
         self._run_record: WindowRecord | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -197,6 +201,9 @@ class EnergySession:
             self.gpu_indices = [self._device_index % backend.device_count()]
         else:
             self.gpu_indices = default_gpu_indices(backend)
+        self.ranks = RankGroup.detect()
+        self._collectives_ok = True
+        self._peer_degraded = False
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
             self._writer = JsonlWriter(cfg.logging.log_dir / f"{self.run_name}.jsonl")
@@ -334,6 +341,8 @@ class EnergySession:
     def epoch_end(self, epoch: int) -> dict[str, float]:
         """Close the epoch window and attribute its energy (waits ≤ 0.25 s for the sensor).
 
+        Under DDP every rank must call it (it aggregates across ranks).
+
         Returns:
             The epoch metrics (also queued for :meth:`pop_metrics`).
         """
@@ -345,7 +354,9 @@ class EnergySession:
             self._report_steps()
             return {}
         self._flush_sensor(self.backend.clock.now_s())
-        self._report_steps(resolve_final=False)
+        # Attribute everything now (edges past the samples, if the sensor is late, are
+        # extrapolated and marked incomplete): every rank then aggregates this epoch here.
+        self._report_steps(resolve_final=True)
         epoch_prefixes = ("energy/epoch", "time/epoch", "power/epoch")
         return {k: v for k, v in self._pending_metrics.items() if k.startswith(epoch_prefixes)}
 
@@ -367,6 +378,8 @@ class EnergySession:
         assert self.meter is not None and self.sampler is not None and self.backend is not None
         if status is not None:
             self._status = status
+        # After a failure other ranks may never reach the same collective: stay local.
+        self._collectives_ok = self._status == "completed"
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.
         self.meter.discard("step")
@@ -455,8 +468,8 @@ class EnergySession:
 
     @property
     def degraded(self) -> bool:
-        """True when a sensor fault made the measurement incomplete."""
-        return self.sampler is not None and self.sampler.health.degraded
+        """True when a sensor fault (here or, under DDP, on another rank) made the measurement incomplete."""
+        return self._peer_degraded or (self.sampler is not None and self.sampler.health.degraded)
 
     # ------------------------------------------------------------- resume support
     def state_dict(self) -> dict[str, Any]:
@@ -514,7 +527,7 @@ class EnergySession:
         for record in self.meter.resolve(final=resolve_final):
             self._absorb(record)
         self._steps_since_report = 0
-        if self._unreported_steps:
+        if self._unreported_steps or self._collective():
             self._queue_step_metrics()
 
     def _absorb(self, record: WindowRecord) -> None:
@@ -537,32 +550,57 @@ class EnergySession:
                 {"event": "window", "name": record.name, "energy_J": record.energy_J, "time_s": record.time_s}
             )
 
+    def _collective(self) -> bool:
+        return self.ranks.is_distributed and self._collectives_ok
+
+    def _gather(self, values: list[float]) -> list[list[float]]:
+        """Every rank's ``values`` plus a degraded flag (collective under DDP, else local)."""
+        local = [*values, 1.0 if self.degraded else 0.0]
+        rows = self.ranks.gather(local) if self._collective() else [local]
+        if any(row[-1] for row in rows) and not self.degraded:
+            self._peer_degraded = True  # one rank's fault: the same degraded mode everywhere
+        return [row[:-1] for row in rows]
+
     def _queue_step_metrics(self) -> None:
         steps = self._unreported_steps
         self._unreported_steps = []
-        energy_J = sum(r.energy_J for r in steps)
-        time_s = sum(r.time_s for r in steps)
         samples = [r.info.get("num_samples") for r in steps]
         tokens = [r.info.get("num_tokens") for r in steps]
+        local = [
+            sum(r.energy_J for r in steps),
+            sum(r.time_s for r in steps),
+            float(len(steps)),
+            float(sum(samples)) if steps and all(samples) else math.nan,  # type: ignore[arg-type]
+            float(sum(tokens)) if steps and all(tokens) else math.nan,  # type: ignore[arg-type]
+            float(sum(r.num_power_samples for r in steps)),
+        ]
+        # One rank's row per GPU group; combine per step: energy and power sum over
+        # ranks, time is the slowest rank's.
+        rows = [row for row in self._gather(local) if row[2] > 0]
+        if not rows:
+            return
+        step_J = sum(E / n for E, _, n, *_ in rows)
+        samples_per_step = sum(S / n for _, _, n, S, *_ in rows)
+        tokens_per_step = sum(K / n for _, _, n, _, K, _ in rows)
         values = {
-            metric.STEP_ENERGY_J: energy_J / len(steps),
-            metric.STEP_COUNT: float(len(steps)),
-            metric.STEP_POWER_SAMPLES: float(sum(r.num_power_samples for r in steps)),
-            metric.STEP_TIME_S: time_s / len(steps),
-            metric.MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
+            metric.STEP_ENERGY_J: step_J,
+            metric.STEP_COUNT: min(n for _, _, n, *_ in rows),
+            metric.STEP_POWER_SAMPLES: sum(row[5] for row in rows),
+            metric.STEP_TIME_S: max(T / n for _, T, n, *_ in rows),
+            metric.MEAN_POWER_W: sum(E / T for E, T, *_ in rows if T > 0),
         }
-        if all(s for s in samples):
-            values[metric.ENERGY_PER_SAMPLE_J] = energy_J / sum(samples)  # type: ignore[arg-type]
-        if all(t for t in tokens):
-            values[metric.ENERGY_PER_TOKEN_J] = energy_J / sum(tokens)  # type: ignore[arg-type]
+        if math.isfinite(samples_per_step) and samples_per_step > 0:
+            values[metric.ENERGY_PER_SAMPLE_J] = step_J / samples_per_step
+        if math.isfinite(tokens_per_step) and tokens_per_step > 0:
+            values[metric.ENERGY_PER_TOKEN_J] = step_J / tokens_per_step
         if self.power_limit_W is not None:
             values[metric.POWER_LIMIT_W] = self.power_limit_W
         self._pending_metrics.update(values)
         self._write(
             {
                 "event": "steps",
-                "last_step": steps[-1].info.get("step"),
-                "count": len(steps),
+                "last_step": steps[-1].info.get("step") if steps else None,
+                "count": int(values[metric.STEP_COUNT]),
                 "energy_J_mean": values[metric.STEP_ENERGY_J],
                 "time_s_mean": values[metric.STEP_TIME_S],
                 "power_W_mean": values[metric.MEAN_POWER_W],
@@ -571,26 +609,42 @@ class EnergySession:
                 "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
                 "complete": all(r.complete for r in steps),
                 "power_limit_W": self.power_limit_W,
+                "ranks": len(rows),
+                "degraded": self.degraded,
             }
         )
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
-        counter_J = self._counter_energy_J(record.start_s, record.end_s)
-        self._totals.epoch_energy_J.append(record.energy_J)
+        local_counter_J = self._counter_energy_J(record.start_s, record.end_s)
+        rows = self._gather(
+            [
+                record.energy_J,
+                record.time_s,
+                math.nan if local_counter_J is None else local_counter_J,
+                *record.gpu_energy_J,
+            ]
+        )
+        energy_J = sum(row[0] for row in rows)
+        time_s = max(row[1] for row in rows)
+        counter_J = sum(row[2] for row in rows)
+        gpu_energy_J = [e for row in rows for e in row[3:]]
+        self._totals.epoch_energy_J.append(energy_J)
         values = {
-            metric.EPOCH_ENERGY_J: record.energy_J,
-            metric.EPOCH_TIME_S: record.time_s,
-            metric.EPOCH_MEAN_POWER_W: record.energy_J / record.time_s if record.time_s > 0 else math.nan,
+            metric.EPOCH_ENERGY_J: energy_J,
+            metric.EPOCH_TIME_S: time_s,
+            metric.EPOCH_MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
         }
-        if counter_J is not None:
+        if len(gpu_energy_J) > 1:
+            values.update({metric.gpu_energy_key(i): e for i, e in enumerate(gpu_energy_J)})
+        if math.isfinite(counter_J):
             values[metric.EPOCH_COUNTER_ENERGY_J] = counter_J
-            gap = abs(counter_J - record.energy_J) / max(counter_J, 1e-9)
-            if record.time_s >= 5.0 and gap > 0.15:
+            gap = abs(counter_J - energy_J) / max(counter_J, 1e-9)
+            if time_s >= 5.0 and gap > 0.15:
                 logger.warning(
                     "zeus-callbacks: epoch %s energy from power samples (%.1f J) and from the energy "
                     "counter (%.1f J) differ by %.0f%%",
                     record.info.get("epoch"),
-                    record.energy_J,
+                    energy_J,
                     counter_J,
                     100 * gap,
                 )
@@ -599,13 +653,15 @@ class EnergySession:
             {
                 "event": "epoch",
                 "epoch": record.info.get("epoch"),
-                "energy_J": record.energy_J,
-                "counter_energy_J": counter_J,
-                "time_s": record.time_s,
+                "energy_J": energy_J,
+                "counter_energy_J": counter_J if math.isfinite(counter_J) else None,
+                "time_s": time_s,
                 "power_W_mean": values[metric.EPOCH_MEAN_POWER_W],
-                "gpu_energy_J": list(record.gpu_energy_J),
+                "gpu_energy_J": gpu_energy_J,
                 "power_samples": record.num_power_samples,
                 "complete": record.complete,
+                "ranks": len(rows),
+                "degraded": self.degraded,
             }
         )
 
@@ -642,10 +698,22 @@ class EnergySession:
     def _summary(self) -> RunSummary:
         assert self.backend is not None and self.sampler is not None
         run = self._run_record
-        energy_J = self._carried.energy_J + (run.energy_J if run else 0.0)
-        time_s = self._carried.time_s + (run.time_s if run else 0.0)
-        counter_J = self._counter_energy_J(run.start_s, run.end_s) if run else None
         t = self._totals
+        local_counter_J = self._counter_energy_J(run.start_s, run.end_s) if run else None
+        rows = self._gather(
+            [
+                run.energy_J if run else 0.0,
+                run.time_s if run else 0.0,
+                math.nan if local_counter_J is None else local_counter_J,
+                t.step_energy_J / t.measured_steps if t.measured_steps else math.nan,
+                t.step_time_s / t.measured_steps if t.measured_steps else math.nan,
+                *(run.gpu_energy_J if run else ()),
+            ]
+        )
+        # Energy sums over GPUs (ranks); time is the slowest rank's.
+        energy_J = self._carried.energy_J + sum(row[0] for row in rows)
+        time_s = self._carried.time_s + max(row[1] for row in rows)
+        counter_J = sum(row[2] for row in rows)
         return RunSummary(
             run_name=self.run_name or "",
             status=self._status,
@@ -655,13 +723,16 @@ class EnergySession:
             steps=t.steps,
             epochs=t.epochs,
             mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
-            step_energy_J=t.step_energy_J / t.measured_steps if t.measured_steps else math.nan,
-            step_time_s=t.step_time_s / t.measured_steps if t.measured_steps else math.nan,
+            step_energy_J=sum(row[3] for row in rows),
+            step_time_s=max(row[4] for row in rows),
             epoch_energy_J=list(t.epoch_energy_J),
             power_limit_W=self.power_limit_W,
-            counter_energy_J=None if counter_J is None else self._carried.energy_J + counter_J,
+            counter_energy_J=self._carried.energy_J + counter_J if math.isfinite(counter_J) else None,
             faults=dict(self.sampler.health.faults),
             jsonl_path=str(self._writer.path) if self._writer is not None else None,
+            world_size=len(rows),
+            gpu_energy_J=[e for row in rows for e in row[5:]],
+            degraded=self.degraded,
         )
 
     def _write(self, record: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ def _virtual(config: VirtualGPUConfig | None, clock: Clock | None, read_only: bo
         noise_W=cfg.noise_W,
         sample_period_s=cfg.sample_period_s,
         seed=cfg.seed,
+        power_offset_W=cfg.power_offset_W,
         clock=clock,
         read_only=read_only,
     )

@@ -178,12 +178,13 @@ class ZeusCallback(Callback):
         # so other callbacks (checkpointing, early stopping) can monitor energy.
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(metrics, step=trainer.global_step)
-        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
+        # Values are already aggregated over ranks (identical everywhere): syncing is a no-op mean.
+        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False, sync_dist=True)
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
             if bar:
                 pl_module.log_dict(
-                    bar, on_step=on_step, on_epoch=not on_step, prog_bar=True, logger=False, batch_size=1
+                    bar, on_step=on_step, on_epoch=not on_step, prog_bar=True, logger=False, batch_size=1, sync_dist=True
                 )
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:

@@ -1,0 +1,94 @@
+"""A 2-process Lightning DDP run on the CPU (gloo), each rank measuring its own virtual GPU.
+
+Run by tests/distributed/test_ddp.py as ``python lightning_ddp_job.py OUT [--faulty-rank R]``;
+Lightning's launcher starts the second process by re-running this script. Each rank writes
+``OUT/rank<r>.json`` with what it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from zeus_callbacks import ZeusCallback
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+OFFSETS_W = [0.0, 60.0]  # the two virtual GPUs draw different power
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(32, 1)
+
+    def training_step(self, batch, batch_idx):
+        for _ in range(10):  # a few ms of work a step
+            torch.linalg.matmul(torch.randn(128, 128), torch.randn(128, 128))
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Probe(L.Callback):
+    """Records what each rank saw, after the ZeusCallback ended the run."""
+
+    def __init__(self, out: Path, zeus: ZeusCallback) -> None:
+        self.out, self.zeus = out, zeus
+
+    def on_fit_end(self, trainer, pl_module):
+        from accelerate import PartialState
+
+        summary = self.zeus.summary
+        (self.out / f"rank{trainer.global_rank}.json").write_text(
+            json.dumps(
+                {
+                    "global_rank": trainer.global_rank,
+                    "trainer_world_size": trainer.world_size,
+                    "accelerate_num_processes": PartialState(cpu=True).num_processes,
+                    "pid": os.getpid(),
+                    "gpu_indices": self.zeus.session.gpu_indices,
+                    "summary": summary.as_dict(),
+                }
+            )
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--faulty-rank", type=int)
+    args = parser.parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank)
+    if args.faulty_rank == local_rank:
+        backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
+    zeus = ZeusCallback(
+        {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}, backend=backend
+    )
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        callbacks=[zeus, Probe(args.out, zeus)],
+        logger=TensorBoardLogger(str(args.out / "tb"), name="ddp"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Model(), DataLoader(data, batch_size=16))
+
+
+if __name__ == "__main__":
+    main()

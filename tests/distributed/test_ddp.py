@@ -1,0 +1,65 @@
+"""Real 2-process DDP runs on the CPU (gloo): aggregation, one writer, shared degraded mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import read_scalars
+from zeus_callbacks.reporting import read_jsonl
+
+JOB = Path(__file__).with_name("lightning_ddp_job.py")
+
+
+def run_job(out: Path, *extra: str) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, str(JOB), str(out), *extra], capture_output=True, text=True, timeout=240, cwd=out.parent
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
+    return ranks
+
+
+def test_lightning_ddp_sums_ranks_and_writes_once(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out)
+    for rank in ranks:  # two real processes, both seeing the group
+        assert rank["trainer_world_size"] == 2 and rank["accelerate_num_processes"] == 2
+    assert len({rank["pid"] for rank in ranks}) == 2
+    # Each rank measured only its own GPU.
+    assert sorted(r["gpu_indices"][0] for r in ranks) == [0, 1] and all(len(r["gpu_indices"]) == 1 for r in ranks)
+    summaries = [r["summary"] for r in ranks]
+    for summary in summaries:
+        assert summary["world_size"] == 2 and len(summary["gpu_energy_J"]) == 2
+        # The total is the sum of the per-GPU energies, and every rank agrees on it.
+        assert summary["energy_J"] == pytest.approx(sum(summary["gpu_energy_J"]), rel=1e-9)
+        assert summary["energy_J"] == pytest.approx(summaries[0]["energy_J"], rel=1e-9)
+    gpu0_J, gpu1_J = summaries[0]["gpu_energy_J"]
+    assert gpu1_J > gpu0_J * 1.1  # GPU 1 draws 60 W more: the ranks' figures differ
+    # The JSONL log and TensorBoard are written once, by the main process.
+    logs = list((out / "zeus").glob("*.jsonl"))
+    assert [p.name for p in logs] == ["ddp.jsonl"]
+    records = read_jsonl(logs[0])
+    assert [r["event"] for r in records].count("run_start") == 1
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(epochs) == 2 and all(r["ranks"] == 2 for r in epochs)
+    for r in epochs:
+        assert r["energy_J"] == pytest.approx(sum(r["gpu_energy_J"]), rel=1e-9)
+    scalars = read_scalars(out / "tb")
+    assert {"energy/gpu0_J", "energy/gpu1_J", "energy/epoch_J"} <= set(scalars)
+
+
+def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--faulty-rank", "1")
+    by_rank = {r["global_rank"]: r["summary"] for r in ranks}
+    assert by_rank[1]["faults"] and not by_rank[0]["faults"]  # only rank 1 saw the fault
+    assert by_rank[0]["degraded"] and by_rank[1]["degraded"]  # agreed through a collective
+    assert by_rank[0]["status"] == by_rank[1]["status"] == "completed"

@@ -1,0 +1,77 @@
+"""Cross-rank aggregation through ``accelerate``, with a single-process fallback.
+
+Under DDP/FSDP each process measures only its own GPU; the session combines the ranks'
+figures here with one definition everywhere (DESIGN.md): energy is summed over GPUs,
+time is the slowest rank's, power is summed. Every rank calls the same collectives at
+the same events (epoch end, step reports, train end), so none waits on a collective the
+others skip. The process group is the one the framework already created; nothing here
+creates networking of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _process_group_size() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is always there with the frameworks
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+@dataclass
+class RankGroup:
+    """The processes of one training run and the collectives between them.
+
+    Attributes:
+        num_processes: How many processes train together (1 without a process group).
+        process_index: This process's global rank.
+    """
+
+    num_processes: int = 1
+    process_index: int = 0
+    _state: Any = None
+
+    @classmethod
+    def detect(cls) -> RankGroup:
+        """Join the framework's process group through ``accelerate``, or stand alone.
+
+        ``PartialState(cpu=True)`` is used on CPU process groups: a plain
+        ``PartialState()`` there can report a single process (DESIGN.md).
+        """
+        if _process_group_size() <= 1:
+            return cls()
+        import torch
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not torch.cuda.is_available())
+        return cls(num_processes=state.num_processes, process_index=state.process_index, _state=state)
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process trains together."""
+        return self.num_processes > 1
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Return every rank's ``values`` (same length on every rank), ordered by rank.
+
+        Collective: every rank must call it at the same point.
+        """
+        if not self.is_distributed:
+            return [list(values)]
+        from accelerate.utils import gather_object
+
+        # gather_object flattens one level: wrap so each rank contributes one list.
+        return [list(v) for v in gather_object([list(values)])]
+
+    def any(self, flag: bool) -> bool:
+        """True if ``flag`` is true on any rank (collective)."""
+        return any(bool(v[0]) for v in self.gather([1.0 if flag else 0.0]))
