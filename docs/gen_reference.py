@@ -216,6 +216,8 @@ EVENTS: dict[str, str] = {
 # or "field" for a meaning shared by every record type that has the field.
 FIELDS: dict[str, str] = {
     "event": "Record type (this table's heading).",
+    "ranks": "Processes (DDP ranks) whose GPUs the figures combine: energy summed, time of the slowest rank.",
+    "degraded": "True when a sensor fault on any rank made the measurement incomplete.",
     "run_start.run_name": "Name of the run; the log file is `<logging.log_dir>/<run_name>.jsonl`.",
     "run_start.job_id": "The configuration's `job_id`.",
     "run_start.backend": "One-line description of the backend and its GPUs.",

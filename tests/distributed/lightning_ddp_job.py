@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--faulty-rank", type=int)
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank)
+    backend = VirtualGPUBackend(
+        gpu="A40", workload="imagenet", num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank
+    )
     if args.faulty_rank == local_rank:
         backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
     zeus = ZeusCallback(

@@ -179,7 +179,9 @@ class ZeusCallback(Callback):
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(metrics, step=trainer.global_step)
         # Values are already aggregated over ranks (identical everywhere): syncing is a no-op mean.
-        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False, sync_dist=True)
+        pl_module.log_dict(
+            metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False, sync_dist=True
+        )
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
             if bar:
