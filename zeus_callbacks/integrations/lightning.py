@@ -186,7 +186,13 @@ class ZeusCallback(Callback):
             bar = self.session.progress_bar_metrics()
             if bar:
                 pl_module.log_dict(
-                    bar, on_step=on_step, on_epoch=not on_step, prog_bar=True, logger=False, batch_size=1, sync_dist=True
+                    bar,
+                    on_step=on_step,
+                    on_epoch=not on_step,
+                    prog_bar=True,
+                    logger=False,
+                    batch_size=1,
+                    sync_dist=True,
                 )
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:
