@@ -56,3 +56,26 @@ def test_profile_rejects_a_callable_that_takes_no_time():
         profile(lambda: None, backend=backend, max_time_s=1.0)
     with pytest.raises(ValueError, match="mode"):
         profile(lambda: None, backend=backend, mode="burst")  # type: ignore[arg-type]
+
+
+def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    args = ["profile-kernel", "matmul", "--size", "128", "--chain", "10", "--dtype", "fp32", "--backend", "virtual"]
+    args += [
+        "--max-time",
+        "0.6",
+        "--min-time",
+        "0.5",
+        "--json",
+        str(tmp_path / "k.json"),
+        "--plot",
+        str(tmp_path / "k.png"),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "energy/execution" in out and "95% CI" in out
+    data = json.loads((tmp_path / "k.json").read_text())
+    assert data["executions_used"] > 10 and data["baseline_source"] == "idle samples"
+    assert (tmp_path / "k.png").exists()
+    assert main(["profile-kernel", "nosuchkernel", "--backend", "virtual"]) == 1
