@@ -81,7 +81,8 @@ class ZeusTrainerCallback(TrainerCallback):
     @staticmethod
     def _caller(kind: type, *, depth: int = 2) -> Any:
         """The nearest caller frame's ``self`` that is a ``kind`` (the Trainer passes neither
-        itself nor its callback handler to callbacks)."""
+        itself nor its callback handler to callbacks).
+        """
         frame = sys._getframe(depth)
         while frame is not None:
             candidate = frame.f_locals.get("self")
