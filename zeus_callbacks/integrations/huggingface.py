@@ -80,8 +80,9 @@ class ZeusTrainerCallback(TrainerCallback):
     # -- ordering ------------------------------------------------------------------------
     @staticmethod
     def _caller(kind: type, *, depth: int = 2) -> Any:
-        """The nearest caller frame's ``self`` that is a ``kind`` (the Trainer passes neither
-        itself nor its callback handler to callbacks).
+        """Return the nearest caller frame's ``self`` that is a ``kind``.
+
+        The Trainer passes neither itself nor its callback handler to callbacks.
         """
         frame = sys._getframe(depth)
         while frame is not None:
