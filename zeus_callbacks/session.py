@@ -20,6 +20,7 @@ Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3) ac
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime as _dt
 import logging
 import math
@@ -176,16 +177,7 @@ class EnergySession:
         cfg = self.config
         self._finished = None
         self._status = "completed"
-        self._totals = _Totals(
-            energy_J=self._carried.energy_J,
-            time_s=self._carried.time_s,
-            steps=self._carried.steps,
-            measured_steps=self._carried.measured_steps,
-            epochs=self._carried.epochs,
-            step_energy_J=self._carried.step_energy_J,
-            step_time_s=self._carried.step_time_s,
-            epoch_energy_J=list(self._carried.epoch_energy_J),
-        )
+        self._totals = dataclasses.replace(self._carried, epoch_energy_J=list(self._carried.epoch_energy_J))
         if self.backend is None:
             self.backend = get_backend(cfg.backend, virtual=cfg.virtual)
         backend = self.backend

@@ -13,12 +13,12 @@ from tests.integration.helpers import read_scalars
 from zeus_callbacks.reporting import read_jsonl
 
 JOB = Path(__file__).with_name("lightning_ddp_job.py")
+HF_JOB = Path(__file__).with_name("hf_ddp_job.py")
 
 
-def run_job(out: Path, *extra: str) -> list[dict]:
-    done = subprocess.run(
-        [sys.executable, str(JOB), str(out), *extra], capture_output=True, text=True, timeout=240, cwd=out.parent
-    )
+def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[dict]:
+    command = command or [sys.executable, str(JOB), str(out), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
@@ -63,3 +63,22 @@ def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
     assert by_rank[1]["faults"] and not by_rank[0]["faults"]  # only rank 1 saw the fault
     assert by_rank[0]["degraded"] and by_rank[1]["degraded"]  # agreed through a collective
     assert by_rank[0]["status"] == by_rank[1]["status"] == "completed"
+
+
+def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HF_JOB), str(out)]
+    ranks = run_job(out, command=command)
+    assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
+    assert sorted(r["gpu_indices"][0] for r in ranks) == [0, 1]
+    summaries = [r["summary"] for r in ranks]
+    for summary in summaries:
+        assert summary["world_size"] == 2 and summary["steps"] == 12
+        assert summary["energy_J"] == pytest.approx(sum(summary["gpu_energy_J"]), rel=1e-9)
+        assert summary["energy_J"] == pytest.approx(summaries[0]["energy_J"], rel=1e-9)
+    assert summaries[0]["gpu_energy_J"][1] > summaries[0]["gpu_energy_J"][0] * 1.1
+    assert [p.name for p in (out / "zeus").glob("*.jsonl")] == ["hf-ddp.jsonl"]
+    records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
+    assert [r["event"] for r in records].count("run_end") == 1
+    assert all(r["ranks"] == 2 for r in records if r["event"] == "steps")

@@ -157,3 +157,100 @@ class FaultPlan:
             make_exc = self._always.get((func, index)) or self._always.get((func, None))
         if make_exc is not None:
             raise make_exc()
+
+
+class FakeLibrary:
+    """What both fake vendor modules share: devices with a :class:`PowerModel`, the
+    init reference count, call costs, fault injection and load controls.
+
+    Subclasses set the ``_INIT_FUNC``, ``_NOT_SUPPORTED``, ``_NO_PERMISSION`` and
+    ``_SET_LIMIT_FUNC`` class attributes and implement :meth:`_exc_factory` (how a
+    vendor error is built) and :meth:`_uninitialized` (the error a call before init
+    raises). ``self.gpus`` holds objects with a ``model`` (:class:`PowerModel`).
+
+    Args:
+        time_fn: The clock the sensors run on (s).
+        call_cost_s: Seconds each named function sleeps per call (real ``time.sleep``).
+    """
+
+    _INIT_FUNC: str = ""
+    _NOT_SUPPORTED: int = 0
+    _NO_PERMISSION: int = 0
+    _SET_LIMIT_FUNC: str = ""
+
+    def __init__(self, *, time_fn: Callable[[], float], call_cost_s: dict[str, float] | None) -> None:
+        self.time_fn = time_fn
+        self.call_cost_s = dict(call_cost_s or {})
+        self.faults = FaultPlan()
+        self._lock = threading.Lock()
+        self._init_count = 0
+        self.gpus: list = []
+
+    # -- hooks -------------------------------------------------------------------------
+    def _exc_factory(self, error) -> Callable[[], BaseException]:
+        raise NotImplementedError
+
+    def _uninitialized(self) -> BaseException:
+        raise NotImplementedError
+
+    # -- test controls -------------------------------------------------------------------
+    @property
+    def calls(self):
+        """Calls per vendor function name (a ``Counter``)."""
+        return self.faults.calls
+
+    @property
+    def initialized(self) -> bool:
+        """True while at least one init is not matched by a shutdown."""
+        return self._init_count > 0
+
+    def _targets(self, index: int | None) -> list:
+        return self.gpus if index is None else [self.gpus[index]]
+
+    def set_load(self, power_W: float, index: int | None = None, at_s: float | None = None) -> None:
+        """Make GPU ``index`` (default: all) draw ``power_W`` watts from now on."""
+        for gpu in self._targets(index):
+            gpu.model.set_load(power_W, at_s)
+
+    def set_power_function(self, fn: Callable[[float], float], index: int | None = None) -> None:
+        """Make GPU ``index`` (default: all) draw ``fn(t_s)`` watts at every time."""
+        for gpu in self._targets(index):
+            gpu.model.set_power_function(fn)
+
+    def true_energy_J(self, t0_s: float, t1_s: float, index: int = 0) -> float:
+        """Return the energy GPU ``index`` truly drew in ``[t0_s, t1_s]`` (J)."""
+        return self.gpus[index].model.energy_J(t0_s, t1_s)
+
+    def fail_next(self, func: str, error, count: int = 1, index: int | None = None) -> None:
+        """Make the next ``count`` calls of ``func`` (on device ``index``, or any) raise ``error``."""
+        self.faults.fail_next(func, self._exc_factory(error), count, index)
+
+    def fail_always(self, func: str, error, index: int | None = None) -> None:
+        """Make every call of ``func`` (on device ``index``, or any) raise ``error`` until cleared."""
+        self.faults.fail_always(func, self._exc_factory(error), index)
+
+    def make_unsupported(self, func: str, index: int | None = None) -> None:
+        """Make ``func`` fail with the vendor's "not supported" error for good."""
+        self.fail_always(func, self._NOT_SUPPORTED, index)
+
+    def deny_permission(self, func: str | None = None, index: int | None = None) -> None:
+        """Make ``func`` (default: the power-limit setter) fail with "no permission" for good."""
+        self.fail_always(func or self._SET_LIMIT_FUNC, self._NO_PERMISSION, index)
+
+    def clear_faults(self) -> None:
+        """Remove every scripted fault (device state such as counters is kept)."""
+        self.faults.clear()
+
+    # -- internals ---------------------------------------------------------------------
+    def _begin(self, func: str, index: int | None) -> None:
+        """Count a call, raise a scripted fault, sleep its cost, refuse it before init."""
+        self.faults.check(func, index)
+        cost = self.call_cost_s.get(func, 0.0)
+        if cost > 0:
+            time.sleep(cost)
+        if func != self._INIT_FUNC and self._init_count == 0:
+            raise self._uninitialized()
+
+    def _count_init(self, delta: int) -> None:
+        with self._lock:
+            self._init_count += delta

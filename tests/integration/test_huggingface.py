@@ -140,3 +140,24 @@ def test_energy_reaches_wandb(tmp_path, monkeypatch):
         assert key in keys, f"{key} not sent to W&B; sent {sorted(keys)}"
     totals = [entry["train/energy/total_J"] for entry in logged if "train/energy/total_J" in entry]
     assert totals[-1] == pytest.approx(callback.summary.energy_J, rel=1e-5)
+
+
+def test_a_failing_training_step_ends_the_run_with_its_log(tmp_path):
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    trainer = make_trainer(tmp_path, callback, report_to="none", max_steps=10)
+    calls = {"n": 0}
+    original = type(trainer).training_step
+
+    def failing_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("planted failure")
+        return original(self, *args, **kwargs)
+
+    trainer.training_step = failing_step.__get__(trainer)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train()
+    assert callback.summary is not None and callback.summary.status == "failed"
+    assert callback.summary.steps == 4 and not callback.session.started
+    events = [r["event"] for r in read_jsonl(tmp_path / "zeus" / "test.jsonl")]
+    assert events[-2:] == ["exception", "run_end"]

@@ -20,11 +20,9 @@ is translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one help
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,12 +31,12 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
-    GPUBackend,
     NotSupported,
     PermissionDenied,
     PowerSample,
     SensorError,
 )
+from zeus_callbacks.backends.vendor import VendorBackend, parse_visible_list
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,7 @@ class _DeviceState:
     last_energy_J: float | None = None
 
 
-class AMDSMIBackend(GPUBackend):
+class AMDSMIBackend(VendorBackend[_DeviceState]):
     """Measure and cap AMD GPUs through amdsmi.
 
     Device indices are the process's view after ``ROCR_VISIBLE_DEVICES`` and then
@@ -100,6 +98,8 @@ class AMDSMIBackend(GPUBackend):
     """
 
     name = "amdsmi"
+    vendor = "AMD"
+    _log = logger
     sample_period_s = 0.02
 
     def __init__(
@@ -110,21 +110,9 @@ class AMDSMIBackend(GPUBackend):
         amdsmi_module: ModuleType | Any | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._warned: set[tuple[str, int]] = set()
-        self._warned_lock = threading.Lock()
         self._smi = amdsmi_module if amdsmi_module is not None else _import_amdsmi()
         self._error_cls = getattr(self._smi, "AmdSmiException", Exception)
-        try:
-            self._smi.amdsmi_init()
-        except self._error_cls as exc:
-            raise BackendUnavailable(f"AMD backend unavailable: amdsmi_init failed ({exc})") from exc
-        try:
-            self._devices = self._discover_devices()
-        except BaseException:
-            self._shutdown()
-            raise
+        self._start(self._smi.amdsmi_init, "amdsmi_init", self._discover_devices)
 
     def _discover_devices(self) -> list[_DeviceState]:
         try:
@@ -152,16 +140,8 @@ class AMDSMIBackend(GPUBackend):
         return devices
 
     # -- error translation: the one place amdsmi exceptions become ours ----------------
-    @contextlib.contextmanager
-    def _translated(self, what: str, index: int, *, sensor: bool = False) -> Iterator[None]:
-        """Translate ``AmdSmiException`` raised inside the block, chained with ``from exc``."""
-        try:
-            yield
-        except self._error_cls as exc:
-            raise self._translate(exc, what, index, sensor=sensor) from exc
-
     def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Map an amdsmi error to ours.
+        """Map an amdsmi error to ours (used by :meth:`_translated`).
 
         ``ERR_NO_PERM`` → :class:`PermissionDenied`; ``ERR_NOT_SUPPORTED`` /
         ``NOT_IMPLEMENTED`` → :class:`NotSupported` (``SensorError(kind="not_supported")``
@@ -176,21 +156,6 @@ class AMDSMIBackend(GPUBackend):
         return SensorError(message, kind="unknown")
 
     # -- identity ----------------------------------------------------------------------
-    def _device(self, index: int) -> _DeviceState:
-        if self._closed:
-            raise BackendError("amdsmi: the backend is closed")
-        if not 0 <= index < len(self._devices):
-            raise IndexError(f"amdsmi: GPU index {index} is out of range (0..{len(self._devices) - 1})")
-        return self._devices[index]
-
-    def device_count(self) -> int:
-        """Return how many GPUs are visible to this process."""
-        return len(self._devices)
-
-    def device_name(self, index: int) -> str:
-        """Return the market name of GPU ``index`` (e.g. ``"AMD Instinct MI300X"``)."""
-        return self._device(index).name
-
     def amdsmi_index(self, index: int) -> int:
         """Return amdsmi's index of the process's GPU ``index``."""
         return self._device(index).amdsmi_index
@@ -333,26 +298,12 @@ class AMDSMIBackend(GPUBackend):
         logger.info("amdsmi: GPU %d power cap set to %.0f W", index, limit_W)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def close(self) -> None:
-        """Shut amdsmi down (once); later calls on this backend raise :class:`BackendError`."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._shutdown()
-
     def _shutdown(self) -> None:
+        """Shut amdsmi down; a failure is logged at debug level, never raised."""
         try:
             self._smi.amdsmi_shut_down()
         except self._error_cls as exc:
             logger.debug("amdsmi: amdsmi_shut_down failed: %s", exc)
-
-    def _warn_once(self, kind: str, index: int, message: str, *args: object) -> None:
-        with self._warned_lock:
-            if (kind, index) in self._warned:
-                return
-            self._warned.add((kind, index))
-        logger.warning(message, *args)
 
 
 def _import_amdsmi() -> ModuleType:
@@ -377,18 +328,15 @@ def _apply_visible_list(env: str, spec: str | None, visible: list[int]) -> list[
         The amdsmi indices the list selects, in its order; the list ends at its first
         entry that is not an integer naming a new device (logged).
     """
-    if spec is None:
-        return visible
-    selected: list[int] = []
-    for raw in spec.split(","):
-        token = raw.strip()
+
+    def resolve(token: str) -> int | None:
         try:
             position = int(token)
         except ValueError:
-            position = -1
-        if not 0 <= position < len(visible) or visible[position] in selected:
-            if token:
-                logger.warning("amdsmi: %s entry %r names no (new) GPU; ignoring it and every later entry", env, token)
-            break
-        selected.append(visible[position])
-    return selected
+            return None
+        return visible[position] if 0 <= position < len(visible) else None
+
+    def stop(token: str) -> None:
+        logger.warning("amdsmi: %s entry %r names no (new) GPU; ignoring it and every later entry", env, token)
+
+    return parse_visible_list(spec, visible, resolve, stop)

@@ -22,12 +22,10 @@ translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -36,12 +34,12 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
-    GPUBackend,
     NotSupported,
     PermissionDenied,
     PowerSample,
     SensorError,
 )
+from zeus_callbacks.backends.vendor import VendorBackend, parse_visible_list
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ class _DeviceState:
     constraints_W: tuple[float, float] | None = None
 
 
-class NVMLBackend(GPUBackend):
+class NVMLBackend(VendorBackend[_DeviceState]):
     """Measure and cap NVIDIA GPUs through NVML.
 
     Device indices are the process's view after ``CUDA_VISIBLE_DEVICES`` (integers
@@ -117,6 +115,8 @@ class NVMLBackend(GPUBackend):
     """
 
     name = "nvml"
+    vendor = "NVIDIA"
+    _log = logger
     sample_period_s = 0.02
     # H200 step test (DESIGN.md): the first 20 ms sample after an idle->busy edge, 16 ms
     # later, is already ~90 % busy, so a sample covers roughly the preceding 20 ms with
@@ -131,21 +131,9 @@ class NVMLBackend(GPUBackend):
         nvml_module: ModuleType | Any | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._warned: set[tuple[str, int]] = set()
-        self._warned_lock = threading.Lock()
         self._nvml = nvml_module if nvml_module is not None else _import_pynvml()
         self._error_cls = self._nvml.NVMLError
-        try:
-            self._nvml.nvmlInit()
-        except self._error_cls as exc:
-            raise BackendUnavailable(f"NVIDIA backend unavailable: nvmlInit failed ({exc})") from exc
-        try:
-            self._devices = self._discover_devices()
-        except BaseException:
-            self._shutdown()
-            raise
+        self._start(self._nvml.nvmlInit, "nvmlInit", self._discover_devices)
 
     # -- discovery ---------------------------------------------------------------------
     def _discover_devices(self) -> list[_DeviceState]:
@@ -196,9 +184,8 @@ class NVMLBackend(GPUBackend):
         return current == getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
 
     # -- error translation: the one place NVML exceptions become ours -------------------
-    @contextlib.contextmanager
-    def _translated(self, what: str, index: int, *, sensor: bool = False) -> Iterator[None]:
-        """Translate NVML errors raised inside the block, chained with ``from exc``.
+    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
+        """Map an NVML error to ours (used by :meth:`_translated`).
 
         ``NoPermission`` becomes :class:`PermissionDenied`; ``NotSupported`` becomes
         :class:`NotSupported`, or ``SensorError(kind="not_supported")`` when
@@ -206,12 +193,6 @@ class NVMLBackend(GPUBackend):
         ``GpuIsLost`` / ``ResetRequired`` become ``SensorError(kind="gpu_lost")``;
         anything else ``SensorError(kind="unknown")``.
         """
-        try:
-            yield
-        except self._error_cls as exc:
-            raise self._translate(exc, what, index, sensor=sensor) from exc
-
-    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
         message = f"nvml: {what} failed on GPU {index}: {exc}"
         if self._is(exc, "NVMLError_NoPermission"):
             return PermissionDenied(message + " (run as root, or ask an administrator)")
@@ -229,21 +210,6 @@ class NVMLBackend(GPUBackend):
         return cls is not None and isinstance(exc, cls)
 
     # -- identity ----------------------------------------------------------------------
-    def _device(self, index: int) -> _DeviceState:
-        if self._closed:
-            raise BackendError("nvml: the backend is closed")
-        if not 0 <= index < len(self._devices):
-            raise IndexError(f"nvml: GPU index {index} is out of range (0..{len(self._devices) - 1})")
-        return self._devices[index]
-
-    def device_count(self) -> int:
-        """Return how many GPUs are visible to this process."""
-        return len(self._devices)
-
-    def device_name(self, index: int) -> str:
-        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``)."""
-        return self._device(index).name
-
     def device_uuid(self, index: int) -> str:
         """Return the ``GPU-<uuid>`` of GPU ``index``."""
         return self._device(index).uuid
@@ -413,26 +379,12 @@ class NVMLBackend(GPUBackend):
         logger.info("nvml: GPU %d power limit set to %.0f W", index, limit_W)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def close(self) -> None:
-        """Shut NVML down (once); later calls on this backend raise :class:`BackendError`."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._shutdown()
-
     def _shutdown(self) -> None:
+        """Shut NVML down; a failure is logged at debug level, never raised."""
         try:
             self._nvml.nvmlShutdown()
         except self._error_cls as exc:
             logger.debug("nvml: nvmlShutdown failed: %s", exc)
-
-    def _warn_once(self, kind: str, index: int, message: str, *args: object) -> None:
-        with self._warned_lock:
-            if (kind, index) in self._warned:
-                return
-            self._warned.add((kind, index))
-        logger.warning(message, *args)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -483,30 +435,33 @@ def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
     Raises:
         BackendUnavailable: An entry names a MIG instance (``MIG-...``).
     """
-    if spec is None:
-        return list(range(len(uuids)))
-    visible: list[int] = []
-    for raw in spec.split(","):
-        token = raw.strip()
-        if token.upper().startswith("MIG-"):
-            raise BackendUnavailable(
-                f"NVIDIA backend unavailable: {CUDA_VISIBLE_DEVICES_ENV} names MIG instance {token!r}; "
-                "NVML cannot measure or cap a MIG instance"
-            )
-        found = _resolve_device_token(token, uuids)
-        if found is None or found in visible:
-            if token:
-                logger.warning(
-                    "nvml: %s entry %r names no (new) GPU; like CUDA, ignoring it and every later entry",
-                    CUDA_VISIBLE_DEVICES_ENV,
-                    token,
-                )
-            break
-        visible.append(found)
-    return visible
+
+    def stop(token: str) -> None:
+        logger.warning(
+            "nvml: %s entry %r names no (new) GPU; like CUDA, ignoring it and every later entry",
+            CUDA_VISIBLE_DEVICES_ENV,
+            token,
+        )
+
+    return parse_visible_list(spec, list(range(len(uuids))), lambda token: _resolve_device_token(token, uuids), stop)
 
 
 def _resolve_device_token(token: str, uuids: list[str]) -> int | None:
+    """Return the NVML index that one ``CUDA_VISIBLE_DEVICES`` entry names, or None.
+
+    Args:
+        token: A stripped entry: an integer NVML index or a ``GPU-<uuid>`` prefix
+            (case-insensitive) that matches exactly one GPU.
+        uuids: ``GPU-<uuid>`` of each NVML index.
+
+    Raises:
+        BackendUnavailable: The entry names a MIG instance (``MIG-...``).
+    """
+    if token.upper().startswith("MIG-"):
+        raise BackendUnavailable(
+            f"NVIDIA backend unavailable: {CUDA_VISIBLE_DEVICES_ENV} names MIG instance {token!r}; "
+            "NVML cannot measure or cap a MIG instance"
+        )
     try:
         number = int(token)
     except ValueError:

@@ -78,6 +78,45 @@ class ZeusTrainerCallback(TrainerCallback):
         return cls(load_config(path), **kwargs)
 
     # -- ordering ------------------------------------------------------------------------
+    @staticmethod
+    def _caller(kind: type, *, depth: int = 2) -> Any:
+        """Return the nearest caller frame's ``self`` that is a ``kind``.
+
+        The Trainer passes neither itself nor its callback handler to callbacks.
+        """
+        frame = sys._getframe(depth)
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, kind):
+                return candidate
+            frame = frame.f_back
+        return None
+
+    def _end_run_on_failure(self) -> None:
+        """Wrap the Trainer's ``training_step`` so a failing step ends the run here.
+
+        The HF Trainer has no exception hook: without this the run would only be closed
+        at interpreter exit (as "interrupted").
+        """
+        from transformers import Trainer
+
+        trainer = self._caller(Trainer, depth=3)
+        if trainer is None or getattr(trainer.training_step, "_zeus_wrapped", False):
+            return
+        original = trainer.training_step
+        callback = self
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                if callback.session.started:
+                    callback.summary = callback.session.exception(exc)
+                raise
+
+        training_step._zeus_wrapped = True  # type: ignore[attr-defined]
+        trainer.training_step = training_step
+
     def _move_before_reporters(self) -> None:
         """Place this callback right after DefaultFlowCallback in the Trainer's handler.
 
@@ -85,17 +124,14 @@ class ZeusTrainerCallback(TrainerCallback):
         event. Moving an element *earlier* in the list during the handler's loop
         neither skips nor repeats a callback.
         """
-        frame = sys._getframe(1)
-        while frame is not None:
-            handler = frame.f_locals.get("self")
-            if isinstance(handler, CallbackHandler) and self in handler.callbacks:
-                callbacks = handler.callbacks
-                flow = next((i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), -1)
-                if callbacks.index(self) > flow + 1:
-                    callbacks.remove(self)
-                    callbacks.insert(flow + 1, self)
-                return
-            frame = frame.f_back
+        handler = self._caller(CallbackHandler, depth=3)
+        if handler is not None and self in handler.callbacks:
+            callbacks = handler.callbacks
+            flow = next((i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), -1)
+            if callbacks.index(self) > flow + 1:
+                callbacks.remove(self)
+                callbacks.insert(flow + 1, self)
+            return
         logger.warning(
             "zeus-callbacks: could not find the Trainer's callback list; energy values may not reach "
             "TensorBoard/W&B (they are still in the JSONL log)"
@@ -109,6 +145,7 @@ class ZeusTrainerCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Start the run (a fresh session per ``train()`` call)."""
         self._move_before_reporters()
+        self._end_run_on_failure()
         self.session = EnergySession(
             self.config,
             backend=self._backend,

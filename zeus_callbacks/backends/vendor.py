@@ -1,0 +1,198 @@
+"""Machinery shared by the vendor-library backends (NVML, amdsmi).
+
+:class:`VendorBackend` holds what every backend over a vendor C library needs and
+the vendor does not change: starting the library (and shutting it down again when
+discovery fails), an idempotent :meth:`~VendorBackend.close`, the closed/range check
+of a device index, per-``(kind, index)`` warn-once logging, and one context manager
+that translates the vendor's exceptions into the
+:mod:`zeus_callbacks.backends.base` hierarchy. Subclasses supply the vendor parts
+through two hooks, :meth:`~VendorBackend._shutdown` and
+:meth:`~VendorBackend._translate`.
+
+:func:`parse_visible_list` walks one ``*_VISIBLE_DEVICES`` list the way the CUDA and
+HIP runtimes do; each backend supplies its own rule for what an entry names.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from zeus_callbacks.backends.base import BackendError, BackendUnavailable, Clock, GPUBackend
+
+
+class _NamedDevice(Protocol):
+    name: str
+
+
+DeviceT = TypeVar("DeviceT", bound=_NamedDevice)
+
+
+class VendorBackend(GPUBackend, Generic[DeviceT]):
+    """A :class:`GPUBackend` over a vendor library, with per-device state ``DeviceT``.
+
+    Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
+    class), call :meth:`_start` from ``__init__``, and implement :meth:`_shutdown`
+    and :meth:`_translate`. Messages are prefixed with the backend's :attr:`name`.
+
+    Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
+    device state is the subclass's to guard.
+
+    Args:
+        clock: Time source for readings the library does not stamp (default: wall clock).
+        read_only: Refuse every setter; default from ``ZEUS_CALLBACKS_READ_ONLY``.
+    """
+
+    #: Vendor name in :class:`BackendUnavailable` messages (``"NVIDIA"``, ``"AMD"``).
+    vendor: str = "vendor"
+    #: Logger of the subclass's module, so warnings keep their source.
+    _log: logging.Logger = logging.getLogger(__name__)
+    _error_cls: type[BaseException] = Exception
+    _devices: list[DeviceT]
+
+    def __init__(self, *, clock: Clock | None = None, read_only: bool | None = None) -> None:
+        super().__init__(clock=clock, read_only=read_only)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._warned: set[tuple[str, int]] = set()
+        self._warned_lock = threading.Lock()
+
+    def _start(self, init: Callable[[], object], init_name: str, discover: Callable[[], list[DeviceT]]) -> None:
+        """Initialise the library, then discover the devices (shutting down if that fails).
+
+        Args:
+            init: The library's initialisation function.
+            init_name: Its name, for the message (e.g. ``"nvmlInit"``).
+            discover: Returns the visible devices in process order.
+
+        Raises:
+            BackendUnavailable: ``init`` raised the vendor's error (chained), or
+                ``discover`` raised it.
+        """
+        try:
+            init()
+        except self._error_cls as exc:
+            raise BackendUnavailable(f"{self.vendor} backend unavailable: {init_name} failed ({exc})") from exc
+        try:
+            self._devices = discover()
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # -- hooks -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _shutdown(self) -> None:
+        """Shut the vendor library down; log, never raise, the vendor's error."""
+
+    @abc.abstractmethod
+    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
+        """Return the :class:`BackendError` for vendor error ``exc``.
+
+        Args:
+            exc: The vendor's exception.
+            what: What was being done (e.g. ``"reading the power limit"``).
+            index: Device index (process view).
+            sensor: A sensor reading failed: an unsupported call becomes
+                ``SensorError(kind="not_supported")`` rather than :class:`NotSupported`.
+
+        Returns:
+            The translated error; the caller raises it ``from exc``.
+        """
+
+    # -- shared machinery --------------------------------------------------------------
+    @contextlib.contextmanager
+    def _translated(self, what: str, index: int, *, sensor: bool = False) -> Iterator[None]:
+        """Translate the vendor's errors raised inside the block, chained with ``from exc``.
+
+        Raises:
+            BackendError: What :meth:`_translate` makes of the vendor's error.
+        """
+        try:
+            yield
+        except self._error_cls as exc:
+            raise self._translate(exc, what, index, sensor=sensor) from exc
+
+    def _device(self, index: int) -> DeviceT:
+        """Return the state of GPU ``index`` (process view).
+
+        Raises:
+            BackendError: The backend is closed.
+            IndexError: ``index`` is outside ``0..device_count()-1``.
+        """
+        if self._closed:
+            raise BackendError(f"{self.name}: the backend is closed")
+        if not 0 <= index < len(self._devices):
+            raise IndexError(f"{self.name}: GPU index {index} is out of range (0..{len(self._devices) - 1})")
+        return self._devices[index]
+
+    def _warn_once(self, kind: str, index: int, message: str, *args: object) -> None:
+        """Log ``message % args`` as a warning the first time ``(kind, index)`` occurs."""
+        with self._warned_lock:
+            if (kind, index) in self._warned:
+                return
+            self._warned.add((kind, index))
+        self._log.warning(message, *args)
+
+    # -- identity and lifecycle ----------------------------------------------------------
+    def device_count(self) -> int:
+        """Return how many GPUs are visible to this process."""
+        return len(self._devices)
+
+    def device_name(self, index: int) -> str:
+        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI300X"``).
+
+        Raises:
+            BackendError: The backend is closed.
+            IndexError: ``index`` is out of range.
+        """
+        return self._device(index).name
+
+    def close(self) -> None:
+        """Shut the vendor library down (once); later calls on this backend raise :class:`BackendError`."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._shutdown()
+
+
+def parse_visible_list(
+    spec: str | None,
+    default: list[int],
+    resolve: Callable[[str], int | None],
+    on_stop: Callable[[str], object],
+) -> list[int]:
+    """Walk a comma-separated ``*_VISIBLE_DEVICES`` list as the CUDA and HIP runtimes do.
+
+    Entries are stripped of whitespace; the list ends at the first entry that names
+    no device or names one already selected.
+
+    Args:
+        spec: The variable's value, or None when unset.
+        default: The result when ``spec`` is None.
+        resolve: Maps one stripped entry to the library index it names, or None; may
+            raise to refuse an entry outright.
+        on_stop: Called with the entry that ended the list, unless it is empty (to log it).
+
+    Returns:
+        Library indices in the process's order (possibly empty).
+
+    Raises:
+        BackendUnavailable: Only if ``resolve`` raises it.
+    """
+    if spec is None:
+        return default
+    selected: list[int] = []
+    for raw in spec.split(","):
+        token = raw.strip()
+        found = resolve(token)
+        if found is None or found in selected:
+            if token:
+                on_stop(token)
+            break
+        selected.append(found)
+    return selected
