@@ -37,6 +37,7 @@ from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
 from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
+from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
@@ -154,6 +155,7 @@ class EnergySession:
         self._collectives_ok = True  # False once a failure may leave ranks out of step
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
+        self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -211,6 +213,7 @@ class EnergySession:
         )
         self._timer = self._make_timer(backend)
         self.meter = WindowMeter(self.sampler, self._timer)
+        self._phases = PhaseTracker(self.sampler) if cfg.windows.phases else None
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
         self._run_start_wall = time.time()
@@ -269,6 +272,8 @@ class EnergySession:
         """Open the step window. Hot path: one clock read or CUDA event record."""
         if self.started and self.config.windows.step:
             self.meter.begin("step", step=step)  # type: ignore[union-attr]
+        if self._phases is not None and self.started:
+            self.meter.end("dataloader")  # type: ignore[union-attr]
         # Optimiser hook: the power-limit profiler switches limits at step boundaries.
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
@@ -287,6 +292,8 @@ class EnergySession:
         assert self.meter is not None
         if self.config.windows.step:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
+        if self._phases is not None:
+            self.meter.begin("dataloader")  # the gap until the next step_start
         self._epoch_steps += 1
         self._totals.steps += 1
         self._steps_since_report += 1
@@ -342,6 +349,7 @@ class EnergySession:
             return {}
         assert self.meter is not None and self.backend is not None
         self._totals.epochs += 1
+        self._discard_phases()
         if not self.meter.end("epoch", epoch=epoch):
             self._report_steps()
             return {}
@@ -375,6 +383,7 @@ class EnergySession:
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.
         self.meter.discard("step")
+        self._discard_phases()
         for name in ("eval", "epoch"):
             if self.meter.is_open(name):
                 self.meter.end(name)
@@ -414,7 +423,7 @@ class EnergySession:
             >>> with session.window("generate"):  # doctest: +SKIP
             ...     model.generate(**inputs)
         """
-        if name in ("run", "step", "epoch", "eval"):
+        if name in ("run", "step", "epoch", "eval", *PHASES):
             raise ValueError(f"window name {name!r} is reserved")
         if not self.started:
             yield
@@ -424,6 +433,54 @@ class EnergySession:
             yield
         finally:
             self.meter.end(name)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------- step phases (windows.phases)
+    def phase_begin(self, name: str) -> None:
+        """Open phase window ``name`` (one of :data:`~zeus_callbacks.measurement.phases.PHASES`).
+
+        A no-op unless ``windows.phases`` is on. Hot path: one clock read or CUDA event record.
+        ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves.
+        """
+        if self._phases is not None and self.started:
+            self.meter.begin(name)  # type: ignore[union-attr]
+
+    def phase_end(self, name: str) -> None:
+        """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
+        if self._phases is not None and self.started:
+            self.meter.end(name)  # type: ignore[union-attr]
+
+    def phase_discard(self, name: str) -> None:
+        """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
+        if self._phases is not None and self.started:
+            self.meter.discard(name)  # type: ignore[union-attr]
+
+    def _discard_phases(self) -> None:
+        if self._phases is not None:
+            for name in PHASES:
+                self.meter.discard(name)  # type: ignore[union-attr]
+
+    def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
+        """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
+        assert self._phases is not None
+        stats = self._phases.epoch_summary()
+        if not stats:
+            return
+        explained = sum(p.total_J for p in stats) / epoch_energy_J if epoch_energy_J > 0 else math.nan
+        for p in stats:
+            self._pending_metrics[metric.phase_key(p.name)] = p.energy_J
+            self._pending_metrics[metric.phase_key(p.name, "ci_low")] = p.energy_ci_J[0]
+            self._pending_metrics[metric.phase_key(p.name, "ci_high")] = p.energy_ci_J[1]
+            self._pending_metrics[metric.phase_key(p.name, "count")] = float(p.executions)
+        self._pending_metrics[metric.PHASES_EXPLAINED] = explained
+        self._write(
+            {
+                "event": "phases",
+                "epoch": epoch,
+                "phases": [dataclasses.asdict(p) for p in stats],
+                "explained": explained,
+                "epoch_energy_J": epoch_energy_J,
+            }
+        )
 
     # ------------------------------------------------------------------ reporting
     def pop_metrics(self, *, flush_steps: bool = False) -> dict[str, float]:
@@ -536,6 +593,9 @@ class EnergySession:
             self._write({"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s})
         elif record.name == "run":
             self._run_record = record
+        elif record.name in PHASES:
+            if self._phases is not None:
+                self._phases.add(record)
         else:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(
@@ -641,6 +701,8 @@ class EnergySession:
                     100 * gap,
                 )
         self._pending_metrics.update(values)
+        if self._phases is not None:
+            self._queue_phase_metrics(record.info.get("epoch"), record.energy_J)
         self._write(
             {
                 "event": "epoch",
