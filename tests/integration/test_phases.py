@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tests.integration.helpers import expected_power_W, virtual_config
 from tests.integration.test_huggingface import RandomTokens, tiny_lm
 from tests.integration.test_lightning import BATCH, N_TRAIN, TinyRegressor, loaders, make_trainer
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
 from zeus_callbacks.reporting import read_jsonl
+
+
+class SlowRegressor(TinyRegressor):
+    """Steps of at least 15 ms, so an epoch spans enough 20 ms power samples on any machine."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.015)
+        return super().training_step(batch, batch_idx)
+
+
+class SlowSteps(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        time.sleep(0.03)
 
 
 def phase_config(tmp_path, **windows):
@@ -41,7 +56,7 @@ def check_epochs(records, config, names, steps_per_epoch, epochs):
 def test_lightning_phases_per_epoch(tmp_path):
     config = phase_config(tmp_path)
     trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=2)
-    trainer.fit(TinyRegressor(), *loaders())
+    trainer.fit(SlowRegressor(), *loaders())
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     steps = N_TRAIN // BATCH
     phases = check_epochs(records, config, {"forward", "backward", "optimizer", "dataloader"}, steps, 2)
@@ -70,7 +85,7 @@ def test_huggingface_phases_per_epoch(tmp_path):
         output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4, logging_steps=4,
         report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True,
     )  # fmt: skip
-    Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(40), callbacks=[callback]).train()
+    Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(40), callbacks=[callback, SlowSteps()]).train()
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     check_epochs(records, config, {"forward_backward", "optimizer", "dataloader"}, 10, 2)
 

@@ -102,7 +102,7 @@ class PhaseTracker:
         out: dict[str, tuple[float, tuple[float, float], int]] = {}
         for index in self.sampler.gpu_indices:
             t, p = self.sampler.samples(index)
-            if len(t) < 10:
+            if len(t) < 10:  # an epoch of a few sensor periods: nothing to superpose
                 return {}
             covered = starts >= t[0]
             if covered.sum() < 2:
