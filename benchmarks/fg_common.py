@@ -103,8 +103,11 @@ def time_ms(dev: Device, fn: Callable[[], Any], reps: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / reps
 
 
-def counter_edge(dev: Device, timeout_s: float = 0.5) -> tuple[float, float]:
-    """Wait for the energy counter to tick (it moves every ~100 ms) and return (time_s, energy_J) of the tick."""
+def counter_edge(dev: Device, timeout_s: float = 0.5, work: Callable[[], Any] | None = None) -> tuple[float, float]:
+    """Wait for the energy counter to tick (it moves every ~100 ms) and return (time_s, energy_J) of the tick.
+
+    ``work``, when given, is called between reads so the GPU stays busy while we wait.
+    """
     backend = dev.backend
     first = backend.energy_counter_J(0)
     deadline = time.monotonic() + timeout_s
@@ -112,7 +115,9 @@ def counter_edge(dev: Device, timeout_s: float = 0.5) -> tuple[float, float]:
         value = backend.energy_counter_J(0)
         if value != first:
             return backend.clock.now_s(), value
-        if dev.smoke:
+        if work is not None:
+            work()
+        elif dev.smoke:
             time.sleep(0.002)
     return backend.clock.now_s(), backend.energy_counter_J(0)
 

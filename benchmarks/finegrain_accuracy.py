@@ -22,6 +22,7 @@ plots) under ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -32,6 +33,7 @@ from fg_common import counter_edge, gemm_chain, open_device, power_limit_W, writ
 
 from zeus_callbacks.measurement.profiler import profile
 from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement.sensor import characterise_sensor
 
 
 def steady_reference(dev, fn, seconds: float, sampler: PowerSampler) -> dict:
@@ -39,11 +41,11 @@ def steady_reference(dev, fn, seconds: float, sampler: PowerSampler) -> dict:
     t_warm = time.monotonic() + 0.5
     while time.monotonic() < t_warm:
         fn()
-    t0, e0 = counter_edge(dev)  # queued work keeps the GPU busy while we wait for the tick
+    t0, e0 = counter_edge(dev, work=fn)  # the GPU stays busy while we wait for the tick
     t_end = time.monotonic() + seconds
     while time.monotonic() < t_end:
         fn()
-    t1, e1 = counter_edge(dev)
+    t1, e1 = counter_edge(dev, work=fn)
     t_stop = time.monotonic() + 0.2  # stay busy past the tick, then drain
     while time.monotonic() < t_stop:
         fn()
@@ -121,13 +123,27 @@ def main() -> None:
     out = Path(args.out)
     dev = open_device(args.smoke)
     limit_before = power_limit_W()
+    step_fn, _, _ = gemm_chain(dev, 10.0)
+
+    def busy(seconds: float) -> None:
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            step_fn()
+        dev.sync()
+
+    sensor = characterise_sensor(dev.backend, busy, idle_s=0.7, busy_s=0.8)
+    delay = sensor.delay_s
+    print(f"sensor: update {sensor.update_period_s * 1e3:.1f} ms, samples {sensor.sample_period_s * 1e3:.1f} ms, "
+          f"fitted delay {delay * 1e3:.1f} ms (backend default {dev.backend.sensor_delay_s * 1e3:.1f} ms), "
+          f"rise {sensor.rise_s * 1e3:.1f} ms, fall {sensor.fall_s * 1e3:.1f} ms, idle {sensor.idle_W:.0f} W, "
+          f"busy {sensor.busy_W:.0f} W, fit rmse {sensor.fit_rmse_W:.0f} W", flush=True)  # fmt: skip
     sampler = PowerSampler(
         dev.backend,
         [0],
         poll_period_s=0.1,
         energy_counter_period_s=3600.0,
         buffer_s=600.0,
-        sensor_delay_s=dev.backend.sensor_delay_s,
+        sensor_delay_s=delay,
     )
     sampler.start()
     results = {
@@ -135,6 +151,7 @@ def main() -> None:
         "smoke": args.smoke,
         "power_limit_before": limit_before,
         "args": vars(args),
+        "sensor": dataclasses.asdict(sensor),
         "lengths": [],
     }
     try:
@@ -160,6 +177,7 @@ def main() -> None:
             }  # fmt: skip
             st = profile(fn, mode="steady", backend=dev.backend, min_time_s=args.steady_s, max_time_s=args.steady_s,
                          target_ci=0.001, idle_s=0.5, warmup_s=0.3, name=f"{label} steady",
+                         sensor_delay_s=delay,
                          plot_path=out / f"profile_steady_{int(target)}ms.png")  # fmt: skip
             row["steady"] = _ours(st, ref, row["steady_ref"]["samples_energy_J"])
             # Energy per execution scales with its duration: compare mean power too, which
@@ -173,6 +191,7 @@ def main() -> None:
                 t0, e0 = counter_edge(dev)
                 iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
                               max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
+                              sensor_delay_s=delay,
                               plot_path=out / f"profile_isolated_{int(target)}ms.png")  # fmt: skip
                 t1, e1 = counter_edge(dev)
                 p_idle1 = idle_power_W(dev, 1.5)
