@@ -134,8 +134,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default="results")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--mlp-steps", type=int, default=1000)
-    ap.add_argument("--gpt2-steps", type=int, default=150)
+    ap.add_argument("--mlp-steps", type=int, default=800)
+    ap.add_argument("--gpt2-steps", type=int, default=120)
     args = ap.parse_args()
     if args.smoke:
         args.rounds, args.mlp_steps, args.gpt2_steps = 2, 100, 20
