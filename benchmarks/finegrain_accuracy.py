@@ -98,6 +98,36 @@ def naive(dev, fn, trials: int) -> list[float]:
     return energies
 
 
+def bursts(dev, fn, sampler: PowerSampler, delay: float, n_bursts: int, per_burst: int, idle_s: float) -> dict:
+    """Bursts of back-to-back executions after idle: first / warming / steady profiles (FinGraV §IV)."""
+    from zeus_callbacks.measurement.finegrain import differentiate
+    from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer
+
+    timer = CudaEventTimer(dev.backend.clock) if dev.torch_device == "cuda" else ClockTimer(dev.backend.clock)
+    marks = []
+    for b in range(n_bursts):
+        time.sleep(idle_s * (0.8 + 0.4 * np.random.rand()))
+        timer.anchor()
+        prev = timer.mark()
+        for _ in range(per_burst):
+            fn()
+            token = timer.mark()
+            marks.append((prev, token, b))
+            prev = token
+        dev.sync()
+    time.sleep(0.3)
+    sampler.poll_once(read_counter=False)
+    starts = [timer.time_of(m[0], wait=True) for m in marks]
+    ends = [timer.time_of(m[1], wait=True) for m in marks]
+    t, p = sampler.samples(0)
+    diff = differentiate(starts, ends, [m[2] for m in marks], t, p, mode="steady", sensor_delay_s=delay, n_boot=100)
+    out = {"rel_power_diff_vs_steady": diff.rel_diff, "differs": list(diff.differs)}
+    for name, prof in diff.result.profiles.items():
+        out[name] = {"energy_J": prof.energy_J, "ci_J": list(prof.energy_ci_J), "mean_power_W": prof.mean_power_W,
+                     "executions": prof.executions}  # fmt: skip
+    return out
+
+
 def idle_power_W(dev, seconds: float) -> float:
     t0, e0 = counter_edge(dev)
     time.sleep(seconds)
@@ -115,10 +145,11 @@ def main() -> None:
     ap.add_argument("--naive", type=int, default=40)
     ap.add_argument("--steady-s", type=float, default=2.0)
     ap.add_argument("--isolated-s", type=float, default=40.0)
+    ap.add_argument("--bursts", type=int, default=20, help="bursts for profile differentiation (10 ms only; 0: off)")
     ap.add_argument("--isolated-max-ms", type=float, default=10.0, help="isolated mode only up to this length")
     args = ap.parse_args()
     if args.smoke:
-        args.ref_s, args.trials, args.naive, args.isolated_s = 1.0, 2, 5, 4.0
+        args.ref_s, args.trials, args.naive, args.isolated_s, args.bursts = 1.0, 2, 5, 4.0, 6
         args.lengths_ms = "1,10"
     out = Path(args.out)
     dev = open_device(args.smoke)
@@ -201,6 +232,9 @@ def main() -> None:
                 row["isolated_ref"] = {"energy_J": iso_ref, "idle_W_before": p_idle0, "idle_W_after": p_idle1,
                                        "executions": n_all}  # fmt: skip
                 row["isolated"] = _ours(iso, iso_ref, None)
+            if args.bursts and 5 <= target <= 20:
+                row["differentiation"] = bursts(dev, fn, sampler, delay, args.bursts, 30, 0.3)
+                print("  differentiation:", row["differentiation"]["rel_power_diff_vs_steady"], flush=True)
             results["lengths"].append(row)
             _print(row)
     finally:
