@@ -158,9 +158,9 @@ def main() -> None:
 
     def busy(seconds: float) -> None:
         t_end = time.monotonic() + seconds
-        while time.monotonic() < t_end:
+        while time.monotonic() < t_end:  # sync each time: the CPU must not run ahead of the edge
             step_fn()
-        dev.sync()
+            dev.sync()
 
     sensor = characterise_sensor(dev.backend, busy, idle_s=0.7, busy_s=0.8)
     delay = sensor.delay_s
