@@ -45,6 +45,7 @@ from zeus_callbacks.reporting import JsonlWriter, RunSummary
 logger = logging.getLogger(__name__)
 
 _EPOCH_FLUSH_TIMEOUT_S = 0.25  # wall time an epoch end may wait for the sensor to catch up
+_PHASE_REANCHOR_S = 30.0  # with windows.phases, CUDA event timing is re-anchored this often (s)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class EnergySession:
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
+        self._anchored_s = -math.inf
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -263,6 +265,7 @@ class EnergySession:
             return
         assert self.meter is not None and self._timer is not None
         self._timer.anchor()
+        self._anchored_s = self.backend.clock.now_s()  # type: ignore[union-attr]
         self._epoch_index = epoch
         self._epoch_steps = 0
         if self.config.windows.epoch:
@@ -274,6 +277,12 @@ class EnergySession:
             self.meter.begin("step", step=step)  # type: ignore[union-attr]
         if self._phases is not None and self.started:
             self.meter.end("dataloader")  # type: ignore[union-attr]
+            # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
+            # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
+            now_s = self.backend.clock.now_s()  # type: ignore[union-attr]
+            if now_s - self._anchored_s >= _PHASE_REANCHOR_S:
+                self._timer.anchor()  # type: ignore[union-attr]  # one device sync per 30 s
+                self._anchored_s = now_s
         # Optimiser hook: the power-limit profiler switches limits at step boundaries.
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:

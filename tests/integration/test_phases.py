@@ -98,6 +98,8 @@ def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual
         config["windows"] = {"phases": phases}
         session = EnergySession(config, backend=virtual_backend)
         session.train_start()
+        anchors = []
+        session._timer.anchor = lambda: anchors.append(manual_clock.now_s())  # spy on re-anchoring
         session.epoch_start(0)
         for step in range(50):
             session.step_start(step)
@@ -109,7 +111,12 @@ def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual
             manual_clock.advance(0.003)  # the dataloader gap
         manual_clock.advance(0.5)
         session.epoch_end(0)
+        session.epoch_start(1)
+        manual_clock.advance(31.0)
+        session.step_start(50)  # more than 30 s after the last anchor: re-anchor (phases only)
+        session.step_end(50)
         session.train_end()
+        assert len(anchors) == (3 if phases else 2)
         return read_jsonl(tmp_path / "zeus" / f"phases-{phases}.jsonl")
 
     assert not any(r["event"] == "phases" for r in run(False))
