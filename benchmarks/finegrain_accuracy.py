@@ -99,7 +99,7 @@ def naive(dev, fn, trials: int) -> list[float]:
 
 
 def bursts(dev, fn, sampler: PowerSampler, delay: float, n_bursts: int, per_burst: int, idle_s: float) -> dict:
-    """Bursts of back-to-back executions after idle: first / warming / steady profiles (FinGraV §IV)."""
+    """Bursts of back-to-back executions after idle: first / warming / steady profiles (FinGraV challenge C4)."""
     from zeus_callbacks.measurement.finegrain import differentiate
     from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer
 

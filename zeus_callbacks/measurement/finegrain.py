@@ -4,16 +4,16 @@ Pure functions (numpy only, no framework, no sensor calls) implementing the FinG
 methodology (Singhania, Aga, Ibrahim: *FinGraV: Methodology for Fine-Grain GPU Power
 Visibility and Insights*, AMD, arXiv 2412.12426, 2024):
 
-- **Execution-time binning** (FinGraV §III "execution time binning"):
-  :func:`bin_executions` groups executions by duration and keeps the dominant group;
+- **Execution-time binning** (FinGraV's answer to its challenge C3, execution-time
+  variation): :func:`bin_executions` groups executions by duration and keeps the dominant group;
   throttled or contended executions are dropped, counted, and warned about when too many.
-- **Superposition** (FinGraV §III, after Lang & Rünger, Euro-Par 2013): the samples of
-  many executions, each mapped onto its execution's timeline, are combined into one power
+- **Superposition** (FinGraV, challenge C1, low sampling rate; after Lang & Rünger,
+  Euro-Par 2013): the samples of many executions, each mapped onto its execution's timeline, are combined into one power
   profile. :func:`superpose` writes every sample as a linear measurement of that profile
   and solves for it by least squares, so windows much shorter than the sensor's 20 ms
   averaging are resolved when executions fall at random phases of the sampler.
-- **Power-profile differentiation** (FinGraV §IV "power profile differentiation"):
-  :func:`differentiate` separates first-execution, warming and steady-state profiles and
+- **Power-profile differentiation** (FinGraV, challenge C4, power variance across
+  executions): :func:`differentiate` separates first-execution, warming and steady-state profiles and
   warns when their energies differ by more than 10 % (misreading them cost up to ~80 % in
   FinGraV's measurements).
 
@@ -77,7 +77,7 @@ DIFFERENCE_WARNING = 0.10
 # ------------------------------------------------------------------------------ binning
 @dataclass(frozen=True)
 class Binning:
-    """Executions grouped by duration (FinGraV §III, execution-time binning).
+    """Executions grouped by duration (FinGraV execution-time binning, challenge C3).
 
     Attributes:
         keep: Which executions are kept, shape (n,) bool.
@@ -268,7 +268,7 @@ def superpose(
 ) -> Superposition:
     """Superpose the samples of many executions into a power profile and energy per execution.
 
-    FinGraV §III (superposition of the executions' sample streams onto one execution
+    FinGraV (superposition of the executions' sample streams onto one execution
     timeline, with CPU–GPU time synchronisation done by the caller); the least-squares
     form follows Lang & Rünger (Euro-Par 2013). See the module docstring for the model.
 
@@ -498,7 +498,7 @@ def superpose(
 # ----------------------------------------------------------------------- differentiation
 @dataclass(frozen=True)
 class Differentiation:
-    """First-execution, warming and steady-state profiles (FinGraV §IV).
+    """First-execution, warming and steady-state profiles (FinGraV power-profile differentiation, challenge C4).
 
     Attributes:
         result: The superposition with classes ``"first"``, ``"warming"``, ``"steady"``
@@ -553,7 +553,7 @@ def differentiate(
 ) -> Differentiation:
     """Separate first-execution / warming / steady-state profiles and compare their energies.
 
-    FinGraV §IV: the first executions after idle draw a different power (rise, overshoot)
+    FinGraV (challenge C4): the first executions after idle draw a different power (rise, overshoot)
     than executions in steady state; averaging them together misstates both. Warns when
     a class's energy per execution differs from steady by more than ``threshold``.
 

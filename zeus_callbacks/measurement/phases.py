@@ -3,7 +3,7 @@
 The adapters mark phase boundaries through the session (one clock read or CUDA event
 each, nothing else on the training thread). At the end of an epoch
 :class:`PhaseTracker` superposes the epoch's phase executions on the power samples
-(FinGraV, arXiv 2412.12426, §III; :func:`~zeus_callbacks.measurement.finegrain.superpose`
+(FinGraV, arXiv 2412.12426; :func:`~zeus_callbacks.measurement.finegrain.superpose`
 in steady mode with one class per phase), which separates phases much shorter than the
 20 ms sensor, and reports per phase the energy per execution with its 95 % CI, the number
 of executions, and the fraction of the epoch's energy the phases explain.

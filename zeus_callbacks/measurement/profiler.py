@@ -5,7 +5,8 @@ events anchored to the sample clock when CUDA is in use, else the backend clock)
 collects the power samples with a :class:`~zeus_callbacks.measurement.sampler.PowerSampler`
 and combines them with the FinGraV maths of :mod:`~zeus_callbacks.measurement.finegrain`
 into an energy per execution with a confidence interval and a power profile over the
-execution's timeline (FinGraV, arXiv 2412.12426, §III).
+execution's timeline (FinGraV, arXiv 2412.12426; its challenge C2, CPU–GPU time
+synchronisation, is met by CUDA events anchored to the sample clock).
 
 Example:
     >>> import torch
