@@ -63,6 +63,7 @@ def fit_sensor_delay(
     off_s: float,
     *,
     max_delay_s: float = 0.06,
+    min_delay_s: float = -0.03,
     step_s: float = 5e-4,
 ) -> tuple[float, float, float, float]:
     """Fit the delay of a sample stream that saw one busy interval ``[on_s, off_s)``.
@@ -73,6 +74,9 @@ def fit_sensor_delay(
         on_s: When the busy interval began (s, same clock).
         off_s: When it ended (s).
         max_delay_s: Largest delay tried (s).
+        min_delay_s: Smallest delay tried (s); negative values allow for sample timestamps
+            that lead the boundaries (a clock offset, or a timestamp at the start of the
+            averaging window), as the H200 run suggested (docs/results/finegrain.md).
         step_s: Grid step (s).
 
     Returns:
@@ -86,7 +90,7 @@ def fit_sensor_delay(
     if t.size < 5:
         raise ValueError("need at least 5 samples to fit the sensor delay")
     best = (np.inf, 0.0, 0.0, 0.0)
-    for d in np.arange(0.0, max_delay_s + step_s / 2, step_s):
+    for d in np.arange(min_delay_s, max_delay_s + step_s / 2, step_s):
         a, b = t[:-1] - d, t[1:] - d
         busy_frac = np.clip(np.minimum(b, off_s) - np.maximum(a, on_s), 0.0, None) / (b - a)
         X = np.column_stack([1.0 - busy_frac, busy_frac])  # idle and busy power
