@@ -252,6 +252,7 @@ class PowerLimitProfiler:
         self._eval_start_s: float | None = None
         self._pending: list[tuple[float, float]] = []  # profiled steps awaiting energy
         self._wait_steps = 0
+        self._last_dt: float | None = None
 
     # -- public view -----------------------------------------------------------------
     @property
@@ -319,6 +320,7 @@ class PowerLimitProfiler:
         profile.steps += 1
         dt = max(now_s - start_s, 0.0)
         valid = not self._eval_in_step
+        self._last_dt = dt if valid else 0.0
         st = self.state
         self.state = ProfilerState(phase, limit, st.steps + 1, st.active_s + (dt if valid else 0.0))
         if phase == Phase.WARMUP:
@@ -326,7 +328,7 @@ class PowerLimitProfiler:
             if self.state.steps >= s.warmup_steps and self.state.active_s >= s.warmup_s:
                 self.state = ProfilerState(Phase.PROFILING, limit)
             return False
-        if valid:
+        if valid and not self._window_full(self.state):
             self._pending.append((start_s, now_s))
         self._resolve(profile)
         if self._window_decided(profile):
@@ -357,6 +359,12 @@ class PowerLimitProfiler:
             if limit != exclude and p.n >= 2:
                 best = min(best, p.interval(self.objective)[1])
         return best
+
+    def _window_full(self, st: ProfilerState) -> bool:
+        """Whether the steps before this one already filled the window (later steps only wait)."""
+        s = self.settings
+        done = st.steps - 1
+        return done >= s.profile_steps or (s.profile_s is not None and st.active_s - (self._last_dt or 0) >= s.profile_s)
 
     def _window_decided(self, profile: LimitProfile) -> bool:
         s = self.settings
@@ -425,10 +433,19 @@ class PowerLimitProfiler:
         for m in range(lo, hi + 1):
             if m not in measured:
                 return limits[m]
-        if not is_unimodal([costs[x] for x in limits if x in costs], self.settings.unimodal_tolerance):
+        tol = self.settings.unimodal_tolerance
+        if not is_unimodal([costs[x] for x in limits if x in costs], tol):
             self.fallback_sweep = True
             logger.info("zeus-callbacks: the measured cost curve is not unimodal; sweeping every limit")
             return unmeasured_desc[0]
+        # Flat stretches can hide a lower dip: measure the unmeasured neighbours of every
+        # limit whose cost is within the tolerance of the best.
+        best = min(costs.values())
+        for i in sorted(measured, reverse=True):
+            if cost[i] <= best + tol * abs(best):
+                for j in (i + 1, i - 1):
+                    if 0 <= j < len(limits) and j not in measured:
+                        return limits[j]
         return None
 
 
