@@ -363,8 +363,8 @@ class PowerLimitProfiler:
     def _window_full(self, st: ProfilerState) -> bool:
         """Whether the steps before this one already filled the window (later steps only wait)."""
         s = self.settings
-        done = st.steps - 1
-        return done >= s.profile_steps or (s.profile_s is not None and st.active_s - (self._last_dt or 0) >= s.profile_s)
+        before_s = st.active_s - (self._last_dt or 0.0)
+        return st.steps - 1 >= s.profile_steps or (s.profile_s is not None and before_s >= s.profile_s)
 
     def _window_decided(self, profile: LimitProfile) -> bool:
         s = self.settings
