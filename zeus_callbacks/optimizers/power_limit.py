@@ -537,9 +537,7 @@ def _atomic_write_json(path: Path, data: Any) -> None:
 # ------------------------------------------------------------------ restore marker
 def write_marker(path: str | Path, backend: GPUBackend, original_W: dict[int, float]) -> None:
     """Write the restore marker: GPU index → original limit (W), device name, pid."""
-    gpus = [
-        {"index": i, "name": backend.device_name(i), "original_limit_W": limit} for i, limit in original_W.items()
-    ]
+    gpus = [{"index": i, "name": backend.device_name(i), "original_limit_W": limit} for i, limit in original_W.items()]
     _atomic_write_json(Path(path), {"pid": os.getpid(), "backend": backend.name, "time": time.time(), "gpus": gpus})
 
 
@@ -637,9 +635,10 @@ class PowerLimitController:
         self.observe = bool(backend.read_only)
         self.observe_reason = "read-only mode (ZEUS_CALLBACKS_READ_ONLY)" if self.observe else ""
         objective = Objective(
-            config.objective, config.eta_knob, config.max_slowdown, ZeusCost.for_gpus(
-                config.eta_knob, high, len(self.gpu_indices)
-            ).max_power_W
+            config.objective,
+            config.eta_knob,
+            config.max_slowdown,
+            ZeusCost.for_gpus(config.eta_knob, high, len(self.gpu_indices)).max_power_W,
         )
         settings = ProfileSettings(
             warmup_steps=config.warmup_steps,
