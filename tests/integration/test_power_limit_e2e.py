@@ -18,7 +18,9 @@ ORIGINAL_W = 275.0
 def profiling_config(tmp_path) -> dict:
     config = virtual_config(tmp_path)
     config["sampling"] = {"poll_period_s": 0.02}
-    config["power_limit"] = {"enabled": True, "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3}
+    config["power_limit"] = {
+        "enabled": True, "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3, "step_W": 100.0
+    }
     return config
 
 
@@ -44,7 +46,7 @@ def check_run(tmp_path, backend: VirtualGPUBackend) -> dict:
 def test_lightning_profiles_applies_and_restores(tmp_path):
     backend = backend_at_original()
     callback = ZeusCallback(profiling_config(tmp_path), backend=backend)
-    trainer = make_pl_trainer(tmp_path, callback, max_epochs=15, val_check_interval=7)
+    trainer = make_pl_trainer(tmp_path, callback, max_epochs=3, val_check_interval=7)
     train, val = loaders()
     trainer.fit(TinyRegressor(), train, val)
     check_run(tmp_path, backend)
@@ -56,6 +58,6 @@ def test_lightning_profiles_applies_and_restores(tmp_path):
 def test_huggingface_profiles_applies_and_restores(tmp_path):
     backend = backend_at_original()
     callback = ZeusTrainerCallback(profiling_config(tmp_path), backend=backend)
-    trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=300, eval_steps=40)
+    trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=60, eval_steps=10)
     trainer.train()
     check_run(tmp_path, backend)
