@@ -118,3 +118,62 @@ def test_sigkill_leaves_the_marker_and_the_next_start_restores(tmp_path):
     assert backend.power_limit_W(0) == ORIGINAL_W and session.power_limit_W == ORIGINAL_W
     assert not (tmp_path / MARKER_NAME).exists()
     session.train_end()
+
+
+HF_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tests.integration.test_huggingface import make_trainer
+    from zeus_callbacks import ZeusTrainerCallback
+    from zeus_callbacks.backends.base import WallClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+    tmp = Path(sys.argv[1])
+    calls = tmp / "setter_calls.txt"
+
+    class Recording(VirtualGPUBackend):
+        def _set_power_limit_W(self, index, limit_W):
+            super()._set_power_limit_W(index, limit_W)
+            with open(calls, "a") as fh:
+                fh.write(f"{index} {limit_W}\\n")
+
+    backend = Recording(clock=WallClock(), read_only=False)
+    backend.set_power_limit_W(0, ORIGINAL_W)
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp / "zeus"), "run_name": "hf"},
+              "power_limit": {"enabled": True, "warmup_steps": 0, "step_W": 100.0}}
+    trainer = make_trainer(tmp, ZeusTrainerCallback(config, backend=backend), report_to="none", max_steps=50)
+    model = trainer.model
+    forward = model.forward
+    count = {"n": 0}
+
+    def failing_forward(input_ids=None, labels=None, **kwargs):
+        count["n"] += 1
+        if count["n"] == 6:
+            assert backend.power_limit_W(0) != ORIGINAL_W, "the profiler should have changed the limit by now"
+            raise RuntimeError("planted failure in a training step")
+        return forward(input_ids=input_ids, labels=labels, **kwargs)
+
+    model.forward = failing_forward
+    trainer.train()
+    """
+).replace("ORIGINAL_W", repr(ORIGINAL_W))
+
+
+def test_hf_exception_in_a_training_step_restores_at_exit(tmp_path):
+    # HF has no exception hook: the exception leaves trainer.train() and the interpreter-exit
+    # hook ends the run, which restores the limit and removes the marker.
+    script = tmp_path / "hf_child.py"
+    script.write_text(HF_CHILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "planted failure in a training step" in proc.stderr, proc.stderr[-2000:]
+    calls = [float(x) for x in (tmp_path / "setter_calls.txt").read_text().split()[1::2]]
+    assert len(set(calls)) >= 2 and calls[-1] == ORIGINAL_W
+    assert not (tmp_path / "zeus" / MARKER_NAME).exists()
