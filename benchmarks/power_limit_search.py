@@ -85,7 +85,14 @@ def simulate(
         config = {
             "backend": "virtual",
             "logging": {"log_dir": tmp, "jsonl": False},
-            "power_limit": {"enabled": True, "objective": objective, "eta_knob": eta_knob, "cache": False, **overrides},
+            "power_limit": {
+                "enabled": True,
+                "objective": objective,
+                "eta_knob": eta_knob,
+                "cache": False,
+                "plot": False,
+                **overrides,
+            },
         }
         session = EnergySession(config, backend=backend, is_main_process=True)
         session.train_start()

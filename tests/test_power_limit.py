@@ -368,3 +368,11 @@ def test_multi_gpu_uses_summed_energy_and_max_power_times_gpus(tmp_path):
     assert {backend.power_limit_W(0), backend.power_limit_W(1)} == {limiter.result.chosen_limit_W}
     session.train_end()
     assert backend.power_limit_W(0) == backend.power_limit_W(1) == 300.0
+
+
+def test_profile_plot_is_written_with_the_chosen_point(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, _ = simulate_session(tmp_path, backend, run_name="plotted")
+    session.train_end()
+    image = tmp_path / "plotted.power_limit.png"
+    assert image.exists() and image.stat().st_size > 1000

@@ -105,6 +105,7 @@ class PowerLimitConfig(_Section):
     rel_ci: float = Field(
         0.01, gt=0, description="Stop a limit's window once its 95% confidence interval is within this fraction."
     )
+    plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
     cache_path: Path | None = Field(None, description="Profile cache file; default: <log_dir>/power_limit_cache.json.")
     restore_marker: Path | None = Field(

@@ -533,6 +533,7 @@ class EnergySession:
             job_id=cfg.job_id,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             is_main_process=self.is_main_process,
+            run_name=self.run_name or "run",
         )
 
     def _stop_power_limiter(self) -> None:

@@ -580,6 +580,46 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
     return restored
 
 
+# ---------------------------------------------------------------------------- plot
+def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path) -> Path:
+    """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
+
+    Args:
+        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``).
+        chosen_limit_W: The chosen limit (W), or None (observe mode).
+        path: The image file to write (PNG).
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    try:
+        xs = [r["time_per_step_s"] for r in rows]
+        ys = [r["energy_per_step_J"] for r in rows]
+        ax.scatter(xs, ys, color="tab:blue")
+        for r, x, y in zip(rows, xs, ys, strict=True):
+            ax.annotate(f"{r['limit_W']:.0f} W", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            if chosen_limit_W is not None and r["limit_W"] == chosen_limit_W:
+                ax.scatter([x], [y], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
+        ax.set_xlabel("time per step (s)")
+        ax.set_ylabel("energy per step (J)")
+        ax.set_title("Power-limit profile")
+        if chosen_limit_W is not None:
+            ax.legend(loc="best")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
 # ---------------------------------------------------------------------- controller
 @dataclass(frozen=True)
 class PowerLimitResult:
@@ -605,7 +645,8 @@ class PowerLimitController:
         log_dir: Default home of the restore marker and the cache file.
         job_id: Part of the cache key.
         world_size: Part of the cache key.
-        is_main_process: Only the main process writes the cache.
+        is_main_process: Only the main process writes the cache and the plot.
+        run_name: Names the plot, ``<log_dir>/<run_name>.power_limit.png``.
     """
 
     def __init__(
@@ -619,8 +660,10 @@ class PowerLimitController:
         job_id: str = "default",
         world_size: int = 1,
         is_main_process: bool = True,
+        run_name: str = "run",
     ) -> None:
         self.config = config
+        self.plot_path = Path(log_dir) / f"{run_name}.power_limit.png" if config.plot else None
         self.backend = backend
         self.gpu_indices = list(gpu_indices)
         self.marker_path = Path(config.restore_marker) if config.restore_marker else Path(log_dir) / MARKER_NAME
@@ -780,6 +823,11 @@ class PowerLimitController:
         self.result = PowerLimitResult(
             "profile", chosen, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message
         )
+        if self.plot_path is not None and self.is_main_process:
+            try:
+                plot_profile(rows, chosen, self.plot_path)
+            except Exception as exc:  # no matplotlib, no display, full disk: the run goes on
+                logger.warning("zeus-callbacks: cannot plot the power-limit profile (%s)", exc)
         if self.cache is not None and self.key is not None and self.is_main_process:
             try:
                 self.cache.put(self.key, {"chosen_limit_W": chosen, "limits": rows, "time": time.time()})
