@@ -376,3 +376,38 @@ def test_profile_plot_is_written_with_the_chosen_point(tmp_path):
     session.train_end()
     image = tmp_path / "plotted.power_limit.png"
     assert image.exists() and image.stat().st_size > 1000
+
+
+def test_each_local_rank_has_its_own_marker(tmp_path, monkeypatch):
+    from zeus_callbacks.optimizers.power_limit import marker_path
+
+    assert marker_path(tmp_path) == tmp_path / MARKER_NAME
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert marker_path(tmp_path) == tmp_path / "power_limit_restore.rank1.json"
+
+
+class NoLimitBackend(VirtualGPUBackend):
+    """A GPU whose power limit cannot even be read."""
+
+    def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
+        from zeus_callbacks.backends.base import NotSupported
+
+        raise NotSupported("no power management")
+
+
+def test_unreadable_limits_turn_profiling_off_and_training_goes_on(tmp_path, caplog):
+    backend = NoLimitBackend(clock=ManualClock(1000.0))
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(tmp_path)}, "power_limit": {"enabled": True}},
+        backend=backend,
+        is_main_process=True,
+    )
+    with caplog.at_level(logging.WARNING):
+        session.train_start()
+    assert session.power_limiter is None
+    assert any("profiling is off" in r.message for r in caplog.records)
+    session.step_start(0)
+    backend.clock.advance(STEP_S)
+    session.step_end(0)
+    session.train_end()

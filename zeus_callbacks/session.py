@@ -29,7 +29,6 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from zeus_callbacks import reporting as metric
@@ -507,15 +506,12 @@ class EnergySession:
         )
 
     # ------------------------------------------------------------ power limits
-    def _marker_path(self) -> Path:
-        cfg = self.config
-        return cfg.power_limit.restore_marker or cfg.logging.log_dir / pl.MARKER_NAME
-
     def _restore_leftover_power_limits(self) -> None:
         """Put back limits a killed run left changed (its marker file is still there)."""
         assert self.backend is not None
+        cfg = self.config
         try:
-            pl.restore_from_marker(self._marker_path(), self.backend)
+            pl.restore_from_marker(pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker), self.backend)
         except BackendError as exc:
             logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
 
@@ -524,7 +520,15 @@ class EnergySession:
         if not cfg.power_limit.enabled:
             return
         assert self.backend is not None
-        self.power_limiter = pl.PowerLimitController(
+        try:
+            self.power_limiter = self._make_power_limiter()
+        except BackendError as exc:
+            logger.warning("zeus-callbacks: power-limit profiling is off: the limits cannot be read (%s)", exc)
+
+    def _make_power_limiter(self) -> pl.PowerLimitController:
+        cfg = self.config
+        assert self.backend is not None
+        return pl.PowerLimitController(
             cfg.power_limit,
             self.backend,
             self.gpu_indices,

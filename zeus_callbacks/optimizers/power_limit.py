@@ -541,6 +541,20 @@ def write_marker(path: str | Path, backend: GPUBackend, original_W: dict[int, fl
     _atomic_write_json(Path(path), {"pid": os.getpid(), "backend": backend.name, "time": time.time(), "gpus": gpus})
 
 
+def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Path:
+    """The restore-marker file of this process.
+
+    ``configured`` (``power_limit.restore_marker``) or ``<log_dir>/power_limit_restore.json``;
+    under a multi-process launcher (``WORLD_SIZE`` > 1) each local rank gets its own file
+    (``power_limit_restore.rank<LOCAL_RANK>.json``) so ranks never overwrite each other's.
+    """
+    path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        path = path.with_name(f"{path.stem}.rank{int(local_rank)}{path.suffix}")
+    return path
+
+
 def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, float] | None:
     """Put back the limits a run left changed (SIGKILL, power loss), then remove the marker.
 
@@ -666,7 +680,7 @@ class PowerLimitController:
         self.plot_path = Path(log_dir) / f"{run_name}.power_limit.png" if config.plot else None
         self.backend = backend
         self.gpu_indices = list(gpu_indices)
-        self.marker_path = Path(config.restore_marker) if config.restore_marker else Path(log_dir) / MARKER_NAME
+        self.marker_path = marker_path(log_dir, config.restore_marker)
         cache_path = Path(config.cache_path) if config.cache_path else Path(log_dir) / CACHE_NAME
         self.cache: ProfileCache | None = JsonProfileCache(cache_path) if config.cache else None
         self.job_id = job_id
