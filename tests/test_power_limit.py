@@ -411,3 +411,17 @@ def test_unreadable_limits_turn_profiling_off_and_training_goes_on(tmp_path, cap
     backend.clock.advance(STEP_S)
     session.step_end(0)
     session.train_end()
+
+
+def test_cli_restore(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    marker = tmp_path / MARKER_NAME
+    assert main(["restore", "--marker", str(marker)]) == 0
+    assert "nothing to restore" in capsys.readouterr().out
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
+    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    assert main(["restore", "--config", str(config)]) == 0
+    assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out
+    assert not marker.exists()

@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -592,6 +593,37 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
         ", ".join(f"GPU {i} → {w:.0f} W" for i, w in restored.items()),
     )
     return restored
+
+
+def restore_command(config_path: str | None = None, marker: str | None = None) -> int:
+    """``zeus-callbacks restore``: restore the limits in a leftover marker, print what was done.
+
+    Args:
+        config_path: The run's YAML configuration (backend, ``logging.log_dir``, marker path).
+        marker: The marker file, overriding the configuration's.
+
+    Returns:
+        0 when restored (or nothing to restore), 1 when a limit could not be restored.
+    """
+    from zeus_callbacks.backends import get_backend
+    from zeus_callbacks.config import load_config, parse_config
+
+    cfg = load_config(config_path) if config_path else parse_config(None)
+    path = Path(marker) if marker else marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker)
+    if not path.exists():
+        print(f"no power-limit restore marker at {path}: nothing to restore")
+        return 0
+    backend = get_backend(cfg.backend, virtual=cfg.virtual)
+    try:
+        restored = restore_from_marker(path, backend)
+    except BackendError as exc:
+        print(f"cannot restore the power limits in {path}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        backend.close()
+    for index, limit in (restored or {}).items():
+        print(f"GPU {index}: power limit restored to {limit:.0f} W")
+    return 0
 
 
 # ---------------------------------------------------------------------------- plot
