@@ -425,3 +425,18 @@ def test_cli_restore(tmp_path, capsys):
     assert main(["restore", "--config", str(config)]) == 0
     assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out
     assert not marker.exists()
+
+
+def test_no_power_samples_abandons_profiling_and_keeps_the_original_limit(tmp_path, caplog):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    backend.set_power_limit_W(0, 250.0)
+    backend.inject_fault(reads=10**9, kind="gpu_lost", sensor="samples")  # the power stream is dead
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend, profile_steps=3, max_steps=200)
+    result = session.power_limiter.result
+    assert result is not None and result.source == "abandoned" and result.chosen_limit_W is None
+    assert backend.power_limit_W(0) == 250.0 and applied[-1] == 250.0
+    assert not (tmp_path / MARKER_NAME).exists()
+    assert any("abandoned" in r.message for r in caplog.records)
+    session.train_end()
+    assert backend.power_limit_W(0) == 250.0

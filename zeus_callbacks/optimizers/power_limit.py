@@ -209,7 +209,8 @@ class ProfileSettings:
     rel_ci: float = 0.01
     search: Literal["unimodal", "sweep"] = "unimodal"
     unimodal_tolerance: float = 0.01
-    max_wait_steps: int = 20  # steps a decided window may wait for samples before giving up
+    max_wait_steps: int = 20  # a full window waits this many steps ...
+    max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
 
 
 class PowerLimitProfiler:
@@ -254,6 +255,8 @@ class PowerLimitProfiler:
         self._pending: list[tuple[float, float]] = []  # profiled steps awaiting energy
         self._wait_steps = 0
         self._last_dt: float | None = None
+        self._full_since_s: float | None = None
+        self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
     @property
@@ -332,7 +335,7 @@ class PowerLimitProfiler:
         if valid and not self._window_full(self.state):
             self._pending.append((start_s, now_s))
         self._resolve(profile)
-        if self._window_decided(profile):
+        if self._window_decided(profile, now_s):
             return self._next_limit()
         return False
 
@@ -340,6 +343,7 @@ class PowerLimitProfiler:
     def _enter_limit(self, limit_W: float) -> None:
         self._pending = []
         self._wait_steps = 0
+        self._full_since_s = None
         s = self.settings
         phase = Phase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else Phase.PROFILING
         self.state = ProfilerState(phase, float(limit_W))
@@ -367,13 +371,25 @@ class PowerLimitProfiler:
         before_s = st.active_s - (self._last_dt or 0.0)
         return st.steps - 1 >= s.profile_steps or (s.profile_s is not None and before_s >= s.profile_s)
 
-    def _window_decided(self, profile: LimitProfile) -> bool:
+    def _window_decided(self, profile: LimitProfile, now_s: float) -> bool:
         s = self.settings
         st = self.state
         steps_up = st.steps >= s.profile_steps or (s.profile_s is not None and st.active_s >= s.profile_s)
         if steps_up:
             self._wait_steps += 1
-            if profile.n >= 1 and (not self._pending or self._wait_steps > s.max_wait_steps):
+            if self._full_since_s is None:
+                self._full_since_s = now_s
+            if profile.n >= 1 and not self._pending:
+                return True
+            if self._wait_steps > s.max_wait_steps and now_s - self._full_since_s > s.max_wait_s:
+                if profile.n == 0:  # no power samples at all: give up rather than stay at a trial limit
+                    self.abandoned = True
+                    logger.warning(
+                        "zeus-callbacks: no power samples arrived for %.0f s at %.0f W; power-limit "
+                        "profiling is abandoned and the original limit is kept",
+                        now_s - self._full_since_s,
+                        profile.limit_W,
+                    )
                 return True
         if profile.n < max(s.min_profile_steps, 2):
             return False
@@ -394,6 +410,10 @@ class PowerLimitProfiler:
         }
 
     def _next_limit(self) -> bool:
+        if self.abandoned:
+            self.chosen_limit_W = None
+            self.state = ProfilerState(Phase.DONE, None)
+            return True
         if self.observe_only:
             self.state = ProfilerState(Phase.OBSERVE, self.state.limit_W)
             return True
@@ -859,7 +879,13 @@ class PowerLimitController:
             self.result = PowerLimitResult("observe", None, p.profiling_steps, p.objective.key(), rows, False, message)
             return self.result
         chosen = p.chosen_limit_W
-        assert chosen is not None
+        if chosen is None:  # abandoned: no power samples
+            self.restore()
+            message = "profiling abandoned (no power samples arrived); the original limits are kept"
+            self.result = PowerLimitResult(
+                "abandoned", None, p.profiling_steps, p.objective.key(), rows, False, message
+            )
+            return self.result
         self._apply(chosen)
         message = (
             f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
