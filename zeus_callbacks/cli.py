@@ -3,6 +3,7 @@
 Subcommands:
     validate-config FILE   check a YAML configuration; exit 1 with the errors if invalid
     report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
+    restore                put back the power limits a killed run left changed (its marker file)
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore(args: argparse.Namespace) -> int:
+    from zeus_callbacks.optimizers.power_limit import restore_command
+
+    return restore_command(config_path=args.config, marker=args.marker)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``zeus-callbacks`` command."""
     parser = argparse.ArgumentParser(prog="zeus-callbacks", description="GPU energy for training runs.")
@@ -74,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="path of the run's .jsonl file")
     report.add_argument("--json", action="store_true")
     report.set_defaults(func=_report)
+    restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
+    restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
+    restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.set_defaults(func=_restore)
     return parser
 
 

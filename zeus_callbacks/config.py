@@ -86,9 +86,34 @@ class LoggingConfig(_Section):
 
 
 class PowerLimitConfig(_Section):
-    """Reserved: just-in-time power-limit profiling (a later release)."""
+    """Just-in-time power-limit profiling (Zeus NSDI '23 §4.3; see docs/power_limit.md)."""
 
     enabled: bool = Field(False, description="Profile power limits at the start of training.")
+    objective: Literal["energy", "time", "zeus_cost", "max_slowdown"] = Field(
+        "zeus_cost",
+        description="What the chosen limit minimises: energy, time, zeus_cost (eta_knob) or max_slowdown "
+        "(lowest energy within max_slowdown x the time at the maximum limit).",
+    )
+    eta_knob: float = Field(0.5, ge=0, le=1, description="Energy weight of zeus_cost (Zeus eq. 2).")
+    max_slowdown: float = Field(1.1, ge=1, description="Slowdown factor allowed by the max_slowdown objective.")
+    step_W: float = Field(25.0, gt=0, description="Spacing of the profiled limits, from the maximum down (W).")
+    search: Literal["unimodal", "sweep"] = Field(
+        "unimodal", description="Golden-section search with a sweep fallback, or the full sweep."
+    )
+    warmup_steps: int = Field(2, ge=0, description="Warm-up steps after each limit change (0 is valid).")
+    warmup_s: float = Field(0.0, ge=0, description="Minimum warm-up time after each limit change (s).")
+    min_profile_steps: int = Field(4, ge=2, description="Fewest profiled steps per limit.")
+    profile_steps: int = Field(40, ge=1, description="Most profiled steps per limit.")
+    profile_s: float | None = Field(None, gt=0, description="Most profiled time per limit (s); none: no limit.")
+    rel_ci: float = Field(
+        0.01, gt=0, description="Stop a limit's window once its 95% confidence interval is within this fraction."
+    )
+    plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
+    cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
+    cache_path: Path | None = Field(None, description="Profile cache file; default: <log_dir>/power_limit_cache.json.")
+    restore_marker: Path | None = Field(
+        None, description="Restore marker file; default: <log_dir>/power_limit_restore.json."
+    )
 
 
 class BatchSizeConfig(_Section):

@@ -24,6 +24,8 @@ MEAN_POWER_W = "power/mean_W"
 ENERGY_PER_SAMPLE_J = "energy/per_sample_J"
 ENERGY_PER_TOKEN_J = "energy/per_token_J"
 POWER_LIMIT_W = "power_limit/W"
+POWER_LIMIT_CHOSEN_W = "power_limit/chosen_W"
+POWER_LIMIT_PROFILING_STEPS = "power_limit/profiling_steps"
 EPOCH_ENERGY_J = "energy/epoch_J"
 EPOCH_COUNTER_ENERGY_J = "energy/epoch_counter_J"
 EPOCH_TIME_S = "time/epoch_s"
@@ -54,6 +56,8 @@ METRICS: dict[str, str] = {
     ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
     ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",
     POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
+    POWER_LIMIT_CHOSEN_W: "W — power limit the profiler chose (or took from the cache), logged once",
+    POWER_LIMIT_PROFILING_STEPS: "steps — training steps spent profiling power limits, logged once",
     EPOCH_ENERGY_J: "J — GPU energy of the training epoch, from the power samples",
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",

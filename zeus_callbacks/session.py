@@ -39,6 +39,7 @@ from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
+from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class EnergySession:
         self._collectives_ok = True  # False once a failure may leave ranks out of step
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
+        self.power_limiter: pl.PowerLimitController | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -211,6 +213,7 @@ class EnergySession:
         )
         self._timer = self._make_timer(backend)
         self.meter = WindowMeter(self.sampler, self._timer)
+        self._restore_leftover_power_limits()
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
         self._run_start_wall = time.time()
@@ -233,6 +236,7 @@ class EnergySession:
             }
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
+        self._start_power_limiter()
 
     def _make_timer(self, backend: GPUBackend) -> BoundaryTimer:
         if backend.name in ("nvml", "amdsmi"):
@@ -267,9 +271,12 @@ class EnergySession:
 
     def step_start(self, step: int) -> None:
         """Open the step window. Hot path: one clock read or CUDA event record."""
+        # Optimiser hook: the power-limit profiler switches limits at step boundaries.
+        if self.started and self.power_limiter is not None:
+            self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
+            self.power_limit_W = self.power_limiter.limit_W
         if self.started and self.config.windows.step:
             self.meter.begin("step", step=step)  # type: ignore[union-attr]
-        # Optimiser hook: the power-limit profiler switches limits at step boundaries.
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
         """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
@@ -287,6 +294,8 @@ class EnergySession:
         assert self.meter is not None
         if self.config.windows.step:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
+        if self.power_limiter is not None:
+            self._power_limit_step_end(step, num_samples)
         self._epoch_steps += 1
         self._totals.steps += 1
         self._steps_since_report += 1
@@ -300,6 +309,8 @@ class EnergySession:
 
     def eval_start(self) -> None:
         """Open the evaluation window."""
+        if self.started and self.power_limiter is not None:
+            self.power_limiter.on_eval_start(self.backend.clock.now_s())  # type: ignore[union-attr]
         if self.started and self.config.windows.eval:
             self.meter.begin("eval")  # type: ignore[union-attr]
 
@@ -307,6 +318,8 @@ class EnergySession:
         """Close the evaluation window; its energy is reported once attributed."""
         if self.started and self.config.windows.eval:
             self.meter.end("eval")  # type: ignore[union-attr]
+        if self.started and self.power_limiter is not None:
+            self.power_limiter.on_eval_end(self.backend.clock.now_s())  # type: ignore[union-attr]
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -383,6 +396,7 @@ class EnergySession:
             self._flush_sensor(self.backend.clock.now_s())
         finally:
             self.sampler.stop()
+            self._stop_power_limiter()
         self._report_steps(resolve_final=True)
         summary = self._summary()
         self._finished = summary
@@ -494,6 +508,86 @@ class EnergySession:
             step_energy_J=float(state.get("step_energy_J", 0.0)),
             step_time_s=float(state.get("step_time_s", 0.0)),
             epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
+        )
+
+    # ------------------------------------------------------------ power limits
+    def _restore_leftover_power_limits(self) -> None:
+        """Put back limits a killed run left changed (its marker file is still there)."""
+        assert self.backend is not None
+        cfg = self.config
+        try:
+            pl.restore_from_marker(pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker), self.backend)
+        except BackendError as exc:
+            logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
+
+    def _start_power_limiter(self) -> None:
+        cfg = self.config
+        if not cfg.power_limit.enabled:
+            return
+        assert self.backend is not None
+        try:
+            self.power_limiter = self._make_power_limiter()
+        except BackendError as exc:
+            logger.warning("zeus-callbacks: power-limit profiling is off: the limits cannot be read (%s)", exc)
+
+    def _make_power_limiter(self) -> pl.PowerLimitController:
+        cfg = self.config
+        assert self.backend is not None
+        return pl.PowerLimitController(
+            cfg.power_limit,
+            self.backend,
+            self.gpu_indices,
+            self._energy_between_J,
+            log_dir=cfg.logging.log_dir,
+            job_id=cfg.job_id,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            is_main_process=self.is_main_process,
+            run_name=self.run_name or "run",
+        )
+
+    def _stop_power_limiter(self) -> None:
+        if self.power_limiter is not None:
+            self.power_limiter.restore()
+            self.power_limit_W = self._read_power_limit_W()
+
+    def _energy_between_J(self, start_s: float, end_s: float) -> float | None:
+        """Energy (J) of the measured GPUs in [start_s, end_s]; None until samples cover end_s."""
+        assert self.sampler is not None and self.backend is not None
+        latest = self.sampler.latest_sample_s()
+        if (latest is None or latest - self.sensor_delay_s < end_s) and _is_manual(self.backend):
+            self.sampler.poll_once(read_counter=False)
+            latest = self.sampler.latest_sample_s()
+        if latest is None or latest - self.sensor_delay_s < end_s:
+            self.sampler.request_poll()
+            return None
+        total = 0.0
+        for index in self.gpu_indices:
+            knots, cumulative = self.sampler.cumulative_energy(index)
+            total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+        return total
+
+    def _power_limit_step_end(self, step: int, num_samples: int | None) -> None:
+        assert self.power_limiter is not None and self.backend is not None
+        result = self.power_limiter.on_step_end(step, self.backend.clock.now_s(), num_samples)
+        self.power_limit_W = self.power_limiter.limit_W
+        if result is None:
+            return
+        if result.chosen_limit_W is not None:
+            self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
+        self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
+        self._write(
+            {
+                "event": "power_limit_profile",
+                "step": self._totals.steps,
+                "source": result.source,
+                "objective": result.objective,
+                "chosen_limit_W": result.chosen_limit_W,
+                "original_limit_W": self.power_limiter.original_W,
+                "profiling_steps": result.profiling_steps,
+                "fallback_sweep": result.fallback_sweep,
+                "limits": result.rows,
+                "message": result.message,
+            }
         )
 
     # ------------------------------------------------------------------ internals
