@@ -156,6 +156,8 @@ class EnergySession:
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
         self.power_limiter: pl.PowerLimitController | None = None
+        self._power_limit_agreement = False  # DDP: exchange the limit at each step start
+        self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -273,7 +275,10 @@ class EnergySession:
         """Open the step window. Hot path: one clock read or CUDA event record."""
         # Optimiser hook: the power-limit profiler switches limits at step boundaries.
         if self.started and self.power_limiter is not None:
-            self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
+            if self._decides_power_limit():
+                self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
+            if self._power_limit_agreement:
+                self._agree_power_limit()
             self.power_limit_W = self.power_limiter.limit_W
         if self.started and self.config.windows.step:
             self.meter.begin("step", step=step)  # type: ignore[union-attr]
@@ -294,7 +299,7 @@ class EnergySession:
         assert self.meter is not None
         if self.config.windows.step:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
-        if self.power_limiter is not None:
+        if self.power_limiter is not None and self._decides_power_limit():
             self._power_limit_step_end(step, num_samples)
         self._epoch_steps += 1
         self._totals.steps += 1
@@ -522,6 +527,7 @@ class EnergySession:
 
     def _start_power_limiter(self) -> None:
         cfg = self.config
+        self._power_limit_agreement = self._power_limit_follower = False
         if not cfg.power_limit.enabled:
             return
         assert self.backend is not None
@@ -529,6 +535,41 @@ class EnergySession:
             self.power_limiter = self._make_power_limiter()
         except BackendError as exc:
             logger.warning("zeus-callbacks: power-limit profiling is off: the limits cannot be read (%s)", exc)
+        if self._collective():
+            # Every rank must take part in the per-step agreement, or none may.
+            ready = self.ranks.gather([1.0 if self.power_limiter is not None else 0.0])
+            if not all(row[0] for row in ready):
+                if self.power_limiter is not None:
+                    logger.warning("zeus-callbacks: power-limit profiling is off: another rank cannot profile")
+                self.power_limiter = None
+            self._power_limit_agreement = self.power_limiter is not None
+            self._power_limit_follower = self._power_limit_agreement and self.ranks.process_index != 0
+
+    def _decides_power_limit(self) -> bool:
+        """Under DDP the main rank's profiler decides; the other ranks follow it."""
+        return not self._power_limit_follower
+
+    def _agree_power_limit(self) -> None:
+        """Under DDP, make every rank run the same limit from this step on (collective).
+
+        The main rank's profiler decides from its own GPU's measurements (with identical
+        GPUs, its per-GPU cost ranks the limits as the summed cost does); each step while
+        it profiles, every rank takes its limit. Observe mode anywhere (no permission,
+        read-only) becomes observe mode everywhere.
+        """
+        limiter = self.power_limiter
+        assert limiter is not None
+        done = limiter.profiler.finished or limiter.observe
+        rows = self.ranks.gather([limiter.limit_W, 1.0 if done else 0.0, 1.0 if limiter.observe else 0.0])
+        target_W, main_done, _ = rows[0]
+        if any(row[2] for row in rows):
+            limiter.enter_observe("another rank cannot change its power limit")
+            self._power_limit_agreement = False
+            return
+        if self.ranks.process_index != 0:
+            limiter.apply(target_W)
+        if main_done:
+            self._power_limit_agreement = False  # settled: no more exchanges; followers keep the limit
 
     def _make_power_limiter(self) -> pl.PowerLimitController:
         cfg = self.config

@@ -43,6 +43,12 @@ class Probe(L.Callback):
 
     def __init__(self, out: Path, zeus: ZeusCallback) -> None:
         self.out, self.zeus = out, zeus
+        self.limits: list[tuple[int, float]] = []  # (global step, limit in force) at each step start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Runs after the ZeusCallback's hook, which applied this step's limit.
+        backend = self.zeus.session.backend
+        self.limits.append((trainer.global_step, backend.power_limit_W(self.zeus.session.gpu_indices[0])))
 
     def on_fit_end(self, trainer, pl_module):
         from accelerate import PartialState
@@ -57,6 +63,8 @@ class Probe(L.Callback):
                     "pid": os.getpid(),
                     "gpu_indices": self.zeus.session.gpu_indices,
                     "summary": summary.as_dict(),
+                    "limits": self.limits,
+                    "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
                 }
             )
         )
@@ -66,6 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--faulty-rank", type=int)
+    parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = VirtualGPUBackend(
@@ -73,16 +82,20 @@ def main() -> None:
     )
     if args.faulty_rank == local_rank:
         backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
-    zeus = ZeusCallback(
-        {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}, backend=backend
-    )
+    config = {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}
+    if args.power_limit:
+        config["power_limit"] = {
+            "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3,
+            "step_W": 100.0, "cache": False, "plot": False,
+        }
+    zeus = ZeusCallback(config, backend=backend)
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        max_epochs=2,
+        max_epochs=4 if args.power_limit else 2,
         callbacks=[zeus, Probe(args.out, zeus)],
         logger=TensorBoardLogger(str(args.out / "tb"), name="ddp"),
         enable_progress_bar=False,

@@ -82,3 +82,18 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
     assert [r["event"] for r in records].count("run_end") == 1
     assert all(r["ranks"] == 2 for r in records if r["event"] == "steps")
+
+
+def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--power-limit")
+    by_rank = {r["global_rank"]: r for r in ranks}
+    limits0 = [tuple(x) for x in by_rank[0]["limits"]]
+    limits1 = [tuple(x) for x in by_rank[1]["limits"]]
+    assert limits0 == limits1  # same limit, same step, on both GPUs
+    assert len({limit for _, limit in limits0}) >= 2  # the main rank's profiler did try limits
+    original_W = limits0[0][1]
+    assert by_rank[0]["limit_after_W"] == by_rank[1]["limit_after_W"] == original_W  # restored
+    records = read_jsonl(out / "zeus" / "ddp.jsonl")
+    assert [r["event"] for r in records].count("power_limit_profile") == 1

@@ -19,6 +19,7 @@ From ``LightningCLI``::
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,10 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import EnergySession
 
 logger = logging.getLogger(__name__)
+
+# Lightning recommends sync_dist for epoch-level values under DDP; ours are aggregated
+# across ranks by the session already (see ZeusCallback._log).
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(energy|power|time|power_limit)[/_]")
 
 
 class ZeusCallback(Callback):
@@ -178,10 +183,10 @@ class ZeusCallback(Callback):
         # so other callbacks (checkpointing, early stopping) can monitor energy.
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(metrics, step=trainer.global_step)
-        # Values are already aggregated over ranks (identical everywhere): syncing is a no-op mean.
-        pl_module.log_dict(
-            metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False, sync_dist=True
-        )
+        # No sync_dist: the session already aggregated the values over ranks, and a
+        # reduce per key would be a collective that ranks with different keys (the main
+        # rank reports the power-limit choice) would not all join.
+        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
             if bar:
@@ -192,7 +197,6 @@ class ZeusCallback(Callback):
                     prog_bar=True,
                     logger=False,
                     batch_size=1,
-                    sync_dist=True,
                 )
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:

@@ -786,6 +786,15 @@ class PowerLimitController:
             self.observe_reason,
         )
 
+    def enter_observe(self, reason: str) -> None:
+        """Switch to observe mode now (restore the original limits), saying why once."""
+        if not self.observe:
+            self._enter_observe(reason)
+
+    def apply(self, limit_W: float) -> None:
+        """Apply ``limit_W`` to every GPU as another rank's profiler decided (marker first)."""
+        self._apply(limit_W)
+
     def _enter_observe(self, reason: str) -> None:
         self.observe = True
         self.observe_reason = reason
