@@ -68,7 +68,9 @@ def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
 def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HF_JOB), str(out)]
+    # --standalone: a free rendezvous port, so concurrent runs cannot collide on 29500.
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [*launcher, str(HF_JOB), str(out)]
     ranks = run_job(out, command=command)
     assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
     assert sorted(r["gpu_indices"][0] for r in ranks) == [0, 1]
