@@ -10,6 +10,7 @@ Public API:
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from zeus_callbacks.backends import get_backend
@@ -38,12 +39,18 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # The adapters import their framework; load them only when asked for.
-    if name == "ZeusCallback":
-        from zeus_callbacks.integrations.lightning import ZeusCallback
-
-        return ZeusCallback
-    if name == "ZeusTrainerCallback":
-        from zeus_callbacks.integrations.huggingface import ZeusTrainerCallback
-
-        return ZeusTrainerCallback
+    adapters = {
+        "ZeusCallback": ("zeus_callbacks.integrations.lightning", "PyTorch Lightning", "lightning"),
+        "ZeusTrainerCallback": ("zeus_callbacks.integrations.huggingface", "Hugging Face transformers", "hf"),
+    }
+    if name in adapters:
+        module_name, framework, extra = adapters[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f"{name} needs {framework} ({exc.name} is not installed): "
+                f"pip install 'zeus-callbacks[{extra}]'"
+            ) from exc
+        return getattr(module, name)
     raise AttributeError(f"module 'zeus_callbacks' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zeus_callbacks.config import ConfigError, load_config
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
 
 
 def _validate_config(args: argparse.Namespace) -> int:
@@ -38,8 +38,11 @@ def _report(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
         return 1
-    except json.JSONDecodeError as exc:
-        print(f"zeus-callbacks: {path} is not a zeus-callbacks JSONL log ({exc})", file=sys.stderr)
+    except NotAnEnergyLog as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
         return 1
     end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
     epochs = [r for r in records if r.get("event") == "epoch"]

@@ -37,6 +37,15 @@ class VirtualGPUConfig(_Section):
     noise_W: float = Field(3.0, ge=0, description="Standard deviation of the sensor noise (W).")
     sample_period_s: float = Field(0.02, gt=0, description="Power sample period (s); 20 ms like an H200.")
     seed: int = Field(0, description="Seed of the sensor noise.")
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, value: str) -> str:
+        from zeus_callbacks.backends.traces import WORKLOADS
+
+        if value not in WORKLOADS:
+            raise ValueError(f"unknown workload {value!r}; choose one of {', '.join(sorted(WORKLOADS))}")
+        return value
     power_offset_W: float | list[float] = Field(
         0.0, description="Power added to every (or, as a list, to each) virtual GPU (W): makes GPUs differ."
     )
@@ -218,13 +227,14 @@ def load_config(path: str | Path) -> ZeusConfig:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
+            data = yaml.safe_load(stream)
     except FileNotFoundError:
         raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
+    except UnicodeError:
+        raise ConfigError(f"{path} is not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))

@@ -41,6 +41,7 @@ from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
+from zeus_callbacks.signals import ChainedSigterm
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ class EnergySession:
         self._collectives_ok = True  # False once a failure may leave ranks out of step
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
+        # A scheduler's kill skips atexit: end the run (and restore limits) first.
+        self._sigterm = ChainedSigterm(lambda: self.train_end(status="interrupted"), "ending the energy log")
         self.power_limiter: pl.PowerLimitController | None = None
         self._power_limit_agreement = False  # DDP: exchange the limit at each step start
         self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
@@ -182,9 +185,7 @@ class EnergySession:
         self._finished = None
         self._status = "completed"
         self._totals = dataclasses.replace(self._carried, epoch_energy_J=list(self._carried.epoch_energy_J))
-        if self.backend is None:
-            self.backend = get_backend(cfg.backend, virtual=cfg.virtual)
-        backend = self.backend
+        backend = self.open_backend()
         if cfg.gpu_indices is not None:
             bad = [i for i in cfg.gpu_indices if i >= backend.device_count()]
             if bad:
@@ -202,7 +203,8 @@ class EnergySession:
         self._peer_degraded = False
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
-            self._writer = JsonlWriter(cfg.logging.log_dir / f"{self.run_name}.jsonl")
+            self._writer = JsonlWriter(cfg.logging.log_dir, self.run_name)
+            self.run_name = self._writer.run_name  # a taken name gets a -N suffix
         delay_s = cfg.windows.sensor_delay_s
         self.sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
         self.sampler = PowerSampler(
@@ -223,6 +225,7 @@ class EnergySession:
         self.meter.begin("run")
         self._started = True
         _LIVE_SESSIONS.add(self)
+        self._sigterm.install()
         self._write(
             {
                 "event": "run_start",
@@ -239,6 +242,16 @@ class EnergySession:
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         self._start_power_limiter()
+
+    def open_backend(self) -> GPUBackend:
+        """Open the configured backend now (adapters call it at setup, to fail before training).
+
+        Raises:
+            BackendUnavailable: The configured backend cannot be used here.
+        """
+        if self.backend is None:
+            self.backend = get_backend(self.config.backend, virtual=self.config.virtual)
+        return self.backend
 
     def _make_timer(self, backend: GPUBackend) -> BoundaryTimer:
         if backend.name in ("nvml", "amdsmi"):
@@ -408,6 +421,7 @@ class EnergySession:
         if self._exception_record is not None:
             self._write(self._exception_record)
         self._write({"event": "run_end", **summary.as_dict()})
+        self._sigterm.uninstall()
         if self._writer is not None:
             self._writer.close()
         if self._given_backend is None:
@@ -419,7 +433,9 @@ class EnergySession:
         """End the run after a training failure; nothing measured so far is lost."""
         if not self.started:
             return self._finished
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        # Ctrl-C, or Lightning's exception for a SIGTERM it caught: the run was stopped, not broken.
+        stopped = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SIGTERMException"
+        status = "interrupted" if stopped else "failed"
         if exc is not None:
             self._exception_record = {"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]}
         return self.train_end(status=status)
@@ -703,7 +719,8 @@ class EnergySession:
         ]
         # One rank's row per GPU group; combine per step: energy and power sum over
         # ranks, time is the slowest rank's.
-        rows = [row for row in self._gather(local) if row[2] > 0]
+        gathered = self._gather(local)
+        rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
         step_J = sum(E / n for E, _, n, *_ in rows)
@@ -736,7 +753,7 @@ class EnergySession:
                 "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
                 "complete": all(r.complete for r in steps),
                 "power_limit_W": self.power_limit_W,
-                "ranks": len(rows),
+                "ranks": len(gathered),
                 "degraded": self.degraded,
             }
         )

@@ -67,6 +67,7 @@ class ZeusTrainerCallback(TrainerCallback):
         self.summary: RunSummary | None = None
         self._tokens_seen = 0
         self._in_eval = False
+        self._epoch = 0
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusTrainerCallback:
@@ -159,7 +160,8 @@ class ZeusTrainerCallback(TrainerCallback):
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the epoch window."""
-        self.session.epoch_start(int(state.epoch or 0))
+        self._epoch = int(state.epoch or 0)
+        self.session.epoch_start(self._epoch)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the step window (the first micro-batch of an optimizer step)."""
@@ -179,7 +181,7 @@ class ZeusTrainerCallback(TrainerCallback):
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Close the epoch window; its metrics go out with the next log."""
-        self.session.epoch_end(int(round(state.epoch or 0)) - 1)
+        self.session.epoch_end(self._epoch)
 
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -100,6 +100,7 @@ class ZeusCallback(Callback):
                 device_index=_device_index(trainer),
             )
             self.summary = None
+            self.session.open_backend()  # a missing GPU or library fails here, before training
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -44,7 +44,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from typing import Any, Literal, Protocol
 
 from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
 from zeus_callbacks.optimizers.cost import ZeusCost
+from zeus_callbacks.signals import ChainedSigterm
 
 logger = logging.getLogger(__name__)
 
@@ -767,7 +767,7 @@ class PowerLimitController:
         self.key: ProfileKey | None = None
         self.result: PowerLimitResult | None = None
         self._marker_written = False
-        self._previous_sigterm: Any = None
+        self._sigterm = ChainedSigterm(self.restore, "restoring the original power limits")
         self._lock = threading.RLock()
         self._step_index = 0
 
@@ -957,30 +957,10 @@ class PowerLimitController:
             self._uninstall_sigterm()
 
     def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread() or self._previous_sigterm is not None:
-            return
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous == signal.SIG_IGN:
-            return
-        self._previous_sigterm = previous if previous is not None else signal.SIG_DFL
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._sigterm.install()
 
     def _uninstall_sigterm(self) -> None:
-        previous, self._previous_sigterm = self._previous_sigterm, None
-        if previous is None or threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, previous)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        previous = self._previous_sigterm
-        logger.warning("zeus-callbacks: SIGTERM: restoring the original power limits")
-        self.restore()  # also puts the previous handler back
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        self._sigterm.uninstall()
 
 
 MARKER_NAME = "power_limit_restore.json"
