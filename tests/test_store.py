@@ -1,0 +1,50 @@
+"""Both store backends against the Store contract, plus backend-specific checks."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tests.store_contract import BACKENDS, StoreContract
+from zeus_callbacks.store import StoreCorruptError, open_store
+from zeus_callbacks.store.json import JSONStore
+from zeus_callbacks.store.sqlite import SQLiteStore
+
+
+class TestStoreContract(StoreContract):
+    @pytest.fixture(params=sorted(BACKENDS))
+    def kind(self, request) -> str:
+        return request.param
+
+
+def test_open_store_picks_the_backend_from_the_suffix(tmp_path):
+    with open_store(tmp_path / "a.json") as a, open_store(tmp_path / "a.db") as b:
+        assert isinstance(a, JSONStore) and isinstance(b, SQLiteStore)
+    with open_store(tmp_path / "c.store", backend="json") as c:
+        assert isinstance(c, JSONStore)
+    with pytest.raises(ValueError, match="unknown store backend"):
+        open_store(tmp_path / "d", backend="yaml")  # type: ignore[arg-type]
+
+
+def test_sqlite_uses_wal_and_refuses_a_foreign_database(tmp_path):
+    path = tmp_path / "s.sqlite"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    other = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCorruptError, match="not a zeus-callbacks store"):
+        SQLiteStore(other)
+
+
+def test_json_refuses_other_json(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"hello": 1}')
+    with pytest.raises(StoreCorruptError, match="x.json"):
+        JSONStore(path)
+    assert path.read_text() == '{"hello": 1}'
