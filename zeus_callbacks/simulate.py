@@ -18,10 +18,14 @@ seconds; early stopping is checked at every one). After each epoch the simulator
 reports the metric ``target`` (the target value once reached, a worse one before).
 
 Power limit (``power_limit``): ``"max"`` trains at the maximum limit; ``"jit"`` is a
-stand-in for the just-in-time profiler (built on another branch): the first
-``profile_epochs`` of each limit's share of the first epoch run at every limit in
-turn (charged at that limit's real time and power; they count as training progress),
-then the cheapest limit by the trace's cost per epoch is kept.
+stand-in for the just-in-time profiler (built on another branch): at the start of the
+first epoch it runs ``profile_epochs`` at each limit from the maximum down (charged at
+that limit's real time and power, and counted as training progress), measures the cost
+per epoch of each from the session's own totals, stops at the first limit costlier
+than the best so far (cost per epoch is unimodal in the limit on these traces), and
+trains at the best one. The profile is cached in the store (key
+``<gpu>/<workload>/bs<b>/eta<eta>``): a later recurrence at the same batch size skips
+profiling.
 
 Command line::
 
@@ -42,6 +46,7 @@ from typing import Literal
 
 import numpy as np
 
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -124,7 +129,7 @@ def simulate(
     store_path: str | Path | None = None,
     steps_per_epoch: int = 4,
     power_limit: Literal["max", "jit"] = "max",
-    profile_epochs: float = 0.05,
+    profile_epochs: float = 0.01,
     pruning_rounds: int = 2,
     batch_sizes: Sequence[int] | None = None,
 ) -> list[Recurrence]:
@@ -221,14 +226,15 @@ def _one_recurrence(
     assert sampler is not None
 
     # Each simulated step is a slice of an epoch; `progress` counts epochs done.
-    schedule: list[tuple[float, float]] = []  # (power limit, epochs of progress)
-    if power_limit == "jit":
-        for p in sorted(curve.power_limit_W, reverse=True):
-            schedule.append((float(p), profile_epochs))
-    elif power_limit != "max":
+    if power_limit not in ("max", "jit"):
         raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
-    chosen_W = best_power_limit_W(curve, cost) if power_limit == "jit" else max_W
-
+    profile_key = f"{traces.normalize_gpu(gpu)}/{w.dataset}/bs{batch_size}/eta{cost.eta_knob:g}"
+    cached = _get_profile(config, profile_key) if power_limit == "jit" else None
+    to_profile = [float(p) for p in sorted(curve.power_limit_W, reverse=True)] if power_limit == "jit" else []
+    measured: dict[float, float] = {}  # power limit -> measured cost per epoch
+    chosen_W = max_W
+    if cached is not None:
+        to_profile, chosen_W = [], float(cached["best_W"])
     progress, stopped, step = 0.0, False, 0
     epoch_index = -1
     reached = target_epoch is not None and target_epoch <= w.max_epochs
@@ -238,7 +244,13 @@ def _one_recurrence(
         if backend.power_limit_W(0) != limit_W:
             backend.set_power_limit_W(0, limit_W)
         session.step_start(step)
-        clock.advance(epochs * traces.time_per_epoch_s_at(curve, limit_W))
+        dt_s = epochs * traces.time_per_epoch_s_at(curve, limit_W)
+        if sampler.latest_sample_s() is None:  # the sensor keeps 2.4 s: catch the first sample early
+            first_s = min(dt_s / 2, 2 * backend.sample_period_s)
+            clock.advance(first_s)
+            sampler.poll_once(read_counter=False)
+            dt_s -= first_s
+        clock.advance(dt_s)
         sampler.poll_once(read_counter=False)
         decision = session.step_end(step)
         step += 1
@@ -250,13 +262,29 @@ def _one_recurrence(
         if int(progress + 1e-9) != epoch_index:
             epoch_index = int(progress + 1e-9)
             session.epoch_start(epoch_index)
-        if schedule:
-            limit_W, epochs = schedule.pop(0)
+        profiling = bool(to_profile)
+        if profiling:
+            limit_W, epochs = to_profile.pop(0), profile_epochs
+            before = session.totals()
         else:
             limit_W, epochs = chosen_W, 1.0 / steps_per_epoch
         boundary = epoch_index + 1
         epochs = min(epochs, boundary - progress)
         stopped = run_slice(limit_W, epochs)
+        if profiling:
+            after = session.totals()
+            measured[limit_W] = (
+                cost(
+                    after[metric.TOTAL_ENERGY_J] - before[metric.TOTAL_ENERGY_J],
+                    after[metric.TOTAL_TIME_S] - before[metric.TOTAL_TIME_S],
+                )
+                / epochs
+            )
+            # Cost per epoch is unimodal in the limit: stop at the first limit costlier than the best.
+            if measured[limit_W] > min(measured.values()) or not to_profile:
+                to_profile = []
+                chosen_W = min(measured, key=measured.__getitem__)
+                _put_profile(config, profile_key, measured, chosen_W)
         if abs(progress - boundary) < 1e-9:
             progress = float(boundary)
             session.epoch_end(epoch_index)
@@ -286,6 +314,17 @@ def _one_recurrence(
         phase=str(trial.info.get("phase")),
         target_epoch=target_epoch,
     )
+
+
+def _get_profile(config: dict, key: str) -> dict | None:
+    with open_store(config["store"]["path"], config["store"]["backend"]) as store:
+        return store.get_profile(key)
+
+
+def _put_profile(config: dict, key: str, measured: dict[float, float], best_W: float) -> None:
+    table = {"limits_W": list(measured), "cost_per_epoch": list(measured.values()), "best_W": best_W}
+    with open_store(config["store"]["path"], config["store"]["backend"]) as store:
+        store.put_profile(key, table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
