@@ -217,7 +217,8 @@ def _one_recurrence(
         clock=clock,
         noise_W=0.0,
         read_only=False,
-        sample_period_s=min(1.0, dt_max / 4),  # a few samples per simulated step: exact, and fast
+        # A few samples per simulated step (profiling slices included): exact, and fast.
+        sample_period_s=min(1.0, dt_max / 8, profile_epochs * traces.time_per_epoch_s_at(curve, max_W) / 8),
     )
     session = EnergySession(config, backend=backend, is_main_process=True)
     session.suggest_batch_size()  # claims the suggestion made above
@@ -245,12 +246,12 @@ def _one_recurrence(
             backend.set_power_limit_W(0, limit_W)
         session.step_start(step)
         dt_s = epochs * traces.time_per_epoch_s_at(curve, limit_W)
-        if sampler.latest_sample_s() is None:  # the sensor keeps 2.4 s: catch the first sample early
-            first_s = min(dt_s / 2, 2 * backend.sample_period_s)
-            clock.advance(first_s)
-            sampler.poll_once(read_counter=False)
-            dt_s -= first_s
-        clock.advance(dt_s)
+        # The sensor keeps only 2.4 s of samples: drain once early in the slice, so the first
+        # sample after a limit change (which averages old and new power) is never lost.
+        first_s = min(dt_s / 2, 2 * backend.sample_period_s)
+        clock.advance(first_s)
+        sampler.poll_once(read_counter=False)
+        clock.advance(dt_s - first_s)
         sampler.poll_once(read_counter=False)
         decision = session.step_end(step)
         step += 1
