@@ -21,9 +21,8 @@ Power limit (``power_limit``): ``"max"`` trains at the maximum limit; ``"jit"`` 
 stand-in for the just-in-time profiler (built on another branch): at the start of the
 first epoch it runs ``profile_epochs`` at each limit from the maximum down (charged at
 that limit's real time and power, and counted as training progress), measures the cost
-per epoch of each from the session's own totals, stops at the first limit costlier
-than the best so far (cost per epoch is unimodal in the limit on these traces), and
-trains at the best one. The profile is cached in the store (key
+per epoch of each from the session's own totals, and trains at the cheapest (the
+traces' cost is not unimodal in the limit, so every limit is tried). The profile is cached in the store (key
 ``<gpu>/<workload>/bs<b>/eta<eta>``): a later recurrence at the same batch size skips
 profiling.
 
@@ -281,8 +280,7 @@ def _one_recurrence(
                 )
                 / epochs
             )
-            # Cost per epoch is unimodal in the limit: stop at the first limit costlier than the best.
-            if measured[limit_W] > min(measured.values()) or not to_profile:
+            if not to_profile:  # every limit measured (trace costs are not unimodal in the limit)
                 to_profile = []
                 chosen_W = min(measured, key=measured.__getitem__)
                 _put_profile(config, profile_key, measured, chosen_W)
