@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--power-limit", choices=["jit", "max"], default="jit")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--pruning-rounds", type=int, default=2)
+    parser.add_argument("--pruning-rounds", type=int, default=1)
     parser.add_argument("--profile-epochs", type=float, default=0.01, help="jit: epochs profiled per power limit")
     parser.add_argument("--only", default=None, help="comma-separated workloads (default: all six)")
     args = parser.parse_args()

@@ -80,7 +80,7 @@ def test_settings_validate():
 
 
 def test_pruning_order_down_then_up_stopping_at_first_failure(store):
-    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, pruning_rounds=2))
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, pruning_rounds=2, prune_cost_ratio=None))
     converges = {16, 32, 64, 128}.__contains__
     order = [run(bandit, converges) for _ in range(10)]
     # Round 0 from the default 64: down 32, 16, 8 (fails: stop), up 128, 256 (fails: stop).
@@ -95,6 +95,16 @@ def test_pruning_order_down_then_up_stopping_at_first_failure(store):
     assert set(picks) <= {16, 32, 64, 128} and picks.count(32) > 15
 
 
+def test_pruning_also_ends_a_direction_when_cost_rises(store):
+    # Costs V-shaped around 32 (cost_of: 100 at 32, 200 at 16 and 64, 300 at 8 and 128):
+    # down from 64, 32 is the cheapest; 16 costs 2x > 1.5x the cheapest: the direction ends at
+    # 16 (it converged, so it survives) and 8 is never tried; up from 64, 128 costs 3x: ends too.
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, pruning_rounds=1, prune_cost_ratio=1.5))
+    order = [run(bandit) for _ in range(4)]
+    assert order == [64, 32, 16, 128]
+    assert bandit.state()["phase"] == "thompson" and bandit.state()["survivors"] == [16, 32, 64, 128]
+
+
 def test_failed_trials_neither_count_nor_move_pruning(store):
     bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
     s = bandit.suggest()
@@ -103,7 +113,7 @@ def test_failed_trials_neither_count_nor_move_pruning(store):
 
 
 def test_min_cost_only_from_converged_and_early_stop_threshold(store):
-    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, beta_knob=2.0))
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=None))
     assert bandit.early_stop_threshold() is None
     s = bandit.suggest()  # 64
     bandit.report(s.trial_id, energy_J=1, time_s=1, cost=50.0, converged=False)  # not converged: no min_cost

@@ -119,12 +119,20 @@ class BatchSizeConfig(_Section):
     max_power_W: float | None = Field(
         None, gt=0, description="MaxPower of the cost (W, all GPUs); default: maximum power limit x GPUs."
     )
-    pruning_rounds: int = Field(2, ge=1, description="Pruning rounds before Thompson sampling.")
+    pruning_rounds: int = Field(
+        1, ge=1, description="Pruning rounds before Thompson sampling (Zeus: 2; the pooled noise variance needs 1)."
+    )
     seed: int = Field(0, description="Seed of the bandit's generator (its state then lives in the store).")
     prior_std_rel: float = Field(1.0, gt=0, description="Prior standard deviation of an arm's cost, relative.")
     noise_floor_rel: float = Field(0.05, gt=0, description="Floor of an arm's cost standard deviation, relative.")
     window: int | None = Field(None, ge=1, description="Use only each arm's last N observations (drift).")
     discount: float | None = Field(None, gt=0, le=1, description="Weight discount**age per observation (drift).")
+    prune_cost_ratio: float | None = Field(
+        1.5,
+        ge=1,
+        description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
+        "converged size; null: only non-convergence does (Zeus).",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )

@@ -129,8 +129,9 @@ def simulate(
     steps_per_epoch: int = 4,
     power_limit: Literal["max", "jit"] = "max",
     profile_epochs: float = 0.01,
-    pruning_rounds: int = 2,
+    pruning_rounds: int = 1,
     batch_sizes: Sequence[int] | None = None,
+    bandit: dict | None = None,
 ) -> list[Recurrence]:
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
 
@@ -149,6 +150,7 @@ def simulate(
         profile_epochs: With ``"jit"``: epochs spent at each limit while profiling.
         pruning_rounds: Pruning rounds of the bandit.
         batch_sizes: Arms; default every batch size of the workload in the GPU's trace.
+        bandit: Further ``batch_size`` settings (e.g. ``{"noise_floor_rel": 0.1}``).
 
     Returns:
         One :class:`Recurrence` per recurrence, in order.
@@ -183,6 +185,7 @@ def simulate(
                 "beta_knob": beta_knob,
                 "seed": seed,
                 "pruning_rounds": pruning_rounds,
+                **(bandit or {}),
             },
         }
         out = []

@@ -10,22 +10,29 @@ minimises cost.
 later rounds: the cheapest arm of the previous round), then tries the surviving sizes
 below it in decreasing order and stops that direction at the first size that fails to
 converge (target not reached, or stopped early), then the sizes above it in increasing
-order with the same rule. The sizes that converged in the round survive into the next;
-after ``pruning_rounds`` rounds, Thompson sampling runs on the survivors.
+order with the same rule. Beyond Zeus, a direction also stops at a size that converged
+but cost more than ``prune_cost_ratio`` × the cheapest converged size of the round (the
+cost-to-accuracy is close to unimodal in the batch size, §2.2, so the sizes beyond it
+are costlier still; the margin keeps run-to-run noise from stopping a direction). The
+sizes that converged in the round survive into the next; after ``pruning_rounds``
+rounds, Thompson sampling runs on the survivors.
 
 **Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
 with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
 window)::
 
-    n   = Σ w_i                     x̄ = Σ w_i x_i / n
-    s²  = Σ w_i (x_i − x̄)² / (n − 1)             (0 when n ≤ 1)
-    σ²  = max(s², (ρ · x̄)²)                      noise variance with a floor (ρ = noise_floor_rel)
+    n_a = Σ w_i                     x̄_a = Σ w_i x_i / n_a
+    r   = Σ_a Σ_i w_i (x_i / x̄_a − 1)² / Σ_a (n_a − 1)    relative noise variance, pooled over
+                                                          the arms with n_a > 1 (0 if none)
+    σ²_a = max(r, ρ²) · x̄_a²                  noise variance with a floor (ρ = noise_floor_rel)
     μ0  = mean of every observed cost of the job  τ0 = 1 / (κ · μ0)²   (κ = prior_std_rel)
-    τn  = τ0 + n / σ²                            μn = (τ0 μ0 + (n / σ²) x̄) / τn
+    τn  = τ0 + n_a / σ²_a                         μn = (τ0 μ0 + (n_a / σ²_a) x̄_a) / τn
 
 and each round draws ``θ_a ~ N(μn, 1/τn)`` for every arm and picks ``argmin θ_a``.
 Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
-floor (identical costs no longer make ``τn`` infinite and freeze the arm), old
+floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
+over arms in relative terms (a run-to-run spread seen on the arm played most informs
+the arms seen once, so one pruning round suffices where Zeus needs two), old
 observations can be windowed or discounted (drift), and the generator is a seeded
 ``numpy.random.Generator`` whose state is persisted in the store after every draw (no
 clock seeding; runs are reproducible across processes).
@@ -73,17 +80,21 @@ class BanditSettings:
         noise_floor_rel: Floor of an arm's cost standard deviation as a fraction of its mean (ρ).
         window: Use only the last ``window`` observations of each arm; None: all.
         discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
+        prune_cost_ratio: Also end a pruning direction at a size costing more than this
+            times the cheapest converged size of the round (cost is close to unimodal in
+            the batch size); None: only non-convergence ends a direction (Zeus).
     """
 
     batch_sizes: tuple[int, ...]
     default_batch_size: int
     beta_knob: float | None = 2.0
-    pruning_rounds: int = 2
+    pruning_rounds: int = 1
     seed: int = 0
     prior_std_rel: float = 1.0
     noise_floor_rel: float = 0.05
     window: int | None = None
     discount: float | None = None
+    prune_cost_ratio: float | None = 1.5
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -100,6 +111,8 @@ class BanditSettings:
             raise ValueError("prior_std_rel and noise_floor_rel must be positive")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
+            raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -122,6 +135,7 @@ class BanditSettings:
             noise_floor_rel=config.noise_floor_rel,
             window=config.window,
             discount=config.discount,
+            prune_cost_ratio=config.prune_cost_ratio,
         )
 
 
@@ -194,6 +208,7 @@ def gaussian_posterior(
     prior_mean: float,
     prior_precision: float,
     noise_floor_rel: float,
+    relative_var: float | None = None,
 ) -> tuple[float, float, float]:
     """Posterior of a Gaussian mean with a Gaussian prior and a floored noise variance.
 
@@ -203,6 +218,8 @@ def gaussian_posterior(
         prior_mean: ``μ0``.
         prior_precision: ``τ0`` > 0.
         noise_floor_rel: ρ: the noise standard deviation is at least ``ρ · x̄``.
+        relative_var: A relative noise variance ``r`` pooled over arms: when given,
+            ``σ² = max(r, ρ²) · x̄²`` replaces the arm's own sample variance.
 
     Returns:
         ``(μn, τn, σ²)``; ``(μ0, τ0, nan)`` when the weights sum to 0.
@@ -218,11 +235,39 @@ def gaussian_posterior(
     if n <= 0:
         return prior_mean, prior_precision, math.nan
     mean = float((w * x).sum() / n)
-    sample_var = float((w * (x - mean) ** 2).sum() / (n - 1)) if n > 1 else 0.0
+    if relative_var is None:
+        sample_var = float((w * (x - mean) ** 2).sum() / (n - 1)) if n > 1 else 0.0
+    else:
+        sample_var = relative_var * mean**2
     noise_var = max(sample_var, (noise_floor_rel * mean) ** 2)
     precision = prior_precision + n / noise_var
     post_mean = (prior_precision * prior_mean + n / noise_var * mean) / precision
     return post_mean, precision, noise_var
+
+
+def pooled_relative_variance(
+    costs_by_arm: Sequence[Sequence[float]], weights_by_arm: Sequence[Sequence[float]]
+) -> float:
+    """Relative noise variance pooled over arms: ``Σ_a Σ_i w_i (x_i / x̄_a − 1)² / Σ_a (n_a − 1)``.
+
+    Only arms with ``n_a = Σ w_i > 1`` contribute; 0 when none does.
+
+    Args:
+        costs_by_arm: Each arm's observations.
+        weights_by_arm: Their weights, same shapes.
+
+    Returns:
+        The pooled relative variance (dimensionless).
+    """
+    num = den = 0.0
+    for costs, weights in zip(costs_by_arm, weights_by_arm, strict=True):
+        x, w = np.asarray(costs, dtype=float), np.asarray(weights, dtype=float)
+        n = float(w.sum())
+        if n > 1:
+            mean = float((w * x).sum() / n)
+            num += float((w * (x / mean - 1.0) ** 2).sum())
+            den += n - 1
+    return num / den if den > 0 else 0.0
 
 
 def observation_weights(ages: Sequence[int], window: int | None, discount: float | None) -> np.ndarray:
@@ -370,13 +415,16 @@ class BatchSizeBandit:
             arms = self.state()["survivors"]
         all_costs = [c for arm in obs.values() for c, _ in arm]
         prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
+        costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
+        weights = {b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in obs.items()}
+        relative_var = pooled_relative_variance([costs[b] for b in obs], [weights[b] for b in obs])
         result = {}
         for b in arms:
-            pairs = obs.get(b, [])
-            costs = [c for c, _ in pairs]
-            weights = observation_weights([a for _, a in pairs], s.window, s.discount)
-            mean, precision, var = gaussian_posterior(costs, weights, prior_mean, prior_precision, s.noise_floor_rel)
-            result[b] = ArmPosterior(b, float(np.sum(weights)), mean, precision, var)
+            x, w = costs.get(b, []), weights.get(b, np.zeros(0))
+            mean, precision, var = gaussian_posterior(
+                x, w, prior_mean, prior_precision, s.noise_floor_rel, relative_var=relative_var
+            )
+            result[b] = ArmPosterior(b, float(np.sum(w)), mean, precision, var)
         return result
 
     # -- the two calls of a recurrence -----------------------------------------------------
@@ -492,14 +540,18 @@ class BatchSizeBandit:
 
         ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
         increasing) → next round or the Thompson phase. A direction ends at the first
-        size that does not converge, or when it runs out of sizes.
+        size that does not converge, at the first that costs more than
+        ``prune_cost_ratio`` × the cheapest converged size of the round (it survives; the
+        sizes beyond it are not tried), or when it runs out of sizes.
         """
         state["round_results"] = {**state["round_results"], str(batch_size): [cost, converged]}
         survivors = sorted(state["survivors"])
         direction = state["direction"]
+        ratio = self.settings.prune_cost_ratio
+        best = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
         if direction == "start":
             direction, pivot = "down", state["start"]
-        elif converged:
+        elif converged and (ratio is None or cost <= ratio * best):
             pivot = batch_size
         elif direction == "down":
             direction, pivot = "up", state["start"]
