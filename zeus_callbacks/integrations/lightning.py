@@ -98,7 +98,9 @@ class ZeusCallback(Callback):
                 device_index=_device_index(trainer),
             )
             self.summary = None
-            suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled
+            suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
+            if self.config.batch_size.enabled and trainer.world_size > 1:
+                suggested = trainer.strategy.broadcast(suggested, src=0)  # one batch size on every rank
             if suggested is not None:
                 self._apply_batch_size(pl_module, suggested)
 
@@ -175,7 +177,7 @@ class ZeusCallback(Callback):
     ) -> None:
         decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
         self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
-        if decision.stop_training:
+        if self._agree_to_stop(trainer, decision.stop_training):
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
 
@@ -190,7 +192,7 @@ class ZeusCallback(Callback):
             return
         self.session.eval_end()
         decision = self.session.evaluate(trainer.callback_metrics)
-        if decision.stop_training:
+        if self._agree_to_stop(trainer, decision.stop_training):
             trainer.should_stop = True
 
     @override
@@ -214,6 +216,12 @@ class ZeusCallback(Callback):
             self._finish(trainer, status="completed")
 
     # -- helpers -----------------------------------------------------------------------
+    def _agree_to_stop(self, trainer: pl.Trainer, stop: bool) -> bool:
+        """Stop if any rank says so (only the main rank runs the bandit); no collective when it is off."""
+        if self.config.batch_size.enabled and trainer.world_size > 1:
+            return bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
+        return stop
+
     def _log(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool
     ) -> None:
