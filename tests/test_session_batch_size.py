@@ -117,3 +117,15 @@ def test_disabled_bandit_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match="default_batch_size"):
         suggest_batch_size({"backend": "virtual"})
     assert suggest_batch_size({"batch_size": {"default_batch_size": 16}}) == 16
+
+
+def test_corrupt_store_fails_before_training_and_stops_the_sampler(tmp_path):
+    from zeus_callbacks.store import StoreCorruptError
+
+    (tmp_path / "zeus_store.sqlite").write_bytes(b"not a database at all" * 50)
+    session, _, _ = new_run(tmp_path, "bad")
+    with pytest.raises(StoreCorruptError, match="zeus_store.sqlite"):
+        session.suggest_batch_size()
+    with pytest.raises(StoreCorruptError, match="zeus_store.sqlite"):
+        session.train_start(run_name="bad")
+    assert not session.started and session.summary.status == "failed"

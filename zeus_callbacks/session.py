@@ -241,9 +241,16 @@ class EnergySession:
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         if self.batch_size_controller is not None:
-            max_power_W = sum(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
-            self.batch_size_controller.start(max_power_W, self.power_limit_W)
+            try:
+                max_power_W = sum(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
+            except BackendError:  # no limit range: the limit in force stands in for the maximum
+                max_power_W = (self.power_limit_W or 1.0) * len(self.gpu_indices)
             c = self.batch_size_controller
+            try:
+                c.start(max_power_W, self.power_limit_W)
+            except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
+                self.exception(exc)
+                raise
             self._write(
                 {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
                  "threshold_cost": c.threshold}
@@ -427,10 +434,11 @@ class EnergySession:
         if self.batch_size_controller is not None:
             try:
                 t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status)
-                self._write(
-                    {"event": "trial", "trial_id": t.trial_id, "batch_size": t.batch_size, "status": t.status,
-                     "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}
-                )  # fmt: skip
+                if t is not None:
+                    self._write(
+                        {"event": "trial", "trial_id": t.trial_id, "batch_size": t.batch_size, "status": t.status,
+                         "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}
+                    )  # fmt: skip
             except Exception as exc:  # the run is over: a store fault must not hide its summary
                 logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
         if self._exception_record is not None:

@@ -179,15 +179,16 @@ class BatchSizeController:
             return self.stop_reason
         return None
 
-    def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord:
-        """Record the trial's outcome in the store and return the finished trial.
+    def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
+        """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
         Args:
             energy_J: GPU energy of the run (J).
             time_s: Wall time of the run (s).
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
         """
-        assert self.suggestion is not None and self.cost is not None
+        if self.suggestion is None or self.cost is None:
+            return None
         if run_status != "completed":
             status = "failed"
         elif self.stop_reason is not None:
