@@ -160,3 +160,14 @@ def test_seeded_determinism_across_a_store_round_trip(tmp_path):
     c = sequence(tmp_path / "c.json", 1)
     assert a == b == c
     assert len(set(a[6:])) > 1  # Thompson sampling really sampled
+
+
+def test_discount_and_window_shape_the_posterior(store):
+    settings = BanditSettings((32, 64), 32, pruning_rounds=1, discount=0.5, window=2)
+    bandit = BatchSizeBandit(store, "job", settings)
+    for b, c in ((32, 100.0), (32, 100.0), (32, 100.0), (64, 90.0)):
+        t = store.create_trial("job", b)
+        store.finish_trial(t.trial_id, status="completed", energy_J=1, time_s=1, cost=c, converged=True)
+    posts = bandit.posteriors([32, 64])
+    # Ages (newest 0): 64 has age 0; 32 has ages 1, 2, 3 -> window keeps 1 and 2 -> n = 0.5 + 0.25.
+    assert posts[64].n == 1.0 and posts[32].n == pytest.approx(0.75)

@@ -48,3 +48,28 @@ def test_json_refuses_other_json(tmp_path):
     with pytest.raises(StoreCorruptError, match="x.json"):
         JSONStore(path)
     assert path.read_text() == '{"hello": 1}'
+
+
+def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
+    import json
+
+    from zeus_callbacks.store import json as json_store
+    from zeus_callbacks.store import sqlite as sqlite_store
+
+    sq, js = tmp_path / "s.sqlite", tmp_path / "s.json"
+    for path in (sq, js):
+        with open_store(path) as store:
+            store.create_trial("j", 8)
+    # Pretend the code is one schema ahead, with a migration from today's version.
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(sqlite_store.MIGRATIONS, 1, lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT"))
+    monkeypatch.setattr(json_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(json_store.MIGRATIONS, 1, lambda doc: doc.setdefault("owners", {}))
+    with open_store(sq) as store, open_store(js) as store2:
+        assert len(store.list_trials("j")) == 1 and len(store2.list_trials("j")) == 1
+    conn = sqlite3.connect(sq)
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    assert "owner" in [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
+    conn.close()
+    doc = json.loads(js.read_text())
+    assert doc["schema_version"] == 2 and doc["owners"] == {}
