@@ -73,3 +73,26 @@ def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
     conn.close()
     doc = json.loads(js.read_text())
     assert doc["schema_version"] == 2 and doc["owners"] == {}
+
+
+@pytest.mark.parametrize("suffix", ["sqlite", "json"])
+def test_store_is_a_power_limit_profile_cache(tmp_path, suffix):
+    from dataclasses import dataclass
+
+    from zeus_callbacks.store.profile_cache import StoreProfileCache
+
+    @dataclass(frozen=True)
+    class Key:  # the shape of power_limit.ProfileKey
+        job_id: str
+        batch_size: int
+
+        def as_str(self) -> str:
+            return f"{self.job_id}/{self.batch_size}"
+
+    cache = StoreProfileCache(tmp_path / f"store.{suffix}")
+    assert cache.get(Key("j", 8)) is None
+    cache.put(Key("j", 8), {"limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]})
+    assert StoreProfileCache(tmp_path / f"store.{suffix}").get(Key("j", 8)) == {
+        "limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]}
+    with open_store(tmp_path / f"store.{suffix}") as store:
+        assert store.list_profiles() == ["j/8"]
