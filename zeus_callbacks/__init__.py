@@ -6,6 +6,7 @@ Public API:
     EnergySession: the framework-free controller both use.
     ZeusConfig, load_config: the YAML configuration.
     get_backend: open a GPU backend (``auto``, ``nvml``, ``amdsmi``, ``virtual``).
+    suggest_batch_size: the batch-size bandit's choice for this recurrence (before data loaders exist).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from zeus_callbacks.backends import get_backend
 from zeus_callbacks.config import ConfigError, ZeusConfig, load_config
+from zeus_callbacks.optimizers.recurring import suggest_batch_size
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import Decision, EnergySession
 
@@ -34,6 +36,7 @@ __all__ = [
     "ZeusTrainerCallback",
     "get_backend",
     "load_config",
+    "suggest_batch_size",
 ]
 
 

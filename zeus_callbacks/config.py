@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -125,17 +125,89 @@ class PowerLimitConfig(_Section):
     )
 
 
+class TargetConfig(_Section):
+    """The validation metric a recurrence must reach (its *target*)."""
+
+    metric: str = Field(..., min_length=1, description="Validation metric name, as the framework logs it.")
+    value: float = Field(..., description="Threshold the metric must reach.")
+    direction: Literal["max", "min"] = Field(
+        "max", description="max: reached when metric >= value (accuracy); min: when metric <= value (loss, WER)."
+    )
+
+    def reached(self, metric_value: float) -> bool:
+        """True when ``metric_value`` meets the target."""
+        return metric_value >= self.value if self.direction == "max" else metric_value <= self.value
+
+
 class BatchSizeConfig(_Section):
-    """Reserved: batch-size optimisation across recurring runs (a later release)."""
+    """Batch-size optimisation across recurrences of ``job_id`` (Zeus NSDI '23, §4.2–4.4)."""
 
     enabled: bool = Field(False, description="Suggest batch sizes across recurrences.")
+    batch_sizes: list[int] | None = Field(None, description="Candidate batch sizes (required when enabled).")
+    default_batch_size: int | None = Field(
+        None, gt=0, description="Batch size pruning starts from (required when enabled; one of batch_sizes)."
+    )
+    target: TargetConfig | None = Field(None, description="Target metric; without one no run counts as converged.")
+    stop_at_target: bool = Field(True, description="Stop training once the target is reached.")
+    eta_knob: float = Field(0.5, ge=0, le=1, description="Weight of energy in the cost (ZeusCost).")
+    beta_knob: float | None = Field(
+        2.0, gt=1, description="Stop a run whose cost exceeds beta_knob x the best converged cost; null: never."
+    )
+    max_power_W: float | None = Field(
+        None, gt=0, description="MaxPower of the cost (W, all GPUs); default: maximum power limit x GPUs."
+    )
+    pruning_rounds: int = Field(
+        1, ge=1, description="Pruning rounds before Thompson sampling (Zeus: 2; the pooled noise variance needs 1)."
+    )
+    seed: int = Field(0, description="Seed of the bandit's generator (its state then lives in the store).")
+    prior_std_rel: float = Field(1.0, gt=0, description="Prior standard deviation of an arm's cost, relative.")
+    noise_floor_rel: float = Field(0.05, gt=0, description="Floor of an arm's cost standard deviation, relative.")
+    window: int | None = Field(None, ge=1, description="Use only each arm's last N observations (drift).")
+    discount: float | None = Field(None, gt=0, le=1, description="Weight discount**age per observation (drift).")
+    prune_cost_ratio: float | None = Field(
+        1.5,
+        ge=1,
+        description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
+        "converged size; null: only non-convergence does (Zeus).",
+    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
+    )
+    module_attr: str = Field(
+        "batch_size", min_length=1, description="Lightning: batch-size attribute of the module/datamodule (hparams)."
+    )
+    lr_attr: str | None = Field(None, description="Lightning: learning-rate attribute; default: lr or learning_rate.")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _sizes_valid(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value or min(value) <= 0 or len(set(value)) != len(value):
+                raise ValueError(f"must be distinct positive integers, got {value}")
+            value = sorted(value)
+        return value
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> BatchSizeConfig:
+        if self.enabled:
+            if not self.batch_sizes or self.default_batch_size is None:
+                raise ValueError("batch_sizes and default_batch_size are required when enabled")
+        if self.batch_sizes and self.default_batch_size is not None and self.default_batch_size not in self.batch_sizes:
+            raise ValueError(f"default_batch_size {self.default_batch_size} is not in batch_sizes {self.batch_sizes}")
+        return self
 
 
 class StoreConfig(_Section):
-    """Reserved: the persistent store of runs, trials and profiles (a later release)."""
+    """The persistent store of jobs, trials, bandit state and power-limit profiles."""
 
     backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format.")
     path: Path | None = Field(None, description="Store file; default: <log_dir>/zeus_store.<ext>.")
+
+    def resolved_path(self, log_dir: Path) -> Path:
+        """The store file: ``path``, or ``<log_dir>/zeus_store.sqlite|json``."""
+        if self.path is not None:
+            return self.path
+        return Path(log_dir) / f"zeus_store.{self.backend}"
 
 
 class ZeusConfig(_Section):

@@ -40,6 +40,7 @@ from zeus_callbacks.measurement.attribution import counter_energy_J, interval_en
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
+from zeus_callbacks.optimizers.recurring import BatchSizeController
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
 from zeus_callbacks.signals import ChainedSigterm
 
@@ -161,6 +162,11 @@ class EnergySession:
         self.power_limiter: pl.PowerLimitController | None = None
         self._power_limit_agreement = False  # DDP: exchange the limit at each step start
         self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
+        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
+        self.batch_size_controller = (
+            BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
+        )
+        self._stop_reason: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -242,6 +248,43 @@ class EnergySession:
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         self._start_power_limiter()
+        if self.batch_size_controller is not None:
+            try:
+                max_power_W = sum(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
+            except BackendError:  # no limit range: the limit in force stands in for the maximum
+                max_power_W = (self.power_limit_W or 1.0) * len(self.gpu_indices)
+            c = self.batch_size_controller
+            try:
+                c.start(max_power_W, self.power_limit_W)
+            except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
+                self.exception(exc)
+                raise
+            self._write(
+                {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
+                 "threshold_cost": c.threshold}
+            )  # fmt: skip
+
+    def suggest_batch_size(self) -> int | None:
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
+
+        Made once per session (the recurrence's trial is recorded in the store); later
+        calls return the same value.
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false (or on a
+            non-main process, which never writes the store).
+
+        Raises:
+            StoreError: The store cannot be opened (corrupt, newer schema).
+        """
+        if self.batch_size_controller is None:
+            return None
+        return self.batch_size_controller.suggest()
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.batch_size = int(batch_size)
 
     def open_backend(self) -> GPUBackend:
         """Open the configured backend now (adapters call it at setup, to fail before training).
@@ -323,6 +366,11 @@ class EnergySession:
 
     def _decide(self) -> Decision:
         # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
+        controller = self.batch_size_controller
+        if self._stop_reason is None and controller is not None and controller.threshold is not None and self.started:
+            self._stop_reason = controller.check(self._run_energy_so_far_J(), self._run_time_so_far_s())
+        if self._stop_reason is not None:
+            return Decision(stop_training=True, reason=self._stop_reason)
         return Decision()
 
     def eval_start(self) -> None:
@@ -359,6 +407,8 @@ class EnergySession:
         self._last_eval_metrics = numeric
         if self.started:
             self._write({"event": "evaluate", "step": self._totals.steps, "metrics": numeric})
+            if self.batch_size_controller is not None and self._stop_reason is None:
+                self._stop_reason = self.batch_size_controller.observe(numeric)
         return self._decide()
 
     def epoch_end(self, epoch: int) -> dict[str, float]:
@@ -418,6 +468,16 @@ class EnergySession:
         self._report_steps(resolve_final=True)
         summary = self._summary()
         self._finished = summary
+        if self.batch_size_controller is not None:
+            try:
+                t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status)
+                if t is not None:
+                    self._write(
+                        {"event": "trial", "trial_id": t.trial_id, "batch_size": t.batch_size, "status": t.status,
+                         "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}
+                    )  # fmt: skip
+            except Exception as exc:  # the run is over: a store fault must not hide its summary
+                logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
         if self._exception_record is not None:
             self._write(self._exception_record)
         self._write({"event": "run_end", **summary.as_dict()})
