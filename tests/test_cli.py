@@ -40,3 +40,13 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
 def test_console_script_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "validate-config" in done.stdout
+
+
+def test_simulate_subcommand_runs_recurrences(tmp_path, capsys):
+    import json
+
+    store = tmp_path / "store.sqlite"
+    args = ["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 3 and store.exists()

@@ -4,6 +4,7 @@ Subcommands:
     validate-config FILE   check a YAML configuration; exit 1 with the errors if invalid
     report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
     restore                put back the power limits a killed run left changed (its marker file)
+    simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
 """
 
 from __future__ import annotations
@@ -88,11 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
     restore.add_argument("--marker", help="the marker file; default: the configuration's")
     restore.set_defaults(func=_restore)
+    sub.add_parser("simulate", help="replay a recurring job on the Zeus traces (options: simulate -h)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # the simulator owns its options
+        from zeus_callbacks.simulate import main as simulate_main
+
+        return simulate_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 
