@@ -18,7 +18,7 @@ seconds; early stopping is checked at every one). After each epoch the simulator
 reports the metric ``target`` (the target value once reached, a worse one before).
 
 Power limit (``power_limit``): ``"max"`` trains at the maximum limit; ``"jit"`` is a
-stand-in for the just-in-time profiler (built on another branch): at the start of the
+stand-in for the just-in-time profiler (not yet the real one in ``optimizers/power_limit.py``): at the start of the
 first epoch it runs ``profile_epochs`` at each limit from the maximum down (charged at
 that limit's real time and power, and counted as training progress), measures the cost
 per epoch of each from the session's own totals, and trains at the cheapest (the
