@@ -5,6 +5,9 @@ Subcommands:
     report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
     restore                put back the power limits a killed run left changed (its marker file)
     simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
+    show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
+    plot power-limit RUN.jsonl | plot bandit STORE JOB
+                           the power-limit frontier with the chosen point, or the bandit's history, to PNG
 """
 
 from __future__ import annotations
@@ -67,6 +70,47 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(args: argparse.Namespace) -> int:
+    from zeus_callbacks.cli_store import show
+    from zeus_callbacks.store.base import StoreError
+
+    if not Path(args.store).exists():
+        print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
+        return 1
+    try:
+        print(show(args.store, as_json=args.json))
+    except StoreError as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    try:
+        if args.what == "power-limit":
+            from zeus_callbacks.optimizers.power_limit import plot_profile
+
+            records = read_jsonl(args.source)
+            profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+            if profile is None:
+                print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
+                return 1
+            plot_profile(profile["limits"], profile.get("chosen_limit_W"), out)
+        else:
+            from zeus_callbacks.cli_store import plot_bandit_history
+
+            if not args.job:
+                print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
+                return 1
+            plot_bandit_history(args.source, args.job, out)
+    except (FileNotFoundError, NotAnEnergyLog, ValueError) as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
 def _restore(args: argparse.Namespace) -> int:
     from zeus_callbacks.optimizers.power_limit import restore_command
 
@@ -90,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--marker", help="the marker file; default: the configuration's")
     restore.set_defaults(func=_restore)
     sub.add_parser("simulate", help="replay a recurring job on the Zeus traces (options: simulate -h)")
+    show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
+    show.add_argument("store", help="the SQLite or JSON store file")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=_show)
+    plot = sub.add_parser("plot", help="plot a power-limit profile (from a run log) or a bandit history (a store)")
+    plot.add_argument("what", choices=["power-limit", "bandit"])
+    plot.add_argument("source", help="power-limit: the run's .jsonl; bandit: the store file")
+    plot.add_argument("job", nargs="?", help="bandit: the job id")
+    plot.add_argument("--out", default="zeus_plot.png", help="PNG file to write")
+    plot.set_defaults(func=_plot)
     return parser
 
 
