@@ -28,6 +28,12 @@ class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(32, 1)
+        self.batch_size = 16  # the batch-size bandit sets this before the loader is built
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
+        return DataLoader(data, batch_size=self.batch_size)
 
     def training_step(self, batch, batch_idx):
         for _ in range(10):  # a few ms of work a step
@@ -65,6 +71,7 @@ class Probe(L.Callback):
                     "summary": summary.as_dict(),
                     "limits": self.limits,
                     "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
+                    "batch_size_used": pl_module.batch_size,
                 }
             )
         )
@@ -75,6 +82,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--faulty-rank", type=int)
     parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
+    parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = VirtualGPUBackend(
@@ -88,9 +96,11 @@ def main() -> None:
             "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3,
             "step_W": 100.0, "cache": False, "plot": False,
         }
+    if args.store:
+        config["job_id"] = "ddp-job"
+        config["batch_size"] = {"enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16}
+        config["store"] = {"path": str(args.store)}
     zeus = ZeusCallback(config, backend=backend)
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -102,7 +112,7 @@ def main() -> None:
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    trainer.fit(Model(), DataLoader(data, batch_size=16))
+    trainer.fit(Model())
 
 
 if __name__ == "__main__":

@@ -99,3 +99,21 @@ def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
     assert by_rank[0]["limit_after_W"] == by_rank[1]["limit_after_W"] == original_W  # restored
     records = read_jsonl(out / "zeus" / "ddp.jsonl")
     assert [r["event"] for r in records].count("power_limit_profile") == 1
+
+
+def test_batch_size_is_chosen_once_and_the_store_written_once(tmp_path):
+    from zeus_callbacks.store import open_store
+
+    out = tmp_path / "run"
+    out.mkdir()
+    store = tmp_path / "zeus.sqlite"
+    for recurrence in range(2):
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        ranks = run_job(out, "--store", str(store))
+        used = {r["batch_size_used"] for r in ranks}
+        assert len(used) == 1, f"ranks trained with different batch sizes: {used}"
+        with open_store(store) as opened:
+            trials = opened.list_trials("ddp-job")
+        assert len(trials) == recurrence + 1  # one trial per recurrence, not one per rank
+        assert trials[-1].batch_size == used.pop() and trials[-1].status != "running"
