@@ -243,7 +243,8 @@ def test_counter_going_backwards(backend, fake, clock, caplog):
     clock.advance(0.02)
     (sample,) = backend.power_samples_since(0, 0.0)  # re-primed on the new value
     assert sample.power_W == pytest.approx(fa.DEFAULT_IDLE_W, rel=0.01)
-    assert len([r for r in caplog.records if "backwards" in r.getMessage()]) == 1
+    # The backend raises; the sampler warns once per kind (tests/test_sampler.py), so no warning here.
+    assert [r for r in caplog.records if "backwards" in r.getMessage()] == []
 
 
 # -- availability and lifecycle -------------------------------------------------------------------

@@ -394,7 +394,8 @@ def test_counter_going_backwards(backend, fake, clock, caplog):
             assert info.value.kind == "counter_backwards"
             clock.advance(0.1)
             backend.energy_counter_J(0)  # counts on from the new value
-    assert len([r for r in caplog.records if "backwards" in r.getMessage()]) == 1
+    # The backend raises; the sampler warns once per kind (tests/test_sampler.py), so no warning here.
+    assert [r for r in caplog.records if "backwards" in r.getMessage()] == []
 
 
 # -- availability and lifecycle ------------------------------------------------------------------

@@ -152,8 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:  # the simulator owns its options
         from zeus_callbacks.simulate import main as simulate_main
+        from zeus_callbacks.store.base import StoreError
 
-        return simulate_main(argv[1:])
+        try:
+            return simulate_main(argv[1:])
+        except StoreError as exc:
+            print(f"zeus-callbacks: {exc}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     return args.func(args)
 
