@@ -26,8 +26,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 JOBS = {
     "lightning_digits": [sys.executable, str(ROOT / "examples" / "lightning_digits.py"), "--epochs", "10"],
-    "hf_text": [sys.executable, str(ROOT / "examples" / "hf_text.py"), "--max-steps", "300",
-                "--layers", "6", "--width", "512", "--batch-size", "32", "--block", "256"],
+    "hf_text": [
+        sys.executable,
+        str(ROOT / "examples" / "hf_text.py"),
+        "--max-steps",
+        "300",
+        "--layers",
+        "6",
+        "--width",
+        "512",
+        "--batch-size",
+        "32",
+        "--block",
+        "256",
+    ],
 }
 
 
@@ -91,15 +103,21 @@ def main() -> None:
             "wall_ratio_on_off": statistics.median(wall[True]) / statistics.median(wall[False]),
             "summary": summaries[-1],
         }
-        print(f"{job}: median time/step {1e3 * on:.3f} ms with the callback, {1e3 * off:.3f} ms without, "
-              f"ratio {on / off:.4f}", flush=True)
+        print(
+            f"{job}: median time/step {1e3 * on:.3f} ms with the callback, {1e3 * off:.3f} ms without, "
+            f"ratio {on / off:.4f}",
+            flush=True,
+        )
     after = power_limits_W()
     report["power_limits_after_W"] = after
     (args.out / "example_overhead.json").write_text(json.dumps(report, indent=2))
     if before != after:
         raise SystemExit(f"POWER LIMIT CHANGED: before {before} W, after {after} W")
-    print(json.dumps({job: round(report[job]["median_ratio_on_off"], 4) for job in args.jobs}
-                     | {"power_limit_unchanged": True}))
+    print(
+        json.dumps(
+            {job: round(report[job]["median_ratio_on_off"], 4) for job in args.jobs} | {"power_limit_unchanged": True}
+        )
+    )
 
 
 if __name__ == "__main__":

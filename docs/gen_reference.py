@@ -205,6 +205,8 @@ EVENTS: dict[str, str] = {
     "at each Hugging Face log event and at the end. Covers the steps attributed since the previous "
     "report (so `count` can differ from `logging.interval_steps`).",
     "epoch": "One per training epoch, once its energy has been attributed.",
+    "phases": "One per training epoch when `windows.phases` is on (written just before its `epoch` record): "
+    "the energy of each step phase, superposed on the power samples (FinGraV), for this process's GPUs.",
     "eval": "One per evaluation loop (when `windows.eval` is on), once its energy has been attributed.",
     "evaluate": "The validation metrics the framework reported (numbers only), at each evaluation.",
     "window": "One per execution of a user-named window (`with session.window(name): ...`).",
@@ -252,6 +254,12 @@ FIELDS: dict[str, str] = {
     "epoch.power_W_mean": "Mean power over the epoch (W).",
     "epoch.gpu_energy_J": "Energy of the epoch per measured GPU, in `gpu_indices` order (J).",
     "epoch.power_samples": "Power samples inside the epoch (fewest over the GPUs).",
+    "phases.epoch": "Epoch index (from 0).",
+    "phases.phases": "One object per phase: `name`, `executions` (in the epoch), `energy_J` (per execution, J), "
+    "`energy_ci_J` (95 % CI, bootstrap over executions; null ends when too few samples), `time_s` (mean "
+    "duration), `total_J` (energy × executions) and `superposed` (executions behind the estimate).",
+    "phases.explained": "Sum of the phases' `total_J` divided by the epoch's energy (this process's GPUs).",
+    "phases.epoch_energy_J": "The epoch's energy on this process's GPUs (J), the denominator of `explained`.",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
     "zeus-callbacks' own keys dropped).",

@@ -8,6 +8,7 @@ Subcommands:
     show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
     plot power-limit RUN.jsonl | plot bandit STORE JOB
                            the power-limit frontier with the chosen point, or the bandit's history, to PNG
+    profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
 """
 
 from __future__ import annotations
@@ -117,6 +118,80 @@ def _restore(args: argparse.Namespace) -> int:
     return restore_command(config_path=args.config, marker=args.marker)
 
 
+def _demo_kernel(args: argparse.Namespace):
+    """Build the callable to profile: a builtin torch demo or ``module:function``."""
+    if ":" in args.kernel:
+        import importlib
+
+        module, _, attr = args.kernel.partition(":")
+        return getattr(importlib.import_module(module), attr), args.kernel
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if device == "cpu" and dtype != torch.float32:
+        dtype = torch.float32
+    n = args.size
+    if args.kernel == "matmul":
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+
+        def matmul() -> None:
+            for _ in range(args.chain):
+                torch.mm(a, b)
+
+        return matmul, f"matmul {n}x{n} {args.dtype} x{args.chain} on {device}"
+    if args.kernel == "copy":
+        src = torch.empty(n * 2**20 // 4, device=device, dtype=torch.float32)
+        dst = torch.empty_like(src)
+
+        def copy() -> None:
+            for _ in range(args.chain):
+                dst.copy_(src)
+
+        return copy, f"copy {n} MiB x{args.chain} on {device}"
+    raise ValueError(f"unknown kernel {args.kernel!r}: choose matmul, copy or module:function")
+
+
+def _profile_kernel(args: argparse.Namespace) -> int:
+    from zeus_callbacks.backends import get_backend
+    from zeus_callbacks.measurement.profiler import profile
+
+    try:
+        fn, name = _demo_kernel(args)
+    except (ValueError, ImportError, AttributeError) as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    backend = get_backend(args.backend)
+    try:
+        if backend.name == "virtual":  # no real sensor: the virtual GPU is busy while fn runs
+            inner = fn
+
+            def fn() -> None:
+                backend.set_utilization(1.0)  # type: ignore[attr-defined]
+                inner()
+                backend.set_utilization(0.0)  # type: ignore[attr-defined]
+
+            backend.set_utilization(0.0)  # type: ignore[attr-defined]
+        result = profile(
+            fn, mode=args.mode, target_ci=args.target_ci, backend=backend, gpu_index=args.gpu,
+            max_time_s=args.max_time, min_time_s=min(args.min_time, args.max_time), name=name,
+            json_path=args.json, plot_path=args.plot,
+        )  # fmt: skip
+    finally:
+        backend.close()
+    lo, hi = result.energy_ci_J
+    print(
+        f"{result.name} ({result.mode}, {result.timer}) on {result.device}\n"
+        f"  energy/execution {result.energy_J * 1e3:.4g} mJ  95% CI [{lo * 1e3:.4g}, {hi * 1e3:.4g}] mJ"
+        f"  over {result.executions_used} executions ({result.executions_dropped} dropped)\n"
+        f"  duration {result.duration_s * 1e3:.4g} ms, mean power {result.energy_J / result.duration_s:.1f} W, "
+        f"baseline {result.baseline_W if result.baseline_W is None else round(result.baseline_W, 1)} W "
+        f"({result.baseline_source})"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``zeus-callbacks`` command."""
     parser = argparse.ArgumentParser(prog="zeus-callbacks", description="GPU energy for training runs.")
@@ -144,6 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("job", nargs="?", help="bandit: the job id")
     plot.add_argument("--out", default="zeus_plot.png", help="PNG file to write")
     plot.set_defaults(func=_plot)
+    prof = sub.add_parser("profile-kernel", help="fine-grain energy per execution of a kernel (FinGraV)")
+    prof.add_argument("kernel", nargs="?", default="matmul", help="matmul, copy, or module:function (no arguments)")
+    prof.add_argument("--size", type=int, default=4096, help="matmul: matrix side; copy: MiB")
+    prof.add_argument("--chain", type=int, default=1, help="kernels per execution")
+    prof.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    prof.add_argument("--mode", choices=["steady", "isolated"], default="steady")
+    prof.add_argument("--target-ci", type=float, default=0.02, help="relative CI half-width to reach")
+    prof.add_argument("--max-time", type=float, default=10.0, help="most seconds of measurement")
+    prof.add_argument("--min-time", type=float, default=1.0, help="least seconds of measurement")
+    prof.add_argument("--backend", choices=["auto", "nvml", "amdsmi", "virtual"], default="auto")
+    prof.add_argument("--gpu", type=int, default=0, help="backend index of the GPU")
+    prof.add_argument("--json", help="write the result as JSON here")
+    prof.add_argument("--plot", help="save the power-profile plot (PNG) here")
+    prof.set_defaults(func=_profile_kernel)
     return parser
 
 

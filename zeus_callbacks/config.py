@@ -74,6 +74,11 @@ class WindowsConfig(_Section):
     step: bool = Field(True, description="Measure every training step.")
     epoch: bool = Field(True, description="Measure every training epoch.")
     eval: bool = Field(True, description="Measure every evaluation loop.")
+    phases: bool = Field(
+        False,
+        description="Measure the phases of every step (forward, backward, optimizer, dataloader; "
+        "forward_backward in the HF Trainer) and log their energy per epoch with a 95 % CI (FinGraV).",
+    )
     sensor_delay_s: float | None = Field(
         None,
         ge=0,

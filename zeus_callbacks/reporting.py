@@ -33,6 +33,7 @@ EPOCH_MEAN_POWER_W = "power/epoch_mean_W"
 EVAL_ENERGY_J = "energy/eval_J"
 EVAL_TIME_S = "time/eval_s"
 TOTAL_ENERGY_J = "energy/total_J"
+PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
 PROGRESS_BAR_ENERGY = "energy_kJ"
 
@@ -40,6 +41,13 @@ PROGRESS_BAR_ENERGY = "energy_kJ"
 def window_energy_key(name: str) -> str:
     """Metric key of a user-named window's energy (e.g. ``energy/window/forward_J``)."""
     return f"energy/window/{name}_J"
+
+
+def phase_key(name: str, stat: str = "") -> str:
+    """Metric key of a step phase's per-epoch figure (``energy/phase/forward_J``, ``..._ci_low_J``, ``..._count``)."""
+    if stat == "count":
+        return f"energy/phase/{name}_count"
+    return f"energy/phase/{name}_{stat}_J" if stat else f"energy/phase/{name}_J"
 
 
 def gpu_energy_key(index: int) -> str:
@@ -68,6 +76,13 @@ METRICS: dict[str, str] = {
     TOTAL_TIME_S: "s — wall time of the whole run",
     "energy/window/<name>_J": "J — energy of the last execution of a user-named window",
     "energy/gpu<i>_J": "J — one GPU's energy in the epoch, when several GPUs are measured (ranks in order)",
+    "energy/phase/<phase>_J": "J — energy per execution of a step phase (forward, backward, forward_backward, "
+    "optimizer, dataloader) over the epoch, superposed on the power samples (windows.phases; this process's GPUs)",
+    "energy/phase/<phase>_ci_low_J": "J — lower end of its 95 % confidence interval (bootstrap over executions)",
+    "energy/phase/<phase>_ci_high_J": "J — upper end of its 95 % confidence interval",
+    "energy/phase/<phase>_count": "executions — how many executions of the phase the epoch had",
+    PHASES_EXPLAINED: "fraction — share of the epoch's energy the phase windows explain (sum of phase "
+    "energies / epoch energy)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
 }
 

@@ -37,6 +37,7 @@ from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
 from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
+from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
@@ -47,6 +48,7 @@ from zeus_callbacks.signals import ChainedSigterm
 logger = logging.getLogger(__name__)
 
 _EPOCH_FLUSH_TIMEOUT_S = 0.25  # wall time an epoch end may wait for the sensor to catch up
+_PHASE_REANCHOR_S = 30.0  # with windows.phases, CUDA event timing is re-anchored this often (s)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ class EnergySession:
             BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
         )
         self._stop_reason: str | None = None
+        self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
+        self._anchored_s = -math.inf
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -224,6 +228,7 @@ class EnergySession:
         self._timer = self._make_timer(backend)
         self.meter = WindowMeter(self.sampler, self._timer)
         self._restore_leftover_power_limits()
+        self._phases = PhaseTracker(self.sampler) if cfg.windows.phases else None
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
         self._run_start_wall = time.time()
@@ -322,6 +327,7 @@ class EnergySession:
             return
         assert self.meter is not None and self._timer is not None
         self._timer.anchor()
+        self._anchored_s = self.backend.clock.now_s()  # type: ignore[union-attr]
         self._epoch_index = epoch
         self._epoch_steps = 0
         if self.config.windows.epoch:
@@ -329,6 +335,14 @@ class EnergySession:
 
     def step_start(self, step: int) -> None:
         """Open the step window. Hot path: one clock read or CUDA event record."""
+        if self._phases is not None and self.started:
+            self.meter.end("dataloader")  # type: ignore[union-attr]
+            # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
+            # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
+            now_s = self.backend.clock.now_s()  # type: ignore[union-attr]
+            if now_s - self._anchored_s >= _PHASE_REANCHOR_S:
+                self._timer.anchor()  # type: ignore[union-attr]  # one device sync per 30 s
+                self._anchored_s = now_s
         # Optimiser hook: the power-limit profiler switches limits at step boundaries.
         if self.started and self.power_limiter is not None:
             if self._decides_power_limit():
@@ -357,6 +371,8 @@ class EnergySession:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
         if self.power_limiter is not None and self._decides_power_limit():
             self._power_limit_step_end(step, num_samples)
+        if self._phases is not None:
+            self.meter.begin("dataloader")  # the gap until the next step_start
         self._epoch_steps += 1
         self._totals.steps += 1
         self._steps_since_report += 1
@@ -423,6 +439,7 @@ class EnergySession:
             return {}
         assert self.meter is not None and self.backend is not None
         self._totals.epochs += 1
+        self._discard_phases()
         if not self.meter.end("epoch", epoch=epoch):
             self._report_steps()
             return {}
@@ -456,6 +473,7 @@ class EnergySession:
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.
         self.meter.discard("step")
+        self._discard_phases()
         for name in ("eval", "epoch"):
             if self.meter.is_open(name):
                 self.meter.end(name)
@@ -509,7 +527,7 @@ class EnergySession:
             >>> with session.window("generate"):  # doctest: +SKIP
             ...     model.generate(**inputs)
         """
-        if name in ("run", "step", "epoch", "eval"):
+        if name in ("run", "step", "epoch", "eval", *PHASES):
             raise ValueError(f"window name {name!r} is reserved")
         if not self.started:
             yield
@@ -519,6 +537,54 @@ class EnergySession:
             yield
         finally:
             self.meter.end(name)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------- step phases (windows.phases)
+    def phase_begin(self, name: str) -> None:
+        """Open phase window ``name`` (one of :data:`~zeus_callbacks.measurement.phases.PHASES`).
+
+        A no-op unless ``windows.phases`` is on. Hot path: one clock read or CUDA event record.
+        ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves.
+        """
+        if self._phases is not None and self.started:
+            self.meter.begin(name)  # type: ignore[union-attr]
+
+    def phase_end(self, name: str) -> None:
+        """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
+        if self._phases is not None and self.started:
+            self.meter.end(name)  # type: ignore[union-attr]
+
+    def phase_discard(self, name: str) -> None:
+        """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
+        if self._phases is not None and self.started:
+            self.meter.discard(name)  # type: ignore[union-attr]
+
+    def _discard_phases(self) -> None:
+        if self._phases is not None:
+            for name in PHASES:
+                self.meter.discard(name)  # type: ignore[union-attr]
+
+    def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
+        """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
+        assert self._phases is not None
+        stats = self._phases.epoch_summary()
+        if not stats:
+            return
+        explained = sum(p.total_J for p in stats) / epoch_energy_J if epoch_energy_J > 0 else math.nan
+        for p in stats:
+            self._pending_metrics[metric.phase_key(p.name)] = p.energy_J
+            self._pending_metrics[metric.phase_key(p.name, "ci_low")] = p.energy_ci_J[0]
+            self._pending_metrics[metric.phase_key(p.name, "ci_high")] = p.energy_ci_J[1]
+            self._pending_metrics[metric.phase_key(p.name, "count")] = float(p.executions)
+        self._pending_metrics[metric.PHASES_EXPLAINED] = explained
+        self._write(
+            {
+                "event": "phases",
+                "epoch": epoch,
+                "phases": [dataclasses.asdict(p) for p in stats],
+                "explained": explained,
+                "epoch_energy_J": epoch_energy_J,
+            }
+        )
 
     # ------------------------------------------------------------------ reporting
     def pop_metrics(self, *, flush_steps: bool = False) -> dict[str, float]:
@@ -747,6 +813,9 @@ class EnergySession:
             self._write({"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s})
         elif record.name == "run":
             self._run_record = record
+        elif record.name in PHASES:
+            if self._phases is not None:
+                self._phases.add(record)
         else:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(
@@ -853,6 +922,8 @@ class EnergySession:
                     100 * gap,
                 )
         self._pending_metrics.update(values)
+        if self._phases is not None:
+            self._queue_phase_metrics(record.info.get("epoch"), record.energy_J)
         self._write(
             {
                 "event": "epoch",

@@ -76,6 +76,7 @@ class ZeusCallback(Callback):
         self.session = EnergySession(self.config, backend=backend)
         self.summary: RunSummary | None = None
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
+        self._optimizer_stepped = False
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusCallback:
@@ -176,16 +177,39 @@ class ZeusCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.session.step_start(trainer.global_step)
+        self._optimizer_stepped = False
+        self.session.phase_begin("forward")
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._optimizer_stepped:
+            self.session.phase_end("optimizer")
+        else:  # a micro-batch of gradient accumulation: no optimizer step
+            self.session.phase_discard("optimizer")
         decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
         self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
         if self._agree_to_stop(trainer, decision.stop_training):
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
+
+    # -- step phases (windows.phases; no-ops otherwise) ----------------------------------
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        self.session.phase_end("forward")
+        self.session.phase_begin("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The optimizer phase starts here so that gradient clipping belongs to it and the
+        # phases tile the step; it is dropped at batch end if no optimizer step followed.
+        self.session.phase_end("backward")
+        self.session.phase_begin("optimizer")
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._optimizer_stepped = True
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

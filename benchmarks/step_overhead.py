@@ -1,0 +1,225 @@
+"""Per-step and per-phase window overhead on real training steps, and in-training accuracy (issue 5).
+
+Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes, interleaved over
+rounds (so machine drift hits all alike): ``base`` (no measurement); ``ours_step``
+(:class:`~zeus_callbacks.session.EnergySession` step windows); ``ours_phases`` (step +
+forward/backward/optimizer/dataloader phase windows); ``zeus`` (Zeus 0.16
+``ZeusMonitor.begin_window/end_window`` per step when the ``zeus`` package imports, else
+``zeus_style``: what it does, a device sync and an energy-counter read at each boundary).
+The median step time of each mode over the rounds, and its ratio to ``base``.
+
+In-training accuracy (``ours_phases`` on GPT-2; each round is one epoch of the session):
+per-step energy × steps against the energy counter over each epoch, and the phase
+windows' sum against the step windows.
+
+    ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/step_overhead.py --out results/
+    python benchmarks/step_overhead.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from fg_common import open_device, power_limit_W, write_json
+
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+
+
+def make_workload(kind: str, dev):
+    cuda = dev.torch_device == "cuda"
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        if dev.smoke:
+            cfg, batch, seq = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=128), 4, 32
+        else:
+            cfg, batch, seq = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=512), 16, 512
+        model = GPT2LMHeadModel(cfg).to(dev.torch_device)
+        x = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev.torch_device)
+
+        def forward():
+            with torch.autocast(dev.torch_device, dtype=torch.bfloat16, enabled=cuda):
+                return model(input_ids=x, labels=x).loss
+    else:
+        width = 64 if dev.smoke else 1024
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        ).to(dev.torch_device)
+        x = torch.randn(256, width, device=dev.torch_device)
+
+        def forward():
+            return model(x).square().mean()
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return forward, opt
+
+
+class ZeusWindows:
+    """Zeus 0.16's per-step windows, or (without the package) what they cost: sync + counter read."""
+
+    def __init__(self, dev) -> None:
+        self.dev = dev
+        self.real = False
+        if not dev.smoke:
+            try:
+                from zeus.monitor import ZeusMonitor
+
+                self.monitor = ZeusMonitor(gpu_indices=[0])
+                self.real = True
+            except Exception as exc:  # not carried, or it failed to start
+                print(f"zeus unavailable ({type(exc).__name__}: {exc}); using zeus_style", flush=True)
+
+    def begin(self) -> None:
+        if self.real:
+            self.monitor.begin_window("step")
+        else:
+            self.dev.sync()
+            self.dev.backend.energy_counter_J(0)
+
+    def end(self) -> None:
+        if self.real:
+            self.monitor.end_window("step")
+        else:
+            self.dev.sync()
+            self.dev.backend.energy_counter_J(0)
+
+
+def run_mode(mode, forward, opt, n, dev, session, zeus) -> float:
+    """Seconds per step of n steps in this mode."""
+    phases = mode == "ours_phases"
+    busy = dev.smoke
+    dev.sync()
+    t0 = time.perf_counter()
+    for i in range(n):
+        if busy:
+            dev.backend.set_utilization(1.0)
+        if mode == "zeus":
+            zeus.begin()
+        elif session is not None:
+            session.step_start(i)
+        if phases:
+            session.phase_begin("forward")
+        loss = forward()
+        if phases:
+            session.phase_end("forward")
+            session.phase_begin("backward")
+        loss.backward()
+        if phases:
+            session.phase_end("backward")
+            session.phase_begin("optimizer")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if phases:
+            session.phase_end("optimizer")
+        if mode == "zeus":
+            zeus.end()
+        elif session is not None:
+            session.step_end(i)
+        if busy:
+            dev.backend.set_utilization(0.0)
+    dev.sync()
+    return (time.perf_counter() - t0) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mlp-steps", type=int, default=800)
+    ap.add_argument("--gpt2-steps", type=int, default=120)
+    args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.mlp_steps, args.gpt2_steps = 2, 100, 20
+    warnings.filterwarnings("ignore")
+    logging.getLogger("zeus").setLevel(logging.ERROR)
+    out = Path(args.out)
+    dev = open_device(args.smoke)
+    limit_before = power_limit_W()
+    zeus = ZeusWindows(dev)
+    modes = ["base", "ours_step", "ours_phases", "zeus"]
+    results = {"device": dev.backend.describe(), "smoke": args.smoke, "power_limit_before": limit_before,
+               "zeus": "ZeusMonitor 0.16" if zeus.real else "zeus_style (sync + counter read per boundary)",
+               "args": vars(args), "workloads": {}}  # fmt: skip
+    backend_name = "virtual" if args.smoke else "nvml"
+    try:
+        for kind, n in (("mlp", args.mlp_steps), ("gpt2", args.gpt2_steps)):
+            forward, opt = make_workload(kind, dev)
+            for _ in range(20):  # warm-up
+                run_mode("base", forward, opt, 1, dev, None, zeus)
+            sessions = {}
+            for mode in ("ours_step", "ours_phases"):
+                cfg = {"backend": backend_name, "windows": {"phases": mode == "ours_phases"},
+                       "sampling": {"energy_counter_period_s": 0.5},
+                       "logging": {"log_dir": str(out / "jsonl"), "run_name": f"{kind}-{mode}",
+                                   "interval_steps": 50}}  # fmt: skip
+                session = EnergySession(cfg, backend=dev.backend)
+                session.train_start()
+                sessions[mode] = session
+            times = {m: [] for m in modes}
+            for r in range(args.rounds):
+                for mode in modes:
+                    session = sessions.get(mode)
+                    if session is not None:
+                        session.epoch_start(r)
+                    times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus))
+                    if session is not None:
+                        session.epoch_end(r)
+            for session in sessions.values():
+                session.train_end()
+            base = statistics.median(times["base"])
+            row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "ratio": statistics.median(v) / base,
+                       "all_ms": [1e3 * x for x in v]} for m, v in times.items()}  # fmt: skip
+            row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl")
+            results["workloads"][kind] = row
+            print(kind, {m: (round(row[m]["ms_per_step_median"], 3), round(row[m]["ratio"], 4)) for m in modes},
+                  flush=True)  # fmt: skip
+            print("  in training:", row["in_training"], flush=True)
+    finally:
+        results["power_limit_after"] = power_limit_W()
+        write_json(out / "step_overhead.json", results)
+        dev.backend.close()
+    if results["power_limit_after"] != limit_before:
+        raise SystemExit(f"power limit changed: {limit_before} -> {results['power_limit_after']}")
+
+
+def in_training(path: Path) -> dict:
+    """Per epoch: step windows vs the energy counter, and phase windows vs step windows.
+
+    The session writes an epoch's last ``steps`` report right after its ``epoch`` record
+    (and its ``phases`` record right before it).
+    """
+    records = [r for r in read_jsonl(path) if r["event"] in ("steps", "phases", "epoch")]
+    epochs, start = [], 0
+    for i, r in enumerate(records):
+        if r["event"] != "epoch":
+            continue
+        end = i + 2 if i + 1 < len(records) and records[i + 1]["event"] == "steps" else i + 1
+        window = records[start:end]
+        start = end
+        steps_J = sum(x["energy_J_mean"] * x["count"] for x in window if x["event"] == "steps")
+        phases = next((x for x in window if x["event"] == "phases"), None)
+        counter = r.get("counter_energy_J")
+        phase_J = sum(p["total_J"] for p in phases["phases"] if p["name"] != "dataloader") if phases else None
+        epochs.append({
+            "epoch": r["epoch"], "epoch_J": r["energy_J"], "counter_J": counter, "steps_J": steps_J,
+            "steps_vs_counter_pct": 100 * (steps_J / counter - 1) if counter else None,
+            "epoch_samples_vs_counter_pct": 100 * (r["energy_J"] / counter - 1) if counter else None,
+            "phases_vs_steps_pct": 100 * (phase_J / steps_J - 1) if phase_J and steps_J else None,
+            "explained": phases["explained"] if phases else None,
+            "phases": {p["name"]: [p["energy_J"], *p["energy_ci_J"], p["executions"]] for p in phases["phases"]}
+            if phases else None,
+        })  # fmt: skip
+    return {"epochs": epochs}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Step-phase windows (windows.phases) in both trainers on the virtual GPU, and the default staying off."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from tests.integration.helpers import expected_power_W, virtual_config
+from tests.integration.test_huggingface import RandomTokens, tiny_lm
+from tests.integration.test_lightning import BATCH, N_TRAIN, TinyRegressor, loaders, make_trainer
+from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
+from zeus_callbacks.reporting import read_jsonl
+
+
+class SlowRegressor(TinyRegressor):
+    """Steps of at least 15 ms, so an epoch spans enough 20 ms power samples on any machine."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.015)
+        return super().training_step(batch, batch_idx)
+
+
+class SlowSteps(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        time.sleep(0.03)
+
+
+def phase_config(tmp_path, **windows):
+    config = virtual_config(tmp_path, interval_steps=5)
+    config["windows"] = {"phases": True, **windows}
+    return config
+
+
+def check_epochs(records, config, names, steps_per_epoch, epochs):
+    power_W = expected_power_W(config)
+    phases = [r for r in records if r["event"] == "phases"]
+    assert [r["epoch"] for r in phases] == list(range(epochs))
+    for record in phases:
+        by_name = {p["name"]: p for p in record["phases"]}
+        assert set(by_name) == set(names)
+        for name, p in by_name.items():
+            expected = steps_per_epoch - 1 if name == "dataloader" else steps_per_epoch
+            assert p["executions"] == expected, name
+            # Constant virtual power: energy per execution = power x duration (±10 %, 3 W noise).
+            # (Sub-millisecond phases carry ~±0.1 J of sensor noise under a 20 ms sensor.)
+            assert p["energy_J"] == pytest.approx(power_W * p["time_s"], rel=0.1, abs=0.25), name
+            lo, hi = p["energy_ci_J"]
+            assert lo <= hi
+        # The phases tile the steps and the gaps between them: most of the epoch is explained.
+        assert 0.6 < record["explained"] < 1.05
+    return phases
+
+
+def test_lightning_phases_per_epoch(tmp_path):
+    config = phase_config(tmp_path)
+    trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=2)
+    trainer.fit(SlowRegressor(), *loaders())
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    steps = N_TRAIN // BATCH
+    phases = check_epochs(records, config, {"forward", "backward", "optimizer", "dataloader"}, steps, 2)
+    # Over the run, forward + backward + optimizer add up to the step windows.
+    steps_J = sum(r["energy_J_mean"] * r["count"] for r in records if r["event"] == "steps")
+    phases_J = sum(p["total_J"] for r in phases for p in r["phases"] if p["name"] != "dataloader")
+    assert phases_J == pytest.approx(steps_J, rel=0.05)
+    assert not any(r["event"] == "window" for r in records)  # phases are not per-execution records
+
+
+def test_lightning_phases_with_gradient_accumulation(tmp_path):
+    config = phase_config(tmp_path)
+    trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(TinyRegressor(), *loaders())
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    (phases,) = [r for r in records if r["event"] == "phases"]
+    counts = {p["name"]: p["executions"] for p in phases["phases"]}
+    assert counts["forward"] == counts["backward"] == N_TRAIN // BATCH
+    assert counts["optimizer"] == N_TRAIN // BATCH // 2
+
+
+def test_huggingface_phases_per_epoch(tmp_path):
+    config = phase_config(tmp_path)
+    callback = ZeusTrainerCallback(config)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4, logging_steps=4,
+        report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True,
+    )  # fmt: skip
+    Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(40), callbacks=[callback, SlowSteps()]).train()
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    check_epochs(records, config, {"forward_backward", "optimizer", "dataloader"}, 10, 2)
+
+
+def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session import EnergySession
+
+    def run(phases: bool) -> list[dict]:
+        config = virtual_config(tmp_path, run_name=f"phases-{phases}")
+        config["windows"] = {"phases": phases}
+        session = EnergySession(config, backend=virtual_backend)
+        session.train_start()
+        anchors = []
+        session._timer.anchor = lambda: anchors.append(manual_clock.now_s())  # spy on re-anchoring
+        session.epoch_start(0)
+        for step in range(50):
+            session.step_start(step)
+            for name, dt in (("forward", 0.004), ("backward", 0.007), ("optimizer", 0.002)):
+                session.phase_begin(name)
+                manual_clock.advance(dt)
+                session.phase_end(name)
+            session.step_end(step)
+            manual_clock.advance(0.003)  # the dataloader gap
+        manual_clock.advance(0.5)
+        session.epoch_end(0)
+        session.epoch_start(1)
+        manual_clock.advance(31.0)
+        session.step_start(50)  # more than 30 s after the last anchor: re-anchor (phases only)
+        session.step_end(50)
+        session.train_end()
+        assert len(anchors) == (3 if phases else 2)
+        return read_jsonl(tmp_path / "zeus" / f"phases-{phases}.jsonl")
+
+    assert not any(r["event"] == "phases" for r in run(False))
+    (record,) = [r for r in run(True) if r["event"] == "phases"]
+    power_W = virtual_backend.true_power_W(0)
+    for p in record["phases"]:
+        expected_s = {"forward": 0.004, "backward": 0.007, "optimizer": 0.002, "dataloader": 0.003}[p["name"]]
+        assert p["executions"] == (49 if p["name"] == "dataloader" else 50)
+        assert p["time_s"] == pytest.approx(expected_s)
+        assert p["energy_J"] == pytest.approx(power_W * expected_s, rel=0.02)
+        assert p["energy_ci_J"][0] - 1e-6 <= power_W * expected_s <= p["energy_ci_J"][1] + 1e-6
+    # 16 ms of every step is measured; the epoch also holds its last 0.5 s idle tail.
+    assert record["explained"] == pytest.approx((50 * 0.016 - 0.003) / (50 * 0.016 + 0.5), rel=0.02)

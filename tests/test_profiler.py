@@ -1,0 +1,81 @@
+"""The standalone profiler on the virtual GPU, where the truth is known."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.measurement.profiler import profile
+
+EXEC_S = 0.005
+
+
+def make(seed=0):
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=3.0, utilization=0.0, read_only=True, seed=seed)
+
+    def kernel():  # 5 ms of full utilization on the virtual GPU
+        backend.set_utilization(1.0)
+        clock.advance(EXEC_S)
+        backend.set_utilization(0.0)
+
+    busy_W = backend.average_power_W(backend.power_limit_W(0))
+    return backend, kernel, busy_W, backend.idle_power_W
+
+
+@pytest.mark.parametrize("mode", ["steady", "isolated"])
+def test_profile_recovers_the_virtual_gpu_energy(mode, tmp_path):
+    backend, kernel, busy_W, idle_W = make()
+    target = 0.02 if mode == "steady" else 0.06
+    res = profile(
+        kernel, mode=mode, backend=backend, target_ci=target, min_time_s=1.0, max_time_s=20.0,
+        json_path=tmp_path / "p.json", plot_path=tmp_path / "p.png", n_boot=100,
+    )  # fmt: skip
+    truth_J = busy_W * EXEC_S
+    assert res.timer == "clock" and res.mode == mode
+    assert res.energy_J == pytest.approx(truth_J, rel=1.5 * target)
+    assert res.energy_ci_J[0] <= truth_J <= res.energy_ci_J[1]
+    assert res.baseline_W == pytest.approx(idle_W, abs=2.0)
+    assert res.dynamic_energy_J == pytest.approx((busy_W - idle_W) * EXEC_S, rel=2 * target)
+    assert res.target_met and res.rel_ci_halfwidth <= target
+    assert res.duration_s == pytest.approx(EXEC_S, rel=0.01)
+    assert res.executions_used > 20 and res.executions_dropped == 0
+    if mode == "steady":
+        assert res.warmup_executions > 0
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["energy_J"] == res.energy_J and len(data["power_W"]) == len(data["time_s"])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_rejects_a_callable_that_takes_no_time():
+    backend, _, _, _ = make()
+    with pytest.raises(ValueError, match="advance the clock"):
+        profile(lambda: None, backend=backend, max_time_s=1.0)
+    with pytest.raises(ValueError, match="mode"):
+        profile(lambda: None, backend=backend, mode="burst")  # type: ignore[arg-type]
+
+
+def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    args = ["profile-kernel", "matmul", "--size", "128", "--chain", "10", "--dtype", "fp32", "--backend", "virtual"]
+    args += [
+        "--max-time",
+        "0.6",
+        "--min-time",
+        "0.5",
+        "--json",
+        str(tmp_path / "k.json"),
+        "--plot",
+        str(tmp_path / "k.png"),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "energy/execution" in out and "95% CI" in out
+    data = json.loads((tmp_path / "k.json").read_text())
+    assert data["executions_used"] > 0 and len(data["power_W"]) == len(data["time_s"])
+    assert (tmp_path / "k.png").exists()
+    assert main(["profile-kernel", "nosuchkernel", "--backend", "virtual"]) == 1

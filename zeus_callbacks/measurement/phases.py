@@ -1,0 +1,129 @@
+"""Energy of the phases of a training step (forward, backward, optimizer, dataloader) per epoch.
+
+The adapters mark phase boundaries through the session (one clock read or CUDA event
+each, nothing else on the training thread). At the end of an epoch
+:class:`PhaseTracker` superposes the epoch's phase executions on the power samples
+(FinGraV, arXiv 2412.12426; :func:`~zeus_callbacks.measurement.finegrain.superpose`
+in steady mode with one class per phase), which separates phases much shorter than the
+20 ms sensor, and reports per phase the energy per execution with its 95 % CI, the number
+of executions, and the fraction of the epoch's energy the phases explain.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from zeus_callbacks.measurement.finegrain import superpose
+from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement.windows import WindowRecord
+
+logger = logging.getLogger(__name__)
+
+PHASES = ("dataloader", "forward", "backward", "forward_backward", "optimizer")
+"""Phase window names. ``forward_backward`` is used where the framework has no hook between
+the two (the Hugging Face Trainer)."""
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """One phase over one epoch.
+
+    Attributes:
+        name: Phase name (one of :data:`PHASES`).
+        executions: Executions of the phase in the epoch.
+        energy_J: Energy per execution, summed over the measured GPUs (J).
+        energy_ci_J: 95 % CI of ``energy_J``, bootstrap over executions (J).
+        time_s: Mean duration of an execution (s).
+        total_J: ``energy_J × executions`` (J).
+        superposed: Executions behind ``energy_J`` (the most recent ones whose samples are
+            still buffered, at most ``max_executions``).
+    """
+
+    name: str
+    executions: int
+    energy_J: float
+    energy_ci_J: tuple[float, float]
+    time_s: float
+    total_J: float
+    superposed: int
+
+
+class PhaseTracker:
+    """Collect attributed phase windows of the current epoch and summarise them.
+
+    Args:
+        sampler: The session's power sampler (its raw samples feed the superposition).
+        max_executions: Most recent phase executions superposed per epoch (bounds the
+            epoch-end cost); the counts and totals still cover every execution.
+        n_boot: Bootstrap replicates of the CIs.
+    """
+
+    def __init__(self, sampler: PowerSampler, *, max_executions: int = 4000, n_boot: int = 100) -> None:
+        self.sampler = sampler
+        self.max_executions = max_executions
+        self.n_boot = n_boot
+        self._records: list[WindowRecord] = []
+
+    def add(self, record: WindowRecord) -> None:
+        """Keep one attributed phase window of the current epoch."""
+        self._records.append(record)
+
+    def epoch_summary(self) -> list[PhaseStats]:
+        """Summarise and forget the epoch's phases; empty when none was recorded."""
+        records, self._records = self._records, []
+        records = [r for r in records if r.end_s > r.start_s]
+        if not records:
+            return []
+        names = [n for n in PHASES if any(r.name == n for r in records)]
+        counts = {n: sum(r.name == n for r in records) for n in names}
+        times = {n: float(np.mean([r.time_s for r in records if r.name == n])) for n in names}
+        recent = sorted(records, key=lambda r: r.start_s)[-self.max_executions :]
+        estimates = self._superpose(recent, times)
+        stats = []
+        for n in names:
+            if n in estimates:
+                energy, ci, used = estimates[n]
+            else:  # too few samples: the plain per-window attribution
+                values = [r.energy_J for r in records if r.name == n]
+                energy, ci, used = float(np.mean(values)), (math.nan, math.nan), 0
+            stats.append(PhaseStats(n, counts[n], energy, ci, times[n], energy * counts[n], used))
+        return stats
+
+    def _superpose(
+        self, records: list[WindowRecord], mean_s: dict[str, float]
+    ) -> dict[str, tuple[float, tuple[float, float], int]]:
+        starts = np.array([r.start_s for r in records])
+        ends = np.array([r.end_s for r in records])
+        labels = [r.name for r in records]
+        out: dict[str, tuple[float, tuple[float, float], int]] = {}
+        for index in self.sampler.gpu_indices:
+            t, p = self.sampler.samples(index)
+            if len(t) < 10:  # an epoch of a few sensor periods: nothing to superpose
+                return {}
+            covered = starts >= t[0]
+            if covered.sum() < 2:
+                return {}
+            try:
+                res = superpose(
+                    starts[covered], ends[covered], t, p, mode="steady",
+                    sensor_delay_s=self.sampler.sensor_delay_s, n_bins=1, n_boot=self.n_boot,
+                    labels=[lab for lab, c in zip(labels, covered, strict=True) if c],
+                )  # fmt: skip
+            except (ValueError, np.linalg.LinAlgError) as exc:
+                logger.info("zeus-callbacks: phase superposition failed (%s); using per-window attribution", exc)
+                return {}
+            for name, prof in res.profiles.items():
+                # The superposed executions give the phase's power; scale it by the mean
+                # duration of *every* execution of the epoch (early ones may be unsampled).
+                scale = mean_s[name] / prof.duration_s if prof.duration_s > 0 else 1.0
+                energy, (lo, hi), used = out.get(name, (0.0, (0.0, 0.0), 0))
+                out[name] = (
+                    energy + scale * prof.energy_J,
+                    (lo + scale * prof.energy_ci_J[0], hi + scale * prof.energy_ci_J[1]),  # conservative over GPUs
+                    prof.executions,
+                )
+        return out
