@@ -210,6 +210,11 @@ EVENTS: dict[str, str] = {
     "eval": "One per evaluation loop (when `windows.eval` is on), once its energy has been attributed.",
     "evaluate": "The validation metrics the framework reported (numbers only), at each evaluation.",
     "window": "One per execution of a user-named window (`with session.window(name): ...`).",
+    "power_limit_profile": "Once, when the power-limit profiler made its choice (`power_limit.enabled`): "
+    "from a profile, from the cache, or the measurement of observe mode.",
+    "batch_size": "Written at `train_start` when `batch_size.enabled`: the batch size the bandit chose for "
+    "this recurrence and its trial in the store.",
+    "trial": "Written at the end of a run under the batch-size bandit: the trial's outcome as recorded in the store.",
     "exception": "Training failed or was interrupted; a `run_end` record with the status follows.",
     "run_end": "Written once at the end of the run (completed, failed or interrupted): the run summary.",
 }
@@ -259,6 +264,28 @@ FIELDS: dict[str, str] = {
     "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
     "zeus-callbacks' own keys dropped).",
     "window.name": "The window's name; its energy is also logged as `energy/window/<name>_J`.",
+    "power_limit_profile.step": "Steps executed when the choice was made.",
+    "power_limit_profile.source": "`profile` (profiled now), `cache` (stored profile reused, no profiling) or "
+    "`observe` (limits could not be changed: only the current limit was measured) or `abandoned` (no power "
+    "samples arrived; the original limits are kept).",
+    "power_limit_profile.objective": "The objective and its knob, e.g. `zeus_cost(eta=0.5)`.",
+    "power_limit_profile.chosen_limit_W": "The limit applied for the rest of the run (W); null in observe mode.",
+    "power_limit_profile.original_limit_W": "GPU index → the limit found at the start (W), restored at the end.",
+    "power_limit_profile.profiling_steps": "Training steps spent at trial limits (warm-up and profile).",
+    "power_limit_profile.fallback_sweep": "True when the cost curve was not unimodal and every limit was measured.",
+    "power_limit_profile.limits": "The per-limit table: `limit_W`, `energy_per_step_J`, `time_per_step_s`, "
+    "`cost`, `profiled_steps`, `steps`.",
+    "power_limit_profile.message": "The same outcome in words (also in the Python log).",
+    "trial_id": "Id of the recurrence's trial in the store (`store.path`).",
+    "batch_size.batch_size": "Batch size the run uses (the bandit's suggestion unless the run reported another).",
+    "batch_size.phase": "Bandit phase when it chose: `pruning` or `thompson` (Zeus NSDI '23, §4.2-4.4).",
+    "batch_size.threshold_cost": "Early-stop threshold `beta_knob` × best converged cost (J-equivalent); "
+    "null before any recurrence converged.",
+    "trial.batch_size": "Batch size recorded for the trial.",
+    "trial.status": "`completed`, `early_stopped` (cost passed the threshold) or `failed` (crashed).",
+    "trial.converged": "Whether the run reached `batch_size.target`.",
+    "trial.cost": "ZeusCost of the run: `eta_knob`·E + (1 − `eta_knob`)·MaxPower·T (J-equivalent).",
+    "trial.stop_reason": "Why the run was stopped early; null if it was not.",
     "exception.type": "Exception class name (e.g. `RuntimeError`, `KeyboardInterrupt`).",
     "exception.message": "The exception's message (first 500 characters).",
 }

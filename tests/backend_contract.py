@@ -24,19 +24,27 @@ slept on; override it when a backend needs more (e.g. stepping a simulator).
 
 Class attributes tune the plausibility checks, and ``may_change_power_limit = False``
 skips every test that needs a writable backend (real, shared GPUs).
+
+:func:`backend_factory` is the body of such a ``make_backend`` fixture, and
+:class:`VendorBackendTests` holds the tests the NVML and amdsmi backends share.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 
 import pytest
 
 from zeus_callbacks.backends.base import (
     READ_ONLY_ENV,
+    BackendError,
+    BackendUnavailable,
     GPUBackend,
     ManualClock,
+    PermissionDenied,
     PowerSample,
     ReadOnlyError,
 )
@@ -192,3 +200,96 @@ class BackendContract:
         backend = make_backend(read_only=True)
         backend.close()
         backend.close()
+
+
+def backend_factory(construct: Callable[[bool | None], GPUBackend]) -> Iterator[Callable[..., GPUBackend]]:
+    """Body of a ``make_backend`` fixture: yield ``make(read_only=False)``, then close all made.
+
+    Use as ``yield from backend_factory(lambda read_only: MyBackend(..., read_only=read_only))``.
+    """
+    made: list[GPUBackend] = []
+
+    def make(read_only: bool | None = False) -> GPUBackend:
+        backend = construct(read_only)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+class VendorBackendTests:
+    """Tests that the NVML and amdsmi backends share, run against their fake library.
+
+    The test module provides the ``fake`` (two GPUs), ``clock`` and ``backend``
+    (writable, on ``fake``) fixtures; the subclass sets the attributes below.
+    """
+
+    backend_cls: type[GPUBackend]
+    #: The backend's keyword for the injected module (``"nvml_module"``).
+    module_kwarg: str
+    #: The fake module's class; ``fake_cls(num_gpus=..., time_fn=...)``.
+    fake_cls: type
+    #: The real module's import name and the start of ``BackendUnavailable`` messages.
+    vendor_module: str
+    unavailable_prefix: str
+    shutdown_func: str
+    setter_func: str
+    #: The exception class a denied setter raises in the fake (the ``__cause__``).
+    no_permission_error: type[BaseException]
+    #: The fake GPU's attribute holding the limit, and its unit per watt.
+    limit_attr: str
+    limit_units_per_W: float
+    #: ``(min, max)`` limit of the fake GPU (W), the default is the max; a settable value (W).
+    limits_W: tuple[float, float]
+    set_W: float
+
+    def construct(self, fake, clock, **kwargs) -> GPUBackend:
+        return self.backend_cls(**{self.module_kwarg: fake}, clock=clock, **kwargs)
+
+    def test_power_limits_in_watts(self, backend, fake):
+        low, high = self.limits_W
+        assert backend.power_limit_constraints_W(1) == (low, high)
+        assert backend.power_limit_W(1) == high
+        backend.set_power_limit_W(1, self.set_W)
+        assert getattr(fake.gpus[1], self.limit_attr) == round(self.set_W * self.limit_units_per_W)
+        assert getattr(fake.gpus[0], self.limit_attr) == round(high * self.limit_units_per_W)
+        assert backend.power_limit_W(1) == self.set_W
+
+    def test_permission_denied_on_set(self, backend, fake):
+        fake.deny_permission()
+        with pytest.raises(PermissionDenied) as info:
+            backend.set_power_limit_W(0, 300.0)
+        assert not isinstance(info.value, ReadOnlyError)
+        assert isinstance(info.value.__cause__, self.no_permission_error)
+        assert getattr(fake.gpus[0], self.limit_attr) == round(self.limits_W[1] * self.limit_units_per_W)
+
+    def test_read_only_never_calls_the_setter(self, fake, clock):
+        backend = self.construct(fake, clock, read_only=True)
+        with pytest.raises(ReadOnlyError):
+            backend.set_power_limit_W(0, 300.0)
+        assert fake.calls[self.setter_func] == 0
+
+    def test_missing_module_is_unavailable(self, monkeypatch):
+        monkeypatch.setitem(sys.modules, self.vendor_module, None)
+        with pytest.raises(BackendUnavailable, match=self.unavailable_prefix) as info:
+            self.backend_cls()
+        assert isinstance(info.value.__cause__, ImportError)
+
+    def test_no_gpu_is_unavailable(self, clock):
+        fake = self.fake_cls(num_gpus=0, time_fn=clock.now_s)
+        with pytest.raises(BackendUnavailable, match="no GPU"):
+            self.construct(fake, clock)
+        assert not fake.initialized
+
+    def test_close_shuts_down_once(self, fake, clock):
+        backend = self.construct(fake, clock)
+        backend.close()
+        backend.close()
+        assert fake.calls[self.shutdown_func] == 1
+        assert not fake.initialized
+        with pytest.raises(BackendError):
+            backend.energy_counter_J(0)
+        with pytest.raises(BackendError):
+            backend.power_limit_W(0)

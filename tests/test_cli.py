@@ -40,3 +40,57 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
 def test_console_script_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "validate-config" in done.stdout
+
+
+def test_simulate_subcommand_runs_recurrences(tmp_path, capsys):
+    import json
+
+    store = tmp_path / "store.sqlite"
+    args = ["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 3 and store.exists()
+
+
+def test_show_and_plot_read_a_simulated_store(tmp_path, capsys):
+    store = tmp_path / "store.sqlite"
+    args = ["simulate", "--gpu", "A40", "--workload", "cifar100", "--recurrences", "12", "--store", str(store)]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["show", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "job " in out and "mean cost" in out and "trial(s)" in out
+    assert main(["show", str(store), "--json"]) == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    job = report["jobs"][0]
+    assert len(job["trials"]) == 12 and job["arms"]
+    assert all(arm["std_cost"] > 0 for arm in job["arms"])  # the variance floor: no frozen arm
+    png = tmp_path / "bandit.png"
+    assert main(["plot", "bandit", str(store), job["job_id"], "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    not_a_store = tmp_path / "x.sqlite"
+    not_a_store.write_text("hello")
+    assert main(["show", str(not_a_store)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_plot_power_limit_from_a_run_log(tmp_path, capsys, virtual_backend, manual_clock):
+    config = {
+        "logging": {"log_dir": str(tmp_path), "run_name": "pl"},
+        "power_limit": {"enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3,
+                        "step_W": 100.0, "cache": False, "plot": False},
+    }  # fmt: skip
+    session = EnergySession(config, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(200):
+        session.step_start(step)
+        manual_clock.advance(0.2)
+        session.sampler.poll_once()
+        session.step_end(step, num_samples=8)
+    session.train_end()
+    png = tmp_path / "pl.png"
+    assert main(["plot", "power-limit", str(tmp_path / "pl.jsonl"), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,14 +6,17 @@ Public API:
     EnergySession: the framework-free controller both use.
     ZeusConfig, load_config: the YAML configuration.
     get_backend: open a GPU backend (``auto``, ``nvml``, ``amdsmi``, ``virtual``).
+    suggest_batch_size: the batch-size bandit's choice for this recurrence (before data loaders exist).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from zeus_callbacks.backends import get_backend
 from zeus_callbacks.config import ConfigError, ZeusConfig, load_config
+from zeus_callbacks.optimizers.recurring import suggest_batch_size
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import Decision, EnergySession
 
@@ -33,17 +36,24 @@ __all__ = [
     "ZeusTrainerCallback",
     "get_backend",
     "load_config",
+    "suggest_batch_size",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # The adapters import their framework; load them only when asked for.
-    if name == "ZeusCallback":
-        from zeus_callbacks.integrations.lightning import ZeusCallback
-
-        return ZeusCallback
-    if name == "ZeusTrainerCallback":
-        from zeus_callbacks.integrations.huggingface import ZeusTrainerCallback
-
-        return ZeusTrainerCallback
+    adapters = {
+        "ZeusCallback": ("zeus_callbacks.integrations.lightning", "PyTorch Lightning", "lightning"),
+        "ZeusTrainerCallback": ("zeus_callbacks.integrations.huggingface", "Hugging Face transformers", "hf"),
+    }
+    if name in adapters:
+        module_name, framework, extra = adapters[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f"{name} needs {framework} ({exc.name} is not installed): "
+                f"pip install 'zeus-callbacks[{extra}]'"
+            ) from exc
+        return getattr(module, name)
     raise AttributeError(f"module 'zeus_callbacks' has no attribute {name!r}")

@@ -3,6 +3,11 @@
 Subcommands:
     validate-config FILE   check a YAML configuration; exit 1 with the errors if invalid
     report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
+    restore                put back the power limits a killed run left changed (its marker file)
+    simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
+    show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
+    plot power-limit RUN.jsonl | plot bandit STORE JOB
+                           the power-limit frontier with the chosen point, or the bandit's history, to PNG
     profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
 """
 
@@ -15,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zeus_callbacks.config import ConfigError, load_config
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
 
 
 def _validate_config(args: argparse.Namespace) -> int:
@@ -38,8 +43,11 @@ def _report(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
         return 1
-    except json.JSONDecodeError as exc:
-        print(f"zeus-callbacks: {path} is not a zeus-callbacks JSONL log ({exc})", file=sys.stderr)
+    except NotAnEnergyLog as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
         return 1
     end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
     epochs = [r for r in records if r.get("event") == "epoch"]
@@ -61,6 +69,53 @@ def _report(args: argparse.Namespace) -> int:
             row = f"  {r['epoch']!s:>5} {r['energy_J']:10.1f} {counter:>11} {r['time_s']:10.2f}"
             print(f"{row} {r['power_W_mean']:9.1f}")
     return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from zeus_callbacks.cli_store import show
+    from zeus_callbacks.store.base import StoreError
+
+    if not Path(args.store).exists():
+        print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
+        return 1
+    try:
+        print(show(args.store, as_json=args.json))
+    except StoreError as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    try:
+        if args.what == "power-limit":
+            from zeus_callbacks.optimizers.power_limit import plot_profile
+
+            records = read_jsonl(args.source)
+            profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+            if profile is None:
+                print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
+                return 1
+            plot_profile(profile["limits"], profile.get("chosen_limit_W"), out)
+        else:
+            from zeus_callbacks.cli_store import plot_bandit_history
+
+            if not args.job:
+                print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
+                return 1
+            plot_bandit_history(args.source, args.job, out)
+    except (FileNotFoundError, NotAnEnergyLog, ValueError) as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from zeus_callbacks.optimizers.power_limit import restore_command
+
+    return restore_command(config_path=args.config, marker=args.marker)
 
 
 def _demo_kernel(args: argparse.Namespace):
@@ -149,6 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="path of the run's .jsonl file")
     report.add_argument("--json", action="store_true")
     report.set_defaults(func=_report)
+    restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
+    restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
+    restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.set_defaults(func=_restore)
+    sub.add_parser("simulate", help="replay a recurring job on the Zeus traces (options: simulate -h)")
+    show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
+    show.add_argument("store", help="the SQLite or JSON store file")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=_show)
+    plot = sub.add_parser("plot", help="plot a power-limit profile (from a run log) or a bandit history (a store)")
+    plot.add_argument("what", choices=["power-limit", "bandit"])
+    plot.add_argument("source", help="power-limit: the run's .jsonl; bandit: the store file")
+    plot.add_argument("job", nargs="?", help="bandit: the job id")
+    plot.add_argument("--out", default="zeus_plot.png", help="PNG file to write")
+    plot.set_defaults(func=_plot)
     prof = sub.add_parser("profile-kernel", help="fine-grain energy per execution of a kernel (FinGraV)")
     prof.add_argument("kernel", nargs="?", default="matmul", help="matmul, copy, or module:function (no arguments)")
     prof.add_argument("--size", type=int, default=4096, help="matmul: matrix side; copy: MiB")
@@ -168,6 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # the simulator owns its options
+        from zeus_callbacks.simulate import main as simulate_main
+        from zeus_callbacks.store.base import StoreError
+
+        try:
+            return simulate_main(argv[1:])
+        except StoreError as exc:
+            print(f"zeus-callbacks: {exc}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -37,6 +37,15 @@ class VirtualGPUConfig(_Section):
     noise_W: float = Field(3.0, ge=0, description="Standard deviation of the sensor noise (W).")
     sample_period_s: float = Field(0.02, gt=0, description="Power sample period (s); 20 ms like an H200.")
     seed: int = Field(0, description="Seed of the sensor noise.")
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, value: str) -> str:
+        from zeus_callbacks.backends.traces import WORKLOADS
+
+        if value not in WORKLOADS:
+            raise ValueError(f"unknown workload {value!r}; choose one of {', '.join(sorted(WORKLOADS))}")
+        return value
     power_offset_W: float | list[float] = Field(
         0.0, description="Power added to every (or, as a list, to each) virtual GPU (W): makes GPUs differ."
     )
@@ -91,22 +100,119 @@ class LoggingConfig(_Section):
 
 
 class PowerLimitConfig(_Section):
-    """Reserved: just-in-time power-limit profiling (a later release)."""
+    """Just-in-time power-limit profiling (Zeus NSDI '23 §4.3; see docs/power_limit.md)."""
 
     enabled: bool = Field(False, description="Profile power limits at the start of training.")
+    objective: Literal["energy", "time", "zeus_cost", "max_slowdown"] = Field(
+        "zeus_cost",
+        description="What the chosen limit minimises: energy, time, zeus_cost (eta_knob) or max_slowdown "
+        "(lowest energy within max_slowdown x the time at the maximum limit).",
+    )
+    eta_knob: float = Field(0.5, ge=0, le=1, description="Energy weight of zeus_cost (Zeus eq. 2).")
+    max_slowdown: float = Field(1.1, ge=1, description="Slowdown factor allowed by the max_slowdown objective.")
+    step_W: float = Field(25.0, gt=0, description="Spacing of the profiled limits, from the maximum down (W).")
+    search: Literal["unimodal", "sweep"] = Field(
+        "unimodal", description="Golden-section search with a sweep fallback, or the full sweep."
+    )
+    warmup_steps: int = Field(2, ge=0, description="Warm-up steps after each limit change (0 is valid).")
+    warmup_s: float = Field(0.0, ge=0, description="Minimum warm-up time after each limit change (s).")
+    min_profile_steps: int = Field(4, ge=2, description="Fewest profiled steps per limit.")
+    profile_steps: int = Field(40, ge=1, description="Most profiled steps per limit.")
+    profile_s: float | None = Field(None, gt=0, description="Most profiled time per limit (s); none: no limit.")
+    rel_ci: float = Field(
+        0.01, gt=0, description="Stop a limit's window once its 95% confidence interval is within this fraction."
+    )
+    plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
+    cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
+    cache_path: Path | None = Field(None, description="Profile cache file; default: <log_dir>/power_limit_cache.json.")
+    restore_marker: Path | None = Field(
+        None, description="Restore marker file; default: <log_dir>/power_limit_restore.json."
+    )
+
+
+class TargetConfig(_Section):
+    """The validation metric a recurrence must reach (its *target*)."""
+
+    metric: str = Field(..., min_length=1, description="Validation metric name, as the framework logs it.")
+    value: float = Field(..., description="Threshold the metric must reach.")
+    direction: Literal["max", "min"] = Field(
+        "max", description="max: reached when metric >= value (accuracy); min: when metric <= value (loss, WER)."
+    )
+
+    def reached(self, metric_value: float) -> bool:
+        """True when ``metric_value`` meets the target."""
+        return metric_value >= self.value if self.direction == "max" else metric_value <= self.value
 
 
 class BatchSizeConfig(_Section):
-    """Reserved: batch-size optimisation across recurring runs (a later release)."""
+    """Batch-size optimisation across recurrences of ``job_id`` (Zeus NSDI '23, §4.2–4.4)."""
 
     enabled: bool = Field(False, description="Suggest batch sizes across recurrences.")
+    batch_sizes: list[int] | None = Field(None, description="Candidate batch sizes (required when enabled).")
+    default_batch_size: int | None = Field(
+        None, gt=0, description="Batch size pruning starts from (required when enabled; one of batch_sizes)."
+    )
+    target: TargetConfig | None = Field(None, description="Target metric; without one no run counts as converged.")
+    stop_at_target: bool = Field(True, description="Stop training once the target is reached.")
+    eta_knob: float = Field(0.5, ge=0, le=1, description="Weight of energy in the cost (ZeusCost).")
+    beta_knob: float | None = Field(
+        2.0, gt=1, description="Stop a run whose cost exceeds beta_knob x the best converged cost; null: never."
+    )
+    max_power_W: float | None = Field(
+        None, gt=0, description="MaxPower of the cost (W, all GPUs); default: maximum power limit x GPUs."
+    )
+    pruning_rounds: int = Field(
+        1, ge=1, description="Pruning rounds before Thompson sampling (Zeus: 2; the pooled noise variance needs 1)."
+    )
+    seed: int = Field(0, description="Seed of the bandit's generator (its state then lives in the store).")
+    prior_std_rel: float = Field(1.0, gt=0, description="Prior standard deviation of an arm's cost, relative.")
+    noise_floor_rel: float = Field(0.05, gt=0, description="Floor of an arm's cost standard deviation, relative.")
+    window: int | None = Field(None, ge=1, description="Use only each arm's last N observations (drift).")
+    discount: float | None = Field(None, gt=0, le=1, description="Weight discount**age per observation (drift).")
+    prune_cost_ratio: float | None = Field(
+        1.5,
+        ge=1,
+        description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
+        "converged size; null: only non-convergence does (Zeus).",
+    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
+    )
+    module_attr: str = Field(
+        "batch_size", min_length=1, description="Lightning: batch-size attribute of the module/datamodule (hparams)."
+    )
+    lr_attr: str | None = Field(None, description="Lightning: learning-rate attribute; default: lr or learning_rate.")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _sizes_valid(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value or min(value) <= 0 or len(set(value)) != len(value):
+                raise ValueError(f"must be distinct positive integers, got {value}")
+            value = sorted(value)
+        return value
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> BatchSizeConfig:
+        if self.enabled:
+            if not self.batch_sizes or self.default_batch_size is None:
+                raise ValueError("batch_sizes and default_batch_size are required when enabled")
+        if self.batch_sizes and self.default_batch_size is not None and self.default_batch_size not in self.batch_sizes:
+            raise ValueError(f"default_batch_size {self.default_batch_size} is not in batch_sizes {self.batch_sizes}")
+        return self
 
 
 class StoreConfig(_Section):
-    """Reserved: the persistent store of runs, trials and profiles (a later release)."""
+    """The persistent store of jobs, trials, bandit state and power-limit profiles."""
 
     backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format.")
     path: Path | None = Field(None, description="Store file; default: <log_dir>/zeus_store.<ext>.")
+
+    def resolved_path(self, log_dir: Path) -> Path:
+        """The store file: ``path``, or ``<log_dir>/zeus_store.sqlite|json``."""
+        if self.path is not None:
+            return self.path
+        return Path(log_dir) / f"zeus_store.{self.backend}"
 
 
 class ZeusConfig(_Section):
@@ -198,13 +304,14 @@ def load_config(path: str | Path) -> ZeusConfig:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
+            data = yaml.safe_load(stream)
     except FileNotFoundError:
         raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
+    except UnicodeError:
+        raise ConfigError(f"{path} is not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))

@@ -24,6 +24,8 @@ MEAN_POWER_W = "power/mean_W"
 ENERGY_PER_SAMPLE_J = "energy/per_sample_J"
 ENERGY_PER_TOKEN_J = "energy/per_token_J"
 POWER_LIMIT_W = "power_limit/W"
+POWER_LIMIT_CHOSEN_W = "power_limit/chosen_W"
+POWER_LIMIT_PROFILING_STEPS = "power_limit/profiling_steps"
 EPOCH_ENERGY_J = "energy/epoch_J"
 EPOCH_COUNTER_ENERGY_J = "energy/epoch_counter_J"
 EPOCH_TIME_S = "time/epoch_s"
@@ -62,6 +64,8 @@ METRICS: dict[str, str] = {
     ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
     ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",
     POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
+    POWER_LIMIT_CHOSEN_W: "W — power limit the profiler chose (or took from the cache), logged once",
+    POWER_LIMIT_PROFILING_STEPS: "steps — training steps spent profiling power limits, logged once",
     EPOCH_ENERGY_J: "J — GPU energy of the training epoch, from the power samples",
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
@@ -168,21 +172,40 @@ class RunSummary:
 
 
 class JsonlWriter:
-    """Append one JSON object per line to the run's energy log.
+    """Write one JSON object per line to a run's own energy log.
 
-    The file is opened in append mode and flushed after every record, so a crash
-    loses at most the record being written. An unwritable directory raises a clear
-    ``OSError`` at construction, before training starts.
+    Every run gets a new file: ``<log_dir>/<run_name>.jsonl``, or ``<run_name>-1.jsonl``,
+    ``-2``, ... when that name is taken (created exclusively, so two runs started at
+    once never share a file). Records are flushed one by one, so a crash loses at most
+    the record being written. An unwritable directory raises a clear ``OSError`` at
+    construction, before training starts.
+
+    Args:
+        log_dir: Directory of the log (created if missing).
+        run_name: Preferred file stem.
+
+    Attributes:
+        path: The file actually written.
+        run_name: Its stem (the preferred name, or with a ``-N`` suffix).
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, log_dir: Path, run_name: str) -> None:
+        log_dir = Path(log_dir)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived handle
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for attempt in range(10_000):
+                self.run_name = run_name if attempt == 0 else f"{run_name}-{attempt}"
+                self.path = log_dir / f"{self.run_name}.jsonl"
+                try:
+                    self._file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - long-lived handle
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(f"too many runs named {run_name!r} in {log_dir}")
         except OSError as exc:
             raise OSError(
-                exc.errno, f"cannot write the zeus-callbacks energy log {self.path}: {exc.strerror}"
+                exc.errno, f"cannot write the zeus-callbacks energy log in {log_dir}: {exc.strerror or exc}"
             ) from exc
 
     def write(self, record: dict[str, Any]) -> None:
@@ -213,22 +236,40 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class NotAnEnergyLog(ValueError):
+    """A file is not a zeus-callbacks JSONL energy log; the message names the file."""
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL energy log, skipping a torn last line (crash mid-write).
 
+    Returns:
+        The records, each a dict with an ``event`` key, in file order.
+
     Raises:
         FileNotFoundError: The file does not exist.
+        NotAnEnergyLog: The file is a folder, binary, or holds lines that are not
+            energy-log records (a torn last line alone is tolerated).
     """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeError) as exc:
+        raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log: {exc}") from None
     records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            if number == len(lines):
+            if number == len(lines) and records:
                 logger.warning("zeus-callbacks: ignoring a torn last line in %s", path)
                 continue
-            raise
+            raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log (line {number} is not JSON)") from None
+        if not isinstance(record, dict) or "event" not in record:
+            raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log (line {number} is not a record)")
+        records.append(record)
     return records

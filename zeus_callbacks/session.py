@@ -40,7 +40,10 @@ from zeus_callbacks.measurement.attribution import counter_energy_J, interval_en
 from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
+from zeus_callbacks.optimizers import power_limit as pl
+from zeus_callbacks.optimizers.recurring import BatchSizeController
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
+from zeus_callbacks.signals import ChainedSigterm
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +159,16 @@ class EnergySession:
         self._collectives_ok = True  # False once a failure may leave ranks out of step
         self._peer_degraded = False
         self._run_record: WindowRecord | None = None
+        # A scheduler's kill skips atexit: end the run (and restore limits) first.
+        self._sigterm = ChainedSigterm(lambda: self.train_end(status="interrupted"), "ending the energy log")
+        self.power_limiter: pl.PowerLimitController | None = None
+        self._power_limit_agreement = False  # DDP: exchange the limit at each step start
+        self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
+        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
+        self.batch_size_controller = (
+            BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
+        )
+        self._stop_reason: str | None = None
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
         self._anchored_s = -math.inf
 
@@ -182,9 +195,7 @@ class EnergySession:
         self._finished = None
         self._status = "completed"
         self._totals = dataclasses.replace(self._carried, epoch_energy_J=list(self._carried.epoch_energy_J))
-        if self.backend is None:
-            self.backend = get_backend(cfg.backend, virtual=cfg.virtual)
-        backend = self.backend
+        backend = self.open_backend()
         if cfg.gpu_indices is not None:
             bad = [i for i in cfg.gpu_indices if i >= backend.device_count()]
             if bad:
@@ -202,7 +213,8 @@ class EnergySession:
         self._peer_degraded = False
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
-            self._writer = JsonlWriter(cfg.logging.log_dir / f"{self.run_name}.jsonl")
+            self._writer = JsonlWriter(cfg.logging.log_dir, self.run_name)
+            self.run_name = self._writer.run_name  # a taken name gets a -N suffix
         delay_s = cfg.windows.sensor_delay_s
         self.sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
         self.sampler = PowerSampler(
@@ -215,6 +227,7 @@ class EnergySession:
         )
         self._timer = self._make_timer(backend)
         self.meter = WindowMeter(self.sampler, self._timer)
+        self._restore_leftover_power_limits()
         self._phases = PhaseTracker(self.sampler) if cfg.windows.phases else None
         self.power_limit_W = self._read_power_limit_W()
         self.sampler.start()
@@ -223,6 +236,7 @@ class EnergySession:
         self.meter.begin("run")
         self._started = True
         _LIVE_SESSIONS.add(self)
+        self._sigterm.install()
         self._write(
             {
                 "event": "run_start",
@@ -238,6 +252,54 @@ class EnergySession:
             }
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
+        self._start_power_limiter()
+        if self.batch_size_controller is not None:
+            try:
+                max_power_W = sum(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
+            except BackendError:  # no limit range: the limit in force stands in for the maximum
+                max_power_W = (self.power_limit_W or 1.0) * len(self.gpu_indices)
+            c = self.batch_size_controller
+            try:
+                c.start(max_power_W, self.power_limit_W)
+            except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
+                self.exception(exc)
+                raise
+            self._write(
+                {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
+                 "threshold_cost": c.threshold}
+            )  # fmt: skip
+
+    def suggest_batch_size(self) -> int | None:
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
+
+        Made once per session (the recurrence's trial is recorded in the store); later
+        calls return the same value.
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false (or on a
+            non-main process, which never writes the store).
+
+        Raises:
+            StoreError: The store cannot be opened (corrupt, newer schema).
+        """
+        if self.batch_size_controller is None:
+            return None
+        return self.batch_size_controller.suggest()
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.batch_size = int(batch_size)
+
+    def open_backend(self) -> GPUBackend:
+        """Open the configured backend now (adapters call it at setup, to fail before training).
+
+        Raises:
+            BackendUnavailable: The configured backend cannot be used here.
+        """
+        if self.backend is None:
+            self.backend = get_backend(self.config.backend, virtual=self.config.virtual)
+        return self.backend
 
     def _make_timer(self, backend: GPUBackend) -> BoundaryTimer:
         if backend.name in ("nvml", "amdsmi"):
@@ -273,8 +335,6 @@ class EnergySession:
 
     def step_start(self, step: int) -> None:
         """Open the step window. Hot path: one clock read or CUDA event record."""
-        if self.started and self.config.windows.step:
-            self.meter.begin("step", step=step)  # type: ignore[union-attr]
         if self._phases is not None and self.started:
             self.meter.end("dataloader")  # type: ignore[union-attr]
             # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
@@ -284,6 +344,14 @@ class EnergySession:
                 self._timer.anchor()  # type: ignore[union-attr]  # one device sync per 30 s
                 self._anchored_s = now_s
         # Optimiser hook: the power-limit profiler switches limits at step boundaries.
+        if self.started and self.power_limiter is not None:
+            if self._decides_power_limit():
+                self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
+            if self._power_limit_agreement:
+                self._agree_power_limit()
+            self.power_limit_W = self.power_limiter.limit_W
+        if self.started and self.config.windows.step:
+            self.meter.begin("step", step=step)  # type: ignore[union-attr]
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
         """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
@@ -301,6 +369,8 @@ class EnergySession:
         assert self.meter is not None
         if self.config.windows.step:
             self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
+        if self.power_limiter is not None and self._decides_power_limit():
+            self._power_limit_step_end(step, num_samples)
         if self._phases is not None:
             self.meter.begin("dataloader")  # the gap until the next step_start
         self._epoch_steps += 1
@@ -312,10 +382,17 @@ class EnergySession:
 
     def _decide(self) -> Decision:
         # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
+        controller = self.batch_size_controller
+        if self._stop_reason is None and controller is not None and controller.threshold is not None and self.started:
+            self._stop_reason = controller.check(self._run_energy_so_far_J(), self._run_time_so_far_s())
+        if self._stop_reason is not None:
+            return Decision(stop_training=True, reason=self._stop_reason)
         return Decision()
 
     def eval_start(self) -> None:
         """Open the evaluation window."""
+        if self.started and self.power_limiter is not None:
+            self.power_limiter.on_eval_start(self.backend.clock.now_s())  # type: ignore[union-attr]
         if self.started and self.config.windows.eval:
             self.meter.begin("eval")  # type: ignore[union-attr]
 
@@ -323,6 +400,8 @@ class EnergySession:
         """Close the evaluation window; its energy is reported once attributed."""
         if self.started and self.config.windows.eval:
             self.meter.end("eval")  # type: ignore[union-attr]
+        if self.started and self.power_limiter is not None:
+            self.power_limiter.on_eval_end(self.backend.clock.now_s())  # type: ignore[union-attr]
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -344,6 +423,8 @@ class EnergySession:
         self._last_eval_metrics = numeric
         if self.started:
             self._write({"event": "evaluate", "step": self._totals.steps, "metrics": numeric})
+            if self.batch_size_controller is not None and self._stop_reason is None:
+                self._stop_reason = self.batch_size_controller.observe(numeric)
         return self._decide()
 
     def epoch_end(self, epoch: int) -> dict[str, float]:
@@ -401,12 +482,24 @@ class EnergySession:
             self._flush_sensor(self.backend.clock.now_s())
         finally:
             self.sampler.stop()
+            self._stop_power_limiter()
         self._report_steps(resolve_final=True)
         summary = self._summary()
         self._finished = summary
+        if self.batch_size_controller is not None:
+            try:
+                t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status)
+                if t is not None:
+                    self._write(
+                        {"event": "trial", "trial_id": t.trial_id, "batch_size": t.batch_size, "status": t.status,
+                         "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}
+                    )  # fmt: skip
+            except Exception as exc:  # the run is over: a store fault must not hide its summary
+                logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
         if self._exception_record is not None:
             self._write(self._exception_record)
         self._write({"event": "run_end", **summary.as_dict()})
+        self._sigterm.uninstall()
         if self._writer is not None:
             self._writer.close()
         if self._given_backend is None:
@@ -418,7 +511,9 @@ class EnergySession:
         """End the run after a training failure; nothing measured so far is lost."""
         if not self.started:
             return self._finished
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        # Ctrl-C, or Lightning's exception for a SIGTERM it caught: the run was stopped, not broken.
+        stopped = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SIGTERMException"
+        status = "interrupted" if stopped else "failed"
         if exc is not None:
             self._exception_record = {"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]}
         return self.train_end(status=status)
@@ -562,6 +657,122 @@ class EnergySession:
             epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
         )
 
+    # ------------------------------------------------------------ power limits
+    def _restore_leftover_power_limits(self) -> None:
+        """Put back limits a killed run left changed (its marker file is still there)."""
+        assert self.backend is not None
+        cfg = self.config
+        try:
+            pl.restore_from_marker(pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker), self.backend)
+        except BackendError as exc:
+            logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
+
+    def _start_power_limiter(self) -> None:
+        cfg = self.config
+        self._power_limit_agreement = self._power_limit_follower = False
+        if not cfg.power_limit.enabled:
+            return
+        assert self.backend is not None
+        try:
+            self.power_limiter = self._make_power_limiter()
+        except BackendError as exc:
+            logger.warning("zeus-callbacks: power-limit profiling is off: the limits cannot be read (%s)", exc)
+        if self._collective():
+            # Every rank must take part in the per-step agreement, or none may.
+            ready = self.ranks.gather([1.0 if self.power_limiter is not None else 0.0])
+            if not all(row[0] for row in ready):
+                if self.power_limiter is not None:
+                    logger.warning("zeus-callbacks: power-limit profiling is off: another rank cannot profile")
+                self.power_limiter = None
+            self._power_limit_agreement = self.power_limiter is not None
+            self._power_limit_follower = self._power_limit_agreement and self.ranks.process_index != 0
+
+    def _decides_power_limit(self) -> bool:
+        """Under DDP the main rank's profiler decides; the other ranks follow it."""
+        return not self._power_limit_follower
+
+    def _agree_power_limit(self) -> None:
+        """Under DDP, make every rank run the same limit from this step on (collective).
+
+        The main rank's profiler decides from its own GPU's measurements (with identical
+        GPUs, its per-GPU cost ranks the limits as the summed cost does); each step while
+        it profiles, every rank takes its limit. Observe mode anywhere (no permission,
+        read-only) becomes observe mode everywhere.
+        """
+        limiter = self.power_limiter
+        assert limiter is not None
+        done = limiter.profiler.finished or limiter.observe
+        rows = self.ranks.gather([limiter.limit_W, 1.0 if done else 0.0, 1.0 if limiter.observe else 0.0])
+        target_W, main_done, _ = rows[0]
+        if any(row[2] for row in rows):
+            limiter.enter_observe("another rank cannot change its power limit")
+            self._power_limit_agreement = False
+            return
+        if self.ranks.process_index != 0:
+            limiter.apply(target_W)
+        if main_done:
+            self._power_limit_agreement = False  # settled: no more exchanges; followers keep the limit
+
+    def _make_power_limiter(self) -> pl.PowerLimitController:
+        cfg = self.config
+        assert self.backend is not None
+        return pl.PowerLimitController(
+            cfg.power_limit,
+            self.backend,
+            self.gpu_indices,
+            self._energy_between_J,
+            log_dir=cfg.logging.log_dir,
+            job_id=cfg.job_id,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            is_main_process=self.is_main_process,
+            run_name=self.run_name or "run",
+        )
+
+    def _stop_power_limiter(self) -> None:
+        if self.power_limiter is not None:
+            self.power_limiter.restore()
+            self.power_limit_W = self._read_power_limit_W()
+
+    def _energy_between_J(self, start_s: float, end_s: float) -> float | None:
+        """Energy (J) of the measured GPUs in [start_s, end_s]; None until samples cover end_s."""
+        assert self.sampler is not None and self.backend is not None
+        latest = self.sampler.latest_sample_s()
+        if (latest is None or latest - self.sensor_delay_s < end_s) and _is_manual(self.backend):
+            self.sampler.poll_once(read_counter=False)
+            latest = self.sampler.latest_sample_s()
+        if latest is None or latest - self.sensor_delay_s < end_s:
+            self.sampler.request_poll()
+            return None
+        total = 0.0
+        for index in self.gpu_indices:
+            knots, cumulative = self.sampler.cumulative_energy(index)
+            total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+        return total
+
+    def _power_limit_step_end(self, step: int, num_samples: int | None) -> None:
+        assert self.power_limiter is not None and self.backend is not None
+        result = self.power_limiter.on_step_end(step, self.backend.clock.now_s(), num_samples)
+        self.power_limit_W = self.power_limiter.limit_W
+        if result is None:
+            return
+        if result.chosen_limit_W is not None:
+            self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
+        self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
+        self._write(
+            {
+                "event": "power_limit_profile",
+                "step": self._totals.steps,
+                "source": result.source,
+                "objective": result.objective,
+                "chosen_limit_W": result.chosen_limit_W,
+                "original_limit_W": self.power_limiter.original_W,
+                "profiling_steps": result.profiling_steps,
+                "fallback_sweep": result.fallback_sweep,
+                "limits": result.rows,
+                "message": result.message,
+            }
+        )
+
     # ------------------------------------------------------------------ internals
     def _flush_sensor(self, until_s: float) -> None:
         """Poll until samples cover ``until_s`` (bounded wait), and read the counter."""
@@ -637,7 +848,8 @@ class EnergySession:
         ]
         # One rank's row per GPU group; combine per step: energy and power sum over
         # ranks, time is the slowest rank's.
-        rows = [row for row in self._gather(local) if row[2] > 0]
+        gathered = self._gather(local)
+        rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
         step_J = sum(E / n for E, _, n, *_ in rows)
@@ -670,7 +882,7 @@ class EnergySession:
                 "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
                 "complete": all(r.complete for r in steps),
                 "power_limit_W": self.power_limit_W,
-                "ranks": len(rows),
+                "ranks": len(gathered),
                 "degraded": self.degraded,
             }
         )

@@ -69,3 +69,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave the process group cleanly: gloo's threads abort the process if torn down at exit.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -28,6 +28,12 @@ class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(32, 1)
+        self.batch_size = 16  # the batch-size bandit sets this before the loader is built
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
+        return DataLoader(data, batch_size=self.batch_size)
 
     def training_step(self, batch, batch_idx):
         for _ in range(10):  # a few ms of work a step
@@ -43,6 +49,12 @@ class Probe(L.Callback):
 
     def __init__(self, out: Path, zeus: ZeusCallback) -> None:
         self.out, self.zeus = out, zeus
+        self.limits: list[tuple[int, float]] = []  # (global step, limit in force) at each step start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Runs after the ZeusCallback's hook, which applied this step's limit.
+        backend = self.zeus.session.backend
+        self.limits.append((trainer.global_step, backend.power_limit_W(self.zeus.session.gpu_indices[0])))
 
     def on_fit_end(self, trainer, pl_module):
         from accelerate import PartialState
@@ -57,6 +69,9 @@ class Probe(L.Callback):
                     "pid": os.getpid(),
                     "gpu_indices": self.zeus.session.gpu_indices,
                     "summary": summary.as_dict(),
+                    "limits": self.limits,
+                    "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
+                    "batch_size_used": pl_module.batch_size,
                 }
             )
         )
@@ -66,6 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--faulty-rank", type=int)
+    parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
+    parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = VirtualGPUBackend(
@@ -73,23 +90,29 @@ def main() -> None:
     )
     if args.faulty_rank == local_rank:
         backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
-    zeus = ZeusCallback(
-        {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}, backend=backend
-    )
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g))
+    config = {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}
+    if args.power_limit:
+        config["power_limit"] = {
+            "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3,
+            "step_W": 100.0, "cache": False, "plot": False,
+        }
+    if args.store:
+        config["job_id"] = "ddp-job"
+        config["batch_size"] = {"enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16}
+        config["store"] = {"path": str(args.store)}
+    zeus = ZeusCallback(config, backend=backend)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        max_epochs=2,
+        max_epochs=4 if args.power_limit else 2,
         callbacks=[zeus, Probe(args.out, zeus)],
         logger=TensorBoardLogger(str(args.out / "tb"), name="ddp"),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    trainer.fit(Model(), DataLoader(data, batch_size=16))
+    trainer.fit(Model())
 
 
 if __name__ == "__main__":

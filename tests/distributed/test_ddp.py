@@ -16,9 +16,19 @@ JOB = Path(__file__).with_name("lightning_ddp_job.py")
 HF_JOB = Path(__file__).with_name("hf_ddp_job.py")
 
 
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[dict]:
     command = command or [sys.executable, str(JOB), str(out), *extra]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
+    if done.returncode != 0 and GLOO_TEARDOWN_ABORT in done.stderr:
+        # Seen rarely when other distributed jobs run on the machine at the same time: a
+        # gloo thread aborts the process as it tears down. Run the job once more; any
+        # other failure, or the same one twice, fails the test.
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
@@ -68,7 +78,9 @@ def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
 def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HF_JOB), str(out)]
+    # --standalone: a free rendezvous port, so concurrent runs cannot collide on 29500.
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [*launcher, str(HF_JOB), str(out)]
     ranks = run_job(out, command=command)
     assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
     assert sorted(r["gpu_indices"][0] for r in ranks) == [0, 1]
@@ -82,3 +94,36 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
     assert [r["event"] for r in records].count("run_end") == 1
     assert all(r["ranks"] == 2 for r in records if r["event"] == "steps")
+
+
+def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--power-limit")
+    by_rank = {r["global_rank"]: r for r in ranks}
+    limits0 = [tuple(x) for x in by_rank[0]["limits"]]
+    limits1 = [tuple(x) for x in by_rank[1]["limits"]]
+    assert limits0 == limits1  # same limit, same step, on both GPUs
+    assert len({limit for _, limit in limits0}) >= 2  # the main rank's profiler did try limits
+    original_W = limits0[0][1]
+    assert by_rank[0]["limit_after_W"] == by_rank[1]["limit_after_W"] == original_W  # restored
+    records = read_jsonl(out / "zeus" / "ddp.jsonl")
+    assert [r["event"] for r in records].count("power_limit_profile") == 1
+
+
+def test_batch_size_is_chosen_once_and_the_store_written_once(tmp_path):
+    from zeus_callbacks.store import open_store
+
+    out = tmp_path / "run"
+    out.mkdir()
+    store = tmp_path / "zeus.sqlite"
+    for recurrence in range(2):
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        ranks = run_job(out, "--store", str(store))
+        used = {r["batch_size_used"] for r in ranks}
+        assert len(used) == 1, f"ranks trained with different batch sizes: {used}"
+        with open_store(store) as opened:
+            trials = opened.list_trials("ddp-job")
+        assert len(trials) == recurrence + 1  # one trial per recurrence, not one per rank
+        assert trials[-1].batch_size == used.pop() and trials[-1].status != "running"

@@ -22,14 +22,13 @@ Usage::
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from . import US_PER_S, FaultPlan, PowerModel, to_us
+from . import US_PER_S, FakeLibrary, PowerModel, to_us
 
 
 class AmdSmiRetCode(IntEnum):
@@ -143,7 +142,7 @@ class FakeAMDGPU:
     )
 
 
-class FakeAMDSMI:
+class FakeAMDSMI(FakeLibrary):
     """A module-like fake of ``amdsmi`` for ``num_gpus`` GPUs.
 
     Args:
@@ -167,6 +166,11 @@ class FakeAMDSMI:
     AmdSmiTimeoutException = AmdSmiTimeoutException
     AmdSmiParameterException = AmdSmiParameterException
 
+    _INIT_FUNC = "amdsmi_init"
+    _NOT_SUPPORTED = AmdSmiRetCode.ERR_NOT_SUPPORTED
+    _NO_PERMISSION = AmdSmiRetCode.ERR_NO_PERM
+    _SET_LIMIT_FUNC = "amdsmi_set_power_cap"
+
     def __init__(
         self,
         num_gpus: int = 1,
@@ -180,60 +184,21 @@ class FakeAMDSMI:
     ) -> None:
         if energy_key not in ("energy_accumulator", "power"):
             raise ValueError(f"energy_key must be 'energy_accumulator' or 'power', not {energy_key!r}")
-        self.time_fn = time_fn
+        super().__init__(time_fn=time_fn, call_cost_s=call_cost_s)
         self.energy_key = energy_key
         self.counter_resolution_uJ = counter_resolution_uJ
         self.refresh_s = refresh_s
-        self.call_cost_s = dict(call_cost_s or {})
-        self.faults = FaultPlan()
-        self._lock = threading.Lock()
-        self._init_count = 0
         start_s = time_fn()
         self.gpus = [FakeAMDGPU(index=i, model=PowerModel(idle_W, time_fn), origin_s=start_s) for i in range(num_gpus)]
 
-    # -- test controls -------------------------------------------------------------------
-    @property
-    def calls(self):
-        """Calls per vendor function name (a ``Counter``)."""
-        return self.faults.calls
+    # -- test controls (the rest are FakeLibrary's) ------------------------------------
+    @staticmethod
+    def _exc_factory(err_code: int) -> Callable[[], AmdSmiLibraryException]:
+        return lambda: AmdSmiLibraryException(err_code)
 
-    @property
-    def initialized(self) -> bool:
-        """True while ``amdsmi_init`` is not matched by ``amdsmi_shut_down``."""
-        return self._init_count > 0
-
-    def _targets(self, index: int | None) -> list[FakeAMDGPU]:
-        return self.gpus if index is None else [self.gpus[index]]
-
-    def set_load(self, power_W: float, index: int | None = None, at_s: float | None = None) -> None:
-        """Make GPU ``index`` (default: all) draw ``power_W`` watts from now on."""
-        for gpu in self._targets(index):
-            gpu.model.set_load(power_W, at_s)
-
-    def set_power_function(self, fn: Callable[[float], float], index: int | None = None) -> None:
-        """Make GPU ``index`` (default: all) draw ``fn(t_s)`` watts at every time."""
-        for gpu in self._targets(index):
-            gpu.model.set_power_function(fn)
-
-    def true_energy_J(self, t0_s: float, t1_s: float, index: int = 0) -> float:
-        """Return the energy GPU ``index`` truly drew in ``[t0_s, t1_s]`` (J)."""
-        return self.gpus[index].model.energy_J(t0_s, t1_s)
-
-    def fail_next(self, func: str, err_code: int, count: int = 1, index: int | None = None) -> None:
-        """Make the next ``count`` calls of ``func`` raise ``AmdSmiLibraryException(err_code)``."""
-        self.faults.fail_next(func, lambda: AmdSmiLibraryException(err_code), count, index)
-
-    def fail_always(self, func: str, err_code: int, index: int | None = None) -> None:
-        """Make every call of ``func`` raise ``AmdSmiLibraryException(err_code)``."""
-        self.faults.fail_always(func, lambda: AmdSmiLibraryException(err_code), index)
-
-    def make_unsupported(self, func: str, index: int | None = None) -> None:
-        """Make ``func`` fail with ``ERR_NOT_SUPPORTED`` for good."""
-        self.fail_always(func, AmdSmiRetCode.ERR_NOT_SUPPORTED, index)
-
-    def deny_permission(self, func: str = "amdsmi_set_power_cap", index: int | None = None) -> None:
-        """Make ``func`` fail with ``ERR_NO_PERM`` for good (as without root)."""
-        self.fail_always(func, AmdSmiRetCode.ERR_NO_PERM, index)
+    @staticmethod
+    def _uninitialized() -> AmdSmiLibraryException:
+        return AmdSmiLibraryException(AmdSmiRetCode.NOT_INIT)
 
     def counter_backwards(self, index: int = 0, by_ticks: int = 1_000_000) -> None:
         """Make GPU ``index``'s energy counter jump back by ``by_ticks`` ticks."""
@@ -244,18 +209,9 @@ class FakeAMDSMI:
         for gpu in self._targets(index):
             gpu.power_info_scale = scale
 
-    def clear_faults(self) -> None:
-        """Remove every scripted fault."""
-        self.faults.clear()
-
     # -- internals ---------------------------------------------------------------------
     def _enter(self, func: str, handle: FakeProcessorHandle | None = None) -> FakeAMDGPU | None:
-        self.faults.check(func, handle.index if isinstance(handle, FakeProcessorHandle) else None)
-        cost = self.call_cost_s.get(func, 0.0)
-        if cost > 0:
-            time.sleep(cost)
-        if func != "amdsmi_init" and self._init_count == 0:
-            raise AmdSmiLibraryException(AmdSmiRetCode.NOT_INIT)
+        self._begin(func, handle.index if isinstance(handle, FakeProcessorHandle) else None)
         if handle is None:
             return None
         if not isinstance(handle, FakeProcessorHandle) or handle.owner is not self:
@@ -271,14 +227,12 @@ class FakeAMDSMI:
     def amdsmi_init(self, flag: int = 0) -> None:
         """Initialise the library."""
         self._enter("amdsmi_init")
-        with self._lock:
-            self._init_count += 1
+        self._count_init(+1)
 
     def amdsmi_shut_down(self) -> None:
         """Shut the library down."""
         self._enter("amdsmi_shut_down")
-        with self._lock:
-            self._init_count -= 1
+        self._count_init(-1)
 
     def amdsmi_get_processor_handles(self) -> list[FakeProcessorHandle]:
         """Return one handle per GPU."""

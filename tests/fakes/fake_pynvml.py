@@ -27,14 +27,13 @@ Usage::
 from __future__ import annotations
 
 import string
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import US_PER_S, FaultPlan, PowerModel, to_us
+from . import US_PER_S, FakeLibrary, PowerModel, to_us
 
 # -- constants (values as in nvidia-ml-py 13.x) ---------------------------------------
 NVML_SUCCESS = 0
@@ -232,7 +231,7 @@ class FakeGPU:
     unsupported_fields: set[int] = field(default_factory=set)
 
 
-class FakePyNVML:
+class FakePyNVML(FakeLibrary):
     """A module-like fake of ``pynvml`` for ``num_gpus`` H200s.
 
     Args:
@@ -249,6 +248,11 @@ class FakePyNVML:
     :meth:`counter_backwards`, :meth:`clear_faults`. ``calls`` counts every call by name.
     """
 
+    _INIT_FUNC = "nvmlInit"
+    _NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    _NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    _SET_LIMIT_FUNC = "nvmlDeviceSetPowerManagementLimit"
+
     def __init__(
         self,
         num_gpus: int = 1,
@@ -257,11 +261,7 @@ class FakePyNVML:
         idle_W: float = H200_IDLE_W,
         call_cost_s: dict[str, float] | None = None,
     ) -> None:
-        self.time_fn = time_fn
-        self.call_cost_s = dict(call_cost_s or {})
-        self.faults = FaultPlan()
-        self._lock = threading.Lock()
-        self._init_count = 0
+        super().__init__(time_fn=time_fn, call_cost_s=call_cost_s)
         start_s = time_fn()
         self.gpus = [
             FakeGPU(
@@ -282,29 +282,7 @@ class FakePyNVML:
                 pass
         raise AttributeError(name)
 
-    # -- test controls -------------------------------------------------------------------
-    @property
-    def calls(self):
-        """Calls per vendor function name (a ``Counter``)."""
-        return self.faults.calls
-
-    def _targets(self, index: int | None) -> list[FakeGPU]:
-        return self.gpus if index is None else [self.gpus[index]]
-
-    def set_load(self, power_W: float, index: int | None = None, at_s: float | None = None) -> None:
-        """Make GPU ``index`` (default: all) draw ``power_W`` watts from now on."""
-        for gpu in self._targets(index):
-            gpu.model.set_load(power_W, at_s)
-
-    def set_power_function(self, fn: Callable[[float], float], index: int | None = None) -> None:
-        """Make GPU ``index`` (default: all) draw ``fn(t_s)`` watts at every time."""
-        for gpu in self._targets(index):
-            gpu.model.set_power_function(fn)
-
-    def true_energy_J(self, t0_s: float, t1_s: float, index: int = 0) -> float:
-        """Return the energy GPU ``index`` truly drew in ``[t0_s, t1_s]`` (J)."""
-        return self.gpus[index].model.energy_J(t0_s, t1_s)
-
+    # -- test controls (the rest are FakeLibrary's) ------------------------------------
     @staticmethod
     def _exc_factory(error: int | type[NVMLError] | NVMLError) -> Callable[[], NVMLError]:
         if isinstance(error, NVMLError):
@@ -313,28 +291,14 @@ class FakePyNVML:
             return lambda: error()
         return lambda: NVMLError(error)
 
-    def fail_next(
-        self, func: str, error: int | type[NVMLError] | NVMLError, count: int = 1, index: int | None = None
-    ) -> None:
-        """Make the next ``count`` calls of ``func`` raise ``error`` (class, instance or code)."""
-        self.faults.fail_next(func, self._exc_factory(error), count, index)
-
-    def fail_always(self, func: str, error: int | type[NVMLError] | NVMLError, index: int | None = None) -> None:
-        """Make every call of ``func`` raise ``error`` until :meth:`clear_faults`."""
-        self.faults.fail_always(func, self._exc_factory(error), index)
-
-    def make_unsupported(self, func: str, index: int | None = None) -> None:
-        """Make ``func`` raise ``NVMLError_NotSupported`` for good (e.g. ``nvmlDeviceGetSamples``)."""
-        self.fail_always(func, NVML_ERROR_NOT_SUPPORTED, index)
+    @staticmethod
+    def _uninitialized() -> NVMLError:
+        return NVMLError(NVML_ERROR_UNINITIALIZED)
 
     def make_field_unsupported(self, field_id: int, index: int | None = None) -> None:
         """Make field ``field_id`` come back with ``NVML_ERROR_NOT_SUPPORTED``."""
         for gpu in self._targets(index):
             gpu.unsupported_fields.add(field_id)
-
-    def deny_permission(self, func: str = "nvmlDeviceSetPowerManagementLimit", index: int | None = None) -> None:
-        """Make ``func`` raise ``NVMLError_NoPermission`` for good (as without root)."""
-        self.fail_always(func, NVML_ERROR_NO_PERMISSION, index)
 
     def set_mig(self, index: int, enabled: bool = True) -> None:
         """Switch MIG mode of GPU ``index`` on or off (current and pending)."""
@@ -344,19 +308,9 @@ class FakePyNVML:
         """Make GPU ``index``'s energy counter jump back by ``by_mJ`` millijoules."""
         self.gpus[index].energy_offset_mJ -= by_mJ
 
-    def clear_faults(self) -> None:
-        """Remove every scripted fault (MIG mode, unsupported fields and counters are kept)."""
-        self.faults.clear()
-
     # -- internals ---------------------------------------------------------------------
     def _enter(self, func: str, handle: FakeHandle | None = None) -> FakeGPU | None:
-        index = handle.index if handle is not None else None
-        self.faults.check(func, index)
-        cost = self.call_cost_s.get(func, 0.0)
-        if cost > 0:
-            time.sleep(cost)
-        if func != "nvmlInit" and self._init_count == 0:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        self._begin(func, handle.index if handle is not None else None)
         if handle is None:
             return None
         if not isinstance(handle, FakeHandle) or handle.owner is not self or handle.index >= len(self.gpus):
@@ -383,19 +337,12 @@ class FakePyNVML:
     def nvmlInit(self) -> None:
         """Initialise (reference counted, as NVML is)."""
         self._enter("nvmlInit")
-        with self._lock:
-            self._init_count += 1
+        self._count_init(+1)
 
     def nvmlShutdown(self) -> None:
         """Drop one reference; raises ``NVMLError_Uninitialized`` if none is held."""
         self._enter("nvmlShutdown")
-        with self._lock:
-            self._init_count -= 1
-
-    @property
-    def initialized(self) -> bool:
-        """True while at least one ``nvmlInit`` is not matched by ``nvmlShutdown``."""
-        return self._init_count > 0
+        self._count_init(-1)
 
     def nvmlSystemGetDriverVersion(self) -> str:
         """Return the driver version of the probed H200."""

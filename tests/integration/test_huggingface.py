@@ -103,6 +103,8 @@ def test_gradient_accumulation_makes_one_window_per_optimizer_step(tmp_path):
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     steps = [r for r in records if r["event"] == "steps"]
     assert sum(r["count"] for r in steps) == 6
+    # 6 steps are a fraction of one epoch: that partial epoch is epoch 0.
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0]
     for r in steps:  # 4 per micro-batch x 3 micro-batches; BLOCK tokens each
         assert r["energy_J_per_sample"] == pytest.approx(r["energy_J_mean"] / 12, rel=1e-6)
         assert r["energy_J_per_token"] == pytest.approx(r["energy_J_mean"] / (12 * BLOCK), rel=1e-6)

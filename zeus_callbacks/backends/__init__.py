@@ -61,6 +61,16 @@ def _virtual(config: VirtualGPUConfig | None, clock: Clock | None, read_only: bo
     )
 
 
+def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:
+    if name == "nvml":
+        from zeus_callbacks.backends.nvml import NVMLBackend
+
+        return NVMLBackend(read_only=read_only)
+    from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+
+    return AMDSMIBackend(read_only=read_only)
+
+
 def get_backend(
     name: str = "auto",
     *,
@@ -86,14 +96,14 @@ def get_backend(
         BackendUnavailable: A named backend (not ``auto``) cannot be opened here.
         ValueError: ``name`` is not a known backend.
     """
-    if name == "nvml":
-        from zeus_callbacks.backends.nvml import NVMLBackend
-
-        return NVMLBackend(read_only=read_only)
-    if name == "amdsmi":
-        from zeus_callbacks.backends.amdsmi import AMDSMIBackend
-
-        return AMDSMIBackend(read_only=read_only)
+    if name in ("nvml", "amdsmi"):
+        try:
+            return _open_vendor(name, read_only)
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(
+                f"{exc} (the configuration asks for backend: {name}; use backend: auto to fall back to "
+                "the virtual GPU where there is no such GPU)"
+            ) from None
     if name == "virtual":
         return _virtual(virtual, clock, read_only)
     if name != "auto":
@@ -102,7 +112,7 @@ def get_backend(
     reasons = []
     for candidate in ("nvml", "amdsmi"):
         try:
-            backend = get_backend(candidate, read_only=read_only)
+            backend = _open_vendor(candidate, read_only)
         except BackendUnavailable as exc:
             reasons.append(f"{candidate}: {exc}")
             continue

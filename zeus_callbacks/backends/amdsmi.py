@@ -204,7 +204,6 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
                 device.last_poll = previous
                 return []
             if energy_J < then_J:
-                self._warn_once("counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index)
                 raise SensorError(
                     f"amdsmi: GPU {index} energy counter went backwards ({then_J:.3f} J -> {energy_J:.3f} J)",
                     kind="counter_backwards",
@@ -258,7 +257,6 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         with device.lock:
             previous_J, device.last_energy_J = device.last_energy_J, energy_J
         if previous_J is not None and energy_J < previous_J:
-            self._warn_once("counter_backwards", index, "amdsmi: GPU %d energy counter went backwards", index)
             raise SensorError(
                 f"amdsmi: GPU {index} energy counter went backwards ({previous_J:.3f} J -> {energy_J:.3f} J)",
                 kind="counter_backwards",

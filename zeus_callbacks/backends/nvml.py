@@ -331,14 +331,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         with device.lock:
             previous_mJ, device.last_energy_mJ = device.last_energy_mJ, energy_mJ
         if previous_mJ is not None and energy_mJ < previous_mJ:
-            self._warn_once(
-                "counter_backwards",
-                index,
-                "nvml: GPU %d energy counter went backwards (%d mJ -> %d mJ); was the driver reloaded?",
-                index,
-                previous_mJ,
-                energy_mJ,
-            )
+            # No warning here: the sampler warns once per kind of fault.
             raise SensorError(
                 f"nvml: GPU {index} energy counter went backwards ({previous_mJ} mJ -> {energy_mJ} mJ)",
                 kind="counter_backwards",

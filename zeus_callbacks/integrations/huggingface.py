@@ -67,6 +67,7 @@ class ZeusTrainerCallback(TrainerCallback):
         self.summary: RunSummary | None = None
         self._tokens_seen = 0
         self._in_eval = False
+        self._epoch = 0
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusTrainerCallback:
@@ -154,12 +155,33 @@ class ZeusTrainerCallback(TrainerCallback):
         )
         self.summary = None
         self._tokens_seen = state.num_input_tokens_seen or 0
+        if self.config.batch_size.enabled and args.world_size > 1:
+            # Rank 0 alone runs the bandit and nothing here shares its choice or its stop
+            # decision with the other ranks yet: a stop on one rank would hang the others.
+            logger.warning(
+                "zeus-callbacks: batch-size optimisation is not supported with the Hugging Face Trainer on %d "
+                "processes yet; it is off for this run (energy is still measured)",
+                args.world_size,
+            )
+            self.session.batch_size_controller = None
+        suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled
+        if suggested is not None and args.per_device_train_batch_size != suggested:
+            logger.warning(
+                "zeus-callbacks: the Trainer's per_device_train_batch_size is %d, not the suggested %d; call "
+                "zeus_callbacks.suggest_batch_size(config) before building TrainingArguments. The trial is "
+                "recorded at %d",
+                args.per_device_train_batch_size,
+                suggested,
+                args.per_device_train_batch_size,
+            )
+            self.session.use_batch_size(args.per_device_train_batch_size)
         run_name = self.config.logging.run_name or (Path(args.run_name).name if args.run_name else None)
         self.session.train_start(run_name=run_name)
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the epoch window."""
-        self.session.epoch_start(int(state.epoch or 0))
+        self._epoch = int(state.epoch or 0)
+        self.session.epoch_start(self._epoch)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the step window (the first micro-batch of an optimizer step)."""
@@ -192,7 +214,7 @@ class ZeusTrainerCallback(TrainerCallback):
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Close the epoch window; its metrics go out with the next log."""
-        self.session.epoch_end(int(round(state.epoch or 0)) - 1)
+        self.session.epoch_end(self._epoch)
 
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -19,6 +19,7 @@ From ``LightningCLI``::
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,21 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.config import ZeusConfig, load_config
 from zeus_callbacks.integrations.common import resolve_config
+from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import EnergySession
 
 logger = logging.getLogger(__name__)
+
+# Lightning recommends sync_dist for epoch-level values under DDP; ours are aggregated
+# across ranks by the session already (see ZeusCallback._log).
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(energy|power|time|power_limit)[/_]")
 
 
 class ZeusCallback(Callback):
@@ -68,6 +75,7 @@ class ZeusCallback(Callback):
         self._backend = backend
         self.session = EnergySession(self.config, backend=backend)
         self.summary: RunSummary | None = None
+        self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
         self._optimizer_stepped = False
 
     @classmethod
@@ -96,6 +104,41 @@ class ZeusCallback(Callback):
                 device_index=_device_index(trainer),
             )
             self.summary = None
+            self.session.open_backend()  # a missing GPU or library fails here, before training
+            suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
+            if self.config.batch_size.enabled and trainer.world_size > 1:
+                suggested = trainer.strategy.broadcast(suggested, src=0)  # one batch size on every rank
+            if suggested is not None:
+                self._apply_batch_size(pl_module, suggested)
+
+    def _apply_batch_size(self, pl_module: pl.LightningModule, batch_size: int) -> None:
+        """Set the bandit's batch size (and scaled learning rate) before the data loaders are built.
+
+        Looked up like Lightning's ``BatchSizeFinder``: an attribute of the module, its
+        ``hparams``, the datamodule, or the datamodule's ``hparams``.
+        """
+        cfg = self.config.batch_size
+        if lightning_hasattr(pl_module, cfg.module_attr):
+            lightning_setattr(pl_module, cfg.module_attr, batch_size)
+            rank_zero_info(f"zeus-callbacks: batch size {batch_size} (job {self.config.job_id})")
+        else:
+            logger.warning(
+                "zeus-callbacks: neither the LightningModule nor the DataModule has a %r attribute (or hparam); "
+                "build the data loaders with batch size %d yourself",
+                cfg.module_attr,
+                batch_size,
+            )
+        if cfg.lr_scaling == "none":
+            return
+        names = [cfg.lr_attr] if cfg.lr_attr else ["lr", "learning_rate"]
+        name = next((n for n in names if lightning_hasattr(pl_module, n)), None)
+        if name is None:
+            logger.warning("zeus-callbacks: no learning-rate attribute %s to scale", " or ".join(names))
+            return
+        base = self._base_lr.setdefault(id(pl_module), float(lightning_getattr(pl_module, name)))
+        assert cfg.default_batch_size is not None
+        lr = scaled_learning_rate(base, batch_size, cfg.default_batch_size, cfg.lr_scaling)
+        lightning_setattr(pl_module, name, lr)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -112,6 +155,17 @@ class ZeusCallback(Callback):
         if run_name is None and trainer.logger is not None and trainer.logger.version is not None:
             version = trainer.logger.version
             run_name = f"{trainer.logger.name}-{version}" if isinstance(version, int) else str(version)
+        suggested = self.session.suggest_batch_size()
+        used = getattr(trainer.train_dataloader, "batch_size", None)
+        if suggested is not None and isinstance(used, int) and used != suggested:
+            logger.warning(
+                "zeus-callbacks: the train loader's batch size is %d, not the suggested %d (data loaders passed to "
+                "fit() directly cannot be changed); the trial is recorded at %d",
+                used,
+                suggested,
+                used,
+            )
+            self.session.use_batch_size(used)
         self.session.train_start(run_name=run_name)
 
     @override
@@ -136,7 +190,7 @@ class ZeusCallback(Callback):
             self.session.phase_discard("optimizer")
         decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
         self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
-        if decision.stop_training:
+        if self._agree_to_stop(trainer, decision.stop_training):
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
 
@@ -168,7 +222,7 @@ class ZeusCallback(Callback):
             return
         self.session.eval_end()
         decision = self.session.evaluate(trainer.callback_metrics)
-        if decision.stop_training:
+        if self._agree_to_stop(trainer, decision.stop_training):
             trainer.should_stop = True
 
     @override
@@ -192,6 +246,12 @@ class ZeusCallback(Callback):
             self._finish(trainer, status="completed")
 
     # -- helpers -----------------------------------------------------------------------
+    def _agree_to_stop(self, trainer: pl.Trainer, stop: bool) -> bool:
+        """Stop if any rank says so (only the main rank runs the bandit); no collective when it is off."""
+        if self.config.batch_size.enabled and trainer.world_size > 1:
+            return bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
+        return stop
+
     def _log(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool
     ) -> None:
@@ -202,10 +262,10 @@ class ZeusCallback(Callback):
         # so other callbacks (checkpointing, early stopping) can monitor energy.
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(metrics, step=trainer.global_step)
-        # Values are already aggregated over ranks (identical everywhere): syncing is a no-op mean.
-        pl_module.log_dict(
-            metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False, sync_dist=True
-        )
+        # No sync_dist: the session already aggregated the values over ranks, and a
+        # reduce per key would be a collective that ranks with different keys (the main
+        # rank reports the power-limit choice) would not all join.
+        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
             if bar:
@@ -216,7 +276,6 @@ class ZeusCallback(Callback):
                     prog_bar=True,
                     logger=False,
                     batch_size=1,
-                    sync_dist=True,
                 )
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:

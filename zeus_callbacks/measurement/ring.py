@@ -40,6 +40,12 @@ class TimeSeriesRing:
             return None
         return float(self._t[(self._next - 1) % self.capacity])
 
+    def last_value(self) -> float | None:
+        """Return the newest value, or None when empty."""
+        if self._next == 0:
+            return None
+        return float(self._v[(self._next - 1) % self.capacity])
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return copies of (timestamps, values), oldest first."""
         n = len(self)

@@ -202,20 +202,24 @@ class PowerSampler:
                 self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
                 return
             self._record_fault(exc, f"energy counter of GPU {index}")
+            if isinstance(exc, SensorError) and exc.kind == "counter_backwards":
+                self._new_counter_baseline(index)  # the backend saw the reset: do not count it again
             return
         with self._lock:
             ring = self._counter[index]
-            _, values = ring.arrays() if len(ring) else (None, None)
-            if values is not None and energy_J < values[-1]:
-                self.health.faults["counter_backwards"] += 1
-                self._warn_once(
-                    "counter_backwards",
-                    f"the energy counter of GPU {index} went backwards "
-                    f"({values[-1]:.3f} J -> {energy_J:.3f} J); cross-checks spanning the reset are skipped",
+            last = ring.last_value()
+            if last is not None and energy_J < last:
+                self._record_fault(
+                    SensorError(f"{last:.3f} J -> {energy_J:.3f} J", kind="counter_backwards"),
+                    f"energy counter of GPU {index} (it went backwards; cross-checks spanning the reset are skipped)",
                 )
-                # Start a new baseline: readings before the reset cannot be compared with later ones.
-                self._counter[index] = ring = TimeSeriesRing(ring.capacity)
+                ring = self._new_counter_baseline(index)
             ring.append(now_s, energy_J)
+
+    def _new_counter_baseline(self, index: int) -> TimeSeriesRing:
+        """Forget counter readings before a reset: they cannot be compared with later ones."""
+        self._counter[index] = TimeSeriesRing(self._counter[index].capacity)
+        return self._counter[index]
 
     def _record_fault(self, exc: Exception, what: str) -> None:
         kind = exc.kind if isinstance(exc, SensorError) else type(exc).__name__

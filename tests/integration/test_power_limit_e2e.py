@@ -1,0 +1,63 @@
+"""Power-limit profiling end to end in real Lightning and Hugging Face trainers (virtual GPU, wall clock)."""
+
+from __future__ import annotations
+
+from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.test_huggingface import make_trainer as make_hf_trainer
+from tests.integration.test_lightning import TinyRegressor, loaders
+from tests.integration.test_lightning import make_trainer as make_pl_trainer
+from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
+from zeus_callbacks.backends.base import WallClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.power_limit import MARKER_NAME
+from zeus_callbacks.reporting import read_jsonl
+
+ORIGINAL_W = 275.0
+
+
+def profiling_config(tmp_path) -> dict:
+    config = virtual_config(tmp_path)
+    config["sampling"] = {"poll_period_s": 0.02}
+    config["power_limit"] = {
+        "enabled": True, "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3, "step_W": 100.0
+    }
+    return config
+
+
+def backend_at_original() -> VirtualGPUBackend:
+    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", clock=WallClock(), noise_W=3.0, read_only=False)
+    backend.set_power_limit_W(0, ORIGINAL_W)
+    return backend
+
+
+def check_run(tmp_path, backend: VirtualGPUBackend) -> dict:
+    assert backend.power_limit_W(0) == ORIGINAL_W  # restored at the end
+    assert not (tmp_path / "zeus" / MARKER_NAME).exists()
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
+    assert profile["source"] == "profile" and profile["profiling_steps"] > 0
+    assert len(profile["limits"]) >= 2
+    limits_logged = {r["power_limit_W"] for r in records if r["event"] == "steps"}
+    assert profile["chosen_limit_W"] in limits_logged or len(limits_logged) > 1
+    assert records[-1]["event"] == "run_end" and records[-1]["power_limit_W"] == ORIGINAL_W
+    return profile
+
+
+def test_lightning_profiles_applies_and_restores(tmp_path):
+    backend = backend_at_original()
+    callback = ZeusCallback(profiling_config(tmp_path), backend=backend)
+    trainer = make_pl_trainer(tmp_path, callback, max_epochs=3, val_check_interval=7)
+    train, val = loaders()
+    trainer.fit(TinyRegressor(), train, val)
+    check_run(tmp_path, backend)
+    scalars = read_scalars(tmp_path / "tb")
+    assert "power_limit/chosen_W" in scalars and "power_limit/profiling_steps" in scalars
+    assert len({v for _, v in scalars["power_limit/W"]}) >= 2  # the limit in force changed
+
+
+def test_huggingface_profiles_applies_and_restores(tmp_path):
+    backend = backend_at_original()
+    callback = ZeusTrainerCallback(profiling_config(tmp_path), backend=backend)
+    trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=60, eval_steps=10)
+    trainer.train()
+    check_run(tmp_path, backend)

@@ -1,0 +1,173 @@
+"""The batch-size bandit: posterior maths by hand, pruning order, early stop, seeded determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from zeus_callbacks.optimizers.batch_size import (
+    BanditSettings,
+    BatchSizeBandit,
+    gaussian_posterior,
+    observation_weights,
+    prior_from_costs,
+    scaled_learning_rate,
+)
+from zeus_callbacks.store import open_store
+
+SIZES = (8, 16, 32, 64, 128, 256)
+
+
+def cost_of(b: int) -> float:
+    return 100.0 * (abs(math.log2(b) - 5) + 1)  # cheapest at 32
+
+
+@pytest.fixture(params=["sqlite", "json"])
+def store(request, tmp_path):
+    s = open_store(tmp_path / f"store.{request.param}", backend=request.param)
+    yield s
+    s.close()
+
+
+def run(bandit: BatchSizeBandit, converges=lambda b: True, cost=cost_of) -> int:
+    s = bandit.suggest()
+    ok = converges(s.batch_size)
+    bandit.report(s.trial_id, energy_J=1.0, time_s=1.0, cost=cost(s.batch_size), converged=ok)
+    return s.batch_size
+
+
+def test_posterior_matches_hand_computation():
+    # Prior: mean of all costs 10, 12, 20 → μ0 = 14, τ0 = 1 / (0.5·14)² = 1/49.
+    mu0, tau0 = prior_from_costs([10.0, 12.0, 20.0], prior_std_rel=0.5)
+    assert mu0 == 14.0 and tau0 == pytest.approx(1 / 49)
+    # Arm with 10, 12: x̄ = 11, s² = 2, floor (0.05·11)² = 0.3025 < 2 → σ² = 2.
+    # τn = 1/49 + 2/2 = 50/49; μn = (14/49 + 11) / (50/49) = (14 + 539) / 50 = 11.06.
+    mean, precision, var = gaussian_posterior([10.0, 12.0], [1, 1], mu0, tau0, 0.05)
+    assert var == pytest.approx(2.0) and precision == pytest.approx(50 / 49) and mean == pytest.approx(11.06)
+    # Identical costs: s² = 0, the floor (0.1·20)² = 4 keeps the precision finite: τn = 1/49 + 3/4.
+    mean, precision, var = gaussian_posterior([20.0] * 3, [1, 1, 1], mu0, tau0, 0.1)
+    assert var == pytest.approx(4.0) and precision == pytest.approx(1 / 49 + 0.75)
+    assert mean == pytest.approx((14 / 49 + 0.75 * 20) / (1 / 49 + 0.75))
+    # No observation: the prior itself.
+    assert gaussian_posterior([], [], mu0, tau0, 0.05)[:2] == (mu0, tau0)
+    # Weighted: weights 1 and 0.5 on 10 and 16: n = 1.5, x̄ = 12, s² = (4 + 0.5·16)/0.5 = 24.
+    mean, precision, var = gaussian_posterior([10.0, 16.0], [1.0, 0.5], mu0, tau0, 0.05)
+    assert var == pytest.approx(24.0) and precision == pytest.approx(1 / 49 + 1.5 / 24)
+
+
+def test_window_and_discount_weights():
+    assert observation_weights([0, 3, 7], None, None).tolist() == [1, 1, 1]
+    assert observation_weights([0, 3, 7], 2, None).tolist() == [1, 1, 0]
+    assert observation_weights([5, 0, 7], None, 0.5) == pytest.approx([0.5**5, 1, 0.5**7])
+    assert observation_weights([5, 0, 7], 1, 0.5) == pytest.approx([0, 1, 0])
+
+
+def test_learning_rate_scaling():
+    assert scaled_learning_rate(0.1, 256, 64, "none") == 0.1
+    assert scaled_learning_rate(0.1, 256, 64, "linear") == pytest.approx(0.4)
+    assert scaled_learning_rate(0.1, 256, 64, "sqrt") == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        scaled_learning_rate(0.1, 1, 1, "cubic")
+
+
+def test_settings_validate():
+    with pytest.raises(ValueError, match="default_batch_size"):
+        BanditSettings((8, 16), 32)
+    with pytest.raises(ValueError, match="beta_knob"):
+        BanditSettings((8, 16), 8, beta_knob=1.0)
+
+
+def test_pruning_order_down_then_up_stopping_at_first_failure(store):
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, pruning_rounds=2, prune_cost_ratio=None))
+    converges = {16, 32, 64, 128}.__contains__
+    order = [run(bandit, converges) for _ in range(10)]
+    # Round 0 from the default 64: down 32, 16, 8 (fails: stop), up 128, 256 (fails: stop).
+    # Round 1 from the cheapest converged (32) over survivors {16, 32, 64, 128}: down 16, up 64, 128.
+    assert order == [64, 32, 16, 8, 128, 256, 32, 16, 64, 128]
+    state = bandit.state()
+    assert state["phase"] == "thompson" and state["survivors"] == [16, 32, 64, 128]
+    arms = store.get_bandit("job").arms
+    assert arms[8]["pruned"] and arms[256]["pruned"] and not arms[32]["pruned"]
+    # Thompson sampling only ever picks survivors, and mostly the cheapest.
+    picks = [run(bandit, converges) for _ in range(30)]
+    assert set(picks) <= {16, 32, 64, 128} and picks.count(32) > 15
+
+
+def test_pruning_also_ends_a_direction_when_cost_rises(store):
+    # Costs V-shaped around 32 (cost_of: 100 at 32, 200 at 16 and 64, 300 at 8 and 128):
+    # down from 64, 32 is the cheapest; 16 costs 2x > 1.5x the cheapest: the direction ends at
+    # 16 (it converged, so it survives) and 8 is never tried; up from 64, 128 costs 3x: ends too.
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, pruning_rounds=1, prune_cost_ratio=1.5))
+    order = [run(bandit) for _ in range(4)]
+    assert order == [64, 32, 16, 128]
+    assert bandit.state()["phase"] == "thompson" and bandit.state()["survivors"] == [16, 32, 64, 128]
+
+
+def test_failed_trials_neither_count_nor_move_pruning(store):
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed")
+    assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
+
+
+def test_min_cost_only_from_converged_and_early_stop_threshold(store):
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=None))
+    assert bandit.early_stop_threshold() is None
+    s = bandit.suggest()  # 64
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=50.0, converged=False)  # not converged: no min_cost
+    assert bandit.min_cost is None
+    s = bandit.suggest()  # 32
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=300.0, converged=True)
+    assert bandit.min_cost == 300.0 and bandit.early_stop_threshold() == 600.0
+    s = bandit.suggest()  # 16
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=40.0, converged=True, status="early_stopped")
+    assert bandit.min_cost == 300.0  # an early-stopped run never sets min_cost
+    s = bandit.suggest()  # the early stop ended the downward direction: 128
+    assert s.batch_size == 128
+
+
+def test_identical_rewards_do_not_freeze_an_arm(store):
+    # Two arms, each observed twice with identical costs: with Zeus's 1/var precision the
+    # arms' precisions are infinite and sampling is deterministic; here both keep a spread.
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, pruning_rounds=1))
+    for _ in range(2):
+        for b, c in ((32, 100.0), (64, 103.0)):
+            t = store.create_trial("job", b)
+            store.finish_trial(t.trial_id, status="completed", energy_J=1, time_s=1, cost=c, converged=True)
+    posts = bandit.posteriors([32, 64])
+    assert all(math.isfinite(p.precision) and p.std > 1.0 for p in posts.values())
+
+
+def test_seeded_determinism_across_a_store_round_trip(tmp_path):
+    def sequence(path, reopen_every: int | None) -> list[int]:
+        settings = BanditSettings(SIZES, 64, seed=7, pruning_rounds=1)
+        store = open_store(path)
+        picks = []
+        rng = np.random.default_rng(1)  # the "world": noisy costs, same for both sequences
+        for i in range(25):
+            if reopen_every and i % reopen_every == 0:
+                store.close()
+                store = open_store(path)
+            bandit = BatchSizeBandit(store, "job", settings)
+            picks.append(run(bandit, cost=lambda b, rng=rng: 100 + cost_of(b) / 20 * (1 + 0.3 * rng.standard_normal())))
+        store.close()
+        return picks
+
+    a = sequence(tmp_path / "a.sqlite", None)
+    b = sequence(tmp_path / "b.sqlite", 3)
+    c = sequence(tmp_path / "c.json", 1)
+    assert a == b == c
+    assert len(set(a[6:])) > 1  # Thompson sampling really sampled
+
+
+def test_discount_and_window_shape_the_posterior(store):
+    settings = BanditSettings((32, 64), 32, pruning_rounds=1, discount=0.5, window=2)
+    bandit = BatchSizeBandit(store, "job", settings)
+    for b, c in ((32, 100.0), (32, 100.0), (32, 100.0), (64, 90.0)):
+        t = store.create_trial("job", b)
+        store.finish_trial(t.trial_id, status="completed", energy_J=1, time_s=1, cost=c, converged=True)
+    posts = bandit.posteriors([32, 64])
+    # Ages (newest 0): 64 has age 0; 32 has ages 1, 2, 3 -> window keeps 1 and 2 -> n = 0.5 + 0.25.
+    assert posts[64].n == 1.0 and posts[32].n == pytest.approx(0.75)

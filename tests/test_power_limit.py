@@ -1,0 +1,442 @@
+"""Tests of the power-limit profiler (state machine, objectives, search) and its controller."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from zeus_callbacks.backends import traces
+from zeus_callbacks.backends.base import ManualClock, PermissionDenied
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.power_limit import (
+    MARKER_NAME,
+    JsonProfileCache,
+    Objective,
+    Phase,
+    PowerLimitProfiler,
+    ProfileKey,
+    ProfileSettings,
+    is_unimodal,
+    power_limit_grid_W,
+    restore_from_marker,
+)
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+
+STEP_S = 0.2
+
+
+# ------------------------------------------------------------------ pure profiler
+class TraceWorld:
+    """A noise-free world from a trace curve: a step at limit L lasts STEP_S × slowdown(L)."""
+
+    def __init__(self, gpu: str = "A40", workload: str = "imagenet") -> None:
+        self.curve = traces.power_curve(gpu, workload)
+        self.now_s = 0.0
+        self.energy: dict[tuple[float, float], float] = {}
+
+    def time_s(self, limit_W: float) -> float:
+        t_max = traces.time_per_epoch_s_at(self.curve, self.curve.max_limit_W)
+        return STEP_S * traces.time_per_epoch_s_at(self.curve, limit_W) / t_max
+
+    def energy_J(self, limit_W: float) -> float:
+        return self.time_s(limit_W) * traces.average_power_W_at(self.curve, limit_W)
+
+    def energy_fn(self, start_s: float, end_s: float) -> float | None:
+        return self.energy.get((start_s, end_s))
+
+    def run(self, profiler: PowerLimitProfiler, max_steps: int = 2000, eval_at: set[int] | None = None) -> int:
+        for step in range(max_steps):
+            limit = profiler.on_step_start(step, self.now_s)
+            limit = self.curve.max_limit_W if limit is None else limit
+            start = self.now_s
+            if eval_at and step in eval_at:  # an evaluation inside the step: a long idle stretch
+                profiler.on_eval_start(self.now_s)
+                self.now_s += 100.0
+                profiler.on_eval_end(self.now_s)
+            self.now_s += self.time_s(limit)
+            self.energy[(start, self.now_s)] = self.energy_J(limit)
+            if profiler.on_step_end(step, self.now_s):
+                return step + 1
+        raise AssertionError("the profiler never decided")
+
+
+def grid_of(world: TraceWorld) -> list[float]:
+    return power_limit_grid_W(world.curve.min_limit_W, world.curve.max_limit_W)
+
+
+def hand_choice(world: TraceWorld, objective: Objective) -> float:
+    """The choice computed from the trace curve directly, by the objective's definition."""
+    grid = grid_of(world)
+    e = {x: world.energy_J(x) for x in grid}
+    t = {x: world.time_s(x) for x in grid}
+    if objective.name == "energy":
+        return min(grid, key=lambda x: (e[x], -x))
+    if objective.name == "time":
+        return min(grid, key=lambda x: (t[x], -x))
+    if objective.name == "zeus_cost":
+        eta, mp = objective.eta_knob, objective.max_power_W
+        return min(grid, key=lambda x: (eta * e[x] + (1 - eta) * mp * t[x], -x))
+    feasible = [x for x in grid if t[x] <= objective.max_slowdown * t[max(grid)]]
+    return min(feasible, key=lambda x: (e[x], -x))
+
+
+OBJECTIVES = [
+    Objective("energy", max_power_W=300.0),
+    Objective("time", max_power_W=300.0),
+    Objective("zeus_cost", eta_knob=0.5, max_power_W=300.0),
+    Objective("zeus_cost", eta_knob=0.9, max_power_W=300.0),
+    Objective("max_slowdown", max_slowdown=1.05, max_power_W=300.0),
+    Objective("max_slowdown", max_slowdown=1.3, max_power_W=300.0),
+]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.key())
+@pytest.mark.parametrize("search", ["sweep", "unimodal"])
+@pytest.mark.parametrize("workload", ["imagenet", "squad", "cifar100"])
+def test_each_objective_picks_the_hand_computed_limit(objective, search, workload):
+    world = TraceWorld("A40", workload)
+    profiler = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search=search))
+    world.run(profiler)
+    assert profiler.phase == Phase.DONE
+    assert profiler.chosen_limit_W == hand_choice(world, objective)
+
+
+def test_unimodal_search_measures_fewer_limits_than_the_sweep():
+    world = TraceWorld("A40", "imagenet")
+    objective = Objective("zeus_cost", 0.5, max_power_W=300.0)
+    sweep = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search="sweep"))
+    ours = PowerLimitProfiler(grid_of(world), objective, world.energy_fn)
+    steps_sweep, steps_ours = world.run(sweep), world.run(ours)
+    assert len(ours.profiles) < len(sweep.profiles) == len(grid_of(world))
+    assert steps_ours < steps_sweep
+    assert ours.chosen_limit_W == sweep.chosen_limit_W
+
+
+def test_not_unimodal_curve_falls_back_to_the_sweep():
+    # movielens on the A40 is flat with dips (time within ±6 %): not unimodal.
+    world = TraceWorld("A40", "movielens-1m")
+    objective = Objective("time", max_power_W=300.0)
+    profiler = PowerLimitProfiler(grid_of(world), objective, world.energy_fn)
+    world.run(profiler)
+    assert profiler.chosen_limit_W == hand_choice(world, objective)
+
+
+def test_warmup_zero_profiles_from_the_first_step():
+    world = TraceWorld()
+    settings = ProfileSettings(warmup_steps=0, min_profile_steps=2)
+    profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn, settings)
+    profiler.on_step_start(0, 0.0)
+    assert profiler.phase == Phase.PROFILING
+    world.run(profiler)
+    assert profiler.phase == Phase.DONE
+    assert all(p.steps == p.n for p in profiler.profiles.values())  # no warm-up step anywhere
+
+
+def test_warmup_in_seconds_and_steps():
+    world = TraceWorld()
+    settings = ProfileSettings(warmup_steps=1, warmup_s=5 * STEP_S - 1e-9)
+    profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn, settings)
+    world.run(profiler)
+    first = profiler.profiles[300.0]
+    assert first.steps - first.n == 5  # five 0.2 s steps of warm-up at the maximum limit
+
+
+def test_a_step_with_an_evaluation_inside_is_dropped():
+    world = TraceWorld()
+    settings = ProfileSettings(warmup_steps=0, min_profile_steps=3)
+    profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn, settings)
+    world.run(profiler, eval_at={1})
+    first = profiler.profiles[300.0]
+    assert first.steps == first.n + 1
+    assert max(first.time_s) == pytest.approx(STEP_S)  # the 100 s evaluation is in no profiled step
+
+
+def test_is_unimodal():
+    assert is_unimodal([5, 3, 1, 2, 4])
+    assert is_unimodal([1, 2, 3])
+    assert not is_unimodal([1, 5, 0.5, 6])
+    assert is_unimodal([1.0, 1.004, 1.002], tolerance=0.01)  # noise, not a second valley
+
+
+def test_grid_and_objective_validation():
+    assert power_limit_grid_W(100, 300) == [300, 275, 250, 225, 200, 175, 150, 125, 100]
+    assert power_limit_grid_W(200, 690)[-1] == 200
+    with pytest.raises(ValueError):
+        Objective("max_slowdown", max_slowdown=0.9)
+    with pytest.raises(ValueError):
+        Objective("zeus_cost", eta_knob=1.5)
+
+
+# ------------------------------------------------------------- session + controller
+def simulate_session(
+    tmp_path,
+    backend: VirtualGPUBackend,
+    *,
+    steps_per_epoch=3,
+    max_steps=400,
+    eval_every=None,
+    run_name="run",
+    batch=32,
+    **power_limit,
+):
+    """Drive an EnergySession on a manual clock until the profiler decides (plus a few steps)."""
+    clock = backend.clock
+    assert isinstance(clock, ManualClock)
+    config = {
+        "backend": "virtual",
+        "logging": {"log_dir": str(tmp_path), "run_name": run_name, "interval_steps": 5},
+        "power_limit": {"enabled": True, **power_limit},
+    }
+    session = EnergySession(config, backend=backend, is_main_process=True)
+    session.train_start()
+    limiter = session.power_limiter
+    applied = []
+    after = 0
+    for step in range(max_steps):
+        if step % steps_per_epoch == 0:
+            session.epoch_start(step // steps_per_epoch)
+        session.step_start(step)
+        applied.append(backend.power_limit_W(0))
+        clock.advance(STEP_S * backend.step_time_factor(backend.power_limit_W(0)))
+        session.step_end(step, num_samples=batch)
+        if eval_every and step % eval_every == eval_every - 1:
+            session.eval_start()
+            clock.advance(1.0)
+            session.eval_end()
+            session.evaluate({"val": 1.0})
+        if step % steps_per_epoch == steps_per_epoch - 1:
+            session.epoch_end(step // steps_per_epoch)
+        if limiter.result is not None:
+            after += 1
+            if after > 3:
+                break
+    return session, applied
+
+
+def test_epochs_shorter_than_a_window_still_finish(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, _ = simulate_session(
+        tmp_path, backend, steps_per_epoch=2, min_profile_steps=6, warmup_steps=3, eval_every=5
+    )
+    result = session.power_limiter.result
+    assert result is not None and result.source == "profile"
+    assert all(row["profiled_steps"] >= 6 for row in result.rows)
+    assert backend.power_limit_W(0) == result.chosen_limit_W
+    session.train_end()
+    assert backend.power_limit_W(0) == 300.0  # restored
+
+
+def test_session_logs_choice_table_and_restores_the_original_not_the_max(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    backend.set_power_limit_W(0, 275.0)  # the original is not the maximum
+    session, applied = simulate_session(tmp_path, backend)
+    marker = tmp_path / MARKER_NAME
+    assert json.loads(marker.read_text())["gpus"][0]["original_limit_W"] == 275.0
+    assert applied[0] == 275.0 and 300.0 in applied  # first step untouched, then the maximum
+    chosen = session.power_limiter.result.chosen_limit_W
+    metrics = session.pop_metrics(flush_steps=True)
+    assert metrics["power_limit/W"] == chosen
+    summary = session.train_end()
+    assert backend.power_limit_W(0) == 275.0 and summary.power_limit_W == 275.0
+    assert not marker.exists()
+    records = read_jsonl(tmp_path / "run.jsonl")
+    (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
+    assert profile["source"] == "profile" and profile["chosen_limit_W"] == chosen
+    assert profile["profiling_steps"] == session.power_limiter.result.profiling_steps > 0
+    assert {row["limit_W"] for row in profile["limits"]} >= {300.0, chosen}
+
+
+def test_exception_restores_and_removes_the_marker(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    session = EnergySession(
+        {
+            "backend": "virtual",
+            "logging": {"log_dir": str(tmp_path), "run_name": "x"},
+            "power_limit": {"enabled": True, "warmup_steps": 0},
+        },
+        backend=backend,
+        is_main_process=True,
+    )
+    backend.set_power_limit_W(0, 250.0)
+    session.train_start()
+    for step in range(8):
+        session.step_start(step)
+        backend.clock.advance(STEP_S)
+        session.step_end(step, num_samples=8)
+    assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
+    session.exception(RuntimeError("boom"))
+    assert backend.power_limit_W(0) == 250.0
+    assert not (tmp_path / MARKER_NAME).exists()
+
+
+def test_cache_hit_skips_profiling_and_a_key_mismatch_profiles_again(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    first, _ = simulate_session(tmp_path, backend, run_name="first")
+    chosen = first.power_limiter.result.chosen_limit_W
+    first.train_end()
+
+    second, applied = simulate_session(tmp_path, backend, run_name="second")
+    result = second.power_limiter.result
+    assert result.source == "cache" and result.profiling_steps == 0 and result.chosen_limit_W == chosen
+    assert set(applied[1:]) == {chosen}
+    second.train_end()
+    (record,) = [r for r in read_jsonl(tmp_path / "second.jsonl") if r["event"] == "power_limit_profile"]
+    assert record["source"] == "cache" and "without profiling" in record["message"]
+
+    other_batch, _ = simulate_session(tmp_path, backend, run_name="third", batch=64)
+    assert other_batch.power_limiter.result.source == "profile"
+    other_batch.train_end()
+    other_objective, _ = simulate_session(tmp_path, backend, run_name="fourth", objective="energy")
+    assert other_objective.power_limiter.result.source == "profile"
+    other_objective.train_end()
+
+
+def test_json_profile_cache_roundtrip(tmp_path):
+    cache = JsonProfileCache(tmp_path / "c.json")
+    key = ProfileKey("job", "A40", 32, 1, "energy")
+    assert cache.get(key) is None
+    cache.put(key, {"chosen_limit_W": 200.0})
+    assert JsonProfileCache(tmp_path / "c.json").get(key) == {"chosen_limit_W": 200.0}
+    assert cache.get(ProfileKey("job", "A40", 64, 1, "energy")) is None
+
+
+class SpyBackend(VirtualGPUBackend):
+    """A virtual GPU whose setter fails the test if it ever runs."""
+
+    def set_power_limit_W(self, index: int, limit_W: float) -> None:
+        pytest.fail(f"observe mode called the power-limit setter ({index}, {limit_W})")
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_read_only_observe_mode_never_calls_a_setter(tmp_path, monkeypatch, caplog, how):
+    if how == "env":
+        monkeypatch.setenv("ZEUS_CALLBACKS_READ_ONLY", "1")
+        backend = SpyBackend(clock=ManualClock(1000.0))
+    else:
+        backend = SpyBackend(clock=ManualClock(1000.0), read_only=True)
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend)
+    result = session.power_limiter.result
+    assert result.source == "observe" and result.chosen_limit_W is None
+    assert "cannot profile other limits" in result.message
+    assert [row["limit_W"] for row in result.rows] == [300.0]
+    assert set(applied) == {300.0}
+    session.train_end()
+    assert not (tmp_path / MARKER_NAME).exists()
+    assert sum("observe mode" in r.message and "changes nothing" in r.message for r in caplog.records) == 1
+
+
+class NoPermissionBackend(VirtualGPUBackend):
+    """A virtual GPU whose driver refuses limit changes (NVML NoPermission)."""
+
+    def _set_power_limit_W(self, index: int, limit_W: float) -> None:
+        raise PermissionDenied("NVML: insufficient permissions")
+
+
+def test_permission_denied_switches_to_observe_mode(tmp_path, caplog):
+    backend = NoPermissionBackend(clock=ManualClock(1000.0))
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend)
+    assert session.power_limiter.result.source == "observe"
+    assert set(applied) == {300.0}
+    session.train_end()
+    assert not (tmp_path / MARKER_NAME).exists()
+    assert sum("changes nothing" in r.message for r in caplog.records) == 1
+
+
+def test_restore_from_marker(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    backend.set_power_limit_W(0, 150.0)
+    marker = tmp_path / MARKER_NAME
+    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 275.0}]}))
+    assert restore_from_marker(marker, backend) == {0: 275.0}
+    assert backend.power_limit_W(0) == 275.0 and not marker.exists()
+    assert restore_from_marker(marker, backend) is None
+
+
+def test_multi_gpu_uses_summed_energy_and_max_power_times_gpus(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), num_devices=2, noise_W=3.0)
+    session, _ = simulate_session(tmp_path, backend)
+    limiter = session.power_limiter
+    assert limiter.profiler.objective.max_power_W == 2 * 300.0
+    row = next(r for r in limiter.result.rows if r["limit_W"] == 300.0)
+    per_gpu_J = STEP_S * backend.average_power_W(300.0)
+    assert row["energy_per_step_J"] == pytest.approx(2 * per_gpu_J, rel=0.03)
+    assert {backend.power_limit_W(0), backend.power_limit_W(1)} == {limiter.result.chosen_limit_W}
+    session.train_end()
+    assert backend.power_limit_W(0) == backend.power_limit_W(1) == 300.0
+
+
+def test_profile_plot_is_written_with_the_chosen_point(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, _ = simulate_session(tmp_path, backend, run_name="plotted")
+    session.train_end()
+    image = tmp_path / "plotted.power_limit.png"
+    assert image.exists() and image.stat().st_size > 1000
+
+
+def test_each_local_rank_has_its_own_marker(tmp_path, monkeypatch):
+    from zeus_callbacks.optimizers.power_limit import marker_path
+
+    assert marker_path(tmp_path) == tmp_path / MARKER_NAME
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert marker_path(tmp_path) == tmp_path / "power_limit_restore.rank1.json"
+
+
+class NoLimitBackend(VirtualGPUBackend):
+    """A GPU whose power limit cannot even be read."""
+
+    def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
+        from zeus_callbacks.backends.base import NotSupported
+
+        raise NotSupported("no power management")
+
+
+def test_unreadable_limits_turn_profiling_off_and_training_goes_on(tmp_path, caplog):
+    backend = NoLimitBackend(clock=ManualClock(1000.0))
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(tmp_path)}, "power_limit": {"enabled": True}},
+        backend=backend,
+        is_main_process=True,
+    )
+    with caplog.at_level(logging.WARNING):
+        session.train_start()
+    assert session.power_limiter is None
+    assert any("profiling is off" in r.message for r in caplog.records)
+    session.step_start(0)
+    backend.clock.advance(STEP_S)
+    session.step_end(0)
+    session.train_end()
+
+
+def test_cli_restore(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    marker = tmp_path / MARKER_NAME
+    assert main(["restore", "--marker", str(marker)]) == 0
+    assert "nothing to restore" in capsys.readouterr().out
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
+    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    assert main(["restore", "--config", str(config)]) == 0
+    assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out
+    assert not marker.exists()
+
+
+def test_no_power_samples_abandons_profiling_and_keeps_the_original_limit(tmp_path, caplog):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    backend.set_power_limit_W(0, 250.0)
+    backend.inject_fault(reads=10**9, kind="gpu_lost", sensor="samples")  # the power stream is dead
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend, profile_steps=3, max_steps=200)
+    result = session.power_limiter.result
+    assert result is not None and result.source == "abandoned" and result.chosen_limit_W is None
+    assert backend.power_limit_W(0) == 250.0 and applied[-1] == 250.0
+    assert not (tmp_path / MARKER_NAME).exists()
+    assert any("abandoned" in r.message for r in caplog.records)
+    session.train_end()
+    assert backend.power_limit_W(0) == 250.0

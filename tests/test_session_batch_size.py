@@ -1,0 +1,131 @@
+"""EnergySession with the batch-size bandit: target, step-granular early stop, trials in the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeus_callbacks import suggest_batch_size
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers import recurring
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+from zeus_callbacks.store import open_store
+
+STEP_S = 1.0
+MAX_LIMIT_W = 300.0  # A40 trace
+
+
+def config(tmp_path, **bs) -> dict:
+    return {
+        "backend": "virtual",
+        "job_id": "nightly",
+        "logging": {"log_dir": str(tmp_path), "interval_steps": 5},
+        "batch_size": {
+            "enabled": True,
+            "batch_sizes": [32, 64, 128],
+            "default_batch_size": 64,
+            "target": {"metric": "val/acc", "value": 0.8, "direction": "max"},
+            **bs,
+        },
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_pending():
+    recurring._PENDING.clear()
+    yield
+    recurring._PENDING.clear()
+
+
+def new_run(tmp_path, name: str, **bs):
+    clock = ManualClock(1000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True, sample_period_s=0.1)
+    session = EnergySession(config(tmp_path, **bs), backend=backend, is_main_process=True)
+    return session, backend, clock
+
+
+def step(session, clock, i):
+    session.step_start(i)
+    clock.advance(STEP_S)
+    session.sampler.poll_once()
+    return session.step_end(i)
+
+
+def test_target_stop_then_step_granular_early_stop(tmp_path):
+    session, backend, clock = new_run(tmp_path, "one")
+    assert session.suggest_batch_size() == 64 and session.suggest_batch_size() == 64
+    session.train_start(run_name="one")
+    power_W = backend.true_power_W(0)
+    for i in range(10):
+        assert not step(session, clock, i).stop_training
+    decision = session.evaluate({"val/acc": 0.85, "energy/step_J": 1.0})
+    assert decision.stop_training and "target val/acc=0.85 reached" in decision.reason
+    summary = session.train_end()
+    cost1 = 0.5 * summary.energy_J + 0.5 * MAX_LIMIT_W * summary.time_s
+    assert summary.energy_J == pytest.approx(power_W * 10 * STEP_S, rel=1e-3)
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        (trial,) = store.list_trials("nightly")
+        assert (trial.batch_size, trial.status, trial.converged) == (64, "completed", True)
+        assert trial.cost == pytest.approx(cost1) and trial.energy_J == summary.energy_J
+        assert trial.power_limit_W == MAX_LIMIT_W
+    assert [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "trial"][0]["status"] == "completed"
+
+    # Second recurrence: pruning goes down to 32; its cost passes 2 x cost1 at ~20 steps.
+    session, backend, clock = new_run(tmp_path, "two")
+    session.train_start(run_name="two")
+    assert session.suggest_batch_size() == 32
+    per_step_cost = 0.5 * power_W * STEP_S + 0.5 * MAX_LIMIT_W * STEP_S
+    expected_stop = int(2 * cost1 // per_step_cost)  # the step whose end first exceeds the threshold
+    decisions = [step(session, clock, i) for i in range(expected_stop + 3)]
+    first_stop = next(i for i, d in enumerate(decisions) if d.stop_training)
+    assert abs(first_stop - expected_stop) <= 1
+    assert "early stop" in decisions[first_stop].reason
+    session.evaluate({"val/acc": 0.95})  # reaching the target after the stop does not make it converged
+    summary = session.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        trial = store.list_trials("nightly")[-1]
+        assert (trial.batch_size, trial.status, trial.converged) == (32, "early_stopped", False)
+        assert trial.info["stop_reason"].startswith("cost")
+        assert store.get_bandit("nightly").state["min_cost"] == pytest.approx(cost1)
+    events = [r["event"] for r in read_jsonl(summary.jsonl_path)]
+    assert events.count("batch_size") == 1 and events.count("trial") == 1
+
+    # Third: 32 did not converge, so the downward direction ends; pruning goes up to 128.
+    session, _, _ = new_run(tmp_path, "three")
+    assert session.suggest_batch_size() == 128
+
+
+def test_failed_run_records_a_failed_trial_and_module_suggestion_is_claimed(tmp_path):
+    cfg = config(tmp_path)
+    assert suggest_batch_size(cfg) == 64
+    assert suggest_batch_size(cfg) == 64  # still pending: the same suggestion
+    session, _, clock = new_run(tmp_path, "x")
+    session.train_start(run_name="x")
+    assert session.suggest_batch_size() == 64
+    step(session, clock, 0)
+    session.use_batch_size(128)
+    session.exception(RuntimeError("boom"))
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        (trial,) = store.list_trials("nightly")  # one trial: the session claimed the module's suggestion
+        assert (trial.status, trial.batch_size, trial.converged) == ("failed", 128, False)
+
+
+def test_disabled_bandit_changes_nothing(tmp_path):
+    session = EnergySession({"backend": "virtual"}, is_main_process=True)
+    assert session.suggest_batch_size() is None and session.batch_size_controller is None
+    with pytest.raises(ValueError, match="default_batch_size"):
+        suggest_batch_size({"backend": "virtual"})
+    assert suggest_batch_size({"batch_size": {"default_batch_size": 16}}) == 16
+
+
+def test_corrupt_store_fails_before_training_and_stops_the_sampler(tmp_path):
+    from zeus_callbacks.store import StoreCorruptError
+
+    (tmp_path / "zeus_store.sqlite").write_bytes(b"not a database at all" * 50)
+    session, _, _ = new_run(tmp_path, "bad")
+    with pytest.raises(StoreCorruptError, match="zeus_store.sqlite"):
+        session.suggest_batch_size()
+    with pytest.raises(StoreCorruptError, match="zeus_store.sqlite"):
+        session.train_start(run_name="bad")
+    assert not session.started and session.summary.status == "failed"

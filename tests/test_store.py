@@ -1,0 +1,98 @@
+"""Both store backends against the Store contract, plus backend-specific checks."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tests.store_contract import BACKENDS, StoreContract
+from zeus_callbacks.store import StoreCorruptError, open_store
+from zeus_callbacks.store.json import JSONStore
+from zeus_callbacks.store.sqlite import SQLiteStore
+
+
+class TestStoreContract(StoreContract):
+    @pytest.fixture(params=sorted(BACKENDS))
+    def kind(self, request) -> str:
+        return request.param
+
+
+def test_open_store_picks_the_backend_from_the_suffix(tmp_path):
+    with open_store(tmp_path / "a.json") as a, open_store(tmp_path / "a.db") as b:
+        assert isinstance(a, JSONStore) and isinstance(b, SQLiteStore)
+    with open_store(tmp_path / "c.store", backend="json") as c:
+        assert isinstance(c, JSONStore)
+    with pytest.raises(ValueError, match="unknown store backend"):
+        open_store(tmp_path / "d", backend="yaml")  # type: ignore[arg-type]
+
+
+def test_sqlite_uses_wal_and_refuses_a_foreign_database(tmp_path):
+    path = tmp_path / "s.sqlite"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    other = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCorruptError, match="not a zeus-callbacks store"):
+        SQLiteStore(other)
+
+
+def test_json_refuses_other_json(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"hello": 1}')
+    with pytest.raises(StoreCorruptError, match="x.json"):
+        JSONStore(path)
+    assert path.read_text() == '{"hello": 1}'
+
+
+def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
+    import json
+
+    from zeus_callbacks.store import json as json_store
+    from zeus_callbacks.store import sqlite as sqlite_store
+
+    sq, js = tmp_path / "s.sqlite", tmp_path / "s.json"
+    for path in (sq, js):
+        with open_store(path) as store:
+            store.create_trial("j", 8)
+    # Pretend the code is one schema ahead, with a migration from today's version.
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(sqlite_store.MIGRATIONS, 1, lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT"))
+    monkeypatch.setattr(json_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(json_store.MIGRATIONS, 1, lambda doc: doc.setdefault("owners", {}))
+    with open_store(sq) as store, open_store(js) as store2:
+        assert len(store.list_trials("j")) == 1 and len(store2.list_trials("j")) == 1
+    conn = sqlite3.connect(sq)
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    assert "owner" in [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
+    conn.close()
+    doc = json.loads(js.read_text())
+    assert doc["schema_version"] == 2 and doc["owners"] == {}
+
+
+@pytest.mark.parametrize("suffix", ["sqlite", "json"])
+def test_store_is_a_power_limit_profile_cache(tmp_path, suffix):
+    from dataclasses import dataclass
+
+    from zeus_callbacks.store.profile_cache import StoreProfileCache
+
+    @dataclass(frozen=True)
+    class Key:  # the shape of power_limit.ProfileKey
+        job_id: str
+        batch_size: int
+
+        def as_str(self) -> str:
+            return f"{self.job_id}/{self.batch_size}"
+
+    cache = StoreProfileCache(tmp_path / f"store.{suffix}")
+    assert cache.get(Key("j", 8)) is None
+    cache.put(Key("j", 8), {"limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]})
+    assert StoreProfileCache(tmp_path / f"store.{suffix}").get(Key("j", 8)) == {
+        "limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]}
+    with open_store(tmp_path / f"store.{suffix}") as store:
+        assert store.list_profiles() == ["j/8"]

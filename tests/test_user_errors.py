@@ -1,0 +1,132 @@
+"""Mistakes a user makes, each with a clear message and no lost data."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from zeus_callbacks import ConfigError
+from zeus_callbacks.cli import main as cli
+from zeus_callbacks.config import load_config, parse_config
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+
+
+def test_two_runs_with_one_name_get_their_own_logs(tmp_path, virtual_backend):
+    config = {"logging": {"log_dir": str(tmp_path), "run_name": "nightly"}}
+    first, second = EnergySession(config, backend=virtual_backend), EnergySession(config, backend=virtual_backend)
+    first.train_start()
+    second.train_start()  # started while the first is still running
+    first.train_end()
+    second.train_end()
+    assert {first.run_name, second.run_name} == {"nightly", "nightly-1"}
+    for session in (first, second):
+        records = read_jsonl(tmp_path / f"{session.run_name}.jsonl")
+        assert [r["event"] for r in records].count("run_start") == 1
+        assert records[0]["run_name"] == session.run_name
+
+
+def test_unknown_virtual_workload_fails_at_validation():
+    with pytest.raises(ConfigError, match=r"virtual\.workload: .*unknown workload 'mnist'.*imagenet"):
+        parse_config({"virtual": {"workload": "mnist"}})
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    bad = tmp_path / "zeus.yaml"
+    bad.write_text("logging:\n  interval_steps: [1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert str(bad) in str(info.value) and "zeus.yaml" in str(info.value).split("not valid YAML", 1)[1]
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ConfigError, match="not a text"):
+        load_config(binary)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, b"\x89PNG\r\n\x1a\n\x00", b'[1, 2]\n[3]\n', b'{"no_event": 1}\n', b"just text\nmore text\n"],
+    ids=["folder", "binary", "json-lists", "no-event", "text"],
+)
+def test_report_refuses_what_is_not_an_energy_log(tmp_path, capsys, content):
+    path = tmp_path / "x.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert cli(["report", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "not a zeus-callbacks energy log" in err and "Traceback" not in err
+
+
+def test_callback_import_without_its_framework_says_what_to_install(tmp_path):
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["lightning"] = None  # as if PyTorch Lightning were not installed
+        try:
+            from zeus_callbacks import ZeusCallback
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "ZeusCallback needs PyTorch Lightning" in done.stdout
+    assert "pip install 'zeus-callbacks[lightning]'" in done.stdout
+
+
+def test_a_named_backend_that_is_missing_fails_before_training(tmp_path, monkeypatch):
+    import lightning.pytorch as L
+
+    from tests.fakes.fake_pynvml import FakePyNVML
+    from zeus_callbacks import ZeusCallback
+    from zeus_callbacks.backends import BackendUnavailable
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakePyNVML(num_gpus=0))
+    callback = ZeusCallback({"backend": "nvml", "logging": {"log_dir": str(tmp_path)}})
+
+    class Model(L.LightningModule):
+        def training_step(self, batch, batch_idx):
+            raise AssertionError("training must not start")
+
+        def configure_optimizers(self):
+            return None
+
+    trainer = L.Trainer(accelerator="cpu", callbacks=[callback], logger=False, enable_progress_bar=False)
+    with pytest.raises(BackendUnavailable, match="backend: auto"):
+        trainer.fit(Model(), [0])
+
+
+SIGTERM_SCRIPT = """
+import sys, time
+from zeus_callbacks.session import EnergySession
+session = EnergySession({"backend": "virtual", "logging": {"log_dir": sys.argv[1], "run_name": "killed",
+                                                            "interval_steps": 2}})
+session.train_start()
+session.epoch_start(0)
+step = 0
+while True:
+    session.step_start(step)
+    time.sleep(0.01)
+    session.step_end(step)
+    step += 1
+"""
+
+
+def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path)])
+    log = tmp_path / "killed.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and '"steps"' in log.read_text()):
+        time.sleep(0.05)
+    assert log.exists(), "the run never started"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == -signal.SIGTERM  # the default action still happens
+    records = read_jsonl(log)
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+    assert records[-1]["steps"] >= 2 and records[-1]["energy_J"] > 0

@@ -1,0 +1,140 @@
+"""``zeus-callbacks show`` and ``plot``: what a store and a run log hold, as tables and PNGs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
+from zeus_callbacks.store import open_store
+from zeus_callbacks.store.base import Store
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
+    """Each arm's posterior mean and spread of cost for one job (empty before any observation)."""
+    bandit_state = store.get_bandit(job_id)
+    if bandit_state is None or not bandit_state.state:
+        return []
+    state = bandit_state.state
+    sizes = tuple(state.get("batch_sizes") or ())
+    if not sizes:
+        return []
+    bandit = BatchSizeBandit(store, job_id, BanditSettings(sizes, int(state.get("start", sizes[0]))))
+    try:
+        posteriors = bandit.posteriors(arms=sizes)
+    except ValueError:  # no observation yet: no prior
+        return []
+    survivors = set(state.get("survivors") or sizes)
+    return [
+        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors}
+        for b, p in sorted(posteriors.items())
+    ]
+
+
+def show(store_path: str | Path, *, as_json: bool = False) -> str:
+    """Describe a store: jobs, the bandit's arms, trials and power-limit profiles.
+
+    Raises:
+        StoreError: The file is not a store, is corrupt or is from a newer version.
+    """
+    with open_store(store_path) as store:
+        report: dict[str, Any] = {"store": str(store_path), "jobs": [], "profiles": {}}
+        for job in store.list_jobs():
+            state = store.get_bandit(job.job_id)
+            report["jobs"].append(
+                {
+                    "job_id": job.job_id,
+                    "phase": (state.state.get("phase") if state else None),
+                    "min_cost": (state.state.get("min_cost") if state else None),
+                    "arms": arm_summaries(store, job.job_id),
+                    "trials": [
+                        {
+                            "trial_id": t.trial_id,
+                            "batch_size": t.batch_size,
+                            "power_limit_W": t.power_limit_W,
+                            "status": t.status,
+                            "converged": t.converged,
+                            "energy_J": t.energy_J,
+                            "time_s": t.time_s,
+                            "cost": t.cost,
+                        }
+                        for t in store.list_trials(job.job_id)
+                    ],
+                }
+            )
+        for key in store.list_profiles():
+            report["profiles"][key] = store.get_profile(key)
+    if as_json:
+        return json.dumps(report, indent=2)
+    out = [f"store {store_path}: {len(report['jobs'])} job(s), {len(report['profiles'])} power-limit profile(s)"]
+    for job in report["jobs"]:
+        out.append(f"\njob {job['job_id']}  phase {_fmt(job['phase'])}  best converged cost {_fmt(job['min_cost'])}")
+        if job["arms"]:
+            keys = ["batch_size", "mean_cost", "std_cost", "observations", "survivor"]
+            arm_rows = [[a[k] for k in keys] for a in job["arms"]]
+            out.append(_table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+        trials = job["trials"]
+        out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
+        rows = [
+            [t["trial_id"], t["batch_size"], t["power_limit_W"], t["status"], t["converged"], t["energy_J"],
+             t["time_s"], t["cost"]]
+            for t in trials[-10:]
+        ]  # fmt: skip
+        if rows:
+            out.append(_table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
+    for key, table in report["profiles"].items():
+        out.append(f"\nprofile {key}: {json.dumps(table)[:200]}")
+    return "\n".join(out)
+
+
+def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:
+    """Plot each recurrence's cost, coloured by batch size, with the best cost so far.
+
+    Raises:
+        StoreError: The store cannot be read.
+        ValueError: The job has no finished trial.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open_store(store_path) as store:
+        trials = [t for t in store.list_trials(job_id) if t.cost is not None]
+    if not trials:
+        raise ValueError(f"job {job_id!r} has no finished trial in {store_path}")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for size in sorted({t.batch_size for t in trials}):
+        points = [(i, t.cost) for i, t in enumerate(trials) if t.batch_size == size]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], label=f"batch {size}", s=18)
+    best, best_so_far = math.inf, []
+    for t in trials:
+        if t.converged:
+            best = min(best, t.cost)  # type: ignore[type-var]
+        best_so_far.append(best if math.isfinite(best) else None)
+    ax.plot(range(len(trials)), best_so_far, color="black", lw=1, label="best converged cost")
+    ax.set_xlabel("recurrence")
+    ax.set_ylabel("cost (ZeusCost, J-equivalent)")
+    ax.set_title(f"batch-size bandit: {job_id}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

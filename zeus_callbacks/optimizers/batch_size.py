@@ -1,0 +1,609 @@
+"""Batch-size optimisation across recurrences of a job (Zeus, NSDI '23, §4.2–4.4).
+
+A recurring job (same ``job_id``) asks :meth:`BatchSizeBandit.suggest` for a batch
+size before it builds its data loaders, trains, and reports the outcome with
+:meth:`BatchSizeBandit.report`. The reward of an arm (a batch size) is the negated
+ZeusCost to reach the target (:mod:`~zeus_callbacks.optimizers.cost`); the bandit
+minimises cost.
+
+**Pruning (§4.4).** Round ``r`` starts at a batch size ``b_r`` (round 0: the default;
+later rounds: the cheapest arm of the previous round), then tries the surviving sizes
+below it in decreasing order and stops that direction at the first size that fails to
+converge (target not reached, or stopped early), then the sizes above it in increasing
+order with the same rule. Beyond Zeus, a direction also stops at a size that converged
+but cost more than ``prune_cost_ratio`` × the cheapest converged size of the round (the
+cost-to-accuracy is close to unimodal in the batch size, §2.2, so the sizes beyond it
+are costlier still; the margin keeps run-to-run noise from stopping a direction). The
+sizes that converged in the round survive into the next; after ``pruning_rounds``
+rounds, Thompson sampling runs on the survivors.
+
+**Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
+with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
+window)::
+
+    n_a = Σ w_i                     x̄_a = Σ w_i x_i / n_a
+    r   = Σ_a Σ_i w_i (x_i / x̄_a − 1)² / Σ_a (n_a − 1)    relative noise variance, pooled over
+                                                          the arms with n_a > 1 (0 if none)
+    σ²_a = max(r, ρ²) · x̄_a²                  noise variance with a floor (ρ = noise_floor_rel)
+    μ0  = mean of every observed cost of the job  τ0 = 1 / (κ · μ0)²   (κ = prior_std_rel)
+    τn  = τ0 + n_a / σ²_a                         μn = (τ0 μ0 + (n_a / σ²_a) x̄_a) / τn
+
+and each round draws ``θ_a ~ N(μn, 1/τn)`` for every arm and picks ``argmin θ_a``.
+Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
+floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
+over arms in relative terms (a run-to-run spread seen on the arm played most informs
+the arms seen once, so one pruning round suffices where Zeus needs two), old
+observations can be windowed or discounted (drift), and the generator is a seeded
+``numpy.random.Generator`` whose state is persisted in the store after every draw (no
+clock seeding; runs are reproducible across processes).
+
+**Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
+is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
+a stopped or failed one). A stopped run's accumulated cost is still an observation of
+its arm (a lower bound of its true cost that keeps the arm unattractive).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+import numpy as np
+
+from zeus_callbacks.store.base import BanditState, Store, TrialRecord
+
+logger = logging.getLogger(__name__)
+
+
+class Phase(str, Enum):
+    """Phase of the bandit: ``pruning`` (deterministic exploration) → ``thompson`` (sampling)."""
+
+    PRUNING = "pruning"
+    THOMPSON = "thompson"
+
+
+@dataclass(frozen=True)
+class BanditSettings:
+    """Settings of :class:`BatchSizeBandit` (``BatchSizeConfig`` carries the same fields).
+
+    Attributes:
+        batch_sizes: Candidate batch sizes (arms), any order; duplicates are dropped.
+        default_batch_size: Where pruning starts; must be one of ``batch_sizes``.
+        beta_knob: Early-stopping factor (> 1); None disables early stopping.
+        pruning_rounds: Pruning rounds before Thompson sampling (≥ 1).
+        seed: Seed of the generator (used once, when the job's state is created).
+        prior_std_rel: Prior standard deviation as a fraction of the prior mean (κ).
+        noise_floor_rel: Floor of an arm's cost standard deviation as a fraction of its mean (ρ).
+        window: Use only the last ``window`` observations of each arm; None: all.
+        discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
+        prune_cost_ratio: Also end a pruning direction at a size costing more than this
+            times the cheapest converged size of the round (cost is close to unimodal in
+            the batch size); None: only non-convergence ends a direction (Zeus).
+    """
+
+    batch_sizes: tuple[int, ...]
+    default_batch_size: int
+    beta_knob: float | None = 2.0
+    pruning_rounds: int = 1
+    seed: int = 0
+    prior_std_rel: float = 1.0
+    noise_floor_rel: float = 0.05
+    window: int | None = None
+    discount: float | None = None
+    prune_cost_ratio: float | None = 1.5
+
+    def __post_init__(self) -> None:
+        sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
+        if not sizes or sizes[0] <= 0:
+            raise ValueError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
+        object.__setattr__(self, "batch_sizes", sizes)
+        if self.default_batch_size not in sizes:
+            raise ValueError(f"default_batch_size {self.default_batch_size} is not one of batch_sizes {list(sizes)}")
+        if self.beta_knob is not None and not self.beta_knob > 1.0:
+            raise ValueError(f"beta_knob must be > 1 (or None), got {self.beta_knob}")
+        if self.pruning_rounds < 1:
+            raise ValueError(f"pruning_rounds must be ≥ 1, got {self.pruning_rounds}")
+        if not (self.prior_std_rel > 0 and self.noise_floor_rel > 0):
+            raise ValueError("prior_std_rel and noise_floor_rel must be positive")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
+            raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
+        if self.discount is not None and not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {self.discount}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> BanditSettings:
+        """Build from a :class:`~zeus_callbacks.config.BatchSizeConfig`.
+
+        Raises:
+            ValueError: ``batch_sizes`` or ``default_batch_size`` is missing or inconsistent.
+        """
+        if not config.batch_sizes or config.default_batch_size is None:
+            raise ValueError("batch_size.batch_sizes and batch_size.default_batch_size must be set")
+        return cls(
+            batch_sizes=tuple(config.batch_sizes),
+            default_batch_size=config.default_batch_size,
+            beta_knob=config.beta_knob,
+            pruning_rounds=config.pruning_rounds,
+            seed=config.seed,
+            prior_std_rel=config.prior_std_rel,
+            noise_floor_rel=config.noise_floor_rel,
+            window=config.window,
+            discount=config.discount,
+            prune_cost_ratio=config.prune_cost_ratio,
+        )
+
+
+@dataclass(frozen=True)
+class ArmPosterior:
+    """Gaussian posterior of one arm's cost (see the module docstring for the formulas).
+
+    Attributes:
+        batch_size: The arm.
+        n: Effective number of observations ``Σ w_i``.
+        mean: Posterior mean cost ``μn`` (J-equivalent).
+        precision: Posterior precision ``τn`` (1 / J-equivalent²).
+        noise_var: Noise variance ``σ²`` used (J-equivalent²); nan without observations.
+    """
+
+    batch_size: int
+    n: float
+    mean: float
+    precision: float
+    noise_var: float
+
+    @property
+    def std(self) -> float:
+        """Posterior standard deviation ``1 / sqrt(τn)``."""
+        return 1.0 / math.sqrt(self.precision)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A batch size handed to one recurrence.
+
+    Attributes:
+        batch_size: The batch size to train with.
+        trial_id: The store's trial of this recurrence (report it with this id).
+        phase: ``"pruning"`` or ``"thompson"``.
+        round: Pruning round (or the number of rounds, in the Thompson phase).
+    """
+
+    batch_size: int
+    trial_id: int
+    phase: str
+    round: int
+
+
+# -- pure maths ------------------------------------------------------------------------
+def prior_from_costs(costs: Sequence[float], prior_std_rel: float) -> tuple[float, float]:
+    """Empirical-Bayes prior of every arm: ``(μ0, τ0) = (mean cost, 1 / (κ μ0)²)``.
+
+    Args:
+        costs: Every observed cost of the job (J-equivalent), shape (n,), n ≥ 1.
+        prior_std_rel: κ, the prior standard deviation relative to ``μ0``.
+
+    Returns:
+        Prior mean and precision.
+
+    Raises:
+        ValueError: No costs, or a non-positive mean.
+    """
+    if len(costs) == 0:
+        raise ValueError("the prior needs at least one observed cost")
+    mean = float(np.mean(costs))
+    if not mean > 0:
+        raise ValueError(f"costs must be positive, mean is {mean}")
+    return mean, 1.0 / (prior_std_rel * mean) ** 2
+
+
+def gaussian_posterior(
+    costs: Sequence[float],
+    weights: Sequence[float],
+    prior_mean: float,
+    prior_precision: float,
+    noise_floor_rel: float,
+    relative_var: float | None = None,
+) -> tuple[float, float, float]:
+    """Posterior of a Gaussian mean with a Gaussian prior and a floored noise variance.
+
+    Args:
+        costs: Observations ``x_i``, shape (n,).
+        weights: Weights ``w_i`` ≥ 0, shape (n,).
+        prior_mean: ``μ0``.
+        prior_precision: ``τ0`` > 0.
+        noise_floor_rel: ρ: the noise standard deviation is at least ``ρ · x̄``.
+        relative_var: A relative noise variance ``r`` pooled over arms: when given,
+            ``σ² = max(r, ρ²) · x̄²`` replaces the arm's own sample variance.
+
+    Returns:
+        ``(μn, τn, σ²)``; ``(μ0, τ0, nan)`` when the weights sum to 0.
+
+    Example:
+        >>> mean, precision, var = gaussian_posterior([100.0, 100.0], [1, 1], 100.0, 1e-4, 0.05)
+        >>> round(mean, 6), round(precision, 6), var   # σ² = (0.05·100)² = 25: no freeze
+        (100.0, 0.0801, 25.0)
+    """
+    x = np.asarray(costs, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    n = float(w.sum())
+    if n <= 0:
+        return prior_mean, prior_precision, math.nan
+    mean = float((w * x).sum() / n)
+    if relative_var is None:
+        sample_var = float((w * (x - mean) ** 2).sum() / (n - 1)) if n > 1 else 0.0
+    else:
+        sample_var = relative_var * mean**2
+    noise_var = max(sample_var, (noise_floor_rel * mean) ** 2)
+    precision = prior_precision + n / noise_var
+    post_mean = (prior_precision * prior_mean + n / noise_var * mean) / precision
+    return post_mean, precision, noise_var
+
+
+def pooled_relative_variance(
+    costs_by_arm: Sequence[Sequence[float]], weights_by_arm: Sequence[Sequence[float]]
+) -> float:
+    """Relative noise variance pooled over arms: ``Σ_a Σ_i w_i (x_i / x̄_a − 1)² / Σ_a (n_a − 1)``.
+
+    Only arms with ``n_a = Σ w_i > 1`` contribute; 0 when none does.
+
+    Args:
+        costs_by_arm: Each arm's observations.
+        weights_by_arm: Their weights, same shapes.
+
+    Returns:
+        The pooled relative variance (dimensionless).
+    """
+    num = den = 0.0
+    for costs, weights in zip(costs_by_arm, weights_by_arm, strict=True):
+        x, w = np.asarray(costs, dtype=float), np.asarray(weights, dtype=float)
+        n = float(w.sum())
+        if n > 1:
+            mean = float((w * x).sum() / n)
+            num += float((w * (x / mean - 1.0) ** 2).sum())
+            den += n - 1
+    return num / den if den > 0 else 0.0
+
+
+def observation_weights(ages: Sequence[int], window: int | None, discount: float | None) -> np.ndarray:
+    """Weights of one arm's observations, given their ages (0 = newest recurrence of the job).
+
+    Args:
+        ages: Age of each observation in job recurrences, shape (n,).
+        window: Keep the ``window`` youngest observations of the arm; None: all.
+        discount: Weight ``discount ** age``; None: 1.
+
+    Returns:
+        Weights, shape (n,).
+    """
+    a = np.asarray(ages, dtype=float)
+    w = np.ones_like(a) if discount is None else np.power(float(discount), a)
+    if window is not None and len(a) > window:
+        keep = np.argsort(a, kind="stable")[:window]
+        mask = np.zeros(len(a), dtype=bool)
+        mask[keep] = True
+        w = np.where(mask, w, 0.0)
+    return w
+
+
+def scaled_learning_rate(lr: float, batch_size: int, default_batch_size: int, rule: str) -> float:
+    """Scale a learning rate tuned at ``default_batch_size`` to ``batch_size``.
+
+    Args:
+        lr: Learning rate at the default batch size.
+        batch_size: The batch size in use.
+        default_batch_size: The batch size ``lr`` was tuned for.
+        rule: ``"none"``, ``"linear"`` (Goyal et al., 2017) or ``"sqrt"`` (Krizhevsky, 2014).
+
+    Returns:
+        The scaled learning rate.
+
+    Raises:
+        ValueError: Unknown rule.
+    """
+    ratio = batch_size / default_batch_size
+    if rule == "none":
+        return lr
+    if rule == "linear":
+        return lr * ratio
+    if rule == "sqrt":
+        return lr * math.sqrt(ratio)
+    raise ValueError(f"unknown learning-rate scaling {rule!r}; use none, linear or sqrt")
+
+
+# -- the stateful bandit -------------------------------------------------------------------
+class BatchSizeBandit:
+    """Pruning + Gaussian Thompson sampling over batch sizes, persisted in a :class:`Store`.
+
+    Every call reads and writes the store; several processes may share it (the bandit
+    state changes in one atomic store update). During pruning, concurrent recurrences
+    get the same candidate; only the report of the candidate the pruning is waiting
+    for moves it on (others still count as observations).
+
+    Args:
+        store: Where trials and the bandit state live.
+        job_id: The recurring job.
+        settings: :class:`BanditSettings`.
+
+    Example:
+        >>> bandit = BatchSizeBandit(store, "nightly", BanditSettings((32, 64, 128), 64))  # doctest: +SKIP
+        >>> s = bandit.suggest()                                               # doctest: +SKIP
+        >>> bandit.report(s.trial_id, energy_J=..., time_s=..., cost=..., converged=True)  # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, job_id: str, settings: BanditSettings) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.settings = settings
+
+    # -- state -------------------------------------------------------------------------
+    def _initial_state(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "phase": Phase.PRUNING.value,
+            "round": 0,
+            "direction": "start",
+            "start": s.default_batch_size,
+            "candidate": s.default_batch_size,
+            "survivors": list(s.batch_sizes),
+            "round_results": {},
+            "min_cost": None,
+            "rng": np.random.Generator(np.random.PCG64(s.seed)).bit_generator.state,
+            "batch_sizes": list(s.batch_sizes),
+        }
+
+    def _state(self, current: BanditState) -> dict[str, Any]:
+        if not current.state:
+            return self._initial_state()
+        state = dict(current.state)
+        if state.get("batch_sizes") != list(self.settings.batch_sizes):
+            logger.warning(
+                "zeus-callbacks: job %s's stored batch sizes %s differ from the configured %s; keeping the stored ones",
+                self.job_id,
+                state.get("batch_sizes"),
+                list(self.settings.batch_sizes),
+            )
+        return state
+
+    def state(self) -> dict[str, Any]:
+        """The job's bandit state as stored (initial state if none yet)."""
+        current = self.store.get_bandit(self.job_id)
+        return self._state(current or BanditState(self.job_id))
+
+    @property
+    def min_cost(self) -> float | None:
+        """Lowest cost of a converged trial of the job, or None."""
+        return self.state().get("min_cost")
+
+    def early_stop_threshold(self) -> float | None:
+        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet."""
+        min_cost = self.min_cost
+        if min_cost is None or self.settings.beta_knob is None:
+            return None
+        return self.settings.beta_knob * min_cost
+
+    # -- observations ------------------------------------------------------------------
+    def observations(self, trials: Sequence[TrialRecord] | None = None) -> dict[int, list[tuple[float, int]]]:
+        """Observed costs per arm: batch size → [(cost, age)], age 0 = the job's latest observation.
+
+        Completed and early-stopped trials with a cost count; failed and running ones do not.
+        """
+        if trials is None:
+            trials = self.store.list_trials(self.job_id)
+        done = [t for t in trials if t.status in ("completed", "early_stopped") and t.cost is not None]
+        result: dict[int, list[tuple[float, int]]] = {}
+        for age, trial in enumerate(reversed(done)):
+            result.setdefault(trial.batch_size, []).append((float(trial.cost), age))  # type: ignore[arg-type]
+        return result
+
+    def posteriors(
+        self, arms: Sequence[int] | None = None, observations: dict[int, list[tuple[float, int]]] | None = None
+    ) -> dict[int, ArmPosterior]:
+        """Posterior of each arm (default: the surviving arms); see the module docstring.
+
+        Raises:
+            ValueError: No observation at all yet (no prior can be formed).
+        """
+        s = self.settings
+        obs = self.observations() if observations is None else observations
+        if arms is None:
+            arms = self.state()["survivors"]
+        all_costs = [c for arm in obs.values() for c, _ in arm]
+        prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
+        costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
+        weights = {b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in obs.items()}
+        relative_var = pooled_relative_variance([costs[b] for b in obs], [weights[b] for b in obs])
+        result = {}
+        for b in arms:
+            x, w = costs.get(b, []), weights.get(b, np.zeros(0))
+            mean, precision, var = gaussian_posterior(
+                x, w, prior_mean, prior_precision, s.noise_floor_rel, relative_var=relative_var
+            )
+            result[b] = ArmPosterior(b, float(np.sum(w)), mean, precision, var)
+        return result
+
+    # -- the two calls of a recurrence -----------------------------------------------------
+    def suggest(self, *, power_limit_W: float | None = None, info: dict[str, Any] | None = None) -> Suggestion:
+        """Choose the batch size of the next recurrence and record its ``running`` trial.
+
+        Args:
+            power_limit_W: Power limit the trial will run at, if known (W).
+            info: Extras stored with the trial.
+
+        Returns:
+            The :class:`Suggestion` (batch size and trial id).
+        """
+        obs = self.observations()
+
+        def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
+            state = self._state(current)
+            if state["phase"] == Phase.PRUNING.value:
+                choice = int(state["candidate"])
+            else:
+                rng = np.random.Generator(np.random.PCG64())
+                rng.bit_generator.state = state["rng"]
+                choice = self._thompson(rng, state["survivors"], obs)
+                state["rng"] = rng.bit_generator.state
+            return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), (
+                choice,
+                state["phase"],
+                int(state["round"]),
+            )
+
+        batch_size, phase, round_ = self.store.update_bandit(self.job_id, choose)
+        trial = self.store.create_trial(
+            self.job_id,
+            batch_size,
+            power_limit_W,
+            info={**(info or {}), "phase": phase, "round": round_},
+        )
+        logger.info(
+            "zeus-callbacks: job %s trial %d: batch size %d (%s)", self.job_id, trial.trial_id, batch_size, phase
+        )
+        return Suggestion(batch_size, trial.trial_id, phase, round_)
+
+    def _thompson(self, rng: np.random.Generator, arms: Sequence[int], obs: dict[int, list[tuple[float, int]]]) -> int:
+        if not any(obs.get(b) for b in arms):
+            return self.settings.default_batch_size if self.settings.default_batch_size in arms else int(arms[0])
+        posts = self.posteriors(arms, obs)
+        draws = {b: rng.normal(p.mean, p.std) for b, p in posts.items()}
+        return int(min(draws, key=lambda b: (draws[b], b)))
+
+    def report(
+        self,
+        trial_id: int,
+        *,
+        energy_J: float | None,
+        time_s: float | None,
+        cost: float | None,
+        converged: bool,
+        status: Literal["completed", "failed", "early_stopped"] = "completed",
+        batch_size: int | None = None,
+        power_limit_W: float | None = None,
+        info: dict[str, Any] | None = None,
+    ) -> TrialRecord:
+        """Record a recurrence's outcome and update the bandit.
+
+        Args:
+            trial_id: From :meth:`suggest`.
+            energy_J: GPU energy of the run (J).
+            time_s: Wall time of the run (s).
+            cost: Its ZeusCost (J-equivalent).
+            converged: Whether it reached the target.
+            status: ``completed`` (ran to its end), ``early_stopped`` or ``failed`` (crashed:
+                not an observation, and it does not move the pruning on).
+            batch_size: The batch size really used, if it differs from the suggestion.
+            power_limit_W: Power limit it ran at (W).
+            info: Extras stored with the trial.
+
+        Returns:
+            The finished trial.
+        """
+        converged = bool(converged) and status == "completed"
+        trial = self.store.finish_trial(
+            trial_id,
+            status=status,
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            converged=converged,
+            batch_size=batch_size,
+            power_limit_W=power_limit_W,
+            info=info,
+        )
+        if status == "failed" or cost is None:
+            return trial
+        obs = self.observations()
+
+        def update(current: BanditState) -> tuple[BanditState, None]:
+            state = self._state(current)
+            if converged and (state["min_cost"] is None or cost < state["min_cost"]):
+                state["min_cost"] = float(cost)
+            if (
+                state["phase"] == Phase.PRUNING.value
+                and trial.batch_size == state["candidate"]
+                and trial.info.get("round", state["round"]) == state["round"]
+            ):
+                self._advance(state, trial.batch_size, converged, float(cost))
+            return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), None
+
+        self.store.update_bandit(self.job_id, update)
+        return trial
+
+    def _advance(self, state: dict[str, Any], batch_size: int, converged: bool, cost: float) -> None:
+        """Pruning transition after the candidate's outcome (module docstring, §4.4).
+
+        ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
+        increasing) → next round or the Thompson phase. A direction ends at the first
+        size that does not converge, at the first that costs more than
+        ``prune_cost_ratio`` × the cheapest converged size of the round (it survives; the
+        sizes beyond it are not tried), or when it runs out of sizes.
+        """
+        state["round_results"] = {**state["round_results"], str(batch_size): [cost, converged]}
+        survivors = sorted(state["survivors"])
+        direction = state["direction"]
+        ratio = self.settings.prune_cost_ratio
+        best = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
+        if direction == "start":
+            direction, pivot = "down", state["start"]
+        elif converged and (ratio is None or cost <= ratio * best):
+            pivot = batch_size
+        elif direction == "down":
+            direction, pivot = "up", state["start"]
+        else:
+            direction = "done"
+        if direction == "down":
+            smaller = [b for b in survivors if b < pivot][::-1]
+            if smaller:
+                state.update(direction="down", candidate=smaller[0])
+                return
+            direction, pivot = "up", state["start"]
+        if direction == "up":
+            larger = [b for b in survivors if b > pivot]
+            if larger:
+                state.update(direction="up", candidate=larger[0])
+                return
+        self._end_round(state)
+
+    def _end_round(self, state: dict[str, Any]) -> None:
+        results = {int(b): (c, ok) for b, (c, ok) in state["round_results"].items()}
+        converged = sorted(b for b, (_, ok) in results.items() if ok)
+        if converged:
+            state["survivors"] = converged
+        else:
+            logger.warning(
+                "zeus-callbacks: job %s: no batch size reached the target in pruning round %d; keeping %s",
+                self.job_id,
+                state["round"],
+                state["survivors"],
+            )
+        state["round"] += 1
+        state["round_results"] = {}
+        if state["round"] >= self.settings.pruning_rounds:
+            state.update(phase=Phase.THOMPSON.value, direction="done", candidate=None)
+            logger.info(
+                "zeus-callbacks: job %s: pruning done; Thompson sampling over %s", self.job_id, state["survivors"]
+            )
+            return
+        best = min(converged, key=lambda b: (results[b][0], b)) if converged else state["start"]
+        state.update(direction="start", start=best, candidate=best)
+
+    def _arm_snapshot(
+        self, state: dict[str, Any], obs: dict[int, list[tuple[float, int]]]
+    ) -> dict[int, dict[str, Any]]:
+        """Per-arm view stored in the ``arms`` table (for people and dashboards; the trials are the truth)."""
+        survivors = set(state["survivors"])
+        arms: dict[int, dict[str, Any]] = {}
+        posts = self.posteriors(list(state["batch_sizes"]), obs) if obs else {}
+        for b in state["batch_sizes"]:
+            entry: dict[str, Any] = {"pruned": b not in survivors, "observations": len(obs.get(b, []))}
+            if b in posts:
+                p = posts[b]
+                entry.update(mean_cost=p.mean, std_cost=p.std)
+            arms[int(b)] = entry
+        return arms

@@ -1,0 +1,213 @@
+"""One recurrence of a job under the batch-size bandit: what the session delegates to.
+
+:class:`BatchSizeController` owns the store and the bandit for one training run: it
+suggests the batch size (before the data loaders exist), watches the target metric,
+decides early stopping from the cost so far, and records the trial at the end. The
+:class:`~zeus_callbacks.session.EnergySession` calls it at its optimiser hooks; nothing
+here knows about a framework.
+
+Hugging Face users ask before they build ``TrainingArguments``::
+
+    >>> from zeus_callbacks import suggest_batch_size           # doctest: +SKIP
+    >>> bs = suggest_batch_size("zeus.yaml")                    # doctest: +SKIP
+    >>> args = TrainingArguments("out", per_device_train_batch_size=bs)  # doctest: +SKIP
+
+and the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` of the same
+process picks that suggestion (its trial) up when training begins.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks.config import ZeusConfig, load_config, parse_config
+from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.cost import ZeusCost
+from zeus_callbacks.store import Store, TrialRecord, open_store
+
+logger = logging.getLogger(__name__)
+
+MIN_CHECK_INTERVAL_S = 0.5
+"""Early stopping looks at the cost at most this often (s of run time): the cost only grows,
+so a step-granular check every step of a fast loop would buy nothing but overhead."""
+
+_PENDING: dict[str, Suggestion] = {}  # job_id → a suggestion made by suggest_batch_size(), not yet claimed
+_PENDING_LOCK = threading.Lock()
+
+
+def open_job_store(config: ZeusConfig) -> Store:
+    """Open the store ``config.store`` names (default ``<log_dir>/zeus_store.<ext>``).
+
+    Raises:
+        StoreError: The store cannot be opened (corrupt, newer schema, locked).
+    """
+    return open_store(config.store.resolved_path(config.logging.log_dir), config.store.backend)
+
+
+def suggest_batch_size(config: ZeusConfig | Mapping[str, Any] | str | Path | None) -> int:
+    """Batch size for this recurrence of ``config.job_id`` (call before building data loaders).
+
+    Records the recurrence's trial in the store; the energy callback of the same process
+    claims it when training starts and reports the outcome into it.
+
+    Args:
+        config: A ZeusConfig, a mapping of settings, or the path of a YAML file.
+
+    Returns:
+        The batch size; ``batch_size.default_batch_size`` when the bandit is disabled.
+
+    Raises:
+        ConfigError: Invalid configuration.
+        StoreError: The store cannot be opened.
+    """
+    cfg = load_config(config) if isinstance(config, (str, Path)) else parse_config(config)
+    bs_cfg = cfg.batch_size
+    if not bs_cfg.enabled:
+        if bs_cfg.default_batch_size is None:
+            raise ValueError("batch_size.enabled is false and no batch_size.default_batch_size is set")
+        return bs_cfg.default_batch_size
+    with _PENDING_LOCK:
+        pending = _PENDING.get(cfg.job_id)
+        if pending is not None:
+            return pending.batch_size
+        store = open_job_store(cfg)
+        try:
+            suggestion = BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(bs_cfg)).suggest()
+        finally:
+            store.close()
+        _PENDING[cfg.job_id] = suggestion
+        return suggestion.batch_size
+
+
+def claim_pending(job_id: str) -> Suggestion | None:
+    """Take the suggestion :func:`suggest_batch_size` made for ``job_id`` in this process, if any."""
+    with _PENDING_LOCK:
+        return _PENDING.pop(job_id, None)
+
+
+class BatchSizeController:
+    """The batch-size side of one training run.
+
+    Args:
+        config: The whole configuration (``batch_size`` must be enabled).
+
+    Attributes:
+        suggestion: The run's suggestion (batch size, trial id) once made.
+        converged: Whether the target was reached.
+        stop_reason: Why the run was stopped early, if it was.
+        batch_size: The batch size the run really uses (the suggestion unless told otherwise).
+    """
+
+    def __init__(self, config: ZeusConfig) -> None:
+        self.config = config
+        self.settings = BanditSettings.from_config(config.batch_size)
+        self.suggestion: Suggestion | None = None
+        self.batch_size: int | None = None
+        self.converged = False
+        self.stop_reason: str | None = None
+        self.cost: ZeusCost | None = None
+        self.threshold: float | None = None
+        self.power_limit_W: float | None = None
+        self._last_check_s = -float("inf")
+
+    def _with_bandit(self, fn):
+        store = open_job_store(self.config)
+        try:
+            return fn(BatchSizeBandit(store, self.config.job_id, self.settings))
+        finally:
+            store.close()
+
+    def suggest(self) -> int:
+        """The run's batch size (made once: later calls return the same)."""
+        if self.suggestion is None:
+            self.suggestion = claim_pending(self.config.job_id) or self._with_bandit(lambda b: b.suggest())
+            self.batch_size = self.suggestion.batch_size
+        return self.suggestion.batch_size
+
+    def start(self, max_power_W: float, power_limit_W: float | None) -> None:
+        """Training starts: fix the cost function and the early-stop threshold.
+
+        Args:
+            max_power_W: MaxPower of the cost (W, all measured GPUs), unless the config sets it.
+            power_limit_W: Power limit in force (W), recorded with the trial.
+        """
+        self.suggest()
+        self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
+        self.threshold = self._with_bandit(lambda b: b.early_stop_threshold())
+        self.power_limit_W = power_limit_W
+
+    @property
+    def trial_id(self) -> int | None:
+        """The store's trial of this run, once suggested."""
+        return None if self.suggestion is None else self.suggestion.trial_id
+
+    @property
+    def phase(self) -> str | None:
+        """The bandit's phase when the batch size was suggested (``pruning`` or ``thompson``)."""
+        return None if self.suggestion is None else self.suggestion.phase
+
+    def observe(self, metrics: Mapping[str, float]) -> str | None:
+        """Check validation metrics against the target; return a stop reason when it is reached."""
+        target = self.config.batch_size.target
+        if target is None or target.metric not in metrics:
+            return None
+        value = metrics[target.metric]
+        if target.reached(value):
+            if not self.converged:
+                logger.info("zeus-callbacks: target %s=%s reached (%s)", target.metric, value, target.direction)
+            self.converged = True
+            if self.config.batch_size.stop_at_target:
+                return f"target {target.metric}={value:g} reached"
+        return None
+
+    def check(self, energy_J: float, time_s: float) -> str | None:
+        """Early stopping: a reason when the cost so far exceeds ``beta_knob × min_cost``."""
+        if self.threshold is None or self.cost is None or self.stop_reason is not None or self.converged:
+            return self.stop_reason
+        if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
+            return None
+        self._last_check_s = time_s
+        cost = self.cost(energy_J, time_s)
+        if cost > self.threshold:
+            self.stop_reason = (
+                f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold:.4g} (early stop, Zeus §4.4)"
+            )
+            return self.stop_reason
+        return None
+
+    def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
+        """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
+
+        Args:
+            energy_J: GPU energy of the run (J).
+            time_s: Wall time of the run (s).
+            run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
+        """
+        if self.suggestion is None or self.cost is None:
+            return None
+        if run_status != "completed":
+            status = "failed"
+        elif self.stop_reason is not None:
+            status = "early_stopped"
+        else:
+            status = "completed"
+        cost = self.cost(energy_J, time_s)
+        converged = self.converged and status == "completed"
+        info = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        return self._with_bandit(
+            lambda b: b.report(
+                self.suggestion.trial_id,
+                energy_J=energy_J,
+                time_s=time_s,
+                cost=cost,
+                converged=converged,
+                status=status,
+                batch_size=self.batch_size if self.batch_size != self.suggestion.batch_size else None,
+                power_limit_W=self.power_limit_W,
+                info=info,
+            )
+        )

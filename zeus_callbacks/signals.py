@@ -1,0 +1,71 @@
+"""A SIGTERM handler that does our cleanup first, then whatever was there before.
+
+A scheduler's kill (SIGTERM) skips ``atexit``; without a handler a run would lose its
+summary and leave a changed power limit behind. The handler is installed from the main
+thread only (Python's rule) and chains to the previous handler, or to the default
+action (the process still dies of SIGTERM), so frameworks that handle SIGTERM
+themselves (Lightning) keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class ChainedSigterm:
+    """Run ``cleanup`` on SIGTERM, then the previous handler.
+
+    Args:
+        cleanup: Called once with no arguments when SIGTERM arrives; its exceptions are
+            logged, never raised from the handler.
+        what: Short description for the log line.
+    """
+
+    def __init__(self, cleanup: Callable[[], None], what: str) -> None:
+        self.cleanup = cleanup
+        self.what = what
+        self._previous: Any = None
+
+    @property
+    def installed(self) -> bool:
+        """True while this handler is registered."""
+        return self._previous is not None
+
+    def install(self) -> None:
+        """Register the handler (no-op off the main thread, when installed, or if SIGTERM is ignored)."""
+        if threading.current_thread() is not threading.main_thread() or self.installed:
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_IGN:
+            return
+        self._previous = previous if previous is not None else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def uninstall(self) -> None:
+        """Put the previous handler back, if ours is still the registered one."""
+        previous, self._previous = self._previous, None
+        if previous is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        previous = self._previous
+        logger.warning("zeus-callbacks: SIGTERM: %s", self.what)
+        try:
+            self.cleanup()
+        except Exception:  # the process is being stopped: log, and go on to the previous handler
+            logger.exception("zeus-callbacks: cleanup on SIGTERM failed")
+        self.uninstall()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)

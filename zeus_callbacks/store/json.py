@@ -1,0 +1,311 @@
+"""JSON store: one human-readable file, replaced atomically under a file lock.
+
+Every write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the
+file, applies the change, writes a temporary file in the same directory, flushes it to
+disk (``fsync``) and moves it over the store (``os.replace``): a reader (or a process killed mid-write)
+only ever sees a complete old or a complete new file. Readers take no lock.
+Suited to small stores (the whole file is rewritten per write); use SQLite for many
+concurrent runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from zeus_callbacks.store.base import (
+    SCHEMA_VERSION,
+    BanditState,
+    BanditUpdate,
+    JobRecord,
+    Store,
+    StoreCorruptError,
+    StoreError,
+    StoreSchemaError,
+    TrialRecord,
+    TrialStatus,
+    check_finish_status,
+    is_orphan,
+    now,
+    this_host,
+    trial_from_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "zeus-callbacks-store"
+"""Value of the document's ``format`` key: tells a store from any other JSON file."""
+
+Document = dict[str, Any]
+
+MIGRATIONS: dict[int, Callable[[Document], None]] = {}
+"""``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
+
+
+def _empty_document() -> Document:
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "next_trial_id": 1,
+        "jobs": {},
+        "trials": [],
+        "bandits": {},
+        "profiles": {},
+    }
+
+
+class JSONStore(Store):
+    """The :class:`~zeus_callbacks.store.base.Store` contract on a JSON file.
+
+    Args:
+        path: The JSON file; created with its parent directory when missing.
+        lock_timeout_s: How long a write waits for another writer's lock (s).
+
+    Raises:
+        StoreCorruptError: The file exists but is not a readable zeus-callbacks store.
+        StoreSchemaError: The file's schema is newer than this code's.
+        StoreError: The lock could not be taken within ``lock_timeout_s``.
+    """
+
+    def __init__(self, path: str | Path, *, lock_timeout_s: float = 30.0) -> None:
+        super().__init__(path)
+        self.lock_timeout_s = float(lock_timeout_s)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(str(self.path) + ".lock", timeout=self.lock_timeout_s)
+        self._mutate(self._migrate_and_recover, always_write=not self.path.exists())
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _load(self) -> Document:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return _empty_document()
+        except OSError as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreCorruptError(
+                f"store {self.path} is not valid JSON ({exc}); it was left untouched — move it away to start a new one"
+            ) from exc
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise StoreCorruptError(
+                f'{self.path} is not a zeus-callbacks store (no "format": "{FORMAT}"); it was left untouched'
+            )
+        version = doc.get("schema_version")
+        if not isinstance(version, int):
+            raise StoreCorruptError(f"store {self.path} has no integer schema_version")
+        if version > SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"store {self.path} has schema version {version}, newer than this zeus-callbacks understands "
+                f"({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
+            )
+        return doc
+
+    def _write(self, doc: Document) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _mutate(self, change: Callable[[Document], Any], *, always_write: bool = True) -> Any:
+        """Run ``change`` on the document under the lock and write it back atomically."""
+        try:
+            with self._lock:
+                doc = self._load()
+                before = copy.deepcopy(doc) if not always_write else None
+                result = change(doc)
+                if always_write or doc != before:
+                    self._write(doc)
+                return result
+        except Timeout as exc:
+            raise StoreError(f"store {self.path} stayed locked for {self.lock_timeout_s:.0f} s") from exc
+
+    def _migrate_and_recover(self, doc: Document) -> None:
+        while doc["schema_version"] < SCHEMA_VERSION:
+            MIGRATIONS[doc["schema_version"]](doc)
+            doc["schema_version"] += 1
+        host = this_host()
+        for trial in doc["trials"]:
+            if is_orphan(trial, host):
+                trial.update(status="failed", ended_at=now())
+                trial["info"] = {**trial.get("info", {}), "reason": "process died"}
+                logger.warning(
+                    "zeus-callbacks: trial %d of job %s was left running by dead process %d; marked failed",
+                    trial["trial_id"],
+                    trial["job_id"],
+                    trial["pid"],
+                )
+
+    # -- jobs ---------------------------------------------------------------------------
+    def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
+        """See :meth:`Store.ensure_job`."""
+
+        def change(doc: Document) -> JobRecord:
+            job = _ensure_job(doc, job_id, info)
+            return JobRecord(job_id, job["created_at"], copy.deepcopy(job["info"]))
+
+        return self._mutate(change)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """See :meth:`Store.get_job`."""
+        job = self._load()["jobs"].get(job_id)
+        return None if job is None else JobRecord(job_id, job["created_at"], job["info"])
+
+    def list_jobs(self) -> list[JobRecord]:
+        """See :meth:`Store.list_jobs`."""
+        jobs = self._load()["jobs"]
+        return [JobRecord(k, jobs[k]["created_at"], jobs[k]["info"]) for k in sorted(jobs)]
+
+    # -- trials -------------------------------------------------------------------------
+    def create_trial(
+        self,
+        job_id: str,
+        batch_size: int,
+        power_limit_W: float | None = None,
+        *,
+        info: Mapping[str, Any] | None = None,
+        pid: int | None = None,
+    ) -> TrialRecord:
+        """See :meth:`Store.create_trial`."""
+
+        def change(doc: Document) -> TrialRecord:
+            _ensure_job(doc, job_id, None)
+            trial = {
+                "trial_id": doc["next_trial_id"],
+                "job_id": job_id,
+                "batch_size": int(batch_size),
+                "power_limit_W": None if power_limit_W is None else float(power_limit_W),
+                "status": "running",
+                "energy_J": None,
+                "time_s": None,
+                "cost": None,
+                "converged": False,
+                "started_at": now(),
+                "ended_at": None,
+                "pid": os.getpid() if pid is None else int(pid),
+                "host": this_host(),
+                "info": dict(info or {}),
+            }
+            doc["next_trial_id"] += 1
+            doc["trials"].append(trial)
+            return trial_from_dict(copy.deepcopy(trial))
+
+        return self._mutate(change)
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        *,
+        status: TrialStatus,
+        energy_J: float | None,
+        time_s: float | None,
+        cost: float | None,
+        converged: bool,
+        batch_size: int | None = None,
+        power_limit_W: float | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> TrialRecord:
+        """See :meth:`Store.finish_trial`."""
+        check_finish_status(status)
+
+        def change(doc: Document) -> TrialRecord:
+            trial = next((t for t in doc["trials"] if t["trial_id"] == trial_id), None)
+            if trial is None:
+                raise KeyError(f"no trial {trial_id} in store {self.path}")
+            trial.update(
+                status=status,
+                energy_J=energy_J,
+                time_s=time_s,
+                cost=cost,
+                converged=bool(converged),
+                ended_at=now(),
+            )
+            if batch_size is not None:
+                trial["batch_size"] = int(batch_size)
+            if power_limit_W is not None:
+                trial["power_limit_W"] = float(power_limit_W)
+            trial["info"] = {**trial.get("info", {}), **dict(info or {})}
+            return trial_from_dict(copy.deepcopy(trial))
+
+        return self._mutate(change)
+
+    def get_trial(self, trial_id: int) -> TrialRecord | None:
+        """See :meth:`Store.get_trial`."""
+        trial = next((t for t in self._load()["trials"] if t["trial_id"] == trial_id), None)
+        return None if trial is None else trial_from_dict(trial)
+
+    def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
+        """See :meth:`Store.list_trials`."""
+        return [
+            trial_from_dict(t)
+            for t in sorted(self._load()["trials"], key=lambda t: t["trial_id"])
+            if (job_id is None or t["job_id"] == job_id) and (status is None or t["status"] == status)
+        ]
+
+    # -- bandit -------------------------------------------------------------------------
+    def get_bandit(self, job_id: str) -> BanditState | None:
+        """See :meth:`Store.get_bandit`."""
+        return _bandit_from(job_id, self._load()["bandits"].get(job_id))
+
+    def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
+        """See :meth:`Store.update_bandit`."""
+
+        def change(doc: Document) -> Any:
+            _ensure_job(doc, job_id, None)
+            current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
+            new, result = update(current)
+            doc["bandits"][job_id] = {
+                "state": copy.deepcopy(new.state),
+                "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},
+                "version": current.version + 1,
+            }
+            return result
+
+        return self._mutate(change)
+
+    # -- profiles -----------------------------------------------------------------------
+    def put_profile(self, key: str, table: Mapping[str, Any]) -> None:
+        """See :meth:`Store.put_profile`."""
+
+        def change(doc: Document) -> None:
+            doc["profiles"][key] = json.loads(json.dumps(dict(table)))
+
+        self._mutate(change)
+
+    def get_profile(self, key: str) -> dict[str, Any] | None:
+        """See :meth:`Store.get_profile`."""
+        return self._load()["profiles"].get(key)
+
+    def list_profiles(self) -> list[str]:
+        """See :meth:`Store.list_profiles`."""
+        return sorted(self._load()["profiles"])
+
+
+def _ensure_job(doc: Document, job_id: str, info: Mapping[str, Any] | None) -> dict[str, Any]:
+    if job_id not in doc["jobs"]:
+        doc["jobs"][job_id] = {"created_at": now(), "info": dict(info or {})}
+    return doc["jobs"][job_id]
+
+
+def _bandit_from(job_id: str, entry: Mapping[str, Any] | None) -> BanditState | None:
+    if entry is None:
+        return None
+    arms = {int(b): copy.deepcopy(s) for b, s in entry.get("arms", {}).items()}
+    return BanditState(job_id, copy.deepcopy(entry["state"]), dict(sorted(arms.items())), int(entry["version"]))

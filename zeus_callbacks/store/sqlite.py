@@ -1,0 +1,377 @@
+"""SQLite store (the default): one file, WAL journal, one transaction per write.
+
+Several processes on one machine may write the same file: each write is a
+``BEGIN IMMEDIATE`` transaction and waits up to ``busy_timeout_s`` for the others.
+The layout is versioned in a ``schema_version`` table; :data:`MIGRATIONS` brings an
+older file up to :data:`~zeus_callbacks.store.base.SCHEMA_VERSION` on open, and a newer
+one is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks.store.base import (
+    SCHEMA_VERSION,
+    BanditState,
+    BanditUpdate,
+    JobRecord,
+    Store,
+    StoreCorruptError,
+    StoreError,
+    StoreSchemaError,
+    TrialRecord,
+    TrialStatus,
+    check_finish_status,
+    is_orphan,
+    now,
+    this_host,
+    trial_from_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+_TRIAL_COLUMNS = (
+    "trial_id, job_id, batch_size, power_limit_W, status, energy_J, time_s, cost, converged, "
+    "started_at, ended_at, pid, host, info"
+)
+
+
+def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE jobs (job_id TEXT PRIMARY KEY, created_at REAL NOT NULL, info TEXT NOT NULL)")
+    conn.execute(
+        """CREATE TABLE trials (
+            trial_id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id TEXT NOT NULL REFERENCES jobs(job_id),
+            batch_size INTEGER NOT NULL,
+            power_limit_W REAL,
+            status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'early_stopped')),
+            energy_J REAL, time_s REAL, cost REAL,
+            converged INTEGER NOT NULL DEFAULT 0,
+            started_at REAL NOT NULL, ended_at REAL,
+            pid INTEGER NOT NULL, host TEXT NOT NULL,
+            info TEXT NOT NULL)"""
+    )
+    conn.execute("CREATE INDEX trials_by_job ON trials (job_id, trial_id)")
+    conn.execute("CREATE TABLE bandits (job_id TEXT PRIMARY KEY, state TEXT NOT NULL, version INTEGER NOT NULL)")
+    conn.execute(
+        "CREATE TABLE arms (job_id TEXT NOT NULL, batch_size INTEGER NOT NULL, state TEXT NOT NULL, "
+        "PRIMARY KEY (job_id, batch_size))"
+    )
+    conn.execute("CREATE TABLE profiles (key TEXT PRIMARY KEY, table_json TEXT NOT NULL, updated_at REAL NOT NULL)")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1}
+"""``MIGRATIONS[v]`` turns a version-``v`` file into version ``v + 1`` (inside one transaction)."""
+
+
+class SQLiteStore(Store):
+    """The :class:`~zeus_callbacks.store.base.Store` contract on a SQLite file (stdlib ``sqlite3``).
+
+    Args:
+        path: The database file; created with its parent directory when missing.
+        busy_timeout_s: How long a write waits for another process's transaction (s).
+
+    Raises:
+        StoreCorruptError: The file exists but is not a readable zeus-callbacks store.
+        StoreSchemaError: The file's schema is newer than this code's.
+        StoreError: The file cannot be opened (permissions, or still locked after the timeout).
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+        super().__init__(path)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            with self._translate("open"):
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    logger.info("zeus-callbacks: store %s uses journal mode %s (WAL unavailable)", self.path, mode)
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate_and_recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- plumbing -----------------------------------------------------------------------
+    @contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            message = str(exc).lower()
+            if "locked" in message or "busy" in message:
+                raise StoreError(f"store {self.path} stayed locked for {self.busy_timeout_s:.0f} s ({what})") from exc
+            if "unable to open" in message or "readonly" in message or "disk i/o" in message:
+                raise StoreError(f"cannot {what} store {self.path}: {exc}") from exc
+            raise StoreCorruptError(f"store {self.path} is unreadable ({what}: {exc}); it was left untouched") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreCorruptError(
+                f"store {self.path} is not a readable SQLite store ({exc}); it was left untouched — "
+                "move it away to start a new one"
+            ) from exc
+
+    @contextmanager
+    def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        with self._lock, self._translate(what):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        with self._lock, self._translate(what):
+            yield conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"store {self.path} is closed")
+        return self._conn
+
+    def _migrate_and_recover(self) -> None:
+        with self._tx("open") as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "schema_version" not in tables:
+                if tables - {"sqlite_sequence"}:
+                    raise StoreCorruptError(
+                        f"{self.path} is a SQLite database but not a zeus-callbacks store (no schema_version "
+                        f"table; has {sorted(tables)}); it was left untouched"
+                    )
+                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO schema_version VALUES (0)")
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                raise StoreCorruptError(f"store {self.path} has an empty schema_version table")
+            version = int(row[0])
+            if version > SCHEMA_VERSION:
+                raise StoreSchemaError(
+                    f"store {self.path} has schema version {version}, newer than this zeus-callbacks "
+                    f"understands ({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
+                )
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](conn)
+                version += 1
+                conn.execute("UPDATE schema_version SET version = ?", (version,))
+                logger.info("zeus-callbacks: store %s migrated to schema version %d", self.path, version)
+            host = this_host()
+            rows = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE status = 'running'").fetchall()
+            for trial in map(_trial_row, rows):
+                if is_orphan({"status": trial.status, "host": trial.host, "pid": trial.pid}, host):
+                    info = {**trial.info, "reason": "process died"}
+                    conn.execute(
+                        "UPDATE trials SET status = 'failed', ended_at = ?, info = ? WHERE trial_id = ?",
+                        (now(), json.dumps(info), trial.trial_id),
+                    )
+                    logger.warning(
+                        "zeus-callbacks: trial %d of job %s was left running by dead process %d; marked failed",
+                        trial.trial_id,
+                        trial.job_id,
+                        trial.pid,
+                    )
+
+    # -- jobs ---------------------------------------------------------------------------
+    def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
+        """See :meth:`Store.ensure_job`."""
+        with self._tx("write") as conn:
+            _ensure_job(conn, job_id, info)
+            return _job_row(conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone())
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """See :meth:`Store.get_job`."""
+        with self._read("read") as conn:
+            row = conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return None if row is None else _job_row(row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        """See :meth:`Store.list_jobs`."""
+        with self._read("read") as conn:
+            return [_job_row(r) for r in conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()]
+
+    # -- trials -------------------------------------------------------------------------
+    def create_trial(
+        self,
+        job_id: str,
+        batch_size: int,
+        power_limit_W: float | None = None,
+        *,
+        info: Mapping[str, Any] | None = None,
+        pid: int | None = None,
+    ) -> TrialRecord:
+        """See :meth:`Store.create_trial`."""
+        with self._tx("write") as conn:
+            _ensure_job(conn, job_id, None)
+            cursor = conn.execute(
+                "INSERT INTO trials (job_id, batch_size, power_limit_W, status, converged, started_at, pid, host, "
+                "info) VALUES (?, ?, ?, 'running', 0, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    int(batch_size),
+                    power_limit_W,
+                    now(),
+                    os.getpid() if pid is None else int(pid),
+                    this_host(),
+                    json.dumps(dict(info or {})),
+                ),
+            )
+            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
+            return _trial_row(row.fetchone())
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        *,
+        status: TrialStatus,
+        energy_J: float | None,
+        time_s: float | None,
+        cost: float | None,
+        converged: bool,
+        batch_size: int | None = None,
+        power_limit_W: float | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> TrialRecord:
+        """See :meth:`Store.finish_trial`."""
+        check_finish_status(status)
+        with self._tx("write") as conn:
+            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no trial {trial_id} in store {self.path}")
+            old = _trial_row(row)
+            merged = {**old.info, **dict(info or {})}
+            conn.execute(
+                "UPDATE trials SET status = ?, energy_J = ?, time_s = ?, cost = ?, converged = ?, ended_at = ?, "
+                "batch_size = ?, power_limit_W = ?, info = ? WHERE trial_id = ?",
+                (
+                    status,
+                    energy_J,
+                    time_s,
+                    cost,
+                    int(bool(converged)),
+                    now(),
+                    old.batch_size if batch_size is None else int(batch_size),
+                    old.power_limit_W if power_limit_W is None else float(power_limit_W),
+                    json.dumps(merged),
+                    trial_id,
+                ),
+            )
+            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            return _trial_row(row)
+
+    def get_trial(self, trial_id: int) -> TrialRecord | None:
+        """See :meth:`Store.get_trial`."""
+        with self._read("read") as conn:
+            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+        return None if row is None else _trial_row(row)
+
+    def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
+        """See :meth:`Store.list_trials`."""
+        query, args = f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE 1 = 1", []
+        if job_id is not None:
+            query += " AND job_id = ?"
+            args.append(job_id)
+        if status is not None:
+            query += " AND status = ?"
+            args.append(status)
+        with self._read("read") as conn:
+            return [_trial_row(r) for r in conn.execute(query + " ORDER BY trial_id", args).fetchall()]
+
+    # -- bandit -------------------------------------------------------------------------
+    def get_bandit(self, job_id: str) -> BanditState | None:
+        """See :meth:`Store.get_bandit`."""
+        with self._read("read") as conn:
+            return _load_bandit(conn, job_id)
+
+    def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
+        """See :meth:`Store.update_bandit`."""
+        with self._tx("write") as conn:
+            _ensure_job(conn, job_id, None)
+            current = _load_bandit(conn, job_id) or BanditState(job_id)
+            new, result = update(current)
+            conn.execute(
+                "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
+                (job_id, json.dumps(new.state), current.version + 1),
+            )
+            conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
+            conn.executemany(
+                "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
+                [(job_id, int(b), json.dumps(s)) for b, s in new.arms.items()],
+            )
+            return result
+
+    # -- profiles -----------------------------------------------------------------------
+    def put_profile(self, key: str, table: Mapping[str, Any]) -> None:
+        """See :meth:`Store.put_profile`."""
+        with self._tx("write") as conn:
+            conn.execute(
+                "INSERT INTO profiles (key, table_json, updated_at) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE "
+                "SET table_json = excluded.table_json, updated_at = excluded.updated_at",
+                (key, json.dumps(dict(table)), now()),
+            )
+
+    def get_profile(self, key: str) -> dict[str, Any] | None:
+        """See :meth:`Store.get_profile`."""
+        with self._read("read") as conn:
+            row = conn.execute("SELECT table_json FROM profiles WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def list_profiles(self) -> list[str]:
+        """See :meth:`Store.list_profiles`."""
+        with self._read("read") as conn:
+            return [r[0] for r in conn.execute("SELECT key FROM profiles ORDER BY key").fetchall()]
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _ensure_job(conn: sqlite3.Connection, job_id: str, info: Mapping[str, Any] | None) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO jobs (job_id, created_at, info) VALUES (?, ?, ?)",
+        (job_id, now(), json.dumps(dict(info or {}))),
+    )
+
+
+def _job_row(row: tuple) -> JobRecord:
+    return JobRecord(job_id=row[0], created_at=float(row[1]), info=json.loads(row[2]))
+
+
+def _trial_row(row: tuple) -> TrialRecord:
+    names = [n.strip() for n in _TRIAL_COLUMNS.split(",")]
+    d = dict(zip(names, row, strict=True))
+    d["info"] = json.loads(d["info"])
+    return trial_from_dict(d)
+
+
+def _load_bandit(conn: sqlite3.Connection, job_id: str) -> BanditState | None:
+    row = conn.execute("SELECT state, version FROM bandits WHERE job_id = ?", (job_id,)).fetchone()
+    if row is None:
+        return None
+    arms = {
+        int(b): json.loads(s)
+        for b, s in conn.execute("SELECT batch_size, state FROM arms WHERE job_id = ? ORDER BY batch_size", (job_id,))
+    }
+    return BanditState(job_id=job_id, state=json.loads(row[0]), arms=arms, version=int(row[1]))
