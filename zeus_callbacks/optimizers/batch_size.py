@@ -82,7 +82,10 @@ class BanditSettings:
         discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
         prune_cost_ratio: Also end a pruning direction at a size costing more than this
             times the cheapest converged size of the round (cost is close to unimodal in
-            the batch size); None: only non-convergence ends a direction (Zeus).
+            the batch size); None: only non-convergence ends a direction (Zeus). During
+            pruning it is also the early-stopping factor when smaller than ``beta_knob``.
+        elimination_z: Thompson sampling draws only from arms whose lower confidence bound
+            ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
     """
 
     batch_sizes: tuple[int, ...]
@@ -95,6 +98,7 @@ class BanditSettings:
     window: int | None = None
     discount: float | None = None
     prune_cost_ratio: float | None = 1.5
+    elimination_z: float | None = 2.0
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -113,6 +117,8 @@ class BanditSettings:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
         if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
             raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
+        if self.elimination_z is not None and not self.elimination_z > 0:
+            raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -136,6 +142,7 @@ class BanditSettings:
             window=config.window,
             discount=config.discount,
             prune_cost_ratio=config.prune_cost_ratio,
+            elimination_z=config.elimination_z,
         )
 
 
@@ -270,6 +277,37 @@ def pooled_relative_variance(
     return num / den if den > 0 else 0.0
 
 
+def eliminate_arms(posteriors: dict[int, ArmPosterior], z: float | None) -> list[int]:
+    """Arms Thompson sampling still draws from: lower-confidence-bound elimination.
+
+    An arm is skipped when its lower bound ``μn − z·sd`` exceeds the best upper bound
+    ``min_b (μn_b + z·sd_b)``: with Gaussian posteriors it is then worse than the best arm
+    with probability ≳ 1 − Φ(−z)², and each draw of it would be spent on a near-certain
+    loss (Thompson sampling alone still plays such an arm with probability ~Φ(−Δ/sd), which
+    for an arm seen once, with sd of tens of percent, is a recurrence in a few hundred).
+    The rule is re-evaluated at every draw from the current posteriors: an arm comes back
+    when the best one's bound moves (drift, window, discount), and the variance floor keeps
+    every ``sd`` positive, so no arm is ever frozen by identical costs.
+
+    Args:
+        posteriors: Posterior of each candidate arm.
+        z: Width of the bounds in posterior standard deviations; None: keep every arm.
+
+    Returns:
+        The kept arms, in the order of ``posteriors`` (never empty when posteriors is not).
+
+    Example:
+        >>> a = ArmPosterior(32, 3.0, 100.0, 1 / 5.0**2, 75.0)   # sd 5: bounds 90..110
+        >>> b = ArmPosterior(64, 1.0, 130.0, 1 / 8.0**2, 64.0)   # sd 8: lower bound 114 > 110
+        >>> eliminate_arms({32: a, 64: b}, 2.0), eliminate_arms({32: a, 64: b}, 3.0)
+        ([32], [32, 64])
+    """
+    if z is None or not posteriors:
+        return list(posteriors)
+    best_upper = min(p.mean + z * p.std for p in posteriors.values())
+    return [b for b, p in posteriors.items() if p.mean - z * p.std <= best_upper]
+
+
 def observation_weights(ages: Sequence[int], window: int | None, discount: float | None) -> np.ndarray:
     """Weights of one arm's observations, given their ages (0 = newest recurrence of the job).
 
@@ -381,43 +419,85 @@ class BatchSizeBandit:
         return self.state().get("min_cost")
 
     def early_stop_threshold(self) -> float | None:
-        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet."""
-        min_cost = self.min_cost
-        if min_cost is None or self.settings.beta_knob is None:
+        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet.
+
+        While pruning, the factor is ``min(beta_knob, prune_cost_ratio)``: a pruning candidate
+        costing more than ``prune_cost_ratio`` × the cheapest converged size ends its direction
+        whether or not it would go on to converge, so finishing it buys nothing but the
+        observation of a size already known to be that much dearer (cost is close to
+        unimodal in the batch size, §2.2). Stopped, it is not converged: the direction ends
+        and the size does not survive into Thompson sampling.
+        """
+        state = self.state()
+        min_cost = state.get("min_cost")
+        beta = self.settings.beta_knob
+        if min_cost is None or beta is None:
             return None
-        return self.settings.beta_knob * min_cost
+        ratio = self.settings.prune_cost_ratio
+        if state["phase"] == Phase.PRUNING.value and ratio is not None:
+            beta = min(beta, ratio)
+        return beta * min_cost
 
     # -- observations ------------------------------------------------------------------
-    def observations(self, trials: Sequence[TrialRecord] | None = None) -> dict[int, list[tuple[float, int]]]:
+    def observations(
+        self, trials: Sequence[TrialRecord] | None = None, *, completed_only: bool = False
+    ) -> dict[int, list[tuple[float, int]]]:
         """Observed costs per arm: batch size → [(cost, age)], age 0 = the job's latest observation.
 
         Completed and early-stopped trials with a cost count; failed and running ones do not.
+        Ages count both kinds. With ``completed_only``, early-stopped trials are left out: their
+        cost is censored (a lower bound of the arm's cost, cut at the threshold), not a draw of
+        the run-to-run noise, so they must not enter the pooled noise variance.
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
         done = [t for t in trials if t.status in ("completed", "early_stopped") and t.cost is not None]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
+            if completed_only and trial.status != "completed":
+                continue
             result.setdefault(trial.batch_size, []).append((float(trial.cost), age))  # type: ignore[arg-type]
         return result
 
     def posteriors(
-        self, arms: Sequence[int] | None = None, observations: dict[int, list[tuple[float, int]]] | None = None
+        self,
+        arms: Sequence[int] | None = None,
+        observations: dict[int, list[tuple[float, int]]] | None = None,
+        noise_observations: dict[int, list[tuple[float, int]]] | None = None,
     ) -> dict[int, ArmPosterior]:
         """Posterior of each arm (default: the surviving arms); see the module docstring.
+
+        Args:
+            arms: Arms to compute; default the survivors.
+            observations: Per-arm ``[(cost, age)]`` of every observation (default: the store's).
+            noise_observations: The observations the pooled noise variance is estimated from
+                (default: the store's completed trials when ``observations`` is not given,
+                else ``observations``); early-stopped costs are censored and stay out.
 
         Raises:
             ValueError: No observation at all yet (no prior can be formed).
         """
         s = self.settings
-        obs = self.observations() if observations is None else observations
+        if observations is None:
+            trials = self.store.list_trials(self.job_id)
+            obs = self.observations(trials)
+            if noise_observations is None:
+                noise_observations = self.observations(trials, completed_only=True)
+        else:
+            obs = observations
+        pool = obs if noise_observations is None else noise_observations
         if arms is None:
             arms = self.state()["survivors"]
         all_costs = [c for arm in obs.values() for c, _ in arm]
         prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
         costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
         weights = {b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in obs.items()}
-        relative_var = pooled_relative_variance([costs[b] for b in obs], [weights[b] for b in obs])
+        pool_weights = {
+            b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in pool.items()
+        }
+        relative_var = pooled_relative_variance(
+            [[c for c, _ in pool[b]] for b in pool], [pool_weights[b] for b in pool]
+        )
         result = {}
         for b in arms:
             x, w = costs.get(b, []), weights.get(b, np.zeros(0))
@@ -438,7 +518,9 @@ class BatchSizeBandit:
         Returns:
             The :class:`Suggestion` (batch size and trial id).
         """
-        obs = self.observations()
+        trials = self.store.list_trials(self.job_id)
+        obs = self.observations(trials)
+        noise_obs = self.observations(trials, completed_only=True)
 
         def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
             state = self._state(current)
@@ -447,7 +529,7 @@ class BatchSizeBandit:
             else:
                 rng = np.random.Generator(np.random.PCG64())
                 rng.bit_generator.state = state["rng"]
-                choice = self._thompson(rng, state["survivors"], obs)
+                choice = self._thompson(rng, state["survivors"], obs, noise_obs)
                 state["rng"] = rng.bit_generator.state
             return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), (
                 choice,
@@ -467,11 +549,18 @@ class BatchSizeBandit:
         )
         return Suggestion(batch_size, trial.trial_id, phase, round_)
 
-    def _thompson(self, rng: np.random.Generator, arms: Sequence[int], obs: dict[int, list[tuple[float, int]]]) -> int:
+    def _thompson(
+        self,
+        rng: np.random.Generator,
+        arms: Sequence[int],
+        obs: dict[int, list[tuple[float, int]]],
+        noise_obs: dict[int, list[tuple[float, int]]] | None = None,
+    ) -> int:
         if not any(obs.get(b) for b in arms):
             return self.settings.default_batch_size if self.settings.default_batch_size in arms else int(arms[0])
-        posts = self.posteriors(arms, obs)
-        draws = {b: rng.normal(p.mean, p.std) for b, p in posts.items()}
+        posts = self.posteriors(arms, obs, noise_obs)
+        eligible = eliminate_arms(posts, self.settings.elimination_z)
+        draws = {b: rng.normal(posts[b].mean, posts[b].std) for b in eligible}
         return int(min(draws, key=lambda b: (draws[b], b)))
 
     def report(
