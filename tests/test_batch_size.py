@@ -15,6 +15,7 @@ from zeus_callbacks.optimizers.batch_size import (
     gaussian_posterior,
     observation_weights,
     prior_from_costs,
+    satisficing_choice,
     scaled_learning_rate,
 )
 from zeus_callbacks.store import open_store
@@ -236,3 +237,14 @@ def test_pruning_candidates_stop_at_prune_cost_ratio(store):
     s = no_ratio.suggest()
     no_ratio.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
     assert no_ratio.early_stop_threshold() == 400.0
+
+
+def test_satisficing_choice_by_hand():
+    draws = {16: 100.0, 32: 100.8, 64: 101.5}
+    means = {16: 104.0, 32: 99.0, 64: 98.0}
+    # Lowest draw 100 (arm 16); within 1 %: draws <= 101 -> {16, 32}; lowest mean of those: 32.
+    assert satisficing_choice(draws, means, 0.01) == 32
+    # Within 2 %: <= 102 -> all three; lowest mean: 64.
+    assert satisficing_choice(draws, means, 0.02) == 64
+    # Plain Thompson sampling: the lowest draw.
+    assert satisficing_choice(draws, means, None) == 16 and satisficing_choice(draws, means, 0.0) == 16

@@ -177,6 +177,13 @@ class BatchSizeConfig(_Section):
         description="Thompson sampling skips arms whose lower confidence bound (mean - z sd) exceeds the best "
         "arm's upper bound (mean + z sd); null: samples every surviving arm.",
     )
+    satisficing_rel: float | None = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="Satisficing Thompson sampling: of the arms drawn within this fraction of the lowest draw, "
+        "play the one with the lowest posterior mean; null: plain Thompson sampling.",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )

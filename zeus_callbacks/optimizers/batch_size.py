@@ -86,6 +86,9 @@ class BanditSettings:
             pruning it is also the early-stopping factor when smaller than ``beta_knob``.
         elimination_z: Thompson sampling draws only from arms whose lower confidence bound
             ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
+        satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
+            fraction of the lowest draw, play the one with the lowest posterior mean; None:
+            plain Thompson sampling (the lowest draw).
     """
 
     batch_sizes: tuple[int, ...]
@@ -99,6 +102,7 @@ class BanditSettings:
     discount: float | None = None
     prune_cost_ratio: float | None = 1.5
     elimination_z: float | None = 2.0
+    satisficing_rel: float | None = 0.01
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -119,6 +123,8 @@ class BanditSettings:
             raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
         if self.elimination_z is not None and not self.elimination_z > 0:
             raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
+        if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
+            raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -143,6 +149,7 @@ class BanditSettings:
             discount=config.discount,
             prune_cost_ratio=config.prune_cost_ratio,
             elimination_z=config.elimination_z,
+            satisficing_rel=config.satisficing_rel,
         )
 
 
@@ -306,6 +313,40 @@ def eliminate_arms(posteriors: dict[int, ArmPosterior], z: float | None) -> list
         return list(posteriors)
     best_upper = min(p.mean + z * p.std for p in posteriors.values())
     return [b for b, p in posteriors.items() if p.mean - z * p.std <= best_upper]
+
+
+def satisficing_choice(draws: dict[int, float], means: dict[int, float], rel: float | None) -> int:
+    """The arm a Thompson round plays, given each arm's draw and posterior mean.
+
+    Plain Thompson sampling plays ``argmin θ_a``. Satisficing Thompson sampling (Russo & Van
+    Roy, "Satisficing in time-sensitive bandit learning", 2022) accepts any arm whose draw
+    is within a fraction ``rel`` of the lowest draw, and here takes the one the posterior
+    already believes cheapest: exploring to tell apart arms whose costs differ by less than
+    ``rel`` costs a run each and can gain less than ``rel`` per later run, and with a
+    run-to-run spread of ~10 % (one epoch more or less to the target) it takes tens of runs.
+    The loss is bounded: the arm converged on costs at most ~``rel`` more than the best.
+
+    Args:
+        draws: ``θ_a`` per arm.
+        means: Posterior mean per arm (same keys).
+        rel: The satisficing fraction; None (or 0): plain Thompson sampling.
+
+    Returns:
+        The arm to play.
+
+    Example:
+        >>> satisficing_choice({32: 101.0, 64: 100.0}, {32: 99.0, 64: 102.0}, 0.02)  # 101 <= 1.02 x 100
+        32
+        >>> satisficing_choice({32: 103.0, 64: 100.0}, {32: 99.0, 64: 102.0}, 0.02)
+        64
+        >>> satisficing_choice({32: 101.0, 64: 100.0}, {32: 99.0, 64: 102.0}, None)
+        64
+    """
+    best = min(draws, key=lambda b: (draws[b], b))
+    if not rel:
+        return int(best)
+    accepted = [b for b in draws if draws[b] <= draws[best] + rel * abs(draws[best])]
+    return int(min(accepted, key=lambda b: (means[b], b)))
 
 
 def observation_weights(ages: Sequence[int], window: int | None, discount: float | None) -> np.ndarray:
@@ -561,7 +602,7 @@ class BatchSizeBandit:
         posts = self.posteriors(arms, obs, noise_obs)
         eligible = eliminate_arms(posts, self.settings.elimination_z)
         draws = {b: rng.normal(posts[b].mean, posts[b].std) for b in eligible}
-        return int(min(draws, key=lambda b: (draws[b], b)))
+        return satisficing_choice(draws, {b: posts[b].mean for b in eligible}, self.settings.satisficing_rel)
 
     def report(
         self,
