@@ -28,7 +28,11 @@ window)::
     μ0  = mean of every observed cost of the job  τ0 = 1 / (κ · μ0)²   (κ = prior_std_rel)
     τn  = τ0 + n_a / σ²_a                         μn = (τ0 μ0 + (n_a / σ²_a) x̄_a) / τn
 
-and each round draws ``θ_a ~ N(μn, 1/τn)`` for every arm and picks ``argmin θ_a``.
+and each round draws ``θ_a ~ N(μn, 1/τn)`` for the arms not eliminated by their lower
+confidence bound (:func:`eliminate_arms`) and plays the lowest draw, or, among the draws
+within ``satisficing_rel`` of it, the arm with the lowest ``μn`` (:func:`satisficing_choice`).
+The pooled variance ``r`` uses completed runs only: an early-stopped cost is censored at
+the threshold, not a draw of the run-to-run noise.
 Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
 floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
 over arms in relative terms (a run-to-run spread seen on the arm played most informs
