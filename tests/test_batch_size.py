@@ -188,12 +188,10 @@ def test_lower_confidence_bound_elimination_by_hand():
     assert eliminate_arms({64: b}, 2.0) == [64]  # the best arm always stays
 
 
-def test_thompson_never_draws_an_eliminated_arm(store):
+def test_elimination_on_the_bandits_own_posteriors(store):
     # Two survivors: 32 at 100 (five runs, 100 +- 2) and 64 at 300 (once). Pooled relative noise
-    # r = (4 x 0.02^2) / 4 = 4e-4 < floor 0.05^2 -> sd(64) ~ 0.05 x 300 = 15: lower bound ~270 is
-    # far above 32's upper bound ~105, so with elimination 64 is never drawn; without it, the
-    # prior (mean ~133, sd 133) still pulls 64's draws, but a draw below 32's needs ~13 sd: never
-    # too, so compare the eligible set itself.
+    # r = (4 x 0.02^2) / 4 = 4e-4 < floor 0.05^2 -> sd(64) ~ 0.05 x 300 = 15 (the prior barely
+    # moves it): lower bound ~270, far above 32's upper bound ~105 -> 64 is not drawn.
     settings = BanditSettings((32, 64), 32, pruning_rounds=1)
     bandit = BatchSizeBandit(store, "job", settings)
     for b, c in ((32, 98.0), (64, 300.0), (32, 102.0), (32, 98.0), (32, 102.0), (32, 100.0)):
