@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 from zeus_callbacks.optimizers.batch_size import (
+    ArmPosterior,
     BanditSettings,
     BatchSizeBandit,
+    eliminate_arms,
     gaussian_posterior,
     observation_weights,
     prior_from_costs,
+    satisficing_choice,
     scaled_learning_rate,
 )
 from zeus_callbacks.store import open_store
@@ -171,3 +174,75 @@ def test_discount_and_window_shape_the_posterior(store):
     posts = bandit.posteriors([32, 64])
     # Ages (newest 0): 64 has age 0; 32 has ages 1, 2, 3 -> window keeps 1 and 2 -> n = 0.5 + 0.25.
     assert posts[64].n == 1.0 and posts[32].n == pytest.approx(0.75)
+
+
+def test_lower_confidence_bound_elimination_by_hand():
+    # sd = 1/sqrt(precision). Arm 32: mean 100, sd 5 -> bounds [90, 110]; arm 64: mean 130, sd 8 ->
+    # lower bound 130 - 16 = 114 > 110: skipped at z = 2; at z = 3, 130 - 24 = 106 <= 115: kept.
+    a = ArmPosterior(32, 3.0, 100.0, 1 / 25, 75.0)
+    b = ArmPosterior(64, 1.0, 130.0, 1 / 64, 64.0)
+    c = ArmPosterior(128, 1.0, 112.0, 1 / 16, 16.0)  # sd 4: lower bound 104 <= 110 -> kept
+    assert eliminate_arms({32: a, 64: b, 128: c}, 2.0) == [32, 128]
+    assert eliminate_arms({32: a, 64: b, 128: c}, 3.0) == [32, 64, 128]
+    assert eliminate_arms({32: a, 64: b}, None) == [32, 64]
+    assert eliminate_arms({64: b}, 2.0) == [64]  # the best arm always stays
+
+
+def test_elimination_on_the_bandits_own_posteriors(store):
+    # Two survivors: 32 at 100 (five runs, 100 +- 2) and 64 at 300 (once). Pooled relative noise
+    # r = (4 x 0.02^2) / 4 = 4e-4 < floor 0.05^2 -> sd(64) ~ 0.05 x 300 = 15 (the prior barely
+    # moves it): lower bound ~270, far above 32's upper bound ~105 -> 64 is not drawn.
+    settings = BanditSettings((32, 64), 32, pruning_rounds=1)
+    bandit = BatchSizeBandit(store, "job", settings)
+    for b, c in ((32, 98.0), (64, 300.0), (32, 102.0), (32, 98.0), (32, 102.0), (32, 100.0)):
+        t = store.create_trial("job", b)
+        store.finish_trial(t.trial_id, status="completed", energy_J=1, time_s=1, cost=c, converged=True)
+    posts = bandit.posteriors([32, 64])
+    assert eliminate_arms(posts, settings.elimination_z) == [32]
+    assert eliminate_arms(posts, None) == [32, 64]
+
+
+def test_censored_costs_stay_out_of_the_noise_variance(store):
+    # Arm 32: 100, 100 (completed) and 190 (early-stopped at the threshold): the pooled relative
+    # variance comes from the completed runs only -> 0 -> the floor 0.05; with the censored cost
+    # it would be ((100/130 - 1)^2 x 2 + (190/130 - 1)^2) / 2 = 0.1598 (sd 40 % of the mean).
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, pruning_rounds=1))
+    for c, status in ((100.0, "completed"), (100.0, "completed"), (190.0, "early_stopped")):
+        t = store.create_trial("job", 32)
+        store.finish_trial(t.trial_id, status=status, energy_J=1, time_s=1, cost=c, converged=status == "completed")
+    post = bandit.posteriors([32])[32]
+    assert post.n == 3.0  # the censored cost still counts as an observation of its arm
+    assert post.noise_var == pytest.approx((0.05 * 130.0) ** 2)
+    assert bandit.observations(completed_only=True) == {32: [(100.0, 1), (100.0, 2)]}  # ages: 190 is 0
+
+
+def test_pruning_candidates_stop_at_prune_cost_ratio(store):
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=1.5))
+    s = bandit.suggest()  # 64: no converged run yet, no threshold
+    assert bandit.early_stop_threshold() is None
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
+    assert bandit.early_stop_threshold() == 300.0  # pruning: min(2.0, 1.5) x 200
+    s = bandit.suggest()  # 32, stopped at 1.5 x: not converged, the downward direction ends
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=301.0, converged=False, status="early_stopped")
+    for b, c in ((128, 150.0), (256, 250.0)):  # 256 costs 1.67 x 150 > 1.5: ends the upward direction
+        s = bandit.suggest()
+        assert s.batch_size == b
+        bandit.report(s.trial_id, energy_J=1, time_s=1, cost=c, converged=True)
+    state = bandit.state()
+    assert state["phase"] == "thompson" and state["survivors"] == [64, 128, 256]
+    assert bandit.early_stop_threshold() == 300.0  # Thompson phase: beta_knob x 150
+    no_ratio = BatchSizeBandit(store, "other", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=None))
+    s = no_ratio.suggest()
+    no_ratio.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
+    assert no_ratio.early_stop_threshold() == 400.0
+
+
+def test_satisficing_choice_by_hand():
+    draws = {16: 100.0, 32: 100.8, 64: 101.5}
+    means = {16: 104.0, 32: 99.0, 64: 98.0}
+    # Lowest draw 100 (arm 16); within 1 %: draws <= 101 -> {16, 32}; lowest mean of those: 32.
+    assert satisficing_choice(draws, means, 0.01) == 32
+    # Within 2 %: <= 102 -> all three; lowest mean: 64.
+    assert satisficing_choice(draws, means, 0.02) == 64
+    # Plain Thompson sampling: the lowest draw.
+    assert satisficing_choice(draws, means, None) == 16 and satisficing_choice(draws, means, 0.0) == 16

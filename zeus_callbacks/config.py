@@ -173,7 +173,21 @@ class BatchSizeConfig(_Section):
         1.5,
         ge=1,
         description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
-        "converged size; null: only non-convergence does (Zeus).",
+        "converged size; null: only non-convergence does (Zeus). While pruning, runs stop early at this x the "
+        "best converged cost when that is below beta_knob.",
+    )
+    elimination_z: float | None = Field(
+        2.0,
+        gt=0,
+        description="Thompson sampling skips arms whose lower confidence bound (mean - z sd) exceeds the best "
+        "arm's upper bound (mean + z sd); null: samples every surviving arm.",
+    )
+    satisficing_rel: float | None = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="Satisficing Thompson sampling: of the arms drawn within this fraction of the lowest draw, "
+        "play the one with the lowest posterior mean; null: plain Thompson sampling.",
     )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."

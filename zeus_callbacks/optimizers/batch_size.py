@@ -28,7 +28,11 @@ window)::
     μ0  = mean of every observed cost of the job  τ0 = 1 / (κ · μ0)²   (κ = prior_std_rel)
     τn  = τ0 + n_a / σ²_a                         μn = (τ0 μ0 + (n_a / σ²_a) x̄_a) / τn
 
-and each round draws ``θ_a ~ N(μn, 1/τn)`` for every arm and picks ``argmin θ_a``.
+and each round draws ``θ_a ~ N(μn, 1/τn)`` for the arms not eliminated by their lower
+confidence bound (:func:`eliminate_arms`) and plays the lowest draw, or, among the draws
+within ``satisficing_rel`` of it, the arm with the lowest ``μn`` (:func:`satisficing_choice`).
+The pooled variance ``r`` uses completed runs only: an early-stopped cost is censored at
+the threshold, not a draw of the run-to-run noise.
 Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
 floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
 over arms in relative terms (a run-to-run spread seen on the arm played most informs
@@ -82,7 +86,13 @@ class BanditSettings:
         discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
         prune_cost_ratio: Also end a pruning direction at a size costing more than this
             times the cheapest converged size of the round (cost is close to unimodal in
-            the batch size); None: only non-convergence ends a direction (Zeus).
+            the batch size); None: only non-convergence ends a direction (Zeus). During
+            pruning it is also the early-stopping factor when smaller than ``beta_knob``.
+        elimination_z: Thompson sampling draws only from arms whose lower confidence bound
+            ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
+        satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
+            fraction of the lowest draw, play the one with the lowest posterior mean; None:
+            plain Thompson sampling (the lowest draw).
     """
 
     batch_sizes: tuple[int, ...]
@@ -95,6 +105,8 @@ class BanditSettings:
     window: int | None = None
     discount: float | None = None
     prune_cost_ratio: float | None = 1.5
+    elimination_z: float | None = 2.0
+    satisficing_rel: float | None = 0.01
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -113,6 +125,10 @@ class BanditSettings:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
         if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
             raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
+        if self.elimination_z is not None and not self.elimination_z > 0:
+            raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
+        if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
+            raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -136,6 +152,8 @@ class BanditSettings:
             window=config.window,
             discount=config.discount,
             prune_cost_ratio=config.prune_cost_ratio,
+            elimination_z=config.elimination_z,
+            satisficing_rel=config.satisficing_rel,
         )
 
 
@@ -270,6 +288,71 @@ def pooled_relative_variance(
     return num / den if den > 0 else 0.0
 
 
+def eliminate_arms(posteriors: dict[int, ArmPosterior], z: float | None) -> list[int]:
+    """Arms Thompson sampling still draws from: lower-confidence-bound elimination.
+
+    An arm is skipped when its lower bound ``μn − z·sd`` exceeds the best upper bound
+    ``min_b (μn_b + z·sd_b)``: with Gaussian posteriors it is then worse than the best arm
+    with probability ≳ 1 − Φ(−z)², and each draw of it would be spent on a near-certain
+    loss (Thompson sampling alone still plays such an arm with probability ~Φ(−Δ/sd), which
+    for an arm seen once, with sd of tens of percent, is a recurrence in a few hundred).
+    The rule is re-evaluated at every draw from the current posteriors: an arm comes back
+    when the best one's bound moves (drift, window, discount), and the variance floor keeps
+    every ``sd`` positive, so no arm is ever frozen by identical costs.
+
+    Args:
+        posteriors: Posterior of each candidate arm.
+        z: Width of the bounds in posterior standard deviations; None: keep every arm.
+
+    Returns:
+        The kept arms, in the order of ``posteriors`` (never empty when posteriors is not).
+
+    Example:
+        >>> a = ArmPosterior(32, 3.0, 100.0, 1 / 5.0**2, 75.0)   # sd 5: bounds 90..110
+        >>> b = ArmPosterior(64, 1.0, 130.0, 1 / 8.0**2, 64.0)   # sd 8: lower bound 114 > 110
+        >>> eliminate_arms({32: a, 64: b}, 2.0), eliminate_arms({32: a, 64: b}, 3.0)
+        ([32], [32, 64])
+    """
+    if z is None or not posteriors:
+        return list(posteriors)
+    best_upper = min(p.mean + z * p.std for p in posteriors.values())
+    return [b for b, p in posteriors.items() if p.mean - z * p.std <= best_upper]
+
+
+def satisficing_choice(draws: dict[int, float], means: dict[int, float], rel: float | None) -> int:
+    """The arm a Thompson round plays, given each arm's draw and posterior mean.
+
+    Plain Thompson sampling plays ``argmin θ_a``. Satisficing Thompson sampling (Russo & Van
+    Roy, "Satisficing in time-sensitive bandit learning", 2022) accepts any arm whose draw
+    is within a fraction ``rel`` of the lowest draw, and here takes the one the posterior
+    already believes cheapest: exploring to tell apart arms whose costs differ by less than
+    ``rel`` costs a run each and can gain less than ``rel`` per later run, and with a
+    run-to-run spread of ~10 % (one epoch more or less to the target) it takes tens of runs.
+    The loss is bounded: the arm converged on costs at most ~``rel`` more than the best.
+
+    Args:
+        draws: ``θ_a`` per arm.
+        means: Posterior mean per arm (same keys).
+        rel: The satisficing fraction; None (or 0): plain Thompson sampling.
+
+    Returns:
+        The arm to play.
+
+    Example:
+        >>> satisficing_choice({32: 101.0, 64: 100.0}, {32: 99.0, 64: 102.0}, 0.02)  # 101 <= 1.02 x 100
+        32
+        >>> satisficing_choice({32: 103.0, 64: 100.0}, {32: 99.0, 64: 102.0}, 0.02)
+        64
+        >>> satisficing_choice({32: 101.0, 64: 100.0}, {32: 99.0, 64: 102.0}, None)
+        64
+    """
+    best = min(draws, key=lambda b: (draws[b], b))
+    if not rel:
+        return int(best)
+    accepted = [b for b in draws if draws[b] <= draws[best] + rel * abs(draws[best])]
+    return int(min(accepted, key=lambda b: (means[b], b)))
+
+
 def observation_weights(ages: Sequence[int], window: int | None, discount: float | None) -> np.ndarray:
     """Weights of one arm's observations, given their ages (0 = newest recurrence of the job).
 
@@ -381,43 +464,85 @@ class BatchSizeBandit:
         return self.state().get("min_cost")
 
     def early_stop_threshold(self) -> float | None:
-        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet."""
-        min_cost = self.min_cost
-        if min_cost is None or self.settings.beta_knob is None:
+        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet.
+
+        While pruning, the factor is ``min(beta_knob, prune_cost_ratio)``: a pruning candidate
+        costing more than ``prune_cost_ratio`` × the cheapest converged size ends its direction
+        whether or not it would go on to converge, so finishing it buys nothing but the
+        observation of a size already known to be that much dearer (cost is close to
+        unimodal in the batch size, §2.2). Stopped, it is not converged: the direction ends
+        and the size does not survive into Thompson sampling.
+        """
+        state = self.state()
+        min_cost = state.get("min_cost")
+        beta = self.settings.beta_knob
+        if min_cost is None or beta is None:
             return None
-        return self.settings.beta_knob * min_cost
+        ratio = self.settings.prune_cost_ratio
+        if state["phase"] == Phase.PRUNING.value and ratio is not None:
+            beta = min(beta, ratio)
+        return beta * min_cost
 
     # -- observations ------------------------------------------------------------------
-    def observations(self, trials: Sequence[TrialRecord] | None = None) -> dict[int, list[tuple[float, int]]]:
+    def observations(
+        self, trials: Sequence[TrialRecord] | None = None, *, completed_only: bool = False
+    ) -> dict[int, list[tuple[float, int]]]:
         """Observed costs per arm: batch size → [(cost, age)], age 0 = the job's latest observation.
 
         Completed and early-stopped trials with a cost count; failed and running ones do not.
+        Ages count both kinds. With ``completed_only``, early-stopped trials are left out: their
+        cost is censored (a lower bound of the arm's cost, cut at the threshold), not a draw of
+        the run-to-run noise, so they must not enter the pooled noise variance.
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
         done = [t for t in trials if t.status in ("completed", "early_stopped") and t.cost is not None]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
+            if completed_only and trial.status != "completed":
+                continue
             result.setdefault(trial.batch_size, []).append((float(trial.cost), age))  # type: ignore[arg-type]
         return result
 
     def posteriors(
-        self, arms: Sequence[int] | None = None, observations: dict[int, list[tuple[float, int]]] | None = None
+        self,
+        arms: Sequence[int] | None = None,
+        observations: dict[int, list[tuple[float, int]]] | None = None,
+        noise_observations: dict[int, list[tuple[float, int]]] | None = None,
     ) -> dict[int, ArmPosterior]:
         """Posterior of each arm (default: the surviving arms); see the module docstring.
+
+        Args:
+            arms: Arms to compute; default the survivors.
+            observations: Per-arm ``[(cost, age)]`` of every observation (default: the store's).
+            noise_observations: The observations the pooled noise variance is estimated from
+                (default: the store's completed trials when ``observations`` is not given,
+                else ``observations``); early-stopped costs are censored and stay out.
 
         Raises:
             ValueError: No observation at all yet (no prior can be formed).
         """
         s = self.settings
-        obs = self.observations() if observations is None else observations
+        if observations is None:
+            trials = self.store.list_trials(self.job_id)
+            obs = self.observations(trials)
+            if noise_observations is None:
+                noise_observations = self.observations(trials, completed_only=True)
+        else:
+            obs = observations
+        pool = obs if noise_observations is None else noise_observations
         if arms is None:
             arms = self.state()["survivors"]
         all_costs = [c for arm in obs.values() for c, _ in arm]
         prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
         costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
         weights = {b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in obs.items()}
-        relative_var = pooled_relative_variance([costs[b] for b in obs], [weights[b] for b in obs])
+        pool_weights = {
+            b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in pool.items()
+        }
+        relative_var = pooled_relative_variance(
+            [[c for c, _ in pool[b]] for b in pool], [pool_weights[b] for b in pool]
+        )
         result = {}
         for b in arms:
             x, w = costs.get(b, []), weights.get(b, np.zeros(0))
@@ -438,7 +563,9 @@ class BatchSizeBandit:
         Returns:
             The :class:`Suggestion` (batch size and trial id).
         """
-        obs = self.observations()
+        trials = self.store.list_trials(self.job_id)
+        obs = self.observations(trials)
+        noise_obs = self.observations(trials, completed_only=True)
 
         def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
             state = self._state(current)
@@ -447,7 +574,7 @@ class BatchSizeBandit:
             else:
                 rng = np.random.Generator(np.random.PCG64())
                 rng.bit_generator.state = state["rng"]
-                choice = self._thompson(rng, state["survivors"], obs)
+                choice = self._thompson(rng, state["survivors"], obs, noise_obs)
                 state["rng"] = rng.bit_generator.state
             return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), (
                 choice,
@@ -467,12 +594,19 @@ class BatchSizeBandit:
         )
         return Suggestion(batch_size, trial.trial_id, phase, round_)
 
-    def _thompson(self, rng: np.random.Generator, arms: Sequence[int], obs: dict[int, list[tuple[float, int]]]) -> int:
+    def _thompson(
+        self,
+        rng: np.random.Generator,
+        arms: Sequence[int],
+        obs: dict[int, list[tuple[float, int]]],
+        noise_obs: dict[int, list[tuple[float, int]]] | None = None,
+    ) -> int:
         if not any(obs.get(b) for b in arms):
             return self.settings.default_batch_size if self.settings.default_batch_size in arms else int(arms[0])
-        posts = self.posteriors(arms, obs)
-        draws = {b: rng.normal(p.mean, p.std) for b, p in posts.items()}
-        return int(min(draws, key=lambda b: (draws[b], b)))
+        posts = self.posteriors(arms, obs, noise_obs)
+        eligible = eliminate_arms(posts, self.settings.elimination_z)
+        draws = {b: rng.normal(posts[b].mean, posts[b].std) for b in eligible}
+        return satisficing_choice(draws, {b: posts[b].mean for b in eligible}, self.settings.satisficing_rel)
 
     def report(
         self,
