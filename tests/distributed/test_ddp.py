@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,8 @@ def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[di
         # Seen rarely when other distributed jobs run on the machine at the same time: a
         # gloo thread aborts the process as it tears down. Run the job once more; any
         # other failure, or the same one twice, fails the test.
-        for stale in out.glob("rank*.json"):
-            stale.unlink()
+        for stale in out.iterdir():  # start the rerun from an empty output folder
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
