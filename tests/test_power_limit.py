@@ -440,3 +440,18 @@ def test_no_power_samples_abandons_profiling_and_keeps_the_original_limit(tmp_pa
     assert any("abandoned" in r.message for r in caplog.records)
     session.train_end()
     assert backend.power_limit_W(0) == 250.0
+
+
+def test_cli_restore_finds_every_ranks_marker(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
+    stem, suffix = MARKER_NAME.rsplit(".", 1)
+    markers = [tmp_path / f"{stem}.rank{rank}.{suffix}" for rank in (0, 1)]
+    for marker in markers:  # left by a killed 2-process run
+        marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    assert main(["restore", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert all(marker.name in out for marker in markers)
+    assert not any(marker.exists() for marker in markers)  # restored markers are removed

@@ -629,21 +629,31 @@ def restore_command(config_path: str | None = None, marker: str | None = None) -
     from zeus_callbacks.config import load_config, parse_config
 
     cfg = load_config(config_path) if config_path else parse_config(None)
-    path = Path(marker) if marker else marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker)
-    if not path.exists():
-        print(f"no power-limit restore marker at {path}: nothing to restore")
+    if marker:
+        paths = [Path(marker)]
+    else:
+        # This shell is no rank: look for the single-process marker and every rank's.
+        base = Path(cfg.power_limit.restore_marker or Path(cfg.logging.log_dir) / MARKER_NAME)
+        paths = [base, *sorted(base.parent.glob(f"{base.stem}.rank*{base.suffix}"))]
+    paths = [p for p in paths if p.exists()]
+    if not paths:
+        print("no power-limit restore marker found: nothing to restore")
         return 0
     backend = get_backend(cfg.backend, virtual=cfg.virtual)
+    status = 0
     try:
-        restored = restore_from_marker(path, backend)
-    except BackendError as exc:
-        print(f"cannot restore the power limits in {path}: {exc}", file=sys.stderr)
-        return 1
+        for path in paths:
+            try:
+                restored = restore_from_marker(path, backend)
+            except BackendError as exc:
+                print(f"cannot restore the power limits in {path}: {exc}", file=sys.stderr)
+                status = 1
+                continue
+            for index, limit in (restored or {}).items():
+                print(f"GPU {index}: power limit restored to {limit:.0f} W ({path.name})")
     finally:
         backend.close()
-    for index, limit in (restored or {}).items():
-        print(f"GPU {index}: power limit restored to {limit:.0f} W")
-    return 0
+    return status
 
 
 # ---------------------------------------------------------------------------- plot
