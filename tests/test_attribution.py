@@ -162,3 +162,28 @@ def test_samples_in_window_shorter_than_a_period_may_hold_none():
     start = times[5] + PERIOD_S / 4
     got = samples_in(times, np.array([start]), np.array([start + PERIOD_S / 2]), 0.0)
     np.testing.assert_array_equal(got, [0])
+
+
+def test_extending_the_integral_in_batches_equals_building_it_at_once():
+    from zeus_callbacks.measurement.attribution import cumulative_energy as ce
+
+    rng = np.random.default_rng(3)
+    times = np.cumsum(rng.uniform(0.015, 0.025, 40)) + 100.0
+    power = rng.uniform(100.0, 300.0, 40)
+    knots, energy = ce(times, power, sample_period_s=0.02, sensor_delay_s=0.004)
+    head_k, head_E = ce(times[:15], power[:15], sample_period_s=0.02, sensor_delay_s=0.004)
+    tail_k, tail_E = ce(times[15:], power[15:], sample_period_s=0.02, sensor_delay_s=0.004,
+                        previous_timestamp_s=times[14], start_J=head_E[-1])  # fmt: skip
+    np.testing.assert_allclose(np.concatenate((head_k, tail_k)), knots)
+    np.testing.assert_allclose(np.concatenate((head_E, tail_E)), energy)
+
+
+def test_extrapolated_energy_uses_the_nearest_segment_outside_the_span():
+    from zeus_callbacks.measurement.attribution import extrapolated_energy_J
+
+    knots = np.array([10.0, 11.0, 12.0])
+    cumulative = np.array([0.0, 100.0, 300.0])  # 100 W, then 200 W
+    inside, before, after = extrapolated_energy_J(knots, cumulative, [10.5, 9.0, 11.5], [11.5, 10.5, 13.0])
+    assert inside == pytest.approx(0.5 * 100.0 + 0.5 * 200.0)
+    assert before == pytest.approx(1.0 * 100.0 + 0.5 * 100.0)  # the first segment's power before the span
+    assert after == pytest.approx(0.5 * 200.0 + 1.0 * 200.0)  # the last segment's power after it

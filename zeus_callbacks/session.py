@@ -36,7 +36,7 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
 from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.measurement.attribution import counter_energy_J, interval_energy_J
+from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
 from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
@@ -960,10 +960,9 @@ class EnergySession:
         for index in self.gpu_indices:
             knots, cumulative = self.sampler.cumulative_energy(index)
             if len(knots) >= 2:
-                total += float(interval_energy_J(knots, cumulative, [self._run_start_s], [knots[-1]])[0])
-                # Samples lag the present; the latest power stands in for the gap.
-                last_W = (cumulative[-1] - cumulative[-2]) / max(knots[-1] - knots[-2], 1e-12)
-                total += max(0.0, now_s - max(knots[-1], self._run_start_s)) * last_W
+                # Samples lag the present: the nearest power stands in for the gaps, as in
+                # the run window that gives the final total.
+                total += float(extrapolated_energy_J(knots, cumulative, [self._run_start_s], [now_s])[0])
         return self._carried.energy_J + total
 
     def _run_time_so_far_s(self) -> float:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zeus_callbacks.backends.base import BackendError, GPUBackend, NotSupported, SensorError
+from zeus_callbacks.backends.base import BackendError, GPUBackend, NotSupported, PowerSample, SensorError
+from zeus_callbacks.measurement.attribution import cumulative_energy
 from zeus_callbacks.measurement.ring import TimeSeriesRing
 
 logger = logging.getLogger(__name__)
@@ -168,29 +169,37 @@ class PowerSampler:
             self._record_fault(exc, f"power samples of GPU {index}")
             return
         with self._lock:
-            for sample in samples:
-                last = ring.last_time()
-                if last is not None and sample.timestamp_s <= last:
-                    continue
-                self._integrate(index, sample.timestamp_s, sample.power_W, last)
-                ring.append(sample.timestamp_s, sample.power_W)
+            last = ring.last_time()
+            fresh = []
+            for sample in samples:  # keep strictly newer samples, in order
+                if last is None or sample.timestamp_s > last:
+                    fresh.append(sample)
+                    last = sample.timestamp_s
+            if fresh:
+                self._integrate(index, fresh)
             self.health.dropped_samples = sum(r.dropped for r in self._power.values())
 
-    def _integrate(self, index: int, timestamp_s: float, power_W: float, previous_s: float | None) -> None:
-        """Extend F by one sample: power_W over (previous sample, this sample], shifted by the delay."""
-        fine, coarse = self._fine[index], self._coarse[index]
-        knot_end = timestamp_s - self.sensor_delay_s
-        if previous_s is None:
-            knot_start = knot_end - self.backend.sample_period_s
-            fine.append(knot_start, 0.0)
-            coarse.append(knot_start, 0.0)
-        else:
-            knot_start = previous_s - self.sensor_delay_s
-        self._energy_J[index] += power_W * (knot_end - knot_start)
-        fine.append(knot_end, self._energy_J[index])
-        last_coarse = coarse.last_time()
-        if last_coarse is None or knot_end - last_coarse >= self.coarse_period_s:
-            coarse.append(knot_end, self._energy_J[index])
+    def _integrate(self, index: int, samples: list[PowerSample]) -> None:
+        """Extend the raw ring and the running integral F by new, strictly newer samples."""
+        ring, fine, coarse = self._power[index], self._fine[index], self._coarse[index]
+        times = np.array([sample.timestamp_s for sample in samples])
+        power = np.array([sample.power_W for sample in samples])
+        knots, energy = cumulative_energy(
+            times,
+            power,
+            sample_period_s=self.backend.sample_period_s,
+            sensor_delay_s=self.sensor_delay_s,
+            previous_timestamp_s=ring.last_time(),
+            start_J=self._energy_J[index],
+        )
+        for knot_s, energy_J in zip(knots, energy, strict=True):
+            fine.append(knot_s, energy_J)
+            last_coarse = coarse.last_time()
+            if last_coarse is None or knot_s - last_coarse >= self.coarse_period_s:
+                coarse.append(knot_s, energy_J)
+        self._energy_J[index] = float(energy[-1])
+        for t, p in zip(times, power, strict=True):
+            ring.append(float(t), float(p))
 
     def _read_counter(self, index: int) -> None:
         try:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zeus_callbacks.backends.base import Clock
-from zeus_callbacks.measurement.attribution import interval_energy_J, samples_in
+from zeus_callbacks.measurement.attribution import extrapolated_energy_J, samples_in
 from zeus_callbacks.measurement.sampler import PowerSampler
 
 logger = logging.getLogger(__name__)
@@ -255,13 +255,8 @@ class WindowMeter:
         knots, cumulative = self.sampler.cumulative_energy(index)
         if len(knots) < 2:
             return np.zeros_like(starts), np.zeros(len(starts), dtype=int), -np.inf, np.zeros(len(starts), bool)
-        energy = interval_energy_J(knots, cumulative, starts, ends)
+        energy = extrapolated_energy_J(knots, cumulative, starts, ends)
         cov_start, cov_end = knots[0], knots[-1]
-        # Edges outside the covered span take the power of the nearest segment.
-        first_W = (cumulative[1] - cumulative[0]) / max(knots[1] - knots[0], 1e-12)
-        last_W = (cumulative[-1] - cumulative[-2]) / max(knots[-1] - knots[-2], 1e-12)
-        energy += np.clip(np.minimum(ends, cov_start) - starts, 0, None) * first_W
-        energy += np.clip(ends - np.maximum(starts, cov_end), 0, None) * last_W
         is_complete = (starts >= cov_start) & (ends <= cov_end)
         times, _ = self.sampler.samples(index)
         counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
