@@ -7,6 +7,7 @@ is configured from ``examples/zeus.yaml``; energy goes to TensorBoard (and W&B w
 else the CPU with the virtual GPU reporting power.
 
     python examples/hf_text.py [--max-steps 120] [--report-to tensorboard] [--no-callback]
+    torchrun --standalone --nproc_per_node 2 examples/hf_text.py   # DDP, one process per GPU
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
         report_to=args.report_to,
         include_num_input_tokens_seen=True,
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        use_cpu=not torch.cuda.is_available(),  # without it, torchrun on the CPU trains each process alone
         dataloader_num_workers=0,
         disable_tqdm=False,
         seed=0,
@@ -129,10 +131,12 @@ def main() -> None:
     output = trainer.train()
     wall_s = time.perf_counter() - start
     eval_loss = trainer.evaluate().get("eval_loss", float("nan"))
+    if not trainer.is_world_process_zero():
+        return  # under DDP the main process reports for all
     print(f"\nhf_text: {output.global_step} steps, train loss {output.training_loss:.3f}, "
           f"eval loss {eval_loss:.3f}, {wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
     result = {"example": "hf_text", "steps": output.global_step, "eval_loss": eval_loss, "wall_s": wall_s,
-              "median_step_s": step_clock.median_step_s}
+              "median_step_s": step_clock.median_step_s, "world_size": training_args.world_size}
     if zeus is not None:
         print(zeus.summary)  # the HF callback logs it at INFO; print it for the user
         result["summary"] = zeus.summary.as_dict()

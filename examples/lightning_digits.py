@@ -6,6 +6,7 @@ Runs on the GPU when there is one (NVIDIA/AMD backend), else on the CPU with the
 virtual GPU reporting power.
 
     python examples/lightning_digits.py [--epochs 5] [--config examples/zeus.yaml] [--no-callback]
+    python examples/lightning_digits.py --devices 2      # DDP: one process per GPU (gloo on the CPU)
 
 Then: ``tensorboard --logdir runs`` (scalars under energy/, power/, time/).
 """
@@ -105,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes); more than 1 runs DDP")
     parser.add_argument("--config", default=str(HERE / "zeus.yaml"))
     parser.add_argument("--log-dir", default="runs")
     parser.add_argument("--no-callback", action="store_true", help="train without zeus-callbacks (baseline)")
@@ -117,7 +119,8 @@ def main() -> None:
     trainer = L.Trainer(
         max_epochs=args.epochs,
         accelerator="auto",
-        devices=1,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
         callbacks=[step_clock] + ([zeus] if zeus else []),
         logger=TensorBoardLogger(args.log_dir, name="lightning_digits"),
         log_every_n_steps=10,
@@ -127,12 +130,14 @@ def main() -> None:
     start = time.perf_counter()
     trainer.fit(model, datamodule=DigitsData(args.batch_size))
     wall_s = time.perf_counter() - start
+    if not trainer.is_global_zero:
+        return  # under DDP the main process reports for all
     val_acc = float(trainer.callback_metrics.get("val/acc", float("nan")))
     steps = trainer.global_step
     print(f"\nlightning_digits: {args.epochs} epochs, {steps} steps, val/acc {val_acc:.3f}, "
           f"{wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
     result = {"example": "lightning_digits", "steps": steps, "val_acc": val_acc, "wall_s": wall_s,
-              "median_step_s": step_clock.median_step_s}
+              "median_step_s": step_clock.median_step_s, "world_size": trainer.world_size}
     if zeus is not None:
         result["summary"] = zeus.summary.as_dict()  # the callback printed it already
     if args.summary_json:
