@@ -142,3 +142,15 @@ def test_tables_fit_80_columns(tmp_path, capsys, power_limit_run, monkeypatch):
     assert f"chosen by profiling {record['chosen_limit_W']:.1f} W" in out
     assert len([line for line in out.splitlines() if line.split()[0] in ("0", "1", "2")]) == 3  # one per epoch
     _assert_fits(out)
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    # `zeus-callbacks simulate --json | head -1`: the lines are flushed one by one, so the second write hits a
+    # closed pipe.
+    cmd = [sys.executable, "-m", "zeus_callbacks.cli", *SIMULATE, "--json", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=ENV, text=True)
+    first = json.loads(proc.stdout.readline())
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert first["index"] == 0 and proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err
