@@ -137,7 +137,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace) -> int:
     from zeus_callbacks.optimizers.power_limit import restore_command
 
-    return restore_command(config_path=args.config, marker=args.marker)
+    return restore_command(config_path=args.config, marker=args.marker, as_json=args.json)
 
 
 def _demo_kernel(args: argparse.Namespace):
@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
     restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
     restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.add_argument("--json", action="store_true", help="print what was restored (and what failed) as JSON")
     restore.set_defaults(func=_restore)
     sub.add_parser("simulate", help="replay a recurring job on the Zeus traces (options: simulate -h)")
     show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
