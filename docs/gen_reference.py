@@ -154,7 +154,8 @@ def render_configuration() -> str:
         "and pydantic converts them.",
         "",
         "Read-only mode is not a configuration key: it is the environment variable "
-        "`ZEUS_CALLBACKS_READ_ONLY=1` (see [Getting started](getting-started.md#shared-clusters-read-only-mode)).",
+        "`ZEUS_CALLBACKS_READ_ONLY=1` (see "
+        "[Running on shared clusters without root](shared-clusters.md#read-only-mode)).",
         "",
     ]
     for prefix, model in _sections(ZeusConfig):

@@ -47,6 +47,7 @@ def test_simulate_subcommand_runs_recurrences(tmp_path, capsys):
 
     store = tmp_path / "store.sqlite"
     args = ["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    args.append("--json")
     assert main(args) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 3 and store.exists()

@@ -455,3 +455,24 @@ def test_cli_restore_finds_every_ranks_marker(tmp_path, capsys):
     out = capsys.readouterr().out
     assert all(marker.name in out for marker in markers)
     assert not any(marker.exists() for marker in markers)  # restored markers are removed
+
+
+def test_cli_restore_json_lists_what_was_restored_and_what_failed(tmp_path, capsys, monkeypatch):
+    from zeus_callbacks.cli import main
+
+    marker = tmp_path / MARKER_NAME
+    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
+    monkeypatch.setenv("ZEUS_CALLBACKS_READ_ONLY", "1")  # the setter refuses: the marker is kept
+    assert main(["restore", "--config", str(config), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["restored"] == [] and len(report["failed"]) == 1 and marker.exists()
+    assert report["failed"][0]["marker"] == str(marker) and "ZEUS_CALLBACKS_READ_ONLY" in report["failed"][0]["error"]
+    monkeypatch.delenv("ZEUS_CALLBACKS_READ_ONLY")
+    assert main(["restore", "--config", str(config), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"restored": [{"marker": str(marker), "gpu": 0, "limit_W": 250.0}], "failed": []}
+    assert not marker.exists()
+    assert main(["restore", "--config", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"restored": [], "failed": []}

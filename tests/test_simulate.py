@@ -72,10 +72,15 @@ def test_early_stop_mid_epoch_by_hand(tmp_path):
     assert any(r.status == "early_stopped" for r in got)
 
 
-def test_command_line_prints_json_lines(capsys):
-    assert sim.main(["--gpu", "V100", "--workload", "squad", "--recurrences", "2", "--steps-per-epoch", "1"]) == 0
+def test_command_line_prints_a_table_or_json_lines(capsys):
+    args = ["--gpu", "V100", "--workload", "squad", "--recurrences", "2", "--steps-per-epoch", "1"]
+    assert sim.main([*args, "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["batch_size"] for r in lines] == [32, 24]
+    assert sim.main(args) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split()[:2] == ["rec", "batch"] and [row.split()[1] for row in rows[2:4]] == ["32", "24"]
+    assert rows[4].startswith("2 recurrence(s)")
 
 
 def test_jit_power_limit_trains_at_the_cheapest_limit():

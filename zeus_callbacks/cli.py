@@ -6,8 +6,9 @@ Subcommands:
     restore                put back the power limits a killed run left changed (its marker file)
     simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
     show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
-    plot power-limit RUN.jsonl | plot bandit STORE JOB
-                           the power-limit frontier with the chosen point, or the bandit's history, to PNG
+    plot power-limit RUN.jsonl | plot bandit STORE JOB | plot profile PROFILE.json
+                           the power-limit frontier with the chosen point, the bandit's history, or a
+                           fine-grain power profile (``profile-kernel --json``), to PNG
     profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
 """
 
@@ -15,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, progress_bar
 from zeus_callbacks.config import ConfigError, load_config
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
 
@@ -57,10 +61,16 @@ def _report(args: argparse.Namespace) -> int:
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
     else:
+        profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+        chosen = None if profile is None else profile.get("chosen_limit_W")
+        limits = f"power limit at the end {fmt(end['power_limit_W'])} W" + (
+            "" if chosen is None else f", chosen by profiling {fmt(chosen)} W"
+        )
         print(
-            f"run {end['run_name']} ({end['status']}) on {end['backend']}\n"
-            f"  energy {end['energy_J']:.1f} J over {end['time_s']:.1f} s "
-            f"(mean {end['mean_power_W']:.1f} W), {end['steps']} steps, power limit {end['power_limit_W']} W"
+            f"run {end['run_name']} ({end['status']})\n"
+            + textwrap.fill(f"on {end['backend']}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     ")
+            + f"\n  energy {end['energy_J']:.1f} J over {end['time_s']:.1f} s (mean {end['mean_power_W']:.1f} W)"
+            f"\n  {end['steps']} steps, {limits}"
         )
     if epochs:
         print("  epoch   energy_J   counter_J     time_s   power_W")
@@ -98,6 +108,18 @@ def _plot(args: argparse.Namespace) -> int:
                 print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
                 return 1
             plot_profile(profile["limits"], profile.get("chosen_limit_W"), out)
+        elif args.what == "profile":
+            from zeus_callbacks.measurement.profiler import ProfileResult
+
+            if args.job:
+                print("zeus-callbacks: plot profile takes one file: plot profile PROFILE.json", file=sys.stderr)
+                return 1
+            try:
+                result = ProfileResult.read_json(args.source)
+            except FileNotFoundError:
+                print(f"zeus-callbacks: no such profile file: {args.source}", file=sys.stderr)
+                return 1
+            result.plot(out)
         else:
             from zeus_callbacks.cli_store import plot_bandit_history
 
@@ -105,7 +127,7 @@ def _plot(args: argparse.Namespace) -> int:
                 print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
                 return 1
             plot_bandit_history(args.source, args.job, out)
-    except (FileNotFoundError, NotAnEnergyLog, ValueError) as exc:
+    except (FileNotFoundError, NotAnEnergyLog, ValueError) as exc:  # NotAProfile is a ValueError
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
@@ -115,7 +137,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace) -> int:
     from zeus_callbacks.optimizers.power_limit import restore_command
 
-    return restore_command(config_path=args.config, marker=args.marker)
+    return restore_command(config_path=args.config, marker=args.marker, as_json=args.json)
 
 
 def _demo_kernel(args: argparse.Namespace):
@@ -163,6 +185,14 @@ def _profile_kernel(args: argparse.Namespace) -> int:
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
     backend = get_backend(args.backend)
+    bar = progress_bar(args.max_time, "measuring", enabled=not args.no_progress and args.json is None, unit="s")
+
+    def progress(elapsed_s: float, rel_ci: float | None) -> None:
+        bar.update(min(elapsed_s, args.max_time) - bar.n)
+        if rel_ci is not None:
+            bar.set_postfix_str(f"CI ±{rel_ci:.1%} (target ±{args.target_ci:.1%})", refresh=False)
+
+    to_stdout = args.json == "-"
     try:
         if backend.name == "virtual":  # no real sensor: the virtual GPU is busy while fn runs
             inner = fn
@@ -176,10 +206,14 @@ def _profile_kernel(args: argparse.Namespace) -> int:
         result = profile(
             fn, mode=args.mode, target_ci=args.target_ci, backend=backend, gpu_index=args.gpu,
             max_time_s=args.max_time, min_time_s=min(args.min_time, args.max_time), name=name,
-            json_path=args.json, plot_path=args.plot,
+            json_path=None if to_stdout else args.json, plot_path=args.plot, progress=progress,
         )  # fmt: skip
     finally:
+        bar.close()
         backend.close()
+    if to_stdout:
+        print(json.dumps(result.as_dict(), indent=1))
+        return 0
     lo, hi = result.energy_ci_J
     print(
         f"{result.name} ({result.mode}, {result.timer}) on {result.device}\n"
@@ -207,17 +241,22 @@ def build_parser() -> argparse.ArgumentParser:
     restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
     restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
     restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.add_argument("--json", action="store_true", help="print what was restored (and what failed) as JSON")
     restore.set_defaults(func=_restore)
     sub.add_parser("simulate", help="replay a recurring job on the Zeus traces (options: simulate -h)")
     show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
     show.add_argument("store", help="the SQLite or JSON store file")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=_show)
-    plot = sub.add_parser("plot", help="plot a power-limit profile (from a run log) or a bandit history (a store)")
-    plot.add_argument("what", choices=["power-limit", "bandit"])
-    plot.add_argument("source", help="power-limit: the run's .jsonl; bandit: the store file")
+    plot = sub.add_parser(
+        "plot", help="plot a power-limit profile (a run log), a bandit history (a store) or a fine-grain power profile"
+    )
+    plot.add_argument("what", choices=["power-limit", "bandit", "profile"])
+    plot.add_argument(
+        "source", help="power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file"
+    )
     plot.add_argument("job", nargs="?", help="bandit: the job id")
-    plot.add_argument("--out", default="zeus_plot.png", help="PNG file to write")
+    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write")
     plot.set_defaults(func=_plot)
     prof = sub.add_parser("profile-kernel", help="fine-grain energy per execution of a kernel (FinGraV)")
     prof.add_argument("kernel", nargs="?", default="matmul", help="matmul, copy, or module:function (no arguments)")
@@ -230,7 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--min-time", type=float, default=1.0, help="least seconds of measurement")
     prof.add_argument("--backend", choices=["auto", "nvml", "amdsmi", "virtual"], default="auto")
     prof.add_argument("--gpu", type=int, default=0, help="backend index of the GPU")
-    prof.add_argument("--json", help="write the result as JSON here")
+    prof.add_argument(
+        "--json", nargs="?", const="-", metavar="FILE",
+        help="write the result as JSON to FILE; --json alone prints it (no summary, no progress bar)",
+    )  # fmt: skip
+    prof.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     prof.add_argument("--plot", help="save the power-profile plot (PNG) here")
     prof.set_defaults(func=_profile_kernel)
     return parser
@@ -238,7 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `zeus-callbacks simulate | head`: the reader left early, not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 1
+
+
+def _run(argv: list[str]) -> int:
     if argv[:1] == ["simulate"]:  # the simulator owns its options
         from zeus_callbacks.simulate import main as simulate_main
         from zeus_callbacks.store.base import StoreError

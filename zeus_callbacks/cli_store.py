@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
+from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
-
-
-def _fmt(value: Any, spec: str = ".1f") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
@@ -82,13 +70,15 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
             report["profiles"][key] = store.get_profile(key)
     if as_json:
         return json.dumps(report, indent=2)
-    out = [f"store {store_path}: {len(report['jobs'])} job(s), {len(report['profiles'])} power-limit profile(s)"]
+    out = [f"store {store_path}", f"{len(report['jobs'])} job(s), {len(report['profiles'])} power-limit profile(s)"]
     for job in report["jobs"]:
-        out.append(f"\njob {job['job_id']}  phase {_fmt(job['phase'])}  best converged cost {_fmt(job['min_cost'])}")
+        out.append(f"\njob {job['job_id']}  phase {fmt(job['phase'])}  best converged cost {fmt(job['min_cost'])}")
         if job["arms"]:
             keys = ["batch_size", "mean_cost", "std_cost", "observations", "survivor"]
             arm_rows = [[a[k] for k in keys] for a in job["arms"]]
-            out.append(_table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+            for row in arm_rows:  # observations are a float in the posterior; whole counts read better
+                row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
+            out.append(table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
         rows = [
@@ -97,10 +87,41 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
             for t in trials[-10:]
         ]  # fmt: skip
         if rows:
-            out.append(_table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
-    for key, table in report["profiles"].items():
-        out.append(f"\nprofile {key}: {json.dumps(table)[:200]}")
+            out.append(table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
+    if report["profiles"]:
+        out.append("\npower-limit profiles:")
+    for key, profile in report["profiles"].items():
+        key_text = _profile_key_text(key)
+        out.append(textwrap.fill(key_text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    "))
+        out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
+
+
+def _profile_key_text(key: str) -> str:
+    """A profile's key in words: the power-limit profiler's keys are JSON objects, the simulator's plain strings."""
+    try:
+        fields = json.loads(key)
+    except ValueError:
+        return key
+    if not isinstance(fields, dict):
+        return key
+    return ", ".join(f"{name} {value}" for name, value in fields.items())
+
+
+def _profile_text(profile: Any) -> str:
+    """How many limits a cached power-limit profile holds, their range and the chosen one (W)."""
+    if not isinstance(profile, dict):
+        return f"({type(profile).__name__})"
+    limits = profile.get("limits_W")  # the simulator's profiles
+    if limits is None and isinstance(profile.get("limits"), list):  # the power-limit profiler's
+        limits = [r.get("limit_W") for r in profile["limits"] if isinstance(r, dict)]
+    chosen = profile.get("chosen_limit_W", profile.get("best_W"))
+    parts = []
+    values = [float(v) for v in limits or [] if isinstance(v, (int, float))]
+    if values:
+        parts.append(f"{len(values)} limits, {min(values):g}–{max(values):g} W")
+    parts.append("chosen " + (f"{chosen:g} W" if isinstance(chosen, (int, float)) else "none (observe only)"))
+    return ", ".join(parts)
 
 
 def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:

@@ -26,7 +26,7 @@ traces' cost is not unimodal in the limit, so every limit is tried). The profile
 ``<gpu>/<workload>/bs<b>/eta<eta>``): a later recurrence at the same batch size skips
 profiling.
 
-Command line::
+Command line (a table; ``--json`` for one JSON line per recurrence)::
 
     python -m zeus_callbacks.simulate --gpu A40 --workload cifar100 --recurrences 100 --seed 0
 """
@@ -38,7 +38,7 @@ import json
 import logging
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -132,6 +132,7 @@ def simulate(
     pruning_rounds: int = 1,
     batch_sizes: Sequence[int] | None = None,
     bandit: dict | None = None,
+    on_recurrence: Callable[[Recurrence], None] | None = None,
 ) -> list[Recurrence]:
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
 
@@ -151,6 +152,7 @@ def simulate(
         pruning_rounds: Pruning rounds of the bandit.
         batch_sizes: Arms; default every batch size of the workload in the GPU's trace.
         bandit: Further ``batch_size`` settings (e.g. ``{"noise_floor_rel": 0.1}``).
+        on_recurrence: Called with each :class:`Recurrence` as soon as it ends (progress, streaming).
 
     Returns:
         One :class:`Recurrence` per recurrence, in order.
@@ -191,6 +193,8 @@ def simulate(
         out = []
         for index in range(recurrences):
             out.append(_one_recurrence(index, gpu, w, config, world, steps_per_epoch, power_limit, profile_epochs))
+            if on_recurrence is not None:
+                on_recurrence(out[-1])
         return out
 
 
@@ -329,8 +333,32 @@ def _put_profile(config: dict, key: str, measured: dict[float, float], best_W: f
         store.put_profile(key, table)
 
 
+def format_recurrences(runs: Sequence[Recurrence]) -> str:
+    """The recurrences as a table within 80 columns, then their totals.
+
+    ``result`` is ``converged`` (target reached), ``early_stopped`` or ``not_converged``.
+    """
+    from zeus_callbacks.cli_format import table
+
+    rows = [
+        [r.index, r.batch_size, r.power_limit_W, r.energy_J, r.time_s, r.cost, r.epochs,
+         "converged" if r.converged else ("early_stopped" if r.status == "early_stopped" else "not_converged"),
+         r.phase]
+        for r in runs
+    ]  # fmt: skip
+    headers = ["rec", "batch", "limit_W", "energy_J", "time_s", "cost", "epochs", "result", "phase"]
+    converged = sum(r.converged for r in runs)
+    totals = (
+        f"{len(runs)} recurrence(s), {converged} converged: energy {sum(r.energy_J for r in runs):.0f} J, "
+        f"time {sum(r.time_s for r in runs):.0f} s, cost {sum(r.cost for r in runs):.0f}"
+    )
+    return table(headers, rows) + "\n" + totals if runs else totals
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m zeus_callbacks.simulate``: print one JSON line per recurrence."""
+    """``python -m zeus_callbacks.simulate``: a table of the recurrences, or one JSON line each with ``--json``."""
+    from zeus_callbacks.cli_format import progress_bar
+
     parser = argparse.ArgumentParser(prog="zeus_callbacks.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="A40", choices=list(traces.GPUS))
     parser.add_argument("--workload", default="cifar100", choices=list(traces.WORKLOADS))
@@ -341,19 +369,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps-per-epoch", type=int, default=4)
     parser.add_argument("--power-limit", choices=["max", "jit"], default="max")
     parser.add_argument("--store", default=None, help="store file (default: a temporary one)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line and recurrence, as each ends")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     args = parser.parse_args(argv)
-    for r in simulate(
-        args.gpu,
-        args.workload,
-        args.recurrences,
-        eta_knob=args.eta_knob,
-        beta_knob=args.beta_knob,
-        seed=args.seed,
-        store_path=args.store,
-        steps_per_epoch=args.steps_per_epoch,
-        power_limit=args.power_limit,
-    ):
-        print(json.dumps(asdict(r)))
+
+    with progress_bar(args.recurrences, "recurrences", enabled=not (args.json or args.no_progress)) as bar:
+
+        def done(r: Recurrence) -> None:
+            if args.json:  # streamed: a long run's first lines are usable before it ends
+                print(json.dumps(asdict(r)), flush=True)
+            bar.update(1)
+
+        runs = simulate(
+            args.gpu,
+            args.workload,
+            args.recurrences,
+            eta_knob=args.eta_knob,
+            beta_knob=args.beta_knob,
+            seed=args.seed,
+            store_path=args.store,
+            steps_per_epoch=args.steps_per_epoch,
+            power_limit=args.power_limit,
+            on_recurrence=done,
+        )
+    if not args.json:
+        print(format_recurrences(runs))
     return 0
 
 

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +36,14 @@ from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEv
 logger = logging.getLogger(__name__)
 
 ProfileMode = Literal["steady", "isolated"]
+
+ProgressCallback = Callable[[float, float | None], None]
+"""Called after each measuring round with the seconds measured so far and the latest relative
+CI half-width (None before the first check)."""
+
+
+class NotAProfile(ValueError):
+    """A file is not a power-profile JSON written by :func:`profile`; the message names the file."""
 
 
 @dataclass
@@ -112,6 +120,60 @@ class ProfileResult:
         path.write_text(json.dumps(self.as_dict(), indent=1), encoding="utf-8")
         return path
 
+    @classmethod
+    def read_json(cls, path: str | Path) -> ProfileResult:
+        """Read a result back from the JSON that :meth:`write_json` (``profile-kernel --json``) wrote.
+
+        Raises:
+            FileNotFoundError: The file does not exist.
+            NotAProfile: The file is unreadable, not JSON, JSON of another kind (fields
+                missing), or holds fields of the wrong type or inconsistent lengths.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise
+        except (OSError, UnicodeError) as exc:
+            raise NotAProfile(f"{path} is not a power-profile JSON: {exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise NotAProfile(f"{path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "the data") -> ProfileResult:
+        """Validate a dict of :meth:`as_dict` and build the result (``rel_ci_halfwidth`` is recomputed).
+
+        Raises:
+            NotAProfile: ``data`` is not such a dict; the message names ``source`` and the fields.
+        """
+        from pydantic import TypeAdapter, ValidationError
+
+        what = "a fine-grain power profile (as written by `zeus-callbacks profile-kernel --json`)"
+        if not isinstance(data, dict):
+            raise NotAProfile(f"{source} is not {what}: it holds a JSON {type(data).__name__}, not an object")
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            raise NotAProfile(f"{source} is not {what}: missing {shown}")
+        known = {f.name for f in fields(cls)}
+        try:
+            result = TypeAdapter(cls).validate_python({k: v for k, v in data.items() if k in known})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:4])
+            raise NotAProfile(f"{source} is not {what}: {problems}") from None
+        n = len(result.time_s)
+        band = result.power_ci_W
+        if n == 0 or len(result.power_W) != n or len(band) != 2 or any(len(row) != n for row in band):
+            raise NotAProfile(
+                f"{source} is not {what}: time_s, power_W and the two rows of power_ci_W must have one "
+                f"equal, nonzero length (got {n}, {len(result.power_W)}, {[len(row) for row in band]})"
+            )
+        return result
+
     def plot(self, path: str | Path) -> Path:
         """Save the power profile over the execution timeline, with its CI band, as an image.
 
@@ -134,7 +196,9 @@ class ProfileResult:
             ax.axhline(self.baseline_W, color="grey", lw=0.8, ls="--", label=f"baseline {self.baseline_W:.0f} W")
         lo, hi = self.energy_ci_J
         ax.set_title(
-            f"{self.name} ({self.mode}): {self.energy_J * 1e3:.3g} mJ/execution [{lo * 1e3:.3g}, {hi * 1e3:.3g}]"
+            f"{self.name} ({self.mode})\n{self.energy_J * 1e3:.3g} mJ/execution, 95 % CI [{lo * 1e3:.3g}, "
+            f"{hi * 1e3:.3g}] mJ, {self.executions_used} executions",
+            fontsize=10,
         )
         ax.set_xlabel("time since execution start (ms)")
         ax.set_ylabel("power (W)")
@@ -185,6 +249,7 @@ def profile(
     name: str | None = None,
     json_path: str | Path | None = None,
     plot_path: str | Path | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ProfileResult:
     """Measure the energy per execution and the power profile of ``fn``.
 
@@ -220,6 +285,8 @@ def profile(
         name: Name in the result; default: ``fn.__name__``.
         json_path: Write the result as JSON here.
         plot_path: Save the profile plot (PNG) here.
+        progress: Called after each measuring round with the seconds measured so far and the
+            latest relative CI half-width (None before the first check); for progress bars.
 
     Returns:
         The :class:`ProfileResult`.
@@ -243,6 +310,7 @@ def profile(
             min_time_s=min_time_s, warmup_s=warmup_s, idle_s=idle_s, gap_s=gap_s, chunk_s=chunk_s,
             sensor_delay_s=sensor_delay_s, use_cuda=use_cuda, n_bins=n_bins, n_boot=n_boot, seed=seed,
             name=name or getattr(fn, "__name__", "fn"), json_path=json_path, plot_path=plot_path,
+            progress=progress,
         )  # fmt: skip
     finally:
         if own_backend:
@@ -270,6 +338,7 @@ def _profile(
     name: str,
     json_path: str | Path | None,
     plot_path: str | Path | None,
+    progress: ProgressCallback | None = None,
 ) -> ProfileResult:
     clock = backend.clock
     manual = isinstance(clock, ManualClock)
@@ -313,6 +382,7 @@ def _profile(
         measure_start = clock.now_s()
         last_check = measure_start
         result = None
+        rel_ci: float | None = None
         while True:
             if mode == "steady":
                 t_end = clock.now_s() + chunk_s
@@ -335,12 +405,17 @@ def _profile(
             if manual:
                 sampler.poll_once(read_counter=False)
             elapsed = clock.now_s() - measure_start
+            if progress is not None:
+                progress(elapsed, rel_ci)
             if elapsed >= max_time_s:
                 break
             if elapsed >= min_time_s and clock.now_s() - last_check >= max(0.5, 0.2 * elapsed):
                 last_check = clock.now_s()
                 result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed)
-                if result is not None and result[0]["all"].rel_ci_halfwidth <= target_ci:
+                rel_ci = None if result is None else result[0]["all"].rel_ci_halfwidth
+                if rel_ci is not None and rel_ci <= target_ci:
+                    if progress is not None:
+                        progress(elapsed, rel_ci)
                     break
         measurement_time_s = clock.now_s() - measure_start
         idle(max(idle_s, post_s + delay + 2 * period))

@@ -615,12 +615,14 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
     return restored
 
 
-def restore_command(config_path: str | None = None, marker: str | None = None) -> int:
+def restore_command(config_path: str | None = None, marker: str | None = None, *, as_json: bool = False) -> int:
     """``zeus-callbacks restore``: restore the limits in a leftover marker, print what was done.
 
     Args:
         config_path: The run's YAML configuration (backend, ``logging.log_dir``, marker path).
         marker: The marker file, overriding the configuration's.
+        as_json: Print one JSON object instead of lines: ``restored`` (marker, gpu,
+            limit_W per GPU) and ``failed`` (marker, error per marker kept).
 
     Returns:
         0 when restored (or nothing to restore), 1 when a limit could not be restored.
@@ -636,24 +638,29 @@ def restore_command(config_path: str | None = None, marker: str | None = None) -
         base = Path(cfg.power_limit.restore_marker or Path(cfg.logging.log_dir) / MARKER_NAME)
         paths = [base, *sorted(base.parent.glob(f"{base.stem}.rank*{base.suffix}"))]
     paths = [p for p in paths if p.exists()]
+    report: dict[str, list[dict[str, Any]]] = {"restored": [], "failed": []}
     if not paths:
-        print("no power-limit restore marker found: nothing to restore")
+        print(json.dumps(report) if as_json else "no power-limit restore marker found: nothing to restore")
         return 0
     backend = get_backend(cfg.backend, virtual=cfg.virtual)
-    status = 0
     try:
         for path in paths:
             try:
                 restored = restore_from_marker(path, backend)
             except BackendError as exc:
-                print(f"cannot restore the power limits in {path}: {exc}", file=sys.stderr)
-                status = 1
+                report["failed"].append({"marker": str(path), "error": str(exc)})
+                if not as_json:
+                    print(f"cannot restore the power limits in {path}: {exc}", file=sys.stderr)
                 continue
             for index, limit in (restored or {}).items():
-                print(f"GPU {index}: power limit restored to {limit:.0f} W ({path.name})")
+                report["restored"].append({"marker": str(path), "gpu": index, "limit_W": limit})
+                if not as_json:
+                    print(f"GPU {index}: power limit restored to {limit:.0f} W ({path.name})")
     finally:
         backend.close()
-    return status
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return 1 if report["failed"] else 0
 
 
 # ---------------------------------------------------------------------------- plot

@@ -1,0 +1,105 @@
+"""``zeus-callbacks plot profile``: a real fine-grain profile from the virtual GPU, plotted by the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.cli import main
+from zeus_callbacks.measurement.profiler import NotAProfile, ProfileResult, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def profile_json(tmp_path_factory) -> tuple[Path, ProfileResult]:
+    """A profile measured by the profiler on the virtual GPU (5 ms executions at full utilization)."""
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=3.0, utilization=0.0, read_only=True, seed=0)
+
+    def kernel() -> None:
+        backend.set_utilization(1.0)
+        clock.advance(0.005)
+        backend.set_utilization(0.0)
+
+    path = tmp_path_factory.mktemp("profile") / "kernel.json"
+    result = profile(kernel, mode="isolated", backend=backend, target_ci=0.06, max_time_s=20.0, json_path=path,
+                     n_boot=50, name="virtual 5 ms kernel")  # fmt: skip
+    return path, result
+
+
+def test_plot_profile_writes_a_readable_png_from_a_subprocess(profile_json, tmp_path):
+    path, result = profile_json
+    out = tmp_path / "plots" / "profile.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "zeus_callbacks.cli", "plot", "profile", str(path), "-o", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout and out.stat().st_size > 0
+    import matplotlib.pyplot as plt
+
+    image = plt.imread(out)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0  # something was drawn, not a blank canvas
+    assert result.executions_used > 20
+
+
+def test_profile_json_reads_back_to_the_same_result(profile_json):
+    path, result = profile_json
+    again = ProfileResult.read_json(path)
+    assert again.energy_ci_J == result.energy_ci_J and isinstance(again.energy_ci_J, tuple)
+    assert json.loads(json.dumps(again.as_dict())) == json.loads(json.dumps(result.as_dict()))
+
+
+def _plot(source: Path, tmp_path: Path, capsys) -> tuple[int, str]:
+    out = tmp_path / "x.png"
+    code = main(["plot", "profile", str(source), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert not out.exists()
+    return code, err
+
+
+def test_plot_profile_names_a_missing_file(tmp_path, capsys):
+    code, err = _plot(tmp_path / "nowhere.json", tmp_path, capsys)
+    assert code == 1 and "no such profile file" in err and "nowhere.json" in err
+
+
+def test_plot_profile_refuses_a_file_that_is_not_json(tmp_path, capsys):
+    source = tmp_path / "notes.json"
+    source.write_text("energy was high today\n")
+    code, err = _plot(source, tmp_path, capsys)
+    assert code == 1 and f"{source} is not JSON" in err
+
+
+def test_plot_profile_refuses_json_of_another_kind(tmp_path, capsys):
+    record = tmp_path / "record.json"  # a record of a run's energy log, not a profile
+    record.write_text(json.dumps({"event": "run_end", "energy_J": 12.0, "time_s": 3.0}))
+    code, err = _plot(record, tmp_path, capsys)
+    assert code == 1 and f"{record} is not a fine-grain power profile" in err and "missing name" in err
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2, 3]")
+    code, err = _plot(listing, tmp_path, capsys)
+    assert code == 1 and "holds a JSON list" in err
+
+
+def test_plot_profile_refuses_a_profile_with_broken_fields(profile_json, tmp_path, capsys):
+    path, _ = profile_json
+    data = json.loads(path.read_text())
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({**data, "power_W": data["power_W"][:-1]}))
+    code, err = _plot(short, tmp_path, capsys)
+    assert code == 1 and "equal, nonzero length" in err
+    typed = tmp_path / "typed.json"
+    typed.write_text(json.dumps({**data, "energy_J": "a lot"}))
+    code, err = _plot(typed, tmp_path, capsys)
+    assert code == 1 and "energy_J" in err
+    with pytest.raises(NotAProfile):
+        ProfileResult.from_dict({**data, "power_ci_W": [data["power_ci_W"][0]]})
