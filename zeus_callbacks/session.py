@@ -175,6 +175,7 @@ class EnergySession:
         self._cost_agreement = False  # ... and the cost is compared every batch_size.stop_agreement_steps
         self._converged = False  # several processes: the target was reached on the main rank (agreed)
         self._run_steps = 0  # steps since train_start (the same count on every rank)
+        self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
         self._anchored_s = -math.inf
 
@@ -218,6 +219,7 @@ class EnergySession:
         self._collectives_ok = True
         self._peer_degraded = False
         self._run_steps = 0
+        self._ranks_totals = None
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
             self._writer = JsonlWriter(cfg.logging.log_dir, self.run_name)
@@ -690,11 +692,22 @@ class EnergySession:
         return metrics
 
     def totals(self) -> dict[str, float]:
-        """The run's energy and time so far: ``energy/total_J``, ``time/total_s``."""
+        """The run's energy and time so far: ``energy/total_J``, ``time/total_s``.
+
+        Under several processes, during the run: the energy of all GPUs and the slowest
+        rank's time as of the last step report (the same on every rank); before the first
+        report, this rank's own.
+        """
         if self._finished is not None:
             return {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
         if not self.started:
             return {}
+        if self._ranks_totals is not None:
+            energy_J, time_s = self._ranks_totals
+            return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
+        return self._local_totals()
+
+    def _local_totals(self) -> dict[str, float]:
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
 
     def progress_bar_metrics(self) -> dict[str, float]:
@@ -719,7 +732,8 @@ class EnergySession:
         """Totals to carry across a checkpoint resume."""
         measured = self.started or self._finished is not None
         t = self._totals if measured else self._carried
-        totals = self.totals() if measured else {}
+        # This rank's own totals while running (a resume adds the ranks' figures again).
+        totals = self._local_totals() if self.started else self.totals() if measured else {}
         energy_J = totals.get(metric.TOTAL_ENERGY_J, t.energy_J)
         time_s = totals.get(metric.TOTAL_TIME_S, t.time_s)
         return {
@@ -936,9 +950,14 @@ class EnergySession:
             float(sum(tokens)) if steps and all(tokens) else math.nan,  # type: ignore[arg-type]
             float(sum(r.num_power_samples for r in steps)),
         ]
+        if self._collective():  # the running totals travel with the report: every rank shows the run's
+            local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
         # One rank's row per GPU group; combine per step: energy and power sum over
         # ranks, time is the slowest rank's.
         gathered = self._gather(local)
+        if self._collective():
+            self._ranks_totals = (sum(row[6] for row in gathered), max(row[7] for row in gathered))
+            gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return

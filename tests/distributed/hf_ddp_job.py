@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from zeus_callbacks import ZeusTrainerCallback, suggest_batch_size
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -35,6 +35,17 @@ class Tokens(Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class LogProbe(TrainerCallback):
+    """The running totals each periodic log carries (it runs after the energy callback)."""
+
+    def __init__(self) -> None:
+        self.totals: list[tuple[int, float, float]] = []  # (global step, J, s)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "energy/total_J" in logs and "train_loss" not in logs:
+            self.totals.append((state.global_step, logs["energy/total_J"], logs["time/total_s"]))
 
 
 def main() -> None:
@@ -78,7 +89,7 @@ def main() -> None:
         args=args,
         train_dataset=Tokens(256),
         eval_dataset=Tokens(16) if cli.store else None,
-        callbacks=[zeus],
+        callbacks=[zeus, probe := LogProbe()],
     )
     trainer.train()
     (out / f"rank{args.process_index}.json").write_text(
@@ -94,6 +105,7 @@ def main() -> None:
                 "claimed_batch_size": zeus.session.suggest_batch_size(),
                 "batch_size_used": args.per_device_train_batch_size,
                 "stopped_at_step": trainer.state.global_step,
+                "logged_totals": probe.totals,
             }
         )
     )

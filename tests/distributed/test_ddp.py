@@ -95,6 +95,11 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
     assert [r["event"] for r in records].count("run_end") == 1
     assert all(r["ranks"] == 2 for r in records if r["event"] == "steps")
+    # The running totals of HF's periodic logs are the run's (all GPUs), identical on both ranks.
+    logged = [r["logged_totals"] for r in ranks]
+    assert len(logged[0]) == 12 // 4 and logged[0] == logged[1]
+    energies = [energy_J for _, energy_J, _ in logged[0]]
+    assert energies == sorted(energies) and energies[-1] < summaries[0]["energy_J"]
 
 
 def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
