@@ -78,7 +78,8 @@ class RankGroup:
 
         Args:
             cpu: ``TrainingArguments(use_cpu=...)``; default: True when CUDA is unavailable
-                (a GPU-less ``PartialState(cpu=False)`` would see a single process).
+                (a GPU-less ``PartialState(cpu=False)`` would see a single process) or when
+                ``ACCELERATE_USE_CPU`` is set (``accelerate launch --cpu``), as the Trainer does.
             backend: ``TrainingArguments(ddp_backend=...)``; default: accelerate's choice
                 (``nccl`` on CUDA, ``gloo`` on the CPU), which is also the Trainer's.
             timeout_s: ``TrainingArguments(ddp_timeout=...)`` (s); default 1800, the Trainer's.
@@ -100,7 +101,10 @@ class RankGroup:
         kwargs: dict[str, Any] = {"timeout": timedelta(seconds=1800.0 if timeout_s is None else timeout_s)}
         if backend is not None:
             kwargs["backend"] = backend
-        state = PartialState(cpu=not torch.cuda.is_available() if cpu is None else cpu, **kwargs)
+        if cpu is None:
+            use_cpu_env = os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "on")
+            cpu = use_cpu_env or not torch.cuda.is_available()
+        state = PartialState(cpu=cpu, **kwargs)
         if state.num_processes != world_size:
             raise RuntimeError(
                 f"the launcher started {world_size} processes but accelerate sees {state.num_processes} "
