@@ -154,6 +154,12 @@ class BatchSizeConfig(_Section):
     )
     target: TargetConfig | None = Field(None, description="Target metric; without one no run counts as converged.")
     stop_at_target: bool = Field(True, description="Stop training once the target is reached.")
+    stop_agreement_steps: int = Field(
+        20,
+        ge=1,
+        description="Several processes: the ranks agree on early stopping every this many steps (one small "
+        "collective) and at each evaluation end; a single process checks every step, without collectives.",
+    )
     eta_knob: float = Field(0.5, ge=0, le=1, description="Weight of energy in the cost (ZeusCost).")
     beta_knob: float | None = Field(
         2.0, gt=1, description="Stop a run whose cost exceeds beta_knob x the best converged cost; null: never."

@@ -11,7 +11,9 @@ creates networking of its own.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,11 @@ def _process_group_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
+
+
+def launcher_world_size() -> int:
+    """How many processes the launcher started (``WORLD_SIZE``; 1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass
@@ -55,6 +62,56 @@ class RankGroup:
         state = PartialState(cpu=not torch.cuda.is_available())
         return cls(num_processes=state.num_processes, process_index=state.process_index, _state=state)
 
+    @classmethod
+    def from_launcher(
+        cls, *, cpu: bool | None = None, backend: str | None = None, timeout_s: float | None = None
+    ) -> RankGroup:
+        """Join the process group a launcher describes, before any framework has built it.
+
+        Under ``torchrun`` or ``accelerate launch`` (``WORLD_SIZE`` > 1 in the environment)
+        this builds ``accelerate``'s ``PartialState``, which creates the process group from
+        the launcher's variables, as ``TrainingArguments`` would. ``TrainingArguments``
+        later resets that state and builds its own; the process group, once created, is
+        kept (``init_process_group`` runs only when none exists), so its backend must be
+        the one the Trainer would choose: pass the same values as to ``TrainingArguments``.
+        Without a launcher (or with a group already there) nothing is created.
+
+        Args:
+            cpu: ``TrainingArguments(use_cpu=...)``; default: True when CUDA is unavailable
+                (a GPU-less ``PartialState(cpu=False)`` would see a single process) or when
+                ``ACCELERATE_USE_CPU`` is set (``accelerate launch --cpu``), as the Trainer does.
+            backend: ``TrainingArguments(ddp_backend=...)``; default: accelerate's choice
+                (``nccl`` on CUDA, ``gloo`` on the CPU), which is also the Trainer's.
+            timeout_s: ``TrainingArguments(ddp_timeout=...)`` (s); default 1800, the Trainer's.
+
+        Returns:
+            The group (a single process without a launcher).
+
+        Raises:
+            RuntimeError: The group does not have the launcher's ``WORLD_SIZE`` processes.
+        """
+        world_size = launcher_world_size()
+        if world_size <= 1:
+            return cls()
+        if _process_group_size() > 1:
+            return cls.detect()
+        import torch
+        from accelerate import PartialState
+
+        kwargs: dict[str, Any] = {"timeout": timedelta(seconds=1800.0 if timeout_s is None else timeout_s)}
+        if backend is not None:
+            kwargs["backend"] = backend
+        if cpu is None:
+            use_cpu_env = os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "on")
+            cpu = use_cpu_env or not torch.cuda.is_available()
+        state = PartialState(cpu=cpu, **kwargs)
+        if state.num_processes != world_size:
+            raise RuntimeError(
+                f"the launcher started {world_size} processes but accelerate sees {state.num_processes} "
+                "(on a machine without CUDA pass cpu=True, as TrainingArguments(use_cpu=True))"
+            )
+        return cls(num_processes=state.num_processes, process_index=state.process_index, _state=state)
+
     @property
     def is_distributed(self) -> bool:
         """True when more than one process trains together."""
@@ -71,6 +128,17 @@ class RankGroup:
 
         # gather_object flattens one level: wrap so each rank contributes one list.
         return [list(v) for v in gather_object([list(values)])]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` (picklable) on every rank.
+
+        Collective: every rank must call it at the same point.
+        """
+        if not self.is_distributed:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([obj], from_process=src)[0]
 
     def any(self, flag: bool) -> bool:
         """True if ``flag`` is true on any rank (collective)."""

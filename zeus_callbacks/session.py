@@ -41,7 +41,7 @@ from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
-from zeus_callbacks.optimizers.recurring import BatchSizeController
+from zeus_callbacks.optimizers.recurring import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
 from zeus_callbacks.signals import ChainedSigterm
 
@@ -169,6 +169,13 @@ class EnergySession:
             BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
         )
         self._stop_reason: str | None = None
+        self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
+        self._stop_rule: EarlyStopRule | None = None  # several processes: the main's rule, on every rank
+        self._stop_agreement = False  # several processes, bandit on: stop decisions are exchanged
+        self._cost_agreement = False  # ... and the cost is compared every batch_size.stop_agreement_steps
+        self._converged = False  # several processes: the target was reached on the main rank (agreed)
+        self._run_steps = 0  # steps since train_start (the same count on every rank)
+        self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
         self._anchored_s = -math.inf
 
@@ -211,6 +218,8 @@ class EnergySession:
         self.ranks = RankGroup.detect()
         self._collectives_ok = True
         self._peer_degraded = False
+        self._run_steps = 0
+        self._ranks_totals = None
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
             self._writer = JsonlWriter(cfg.logging.log_dir, self.run_name)
@@ -253,17 +262,46 @@ class EnergySession:
         )
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         self._start_power_limiter()
-        if self.batch_size_controller is not None:
-            try:
-                max_power_W = sum(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
-            except BackendError:  # no limit range: the limit in force stands in for the maximum
-                max_power_W = (self.power_limit_W or 1.0) * len(self.gpu_indices)
-            c = self.batch_size_controller
+        if cfg.batch_size.enabled:
+            self._start_batch_size()
+
+    def _start_batch_size(self) -> None:
+        """Start the bandit's side of the run; under several processes, share its stop rule.
+
+        Every rank takes part in the same two collectives (when distributed): the sum of
+        the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
+        rule, or the error that kept it from starting, so that no rank waits alone.
+        """
+        assert self.backend is not None
+        try:
+            max_power_W = sum(self.backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
+        except BackendError:  # no limit range: the limit in force stands in for the maximum
+            max_power_W = (self.power_limit_W or 1.0) * len(self.gpu_indices)
+        self._stop_agreement = self._collective()
+        self._converged = False
+        if self._stop_agreement:
+            max_power_W = sum(row[0] for row in self.ranks.gather([max_power_W]))  # MaxPower of all GPUs
+        c = self.batch_size_controller
+        failure: BaseException | None = None
+        if c is not None:
             try:
                 c.start(max_power_W, self.power_limit_W)
             except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
-                self.exception(exc)
-                raise
+                failure = exc
+        self._stop_rule = c.rule if c is not None and failure is None else None
+        if self._stop_agreement:
+            message = None if failure is None else f"{type(failure).__name__}: {failure}"
+            self._stop_rule, message = self.ranks.broadcast((self._stop_rule, message))
+            if message is not None and failure is None:
+                failure = RuntimeError(f"the main process could not start the batch-size bandit ({message})")
+            bs_cfg = self.config.batch_size
+            self._cost_agreement = self._stop_rule is not None
+            # Nothing can stop the run (no best cost yet, no target to stop at): no exchanges at all.
+            self._stop_agreement = self._cost_agreement or (bs_cfg.target is not None and bs_cfg.stop_at_target)
+        if failure is not None:
+            self.exception(failure)
+            raise failure
+        if c is not None:
             self._write(
                 {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
                  "threshold_cost": c.threshold}
@@ -276,15 +314,20 @@ class EnergySession:
         calls return the same value.
 
         Returns:
-            The batch size, or None when ``batch_size.enabled`` is false (or on a
-            non-main process, which never writes the store).
+            The batch size, or None when ``batch_size.enabled`` is false. A process other
+            than the main one never touches the store: it returns the main process's
+            suggestion that :func:`~zeus_callbacks.optimizers.recurring.suggest_batch_size`
+            received under a launcher (claiming it), or None if there was none.
 
         Raises:
             StoreError: The store cannot be opened (corrupt, newer schema).
         """
-        if self.batch_size_controller is None:
-            return None
-        return self.batch_size_controller.suggest()
+        if self.batch_size_controller is not None:
+            return self.batch_size_controller.suggest()
+        if self.config.batch_size.enabled and self._followed_batch_size is None:
+            followed = claim_pending(self.config.job_id)
+            self._followed_batch_size = None if followed is None else followed.batch_size
+        return self._followed_batch_size
 
     def use_batch_size(self, batch_size: int) -> None:
         """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
@@ -375,9 +418,14 @@ class EnergySession:
             self.meter.begin("dataloader")  # the gap until the next step_start
         self._epoch_steps += 1
         self._totals.steps += 1
+        self._run_steps += 1
         self._steps_since_report += 1
         if self._steps_since_report >= self.config.logging.interval_steps:
             self._report_steps()
+        if self._stop_agreement:
+            if self._cost_agreement and self._run_steps % self.config.batch_size.stop_agreement_steps == 0:
+                self._agree_stop(None)
+            return self._decision()
         return self._decide()
 
     def _decide(self) -> Decision:
@@ -385,9 +433,48 @@ class EnergySession:
         controller = self.batch_size_controller
         if self._stop_reason is None and controller is not None and controller.threshold is not None and self.started:
             self._stop_reason = controller.check(self._run_energy_so_far_J(), self._run_time_so_far_s())
+        return self._decision()
+
+    def _decision(self) -> Decision:
         if self._stop_reason is not None:
             return Decision(stop_training=True, reason=self._stop_reason)
         return Decision()
+
+    def _agree_stop(self, target_reason: str | None) -> None:
+        """Several processes: decide early stopping together (collective, at the same step on every rank).
+
+        Called every ``batch_size.stop_agreement_steps`` steps and at each evaluation end,
+        never elsewhere, so every rank joins the same exchanges. The ranks share their
+        energy and time so far and the main rank's target verdict; each then applies the
+        same :class:`~zeus_callbacks.optimizers.recurring.EarlyStopRule` to the run's
+        energy (summed over GPUs) and time (the slowest rank's), so all decide alike.
+
+        Args:
+            target_reason: The main rank's reason to stop at the target (None elsewhere).
+        """
+        c = self.batch_size_controller
+        converged = c is not None and c.converged
+        rows = self.ranks.gather(
+            [
+                self._run_energy_so_far_J(),
+                self._run_time_so_far_s(),
+                1.0 if target_reason else 0.0,
+                1.0 if converged else 0.0,
+            ]
+        )
+        if any(row[2] for row in rows):
+            self._stop_reason = target_reason or "target reached (decided by the main process)"
+        elif any(row[3] for row in rows):
+            self._converged = True  # a converged run is not stopped on cost (Zeus §4.4)
+            self._cost_agreement = False
+        elif self._cost_agreement and self._stop_rule is not None:
+            energy_J = sum(row[0] for row in rows)
+            time_s = max(row[1] for row in rows)
+            self._stop_reason = self._stop_rule.reason(energy_J, time_s)
+            if c is not None and self._stop_reason is not None:
+                c.stop_reason = self._stop_reason  # recorded as early_stopped by the main rank
+        if self._stop_reason is not None or (self._converged and not self.config.batch_size.stop_at_target):
+            self._stop_agreement = self._cost_agreement = False  # nothing left to agree on
 
     def eval_start(self) -> None:
         """Open the evaluation window."""
@@ -423,8 +510,13 @@ class EnergySession:
         self._last_eval_metrics = numeric
         if self.started:
             self._write({"event": "evaluate", "step": self._totals.steps, "metrics": numeric})
+            target_reason = None
             if self.batch_size_controller is not None and self._stop_reason is None:
-                self._stop_reason = self.batch_size_controller.observe(numeric)
+                target_reason = self.batch_size_controller.observe(numeric)
+            if self._stop_agreement:  # several processes: every rank exchanges here
+                self._agree_stop(target_reason)
+                return self._decision()
+            self._stop_reason = self._stop_reason or target_reason
         return self._decide()
 
     def epoch_end(self, epoch: int) -> dict[str, float]:
@@ -600,11 +692,22 @@ class EnergySession:
         return metrics
 
     def totals(self) -> dict[str, float]:
-        """The run's energy and time so far: ``energy/total_J``, ``time/total_s``."""
+        """The run's energy and time so far: ``energy/total_J``, ``time/total_s``.
+
+        Under several processes, during the run: the energy of all GPUs and the slowest
+        rank's time as of the last step report (the same on every rank); before the first
+        report, this rank's own.
+        """
         if self._finished is not None:
             return {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
         if not self.started:
             return {}
+        if self._ranks_totals is not None:
+            energy_J, time_s = self._ranks_totals
+            return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
+        return self._local_totals()
+
+    def _local_totals(self) -> dict[str, float]:
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
 
     def progress_bar_metrics(self) -> dict[str, float]:
@@ -629,7 +732,8 @@ class EnergySession:
         """Totals to carry across a checkpoint resume."""
         measured = self.started or self._finished is not None
         t = self._totals if measured else self._carried
-        totals = self.totals() if measured else {}
+        # This rank's own totals while running (a resume adds the ranks' figures again).
+        totals = self._local_totals() if self.started else self.totals() if measured else {}
         energy_J = totals.get(metric.TOTAL_ENERGY_J, t.energy_J)
         time_s = totals.get(metric.TOTAL_TIME_S, t.time_s)
         return {
@@ -846,9 +950,14 @@ class EnergySession:
             float(sum(tokens)) if steps and all(tokens) else math.nan,  # type: ignore[arg-type]
             float(sum(r.num_power_samples for r in steps)),
         ]
+        if self._collective():  # the running totals travel with the report: every rank shows the run's
+            local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
         # One rank's row per GPU group; combine per step: energy and power sum over
         # ranks, time is the slowest rank's.
         gathered = self._gather(local)
+        if self._collective():
+            self._ranks_totals = (sum(row[6] for row in gathered), max(row[7] for row in gathered))
+            gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return

@@ -1,12 +1,16 @@
 """A 2-process Hugging Face Trainer run under torchrun on the CPU (gloo).
 
 Run by tests/distributed/test_ddp.py as
-``python -m torch.distributed.run --nproc_per_node 2 hf_ddp_job.py OUT``. Each rank measures
-its own virtual GPU (rank 1's draws 60 W more) and writes ``OUT/rank<r>.json``.
+``python -m torch.distributed.run --nproc_per_node 2 hf_ddp_job.py OUT [--store S --target-loss L]``.
+Each rank measures its own virtual GPU (rank 1's draws 60 W more) and writes ``OUT/rank<r>.json``.
+With ``--store`` the batch-size bandit runs: every rank asks ``suggest_batch_size`` before
+building ``TrainingArguments`` (the main process alone reads the store), and training evaluates
+every 4 steps against the target ``eval_loss <= L``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -14,9 +18,9 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks import ZeusTrainerCallback, suggest_batch_size
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 
 OFFSETS_W = [0.0, 60.0]
@@ -33,35 +37,75 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class LogProbe(TrainerCallback):
+    """The running totals each periodic log carries (it runs after the energy callback)."""
+
+    def __init__(self) -> None:
+        self.totals: list[tuple[int, float, float]] = []  # (global step, J, s)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "energy/total_J" in logs and "train_loss" not in logs:
+            self.totals.append((state.global_step, logs["energy/total_J"], logs["time/total_s"]))
+
+
 def main() -> None:
-    out = Path(sys.argv[1])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
+    parser.add_argument("--target-loss", type=float, default=0.0, help="the bandit's target: eval_loss <= this")
+    parser.add_argument("--run-name", default="hf-ddp")
+    cli = parser.parse_args()
+    out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
     backend = VirtualGPUBackend(num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank)
-    zeus = ZeusTrainerCallback(
-        {"logging": {"interval_steps": 3, "log_dir": str(out / "zeus"), "run_name": "hf-ddp"}}, backend=backend
-    )
+    config = {"logging": {"interval_steps": 3, "log_dir": str(out / "zeus"), "run_name": cli.run_name}}
+    batch_size, extra = 4, {}
+    if cli.store:
+        config["job_id"] = "hf-ddp-job"
+        config["store"] = {"path": str(cli.store)}
+        config["batch_size"] = {
+            "enabled": True, "batch_sizes": [2, 4, 8], "default_batch_size": 4, "stop_agreement_steps": 2,
+            "target": {"metric": "eval_loss", "value": cli.target_loss, "direction": "min"},
+        }  # fmt: skip
+        # Before TrainingArguments, with the same device and backend: the group made here is the Trainer's.
+        batch_size = suggest_batch_size(config, cpu=True, ddp_backend="gloo")
+        extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+    zeus = ZeusTrainerCallback(config, backend=backend)
     args = TrainingArguments(
         output_dir=str(out / "hf"),
-        max_steps=12,
-        per_device_train_batch_size=4,
+        max_steps=60 if cli.store else 12,
+        per_device_train_batch_size=batch_size,
         logging_steps=4,
         report_to="none",
         save_strategy="no",
         use_cpu=True,
         ddp_backend="gloo",
         disable_tqdm=True,
+        **extra,
     )
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2))
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(256), callbacks=[zeus])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(256),
+        eval_dataset=Tokens(16) if cli.store else None,
+        callbacks=[zeus, probe := LogProbe()],
+    )
     trainer.train()
     (out / f"rank{args.process_index}.json").write_text(
         json.dumps(
             {
                 "global_rank": args.process_index,
                 "trainer_world_size": args.world_size,
+                "process_group_backend": str(torch.distributed.get_backend()),
                 "pid": os.getpid(),
                 "gpu_indices": zeus.session.gpu_indices,
                 "summary": zeus.summary.as_dict(),
+                "suggested_batch_size": batch_size if cli.store else None,
+                "claimed_batch_size": zeus.session.suggest_batch_size(),
+                "batch_size_used": args.per_device_train_batch_size,
+                "stopped_at_step": trainer.state.global_step,
+                "logged_totals": probe.totals,
             }
         )
     )

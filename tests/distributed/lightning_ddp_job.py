@@ -1,6 +1,6 @@
 """A 2-process Lightning DDP run on the CPU (gloo), each rank measuring its own virtual GPU.
 
-Run by tests/distributed/test_ddp.py as ``python lightning_ddp_job.py OUT [--faulty-rank R]``;
+Run by tests/distributed/test_ddp.py as ``python lightning_ddp_job.py OUT [--faulty-rank R] [--store S]``;
 Lightning's launcher starts the second process by re-running this script. Each rank writes
 ``OUT/rank<r>.json`` with what it saw.
 """
@@ -72,6 +72,7 @@ class Probe(L.Callback):
                     "limits": self.limits,
                     "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
                     "batch_size_used": pl_module.batch_size,
+                    "stopped_at_step": trainer.global_step,
                 }
             )
         )
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--faulty-rank", type=int)
     parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
     parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
+    parser.add_argument("--max-epochs", type=int)
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = VirtualGPUBackend(
@@ -98,14 +100,16 @@ def main() -> None:
         }
     if args.store:
         config["job_id"] = "ddp-job"
-        config["batch_size"] = {"enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16}
+        config["batch_size"] = {
+            "enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16, "stop_agreement_steps": 3,
+        }  # fmt: skip
         config["store"] = {"path": str(args.store)}
     zeus = ZeusCallback(config, backend=backend)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        max_epochs=4 if args.power_limit else 2,
+        max_epochs=args.max_epochs or (4 if args.power_limit else 2),
         callbacks=[zeus, Probe(args.out, zeus)],
         logger=TensorBoardLogger(str(args.out / "tb"), name="ddp"),
         enable_progress_bar=False,

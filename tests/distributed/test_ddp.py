@@ -95,6 +95,11 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
     assert [r["event"] for r in records].count("run_end") == 1
     assert all(r["ranks"] == 2 for r in records if r["event"] == "steps")
+    # The running totals of HF's periodic logs are the run's (all GPUs), identical on both ranks.
+    logged = [r["logged_totals"] for r in ranks]
+    assert len(logged[0]) == 12 // 4 and logged[0] == logged[1]
+    energies = [energy_J for _, energy_J, _ in logged[0]]
+    assert energies == sorted(energies) and energies[-1] < summaries[0]["energy_J"]
 
 
 def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
@@ -128,3 +133,68 @@ def test_batch_size_is_chosen_once_and_the_store_written_once(tmp_path):
             trials = opened.list_trials("ddp-job")
         assert len(trials) == recurrence + 1  # one trial per recurrence, not one per rank
         assert trials[-1].batch_size == used.pop() and trials[-1].status != "running"
+
+
+def test_lightning_early_stop_is_agreed_at_the_same_step(tmp_path):
+    from zeus_callbacks.config import parse_config
+    from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
+    from zeus_callbacks.store import open_store
+
+    out = tmp_path / "run"
+    out.mkdir()
+    store_path = tmp_path / "zeus.sqlite"
+    # Plant a cheap converged first recurrence at the default size (the job's own bandit settings):
+    # the next one, pruning down to 8, stops once its cost passes 1.5 x this cost (prune_cost_ratio).
+    cfg = parse_config({"batch_size": {"enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16}})
+    with open_store(store_path) as store:
+        bandit = BatchSizeBandit(store, "ddp-job", BanditSettings.from_config(cfg.batch_size))
+        first = bandit.suggest()
+        bandit.report(first.trial_id, energy_J=100.0, time_s=0.2, cost=150.0, converged=True)
+    max_epochs = 20
+    ranks = run_job(out, "--store", str(store_path), "--max-epochs", str(max_epochs))
+    assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
+    assert {r["batch_size_used"] for r in ranks} == {8}
+    steps = {r["stopped_at_step"] for r in ranks}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    (stopped_at,) = steps
+    assert 0 < stopped_at < max_epochs * 256 // 8  # stopped early, not at the end of training
+    assert stopped_at % 3 == 0  # at an agreement step (batch_size.stop_agreement_steps = 3)
+    with open_store(store_path) as store:
+        trials = store.list_trials("ddp-job")
+    assert [t.status for t in trials] == ["completed", "early_stopped"]  # recorded once, by the main rank
+    assert "exceeds beta_knob x best cost = 225" in trials[1].info["stop_reason"]
+
+
+def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tmp_path):
+    from zeus_callbacks.store import open_store
+
+    out = tmp_path / "run"
+    out.mkdir()
+    store_path = tmp_path / "zeus.sqlite"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    runs = []
+    # Recurrence 1 reaches its target at the first evaluation (step 4); recurrence 2 never can,
+    # and its cost passes 1.5 x the first one's (prune_cost_ratio while pruning).
+    for recurrence, target_loss in enumerate(("1e9", "0")):
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        command = [*launcher, str(HF_JOB), str(out), "--store", str(store_path), "--target-loss", target_loss,
+                   "--run-name", f"r{recurrence}"]  # fmt: skip
+        ranks = run_job(out, command=command)
+        assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
+        # The group suggest_batch_size() made before TrainingArguments is the Trainer's (gloo, as asked).
+        assert {r["process_group_backend"] for r in ranks} == {"gloo"}
+        used = {(r["suggested_batch_size"], r["claimed_batch_size"], r["batch_size_used"]) for r in ranks}
+        assert len(used) == 1 and len(set(used.pop())) == 1, f"ranks disagree on the batch size: {ranks}"
+        steps = {r["stopped_at_step"] for r in ranks}
+        assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+        with open_store(store_path) as store:
+            trials = store.list_trials("hf-ddp-job")
+        assert len(trials) == recurrence + 1  # one trial per recurrence, written by the main process
+        assert trials[-1].batch_size == ranks[0]["batch_size_used"]
+        runs.append((steps.pop(), trials[-1]))
+    (step1, trial1), (step2, trial2) = runs
+    assert step1 == 4 and (trial1.status, trial1.converged) == ("completed", True)  # stopped at the target
+    assert trial2.status == "early_stopped" and "exceeds beta_knob x best cost" in trial2.info["stop_reason"]
+    assert trial2.batch_size != trial1.batch_size  # pruning moved on to another size
+    assert 0 < step2 < 60 and step2 % 2 == 0  # early, at an agreement step (stop_agreement_steps = 2)

@@ -155,16 +155,9 @@ class ZeusTrainerCallback(TrainerCallback):
         )
         self.summary = None
         self._tokens_seen = state.num_input_tokens_seen or 0
-        if self.config.batch_size.enabled and args.world_size > 1:
-            # Rank 0 alone runs the bandit and nothing here shares its choice or its stop
-            # decision with the other ranks yet: a stop on one rank would hang the others.
-            logger.warning(
-                "zeus-callbacks: batch-size optimisation is not supported with the Hugging Face Trainer on %d "
-                "processes yet; it is off for this run (energy is still measured)",
-                args.world_size,
-            )
-            self.session.batch_size_controller = None
-        suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled
+        # None unless batch_size.enabled. The main process claims its trial; under a launcher the
+        # other processes claim the suggestion suggest_batch_size() received from it.
+        suggested = self.session.suggest_batch_size()
         if suggested is not None and args.per_device_train_batch_size != suggested:
             logger.warning(
                 "zeus-callbacks: the Trainer's per_device_train_batch_size is %d, not the suggested %d; call "

@@ -188,9 +188,10 @@ class ZeusCallback(Callback):
             self.session.phase_end("optimizer")
         else:  # a micro-batch of gradient accumulation: no optimizer step
             self.session.phase_discard("optimizer")
+        # Under DDP the session has agreed the decision across ranks (same step everywhere).
         decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
         self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
-        if self._agree_to_stop(trainer, decision.stop_training):
+        if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
 
@@ -222,7 +223,7 @@ class ZeusCallback(Callback):
             return
         self.session.eval_end()
         decision = self.session.evaluate(trainer.callback_metrics)
-        if self._agree_to_stop(trainer, decision.stop_training):
+        if decision.stop_training:
             trainer.should_stop = True
 
     @override
@@ -246,12 +247,6 @@ class ZeusCallback(Callback):
             self._finish(trainer, status="completed")
 
     # -- helpers -----------------------------------------------------------------------
-    def _agree_to_stop(self, trainer: pl.Trainer, stop: bool) -> bool:
-        """Stop if any rank says so (only the main rank runs the bandit); no collective when it is off."""
-        if self.config.batch_size.enabled and trainer.world_size > 1:
-            return bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
-        return stop
-
     def _log(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool
     ) -> None:

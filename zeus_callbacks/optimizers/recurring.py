@@ -13,7 +13,10 @@ Hugging Face users ask before they build ``TrainingArguments``::
     >>> args = TrainingArguments("out", per_device_train_batch_size=bs)  # doctest: +SKIP
 
 and the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` of the same
-process picks that suggestion (its trial) up when training begins.
+process picks that suggestion (its trial) up when training begins. Under a launcher
+(``torchrun``, ``accelerate launch``) every process calls it: the main process alone reads
+the store and makes the suggestion, and the others receive it through the launcher's
+process group.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
+from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord, open_store
@@ -48,21 +53,40 @@ def open_job_store(config: ZeusConfig) -> Store:
     return open_store(config.store.resolved_path(config.logging.log_dir), config.store.backend)
 
 
-def suggest_batch_size(config: ZeusConfig | Mapping[str, Any] | str | Path | None) -> int:
+def suggest_batch_size(
+    config: ZeusConfig | Mapping[str, Any] | str | Path | None,
+    *,
+    cpu: bool | None = None,
+    ddp_backend: str | None = None,
+    ddp_timeout_s: float | None = None,
+) -> int:
     """Batch size for this recurrence of ``config.job_id`` (call before building data loaders).
 
     Records the recurrence's trial in the store; the energy callback of the same process
     claims it when training starts and reports the outcome into it.
 
+    Under a launcher (``WORLD_SIZE`` > 1: ``torchrun``, ``accelerate launch``) call it on
+    **every** process, before ``TrainingArguments``: it joins the launcher's process group
+    through ``accelerate``'s ``PartialState`` (see
+    :meth:`~zeus_callbacks.distributed.RankGroup.from_launcher`), the main process alone
+    opens the store and suggests, and every process returns that same batch size. The
+    keyword arguments are the ones given to ``TrainingArguments``, so that the process
+    group created here is the one the Trainer would create.
+
     Args:
         config: A ZeusConfig, a mapping of settings, or the path of a YAML file.
+        cpu: As ``TrainingArguments(use_cpu=...)``; default: True without CUDA.
+        ddp_backend: As ``TrainingArguments(ddp_backend=...)``; default: accelerate's choice.
+        ddp_timeout_s: As ``TrainingArguments(ddp_timeout=...)`` (s); default 1800.
 
     Returns:
         The batch size; ``batch_size.default_batch_size`` when the bandit is disabled.
 
     Raises:
         ConfigError: Invalid configuration.
-        StoreError: The store cannot be opened.
+        StoreError: The store cannot be opened (on the main process).
+        RuntimeError: Under a launcher, on the other processes, when the main process
+            failed to suggest (so that no process waits for a suggestion that never comes).
     """
     cfg = load_config(config) if isinstance(config, (str, Path)) else parse_config(config)
     bs_cfg = cfg.batch_size
@@ -74,19 +98,67 @@ def suggest_batch_size(config: ZeusConfig | Mapping[str, Any] | str | Path | Non
         pending = _PENDING.get(cfg.job_id)
         if pending is not None:
             return pending.batch_size
-        store = open_job_store(cfg)
-        try:
-            suggestion = BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(bs_cfg)).suggest()
-        finally:
-            store.close()
+        ranks = RankGroup.from_launcher(cpu=cpu, backend=ddp_backend, timeout_s=ddp_timeout_s)
+        suggestion: Suggestion | None = None
+        failure: BaseException | None = None
+        if ranks.process_index == 0:
+            try:
+                suggestion = _suggest_from_store(cfg)
+            except Exception as exc:
+                if not ranks.is_distributed:
+                    raise
+                failure = exc  # raised after the broadcast, which the other ranks are waiting in
+        if ranks.is_distributed:
+            message = None if failure is None else f"{type(failure).__name__}: {failure}"
+            suggestion, message = ranks.broadcast((suggestion, message))
+            if failure is not None:
+                raise failure
+            if message is not None:
+                raise RuntimeError(f"the main process could not suggest a batch size ({message})")
+        assert suggestion is not None
         _PENDING[cfg.job_id] = suggestion
         return suggestion.batch_size
+
+
+def _suggest_from_store(cfg: ZeusConfig) -> Suggestion:
+    store = open_job_store(cfg)
+    try:
+        return BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(cfg.batch_size)).suggest()
+    finally:
+        store.close()
 
 
 def claim_pending(job_id: str) -> Suggestion | None:
     """Take the suggestion :func:`suggest_batch_size` made for ``job_id`` in this process, if any."""
     with _PENDING_LOCK:
         return _PENDING.pop(job_id, None)
+
+
+@dataclass(frozen=True)
+class EarlyStopRule:
+    """Early stopping of a costly recurrence (Zeus, NSDI '23, §4.4).
+
+    A run stops once its cost so far exceeds ``threshold_cost`` (``beta_knob`` × the best
+    converged cost, or the pruning factor while pruning). Small and picklable: under
+    several processes the main process sends it to the others at train start, and every
+    rank applies it to the same aggregated energy and time.
+
+    Attributes:
+        cost: The run's cost function (``MaxPower`` of all GPUs).
+        threshold_cost: The cost past which the run stops (J-equivalent).
+    """
+
+    cost: ZeusCost
+    threshold_cost: float
+
+    def reason(self, energy_J: float, time_s: float) -> str | None:
+        """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds."""
+        cost = self.cost(energy_J, time_s)
+        if cost > self.threshold_cost:
+            return (
+                f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
+            )
+        return None
 
 
 class BatchSizeController:
@@ -171,13 +243,15 @@ class BatchSizeController:
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
             return None
         self._last_check_s = time_s
-        cost = self.cost(energy_J, time_s)
-        if cost > self.threshold:
-            self.stop_reason = (
-                f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold:.4g} (early stop, Zeus §4.4)"
-            )
-            return self.stop_reason
-        return None
+        self.stop_reason = EarlyStopRule(self.cost, self.threshold).reason(energy_J, time_s)
+        return self.stop_reason
+
+    @property
+    def rule(self) -> EarlyStopRule | None:
+        """The early-stop rule once started; None when nothing can stop the run on cost (no best cost yet)."""
+        if self.threshold is None or self.cost is None:
+            return None
+        return EarlyStopRule(self.cost, self.threshold)
 
     def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
