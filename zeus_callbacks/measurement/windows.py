@@ -121,7 +121,7 @@ class CudaEventTimer:
         cuda.synchronize()
         if self._unread:
             self.read(wait=True)  # their times are relative to the old anchor
-        event = self._anchor_event or self._new_event()
+        event = self._new_event()  # a fresh one: anchors are rare (each epoch, every 30 s)
         self._stream = cuda.current_stream()
         event.record(self._stream)
         event.synchronize()
