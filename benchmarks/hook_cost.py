@@ -201,7 +201,8 @@ def _lightning_ms(steps: int, rounds: int, log_dir: str) -> dict[str, list[float
                                                        "progress_bar": False}}))  # fmt: skip
         clock = Clock(50)
         trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=[*callbacks, clock])  # fmt: skip
+                            enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[*callbacks, clock])  # fmt: skip
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
         return 1e3 * (clock.t1 - clock.t0) / clock.n
 
@@ -241,7 +242,7 @@ def _summary(values: list[float]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pkg", action="append", help="checkout whose zeus_callbacks to measure (repeat; default: this one)")
+    ap.add_argument("--pkg", action="append", help="checkout whose zeus_callbacks to measure (repeat; default here)")
     ap.add_argument("--out", default="results")
     ap.add_argument("--rounds", type=int, default=3, help="processes per package, alternating")
     ap.add_argument("--steps", type=int, default=5000, help="steps per session round")

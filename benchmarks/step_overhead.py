@@ -29,8 +29,8 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
 import numpy as np
+import torch
 from fg_common import open_device, power_limit_W, write_json
 
 from zeus_callbacks.reporting import read_jsonl
