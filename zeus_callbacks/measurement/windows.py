@@ -7,6 +7,7 @@ the :class:`~zeus_callbacks.measurement.sampler.PowerSampler` collected.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import Any, NamedTuple, Protocol
 
@@ -49,6 +50,8 @@ class BoundaryTimer(Protocol):
 
 class ClockTimer:
     """Boundaries at the CPU time of the call, on the backend's clock; a token is that time (s)."""
+
+    tokens_are_times = True  # WindowMeter skips time_of for these tokens
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -254,6 +257,8 @@ class WindowMeter:
         self._closed: list[tuple[Any, ...]] = []
         # closed and timed, oldest end first: (name, start_s, end_s, start info, end info)
         self._timed: list[tuple[Any, ...]] = []
+        self._timed_ends: list[float] = []  # their end times (s), for a binary search of the ready ones
+        self._tokens_are_times = getattr(timer, "tokens_are_times", False)
         self._warned_reopen: set[str] = set()
 
     def begin(self, name: str, **info: Any) -> None:
@@ -296,10 +301,15 @@ class WindowMeter:
 
     def _read_times(self, *, wait: bool) -> None:
         """Turn closed windows' tokens into times (one batch read); let the timer forget the rest."""
+        closed = self._closed
+        if self._tokens_are_times:  # a token is its time: nothing to read or forget
+            self._timed += [(c[0], c[1], c[3], c[4], c[5]) for c in closed]
+            self._timed_ends += [c[3] for c in closed]
+            closed.clear()
+            return
         timer = self.timer
         timer.read(wait=wait)
         time_of = timer.time_of
-        closed = self._closed
         done = 0
         for name, start, start_s, end, start_info, end_info in closed:
             end_s = time_of(end)
@@ -310,6 +320,7 @@ class WindowMeter:
                 if start_s is None:
                     break
             self._timed.append((name, start_s, end_s, start_info, end_info))
+            self._timed_ends.append(end_s)
             done += 1
         if done:
             del closed[:done]
@@ -341,20 +352,20 @@ class WindowMeter:
         timed = self._timed
         if not timed:
             return []
-        ends = np.fromiter((t[2] for t in timed), dtype=np.float64, count=len(timed))
+        timed_ends = self._timed_ends
         if final:
             n = len(timed)
         else:
-            covered_end = self._covered_end_s()
-            now_s = self.sampler.backend.clock.now_s()
-            ready = (ends <= covered_end) | (ends <= now_s - self.stale_after_s)
-            # Windows wait in the order they ended: attribute the ready ones at the front.
-            n = len(timed) if ready.all() else int(np.argmin(ready))
+            # Windows wait in the order they ended: the ready ones (covered by samples, or
+            # stale) are a prefix, found by binary search.
+            ready_until = max(self._covered_end_s(), self.sampler.backend.clock.now_s() - self.stale_after_s)
+            n = bisect.bisect_right(timed_ends, ready_until)
             if n == 0:
                 return []
         batch = timed[:n]
+        ends = np.array(timed_ends[:n], dtype=np.float64)
         del timed[:n]
-        ends = ends[:n]
+        del timed_ends[:n]
         starts = np.fromiter((t[1] for t in batch), dtype=np.float64, count=n)
         since_s = float(starts.min()) - abs(self.sampler.sensor_delay_s)
         per_gpu = []
