@@ -90,6 +90,41 @@ def gemm_chain(dev: Device, target_ms: float) -> tuple[Callable[[], None], float
     return chain, ms, f"bf16 GEMM {n}x{n} x{k}"
 
 
+HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e peak; a copy reads and writes each byte once
+
+
+def copy_chain(dev: Device, target_ms: float) -> tuple[Callable[[], None], float, str]:
+    """Device-to-device copies (``dst.copy_(src)``) lasting about ``target_ms``; returns fn, ms, label.
+
+    One copy of ``target_ms × 4.8 TB/s / 2`` bytes up to ~10 ms (2.4 GB at 1 ms); longer
+    targets repeat a 9.6 GB copy. Smoke mode copies 1 MB on the CPU and sleeps the rest.
+    """
+    if dev.smoke:
+        src, dst = torch.randn(1 << 18), torch.empty(1 << 18)
+        seconds = target_ms / 1e3
+
+        def fake() -> None:
+            dst.copy_(src)
+            time.sleep(seconds)
+
+        return dev.busy(fake), time_ms(dev, fake, reps=5), f"copy 1 MB + sleep {target_ms:g} ms (virtual GPU busy)"
+    nbytes = int(min(target_ms, 4.0) * 1e-3 * HBM_BYTES_PER_S / 2)
+    numel = nbytes // 2  # bf16
+    src = torch.randn(numel, device=dev.torch_device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    one_ms = time_ms(dev, lambda: dst.copy_(src), reps=10)
+    k = max(1, round(target_ms / one_ms))
+
+    def chain() -> None:
+        for _ in range(k):
+            dst.copy_(src)
+
+    ms = time_ms(dev, chain, reps=max(3, int(200 / max(target_ms, 1))))
+    return chain, ms, f"copy {nbytes / 1e9:.2f} GB x{k}"
+
+
 def time_ms(dev: Device, fn: Callable[[], Any], reps: int) -> float:
     dev.sync()
     if dev.torch_device == "cuda":

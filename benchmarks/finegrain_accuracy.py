@@ -1,6 +1,7 @@
 """Accuracy of fine-grain energy per execution against energy-counter references (issue 5).
 
-For bf16 GEMM chains of about 1, 10 and 100 ms:
+For bf16 GEMM chains and device-to-device copies (``dst.copy_(src)``, memory-bound) of
+about 1, 10 and 100 ms:
 
 * steady reference: a long back-to-back run; mean power from the energy counter between
   two counter ticks (``--ref-s`` seconds, ``--trials`` trials, spread reported) × the
@@ -14,6 +15,10 @@ For bf16 GEMM chains of about 1, 10 and 100 ms:
 
     ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/finegrain_accuracy.py --out results/
     python benchmarks/finegrain_accuracy.py --smoke      # CPU + virtual GPU, ~1 min
+    ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/finegrain_accuracy.py --only copy --lengths-ms 1,10
+
+``--only`` takes workloads (``gemm``, ``copy``) and modes (``naive``, ``steady``,
+``isolated``, ``bursts``), comma-separated: a category left out runs whole.
 
 Prints one line per measurement and writes ``finegrain_accuracy.json`` (and profile
 plots) under ``--out``.
@@ -29,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from fg_common import counter_edge, gemm_chain, open_device, power_limit_W, write_json
+from fg_common import copy_chain, counter_edge, gemm_chain, open_device, power_limit_W, write_json
 
 from zeus_callbacks.measurement.profiler import profile
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -147,10 +152,13 @@ def main() -> None:
     ap.add_argument("--isolated-s", type=float, default=40.0)
     ap.add_argument("--bursts", type=int, default=20, help="bursts for profile differentiation (10 ms only; 0: off)")
     ap.add_argument("--isolated-max-ms", type=float, default=10.0, help="isolated mode only up to this length")
+    ap.add_argument("--only", default="", help="comma-separated workloads (gemm, copy) and/or modes "
+                    "(naive, steady, isolated, bursts) to run; default everything")  # fmt: skip
     args = ap.parse_args()
     if args.smoke:
         args.ref_s, args.trials, args.naive, args.isolated_s, args.bursts = 1.0, 2, 5, 4.0, 6
         args.lengths_ms = "1,10"
+    workloads, modes = _selection(args.only)
     out = Path(args.out)
     dev = open_device(args.smoke)
     limit_before = power_limit_W()
@@ -186,9 +194,9 @@ def main() -> None:
         "lengths": [],
     }
     try:
-        for target in [float(x) for x in args.lengths_ms.split(",")]:
-            fn, ms, label = gemm_chain(dev, target)
-            row = {"target_ms": target, "kernel": label, "exec_ms": ms}
+        for workload, target in [(w, float(x)) for w in workloads for x in args.lengths_ms.split(",")]:
+            fn, ms, label = (gemm_chain if workload == "gemm" else copy_chain)(dev, target)
+            row = {"workload": workload, "target_ms": target, "kernel": label, "exec_ms": ms}
             refs = [steady_reference(dev, fn, args.ref_s, sampler) for _ in range(args.trials)]
             period_s = measure_period_s(dev, fn)
             ref_J = [r["power_W"] * period_s for r in refs]
@@ -200,30 +208,32 @@ def main() -> None:
                 "sensor_gap_pct": 100 * (statistics.median(ref_samples_J) / statistics.median(ref_J) - 1),
             }  # fmt: skip
             ref = row["steady_ref"]["energy_J"]
-            nv = naive(dev, fn, args.naive)
-            row["naive"] = {
-                "median_J": statistics.median(nv), "zeros": sum(1 for e in nv if e == 0), "trials": len(nv),
-                "err_pct_median": 100 * (statistics.median(nv) / ref - 1),
-                "err_pct_min": 100 * (min(nv) / ref - 1), "err_pct_max": 100 * (max(nv) / ref - 1),
-            }  # fmt: skip
-            st = profile(fn, mode="steady", backend=dev.backend, min_time_s=args.steady_s, max_time_s=args.steady_s,
-                         target_ci=0.001, idle_s=0.5, warmup_s=0.3, name=f"{label} steady",
-                         sensor_delay_s=delay,
-                         plot_path=out / f"profile_steady_{int(target)}ms.png")  # fmt: skip
-            row["steady"] = _ours(st, ref, row["steady_ref"]["samples_energy_J"])
-            # Energy per execution scales with its duration: compare mean power too, which
-            # does not depend on the execution period measured separately for the reference.
-            ref_W = statistics.median(r["power_W"] for r in refs)
-            row["steady"]["mean_power_W"] = st.energy_J / st.duration_s
-            row["steady"]["power_err_pct"] = 100 * (st.energy_J / st.duration_s / ref_W - 1)
-            row["steady"]["duration_vs_ref_period_pct"] = 100 * (st.duration_s / period_s - 1)
-            if target <= args.isolated_max_ms:
+            if "naive" in modes:
+                nv = naive(dev, fn, args.naive)
+                row["naive"] = {
+                    "median_J": statistics.median(nv), "zeros": sum(1 for e in nv if e == 0), "trials": len(nv),
+                    "err_pct_median": 100 * (statistics.median(nv) / ref - 1),
+                    "err_pct_min": 100 * (min(nv) / ref - 1), "err_pct_max": 100 * (max(nv) / ref - 1),
+                }  # fmt: skip
+            if "steady" in modes:
+                st = profile(fn, mode="steady", backend=dev.backend, min_time_s=args.steady_s,
+                             max_time_s=args.steady_s, target_ci=0.001, idle_s=0.5, warmup_s=0.3,
+                             name=f"{label} steady", sensor_delay_s=delay,
+                             plot_path=out / f"profile_steady_{workload}_{int(target)}ms.png")  # fmt: skip
+                row["steady"] = _ours(st, ref, row["steady_ref"]["samples_energy_J"])
+                # Energy per execution scales with its duration: compare mean power too, which
+                # does not depend on the execution period measured separately for the reference.
+                ref_W = statistics.median(r["power_W"] for r in refs)
+                row["steady"]["mean_power_W"] = st.energy_J / st.duration_s
+                row["steady"]["power_err_pct"] = 100 * (st.energy_J / st.duration_s / ref_W - 1)
+                row["steady"]["duration_vs_ref_period_pct"] = 100 * (st.duration_s / period_s - 1)
+            if "isolated" in modes and target <= args.isolated_max_ms:
                 p_idle0 = idle_power_W(dev, 1.5)
                 t0, e0 = counter_edge(dev)
                 iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
                               max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
                               sensor_delay_s=delay,
-                              plot_path=out / f"profile_isolated_{int(target)}ms.png")  # fmt: skip
+                              plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
                 t1, e1 = counter_edge(dev)
                 p_idle1 = idle_power_W(dev, 1.5)
                 p_idle = (p_idle0 + p_idle1) / 2
@@ -232,11 +242,16 @@ def main() -> None:
                 row["isolated_ref"] = {"energy_J": iso_ref, "idle_W_before": p_idle0, "idle_W_after": p_idle1,
                                        "executions": n_all}  # fmt: skip
                 row["isolated"] = _ours(iso, iso_ref, None)
-            if args.bursts and 5 <= target <= 20:
+            if "bursts" in modes and args.bursts and 5 <= target <= 20:
                 row["differentiation"] = bursts(dev, fn, sampler, delay, args.bursts, 30, 0.3)
                 print("  differentiation:", row["differentiation"]["rel_power_diff_vs_steady"], flush=True)
             results["lengths"].append(row)
             _print(row)
+            del fn  # a copy's buffers are GBs: free them before the next workload
+            if dev.torch_device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
     finally:
         sampler.stop()
         results["power_limit_after"] = power_limit_W()
@@ -244,6 +259,21 @@ def main() -> None:
         dev.backend.close()
     if results["power_limit_after"] != limit_before:
         raise SystemExit(f"power limit changed: {limit_before} -> {results['power_limit_after']}")
+
+
+WORKLOADS = ("gemm", "copy")
+MODES = ("naive", "steady", "isolated", "bursts")
+
+
+def _selection(only: str) -> tuple[list[str], list[str]]:
+    """Workloads and modes ``--only`` selects (a category it does not name runs whole)."""
+    items = [x.strip() for x in only.split(",") if x.strip()]
+    unknown = [x for x in items if x not in WORKLOADS + MODES]
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; choose from {', '.join(WORKLOADS + MODES)}")
+    workloads = [w for w in WORKLOADS if w in items] or list(WORKLOADS)
+    modes = [m for m in MODES if m in items] or list(MODES)
+    return workloads, modes
 
 
 def _ours(res, ref_J: float, samples_ref_J: float | None) -> dict:
@@ -263,9 +293,10 @@ def _print(row: dict) -> None:
     r = row["steady_ref"]
     print(f"{row['kernel']} ({row['exec_ms']:.2f} ms): ref {r['energy_J']:.4g} J (spread {r['spread_pct']:.1f}%, "
           f"samples {r['sensor_gap_pct']:+.1f}%)", flush=True)  # fmt: skip
-    n = row["naive"]
-    print(f"  naive: median err {n['err_pct_median']:+.0f}% [{n['err_pct_min']:+.0f}, {n['err_pct_max']:+.0f}], "
-          f"zeros {n['zeros']}/{n['trials']}", flush=True)  # fmt: skip
+    if "naive" in row:
+        n = row["naive"]
+        print(f"  naive: median err {n['err_pct_median']:+.0f}% [{n['err_pct_min']:+.0f}, {n['err_pct_max']:+.0f}], "
+              f"zeros {n['zeros']}/{n['trials']}", flush=True)  # fmt: skip
     for mode in ("steady", "isolated"):
         if mode in row:
             o = row[mode]

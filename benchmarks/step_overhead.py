@@ -1,16 +1,19 @@
 """Per-step and per-phase window overhead on real training steps, and in-training accuracy (issue 5).
 
 Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes, interleaved over
-rounds (so machine drift hits all alike): ``base`` (no measurement); ``ours_step``
+many short rounds in a fresh random order each round (so machine drift and order effects
+hit all alike): ``base`` (no measurement); ``ours_step``
 (:class:`~zeus_callbacks.session.EnergySession` step windows); ``ours_phases`` (step +
 forward/backward/optimizer/dataloader phase windows); ``zeus`` (Zeus 0.16
 ``ZeusMonitor.begin_window/end_window`` per step when the ``zeus`` package imports, else
 ``zeus_style``: what it does, a device sync and an energy-counter read at each boundary).
-The median step time of each mode over the rounds, and its ratio to ``base``.
+Per round, each mode's step time over ``base``'s in the same round; reported: the median
+of these per-round ratios, their IQR, and a 95 % bootstrap CI of the median (resampling
+rounds), beside the median step time of each mode.
 
-In-training accuracy (``ours_phases`` on GPT-2; each round is one epoch of the session):
-per-step energy × steps against the energy counter over each epoch, and the phase
-windows' sum against the step windows.
+In-training accuracy (``ours_phases``, after the overhead rounds, ``--accuracy-epochs``
+epochs of ``--accuracy-steps`` steps): per-step energy × steps against the energy counter
+over each epoch, and the phase windows' sum against the step windows.
 
     ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/step_overhead.py --out results/
     python benchmarks/step_overhead.py --smoke
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import statistics
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from fg_common import open_device, power_limit_W, write_json
 
@@ -92,53 +97,62 @@ class ZeusWindows:
             self.dev.backend.energy_counter_J(0)
 
 
-def run_mode(mode, forward, opt, n, dev, session, zeus) -> float:
-    """Seconds per step of n steps in this mode."""
+def run_mode(mode, forward, opt, n, dev, session, zeus, first_step: int = 0) -> float:
+    """Seconds per step of n steps in this mode (the session hooks the Lightning callback calls)."""
     phases = mode == "ours_phases"
     busy = dev.smoke
     dev.sync()
     t0 = time.perf_counter()
-    for i in range(n):
+    for i in range(first_step, first_step + n):
         if busy:
             dev.backend.set_utilization(1.0)
         if mode == "zeus":
             zeus.begin()
         elif session is not None:
-            session.step_start(i)
-        if phases:
-            session.phase_begin("forward")
+            session.step_start(i, phase="forward")  # the forward phase opens at the step's mark
         loss = forward()
         if phases:
-            session.phase_end("forward")
-            session.phase_begin("backward")
+            session.phase_switch("forward", "backward")  # one shared mark
         loss.backward()
         if phases:
-            session.phase_end("backward")
-            session.phase_begin("optimizer")
+            session.phase_switch("backward", "optimizer")
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if phases:
-            session.phase_end("optimizer")
         if mode == "zeus":
             zeus.end()
         elif session is not None:
-            session.step_end(i)
+            session.step_end(i)  # closes the optimizer phase at the step's end mark
         if busy:
             dev.backend.set_utilization(0.0)
     dev.sync()
     return (time.perf_counter() - t0) / n
 
 
+def ratio_stats(mode_s: list[float], base_s: list[float], n_boot: int = 2000, seed: int = 0) -> dict:
+    """Median of per-round ratios mode/base, its IQR and a 95 % bootstrap CI of the median."""
+    ratios = np.array(mode_s) / np.array(base_s)
+    rng = np.random.default_rng(seed)
+    boot = np.median(rng.choice(ratios, size=(n_boot, len(ratios)), replace=True), axis=1)
+    q1, q3 = np.percentile(ratios, [25, 75])
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"ratio": float(np.median(ratios)), "ratio_iqr": [float(q1), float(q3)],
+            "ratio_ci95": [float(lo), float(hi)], "ratios": ratios.tolist()}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default="results")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--mlp-steps", type=int, default=800)
-    ap.add_argument("--gpt2-steps", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds (order randomised each round)")
+    ap.add_argument("--mlp-steps", type=int, default=200, help="MLP steps per mode per round")
+    ap.add_argument("--gpt2-steps", type=int, default=25, help="GPT-2 steps per mode per round")
+    ap.add_argument("--workloads", default="mlp,gpt2")
+    ap.add_argument("--accuracy-epochs", type=int, default=2, help="in-training accuracy epochs (ours_phases)")
+    ap.add_argument("--accuracy-steps", type=int, default=120, help="steps per accuracy epoch (GPT-2: ~5 s)")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.smoke:
-        args.rounds, args.mlp_steps, args.gpt2_steps = 2, 100, 20
+        args.rounds, args.mlp_steps, args.gpt2_steps, args.accuracy_steps = 4, 40, 8, 20
     warnings.filterwarnings("ignore")
     logging.getLogger("zeus").setLevel(logging.ERROR)
     out = Path(args.out)
@@ -151,7 +165,10 @@ def main() -> None:
                "args": vars(args), "workloads": {}}  # fmt: skip
     backend_name = "virtual" if args.smoke else "nvml"
     try:
-        for kind, n in (("mlp", args.mlp_steps), ("gpt2", args.gpt2_steps)):
+        rng = random.Random(args.seed)
+        steps_of = {"mlp": args.mlp_steps, "gpt2": args.gpt2_steps}
+        for kind in args.workloads.split(","):
+            n = steps_of[kind]
             forward, opt = make_workload(kind, dev)
             for _ in range(20):  # warm-up
                 run_mode("base", forward, opt, 1, dev, None, zeus)
@@ -165,23 +182,39 @@ def main() -> None:
                 session.train_start()
                 sessions[mode] = session
             times = {m: [] for m in modes}
+            step = {m: 0 for m in modes}
             for r in range(args.rounds):
-                for mode in modes:
+                order = list(modes)
+                rng.shuffle(order)
+                for mode in order:
                     session = sessions.get(mode)
                     if session is not None:
                         session.epoch_start(r)
-                    times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus))
+                    times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus, step[mode]))
+                    step[mode] += n
                     if session is not None:
                         session.epoch_end(r)
-            for session in sessions.values():
-                session.train_end()
-            base = statistics.median(times["base"])
-            row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "ratio": statistics.median(v) / base,
-                       "all_ms": [1e3 * x for x in v]} for m, v in times.items()}  # fmt: skip
-            row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl")
+            sessions.pop("ours_step").train_end()
+            # In-training accuracy: longer epochs of the phases session (outside the timed rounds).
+            session = sessions.pop("ours_phases")
+            acc_steps = args.accuracy_steps if kind == "gpt2" else 5 * args.accuracy_steps
+            for e in range(args.accuracy_epochs):
+                session.epoch_start(args.rounds + e)
+                run_mode("ours_phases", forward, opt, acc_steps, dev, session, zeus, step["ours_phases"])
+                step["ours_phases"] += acc_steps
+                session.epoch_end(args.rounds + e)
+            session.train_end()
+            row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "all_ms": [1e3 * x for x in v],
+                       **(ratio_stats(v, times["base"]) if m != "base" else {})}
+                   for m, v in times.items()}  # fmt: skip
+            row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl")[-args.accuracy_epochs :]
             results["workloads"][kind] = row
-            print(kind, {m: (round(row[m]["ms_per_step_median"], 3), round(row[m]["ratio"], 4)) for m in modes},
-                  flush=True)  # fmt: skip
+            print(f"{kind}: base {row['base']['ms_per_step_median']:.3f} ms/step over {args.rounds} rounds", flush=True)
+            for m in modes[1:]:
+                x = row[m]
+                print(f"  {m:12s} {x['ms_per_step_median']:8.3f} ms/step  ratio {x['ratio']:.4f}  "
+                      f"IQR [{x['ratio_iqr'][0]:.4f}, {x['ratio_iqr'][1]:.4f}]  "
+                      f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]", flush=True)  # fmt: skip
             print("  in training:", row["in_training"], flush=True)
     finally:
         results["power_limit_after"] = power_limit_W()
@@ -191,7 +224,7 @@ def main() -> None:
         raise SystemExit(f"power limit changed: {limit_before} -> {results['power_limit_after']}")
 
 
-def in_training(path: Path) -> dict:
+def in_training(path: Path) -> list[dict]:
     """Per epoch: step windows vs the energy counter, and phase windows vs step windows.
 
     The session writes an epoch's last ``steps`` report right after its ``epoch`` record
@@ -218,7 +251,7 @@ def in_training(path: Path) -> dict:
             "phases": {p["name"]: [p["energy_J"], *p["energy_ci_J"], p["executions"]] for p in phases["phases"]}
             if phases else None,
         })  # fmt: skip
-    return {"epochs": epochs}
+    return epochs
 
 
 if __name__ == "__main__":

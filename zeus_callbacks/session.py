@@ -64,6 +64,9 @@ class Decision:
     reason: str | None = None
 
 
+_CONTINUE = Decision()  # the answer of almost every step: built once, not per step
+
+
 @dataclass
 class _Totals:
     """Running totals of the training run (carried across checkpoint resumes)."""
@@ -178,6 +181,12 @@ class EnergySession:
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
         self._anchored_s = -math.inf
+        # Hot path (step_start / step_end / phases): flags read once at train_start.
+        self._active = False  # started and not finished
+        self._step_windows = True
+        self._interval_steps = 1
+        self._phase_open: str | None = None  # the phase window open now (phases tile the step)
+        self._mark: Any = None  # the meter's mark(): one boundary
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -244,6 +253,11 @@ class EnergySession:
         self._run_start_s = backend.clock.now_s()
         self.meter.begin("run")
         self._started = True
+        self._mark = self.meter.mark
+        self._step_windows = cfg.windows.step
+        self._interval_steps = cfg.logging.interval_steps
+        self._phase_open = None
+        self._active = True
         _LIVE_SESSIONS.add(self)
         self._sigterm.install()
         self._write(
@@ -376,28 +390,56 @@ class EnergySession:
         if self.config.windows.epoch:
             self.meter.begin("epoch", epoch=epoch)
 
-    def step_start(self, step: int) -> None:
-        """Open the step window. Hot path: one clock read or CUDA event record."""
-        if self._phases is not None and self.started:
-            self.meter.end("dataloader")  # type: ignore[union-attr]
-            # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
-            # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
-            now_s = self.backend.clock.now_s()  # type: ignore[union-attr]
-            if now_s - self._anchored_s >= _PHASE_REANCHOR_S:
-                self._timer.anchor()  # type: ignore[union-attr]  # one device sync per 30 s
-                self._anchored_s = now_s
-        # Optimiser hook: the power-limit profiler switches limits at step boundaries.
-        if self.started and self.power_limiter is not None:
-            if self._decides_power_limit():
-                self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
-            if self._power_limit_agreement:
-                self._agree_power_limit()
-            self.power_limit_W = self.power_limiter.limit_W
-        if self.started and self.config.windows.step:
-            self.meter.begin("step", step=step)  # type: ignore[union-attr]
+    def step_start(self, step: int, *, phase: str | None = None) -> None:
+        """Open the step window. Hot path: one clock read or CUDA event record.
+
+        Args:
+            step: The global step index.
+            phase: With ``windows.phases``, the phase window the step begins with
+                (``"forward"``, ``"forward_backward"``), opened at the same mark; the
+                ``dataloader`` phase closes there too.
+        """
+        if not self._active:
+            return
+        # Optimiser hook: the power-limit profiler switches limits at step boundaries
+        # (before the mark: the switch is no part of the step).
+        if self.power_limiter is not None:
+            self._power_limit_step_start(step)
+        meter = self.meter
+        if self._phases is not None:
+            token = self._mark()
+            meter.end_at("dataloader", token)  # type: ignore[union-attr]
+            if phase is not None:
+                meter.begin_at(phase, token)  # type: ignore[union-attr]
+                self._phase_open = phase
+            if self._epoch_steps % 16 == 0:  # a clock read every 16 steps, not every step
+                self._maybe_reanchor()
+            if self._step_windows:
+                meter.begin_at("step", token, {"step": step})  # type: ignore[union-attr]
+        elif self._step_windows:
+            meter.begin_at("step", self._mark(), {"step": step})  # type: ignore[union-attr]
+
+    def _power_limit_step_start(self, step: int) -> None:
+        assert self.power_limiter is not None
+        if self._decides_power_limit():
+            self.power_limiter.on_step_start(step, self.backend.clock.now_s())  # type: ignore[union-attr]
+        if self._power_limit_agreement:
+            self._agree_power_limit()
+        self.power_limit_W = self.power_limiter.limit_W
+
+    def _maybe_reanchor(self) -> None:
+        # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
+        # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
+        now_s = self.backend.clock.now_s()  # type: ignore[union-attr]
+        if now_s - self._anchored_s >= _PHASE_REANCHOR_S:
+            self._timer.anchor()  # type: ignore[union-attr]  # one device sync per 30 s
+            self._anchored_s = now_s
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
         """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
+
+        With ``windows.phases`` the open phase (e.g. ``optimizer``) closes and the
+        ``dataloader`` phase opens at the step's end mark: one mark for all three.
 
         Args:
             step: The global step index.
@@ -407,25 +449,33 @@ class EnergySession:
         Returns:
             Whether to stop training.
         """
-        if not self.started:
-            return Decision()
-        assert self.meter is not None
-        if self.config.windows.step:
-            self.meter.end("step", num_samples=num_samples, num_tokens=num_tokens)
+        if not self._active:
+            return _CONTINUE
+        meter = self.meter
+        if self._phases is not None:
+            token = self._mark()
+            if self._step_windows:
+                meter.end_at("step", token, {"num_samples": num_samples, "num_tokens": num_tokens})  # type: ignore[union-attr]
+            if self._phase_open is not None:
+                meter.end_at(self._phase_open, token)  # type: ignore[union-attr]
+                self._phase_open = None
+            meter.begin_at("dataloader", token)  # type: ignore[union-attr]  # the gap until the next step_start
+        elif self._step_windows:
+            meter.end_at("step", self._mark(), {"num_samples": num_samples, "num_tokens": num_tokens})  # type: ignore[union-attr]
         if self.power_limiter is not None and self._decides_power_limit():
             self._power_limit_step_end(step, num_samples)
-        if self._phases is not None:
-            self.meter.begin("dataloader")  # the gap until the next step_start
         self._epoch_steps += 1
         self._totals.steps += 1
         self._run_steps += 1
         self._steps_since_report += 1
-        if self._steps_since_report >= self.config.logging.interval_steps:
+        if self._steps_since_report >= self._interval_steps:
             self._report_steps()
         if self._stop_agreement:
             if self._cost_agreement and self._run_steps % self.config.batch_size.stop_agreement_steps == 0:
                 self._agree_stop(None)
             return self._decision()
+        if self.batch_size_controller is None and self._stop_reason is None:
+            return _CONTINUE
         return self._decide()
 
     def _decide(self) -> Decision:
@@ -438,7 +488,7 @@ class EnergySession:
     def _decision(self) -> Decision:
         if self._stop_reason is not None:
             return Decision(stop_training=True, reason=self._stop_reason)
-        return Decision()
+        return _CONTINUE
 
     def _agree_stop(self, target_reason: str | None) -> None:
         """Several processes: decide early stopping together (collective, at the same step on every rank).
@@ -557,6 +607,7 @@ class EnergySession:
             return self._finished
         if not self._started:
             raise RuntimeError("train_end() called before train_start()")
+        self._active = False
         assert self.meter is not None and self.sampler is not None and self.backend is not None
         if status is not None:
             self._status = status
@@ -635,25 +686,44 @@ class EnergySession:
         """Open phase window ``name`` (one of :data:`~zeus_callbacks.measurement.phases.PHASES`).
 
         A no-op unless ``windows.phases`` is on. Hot path: one clock read or CUDA event record.
-        ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves.
+        ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves;
+        where one phase ends as the next begins, :meth:`phase_switch` takes one mark for both.
         """
-        if self._phases is not None and self.started:
-            self.meter.begin(name)  # type: ignore[union-attr]
+        if self._phases is not None and self._active:
+            self.meter.begin_at(name, self._mark())  # type: ignore[union-attr]
+            self._phase_open = name
 
     def phase_end(self, name: str) -> None:
         """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
-        if self._phases is not None and self.started:
-            self.meter.end(name)  # type: ignore[union-attr]
+        if self._phases is not None and self._active and self.meter.is_open(name):  # type: ignore[union-attr]
+            self.meter.end_at(name, self._mark())  # type: ignore[union-attr]
+            if self._phase_open == name:
+                self._phase_open = None
+
+    def phase_switch(self, ended: str, begun: str) -> None:
+        """End phase ``ended`` and begin phase ``begun`` at one shared mark (they tile the step exactly).
+
+        A no-op unless ``windows.phases`` is on; ``ended`` need not be open.
+        """
+        if self._phases is not None and self._active:
+            meter = self.meter
+            token = self._mark()
+            meter.end_at(ended, token)  # type: ignore[union-attr]
+            meter.begin_at(begun, token)  # type: ignore[union-attr]
+            self._phase_open = begun
 
     def phase_discard(self, name: str) -> None:
         """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
-        if self._phases is not None and self.started:
+        if self._phases is not None and self._active:
             self.meter.discard(name)  # type: ignore[union-attr]
+            if self._phase_open == name:
+                self._phase_open = None
 
     def _discard_phases(self) -> None:
         if self._phases is not None:
             for name in PHASES:
                 self.meter.discard(name)  # type: ignore[union-attr]
+            self._phase_open = None
 
     def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
         """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
@@ -688,6 +758,8 @@ class EnergySession:
         """
         if flush_steps and self.started:
             self._report_steps()
+        if not self._pending_metrics:
+            return {}  # most steps: nothing queued, nothing to swap
         metrics, self._pending_metrics = self._pending_metrics, {}
         return metrics
 

@@ -178,8 +178,8 @@ class ZeusTrainerCallback(TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the step window (the first micro-batch of an optimizer step)."""
-        self.session.step_start(state.global_step)
-        self.session.phase_begin("forward_backward")  # every micro-batch of the step
+        # One mark: the step and its forward_backward phase (every micro-batch of the step) begin.
+        self.session.step_start(state.global_step, phase="forward_backward")
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -189,8 +189,7 @@ class ZeusTrainerCallback(TrainerCallback):
         The Trainer has no hook between forward and backward; gradient clipping belongs to
         ``forward_backward``, the scheduler step and ``zero_grad`` to ``optimizer``.
         """
-        self.session.phase_end("forward_backward")
-        self.session.phase_begin("optimizer")
+        self.session.phase_switch("forward_backward", "optimizer")  # one shared mark
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Close the step window; stop training if the session says so."""
@@ -199,7 +198,7 @@ class ZeusTrainerCallback(TrainerCallback):
             tokens = state.num_input_tokens_seen - self._tokens_seen
             self._tokens_seen = state.num_input_tokens_seen
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        self.session.phase_end("optimizer")
+        # step_end closes the optimizer phase at the step's end mark.
         decision = self.session.step_end(state.global_step, num_samples=samples, num_tokens=tokens or None)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)

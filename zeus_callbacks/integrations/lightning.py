@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
@@ -77,6 +78,7 @@ class ZeusCallback(Callback):
         self.summary: RunSummary | None = None
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
         self._optimizer_stepped = False
+        self._state_key: tuple[str | None, str] | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusCallback:
@@ -90,7 +92,11 @@ class ZeusCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(job_id=self.config.job_id)
+        # Lightning reads it at every hook call (the profiler's action name): build it once.
+        job_id = self.config.job_id
+        if self._state_key is None or self._state_key[0] != job_id:
+            self._state_key = (job_id, self._generate_state_key(job_id=job_id))
+        return self._state_key[1]
 
     # -- setup and resume ----------------------------------------------------------
     @override
@@ -176,21 +182,22 @@ class ZeusCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self.session.step_start(trainer.global_step)
+        self.session.step_start(trainer.global_step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
-        self.session.phase_begin("forward")
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._optimizer_stepped:
-            self.session.phase_end("optimizer")
-        else:  # a micro-batch of gradient accumulation: no optimizer step
-            self.session.phase_discard("optimizer")
-        # Under DDP the session has agreed the decision across ranks (same step everywhere).
-        decision = self.session.step_end(trainer.global_step, num_samples=_batch_size(batch))
-        self._log(trainer, pl_module, self.session.pop_metrics(), on_step=True)
+        session = self.session
+        if not self._optimizer_stepped:  # a micro-batch of gradient accumulation: no optimizer step
+            session.phase_discard("optimizer")
+        # One mark: the optimizer phase and the step end, the dataloader phase begins. Under DDP
+        # the session has agreed the decision across ranks (the same step everywhere).
+        decision = session.step_end(trainer.global_step, num_samples=_batch_size(batch))
+        metrics = session.pop_metrics()
+        if metrics:
+            self._log(trainer, pl_module, metrics, on_step=True)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
@@ -198,15 +205,13 @@ class ZeusCallback(Callback):
     # -- step phases (windows.phases; no-ops otherwise) ----------------------------------
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        self.session.phase_end("forward")
-        self.session.phase_begin("backward")
+        self.session.phase_switch("forward", "backward")  # one shared mark
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizer phase starts here so that gradient clipping belongs to it and the
         # phases tile the step; it is dropped at batch end if no optimizer step followed.
-        self.session.phase_end("backward")
-        self.session.phase_begin("optimizer")
+        self.session.phase_switch("backward", "optimizer")
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -294,6 +299,18 @@ def _device_index(trainer: pl.Trainer) -> int | None:
 
 
 def _batch_size(batch: Any) -> int | None:
+    """Samples in ``batch``, as Lightning's ``extract_batch_size`` finds them (its answer for exotic batches)."""
+    # Fast path for the common batches (a tensor; a tuple or list of tensors of one length),
+    # the same answer as extract_batch_size without its generator walk every step.
+    if isinstance(batch, torch.Tensor):
+        if batch.ndim:
+            return int(batch.shape[0])
+    elif type(batch) in (tuple, list) and batch:
+        first = batch[0]
+        if isinstance(first, torch.Tensor) and first.ndim:
+            n = first.shape[0]
+            if all(isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == n for x in batch):
+                return int(n)
     try:
         return int(extract_batch_size(batch))
     except Exception:  # an exotic batch: energy per sample is simply not reported

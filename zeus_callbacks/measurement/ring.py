@@ -46,11 +46,26 @@ class TimeSeriesRing:
             return None
         return float(self._v[(self._next - 1) % self.capacity])
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return copies of (timestamps, values), oldest first."""
+    def arrays(self, since: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Return copies of (timestamps, values), oldest first.
+
+        Args:
+            since: Keep only the pairs from the newest one at or before this time on
+                (all when None or older than every pair): the cost then follows the span
+                asked for, not the buffer's length.
+        """
         n = len(self)
         if n < self.capacity:
-            return self._t[:n].copy(), self._v[:n].copy()
+            first = 0 if since is None else max(0, int(np.searchsorted(self._t[:n], since, side="right")) - 1)
+            return self._t[first:n].copy(), self._v[first:n].copy()
         start = self._next % self.capacity
+        if since is not None:
+            # Two sorted segments: [start, capacity) holds the older pairs, [0, start) the newer.
+            if start > 0 and self._t[0] <= since:
+                first = max(0, int(np.searchsorted(self._t[:start], since, side="right")) - 1)
+                return self._t[first:start].copy(), self._v[first:start].copy()
+            first = start + max(0, int(np.searchsorted(self._t[start:], since, side="right")) - 1)
+            order = np.r_[first : self.capacity, 0:start]
+            return self._t[order], self._v[order]
         order = np.r_[start : self.capacity, 0:start]
         return self._t[order], self._v[order]

@@ -242,20 +242,31 @@ class PowerSampler:
             logger.warning("zeus-callbacks: %s (further faults of this kind are counted, not logged)", message)
 
     # -- readers ------------------------------------------------------------------------
-    def samples(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return (timestamps_s, power_W) of GPU ``index``, oldest first; shapes (n,), (n,)."""
-        with self._lock:
-            return self._power[index].arrays()
+    def samples(self, index: int, since_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Return (timestamps_s, power_W) of GPU ``index``, oldest first; shapes (n,), (n,).
 
-    def cumulative_energy(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        Args:
+            index: The GPU.
+            since_s: Only the samples from the newest one at or before this time on (s);
+                default all.
+        """
+        with self._lock:
+            return self._power[index].arrays(since_s)
+
+    def cumulative_energy(self, index: int, since_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Return the knots ``(time_s, energy_J)`` of GPU ``index``'s running energy integral F.
 
         Coarse knots cover the time before the oldest fine knot. Between knots F is
         linear (the power is a step function). Shapes (n,), (n,); empty before any sample.
+
+        Args:
+            index: The GPU.
+            since_s: Only the knots from the newest one at or before this time on (s), so
+                that F is still exact from ``since_s``; default all.
         """
         with self._lock:
-            fine_t, fine_F = self._fine[index].arrays()
-            coarse_t, coarse_F = self._coarse[index].arrays()
+            fine_t, fine_F = self._fine[index].arrays(since_s)
+            coarse_t, coarse_F = self._coarse[index].arrays(since_s)
         if len(fine_t) == 0:
             return fine_t, fine_F
         older = coarse_t < fine_t[0]

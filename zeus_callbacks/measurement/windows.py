@@ -7,9 +7,9 @@ the :class:`~zeus_callbacks.measurement.sampler.PowerSampler` collected.
 
 from __future__ import annotations
 
+import bisect
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -21,37 +21,58 @@ logger = logging.getLogger(__name__)
 
 
 class BoundaryTimer(Protocol):
-    """Marks window boundaries now and tells their times later."""
+    """Marks window boundaries now and tells their times later.
+
+    A token is whatever :meth:`mark` returned. Once :meth:`read` has read a mark's time,
+    :meth:`time_of` returns it until :meth:`forget_before` drops it.
+    """
 
     def anchor(self) -> None:
         """Re-align the timer with the backend clock (may sync the device once)."""
         ...
 
     def mark(self) -> Any:
-        """Record a boundary now and return a token for it."""
+        """Record a boundary now and return a token for it (the training thread's hot path)."""
+        ...
+
+    def read(self, *, wait: bool = False) -> None:
+        """Read the times of the marks recorded so far that the device has reached (all with ``wait``)."""
         ...
 
     def time_of(self, token: Any, *, wait: bool = False) -> float | None:
         """Return the boundary's time on the backend clock (s), or None if not known yet."""
         ...
 
+    def forget_before(self, token: Any | None) -> None:
+        """Drop the read times of marks older than ``token`` (every read one when None)."""
+        ...
+
 
 class ClockTimer:
-    """Boundaries at the CPU time of the call, on the backend's clock."""
+    """Boundaries at the CPU time of the call, on the backend's clock; a token is that time (s)."""
+
+    tokens_are_times = True  # WindowMeter skips time_of for these tokens
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        self.mark = clock.now_s  # the hot path: one clock read, no wrapper call
 
     def anchor(self) -> None:
         """Nothing to align: marks are taken on the backend clock itself."""
 
-    def mark(self) -> float:
+    def mark(self) -> float:  # replaced per instance by the clock's own method
         """Return the clock's time (s)."""
         return self.clock.now_s()
+
+    def read(self, *, wait: bool = False) -> None:
+        """Nothing to read: a token is its time."""
 
     def time_of(self, token: float, *, wait: bool = False) -> float:
         """Return the token itself (s)."""
         return token
+
+    def forget_before(self, token: Any | None) -> None:
+        """Nothing is kept."""
 
 
 class CudaEventTimer:
@@ -60,44 +81,122 @@ class CudaEventTimer:
     :meth:`anchor` synchronises the device once and records an event whose CPU time
     is known; a later event's time is the anchor's plus the GPU-measured elapsed time.
     Re-anchor at every epoch so clock drift cannot build up.
+
+    Hot path: :meth:`mark` takes a CUDA event from a pool (creating one only when the
+    pool is empty), records it on the stream that was current at the last anchor and
+    returns the mark's sequence number. :meth:`read` reads the times of every mark the
+    GPU has reached in one batch (one ``query`` of the newest, then one ``elapsed_time``
+    each) and puts those events back in the pool: an event is never recorded again
+    before its time was read.
+
+    Args:
+        clock: The backend clock that times are placed on.
+        cuda: The ``torch.cuda`` module, or a stand-in with the same ``Event``,
+            ``synchronize`` and ``current_stream`` (tests, ``benchmarks/hook_cost.py``).
     """
 
-    def __init__(self, clock: Clock) -> None:
-        import torch  # only needed when CUDA is in use
+    def __init__(self, clock: Clock, *, cuda: Any = None) -> None:
+        if cuda is None:
+            import torch  # only needed when CUDA is in use
 
-        self._torch = torch
+            cuda = torch.cuda
+        self._cuda = cuda
         self.clock = clock
-        self._anchor: tuple[Any, float] | None = None
+        self._free: list[Any] = []  # events whose time was read: free to record again
+        self._unread: list[Any] = []  # recorded events, oldest first; mark number _read_upto + i
+        self._times: list[float] = []  # read times (s); mark number _times_from + i
+        self._times_from = 0
+        self._read_upto = 0  # marks before this number have their time read
+        self._next = 0  # number of the next mark
+        self.events_created = 0
+        self._anchor_event: Any = None
+        self._anchor_s = 0.0
+        self._stream: Any = None
         self.anchor()
 
+    def _new_event(self) -> Any:
+        self.events_created += 1
+        return self._cuda.Event(enable_timing=True)
+
     def anchor(self) -> None:
-        """Sync the device, record an anchor event and note the clock time."""
-        torch = self._torch
-        torch.cuda.synchronize()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        """Sync the device, read every outstanding mark, record an anchor event and note the clock time."""
+        cuda = self._cuda
+        cuda.synchronize()
+        if self._unread:
+            self.read(wait=True)  # their times are relative to the old anchor
+        event = self._new_event()  # a fresh one: anchors are rare (each epoch, every 30 s)
+        self._stream = cuda.current_stream()
+        event.record(self._stream)
         event.synchronize()
-        self._anchor = (event, self.clock.now_s())
+        self._anchor_event, self._anchor_s = event, self.clock.now_s()
 
-    def mark(self) -> tuple[Any, Any]:
-        """Record a CUDA event on the current stream; no sync."""
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
-        return (self._anchor, event)
+    def mark(self) -> int:
+        """Record a CUDA event on the anchored stream (no sync); return the mark's number."""
+        free = self._free
+        event = free.pop() if free else self._new_event()
+        event.record(self._stream)
+        self._unread.append(event)
+        number = self._next
+        self._next = number + 1
+        return number
 
-    def time_of(self, token: tuple[Any, Any], *, wait: bool = False) -> float | None:
-        """Return the event's time (s), or None while the GPU has not reached it (unless ``wait``)."""
-        (anchor_event, anchor_s), event = token
-        if not event.query():
-            if not wait:
+    def read(self, *, wait: bool = False) -> None:
+        """Read the times of the marks the GPU has reached (every mark with ``wait``); recycle their events."""
+        unread = self._unread
+        if not unread:
+            return
+        newest = unread[-1]
+        if wait:
+            newest.synchronize()
+            done = len(unread)
+        elif newest.query():  # one stream: the newest done means every older one is
+            done = len(unread)
+        else:
+            done = 0
+            for event in unread:
+                if not event.query():
+                    break
+                done += 1
+            if done == 0:
+                return
+        events = unread[:done]
+        del unread[:done]
+        elapsed_ms = self._anchor_event.elapsed_time
+        anchor_s = self._anchor_s
+        self._times.extend([anchor_s + elapsed_ms(event) / 1e3 for event in events])  # elapsed_time is in ms
+        self._read_upto += done
+        self._free.extend(events)
+
+    def time_of(self, token: int, *, wait: bool = False) -> float | None:
+        """Return mark ``token``'s time (s), or None while the GPU has not reached it (unless ``wait``).
+
+        Raises:
+            LookupError: The mark's time was dropped by :meth:`forget_before`.
+        """
+        if token >= self._read_upto:
+            self.read(wait=wait)
+            if token >= self._read_upto:
                 return None
-            event.synchronize()
-        return anchor_s + anchor_event.elapsed_time(event) / 1e3  # elapsed_time is in ms
+        i = token - self._times_from
+        if i < 0:
+            raise LookupError(f"the time of mark {token} was forgotten")
+        return self._times[i]
+
+    def forget_before(self, token: int | None) -> None:
+        """Drop the read times of marks numbered below ``token`` (every read one when None)."""
+        upto = self._read_upto if token is None else min(token, self._read_upto)
+        if upto > self._times_from:
+            del self._times[: upto - self._times_from]
+            self._times_from = upto
+
+    @property
+    def pool_size(self) -> int:
+        """Events waiting in the pool for reuse."""
+        return len(self._free)
 
 
-@dataclass(frozen=True)
-class WindowRecord:
-    """The measured energy of one execution of a named window.
+class WindowRecord(NamedTuple):
+    """The measured energy of one execution of a named window (immutable).
 
     Attributes:
         name: Window name (``"step"``, ``"epoch"``, ``"eval"`` or a user name).
@@ -118,20 +217,12 @@ class WindowRecord:
     gpu_energy_J: tuple[float, ...]
     num_power_samples: int
     complete: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any]
 
     @property
     def time_s(self) -> float:
         """Duration (s)."""
         return self.end_s - self.start_s
-
-
-@dataclass
-class _Pending:
-    name: str
-    start: Any
-    end: Any
-    info: dict[str, Any]
 
 
 class WindowMeter:
@@ -144,7 +235,13 @@ class WindowMeter:
             even if samples never covered it (a dead sensor must not make pending
             windows pile up); it is marked incomplete.
 
-    Windows of different names may nest or overlap; a name is open at most once.
+    Windows of different names may nest or overlap; a name is open at most once. Where
+    one window ends and the next begins at the same point (phases that tile a step),
+    take one :meth:`mark` and pass it to :meth:`end_at` and :meth:`begin_at`: the two
+    share the boundary exactly and the training thread records one event, not two.
+
+    Closed windows wait as tuples of tokens; their times are read in one batch by
+    :meth:`resolve` (at report intervals), never on the way in.
     """
 
     def __init__(
@@ -153,24 +250,40 @@ class WindowMeter:
         self.sampler = sampler
         self.stale_after_s = stale_after_s
         self.timer = timer
-        self._open: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._pending: list[_Pending] = []
+        self.mark = timer.mark  # one boundary now; a token for begin_at / end_at
+        # name -> [token, info, time_s or None]
+        self._open: dict[str, list[Any]] = {}
+        # closed, times not read yet: (name, start token, start time or None, end token, start info, end info)
+        self._closed: list[tuple[Any, ...]] = []
+        # closed and timed, oldest end first: (name, start_s, end_s, start info, end info)
+        self._timed: list[tuple[Any, ...]] = []
+        self._timed_ends: list[float] = []  # their end times (s), for a binary search of the ready ones
+        self._tokens_are_times = getattr(timer, "tokens_are_times", False)
         self._warned_reopen: set[str] = set()
 
     def begin(self, name: str, **info: Any) -> None:
         """Open window ``name`` now (cheap: one clock read or one event record)."""
+        self.begin_at(name, self.mark(), info or None)
+
+    def begin_at(self, name: str, token: Any, info: dict[str, Any] | None = None) -> None:
+        """Open window ``name`` at the boundary ``token`` (from :meth:`mark`)."""
         if name in self._open and name not in self._warned_reopen:
             self._warned_reopen.add(name)
             logger.warning("zeus-callbacks: window %r opened again before it was closed; restarting it", name)
-        self._open[name] = (self.timer.mark(), info)
+        self._open[name] = [token, info, None]
 
     def end(self, name: str, **info: Any) -> bool:
         """Close window ``name`` now; returns False if it was not open."""
+        if name not in self._open:
+            return False
+        return self.end_at(name, self.mark(), info or None)
+
+    def end_at(self, name: str, token: Any, info: dict[str, Any] | None = None) -> bool:
+        """Close window ``name`` at the boundary ``token``; returns False if it was not open."""
         opened = self._open.pop(name, None)
         if opened is None:
             return False
-        start, start_info = opened
-        self._pending.append(_Pending(name, start, self.timer.mark(), {**start_info, **info}))
+        self._closed.append((name, opened[0], opened[2], token, opened[1], info))
         return True
 
     def discard(self, name: str) -> bool:
@@ -184,7 +297,43 @@ class WindowMeter:
     @property
     def pending_count(self) -> int:
         """Closed windows whose energy is not attributed yet."""
-        return len(self._pending)
+        return len(self._closed) + len(self._timed)
+
+    def _read_times(self, *, wait: bool) -> None:
+        """Turn closed windows' tokens into times (one batch read); let the timer forget the rest."""
+        closed = self._closed
+        if self._tokens_are_times:  # a token is its time: nothing to read or forget
+            self._timed += [(c[0], c[1], c[3], c[4], c[5]) for c in closed]
+            self._timed_ends += [c[3] for c in closed]
+            closed.clear()
+            return
+        timer = self.timer
+        timer.read(wait=wait)
+        time_of = timer.time_of
+        done = 0
+        for name, start, start_s, end, start_info, end_info in closed:
+            end_s = time_of(end)
+            if end_s is None:
+                break  # marks are read in order: later windows end later
+            if start_s is None:
+                start_s = time_of(start)
+                if start_s is None:
+                    break
+            self._timed.append((name, start_s, end_s, start_info, end_info))
+            self._timed_ends.append(end_s)
+            done += 1
+        if done:
+            del closed[:done]
+        oldest = None  # the oldest mark still needed (an open window's, a waiting window's start)
+        for opened in self._open.values():
+            if opened[2] is None:
+                opened[2] = time_of(opened[0])
+                if opened[2] is None and (oldest is None or opened[0] < oldest):
+                    oldest = opened[0]
+        for _, start, start_s, *_ in closed:
+            if start_s is None and (oldest is None or start < oldest):
+                oldest = start
+        timer.forget_before(oldest)
 
     def resolve(self, *, final: bool = False) -> list[WindowRecord]:
         """Attribute energy to every closed window the samples now cover.
@@ -197,67 +346,72 @@ class WindowMeter:
         Returns:
             The newly attributed windows, in the order they were closed.
         """
-        if not self._pending:
+        if not self._closed and not self._timed:
             return []
-        timed: list[tuple[_Pending, float, float]] = []
-        waiting: list[_Pending] = []
-        for pending in self._pending:
-            start_s = self.timer.time_of(pending.start, wait=final)
-            end_s = self.timer.time_of(pending.end, wait=final)
-            if start_s is None or end_s is None:
-                waiting.append(pending)
-            else:
-                timed.append((pending, start_s, end_s))
+        self._read_times(wait=final)
+        timed = self._timed
         if not timed:
-            self._pending = waiting
             return []
-        starts = np.array([t[1] for t in timed])
-        ends = np.array([t[2] for t in timed])
+        timed_ends = self._timed_ends
+        if final:
+            n = len(timed)
+        else:
+            # Windows wait in the order they ended: the ready ones (covered by samples, or
+            # stale) are a prefix, found by binary search.
+            ready_until = max(self._covered_end_s(), self.sampler.backend.clock.now_s() - self.stale_after_s)
+            n = bisect.bisect_right(timed_ends, ready_until)
+            if n == 0:
+                return []
+        batch = timed[:n]
+        ends = np.array(timed_ends[:n], dtype=np.float64)
+        del timed[:n]
+        del timed_ends[:n]
+        starts = np.fromiter((t[1] for t in batch), dtype=np.float64, count=n)
+        since_s = float(starts.min()) - abs(self.sampler.sensor_delay_s)
         per_gpu = []
         counts = []
-        covered_end = np.inf
-        ready = np.ones(len(timed), dtype=bool)
-        complete = np.ones(len(timed), dtype=bool)
+        complete = np.ones(n, dtype=bool)
         for index in self.sampler.gpu_indices:
-            energy, n, cov_end, is_complete = self._attribute(index, starts, ends)
-            per_gpu.append(energy)
-            counts.append(n)
+            energy, num, is_complete = self._attribute(index, starts, ends, since_s)
+            per_gpu.append(energy.tolist())
+            counts.append(num)
             complete &= is_complete
-            covered_end = min(covered_end, cov_end)
-        if not final:
-            now_s = self.sampler.backend.clock.now_s()
-            ready = (ends <= covered_end) | (ends <= now_s - self.stale_after_s)
+        fewest = np.min(counts, axis=0).tolist()
+        complete_l = complete.tolist()
         records: list[WindowRecord] = []
-        for k, (pending, start_s, end_s) in enumerate(timed):
-            if not ready[k]:
-                waiting.append(pending)
-                continue
-            gpu_J = tuple(float(e[k]) for e in per_gpu)
-            records.append(
-                WindowRecord(
-                    name=pending.name,
-                    start_s=start_s,
-                    end_s=end_s,
-                    energy_J=float(sum(gpu_J)),
-                    gpu_energy_J=gpu_J,
-                    num_power_samples=int(min(c[k] for c in counts)),
-                    complete=bool(complete[k]),
-                    info=pending.info,
-                )
-            )
-        order = {id(p): i for i, p in enumerate(self._pending)}
-        self._pending = sorted(waiting, key=lambda p: order[id(p)])
+        append = records.append
+        single = len(per_gpu) == 1
+        for k, (name, start_s, end_s, start_info, end_info) in enumerate(batch):
+            if start_info is None:
+                info = dict(end_info) if end_info else {}
+            else:
+                info = {**start_info, **end_info} if end_info else dict(start_info)
+            if single:
+                energy_J = per_gpu[0][k]
+                gpu_J: tuple[float, ...] = (energy_J,)
+            else:
+                gpu_J = tuple(e[k] for e in per_gpu)
+                energy_J = float(sum(gpu_J))
+            append(WindowRecord(name, start_s, end_s, energy_J, gpu_J, int(fewest[k]), complete_l[k], info))
         return records
 
+    def _covered_end_s(self) -> float:
+        """The oldest of the GPUs' newest integral knots (-inf before two knots)."""
+        covered = np.inf
+        for index in self.sampler.gpu_indices:
+            knots, _ = self.sampler.cumulative_energy(index, since_s=np.inf)
+            covered = min(covered, float(knots[-1]) if len(knots) else -np.inf)
+        return covered
+
     def _attribute(
-        self, index: int, starts: np.ndarray, ends: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-        knots, cumulative = self.sampler.cumulative_energy(index)
+        self, index: int, starts: np.ndarray, ends: np.ndarray, since_s: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        knots, cumulative = self.sampler.cumulative_energy(index, since_s)
         if len(knots) < 2:
-            return np.zeros_like(starts), np.zeros(len(starts), dtype=int), -np.inf, np.zeros(len(starts), bool)
+            return np.zeros_like(starts), np.zeros(len(starts), dtype=int), np.zeros(len(starts), bool)
         energy = extrapolated_energy_J(knots, cumulative, starts, ends)
-        cov_start, cov_end = knots[0], knots[-1]
-        is_complete = (starts >= cov_start) & (ends <= cov_end)
-        times, _ = self.sampler.samples(index)
+        # knots[0] is at or before since_s, or (since_s older than every knot) the first knot there is.
+        is_complete = (starts >= knots[0]) & (ends <= knots[-1])
+        times, _ = self.sampler.samples(index, since_s)
         counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
-        return energy, counts, float(cov_end), is_complete
+        return energy, counts, is_complete

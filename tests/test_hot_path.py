@@ -1,0 +1,221 @@
+"""The training thread's hot path: pooled CUDA events, shared boundary marks, ranged sampler reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from zeus_callbacks import ZeusCallback
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.integrations.lightning import _batch_size
+from zeus_callbacks.measurement.ring import TimeSeriesRing
+from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement.windows import CudaEventTimer, WindowMeter
+from zeus_callbacks.session import EnergySession
+
+
+class LaggingGPU:
+    """A stand-in for ``torch.cuda`` whose GPU reaches recorded events only when the test says so.
+
+    Each event remembers the manual-clock time it was recorded at (its GPU time) and
+    whether that time has been read (``elapsed_time`` with it as the end). Recording an
+    event again before its time was read is a violation, kept in ``violations``.
+    """
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.recorded = 0  # records so far (in order)
+        self.reached = 0  # the GPU has completed the first `reached` records
+        self.violations: list[str] = []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.seq: int | None = None
+                self.t_s: float | None = None
+                self.read = True
+
+            def record(self, stream=None) -> None:
+                if not self.read:
+                    gpu.violations.append(f"event of record {self.seq} recorded again before its time was read")
+                self.seq, self.t_s, self.read = gpu.recorded, gpu.clock.now_s(), False
+                gpu.recorded += 1
+
+            def query(self) -> bool:
+                return self.seq is not None and self.seq < gpu.reached
+
+            def synchronize(self) -> None:
+                gpu.reached = max(gpu.reached, self.seq + 1)
+
+            def elapsed_time(self, end) -> float:
+                if not (self.query() and end.query()):
+                    raise RuntimeError("cudaErrorNotReady")
+                end.read = True
+                return (end.t_s - self.t_s) * 1e3  # ms, as torch.cuda.Event
+
+        self.Event = Event
+
+    def synchronize(self) -> None:
+        self.reached = self.recorded
+
+    def current_stream(self):
+        return "stream"
+
+
+def test_event_pool_never_records_an_event_again_before_its_time_was_read(manual_clock):
+    gpu = LaggingGPU(manual_clock)
+    timer = CudaEventTimer(manual_clock, cuda=gpu)
+    rng = np.random.default_rng(0)
+    marks: list[tuple[int, float]] = []
+    for _ in range(300):
+        manual_clock.advance(float(rng.uniform(1e-4, 2e-3)))
+        marks.append((timer.mark(), manual_clock.now_s()))
+        if rng.random() < 0.3:  # the GPU catches up part of the way
+            gpu.reached = int(rng.integers(gpu.reached, gpu.recorded + 1))
+        if rng.random() < 0.2:
+            timer.read()
+    assert timer.time_of(marks[-1][0], wait=True) == pytest.approx(marks[-1][1])
+    assert gpu.violations == []
+    for token, t_s in marks:
+        assert timer.time_of(token) == pytest.approx(t_s, abs=1e-9)
+    # Events were reused: far fewer created than marks (the anchor's included).
+    assert timer.events_created < len(marks) / 3
+
+
+def test_marks_the_gpu_has_not_reached_have_no_time_yet(manual_clock):
+    gpu = LaggingGPU(manual_clock)
+    timer = CudaEventTimer(manual_clock, cuda=gpu)
+    first = timer.mark()
+    manual_clock.advance(0.01)
+    second = timer.mark()
+    assert timer.time_of(first) is None and timer.time_of(second) is None
+    gpu.reached = gpu.recorded - 1  # the GPU reached the first mark only
+    assert timer.time_of(second) is None
+    assert timer.time_of(first) == pytest.approx(manual_clock.now_s() - 0.01)
+    assert timer.pool_size == 1  # the first mark's event is free again; the second's is not
+    assert timer.time_of(second, wait=True) == pytest.approx(manual_clock.now_s())
+    assert gpu.violations == []
+
+
+def test_forgotten_marks_raise_and_the_meter_keeps_the_timer_small(manual_clock):
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    gpu = LaggingGPU(manual_clock)
+    timer = CudaEventTimer(manual_clock, cuda=gpu)
+    sampler = PowerSampler(backend, [0], sensor_delay_s=backend.sensor_delay_s)
+    meter = WindowMeter(sampler, timer)
+    run_start_s = manual_clock.now_s()
+    meter.begin("run")
+    records = []
+    for _ in range(20):
+        token = meter.mark()
+        meter.begin_at("w", token)
+        manual_clock.advance(0.05)
+        meter.end_at("w", meter.mark())
+        sampler.poll_once()
+        gpu.synchronize()
+        records += meter.resolve()
+    manual_clock.advance(2 * backend.sample_period_s)
+    sampler.poll_once()
+    records += meter.resolve()
+    assert len(records) == 20
+    assert len(timer._times) <= 2  # read times kept only while a window still needs them
+    with pytest.raises(LookupError):
+        timer.time_of(1)
+    power_W = backend.true_power_W(0)
+    for r in records:
+        assert r.energy_J == pytest.approx(power_W * 0.05, rel=1e-6)
+    meter.end("run")
+    (run,) = meter.resolve(final=True)
+    assert (run.start_s, run.end_s) == (pytest.approx(run_start_s), pytest.approx(manual_clock.now_s()))
+    assert gpu.violations == []
+    backend.close()
+
+
+def run_phase_steps(session: EnergySession, clock, steps: int) -> None:
+    for i in range(steps):
+        clock.advance(0.002)  # data loading
+        session.step_start(i, phase="forward")
+        clock.advance(0.003)
+        session.phase_switch("forward", "backward")
+        clock.advance(0.005)
+        session.phase_switch("backward", "optimizer")
+        clock.advance(0.001)
+        session.step_end(i, num_samples=8)
+
+
+@pytest.mark.parametrize("timer", ["clock", "cuda"])
+def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manual_clock, timer):
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"phases": True},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 1000}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    gpu = LaggingGPU(manual_clock)
+    if timer == "cuda":
+        session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    absorbed = []
+    absorb = session._absorb
+    session._absorb = lambda r: (absorbed.append(r), absorb(r))  # type: ignore[method-assign]
+    session.train_start()
+    session.epoch_start(0)
+    marks_before = gpu.recorded
+    run_phase_steps(session, manual_clock, 5)
+    marks_per_step = (gpu.recorded - marks_before) / 5
+    session.epoch_end(0)
+    session.train_end()
+    if timer == "cuda":
+        # One event per boundary: step start (= dataloader end = forward begin), forward end
+        # (= backward begin), backward end (= optimizer begin), step end (= optimizer end).
+        assert marks_per_step == 4
+    by_name: dict[str, list] = {}
+    for r in absorbed:
+        by_name.setdefault(r.name, []).append(r)
+    steps = by_name["step"]
+    assert len(steps) == 5
+    for k, step in enumerate(steps):
+        fwd, bwd, opt = by_name["forward"][k], by_name["backward"][k], by_name["optimizer"][k]
+        assert fwd.start_s == step.start_s and opt.end_s == step.end_s
+        assert fwd.end_s == bwd.start_s and bwd.end_s == opt.start_s
+        assert fwd.time_s + bwd.time_s + opt.time_s == pytest.approx(step.time_s, abs=1e-12)
+        assert step.time_s == pytest.approx(0.009)
+        assert step.info == {"step": k, "num_samples": 8, "num_tokens": None}
+    for k, gap in enumerate(by_name["dataloader"]):  # the gap from one step's end to the next's start
+        assert gap.start_s == steps[k].end_s and gap.end_s == steps[k + 1].start_s
+    assert gpu.violations == []
+    backend.close()
+
+
+def test_ring_reads_from_a_time_on_match_the_whole_buffer():
+    ring = TimeSeriesRing(16)
+    for n in range(1, 40):
+        ring.append(float(n), 10.0 * n)
+        t, v = ring.arrays()
+        for since in (-1.0, 0.5, t[0], t[len(t) // 2] + 0.5, t[-1], t[-1] + 3.0):
+            ts, vs = ring.arrays(since)
+            first = max(0, int(np.searchsorted(t, since, side="right")) - 1)
+            assert ts.tolist() == t[first:].tolist() and vs.tolist() == v[first:].tolist(), (n, since)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        torch.zeros(7, 3),
+        (torch.zeros(5, 2), torch.zeros(5)),
+        [torch.zeros(4, 2), torch.zeros(4, 1)],
+        (torch.zeros(5, 2), torch.zeros(3)),  # ambiguous: Lightning's first size
+        {"x": torch.zeros(6, 2)},
+        (torch.zeros(2, 2), "label"),
+        torch.tensor(3.0),
+    ],
+)
+def test_batch_size_fast_path_agrees_with_lightning(batch):
+    assert _batch_size(batch) == extract_batch_size(batch)
+
+
+def test_cached_state_key_is_lightnings_own(tmp_path):
+    callback = ZeusCallback({"backend": "virtual", "job_id": "job-a", "logging": {"log_dir": str(tmp_path)}})
+    expected = callback._generate_state_key(job_id="job-a")
+    assert callback.state_key == expected
+    assert callback.state_key is callback.state_key  # built once, not at every hook call
