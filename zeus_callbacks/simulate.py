@@ -261,7 +261,7 @@ def _one_recurrence(
         noise_W=0.0,
         read_only=False,  # the simulator changes limits on its own virtual GPU, whatever the environment says
         # A few samples per simulated step (real steps included): exact, and fast.
-        sample_period_s=min(1.0, epoch_max_s * (min(coarse_step, real_step) if profiling else coarse_step) / 8),
+        sample_period_s=min(1.0, epoch_max_s * (min(coarse_step, real_step) if profiling else coarse_step) / 4),
     )
     session = EnergySession(config, backend=backend, is_main_process=True)
     session.suggest_batch_size()  # claims the suggestion made above
