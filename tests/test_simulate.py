@@ -113,7 +113,8 @@ def _replay_search(curve: traces.PowerCurve, dt_max_s: float) -> list[float]:
         limit = profiler.on_step_start(len(visited), now)
         visited += [limit] if not visited or visited[-1] != limit else []
         power[now] = traces.average_power_W_at(curve, limit)
-        now += dt_max_s * traces.time_per_epoch_s_at(curve, limit) / traces.time_per_epoch_s_at(curve, curve.max_limit_W)
+        slowdown = traces.time_per_epoch_s_at(curve, limit) / traces.time_per_epoch_s_at(curve, curve.max_limit_W)
+        now += dt_max_s * slowdown
         profiler.on_step_end(len(visited), now)
     return visited
 
@@ -132,8 +133,8 @@ def test_jit_drives_the_real_profiler_and_its_store_cache(tmp_path, monkeypatch)
 
     # The profiler wrote its profile into the store, under its own key (job, GPU model, batch size,
     # world size, objective), and the simulator trained at the limit it chose.
-    key = ProfileKey(f"sim/{gpu}/{workload}", VirtualGPUBackend(gpu=gpu, workload=workload, batch_size=b).device_name(0),
-                     b, 1, "zeus_cost(eta=0.5)")  # fmt: skip
+    gpu_model = VirtualGPUBackend(gpu=gpu, workload=workload, batch_size=b).device_name(0)
+    key = ProfileKey(f"sim/{gpu}/{workload}", gpu_model, b, 1, "zeus_cost(eta=0.5)")
     with open_store(store_path) as store:
         profile = store.get_profile(key.as_str())
         (trial0, trial1) = store.list_trials(f"sim/{gpu}/{workload}")
