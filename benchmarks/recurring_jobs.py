@@ -1,8 +1,9 @@
 """Recurring-job benchmark of the batch-size bandit on the Zeus (NSDI '23) traces.
 
 6 workloads x {V100, A40} x 5 seeds, eta_knob 0.5, beta_knob 2.0, 2·|batch sizes|·|power limits|
-recurrences each, through zeus_callbacks.simulate (the real EnergySession, bandit and store
-on a virtual clock). Baseline: the workload's default batch size at the maximum power limit.
+recurrences each, through zeus_callbacks.simulate: the real EnergySession, bandit and store and,
+with --power-limit jit (the default), the session's own power-limit profiler, on a virtual clock.
+Baseline: the workload's default batch size at the maximum power limit.
 
 Per row (mean over seeds): oracle ETA saving (the expected-cost-optimal batch size and power
 limit), ETA saving over the last 10 and over all recurrences, TTA change over the last 10,
