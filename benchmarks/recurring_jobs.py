@@ -1,8 +1,9 @@
 """Recurring-job benchmark of the batch-size bandit on the Zeus (NSDI '23) traces.
 
 6 workloads x {V100, A40} x 5 seeds, eta_knob 0.5, beta_knob 2.0, 2·|batch sizes|·|power limits|
-recurrences each, through zeus_callbacks.simulate (the real EnergySession, bandit and store
-on a virtual clock). Baseline: the workload's default batch size at the maximum power limit.
+recurrences each, through zeus_callbacks.simulate: the real EnergySession, bandit and store and,
+with --power-limit jit (the default), the session's own power-limit profiler, on a virtual clock.
+Baseline: the workload's default batch size at the maximum power limit.
 
 Per row (mean over seeds): oracle ETA saving (the expected-cost-optimal batch size and power
 limit), ETA saving over the last 10 and over all recurrences, TTA change over the last 10,
@@ -70,7 +71,7 @@ def baseline_and_oracle(gpu: str, workload: str) -> dict:
 
 
 def one(job: tuple) -> dict:
-    gpu, workload, seed, power_limit, rounds, profile_epochs = job
+    gpu, workload, seed, power_limit, rounds = job
     sizes = traces.available_batch_sizes(gpu, workload)
     limits = traces.power_curve(gpu, workload).power_limit_W
     n = 2 * len(sizes) * len(limits)
@@ -83,7 +84,6 @@ def one(job: tuple) -> dict:
         seed=seed,
         power_limit=power_limit,
         pruning_rounds=rounds,
-        profile_epochs=profile_epochs,
     )
     return {"gpu": gpu, "workload": workload, "seed": seed, "runs": [(r.energy_J, r.time_s, r.cost) for r in runs]}
 
@@ -94,13 +94,12 @@ def main() -> None:
     parser.add_argument("--power-limit", choices=["jit", "max"], default="jit")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pruning-rounds", type=int, default=1)
-    parser.add_argument("--profile-epochs", type=float, default=0.01, help="jit: epochs profiled per power limit")
     parser.add_argument("--only", default=None, help="comma-separated workloads (default: all six)")
     args = parser.parse_args()
     start = time.monotonic()
     rows_keys = [k for k in REFERENCE if args.only is None or k[1] in args.only.split(",")]
     jobs = [
-        (g, w, s, args.power_limit, args.pruning_rounds, args.profile_epochs)
+        (g, w, s, args.power_limit, args.pruning_rounds)
         for g, w in rows_keys
         for s in range(args.seeds)
     ]

@@ -24,6 +24,7 @@ from zeus_callbacks.optimizers.power_limit import (
 )
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
+from zeus_callbacks.store import open_store
 
 STEP_S = 0.2
 
@@ -292,6 +293,24 @@ def test_cache_hit_skips_profiling_and_a_key_mismatch_profiles_again(tmp_path):
     other_objective, _ = simulate_session(tmp_path, backend, run_name="fourth", objective="energy")
     assert other_objective.power_limiter.result.source == "profile"
     other_objective.train_end()
+
+
+def test_cache_in_store_keeps_profiles_in_the_store_file(tmp_path):
+    store_path = tmp_path / "zeus_store.sqlite"  # the store section's default file
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    first, _ = simulate_session(tmp_path, backend, run_name="first", cache_in="store")
+    first.train_end()
+    key = first.power_limiter.key
+    # Written to the store (default path under log_dir), under the profiler's key; no JSON cache file.
+    with open_store(store_path) as store:
+        entry = store.get_profile(key.as_str())
+    assert entry["chosen_limit_W"] == first.power_limiter.result.chosen_limit_W
+    assert {row["limit_W"] for row in entry["limits"]} == set(first.power_limiter.profiler.profiles)
+    assert not (tmp_path / "power_limit_cache.json").exists()
+    second, _ = simulate_session(tmp_path, backend, run_name="second", cache_in="store")
+    assert second.power_limiter.result.source == "cache"
+    assert second.power_limiter.result.chosen_limit_W == entry["chosen_limit_W"]
+    second.train_end()
 
 
 def test_json_profile_cache_roundtrip(tmp_path):

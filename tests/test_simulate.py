@@ -9,6 +9,16 @@ import pytest
 
 from zeus_callbacks import simulate as sim
 from zeus_callbacks.backends import traces
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.cost import ZeusCost
+from zeus_callbacks.optimizers.power_limit import (
+    Objective,
+    PowerLimitProfiler,
+    ProfileKey,
+    ProfileSettings,
+    power_limit_grid_W,
+)
+from zeus_callbacks.store import open_store
 
 GPU, WORKLOAD, SIZES, SEED = "V100", "squad", [16, 32, 48], 3
 MAX_W = 250.0  # V100 trace
@@ -86,6 +96,82 @@ def test_command_line_prints_a_table_or_json_lines(capsys):
 def test_jit_power_limit_trains_at_the_cheapest_limit():
     (r,) = sim.simulate("A40", "squad", 1, power_limit="jit", steps_per_epoch=2)
     curve = traces.power_curve("A40", "squad", 32)
-    from zeus_callbacks.optimizers.cost import ZeusCost
-
+    assert r.power_limit_source == "profile" and r.profiling_steps > 0
     assert r.power_limit_W == sim.best_power_limit_W(curve, ZeusCost(0.5, curve.max_limit_W)) < curve.max_limit_W
+
+
+def _replay_search(curve: traces.PowerCurve, dt_max_s: float) -> list[float]:
+    """The limits the profiler visits, in order, fed the trace's exact per-step time and energy."""
+    objective = Objective("zeus_cost", 0.5, max_power_W=curve.max_limit_W)
+    power = {}
+    profiler = PowerLimitProfiler(
+        power_limit_grid_W(curve.min_limit_W, curve.max_limit_W), objective,
+        lambda a, b: power[a] * (b - a), ProfileSettings(),
+    )  # fmt: skip
+    now, visited = 0.0, []
+    while not profiler.finished:
+        limit = profiler.on_step_start(len(visited), now)
+        visited += [limit] if not visited or visited[-1] != limit else []
+        power[now] = traces.average_power_W_at(curve, limit)
+        slowdown = traces.time_per_epoch_s_at(curve, limit) / traces.time_per_epoch_s_at(curve, curve.max_limit_W)
+        now += dt_max_s * slowdown
+        profiler.on_step_end(len(visited), now)
+    return visited
+
+
+def test_jit_drives_the_real_profiler_and_its_store_cache(tmp_path, monkeypatch):
+    # The simulator's own virtual GPU accepts limit changes even where the environment asks
+    # real backends for read-only mode.
+    monkeypatch.setenv("ZEUS_CALLBACKS_READ_ONLY", "1")
+    gpu, workload, b = "A40", "squad", 32
+    store_path = tmp_path / "s.sqlite"
+    first, second = sim.simulate(gpu, workload, 2, power_limit="jit", batch_sizes=[b], store_path=store_path)
+    curve = traces.power_curve(gpu, workload, b)
+    max_W = curve.max_limit_W
+    n = sim.real_steps_per_epoch(curve)
+    cost = ZeusCost(0.5, max_W)
+
+    # The profiler wrote its profile into the store, under its own key (job, GPU model, batch size,
+    # world size, objective), and the simulator trained at the limit it chose.
+    gpu_model = VirtualGPUBackend(gpu=gpu, workload=workload, batch_size=b).device_name(0)
+    key = ProfileKey(f"sim/{gpu}/{workload}", gpu_model, b, 1, "zeus_cost(eta=0.5)")
+    with open_store(store_path) as store:
+        profile = store.get_profile(key.as_str())
+        (trial0, trial1) = store.list_trials(f"sim/{gpu}/{workload}")
+    assert profile is not None and first.power_limit_source == "profile"
+    assert profile["chosen_limit_W"] == first.power_limit_W == trial0.power_limit_W
+    rows = {row["limit_W"]: row for row in profile["limits"]}
+    # It visited the limits its golden-section search visits on the trace's exact costs: fewer
+    # than the whole 25 W grid, the maximum first.
+    visited = _replay_search(curve, traces.time_per_epoch_s_at(curve, max_W) / n)
+    assert set(rows) == set(visited) and len(rows) < len(power_limit_grid_W(curve.min_limit_W, max_W))
+    assert first.power_limit_W == min(rows, key=lambda x: rows[x]["cost"])
+    # Each limit's steps ran at that limit's traced time and power: the virtual GPU followed the limit.
+    for limit, row in rows.items():
+        t = traces.time_per_epoch_s_at(curve, limit) / n
+        assert row["time_per_step_s"] == pytest.approx(t, rel=1e-9)
+        assert row["energy_per_step_J"] == pytest.approx(t * traces.average_power_W_at(curve, limit), rel=1e-6)
+    # Profiling is charged at what it cost, by hand: the untouched first step at the maximum, every
+    # warm-up and profiled step at its limit (1/n epoch each), the rest of the epochs at the choice.
+    assert sum(row["steps"] for row in rows.values()) == first.profiling_steps
+    by_hand = (
+        sim.epoch_cost(curve, max_W, cost) / n
+        + sum(row["steps"] * sim.epoch_cost(curve, limit, cost) / n for limit, row in rows.items())
+        + (first.target_epoch - (1 + first.profiling_steps) / n) * sim.epoch_cost(curve, first.power_limit_W, cost)
+    )
+    assert first.cost == pytest.approx(by_hand, rel=1e-6) and first.epochs == first.target_epoch
+    # The next recurrence at the same batch size hits the cache: no profiling, the same limit
+    # from its second step on.
+    assert (second.power_limit_source, second.profiling_steps) == ("cache", 0)
+    assert second.power_limit_W == first.power_limit_W == trial1.power_limit_W
+    by_hand = sim.epoch_cost(curve, max_W, cost) / n + (second.target_epoch - 1 / n) * sim.epoch_cost(
+        curve, second.power_limit_W, cost
+    )
+    assert second.cost == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_max_power_limit_never_profiles(tmp_path):
+    (r,) = sim.simulate("A40", "squad", 1, power_limit="max", batch_sizes=[32], store_path=tmp_path / "s.json")
+    assert (r.power_limit_W, r.power_limit_source, r.profiling_steps) == (300.0, "max", 0)
+    with open_store(tmp_path / "s.json") as store:
+        assert store.list_profiles() == []

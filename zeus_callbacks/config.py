@@ -125,6 +125,11 @@ class PowerLimitConfig(_Section):
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
     cache_path: Path | None = Field(None, description="Profile cache file; default: <log_dir>/power_limit_cache.json.")
+    cache_in: Literal["file", "store"] = Field(
+        "file",
+        description="Where profiles are cached: file (the JSON file cache_path) or store (the store file of the "
+        "store section, beside the batch-size trials).",
+    )
     restore_marker: Path | None = Field(
         None, description="Restore marker file; default: <log_dir>/power_limit_restore.json."
     )

@@ -44,6 +44,7 @@ from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.optimizers.recurring import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
 from zeus_callbacks.signals import ChainedSigterm
+from zeus_callbacks.store.profile_cache import StoreProfileCache
 
 logger = logging.getLogger(__name__)
 
@@ -902,7 +903,15 @@ class EnergySession:
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             is_main_process=self.is_main_process,
             run_name=self.run_name or "run",
+            cache=self._profile_cache(),
         )
+
+    def _profile_cache(self) -> pl.ProfileCache | None:
+        """The store as the profile cache (``power_limit.cache_in: store``), else None (the JSON file)."""
+        cfg = self.config
+        if cfg.power_limit.cache_in != "store":
+            return None
+        return StoreProfileCache(cfg.store.resolved_path(cfg.logging.log_dir), cfg.store.backend)
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:
@@ -933,6 +942,8 @@ class EnergySession:
             return
         if result.chosen_limit_W is not None:
             self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
+            if self.batch_size_controller is not None:  # the trial records the limit it trained at
+                self.batch_size_controller.power_limit_W = result.chosen_limit_W
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
         self._write(
             {

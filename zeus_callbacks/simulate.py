@@ -17,14 +17,19 @@ An epoch is ``steps_per_epoch`` simulated steps (coarse steps keep 100 recurrenc
 seconds; early stopping is checked at every one). After each epoch the simulator
 reports the metric ``target`` (the target value once reached, a worse one before).
 
-Power limit (``power_limit``): ``"max"`` trains at the maximum limit; ``"jit"`` is a
-stand-in for the just-in-time profiler (not yet the real one in ``optimizers/power_limit.py``): at the start of the
-first epoch it runs ``profile_epochs`` at each limit from the maximum down (charged at
-that limit's real time and power, and counted as training progress), measures the cost
-per epoch of each from the session's own totals, and trains at the cheapest (the
-traces' cost is not unimodal in the limit, so every limit is tried). The profile is cached in the store (key
-``<gpu>/<workload>/bs<b>/eta<eta>``): a later recurrence at the same batch size skips
-profiling.
+Power limit (``power_limit``): ``"max"`` trains at the maximum limit; ``"jit"`` turns on the
+session's own just-in-time profiler (``power_limit.enabled``, see
+:mod:`zeus_callbacks.optimizers.power_limit`): its warm-up, golden-section search over the
+25 W grid and per-limit windows run during the simulated steps, the session applies each
+limit through the virtual GPU's setter, and the virtual GPU's power and the step's time
+follow the limit in force. While the profiler runs, a simulated step is one *real* training
+step (:func:`real_steps_per_epoch` of them per epoch), so profiling costs what it costs a real
+job, and that cost counts in the run's energy, time and bandit cost like any other step;
+once it has chosen, steps are coarse again. The profiler's objective is the bandit's cost
+(``zeus_cost`` with the same ``eta_knob``), and its profiles live in the store
+(``power_limit.cache_in: store``), keyed as the profiler keys them (job, GPU model, batch
+size, world size, objective): a later recurrence at the same batch size applies the cached
+limit after its first step, without profiling.
 
 Command line (a table; ``--json`` for one JSON line per recurrence)::
 
@@ -45,7 +50,6 @@ from typing import Literal
 
 import numpy as np
 
-from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -76,6 +80,10 @@ class Recurrence:
         epochs: Epochs trained (fractional when stopped mid-epoch).
         phase: Bandit phase of the choice.
         target_epoch: Epoch at which the sampled path reaches the target; None if never.
+        profiling_steps: Steps the power-limit profiler spent warming up and profiling (0:
+            none, e.g. a cache hit or ``power_limit="max"``).
+        power_limit_source: ``profile`` (the profiler chose), ``cache`` (a stored profile was
+            applied), ``abandoned`` (no choice; trained at the maximum) or ``max``.
     """
 
     index: int
@@ -89,6 +97,8 @@ class Recurrence:
     epochs: float
     phase: str
     target_epoch: int | None
+    profiling_steps: int = 0
+    power_limit_source: str = "max"
 
 
 def training_paths(gpu: str, workload: str, batch_size: int) -> list[int | None]:
@@ -117,6 +127,21 @@ def best_power_limit_W(curve: traces.PowerCurve, cost: ZeusCost) -> float:
     return float(min(curve.power_limit_W, key=lambda p: (epoch_cost(curve, float(p), cost), -p)))
 
 
+REAL_STEP_S = 0.25
+"""Nominal time of one real training step at the maximum limit (s): a modelling assumption.
+
+The Zeus traces give time per epoch, not per step; as in ``benchmarks/power_limit_search.py``
+an epoch is split into steps of about this length, 20 to 2000 of them (CIFAR-100 at batch
+size 1024 really has 49 steps per epoch; ImageNet at 256, 5005).
+"""
+
+
+def real_steps_per_epoch(curve: traces.PowerCurve) -> int:
+    """Real training steps in one epoch of ``curve``: its time per epoch at the maximum limit over ~0.25 s."""
+    epoch_s = traces.time_per_epoch_s_at(curve, curve.max_limit_W)
+    return int(np.clip(round(epoch_s / REAL_STEP_S), 20, 2000))
+
+
 def simulate(
     gpu: str,
     workload: str,
@@ -128,10 +153,10 @@ def simulate(
     store_path: str | Path | None = None,
     steps_per_epoch: int = 4,
     power_limit: Literal["max", "jit"] = "max",
-    profile_epochs: float = 0.01,
     pruning_rounds: int = 1,
     batch_sizes: Sequence[int] | None = None,
     bandit: dict | None = None,
+    profiler: dict | None = None,
     on_recurrence: Callable[[Recurrence], None] | None = None,
 ) -> list[Recurrence]:
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
@@ -141,17 +166,17 @@ def simulate(
         workload: Zeus workload (``cifar100``, ``imagenet``, ``librispeech``, ``movielens-1m``,
             ``sentiment140``, ``squad``).
         recurrences: How many recurrences to run.
-        eta_knob: Energy weight of the cost.
+        eta_knob: Energy weight of the cost (the bandit's and, with ``"jit"``, the profiler's).
         beta_knob: Early-stopping factor (None: off).
         seed: Seeds the bandit and the sampling of training paths.
         store_path: Store file (kept, so a later call continues the job); default a
             temporary one.
-        steps_per_epoch: Simulated steps per epoch (early stopping granularity).
+        steps_per_epoch: Simulated steps per epoch outside profiling (early stopping granularity).
         power_limit: ``"max"`` or ``"jit"`` (see the module docstring).
-        profile_epochs: With ``"jit"``: epochs spent at each limit while profiling.
         pruning_rounds: Pruning rounds of the bandit.
         batch_sizes: Arms; default every batch size of the workload in the GPU's trace.
         bandit: Further ``batch_size`` settings (e.g. ``{"noise_floor_rel": 0.1}``).
+        profiler: With ``"jit"``: further ``power_limit`` settings (e.g. ``{"search": "sweep"}``).
         on_recurrence: Called with each :class:`Recurrence` as soon as it ends (progress, streaming).
 
     Returns:
@@ -162,6 +187,8 @@ def simulate(
     """
     if steps_per_epoch < 1 or recurrences < 0:
         raise ValueError("steps_per_epoch must be ≥ 1 and recurrences ≥ 0")
+    if power_limit not in ("max", "jit"):
+        raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
     w = traces.get_workload(workload)
     sizes = list(batch_sizes or traces.available_batch_sizes(gpu, workload))
     default = traces.default_batch_size(gpu, workload)
@@ -189,10 +216,20 @@ def simulate(
                 "pruning_rounds": pruning_rounds,
                 **(bandit or {}),
             },
+            "power_limit": {
+                "enabled": power_limit == "jit",
+                # The bandit's cost: the profiler minimises what the bandit is charged.
+                "objective": "zeus_cost",
+                "eta_knob": eta_knob,
+                "cache": True,
+                "cache_in": "store",
+                "plot": False,
+                **(profiler or {}),
+            },
         }
         out = []
         for index in range(recurrences):
-            out.append(_one_recurrence(index, gpu, w, config, world, steps_per_epoch, power_limit, profile_epochs))
+            out.append(_one_recurrence(index, gpu, w, config, world, steps_per_epoch))
             if on_recurrence is not None:
                 on_recurrence(out[-1])
         return out
@@ -205,16 +242,16 @@ def _one_recurrence(
     config: dict,
     world: np.random.Generator,
     steps_per_epoch: int,
-    power_limit: str,
-    profile_epochs: float,
 ) -> Recurrence:
     batch_size = suggest_batch_size(config)
     paths = training_paths(gpu, w.dataset, batch_size)
     target_epoch = paths[int(world.integers(len(paths)))] if paths else None
     curve = traces.power_curve(gpu, w.dataset, batch_size)
     max_W = curve.max_limit_W
-    cost = ZeusCost(config["batch_size"]["eta_knob"], max_W)
-    dt_max = traces.time_per_epoch_s_at(curve, max_W) / steps_per_epoch
+    epoch_max_s = traces.time_per_epoch_s_at(curve, max_W)
+    real_step = 1.0 / real_steps_per_epoch(curve)  # epochs per real (profiling) step
+    coarse_step = 1.0 / steps_per_epoch
+    profiling = bool(config["power_limit"]["enabled"])
     clock = ManualClock(0.0)
     backend = VirtualGPUBackend(
         gpu=gpu,
@@ -222,75 +259,48 @@ def _one_recurrence(
         batch_size=batch_size,
         clock=clock,
         noise_W=0.0,
-        read_only=False,
-        # A few samples per simulated step (profiling slices included): exact, and fast.
-        sample_period_s=min(1.0, dt_max / 8, profile_epochs * traces.time_per_epoch_s_at(curve, max_W) / 8),
+        read_only=False,  # the simulator changes limits on its own virtual GPU, whatever the environment says
+        # A few samples per simulated step (real steps included): exact, and fast.
+        sample_period_s=min(1.0, epoch_max_s * (min(coarse_step, real_step) if profiling else coarse_step) / 4),
     )
     session = EnergySession(config, backend=backend, is_main_process=True)
     session.suggest_batch_size()  # claims the suggestion made above
     session.train_start(run_name=f"recurrence-{index}")
     sampler = session.sampler
     assert sampler is not None
+    limiter = session.power_limiter  # None with power_limit "max"
+    assert (limiter is not None) == profiling
 
     # Each simulated step is a slice of an epoch; `progress` counts epochs done.
-    if power_limit not in ("max", "jit"):
-        raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
-    profile_key = f"{traces.normalize_gpu(gpu)}/{w.dataset}/bs{batch_size}/eta{cost.eta_knob:g}"
-    cached = _get_profile(config, profile_key) if power_limit == "jit" else None
-    to_profile = [float(p) for p in sorted(curve.power_limit_W, reverse=True)] if power_limit == "jit" else []
-    measured: dict[float, float] = {}  # power limit -> measured cost per epoch
-    chosen_W = max_W
-    if cached is not None:
-        to_profile, chosen_W = [], float(cached["best_W"])
     progress, stopped, step = 0.0, False, 0
     epoch_index = -1
     reached = target_epoch is not None and target_epoch <= w.max_epochs
 
-    def run_slice(limit_W: float, epochs: float) -> bool:
+    def run_step(epochs: float) -> bool:
         nonlocal progress, step
-        if backend.power_limit_W(0) != limit_W:
-            backend.set_power_limit_W(0, limit_W)
-        session.step_start(step)
-        dt_s = epochs * traces.time_per_epoch_s_at(curve, limit_W)
-        # The sensor keeps only 2.4 s of samples: drain once early in the slice, so the first
+        session.step_start(step)  # the profiler applies the limit this step runs at
+        dt_s = epochs * traces.time_per_epoch_s_at(curve, backend.power_limit_W(0))
+        # The sensor keeps only 2.4 s of samples: drain once early in the step, so the first
         # sample after a limit change (which averages old and new power) is never lost.
         first_s = min(dt_s / 2, 2 * backend.sample_period_s)
         clock.advance(first_s)
         sampler.poll_once(read_counter=False)
         clock.advance(dt_s - first_s)
         sampler.poll_once(read_counter=False)
-        decision = session.step_end(step)
+        decision = session.step_end(step, num_samples=batch_size)  # the batch size keys the profile cache
         step += 1
         progress += epochs
         return decision.stop_training
 
     while not stopped and progress < w.max_epochs - 1e-9:
-        # Next epoch boundary: profile slices first, then regular slices at the chosen limit.
         if int(progress + 1e-9) != epoch_index:
             epoch_index = int(progress + 1e-9)
             session.epoch_start(epoch_index)
-        profiling = bool(to_profile)
-        if profiling:
-            limit_W, epochs = to_profile.pop(0), profile_epochs
-            before = session.totals()
-        else:
-            limit_W, epochs = chosen_W, 1.0 / steps_per_epoch
+        # Real steps until the profiler has chosen (or applied a cached choice), coarse ones after.
+        size = real_step if limiter is not None and limiter.result is None else coarse_step
         boundary = epoch_index + 1
-        epochs = min(epochs, boundary - progress)
-        stopped = run_slice(limit_W, epochs)
-        if profiling:
-            after = session.totals()
-            measured[limit_W] = (
-                cost(
-                    after[metric.TOTAL_ENERGY_J] - before[metric.TOTAL_ENERGY_J],
-                    after[metric.TOTAL_TIME_S] - before[metric.TOTAL_TIME_S],
-                )
-                / epochs
-            )
-            if not to_profile:  # every limit measured (trace costs are not unimodal in the limit)
-                to_profile = []
-                chosen_W = min(measured, key=measured.__getitem__)
-                _put_profile(config, profile_key, measured, chosen_W)
+        left = boundary - progress
+        stopped = run_step(left if left <= size + 1e-9 else size)
         if abs(progress - boundary) < 1e-9:
             progress = float(boundary)
             session.epoch_end(epoch_index)
@@ -307,10 +317,11 @@ def _one_recurrence(
         store.close()
     assert trial is not None
     backend.close()
+    chosen_W = limiter.result.chosen_limit_W if limiter is not None and limiter.result is not None else None
     return Recurrence(
         index=index,
         batch_size=batch_size,
-        power_limit_W=chosen_W,
+        power_limit_W=float(chosen_W) if chosen_W is not None else max_W,
         energy_J=summary.energy_J,
         time_s=summary.time_s,
         cost=float(trial.cost or 0.0),
@@ -319,18 +330,9 @@ def _one_recurrence(
         epochs=progress,
         phase=str(trial.info.get("phase")),
         target_epoch=target_epoch,
+        profiling_steps=limiter.result.profiling_steps if limiter is not None and limiter.result is not None else 0,
+        power_limit_source=limiter.result.source if limiter is not None and limiter.result is not None else "max",
     )
-
-
-def _get_profile(config: dict, key: str) -> dict | None:
-    with open_store(config["store"]["path"], config["store"]["backend"]) as store:
-        return store.get_profile(key)
-
-
-def _put_profile(config: dict, key: str, measured: dict[float, float], best_W: float) -> None:
-    table = {"limits_W": list(measured), "cost_per_epoch": list(measured.values()), "best_W": best_W}
-    with open_store(config["store"]["path"], config["store"]["backend"]) as store:
-        store.put_profile(key, table)
 
 
 def format_recurrences(runs: Sequence[Recurrence]) -> str:

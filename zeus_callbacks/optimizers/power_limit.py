@@ -730,6 +730,8 @@ class PowerLimitController:
         world_size: Part of the cache key.
         is_main_process: Only the main process writes the cache and the plot.
         run_name: Names the plot, ``<log_dir>/<run_name>.power_limit.png``.
+        cache: The profile cache; default a :class:`JsonProfileCache` on ``config.cache_path``
+            (``<log_dir>/power_limit_cache.json``). Ignored when ``config.cache`` is off.
     """
 
     def __init__(
@@ -744,6 +746,7 @@ class PowerLimitController:
         world_size: int = 1,
         is_main_process: bool = True,
         run_name: str = "run",
+        cache: ProfileCache | None = None,
     ) -> None:
         self.config = config
         self.plot_path = Path(log_dir) / f"{run_name}.power_limit.png" if config.plot else None
@@ -751,7 +754,7 @@ class PowerLimitController:
         self.gpu_indices = list(gpu_indices)
         self.marker_path = marker_path(log_dir, config.restore_marker)
         cache_path = Path(config.cache_path) if config.cache_path else Path(log_dir) / CACHE_NAME
-        self.cache: ProfileCache | None = JsonProfileCache(cache_path) if config.cache else None
+        self.cache: ProfileCache | None = (cache or JsonProfileCache(cache_path)) if config.cache else None
         self.job_id = job_id
         self.world_size = world_size
         self.is_main_process = is_main_process
