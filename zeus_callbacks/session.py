@@ -843,6 +843,12 @@ class EnergySession:
             pl.restore_from_marker(pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker), self.backend)
         except BackendError as exc:
             logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
+        except pl.NotAMarker as exc:  # kept: it may hold the only record of the original limits
+            logger.error(
+                "zeus-callbacks: %s; it was left untouched, and this run will not change power limits "
+                "while it is there (check the GPU's limit, then move the file away)",
+                exc,
+            )
 
     def _start_power_limiter(self) -> None:
         cfg = self.config

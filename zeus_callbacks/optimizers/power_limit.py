@@ -576,8 +576,58 @@ def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Pa
     return path
 
 
+class NotAMarker(ValueError):
+    """A file at a restore marker's path is not a readable restore marker; it is kept untouched."""
+
+
+def read_marker(path: str | Path) -> dict[int, float] | None:
+    """The limits a restore marker records, without touching the file.
+
+    A marker is what :func:`write_marker` writes: a JSON object with a non-empty ``gpus``
+    list of ``{"index": int, "original_limit_W": number > 0}``.
+
+    Args:
+        path: The marker file.
+
+    Returns:
+        GPU index → original limit (W), or None when there is no file.
+
+    Raises:
+        NotAMarker: The path is a directory, unreadable, not JSON, or JSON of another shape
+            (a torn marker included): nobody can tell what limit it held, so it is kept.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise NotAMarker(f"{path} is a directory, not a power-limit restore marker") from None
+    except (OSError, ValueError) as exc:
+        raise NotAMarker(f"{path} is not a power-limit restore marker (not readable JSON: {exc})") from exc
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+        raise NotAMarker(f'{path} is not a power-limit restore marker (no "gpus" list)')
+    limits: dict[int, float] = {}
+    for gpu in gpus:
+        index = gpu.get("index") if isinstance(gpu, dict) else None
+        limit = gpu.get("original_limit_W") if isinstance(gpu, dict) else None
+        if (
+            isinstance(index, bool) or not isinstance(index, int) or index < 0
+            or isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0
+        ):  # fmt: skip
+            raise NotAMarker(
+                f"{path} is not a valid power-limit restore marker (GPU entry {gpu!r}: need an index ≥ 0 "
+                "and an original_limit_W > 0)"
+            )
+        limits[index] = float(limit)
+    return limits
+
+
 def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, float] | None:
     """Put back the limits a run left changed (SIGKILL, power loss), then remove the marker.
+
+    Only a file that reads as a marker (:func:`read_marker`) is ever removed.
 
     Args:
         path: The marker file (``<log_dir>/power_limit_restore.json`` by default).
@@ -587,20 +637,16 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
         GPU index → restored limit (W), or None when there was no marker.
 
     Raises:
+        NotAMarker: The file is not a marker (or a torn one); it is kept byte for byte.
         BackendError: A limit could not be restored (the marker is kept for a later try).
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    limits = read_marker(path)
+    if limits is None:
         return None
-    except (OSError, ValueError) as exc:
-        logger.warning("zeus-callbacks: unreadable power-limit restore marker %s (%s); removing it", path, exc)
-        path.unlink(missing_ok=True)
-        return None
+    pid = json.loads(path.read_text(encoding="utf-8")).get("pid")
     restored: dict[int, float] = {}
-    for gpu in data.get("gpus", []):
-        index, limit = int(gpu["index"]), float(gpu["original_limit_W"])
+    for index, limit in limits.items():
         if index >= backend.device_count():
             logger.warning("zeus-callbacks: restore marker names GPU %d, which this process does not see", index)
             continue
@@ -609,7 +655,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
     path.unlink(missing_ok=True)
     logger.warning(
         "zeus-callbacks: restored power limits left by an earlier run (pid %s): %s",
-        data.get("pid"),
+        pid,
         ", ".join(f"GPU {i} → {w:.0f} W" for i, w in restored.items()),
     )
     return restored
@@ -625,7 +671,11 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
             limit_W per GPU) and ``failed`` (marker, error per marker kept).
 
     Returns:
-        0 when restored (or nothing to restore), 1 when a limit could not be restored.
+        0 when restored (or nothing to restore), 1 when a limit could not be restored or a
+        file is not a marker (it is kept).
+
+    Raises:
+        ConfigError: The configuration file is missing or invalid.
     """
     from zeus_callbacks.backends import get_backend
     from zeus_callbacks.config import load_config, parse_config
@@ -647,6 +697,11 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
         for path in paths:
             try:
                 restored = restore_from_marker(path, backend)
+            except NotAMarker as exc:
+                report["failed"].append({"marker": str(path), "error": f"{exc}; it was left untouched"})
+                if not as_json:
+                    print(f"zeus-callbacks: {exc}; it was left untouched", file=sys.stderr)
+                continue
             except BackendError as exc:
                 report["failed"].append({"marker": str(path), "error": str(exc)})
                 if not as_json:
@@ -942,6 +997,12 @@ class PowerLimitController:
             if self.observe or self.applied_W == limit_W:
                 return
             if not self._marker_written:
+                if self.marker_path.exists():  # not ours: another run's, one kept after a failure, or no marker
+                    self._enter_observe(
+                        f"the restore marker path {self.marker_path} holds a file this run did not write; "
+                        "writing the marker would replace it (run `zeus-callbacks restore`, or move it away)"
+                    )
+                    return
                 try:
                     write_marker(self.marker_path, self.backend, self.original_W)
                 except OSError as exc:
