@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -130,3 +131,31 @@ def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
     records = read_jsonl(log)
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
     assert records[-1]["steps"] >= 2 and records[-1]["energy_J"] > 0
+
+
+def test_report_of_a_run_end_that_lacks_fields_shows_dashes(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"event": "run_end", "run_name": "r", "energy_J": 12.5}\n'
+                    '{"event": "epoch", "epoch": 0}\n')
+    assert cli(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "run r (-)" in out and "energy 12.5 J over - s" in out
+    assert "lacks status, time_s, steps" in out and "power limit at the end - W" in out
+    assert out.strip().splitlines()[-1].split() == ["0", "-", "n/a", "-", "-"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file anyway")
+def test_a_read_only_store_refuses_to_start_saying_what_to_do(tmp_path, virtual_backend):
+    from zeus_callbacks.store import StoreError, open_store
+
+    path = tmp_path / "store.sqlite"
+    with open_store(path) as store:
+        store.create_trial("job", 8)
+    path.chmod(0o444)
+    before = path.read_bytes()
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
+              "store": {"path": str(path)}, "batch_size": {"enabled": True, "batch_sizes": [8, 16]}}
+    session = EnergySession(config, backend=virtual_backend, is_main_process=True)
+    with pytest.raises(StoreError, match=r"is not writable .*store\.path to another file"):
+        session.train_start()
+    assert path.read_bytes() == before and not session.started
