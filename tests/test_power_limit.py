@@ -534,3 +534,25 @@ def test_a_marker_of_another_live_run_is_not_overwritten(tmp_path):
     assert backend.power_limit_W(0) == 300.0 and session.power_limiter.observe
     session.train_end()
     assert json.loads((tmp_path / MARKER_NAME).read_text()) == other
+
+
+def test_a_profile_cut_short_by_the_end_of_training_is_recorded_and_plotted(tmp_path, caplog):
+    from zeus_callbacks.cli import main as cli
+
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend, max_steps=12, run_name="short")
+        assert session.power_limiter.result is None  # 12 steps: still profiling
+        session.train_end()
+    assert len(set(applied)) > 1 and backend.power_limit_W(0) == 300.0  # limits changed, then restored
+    records = read_jsonl(tmp_path / "short.jsonl")
+    profiles = [r for r in records if r["event"] == "power_limit_profile"]
+    assert len(profiles) == 1 and profiles[0]["finished"] is False and profiles[0]["source"] == "unfinished"
+    assert profiles[0]["chosen_limit_W"] is None
+    assert {r["limit_W"] for r in profiles[0]["limits"]} <= set(applied) and profiles[0]["limits"]
+    assert [r["event"] for r in records].index("power_limit_profile") < [r["event"] for r in records].index("run_end")
+    warnings = [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]
+    assert len(warnings) == 1 and "in 12 steps" in warnings[0] and "raise max_steps" in warnings[0]
+    image = tmp_path / "partial.png"
+    assert cli(["plot", "power-limit", str(tmp_path / "short.jsonl"), "-o", str(image)]) == 0
+    assert image.stat().st_size > 1000

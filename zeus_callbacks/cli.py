@@ -101,6 +101,10 @@ def _show(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.is_dir():  # -o DIR: a file in it, named after the plot
+        out = out / f"zeus_{args.what}.png"
+    elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
+        out = out.with_suffix(".png")
     try:
         if args.what == "power-limit":
             from zeus_callbacks.optimizers.power_limit import plot_profile
@@ -110,7 +114,10 @@ def _plot(args: argparse.Namespace) -> int:
             if profile is None:
                 print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
                 return 1
-            plot_profile(profile["limits"], profile.get("chosen_limit_W"), out)
+            partial = profile.get("finished") is False
+            plot_profile(profile.get("limits") or [], profile.get("chosen_limit_W"), out, partial=partial)
+            if partial:
+                print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
         elif args.what == "profile":
             from zeus_callbacks.measurement.profiler import ProfileResult
 
@@ -259,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "source", help="power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file"
     )
     plot.add_argument("job", nargs="?", help="bandit: the job id")
-    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write")
+    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write (a folder: zeus_WHAT.png in it)")
     plot.set_defaults(func=_plot)
     prof = sub.add_parser("profile-kernel", help="fine-grain energy per execution of a kernel (FinGraV)")
     prof.add_argument("kernel", nargs="?", default="matmul", help="matmul, copy, or module:function (no arguments)")

@@ -921,6 +921,10 @@ class EnergySession:
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:
+            if self._decides_power_limit():
+                unfinished = self.power_limiter.unfinished(self._totals.steps)
+                if unfinished is not None:
+                    self._write_power_limit_profile(unfinished)
             self.power_limiter.restore()
             self.power_limit_W = self._read_power_limit_W()
 
@@ -951,6 +955,10 @@ class EnergySession:
             if self.batch_size_controller is not None:  # the trial records the limit it trained at
                 self.batch_size_controller.power_limit_W = result.chosen_limit_W
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
+        self._write_power_limit_profile(result)
+
+    def _write_power_limit_profile(self, result: pl.PowerLimitResult) -> None:
+        assert self.power_limiter is not None
         self._write(
             {
                 "event": "power_limit_profile",
@@ -962,6 +970,7 @@ class EnergySession:
                 "profiling_steps": result.profiling_steps,
                 "fallback_sweep": result.fallback_sweep,
                 "limits": result.rows,
+                "finished": result.finished,
                 "message": result.message,
             }
         )

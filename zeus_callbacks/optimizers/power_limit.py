@@ -719,13 +719,17 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
 
 
 # ---------------------------------------------------------------------------- plot
-def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path) -> Path:
+def plot_profile(
+    rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path, *, partial: bool = False
+) -> Path:
     """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
 
     Args:
-        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``).
-        chosen_limit_W: The chosen limit (W), or None (observe mode).
+        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``); rows
+            without a measurement (null or NaN) are left out.
+        chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
         path: The image file to write (PNG).
+        partial: The profile did not finish (said in the title).
 
     Returns:
         The path written.
@@ -738,6 +742,7 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5, 4))
+    rows = [r for r in rows if _measured(r.get("time_per_step_s")) and _measured(r.get("energy_per_step_J"))]
     try:
         xs = [r["time_per_step_s"] for r in rows]
         ys = [r["energy_per_step_J"] for r in rows]
@@ -748,7 +753,7 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
                 ax.scatter([x], [y], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
         ax.set_xlabel("time per step (s)")
         ax.set_ylabel("energy per step (J)")
-        ax.set_title("Power-limit profile")
+        ax.set_title("Power-limit profile" + (" (partial: profiling did not finish)" if partial else ""))
         if chosen_limit_W is not None:
             ax.legend(loc="best")
         fig.tight_layout()
@@ -756,6 +761,10 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
     finally:
         plt.close(fig)
     return path
+
+
+def _measured(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------------- controller
@@ -770,6 +779,7 @@ class PowerLimitResult:
     rows: list[dict[str, float]]
     fallback_sweep: bool
     message: str
+    finished: bool = True
 
 
 class PowerLimitController:
@@ -939,10 +949,11 @@ class PowerLimitController:
         )
         return self.result
 
-    def _finish(self) -> PowerLimitResult:
+    def _rows(self) -> list[dict[str, float]]:
+        """The per-limit table of what was measured, highest limit first."""
         p = self.profiler
         costs = p.costs()
-        rows = [
+        return [
             {
                 "limit_W": limit,
                 "energy_per_step_J": prof.energy_per_step_J,
@@ -953,6 +964,38 @@ class PowerLimitController:
             }
             for limit, prof in sorted(p.profiles.items(), reverse=True)
         ]
+
+    def unfinished(self, steps: int) -> PowerLimitResult | None:
+        """The outcome when training ends before profiling did (warned once); None if it finished or never began.
+
+        Args:
+            steps: Training steps the run executed (for the message).
+
+        Returns:
+            A result with ``finished=False``, ``source`` ``unfinished``, no chosen limit and the
+            measured rows, or None when a result exists already or no limit was tried.
+        """
+        p = self.profiler
+        if self.result is not None or not p.profiles:
+            return None
+        rows = self._rows()
+        tried = sorted({r["limit_W"] for r in rows})
+        trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
+        done = sum(1 for r in rows if r["profiled_steps"] >= p.settings.min_profile_steps)
+        message = (
+            f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
+            f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
+            "lower power_limit.profile_steps / warmup_steps so profiling ends within the run"
+        )
+        logger.warning("zeus-callbacks: %s", message)
+        self.result = PowerLimitResult(
+            "unfinished", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
+        )
+        return self.result
+
+    def _finish(self) -> PowerLimitResult:
+        p = self.profiler
+        rows = self._rows()
         if p.phase == Phase.OBSERVE:
             current = p.state.limit_W
             message = (
