@@ -159,3 +159,51 @@ def test_a_read_only_store_refuses_to_start_saying_what_to_do(tmp_path, virtual_
     with pytest.raises(StoreError, match=r"is not writable .*store\.path to another file"):
         session.train_start()
     assert path.read_bytes() == before and not session.started
+
+
+LIGHTNING_SIGTERM_SCRIPT = """
+import sys, time, torch, lightning.pytorch as L
+from pathlib import Path
+from torch.utils.data import DataLoader, TensorDataset
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.01)
+        if batch_idx == 5:
+            (Path(sys.argv[1]) / "training").write_text("steps run")
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), 0.1)
+
+callbacks = []
+if sys.argv[2] == "with":
+    from zeus_callbacks.integrations.lightning import ZeusCallback
+    callbacks = [ZeusCallback({"backend": "virtual", "logging": {"log_dir": sys.argv[1], "run_name": "killed"}})]
+trainer = L.Trainer(max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(40000, 4)), batch_size=4))
+"""
+
+
+def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
+    statuses = {}
+    for mode in ("without", "with"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        process = subprocess.Popen([sys.executable, "-c", LIGHTNING_SIGTERM_SCRIPT, str(folder), mode],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (folder / "training").exists():
+            time.sleep(0.05)
+        assert (folder / "training").exists(), f"{mode}: training never started"
+        process.send_signal(signal.SIGTERM)
+        statuses[mode] = process.wait(timeout=60)
+    # Lightning's SIGTERMException is a SystemExit without a code: the callback must not change that
+    assert statuses["with"] == statuses["without"] == 0
+    records = read_jsonl(tmp_path / "with" / "killed.jsonl")
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
