@@ -620,6 +620,8 @@ class EnergySession:
         self._discard_phases()
         for name in ("eval", "epoch"):
             if self.meter.is_open(name):
+                if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
+                    self._totals.epochs += 1
                 self.meter.end(name)
         self.meter.end("run")
         try:
