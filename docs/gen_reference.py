@@ -212,7 +212,8 @@ EVENTS: dict[str, str] = {
     "evaluate": "The validation metrics the framework reported (numbers only), at each evaluation.",
     "window": "One per execution of a user-named window (`with session.window(name): ...`).",
     "power_limit_profile": "Once, when the power-limit profiler made its choice (`power_limit.enabled`): "
-    "from a profile, from the cache, or the measurement of observe mode.",
+    "from a profile, from the cache, or the measurement of observe mode; or at the end of a run that ended "
+    "before profiling finished (`finished: false`), with what was measured.",
     "batch_size": "Written at `train_start` when `batch_size.enabled`: the batch size the bandit chose for "
     "this recurrence and its trial in the store.",
     "trial": "Written at the end of a run under the batch-size bandit: the trial's outcome as recorded in the store.",
@@ -267,8 +268,8 @@ FIELDS: dict[str, str] = {
     "window.name": "The window's name; its energy is also logged as `energy/window/<name>_J`.",
     "power_limit_profile.step": "Steps executed when the choice was made.",
     "power_limit_profile.source": "`profile` (profiled now), `cache` (stored profile reused, no profiling) or "
-    "`observe` (limits could not be changed: only the current limit was measured) or `abandoned` (no power "
-    "samples arrived; the original limits are kept).",
+    "`observe` (limits could not be changed: only the current limit was measured), `abandoned` (no power "
+    "samples arrived; the original limits are kept) or `unfinished` (training ended first; see `finished`).",
     "power_limit_profile.objective": "The objective and its knob, e.g. `zeus_cost(eta=0.5)`.",
     "power_limit_profile.chosen_limit_W": "The limit applied for the rest of the run (W); null in observe mode.",
     "power_limit_profile.original_limit_W": "GPU index → the limit found at the start (W), restored at the end.",
@@ -276,6 +277,9 @@ FIELDS: dict[str, str] = {
     "power_limit_profile.fallback_sweep": "True when the cost curve was not unimodal and every limit was measured.",
     "power_limit_profile.limits": "The per-limit table: `limit_W`, `energy_per_step_J`, `time_per_step_s`, "
     "`cost`, `profiled_steps`, `steps`.",
+    "power_limit_profile.finished": "False when training ended before profiling did: no limit was chosen, the "
+    "run trained at the trial limits, and `limits` holds what was measured (a warning says so too); true "
+    "otherwise.",
     "power_limit_profile.message": "The same outcome in words (also in the Python log).",
     "trial_id": "Id of the recurrence's trial in the store (`store.path`).",
     "batch_size.batch_size": "Batch size the run uses (the bandit's suggestion unless the run reported another).",

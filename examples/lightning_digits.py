@@ -134,9 +134,10 @@ def main() -> None:
         return  # under DDP the main process reports for all
     val_acc = float(trainer.callback_metrics.get("val/acc", float("nan")))
     steps = trainer.global_step
-    print(f"\nlightning_digits: {args.epochs} epochs, {steps} steps, val/acc {val_acc:.3f}, "
+    epochs = trainer.current_epoch  # epochs really trained: stop_at_target may end the run before args.epochs
+    print(f"\nlightning_digits: {epochs} epochs, {steps} steps, val/acc {val_acc:.3f}, "
           f"{wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
-    result = {"example": "lightning_digits", "steps": steps, "val_acc": val_acc, "wall_s": wall_s,
+    result = {"example": "lightning_digits", "epochs": epochs, "steps": steps, "val_acc": val_acc, "wall_s": wall_s,
               "median_step_s": step_clock.median_step_s, "world_size": trainer.world_size}
     if zeus is not None:
         result["summary"] = zeus.summary.as_dict()  # the callback printed it already

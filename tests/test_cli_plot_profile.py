@@ -103,3 +103,19 @@ def test_plot_profile_refuses_a_profile_with_broken_fields(profile_json, tmp_pat
     assert code == 1 and "energy_J" in err
     with pytest.raises(NotAProfile):
         ProfileResult.from_dict({**data, "power_ci_W": [data["power_ci_W"][0]]})
+
+
+def test_plot_says_the_file_it_really_wrote(tmp_path, capsys):
+    from zeus_callbacks.cli import main as cli
+
+    log = tmp_path / "run.jsonl"
+    rows = [{"limit_W": w, "energy_per_step_J": 50.0 + w / 10, "time_per_step_s": 0.2 + 30 / w} for w in (300, 250)]
+    log.write_text(json.dumps({"event": "power_limit_profile", "chosen_limit_W": 250, "limits": rows}) + "\n")
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    assert cli(["plot", "power-limit", str(log), "-o", str(folder)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {folder / 'zeus_power-limit.png'}"
+    assert (folder / "zeus_power-limit.png").stat().st_size > 1000
+    assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "frontier")]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'frontier.png'}"
+    assert (tmp_path / "frontier.png").exists()

@@ -203,3 +203,16 @@ def test_messages_carry_no_traceback_or_pydantic_chain():
 
 def test_config_error_is_a_value_error():
     assert isinstance(config_error({"backend": 3}), ValueError)
+
+
+def test_yaml_numbers_and_dates_for_text_fields_suggest_quoting(tmp_path):
+    path = tmp_path / "zeus.yaml"
+    path.write_text("job_id: 123\nlogging: {run_name: 2024-01-01}\ngpu_indices: [0, 0]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    lines = str(info.value).splitlines()
+    assert '  job_id: Input should be a valid string (got 123); quote it in the YAML file: job_id: "123"' in lines
+    assert any(line.startswith("  logging.run_name:") and "(got 2024-01-01)" in line
+               and 'run_name: "2024-01-01"' in line for line in lines)
+    assert "  gpu_indices: Value error, must be distinct non-negative indices (got [0, 0])" in lines
+    assert "datetime" not in str(info.value)

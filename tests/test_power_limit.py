@@ -495,3 +495,64 @@ def test_cli_restore_json_lists_what_was_restored_and_what_failed(tmp_path, caps
     assert not marker.exists()
     assert main(["restore", "--config", str(config), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"restored": [], "failed": []}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"job_id: precious\n",
+        b'{"pid": 7, "gpus": [{"index": 0, "orig',
+        b'{"gpus": [{"index": 0, "original_limit_W": "x"}]}',
+    ],
+    ids=["yaml-config", "torn-marker", "bad-limit"],
+)
+def test_the_next_start_keeps_a_file_that_is_not_a_marker_and_changes_nothing(tmp_path, caplog, content):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    backend.set_power_limit_W(0, 250.0)
+    marker = tmp_path / MARKER_NAME
+    marker.write_bytes(content)
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend)
+    session.train_end()
+    assert marker.read_bytes() == content  # kept byte for byte, never replaced by this run's marker
+    assert set(applied) == {250.0} and backend.power_limit_W(0) == 250.0
+    assert session.power_limiter.result.source == "observe"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and str(marker) in errors[0] and "left untouched" in errors[0]
+
+
+def test_a_marker_of_another_live_run_is_not_overwritten(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "r"},
+              "power_limit": {"enabled": True}}
+    session = EnergySession(config, backend=backend, is_main_process=True)
+    session.train_start()  # no marker yet: nothing restored
+    other = {"pid": 1, "gpus": [{"index": 0, "original_limit_W": 275.0}]}
+    (tmp_path / MARKER_NAME).write_text(json.dumps(other))  # another run, same log_dir, changed the limit
+    session.power_limiter.apply(200.0)
+    assert json.loads((tmp_path / MARKER_NAME).read_text()) == other
+    assert backend.power_limit_W(0) == 300.0 and session.power_limiter.observe
+    session.train_end()
+    assert json.loads((tmp_path / MARKER_NAME).read_text()) == other
+
+
+def test_a_profile_cut_short_by_the_end_of_training_is_recorded_and_plotted(tmp_path, caplog):
+    from zeus_callbacks.cli import main as cli
+
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    with caplog.at_level(logging.WARNING):
+        session, applied = simulate_session(tmp_path, backend, max_steps=12, run_name="short")
+        assert session.power_limiter.result is None  # 12 steps: still profiling
+        session.train_end()
+    assert len(set(applied)) > 1 and backend.power_limit_W(0) == 300.0  # limits changed, then restored
+    records = read_jsonl(tmp_path / "short.jsonl")
+    profiles = [r for r in records if r["event"] == "power_limit_profile"]
+    assert len(profiles) == 1 and profiles[0]["finished"] is False and profiles[0]["source"] == "unfinished"
+    assert profiles[0]["chosen_limit_W"] is None
+    assert {r["limit_W"] for r in profiles[0]["limits"]} <= set(applied) and profiles[0]["limits"]
+    assert [r["event"] for r in records].index("power_limit_profile") < [r["event"] for r in records].index("run_end")
+    warnings = [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]
+    assert len(warnings) == 1 and "in 12 steps" in warnings[0] and "raise max_steps" in warnings[0]
+    image = tmp_path / "partial.png"
+    assert cli(["plot", "power-limit", str(tmp_path / "short.jsonl"), "-o", str(image)]) == 0
+    assert image.stat().st_size > 1000

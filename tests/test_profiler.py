@@ -79,3 +79,23 @@ def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
     assert data["executions_used"] > 0 and len(data["power_W"]) == len(data["time_s"])
     assert (tmp_path / "k.png").exists()
     assert main(["profile-kernel", "nosuchkernel", "--backend", "virtual"]) == 1
+
+
+def test_a_binning_that_drops_too_much_is_warned_about_once_per_run(caplog):
+    import logging
+
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=3.0, utilization=0.0, read_only=True, seed=1)
+    calls = [0]
+
+    def uneven():  # every third execution takes 3x as long: a third dropped, above the 20 % allowed
+        calls[0] += 1
+        backend.set_utilization(1.0)
+        clock.advance(EXEC_S * (3 if calls[0] % 3 == 0 else 1))
+        backend.set_utilization(0.0)
+
+    with caplog.at_level(logging.WARNING):
+        res = profile(uneven, backend=backend, target_ci=0.001, min_time_s=1.0, max_time_s=6.0, n_boot=50)
+    assert res.executions_dropped > 0.2 * (res.executions_used + res.executions_dropped)
+    assert not res.target_met  # 0.1 % is out of reach in 6 s: said in the result (and its JSON)
+    assert sum("binning dropped" in r.getMessage() for r in caplog.records) == 1

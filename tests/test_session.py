@@ -498,3 +498,25 @@ def test_configured_sensor_delay_is_used(new_session, virtual_backend):
     session = new_session(virtual_backend, windows={"sensor_delay_s": delay_s})
     session.train_start()
     assert session.sampler.sensor_delay_s == delay_s
+
+
+def test_an_epoch_cut_short_is_counted_with_its_energy_and_the_summary_says_last_5_of_n(tmp_path, virtual_backend):
+    clock = virtual_backend.clock
+    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "cut"}},
+                            backend=virtual_backend)
+    session.train_start()
+    step = 0
+    for epoch in range(7):
+        session.epoch_start(epoch)
+        for _ in range(3 if epoch < 6 else 1):
+            session.step_start(step)
+            clock.advance(0.2)
+            session.step_end(step)
+            step += 1
+        if epoch < 6:  # the seventh is interrupted mid-way
+            session.epoch_end(epoch)
+    summary = session.train_end("interrupted")
+    epochs = [r for r in read_jsonl(tmp_path / "cut.jsonl") if r["event"] == "epoch"]
+    assert summary.epochs == len(summary.epoch_energy_J) == len(epochs) == 7
+    assert summary.epoch_energy_J[-1] == pytest.approx(summary.epoch_energy_J[0] / 3, rel=0.05)
+    assert "(last 5 of 7)" in str(summary)

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from tests.store_contract import BACKENDS, StoreContract
-from zeus_callbacks.store import StoreCorruptError, open_store
+from zeus_callbacks.store import StoreCorruptError, StoreError, open_store
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
 
@@ -96,3 +96,26 @@ def test_store_is_a_power_limit_profile_cache(tmp_path, suffix):
         "limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]}
     with open_store(tmp_path / f"store.{suffix}") as store:
         assert store.list_profiles() == ["j/8"]
+
+
+def test_read_only_open_sees_a_live_writer_and_creates_nothing(tmp_path):
+    path = tmp_path / "live.sqlite"
+    writer = open_store(path)
+    try:
+        trial = writer.create_trial("job", 8)  # committed, still in the -wal file
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert f"{path.name}-wal" in files
+        with open_store(path, read_only=True) as reader:
+            assert [t.trial_id for t in reader.list_trials("job")] == [trial.trial_id]
+            with pytest.raises(StoreError, match="cannot write"):
+                reader.create_trial("job", 16)
+        assert sorted(p.name for p in tmp_path.iterdir()) == files
+    finally:
+        writer.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}  # closed: no -wal, read immutably
+    with open_store(path, read_only=True) as reader:
+        assert len(reader.list_trials("job")) == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    with pytest.raises(StoreError, match="no such store"):
+        open_store(tmp_path / "missing.sqlite", read_only=True)
+    assert not (tmp_path / "missing.sqlite").exists()

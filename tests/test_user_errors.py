@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -130,3 +131,79 @@ def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
     records = read_jsonl(log)
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
     assert records[-1]["steps"] >= 2 and records[-1]["energy_J"] > 0
+
+
+def test_report_of_a_run_end_that_lacks_fields_shows_dashes(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"event": "run_end", "run_name": "r", "energy_J": 12.5}\n'
+                    '{"event": "epoch", "epoch": 0}\n')
+    assert cli(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "run r (-)" in out and "energy 12.5 J over - s" in out
+    assert "lacks status, time_s, steps" in out and "power limit at the end - W" in out
+    assert out.strip().splitlines()[-1].split() == ["0", "-", "n/a", "-", "-"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file anyway")
+def test_a_read_only_store_refuses_to_start_saying_what_to_do(tmp_path, virtual_backend):
+    from zeus_callbacks.store import StoreError, open_store
+
+    path = tmp_path / "store.sqlite"
+    with open_store(path) as store:
+        store.create_trial("job", 8)
+    path.chmod(0o444)
+    before = path.read_bytes()
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
+              "store": {"path": str(path)}, "batch_size": {"enabled": True, "batch_sizes": [8, 16]}}
+    session = EnergySession(config, backend=virtual_backend, is_main_process=True)
+    with pytest.raises(StoreError, match=r"is not writable .*store\.path to another file"):
+        session.train_start()
+    assert path.read_bytes() == before and not session.started
+
+
+LIGHTNING_SIGTERM_SCRIPT = """
+import sys, time, torch, lightning.pytorch as L
+from pathlib import Path
+from torch.utils.data import DataLoader, TensorDataset
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.01)
+        if batch_idx == 5:
+            (Path(sys.argv[1]) / "training").write_text("steps run")
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), 0.1)
+
+callbacks = []
+if sys.argv[2] == "with":
+    from zeus_callbacks.integrations.lightning import ZeusCallback
+    callbacks = [ZeusCallback({"backend": "virtual", "logging": {"log_dir": sys.argv[1], "run_name": "killed"}})]
+trainer = L.Trainer(max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(40000, 4)), batch_size=4))
+"""
+
+
+def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
+    statuses = {}
+    for mode in ("without", "with"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        process = subprocess.Popen([sys.executable, "-c", LIGHTNING_SIGTERM_SCRIPT, str(folder), mode],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (folder / "training").exists():
+            time.sleep(0.05)
+        assert (folder / "training").exists(), f"{mode}: training never started"
+        process.send_signal(signal.SIGTERM)
+        statuses[mode] = process.wait(timeout=60)
+    # Lightning's SIGTERMException is a SystemExit without a code: the callback must not change that
+    assert statuses["with"] == statuses["without"] == 0
+    records = read_jsonl(tmp_path / "with" / "killed.jsonl")
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"

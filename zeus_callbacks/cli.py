@@ -22,6 +22,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from zeus_callbacks.cli_args import float_in, int_at_least
 from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, progress_bar
 from zeus_callbacks.config import ConfigError, load_config
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
@@ -63,41 +64,47 @@ def _report(args: argparse.Namespace) -> int:
     else:
         profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
         chosen = None if profile is None else profile.get("chosen_limit_W")
-        limits = f"power limit at the end {fmt(end['power_limit_W'])} W" + (
+        limits = f"power limit at the end {fmt(end.get('power_limit_W'))} W" + (
             "" if chosen is None else f", chosen by profiling {fmt(chosen)} W"
         )
+        if profile is not None and profile.get("finished") is False:
+            limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
+        missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
         print(
-            f"run {end['run_name']} ({end['status']})\n"
-            + textwrap.fill(f"on {end['backend']}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     ")
-            + f"\n  energy {end['energy_J']:.1f} J over {end['time_s']:.1f} s (mean {end['mean_power_W']:.1f} W)"
-            f"\n  {end['steps']} steps, {limits}"
+            f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})\n"
+            + textwrap.fill(
+                f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
+            )
+            + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
+            f" (mean {fmt(end.get('mean_power_W'))} W)"
+            f"\n  {fmt(end.get('steps'))} steps, {limits}"
+            + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
     if epochs:
         print("  epoch   energy_J   counter_J     time_s   power_W")
         for r in epochs:
-            counter = "n/a" if r.get("counter_energy_J") is None else f"{r['counter_energy_J']:.1f}"
-            row = f"  {r['epoch']!s:>5} {r['energy_J']:10.1f} {counter:>11} {r['time_s']:10.2f}"
-            print(f"{row} {r['power_W_mean']:9.1f}")
+            counter = "n/a" if r.get("counter_energy_J") is None else fmt(r["counter_energy_J"])
+            row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
+            print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     from zeus_callbacks.cli_store import show
-    from zeus_callbacks.store.base import StoreError
 
     if not Path(args.store).exists():
         print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
         return 1
-    try:
-        print(show(args.store, as_json=args.json))
-    except StoreError as exc:
-        print(f"zeus-callbacks: {exc}", file=sys.stderr)
-        return 1
+    print(show(args.store, as_json=args.json))  # a StoreError is reported by main()
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.is_dir():  # -o DIR: a file in it, named after the plot
+        out = out / f"zeus_{args.what}.png"
+    elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
+        out = out.with_suffix(".png")
     try:
         if args.what == "power-limit":
             from zeus_callbacks.optimizers.power_limit import plot_profile
@@ -107,7 +114,10 @@ def _plot(args: argparse.Namespace) -> int:
             if profile is None:
                 print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
                 return 1
-            plot_profile(profile["limits"], profile.get("chosen_limit_W"), out)
+            partial = profile.get("finished") is False
+            plot_profile(profile.get("limits") or [], profile.get("chosen_limit_W"), out, partial=partial)
+            if partial:
+                print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
         elif args.what == "profile":
             from zeus_callbacks.measurement.profiler import ProfileResult
 
@@ -223,6 +233,12 @@ def _profile_kernel(args: argparse.Namespace) -> int:
         f"baseline {result.baseline_W if result.baseline_W is None else round(result.baseline_W, 1)} W "
         f"({result.baseline_source})"
     )
+    if not result.target_met:  # also `target_met: false` in --json
+        print(f"  the target CI ±{args.target_ci:.1%} was not reached in {result.measurement_time_s:.1f} s: "
+              "raise --max-time, or --chain for a longer execution")
+    if lo < 0:
+        print("  the CI's lower end is below 0 J: too few executions for this kernel's energy; it is the "
+              "bootstrap's interval, not clipped, so read it as 'not resolved'")
     return 0
 
 
@@ -256,19 +272,22 @@ def build_parser() -> argparse.ArgumentParser:
         "source", help="power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file"
     )
     plot.add_argument("job", nargs="?", help="bandit: the job id")
-    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write")
+    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write (a folder: zeus_WHAT.png in it)")
     plot.set_defaults(func=_plot)
     prof = sub.add_parser("profile-kernel", help="fine-grain energy per execution of a kernel (FinGraV)")
     prof.add_argument("kernel", nargs="?", default="matmul", help="matmul, copy, or module:function (no arguments)")
-    prof.add_argument("--size", type=int, default=4096, help="matmul: matrix side; copy: MiB")
-    prof.add_argument("--chain", type=int, default=1, help="kernels per execution")
+    prof.add_argument("--size", type=int_at_least(1), default=4096, help="matmul: matrix side; copy: MiB")
+    prof.add_argument("--chain", type=int_at_least(1), default=1, help="kernels per execution")
     prof.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     prof.add_argument("--mode", choices=["steady", "isolated"], default="steady")
-    prof.add_argument("--target-ci", type=float, default=0.02, help="relative CI half-width to reach")
-    prof.add_argument("--max-time", type=float, default=10.0, help="most seconds of measurement")
-    prof.add_argument("--min-time", type=float, default=1.0, help="least seconds of measurement")
+    prof.add_argument(
+        "--target-ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.02,
+        help="relative CI half-width to reach, in (0, 1)",
+    )  # fmt: skip
+    prof.add_argument("--max-time", type=float_in(0, low_open=True), default=10.0, help="most seconds of measurement")
+    prof.add_argument("--min-time", type=float_in(0, low_open=True), default=1.0, help="least seconds of measurement")
     prof.add_argument("--backend", choices=["auto", "nvml", "amdsmi", "virtual"], default="auto")
-    prof.add_argument("--gpu", type=int, default=0, help="backend index of the GPU")
+    prof.add_argument("--gpu", type=int_at_least(0), default=0, help="backend index of the GPU")
     prof.add_argument(
         "--json", nargs="?", const="-", metavar="FILE",
         help="write the result as JSON to FILE; --json alone prints it (no summary, no progress bar)",
@@ -280,9 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status."""
+    """Run the command; returns the exit status.
+
+    Our own errors about the user's input (a configuration, a store, a restore marker)
+    end the command here with their one-line message and status 1, never a traceback.
+    """
+    from zeus_callbacks.optimizers.power_limit import NotAMarker
+    from zeus_callbacks.store.base import StoreError
+
     try:
         return _run(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as exc:  # its message names the file: "invalid zeus-callbacks configuration in ..."
+        print(exc, file=sys.stderr)
+        return 1
+    except (StoreError, NotAMarker, NotAnEnergyLog) as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `zeus-callbacks simulate | head`: the reader left early, not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 1
@@ -291,13 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     if argv[:1] == ["simulate"]:  # the simulator owns its options
         from zeus_callbacks.simulate import main as simulate_main
-        from zeus_callbacks.store.base import StoreError
 
-        try:
-            return simulate_main(argv[1:])
-        except StoreError as exc:
-            print(f"zeus-callbacks: {exc}", file=sys.stderr)
-            return 1
+        return simulate_main(argv[1:], prog="zeus-callbacks simulate")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -41,7 +41,7 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
     Raises:
         StoreError: The file is not a store, is corrupt or is from a newer version.
     """
-    with open_store(store_path) as store:
+    with open_store(store_path, read_only=True) as store:
         report: dict[str, Any] = {"store": str(store_path), "jobs": [], "profiles": {}}
         for job in store.list_jobs():
             state = store.get_bandit(job.job_id)
@@ -136,7 +136,7 @@ def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open_store(store_path) as store:
+    with open_store(store_path, read_only=True) as store:
         trials = [t for t in store.list_trials(job_id) if t.cost is not None]
     if not trials:
         raise ValueError(f"job {job_id!r} has no finished trial in {store_path}")

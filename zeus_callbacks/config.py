@@ -8,6 +8,7 @@ optimisers and the persistent store.
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -213,7 +214,7 @@ class BatchSizeConfig(_Section):
     def _sizes_valid(cls, value: list[int] | None) -> list[int] | None:
         if value is not None:
             if not value or min(value) <= 0 or len(set(value)) != len(value):
-                raise ValueError(f"must be distinct positive integers, got {value}")
+                raise ValueError("must be distinct positive integers")
             value = sorted(value)
         return value
 
@@ -273,15 +274,27 @@ class ZeusConfig(_Section):
             if not value:
                 raise ValueError("must name at least one GPU, or be null for the default")
             if len(set(value)) != len(value) or min(value) < 0:
-                raise ValueError(f"must be distinct non-negative indices, got {value}")
+                raise ValueError("must be distinct non-negative indices")
         return value
+
+
+def _as_written(value: Any) -> str:
+    """A value as the user wrote it in YAML: ``2024-01-01``, not ``datetime.date(2024, 1, 1)``."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return repr(value)
 
 
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid zeus-callbacks configuration in {source}:"]
     for error in exc.errors():
         path = ".".join(str(part) for part in error["loc"]) or "<root>"
-        lines.append(f"  {path}: {error['msg']} (got {error.get('input')!r})")
+        value = error.get("input")
+        line = f"  {path}: {error['msg']} (got {_as_written(value)})"
+        if error.get("type") == "string_type" and isinstance(value, (int, float, datetime.date, datetime.time)):
+            # YAML read a number, a date or a boolean where text was meant
+            line += f'; quote it in the YAML file: {error["loc"][-1]}: "{_as_written(value)}"'
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -106,7 +106,8 @@ class RunSummary:
         energy_J: GPU energy of the run, summed over GPUs (J).
         time_s: Wall time of the run (s).
         steps: Training steps measured.
-        epochs: Training epochs completed.
+        epochs: Training epochs run, one per entry of ``epoch_energy_J``: an epoch cut short by the
+            end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
         step_energy_J: Mean energy per step (J), NaN without steps.
         step_time_s: Mean step time (s), NaN without steps.
@@ -158,7 +159,8 @@ class RunSummary:
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
             f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
             f"  epochs        {self.epochs}   energy/epoch "
-            + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]),
+            + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:])
+            + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
             f"  power limit   {fmt(self.power_limit_W, 'W')}",
         ]
         if self.world_size > 1 or len(self.gpu_energy_J) > 1:

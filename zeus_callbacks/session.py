@@ -620,6 +620,8 @@ class EnergySession:
         self._discard_phases()
         for name in ("eval", "epoch"):
             if self.meter.is_open(name):
+                if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
+                    self._totals.epochs += 1
                 self.meter.end(name)
         self.meter.end("run")
         try:
@@ -843,6 +845,12 @@ class EnergySession:
             pl.restore_from_marker(pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker), self.backend)
         except BackendError as exc:
             logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
+        except pl.NotAMarker as exc:  # kept: it may hold the only record of the original limits
+            logger.error(
+                "zeus-callbacks: %s; it was left untouched, and this run will not change power limits "
+                "while it is there (check the GPU's limit, then move the file away)",
+                exc,
+            )
 
     def _start_power_limiter(self) -> None:
         cfg = self.config
@@ -915,6 +923,10 @@ class EnergySession:
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:
+            if self._decides_power_limit():
+                unfinished = self.power_limiter.unfinished(self._totals.steps)
+                if unfinished is not None:
+                    self._write_power_limit_profile(unfinished)
             self.power_limiter.restore()
             self.power_limit_W = self._read_power_limit_W()
 
@@ -945,6 +957,10 @@ class EnergySession:
             if self.batch_size_controller is not None:  # the trial records the limit it trained at
                 self.batch_size_controller.power_limit_W = result.chosen_limit_W
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
+        self._write_power_limit_profile(result)
+
+    def _write_power_limit_profile(self, result: pl.PowerLimitResult) -> None:
+        assert self.power_limiter is not None
         self._write(
             {
                 "event": "power_limit_profile",
@@ -956,6 +972,7 @@ class EnergySession:
                 "profiling_steps": result.profiling_steps,
                 "fallback_sweep": result.fallback_sweep,
                 "limits": result.rows,
+                "finished": result.finished,
                 "message": result.message,
             }
         )

@@ -357,18 +357,26 @@ def format_recurrences(runs: Sequence[Recurrence]) -> str:
     return table(headers, rows) + "\n" + totals if runs else totals
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m zeus_callbacks.simulate``: a table of the recurrences, or one JSON line each with ``--json``."""
+def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate") -> int:
+    """``python -m zeus_callbacks.simulate``: a table of the recurrences, or one JSON line each with ``--json``.
+
+    Args:
+        argv: The options (default: the command line's).
+        prog: The command's name in usage and error messages.
+    """
+    from zeus_callbacks.cli_args import float_in, int_at_least
     from zeus_callbacks.cli_format import progress_bar
 
-    parser = argparse.ArgumentParser(prog="zeus_callbacks.simulate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="A40", choices=list(traces.GPUS))
     parser.add_argument("--workload", default="cifar100", choices=list(traces.WORKLOADS))
-    parser.add_argument("--recurrences", type=int, default=100)
-    parser.add_argument("--eta-knob", type=float, default=0.5)
-    parser.add_argument("--beta-knob", type=float, default=2.0)
+    parser.add_argument("--recurrences", type=int_at_least(0), default=100)
+    parser.add_argument("--eta-knob", type=float_in(0, 1), default=0.5, help="energy weight of the cost, in [0, 1]")
+    parser.add_argument(
+        "--beta-knob", type=float_in(1, low_open=True), default=2.0, help="early-stop threshold (x best cost), > 1"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps-per-epoch", type=int, default=4)
+    parser.add_argument("--steps-per-epoch", type=int_at_least(1), default=4)
     parser.add_argument("--power-limit", choices=["max", "jit"], default="max")
     parser.add_argument("--store", default=None, help="store file (default: a temporary one)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line and recurrence, as each ends")

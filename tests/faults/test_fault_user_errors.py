@@ -225,3 +225,128 @@ def test_unwritable_log_directory_is_named_before_training(tmp_path, record_faul
           and not any(t.name == "zeus-power-sampler" for t in threading.enumerate()))
     record_fault("bad input: unwritable log directory", ok)
     assert ok, str(info.value)
+
+
+NOT_MARKERS = {  # name -> content (None: a directory); none of these is a restore marker
+    "zeus.yaml": b"job_id: precious\nbackend: virtual\n",
+    "run.jsonl": b'{"event": "run_start", "run_name": "r"}\n{"event": "run_end", "run_name": "r"}\n',
+    "notes.json": b'{"a": 1}\n',
+    "bad_limit.json": b'{"pid": 1, "gpus": [{"index": 0, "original_limit_W": "x"}]}\n',
+    "torn.json": b'{"pid": 1, "backend": "nvml", "gpus": [{"index": 0, "orig',
+    "empty.json": b"",
+    "a_directory": None,
+}
+
+
+def _snapshot(path: Path):
+    return "dir" if path.is_dir() else path.read_bytes()
+
+
+@pytest.mark.parametrize("name", list(NOT_MARKERS))
+def test_restore_refuses_and_keeps_what_is_not_a_marker(tmp_path, name, record_fault):
+    path = tmp_path / name
+    if NOT_MARKERS[name] is None:
+        path.mkdir()
+        (path / "inside.txt").write_text("kept\n")
+    else:
+        path.write_bytes(NOT_MARKERS[name])
+    before = _snapshot(path)
+    proc = _command("restore", "--marker", str(path))
+    out, err = proc.communicate(timeout=60)
+    messages = [line for line in err.splitlines() if "restore marker" in line]
+    ok = (proc.returncode == 1 and path.exists() and _snapshot(path) == before
+          and len(messages) == 1 and str(path) in messages[0] and "left untouched" in messages[0]
+          and "Traceback" not in err and "restored" not in out)
+    record_fault("bad input: restore marker", ok)
+    assert ok, (proc.returncode, out, err[-1500:])
+
+
+ARGUMENT_CASES = {
+    "simulate --recurrences -1": ("simulate", "--recurrences", "-1"),
+    "simulate --steps-per-epoch 0": ("simulate", "--steps-per-epoch", "0"),
+    "simulate --eta-knob 2": ("simulate", "--eta-knob", "2"),
+    "simulate --eta-knob nan": ("simulate", "--eta-knob", "nan"),
+    "simulate --beta-knob 0": ("simulate", "--beta-knob", "0"),
+    "profile-kernel --max-time 0": ("profile-kernel", "matmul", "--max-time", "0", "--backend", "virtual"),
+    "profile-kernel --size 0": ("profile-kernel", "matmul", "--size", "0", "--backend", "virtual"),
+    "profile-kernel --target-ci 1": ("profile-kernel", "matmul", "--target-ci", "1", "--backend", "virtual"),
+}
+
+
+def test_out_of_range_arguments_are_refused_by_argparse(record_fault):
+    procs = {case: _command(*args) for case, args in ARGUMENT_CASES.items()}
+    failures = {}
+    for case, proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        option = next(a for a in ARGUMENT_CASES[case] if a.startswith("--"))
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        # argparse's usage error: status 2, the option named on the last line, nothing run
+        ok = (proc.returncode == 2 and f"argument {option}: must be" in last and "Traceback" not in err and not out)
+        if not record_fault("bad input: command-line argument", ok):
+            failures[case] = (proc.returncode, err[-800:])
+    assert not failures, failures
+
+
+def _config_cases(tmp_path: Path) -> dict[str, tuple[tuple[str, ...], str]]:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("logging: {interval_steps: [1\n")
+    jsonl = tmp_path / "short.jsonl"
+    jsonl.write_text('{"event": "run_end"}\n')
+    folder = tmp_path / "folder"
+    folder.mkdir(exist_ok=True)
+    missing = tmp_path / "missing.yaml"
+    return {  # case -> (command, what the one message must say)
+        "restore --config missing": (("restore", "--config", str(missing)), f"not found: {missing}"),
+        "restore --config bad YAML": (("restore", "--config", str(broken)), "is not valid YAML"),
+        "show DIR": (("show", str(folder)), f"store {folder} is a directory"),
+        "simulate --store DIR": (("simulate", "--recurrences", "1", "--store", str(folder)),
+                                 f"store {folder} is a directory"),
+    }
+
+
+def test_runtime_input_errors_are_one_message(tmp_path, record_fault):
+    cases = _config_cases(tmp_path)
+    procs = {case: _command(*args) for case, (args, _) in cases.items()}
+    failures = {}
+    for case, proc in procs.items():
+        _, err = proc.communicate(timeout=60)
+        says = cases[case][1]
+        ok = proc.returncode == 1 and says in err and "Traceback" not in err
+        if not record_fault("bad input: command input file", ok):
+            failures[case] = (proc.returncode, err[-1500:])
+    assert not failures, failures
+
+
+def _wal_store(path: Path) -> None:
+    with open_store(path, "sqlite") as store:
+        store.create_trial("job", 8)
+
+
+READ_ONLY_CASES = {  # name -> how the file is made, and whether `show` must accept it
+    "empty file": (lambda p: p.write_bytes(b""), False),
+    "sqlite store": (_wal_store, True),
+    "read-only sqlite store": (lambda p: (_wal_store(p), p.chmod(0o444)), True),
+}
+
+
+@pytest.mark.parametrize("what", list(READ_ONLY_CASES))
+@pytest.mark.parametrize("command", ["show", "plot bandit"])
+def test_reading_commands_never_write_the_store(tmp_path, what, command, record_fault):
+    make, is_store = READ_ONLY_CASES[what]
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    path = folder / "zeus.db"
+    make(path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    args = ("show", str(path)) if command == "show" else ("plot", "bandit", str(path), "job", "-o",
+                                                          str(tmp_path / "bandit.png"))
+    proc = _command(*args)
+    _, err = proc.communicate(timeout=60)
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    # show: 0 on a store; plot bandit: 1 (the trial never finished); both 1 on what is not a store
+    expected = (0 if command == "show" else 1) if is_store else 1
+    ok = proc.returncode == expected and after == before and "Traceback" not in err
+    if not is_store:
+        ok = ok and f"{path} is an empty file, not a zeus-callbacks store" in err
+    record_fault("bad input: store file", ok)
+    assert ok, (proc.returncode, sorted(after), err[-1500:])

@@ -99,7 +99,11 @@ class Binning:
 
 
 def bin_executions(
-    durations_s: Sequence[float] | np.ndarray, *, rel_tol: float = 0.1, max_drop_fraction: float = 0.2
+    durations_s: Sequence[float] | np.ndarray,
+    *,
+    rel_tol: float = 0.1,
+    max_drop_fraction: float = 0.2,
+    warn: bool = True,
 ) -> Binning:
     """Keep executions whose duration is within ``rel_tol`` of the median; drop the rest.
 
@@ -111,6 +115,8 @@ def bin_executions(
         durations_s: Duration of each execution, shape (n,) (s); must be > 0.
         rel_tol: Half-width of the kept bin relative to the median duration.
         max_drop_fraction: Warn (once per call) when more than this fraction is dropped.
+        warn: Log that warning here; False for a caller that bins again and again and warns
+            once itself (:func:`binning_warning`).
 
     Returns:
         The :class:`Binning`.
@@ -143,17 +149,23 @@ def bin_executions(
     dropped = int(d.size - keep.sum())
     fraction = dropped / d.size
     too_many = fraction > max_drop_fraction
-    if too_many:
-        logger.warning(
-            "zeus-callbacks: execution-time binning dropped %d of %d executions (%.0f%% > %.0f%%): durations "
-            "vary a lot (throttling, contention?); the profile describes the %.3g ms bin only",
-            dropped,
-            d.size,
-            100 * fraction,
-            100 * max_drop_fraction,
-            ref * 1e3,
-        )
-    return Binning(keep, ref, tuple(groups), dropped, fraction, too_many)
+    binning = Binning(keep, ref, tuple(groups), dropped, fraction, too_many)
+    if too_many and warn:
+        binning_warning(binning, max_drop_fraction)
+    return binning
+
+
+def binning_warning(binning: Binning, max_drop_fraction: float = 0.2) -> None:
+    """Log the one warning for a binning that dropped more than ``max_drop_fraction`` of the executions."""
+    logger.warning(
+        "zeus-callbacks: execution-time binning dropped %d of %d executions (%.0f%% > %.0f%%): durations "
+        "vary a lot (throttling, contention?); the profile describes the %.3g ms bin only",
+        binning.dropped,
+        binning.keep.size,
+        100 * binning.dropped_fraction,
+        100 * max_drop_fraction,
+        binning.reference_s * 1e3,
+    )
 
 
 # ------------------------------------------------------------------------ superposition

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zeus_callbacks.backends.base import GPUBackend, ManualClock
-from zeus_callbacks.measurement.finegrain import DROPPED, bin_executions, superpose
+from zeus_callbacks.measurement.finegrain import DROPPED, bin_executions, binning_warning, superpose
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer
 
@@ -433,6 +433,8 @@ def _profile(
     if result is None:
         raise RuntimeError(f"no power samples arrived from GPU {gpu_index} ({backend.describe()})")
     sup, binning, warmup = result
+    if binning.too_many_dropped:  # once per run, on the final analysis (not per progress round)
+        binning_warning(binning, 0.2)
     est = sup["all"]
     out = ProfileResult(
         name=name,
@@ -484,7 +486,7 @@ def _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bin
     starts_a, ends_a, measured_a = starts_a[positive], ends_a[positive], measured_a[positive]
     if not measured_a.any():
         return None
-    binning = bin_executions((ends_a - starts_a)[measured_a], max_drop_fraction=0.2)
+    binning = bin_executions((ends_a - starts_a)[measured_a], max_drop_fraction=0.2, warn=False)
     keep = np.zeros(starts_a.size, bool)
     keep[np.flatnonzero(measured_a)[binning.keep]] = True
     labels = np.where(keep, "all", DROPPED)

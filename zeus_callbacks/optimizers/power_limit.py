@@ -576,8 +576,58 @@ def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Pa
     return path
 
 
+class NotAMarker(ValueError):
+    """A file at a restore marker's path is not a readable restore marker; it is kept untouched."""
+
+
+def read_marker(path: str | Path) -> dict[int, float] | None:
+    """The limits a restore marker records, without touching the file.
+
+    A marker is what :func:`write_marker` writes: a JSON object with a non-empty ``gpus``
+    list of ``{"index": int, "original_limit_W": number > 0}``.
+
+    Args:
+        path: The marker file.
+
+    Returns:
+        GPU index → original limit (W), or None when there is no file.
+
+    Raises:
+        NotAMarker: The path is a directory, unreadable, not JSON, or JSON of another shape
+            (a torn marker included): nobody can tell what limit it held, so it is kept.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise NotAMarker(f"{path} is a directory, not a power-limit restore marker") from None
+    except (OSError, ValueError) as exc:
+        raise NotAMarker(f"{path} is not a power-limit restore marker (not readable JSON: {exc})") from exc
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+        raise NotAMarker(f'{path} is not a power-limit restore marker (no "gpus" list)')
+    limits: dict[int, float] = {}
+    for gpu in gpus:
+        index = gpu.get("index") if isinstance(gpu, dict) else None
+        limit = gpu.get("original_limit_W") if isinstance(gpu, dict) else None
+        if (
+            isinstance(index, bool) or not isinstance(index, int) or index < 0
+            or isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0
+        ):  # fmt: skip
+            raise NotAMarker(
+                f"{path} is not a valid power-limit restore marker (GPU entry {gpu!r}: need an index ≥ 0 "
+                "and an original_limit_W > 0)"
+            )
+        limits[index] = float(limit)
+    return limits
+
+
 def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, float] | None:
     """Put back the limits a run left changed (SIGKILL, power loss), then remove the marker.
+
+    Only a file that reads as a marker (:func:`read_marker`) is ever removed.
 
     Args:
         path: The marker file (``<log_dir>/power_limit_restore.json`` by default).
@@ -587,20 +637,16 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
         GPU index → restored limit (W), or None when there was no marker.
 
     Raises:
+        NotAMarker: The file is not a marker (or a torn one); it is kept byte for byte.
         BackendError: A limit could not be restored (the marker is kept for a later try).
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    limits = read_marker(path)
+    if limits is None:
         return None
-    except (OSError, ValueError) as exc:
-        logger.warning("zeus-callbacks: unreadable power-limit restore marker %s (%s); removing it", path, exc)
-        path.unlink(missing_ok=True)
-        return None
+    pid = json.loads(path.read_text(encoding="utf-8")).get("pid")
     restored: dict[int, float] = {}
-    for gpu in data.get("gpus", []):
-        index, limit = int(gpu["index"]), float(gpu["original_limit_W"])
+    for index, limit in limits.items():
         if index >= backend.device_count():
             logger.warning("zeus-callbacks: restore marker names GPU %d, which this process does not see", index)
             continue
@@ -609,7 +655,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
     path.unlink(missing_ok=True)
     logger.warning(
         "zeus-callbacks: restored power limits left by an earlier run (pid %s): %s",
-        data.get("pid"),
+        pid,
         ", ".join(f"GPU {i} → {w:.0f} W" for i, w in restored.items()),
     )
     return restored
@@ -625,7 +671,11 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
             limit_W per GPU) and ``failed`` (marker, error per marker kept).
 
     Returns:
-        0 when restored (or nothing to restore), 1 when a limit could not be restored.
+        0 when restored (or nothing to restore), 1 when a limit could not be restored or a
+        file is not a marker (it is kept).
+
+    Raises:
+        ConfigError: The configuration file is missing or invalid.
     """
     from zeus_callbacks.backends import get_backend
     from zeus_callbacks.config import load_config, parse_config
@@ -647,6 +697,11 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
         for path in paths:
             try:
                 restored = restore_from_marker(path, backend)
+            except NotAMarker as exc:
+                report["failed"].append({"marker": str(path), "error": f"{exc}; it was left untouched"})
+                if not as_json:
+                    print(f"zeus-callbacks: {exc}; it was left untouched", file=sys.stderr)
+                continue
             except BackendError as exc:
                 report["failed"].append({"marker": str(path), "error": str(exc)})
                 if not as_json:
@@ -664,13 +719,17 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
 
 
 # ---------------------------------------------------------------------------- plot
-def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path) -> Path:
+def plot_profile(
+    rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path, *, partial: bool = False
+) -> Path:
     """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
 
     Args:
-        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``).
-        chosen_limit_W: The chosen limit (W), or None (observe mode).
+        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``); rows
+            without a measurement (null or NaN) are left out.
+        chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
         path: The image file to write (PNG).
+        partial: The profile did not finish (said in the title).
 
     Returns:
         The path written.
@@ -683,6 +742,7 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5, 4))
+    rows = [r for r in rows if _measured(r.get("time_per_step_s")) and _measured(r.get("energy_per_step_J"))]
     try:
         xs = [r["time_per_step_s"] for r in rows]
         ys = [r["energy_per_step_J"] for r in rows]
@@ -693,7 +753,7 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
                 ax.scatter([x], [y], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
         ax.set_xlabel("time per step (s)")
         ax.set_ylabel("energy per step (J)")
-        ax.set_title("Power-limit profile")
+        ax.set_title("Power-limit profile" + (" (partial: profiling did not finish)" if partial else ""))
         if chosen_limit_W is not None:
             ax.legend(loc="best")
         fig.tight_layout()
@@ -701,6 +761,10 @@ def plot_profile(rows: Sequence[dict[str, float]], chosen_limit_W: float | None,
     finally:
         plt.close(fig)
     return path
+
+
+def _measured(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------------- controller
@@ -715,6 +779,7 @@ class PowerLimitResult:
     rows: list[dict[str, float]]
     fallback_sweep: bool
     message: str
+    finished: bool = True
 
 
 class PowerLimitController:
@@ -884,10 +949,11 @@ class PowerLimitController:
         )
         return self.result
 
-    def _finish(self) -> PowerLimitResult:
+    def _rows(self) -> list[dict[str, float]]:
+        """The per-limit table of what was measured, highest limit first."""
         p = self.profiler
         costs = p.costs()
-        rows = [
+        return [
             {
                 "limit_W": limit,
                 "energy_per_step_J": prof.energy_per_step_J,
@@ -898,6 +964,38 @@ class PowerLimitController:
             }
             for limit, prof in sorted(p.profiles.items(), reverse=True)
         ]
+
+    def unfinished(self, steps: int) -> PowerLimitResult | None:
+        """The outcome when training ends before profiling did (warned once); None if it finished or never began.
+
+        Args:
+            steps: Training steps the run executed (for the message).
+
+        Returns:
+            A result with ``finished=False``, ``source`` ``unfinished``, no chosen limit and the
+            measured rows, or None when a result exists already or no limit was tried.
+        """
+        p = self.profiler
+        if self.result is not None or not p.profiles:
+            return None
+        rows = self._rows()
+        tried = sorted({r["limit_W"] for r in rows})
+        trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
+        done = sum(1 for r in rows if r["profiled_steps"] >= p.settings.min_profile_steps)
+        message = (
+            f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
+            f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
+            "lower power_limit.profile_steps / warmup_steps so profiling ends within the run"
+        )
+        logger.warning("zeus-callbacks: %s", message)
+        self.result = PowerLimitResult(
+            "unfinished", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
+        )
+        return self.result
+
+    def _finish(self) -> PowerLimitResult:
+        p = self.profiler
+        rows = self._rows()
         if p.phase == Phase.OBSERVE:
             current = p.state.limit_W
             message = (
@@ -942,6 +1040,12 @@ class PowerLimitController:
             if self.observe or self.applied_W == limit_W:
                 return
             if not self._marker_written:
+                if self.marker_path.exists():  # not ours: another run's, one kept after a failure, or no marker
+                    self._enter_observe(
+                        f"the restore marker path {self.marker_path} holds a file this run did not write; "
+                        "writing the marker would replace it (run `zeus-callbacks restore`, or move it away)"
+                    )
+                    return
                 try:
                     write_marker(self.marker_path, self.backend, self.original_W)
                 except OSError as exc:

@@ -35,12 +35,16 @@ __all__ = [
 ]
 
 
-def open_store(path: str | Path, backend: Literal["sqlite", "json"] | None = None) -> Store:
+def open_store(
+    path: str | Path, backend: Literal["sqlite", "json"] | None = None, *, read_only: bool = False
+) -> Store:
     """Open (or create) a store file.
 
     Args:
         path: The store file.
         backend: ``"sqlite"`` or ``"json"``; None: ``json`` for a ``.json`` file, else ``sqlite``.
+        read_only: Read an existing store without creating or changing any file (``show``,
+            ``plot bandit``); a missing, empty or non-store file raises :class:`StoreError`.
 
     Returns:
         The open store; close it (or use it as a context manager) when done.
@@ -48,6 +52,7 @@ def open_store(path: str | Path, backend: Literal["sqlite", "json"] | None = Non
     Raises:
         StoreCorruptError: The file exists but is not a readable store.
         StoreSchemaError: The file was written by a newer zeus-callbacks.
+        StoreError: The file cannot be opened (a directory; read-only: missing).
         ValueError: Unknown backend.
     """
     path = Path(path)
@@ -56,9 +61,9 @@ def open_store(path: str | Path, backend: Literal["sqlite", "json"] | None = Non
     if backend == "sqlite":
         from zeus_callbacks.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path)
+        return SQLiteStore(path, read_only=read_only)
     if backend == "json":
         from zeus_callbacks.store.json import JSONStore
 
-        return JSONStore(path)
+        return JSONStore(path, read_only=read_only)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")

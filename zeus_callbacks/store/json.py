@@ -69,6 +69,8 @@ class JSONStore(Store):
     Args:
         path: The JSON file; created with its parent directory when missing.
         lock_timeout_s: How long a write waits for another writer's lock (s).
+        read_only: Open for reading only (``show``, ``plot``): the file must exist and be a
+            store; no lock file, migration or orphan recovery; writes raise :class:`StoreError`.
 
     Raises:
         StoreCorruptError: The file exists but is not a readable zeus-callbacks store.
@@ -76,11 +78,19 @@ class JSONStore(Store):
         StoreError: The lock could not be taken within ``lock_timeout_s``.
     """
 
-    def __init__(self, path: str | Path, *, lock_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | Path, *, lock_timeout_s: float = 30.0, read_only: bool = False) -> None:
         super().__init__(path)
         self.lock_timeout_s = float(lock_timeout_s)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if self.path.is_dir():
+            raise StoreError(f"store {self.path} is a directory, not a store file")
         self._lock = FileLock(str(self.path) + ".lock", timeout=self.lock_timeout_s)
+        if read_only:  # no lock file, no write: each read loads the whole (atomically replaced) file
+            if not self.path.exists():
+                raise StoreError(f"no such store: {self.path}")
+            self._load()
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._mutate(self._migrate_and_recover, always_write=not self.path.exists())
 
     # -- plumbing -----------------------------------------------------------------------
@@ -126,6 +136,8 @@ class JSONStore(Store):
 
     def _mutate(self, change: Callable[[Document], Any], *, always_write: bool = True) -> Any:
         """Run ``change`` on the document under the lock and write it back atomically."""
+        if self.read_only:
+            raise StoreError(f"store {self.path} was opened read-only")
         try:
             with self._lock:
                 doc = self._load()

@@ -79,31 +79,55 @@ class SQLiteStore(Store):
     Args:
         path: The database file; created with its parent directory when missing.
         busy_timeout_s: How long a write waits for another process's transaction (s).
+        read_only: Open for reading only, creating and changing nothing (``show``, ``plot``):
+            the file must exist and be a store; no migration or orphan recovery is done,
+            and writes raise :class:`StoreError`. It opens with SQLite's ``mode=ro`` when a
+            writer's ``-wal`` file is present (so its committed transactions are seen), and
+            ``immutable=1`` otherwise, so no ``-wal``/``-shm`` file is ever created.
 
     Raises:
-        StoreCorruptError: The file exists but is not a readable zeus-callbacks store.
+        StoreCorruptError: The file exists but is not a readable zeus-callbacks store (read-only:
+            also an empty file).
         StoreSchemaError: The file's schema is newer than this code's.
-        StoreError: The file cannot be opened (permissions, or still locked after the timeout).
+        StoreError: The file cannot be opened (a directory, permissions, no such file when
+            read-only, or still locked after the timeout).
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
         super().__init__(path)
         self.busy_timeout_s = float(busy_timeout_s)
+        self.read_only = read_only
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise StoreError(f"store {self.path} is a directory, not a store file")
+        if read_only:
+            _check_readable_store_file(self.path)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = sqlite3.connect(
-                str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             with self._translate("open"):
-                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    logger.info("zeus-callbacks: store %s uses journal mode %s (WAL unavailable)", self.path, mode)
-                self._conn.execute("PRAGMA synchronous = NORMAL")
-                self._conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate_and_recover()
+                if read_only:
+                    live = Path(f"{self.path}-wal").exists()
+                    uri = f"{self.path.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}"
+                    self._conn = sqlite3.connect(
+                        uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+                    )
+                else:
+                    self._conn = sqlite3.connect(
+                        str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+                    )
+                self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+                if not read_only:
+                    mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        logger.info("zeus-callbacks: store %s uses journal mode %s (WAL unavailable)", self.path, mode)
+                    self._conn.execute("PRAGMA synchronous = NORMAL")
+                    self._conn.execute("PRAGMA foreign_keys = ON")
+            if read_only:
+                self._check_schema_read_only()
+            else:
+                self._migrate_and_recover()
         except BaseException:
             self.close()
             raise
@@ -117,6 +141,11 @@ class SQLiteStore(Store):
             message = str(exc).lower()
             if "locked" in message or "busy" in message:
                 raise StoreError(f"store {self.path} stayed locked for {self.busy_timeout_s:.0f} s ({what})") from exc
+            if "readonly" in message and not self.read_only:
+                raise StoreError(
+                    f"store {self.path} is not writable ({exc}): make the file and its directory writable by "
+                    "this user, or set store.path to another file; nothing was changed"
+                ) from exc
             if "unable to open" in message or "readonly" in message or "disk i/o" in message:
                 raise StoreError(f"cannot {what} store {self.path}: {exc}") from exc
             raise StoreCorruptError(f"store {self.path} is unreadable ({what}: {exc}); it was left untouched") from exc
@@ -148,6 +177,24 @@ class SQLiteStore(Store):
         if self._conn is None:
             raise StoreError(f"store {self.path} is closed")
         return self._conn
+
+    def _check_schema_read_only(self) -> None:
+        with self._read("open") as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "schema_version" not in tables:
+                raise StoreCorruptError(
+                    f"{self.path} is a SQLite database but not a zeus-callbacks store (no schema_version "
+                    f"table; has {sorted(tables)}); it was left untouched"
+                )
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is None:
+            raise StoreCorruptError(f"store {self.path} has an empty schema_version table; it was left untouched")
+        version = int(row[0])
+        if version > SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"store {self.path} has schema version {version}, newer than this zeus-callbacks "
+                f"understands ({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
+            )
 
     def _migrate_and_recover(self) -> None:
         with self._tx("open") as conn:
@@ -346,6 +393,18 @@ class SQLiteStore(Store):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _check_readable_store_file(path: Path) -> None:
+    """Refuse, before SQLite sees it, a file a read-only open cannot use (missing, empty)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"no such store: {path}") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read store {path}: {exc}") from exc
+    if size == 0:
+        raise StoreCorruptError(f"{path} is an empty file, not a zeus-callbacks store; it was left untouched")
 
 
 def _ensure_job(conn: sqlite3.Connection, job_id: str, info: Mapping[str, Any] | None) -> None:
