@@ -209,7 +209,7 @@ class BatchSizeController:
         """
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
-        self.threshold = self._with_bandit(lambda b: b.early_stop_threshold())
+        self.threshold = self._with_bandit(lambda b: b.early_stop_threshold(self.batch_size))
         self.power_limit_W = power_limit_W
 
     @property
