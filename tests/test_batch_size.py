@@ -246,3 +246,41 @@ def test_satisficing_choice_by_hand():
     assert satisficing_choice(draws, means, 0.02) == 64
     # Plain Thompson sampling: the lowest draw.
     assert satisficing_choice(draws, means, None) == 16 and satisficing_choice(draws, means, 0.0) == 16
+
+
+def test_exploring_thompson_runs_stop_past_the_best_arm_by_hand(store):
+    settings = BanditSettings((32, 64), 64, beta_knob=2.0, pruning_rounds=2, explore_stop_z=2.0)
+    bandit = BatchSizeBandit(store, "job", settings)
+    for b, c in ((64, 100.0), (32, 120.0), (64, 110.0), (32, 130.0)):  # two pruning rounds: 64, 32, 64, 32
+        s = bandit.suggest()
+        assert s.batch_size == b
+        bandit.report(s.trial_id, energy_J=1, time_s=1, cost=c, converged=True)
+    assert bandit.state()["phase"] == "thompson"
+    # Pooled relative variance r = [2 (5/105)² + 2 (5/125)²] / 2 = (5/105)² + (5/125)², above the
+    # floor 0.05²; arm 64: x̄ = 105, σ² = r 105² = 25 + 25 (105/125)² = 42.64. Prior μ0 = 115,
+    # τ0 = 1/115²; τn = τ0 + 2/42.64, μn = (τ0 115 + (2/42.64) 105) / τn = 105.016.
+    tau_n = 1 / 115**2 + 2 / 42.64
+    mu_n = (115 / 115**2 + 2 / 42.64 * 105) / tau_n
+    assert mu_n == pytest.approx(105.016, abs=1e-3)
+    # 32 (posterior mean ≈ 125) explores: stopped at μn + 2 √42.64 = 118.08, not at β x 100 = 200.
+    assert bandit.early_stop_threshold(32) == pytest.approx(mu_n + 2 * math.sqrt(42.64))
+    assert bandit.early_stop_threshold(32) == pytest.approx(118.076, abs=1e-3)
+    # The best arm, and a run whose batch size is not given, keep beta_knob x the best converged cost.
+    assert bandit.early_stop_threshold(64) == 200.0 and bandit.early_stop_threshold() == 200.0
+    off_settings = BanditSettings((32, 64), 64, beta_knob=2.0, pruning_rounds=2, explore_stop_z=None)
+    off = BatchSizeBandit(store, "job", off_settings)
+    assert off.early_stop_threshold(32) == 200.0
+    # A stopped exploring run of 32 is censored: its cost counts as an observation (so in the
+    # prior mean, now 578.1 / 5) but not in the pooled variance, so 64's σ² stays 42.64.
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=118.1, converged=False, status="early_stopped", batch_size=32)
+    mu0 = 578.1 / 5
+    tau_n = 1 / mu0**2 + 2 / 42.64
+    mu_n = (mu0 / mu0**2 + 2 / 42.64 * 105) / tau_n
+    assert bandit.early_stop_threshold(32) == pytest.approx(mu_n + 2 * math.sqrt(42.64))
+    assert bandit.min_cost == 100.0  # a stopped run never sets min_cost
+
+
+def test_explore_stop_z_is_validated():
+    with pytest.raises(ValueError, match="explore_stop_z"):
+        BanditSettings((32, 64), 64, explore_stop_z=0.0)

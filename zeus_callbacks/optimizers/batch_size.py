@@ -507,8 +507,7 @@ class BatchSizeBandit:
         z = self.settings.explore_stop_z
         if z is not None and batch_size is not None:
             posts = self.posteriors(state["survivors"])
-            eligible = eliminate_arms(posts, self.settings.elimination_z)
-            best = min(eligible, key=lambda b: (posts[b].mean, b))
+            best = min(posts, key=lambda b: (posts[b].mean, b))  # never eliminated (its bound is below its mean)
             if batch_size != best and not math.isnan(posts[best].noise_var):
                 threshold = min(threshold, posts[best].mean + z * math.sqrt(posts[best].noise_var))
         return threshold
