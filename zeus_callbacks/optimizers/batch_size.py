@@ -44,7 +44,10 @@ clock seeding; runs are reproducible across processes).
 **Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
 is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
 a stopped or failed one). A stopped run's accumulated cost is still an observation of
-its arm (a lower bound of its true cost that keeps the arm unattractive).
+its arm (a lower bound of its true cost that keeps the arm unattractive). Two rules lower
+the threshold for runs that can only be exploration (:meth:`BatchSizeBandit.early_stop_threshold`):
+``prune_cost_ratio`` while pruning, and ``explore_stop_z`` in the Thompson phase for an arm
+other than the one with the lowest posterior mean (``μn_best + z·σ_best``).
 """
 
 from __future__ import annotations
