@@ -200,13 +200,6 @@ class BatchSizeConfig(_Section):
         description="Satisficing Thompson sampling: of the arms drawn within this fraction of the lowest draw, "
         "play the one with the lowest posterior mean; null: plain Thompson sampling.",
     )
-    explore_stop_z: float | None = Field(
-        2.0,
-        gt=0,
-        description="Thompson sampling stops a run of an arm other than the lowest-mean one once its cost "
-        "exceeds the best arm's posterior mean + z x its run-to-run noise sd (when below beta_knob x the best "
-        "converged cost); the stopped cost counts as a censored observation. null: only beta_knob stops.",
-    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )

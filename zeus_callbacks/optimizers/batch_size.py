@@ -44,10 +44,7 @@ clock seeding; runs are reproducible across processes).
 **Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
 is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
 a stopped or failed one). A stopped run's accumulated cost is still an observation of
-its arm (a lower bound of its true cost that keeps the arm unattractive). Two rules lower
-the threshold for runs that can only be exploration (:meth:`BatchSizeBandit.early_stop_threshold`):
-``prune_cost_ratio`` while pruning, and ``explore_stop_z`` in the Thompson phase for an arm
-other than the one with the lowest posterior mean (``μn_best + z·σ_best``).
+its arm (a lower bound of its true cost that keeps the arm unattractive).
 """
 
 from __future__ import annotations
@@ -96,10 +93,6 @@ class BanditSettings:
         satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
             fraction of the lowest draw, play the one with the lowest posterior mean; None:
             plain Thompson sampling (the lowest draw).
-        explore_stop_z: Thompson sampling stops a run of an arm other than the one with the
-            lowest posterior mean once its cost exceeds ``μn_best + z·σ_best`` (the best arm's
-            posterior mean plus ``z`` of its run-to-run noise standard deviations) when that
-            is below ``beta_knob`` × the best converged cost; None: only ``beta_knob`` stops.
     """
 
     batch_sizes: tuple[int, ...]
@@ -114,7 +107,6 @@ class BanditSettings:
     prune_cost_ratio: float | None = 1.5
     elimination_z: float | None = 2.0
     satisficing_rel: float | None = 0.01
-    explore_stop_z: float | None = 2.0
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -137,8 +129,6 @@ class BanditSettings:
             raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
         if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
             raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
-        if self.explore_stop_z is not None and not self.explore_stop_z > 0:
-            raise ValueError(f"explore_stop_z must be > 0 (or None), got {self.explore_stop_z}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -164,7 +154,6 @@ class BanditSettings:
             prune_cost_ratio=config.prune_cost_ratio,
             elimination_z=config.elimination_z,
             satisficing_rel=config.satisficing_rel,
-            explore_stop_z=config.explore_stop_z,
         )
 
 
@@ -474,29 +463,15 @@ class BatchSizeBandit:
         """Lowest cost of a converged trial of the job, or None."""
         return self.state().get("min_cost")
 
-    def early_stop_threshold(self, batch_size: int | None = None) -> float | None:
-        """The cost past which a run at ``batch_size`` is stopped; None: no threshold yet.
+    def early_stop_threshold(self) -> float | None:
+        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet.
 
-        ``beta_knob × min_cost``, lowered by two rules of cheaper exploration:
-
-        - While pruning, the factor is ``min(beta_knob, prune_cost_ratio)``: a pruning
-          candidate costing more than ``prune_cost_ratio`` × the cheapest converged size ends
-          its direction whether or not it would go on to converge, so finishing it buys
-          nothing but the observation of a size already known to be that much dearer (cost
-          is close to unimodal in the batch size, §2.2). Stopped, it is not converged: the
-          direction ends and the size does not survive into Thompson sampling.
-        - In the Thompson phase, a run of an arm other than the one with the lowest posterior
-          mean (an exploring run) stops once its cost exceeds ``μn_best + z·σ_best``
-          (``explore_stop_z``; ``σ_best`` the best arm's noise standard deviation, pooled
-          and floored as in :meth:`posteriors`): a run of the best arm costs that much with
-          probability ≈ Φ(−z), so an arm as good as the best is rarely cut, and what is
-          learnt of a dearer one — that this run costs more than the threshold — is kept as a
-          censored observation (it counts at the threshold, a lower bound, so it can only make
-          the arm look cheaper than the full run would have, never wrongly eliminate it).
-
-        Args:
-            batch_size: The run's batch size (the Thompson-phase rule needs it); None: the
-                ``beta_knob`` / pruning threshold only.
+        While pruning, the factor is ``min(beta_knob, prune_cost_ratio)``: a pruning candidate
+        costing more than ``prune_cost_ratio`` × the cheapest converged size ends its direction
+        whether or not it would go on to converge, so finishing it buys nothing but the
+        observation of a size already known to be that much dearer (cost is close to
+        unimodal in the batch size, §2.2). Stopped, it is not converged: the direction ends
+        and the size does not survive into Thompson sampling.
         """
         state = self.state()
         min_cost = state.get("min_cost")
@@ -504,16 +479,9 @@ class BatchSizeBandit:
         if min_cost is None or beta is None:
             return None
         ratio = self.settings.prune_cost_ratio
-        if state["phase"] == Phase.PRUNING.value:
-            return (beta if ratio is None else min(beta, ratio)) * min_cost
-        threshold = beta * min_cost
-        z = self.settings.explore_stop_z
-        if z is not None and batch_size is not None:
-            posts = self.posteriors(state["survivors"])
-            best = min(posts, key=lambda b: (posts[b].mean, b))  # never eliminated (its bound is below its mean)
-            if batch_size != best and not math.isnan(posts[best].noise_var):
-                threshold = min(threshold, posts[best].mean + z * math.sqrt(posts[best].noise_var))
-        return threshold
+        if state["phase"] == Phase.PRUNING.value and ratio is not None:
+            beta = min(beta, ratio)
+        return beta * min_cost
 
     # -- observations ------------------------------------------------------------------
     def observations(

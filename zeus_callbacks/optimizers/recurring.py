@@ -146,19 +146,17 @@ class EarlyStopRule:
     Attributes:
         cost: The run's cost function (``MaxPower`` of all GPUs).
         threshold_cost: The cost past which the run stops (J-equivalent).
-        basis: What the threshold is, for the stop reason.
     """
 
     cost: ZeusCost
     threshold_cost: float
-    basis: str = "beta_knob x best cost"
 
     def reason(self, energy_J: float, time_s: float) -> str | None:
         """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds."""
         cost = self.cost(energy_J, time_s)
         if cost > self.threshold_cost:
             return (
-                f"cost {cost:.4g} exceeds {self.basis} = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
+                f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
             )
         return None
 
@@ -187,7 +185,6 @@ class BatchSizeController:
         self.threshold: float | None = None
         self.power_limit_W: float | None = None
         self._last_check_s = -float("inf")
-        self._basis = "beta_knob x best cost"
 
     def _with_bandit(self, fn):
         store = open_job_store(self.config)
@@ -212,10 +209,7 @@ class BatchSizeController:
         """
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
-        self.threshold, plain = self._with_bandit(
-            lambda b: (b.early_stop_threshold(self.batch_size), b.early_stop_threshold())
-        )
-        self._basis = "beta_knob x best cost" if self.threshold == plain else "best arm's mean + explore_stop_z x sd"
+        self.threshold = self._with_bandit(lambda b: b.early_stop_threshold())
         self.power_limit_W = power_limit_W
 
     @property
@@ -249,7 +243,7 @@ class BatchSizeController:
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
             return None
         self._last_check_s = time_s
-        self.stop_reason = EarlyStopRule(self.cost, self.threshold, self._basis).reason(energy_J, time_s)
+        self.stop_reason = EarlyStopRule(self.cost, self.threshold).reason(energy_J, time_s)
         return self.stop_reason
 
     @property
@@ -257,7 +251,7 @@ class BatchSizeController:
         """The early-stop rule once started; None when nothing can stop the run on cost (no best cost yet)."""
         if self.threshold is None or self.cost is None:
             return None
-        return EarlyStopRule(self.cost, self.threshold, self._basis)
+        return EarlyStopRule(self.cost, self.threshold)
 
     def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
