@@ -10,7 +10,10 @@ alternate in a shuffled order, round after round):
   ``CudaEventTimer`` driven by a stand-in for ``torch.cuda`` (timer ``standin``): events
   that do what a CUDA event does minus the GPU (object creation, ``record`` on the current
   stream, ``query``, ``elapsed_time``), so the bookkeeping is what is measured. The cost of
-  an empty loop is subtracted. Resolution at report intervals (every 50 steps) is included.
+  an empty loop is subtracted. Resolution at report intervals (every 50 steps) is included:
+  a round's figure is its total time over its steps, i.e. the mean per step with the
+  reports (and any garbage collection they cause) amortised; the summary gives the mean
+  and the median of the rounds.
 * ``lightning``: a real Lightning ``Trainer`` on a tiny model on the CPU: milliseconds per
   step without the callback, with ``ZeusCallback`` (step windows) and with phases;
   interleaved rounds, median and spread.
@@ -236,8 +239,8 @@ def worker(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- parent
 def _summary(values: list[float]) -> dict:
     q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
-    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values),
-            "n": len(values)}  # fmt: skip
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "q1": q[0], "q3": q[2],
+            "min": min(values), "max": max(values), "n": len(values)}  # fmt: skip
 
 
 def main() -> None:
@@ -293,11 +296,12 @@ def _print(result: dict) -> None:
     for pkg, e in result["packages"].items():
         print(f"{pkg} ({e['module']})")
         for key, s in e["session_us_per_step"].items():
-            print(f"  session {key:16s} {s['median']:8.2f} us/step  [IQR {s['q1']:.2f}-{s['q3']:.2f}, n={s['n']}]")
+            print(f"  session {key:16s} mean {s['mean']:8.2f} median {s['median']:8.2f} us/step  "
+                  f"[IQR {s['q1']:.2f}-{s['q3']:.2f}, n={s['n']}]")  # fmt: skip
         for key, s in e["lightning_ms_per_step"].items():
             unit = "x" if key.endswith("ratio") else "ms/step"
-            print(f"  lightning {key:14s} {s['median']:8.4f} {unit}  [IQR {s['q1']:.4f}-{s['q3']:.4f}, "
-                  f"min {s['min']:.4f}, max {s['max']:.4f}, n={s['n']}]")  # fmt: skip
+            print(f"  lightning {key:14s} mean {s['mean']:8.4f} median {s['median']:8.4f} {unit}  "
+                  f"[IQR {s['q1']:.4f}-{s['q3']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, n={s['n']}]")  # fmt: skip
 
 
 if __name__ == "__main__":

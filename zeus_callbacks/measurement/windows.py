@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -189,6 +190,15 @@ class CudaEventTimer:
         if upto > self._times_from:
             del self._times[: upto - self._times_from]
             self._times_from = upto
+
+    def read_table(self) -> tuple[int, int, list[float]]:
+        """The read times as a table, for a batch of look-ups without a call per mark.
+
+        Returns:
+            ``(first, read_upto, times)``: mark ``k`` with ``first <= k < read_upto`` has
+            time ``times[k - first]`` (s); the list is the timer's own (do not modify).
+        """
+        return self._times_from, self._read_upto, self._times
 
     @property
     def pool_size(self) -> int:
@@ -393,18 +403,31 @@ class WindowMeter:
         timer.read(wait=wait)
         time_of = timer.time_of
         timed, timed_ends = self._timed, self._timed_ends
-        done = 0
-        for name, start, start_s, end, start_info, end_info in closed:
-            end_s = time_of(end)
-            if end_s is None:
-                break  # marks are read in order: later windows end later
-            if start_s is None:
-                start_s = time_of(start)
+        table = getattr(timer, "read_table", None)
+        if table is not None:  # CudaEventTimer: index its read times directly, all windows at once
+            first, read_upto, times = table()
+            # End marks never decrease in close order, and a start is marked before its end:
+            # the windows whose end mark was read are a prefix, and their starts were read too.
+            done = bisect.bisect_left(list(map(_END, closed)), read_upto)
+            if done:
+                names, start, start_s, end, start_info, end_info = zip(*closed[:done], strict=True)
+                start_s = [times[t - first] if c is None else c for t, c in zip(start, start_s, strict=True)]
+                end_s = [times[t - first] for t in end]
+                timed += zip(names, start_s, repeat(None), end_s, start_info, end_info)
+                timed_ends += end_s
+        else:
+            done = 0
+            for name, start, start_s, end, start_info, end_info in closed:
+                end_s = time_of(end)
+                if end_s is None:
+                    break  # marks are read in order: later windows end later
                 if start_s is None:
-                    break
-            timed.append((name, start_s, None, end_s, start_info, end_info))
-            timed_ends.append(end_s)
-            done += 1
+                    start_s = time_of(start)
+                    if start_s is None:
+                        break
+                timed.append((name, start_s, None, end_s, start_info, end_info))
+                timed_ends.append(end_s)
+                done += 1
         if done:
             del closed[:done]
         oldest = None  # the oldest mark still needed (an open window's, a waiting window's start)
