@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 import pytest
-
 from test_hot_path import LaggingGPU
+
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.measurement import phases as phases_mod
 from zeus_callbacks.measurement.attribution import extrapolated_energy_J, samples_in
