@@ -10,7 +10,11 @@ alternate in a shuffled order, round after round):
   ``CudaEventTimer`` driven by a stand-in for ``torch.cuda`` (timer ``standin``): events
   that do what a CUDA event does minus the GPU (object creation, ``record`` on the current
   stream, ``query``, ``elapsed_time``), so the bookkeeping is what is measured. The cost of
-  an empty loop is subtracted. Resolution at report intervals (every 50 steps) is included.
+  an empty loop is subtracted. Resolution at report intervals (every 50 steps) is included:
+  a round's figure is its total time over its steps, i.e. the mean per step with the
+  reports (and any garbage collection they cause) amortised; the summary gives the mean
+  and the median of the rounds, and the collections (generations 0, 1, 2) that ran during
+  the timed loops with their time per step.
 * ``lightning``: a real Lightning ``Trainer`` on a tiny model on the CPU: milliseconds per
   step without the callback, with ``ZeusCallback`` (step windows) and with phases;
   interleaved rounds, median and spread.
@@ -95,7 +99,10 @@ def _standin_timer(windows_mod, clock):
         sys.modules["torch"] = real
 
 
-def _session_us(mode: str, timer_kind: str, steps: int, rounds: int, log_dir: str) -> list[float]:
+def _session_us(mode: str, timer_kind: str, steps: int, rounds: int, log_dir: str) -> tuple[list[float], dict]:
+    """Microseconds per step of each round, and the garbage collections during the timed loops."""
+    import gc
+
     from zeus_callbacks.measurement import windows as windows_mod
     from zeus_callbacks.session import EnergySession
 
@@ -135,6 +142,20 @@ def _session_us(mode: str, timer_kind: str, steps: int, rounds: int, log_dir: st
         for _ in range(n):
             pass
 
+    collections = [0, 0, 0]
+    gc_s = [0.0, 0.0]  # total, start of the collection under way
+    timing = [False]
+
+    def on_gc(phase: str, info: dict) -> None:  # the collections the timed loops pay for
+        if not timing[0]:
+            return
+        if phase == "start":
+            gc_s[1] = pc()
+        else:
+            collections[info["generation"]] += 1
+            gc_s[0] += pc() - gc_s[1]
+
+    gc.callbacks.append(on_gc)
     out = []
     step = 0
     for r in range(rounds):
@@ -144,14 +165,17 @@ def _session_us(mode: str, timer_kind: str, steps: int, rounds: int, log_dir: st
         t0 = pc()
         empty(steps)
         t_empty = pc() - t0
+        timing[0] = True
         t0 = pc()
         loop(steps, step)
         t = pc() - t0
+        timing[0] = False
         step += steps
         session.epoch_end(r)
         out.append(1e6 * (t - t_empty) / steps)
+    gc.callbacks.remove(on_gc)
     session.train_end()
-    return out
+    return out, {"collections": collections, "gc_us_per_step": 1e6 * gc_s[0] / (steps * rounds)}
 
 
 def _lightning_ms(steps: int, rounds: int, log_dir: str) -> dict[str, list[float]]:
@@ -224,10 +248,11 @@ def worker(args: argparse.Namespace) -> None:
     if not zeus_callbacks.__file__.startswith(pkg):
         raise SystemExit(f"imported {zeus_callbacks.__file__}, not the package under {pkg}")
     log_dir = tempfile.mkdtemp(prefix="hook_cost_")
-    res: dict = {"pkg": pkg, "module": zeus_callbacks.__file__, "session": {}}
+    res: dict = {"pkg": pkg, "module": zeus_callbacks.__file__, "session": {}, "gc": {}}
     for mode in ("step", "phases"):
         for timer in ("clock", "standin"):
-            res["session"][f"{mode}/{timer}"] = _session_us(mode, timer, args.steps, args.session_rounds, log_dir)
+            key = f"{mode}/{timer}"
+            res["session"][key], res["gc"][key] = _session_us(mode, timer, args.steps, args.session_rounds, log_dir)
     if args.lightning_steps:
         res["lightning"] = _lightning_ms(args.lightning_steps, args.lightning_rounds, log_dir)
     print(json.dumps(res))
@@ -236,8 +261,8 @@ def worker(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- parent
 def _summary(values: list[float]) -> dict:
     q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
-    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values),
-            "n": len(values)}  # fmt: skip
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "q1": q[0], "q3": q[2],
+            "min": min(values), "max": max(values), "n": len(values)}  # fmt: skip
 
 
 def main() -> None:
@@ -272,9 +297,14 @@ def main() -> None:
             runs[pkg].append(json.loads(done.stdout.strip().splitlines()[-1]))
     result: dict = {"args": vars(args), "python": sys.version.split()[0], "packages": {}}
     for pkg, rs in runs.items():
-        entry: dict = {"module": rs[0]["module"], "session_us_per_step": {}, "lightning_ms_per_step": {}}
+        entry: dict = {"module": rs[0]["module"], "session_us_per_step": {}, "session_gc": {},
+                       "lightning_ms_per_step": {}}  # fmt: skip
         for key in rs[0]["session"]:
             entry["session_us_per_step"][key] = _summary([v for r in rs for v in r["session"][key]])
+            entry["session_gc"][key] = {  # summed over the processes
+                "collections": [sum(r["gc"][key]["collections"][g] for r in rs) for g in range(3)],
+                "gc_us_per_step": statistics.fmean(r["gc"][key]["gc_us_per_step"] for r in rs),
+            }
         if "lightning" in rs[0]:
             for v in rs[0]["lightning"]:
                 entry["lightning_ms_per_step"][v] = _summary([x for r in rs for x in r["lightning"][v]])
@@ -293,11 +323,14 @@ def _print(result: dict) -> None:
     for pkg, e in result["packages"].items():
         print(f"{pkg} ({e['module']})")
         for key, s in e["session_us_per_step"].items():
-            print(f"  session {key:16s} {s['median']:8.2f} us/step  [IQR {s['q1']:.2f}-{s['q3']:.2f}, n={s['n']}]")
+            g = e["session_gc"][key]
+            print(f"  session {key:16s} mean {s['mean']:8.2f} median {s['median']:8.2f} us/step  "
+                  f"[IQR {s['q1']:.2f}-{s['q3']:.2f}, n={s['n']}]  gc {g['collections']} "
+                  f"{g['gc_us_per_step']:.2f} us/step")  # fmt: skip
         for key, s in e["lightning_ms_per_step"].items():
             unit = "x" if key.endswith("ratio") else "ms/step"
-            print(f"  lightning {key:14s} {s['median']:8.4f} {unit}  [IQR {s['q1']:.4f}-{s['q3']:.4f}, "
-                  f"min {s['min']:.4f}, max {s['max']:.4f}, n={s['n']}]")  # fmt: skip
+            print(f"  lightning {key:14s} mean {s['mean']:8.4f} median {s['median']:8.4f} {unit}  "
+                  f"[IQR {s['q1']:.4f}-{s['q3']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, n={s['n']}]")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -155,9 +155,9 @@ def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manua
     gpu = LaggingGPU(manual_clock)
     if timer == "cuda":
         session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
-    absorbed = []
-    absorb = session._absorb
-    session._absorb = lambda r: (absorbed.append(r), absorb(r))  # type: ignore[method-assign]
+    absorbed = []  # the step and phase windows, one record each, from the batches the reports absorbed
+    absorb = session._absorb_bulk
+    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
     session.train_start()
     session.epoch_start(0)
     marks_before = gpu.recorded

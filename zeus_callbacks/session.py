@@ -39,7 +39,14 @@ from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
 from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter, WindowRecord
+from zeus_callbacks.measurement.windows import (
+    BoundaryTimer,
+    ClockTimer,
+    CudaEventTimer,
+    WindowBatch,
+    WindowMeter,
+    WindowRecord,
+)
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.optimizers.recurring import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
@@ -49,6 +56,7 @@ from zeus_callbacks.store.profile_cache import StoreProfileCache
 logger = logging.getLogger(__name__)
 
 _EPOCH_FLUSH_TIMEOUT_S = 0.25  # wall time an epoch end may wait for the sensor to catch up
+_BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
 _PHASE_REANCHOR_S = 30.0  # with windows.phases, CUDA event timing is re-anchored this often (s)
 
 
@@ -148,7 +156,7 @@ class EnergySession:
         self._totals = _Totals()
         self._carried = _Totals()
         self._pending_metrics: dict[str, float] = {}
-        self._unreported_steps: list[WindowRecord] = []
+        self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._steps_since_report = 0
         self._run_start_s: float | None = None
         self._run_start_wall: float | None = None
@@ -995,21 +1003,36 @@ class EnergySession:
             time.sleep(0.005)
 
     def _report_steps(self, *, resolve_final: bool = False) -> None:
-        """Attribute closed windows and queue their metrics."""
+        """Attribute closed windows and queue their metrics.
+
+        Step and phase windows are attributed and aggregated in bulk (arrays, no object
+        per window); the rare others (epoch, eval, run, user windows) one record each.
+        """
         assert self.meter is not None
-        for record in self.meter.resolve(final=resolve_final):
+        records, batch = self.meter.resolve_bulk(_BULK_WINDOWS, final=resolve_final)
+        if batch is not None:
+            self._absorb_bulk(batch)
+        for record in records:
             self._absorb(record)
         self._steps_since_report = 0
         if self._unreported_steps or self._collective():
             self._queue_step_metrics()
 
+    def _absorb_bulk(self, batch: WindowBatch) -> None:
+        """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
+        is_step = batch.names == "step"
+        steps = batch if is_step.all() else batch.select(is_step)
+        if steps.size:
+            self._unreported_steps.append(steps)
+            self._totals.measured_steps += steps.size
+            self._totals.step_energy_J += float(steps.energy_J.sum())
+            self._totals.step_time_s += float(steps.time_s.sum())
+        if self._phases is not None and steps.size < batch.size:
+            self._phases.add_batch(batch.select(~is_step))
+
     def _absorb(self, record: WindowRecord) -> None:
-        if record.name == "step":
-            self._unreported_steps.append(record)
-            self._totals.measured_steps += 1
-            self._totals.step_energy_J += record.energy_J
-            self._totals.step_time_s += record.time_s
-        elif record.name == "epoch":
+        """Take one window other than a step or a phase (those go through :meth:`_absorb_bulk`)."""
+        if record.name == "epoch":
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
             self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
@@ -1017,9 +1040,6 @@ class EnergySession:
             self._write({"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s})
         elif record.name == "run":
             self._run_record = record
-        elif record.name in PHASES:
-            if self._phases is not None:
-                self._phases.add(record)
         else:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(
@@ -1038,17 +1058,18 @@ class EnergySession:
         return [row[:-1] for row in rows]
 
     def _queue_step_metrics(self) -> None:
-        steps = self._unreported_steps
+        batches = self._unreported_steps
         self._unreported_steps = []
-        samples = [r.info.get("num_samples") for r in steps]
-        tokens = [r.info.get("num_tokens") for r in steps]
+        count = sum(b.size for b in batches)
+        samples = [v for b in batches for v in b.info_values("num_samples")]
+        tokens = [v for b in batches for v in b.info_values("num_tokens")]
         local = [
-            sum(r.energy_J for r in steps),
-            sum(r.time_s for r in steps),
-            float(len(steps)),
-            float(sum(samples)) if steps and all(samples) else math.nan,  # type: ignore[arg-type]
-            float(sum(tokens)) if steps and all(tokens) else math.nan,  # type: ignore[arg-type]
-            float(sum(r.num_power_samples for r in steps)),
+            sum(float(b.energy_J.sum()) for b in batches),
+            sum(float(b.time_s.sum()) for b in batches),
+            float(count),
+            float(sum(samples)) if count and all(samples) else math.nan,
+            float(sum(tokens)) if count and all(tokens) else math.nan,
+            float(sum(int(b.num_power_samples.sum()) for b in batches)),
         ]
         if self._collective():  # the running totals travel with the report: every rank shows the run's
             local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
@@ -1081,7 +1102,7 @@ class EnergySession:
         self._write(
             {
                 "event": "steps",
-                "last_step": steps[-1].info.get("step") if steps else None,
+                "last_step": batches[-1].info(-1).get("step") if count else None,
                 "count": int(values[metric.STEP_COUNT]),
                 "energy_J_mean": values[metric.STEP_ENERGY_J],
                 "time_s_mean": values[metric.STEP_TIME_S],
@@ -1089,7 +1110,7 @@ class EnergySession:
                 "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
                 "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
                 "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
-                "complete": all(r.complete for r in steps),
+                "complete": all(bool(b.complete.all()) for b in batches),
                 "power_limit_W": self.power_limit_W,
                 "ranks": len(gathered),
                 "degraded": self.degraded,

@@ -19,7 +19,7 @@ import numpy as np
 
 from zeus_callbacks.measurement.finegrain import superpose
 from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import WindowRecord
+from zeus_callbacks.measurement.windows import WindowBatch
 
 logger = logging.getLogger(__name__)
 
@@ -66,39 +66,45 @@ class PhaseTracker:
         self.sampler = sampler
         self.max_executions = max_executions
         self.n_boot = n_boot
-        self._records: list[WindowRecord] = []
+        self._batches: list[WindowBatch] = []
 
-    def add(self, record: WindowRecord) -> None:
-        """Keep one attributed phase window of the current epoch."""
-        self._records.append(record)
+    def add_batch(self, batch: WindowBatch) -> None:
+        """Keep attributed phase windows of the current epoch (one report's, in close order)."""
+        if batch.size:
+            self._batches.append(batch)
 
     def epoch_summary(self) -> list[PhaseStats]:
         """Summarise and forget the epoch's phases; empty when none was recorded."""
-        records, self._records = self._records, []
-        records = [r for r in records if r.end_s > r.start_s]
-        if not records:
+        batches, self._batches = self._batches, []
+        if not batches:
             return []
-        names = [n for n in PHASES if any(r.name == n for r in records)]
-        counts = {n: sum(r.name == n for r in records) for n in names}
-        times = {n: float(np.mean([r.time_s for r in records if r.name == n])) for n in names}
-        recent = sorted(records, key=lambda r: r.start_s)[-self.max_executions :]
-        estimates = self._superpose(recent, times)
+        names = np.concatenate([b.names for b in batches])
+        starts = np.concatenate([b.start_s for b in batches])
+        ends = np.concatenate([b.end_s for b in batches])
+        energy = np.concatenate([b.energy_J for b in batches])
+        kept = ends > starts
+        names, starts, ends, energy = names[kept], starts[kept], ends[kept], energy[kept]
+        if not len(names):
+            return []
+        durations = ends - starts
+        masks = {n: names == n for n in PHASES}
+        present = [n for n in PHASES if masks[n].any()]
+        counts = {n: int(masks[n].sum()) for n in present}
+        times = {n: float(np.mean(durations[masks[n]])) for n in present}
+        recent = np.argsort(starts, kind="stable")[-self.max_executions :]  # as sorted() by start: stable
+        estimates = self._superpose(starts[recent], ends[recent], names[recent].tolist(), times)
         stats = []
-        for n in names:
+        for n in present:
             if n in estimates:
-                energy, ci, used = estimates[n]
+                value, ci, used = estimates[n]
             else:  # too few samples: the plain per-window attribution
-                values = [r.energy_J for r in records if r.name == n]
-                energy, ci, used = float(np.mean(values)), (math.nan, math.nan), 0
-            stats.append(PhaseStats(n, counts[n], energy, ci, times[n], energy * counts[n], used))
+                value, ci, used = float(np.mean(energy[masks[n]])), (math.nan, math.nan), 0
+            stats.append(PhaseStats(n, counts[n], value, ci, times[n], value * counts[n], used))
         return stats
 
     def _superpose(
-        self, records: list[WindowRecord], mean_s: dict[str, float]
+        self, starts: np.ndarray, ends: np.ndarray, labels: list[str], mean_s: dict[str, float]
     ) -> dict[str, tuple[float, tuple[float, float], int]]:
-        starts = np.array([r.start_s for r in records])
-        ends = np.array([r.end_s for r in records])
-        labels = [r.name for r in records]
         out: dict[str, tuple[float, tuple[float, float], int]] = {}
         for index in self.sampler.gpu_indices:
             t, p = self.sampler.samples(index)

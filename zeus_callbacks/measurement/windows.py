@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -189,6 +191,15 @@ class CudaEventTimer:
             del self._times[: upto - self._times_from]
             self._times_from = upto
 
+    def read_table(self) -> tuple[int, int, list[float]]:
+        """The read times as a table, for a batch of look-ups without a call per mark.
+
+        Returns:
+            ``(first, read_upto, times)``: mark ``k`` with ``first <= k < read_upto`` has
+            time ``times[k - first]`` (s); the list is the timer's own (do not modify).
+        """
+        return self._times_from, self._read_upto, self._times
+
     @property
     def pool_size(self) -> int:
         """Events waiting in the pool for reuse."""
@@ -225,6 +236,87 @@ class WindowRecord(NamedTuple):
         return self.end_s - self.start_s
 
 
+class WindowBatch(NamedTuple):
+    """Windows attributed in one :meth:`WindowMeter.resolve`, as arrays in the order they closed.
+
+    Steps and phases close thousands of times a minute; a report aggregates them from
+    these arrays instead of building one :class:`WindowRecord` per window.
+
+    Attributes:
+        names: Window names, shape (m,) (object array of str).
+        start_s: Starts on the backend clock, shape (m,) (s).
+        end_s: Ends on the backend clock, shape (m,) (s).
+        energy_J: Energy summed over the measured GPUs, shape (m,) (J).
+        gpu_energy_J: Energy per measured GPU, shape (g, m), rows in ``gpu_indices`` order (J).
+        num_power_samples: Power samples inside each window (fewest over the GPUs), shape (m,).
+        complete: False where samples did not cover the whole window, shape (m,).
+        start_info: What was attached at the window's begin (a dict or None), shape (m,) (object).
+        end_info: What was attached at its end (a dict or None), shape (m,) (object).
+    """
+
+    names: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+    energy_J: np.ndarray
+    gpu_energy_J: np.ndarray
+    num_power_samples: np.ndarray
+    complete: np.ndarray
+    start_info: np.ndarray
+    end_info: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """Number of windows."""
+        return len(self.names)
+
+    @property
+    def time_s(self) -> np.ndarray:
+        """Durations, shape (m,) (s)."""
+        return self.end_s - self.start_s
+
+    def select(self, mask: np.ndarray) -> WindowBatch:
+        """The windows where ``mask`` (shape (m,), bool) is True, in the same order."""
+        return WindowBatch(
+            self.names[mask], self.start_s[mask], self.end_s[mask], self.energy_J[mask],
+            self.gpu_energy_J[:, mask], self.num_power_samples[mask], self.complete[mask],
+            self.start_info[mask], self.end_info[mask],
+        )  # fmt: skip
+
+    def info(self, k: int) -> dict[str, Any]:
+        """Window ``k``'s info: the begin's, updated by the end's (a new dict)."""
+        start_info, end_info = self.start_info[k], self.end_info[k]
+        if start_info is None:
+            return dict(end_info) if end_info else {}
+        return {**start_info, **end_info} if end_info else dict(start_info)
+
+    def info_values(self, key: str) -> list[Any]:
+        """``info(k).get(key)`` for every window, without building the merged dicts."""
+        try:  # the session's steps: every end carries the key
+            return list(map(itemgetter(key), self.end_info))
+        except (KeyError, TypeError):
+            pass
+        out = []
+        for start_info, end_info in zip(self.start_info, self.end_info, strict=True):
+            if end_info and key in end_info:
+                out.append(end_info[key])
+            else:
+                out.append(start_info.get(key) if start_info else None)
+        return out
+
+    def records(self) -> list[WindowRecord]:
+        """One :class:`WindowRecord` per window, in the same order."""
+        names = self.names.tolist()
+        starts, ends = self.start_s.tolist(), self.end_s.tolist()
+        energy = self.energy_J.tolist()
+        per_gpu = self.gpu_energy_J.T.tolist()
+        fewest, complete = self.num_power_samples.tolist(), self.complete.tolist()
+        return [
+            WindowRecord(names[k], starts[k], ends[k], energy[k], tuple(per_gpu[k]), int(fewest[k]), complete[k],
+                         self.info(k))
+            for k in range(len(names))
+        ]  # fmt: skip
+
+
 class WindowMeter:
     """Open and close named windows; attribute their energy from the sampler's running integral.
 
@@ -255,7 +347,7 @@ class WindowMeter:
         self._open: dict[str, list[Any]] = {}
         # closed, times not read yet: (name, start token, start time or None, end token, start info, end info)
         self._closed: list[tuple[Any, ...]] = []
-        # closed and timed, oldest end first: (name, start_s, end_s, start info, end info)
+        # closed and timed, oldest end first: as closed, with start_s at [1] and end_s at [3]
         self._timed: list[tuple[Any, ...]] = []
         self._timed_ends: list[float] = []  # their end times (s), for a binary search of the ready ones
         self._tokens_are_times = getattr(timer, "tokens_are_times", False)
@@ -302,26 +394,40 @@ class WindowMeter:
     def _read_times(self, *, wait: bool) -> None:
         """Turn closed windows' tokens into times (one batch read); let the timer forget the rest."""
         closed = self._closed
-        if self._tokens_are_times:  # a token is its time: nothing to read or forget
-            self._timed += [(c[0], c[1], c[3], c[4], c[5]) for c in closed]
-            self._timed_ends += [c[3] for c in closed]
+        if self._tokens_are_times:  # a token is its time: the closed tuples are timed already
+            self._timed += closed
+            self._timed_ends += map(_END, closed)
             closed.clear()
             return
         timer = self.timer
         timer.read(wait=wait)
         time_of = timer.time_of
-        done = 0
-        for name, start, start_s, end, start_info, end_info in closed:
-            end_s = time_of(end)
-            if end_s is None:
-                break  # marks are read in order: later windows end later
-            if start_s is None:
-                start_s = time_of(start)
+        timed, timed_ends = self._timed, self._timed_ends
+        table = getattr(timer, "read_table", None)
+        if table is not None:  # CudaEventTimer: index its read times directly, all windows at once
+            first, read_upto, times = table()
+            # End marks never decrease in close order, and a start is marked before its end:
+            # the windows whose end mark was read are a prefix, and their starts were read too.
+            done = bisect.bisect_left(list(map(_END, closed)), read_upto)
+            if done:
+                names, start, start_s, end, start_info, end_info = zip(*closed[:done], strict=True)
+                start_s = [times[t - first] if c is None else c for t, c in zip(start, start_s, strict=True)]
+                end_s = [times[t - first] for t in end]
+                timed += zip(names, start_s, repeat(None), end_s, start_info, end_info)
+                timed_ends += end_s
+        else:
+            done = 0
+            for name, start, start_s, end, start_info, end_info in closed:
+                end_s = time_of(end)
+                if end_s is None:
+                    break  # marks are read in order: later windows end later
                 if start_s is None:
-                    break
-            self._timed.append((name, start_s, end_s, start_info, end_info))
-            self._timed_ends.append(end_s)
-            done += 1
+                    start_s = time_of(start)
+                    if start_s is None:
+                        break
+                timed.append((name, start_s, None, end_s, start_info, end_info))
+                timed_ends.append(end_s)
+                done += 1
         if done:
             del closed[:done]
         oldest = None  # the oldest mark still needed (an open window's, a waiting window's start)
@@ -346,12 +452,47 @@ class WindowMeter:
         Returns:
             The newly attributed windows, in the order they were closed.
         """
+        batch = self.resolve_batch(final=final)
+        return [] if batch is None else batch.records()
+
+    def resolve_bulk(
+        self, bulk: frozenset[str] | set[str], *, final: bool = False
+    ) -> tuple[list[WindowRecord], WindowBatch | None]:
+        """Like :meth:`resolve`, but the windows named in ``bulk`` come back as one batch of arrays.
+
+        Args:
+            bulk: Names to aggregate in bulk (steps, phases).
+            final: As for :meth:`resolve`.
+
+        Returns:
+            ``(records, batch)``: a record per newly attributed window of another name, and
+            the windows of the ``bulk`` names (None when there is none), each in close order.
+        """
+        batch = self.resolve_batch(final=final)
+        if batch is None:
+            return [], None
+        names = batch.names
+        in_bulk = np.fromiter(map(bulk.__contains__, names), dtype=bool, count=len(names))
+        if in_bulk.all():
+            return [], batch
+        records = batch.select(~in_bulk).records()
+        return records, (batch.select(in_bulk) if in_bulk.any() else None)
+
+    def resolve_batch(self, *, final: bool = False) -> WindowBatch | None:
+        """Attribute energy to every closed window the samples now cover, in one vectorised pass.
+
+        Args:
+            final: As for :meth:`resolve`.
+
+        Returns:
+            The newly attributed windows as arrays, in close order; None when there is none.
+        """
         if not self._closed and not self._timed:
-            return []
+            return None
         self._read_times(wait=final)
         timed = self._timed
         if not timed:
-            return []
+            return None
         timed_ends = self._timed_ends
         if final:
             n = len(timed)
@@ -361,39 +502,26 @@ class WindowMeter:
             ready_until = max(self._covered_end_s(), self.sampler.backend.clock.now_s() - self.stale_after_s)
             n = bisect.bisect_right(timed_ends, ready_until)
             if n == 0:
-                return []
-        batch = timed[:n]
+                return None
         ends = np.array(timed_ends[:n], dtype=np.float64)
+        names, start_s, _, _, start_info, end_info = zip(*timed[:n], strict=True)
         del timed[:n]
         del timed_ends[:n]
-        starts = np.fromiter((t[1] for t in batch), dtype=np.float64, count=n)
+        starts = np.array(start_s, dtype=np.float64)
         since_s = float(starts.min()) - abs(self.sampler.sensor_delay_s)
         per_gpu = []
         counts = []
         complete = np.ones(n, dtype=bool)
         for index in self.sampler.gpu_indices:
             energy, num, is_complete = self._attribute(index, starts, ends, since_s)
-            per_gpu.append(energy.tolist())
+            per_gpu.append(energy)
             counts.append(num)
             complete &= is_complete
-        fewest = np.min(counts, axis=0).tolist()
-        complete_l = complete.tolist()
-        records: list[WindowRecord] = []
-        append = records.append
-        single = len(per_gpu) == 1
-        for k, (name, start_s, end_s, start_info, end_info) in enumerate(batch):
-            if start_info is None:
-                info = dict(end_info) if end_info else {}
-            else:
-                info = {**start_info, **end_info} if end_info else dict(start_info)
-            if single:
-                energy_J = per_gpu[0][k]
-                gpu_J: tuple[float, ...] = (energy_J,)
-            else:
-                gpu_J = tuple(e[k] for e in per_gpu)
-                energy_J = float(sum(gpu_J))
-            append(WindowRecord(name, start_s, end_s, energy_J, gpu_J, int(fewest[k]), complete_l[k], info))
-        return records
+        energy_J = per_gpu[0] if len(per_gpu) == 1 else sum(per_gpu)  # as Python sums a GPU tuple: 0 + e0 + e1 ...
+        return WindowBatch(
+            _objects(names), starts, ends, energy_J, np.vstack(per_gpu), np.min(counts, axis=0), complete,
+            _objects(start_info), _objects(end_info),
+        )  # fmt: skip
 
     def _covered_end_s(self) -> float:
         """The oldest of the GPUs' newest integral knots (-inf before two knots)."""
@@ -415,3 +543,13 @@ class WindowMeter:
         times, _ = self.sampler.samples(index, since_s)
         counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
         return energy, counts, is_complete
+
+
+_END = itemgetter(3)  # a closed window's end token (its end time once timed)
+
+
+def _objects(values: tuple[Any, ...]) -> np.ndarray:
+    """A 1-D object array of ``values`` (dicts stay whole)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
