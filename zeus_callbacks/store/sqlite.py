@@ -180,13 +180,20 @@ class SQLiteStore(Store):
 
     def _check_schema_read_only(self) -> None:
         with self._read("open") as conn:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "schema_version" not in tables:
+            self._schema_version(conn, create=False)
+
+    def _schema_version(self, conn: sqlite3.Connection, *, create: bool) -> int:
+        """The store's schema version; refuse a foreign or newer file (``create``: stamp a new, empty one)."""
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" not in tables:
+            if not create or tables - {"sqlite_sequence"}:
                 raise StoreCorruptError(
                     f"{self.path} is a SQLite database but not a zeus-callbacks store (no schema_version "
                     f"table; has {sorted(tables)}); it was left untouched"
                 )
-            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            conn.execute("INSERT INTO schema_version VALUES (0)")
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
             raise StoreCorruptError(f"store {self.path} has an empty schema_version table; it was left untouched")
         version = int(row[0])
@@ -195,27 +202,11 @@ class SQLiteStore(Store):
                 f"store {self.path} has schema version {version}, newer than this zeus-callbacks "
                 f"understands ({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
             )
+        return version
 
     def _migrate_and_recover(self) -> None:
         with self._tx("open") as conn:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "schema_version" not in tables:
-                if tables - {"sqlite_sequence"}:
-                    raise StoreCorruptError(
-                        f"{self.path} is a SQLite database but not a zeus-callbacks store (no schema_version "
-                        f"table; has {sorted(tables)}); it was left untouched"
-                    )
-                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-                conn.execute("INSERT INTO schema_version VALUES (0)")
-            row = conn.execute("SELECT version FROM schema_version").fetchone()
-            if row is None:
-                raise StoreCorruptError(f"store {self.path} has an empty schema_version table")
-            version = int(row[0])
-            if version > SCHEMA_VERSION:
-                raise StoreSchemaError(
-                    f"store {self.path} has schema version {version}, newer than this zeus-callbacks "
-                    f"understands ({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
-                )
+            version = self._schema_version(conn, create=True)
             while version < SCHEMA_VERSION:
                 MIGRATIONS[version](conn)
                 version += 1
