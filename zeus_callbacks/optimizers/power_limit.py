@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
 from zeus_callbacks.optimizers.cost import ZeusCost
@@ -580,7 +580,19 @@ class NotAMarker(ValueError):
     """A file at a restore marker's path is not a readable restore marker; it is kept untouched."""
 
 
-def read_marker(path: str | Path) -> dict[int, float] | None:
+class RestoreMarker(NamedTuple):
+    """What a restore marker records.
+
+    Attributes:
+        limits_W: GPU index → original power limit (W).
+        pid: The process that wrote it, if recorded.
+    """
+
+    limits_W: dict[int, float]
+    pid: int | None
+
+
+def read_marker(path: str | Path) -> RestoreMarker | None:
     """The limits a restore marker records, without touching the file.
 
     A marker is what :func:`write_marker` writes: a JSON object with a non-empty ``gpus``
@@ -590,7 +602,7 @@ def read_marker(path: str | Path) -> dict[int, float] | None:
         path: The marker file.
 
     Returns:
-        GPU index → original limit (W), or None when there is no file.
+        The marker's limits and writer, or None when there is no file.
 
     Raises:
         NotAMarker: The path is a directory, unreadable, not JSON, or JSON of another shape
@@ -621,7 +633,7 @@ def read_marker(path: str | Path) -> dict[int, float] | None:
                 "and an original_limit_W > 0)"
             )
         limits[index] = float(limit)
-    return limits
+    return RestoreMarker(limits, data.get("pid"))
 
 
 def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, float] | None:
@@ -641,12 +653,11 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
         BackendError: A limit could not be restored (the marker is kept for a later try).
     """
     path = Path(path)
-    limits = read_marker(path)
-    if limits is None:
+    marker = read_marker(path)
+    if marker is None:
         return None
-    pid = json.loads(path.read_text(encoding="utf-8")).get("pid")
     restored: dict[int, float] = {}
-    for index, limit in limits.items():
+    for index, limit in marker.limits_W.items():
         if index >= backend.device_count():
             logger.warning("zeus-callbacks: restore marker names GPU %d, which this process does not see", index)
             continue
@@ -655,7 +666,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend) -> dict[int, floa
     path.unlink(missing_ok=True)
     logger.warning(
         "zeus-callbacks: restored power limits left by an earlier run (pid %s): %s",
-        pid,
+        marker.pid,
         ", ".join(f"GPU {i} → {w:.0f} W" for i, w in restored.items()),
     )
     return restored
