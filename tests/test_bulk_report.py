@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from test_hot_path import LaggingGPU
+from test_hot_path import LaggingGPU, phase_session
 
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.measurement import phases as phases_mod
@@ -19,7 +19,6 @@ from zeus_callbacks.measurement.attribution import extrapolated_energy_J, sample
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import read_jsonl
-from zeus_callbacks.session import EnergySession
 
 PHASE_NAMES = ("forward", "backward", "optimizer")
 
@@ -115,13 +114,7 @@ def test_bulk_batches_give_each_window_its_own_energy(manual_clock, timer_kind):
 
 
 def run_session(tmp_path, manual_clock, timer_kind: str, steps: int):
-    backend = VirtualGPUBackend(clock=manual_clock, noise_W=8.0, seed=5, read_only=True)
-    cfg = {"backend": "virtual", "windows": {"phases": True},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 7}}  # fmt: skip
-    session = EnergySession(cfg, backend=backend)
-    gpu = LaggingGPU(manual_clock)
-    if timer_kind == "cuda":
-        session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    session, backend, gpu = phase_session(tmp_path, manual_clock, timer_kind, interval_steps=7, noise_W=8.0, seed=5)
     batches = []
     absorb = session._absorb_bulk
     session._absorb_bulk = lambda b: (batches.append(b), absorb(b))  # type: ignore[method-assign]

@@ -134,6 +134,18 @@ def test_forgotten_marks_raise_and_the_meter_keeps_the_timer_small(manual_clock)
     backend.close()
 
 
+def phase_session(tmp_path, clock, timer: str, *, interval_steps: int, **backend_kwargs):
+    """A session with phase windows on a virtual GPU; ``timer="cuda"``: CUDA events on a LaggingGPU stand-in."""
+    backend = VirtualGPUBackend(clock=clock, read_only=True, **backend_kwargs)
+    cfg = {"backend": "virtual", "windows": {"phases": True},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": interval_steps}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    gpu = LaggingGPU(clock)
+    if timer == "cuda":
+        session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    return session, backend, gpu
+
+
 def run_phase_steps(session: EnergySession, clock, steps: int) -> None:
     for i in range(steps):
         clock.advance(0.002)  # data loading
@@ -148,13 +160,7 @@ def run_phase_steps(session: EnergySession, clock, steps: int) -> None:
 
 @pytest.mark.parametrize("timer", ["clock", "cuda"])
 def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manual_clock, timer):
-    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
-    cfg = {"backend": "virtual", "windows": {"phases": True},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 1000}}  # fmt: skip
-    session = EnergySession(cfg, backend=backend)
-    gpu = LaggingGPU(manual_clock)
-    if timer == "cuda":
-        session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    session, backend, gpu = phase_session(tmp_path, manual_clock, timer, interval_steps=1000, noise_W=0.0)
     absorbed = []  # the step and phase windows, one record each, from the batches the reports absorbed
     absorb = session._absorb_bulk
     session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
