@@ -44,7 +44,8 @@ class FakeRanks:
         self.session: EnergySession | None = None
 
     def _steps(self) -> int:
-        return self.session._run_steps if self.session is not None else -1
+        s = self.session
+        return s._totals.steps - s._carried.steps if s is not None else -1  # steps since train_start
 
     def gather(self, values):
         self.calls.append(("gather", self._steps(), list(values)))

@@ -186,7 +186,6 @@ class EnergySession:
         self._stop_agreement = False  # several processes, bandit on: stop decisions are exchanged
         self._cost_agreement = False  # ... and the cost is compared every batch_size.stop_agreement_steps
         self._converged = False  # several processes: the target was reached on the main rank (agreed)
-        self._run_steps = 0  # steps since train_start (the same count on every rank)
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._phases: PhaseTracker | None = None  # windows.phases: per-phase energy per epoch
         self._anchored_s = -math.inf
@@ -236,7 +235,6 @@ class EnergySession:
         self.ranks = RankGroup.detect()
         self._collectives_ok = True
         self._peer_degraded = False
-        self._run_steps = 0
         self._ranks_totals = None
         self.run_name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         if self.is_main_process and cfg.logging.jsonl:
@@ -475,12 +473,12 @@ class EnergySession:
             self._power_limit_step_end(step, num_samples)
         self._epoch_steps += 1
         self._totals.steps += 1
-        self._run_steps += 1
         self._steps_since_report += 1
         if self._steps_since_report >= self._interval_steps:
             self._report_steps()
         if self._stop_agreement:
-            if self._cost_agreement and self._run_steps % self.config.batch_size.stop_agreement_steps == 0:
+            run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
+            if self._cost_agreement and run_steps % self.config.batch_size.stop_agreement_steps == 0:
                 self._agree_stop(None)
             return self._decision()
         if self.batch_size_controller is None and self._stop_reason is None:
