@@ -35,7 +35,7 @@ from typing import Any
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
-from zeus_callbacks.distributed import RankGroup
+from zeus_callbacks.distributed import RankGroup, launcher_world_size
 from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
 from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -99,7 +99,7 @@ def default_gpu_indices(backend: GPUBackend) -> list[int]:
     """
     count = backend.device_count()
     local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if local_rank is not None and launcher_world_size() > 1:
         return [int(local_rank) % count]
     return list(range(count))
 
@@ -914,7 +914,7 @@ class EnergySession:
             self._energy_between_J,
             log_dir=cfg.logging.log_dir,
             job_id=cfg.job_id,
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            world_size=launcher_world_size(),
             is_main_process=self.is_main_process,
             run_name=self.run_name or "run",
             cache=self._profile_cache(),

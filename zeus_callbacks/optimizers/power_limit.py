@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
 from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
+from zeus_callbacks.distributed import launcher_world_size
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.signals import ChainedSigterm
 
@@ -571,7 +572,7 @@ def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Pa
     """
     path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
     local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if local_rank is not None and launcher_world_size() > 1:
         path = path.with_name(f"{path.stem}.rank{int(local_rank)}{path.suffix}")
     return path
 
