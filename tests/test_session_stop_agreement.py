@@ -12,6 +12,7 @@ from zeus_callbacks import suggest_batch_size
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import parse_config
+from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.optimizers import recurring
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.cost import ZeusCost
@@ -55,6 +56,8 @@ class FakeRanks:
     def broadcast(self, obj, src=0):
         self.calls.append(("broadcast", self._steps(), obj))
         return obj if self.process_index == 0 else self.main_broadcast
+
+    broadcast_outcome = RankGroup.broadcast_outcome  # the real rule, over the scripted broadcast
 
     def stop_exchanges(self) -> list[tuple[int, list]]:
         """The early-stop exchanges: rows of [energy_J, time_s, target flag, converged flag]."""

@@ -140,6 +140,32 @@ class RankGroup:
 
         return broadcast_object_list([obj], from_process=src)[0]
 
+    def broadcast_outcome(self, value: Any, failure: BaseException | None, doing: str) -> Any:
+        """Rank 0's ``value`` on every rank, or its ``failure`` on every rank (collective).
+
+        The main process may fail where the others cannot (it alone opens the store): the
+        failure travels with the broadcast, so no rank waits for a value that never comes.
+
+        Args:
+            value: What rank 0 computed (picklable); ignored elsewhere.
+            failure: The exception that kept this rank from computing it, if any.
+            doing: What rank 0 was doing, for the others' message (e.g. "suggest a batch size").
+
+        Returns:
+            Rank 0's value.
+
+        Raises:
+            BaseException: ``failure`` itself, on the rank where it happened.
+            RuntimeError: On the other ranks, when rank 0 failed (its error is named).
+        """
+        message = None if failure is None else f"{type(failure).__name__}: {failure}"
+        value, message = self.broadcast((value, message))
+        if failure is not None:
+            raise failure
+        if message is not None:
+            raise RuntimeError(f"the main process could not {doing} ({message})")
+        return value
+
     def any(self, flag: bool) -> bool:
         """True if ``flag`` is true on any rank (collective)."""
         return any(bool(v[0]) for v in self.gather([1.0 if flag else 0.0]))

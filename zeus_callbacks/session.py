@@ -311,10 +311,10 @@ class EnergySession:
                 failure = exc
         self._stop_rule = c.rule if c is not None and failure is None else None
         if self._stop_agreement:
-            message = None if failure is None else f"{type(failure).__name__}: {failure}"
-            self._stop_rule, message = self.ranks.broadcast((self._stop_rule, message))
-            if message is not None and failure is None:
-                failure = RuntimeError(f"the main process could not start the batch-size bandit ({message})")
+            try:
+                self._stop_rule = self.ranks.broadcast_outcome(self._stop_rule, failure, "start the batch-size bandit")
+            except BaseException as exc:
+                failure = exc
             bs_cfg = self.config.batch_size
             self._cost_agreement = self._stop_rule is not None
             # Nothing can stop the run (no best cost yet, no target to stop at): no exchanges at all.

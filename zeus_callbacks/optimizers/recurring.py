@@ -109,12 +109,7 @@ def suggest_batch_size(
                     raise
                 failure = exc  # raised after the broadcast, which the other ranks are waiting in
         if ranks.is_distributed:
-            message = None if failure is None else f"{type(failure).__name__}: {failure}"
-            suggestion, message = ranks.broadcast((suggestion, message))
-            if failure is not None:
-                raise failure
-            if message is not None:
-                raise RuntimeError(f"the main process could not suggest a batch size ({message})")
+            suggestion = ranks.broadcast_outcome(suggestion, failure, "suggest a batch size")
         assert suggestion is not None
         _PENDING[cfg.job_id] = suggestion
         return suggestion.batch_size
@@ -243,7 +238,7 @@ class BatchSizeController:
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
             return None
         self._last_check_s = time_s
-        self.stop_reason = EarlyStopRule(self.cost, self.threshold).reason(energy_J, time_s)
+        self.stop_reason = self.rule.reason(energy_J, time_s)  # type: ignore[union-attr]  # checked above
         return self.stop_reason
 
     @property
