@@ -3,8 +3,10 @@
 Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes, interleaved over
 many short rounds in a fresh random order each round (so machine drift and order effects
 hit all alike): ``base`` (no measurement); ``ours_step``
-(:class:`~zeus_callbacks.session.EnergySession` step windows); ``ours_phases`` (step +
-forward/backward/optimizer/dataloader phase windows); ``zeus`` (Zeus 0.16
+(:class:`~zeus_callbacks.session.EnergySession` step windows, default
+``windows.sample_fraction: auto``); ``ours_phases`` (step +
+forward/backward/optimizer/dataloader phase windows, auto); ``ours_step_all`` and
+``ours_phases_all`` (the same with every step measured, ``sample_fraction: 1``); ``zeus`` (Zeus 0.16
 ``ZeusMonitor.begin_window/end_window`` per step when the ``zeus`` package imports, else
 ``zeus_style``: what it does, a device sync and an energy-counter read at each boundary).
 Per round, each mode's step time over ``base``'s in the same round; reported: the median
@@ -99,7 +101,7 @@ class ZeusWindows:
 
 def run_mode(mode, forward, opt, n, dev, session, zeus, first_step: int = 0) -> float:
     """Seconds per step of n steps in this mode (the session hooks the Lightning callback calls)."""
-    phases = mode == "ours_phases"
+    phases = mode.startswith("ours_phases")
     busy = dev.smoke
     dev.sync()
     t0 = time.perf_counter()
@@ -143,8 +145,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default="results")
-    ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds (order randomised each round)")
-    ap.add_argument("--mlp-steps", type=int, default=200, help="MLP steps per mode per round")
+    ap.add_argument("--rounds", type=int, default=24, help="interleaved rounds (order randomised each round)")
+    ap.add_argument("--mlp-steps", type=int, default=400, help="MLP steps per mode per round")
     ap.add_argument("--gpt2-steps", type=int, default=25, help="GPT-2 steps per mode per round")
     ap.add_argument("--workloads", default="mlp,gpt2")
     ap.add_argument("--accuracy-epochs", type=int, default=2, help="in-training accuracy epochs (ours_phases)")
@@ -159,7 +161,8 @@ def main() -> None:
     dev = open_device(args.smoke)
     limit_before = power_limit_W()
     zeus = ZeusWindows(dev)
-    modes = ["base", "ours_step", "ours_phases", "zeus"]
+    session_modes = ["ours_step", "ours_phases", "ours_step_all", "ours_phases_all"]
+    modes = ["base", *session_modes, "zeus"]
     results = {"device": dev.backend.describe(), "smoke": args.smoke, "power_limit_before": limit_before,
                "zeus": "ZeusMonitor 0.16" if zeus.real else "zeus_style (sync + counter read per boundary)",
                "args": vars(args), "workloads": {}}  # fmt: skip
@@ -173,16 +176,23 @@ def main() -> None:
             for _ in range(20):  # warm-up
                 run_mode("base", forward, opt, 1, dev, None, zeus)
             sessions = {}
-            for mode in ("ours_step", "ours_phases"):
-                cfg = {"backend": backend_name, "windows": {"phases": mode == "ours_phases"},
+            for mode in session_modes:
+                cfg = {"backend": backend_name,
+                       "windows": {"phases": mode.startswith("ours_phases"),
+                                   "sample_fraction": 1.0 if mode.endswith("_all") else "auto"},
                        "sampling": {"energy_counter_period_s": 0.5},
                        "logging": {"log_dir": str(out / "jsonl"), "run_name": f"{kind}-{mode}",
                                    "interval_steps": 50}}  # fmt: skip
                 session = EnergySession(cfg, backend=dev.backend)
                 session.train_start()
                 sessions[mode] = session
-            times = {m: [] for m in modes}
             step = {m: 0 for m in modes}
+            for mode, session in sessions.items():  # untimed: auto sampling settles on its fraction
+                session.epoch_start(-1)
+                run_mode(mode, forward, opt, 3 * n, dev, session, zeus, 0)
+                step[mode] = 3 * n
+                session.epoch_end(-1)
+            times = {m: [] for m in modes}
             for r in range(args.rounds):
                 order = list(modes)
                 rng.shuffle(order)
@@ -194,7 +204,10 @@ def main() -> None:
                     step[mode] += n
                     if session is not None:
                         session.epoch_end(r)
-            sessions.pop("ours_step").train_end()
+            sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every}
+                        for m, s in sessions.items()}  # fmt: skip
+            for mode in ("ours_step", "ours_step_all", "ours_phases_all"):
+                sessions.pop(mode).train_end()
             # In-training accuracy: longer epochs of the phases session (outside the timed rounds).
             session = sessions.pop("ours_phases")
             acc_steps = args.accuracy_steps if kind == "gpt2" else 5 * args.accuracy_steps
@@ -207,6 +220,7 @@ def main() -> None:
             row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "all_ms": [1e3 * x for x in v],
                        **(ratio_stats(v, times["base"]) if m != "base" else {})}
                    for m, v in times.items()}  # fmt: skip
+            row["sampling"] = sampling
             row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl")[-args.accuracy_epochs :]
             results["workloads"][kind] = row
             print(f"{kind}: base {row['base']['ms_per_step_median']:.3f} ms/step over {args.rounds} rounds", flush=True)
@@ -215,6 +229,7 @@ def main() -> None:
                 print(f"  {m:12s} {x['ms_per_step_median']:8.3f} ms/step  ratio {x['ratio']:.4f}  "
                       f"IQR [{x['ratio_iqr'][0]:.4f}, {x['ratio_iqr'][1]:.4f}]  "
                       f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]", flush=True)  # fmt: skip
+            print("  sampling (fraction, report every):", sampling, flush=True)
             print("  in training:", row["in_training"], flush=True)
     finally:
         results["power_limit_after"] = power_limit_W()
@@ -238,7 +253,8 @@ def in_training(path: Path) -> list[dict]:
         end = i + 2 if i + 1 < len(records) and records[i + 1]["event"] == "steps" else i + 1
         window = records[start:end]
         start = end
-        steps_J = sum(x["energy_J_mean"] * x["count"] for x in window if x["event"] == "steps")
+        # A "steps" record's mean covers its measured steps; "steps" counts every step since the last one.
+        steps_J = sum(x["energy_J_mean"] * x.get("steps", x["count"]) for x in window if x["event"] == "steps")
         phases = next((x for x in window if x["event"] == "phases"), None)
         counter = r.get("counter_energy_J")
         phase_J = sum(p["total_J"] for p in phases["phases"] if p["name"] != "dataloader") if phases else None

@@ -202,9 +202,11 @@ def render_configuration() -> str:
 # The JSONL record types, in the order a run writes them, with what each means.
 EVENTS: dict[str, str] = {
     "run_start": "Written once when training starts (`train_start`).",
-    "steps": "One per step report: every `logging.interval_steps` training steps, at each epoch end, "
-    "at each Hugging Face log event and at the end. Covers the steps attributed since the previous "
-    "report (so `count` can differ from `logging.interval_steps`).",
+    "steps": "One per step report: every `logging.interval_steps` training steps (with one process and "
+    "`windows.sample_fraction: auto`, less often when steps are very short), at each epoch end, "
+    "at each Hugging Face log event and at the end. Covers the measured steps attributed since the previous "
+    "report (so `count` can differ from `logging.interval_steps`; with `windows.sample_fraction` below 1 "
+    "only a random share of the steps is measured, and `steps` counts every step taken).",
     "epoch": "One per training epoch, once its energy has been attributed.",
     "phases": "One per training epoch when `windows.phases` is on (written just before its `epoch` record): "
     "the energy of each step phase, superposed on the power samples (FinGraV), for this process's GPUs.",
@@ -239,7 +241,9 @@ FIELDS: dict[str, str] = {
     "run_start.config": "The whole validated configuration, as in the YAML file.",
     "steps.last_step": "Index of the last step in the report: the framework's global step when that step "
     "began (0 for the first).",
-    "steps.count": "Number of steps the report covers.",
+    "steps.count": "Number of measured steps the report's means cover.",
+    "steps.steps": "Steps taken since the previous `steps` record, measured or not: "
+    "`energy_J_mean × steps` estimates their energy.",
     "steps.energy_J_mean": "Mean energy per step over those steps, summed over GPUs (J).",
     "steps.time_s_mean": "Mean step time (s).",
     "steps.power_W_mean": "Mean power over those steps: their energy / their time (W).",
@@ -398,7 +402,10 @@ def render_metrics() -> str:
         "are means over the steps attributed since the previous report. A report is made every "
         "`logging.interval_steps` steps and at each epoch end; in the Hugging Face Trainer also at each "
         "of its logging events (`logging_steps`). A step whose power samples have not arrived yet "
-        f"goes into the next report, which is why `{reporting.STEP_COUNT}` is logged alongside.",
+        f"goes into the next report, which is why `{reporting.STEP_COUNT}` is logged alongside. Steps too short "
+        "for a window at every step within `windows.max_overhead` are measured as a random share "
+        "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
+        "then over that share, and with one process reports come at least ~16 measured steps apart.",
         f"- **Epoch metrics** (`{reporting.EPOCH_ENERGY_J}`, `{reporting.EPOCH_COUNTER_ENERGY_J}`, "
         f"`{reporting.EPOCH_TIME_S}`, `{reporting.EPOCH_MEAN_POWER_W}`) at the end of each training epoch.",
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "

@@ -137,7 +137,7 @@ def test_forgotten_marks_raise_and_the_meter_keeps_the_timer_small(manual_clock)
 def phase_session(tmp_path, clock, timer: str, *, interval_steps: int, **backend_kwargs):
     """A session with phase windows on a virtual GPU; ``timer="cuda"``: CUDA events on a LaggingGPU stand-in."""
     backend = VirtualGPUBackend(clock=clock, read_only=True, **backend_kwargs)
-    cfg = {"backend": "virtual", "windows": {"phases": True},
+    cfg = {"backend": "virtual", "windows": {"phases": True, "sample_fraction": 1.0},
            "logging": {"log_dir": str(tmp_path), "interval_steps": interval_steps}}  # fmt: skip
     session = EnergySession(cfg, backend=backend)
     gpu = LaggingGPU(clock)

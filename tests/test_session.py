@@ -51,6 +51,7 @@ def new_session(tmp_path):
     def make(backend, run_name: str = "run", **config) -> EnergySession:
         base = {
             "backend": "virtual",
+            "windows": {"sample_fraction": 1.0},  # these tests check every step's accounting
             "logging": {"log_dir": str(tmp_path), "run_name": run_name, "interval_steps": INTERVAL_STEPS},
         }
         session = EnergySession(deep_merge(base, config), backend=backend, is_main_process=True)

@@ -37,6 +37,7 @@ from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
 from zeus_callbacks.distributed import RankGroup, launcher_world_size
 from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
+from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES, PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import (
@@ -158,6 +159,7 @@ class EnergySession:
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._steps_since_report = 0
+        self._steps_unlogged = 0  # steps taken since the last "steps" record (measured or not)
         self._run_start_s: float | None = None
         self._run_start_wall: float | None = None
         self._epoch_index: int | None = None
@@ -192,9 +194,19 @@ class EnergySession:
         # Hot path (step_start / step_end / phases): flags read once at train_start.
         self._active = False  # started and not finished
         self._step_windows = True
-        self._interval_steps = 1
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._mark: Any = None  # the meter's mark(): one boundary
+        # Which steps get windows (windows.sample_fraction) and the report interval.
+        self._sampling = WindowSampling(1.0, 0.002, 1, stretch_reports=False)
+        self._skip = 0  # steps to leave unmeasured before the next measured one
+        self._measuring = False  # the current step has windows
+        self._dataloader_open = False  # phases: a measured step's dataloader gap is open
+        self._epoch_measured = 0  # steps of this epoch that got windows
+        self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
+        self._gov_steps = 0  # since the last step-path report: steps, measured steps, hook time
+        self._gov_measured = 0
+        self._gov_hook_s = 0.0
+        self._gov_t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -262,7 +274,18 @@ class EnergySession:
         self._started = True
         self._mark = self.meter.mark
         self._step_windows = cfg.windows.step
-        self._interval_steps = cfg.logging.interval_steps
+        fraction = cfg.windows.sample_fraction
+        self._sampling = WindowSampling(
+            None if fraction == "auto" else fraction,
+            cfg.windows.max_overhead,
+            cfg.logging.interval_steps,
+            stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
+        )
+        self._skip = 0
+        self._measuring = self._dataloader_open = False
+        self._gov_steps = self._gov_measured = 0
+        self._gov_hook_s = 0.0
+        self._gov_t0 = time.perf_counter()
         self._phase_open = None
         self._active = True
         _LIVE_SESSIONS.add(self)
@@ -394,6 +417,7 @@ class EnergySession:
         self._anchored_s = self.backend.clock.now_s()  # type: ignore[union-attr]
         self._epoch_index = epoch
         self._epoch_steps = 0
+        self._epoch_measured = 0
         if self.config.windows.epoch:
             self.meter.begin("epoch", epoch=epoch)
 
@@ -412,19 +436,31 @@ class EnergySession:
         # (before the mark: the switch is no part of the step).
         if self.power_limiter is not None:
             self._power_limit_step_start(step)
+        if self._skip:  # not a measured step (windows.sample_fraction)
+            self._skip -= 1
+            if self._dataloader_open:  # the gap after the last measured step ends here
+                t0 = time.perf_counter()
+                self.meter.end_at("dataloader", self._mark())  # type: ignore[union-attr]
+                self._dataloader_open = False
+                self._gov_hook_s += time.perf_counter() - t0
+            return
+        t0 = time.perf_counter()
+        self._measuring = True
         meter = self.meter
         if self._phases is not None:
             token = self._mark()
             meter.end_at("dataloader", token)  # type: ignore[union-attr]
+            self._dataloader_open = False
             if phase is not None:
                 meter.begin_at(phase, token)  # type: ignore[union-attr]
                 self._phase_open = phase
-            if self._epoch_steps % 16 == 0:  # a clock read every 16 steps, not every step
+            if self._epoch_measured % 16 == 0:  # a clock read every 16 measured steps, not every step
                 self._maybe_reanchor()
             if self._step_windows:
                 meter.begin_at("step", token, {"step": step})  # type: ignore[union-attr]
         elif self._step_windows:
             meter.begin_at("step", self._mark(), {"step": step})  # type: ignore[union-attr]
+        self._gov_hook_s += time.perf_counter() - t0
 
     def _power_limit_step_start(self, step: int) -> None:
         assert self.power_limiter is not None
@@ -458,6 +494,28 @@ class EnergySession:
         """
         if not self._active:
             return _CONTINUE
+        if self._measuring:
+            self._close_step_windows(num_samples, num_tokens)
+        if self.power_limiter is not None and self._decides_power_limit():
+            self._power_limit_step_end(step, num_samples)
+        self._epoch_steps += 1
+        self._totals.steps += 1
+        self._steps_since_report += 1
+        self._gov_steps += 1
+        if self._steps_since_report >= self._sampling.report_every:
+            self._timed_report()
+        if self._stop_agreement:
+            run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
+            if self._cost_agreement and run_steps % self.config.batch_size.stop_agreement_steps == 0:
+                self._agree_stop(None)
+            return self._decision()
+        if self.batch_size_controller is None and self._stop_reason is None:
+            return _CONTINUE
+        return self._decide()
+
+    def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
+        """Close a measured step's windows at one end mark; draw how many steps to skip next."""
+        t0 = time.perf_counter()
         meter = self.meter
         if self._phases is not None:
             token = self._mark()
@@ -467,23 +525,27 @@ class EnergySession:
                 meter.end_at(self._phase_open, token)  # type: ignore[union-attr]
                 self._phase_open = None
             meter.begin_at("dataloader", token)  # type: ignore[union-attr]  # the gap until the next step_start
+            self._dataloader_open = True
         elif self._step_windows:
             meter.end_at("step", self._mark(), {"num_samples": num_samples, "num_tokens": num_tokens})  # type: ignore[union-attr]
-        if self.power_limiter is not None and self._decides_power_limit():
-            self._power_limit_step_end(step, num_samples)
-        self._epoch_steps += 1
-        self._totals.steps += 1
-        self._steps_since_report += 1
-        if self._steps_since_report >= self._interval_steps:
-            self._report_steps()
-        if self._stop_agreement:
-            run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
-            if self._cost_agreement and run_steps % self.config.batch_size.stop_agreement_steps == 0:
-                self._agree_stop(None)
-            return self._decision()
-        if self.batch_size_controller is None and self._stop_reason is None:
-            return _CONTINUE
-        return self._decide()
+        self._measuring = False
+        self._epoch_measured += 1
+        self._gov_measured += 1
+        self._skip = self._sampling.next_skip()
+        self._gov_hook_s += time.perf_counter() - t0
+
+    def _timed_report(self) -> None:
+        """Report the steps, and give the sampling the interval's timings (steps, hooks, this report)."""
+        t0 = time.perf_counter()
+        self._report_steps()
+        t1 = time.perf_counter()
+        self._sampling.observe(
+            steps=self._gov_steps, elapsed_s=t0 - self._gov_t0, hook_s=self._gov_hook_s,
+            measured=self._gov_measured, report_s=t1 - t0,
+        )  # fmt: skip
+        self._gov_steps = self._gov_measured = 0
+        self._gov_hook_s = 0.0
+        self._gov_t0 = t1
 
     def _decide(self) -> Decision:
         # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
@@ -589,6 +651,7 @@ class EnergySession:
         assert self.meter is not None and self.backend is not None
         self._totals.epochs += 1
         self._discard_phases()
+        self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
         if not self.meter.end("epoch", epoch=epoch):
             self._report_steps()
             return {}
@@ -623,7 +686,9 @@ class EnergySession:
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.
         self.meter.discard("step")
+        self._measuring = False
         self._discard_phases()
+        self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
         for name in ("eval", "epoch"):
             if self.meter.is_open(name):
                 if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
@@ -694,17 +759,18 @@ class EnergySession:
     def phase_begin(self, name: str) -> None:
         """Open phase window ``name`` (one of :data:`~zeus_callbacks.measurement.phases.PHASES`).
 
-        A no-op unless ``windows.phases`` is on. Hot path: one clock read or CUDA event record.
+        A no-op unless ``windows.phases`` is on and the step is measured
+        (``windows.sample_fraction``). Hot path: one clock read or CUDA event record.
         ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves;
         where one phase ends as the next begins, :meth:`phase_switch` takes one mark for both.
         """
-        if self._phases is not None and self._active:
+        if self._phases is not None and self._measuring:
             self.meter.begin_at(name, self._mark())  # type: ignore[union-attr]
             self._phase_open = name
 
     def phase_end(self, name: str) -> None:
         """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
-        if self._phases is not None and self._active and self.meter.is_open(name):  # type: ignore[union-attr]
+        if self._phases is not None and self._measuring and self.meter.is_open(name):  # type: ignore[union-attr]
             self.meter.end_at(name, self._mark())  # type: ignore[union-attr]
             if self._phase_open == name:
                 self._phase_open = None
@@ -712,9 +778,9 @@ class EnergySession:
     def phase_switch(self, ended: str, begun: str) -> None:
         """End phase ``ended`` and begin phase ``begun`` at one shared mark (they tile the step exactly).
 
-        A no-op unless ``windows.phases`` is on; ``ended`` need not be open.
+        A no-op unless ``windows.phases`` is on and the step is measured; ``ended`` need not be open.
         """
-        if self._phases is not None and self._active:
+        if self._phases is not None and self._measuring:
             meter = self.meter
             token = self._mark()
             meter.end_at(ended, token)  # type: ignore[union-attr]
@@ -723,7 +789,7 @@ class EnergySession:
 
     def phase_discard(self, name: str) -> None:
         """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
-        if self._phases is not None and self._active:
+        if self._phases is not None and self._measuring:
             self.meter.discard(name)  # type: ignore[union-attr]
             if self._phase_open == name:
                 self._phase_open = None
@@ -733,11 +799,13 @@ class EnergySession:
             for name in PHASES:
                 self.meter.discard(name)  # type: ignore[union-attr]
             self._phase_open = None
+            self._dataloader_open = False
 
     def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
         """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
         assert self._phases is not None
-        stats = self._phases.epoch_summary()
+        steps, measured = self._epoch_sampled
+        stats = self._phases.epoch_summary(measured_fraction=measured / steps if measured and steps else 1.0)
         if not stats:
             return
         explained = sum(p.total_J for p in stats) / epoch_energy_J if epoch_energy_J > 0 else math.nan
@@ -1012,6 +1080,7 @@ class EnergySession:
             self._absorb_bulk(batch)
         for record in records:
             self._absorb(record)
+        self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
         if self._unreported_steps or self._collective():
             self._queue_step_metrics()
@@ -1097,11 +1166,13 @@ class EnergySession:
         if self.power_limit_W is not None:
             values[metric.POWER_LIMIT_W] = self.power_limit_W
         self._pending_metrics.update(values)
+        steps_taken, self._steps_unlogged = self._steps_unlogged, 0
         self._write(
             {
                 "event": "steps",
                 "last_step": batches[-1].info(-1).get("step") if count else None,
                 "count": int(values[metric.STEP_COUNT]),
+                "steps": steps_taken,
                 "energy_J_mean": values[metric.STEP_ENERGY_J],
                 "time_s_mean": values[metric.STEP_TIME_S],
                 "power_W_mean": values[metric.MEAN_POWER_W],

@@ -94,8 +94,8 @@ def test_sensor_fault_mid_run_degrades_and_warns_once(tmp_path, caplog, name, re
     fake, backend = _make(fault.vendor, clock)
     fake.set_load(LOAD_W)
     session = EnergySession(
-        {"backend": fault.vendor, "logging": {"log_dir": str(tmp_path), "run_name": "run",
-                                              "interval_steps": INTERVAL_STEPS}},
+        {"backend": fault.vendor, "windows": {"sample_fraction": 1.0},  # every step's report is checked
+         "logging": {"log_dir": str(tmp_path), "run_name": "run", "interval_steps": INTERVAL_STEPS}},
         backend=backend,
         is_main_process=True,
     )

@@ -15,6 +15,8 @@ def virtual_config(tmp_path: Path, **logging: object) -> dict:
     return {
         "backend": "virtual",
         "virtual": {"gpu": "A40", "workload": "imagenet", "noise_W": 3.0},
+        # Tiny CPU steps would be sampled (windows.sample_fraction auto); these tests check every step.
+        "windows": {"sample_fraction": 1.0},
         "logging": {"interval_steps": 5, "log_dir": str(tmp_path / "zeus"), "run_name": "test", **logging},
     }
 

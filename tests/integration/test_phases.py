@@ -29,7 +29,7 @@ class SlowSteps(TrainerCallback):
 
 def phase_config(tmp_path, **windows):
     config = virtual_config(tmp_path, interval_steps=5)
-    config["windows"] = {"phases": True, **windows}
+    config["windows"] = {**config["windows"], "phases": True, **windows}
     # Noise-free sensor: a sub-millisecond phase seen through 20 ms samples is otherwise a
     # ~±0.3 J estimate over only 20 executions an epoch (the statistics are tested on
     # synthetic streams in tests/test_finegrain.py); here the plumbing is under test.
@@ -99,7 +99,7 @@ def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual
 
     def run(phases: bool) -> list[dict]:
         config = virtual_config(tmp_path, run_name=f"phases-{phases}")
-        config["windows"] = {"phases": phases}
+        config["windows"] = {**config["windows"], "phases": phases}
         session = EnergySession(config, backend=virtual_backend)
         session.train_start()
         anchors = []

@@ -38,7 +38,10 @@ class PhaseStats:
         energy_J: Energy per execution, summed over the measured GPUs (J).
         energy_ci_J: 95 % CI of ``energy_J``, bootstrap over executions (J).
         time_s: Mean duration of an execution (s).
-        total_J: ``energy_J × executions`` (J).
+        total_J: The phase's energy over the epoch (J): ``energy_J × executions``, divided by
+            ``measured_fraction`` (the executions of the steps left unmeasured are estimated).
+        measured_fraction: Fraction of the epoch's steps that were measured
+            (``windows.sample_fraction``; 1 when every step was).
         superposed: Executions behind ``energy_J`` (the most recent ones whose samples are
             still buffered, at most ``max_executions``).
     """
@@ -50,6 +53,7 @@ class PhaseStats:
     time_s: float
     total_J: float
     superposed: int
+    measured_fraction: float = 1.0
 
 
 class PhaseTracker:
@@ -73,8 +77,13 @@ class PhaseTracker:
         if batch.size:
             self._batches.append(batch)
 
-    def epoch_summary(self) -> list[PhaseStats]:
-        """Summarise and forget the epoch's phases; empty when none was recorded."""
+    def epoch_summary(self, *, measured_fraction: float = 1.0) -> list[PhaseStats]:
+        """Summarise and forget the epoch's phases; empty when none was recorded.
+
+        Args:
+            measured_fraction: Fraction of the epoch's steps that had phase windows, in
+                (0, 1]; each phase's ``total_J`` is scaled up by its inverse.
+        """
         batches, self._batches = self._batches, []
         if not batches:
             return []
@@ -99,7 +108,8 @@ class PhaseTracker:
                 value, ci, used = estimates[n]
             else:  # too few samples: the plain per-window attribution
                 value, ci, used = float(np.mean(energy[masks[n]])), (math.nan, math.nan), 0
-            stats.append(PhaseStats(n, counts[n], value, ci, times[n], value * counts[n], used))
+            total_J = value * counts[n] / measured_fraction
+            stats.append(PhaseStats(n, counts[n], value, ci, times[n], total_J, used, measured_fraction))
         return stats
 
     def _superpose(

@@ -1,0 +1,196 @@
+"""windows.sample_fraction: which steps get windows, the auto budget, and what the session reports."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_hot_path import phase_session
+
+from tests.integration.helpers import virtual_config
+from tests.integration.test_lightning import TinyRegressor, loaders, make_trainer
+from zeus_callbacks import ZeusCallback
+from zeus_callbacks.config import parse_config
+from zeus_callbacks.measurement.overhead import MIN_FRACTION, WINDOWS_PER_REPORT, WindowSampling
+from zeus_callbacks.reporting import read_jsonl
+
+
+# -- the sampling rule ----------------------------------------------------------------------
+def test_fixed_fraction_skips_are_geometric_and_seeded():
+    f, n = 0.2, 20_000
+    sampling = WindowSampling(f, 0.002, 50, stretch_reports=False, seed=3)
+    skips = np.array([sampling.next_skip() for _ in range(n)])
+    # Geometric on {0, 1, ...}: mean (1 - f) / f = 4, variance (1 - f) / f^2 = 20.
+    assert abs(skips.mean() - (1 - f) / f) < 4 * math.sqrt((1 - f) / f**2 / n)
+    assert skips.min() == 0
+    # P(skip = 0) = f: the step after a measured one is measured with probability f.
+    assert abs((skips == 0).mean() - f) < 4 * math.sqrt(f * (1 - f) / n)
+    again = WindowSampling(f, 0.002, 50, stretch_reports=False, seed=3)
+    assert [again.next_skip() for _ in range(n)] == skips.tolist()
+
+
+def test_every_step_when_the_fraction_is_one():
+    sampling = WindowSampling(1.0, 0.002, 50, stretch_reports=True)
+    assert {sampling.next_skip() for _ in range(1000)} == {0}
+    sampling.observe(steps=100, elapsed_s=0.1, hook_s=0.01, measured=100, report_s=0.01)
+    assert sampling.fraction == 1.0 and sampling.report_every == 50  # a fixed fraction ignores timings
+
+
+def test_auto_budget_by_hand():
+    sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    assert sampling.fraction == 1.0  # every step until the first timings
+    # 1 ms steps, 40 us of hooks per measured step, a 200 us report over 100 measured steps.
+    sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * 40e-6, measured=100, report_s=200e-6)
+    cost_s = (100 * 40e-6 + 200e-6) / 100  # 42 us per measured step
+    assert sampling.fraction == pytest.approx(0.002 * 1e-3 / cost_s)  # 0.0476
+    assert sampling.report_every == math.ceil(WINDOWS_PER_REPORT / sampling.fraction)  # 336 steps
+    # Second interval: 2 ms steps, 5 measured at 20 us + a 100 us report; estimates move 30 % of the way.
+    sampling.observe(steps=200, elapsed_s=0.4, hook_s=5 * 20e-6, measured=5, report_s=100e-6)
+    step_s = 1e-3 + 0.3 * (2e-3 - 1e-3)
+    cost_s += 0.3 * ((5 * 20e-6 + 100e-6) / 5 - cost_s)
+    assert sampling.fraction == pytest.approx(0.002 * step_s / cost_s)
+    assert sampling.report_every == math.ceil(WINDOWS_PER_REPORT / sampling.fraction)
+
+
+def test_auto_measures_every_long_step_and_keeps_the_cadence():
+    sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    sampling.observe(steps=50, elapsed_s=50 * 0.04, hook_s=50 * 25e-6, measured=50, report_s=1e-3)
+    assert sampling.fraction == 1.0  # 45 us of a 40 ms step is under 0.2 %
+    assert sampling.report_every == 50
+
+
+def test_auto_limits():
+    sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    sampling.observe(steps=1000, elapsed_s=1000 * 1e-5, hook_s=1.0, measured=10, report_s=10.0)
+    assert sampling.fraction == MIN_FRACTION
+    assert sampling.report_every == math.ceil(WINDOWS_PER_REPORT / MIN_FRACTION)  # 16000 steps of 10 us
+    slow = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    slow.observe(steps=100, elapsed_s=0.1, hook_s=10.0, measured=10, report_s=0.0)
+    assert slow.fraction == MIN_FRACTION
+    assert slow.report_every == 5000  # 16000 steps of 1 ms would be 16 s: capped at 5 s
+    several = WindowSampling(None, 0.002, 50, stretch_reports=False)
+    several.observe(steps=100, elapsed_s=0.1, hook_s=100 * 40e-6, measured=100, report_s=200e-6)
+    assert several.report_every == 50 and several.fraction < 1  # collectives keep their cadence
+
+
+@pytest.mark.parametrize(
+    ("fraction", "overhead"), [(0.0, 0.002), (1.5, 0.002), (-0.1, 0.002), (0.5, 0.0), (0.5, 1.0)]
+)
+def test_bad_arguments_raise(fraction, overhead):
+    with pytest.raises(ValueError):
+        WindowSampling(fraction, overhead, 50, stretch_reports=False)
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -1, "sometimes"])
+def test_config_rejects_bad_fractions(value):
+    with pytest.raises(ValueError, match="sample_fraction"):
+        parse_config({"windows": {"sample_fraction": value}})
+
+
+def test_config_default_is_auto():
+    cfg = parse_config({})
+    assert cfg.windows.sample_fraction == "auto" and cfg.windows.max_overhead == 0.002
+
+
+# -- in the session -------------------------------------------------------------------------
+def run_steps(session, clock, steps, gpu):
+    rng = np.random.default_rng(2)
+    for i in range(steps):
+        clock.advance(float(rng.uniform(1e-3, 2e-3)))  # data loading
+        session.step_start(i, phase="forward")
+        clock.advance(0.003)
+        session.phase_switch("forward", "backward")
+        clock.advance(0.005)
+        session.phase_switch("backward", "optimizer")
+        clock.advance(0.001)
+        session.step_end(i, num_samples=8)
+        if i % 5 == 4:
+            session.sampler.poll_once(read_counter=False)
+            gpu.reached = gpu.recorded
+
+
+def counting(mark, marks):
+    def counted():
+        marks.append(1)
+        return mark()
+
+    return counted
+
+
+@pytest.mark.parametrize("timer", ["clock", "cuda"])
+def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_path, manual_clock, timer):
+    steps, fraction = 600, 0.25
+    totals = {}
+    for f in (1.0, fraction):
+        session, backend, gpu = phase_session(tmp_path / str(f), manual_clock, timer, interval_steps=20, noise_W=0.0)
+        session.config.windows.sample_fraction = f
+        marks = []
+        session.train_start()
+        session._mark = counting(session._mark, marks)  # count the boundaries recorded
+        session.epoch_start(0)
+        run_steps(session, manual_clock, steps, gpu)
+        session.epoch_end(0)
+        summary = session.train_end()
+        records = read_jsonl(summary.jsonl_path)
+        steps_records = [r for r in records if r["event"] == "steps"]
+        measured = sum(r["count"] for r in steps_records)
+        assert summary.steps == steps and sum(r["steps"] for r in steps_records) == steps
+        phases = next(r for r in records if r["event"] == "phases")
+        by_name = {p["name"]: p for p in phases["phases"]}
+        totals[f] = (measured, len(marks), phases["explained"], by_name, summary)
+    measured, n_marks, explained, by_name, summary = totals[fraction]
+    # Binomial(600, 0.25): 150 ± 4.3 sd -> within ±45.
+    assert abs(measured - steps * fraction) < 4 * math.sqrt(steps * fraction * (1 - fraction))
+    # 4 marks per measured step, +1 where the next step is unmeasured (its start closes the gap).
+    assert 4 * measured <= n_marks <= 5 * measured
+    assert totals[1.0][1] == 4 * steps
+    assert by_name["forward"]["executions"] == measured
+    assert by_name["forward"]["measured_fraction"] == pytest.approx(measured / steps)
+    # Constant power: per-step energy and the explained share are those of the full run.
+    full = totals[1.0]
+    assert summary.step_energy_J == pytest.approx(full[4].step_energy_J, rel=0.02)
+    assert explained == pytest.approx(full[2], rel=0.05)
+    for name in ("forward", "backward", "optimizer"):
+        assert by_name[name]["total_J"] == pytest.approx(full[3][name]["total_J"], rel=0.05)
+    assert summary.energy_J == pytest.approx(full[4].energy_J, rel=1e-3)  # the run itself is not sampled
+
+
+def test_lightning_fraction_measures_a_share_and_reports_every_step_taken(tmp_path):
+    config = virtual_config(tmp_path, interval_steps=5)
+    config["windows"] = {"sample_fraction": 0.5}
+    callback = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, callback, max_epochs=3)
+    train, val = loaders()
+    trainer.fit(TinyRegressor(), train, val)
+    summary = callback.summary
+    records = read_jsonl(summary.jsonl_path)
+    steps_records = [r for r in records if r["event"] == "steps"]
+    assert sum(r["steps"] for r in steps_records) == summary.steps == trainer.global_step == 60
+    measured = sum(r["count"] for r in steps_records)
+    assert abs(measured - 30) < 4 * math.sqrt(60 * 0.25)  # Binomial(60, 0.5)
+    assert math.isfinite(summary.step_energy_J) and summary.step_energy_J > 0
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(epochs) == 3 and all(r["energy_J"] > 0 for r in epochs)
+
+
+def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend):
+    """Empty steps: the step period is the hooks' own cost, far over the 0.1 % budget on any machine."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for i in range(3000):
+        session.step_start(i)
+        session.step_end(i)
+    session.epoch_end(0)
+    sampling = session._sampling
+    summary = session.train_end()
+    # T = h + loop: f = 0.001 T / h stays far below 1, and the report interval stretches.
+    assert sampling.fraction < 0.1
+    assert sampling.report_every > 50
+    records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+    assert sum(r["steps"] for r in records) == 3000
+    assert 0 < sum(r["count"] for r in records) < 3000 // 2

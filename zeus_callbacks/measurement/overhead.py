@@ -1,0 +1,110 @@
+"""Which steps get windows, and how often steps are reported, within a training-thread budget.
+
+A boundary mark is a CUDA event record: ~4–7 µs of the training thread on an H200, and a
+step with phases takes four of them, then has its times read and attributed at the next
+report (docs/results/finegrain.md). On a 40 ms step that is nothing; on a CPU-bound 1 ms
+step it is several percent. The FinGraV estimate (arXiv 2412.12426) combines many
+executions that fall at random phases of the sensor; it does not need every one of them.
+So :class:`WindowSampling` measures a random subset of steps, as large as the budget
+allows, and spaces the reports so that their fixed cost fits too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+_SMOOTHING = 0.3  # weight of the newest report in the running estimates
+MIN_FRACTION = 1e-3
+"""The smallest fraction of steps auto mode measures."""
+_MAX_REPORT_SPAN_S = 5.0  # auto mode never stretches the report interval past this much training
+WINDOWS_PER_REPORT = 16
+"""Auto mode spaces reports so that each carries about this many measured steps."""
+
+
+class WindowSampling:
+    """Choose the measured steps and the report interval.
+
+    Fixed mode measures ``fraction`` of the steps. Auto mode (``fraction=None``) times the
+    session's hooks on the measured steps, its reports and the step period, and keeps
+    their sum under ``max_overhead`` of the step time:
+
+    - ``c = (hooks + report) / measured steps`` of an interval (s): a measured step's whole
+      cost, its share of the report included;
+    - fraction ``f = min(1, max_overhead · T / c)``, ``T`` the step period (s);
+    - report interval ``max(interval_steps, ⌈16 / f⌉)`` steps when ``stretch_reports`` (one
+      process: under several, reports are collectives and keep the configured cadence on
+      every rank), so that a report carries ~16 measured steps and its fixed part stays a
+      small share of ``c``; at most 5 s of steps.
+
+    Estimates are smoothed over reports. The measured steps are a random subset: the
+    gaps between them are geometric draws of a seeded generator, so no periodic pattern
+    of the loop (gradient accumulation, logging cadence) lines up with the choice, and
+    every step is measured with probability ``f``.
+
+    Args:
+        fraction: Fraction of steps to measure, in (0, 1]; None for auto.
+        max_overhead: Auto mode's budget, a fraction of the step time, in (0, 1).
+        interval_steps: The configured steps between reports (the least interval).
+        stretch_reports: Whether auto mode may lengthen the report interval.
+        seed: Seed of the generator that draws the gaps.
+
+    Raises:
+        ValueError: ``fraction`` or ``max_overhead`` out of range.
+    """
+
+    def __init__(
+        self,
+        fraction: float | None,
+        max_overhead: float,
+        interval_steps: int,
+        *,
+        stretch_reports: bool,
+        seed: int = 0,
+    ) -> None:
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if not 0 < max_overhead < 1:
+            raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead}")
+        self.auto = fraction is None
+        self.fraction = 1.0 if fraction is None else float(fraction)
+        self.max_overhead = max_overhead
+        self.interval_steps = interval_steps
+        self.report_every = interval_steps
+        self.stretch_reports = stretch_reports
+        self._rng = random.Random(seed)
+        self._step_s: float | None = None
+        self._cost_s: float | None = None  # per measured step, hooks and report share
+
+    def next_skip(self) -> int:
+        """Steps to leave unmeasured before the next measured one (0 when every step is measured)."""
+        f = self.fraction
+        if f >= 1.0:
+            return 0
+        # Geometric on {0, 1, ...} with success probability f: mean (1 - f) / f.
+        return int(math.log(1.0 - self._rng.random()) / math.log1p(-f))
+
+    def observe(self, *, steps: int, elapsed_s: float, hook_s: float, measured: int, report_s: float) -> None:
+        """Take one report interval's timings and update the fraction and the report interval.
+
+        Args:
+            steps: Steps in the interval.
+            elapsed_s: Wall time of the interval (s).
+            hook_s: Time the hooks of its measured steps took (s).
+            measured: Steps measured in it.
+            report_s: Time the report at its end took (s).
+        """
+        if not self.auto or steps <= 0 or elapsed_s <= 0:
+            return
+        self._step_s = _smooth(self._step_s, elapsed_s / steps)
+        if measured:
+            self._cost_s = _smooth(self._cost_s, (hook_s + report_s) / measured)
+        if self._cost_s:
+            self.fraction = min(1.0, max(MIN_FRACTION, self.max_overhead * self._step_s / self._cost_s))
+        if self.stretch_reports:
+            most = max(self.interval_steps, int(_MAX_REPORT_SPAN_S / self._step_s))
+            self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
+
+
+def _smooth(old: float | None, new: float) -> float:
+    return new if old is None else old + _SMOOTHING * (new - old)
