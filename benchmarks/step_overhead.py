@@ -9,6 +9,9 @@ forward/backward/optimizer/dataloader phase windows, auto); ``ours_step_all`` an
 ``ours_phases_all`` (the same with every step measured, ``sample_fraction: 1``); ``zeus`` (Zeus 0.16
 ``ZeusMonitor.begin_window/end_window`` per step when the ``zeus`` package imports, else
 ``zeus_style``: what it does, a device sync and an energy-counter read at each boundary).
+Within a round the modes take turns in blocks of ``--block-steps`` steps (a fresh random order
+each cycle), so that drift slower than a block hits every mode alike; each session's own
+timing, which auto ``windows.sample_fraction`` uses, is paused while other modes run.
 Per round, each mode's step time over ``base``'s in the same round; reported: the median
 of these per-round ratios, their IQR, and a 95 % bootstrap CI of the median (resampling
 rounds), beside the median step time of each mode.
@@ -148,6 +151,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=24, help="interleaved rounds (order randomised each round)")
     ap.add_argument("--mlp-steps", type=int, default=400, help="MLP steps per mode per round")
     ap.add_argument("--gpt2-steps", type=int, default=25, help="GPT-2 steps per mode per round")
+    ap.add_argument("--block-steps", type=int, default=50,
+                    help="steps a mode runs before the next mode's turn within a round (finer interleaving)")
     ap.add_argument("--workloads", default="mlp,gpt2")
     ap.add_argument("--accuracy-epochs", type=int, default=2, help="in-training accuracy epochs (ours_phases)")
     ap.add_argument("--accuracy-steps", type=int, default=120, help="steps per accuracy epoch (GPT-2: ~5 s)")
@@ -193,17 +198,28 @@ def main() -> None:
                 step[mode] = 3 * n
                 session.epoch_end(-1)
             times = {m: [] for m in modes}
+            block = max(1, min(n, args.block_steps))
             for r in range(args.rounds):
-                order = list(modes)
-                rng.shuffle(order)
-                for mode in order:
-                    session = sessions.get(mode)
-                    if session is not None:
-                        session.epoch_start(r)
-                    times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus, step[mode]))
-                    step[mode] += n
-                    if session is not None:
-                        session.epoch_end(r)
+                for session in sessions.values():
+                    session.epoch_start(r)
+                    session._pause_timing()  # the other modes' blocks are no step of this session's
+                spent = dict.fromkeys(modes, 0.0)
+                for _ in range(n // block):  # every mode a block at a time, in a fresh order each cycle
+                    order = list(modes)
+                    rng.shuffle(order)
+                    for mode in order:
+                        session = sessions.get(mode)
+                        if session is not None:
+                            session._resume_timing()
+                        spent[mode] += block * run_mode(mode, forward, opt, block, dev, session, zeus, step[mode])
+                        step[mode] += block
+                        if session is not None:
+                            session._pause_timing()
+                for mode in modes:
+                    times[mode].append(spent[mode] / (n // block * block))
+                for session in sessions.values():
+                    session._resume_timing()
+                    session.epoch_end(r)
             sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every}
                         for m, s in sessions.items()}  # fmt: skip
             for mode in ("ours_step", "ours_step_all", "ours_phases_all"):

@@ -203,10 +203,12 @@ class EnergySession:
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
         self._epoch_measured = 0  # steps of this epoch that got windows
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
-        self._gov_steps = 0  # since the last step-path report: steps, measured steps, hook time
-        self._gov_measured = 0
-        self._gov_hook_s = 0.0
-        self._gov_t0 = 0.0
+        # Timing of the current interval, for auto sampling: steps, measured steps, the time
+        # the steps ran (pauses excluded), the hooks' and the reports' time.
+        self._gov_steps = self._gov_measured = 0
+        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
+        self._gov_t0: float | None = None  # None while paused
+        self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -284,7 +286,7 @@ class EnergySession:
         self._skip = 0
         self._measuring = self._dataloader_open = False
         self._gov_steps = self._gov_measured = 0
-        self._gov_hook_s = 0.0
+        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
         self._gov_t0 = time.perf_counter()
         self._phase_open = None
         self._active = True
@@ -418,6 +420,7 @@ class EnergySession:
         self._epoch_index = epoch
         self._epoch_steps = 0
         self._epoch_measured = 0
+        self._resume_timing()
         if self.config.windows.epoch:
             self.meter.begin("epoch", epoch=epoch)
 
@@ -504,6 +507,8 @@ class EnergySession:
         self._gov_steps += 1
         if self._steps_since_report >= self._sampling.report_every:
             self._timed_report()
+        if self._gov_steps >= self._sampling.report_every:
+            self._observe_timing()
         if self._stop_agreement:
             run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
             if self._cost_agreement and run_steps % self.config.batch_size.stop_agreement_steps == 0:
@@ -535,17 +540,32 @@ class EnergySession:
         self._gov_hook_s += time.perf_counter() - t0
 
     def _timed_report(self) -> None:
-        """Report the steps, and give the sampling the interval's timings (steps, hooks, this report)."""
         t0 = time.perf_counter()
         self._report_steps()
-        t1 = time.perf_counter()
+        self._gov_report_s += time.perf_counter() - t0
+
+    def _observe_timing(self) -> None:
+        """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
+        now = time.perf_counter()
+        running = self._gov_t0 is not None
+        busy_s = self._gov_busy_s + (now - self._gov_t0 if running else 0.0)  # type: ignore[operator]
         self._sampling.observe(
-            steps=self._gov_steps, elapsed_s=t0 - self._gov_t0, hook_s=self._gov_hook_s,
-            measured=self._gov_measured, report_s=t1 - t0,
+            steps=self._gov_steps, elapsed_s=busy_s, hook_s=self._gov_hook_s,
+            measured=self._gov_measured, report_s=self._gov_report_s,
         )  # fmt: skip
         self._gov_steps = self._gov_measured = 0
-        self._gov_hook_s = 0.0
-        self._gov_t0 = t1
+        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
+        self._gov_t0 = now if running else None
+
+    def _pause_timing(self) -> None:
+        """Training pauses (epoch end, evaluation): the pause is no step's time."""
+        if self._gov_t0 is not None:
+            self._gov_busy_s += time.perf_counter() - self._gov_t0
+            self._gov_t0 = None
+
+    def _resume_timing(self) -> None:
+        if self._gov_t0 is None:
+            self._gov_t0 = time.perf_counter()
 
     def _decide(self) -> Decision:
         # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
@@ -597,6 +617,8 @@ class EnergySession:
 
     def eval_start(self) -> None:
         """Open the evaluation window."""
+        if self.started:
+            self._pause_timing()
         if self.started and self.power_limiter is not None:
             self.power_limiter.on_eval_start(self.backend.clock.now_s())  # type: ignore[union-attr]
         if self.started and self.config.windows.eval:
@@ -608,6 +630,8 @@ class EnergySession:
             self.meter.end("eval")  # type: ignore[union-attr]
         if self.started and self.power_limiter is not None:
             self.power_limiter.on_eval_end(self.backend.clock.now_s())  # type: ignore[union-attr]
+        if self.started:
+            self._resume_timing()
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -650,15 +674,20 @@ class EnergySession:
             return {}
         assert self.meter is not None and self.backend is not None
         self._totals.epochs += 1
+        self._pause_timing()
         self._discard_phases()
         self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
         if not self.meter.end("epoch", epoch=epoch):
-            self._report_steps()
+            self._timed_report()
             return {}
-        self._flush_sensor(self.backend.clock.now_s())
+        self._flush_sensor(self.backend.clock.now_s())  # a wait, not work: not charged to the steps
         # Attribute everything now (edges past the samples, if the sensor is late, are
         # extrapolated and marked incomplete): every rank then aggregates this epoch here.
+        reported = time.perf_counter()
+        self._phase_summary_s = 0.0
         self._report_steps(resolve_final=True)
+        # The steps' attribution is charged to them; the once-an-epoch phase summary is not.
+        self._gov_report_s += time.perf_counter() - reported - self._phase_summary_s
         epoch_prefixes = ("energy/epoch", "time/epoch", "power/epoch")
         return {k: v for k, v in self._pending_metrics.items() if k.startswith(epoch_prefixes)}
 
@@ -765,15 +794,19 @@ class EnergySession:
         where one phase ends as the next begins, :meth:`phase_switch` takes one mark for both.
         """
         if self._phases is not None and self._measuring:
+            t0 = time.perf_counter()
             self.meter.begin_at(name, self._mark())  # type: ignore[union-attr]
             self._phase_open = name
+            self._gov_hook_s += time.perf_counter() - t0
 
     def phase_end(self, name: str) -> None:
         """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
         if self._phases is not None and self._measuring and self.meter.is_open(name):  # type: ignore[union-attr]
+            t0 = time.perf_counter()
             self.meter.end_at(name, self._mark())  # type: ignore[union-attr]
             if self._phase_open == name:
                 self._phase_open = None
+            self._gov_hook_s += time.perf_counter() - t0
 
     def phase_switch(self, ended: str, begun: str) -> None:
         """End phase ``ended`` and begin phase ``begun`` at one shared mark (they tile the step exactly).
@@ -781,11 +814,13 @@ class EnergySession:
         A no-op unless ``windows.phases`` is on and the step is measured; ``ended`` need not be open.
         """
         if self._phases is not None and self._measuring:
+            t0 = time.perf_counter()
             meter = self.meter
             token = self._mark()
             meter.end_at(ended, token)  # type: ignore[union-attr]
             meter.begin_at(begun, token)  # type: ignore[union-attr]
             self._phase_open = begun
+            self._gov_hook_s += time.perf_counter() - t0
 
     def phase_discard(self, name: str) -> None:
         """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
@@ -805,7 +840,9 @@ class EnergySession:
         """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
         assert self._phases is not None
         steps, measured = self._epoch_sampled
+        started = time.perf_counter()
         stats = self._phases.epoch_summary(measured_fraction=measured / steps if measured and steps else 1.0)
+        self._phase_summary_s = time.perf_counter() - started
         if not stats:
             return
         explained = sum(p.total_J for p in stats) / epoch_energy_J if epoch_energy_J > 0 else math.nan
