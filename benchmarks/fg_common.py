@@ -186,8 +186,9 @@ def mean_power_between(ticks: CounterTicks, t_lo: float, t_hi: float) -> dict:
     a, b = i[0], i[-1]
     dt = ticks.time_s[b] - ticks.time_s[a]
     energy = ticks.energy_J[b] - ticks.energy_J[a]
+    rel_err = float((ticks.uncertainty_s[a] + ticks.uncertainty_s[b]) / dt)
     return {"power_W": energy / dt, "t0_s": float(ticks.time_s[a]), "t1_s": float(ticks.time_s[b]),
-            "energy_J": float(energy), "rel_err": float((ticks.uncertainty_s[a] + ticks.uncertainty_s[b]) / dt)}  # fmt: skip
+            "energy_J": float(energy), "rel_err": rel_err}  # fmt: skip
 
 
 def fitted_power(ticks: CounterTicks, t_lo: float, t_hi: float) -> dict:
