@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from zeus_callbacks.backends import get_backend  # noqa: E402
@@ -141,10 +143,140 @@ def time_ms(dev: Device, fn: Callable[[], Any], reps: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / reps
 
 
+@dataclass(frozen=True)
+class CounterTicks:
+    """Energy-counter ticks found by polling the counter continuously.
+
+    A tick's time is the end of the first read that showed the new value. The tick lies
+    between the moments the counter was sampled by that read and the previous one; if each
+    read samples it at the same point of the call, that is within ``uncertainty_s`` (the end
+    of that read minus the end of the previous one: the read's duration plus any pause)
+    before ``time_s``, and a constant offset cancels between two ticks.
+
+    Attributes:
+        time_s: Tick times, shape (n,) (s, backend clock).
+        uncertainty_s: Their uncertainty, shape (n,) (s).
+        energy_J: Counter value after each tick, shape (n,) (J).
+    """
+
+    time_s: np.ndarray
+    uncertainty_s: np.ndarray
+    energy_J: np.ndarray
+
+
+def ticks_from_reads(reads: Any) -> CounterTicks:
+    """Ticks from counter reads ``[(read_start_s, read_end_s, value_J), ...]`` in time order."""
+    r = np.asarray(reads, dtype=np.float64).reshape(-1, 3)
+    changed = np.flatnonzero(np.diff(r[:, 2]) != 0) + 1
+    return CounterTicks(r[changed, 1], r[changed, 1] - r[changed - 1, 1], r[changed, 2])
+
+
+def mean_power_between(ticks: CounterTicks, t_lo: float, t_hi: float) -> dict:
+    """Mean power between the first tick at or after ``t_lo`` and the last at or before ``t_hi``.
+
+    Returns a dict with ``power_W``, ``t0_s``, ``t1_s``, ``energy_J`` and ``rel_err``: the
+    worst-case relative error from the tick times, ``(u0 + u1) / (t1 − t0)``.
+
+    Raises:
+        ValueError: Fewer than two ticks in the interval.
+    """
+    i = np.flatnonzero((ticks.time_s >= t_lo) & (ticks.time_s <= t_hi))
+    if i.size < 2:
+        raise ValueError(f"fewer than 2 counter ticks in [{t_lo:.3f}, {t_hi:.3f}] s")
+    a, b = i[0], i[-1]
+    dt = ticks.time_s[b] - ticks.time_s[a]
+    energy = ticks.energy_J[b] - ticks.energy_J[a]
+    rel_err = float((ticks.uncertainty_s[a] + ticks.uncertainty_s[b]) / dt)
+    return {"power_W": energy / dt, "t0_s": float(ticks.time_s[a]), "t1_s": float(ticks.time_s[b]),
+            "energy_J": float(energy), "rel_err": rel_err}  # fmt: skip
+
+
+def fitted_power(ticks: CounterTicks, t_lo: float, t_hi: float) -> dict:
+    """Power as the slope of counter energy over tick time in ``[t_lo, t_hi]`` (least squares).
+
+    For a constant power (idle): every tick counts, so the tick-time errors average out
+    instead of resting on two ticks. Returns ``power_W``, ``se_W`` (standard error of the
+    slope from the residuals) and ``ticks``.
+
+    Raises:
+        ValueError: Fewer than three ticks in the interval.
+    """
+    i = np.flatnonzero((ticks.time_s >= t_lo) & (ticks.time_s <= t_hi))
+    if i.size < 3:
+        raise ValueError(f"fewer than 3 counter ticks in [{t_lo:.3f}, {t_hi:.3f}] s")
+    t = ticks.time_s[i] - ticks.time_s[i].mean()
+    e = ticks.energy_J[i]
+    slope = float(t @ (e - e.mean()) / (t @ t))
+    resid = e - e.mean() - slope * t
+    se = float(np.sqrt(resid @ resid / (i.size - 2) / (t @ t)))
+    return {"power_W": slope, "se_W": se, "ticks": int(i.size)}
+
+
+class CounterPoller:
+    """Reads the energy counter continuously from a background thread (a context manager).
+
+    An H200 counter read takes 3-5 ms and the counter moves every ~100 ms: polling between
+    calls of the workload instead would time a tick to within a whole execution (100 ms).
+    Each read is recorded as ``(start_s, end_s, value_J)`` on the backend clock.
+
+    Args:
+        backend: The open backend.
+        index: GPU index.
+        min_interval_s: Least time from one read's start to the next (0: back to back; the
+            virtual GPU answers at once, so smoke runs wait 2 ms).
+    """
+
+    def __init__(self, backend: GPUBackend, index: int = 0, min_interval_s: float = 0.0) -> None:
+        self.backend, self.index, self.min_interval_s = backend, index, min_interval_s
+        self._reads: list[tuple[float, float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="counter-poller", daemon=True)
+
+    def _run(self) -> None:
+        clock = self.backend.clock
+        while not self._stop.is_set():
+            t0 = clock.now_s()
+            value = self.backend.energy_counter_J(self.index)
+            t1 = clock.now_s()
+            with self._lock:
+                self._reads.append((t0, t1, value))
+            if self.min_interval_s:
+                time.sleep(max(0.0, self.min_interval_s - (t1 - t0)))
+
+    def __enter__(self) -> CounterPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def reads(self) -> list[tuple[float, float, float]]:
+        """A copy of the reads so far."""
+        with self._lock:
+            return list(self._reads)
+
+    def ticks(self) -> CounterTicks:
+        """The ticks seen so far."""
+        return ticks_from_reads(self.reads())
+
+    def wait_tick_after(self, t_s: float, timeout_s: float = 1.0) -> None:
+        """Block until a tick later than ``t_s`` has been seen (or ``timeout_s`` passed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ticks = self.ticks()
+            if ticks.time_s.size and ticks.time_s[-1] > t_s:
+                return
+            time.sleep(0.01)
+
+
 def counter_edge(dev: Device, timeout_s: float = 0.5, work: Callable[[], Any] | None = None) -> tuple[float, float]:
     """Wait for the energy counter to tick (it moves every ~100 ms) and return (time_s, energy_J) of the tick.
 
-    ``work``, when given, is called between reads so the GPU stays busy while we wait.
+    ``work``, when given, is called between reads so the GPU stays busy while we wait; the
+    tick is then timed only to within one call of ``work``: use :class:`CounterPoller` for
+    references.
     """
     backend = dev.backend
     first = backend.energy_counter_J(0)

@@ -3,15 +3,25 @@
 For bf16 GEMM chains and device-to-device copies (``dst.copy_(src)``, memory-bound) of
 about 1, 10 and 100 ms:
 
-* steady reference: a long back-to-back run; mean power from the energy counter between
-  two counter ticks (``--ref-s`` seconds, ``--trials`` trials, spread reported) × the
-  execution period from CUDA events. The mean power of the NVML samples over the same
-  interval is reported beside it (the two sensors differ by a few percent on an H200).
+* steady reference: one back-to-back run, cut at counter ticks into ``--trials`` trials of
+  ``--ref-s`` seconds (spread reported); mean power from the energy counter between two
+  ticks × the execution period from CUDA events over the run. The counter is read
+  continuously by a background thread (:class:`fg_common.CounterPoller`) while the main
+  thread keeps the GPU busy, so a tick is timed to one read (3-5 ms on an H200), and each
+  trial reports that bound as a relative error. The mean power of the NVML samples over
+  the same interval is reported beside it.
 * naive: one begin/end counter read around each single execution (``--naive`` trials).
 * ours, steady mode: :func:`zeus_callbacks.measurement.profiler.profile` given 2 s.
 * ours, isolated mode (1 and 10 ms): random idle gaps, ``--isolated-s`` seconds; its
-  reference is the same train measured by the counter minus the idle power (counter,
-  measured before and after) × the idle time.
+  reference is the same train measured by the counter minus the idle power × the idle
+  time. Idle power: slope of counter energy over the ticks of ``--idle-s`` before and
+  after; the reference's error terms (tick bound, 2 SE of idle power, idle drift) are
+  reported.
+
+Defaults follow issue 5 (references 15 s × 3, isolated 60 s, 1/10/100 ms, steady 2 s):
+about 10 minutes, printed per part at the start (estimate) and the end (elapsed); run
+``--only gemm`` and ``--only copy`` as two calls to stay well inside a 10-minute limit.
+The JSON is rewritten after every measurement, so a timeout loses only the one running.
 
     ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/finegrain_accuracy.py --out results/
     python benchmarks/finegrain_accuracy.py --smoke      # CPU + virtual GPU, ~1 min
@@ -34,61 +44,80 @@ import time
 from pathlib import Path
 
 import numpy as np
-from fg_common import copy_chain, counter_edge, gemm_chain, open_device, power_limit_W, write_json
+from fg_common import (
+    CounterPoller,
+    copy_chain,
+    fitted_power,
+    gemm_chain,
+    mean_power_between,
+    open_device,
+    power_limit_W,
+    write_json,
+)
 
 from zeus_callbacks.measurement.profiler import profile
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.sensor import characterise_sensor
 
 
-def steady_reference(dev, fn, seconds: float, sampler: PowerSampler) -> dict:
-    """Mean power between two counter ticks of a back-to-back run (counter and samples)."""
-    t_warm = time.monotonic() + 0.5
-    while time.monotonic() < t_warm:
-        fn()
-    t0, e0 = counter_edge(dev, work=fn)  # the GPU stays busy while we wait for the tick
+def keep_busy(dev, fn, seconds: float) -> tuple[int, float]:
+    """Run ``fn`` back to back for ``seconds`` (CPU time); returns (executions, period_s).
+
+    At most ~20 ms of work is queued ahead of the GPU (a CUDA event per execution), so the
+    CPU's clock stays close to the GPU's work and the GPU never starves. The period comes
+    from CUDA events around the whole run (perf_counter on the CPU).
+    """
+    import torch
+
+    cuda = dev.torch_device == "cuda"
+    if cuda:
+        first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        first.record()
+    t0, n, queue = time.perf_counter(), 0, []
     t_end = time.monotonic() + seconds
     while time.monotonic() < t_end:
         fn()
-    t1, e1 = counter_edge(dev, work=fn)
-    t_stop = time.monotonic() + 0.2  # stay busy past the tick, then drain
-    while time.monotonic() < t_stop:
-        fn()
-    dev.sync()
+        n += 1
+        if cuda:
+            done = torch.cuda.Event()
+            done.record()
+            queue.append((time.perf_counter(), done))
+            while len(queue) > 2 and queue[-1][0] - queue[0][0] > 0.02:
+                queue.pop(0)[1].synchronize()
+    if cuda:
+        last.record()
+        last.synchronize()
+        return n, first.elapsed_time(last) / 1e3 / max(n, 1)
+    return n, (time.perf_counter() - t0) / max(n, 1)
+
+
+def steady_reference(dev, fn, trial_s: float, trials: int, sampler: PowerSampler, warm_s: float = 0.5) -> dict:
+    """Back-to-back run with the counter polled from a background thread; ``trials`` tick-aligned segments.
+
+    Each trial is the mean power between two counter ticks ``trial_s`` apart (energy counter,
+    and the NVML samples over the same interval), with the tick-timing error bound.
+    """
+    with CounterPoller(dev.backend, min_interval_s=0.002 if dev.smoke else 0.0) as poller:
+        keep_busy(dev, fn, warm_s)
+        t_begin = dev.backend.clock.now_s()
+        n, period_s = keep_busy(dev, fn, trials * trial_s + 0.35)  # 0.35 s: room for the last tick
+        t_busy_end = dev.backend.clock.now_s()
+        dev.sync()
+        ticks = poller.ticks()
     sampler.poll_once(read_counter=False)
     ts, ps = sampler.samples(0)
     shifted = ts - sampler.sensor_delay_s
-    sel = (shifted > t0) & (shifted <= t1)
-    samples_W = float(np.mean(ps[sel])) if sel.any() else math.nan
-    return {"power_W": (e1 - e0) / (t1 - t0), "samples_power_W": samples_W, "t_s": t1 - t0}
-
-
-def measure_period_s(dev, fn, seconds: float = 0.5) -> float:
-    import torch
-
-    if dev.torch_device != "cuda":
-        t0, n = time.perf_counter(), 0
-        while time.perf_counter() - t0 < seconds:
-            fn()
-            n += 1
-        return (time.perf_counter() - t0) / n
-    for _ in range(3):
-        fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n = max(3, int(seconds / max(1e-4, _quick_ms(dev, fn) / 1e3)))
-    s.record()
-    for _ in range(n):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / 1e3 / n
-
-
-def _quick_ms(dev, fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    dev.sync()
-    return (time.perf_counter() - t0) * 1e3
+    out = []
+    t_lo = t_begin
+    for _ in range(trials):
+        seg = mean_power_between(ticks, t_lo, min(t_lo + trial_s + 0.15, t_busy_end))
+        sel = (shifted > seg["t0_s"]) & (shifted <= seg["t1_s"])
+        seg["samples_power_W"] = float(np.mean(ps[sel])) if sel.any() else math.nan
+        seg["t_s"] = seg["t1_s"] - seg["t0_s"]
+        out.append(seg)
+        t_lo = seg["t1_s"]
+    u_ms = 1e3 * float(np.median(ticks.uncertainty_s)) if ticks.time_s.size else None
+    return {"trials": out, "period_s": period_s, "executions": n, "tick_uncertainty_ms_median": u_ms}
 
 
 def naive(dev, fn, trials: int) -> list[float]:
@@ -133,11 +162,68 @@ def bursts(dev, fn, sampler: PowerSampler, delay: float, n_bursts: int, per_burs
     return out
 
 
-def idle_power_W(dev, seconds: float) -> float:
-    t0, e0 = counter_edge(dev)
-    time.sleep(seconds)
-    t1, e1 = counter_edge(dev)
-    return (e1 - e0) / (t1 - t0)
+def idle_power(ticks, t_lo: float, t_hi: float) -> dict:
+    """Idle power from the counter ticks in ``[t_lo, t_hi]``: slope fit (every tick counts) and its SE."""
+    fit = fitted_power(ticks, t_lo, t_hi)
+    return {"power_W": fit["power_W"], "se_W": fit["se_W"], "ticks": fit["ticks"]}
+
+
+def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: str, target: float):
+    """Isolated mode with its reference: idle, the isolated train, idle, the counter polled throughout."""
+    clock = dev.backend.clock
+    with CounterPoller(dev.backend, min_interval_s=0.002 if dev.smoke else 0.0) as poller:
+        time.sleep(0.15)
+        t_idle0 = clock.now_s()
+        time.sleep(args.idle_s)
+        t_iso0 = clock.now_s()
+        iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
+                      max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
+                      sensor_delay_s=delay,
+                      plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
+        t_iso1 = clock.now_s()
+        time.sleep(args.idle_s)
+        t_idle1 = clock.now_s()
+        poller.wait_tick_after(t_idle1)
+        ticks = poller.ticks()
+    idle0, idle1 = idle_power(ticks, t_idle0, t_iso0), idle_power(ticks, t_iso1, t_idle1)
+    p_idle = (idle0["power_W"] + idle1["power_W"]) / 2
+    before = np.flatnonzero(ticks.time_s <= t_iso0)[-1]  # the train lies between these two ticks
+    after = np.flatnonzero(ticks.time_s >= t_iso1)[0]
+    span_s = ticks.time_s[after] - ticks.time_s[before]
+    energy_J = ticks.energy_J[after] - ticks.energy_J[before]
+    n_all = iso.executions_used + iso.executions_dropped
+    idle_time_s = span_s - n_all * iso.duration_s
+    ref = (energy_J - p_idle * idle_time_s) / n_all
+    # Relative uncertainty of the reference, term by term (J per execution / ref):
+    tick = p_idle * (ticks.uncertainty_s[before] + ticks.uncertainty_s[after]) / n_all / ref  # bound
+    idle_se = idle_time_s * math.hypot(idle0["se_W"], idle1["se_W"]) / 2 / n_all / ref  # 1 SE
+    drift = idle_time_s * abs(idle0["power_W"] - idle1["power_W"]) / 2 / n_all / ref  # idle power moved
+    rel_err = tick + 2 * idle_se + drift
+    iso_ref = {"energy_J": ref, "idle_W_before": idle0["power_W"], "idle_W_after": idle1["power_W"],
+               "idle_se_W": [idle0["se_W"], idle1["se_W"]], "executions": n_all, "span_s": span_s,
+               "rel_err_pct": 100 * rel_err, "rel_err_terms_pct": {"tick_timing_bound": 100 * tick,
+               "idle_power_2se": 200 * idle_se, "idle_drift": 100 * drift}}  # fmt: skip
+    return iso, iso_ref
+
+
+def budget_s(args, workloads: list[str], modes: list[str]) -> dict[str, float]:
+    """Estimated seconds of each part (measuring time plus the waits around it)."""
+    lengths = [float(x) for x in args.lengths_ms.split(",")]
+    parts = {"setup and sensor step test": 15.0}
+    for w in workloads:
+        for ms in lengths:
+            key = f"{w} {ms:g} ms"
+            t = 0.5 + args.trials * args.ref_s + 0.35 + 1.0  # warm-up, trials, last tick, copies/sync
+            if "naive" in modes:
+                t += args.naive * (ms / 1e3 + 0.03)
+            if "steady" in modes:
+                t += args.steady_s + 0.5 + 0.3 + 0.6 + 1.5  # idle, warm-up, drain, analysis
+            if "isolated" in modes and ms <= args.isolated_max_ms:
+                t += args.isolated_s + 2 * args.idle_s + 1.2 + 2.0
+            if "bursts" in modes and args.bursts and w in args.bursts_on.split(",") and 5 <= ms <= 20:
+                t += args.bursts * (0.3 + 30 * ms / 1e3)
+            parts[key] = t
+    return parts
 
 
 def main() -> None:
@@ -145,21 +231,29 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU + virtual GPU, tiny sizes")
     ap.add_argument("--out", default="results", help="output directory")
     ap.add_argument("--lengths-ms", default="1,10,100")
-    ap.add_argument("--ref-s", type=float, default=5.0, help="seconds of each steady-reference trial")
+    ap.add_argument("--ref-s", type=float, default=15.0, help="seconds of each steady-reference trial")
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--naive", type=int, default=40)
+    ap.add_argument("--naive", type=int, default=20)
     ap.add_argument("--steady-s", type=float, default=2.0)
-    ap.add_argument("--isolated-s", type=float, default=40.0)
-    ap.add_argument("--bursts", type=int, default=20, help="bursts for profile differentiation (10 ms only; 0: off)")
+    ap.add_argument("--isolated-s", type=float, default=60.0)
+    ap.add_argument("--idle-s", type=float, default=1.0, help="idle before and after isolated mode (idle power)")
+    ap.add_argument("--bursts", type=int, default=12, help="bursts for profile differentiation (10 ms only; 0: off)")
+    ap.add_argument("--bursts-on", default="gemm", help="workloads that run the bursts")
     ap.add_argument("--isolated-max-ms", type=float, default=10.0, help="isolated mode only up to this length")
     ap.add_argument("--only", default="", help="comma-separated workloads (gemm, copy) and/or modes "
                     "(naive, steady, isolated, bursts) to run; default everything")  # fmt: skip
     args = ap.parse_args()
     if args.smoke:
-        args.ref_s, args.trials, args.naive, args.isolated_s, args.bursts = 1.0, 2, 5, 4.0, 6
+        args.ref_s, args.trials, args.naive, args.isolated_s, args.bursts, args.idle_s = 1.0, 2, 5, 4.0, 6, 0.6
         args.lengths_ms = "1,10"
     workloads, modes = _selection(args.only)
     out = Path(args.out)
+    parts = budget_s(args, workloads, modes)
+    print("time budget (estimate, s): " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
+          + f"; total {sum(parts.values()):.0f} s", flush=True)  # fmt: skip
+    if sum(parts.values()) > 570:
+        print("  (close to or over a 10-minute call: --only gemm and --only copy split it in two)", flush=True)
+    t_run0 = time.monotonic()
     dev = open_device(args.smoke)
     limit_before = power_limit_W()
     step_fn, _, _ = gemm_chain(dev, 10.0)
@@ -190,24 +284,40 @@ def main() -> None:
         "smoke": args.smoke,
         "power_limit_before": limit_before,
         "args": vars(args),
+        "budget_s": parts,
+        "elapsed_s": {"setup and sensor step test": time.monotonic() - t_run0},
         "sensor": dataclasses.asdict(sensor),
         "lengths": [],
     }
+
+    def save() -> None:  # after every measurement: a timeout loses at most the one running
+        write_json(out / "finegrain_accuracy.json", results)
+
+    save()
     try:
         for workload, target in [(w, float(x)) for w in workloads for x in args.lengths_ms.split(",")]:
+            t_part0 = time.monotonic()
             fn, ms, label = (gemm_chain if workload == "gemm" else copy_chain)(dev, target)
             row = {"workload": workload, "target_ms": target, "kernel": label, "exec_ms": ms}
-            refs = [steady_reference(dev, fn, args.ref_s, sampler) for _ in range(args.trials)]
-            period_s = measure_period_s(dev, fn)
+            results["lengths"].append(row)
+            sr = steady_reference(dev, fn, args.ref_s, args.trials, sampler)
+            period_s = sr["period_s"]
+            refs = sr["trials"]
             ref_J = [r["power_W"] * period_s for r in refs]
             ref_samples_J = [r["samples_power_W"] * period_s for r in refs]
             row["steady_ref"] = {
                 "energy_J": statistics.median(ref_J), "trials_J": ref_J,
+                "trial_s": [r["t_s"] for r in refs], "power_W": [r["power_W"] for r in refs],
                 "spread_pct": 100 * (max(ref_J) - min(ref_J)) / statistics.median(ref_J),
+                "tick_rel_err_pct": [100 * r["rel_err"] for r in refs],
+                "tick_uncertainty_ms_median": sr["tick_uncertainty_ms_median"],
                 "samples_energy_J": statistics.median(ref_samples_J), "period_s": period_s,
+                "executions": sr["executions"],
                 "sensor_gap_pct": 100 * (statistics.median(ref_samples_J) / statistics.median(ref_J) - 1),
             }  # fmt: skip
             ref = row["steady_ref"]["energy_J"]
+            ref_rel_err = max(r["rel_err"] for r in refs)
+            save()
             if "naive" in modes:
                 nv = naive(dev, fn, args.naive)
                 row["naive"] = {
@@ -215,37 +325,32 @@ def main() -> None:
                     "err_pct_median": 100 * (statistics.median(nv) / ref - 1),
                     "err_pct_min": 100 * (min(nv) / ref - 1), "err_pct_max": 100 * (max(nv) / ref - 1),
                 }  # fmt: skip
+                save()
             if "steady" in modes:
                 st = profile(fn, mode="steady", backend=dev.backend, min_time_s=args.steady_s,
                              max_time_s=args.steady_s, target_ci=0.001, idle_s=0.5, warmup_s=0.3,
                              name=f"{label} steady", sensor_delay_s=delay,
                              plot_path=out / f"profile_steady_{workload}_{int(target)}ms.png")  # fmt: skip
-                row["steady"] = _ours(st, ref, row["steady_ref"]["samples_energy_J"])
+                row["steady"] = _ours(st, ref, row["steady_ref"]["samples_energy_J"], ref_rel_err)
                 # Energy per execution scales with its duration: compare mean power too, which
                 # does not depend on the execution period measured separately for the reference.
                 ref_W = statistics.median(r["power_W"] for r in refs)
                 row["steady"]["mean_power_W"] = st.energy_J / st.duration_s
                 row["steady"]["power_err_pct"] = 100 * (st.energy_J / st.duration_s / ref_W - 1)
                 row["steady"]["duration_vs_ref_period_pct"] = 100 * (st.duration_s / period_s - 1)
+                row["steady"]["pause_power_W"] = st.extra.get("pause_power_W")
+                row["steady"]["pause_time_s"] = st.extra.get("pause_time_s")
+                save()
             if "isolated" in modes and target <= args.isolated_max_ms:
-                p_idle0 = idle_power_W(dev, 1.5)
-                t0, e0 = counter_edge(dev)
-                iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
-                              max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
-                              sensor_delay_s=delay,
-                              plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
-                t1, e1 = counter_edge(dev)
-                p_idle1 = idle_power_W(dev, 1.5)
-                p_idle = (p_idle0 + p_idle1) / 2
-                n_all = iso.executions_used + iso.executions_dropped
-                iso_ref = ((e1 - e0) - p_idle * ((t1 - t0) - n_all * iso.duration_s)) / n_all
-                row["isolated_ref"] = {"energy_J": iso_ref, "idle_W_before": p_idle0, "idle_W_after": p_idle1,
-                                       "executions": n_all}  # fmt: skip
-                row["isolated"] = _ours(iso, iso_ref, None)
-            if "bursts" in modes and args.bursts and 5 <= target <= 20:
+                iso, iso_ref = isolated_run(dev, fn, args, label, delay, out, workload, target)
+                row["isolated_ref"] = iso_ref
+                row["isolated"] = _ours(iso, iso_ref["energy_J"], None, iso_ref["rel_err_pct"] / 100)
+                save()
+            if "bursts" in modes and args.bursts and workload in args.bursts_on.split(",") and 5 <= target <= 20:
                 row["differentiation"] = bursts(dev, fn, sampler, delay, args.bursts, 30, 0.3)
                 print("  differentiation:", row["differentiation"]["rel_power_diff_vs_steady"], flush=True)
-            results["lengths"].append(row)
+            results["elapsed_s"][f"{workload} {target:g} ms"] = time.monotonic() - t_part0
+            save()
             _print(row)
             del fn  # a copy's buffers are GBs: free them before the next workload
             if dev.torch_device == "cuda":
@@ -255,8 +360,10 @@ def main() -> None:
     finally:
         sampler.stop()
         results["power_limit_after"] = power_limit_W()
-        write_json(out / "finegrain_accuracy.json", results)
+        results["elapsed_s"]["total"] = time.monotonic() - t_run0
+        save()
         dev.backend.close()
+        print("elapsed (s): " + ", ".join(f"{k} {v:.0f}" for k, v in results["elapsed_s"].items()), flush=True)
     if results["power_limit_after"] != limit_before:
         raise SystemExit(f"power limit changed: {limit_before} -> {results['power_limit_after']}")
 
@@ -276,11 +383,13 @@ def _selection(only: str) -> tuple[list[str], list[str]]:
     return workloads, modes
 
 
-def _ours(res, ref_J: float, samples_ref_J: float | None) -> dict:
+def _ours(res, ref_J: float, samples_ref_J: float | None, ref_rel_err: float) -> dict:
     lo, hi = res.energy_ci_J
     out = {
         "energy_J": res.energy_J, "ci_J": [lo, hi], "err_pct": 100 * (res.energy_J / ref_J - 1),
-        "ci_covers_ref": lo <= ref_J <= hi, "rel_ci_halfwidth_pct": 100 * res.rel_ci_halfwidth,
+        "ci_covers_ref": lo <= ref_J <= hi, "ref_rel_err_pct": 100 * ref_rel_err,
+        "ci_meets_ref_band": lo <= ref_J * (1 + ref_rel_err) and hi >= ref_J * (1 - ref_rel_err),
+        "rel_ci_halfwidth_pct": 100 * res.rel_ci_halfwidth,
         "executions": res.executions_used, "dropped": res.executions_dropped, "baseline_W": res.baseline_W,
         "dynamic_energy_J": res.dynamic_energy_J, "measurement_s": res.measurement_time_s, "timer": res.timer,
     }  # fmt: skip
@@ -292,7 +401,12 @@ def _ours(res, ref_J: float, samples_ref_J: float | None) -> dict:
 def _print(row: dict) -> None:
     r = row["steady_ref"]
     print(f"{row['kernel']} ({row['exec_ms']:.2f} ms): ref {r['energy_J']:.4g} J (spread {r['spread_pct']:.1f}%, "
-          f"samples {r['sensor_gap_pct']:+.1f}%)", flush=True)  # fmt: skip
+          f"tick timing ±{max(r['tick_rel_err_pct']):.2f}%, samples {r['sensor_gap_pct']:+.2f}%)",
+          flush=True)  # fmt: skip
+    if "isolated_ref" in row:
+        i = row["isolated_ref"]
+        print(f"  isolated ref: {i['energy_J']:.4g} J ±{i['rel_err_pct']:.1f}% (idle {i['idle_W_before']:.1f} / "
+              f"{i['idle_W_after']:.1f} W; terms {i['rel_err_terms_pct']})", flush=True)  # fmt: skip
     if "naive" in row:
         n = row["naive"]
         print(f"  naive: median err {n['err_pct_median']:+.0f}% [{n['err_pct_min']:+.0f}, {n['err_pct_max']:+.0f}], "

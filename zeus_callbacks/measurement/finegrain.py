@@ -30,15 +30,29 @@ the true power over that interval, a linear function of the profile:
 
 where ``A[k, j]`` is the time (s) sample ``k``'s interval spends in profile bin ``j`` of any
 execution, ``g_j`` the power of bin ``j`` (W) and ``c`` the baseline (idle) power of time
-outside every execution. A first-difference smoothness penalty fixes what the data cannot
+outside every execution (in steady mode, pauses and run tails have levels of their own,
+see below). A first-difference smoothness penalty fixes what the data cannot
 (e.g. the shape of a 1 ms execution run back-to-back under a 20 ms sensor: its level, and
 hence its energy, stays determined by the data).
 
 Modes:
 
 - ``"steady"``: back-to-back executions. The launch gap after an execution (shorter than
-  half its duration) belongs to it, so ``energy_J`` is what the long back-to-back
-  reference measures: energy of the run / number of executions.
+  half its duration, or than ``launch_gap_s``) belongs to it, so ``energy_J`` is what the
+  long back-to-back reference measures: energy of the run / number of executions. Time
+  outside every execution is not all idle, so it is not all modelled at the baseline:
+
+  * a *pause* between executions of at most ``short_gap_s`` (a sync between chunks of
+    back-to-back work, a few ms) gets one free power level of its own, ``gap_power_W``:
+    the GPU is still near full power then (on an H200 power decays over 40–60 ms after
+    work stops, DESIGN.md), and modelling it at the idle baseline would push the
+    excess into the executions (+1–2 % at 1 ms on an H200 with 0.25 s chunks);
+  * the ``post_s`` after the last execution of a run (a longer pause, or the end) gets
+    another free level, ``tail_power_W``, so the power tail after a run does not bias the
+    baseline fitted from the idle samples.
+
+  Neither is part of any execution's energy: the back-to-back reference has no pauses,
+  and one tail per run is negligible in it.
 - ``"isolated"``: executions separated by idle gaps (≥ ``pre_s + post_s``). Each
   execution's timeline is extended by ``pre_s`` before and ``post_s`` after, so the delayed
   rise and the power tail after the work (40–60 ms on an H200) are attributed to it.
@@ -228,6 +242,12 @@ class Superposition:
         sensor_delay_s: The delay the samples were shifted by (s).
         confidence: The CI level.
         n_boot: Bootstrap replicates.
+        gap_power_W: Steady mode: fitted power of the short pauses between executions (W);
+            None when there were none.
+        gap_time_s: Total time of those pauses (s).
+        tail_power_W: Steady mode: fitted mean power over the ``post_s`` after each run (W);
+            None when there was no such time.
+        tail_time_s: Total time of those tails (s).
     """
 
     mode: str
@@ -240,6 +260,10 @@ class Superposition:
     sensor_delay_s: float
     confidence: float
     n_boot: int
+    gap_power_W: float | None = None
+    gap_time_s: float = 0.0
+    tail_power_W: float | None = None
+    tail_time_s: float = 0.0
 
     def __getitem__(self, label: str) -> ProfileEstimate:
         """Return the profile of class ``label``."""
@@ -258,6 +282,25 @@ def _bin_edges(
     return np.clip(np.concatenate(parts), lo, hi)
 
 
+def _overlap_with(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Time each interval ``(a_k, b_k]`` spends in the disjoint, sorted intervals ``(lo_i, hi_i]`` (s)."""
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if lo.size == 0:
+        return np.zeros_like(a)
+    knots = np.column_stack([lo, hi]).ravel()
+    cum = np.concatenate(([0.0], np.cumsum(hi - lo)))
+    covered = np.column_stack([cum[:-1], cum[1:]]).ravel()  # time covered up to each knot
+    return np.interp(b, knots, covered) - np.interp(a, knots, covered)
+
+
+def _inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Whether each ``x`` lies in one of the disjoint, sorted intervals ``(lo_i, hi_i]``."""
+    keep = hi > lo
+    knots = np.column_stack([lo[keep], hi[keep]]).ravel()
+    return np.searchsorted(knots, x, side="left") % 2 == 1
+
+
 def superpose(
     starts_s: Sequence[float] | np.ndarray,
     ends_s: Sequence[float] | np.ndarray,
@@ -273,6 +316,8 @@ def superpose(
     n_pre: int = 2,
     n_post: int = 8,
     baseline_W: float | None = None,
+    launch_gap_s: float | None = None,
+    short_gap_s: float | None = None,
     smoothing: float = 1e-3,
     n_boot: int = 200,
     confidence: float = 0.95,
@@ -296,9 +341,19 @@ def superpose(
         n_bins: Profile bins inside an execution.
         pre_s: Isolated mode: time before the start attributed to the execution (s).
         post_s: Isolated mode: time after the end (the power tail) attributed to it (s).
+            Steady mode: time after the last execution of a run given the free tail
+            level (s).
         n_pre: Isolated mode: bins before the start.
         n_post: Isolated mode: bins after the end.
         baseline_W: Known baseline power (W); default: fitted from idle samples.
+        launch_gap_s: Steady mode: a gap after an execution shorter than this belongs to
+            it (s); default: half the execution's duration. A caller whose back-to-back
+            executions share boundary marks (gap exactly 0) passes 0, so that a real
+            pause is never folded into an execution.
+        short_gap_s: Steady mode: a longer gap up to this long is a pause with its own
+            free power level (``gap_power_W``), not idle time at the baseline (s);
+            default: 3 median sample intervals (the sensor cannot tell such a pause's
+            power from its neighbours' by much more). 0: every pause is idle.
         smoothing: Weight of the first-difference smoothness penalty, relative to the data.
         n_boot: Bootstrap replicates (0: no CI; the intervals collapse to the estimate).
         confidence: CI level in (0, 1).
@@ -309,7 +364,7 @@ def superpose(
 
     Raises:
         ValueError: Mismatched shapes, no execution, fewer than 3 samples, a non-positive
-            duration, or an unknown mode.
+            duration, a negative gap length, or an unknown mode.
     """
     if mode not in ("steady", "isolated"):
         raise ValueError(f"mode must be 'steady' or 'isolated', got {mode!r}")
@@ -323,6 +378,8 @@ def superpose(
         raise ValueError("need at least 3 power samples, with times and powers of the same shape")
     if not np.all(ends > starts):
         raise ValueError("every execution must end after it starts")
+    if (launch_gap_s is not None and launch_gap_s < 0) or (short_gap_s is not None and short_gap_s < 0):
+        raise ValueError("launch_gap_s and short_gap_s must be >= 0")
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]
     label_arr = np.array(["all"] * starts.size if labels is None else list(labels), dtype=object)
@@ -336,7 +393,8 @@ def superpose(
         # The launch gap after an execution belongs to it when it is short (back-to-back).
         nxt = np.append(starts[1:], np.inf)
         gap = nxt - ends
-        ends = np.where((gap >= 0) & (gap < 0.5 * (ends - starts)), nxt, ends)
+        launch = 0.5 * (ends - starts) if launch_gap_s is None else launch_gap_s
+        ends = np.where((gap >= 0) & (gap < launch), nxt, ends)
         n_pre_, n_post_, pre, post = 0, 0, 0.0, 0.0
     else:
         n_pre_, n_post_, pre, post = n_pre, n_post, pre_s, post_s
@@ -359,10 +417,24 @@ def superpose(
     y = y_power * delta  # energy of each sample interval (J)
     m = a.size
 
+    # Steady mode: pauses between executions and the tail after each run (see the module docstring).
+    gap_lo = gap_hi = tail_lo = tail_hi = np.zeros(0)
+    if mode == "steady":
+        short = 3 * med if short_gap_s is None else short_gap_s
+        pause = np.append(starts[1:], np.inf) - ends
+        is_gap = (pause > 0) & (pause <= short)
+        gap_lo, gap_hi = ends[is_gap], (ends + pause)[is_gap]
+        is_end = pause > short
+        tail_lo = ends[is_end]
+        tail_hi = np.minimum(ends + post_s, ends + pause)[is_end]
+
     classes = list(dict.fromkeys(label_arr.tolist()))
     nb = n_pre_ + n_bins + n_post_
     col0 = {c: k * nb for k, c in enumerate(classes)}
-    p = len(classes) * nb + 1  # last column: baseline
+    n_tail = max(n_post, 1) if mode == "steady" else 0
+    # Last columns: the pause (gap) level, the run tail's bins, the baseline.
+    p = len(classes) * nb + 2 + n_tail
+    GAP, TAIL = len(classes) * nb, len(classes) * nb + 1
     A = np.zeros((m, p))
     widths = np.zeros((n, nb))
     owner = np.full(m, -1, dtype=np.int64)
@@ -380,9 +452,18 @@ def superpose(
         A[ks, c0 : c0 + nb] += np.clip(overlap, 0.0, None)
         inside = (mids[ks] > lo[i]) & (mids[ks] <= hi[i])
         owner[ks][inside] = i
+    A[:, GAP] = _overlap_with(a, b, gap_lo, gap_hi)
+    tail_w = (post_s / n_tail) if n_tail else 0.0
+    for j in range(n_tail):  # bin j of each tail: (end + j·w, end + (j+1)·w], clipped to the pause
+        A[:, TAIL + j] = _overlap_with(
+            a, b, np.minimum(tail_lo + j * tail_w, tail_hi), np.minimum(tail_lo + (j + 1) * tail_w, tail_hi)
+        )
     A[:, -1] = np.clip(delta - A[:, :-1].sum(axis=1), 0.0, None)
+    # Samples owned by a pause or a tail form their own bootstrap stratum, apart from idle ones.
+    owner[(owner < 0) & (_inside(mids, gap_lo, gap_hi) | _inside(mids, tail_lo, tail_hi))] = -2
 
-    idle_rows = np.flatnonzero(owner < 0)
+    idle_rows = np.flatnonzero(owner == -1)
+    pause_rows = np.flatnonzero(owner == -2)
     idle_time = A[:, -1].sum()
     baseline_known = idle_time >= 2 * med
     c_prior = baseline_W if baseline_W is not None else float(np.median(y_power))
@@ -394,7 +475,18 @@ def superpose(
             r = np.zeros(p)
             r[col0[c] + j], r[col0[c] + j + 1] = -1.0, 1.0
             rows.append(r)
-    Dm = np.array(rows) if rows else np.zeros((0, p))
+    # Weak ties that the data override wherever they can tell: a pause's power continues the
+    # executions' (a GPU cannot change power in a few ms; this matters when pauses are so
+    # regular that they are collinear with the executions); a run's tail is smooth and decays
+    # to the baseline.
+    r = np.zeros(p)
+    r[GAP], r[:GAP] = 1.0, -1.0 / GAP
+    rows.append(r)
+    for j in range(n_tail):
+        r = np.zeros(p)
+        r[TAIL + j], r[TAIL + j + 1 if j + 1 < n_tail else -1] = -1.0, 1.0
+        rows.append(r)
+    Dm = np.array(rows)
     penalty = Dm.T @ Dm
     prior = np.zeros(p)
     prior[-1] = 1.0
@@ -437,8 +529,9 @@ def superpose(
             members = np.flatnonzero(label_arr == lab)
             counts[members] += np.bincount(rng.integers(0, members.size, members.size), minlength=members.size)
         weights = np.where(owner >= 0, counts[np.maximum(owner, 0)], 0.0)
-        if idle_rows.size:
-            weights[idle_rows] = np.bincount(rng.integers(0, idle_rows.size, idle_rows.size), minlength=idle_rows.size)
+        for stratum in (idle_rows, pause_rows):
+            if stratum.size:
+                weights[stratum] = np.bincount(rng.integers(0, stratum.size, stratum.size), minlength=stratum.size)
         if not weights.any():
             continue
         th = solve(weights)
@@ -446,6 +539,7 @@ def superpose(
         boots.append(summarise(th))
 
     alpha = (1 - confidence) / 2
+    tail_any = bool(n_tail and A[:, TAIL:-1].any())
 
     def interval(values: list[float], fallback: float) -> tuple[float, float]:
         if not values:
@@ -504,6 +598,10 @@ def superpose(
         sensor_delay_s=float(sensor_delay_s),
         confidence=float(confidence),
         n_boot=len(boots),
+        gap_power_W=float(theta[GAP]) if A[:, GAP].any() else None,
+        gap_time_s=float((gap_hi - gap_lo).sum()),
+        tail_power_W=float(A[:, TAIL:-1].sum(axis=0) @ theta[TAIL:-1] / A[:, TAIL:-1].sum()) if tail_any else None,
+        tail_time_s=float(np.clip(tail_hi - tail_lo, 0.0, None).sum()),
     )
 
 
