@@ -32,7 +32,9 @@ and each round draws ``θ_a ~ N(μn, 1/τn)`` for the arms not eliminated by the
 confidence bound (:func:`eliminate_arms`) and plays the lowest draw, or, among the draws
 within ``satisficing_rel`` of it, the arm with the lowest ``μn`` (:func:`satisficing_choice`).
 The pooled variance ``r`` uses completed runs only: an early-stopped cost is censored at
-the threshold, not a draw of the run-to-run noise.
+the threshold, not a draw of the run-to-run noise. In the arm's own mean, an early-stopped
+cost ``c`` counts at its tail mean ``E[X | X > c]`` under the arm's predictive from its
+completed runs (:func:`gaussian_tail_mean`; kept at ``c`` for an arm with none).
 Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
 floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
 over arms in relative terms (a run-to-run spread seen on the arm played most informs
@@ -44,7 +46,10 @@ clock seeding; runs are reproducible across processes).
 **Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
 is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
 a stopped or failed one). A stopped run's accumulated cost is still an observation of
-its arm (a lower bound of its true cost that keeps the arm unattractive).
+its arm (a lower bound of its true cost that keeps the arm unattractive). In the Thompson
+phase, a run of an arm other than the one with the lowest posterior mean also stops once its
+cost passes that arm's ``μn + z·σ`` (``explore_stop_z``,
+:meth:`BatchSizeBandit.explore_stop_threshold`), and counts at its tail mean.
 """
 
 from __future__ import annotations
