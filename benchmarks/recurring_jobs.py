@@ -9,7 +9,7 @@ Per row (mean over seeds): oracle ETA saving (the expected-cost-optimal batch si
 limit), ETA saving over the last 10 and over all recurrences, TTA change over the last 10,
 and cumulative regret Σ(cost_i − cost_opt)/cost_opt. The last line printed is one JSON object.
 
-    python benchmarks/recurring_jobs.py [--seeds 5] [--power-limit jit|max] [--workers 2]
+    python benchmarks/recurring_jobs.py [--seeds 5] [--seed-start 0] [--power-limit jit|max] [--workers 2]
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def one(job: tuple) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
+    parser.add_argument("--seed-start", type=int, default=0, help="first seed (default 0: seeds 0-4)")
     parser.add_argument("--power-limit", choices=["jit", "max"], default="jit")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pruning-rounds", type=int, default=1)
@@ -101,7 +102,7 @@ def main() -> None:
     jobs = [
         (g, w, s, args.power_limit, args.pruning_rounds)
         for g, w in rows_keys
-        for s in range(args.seeds)
+        for s in range(args.seed_start, args.seed_start + args.seeds)
     ]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(one, jobs))

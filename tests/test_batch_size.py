@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from zeus_callbacks.optimizers.batch_size import (
     ArmPosterior,
@@ -13,6 +14,7 @@ from zeus_callbacks.optimizers.batch_size import (
     BatchSizeBandit,
     eliminate_arms,
     gaussian_posterior,
+    gaussian_tail_mean,
     observation_weights,
     prior_from_costs,
     satisficing_choice,
@@ -202,18 +204,96 @@ def test_elimination_on_the_bandits_own_posteriors(store):
     assert eliminate_arms(posts, None) == [32, 64]
 
 
-def test_censored_costs_stay_out_of_the_noise_variance(store):
-    # Arm 32: 100, 100 (completed) and 190 (early-stopped at the threshold): the pooled relative
-    # variance comes from the completed runs only -> 0 -> the floor 0.05; with the censored cost
-    # it would be ((100/130 - 1)^2 x 2 + (190/130 - 1)^2) / 2 = 0.1598 (sd 40 % of the mean).
+def test_censored_costs_stay_out_of_the_noise_variance_and_count_at_their_tail_mean(store):
+    # Arm 32: 100, 100 (completed) and 190 (early-stopped, censored): the pooled relative variance
+    # comes from the completed runs only -> 0 -> the floor 0.05; with the censored cost it would be
+    # ((100/130 - 1)^2 x 2 + (190/130 - 1)^2) / 2 = 0.1598 (sd 40 % of the mean).
     bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, pruning_rounds=1))
     for c, status in ((100.0, "completed"), (100.0, "completed"), (190.0, "early_stopped")):
         t = store.create_trial("job", 32)
         store.finish_trial(t.trial_id, status=status, energy_J=1, time_s=1, cost=c, converged=status == "completed")
+    # The censored 190 counts at E[X | X > 190] under the predictive of the completed runs alone:
+    # prior mu0 = 130 (all costs), tau0 = 1/130^2; sigma^2 = (0.05 x 100)^2 = 25; tau = tau0 + 2/25;
+    # mu = (130 tau0 + 200/25) / tau; predictive sd sqrt(25 + 1/tau). The truncated mean is taken
+    # from scipy.stats.truncnorm, not from the code under test.
+    tau0 = 1 / 130.0**2
+    tau = tau0 + 2 / 25
+    mu = (130 * tau0 + 200 / 25) / tau
+    sd = math.sqrt(25 + 1 / tau)
+    imputed = stats.truncnorm((190 - mu) / sd, np.inf, loc=mu, scale=sd).mean()
+    assert 190 < imputed < 191  # 14.7 sd above the mean: the tail mean is just above the cut
     post = bandit.posteriors([32])[32]
     assert post.n == 3.0  # the censored cost still counts as an observation of its arm
-    assert post.noise_var == pytest.approx((0.05 * 130.0) ** 2)
+    mean = (200 + imputed) / 3
+    assert post.noise_var == pytest.approx((0.05 * mean) ** 2)
+    assert post.mean == pytest.approx((130 * tau0 + 3 * mean / post.noise_var) / (tau0 + 3 / post.noise_var))
     assert bandit.observations(completed_only=True) == {32: [(100.0, 1), (100.0, 2)]}  # ages: 190 is 0
+
+
+def test_gaussian_tail_mean_by_hand():
+    # Half-normal: E[X | X > 0] for N(0, 1) is sqrt(2/pi).
+    assert gaussian_tail_mean(0.0, 1.0, 0.0) == pytest.approx(math.sqrt(2 / math.pi))
+    # N(10, 2^2) cut at 12: alpha = 1, inverse Mills ratio phi(1) / (1 - Phi(1)) = 0.2419707 / 0.1586553.
+    assert gaussian_tail_mean(10.0, 2.0, 12.0) == pytest.approx(10 + 2 * 0.2419707 / 0.1586553, rel=1e-6)
+    # A cut far below the mean changes nothing: the mean itself.
+    assert gaussian_tail_mean(100.0, 5.0, 0.0) == pytest.approx(100.0)
+    # 40 sd above the mean (1 - Phi underflows a naive ratio): finite, just above the cut (~ c + s/alpha).
+    far = gaussian_tail_mean(0.0, 1.0, 40.0)
+    assert 40.0 < far < 40.0 + 1 / 40 + 1e-3
+    with pytest.raises(ValueError, match="std"):
+        gaussian_tail_mean(0.0, 0.0, 1.0)
+
+
+def _thompson_bandit(store, **settings) -> BatchSizeBandit:
+    """Thompson phase over 32 (costs 100, 98, 102) and 64 (cost 110), all converged."""
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, **settings))
+    for b, c in ((32, 100.0), (64, 110.0)):  # pruning: 32 (default), then up to 64
+        s = bandit.suggest()
+        assert s.batch_size == b
+        bandit.report(s.trial_id, energy_J=1, time_s=1, cost=c, converged=True)
+    for c in (98.0, 102.0):
+        t = store.create_trial("job", 32)
+        store.finish_trial(t.trial_id, status="completed", energy_J=1, time_s=1, cost=c, converged=True)
+    assert bandit.state()["phase"] == "thompson"
+    return bandit
+
+
+def test_explore_stop_threshold_by_hand(store):
+    bandit = _thompson_bandit(store)
+    # Pooled relative variance: arm 32 (mean 100) gives (0.02^2 x 2) / 2 = 0.0004 < floor 0.05^2.
+    # Best arm 32: sigma^2 = 0.0025 x 100^2 = 25; prior mu0 = 102.5 (all four costs), tau0 = 1/102.5^2;
+    # tau = tau0 + 3/25; mu = (102.5 tau0 + 300/25) / tau. Threshold: mu + 2 x 5.
+    tau0 = 1 / 102.5**2
+    mu = (102.5 * tau0 + 300 / 25) / (tau0 + 3 / 25)
+    assert bandit.explore_stop_threshold(64) == pytest.approx(mu + 2 * 5.0)
+    assert bandit.explore_stop_threshold(32) is None  # the best arm's runs are never cut
+    # Beta x min_cost (2 x 100: the 98 was written to the store directly, not reported) is far above.
+    assert bandit.early_stop_threshold() == pytest.approx(200.0)
+    assert BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, explore_stop_z=None)).explore_stop_threshold(
+        64
+    ) is None
+
+
+def test_explore_stop_is_off_while_pruning(store):
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32))
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=100.0, converged=True)
+    assert bandit.state()["phase"] == "pruning" and bandit.explore_stop_threshold(64) is None
+
+
+def test_a_cut_run_does_not_make_its_arm_look_cheaper(store):
+    # Arm 64 (completed 110) is explored and stopped at 111: counted at the cut it would pull the
+    # arm's mean to 110.5; at its tail mean (above the cut under 64's predictive) the mean rises.
+    bandit = _thompson_bandit(store)
+    before = bandit.posteriors([64])[64].mean
+    t = store.create_trial("job", 64)
+    store.finish_trial(t.trial_id, status="early_stopped", energy_J=1, time_s=1, cost=111.0, converged=False)
+    after = bandit.posteriors([64])[64]
+    assert after.n == 2.0
+    as_cut = bandit.posteriors([64], bandit.observations())[64]  # the same costs, all taken at face value
+    assert after.mean > as_cut.mean and after.mean > before
+    # Its decision: with 64's mean up, the best arm stays 32 and 64's next run is still cut at 32's bound.
+    assert bandit.explore_stop_threshold(64) is not None and bandit.explore_stop_threshold(32) is None
 
 
 def test_pruning_candidates_stop_at_prune_cost_ratio(store):

@@ -130,3 +130,37 @@ def test_corrupt_store_fails_before_training_and_stops_the_sampler(tmp_path):
     with pytest.raises(StoreCorruptError, match="zeus_store.sqlite"):
         session.train_start(run_name="bad")
     assert not session.started and session.summary.status == "failed"
+
+
+def test_exploring_thompson_run_stops_at_the_best_arms_bound_and_is_censored(tmp_path):
+    from zeus_callbacks.config import parse_config
+    from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
+
+    cfg = parse_config(config(tmp_path))
+    with recurring.open_job_store(cfg) as store:
+        bandit = BatchSizeBandit(store, "nightly", BanditSettings.from_config(cfg.batch_size))
+        for b, c in ((64, 100.0), (32, 140.0), (128, 110.0)):  # pruning: 64, down 32, up 128
+            s = bandit.suggest()
+            assert s.batch_size == b
+            bandit.report(s.trial_id, energy_J=1, time_s=1, cost=c, converged=True)
+        assert bandit.state()["phase"] == "thompson"
+        bound = bandit.explore_stop_threshold(128)  # 64 has the lowest posterior mean: 128 explores
+        assert bound is not None and bandit.explore_stop_threshold(64) is None
+        trial = store.create_trial("nightly", 128, info={"phase": "thompson", "round": 1})
+    recurring._PENDING["nightly"] = Suggestion(128, trial.trial_id, "thompson", 1)
+    controller = recurring.BatchSizeController(cfg)
+    controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
+    # The explore bound is below beta_knob x the best converged cost (2 x 100): it is the one in force.
+    assert controller.threshold == pytest.approx(bound) and bound < 200.0 and controller.rule.explore
+    time_s = 2 * bound / MAX_LIMIT_W  # cost 0.5 E + 0.5 x 300 W x t with E = 0 is bound at t = 2 bound / 300
+    assert time_s > 0.6  # checks are at least MIN_CHECK_INTERVAL_S = 0.5 s apart
+    assert controller.check(0.0, time_s - 0.55) is None
+    reason = controller.check(0.0, time_s + 0.01)
+    assert reason is not None and "exploring run stopped" in reason
+    finished = controller.finish(0.0, time_s + 0.01, "completed")
+    assert (finished.status, finished.converged) == ("early_stopped", False)
+    with recurring.open_job_store(cfg) as store:
+        bandit = BatchSizeBandit(store, "nightly", BanditSettings.from_config(cfg.batch_size))
+        post = bandit.posteriors([128])[128]
+        as_cut = bandit.posteriors([128], bandit.observations())[128]
+    assert post.n == 2.0 and post.mean > as_cut.mean  # counted above the cut, not at it

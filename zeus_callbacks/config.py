@@ -225,6 +225,13 @@ class BatchSizeConfig(_Section):
         description="Satisficing Thompson sampling: of the arms drawn within this fraction of the lowest draw, "
         "play the one with the lowest posterior mean; null: plain Thompson sampling.",
     )
+    explore_stop_z: float | None = Field(
+        2.0,
+        gt=0,
+        description="Stop a Thompson-sampling run of an arm other than the best (lowest posterior mean) once its "
+        "cost passes the best arm's mean + z noise sd; the stopped cost counts at its Gaussian tail mean; "
+        "null: only beta_knob stops such runs.",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )

@@ -32,7 +32,9 @@ and each round draws ``θ_a ~ N(μn, 1/τn)`` for the arms not eliminated by the
 confidence bound (:func:`eliminate_arms`) and plays the lowest draw, or, among the draws
 within ``satisficing_rel`` of it, the arm with the lowest ``μn`` (:func:`satisficing_choice`).
 The pooled variance ``r`` uses completed runs only: an early-stopped cost is censored at
-the threshold, not a draw of the run-to-run noise.
+the threshold, not a draw of the run-to-run noise. In the arm's own mean, an early-stopped
+cost ``c`` counts at its tail mean ``E[X | X > c]`` under the arm's predictive from its
+completed runs (:func:`gaussian_tail_mean`; kept at ``c`` for an arm with none).
 Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
 floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
 over arms in relative terms (a run-to-run spread seen on the arm played most informs
@@ -44,7 +46,10 @@ clock seeding; runs are reproducible across processes).
 **Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
 is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
 a stopped or failed one). A stopped run's accumulated cost is still an observation of
-its arm (a lower bound of its true cost that keeps the arm unattractive).
+its arm (a lower bound of its true cost that keeps the arm unattractive). In the Thompson
+phase, a run of an arm other than the one with the lowest posterior mean also stops once its
+cost passes that arm's ``μn + z·σ`` (``explore_stop_z``,
+:meth:`BatchSizeBandit.explore_stop_threshold`), and counts at its tail mean.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
+from scipy import special
 
 from zeus_callbacks.store.base import BanditState, Store, TrialRecord
 
@@ -93,6 +99,10 @@ class BanditSettings:
         satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
             fraction of the lowest draw, play the one with the lowest posterior mean; None:
             plain Thompson sampling (the lowest draw).
+        explore_stop_z: Stop a Thompson-phase run of an arm other than the one with the lowest
+            posterior mean once its cost passes that arm's ``μn + z·σ`` (σ its noise sd); the
+            stopped cost is a censored observation, counted at its tail mean
+            (:func:`gaussian_tail_mean`); None: only ``beta_knob`` stops such runs.
     """
 
     batch_sizes: tuple[int, ...]
@@ -107,6 +117,7 @@ class BanditSettings:
     prune_cost_ratio: float | None = 1.5
     elimination_z: float | None = 2.0
     satisficing_rel: float | None = 0.01
+    explore_stop_z: float | None = 2.0
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -129,6 +140,8 @@ class BanditSettings:
             raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
         if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
             raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
+        if self.explore_stop_z is not None and not self.explore_stop_z > 0:
+            raise ValueError(f"explore_stop_z must be > 0 (or None), got {self.explore_stop_z}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -154,6 +167,7 @@ class BanditSettings:
             prune_cost_ratio=config.prune_cost_ratio,
             elimination_z=config.elimination_z,
             satisficing_rel=config.satisficing_rel,
+            explore_stop_z=config.explore_stop_z,
         )
 
 
@@ -261,6 +275,42 @@ def gaussian_posterior(
     precision = prior_precision + n / noise_var
     post_mean = (prior_precision * prior_mean + n / noise_var * mean) / precision
     return post_mean, precision, noise_var
+
+
+def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
+    """Mean of a Gaussian truncated below at ``threshold``: ``E[X | X > c]``, ``X ~ N(μ, s²)``.
+
+    ``E[X | X > c] = μ + s·λ(α)`` with ``α = (c − μ)/s`` and ``λ(α) = φ(α) / (1 − Φ(α))`` the
+    inverse Mills ratio (Johnson, Kotz & Balakrishnan, *Continuous Univariate
+    Distributions*, vol. 1, 2nd ed., 1994, ch. 13, truncated normal distributions). A stopped
+    run's full cost is only known to exceed its cost at the stop; replacing a censored value
+    by its conditional expectation is the imputation of Schmee & Hahn ("A simple method for
+    regression analysis with censored data", Technometrics 21(4), 1979), unbiased when
+    ``N(μ, s²)`` is the run's predictive distribution.
+    ``λ`` is computed in log space (``scipy.special.log_ndtr``), so a far tail stays finite;
+    the result is always ≥ ``threshold``.
+
+    Args:
+        mean: ``μ`` (J-equivalent).
+        std: ``s`` > 0 (J-equivalent).
+        threshold: ``c``, the censoring point (J-equivalent).
+
+    Returns:
+        The tail mean (J-equivalent).
+
+    Raises:
+        ValueError: ``std`` is not positive.
+
+    Example:
+        >>> round(gaussian_tail_mean(0.0, 1.0, 0.0), 6)   # half-normal: sqrt(2/pi)
+        0.797885
+    """
+    if not std > 0:
+        raise ValueError(f"std must be positive, got {std}")
+    alpha = (threshold - mean) / std
+    log_pdf = -0.5 * alpha * alpha - 0.5 * math.log(2.0 * math.pi)
+    mills = math.exp(log_pdf - float(special.log_ndtr(-alpha)))
+    return max(mean + std * mills, threshold)
 
 
 def pooled_relative_variance(
@@ -483,6 +533,39 @@ class BatchSizeBandit:
             beta = min(beta, ratio)
         return beta * min_cost
 
+    def explore_stop_threshold(self, batch_size: int) -> float | None:
+        """Cost past which a Thompson-phase run of ``batch_size`` stops as exploration; None: no such stop.
+
+        Applies in the Thompson phase, with ``explore_stop_z`` set, to an arm other than the
+        *best* one, the arm with the lowest posterior mean among those not eliminated
+        (:func:`eliminate_arms`): ``μn_best + z·σ_best``, with ``σ_best`` the best arm's noise sd
+        (pooled, floored). A run of the explored arm that costs more than that is known, before
+        it ends, to cost more than nearly every run of the best arm (probability ≈ Φ(z)), so
+        finishing it would spend the rest of a run learning only how much more. Its cost so far
+        is a censored observation of the arm, counted at its tail mean
+        (:func:`gaussian_tail_mean`), not at the threshold, so that cutting an arm's dear runs
+        does not make it look cheaper than the best arm, whose runs are never cut. Thompson
+        sampling with early stopping of runs is Zeus's design (NSDI '23, §4.3–4.4); this is a
+        tighter stop for runs that explore.
+
+        Args:
+            batch_size: The arm the run trains with.
+        """
+        z = self.settings.explore_stop_z
+        state = self.state()
+        if z is None or state["phase"] != Phase.THOMPSON.value or batch_size not in state["survivors"]:
+            return None
+        trials = self.store.list_trials(self.job_id)
+        obs = self.observations(trials)
+        if not any(obs.get(b) for b in state["survivors"]):
+            return None
+        posts = self.posteriors(state["survivors"], obs, self.observations(trials, completed_only=True))
+        eligible = eliminate_arms(posts, self.settings.elimination_z)
+        best = min(eligible, key=lambda b: (posts[b].mean, b))
+        if best == batch_size or not math.isfinite(posts[best].noise_var):
+            return None
+        return posts[best].mean + z * math.sqrt(posts[best].noise_var)
+
     # -- observations ------------------------------------------------------------------
     def observations(
         self, trials: Sequence[TrialRecord] | None = None, *, completed_only: bool = False
@@ -545,12 +628,53 @@ class BatchSizeBandit:
         )
         result = {}
         for b in arms:
-            x, w = costs.get(b, []), weights.get(b, np.zeros(0))
+            x, w = list(costs.get(b, [])), weights.get(b, np.zeros(0))
+            if pool is not obs:
+                x = self._impute_censored(
+                    obs.get(b, []), pool.get(b, []), x, w, prior_mean, prior_precision, relative_var
+                )
             mean, precision, var = gaussian_posterior(
                 x, w, prior_mean, prior_precision, s.noise_floor_rel, relative_var=relative_var
             )
             result[b] = ArmPosterior(b, float(np.sum(w)), mean, precision, var)
         return result
+
+    def _impute_censored(
+        self,
+        pairs: Sequence[tuple[float, int]],
+        completed: Sequence[tuple[float, int]],
+        costs: list[float],
+        weights: np.ndarray,
+        prior_mean: float,
+        prior_precision: float,
+        relative_var: float,
+    ) -> list[float]:
+        """One arm's costs with each early-stopped (censored) cost replaced by its tail mean.
+
+        A stopped run's full cost exceeds its cost ``c`` at the stop. Counted at ``c`` it
+        biases the arm low (only arms other than the best are stopped while exploring), so it
+        is counted at ``E[X | X > c]`` under the arm's predictive ``N(μn, σ² + 1/τn)`` from
+        its completed runs alone (:func:`gaussian_tail_mean`). An arm with no completed run
+        (weight 0) has no predictive to impute from: its costs stay lower bounds.
+        """
+        done_ages = {age for _, age in completed}
+        censored = [i for i, (_, age) in enumerate(pairs) if age not in done_ages]
+        done = [i for i, (_, age) in enumerate(pairs) if age in done_ages]
+        if not censored or not done or float(np.sum(weights[done])) <= 0:
+            return costs
+        mean, precision, var = gaussian_posterior(
+            [costs[i] for i in done],
+            weights[done],
+            prior_mean,
+            prior_precision,
+            self.settings.noise_floor_rel,
+            relative_var=relative_var,
+        )
+        std = math.sqrt(var + 1.0 / precision)
+        out = list(costs)
+        for i in censored:
+            out[i] = gaussian_tail_mean(mean, std, costs[i])
+        return out
 
     # -- the two calls of a recurrence -----------------------------------------------------
     def suggest(self, *, power_limit_W: float | None = None, info: dict[str, Any] | None = None) -> Suggestion:

@@ -141,19 +141,26 @@ class EarlyStopRule:
     Attributes:
         cost: The run's cost function (``MaxPower`` of all GPUs).
         threshold_cost: The cost past which the run stops (J-equivalent).
+        explore: Whether the threshold is the exploring-run stop
+            (:meth:`~zeus_callbacks.optimizers.batch_size.BatchSizeBandit.explore_stop_threshold`)
+            rather than ``beta_knob`` × the best converged cost.
     """
 
     cost: ZeusCost
     threshold_cost: float
+    explore: bool = False
 
     def reason(self, energy_J: float, time_s: float) -> str | None:
         """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds."""
         cost = self.cost(energy_J, time_s)
-        if cost > self.threshold_cost:
+        if cost <= self.threshold_cost:
+            return None
+        if self.explore:
             return (
-                f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
+                f"cost {cost:.4g} exceeds the best arm's mean + explore_stop_z noise sd = {self.threshold_cost:.4g} "
+                "(exploring run stopped, censored)"
             )
-        return None
+        return f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
 
 
 class BatchSizeController:
@@ -178,6 +185,7 @@ class BatchSizeController:
         self.stop_reason: str | None = None
         self.cost: ZeusCost | None = None
         self.threshold: float | None = None
+        self.explore_stop = False
         self.power_limit_W: float | None = None
         self._last_check_s = -float("inf")
 
@@ -198,13 +206,21 @@ class BatchSizeController:
     def start(self, max_power_W: float, power_limit_W: float | None) -> None:
         """Training starts: fix the cost function and the early-stop threshold.
 
+        The threshold is the lower of ``beta_knob`` × the best converged cost and, for a
+        Thompson-phase run exploring an arm other than the best, the bandit's
+        ``explore_stop_threshold``.
+
         Args:
             max_power_W: MaxPower of the cost (W, all measured GPUs), unless the config sets it.
             power_limit_W: Power limit in force (W), recorded with the trial.
         """
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
-        self.threshold = self._with_bandit(lambda b: b.early_stop_threshold())
+        beta, explore = self._with_bandit(
+            lambda b: (b.early_stop_threshold(), b.explore_stop_threshold(self.batch_size))  # type: ignore[arg-type]
+        )
+        self.explore_stop = explore is not None and (beta is None or explore < beta)
+        self.threshold = explore if self.explore_stop else beta
         self.power_limit_W = power_limit_W
 
     @property
@@ -246,7 +262,7 @@ class BatchSizeController:
         """The early-stop rule once started; None when nothing can stop the run on cost (no best cost yet)."""
         if self.threshold is None or self.cost is None:
             return None
-        return EarlyStopRule(self.cost, self.threshold)
+        return EarlyStopRule(self.cost, self.threshold, self.explore_stop)
 
     def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
