@@ -1120,6 +1120,9 @@ class EnergySession:
             self._absorb_bulk(batch)
         for record in records:
             self._absorb(record)
+        if self._steps_since_report and self.power_limit_W is not None:
+            # The limit in force, even when no step of the interval was measured (windows.sample_fraction).
+            self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
         self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
         if self._unreported_steps or self._collective():
