@@ -237,7 +237,9 @@ def main() -> None:
                        **(ratio_stats(v, times["base"]) if m != "base" else {})}
                    for m, v in times.items()}  # fmt: skip
             row["sampling"] = sampling
-            row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl")[-args.accuracy_epochs :]
+            row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl", acc_steps)[
+                -args.accuracy_epochs :
+            ]
             results["workloads"][kind] = row
             print(f"{kind}: base {row['base']['ms_per_step_median']:.3f} ms/step over {args.rounds} rounds", flush=True)
             for m in modes[1:]:
@@ -255,11 +257,13 @@ def main() -> None:
         raise SystemExit(f"power limit changed: {limit_before} -> {results['power_limit_after']}")
 
 
-def in_training(path: Path) -> list[dict]:
+def in_training(path: Path, steps_per_epoch: int) -> list[dict]:
     """Per epoch: step windows vs the energy counter, and phase windows vs step windows.
 
     The session writes an epoch's last ``steps`` report right after its ``epoch`` record
-    (and its ``phases`` record right before it).
+    (and its ``phases`` record right before it). Step energy × steps is the mean energy of
+    the epoch's measured steps (``count``-weighted over its reports) × ``steps_per_epoch``:
+    with ``windows.sample_fraction`` below 1 a report's ``steps`` can span an epoch boundary.
     """
     records = [r for r in read_jsonl(path) if r["event"] in ("steps", "phases", "epoch")]
     epochs, start = [], 0
@@ -269,8 +273,10 @@ def in_training(path: Path) -> list[dict]:
         end = i + 2 if i + 1 < len(records) and records[i + 1]["event"] == "steps" else i + 1
         window = records[start:end]
         start = end
-        # A "steps" record's mean covers its measured steps; "steps" counts every step since the last one.
-        steps_J = sum(x["energy_J_mean"] * x.get("steps", x["count"]) for x in window if x["event"] == "steps")
+        reports = [x for x in window if x["event"] == "steps" and x["count"]]
+        measured = sum(x["count"] for x in reports)
+        mean_J = sum(x["energy_J_mean"] * x["count"] for x in reports) / measured if measured else 0.0
+        steps_J = mean_J * steps_per_epoch
         phases = next((x for x in window if x["event"] == "phases"), None)
         counter = r.get("counter_energy_J")
         phase_J = sum(p["total_J"] for p in phases["phases"] if p["name"] != "dataloader") if phases else None
