@@ -169,33 +169,41 @@ def idle_power(ticks, t_lo: float, t_hi: float) -> dict:
 
 
 def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: str, target: float):
-    """Isolated mode with its reference: idle, the isolated train, idle, the counter polled throughout."""
+    """Isolated mode with its reference: idle, the isolated train, idle; the counter polled in the idles.
+
+    The counter is polled only around the train (a poller before, a fresh one after): a read
+    every ~4 ms for the whole 60 s would be driver traffic in every idle gap between the
+    executions, the very time whose power the reference and the fit must agree on.
+    """
     clock = dev.backend.clock
-    with CounterPoller(dev.backend, min_interval_s=0.002 if dev.smoke else 0.0) as poller:
+    interval = 0.002 if dev.smoke else 0.0
+    with CounterPoller(dev.backend, min_interval_s=interval) as poller:
         time.sleep(0.15)
         t_idle0 = clock.now_s()
         time.sleep(args.idle_s)
         t_iso0 = clock.now_s()
-        iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
-                      max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
-                      sensor_delay_s=delay,
-                      plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
-        t_iso1 = clock.now_s()
+        ticks0 = poller.ticks()
+    iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
+                  max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
+                  sensor_delay_s=delay,
+                  plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
+    t_iso1 = clock.now_s()
+    with CounterPoller(dev.backend, min_interval_s=interval) as poller:
         time.sleep(args.idle_s)
         t_idle1 = clock.now_s()
         poller.wait_tick_after(t_idle1)
-        ticks = poller.ticks()
-    idle0, idle1 = idle_power(ticks, t_idle0, t_iso0), idle_power(ticks, t_iso1, t_idle1)
+        ticks1 = poller.ticks()
+    idle0, idle1 = idle_power(ticks0, t_idle0, t_iso0), idle_power(ticks1, t_iso1, t_idle1)
     p_idle = (idle0["power_W"] + idle1["power_W"]) / 2
-    before = np.flatnonzero(ticks.time_s <= t_iso0)[-1]  # the train lies between these two ticks
-    after = np.flatnonzero(ticks.time_s >= t_iso1)[0]
-    span_s = ticks.time_s[after] - ticks.time_s[before]
-    energy_J = ticks.energy_J[after] - ticks.energy_J[before]
+    before = int(np.flatnonzero(ticks0.time_s <= t_iso0)[-1])  # the train lies between these two ticks
+    after = int(np.flatnonzero(ticks1.time_s >= t_iso1)[0])
+    span_s = ticks1.time_s[after] - ticks0.time_s[before]
+    energy_J = ticks1.energy_J[after] - ticks0.energy_J[before]
     n_all = iso.executions_used + iso.executions_dropped
     idle_time_s = span_s - n_all * iso.duration_s
     ref = (energy_J - p_idle * idle_time_s) / n_all
     # Relative uncertainty of the reference, term by term (J per execution / ref):
-    tick = p_idle * (ticks.uncertainty_s[before] + ticks.uncertainty_s[after]) / n_all / ref  # bound
+    tick = p_idle * (ticks0.uncertainty_s[before] + ticks1.uncertainty_s[after]) / n_all / ref  # bound
     idle_se = idle_time_s * math.hypot(idle0["se_W"], idle1["se_W"]) / 2 / n_all / ref  # 1 SE
     drift = idle_time_s * abs(idle0["power_W"] - idle1["power_W"]) / 2 / n_all / ref  # idle power moved
     rel_err = tick + 2 * idle_se + drift

@@ -99,3 +99,16 @@ def test_a_binning_that_drops_too_much_is_warned_about_once_per_run(caplog):
     assert res.executions_dropped > 0.2 * (res.executions_used + res.executions_dropped)
     assert not res.target_met  # 0.1 % is out of reach in 6 s: said in the result (and its JSON)
     assert sum("binning dropped" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("mode", ["steady", "isolated"])
+def test_work_before_the_profile_stays_out_of_it(mode):
+    """The sensor keeps ~2.4 s of history (NVML, and the virtual GPU like it): samples of work
+    that ran before ``profile()`` was called are no idle time of its own."""
+    backend, kernel, busy_W, idle_W = make(seed=3)
+    backend.set_utilization(1.0)  # the caller's previous work, up to the call
+    backend.clock.advance(2.0)
+    backend.set_utilization(0.0)
+    res = profile(kernel, mode=mode, backend=backend, target_ci=0.06, min_time_s=4.0, max_time_s=4.0, n_boot=50)
+    assert res.baseline_W == pytest.approx(idle_W, abs=2.0)  # 2 s at busy_W would lift it by tens of W
+    assert res.energy_J == pytest.approx(busy_W * EXEC_S, rel=0.1)

@@ -371,6 +371,9 @@ def _profile(
             raise ValueError("on a ManualClock the profiled callable must advance the clock")
 
     sampler.start() if not manual else sampler.poll_once(read_counter=False)
+    # The sensor hands back its buffered history (~2.4 s on an H200): samples of whatever ran
+    # before this call must not count as this profile's idle time.
+    begin_s = clock.now_s()
     try:
         sync()
         idle(idle_s)
@@ -415,7 +418,9 @@ def _profile(
                 break
             if elapsed >= min_time_s and clock.now_s() - last_check >= max(0.5, 0.2 * elapsed):
                 last_check = clock.now_s()
-                result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed)
+                result = _analyse(
+                    sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed, begin_s
+                )
                 rel_ci = None if result is None else result[0]["all"].rel_ci_halfwidth
                 if rel_ci is not None and rel_ci <= target_ci:
                     if progress is not None:
@@ -433,7 +438,7 @@ def _profile(
                 time.sleep(0.02)
     finally:
         sampler.stop() if not manual else sampler.poll_once(read_counter=False)
-    result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed)
+    result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed, begin_s)
     if result is None:
         raise RuntimeError(f"no power samples arrived from GPU {gpu_index} ({backend.describe()})")
     sup, binning, warmup = result
@@ -479,9 +484,14 @@ def _profile(
     return out
 
 
-def _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed):
-    """Resolve boundary times, bin executions by duration and superpose; None without data."""
+def _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed, begin_s):
+    """Resolve boundary times, bin executions by duration and superpose; None without data.
+
+    Only samples reporting power after ``begin_s`` (the profile's start) are used.
+    """
     times, power = sampler.samples(gpu_index)
+    own = times - delay >= begin_s  # the first of them only bounds the next one's interval
+    times, power = times[own], power[own]
     if len(times) < 3 or not marks:
         return None
     starts, ends, measured = [], [], []
