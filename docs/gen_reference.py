@@ -261,9 +261,11 @@ FIELDS: dict[str, str] = {
     "epoch.gpu_energy_J": "Energy of the epoch per measured GPU, in `gpu_indices` order (J).",
     "epoch.power_samples": "Power samples inside the epoch (fewest over the GPUs).",
     "phases.epoch": "Epoch index (from 0).",
-    "phases.phases": "One object per phase: `name`, `executions` (in the epoch), `energy_J` (per execution, J), "
-    "`energy_ci_J` (95 % CI, bootstrap over executions; null ends when too few samples), `time_s` (mean "
-    "duration), `total_J` (energy × executions) and `superposed` (executions behind the estimate).",
+    "phases.phases": "One object per phase: `name`, `executions` (measured in the epoch), `energy_J` (per "
+    "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions; null ends when too few samples), `time_s` "
+    "(mean duration), `total_J` (energy × executions ÷ `measured_fraction`: the epoch's estimate), `superposed` "
+    "(executions behind the estimate) and `measured_fraction` (share of the epoch's steps measured, "
+    "`windows.sample_fraction`).",
     "phases.explained": "Sum of the phases' `total_J` divided by the epoch's energy (this process's GPUs).",
     "phases.epoch_energy_J": "The epoch's energy on this process's GPUs (J), the denominator of `explained`.",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",

@@ -194,3 +194,53 @@ def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend):
     records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
     assert sum(r["steps"] for r in records) == 3000
     assert 0 < sum(r["count"] for r in records) < 3000 // 2
+
+
+def test_the_steps_records_count_every_step_even_when_the_last_are_unmeasured(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.002},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+
+    def steps(first, n):
+        for i in range(first, first + n):
+            session.step_start(i)
+            manual_clock.advance(0.002)
+            session.step_end(i)
+
+    steps(0, 1000)
+    manual_clock.advance(0.1)
+    session.sampler.poll_once(read_counter=False)
+    session._report_steps()  # every window attributed now, then a tail of steps the draw leaves unmeasured
+    tail = min(session._skip, 50)
+    assert tail > 0  # P(skip = 0) = 0.002
+    steps(1000, tail)
+    session.epoch_end(0)
+    summary = session.train_end()
+    records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+    assert sum(r["steps"] for r in records) == summary.steps == 1000 + tail
+    assert sum(r["count"] for r in records) < 1000 // 10
+
+
+def test_an_evaluation_between_steps_is_no_part_of_the_dataloader_gap(tmp_path, manual_clock):
+    session, backend, gpu = phase_session(tmp_path, manual_clock, "clock", interval_steps=10, noise_W=0.0)
+    session.train_start()
+    session.epoch_start(0)
+    for i in range(40):
+        manual_clock.advance(0.002)  # data loading
+        session.step_start(i, phase="forward")
+        manual_clock.advance(0.01)
+        session.step_end(i)
+        if i % 10 == 9:  # a 0.5 s evaluation after every tenth step
+            session.eval_start()
+            manual_clock.advance(0.5)
+            session.eval_end()
+    session.epoch_end(0)
+    summary = session.train_end()
+    phases = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "phases")
+    gap = {p["name"]: p for p in phases["phases"]}["dataloader"]
+    assert gap["time_s"] == pytest.approx(0.002, rel=1e-6)  # the 2 ms gaps only, not 0.5 s evaluations
+    assert gap["executions"] == 40 - 1 - 3  # the first step has no gap before it; 3 were cut by an evaluation

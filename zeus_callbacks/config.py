@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from zeus_callbacks.measurement.overhead import MIN_FRACTION
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the file and each bad field."""
@@ -77,14 +79,14 @@ class WindowsConfig(_Section):
     eval: bool = Field(True, description="Measure every evaluation loop.")
     phases: bool = Field(
         False,
-        description="Measure the phases of every step (forward, backward, optimizer, dataloader; "
+        description="Measure the phases of the measured steps (forward, backward, optimizer, dataloader; "
         "forward_backward in the HF Trainer) and log their energy per epoch with a 95 % CI (FinGraV).",
     )
     sample_fraction: Literal["auto"] | float = Field(
         "auto",
-        description="Fraction of the steps that get step and phase windows, in (0, 1], chosen at random; "
-        "auto: as many as fit in windows.max_overhead of the step time (every step of a 40 ms step, about one "
-        "in 20 of a CPU-bound 1 ms step). Epoch, eval and run energy always cover every step.",
+        description="Fraction of the steps that get step and phase windows, in [0.001, 1], chosen at random; "
+        "auto: as many as fit in windows.max_overhead of the step time (every step of a 40 ms step, a few "
+        "percent of a CPU-bound 1 ms step). The run, epoch and eval windows (when on) cover every step.",
     )
     max_overhead: float = Field(
         0.002,
@@ -101,11 +103,18 @@ class WindowsConfig(_Section):
     )
 
 
+    @field_validator("sample_fraction", "max_overhead", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML's yes/true would pass as 1.0
+            raise ValueError("must be a number, not true/false")
+        return value
+
     @field_validator("sample_fraction")
     @classmethod
     def _fraction_in_range(cls, value: Any) -> Any:
-        if value != "auto" and not 0 < value <= 1:
-            raise ValueError(f"sample_fraction must be 'auto' or a number in (0, 1], got {value}")
+        if value != "auto" and not MIN_FRACTION <= value <= 1:
+            raise ValueError(f"sample_fraction must be 'auto' or a number in [{MIN_FRACTION:g}, 1], got {value}")
         return value
 
 

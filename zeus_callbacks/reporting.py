@@ -105,11 +105,11 @@ class RunSummary:
         backend: One-line description of the backend and its GPUs.
         energy_J: GPU energy of the run, summed over GPUs (J).
         time_s: Wall time of the run (s).
-        steps: Training steps measured.
+        steps: Training steps taken (every ``step_end``, measured or not: ``windows.sample_fraction``).
         epochs: Training epochs run, one per entry of ``epoch_energy_J``: an epoch cut short by the
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
-        step_energy_J: Mean energy per step (J), NaN without steps.
+        step_energy_J: Mean energy per measured step (J), NaN without one.
         step_time_s: Mean step time (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J).
         power_limit_W: Power limit in force at the end (W).

@@ -283,7 +283,7 @@ class EnergySession:
             cfg.logging.interval_steps,
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
         )
-        self._skip = 0
+        self._skip = self._sampling.next_skip()  # the first step is drawn like any other
         self._measuring = self._dataloader_open = False
         self._gov_steps = self._gov_measured = 0
         self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
@@ -619,9 +619,12 @@ class EnergySession:
             self._stop_agreement = self._cost_agreement = False  # nothing left to agree on
 
     def eval_start(self) -> None:
-        """Open the evaluation window."""
+        """Open the evaluation window (a dataloader gap open since the last step ends unmeasured)."""
         if self.started:
             self._pause_timing()
+            if self._dataloader_open:  # the gap would otherwise hold the whole evaluation
+                self.meter.discard("dataloader")  # type: ignore[union-attr]
+                self._dataloader_open = False
         if self.started and self.power_limiter is not None:
             self.power_limiter.on_eval_start(self.backend.clock.now_s())  # type: ignore[union-attr]
         if self.started and self.config.windows.eval:
@@ -1127,6 +1130,8 @@ class EnergySession:
         self._steps_since_report = 0
         if self._unreported_steps or self._collective():
             self._queue_step_metrics()
+        if resolve_final and self._steps_unlogged:  # the last steps, none of them measured: still counted
+            self._write_steps_record({}, [], self.ranks.num_processes)
 
     def _absorb_bulk(self, batch: WindowBatch) -> None:
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
@@ -1209,22 +1214,26 @@ class EnergySession:
         if self.power_limit_W is not None:
             values[metric.POWER_LIMIT_W] = self.power_limit_W
         self._pending_metrics.update(values)
+        self._write_steps_record(values, batches if count else [], len(gathered))
+
+    def _write_steps_record(self, values: dict[str, float], batches: list[WindowBatch], ranks: int) -> None:
+        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
         steps_taken, self._steps_unlogged = self._steps_unlogged, 0
         self._write(
             {
                 "event": "steps",
-                "last_step": batches[-1].info(-1).get("step") if count else None,
-                "count": int(values[metric.STEP_COUNT]),
+                "last_step": batches[-1].info(-1).get("step") if batches else None,
+                "count": int(values.get(metric.STEP_COUNT, 0)),
                 "steps": steps_taken,
-                "energy_J_mean": values[metric.STEP_ENERGY_J],
-                "time_s_mean": values[metric.STEP_TIME_S],
-                "power_W_mean": values[metric.MEAN_POWER_W],
+                "energy_J_mean": values.get(metric.STEP_ENERGY_J),
+                "time_s_mean": values.get(metric.STEP_TIME_S),
+                "power_W_mean": values.get(metric.MEAN_POWER_W),
                 "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
                 "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
-                "power_samples": int(values[metric.STEP_POWER_SAMPLES]),
+                "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
                 "complete": all(bool(b.complete.all()) for b in batches),
                 "power_limit_W": self.power_limit_W,
-                "ranks": len(gathered),
+                "ranks": ranks,
                 "degraded": self.degraded,
             }
         )

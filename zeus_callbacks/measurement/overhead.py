@@ -43,7 +43,7 @@ class WindowSampling:
     every step is measured with probability ``f``.
 
     Args:
-        fraction: Fraction of steps to measure, in (0, 1]; None for auto.
+        fraction: Fraction of steps to measure, in [MIN_FRACTION, 1]; None for auto.
         max_overhead: Auto mode's budget, a fraction of the step time, in (0, 1).
         interval_steps: The configured steps between reports (the least interval).
         stretch_reports: Whether auto mode may lengthen the report interval.
@@ -62,8 +62,8 @@ class WindowSampling:
         stretch_reports: bool,
         seed: int = 0,
     ) -> None:
-        if fraction is not None and not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if fraction is not None and not MIN_FRACTION <= fraction <= 1:
+            raise ValueError(f"fraction must be in [{MIN_FRACTION:g}, 1], got {fraction}")
         if not 0 < max_overhead < 1:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead}")
         self.auto = fraction is None
