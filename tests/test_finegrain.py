@@ -19,6 +19,25 @@ BASE_W = 100.0
 PRE_S, POST_S = 0.04, 0.1
 
 
+def sense(grid, power, t_end, dt_s, period_s, delay_s, noise_W, rng):
+    """A sensor sampling a true power trace (``power`` on ``grid`` up to ``t_end``, step ``dt_s``).
+
+    Each sample is the mean of the true power over the interval since the previous sample,
+    reported ``delay_s`` late, with timestamp jitter and noise. Returns the running true energy
+    ``C(t)`` (J), the sample times and the sample powers.
+    """
+    cum = np.concatenate(([0.0], np.cumsum(power) * dt_s))
+    knots = np.concatenate((grid, [t_end]))
+
+    def C(x):
+        return np.interp(x, knots, cum)
+
+    k = np.arange(1, int((t_end - 0.05) / period_s))
+    times = k * period_s + rng.uniform(-period_s / 40, period_s / 40, k.size)
+    powers = (C(times[1:] - delay_s) - C(times[:-1] - delay_s)) / np.diff(times) + rng.normal(0, noise_W, k.size - 1)
+    return C, times[1:], powers
+
+
 def synth(
     rng: np.random.Generator,
     *,
@@ -71,16 +90,7 @@ def synth(
         p[i0:i1] += f * busy_W * (0.8 + 0.4 * u)
         i2 = np.searchsorted(grid, e + 8 * tau_s)
         p[i1:i2] += f * tail_W * np.exp(-(grid[i1:i2] - e) / tau_s)
-    cum = np.concatenate(([0.0], np.cumsum(p) * dt_s))
-    knots = np.concatenate((grid, [t_end]))
-
-    def C(x):
-        return np.interp(x, knots, cum)
-
-    k = np.arange(1, int((t_end - 0.05) / period_s))
-    times = k * period_s + rng.uniform(-period_s / 40, period_s / 40, k.size)
-    powers = (C(times[1:] - delay_s) - C(times[:-1] - delay_s)) / np.diff(times) + rng.normal(0, noise_W, k.size - 1)
-    times = times[1:]
+    C, times, powers = sense(grid, p, t_end, dt_s, period_s, delay_s, noise_W, rng)
     if mode == "steady":
         nxt = np.append(starts[1:], np.inf)
         ext = np.where(nxt - ends < 0.5 * (ends - starts), nxt, ends)
@@ -261,16 +271,8 @@ def synth_chunks(rng, *, dur_s, chunk_s=0.25, n_chunks=8, pause_s=0.003, busy_W=
         power[i0:i1] += level
     i1 = np.searchsorted(grid, ends[-1])
     power[i1:] += busy_W * np.exp(-(grid[i1:] - ends[-1]) / 0.015)
-    cum = np.concatenate(([0.0], np.cumsum(power) * dt_s))
-    knots = np.concatenate((grid, [t_stop]))
-
-    def C(x):
-        return np.interp(x, knots, cum)
-
-    k = np.arange(1, int((t_stop - 0.05) / period_s))
-    times = k * period_s + rng.uniform(-period_s / 40, period_s / 40, k.size)
-    powers = (C(times[1:] - delay_s) - C(times[:-1] - delay_s)) / np.diff(times) + rng.normal(0, noise_W, k.size - 1)
-    return starts, ends, times[1:], powers, C(ends) - C(starts), pauses
+    C, times, powers = sense(grid, power, t_stop, dt_s, period_s, delay_s, noise_W, rng)
+    return starts, ends, times, powers, C(ends) - C(starts), pauses
 
 
 @pytest.mark.parametrize("dur_s", [0.001, 0.01])

@@ -146,9 +146,11 @@ def phase_session(tmp_path, clock, timer: str, *, interval_steps: int, **backend
     return session, backend, gpu
 
 
-def run_phase_steps(session: EnergySession, clock, steps: int) -> None:
+def run_phase_steps(session: EnergySession, clock, steps: int, *, loading_s=lambda i: 0.002, gpu=None) -> None:
+    """Steps of 3 + 5 + 1 ms phases after ``loading_s(i)`` of data loading; with ``gpu`` (a
+    LaggingGPU), every fifth step the sensor is drained and the GPU catches up."""
     for i in range(steps):
-        clock.advance(0.002)  # data loading
+        clock.advance(loading_s(i))  # data loading
         session.step_start(i, phase="forward")
         clock.advance(0.003)
         session.phase_switch("forward", "backward")
@@ -156,6 +158,9 @@ def run_phase_steps(session: EnergySession, clock, steps: int) -> None:
         session.phase_switch("backward", "optimizer")
         clock.advance(0.001)
         session.step_end(i, num_samples=8)
+        if gpu is not None and i % 5 == 4:
+            session.sampler.poll_once(read_counter=False)
+            gpu.reached = gpu.recorded
 
 
 @pytest.mark.parametrize("timer", ["clock", "cuda"])

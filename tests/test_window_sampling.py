@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from test_hot_path import phase_session
+from test_hot_path import phase_session, run_phase_steps
 
 from tests.integration.helpers import virtual_config
 from tests.integration.test_lightning import TinyRegressor, loaders, make_trainer
@@ -94,20 +94,9 @@ def test_config_default_is_auto():
 
 
 # -- in the session -------------------------------------------------------------------------
-def run_steps(session, clock, steps, gpu):
-    rng = np.random.default_rng(2)
-    for i in range(steps):
-        clock.advance(float(rng.uniform(1e-3, 2e-3)))  # data loading
-        session.step_start(i, phase="forward")
-        clock.advance(0.003)
-        session.phase_switch("forward", "backward")
-        clock.advance(0.005)
-        session.phase_switch("backward", "optimizer")
-        clock.advance(0.001)
-        session.step_end(i, num_samples=8)
-        if i % 5 == 4:
-            session.sampler.poll_once(read_counter=False)
-            gpu.reached = gpu.recorded
+def random_loading(seed):
+    rng = np.random.default_rng(seed)
+    return lambda i: float(rng.uniform(1e-3, 2e-3))  # 1-2 ms of data loading before step i
 
 
 def counting(mark, marks):
@@ -129,7 +118,7 @@ def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_pa
         session.train_start()
         session._mark = counting(session._mark, marks)  # count the boundaries recorded
         session.epoch_start(0)
-        run_steps(session, manual_clock, steps, gpu)
+        run_phase_steps(session, manual_clock, steps, loading_s=random_loading(seed=2), gpu=gpu)
         session.epoch_end(0)
         summary = session.train_end()
         records = read_jsonl(summary.jsonl_path)

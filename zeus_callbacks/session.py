@@ -203,11 +203,7 @@ class EnergySession:
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
         self._epoch_measured = 0  # steps of this epoch that got windows
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
-        # Timing of the current interval, for auto sampling: steps, measured steps, the time
-        # the steps ran (pauses excluded), the hooks' and the reports' time.
-        self._gov_steps = self._gov_measured = 0
-        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
-        self._gov_t0: float | None = None  # None while paused
+        self._new_timing_interval(None)
         self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
 
     # ------------------------------------------------------------------ lifecycle
@@ -285,9 +281,7 @@ class EnergySession:
         )
         self._skip = self._sampling.next_skip()  # the first step is drawn like any other
         self._measuring = self._dataloader_open = False
-        self._gov_steps = self._gov_measured = 0
-        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
-        self._gov_t0 = time.perf_counter()
+        self._new_timing_interval(time.perf_counter())
         self._phase_open = None
         self._active = True
         _LIVE_SESSIONS.add(self)
@@ -556,9 +550,17 @@ class EnergySession:
             steps=self._gov_steps, elapsed_s=busy_s, hook_s=self._gov_hook_s,
             measured=self._gov_measured, report_s=self._gov_report_s,
         )  # fmt: skip
+        self._new_timing_interval(now if running else None)
+
+    def _new_timing_interval(self, t0: float | None) -> None:
+        """Start timing an interval for auto sampling; ``t0`` is None while paused.
+
+        Counted: steps, measured steps, the time the steps ran (pauses excluded), the hooks'
+        and the reports' time.
+        """
         self._gov_steps = self._gov_measured = 0
         self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
-        self._gov_t0 = now if running else None
+        self._gov_t0 = t0
 
     def _pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
@@ -1123,8 +1125,8 @@ class EnergySession:
             self._absorb_bulk(batch)
         for record in records:
             self._absorb(record)
-        if self._steps_since_report and self.power_limit_W is not None:
-            # The limit in force, even when no step of the interval was measured (windows.sample_fraction).
+        if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
+            # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
         self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
@@ -1211,8 +1213,6 @@ class EnergySession:
             values[metric.ENERGY_PER_SAMPLE_J] = step_J / samples_per_step
         if math.isfinite(tokens_per_step) and tokens_per_step > 0:
             values[metric.ENERGY_PER_TOKEN_J] = step_J / tokens_per_step
-        if self.power_limit_W is not None:
-            values[metric.POWER_LIMIT_W] = self.power_limit_W
         self._pending_metrics.update(values)
         self._write_steps_record(values, batches if count else [], len(gathered))
 
