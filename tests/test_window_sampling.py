@@ -82,10 +82,16 @@ def test_bad_arguments_raise(fraction, overhead):
         WindowSampling(fraction, overhead, 50, stretch_reports=False)
 
 
-@pytest.mark.parametrize("value", [0, 1.5, -1, "sometimes"])
+@pytest.mark.parametrize("value", [0, 1.5, -1, "sometimes", True, 5e-324])
 def test_config_rejects_bad_fractions(value):
     with pytest.raises(ValueError, match="sample_fraction"):
         parse_config({"windows": {"sample_fraction": value}})
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 0.5, True])
+def test_config_rejects_bad_overhead_budgets(value):
+    with pytest.raises(ValueError, match="max_overhead"):
+        parse_config({"windows": {"max_overhead": value}})
 
 
 def test_config_default_is_auto():
