@@ -16,7 +16,10 @@ about 1, 10 and 100 ms:
   reference is the same train measured by the counter minus the idle power × the idle
   time. Idle power: slope of counter energy over the ticks of ``--idle-s`` before and
   after; the reference's error terms (tick bound, 2 SE of idle power, idle drift) are
-  reported.
+  reported. A second isolated reference measures the idle in between
+  (``--interleaved-ref-s``, :func:`interleaved_reference`): idle blocks and blocks of single
+  executions with the same gaps alternate, so the idle drift of the cooling GPU cancels;
+  ``isolated_vs_interleaved`` compares isolated mode with it.
 
 Defaults follow issue 5 (references 15 s × 3, isolated 60 s, 1/10/100 ms, steady 2 s):
 about 10 minutes, printed per part at the start (estimate) and the end (elapsed); run
@@ -168,6 +171,13 @@ def idle_power(ticks, t_lo: float, t_hi: float) -> dict:
     return {"power_W": fit["power_W"], "se_W": fit["se_W"], "ticks": fit["ticks"]}
 
 
+def isolated_gap_s(backend) -> tuple[float, float]:
+    """The random idle gap of isolated mode, as ``profile()`` draws it by default (s)."""
+    period = backend.sample_period_s
+    pre_s, post_s = max(2 * period, 0.04), max(5 * period, 0.1)
+    return (pre_s + post_s + period, pre_s + post_s + 6 * period)
+
+
 def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: str, target: float):
     """Isolated mode with its reference: idle, the isolated train, idle; the counter polled in the idles.
 
@@ -185,6 +195,7 @@ def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: s
         ticks0 = poller.ticks()
     iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
                   max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
+                  gap_s=isolated_gap_s(dev.backend),
                   sensor_delay_s=delay,
                   plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
     t_iso1 = clock.now_s()
@@ -214,6 +225,67 @@ def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: s
     return iso, iso_ref
 
 
+def interleaved_reference(dev, fn, duration_s: float, total_s: float, block_s: float,
+                          gap_s: tuple[float, float], seed: int = 0) -> dict:
+    """Isolated reference with its idle measured in between: idle and execution blocks alternate.
+
+    ``I X I X … I``: each block lasts ``block_s``; an X block runs single executions, each
+    waited for and followed by a random idle gap drawn from ``gap_s`` (as isolated mode
+    does), the last gap inside the block so each execution's power tail is too. The counter
+    is polled the whole time. Per X block: counter energy between the last tick before it
+    and the first tick after it, minus the idle power × the span's idle time (the span
+    less the executions, each ``duration_s`` long: isolated mode's measured duration, so both
+    count the same time as the execution's); the idle power is the mean of the two
+    neighbouring I blocks' fitted powers. Idle power drifts by a few W over a minute as the
+    GPU cools (2-3 W between 1 s before and after a 60 s train in the H200 run), which at
+    1 ms is several times the executions' own energy; bracketing every few seconds cancels
+    that drift to first order, and the counter-polling traffic is the same in both kinds of
+    block. The band is 2 standard errors of the per-block estimates (the block-to-block
+    spread: tick timing, idle fits and any drift left over all show in it).
+
+    Returns:
+        ``energy_J`` per execution, ``rel_err_pct`` (2 SE), per-block ``blocks_J``,
+        ``idle_W`` of every I block, ``executions``, ``blocks``, ``block_s``.
+    """
+    clock = dev.backend.clock
+    rng = np.random.default_rng(seed)
+    pairs = max(2, round(total_s / (2 * block_s)))
+    idle_spans, exec_blocks = [], []  # (t0, t1) and (t0, t1, n)
+    with CounterPoller(dev.backend, min_interval_s=0.002 if dev.smoke else 0.0) as poller:
+        time.sleep(0.15)
+        for k in range(pairs + 1):
+            t0 = clock.now_s()
+            time.sleep(block_s)
+            idle_spans.append((t0, clock.now_s()))
+            if k == pairs:
+                break
+            t0, n = clock.now_s(), 0
+            while clock.now_s() - t0 < block_s:
+                fn()
+                dev.sync()
+                n += 1
+                time.sleep(float(rng.uniform(*gap_s)))
+            exec_blocks.append((t0, clock.now_s(), n))
+        poller.wait_tick_after(clock.now_s())
+        ticks = poller.ticks()
+    idle_W = [idle_power(ticks, lo, hi)["power_W"] for lo, hi in idle_spans]
+    net_J, counts = [], []
+    for k, (t0, t1, n) in enumerate(exec_blocks):
+        a = int(np.flatnonzero(ticks.time_s <= t0)[-1])
+        b = int(np.flatnonzero(ticks.time_s >= t1)[0])
+        span_s = ticks.time_s[b] - ticks.time_s[a]
+        p_idle = (idle_W[k] + idle_W[k + 1]) / 2
+        net_J.append(ticks.energy_J[b] - ticks.energy_J[a] - p_idle * (span_s - n * duration_s))
+        counts.append(n)
+    net, n_arr = np.array(net_J), np.array(counts)
+    ref = float(net.sum() / n_arr.sum())
+    per_block = net / n_arr
+    se = float(np.std(per_block, ddof=1) / math.sqrt(per_block.size))
+    return {"energy_J": ref, "rel_err_pct": 200 * se / ref, "blocks_J": per_block.tolist(),
+            "idle_W": idle_W, "executions": int(n_arr.sum()), "blocks": int(per_block.size),
+            "block_s": block_s}  # fmt: skip
+
+
 def budget_s(args, workloads: list[str], modes: list[str]) -> dict[str, float]:
     """Estimated seconds of each part (measuring time plus the waits around it)."""
     lengths = [float(x) for x in args.lengths_ms.split(",")]
@@ -228,6 +300,8 @@ def budget_s(args, workloads: list[str], modes: list[str]) -> dict[str, float]:
                 t += args.steady_s + 0.5 + 0.3 + 0.6 + 1.5  # idle, warm-up, drain, analysis
             if "isolated" in modes and ms <= args.isolated_max_ms:
                 t += args.isolated_s + 2 * args.idle_s + 1.2 + 2.0
+                if args.interleaved_ref_s > 0:
+                    t += args.interleaved_ref_s + args.interleaved_block_s + 0.5
             if "bursts" in modes and args.bursts and w in args.bursts_on.split(",") and 5 <= ms <= 20:
                 t += args.bursts * (0.3 + 30 * ms / 1e3)
             parts[key] = t
@@ -247,12 +321,16 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=1.0, help="idle before and after isolated mode (idle power)")
     ap.add_argument("--bursts", type=int, default=12, help="bursts for profile differentiation (10 ms only; 0: off)")
     ap.add_argument("--bursts-on", default="gemm", help="workloads that run the bursts")
+    ap.add_argument("--interleaved-ref-s", type=float, default=48.0,
+                    help="seconds of the interleaved isolated reference (idle and execution blocks; 0: off)")
+    ap.add_argument("--interleaved-block-s", type=float, default=3.0, help="its block length (s)")
     ap.add_argument("--isolated-max-ms", type=float, default=10.0, help="isolated mode only up to this length")
     ap.add_argument("--only", default="", help="comma-separated workloads (gemm, copy) and/or modes "
                     "(naive, steady, isolated, bursts) to run; default everything")  # fmt: skip
     args = ap.parse_args()
     if args.smoke:
         args.ref_s, args.trials, args.naive, args.isolated_s, args.bursts, args.idle_s = 1.0, 2, 5, 4.0, 6, 0.6
+        args.interleaved_ref_s, args.interleaved_block_s = 4.0, 0.5
         args.lengths_ms = "1,10"
     workloads, modes = _selection(args.only)
     out = Path(args.out)
@@ -354,6 +432,12 @@ def main() -> None:
                 row["isolated_ref"] = iso_ref
                 row["isolated"] = _ours(iso, iso_ref["energy_J"], None, iso_ref["rel_err_pct"] / 100)
                 save()
+                if args.interleaved_ref_s > 0:
+                    ir = interleaved_reference(dev, fn, iso.duration_s, args.interleaved_ref_s, args.interleaved_block_s,
+                                               isolated_gap_s(dev.backend))  # fmt: skip
+                    row["isolated_ref_interleaved"] = ir
+                    row["isolated_vs_interleaved"] = _ours(iso, ir["energy_J"], None, ir["rel_err_pct"] / 100)
+                    save()
             if "bursts" in modes and args.bursts and workload in args.bursts_on.split(",") and 5 <= target <= 20:
                 row["differentiation"] = bursts(dev, fn, sampler, delay, args.bursts, 30, 0.3)
                 print("  differentiation:", row["differentiation"]["rel_power_diff_vs_steady"], flush=True)
@@ -419,7 +503,12 @@ def _print(row: dict) -> None:
         n = row["naive"]
         print(f"  naive: median err {n['err_pct_median']:+.0f}% [{n['err_pct_min']:+.0f}, {n['err_pct_max']:+.0f}], "
               f"zeros {n['zeros']}/{n['trials']}", flush=True)  # fmt: skip
-    for mode in ("steady", "isolated"):
+    if "isolated_ref_interleaved" in row:
+        i = row["isolated_ref_interleaved"]
+        print(f"  interleaved isolated ref: {i['energy_J']:.4g} J ±{i['rel_err_pct']:.1f}% ({i['blocks']} blocks of "
+              f"{i['block_s']:g} s, {i['executions']} executions; idle {min(i['idle_W']):.1f}-{max(i['idle_W']):.1f} W)",
+              flush=True)  # fmt: skip
+    for mode in ("steady", "isolated", "isolated_vs_interleaved"):
         if mode in row:
             o = row[mode]
             extra = f" (vs samples ref {o['err_pct_vs_samples_ref']:+.2f}%)" if "err_pct_vs_samples_ref" in o else ""
