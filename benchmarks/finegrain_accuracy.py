@@ -433,8 +433,8 @@ def main() -> None:
                 row["isolated"] = _ours(iso, iso_ref["energy_J"], None, iso_ref["rel_err_pct"] / 100)
                 save()
                 if args.interleaved_ref_s > 0:
-                    ir = interleaved_reference(dev, fn, iso.duration_s, args.interleaved_ref_s, args.interleaved_block_s,
-                                               isolated_gap_s(dev.backend))  # fmt: skip
+                    ir = interleaved_reference(dev, fn, iso.duration_s, args.interleaved_ref_s,
+                                               args.interleaved_block_s, isolated_gap_s(dev.backend))  # fmt: skip
                     row["isolated_ref_interleaved"] = ir
                     row["isolated_vs_interleaved"] = _ours(iso, ir["energy_J"], None, ir["rel_err_pct"] / 100)
                     save()
@@ -505,9 +505,9 @@ def _print(row: dict) -> None:
               f"zeros {n['zeros']}/{n['trials']}", flush=True)  # fmt: skip
     if "isolated_ref_interleaved" in row:
         i = row["isolated_ref_interleaved"]
-        print(f"  interleaved isolated ref: {i['energy_J']:.4g} J ±{i['rel_err_pct']:.1f}% ({i['blocks']} blocks of "
-              f"{i['block_s']:g} s, {i['executions']} executions; idle {min(i['idle_W']):.1f}-{max(i['idle_W']):.1f} W)",
-              flush=True)  # fmt: skip
+        print(f"  interleaved isolated ref: {i['energy_J']:.4g} J ±{i['rel_err_pct']:.1f}% ({i['blocks']} blocks "
+              f"of {i['block_s']:g} s, {i['executions']} executions; idle {min(i['idle_W']):.1f}-"
+              f"{max(i['idle_W']):.1f} W)", flush=True)  # fmt: skip
     for mode in ("steady", "isolated", "isolated_vs_interleaved"):
         if mode in row:
             o = row[mode]
