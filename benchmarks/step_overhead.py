@@ -30,6 +30,7 @@ import argparse
 import logging
 import random
 import statistics
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -134,32 +135,80 @@ def run_mode(mode, forward, opt, n, dev, session, zeus, first_step: int = 0) -> 
 
 
 def ratio_stats(mode_s: list[float], base_s: list[float], n_boot: int = 2000, seed: int = 0) -> dict:
-    """Median of per-round ratios mode/base, its IQR and a 95 % bootstrap CI of the median."""
-    ratios = np.array(mode_s) / np.array(base_s)
+    """Per-cycle ratios mode/base: their median, IQR and a 95 % bootstrap CI of the median.
+
+    Beside it, the ratio of the total times (``ratio_of_totals``) with its own bootstrap CI:
+    the more efficient estimator when the noise is symmetric, the median the more robust.
+    """
+    mode_a, base_a = np.array(mode_s), np.array(base_s)
+    ratios = mode_a / base_a
     rng = np.random.default_rng(seed)
-    boot = np.median(rng.choice(ratios, size=(n_boot, len(ratios)), replace=True), axis=1)
+    idx = rng.integers(0, len(ratios), size=(n_boot, len(ratios)))
+    boot = np.median(ratios[idx], axis=1)
+    boot_tot = mode_a[idx].sum(axis=1) / base_a[idx].sum(axis=1)
     q1, q3 = np.percentile(ratios, [25, 75])
     lo, hi = np.percentile(boot, [2.5, 97.5])
+    tlo, thi = np.percentile(boot_tot, [2.5, 97.5])
     return {"ratio": float(np.median(ratios)), "ratio_iqr": [float(q1), float(q3)],
-            "ratio_ci95": [float(lo), float(hi)], "ratios": ratios.tolist()}  # fmt: skip
+            "ratio_ci95": [float(lo), float(hi)], "ratio_of_totals": float(mode_a.sum() / base_a.sum()),
+            "ratio_of_totals_ci95": [float(tlo), float(thi)], "ratios": ratios.tolist()}  # fmt: skip
+
+
+class Parked:
+    """Stops and restarts a session's sampler thread and its own timing around other modes' blocks.
+
+    While one mode runs its block, the other sessions must cost nothing (else ``base`` pays for
+    their samplers and they blur every block): each session's sampler thread runs only during its
+    own blocks. Stopping it skips :meth:`PowerSampler.stop`'s final drain, and restarting it
+    skips the first poll of :meth:`PowerSampler.start`: the device keeps ~2.4 s of power samples
+    (H200), and the next poll of the session's own block drains them. The thread's CPU time is
+    summed per session (``sampler_cpu_s``). Uses private members: a benchmark, not an API.
+    """
+
+    def __init__(self, session: EnergySession) -> None:
+        self.session, self.sampler = session, session.sampler
+        self.cpu_s = 0.0
+        self.active_s = 0.0
+        self._t0 = 0.0
+        self.park(first=True)
+
+    def park(self, first: bool = False) -> None:
+        s = self.sampler
+        thread, s._thread = s._thread, None
+        if thread is not None:
+            self.cpu_s += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            s._stop.set()
+            s._wake.set()
+            thread.join(timeout=5.0)
+        if not first:
+            self.active_s += time.perf_counter() - self._t0
+        self.session._pause_timing()  # the other modes' blocks are no step of this session's
+
+    def unpark(self) -> None:
+        s = self.sampler
+        s._stop.clear()
+        s._thread = threading.Thread(target=s._run, name="zeus-power-sampler", daemon=True)
+        s._thread.start()
+        self.session._resume_timing()
+        self._t0 = time.perf_counter()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default="results")
-    ap.add_argument("--rounds", type=int, default=24, help="interleaved rounds (order randomised each round)")
-    ap.add_argument("--mlp-steps", type=int, default=400, help="MLP steps per mode per round")
-    ap.add_argument("--gpt2-steps", type=int, default=25, help="GPT-2 steps per mode per round")
-    ap.add_argument("--block-steps", type=int, default=50,
-                    help="steps a mode runs before the next mode's turn within a round (finer interleaving)")
+    ap.add_argument("--mlp-cycles", type=int, default=72, help="MLP cycles (every mode one block, in a fresh order)")
+    ap.add_argument("--gpt2-cycles", type=int, default=24, help="GPT-2 cycles")
+    ap.add_argument("--block-s", type=float, default=0.4, help="seconds of one block (its steps are set from the "
+                    "base step time; Zeus's blocks from its own)")  # fmt: skip
+    ap.add_argument("--cycles-per-epoch", type=int, default=8, help="cycles per session epoch")
     ap.add_argument("--workloads", default="mlp,gpt2")
     ap.add_argument("--accuracy-epochs", type=int, default=2, help="in-training accuracy epochs (ours_phases)")
     ap.add_argument("--accuracy-steps", type=int, default=120, help="steps per accuracy epoch (GPT-2: ~5 s)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.smoke:
-        args.rounds, args.mlp_steps, args.gpt2_steps, args.accuracy_steps = 4, 40, 8, 20
+        args.mlp_cycles, args.gpt2_cycles, args.block_s, args.accuracy_steps = 8, 4, 0.05, 20
     warnings.filterwarnings("ignore")
     logging.getLogger("zeus").setLevel(logging.ERROR)
     out = Path(args.out)
@@ -167,20 +216,23 @@ def main() -> None:
     limit_before = power_limit_W()
     zeus = ZeusWindows(dev)
     session_modes = ["ours_step", "ours_phases", "ours_step_all", "ours_phases_all"]
-    modes = ["base", *session_modes, "zeus"]
+    modes = ["base", "base_aa", *session_modes, "zeus"]
     results = {"device": dev.backend.describe(), "smoke": args.smoke, "power_limit_before": limit_before,
                "zeus": "ZeusMonitor 0.16" if zeus.real else "zeus_style (sync + counter read per boundary)",
                "args": vars(args), "workloads": {}}  # fmt: skip
     backend_name = "virtual" if args.smoke else "nvml"
     try:
         rng = random.Random(args.seed)
-        steps_of = {"mlp": args.mlp_steps, "gpt2": args.gpt2_steps}
+        cycles_of = {"mlp": args.mlp_cycles, "gpt2": args.gpt2_cycles}
         for kind in args.workloads.split(","):
-            n = steps_of[kind]
             forward, opt = make_workload(kind, dev)
             for _ in range(20):  # warm-up
                 run_mode("base", forward, opt, 1, dev, None, zeus)
-            sessions = {}
+            base_s = statistics.median(run_mode("base", forward, opt, 5, dev, None, zeus) for _ in range(6))
+            zeus_s = statistics.median(run_mode("zeus", forward, opt, 2, dev, None, zeus) for _ in range(3))
+            block = max(1, round(args.block_s / base_s))
+            block_of = {m: block for m in modes} | {"zeus": max(1, round(args.block_s / zeus_s))}
+            sessions, parked = {}, {}
             for mode in session_modes:
                 cfg = {"backend": backend_name,
                        "windows": {"phases": mode.startswith("ours_phases"),
@@ -194,60 +246,69 @@ def main() -> None:
             step = {m: 0 for m in modes}
             for mode, session in sessions.items():  # untimed: auto sampling settles on its fraction
                 session.epoch_start(-1)
-                run_mode(mode, forward, opt, 3 * n, dev, session, zeus, 0)
-                step[mode] = 3 * n
+                run_mode(mode, forward, opt, 6 * block, dev, session, zeus, 0)
+                step[mode] = 6 * block
                 session.epoch_end(-1)
-            times = {m: [] for m in modes}
-            block = max(1, min(n, args.block_steps))
-            for r in range(args.rounds):
-                for session in sessions.values():
-                    session.epoch_start(r)
-                    session._pause_timing()  # the other modes' blocks are no step of this session's
-                spent = dict.fromkeys(modes, 0.0)
-                for _ in range(n // block):  # every mode a block at a time, in a fresh order each cycle
-                    order = list(modes)
-                    rng.shuffle(order)
-                    for mode in order:
-                        session = sessions.get(mode)
-                        if session is not None:
-                            session._resume_timing()
-                        spent[mode] += block * run_mode(mode, forward, opt, block, dev, session, zeus, step[mode])
-                        step[mode] += block
-                        if session is not None:
-                            session._pause_timing()
-                for mode in modes:
-                    times[mode].append(spent[mode] / (n // block * block))
-                for session in sessions.values():
-                    session._resume_timing()
-                    session.epoch_end(r)
-            sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every}
+                parked[mode] = Parked(session)
+            times = {m: [] for m in modes}  # seconds per step, one entry per cycle
+            epoch = 0
+            for c in range(cycles_of[kind]):
+                first_of_epoch = c % args.cycles_per_epoch == 0
+                last_of_epoch = (c + 1) % args.cycles_per_epoch == 0 or c + 1 == cycles_of[kind]
+                if first_of_epoch:
+                    for session in sessions.values():
+                        session.epoch_start(epoch)
+                        session._pause_timing()
+                order = list(modes)
+                rng.shuffle(order)
+                for mode in order:
+                    session = sessions.get(mode)
+                    if session is not None:
+                        parked[mode].unpark()
+                    n = block_of[mode]
+                    times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus, step[mode]))
+                    step[mode] += n
+                    if session is not None:
+                        parked[mode].park()
+                if last_of_epoch:
+                    for session in sessions.values():
+                        session._resume_timing()
+                        session.epoch_end(epoch)
+                    epoch += 1
+            for mode in sessions:
+                parked[mode].unpark()  # running again, as train_end and the accuracy epochs expect
+            sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every,
+                            "sampler_cpu_pct_of_active_time": 100 * parked[m].cpu_s / max(parked[m].active_s, 1e-9)}
                         for m, s in sessions.items()}  # fmt: skip
             for mode in ("ours_step", "ours_step_all", "ours_phases_all"):
                 sessions.pop(mode).train_end()
-            # In-training accuracy: longer epochs of the phases session (outside the timed rounds).
+            # In-training accuracy: longer epochs of the phases session (outside the timed cycles).
             session = sessions.pop("ours_phases")
             acc_steps = args.accuracy_steps if kind == "gpt2" else 5 * args.accuracy_steps
             for e in range(args.accuracy_epochs):
-                session.epoch_start(args.rounds + e)
+                session.epoch_start(epoch + e)
                 run_mode("ours_phases", forward, opt, acc_steps, dev, session, zeus, step["ours_phases"])
                 step["ours_phases"] += acc_steps
-                session.epoch_end(args.rounds + e)
+                session.epoch_end(epoch + e)
             session.train_end()
             row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "all_ms": [1e3 * x for x in v],
-                       **(ratio_stats(v, times["base"]) if m != "base" else {})}
+                       "block_steps": block_of[m], **(ratio_stats(v, times["base"]) if m != "base" else {})}
                    for m, v in times.items()}  # fmt: skip
             row["sampling"] = sampling
             row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl", acc_steps)[
                 -args.accuracy_epochs :
             ]
             results["workloads"][kind] = row
-            print(f"{kind}: base {row['base']['ms_per_step_median']:.3f} ms/step over {args.rounds} rounds", flush=True)
+            print(f"{kind}: base {row['base']['ms_per_step_median']:.3f} ms/step, {len(times['base'])} cycles, "
+                  f"blocks of {block} steps (zeus {block_of['zeus']})", flush=True)  # fmt: skip
             for m in modes[1:]:
                 x = row[m]
-                print(f"  {m:12s} {x['ms_per_step_median']:8.3f} ms/step  ratio {x['ratio']:.4f}  "
+                print(f"  {m:15s} {x['ms_per_step_median']:8.3f} ms/step  ratio {x['ratio']:.4f}  "
                       f"IQR [{x['ratio_iqr'][0]:.4f}, {x['ratio_iqr'][1]:.4f}]  "
-                      f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]", flush=True)  # fmt: skip
-            print("  sampling (fraction, report every):", sampling, flush=True)
+                      f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]  "
+                      f"totals {x['ratio_of_totals']:.4f} [{x['ratio_of_totals_ci95'][0]:.4f}, "
+                      f"{x['ratio_of_totals_ci95'][1]:.4f}]", flush=True)  # fmt: skip
+            print("  sampling:", sampling, flush=True)
             print("  in training:", row["in_training"], flush=True)
     finally:
         results["power_limit_after"] = power_limit_W()
