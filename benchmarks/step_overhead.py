@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import statistics
 import threading
@@ -103,35 +104,70 @@ class ZeusWindows:
             self.dev.backend.energy_counter_J(0)
 
 
+HOOK_NS: dict[str, int] = {}  # per mode: nanoseconds spent inside the session's (or Zeus's) calls
+HOOK_STEPS: dict[str, int] = {}
+
+
 def run_mode(mode, forward, opt, n, dev, session, zeus, first_step: int = 0) -> float:
-    """Seconds per step of n steps in this mode (the session hooks the Lightning callback calls)."""
+    """Seconds per step of n steps in this mode (the session hooks the Lightning callback calls).
+
+    The time inside the session's calls (or Zeus's) is summed into ``HOOK_NS[mode]``: the
+    training thread's direct cost, measured call by call (a ``perf_counter_ns`` pair costs
+    ~0.1 µs), beside the step-time ratio that also holds indirect costs and the noise.
+    """
     phases = mode.startswith("ours_phases")
     busy = dev.smoke
+    clock = time.perf_counter_ns
+    hook_ns = 0
     dev.sync()
     t0 = time.perf_counter()
     for i in range(first_step, first_step + n):
         if busy:
             dev.backend.set_utilization(1.0)
+        h = clock()
         if mode == "zeus":
             zeus.begin()
         elif session is not None:
             session.step_start(i, phase="forward")  # the forward phase opens at the step's mark
+        hook_ns += clock() - h
         loss = forward()
         if phases:
+            h = clock()
             session.phase_switch("forward", "backward")  # one shared mark
+            hook_ns += clock() - h
         loss.backward()
         if phases:
+            h = clock()
             session.phase_switch("backward", "optimizer")
+            hook_ns += clock() - h
         opt.step()
         opt.zero_grad(set_to_none=True)
+        h = clock()
         if mode == "zeus":
             zeus.end()
         elif session is not None:
             session.step_end(i)  # closes the optimizer phase at the step's end mark
+        hook_ns += clock() - h
         if busy:
             dev.backend.set_utilization(0.0)
     dev.sync()
+    HOOK_NS[mode] = HOOK_NS.get(mode, 0) + hook_ns
+    HOOK_STEPS[mode] = HOOK_STEPS.get(mode, 0) + n
     return (time.perf_counter() - t0) / n
+
+
+def thread_cpu_s(native_id: int) -> tuple[float, float]:
+    """User and system CPU seconds of one thread of this process (Linux ``/proc``; 0 elsewhere).
+
+    A sampler thread's system time is the driver's (NVML ioctls, run without the GIL); its user
+    time bounds the Python work that holds the GIL.
+    """
+    try:
+        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def ratio_stats(mode_s: list[float], base_s: list[float], n_boot: int = 2000, seed: int = 0) -> dict:
@@ -154,6 +190,20 @@ def ratio_stats(mode_s: list[float], base_s: list[float], n_boot: int = 2000, se
             "ratio_of_totals_ci95": [float(tlo), float(thi)], "ratios": ratios.tolist()}  # fmt: skip
 
 
+class NoopSession:
+    """The ``noop`` control: the two calls a step-window session takes per step, doing nothing.
+
+    What any per-step Python callback costs in this loop (the call, and caches the step left
+    cold), so the session's own share of ``hook_us_per_step`` is its excess over this.
+    """
+
+    def step_start(self, step: int, *, phase: str | None = None) -> None:
+        return None
+
+    def step_end(self, step: int) -> None:
+        return None
+
+
 class Parked:
     """Stops and restarts a session's sampler thread and its own timing around other modes' blocks.
 
@@ -162,12 +212,12 @@ class Parked:
     own blocks. Stopping it skips :meth:`PowerSampler.stop`'s final drain, and restarting it
     skips the first poll of :meth:`PowerSampler.start`: the device keeps ~2.4 s of power samples
     (H200), and the next poll of the session's own block drains them. The thread's CPU time is
-    summed per session (``sampler_cpu_s``). Uses private members: a benchmark, not an API.
+    summed per session (user and system). Uses private members: a benchmark, not an API.
     """
 
     def __init__(self, session: EnergySession) -> None:
         self.session, self.sampler = session, session.sampler
-        self.cpu_s = 0.0
+        self.user_s = self.sys_s = 0.0
         self.active_s = 0.0
         self._t0 = 0.0
         self.park(first=True)
@@ -176,7 +226,9 @@ class Parked:
         s = self.sampler
         thread, s._thread = s._thread, None
         if thread is not None:
-            self.cpu_s += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            user_s, sys_s = thread_cpu_s(thread.native_id)
+            self.user_s += user_s
+            self.sys_s += sys_s
             s._stop.set()
             s._wake.set()
             thread.join(timeout=5.0)
@@ -216,7 +268,7 @@ def main() -> None:
     limit_before = power_limit_W()
     zeus = ZeusWindows(dev)
     session_modes = ["ours_step", "ours_phases", "ours_step_all", "ours_phases_all"]
-    modes = ["base", "base_aa", *session_modes, "zeus"]
+    modes = ["base", "base_aa", "noop", *session_modes, "zeus"]
     results = {"device": dev.backend.describe(), "smoke": args.smoke, "power_limit_before": limit_before,
                "zeus": "ZeusMonitor 0.16" if zeus.real else "zeus_style (sync + counter read per boundary)",
                "args": vars(args), "workloads": {}}  # fmt: skip
@@ -232,7 +284,7 @@ def main() -> None:
             zeus_s = statistics.median(run_mode("zeus", forward, opt, 2, dev, None, zeus) for _ in range(3))
             block = max(1, round(args.block_s / base_s))
             block_of = {m: block for m in modes} | {"zeus": max(1, round(args.block_s / zeus_s))}
-            sessions, parked = {}, {}
+            sessions, parked, noop = {}, {}, NoopSession()
             for mode in session_modes:
                 cfg = {"backend": backend_name,
                        "windows": {"phases": mode.startswith("ours_phases"),
@@ -251,6 +303,8 @@ def main() -> None:
                 session.epoch_end(-1)
                 parked[mode] = Parked(session)
             times = {m: [] for m in modes}  # seconds per step, one entry per cycle
+            HOOK_NS.clear()
+            HOOK_STEPS.clear()
             epoch = 0
             for c in range(cycles_of[kind]):
                 first_of_epoch = c % args.cycles_per_epoch == 0
@@ -265,20 +319,24 @@ def main() -> None:
                     session = sessions.get(mode)
                     if session is not None:
                         parked[mode].unpark()
+                    elif mode == "noop":
+                        session = noop
                     n = block_of[mode]
                     times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus, step[mode]))
                     step[mode] += n
-                    if session is not None:
+                    if mode in parked:
                         parked[mode].park()
                 if last_of_epoch:
                     for session in sessions.values():
                         session._resume_timing()
                         session.epoch_end(epoch)
                     epoch += 1
+            hook_us = {m: HOOK_NS[m] / 1e3 / HOOK_STEPS[m] for m in modes}
             for mode in sessions:
                 parked[mode].unpark()  # running again, as train_end and the accuracy epochs expect
             sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every,
-                            "sampler_cpu_pct_of_active_time": 100 * parked[m].cpu_s / max(parked[m].active_s, 1e-9)}
+                            "sampler_user_cpu_pct": 100 * parked[m].user_s / max(parked[m].active_s, 1e-9),
+                            "sampler_sys_cpu_pct": 100 * parked[m].sys_s / max(parked[m].active_s, 1e-9)}
                         for m, s in sessions.items()}  # fmt: skip
             for mode in ("ours_step", "ours_step_all", "ours_phases_all"):
                 sessions.pop(mode).train_end()
@@ -292,7 +350,9 @@ def main() -> None:
                 session.epoch_end(epoch + e)
             session.train_end()
             row = {m: {"ms_per_step_median": 1e3 * statistics.median(v), "all_ms": [1e3 * x for x in v],
-                       "block_steps": block_of[m], **(ratio_stats(v, times["base"]) if m != "base" else {})}
+                       "block_steps": block_of[m], "hook_us_per_step": hook_us[m],
+                       "hook_pct_of_base_step": 100 * hook_us[m] / (1e6 * statistics.median(times["base"])),
+                       **(ratio_stats(v, times["base"]) if m != "base" else {})}
                    for m, v in times.items()}  # fmt: skip
             row["sampling"] = sampling
             row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl", acc_steps)[
@@ -307,7 +367,8 @@ def main() -> None:
                       f"IQR [{x['ratio_iqr'][0]:.4f}, {x['ratio_iqr'][1]:.4f}]  "
                       f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]  "
                       f"totals {x['ratio_of_totals']:.4f} [{x['ratio_of_totals_ci95'][0]:.4f}, "
-                      f"{x['ratio_of_totals_ci95'][1]:.4f}]", flush=True)  # fmt: skip
+                      f"{x['ratio_of_totals_ci95'][1]:.4f}]  hooks {x['hook_us_per_step']:.2f} us/step "
+                      f"({x['hook_pct_of_base_step']:.3f} % of base)", flush=True)  # fmt: skip
             print("  sampling:", sampling, flush=True)
             print("  in training:", row["in_training"], flush=True)
     finally:
