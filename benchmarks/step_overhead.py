@@ -1,24 +1,28 @@
 """Per-step and per-phase window overhead on real training steps, and in-training accuracy (issue 5).
 
-Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes, interleaved over
-many short rounds in a fresh random order each round (so machine drift and order effects
-hit all alike): ``base`` (no measurement); ``ours_step``
-(:class:`~zeus_callbacks.session.EnergySession` step windows, default
-``windows.sample_fraction: auto``); ``ours_phases`` (step +
-forward/backward/optimizer/dataloader phase windows, auto); ``ours_step_all`` and
-``ours_phases_all`` (the same with every step measured, ``sample_fraction: 1``); ``zeus`` (Zeus 0.16
-``ZeusMonitor.begin_window/end_window`` per step when the ``zeus`` package imports, else
-``zeus_style``: what it does, a device sync and an energy-counter read at each boundary).
-Within a round the modes take turns in blocks of ``--block-steps`` steps (a fresh random order
-each cycle), so that drift slower than a block hits every mode alike; each session's own
-timing, which auto ``windows.sample_fraction`` uses, is paused while other modes run.
-Per round, each mode's step time over ``base``'s in the same round; reported: the median
-of these per-round ratios, their IQR, and a 95 % bootstrap CI of the median (resampling
-rounds), beside the median step time of each mode.
+Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes: ``base`` (no
+measurement); ``base_aa`` (``base`` again: an A/A control whose ratio shows the noise floor);
+``noop`` (two empty Python calls per step: what any per-step callback costs in this loop);
+``ours_step`` (:class:`~zeus_callbacks.session.EnergySession` step windows, default
+``windows.sample_fraction: auto``); ``ours_phases`` (step + forward/backward/optimizer/dataloader
+phase windows, auto); ``ours_step_all`` and ``ours_phases_all`` (the same with every step
+measured, ``sample_fraction: 1``); ``zeus`` (Zeus 0.16 ``ZeusMonitor.begin_window/end_window``
+per step when the ``zeus`` package imports, else ``zeus_style``: what it does, a device sync and
+an energy-counter read at each boundary).
 
-In-training accuracy (``ours_phases``, after the overhead rounds, ``--accuracy-epochs``
-epochs of ``--accuracy-steps`` steps): per-step energy × steps against the energy counter
-over each epoch, and the phase windows' sum against the step windows.
+The run is a series of *cycles*: in each, every mode runs one block of about ``--block-s``
+seconds (its steps set from the base step time; Zeus's from its own), in a fresh random order.
+A session's sampler thread runs only during its own blocks (:class:`Parked`), so ``base`` pays
+for no sampler and no session blurs another's blocks; each session's own timing, which auto
+sampling uses, is paused likewise. Per cycle, each mode's step time over ``base``'s; reported:
+the median of these ratios, their IQR and a 95 % bootstrap CI of the median, the ratio of the
+summed times with its CI, and the time spent inside the session's (or Zeus's) calls per step
+(``hook_us_per_step``: the direct cost, free of the step-time noise), beside the samplers'
+user and system CPU time.
+
+In-training accuracy (``ours_phases``, after the timed cycles, ``--accuracy-epochs`` epochs of
+``--accuracy-steps`` steps): per-step energy × steps against the energy counter over each epoch,
+and the phase windows' sum against the step windows.
 
     ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/step_overhead.py --out results/
     python benchmarks/step_overhead.py --smoke
