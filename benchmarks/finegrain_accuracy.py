@@ -22,7 +22,7 @@ about 1, 10 and 100 ms:
   ``isolated_vs_interleaved`` compares isolated mode with it.
 
 Defaults follow issue 5 (references 15 s × 3, isolated 60 s, 1/10/100 ms, steady 2 s):
-about 10 minutes, printed per part at the start (estimate) and the end (elapsed); run
+about 13 minutes, printed per part at the start (estimate) and the end (elapsed); run
 ``--only gemm`` and ``--only copy`` as two calls to stay well inside a 10-minute limit.
 The JSON is rewritten after every measurement, so a timeout loses only the one running.
 
