@@ -53,6 +53,57 @@ def test_auto_budget_by_hand():
     assert sampling.report_every == math.ceil(WINDOWS_PER_REPORT / sampling.fraction)
 
 
+def test_auto_budget_counts_the_unmeasured_steps_calls_by_hand():
+    # 1 ms steps, a measured step costs 42 us, an unmeasured one 1 us: (1 - f) u + f c = 2 us.
+    sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * 40e-6, measured=100, report_s=200e-6,
+                     unmeasured_s=3 * 1e-6, unmeasured_timed=3)  # fmt: skip
+    f = (2e-6 - 1e-6) / (42e-6 - 1e-6)
+    assert sampling.fraction == pytest.approx(f)  # 0.0244, half of the 0.0476 that ignores u
+    assert (1 - f) * 1e-6 + f * 42e-6 == pytest.approx(0.002 * 1e-3)
+    # Unmeasured calls alone over the budget: the least fraction; measuring no dearer than skipping: all.
+    over = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    over.observe(steps=100, elapsed_s=0.1, hook_s=100 * 40e-6, measured=100, report_s=0.0,
+                 unmeasured_s=3e-6, unmeasured_timed=1)  # fmt: skip
+    assert over.fraction == MIN_FRACTION
+    cheap = WindowSampling(None, 0.002, 50, stretch_reports=True)
+    cheap.observe(steps=100, elapsed_s=0.1, hook_s=100 * 5e-6, measured=100, report_s=0.0,
+                  unmeasured_s=6e-6, unmeasured_timed=1)  # fmt: skip
+    assert cheap.fraction == 1.0
+
+
+def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_backend, manual_clock):
+    """The unmeasured steps' own calls reach auto's budget: timed on some steps, never on a report's."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": "auto"},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    seen = []
+    observe = session._sampling.observe
+
+    def recording(**timings):
+        seen.append(timings)
+        observe(**timings)
+
+    session._sampling.observe = recording
+    for i in range(4000):
+        session.step_start(i)
+        manual_clock.advance(0.001)
+        session.step_end(i)
+    session.epoch_end(0)
+    session.train_end()
+    timed = sum(t["unmeasured_timed"] for t in seen)
+    unmeasured = sum(t["steps"] - t["measured"] for t in seen)
+    assert 0 < timed < unmeasured // 8  # a few in 64, plus the last of each run of skips
+    per_call_s = sum(t["unmeasured_s"] for t in seen) / timed
+    per_measured_s = sum(t["hook_s"] for t in seen) / sum(t["measured"] for t in seen)
+    assert 0 < per_call_s < per_measured_s  # a skipped step's calls cost less than a measured step's
+    assert session._sampling._unmeasured_s is not None
+
+
 def test_auto_measures_every_long_step_and_keeps_the_cadence():
     sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
     sampling.observe(steps=50, elapsed_s=50 * 0.04, hook_s=50 * 25e-6, measured=50, report_s=1e-3)

@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 _EPOCH_FLUSH_TIMEOUT_S = 0.25  # wall time an epoch end may wait for the sensor to catch up
 _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
+_UNMEASURED_TIMING_MASK = 63  # an unmeasured step is timed when its remaining skips are a multiple of 64
 _PHASE_REANCHOR_S = 30.0  # with windows.phases, CUDA event timing is re-anchored this often (s)
 
 
@@ -199,6 +200,7 @@ class EnergySession:
         # Which steps get windows (windows.sample_fraction) and the report interval.
         self._sampling = WindowSampling(1.0, 0.002, 1, stretch_reports=False)
         self._skip = 0  # steps to leave unmeasured before the next measured one
+        self._time_unmeasured = False  # an unmeasured step whose step_end times itself
         self._measuring = False  # the current step has windows
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
         self._epoch_measured = 0  # steps of this epoch that got windows
@@ -440,6 +442,8 @@ class EnergySession:
                 self.meter.end_at("dataloader", self._mark())  # type: ignore[union-attr]
                 self._dataloader_open = False
                 self._gov_hook_s += time.perf_counter() - t0
+            elif not self._skip & _UNMEASURED_TIMING_MASK:
+                self._time_unmeasured = True  # its step_end times itself: auto's budget covers these too
             return
         t0 = time.perf_counter()
         self._measuring = True
@@ -494,8 +498,11 @@ class EnergySession:
         """
         if not self._active:
             return _CONTINUE
+        timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
         if self._measuring:
             self._close_step_windows(num_samples, num_tokens)
+        elif self._time_unmeasured:
+            timed = time.perf_counter()
         if self.power_limiter is not None and self._decides_power_limit():
             self._power_limit_step_end(step, num_samples)
         self._epoch_steps += 1
@@ -504,16 +511,24 @@ class EnergySession:
         self._gov_steps += 1
         if self._steps_since_report >= self._sampling.report_every:
             self._timed_report()
+            timed, self._time_unmeasured = None, False  # a report is timed on its own
         if self._gov_steps >= self._sampling.report_every:
             self._observe_timing()
+            timed, self._time_unmeasured = None, False  # the interval it would count in has ended
         if self._stop_agreement:
             run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
             if self._cost_agreement and run_steps % self.config.batch_size.stop_agreement_steps == 0:
                 self._agree_stop(None)
-            return self._decision()
-        if self.batch_size_controller is None and self._stop_reason is None:
-            return _CONTINUE
-        return self._decide()
+            decision = self._decision()
+        elif self.batch_size_controller is None and self._stop_reason is None:
+            decision = _CONTINUE
+        else:
+            decision = self._decide()
+        if timed is not None:
+            self._gov_unmeasured_s += time.perf_counter() - timed
+            self._gov_unmeasured_timed += 1
+            self._time_unmeasured = False
+        return decision
 
     def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
         """Close a measured step's windows at one end mark; draw how many steps to skip next."""
@@ -549,6 +564,7 @@ class EnergySession:
         self._sampling.observe(
             steps=self._gov_steps, elapsed_s=busy_s, hook_s=self._gov_hook_s,
             measured=self._gov_measured, report_s=self._gov_report_s,
+            unmeasured_s=self._gov_unmeasured_s, unmeasured_timed=self._gov_unmeasured_timed,
         )  # fmt: skip
         self._new_timing_interval(now if running else None)
 
@@ -558,8 +574,8 @@ class EnergySession:
         Counted: steps, measured steps, the time the steps ran (pauses excluded), the hooks'
         and the reports' time.
         """
-        self._gov_steps = self._gov_measured = 0
-        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = 0.0
+        self._gov_steps = self._gov_measured = self._gov_unmeasured_timed = 0
+        self._gov_hook_s = self._gov_busy_s = self._gov_report_s = self._gov_unmeasured_s = 0.0
         self._gov_t0 = t0
 
     def _pause_timing(self) -> None:

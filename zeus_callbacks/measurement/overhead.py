@@ -31,7 +31,11 @@ class WindowSampling:
 
     - ``c = (hooks + report) / measured steps`` of an interval (s): a measured step's whole
       cost, its share of the report included;
-    - fraction ``f = min(1, max_overhead · T / c)``, ``T`` the step period (s);
+    - ``u``: what an unmeasured step's calls cost (s), from the ones the session times (its
+      ``step_end``; the few checks of ``step_start`` on such a step are not timed). Every step
+      pays ``u`` or ``c``, so the budget is ``(1 − f)·u + f·c ≤ max_overhead · T``;
+    - fraction ``f = min(1, (max_overhead · T − u) / (c − u))``, ``T`` the step period (s), and
+      the least fraction when ``u`` alone uses the budget;
     - report interval ``max(interval_steps, ⌈16 / f⌉)`` steps when ``stretch_reports`` (one
       process: under several, reports are collectives and keep the configured cadence on
       every rank), so that a report carries ~16 measured steps and its fixed part stays a
@@ -75,6 +79,7 @@ class WindowSampling:
         self._rng = random.Random(seed)
         self._step_s: float | None = None
         self._cost_s: float | None = None  # per measured step, hooks and report share
+        self._unmeasured_s: float | None = None  # per unmeasured step, its calls
 
     def next_skip(self) -> int:
         """Steps to leave unmeasured before the next measured one (0 when every step is measured)."""
@@ -84,7 +89,17 @@ class WindowSampling:
         # Geometric on {0, 1, ...} with success probability f: mean (1 - f) / f.
         return int(math.log(1.0 - self._rng.random()) / math.log1p(-f))
 
-    def observe(self, *, steps: int, elapsed_s: float, hook_s: float, measured: int, report_s: float) -> None:
+    def observe(
+        self,
+        *,
+        steps: int,
+        elapsed_s: float,
+        hook_s: float,
+        measured: int,
+        report_s: float,
+        unmeasured_s: float = 0.0,
+        unmeasured_timed: int = 0,
+    ) -> None:
         """Take one report interval's timings and update the fraction and the report interval.
 
         Args:
@@ -93,14 +108,23 @@ class WindowSampling:
             hook_s: Time the hooks of its measured steps took (s).
             measured: Steps measured in it.
             report_s: Time the report at its end took (s).
+            unmeasured_s: Time the calls of the timed unmeasured steps took (s).
+            unmeasured_timed: How many unmeasured steps were timed.
         """
         if not self.auto or steps <= 0 or elapsed_s <= 0:
             return
         self._step_s = _smooth(self._step_s, elapsed_s / steps)
         if measured:
             self._cost_s = _smooth(self._cost_s, (hook_s + report_s) / measured)
+        if unmeasured_timed:
+            self._unmeasured_s = _smooth(self._unmeasured_s, unmeasured_s / unmeasured_timed)
         if self._cost_s:
-            self.fraction = min(1.0, max(MIN_FRACTION, self.max_overhead * self._step_s / self._cost_s))
+            budget_s, floor_s = self.max_overhead * self._step_s, self._unmeasured_s or 0.0
+            if self._cost_s <= floor_s:
+                wanted = 1.0  # measuring a step costs no more than skipping it
+            else:
+                wanted = (budget_s - floor_s) / (self._cost_s - floor_s)
+            self.fraction = min(1.0, max(MIN_FRACTION, wanted))
         if self.stretch_reports:
             most = max(self.interval_steps, int(_MAX_REPORT_SPAN_S / self._step_s))
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
