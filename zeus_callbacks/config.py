@@ -221,6 +221,13 @@ class BatchSizeConfig(_Section):
         "converged size; null: only non-convergence does (Zeus). While pruning, runs stop early at this x the "
         "best converged cost when that is below beta_knob.",
     )
+    prune_cost_ratio_no_descent: float | None = Field(
+        1.3,
+        ge=1,
+        description="Replaces prune_cost_ratio for a pruning candidate whose direction is not descending (the first "
+        "size away from the start, or one after a size that did not lower the round's cheapest converged cost); "
+        "null: prune_cost_ratio for every candidate.",
+    )
     elimination_z: float | None = Field(
         2.0,
         gt=0,
