@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--pruning-rounds", type=int, default=1)
     parser.add_argument("--only", default=None, help="comma-separated workloads (default: all six)")
     parser.add_argument(
-        "--bandit", type=json.loads, default=None, help='further batch_size settings, JSON (e.g. \'{"prune_cost_ratio": 1.3}\')'
+        "--bandit", type=json.loads, default=None, help='further batch_size settings as JSON, e.g. {"seed": 1}'
     )
     args = parser.parse_args()
     start = time.monotonic()

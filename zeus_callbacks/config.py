@@ -219,7 +219,8 @@ class BatchSizeConfig(_Section):
         ge=1,
         description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
         "converged size; null: only non-convergence does (Zeus). While pruning, runs stop early at this x the "
-        "best converged cost when that is below beta_knob.",
+        "best converged cost when that is below beta_knob. With prune_cost_ratio_no_descent set, it applies only "
+        "after a size that lowered the cheapest converged cost.",
     )
     prune_cost_ratio_no_descent: float | None = Field(
         1.3,

@@ -13,9 +13,15 @@ converge (target not reached, or stopped early), then the sizes above it in incr
 order with the same rule. Beyond Zeus, a direction also stops at a size that converged
 but cost more than ``prune_cost_ratio`` × the cheapest converged size of the round (the
 cost-to-accuracy is close to unimodal in the batch size, §2.2, so the sizes beyond it
-are costlier still; the margin keeps run-to-run noise from stopping a direction). The
-sizes that converged in the round survive into the next; after ``pruning_rounds``
-rounds, Thompson sampling runs on the survivors.
+are costlier still; the margin keeps run-to-run noise from stopping a direction). That
+factor is ``prune_cost_ratio_no_descent`` (1.3) for a candidate whose direction is not
+descending (the first size away from the start, or one after a size that did not lower the
+cheapest converged cost) and ``prune_cost_ratio`` (1.5) after a size that did: there the
+optimum may lie further on, and one run that took more epochs than usual must not end the
+direction (:meth:`BatchSizeBandit.prune_ratio`). During pruning the same factor stops a
+candidate early at that multiple of the best converged cost. The sizes that converged in
+the round survive into the next; after ``pruning_rounds`` rounds, Thompson sampling runs
+on the survivors.
 
 **Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
 with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
