@@ -10,6 +10,7 @@ limit), ETA saving over the last 10 and over all recurrences, TTA change over th
 and cumulative regret Σ(cost_i − cost_opt)/cost_opt. The last line printed is one JSON object.
 
     python benchmarks/recurring_jobs.py [--seeds 5] [--seed-start 0] [--power-limit jit|max] [--workers 2]
+                                        [--only squad,movielens-1m] [--bandit '{"prune_cost_ratio": 1.3}']
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def baseline_and_oracle(gpu: str, workload: str) -> dict:
 
 
 def one(job: tuple) -> dict:
-    gpu, workload, seed, power_limit, rounds = job
+    gpu, workload, seed, power_limit, rounds, bandit = job
     sizes = traces.available_batch_sizes(gpu, workload)
     limits = traces.power_curve(gpu, workload).power_limit_W
     n = 2 * len(sizes) * len(limits)
@@ -84,6 +85,7 @@ def one(job: tuple) -> dict:
         seed=seed,
         power_limit=power_limit,
         pruning_rounds=rounds,
+        bandit=bandit,
     )
     return {"gpu": gpu, "workload": workload, "seed": seed, "runs": [(r.energy_J, r.time_s, r.cost) for r in runs]}
 
@@ -96,11 +98,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pruning-rounds", type=int, default=1)
     parser.add_argument("--only", default=None, help="comma-separated workloads (default: all six)")
+    parser.add_argument(
+        "--bandit", type=json.loads, default=None, help='further batch_size settings as JSON, e.g. {"seed": 1}'
+    )
     args = parser.parse_args()
     start = time.monotonic()
     rows_keys = [k for k in REFERENCE if args.only is None or k[1] in args.only.split(",")]
     jobs = [
-        (g, w, s, args.power_limit, args.pruning_rounds)
+        (g, w, s, args.power_limit, args.pruning_rounds, args.bandit)
         for g, w in rows_keys
         for s in range(args.seed_start, args.seed_start + args.seeds)
     ]
@@ -137,6 +142,7 @@ def main() -> None:
             "all_saving_pct": round(float(np.mean(allrec)), 1),
             "tta_change_last10_pct": round(float(np.mean(tta)), 1),
             "regret": round(float(np.mean(regret)), 2),
+            "regret_per_seed": [round(x, 2) for x in regret],
             "oracle_batch_size": opt_b,
             "oracle_power_limit_W": opt_p,
             "ref": {"oracle": ref[0], "last10": ref[1], "all": ref[2], "regret": ref[3]},

@@ -297,7 +297,8 @@ def test_a_cut_run_does_not_make_its_arm_look_cheaper(store):
 
 
 def test_pruning_candidates_stop_at_prune_cost_ratio(store):
-    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=1.5))
+    settings = BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=1.5, prune_cost_ratio_no_descent=None)
+    bandit = BatchSizeBandit(store, "job", settings)
     s = bandit.suggest()  # 64: no converged run yet, no threshold
     assert bandit.early_stop_threshold() is None
     bandit.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
@@ -315,6 +316,68 @@ def test_pruning_candidates_stop_at_prune_cost_ratio(store):
     s = no_ratio.suggest()
     no_ratio.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
     assert no_ratio.early_stop_threshold() == 400.0
+
+
+def report(bandit: BatchSizeBandit, expect: int, cost: float, status: str = "completed") -> None:
+    s = bandit.suggest()
+    assert s.batch_size == expect
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=cost, converged=status == "completed", status=status)
+
+
+def test_pruning_stop_factor_follows_the_direction_by_hand(store):
+    # prune_cost_ratio 1.5 after a size that lowered the cheapest converged cost, 1.3 otherwise.
+    settings = BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=1.5, prune_cost_ratio_no_descent=1.3)
+    bandit = BatchSizeBandit(store, "job", settings)
+    report(bandit, 64, 200.0)
+    assert bandit.early_stop_threshold() == pytest.approx(260.0)  # 32: first size below the start, 1.3 x 200
+    report(bandit, 32, 150.0)  # lowers the cheapest (200 → 150): the direction is descending
+    assert bandit.state()["descending"] and bandit.early_stop_threshold() == pytest.approx(225.0)  # 16: 1.5 x 150
+    report(bandit, 16, 210.0)  # 210 ≤ 225: the direction goes on, but 16 did not lower the cheapest
+    assert not bandit.state()["descending"] and bandit.early_stop_threshold() == pytest.approx(195.0)  # 8: 1.3 x 150
+    report(bandit, 8, 196.0, "early_stopped")  # stopped past 195: the downward direction ends
+    assert bandit.early_stop_threshold() == pytest.approx(195.0)  # 128: first size above the start
+    report(bandit, 128, 190.0)  # 190 ≤ 195 goes on; 190 > 150: not descending
+    assert bandit.early_stop_threshold() == pytest.approx(195.0)  # 256
+    report(bandit, 256, 180.0)
+    state = bandit.state()
+    assert state["phase"] == "thompson" and state["survivors"] == [16, 32, 64, 128, 256]
+    assert bandit.early_stop_threshold() == pytest.approx(300.0)  # Thompson phase: beta_knob x 150
+
+
+def test_pruning_direction_end_uses_the_direction_factor(store):
+    sizes = (16, 32, 64, 128, 256, 512)
+    both = BanditSettings(sizes, 64, beta_knob=None, prune_cost_ratio=1.5, prune_cost_ratio_no_descent=1.3)
+    bandit = BatchSizeBandit(store, "job", both)
+    report(bandit, 64, 100.0)
+    report(bandit, 32, 140.0)  # first size below: 140 > 1.3 x 100 ends the downward direction; 16 is skipped
+    report(bandit, 128, 90.0)  # first size above, cheaper: descending
+    report(bandit, 256, 130.0)  # 130 ≤ 1.5 x 90 = 135: the upward direction goes on
+    report(bandit, 512, 120.0)  # after 256 (no new cheapest) the factor is 1.3: 120 > 117 ends it; 512 survives
+    state = bandit.state()
+    assert state["phase"] == "thompson" and state["survivors"] == [32, 64, 128, 256, 512]
+    # With one factor (1.5) everywhere, 140 ≤ 150: the downward direction goes on to 16.
+    single = BanditSettings(sizes, 64, beta_knob=None, prune_cost_ratio=1.5, prune_cost_ratio_no_descent=None)
+    other = BatchSizeBandit(store, "other", single)
+    report(other, 64, 100.0)
+    report(other, 32, 140.0)
+    assert other.suggest().batch_size == 16
+
+
+def test_stored_state_without_descending_flag_counts_as_not_descending(store):
+    settings = BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=1.5, prune_cost_ratio_no_descent=1.3)
+    bandit = BatchSizeBandit(store, "job", settings)
+    report(bandit, 64, 200.0)
+    report(bandit, 32, 150.0)
+    assert bandit.early_stop_threshold() == pytest.approx(225.0)
+
+    def drop_flag(current):
+        state = {k: v for k, v in current.state.items() if k != "descending"}
+        return type(current)(current.job_id, state, current.arms), None
+
+    store.update_bandit("job", drop_flag)  # a state written before the flag existed
+    assert "descending" not in bandit.state() and bandit.early_stop_threshold() == pytest.approx(195.0)
+    with pytest.raises(ValueError, match="prune_cost_ratio_no_descent"):
+        BanditSettings(SIZES, 64, prune_cost_ratio_no_descent=0.9)
 
 
 def test_satisficing_choice_by_hand():

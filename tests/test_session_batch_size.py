@@ -72,7 +72,7 @@ def test_target_stop_then_step_granular_early_stop(tmp_path):
     assert [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "trial"][0]["status"] == "completed"
 
     # Second recurrence: pruning goes down to 32; its cost passes 2 x cost1 at ~20 steps
-    # (prune_cost_ratio off: while pruning, it would otherwise lower the factor to 1.5).
+    # (prune_cost_ratio off: while pruning, it would otherwise lower the factor to 1.3).
     session, backend, clock = new_run(tmp_path, "two", prune_cost_ratio=None)
     session.train_start(run_name="two")
     assert session.suggest_batch_size() == 32

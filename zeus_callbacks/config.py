@@ -219,7 +219,15 @@ class BatchSizeConfig(_Section):
         ge=1,
         description="Pruning also ends a direction at a size costing more than this x the round's cheapest "
         "converged size; null: only non-convergence does (Zeus). While pruning, runs stop early at this x the "
-        "best converged cost when that is below beta_knob.",
+        "best converged cost when that is below beta_knob. With prune_cost_ratio_no_descent set, it applies only "
+        "after a size that lowered the cheapest converged cost.",
+    )
+    prune_cost_ratio_no_descent: float | None = Field(
+        1.3,
+        ge=1,
+        description="Replaces prune_cost_ratio for a pruning candidate whose direction is not descending (the first "
+        "size away from the start, or one after a size that did not lower the round's cheapest converged cost); "
+        "null: prune_cost_ratio for every candidate.",
     )
     elimination_z: float | None = Field(
         2.0,

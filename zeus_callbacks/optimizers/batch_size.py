@@ -13,9 +13,15 @@ converge (target not reached, or stopped early), then the sizes above it in incr
 order with the same rule. Beyond Zeus, a direction also stops at a size that converged
 but cost more than ``prune_cost_ratio`` × the cheapest converged size of the round (the
 cost-to-accuracy is close to unimodal in the batch size, §2.2, so the sizes beyond it
-are costlier still; the margin keeps run-to-run noise from stopping a direction). The
-sizes that converged in the round survive into the next; after ``pruning_rounds``
-rounds, Thompson sampling runs on the survivors.
+are costlier still; the margin keeps run-to-run noise from stopping a direction). That
+factor is ``prune_cost_ratio_no_descent`` (1.3) for a candidate whose direction is not
+descending (the first size away from the start, or one after a size that did not lower the
+cheapest converged cost) and ``prune_cost_ratio`` (1.5) after a size that did: there the
+optimum may lie further on, and one run that took more epochs than usual must not end the
+direction (:meth:`BatchSizeBandit.prune_ratio`). During pruning the same factor stops a
+candidate early at that multiple of the best converged cost. The sizes that converged in
+the round survive into the next; after ``pruning_rounds`` rounds, Thompson sampling runs
+on the survivors.
 
 **Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
 with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
@@ -94,6 +100,12 @@ class BanditSettings:
             times the cheapest converged size of the round (cost is close to unimodal in
             the batch size); None: only non-convergence ends a direction (Zeus). During
             pruning it is also the early-stopping factor when smaller than ``beta_knob``.
+            With ``prune_cost_ratio_no_descent`` set, it applies only to a candidate whose
+            direction is descending (:meth:`BatchSizeBandit.prune_ratio`).
+        prune_cost_ratio_no_descent: The factor that replaces ``prune_cost_ratio`` for a
+            candidate whose direction is not descending: the first size away from the start,
+            or a size after one that did not lower the round's cheapest converged cost; None:
+            ``prune_cost_ratio`` for every candidate. Ignored when ``prune_cost_ratio`` is None.
         elimination_z: Thompson sampling draws only from arms whose lower confidence bound
             ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
         satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
@@ -115,6 +127,7 @@ class BanditSettings:
     window: int | None = None
     discount: float | None = None
     prune_cost_ratio: float | None = 1.5
+    prune_cost_ratio_no_descent: float | None = 1.3
     elimination_z: float | None = 2.0
     satisficing_rel: float | None = 0.01
     explore_stop_z: float | None = 2.0
@@ -136,6 +149,10 @@ class BanditSettings:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
         if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
             raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
+        if self.prune_cost_ratio_no_descent is not None and not self.prune_cost_ratio_no_descent >= 1.0:
+            raise ValueError(
+                f"prune_cost_ratio_no_descent must be ≥ 1 (or None), got {self.prune_cost_ratio_no_descent}"
+            )
         if self.elimination_z is not None and not self.elimination_z > 0:
             raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
         if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
@@ -165,6 +182,7 @@ class BanditSettings:
             window=config.window,
             discount=config.discount,
             prune_cost_ratio=config.prune_cost_ratio,
+            prune_cost_ratio_no_descent=config.prune_cost_ratio_no_descent,
             elimination_z=config.elimination_z,
             satisficing_rel=config.satisficing_rel,
             explore_stop_z=config.explore_stop_z,
@@ -485,6 +503,7 @@ class BatchSizeBandit:
             "candidate": s.default_batch_size,
             "survivors": list(s.batch_sizes),
             "round_results": {},
+            "descending": False,
             "min_cost": None,
             "rng": np.random.Generator(np.random.PCG64(s.seed)).bit_generator.state,
             "batch_sizes": list(s.batch_sizes),
@@ -528,10 +547,39 @@ class BatchSizeBandit:
         beta = self.settings.beta_knob
         if min_cost is None or beta is None:
             return None
-        ratio = self.settings.prune_cost_ratio
+        ratio = self.prune_ratio(state)
         if state["phase"] == Phase.PRUNING.value and ratio is not None:
             beta = min(beta, ratio)
         return beta * min_cost
+
+    def prune_ratio(self, state: dict[str, Any] | None = None) -> float | None:
+        """The pruning factor of the current candidate: ``prune_cost_ratio`` or ``…_no_descent``.
+
+        A direction is *descending* when its last size lowered the round's cheapest converged
+        cost. Its candidate gets ``prune_cost_ratio`` (1.5): the costs fell at the last step,
+        so the optimum may lie further on, and one run that took more epochs than usual
+        (seen up to 7/4 of the usual count on the traces) must not end the direction and lose
+        it. Any other candidate — the first size away from the start, or one after a size that
+        did not lower the cheapest cost — gets ``prune_cost_ratio_no_descent`` (1.3), when
+        set: nothing yet points past it, so a run that already costs that much more than the
+        cheapest is stopped sooner (cost is close to unimodal in the batch size, Zeus §2.2).
+        Stored states written before this rule have no ``descending`` flag and count as not
+        descending.
+
+        Args:
+            state: The bandit state (default: the store's).
+
+        Returns:
+            The factor, or None when ``prune_cost_ratio`` is None.
+        """
+        s = self.settings
+        if s.prune_cost_ratio is None:
+            return None
+        if state is None:
+            state = self.state()
+        if state.get("descending", False) or s.prune_cost_ratio_no_descent is None:
+            return s.prune_cost_ratio
+        return s.prune_cost_ratio_no_descent
 
     def explore_stop_threshold(self, batch_size: int) -> float | None:
         """Cost past which a Thompson-phase run of ``batch_size`` stops as exploration; None: no such stop.
@@ -799,18 +847,23 @@ class BatchSizeBandit:
         ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
         increasing) → next round or the Thompson phase. A direction ends at the first
         size that does not converge, at the first that costs more than
-        ``prune_cost_ratio`` × the cheapest converged size of the round (it survives; the
-        sizes beyond it are not tried), or when it runs out of sizes.
+        :meth:`prune_ratio` × the cheapest converged size of the round (it survives; the
+        sizes beyond it are not tried), or when it runs out of sizes. ``descending`` records
+        whether the candidate just moved past lowered the round's cheapest converged cost
+        (the next candidate's factor depends on it).
         """
+        ratio = self.prune_ratio(state)
+        before = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
         state["round_results"] = {**state["round_results"], str(batch_size): [cost, converged]}
         survivors = sorted(state["survivors"])
         direction = state["direction"]
-        ratio = self.settings.prune_cost_ratio
         best = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
+        state["descending"] = False
         if direction == "start":
             direction, pivot = "down", state["start"]
         elif converged and (ratio is None or cost <= ratio * best):
             pivot = batch_size
+            state["descending"] = cost < before
         elif direction == "down":
             direction, pivot = "up", state["start"]
         else:
@@ -821,6 +874,7 @@ class BatchSizeBandit:
                 state.update(direction="down", candidate=smaller[0])
                 return
             direction, pivot = "up", state["start"]
+            state["descending"] = False  # the first size above the start
         if direction == "up":
             larger = [b for b in survivors if b > pivot]
             if larger:
@@ -842,6 +896,7 @@ class BatchSizeBandit:
             )
         state["round"] += 1
         state["round_results"] = {}
+        state["descending"] = False
         if state["round"] >= self.settings.pruning_rounds:
             state.update(phase=Phase.THOMPSON.value, direction="done", candidate=None)
             logger.info(
