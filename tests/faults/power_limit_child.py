@@ -47,6 +47,9 @@ def fault(mode: str, backend: VirtualGPUBackend) -> None:
 
 
 def main(log_dir: Path, mode: str, fault_step: int, phase: str) -> None:
+    # A child started from a background shell job inherits SIGINT ignored: restore Python's
+    # default, so the planted SIGINT interrupts as it does in a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     clock = ManualClock(1000.0)
     backend = Recording(log_dir / "setter_calls.txt", clock=clock, read_only=False)
     backend.set_power_limit_W(0, ORIGINAL_W)
