@@ -130,7 +130,13 @@ class LoggingConfig(_Section):
     log_dir: Path = Field(Path("zeus_logs"), description="Directory of the JSONL energy log.")
     jsonl: bool = Field(True, description="Write the JSONL energy log.")
     progress_bar: bool = Field(True, description="Show the run's energy on the progress bar (Lightning).")
-    run_name: str | None = Field(None, description="Name of the run's JSONL file; default: a timestamp.")
+    run_name: str | None = Field(
+        None,
+        description="Name of the run, the stem of its JSONL file (-1, -2, ... is appended when that file exists). "
+        "Default: with Lightning, the logger's <name>-<version> (e.g. lightning_digits-0; a string version alone); "
+        "with the Hugging Face Trainer, the last part of TrainingArguments.run_name; otherwise (no logger or "
+        "run_name, or an EnergySession used directly) the start time, run-YYYYmmdd-HHMMSS.",
+    )
 
 
 class PowerLimitConfig(_Section):
