@@ -166,10 +166,11 @@ def render_configuration() -> str:
         "Every key is optional; an empty file means all defaults. A key whose default is *required* lies in an "
         "optional section: it must be given when that section is.",
         "",
-        "The file is read with `yaml.safe_load` and validated by the pydantic model "
+        "The file is read with PyYAML's safe loader and validated by the pydantic model "
         "`zeus_callbacks.config.ZeusConfig`. Unknown keys are rejected, and the error names each bad "
         "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted`), "
-        "before training starts. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
+        "before training starts. A key given twice in one mapping (two `logging:` sections, say) is an "
+        "error that names the key and its line. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
         "and pydantic converts them.",
         "",
         "Read-only mode is not a configuration key: it is the environment variable "

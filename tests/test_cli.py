@@ -17,6 +17,15 @@ def test_validate_config_accepts_a_good_file_and_names_bad_fields(tmp_path, caps
     assert "logging.interval_step" in err and "Traceback" not in err
 
 
+def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
+    path = tmp_path / "twice.yaml"
+    path.write_text("logging: {interval_steps: 7}\nbackend: virtual\nlogging: {jsonl: false}\n")
+    assert main(["validate-config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"{path}: line 3: duplicate key 'logging' (already given at line 1); give each key once\n"
+
+
 def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock):
     session = EnergySession(
         {"logging": {"log_dir": str(tmp_path), "run_name": "r1", "interval_steps": 2}},

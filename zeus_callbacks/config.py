@@ -373,8 +373,45 @@ def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
         raise ConfigError(_format_validation_error(exc, source)) from None
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A YAML mapping gives the same key twice (lines are 1-based)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key repeated in one mapping is an error.
+
+    ``yaml.safe_load`` keeps the last of two equal keys, so a second ``logging:`` section
+    would silently replace the first. Merge keys (``<<: *anchor``) may still be overridden.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """Construct the mapping after checking that no key is given twice.
+
+        Raises:
+            _DuplicateKey: Two keys of the mapping are equal.
+        """
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise _DuplicateKey(key, line, first_line[key])
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> ZeusConfig:
-    """Read and validate a YAML configuration file (``yaml.safe_load``).
+    """Read and validate a YAML configuration file (PyYAML's safe loader; repeated keys refused).
 
     Args:
         path: The YAML file.
@@ -383,19 +420,24 @@ def load_config(path: str | Path) -> ZeusConfig:
         The validated configuration.
 
     Raises:
-        ConfigError: The file is missing, unreadable, not YAML, or invalid; the
+        ConfigError: The file is missing, unreadable, not YAML, repeats a key, or invalid; the
             message names the file (and the field, for invalid values).
     """
     path = Path(path)
     try:
         with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
-            data = yaml.safe_load(stream)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
     except FileNotFoundError:
         raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
     except UnicodeError:
         raise ConfigError(f"{path} is not a text (UTF-8) YAML file") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{path}: line {exc.line}: duplicate key {exc.key!r} (already given at line {exc.first_line}); "
+            "give each key once"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))
