@@ -241,3 +241,15 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
     text = "power_limit: &shared {enabled: false, eta_knob: 0.3}\nbatch_size:\n  <<: *shared\n  eta_knob: 0.7\n"
     cfg = load_config(write_yaml(tmp_path, text))
     assert (cfg.power_limit.eta_knob, cfg.batch_size.eta_knob) == (0.3, 0.7)
+
+
+@pytest.mark.parametrize(("written", "shown"), [("2", "2"), ("0.0001", "0.0001"), ("-1", "-1")])
+def test_an_out_of_range_sample_fraction_shows_the_value_once(tmp_path, written, shown):
+    path = write_yaml(tmp_path, f"windows: {{sample_fraction: {written}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).splitlines() == [
+        f"invalid zeus-callbacks configuration in {path}:",
+        f"  windows.sample_fraction: Value error, sample_fraction must be 'auto' or a number in [0.001, 1] "
+        f"(got {shown})",
+    ]

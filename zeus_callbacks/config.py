@@ -114,7 +114,8 @@ class WindowsConfig(_Section):
     @classmethod
     def _fraction_in_range(cls, value: Any) -> Any:
         if value != "auto" and not MIN_FRACTION <= value <= 1:
-            raise ValueError(f"sample_fraction must be 'auto' or a number in [{MIN_FRACTION:g}, 1], got {value}")
+            # no "got" here: the ConfigError message adds the value as written
+            raise ValueError(f"sample_fraction must be 'auto' or a number in [{MIN_FRACTION:g}, 1]")
         return value
 
 
