@@ -156,7 +156,10 @@ def _demo_kernel(args: argparse.Namespace):
         import importlib
 
         module, _, attr = args.kernel.partition(":")
-        return getattr(importlib.import_module(module), attr), args.kernel
+        try:
+            return getattr(importlib.import_module(module), attr), args.kernel
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import the kernel {args.kernel!r}: {exc}") from exc
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
