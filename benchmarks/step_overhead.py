@@ -84,6 +84,7 @@ class ZeusWindows:
     def __init__(self, dev) -> None:
         self.dev = dev
         self.real = False
+        reason = "smoke mode (virtual GPU: ZeusMonitor needs NVML)"
         if not dev.smoke:
             try:
                 from zeus.monitor import ZeusMonitor
@@ -91,7 +92,10 @@ class ZeusWindows:
                 self.monitor = ZeusMonitor(gpu_indices=[0])
                 self.real = True
             except Exception as exc:  # not carried, or it failed to start
-                print(f"zeus unavailable ({type(exc).__name__}: {exc}); using zeus_style", flush=True)
+                missing = isinstance(exc, ModuleNotFoundError) and exc.name in ("zeus", "zeus.monitor")
+                reason = "zeus not installed" if missing else f"zeus unavailable ({type(exc).__name__}: {exc})"
+        if not self.real:
+            print(f"{reason}: zeus_style stand-in (sync + counter read per boundary)", flush=True)
 
     def begin(self) -> None:
         if self.real:
@@ -265,6 +269,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.mlp_cycles, args.gpt2_cycles, args.block_s, args.accuracy_steps = 8, 4, 0.05, 20
+        print("smoke: tiny blocks on the CPU and a virtual GPU; the ratios below are noise, not overhead results",
+              flush=True)  # fmt: skip
     warnings.filterwarnings("ignore")
     logging.getLogger("zeus").setLevel(logging.ERROR)
     out = Path(args.out)

@@ -3,9 +3,9 @@
 Sources of truth:
 
 * ``docs/configuration.md``: the pydantic model :class:`zeus_callbacks.config.ZeusConfig`
-  (every field, walked recursively: dotted key, type, default, allowed values,
-  description), plus a complete YAML file of the defaults
-  (``ZeusConfig().model_dump(mode="json")`` through ``yaml.safe_dump``).
+  (every field, walked recursively into sections and optional sections such as
+  ``batch_size.target``: dotted key, type, default, allowed values, description), plus a
+  complete YAML file of the defaults (``ZeusConfig().model_dump(mode="json")`` through ``yaml.safe_dump``).
 * ``docs/metrics.md``: :data:`zeus_callbacks.reporting.METRICS` (key, unit, meaning) and
   the JSONL record types, found by reading ``zeus_callbacks/session.py``: every dict
   literal with an ``"event"`` key is a record type, its keys are the record's fields
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import annotated_types
+import pydantic_core
 import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -115,20 +116,37 @@ def _first_line(doc: str | None) -> str:
     return _cell(inspect.cleandoc(doc or "").split("\n\n")[0])
 
 
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field: ``Section`` or ``Section | None`` (an optional section); else None."""
+    candidates = [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        candidates = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(candidates) == 1 and inspect.isclass(candidates[0]) and issubclass(candidates[0], BaseModel):
+        return candidates[0]
+    return None
+
+
 def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
     """Return (dotted prefix, model) for ``model`` and every nested section, depth first."""
     found = [(prefix, model)]
     for name, info in model.model_fields.items():
-        annotation = info.annotation
-        if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
-            found += _sections(annotation, f"{prefix}{name}.")
+        section = _section_model(info.annotation)
+        if section is not None:
+            found += _sections(section, f"{prefix}{name}.")
     return found
 
 
-def _lookup(data: dict[str, Any], dotted: str) -> Any:
-    for part in dotted.split("."):
+def _default(defaults: dict[str, Any], key: str, info: FieldInfo) -> str:
+    """The Default cell: from the dumped defaults, or from the field when its section defaults to null."""
+    if info.is_required():
+        return "required"
+    data: Any = defaults
+    for part in key.split("."):
+        if data is None:  # inside an optional section that is null by default
+            data = pydantic_core.to_jsonable_python(info.get_default(call_default_factory=True))
+            break
         data = data[part]
-    return data
+    return f"`{_yaml_scalar(data)}`"
 
 
 def render_configuration() -> str:
@@ -145,12 +163,14 @@ def render_configuration() -> str:
         "One YAML file configures zeus-callbacks. Give its path to the callback "
         '(`ZeusCallback.from_yaml("zeus.yaml")`, `ZeusTrainerCallback.from_yaml("zeus.yaml")`, or '
         "`config: zeus.yaml` in a LightningCLI file), or pass the same settings as a mapping. "
-        "Every key is optional; an empty file means all defaults.",
+        "Every key is optional; an empty file means all defaults. A key whose default is *required* lies in an "
+        "optional section: it must be given when that section is.",
         "",
-        "The file is read with `yaml.safe_load` and validated by the pydantic model "
+        "The file is read with PyYAML's safe loader and validated by the pydantic model "
         "`zeus_callbacks.config.ZeusConfig`. Unknown keys are rejected, and the error names each bad "
         "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted`), "
-        "before training starts. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
+        "before training starts. A key given twice in one mapping (two `logging:` sections, say) is an "
+        "error that names the key and its line. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
         "and pydantic converts them.",
         "",
         "Read-only mode is not a configuration key: it is the environment variable "
@@ -165,21 +185,15 @@ def render_configuration() -> str:
         for name, info in model.model_fields.items():
             key = prefix + name
             annotation = info.annotation
-            if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+            section = _section_model(annotation)
+            type_text, allowed, description = _type_name(annotation), _constraints(info), info.description or ""
+            if section is not None:
                 anchor = key.replace(".", "")
-                description = f"{_first_line(annotation.__doc__)} See [`{key}`](#{anchor})."
+                description = f"{description or _first_line(section.__doc__)} See [`{key}`](#{anchor})."
+            if section is annotation:  # a section that is always there: no default of its own
                 rows.append((f"`{key}`", "section", "", "", description))
-                continue
-            type_text = _type_name(annotation)
-            rows.append(
-                (
-                    f"`{key}`",
-                    type_text,
-                    f"`{_yaml_scalar(_lookup(defaults, key))}`",
-                    _constraints(info),
-                    info.description or "",
-                )
-            )
+            else:
+                rows.append((f"`{key}`", type_text, _default(defaults, key, info), allowed, description))
         out += ["| Key | Type | Default | Allowed | Description |", "| --- | --- | --- | --- | --- |"]
         out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
         out.append("")

@@ -1,6 +1,10 @@
 import subprocess
 import sys
+from importlib import metadata
 
+import pytest
+
+import zeus_callbacks
 from zeus_callbacks.cli import main
 from zeus_callbacks.session import EnergySession
 
@@ -15,6 +19,15 @@ def test_validate_config_accepts_a_good_file_and_names_bad_fields(tmp_path, caps
     assert main(["validate-config", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "logging.interval_step" in err and "Traceback" not in err
+
+
+def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
+    path = tmp_path / "twice.yaml"
+    path.write_text("logging: {interval_steps: 7}\nbackend: virtual\nlogging: {jsonl: false}\n")
+    assert main(["validate-config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"{path}: line 3: duplicate key 'logging' (already given at line 1); give each key once\n"
 
 
 def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock):
@@ -40,6 +53,26 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
 def test_console_script_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "validate-config" in done.stdout
+
+
+def test_version_prints_the_installed_version(capsys):
+    expected = f"zeus-callbacks {metadata.version('zeus-callbacks')}\n"
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == expected
+    done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--version"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
+
+
+def test_version_falls_back_to_the_module_version(capsys, monkeypatch):
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    monkeypatch.setattr(zeus_callbacks, "__version__", "0.0.0+source")  # tells the fallback from the metadata
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == "zeus-callbacks 0.0.0+source\n"
 
 
 def test_simulate_subcommand_runs_recurrences(tmp_path, capsys):

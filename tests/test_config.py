@@ -216,3 +216,40 @@ def test_yaml_numbers_and_dates_for_text_fields_suggest_quoting(tmp_path):
                and 'run_name: "2024-01-01"' in line for line in lines)
     assert "  gpu_indices: Value error, must be distinct non-negative indices (got [0, 0])" in lines
     assert "datetime" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "first_line"),
+    [
+        ("logging:\n  interval_steps: 10\nbackend: virtual\nlogging:\n  jsonl: false\n", "logging", 4, 1),
+        ("logging:\n  interval_steps: 10\n  jsonl: false\n  interval_steps: 20\n", "interval_steps", 4, 2),
+        ("virtual: {gpu: A40, gpu: V100}\n", "gpu", 1, 1),
+    ],
+)
+def test_a_repeated_key_is_refused_with_its_line(tmp_path, text, key, line, first_line):
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: line {line}: duplicate key {key!r} (already given at line {first_line}); give each key once"
+    )
+    assert info.value.__cause__ is None
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    # "<<: *anchor" followed by one of the merged keys is an override, not a repeated key.
+    text = "power_limit: &shared {enabled: false, eta_knob: 0.3}\nbatch_size:\n  <<: *shared\n  eta_knob: 0.7\n"
+    cfg = load_config(write_yaml(tmp_path, text))
+    assert (cfg.power_limit.eta_knob, cfg.batch_size.eta_knob) == (0.3, 0.7)
+
+
+@pytest.mark.parametrize(("written", "shown"), [("2", "2"), ("0.0001", "0.0001"), ("-1", "-1")])
+def test_an_out_of_range_sample_fraction_shows_the_value_once(tmp_path, written, shown):
+    path = write_yaml(tmp_path, f"windows: {{sample_fraction: {written}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).splitlines() == [
+        f"invalid zeus-callbacks configuration in {path}:",
+        f"  windows.sample_fraction: Value error, sample_fraction must be 'auto' or a number in [0.001, 1] "
+        f"(got {shown})",
+    ]

@@ -81,6 +81,19 @@ def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
     assert main(["profile-kernel", "nosuchkernel", "--backend", "virtual"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("kernel", "reason"),
+    [("nosuch:fn", "No module named 'nosuch'"), ("json:nosuchfn", "module 'json' has no attribute 'nosuchfn'")],
+)
+def test_profile_kernel_says_which_kernel_cannot_be_imported(capsys, kernel, reason):
+    from zeus_callbacks.cli import main
+
+    assert main(["profile-kernel", kernel, "--backend", "virtual"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"zeus-callbacks: cannot import the kernel {kernel!r}: {reason}\n"
+
+
 def test_a_binning_that_drops_too_much_is_warned_about_once_per_run(caplog):
     import logging
 

@@ -156,7 +156,10 @@ def _demo_kernel(args: argparse.Namespace):
         import importlib
 
         module, _, attr = args.kernel.partition(":")
-        return getattr(importlib.import_module(module), attr), args.kernel
+        try:
+            return getattr(importlib.import_module(module), attr), args.kernel
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import the kernel {args.kernel!r}: {exc}") from exc
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -242,9 +245,22 @@ def _profile_kernel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _package_version() -> str:
+    """The installed version of zeus-callbacks (package metadata), else ``zeus_callbacks.__version__``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("zeus-callbacks")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        import zeus_callbacks
+
+        return getattr(zeus_callbacks, "__version__", "unknown")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``zeus-callbacks`` command."""
     parser = argparse.ArgumentParser(prog="zeus-callbacks", description="GPU energy for training runs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate-config", help="check a YAML configuration file")
     validate.add_argument("file")

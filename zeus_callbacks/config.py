@@ -114,7 +114,8 @@ class WindowsConfig(_Section):
     @classmethod
     def _fraction_in_range(cls, value: Any) -> Any:
         if value != "auto" and not MIN_FRACTION <= value <= 1:
-            raise ValueError(f"sample_fraction must be 'auto' or a number in [{MIN_FRACTION:g}, 1], got {value}")
+            # no "got" here: the ConfigError message adds the value as written
+            raise ValueError(f"sample_fraction must be 'auto' or a number in [{MIN_FRACTION:g}, 1]")
         return value
 
 
@@ -130,7 +131,13 @@ class LoggingConfig(_Section):
     log_dir: Path = Field(Path("zeus_logs"), description="Directory of the JSONL energy log.")
     jsonl: bool = Field(True, description="Write the JSONL energy log.")
     progress_bar: bool = Field(True, description="Show the run's energy on the progress bar (Lightning).")
-    run_name: str | None = Field(None, description="Name of the run's JSONL file; default: a timestamp.")
+    run_name: str | None = Field(
+        None,
+        description="Name of the run, the stem of its JSONL file (-1, -2, ... is appended when that file exists). "
+        "Default: with Lightning, the logger's <name>-<version> (e.g. lightning_digits-0; a string version alone); "
+        "with the Hugging Face Trainer, the last part of TrainingArguments.run_name; otherwise (no logger or "
+        "run_name, or an EnergySession used directly) the start time, run-YYYYmmdd-HHMMSS.",
+    )
 
 
 class PowerLimitConfig(_Section):
@@ -375,8 +382,45 @@ def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
         raise ConfigError(_format_validation_error(exc, source)) from None
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A YAML mapping gives the same key twice (lines are 1-based)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key repeated in one mapping is an error.
+
+    ``yaml.safe_load`` keeps the last of two equal keys, so a second ``logging:`` section
+    would silently replace the first. Merge keys (``<<: *anchor``) may still be overridden.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """Construct the mapping after checking that no key is given twice.
+
+        Raises:
+            _DuplicateKey: Two keys of the mapping are equal.
+        """
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise _DuplicateKey(key, line, first_line[key])
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> ZeusConfig:
-    """Read and validate a YAML configuration file (``yaml.safe_load``).
+    """Read and validate a YAML configuration file (PyYAML's safe loader; repeated keys refused).
 
     Args:
         path: The YAML file.
@@ -385,19 +429,24 @@ def load_config(path: str | Path) -> ZeusConfig:
         The validated configuration.
 
     Raises:
-        ConfigError: The file is missing, unreadable, not YAML, or invalid; the
+        ConfigError: The file is missing, unreadable, not YAML, repeats a key, or invalid; the
             message names the file (and the field, for invalid values).
     """
     path = Path(path)
     try:
         with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
-            data = yaml.safe_load(stream)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
     except FileNotFoundError:
         raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
     except UnicodeError:
         raise ConfigError(f"{path} is not a text (UTF-8) YAML file") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{path}: line {exc.line}: duplicate key {exc.key!r} (already given at line {exc.first_line}); "
+            "give each key once"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))
