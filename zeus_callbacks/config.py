@@ -93,7 +93,8 @@ class WindowsConfig(_Section):
         gt=0,
         lt=0.5,
         description="Auto sample_fraction's budget: the fraction of the step time the windows may cost the "
-        "training thread (hooks and reports; with one process, reports are spaced out to fit).",
+        "training thread (hooks of measured steps, reports, and the calls of unmeasured steps as timed from "
+        "inside; with one process, reports are spaced out to fit).",
     )
     sensor_delay_s: float | None = Field(
         None,
