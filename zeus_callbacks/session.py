@@ -572,7 +572,7 @@ class EnergySession:
         """Start timing an interval for auto sampling; ``t0`` is None while paused.
 
         Counted: steps, measured steps, the time the steps ran (pauses excluded), the hooks'
-        and the reports' time.
+        and the reports' time, and the time and number of the timed unmeasured steps' calls.
         """
         self._gov_steps = self._gov_measured = self._gov_unmeasured_timed = 0
         self._gov_hook_s = self._gov_busy_s = self._gov_report_s = self._gov_unmeasured_s = 0.0
