@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks import ConfigError, ZeusTrainerCallback
 
 HERE = Path(__file__).resolve().parent
 
@@ -121,7 +121,10 @@ def main() -> None:
         disable_tqdm=False,
         seed=0,
     )
-    zeus = None if args.no_callback else ZeusTrainerCallback.from_yaml(args.config)
+    try:
+        zeus = None if args.no_callback else ZeusTrainerCallback.from_yaml(args.config)
+    except ConfigError as exc:  # a bad or missing --config: one clear line, not a traceback
+        parser.error(f"--config: {exc}")
     step_clock = StepClock()
     trainer = Trainer(
         model=model, args=training_args, train_dataset=train_set, eval_dataset=eval_set,

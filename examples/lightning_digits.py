@@ -26,7 +26,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from zeus_callbacks import ZeusCallback
+from zeus_callbacks import ConfigError, ZeusCallback
 
 HERE = Path(__file__).resolve().parent
 
@@ -114,7 +114,10 @@ def main() -> None:
     args = parser.parse_args()
 
     L.seed_everything(0, workers=True)
-    zeus = None if args.no_callback else ZeusCallback.from_yaml(args.config)
+    try:
+        zeus = None if args.no_callback else ZeusCallback.from_yaml(args.config)
+    except ConfigError as exc:  # a bad or missing --config: one clear line, not a traceback
+        parser.error(f"--config: {exc}")
     step_clock = StepClock()
     trainer = L.Trainer(
         max_epochs=args.epochs,

@@ -207,3 +207,27 @@ def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
     assert statuses["with"] == statuses["without"] == 0
     records = read_jsonl(tmp_path / "with" / "killed.jsonl")
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("example", "config", "message"),
+    [
+        ("lightning_digits.py", "logging:\n  interval_stepz: 3\n",
+         "logging.interval_stepz: Extra inputs are not permitted"),
+        ("hf_text.py", None, "configuration file not found"),
+    ],
+)
+def test_the_examples_reject_a_bad_config_in_one_message(tmp_path, example, config, message):
+    """A typo'd or missing --config stops the example before training: a usage error, no traceback."""
+    from pathlib import Path
+
+    path = tmp_path / "zeus.yaml"
+    if config is not None:
+        path.write_text(config)
+    script = Path(__file__).resolve().parents[1] / "examples" / example
+    done = subprocess.run([sys.executable, str(script), "--config", str(path)], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{example}: error: --config: " in done.stderr and message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing trained, no log written
