@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from scipy.stats import linregress  # noqa: E402
 
 from zeus_callbacks.backends import get_backend  # noqa: E402
 from zeus_callbacks.backends.base import GPUBackend  # noqa: E402
@@ -204,12 +205,8 @@ def fitted_power(ticks: CounterTicks, t_lo: float, t_hi: float) -> dict:
     i = np.flatnonzero((ticks.time_s >= t_lo) & (ticks.time_s <= t_hi))
     if i.size < 3:
         raise ValueError(f"fewer than 3 counter ticks in [{t_lo:.3f}, {t_hi:.3f}] s")
-    t = ticks.time_s[i] - ticks.time_s[i].mean()
-    e = ticks.energy_J[i]
-    slope = float(t @ (e - e.mean()) / (t @ t))
-    resid = e - e.mean() - slope * t
-    se = float(np.sqrt(resid @ resid / (i.size - 2) / (t @ t)))
-    return {"power_W": slope, "se_W": se, "ticks": int(i.size)}
+    fit = linregress(ticks.time_s[i] - ticks.time_s[i].mean(), ticks.energy_J[i])
+    return {"power_W": float(fit.slope), "se_W": float(fit.stderr), "ticks": int(i.size)}
 
 
 class CounterPoller:
@@ -269,27 +266,6 @@ class CounterPoller:
             if ticks.time_s.size and ticks.time_s[-1] > t_s:
                 return
             time.sleep(0.01)
-
-
-def counter_edge(dev: Device, timeout_s: float = 0.5, work: Callable[[], Any] | None = None) -> tuple[float, float]:
-    """Wait for the energy counter to tick (it moves every ~100 ms) and return (time_s, energy_J) of the tick.
-
-    ``work``, when given, is called between reads so the GPU stays busy while we wait; the
-    tick is then timed only to within one call of ``work``: use :class:`CounterPoller` for
-    references.
-    """
-    backend = dev.backend
-    first = backend.energy_counter_J(0)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = backend.energy_counter_J(0)
-        if value != first:
-            return backend.clock.now_s(), value
-        if work is not None:
-            work()
-        elif dev.smoke:
-            time.sleep(0.002)
-    return backend.clock.now_s(), backend.energy_counter_J(0)
 
 
 def power_limit_W() -> str | None:

@@ -58,7 +58,7 @@ from fg_common import (
     write_json,
 )
 
-from zeus_callbacks.measurement.profiler import profile
+from zeus_callbacks.measurement.profiler import isolated_gap_s, profile
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.sensor import characterise_sensor
 
@@ -165,19 +165,6 @@ def bursts(dev, fn, sampler: PowerSampler, delay: float, n_bursts: int, per_burs
     return out
 
 
-def idle_power(ticks, t_lo: float, t_hi: float) -> dict:
-    """Idle power from the counter ticks in ``[t_lo, t_hi]``: slope fit (every tick counts) and its SE."""
-    fit = fitted_power(ticks, t_lo, t_hi)
-    return {"power_W": fit["power_W"], "se_W": fit["se_W"], "ticks": fit["ticks"]}
-
-
-def isolated_gap_s(backend) -> tuple[float, float]:
-    """The random idle gap of isolated mode, as ``profile()`` draws it by default (s)."""
-    period = backend.sample_period_s
-    pre_s, post_s = max(2 * period, 0.04), max(5 * period, 0.1)
-    return (pre_s + post_s + period, pre_s + post_s + 6 * period)
-
-
 def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: str, target: float):
     """Isolated mode with its reference: idle, the isolated train, idle; the counter polled in the idles.
 
@@ -195,7 +182,7 @@ def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: s
         ticks0 = poller.ticks()
     iso = profile(fn, mode="isolated", backend=dev.backend, min_time_s=args.isolated_s,
                   max_time_s=args.isolated_s, target_ci=0.001, idle_s=0.5, name=f"{label} isolated",
-                  gap_s=isolated_gap_s(dev.backend),
+                  gap_s=isolated_gap_s(dev.backend.sample_period_s),
                   sensor_delay_s=delay,
                   plot_path=out / f"profile_isolated_{workload}_{int(target)}ms.png")  # fmt: skip
     t_iso1 = clock.now_s()
@@ -204,7 +191,7 @@ def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: s
         t_idle1 = clock.now_s()
         poller.wait_tick_after(t_idle1)
         ticks1 = poller.ticks()
-    idle0, idle1 = idle_power(ticks0, t_idle0, t_iso0), idle_power(ticks1, t_iso1, t_idle1)
+    idle0, idle1 = fitted_power(ticks0, t_idle0, t_iso0), fitted_power(ticks1, t_iso1, t_idle1)
     p_idle = (idle0["power_W"] + idle1["power_W"]) / 2
     before = int(np.flatnonzero(ticks0.time_s <= t_iso0)[-1])  # the train lies between these two ticks
     after = int(np.flatnonzero(ticks1.time_s >= t_iso1)[0])
@@ -268,7 +255,7 @@ def interleaved_reference(dev, fn, duration_s: float, total_s: float, block_s: f
             exec_blocks.append((t0, clock.now_s(), n))
         poller.wait_tick_after(clock.now_s())
         ticks = poller.ticks()
-    idle_W = [idle_power(ticks, lo, hi)["power_W"] for lo, hi in idle_spans]
+    idle_W = [fitted_power(ticks, lo, hi)["power_W"] for lo, hi in idle_spans]
     net_J, counts = [], []
     for k, (t0, t1, n) in enumerate(exec_blocks):
         a = int(np.flatnonzero(ticks.time_s <= t0)[-1])
@@ -435,8 +422,9 @@ def main() -> None:
                 row["isolated"] = _ours(iso, iso_ref["energy_J"], None, iso_ref["rel_err_pct"] / 100)
                 save()
                 if args.interleaved_ref_s > 0:
+                    gap_s = isolated_gap_s(dev.backend.sample_period_s)
                     ir = interleaved_reference(dev, fn, iso.duration_s, args.interleaved_ref_s,
-                                               args.interleaved_block_s, isolated_gap_s(dev.backend))  # fmt: skip
+                                               args.interleaved_block_s, gap_s)  # fmt: skip
                     row["isolated_ref_interleaved"] = ir
                     row["isolated_vs_interleaved"] = _ours(iso, ir["energy_J"], None, ir["rel_err_pct"] / 100)
                     save()

@@ -125,3 +125,12 @@ def test_work_before_the_profile_stays_out_of_it(mode):
     res = profile(kernel, mode=mode, backend=backend, target_ci=0.06, min_time_s=4.0, max_time_s=4.0, n_boot=50)
     assert res.baseline_W == pytest.approx(idle_W, abs=2.0)  # 2 s at busy_W would lift it by tens of W
     assert res.energy_J == pytest.approx(busy_W * EXEC_S, rel=0.1)
+
+
+def test_isolated_gap_leaves_idle_samples_around_each_execution():
+    from zeus_callbacks.measurement.profiler import isolated_gap_s
+
+    # 20 ms sensor: 40 ms before + 100 ms after the execution, plus 1 to 6 sample periods of idle.
+    assert isolated_gap_s(0.02) == pytest.approx((0.16, 0.26))
+    # A 1 ms sensor keeps the floors of the margins (40 ms, 100 ms).
+    assert isolated_gap_s(0.001) == pytest.approx((0.141, 0.146))

@@ -348,9 +348,9 @@ def _profile(
     manual = isinstance(clock, ManualClock)
     period = backend.sample_period_s
     delay = backend.sensor_delay_s if sensor_delay_s is None else sensor_delay_s
-    pre_s, post_s = max(2 * period, 0.04), max(5 * period, 0.1)
+    pre_s, post_s = _isolated_margins_s(period)
     if gap_s is None:
-        gap_s = (pre_s + post_s + period, pre_s + post_s + 6 * period)
+        gap_s = isolated_gap_s(period)
     rng = np.random.default_rng(seed)
     sampler = PowerSampler(backend, [gpu_index], poll_period_s=0.1, energy_counter_period_s=3600.0, buffer_s=600.0)
     timer, timer_name, sync = _make_timer(backend, use_cuda)
@@ -482,6 +482,21 @@ def _profile(
     if plot_path is not None:
         out.plot(plot_path)
     return out
+
+
+def _isolated_margins_s(sample_period_s: float) -> tuple[float, float]:
+    """Time before and after an execution attributed to it (s): the sensor's rise and power tail."""
+    return max(2 * sample_period_s, 0.04), max(5 * sample_period_s, 0.1)
+
+
+def isolated_gap_s(sample_period_s: float) -> tuple[float, float]:
+    """Isolated mode's default ``(low, high)`` random idle gap for a sensor's sample period (s).
+
+    At least the execution's margins before and after plus one sample period, so every
+    execution's timeline has idle samples around it: ``(0.16, 0.26)`` s for a 20 ms sensor.
+    """
+    pre_s, post_s = _isolated_margins_s(sample_period_s)
+    return (pre_s + post_s + sample_period_s, pre_s + post_s + 6 * sample_period_s)
 
 
 def _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed, begin_s):
