@@ -35,7 +35,6 @@ import logging
 import os
 import random
 import statistics
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -217,10 +216,10 @@ class Parked:
 
     While one mode runs its block, the other sessions must cost nothing (else ``base`` pays for
     their samplers and they blur every block): each session's sampler thread runs only during its
-    own blocks. Stopping it skips :meth:`PowerSampler.stop`'s final drain, and restarting it
-    skips the first poll of :meth:`PowerSampler.start`: the device keeps ~2.4 s of power samples
-    (H200), and the next poll of the session's own block drains them. The thread's CPU time is
-    summed per session (user and system). Uses private members: a benchmark, not an API.
+    own blocks, paused with ``stop(final_drain=False)`` and resumed with ``start(first_poll=False)``
+    (the device keeps ~2.4 s of power samples on an H200; the next poll of the session's own block
+    drains them). The thread's CPU time is summed per session (user and system). The session's
+    own timing is paused with a private method: a benchmark, not an API.
     """
 
     def __init__(self, session: EnergySession) -> None:
@@ -231,24 +230,18 @@ class Parked:
         self.park(first=True)
 
     def park(self, first: bool = False) -> None:
-        s = self.sampler
-        thread, s._thread = s._thread, None
-        if thread is not None:
-            user_s, sys_s = thread_cpu_s(thread.native_id)
+        native_id = self.sampler.thread_native_id
+        if native_id is not None:
+            user_s, sys_s = thread_cpu_s(native_id)
             self.user_s += user_s
             self.sys_s += sys_s
-            s._stop.set()
-            s._wake.set()
-            thread.join(timeout=5.0)
+        self.sampler.stop(final_drain=False)
         if not first:
             self.active_s += time.perf_counter() - self._t0
         self.session._pause_timing()  # the other modes' blocks are no step of this session's
 
     def unpark(self) -> None:
-        s = self.sampler
-        s._stop.clear()
-        s._thread = threading.Thread(target=s._run, name="zeus-power-sampler", daemon=True)
-        s._thread.start()
+        self.sampler.start(first_poll=False)
         self.session._resume_timing()
         self._t0 = time.perf_counter()
 

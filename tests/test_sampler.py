@@ -159,6 +159,30 @@ def test_start_is_idempotent(wall_virtual_backend):
     assert len(sampler_threads()) == before
 
 
+def test_a_paused_thread_resumes_without_losing_the_samples_of_the_pause(wall_virtual_backend):
+    """stop(final_drain=False) / start(first_poll=False): the thread only; the device's buffer covers the pause."""
+    before = len(sampler_threads())
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler.start()
+    assert wait_until(lambda: len(sampler.samples(0)[0]) > 3)
+    sampler.stop(final_drain=False)
+    assert not sampler.running and sampler.thread_native_id is None
+    assert len(sampler_threads()) == before
+    paused = len(sampler.samples(0)[0])
+    time.sleep(0.3)  # the device keeps 2.4 s of samples
+    assert len(sampler.samples(0)[0]) == paused  # nothing polled while paused
+    sampler.start(first_poll=False)
+    assert sampler.running and isinstance(sampler.thread_native_id, int)
+    try:
+        assert wait_until(lambda: len(sampler.samples(0)[0]) > paused)  # the thread's own poll drains them
+    finally:
+        sampler.stop()
+    times = sampler.samples(0)[0]
+    period = wall_virtual_backend.sample_period_s
+    assert np.diff(times).max() < 2 * period  # no hole where the pause was
+    assert times[-1] - times[0] > 0.3
+
+
 def test_stop_without_start_is_harmless(wall_virtual_backend):
     sampler = PowerSampler(wall_virtual_backend, [0])
     sampler.stop()

@@ -108,17 +108,31 @@ class PowerSampler:
         self._warned: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------
-    def start(self) -> None:
-        """Take first readings and start the background thread (idempotent)."""
+    def start(self, *, first_poll: bool = True) -> None:
+        """Take first readings and start the background thread (idempotent).
+
+        Args:
+            first_poll: Drain and read the counter before the thread starts. False resumes
+                after ``stop(final_drain=False)`` as if the thread had only slept: the device
+                buffers its recent samples (~2.4 s on an H200), and the thread's next poll
+                drains them.
+        """
         if self._thread is not None:
             return
-        self.poll_once(read_counter=True)
+        if first_poll:
+            self.poll_once(read_counter=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="zeus-power-sampler", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread, then drain once more so nothing recorded is lost (idempotent)."""
+    def stop(self, *, final_drain: bool = True) -> None:
+        """Stop the thread, then drain once more so nothing recorded is lost (idempotent).
+
+        Args:
+            final_drain: Drain and read the counter after the thread stops. False pauses the
+                thread only (a benchmark that must keep it off the CPU between its own blocks);
+                ``start(first_poll=False)`` resumes it.
+        """
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stop.set()
@@ -126,12 +140,19 @@ class PowerSampler:
             thread.join(timeout=5.0)
             if thread.is_alive():
                 self._warn_once("join", "the power sampler thread did not stop within 5 s")
-        self.poll_once(read_counter=True)
+        if final_drain:
+            self.poll_once(read_counter=True)
 
     @property
     def running(self) -> bool:
         """True while the background thread runs."""
         return self._thread is not None
+
+    @property
+    def thread_native_id(self) -> int | None:
+        """The OS id of the background thread (None when stopped), for per-thread CPU accounting."""
+        thread = self._thread
+        return None if thread is None else thread.native_id
 
     def _run(self) -> None:
         while not self._stop.is_set():
