@@ -7,8 +7,9 @@ times what it costs in a tight loop. This benchmark shows that on the machine it
   timed from outside, in a tight loop and after ``--spin-ms`` of busy work (a Python spin);
 * ``session``: an :class:`~zeus_callbacks.session.EnergySession` on the virtual GPU with the
   default ``windows.sample_fraction: auto``, one ``step_start`` + ``step_end`` per spun step:
-  time per step inside the calls, split into unmeasured steps, measured steps and the steps
-  that reported, the share of steps auto measured at the end, and auto's own estimates
+  time per step inside the calls, split into quiet steps (unmeasured steps the session
+  counted ahead, whose calls return at once), the other unmeasured steps, measured steps and
+  the steps that reported, the share of steps auto measured at the end, and auto's own estimates
   (its per-unmeasured-step cost ``u`` and per-measured-step cost ``c``).
 
     python benchmarks/cold_call_cost.py            # ~1 minute
@@ -71,24 +72,32 @@ def session_costs(steps: int, spin_s: float) -> dict:
     session = EnergySession(cfg)
     session.train_start()
     session.epoch_start(0)
+    reports = [0]
+    report_steps = session._report_steps
+
+    def counted_report(**kwargs):  # which steps reported
+        reports[0] += 1
+        report_steps(**kwargs)
+
+    session._report_steps = counted_report
     clock = time.perf_counter_ns
-    rows = np.zeros((steps, 3))  # ns inside the calls, measured, reported
+    rows = np.zeros((steps, 4))  # ns inside the calls, quiet, measured, reported
     for i in range(steps):
         spin(spin_s)
-        since = session._steps_since_report
+        reported, quiet = reports[0], getattr(session, "_quiet_left", 0) > 0
         t0 = clock()
         session.step_start(i)
         measured = session._measuring
         session.step_end(i)
-        rows[i] = (clock() - t0, measured, session._steps_since_report <= since)
+        rows[i] = (clock() - t0, quiet, measured, reports[0] != reported)
     sampling = session._sampling
     session.epoch_end(0)
     session.train_end()
     logging.disable(logging.NOTSET)
-    ns, measured, reported = rows[:, 0], rows[:, 1] == 1, rows[:, 2] == 1
+    ns, quiet, measured, reported = rows[:, 0], rows[:, 1] == 1, rows[:, 2] == 1, rows[:, 3] == 1
     split = {}
-    for name, mask in (("unmeasured", ~measured & ~reported), ("measured", measured & ~reported),
-                       ("reporting", reported)):  # fmt: skip
+    for name, mask in (("quiet", quiet), ("unmeasured", ~quiet & ~measured & ~reported),
+                       ("measured", measured & ~reported), ("reporting", reported)):  # fmt: skip
         split[name] = {"steps": int(mask.sum()), "us_mean": float(ns[mask].mean() / 1e3) if mask.any() else None,
                        "share_of_total": float(ns[mask].sum() / ns.sum())}  # fmt: skip
     return {"us_per_step": float(ns.mean() / 1e3), "split": split, "fraction_at_end": sampling.fraction,

@@ -290,3 +290,63 @@ def test_an_evaluation_between_steps_is_no_part_of_the_dataloader_gap(tmp_path, 
     gap = {p["name"]: p for p in phases["phases"]}["dataloader"]
     assert gap["time_s"] == pytest.approx(0.002, rel=1e-6)  # the 2 ms gaps only, not 0.5 s evaluations
     assert gap["executions"] == 40 - 1 - 3  # the first step has no gap before it; 3 were cut by an evaluation
+
+
+# -- quiet steps: counted ahead, their calls return at once ---------------------------------------
+def _sampled_session(tmp_path, name: str, *, quiet: bool, phases: bool):
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.03, "phases": phases},
+           "logging": {"log_dir": str(tmp_path / name), "interval_steps": 200}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    if not quiet:
+        session._plan_quiet_steps = lambda: None  # the reference: every step takes the whole path
+    return session, clock, backend
+
+
+@pytest.mark.parametrize("phases", [False, True])
+def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path, phases):
+    """Steps counted ahead change no measured step, count, report or checkpoint, mid-stretch calls included."""
+    runs = {}
+    for quiet in (True, False):
+        session, clock, backend = _sampled_session(tmp_path, f"q{quiet}", quiet=quiet, phases=phases)
+        measured, seen, quiet_calls = [], [], 0
+        session.train_start()
+        step = 0
+        for epoch in range(2):
+            session.epoch_start(epoch)
+            for _ in range(700):
+                quiet_calls += session._quiet_left > 0
+                session.step_start(step, phase="forward" if phases else None)
+                if session._measuring:
+                    measured.append(step)
+                clock.advance(0.002)
+                session.step_end(step, num_samples=8)
+                step += 1
+                if step % 97 == 0:  # an evaluation in the middle of a stretch
+                    session.eval_start()
+                    session.eval_end()
+                    session.evaluate({"val/loss": 1.0})
+                if step % 131 == 0:  # a checkpoint in the middle of a stretch
+                    seen.append((step, session.state_dict()["steps"], session._epoch_steps, session._skip))
+            clock.advance(0.05)
+            session.sampler.poll_once(read_counter=False)
+            session.epoch_end(epoch)
+            seen.append(("epoch", session._totals.steps, session._epoch_sampled))
+        summary = session.train_end()
+        backend.close()
+        records = [(r["steps"], r["count"]) for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+        runs[quiet] = (measured, seen, records, summary.steps, session.state_dict()["measured_steps"], quiet_calls)
+    (q_measured, q_seen, q_records, q_steps, q_count, q_calls), reference = runs[True], runs[False]
+    assert reference[5] == 0  # the reference never plans
+    assert q_calls > 1400 * 0.8  # most steps were quiet (3 % measured, one timed step in 64)
+    assert q_measured == reference[0] and len(q_measured) > 20
+    assert q_seen == reference[1]
+    assert q_records == reference[2]
+    assert q_steps == reference[3] == 1400
+    assert q_count == reference[4] == len(q_measured)
+

@@ -201,6 +201,7 @@ class EnergySession:
         self._sampling = WindowSampling(1.0, 0.002, 1, stretch_reports=False)
         self._skip = 0  # steps to leave unmeasured before the next measured one
         self._time_unmeasured = False  # an unmeasured step whose step_end times itself
+        self._quiet_left = 0  # planned steps with nothing to do, not yet taken (see _plan_quiet_steps)
         self._measuring = False  # the current step has windows
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
         self._epoch_measured = 0  # steps of this epoch that got windows
@@ -282,6 +283,7 @@ class EnergySession:
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
         )
         self._skip = self._sampling.next_skip()  # the first step is drawn like any other
+        self._quiet_left = 0
         self._measuring = self._dataloader_open = False
         self._new_timing_interval(time.perf_counter())
         self._phase_open = None
@@ -410,6 +412,7 @@ class EnergySession:
         """Open the epoch window (and re-anchor CUDA event timing once)."""
         if not self.started:
             return
+        self._take_back_quiet_steps()
         assert self.meter is not None and self._timer is not None
         self._timer.anchor()
         self._anchored_s = self.backend.clock.now_s()  # type: ignore[union-attr]
@@ -429,7 +432,7 @@ class EnergySession:
                 (``"forward"``, ``"forward_backward"``), opened at the same mark; the
                 ``dataloader`` phase closes there too.
         """
-        if not self._active:
+        if self._quiet_left or not self._active:
             return
         # Optimiser hook: the power-limit profiler switches limits at step boundaries
         # (before the mark: the switch is no part of the step).
@@ -496,6 +499,9 @@ class EnergySession:
         Returns:
             Whether to stop training.
         """
+        if self._quiet_left:  # counted ahead by _plan_quiet_steps
+            self._quiet_left -= 1
+            return _CONTINUE
         if not self._active:
             return _CONTINUE
         timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
@@ -528,7 +534,47 @@ class EnergySession:
             self._gov_unmeasured_s += time.perf_counter() - timed
             self._gov_unmeasured_timed += 1
             self._time_unmeasured = False
+        if not decision.stop_training:
+            self._plan_quiet_steps()
         return decision
+
+    def _plan_quiet_steps(self) -> None:
+        """Count the coming steps that need nothing from the session now, so their calls return at once.
+
+        Under ``windows.sample_fraction`` most steps are unmeasured, and each of their
+        calls runs right after a step of training with cold caches: every attribute it
+        touches costs. Steps that are unmeasured, untimed, before the next report and
+        timing interval, with no power limiter, bandit or stop agreement to serve, are
+        counted here in one go (step counters and skips); their ``step_start`` and
+        ``step_end`` then read one attribute. Any other call takes back the steps not yet
+        taken (:meth:`_take_back_quiet_steps`) before it reads a counter.
+        """
+        skip = self._skip
+        if (not skip or self._dataloader_open or self.power_limiter is not None or self._stop_agreement
+                or self.batch_size_controller is not None or self._stop_reason is not None):  # fmt: skip
+            return
+        untimed = (skip & _UNMEASURED_TIMING_MASK or _UNMEASURED_TIMING_MASK + 1) - 1  # before the next timed step
+        every = self._sampling.report_every
+        count = min(untimed, every - 1 - self._steps_since_report, every - 1 - self._gov_steps)
+        if count <= 0:
+            return
+        self._skip -= count
+        self._epoch_steps += count
+        self._totals.steps += count
+        self._steps_since_report += count
+        self._gov_steps += count
+        self._quiet_left = count
+
+    def _take_back_quiet_steps(self) -> None:
+        """Uncount the planned quiet steps not yet taken: the counters then hold the steps run so far."""
+        left = self._quiet_left
+        if left:
+            self._quiet_left = 0
+            self._skip += left
+            self._epoch_steps -= left
+            self._totals.steps -= left
+            self._steps_since_report -= left
+            self._gov_steps -= left
 
     def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
         """Close a measured step's windows at one end mark; draw how many steps to skip next."""
@@ -558,6 +604,7 @@ class EnergySession:
 
     def _observe_timing(self) -> None:
         """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
+        self._take_back_quiet_steps()
         now = time.perf_counter()
         running = self._gov_t0 is not None
         busy_s = self._gov_busy_s + (now - self._gov_t0 if running else 0.0)  # type: ignore[operator]
@@ -638,6 +685,7 @@ class EnergySession:
 
     def eval_start(self) -> None:
         """Open the evaluation window (a dataloader gap open since the last step ends unmeasured)."""
+        self._take_back_quiet_steps()
         if self.started:
             self._pause_timing()
             if self._dataloader_open:  # the gap would otherwise hold the whole evaluation
@@ -675,6 +723,7 @@ class EnergySession:
             except (TypeError, ValueError):
                 continue
         self._last_eval_metrics = numeric
+        self._take_back_quiet_steps()
         if self.started:
             self._write({"event": "evaluate", "step": self._totals.steps, "metrics": numeric})
             target_reason = None
@@ -697,6 +746,7 @@ class EnergySession:
         if not self.started:
             return {}
         assert self.meter is not None and self.backend is not None
+        self._take_back_quiet_steps()
         self._totals.epochs += 1
         self._pause_timing()
         self._discard_phases()
@@ -731,6 +781,7 @@ class EnergySession:
         if not self._started:
             raise RuntimeError("train_end() called before train_start()")
         self._active = False
+        self._take_back_quiet_steps()
         assert self.meter is not None and self.sampler is not None and self.backend is not None
         if status is not None:
             self._status = status
@@ -940,6 +991,7 @@ class EnergySession:
     # ------------------------------------------------------------- resume support
     def state_dict(self) -> dict[str, Any]:
         """Totals to carry across a checkpoint resume."""
+        self._take_back_quiet_steps()
         measured = self.started or self._finished is not None
         t = self._totals if measured else self._carried
         # This rank's own totals while running (a resume adds the ranks' figures again).
@@ -1136,6 +1188,7 @@ class EnergySession:
         per window); the rare others (epoch, eval, run, user windows) one record each.
         """
         assert self.meter is not None
+        self._take_back_quiet_steps()
         records, batch = self.meter.resolve_bulk(_BULK_WINDOWS, final=resolve_final)
         if batch is not None:
             self._absorb_bulk(batch)
