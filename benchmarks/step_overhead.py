@@ -2,7 +2,8 @@
 
 Workloads: a ~1 ms MLP step and a ~40 ms GPT-2 (6-layer) step. Modes: ``base`` (no
 measurement); ``base_aa`` (``base`` again: an A/A control whose ratio shows the noise floor);
-``noop`` (two empty Python calls per step: what any per-step callback costs in this loop);
+``noop`` and ``noop_phases`` (two and four empty Python calls per step, where a step-window
+and a phases session are called: what any callback called there costs in this loop);
 ``ours_step`` (:class:`~zeus_callbacks.session.EnergySession` step windows, default
 ``windows.sample_fraction: auto``); ``ours_phases`` (step + forward/backward/optimizer/dataloader
 phase windows, auto); ``ours_step_all`` and ``ours_phases_all`` (the same with every step
@@ -17,8 +18,8 @@ for no sampler and no session blurs another's blocks; each session's own timing,
 sampling uses, is paused likewise. Per cycle, each mode's step time over ``base``'s; reported:
 the median of these ratios, their IQR and a 95 % bootstrap CI of the median, the ratio of the
 summed times with its CI, and the time spent inside the session's (or Zeus's) calls per step
-(``hook_us_per_step``: the direct cost, free of the step-time noise), beside the samplers'
-user and system CPU time.
+(``hook_us_per_step``: the direct cost, free of the step-time noise; ``hook_us_above_noop``: its
+excess over the noop control with the same calls), beside the samplers' user and system CPU time.
 
 In-training accuracy (``ours_phases``, after the timed cycles, ``--accuracy-epochs`` epochs of
 ``--accuracy-steps`` steps): per-step energy × steps against the energy counter over each epoch,
@@ -122,7 +123,7 @@ def run_mode(mode, forward, opt, n, dev, session, zeus, first_step: int = 0) -> 
     training thread's direct cost, measured call by call (a ``perf_counter_ns`` pair costs
     ~0.1 µs), beside the step-time ratio that also holds indirect costs and the noise.
     """
-    phases = mode.startswith("ours_phases")
+    phases = mode.startswith(("ours_phases", "noop_phases"))
     busy = dev.smoke
     clock = time.perf_counter_ns
     hook_ns = 0
@@ -198,16 +199,23 @@ def ratio_stats(mode_s: list[float], base_s: list[float], n_boot: int = 2000, se
 
 
 class NoopSession:
-    """The ``noop`` control: the two calls a step-window session takes per step, doing nothing.
+    """The ``noop`` controls: the calls a session takes per step, doing nothing.
 
-    What any per-step Python callback costs in this loop (the call, and caches the step left
-    cold), so the session's own share of ``hook_us_per_step`` is its excess over this.
+    ``noop`` takes a step-window session's two calls, ``noop_phases`` a phases session's four
+    (the two phase switches too). What any Python callback called at those points costs in
+    this loop (the calls, and caches the step left cold): the frameworks call every callback's
+    hooks, so a callback pays this floor whatever it does. A session's own share of
+    ``hook_us_per_step`` is its excess over the control with its calls
+    (``hook_us_above_noop``).
     """
 
     def step_start(self, step: int, *, phase: str | None = None) -> None:
         return None
 
     def step_end(self, step: int) -> None:
+        return None
+
+    def phase_switch(self, ended: str, begun: str) -> None:
         return None
 
 
@@ -271,7 +279,7 @@ def main() -> None:
     limit_before = power_limit_W()
     zeus = ZeusWindows(dev)
     session_modes = ["ours_step", "ours_phases", "ours_step_all", "ours_phases_all"]
-    modes = ["base", "base_aa", "noop", *session_modes, "zeus"]
+    modes = ["base", "base_aa", "noop", "noop_phases", *session_modes, "zeus"]
     results = {"device": dev.backend.describe(), "smoke": args.smoke, "power_limit_before": limit_before,
                "zeus": "ZeusMonitor 0.16" if zeus.real else "zeus_style (sync + counter read per boundary)",
                "args": vars(args), "workloads": {}}  # fmt: skip
@@ -322,7 +330,7 @@ def main() -> None:
                     session = sessions.get(mode)
                     if session is not None:
                         parked[mode].unpark()
-                    elif mode == "noop":
+                    elif mode.startswith("noop"):
                         session = noop
                     n = block_of[mode]
                     times[mode].append(run_mode(mode, forward, opt, n, dev, session, zeus, step[mode]))
@@ -357,6 +365,10 @@ def main() -> None:
                        "hook_pct_of_base_step": 100 * hook_us[m] / (1e6 * statistics.median(times["base"])),
                        **(ratio_stats(v, times["base"]) if m != "base" else {})}
                    for m, v in times.items()}  # fmt: skip
+            for m in session_modes:  # the session's own cost: its excess over the same calls doing nothing
+                above_us = hook_us[m] - hook_us["noop_phases" if m.startswith("ours_phases") else "noop"]
+                row[m]["hook_us_above_noop"] = above_us
+                row[m]["hook_above_noop_pct_of_base_step"] = 100 * above_us / (1e6 * statistics.median(times["base"]))
             row["sampling"] = sampling
             row["in_training"] = in_training(out / "jsonl" / f"{kind}-ours_phases.jsonl", acc_steps)[
                 -args.accuracy_epochs :
@@ -371,7 +383,9 @@ def main() -> None:
                       f"95% CI [{x['ratio_ci95'][0]:.4f}, {x['ratio_ci95'][1]:.4f}]  "
                       f"totals {x['ratio_of_totals']:.4f} [{x['ratio_of_totals_ci95'][0]:.4f}, "
                       f"{x['ratio_of_totals_ci95'][1]:.4f}]  hooks {x['hook_us_per_step']:.2f} us/step "
-                      f"({x['hook_pct_of_base_step']:.3f} % of base)", flush=True)  # fmt: skip
+                      f"({x['hook_pct_of_base_step']:.3f} % of base"
+                      + (f"; {x['hook_above_noop_pct_of_base_step']:.3f} % above noop)" if m in session_modes else ")"),
+                      flush=True)  # fmt: skip
             print("  sampling:", sampling, flush=True)
             print("  in training:", row["in_training"], flush=True)
     finally:

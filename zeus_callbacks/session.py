@@ -868,7 +868,7 @@ class EnergySession:
         ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves;
         where one phase ends as the next begins, :meth:`phase_switch` takes one mark for both.
         """
-        if self._phases is not None and self._measuring:
+        if self._measuring and self._phases is not None:  # most steps: unmeasured, one read
             t0 = time.perf_counter()
             self.meter.begin_at(name, self._mark())  # type: ignore[union-attr]
             self._phase_open = name
@@ -876,7 +876,7 @@ class EnergySession:
 
     def phase_end(self, name: str) -> None:
         """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
-        if self._phases is not None and self._measuring and self.meter.is_open(name):  # type: ignore[union-attr]
+        if self._measuring and self._phases is not None and self.meter.is_open(name):  # type: ignore[union-attr]
             t0 = time.perf_counter()
             self.meter.end_at(name, self._mark())  # type: ignore[union-attr]
             if self._phase_open == name:
@@ -888,7 +888,7 @@ class EnergySession:
 
         A no-op unless ``windows.phases`` is on and the step is measured; ``ended`` need not be open.
         """
-        if self._phases is not None and self._measuring:
+        if self._measuring and self._phases is not None:  # most steps: unmeasured, one read
             t0 = time.perf_counter()
             meter = self.meter
             token = self._mark()
@@ -899,7 +899,7 @@ class EnergySession:
 
     def phase_discard(self, name: str) -> None:
         """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
-        if self._phases is not None and self._measuring:
+        if self._measuring and self._phases is not None:  # most steps: unmeasured, one read
             self.meter.discard(name)  # type: ignore[union-attr]
             if self._phase_open == name:
                 self._phase_open = None
