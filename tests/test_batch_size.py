@@ -312,6 +312,11 @@ def test_pruning_candidates_stop_at_prune_cost_ratio(store):
     state = bandit.state()
     assert state["phase"] == "thompson" and state["survivors"] == [64, 128, 256]
     assert bandit.early_stop_threshold() == 300.0  # Thompson phase: beta_knob x 150
+    # A pruning factor at or above beta_knob does not set the threshold: beta_knob does.
+    high = BatchSizeBandit(store, "high", BanditSettings(SIZES, 64, beta_knob=1.4, prune_cost_ratio_no_descent=1.5))
+    s = high.suggest()
+    high.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
+    assert high.early_stop_factor() == ("beta_knob", 1.4, 200.0)
     no_ratio = BatchSizeBandit(store, "other", BanditSettings(SIZES, 64, beta_knob=2.0, prune_cost_ratio=None))
     s = no_ratio.suggest()
     no_ratio.report(s.trial_id, energy_J=1, time_s=1, cost=200.0, converged=True)
@@ -330,8 +335,10 @@ def test_pruning_stop_factor_follows_the_direction_by_hand(store):
     bandit = BatchSizeBandit(store, "job", settings)
     report(bandit, 64, 200.0)
     assert bandit.early_stop_threshold() == pytest.approx(260.0)  # 32: first size below the start, 1.3 x 200
+    assert bandit.early_stop_factor() == ("prune_cost_ratio_no_descent", 1.3, 200.0)
     report(bandit, 32, 150.0)  # lowers the cheapest (200 → 150): the direction is descending
     assert bandit.state()["descending"] and bandit.early_stop_threshold() == pytest.approx(225.0)  # 16: 1.5 x 150
+    assert bandit.early_stop_factor() == ("prune_cost_ratio", 1.5, 150.0)
     report(bandit, 16, 210.0)  # 210 ≤ 225: the direction goes on, but 16 did not lower the cheapest
     assert not bandit.state()["descending"] and bandit.early_stop_threshold() == pytest.approx(195.0)  # 8: 1.3 x 150
     report(bandit, 8, 196.0, "early_stopped")  # stopped past 195: the downward direction ends
@@ -342,6 +349,7 @@ def test_pruning_stop_factor_follows_the_direction_by_hand(store):
     state = bandit.state()
     assert state["phase"] == "thompson" and state["survivors"] == [16, 32, 64, 128, 256]
     assert bandit.early_stop_threshold() == pytest.approx(300.0)  # Thompson phase: beta_knob x 150
+    assert bandit.early_stop_factor() == ("beta_knob", 2.0, 150.0)
 
 
 def test_pruning_direction_end_uses_the_direction_factor(store):

@@ -81,7 +81,7 @@ def test_target_stop_then_step_granular_early_stop(tmp_path):
     decisions = [step(session, clock, i) for i in range(expected_stop + 3)]
     first_stop = next(i for i, d in enumerate(decisions) if d.stop_training)
     assert abs(first_stop - expected_stop) <= 1
-    assert "early stop" in decisions[first_stop].reason
+    assert "exceeds beta_knob 2 x best cost" in decisions[first_stop].reason  # no pruning factor: beta_knob's
     session.evaluate({"val/acc": 0.95})  # reaching the target after the stop does not make it converged
     summary = session.train_end()
     with open_store(tmp_path / "zeus_store.sqlite") as store:
@@ -95,6 +95,30 @@ def test_target_stop_then_step_granular_early_stop(tmp_path):
     # Third: 32 did not converge, so the downward direction ends; pruning goes up to 128.
     session, _, _ = new_run(tmp_path, "three")
     assert session.suggest_batch_size() == 128
+
+
+def test_pruning_candidate_stop_names_the_pruning_ratio(tmp_path):
+    # Recurrence 1 converges at the default 64; recurrence 2 probes 32, the first size below the
+    # start, whose stop factor is prune_cost_ratio_no_descent (1.3 < beta_knob 2): the reason says so.
+    session, backend, clock = new_run(tmp_path, "one")
+    session.train_start(run_name="one")
+    for i in range(10):
+        step(session, clock, i)
+    assert session.evaluate({"val/acc": 0.85}).stop_training
+    session.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        cost1 = store.list_trials("nightly")[0].cost
+    session, backend, clock = new_run(tmp_path, "two")
+    session.train_start(run_name="two")
+    assert session.suggest_batch_size() == 32
+    decisions = [step(session, clock, i) for i in range(30)]
+    reason = next(d.reason for d in decisions if d.stop_training)
+    assert f"exceeds prune_cost_ratio_no_descent 1.3 x best cost = {1.3 * cost1:.4g}" in reason
+    assert "beta_knob" not in reason and "pruning candidate" in reason
+    session.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        trial = store.list_trials("nightly")[-1]
+    assert (trial.batch_size, trial.status) == (32, "early_stopped") and trial.info["stop_reason"] == reason
 
 
 def test_failed_run_records_a_failed_trial_and_module_suggestion_is_claimed(tmp_path):

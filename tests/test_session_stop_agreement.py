@@ -222,3 +222,16 @@ def test_suggest_batch_size_fails_every_rank_when_the_main_cannot_suggest(tmp_pa
     monkeypatch.setattr("zeus_callbacks.optimizers.recurring.RankGroup.from_launcher", lambda **kw: ranks)
     with pytest.raises(RuntimeError, match="main process could not suggest a batch size.*bad store"):
         suggest_batch_size(settings(tmp_path))
+
+
+def test_stop_reason_names_the_factor_that_set_the_threshold():
+    cost = ZeusCost(0.5, 600.0)  # 0.5 E + 0.5 x 600 W x t: 1000 J over 1 s cost 800
+    assert cost(1000.0, 1.0) == pytest.approx(800.0)
+    prune = EarlyStopRule(cost, 780.0, factor_name="prune_cost_ratio", factor=1.5)
+    assert prune.reason(1000.0, 1.0) == (
+        "cost 800 exceeds prune_cost_ratio 1.5 x best cost = 780 "
+        "(early stop of a pruning candidate: its direction ends)"
+    )
+    beta = EarlyStopRule(cost, 780.0, factor=2.0)
+    assert beta.reason(1000.0, 1.0) == "cost 800 exceeds beta_knob 2 x best cost = 780 (early stop, Zeus §4.4)"
+    assert beta.reason(900.0, 1.0) is None  # cost 750 ≤ 780

@@ -165,7 +165,7 @@ def test_lightning_early_stop_is_agreed_at_the_same_step(tmp_path):
     with open_store(store_path) as store:
         trials = store.list_trials("ddp-job")
     assert [t.status for t in trials] == ["completed", "early_stopped"]  # recorded once, by the main rank
-    assert "exceeds beta_knob x best cost = 195" in trials[1].info["stop_reason"]
+    assert "exceeds prune_cost_ratio_no_descent 1.3 x best cost = 195" in trials[1].info["stop_reason"]
 
 
 def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tmp_path):
@@ -198,6 +198,7 @@ def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tm
         runs.append((steps.pop(), trials[-1]))
     (step1, trial1), (step2, trial2) = runs
     assert step1 == 4 and (trial1.status, trial1.converged) == ("completed", True)  # stopped at the target
-    assert trial2.status == "early_stopped" and "exceeds beta_knob x best cost" in trial2.info["stop_reason"]
+    assert trial2.status == "early_stopped"
+    assert "exceeds prune_cost_ratio_no_descent 1.3 x best cost" in trial2.info["stop_reason"]
     assert trial2.batch_size != trial1.batch_size  # pruning moved on to another size
     assert 0 < step2 < 60 and step2 % 2 == 0  # early, at an agreement step (stop_agreement_steps = 2)

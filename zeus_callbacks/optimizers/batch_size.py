@@ -540,17 +540,32 @@ class BatchSizeBandit:
         whether or not it would go on to converge, so finishing it buys nothing but the
         observation of a size already known to be that much dearer (cost is close to
         unimodal in the batch size, §2.2). Stopped, it is not converged: the direction ends
-        and the size does not survive into Thompson sampling.
+        and the size does not survive into Thompson sampling. :meth:`early_stop_factor` names
+        the factor in force.
+        """
+        factor = self.early_stop_factor()
+        return None if factor is None else factor[1] * factor[2]
+
+    def early_stop_factor(self) -> tuple[str, float, float] | None:
+        """The factor that sets :meth:`early_stop_threshold`: ``(setting name, factor, min_cost)``.
+
+        The name is ``"beta_knob"``, or, for a pruning candidate whose pruning factor is below
+        ``beta_knob``, the setting that factor comes from (``"prune_cost_ratio"`` or
+        ``"prune_cost_ratio_no_descent"``, :meth:`prune_ratio`), so that a stop can say why.
+
+        Returns:
+            The setting's name, its value and the best converged cost (J-equivalent); None
+            while there is no threshold (no converged run yet, or ``beta_knob`` None).
         """
         state = self.state()
         min_cost = state.get("min_cost")
         beta = self.settings.beta_knob
         if min_cost is None or beta is None:
             return None
-        ratio = self.prune_ratio(state)
-        if state["phase"] == Phase.PRUNING.value and ratio is not None:
-            beta = min(beta, ratio)
-        return beta * min_cost
+        prune = self._prune_factor(state)
+        if state["phase"] == Phase.PRUNING.value and prune is not None and prune[1] < beta:
+            return prune[0], prune[1], float(min_cost)
+        return "beta_knob", beta, float(min_cost)
 
     def prune_ratio(self, state: dict[str, Any] | None = None) -> float | None:
         """The pruning factor of the current candidate: ``prune_cost_ratio`` or ``…_no_descent``.
@@ -572,14 +587,17 @@ class BatchSizeBandit:
         Returns:
             The factor, or None when ``prune_cost_ratio`` is None.
         """
+        factor = self._prune_factor(self.state() if state is None else state)
+        return None if factor is None else factor[1]
+
+    def _prune_factor(self, state: dict[str, Any]) -> tuple[str, float] | None:
+        """:meth:`prune_ratio` with the name of the setting it comes from."""
         s = self.settings
         if s.prune_cost_ratio is None:
             return None
-        if state is None:
-            state = self.state()
         if state.get("descending", False) or s.prune_cost_ratio_no_descent is None:
-            return s.prune_cost_ratio
-        return s.prune_cost_ratio_no_descent
+            return "prune_cost_ratio", s.prune_cost_ratio
+        return "prune_cost_ratio_no_descent", s.prune_cost_ratio_no_descent
 
     def explore_stop_threshold(self, batch_size: int) -> float | None:
         """Cost past which a Thompson-phase run of ``batch_size`` stops as exploration; None: no such stop.

@@ -143,12 +143,19 @@ class EarlyStopRule:
         threshold_cost: The cost past which the run stops (J-equivalent).
         explore: Whether the threshold is the exploring-run stop
             (:meth:`~zeus_callbacks.optimizers.batch_size.BatchSizeBandit.explore_stop_threshold`)
-            rather than ``beta_knob`` × the best converged cost.
+            rather than a factor × the best converged cost.
+        factor_name: The setting whose factor × the best converged cost is the threshold
+            (``beta_knob``, ``prune_cost_ratio`` or ``prune_cost_ratio_no_descent``;
+            :meth:`~zeus_callbacks.optimizers.batch_size.BatchSizeBandit.early_stop_factor`);
+            unused when ``explore``.
+        factor: That factor's value; None when not known (the reason then gives no value).
     """
 
     cost: ZeusCost
     threshold_cost: float
     explore: bool = False
+    factor_name: str = "beta_knob"
+    factor: float | None = None
 
     def reason(self, energy_J: float, time_s: float) -> str | None:
         """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds."""
@@ -160,7 +167,13 @@ class EarlyStopRule:
                 f"cost {cost:.4g} exceeds the best arm's mean + explore_stop_z noise sd = {self.threshold_cost:.4g} "
                 "(exploring run stopped, censored)"
             )
-        return f"cost {cost:.4g} exceeds beta_knob x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
+        factor = self.factor_name if self.factor is None else f"{self.factor_name} {self.factor:g}"
+        if self.factor_name == "beta_knob":
+            return f"cost {cost:.4g} exceeds {factor} x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
+        return (
+            f"cost {cost:.4g} exceeds {factor} x best cost = {self.threshold_cost:.4g} "
+            "(early stop of a pruning candidate: its direction ends)"
+        )
 
 
 class BatchSizeController:
@@ -186,6 +199,7 @@ class BatchSizeController:
         self.cost: ZeusCost | None = None
         self.threshold: float | None = None
         self.explore_stop = False
+        self.threshold_factor: tuple[str, float] | None = None  # (setting, value) that sets the threshold
         self.power_limit_W: float | None = None
         self._last_check_s = -float("inf")
 
@@ -216,11 +230,13 @@ class BatchSizeController:
         """
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
-        beta, explore = self._with_bandit(
-            lambda b: (b.early_stop_threshold(), b.explore_stop_threshold(self.batch_size))  # type: ignore[arg-type]
+        factor, explore = self._with_bandit(
+            lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))  # type: ignore[arg-type]
         )
+        beta = None if factor is None else factor[1] * factor[2]
         self.explore_stop = explore is not None and (beta is None or explore < beta)
         self.threshold = explore if self.explore_stop else beta
+        self.threshold_factor = None if factor is None else (factor[0], factor[1])
         self.power_limit_W = power_limit_W
 
     @property
@@ -248,7 +264,7 @@ class BatchSizeController:
         return None
 
     def check(self, energy_J: float, time_s: float) -> str | None:
-        """Early stopping: a reason when the cost so far exceeds ``beta_knob × min_cost``."""
+        """Early stopping: a reason when the cost so far exceeds the threshold (:attr:`rule`)."""
         if self.threshold is None or self.cost is None or self.stop_reason is not None or self.converged:
             return self.stop_reason
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
@@ -262,7 +278,8 @@ class BatchSizeController:
         """The early-stop rule once started; None when nothing can stop the run on cost (no best cost yet)."""
         if self.threshold is None or self.cost is None:
             return None
-        return EarlyStopRule(self.cost, self.threshold, self.explore_stop)
+        name, value = self.threshold_factor or ("beta_knob", None)
+        return EarlyStopRule(self.cost, self.threshold, self.explore_stop, name, value)
 
     def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
