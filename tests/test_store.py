@@ -119,3 +119,14 @@ def test_read_only_open_sees_a_live_writer_and_creates_nothing(tmp_path):
     with pytest.raises(StoreError, match="no such store"):
         open_store(tmp_path / "missing.sqlite", read_only=True)
     assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path):
+    """sqlite3 rejects a parameter it cannot bind: that names the call, and the file is not called corrupt."""
+    path = tmp_path / "s.sqlite"
+    with SQLiteStore(path) as store:
+        store.list_trials("job")  # a well-formed call reads the (empty) store
+        with pytest.raises(sqlite3.ProgrammingError) as info:
+            store.list_trials(object())  # type: ignore[arg-type]  # e.g. a JobRecord instead of its job_id
+        assert not isinstance(info.value, StoreCorruptError)
+        assert store.list_trials("job") == []  # the store is still fine

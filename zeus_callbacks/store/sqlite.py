@@ -149,6 +149,8 @@ class SQLiteStore(Store):
             if "unable to open" in message or "readonly" in message or "disk i/o" in message:
                 raise StoreError(f"cannot {what} store {self.path}: {exc}") from exc
             raise StoreCorruptError(f"store {self.path} is unreadable ({what}: {exc}); it was left untouched") from exc
+        except sqlite3.ProgrammingError:
+            raise  # the caller's mistake (e.g. a parameter of the wrong type), not the file's
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
                 f"store {self.path} is not a readable SQLite store ({exc}); it was left untouched — "
