@@ -7,6 +7,7 @@ import math
 import lightning.pytorch as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -216,3 +217,74 @@ def test_every_step_report_reaches_the_logger_whatever_log_every_n_steps(tmp_pat
     assert [v for _, v in logged] == pytest.approx([r["energy_J_mean"] for r in reports], rel=1e-6)
     # Energy metrics are also in callback_metrics, for ModelCheckpoint / EarlyStopping monitors.
     assert "energy/epoch_J" in trainer.callback_metrics
+
+
+class BatchTruth(Callback):
+    """Counts the batches the trainer ran (saved in checkpoints, like ZeusCallback's totals) and the quiet ones."""
+
+    def __init__(self, zeus: ZeusCallback) -> None:
+        self.zeus = zeus
+        self.batches = 0
+        self.quiet = 0  # batches whose step_start returned at once (counted ahead by the session)
+        self.last_quiet = False
+        self.evaluations: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.last_quiet = self.zeus.session._quiet_left > 0  # after ZeusCallback's step_start (callback order)
+        self.quiet += self.last_quiet
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches += 1
+
+    def on_validation_end(self, trainer, pl_module):
+        self.evaluations.append(self.batches)
+
+    def state_dict(self):
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state_dict):
+        self.batches = state_dict["batches"]
+
+
+@pytest.mark.parametrize("phases", [False, True])
+def test_sampled_steps_count_every_batch_through_mid_epoch_evaluations_checkpoints_and_a_resume(tmp_path, phases):
+    """2 % of steps measured: quiet stretches cut by evaluations (val_check_interval 0.3), checkpoints, a failure."""
+    config = virtual_config(tmp_path, interval_steps=50)
+    config["windows"] = {"sample_fraction": 0.02, "phases": phases}
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
+    train = DataLoader(TensorDataset(x, y), batch_size=BATCH)  # 80 batches an epoch
+    _, val = loaders()
+
+    def fit(name, model, ckpt_path=None, **kwargs):
+        zeus = ZeusCallback({**config, "logging": {**config["logging"], "run_name": name}})
+        truth = BatchTruth(zeus)
+        every = ModelCheckpoint(dirpath=tmp_path / name, every_n_train_steps=9, save_top_k=-1)
+        trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, truth, every], logger=False,
+                            val_check_interval=0.3, num_sanity_val_steps=0, enable_progress_bar=False,
+                            enable_model_summary=False, **kwargs)  # fmt: skip
+        try:
+            trainer.fit(model, train, val, ckpt_path=ckpt_path)
+        except RuntimeError as exc:
+            assert str(exc) == "planted failure"
+        records = read_jsonl(zeus.summary.jsonl_path)
+        assert zeus.summary.steps == truth.batches
+        assert [r["step"] for r in records if r["event"] == "evaluate"] == truth.evaluations
+        saved = [torch.load(p, weights_only=False)["callbacks"] for p in sorted((tmp_path / name).glob("*.ckpt"))]
+        assert len(saved) >= 8  # mid-stretch state_dict calls
+        for state in saved:
+            zeus_state, truth_state = (next(v for k, v in state.items() if k.startswith(n)) for n in ("Zeus", "Batch"))
+            assert zeus_state["steps"] == truth_state["batches"]
+        return zeus, truth, sum(r["steps"] for r in records if r["event"] == "steps")
+
+    first, truth, logged = fit("first", TinyRegressor(), max_steps=100)  # ends 20 batches into the second epoch
+    assert truth.batches == logged == 100 and first.summary.epochs == 2
+    assert truth.quiet > 40  # most steps were counted ahead
+    ckpt = tmp_path / "first" / "epoch=1-step=99.ckpt"  # saved mid-epoch: the resume starts there
+
+    # The resumed segment fails in the middle of its last epoch (and of a quiet stretch).
+    second, truth, logged = fit("second", TinyRegressor(fail_at_step=217), ckpt_path=str(ckpt), max_epochs=3)
+    assert second.summary.status == "failed" and truth.last_quiet  # the failing batch was counted ahead
+    assert truth.batches == 217 and logged == 217 - 99  # this segment's JSONL counts its own steps
+    assert second.summary.steps == 217 and second.summary.epochs == 3  # the last one cut short
+    assert truth.quiet > 60
