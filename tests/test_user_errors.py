@@ -186,7 +186,12 @@ if sys.argv[2] == "with":
     callbacks = [ZeusCallback({"backend": "virtual", "logging": {"log_dir": sys.argv[1], "run_name": "killed"}})]
 trainer = L.Trainer(max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(40000, 4)), batch_size=4))
+try:
+    trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(40000, 4)), batch_size=4))
+finally:
+    if callbacks:  # what a user reads from the callback after the run
+        s = callbacks[0].summary
+        (Path(sys.argv[1]) / "summary").write_text("none" if s is None else f"{s.status} {s.steps}")
 """
 
 
@@ -207,6 +212,8 @@ def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
     assert statuses["with"] == statuses["without"] == 0
     records = read_jsonl(tmp_path / "with" / "killed.jsonl")
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+    # The session ended the run inside the SIGTERM handler; the callback still hands its summary over.
+    assert (tmp_path / "with" / "summary").read_text() == f"interrupted {records[-1]['steps']}"
 
 
 @pytest.mark.parametrize(

@@ -111,8 +111,8 @@ class ZeusTrainerCallback(TrainerCallback):
             try:
                 return original(*args, **kwargs)
             except BaseException as exc:
-                if callback.session.started:
-                    callback.summary = callback.session.exception(exc)
+                # Ended already (a SIGTERM handler's train_end): exception() returns that summary.
+                callback.summary = callback.session.exception(exc)
                 raise
 
         training_step._zeus_wrapped = True  # type: ignore[attr-defined]

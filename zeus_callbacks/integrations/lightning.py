@@ -242,9 +242,9 @@ class ZeusCallback(Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # teardown is skipped on an exception: end the run here so nothing is lost.
-        if self.session.started:
-            self.summary = self.session.exception(exception)
+        # teardown is skipped on an exception: end the run here so nothing is lost. After a
+        # SIGTERM the session's handler has ended it already: exception() returns that summary.
+        self.summary = self.session.exception(exception)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
