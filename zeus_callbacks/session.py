@@ -558,11 +558,7 @@ class EnergySession:
         count = min(untimed, every - 1 - self._steps_since_report, every - 1 - self._gov_steps)
         if count <= 0:
             return
-        self._skip -= count
-        self._epoch_steps += count
-        self._totals.steps += count
-        self._steps_since_report += count
-        self._gov_steps += count
+        self._count_steps_ahead(count)
         self._quiet_left = count
 
     def _take_back_quiet_steps(self) -> None:
@@ -570,11 +566,15 @@ class EnergySession:
         left = self._quiet_left
         if left:
             self._quiet_left = 0
-            self._skip += left
-            self._epoch_steps -= left
-            self._totals.steps -= left
-            self._steps_since_report -= left
-            self._gov_steps -= left
+            self._count_steps_ahead(-left)
+
+    def _count_steps_ahead(self, steps: int) -> None:
+        """Count ``steps`` unmeasured steps as taken (negative: take them back): the step counters and the skips."""
+        self._skip -= steps
+        self._epoch_steps += steps
+        self._totals.steps += steps
+        self._steps_since_report += steps
+        self._gov_steps += steps
 
     def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
         """Close a measured step's windows at one end mark; draw how many steps to skip next."""
