@@ -14,8 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from zeus_callbacks._version import __version__ as __version__
 from zeus_callbacks.backends import get_backend
-from zeus_callbacks.config import ConfigError, ZeusConfig, load_config
+from zeus_callbacks.config import ZeusConfig, load_config
+from zeus_callbacks.errors import ConfigError, ZeusCallbacksError
 from zeus_callbacks.optimizers.recurring import suggest_batch_size
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import Decision, EnergySession
@@ -24,10 +26,10 @@ if TYPE_CHECKING:
     from zeus_callbacks.integrations.huggingface import ZeusTrainerCallback
     from zeus_callbacks.integrations.lightning import ZeusCallback
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "ZeusCallbacksError",
     "Decision",
     "EnergySession",
     "RunSummary",

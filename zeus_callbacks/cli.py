@@ -25,6 +25,7 @@ from pathlib import Path
 from zeus_callbacks.cli_args import float_in, int_at_least
 from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, progress_bar
 from zeus_callbacks.config import ConfigError, load_config
+from zeus_callbacks.errors import ZeusCallbacksError
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
 
 
@@ -137,7 +138,7 @@ def _plot(args: argparse.Namespace) -> int:
                 print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
                 return 1
             plot_bandit_history(args.source, args.job, out)
-    except (FileNotFoundError, NotAnEnergyLog, ValueError) as exc:  # NotAProfile is a ValueError
+    except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
@@ -246,15 +247,10 @@ def _profile_kernel(args: argparse.Namespace) -> int:
 
 
 def _package_version() -> str:
-    """The installed version of zeus-callbacks (package metadata), else ``zeus_callbacks.__version__``."""
-    from importlib import metadata
+    """The version of the package this command runs (``zeus_callbacks._version``, its one source)."""
+    from zeus_callbacks._version import __version__
 
-    try:
-        return metadata.version("zeus-callbacks")
-    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        import zeus_callbacks
-
-        return getattr(zeus_callbacks, "__version__", "unknown")
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,15 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Our own errors about the user's input (a configuration, a store, a restore marker)
     end the command here with their one-line message and status 1, never a traceback.
     """
-    from zeus_callbacks.optimizers.power_limit import NotAMarker
-    from zeus_callbacks.store.base import StoreError
-
     try:
         return _run(list(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:  # its message names the file: "invalid zeus-callbacks configuration in ..."
         print(exc, file=sys.stderr)
         return 1
-    except (StoreError, NotAMarker, NotAnEnergyLog) as exc:
+    except ZeusCallbacksError as exc:  # a store, a restore marker, a log: the message names the file
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `zeus-callbacks simulate | head`: the reader left early, not an error of ours

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, table
+from zeus_callbacks.errors import NothingToPlot
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
@@ -129,7 +130,7 @@ def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -
 
     Raises:
         StoreError: The store cannot be read.
-        ValueError: The job has no finished trial.
+        NothingToPlot: The job has no finished trial.
     """
     import matplotlib
 
@@ -139,7 +140,7 @@ def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -
     with open_store(store_path, read_only=True) as store:
         trials = [t for t in store.list_trials(job_id) if t.cost is not None]
     if not trials:
-        raise ValueError(f"job {job_id!r} has no finished trial in {store_path}")
+        raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
     fig, ax = plt.subplots(figsize=(7, 4))
     for size in sorted({t.batch_size for t in trials}):
         points = [(i, t.cost) for i, t in enumerate(trials) if t.batch_size == size]

@@ -15,11 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from zeus_callbacks.errors import ConfigError
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the file and each bad field."""
 
 
 class _Section(BaseModel):

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zeus_callbacks.errors import NotAnEnergyLog
+
 logger = logging.getLogger(__name__)
 
 STEP_ENERGY_J = "energy/step_J"
@@ -238,8 +240,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-class NotAnEnergyLog(ValueError):
-    """A file is not a zeus-callbacks JSONL energy log; the message names the file."""
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

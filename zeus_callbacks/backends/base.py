@@ -18,35 +18,15 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+# The backends' error types live in errors.py; importing them from here keeps working.
+from zeus_callbacks.errors import BackendError as BackendError
+from zeus_callbacks.errors import BackendUnavailable as BackendUnavailable
+from zeus_callbacks.errors import NotSupported as NotSupported
+from zeus_callbacks.errors import PermissionDenied as PermissionDenied
+from zeus_callbacks.errors import ReadOnlyError as ReadOnlyError
+from zeus_callbacks.errors import SensorError as SensorError
+
 READ_ONLY_ENV = "ZEUS_CALLBACKS_READ_ONLY"
-
-
-class BackendError(RuntimeError):
-    """Base class of every error a GPU backend raises."""
-
-
-class BackendUnavailable(BackendError):
-    """The backend cannot be used here (library missing, no device, MIG, ...)."""
-
-
-class SensorError(BackendError):
-    """A sensor read failed (GPU lost, unknown error, counter went backwards)."""
-
-    def __init__(self, message: str, kind: str = "unknown") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class NotSupported(BackendError):
-    """The device does not support this query or setting."""
-
-
-class PermissionDenied(BackendError):
-    """The caller may not change this setting (no root, or read-only mode)."""
-
-
-class ReadOnlyError(PermissionDenied):
-    """A setter was called while ``ZEUS_CALLBACKS_READ_ONLY=1`` is set."""
 
 
 def read_only_from_env() -> bool:

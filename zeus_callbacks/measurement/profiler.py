@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zeus_callbacks.backends.base import GPUBackend, ManualClock
+from zeus_callbacks.errors import NotAProfile
 from zeus_callbacks.measurement.finegrain import DROPPED, bin_executions, binning_warning, superpose
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer
@@ -42,8 +43,6 @@ ProgressCallback = Callable[[float, float | None], None]
 CI half-width (None before the first check)."""
 
 
-class NotAProfile(ValueError):
-    """A file is not a power-profile JSON written by :func:`profile`; the message names the file."""
 
 
 @dataclass

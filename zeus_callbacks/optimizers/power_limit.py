@@ -54,6 +54,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
 from zeus_callbacks.distributed import launcher_world_size
+from zeus_callbacks.errors import NotAMarker
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.signals import ChainedSigterm
 
@@ -577,8 +578,6 @@ def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Pa
     return path
 
 
-class NotAMarker(ValueError):
-    """A file at a restore marker's path is not a readable restore marker; it is kept untouched."""
 
 
 class RestoreMarker(NamedTuple):

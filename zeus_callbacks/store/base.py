@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+# The store's error types live in errors.py; importing them from here keeps working.
+from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
+from zeus_callbacks.errors import StoreError as StoreError
+from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
+
 SCHEMA_VERSION = 1
 """Version of the store layout this code writes; a newer one is refused."""
 
@@ -28,16 +33,6 @@ TrialStatus = Literal["running", "completed", "failed", "early_stopped"]
 TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped")
 
 
-class StoreError(RuntimeError):
-    """Base class of every store error; the message names the store file."""
-
-
-class StoreCorruptError(StoreError):
-    """The store file cannot be read (not a store, truncated, bad JSON/SQLite). Never reset silently."""
-
-
-class StoreSchemaError(StoreError):
-    """The store was written by a newer zeus-callbacks (a schema version this code does not know)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""Every error zeus-callbacks raises on purpose, under one root.
+
+``except ZeusCallbacksError`` catches all of them. Each class also keeps the builtin base it
+had before the root existed (``ValueError`` for bad input files and configurations,
+``RuntimeError`` for backends and stores), so existing ``except ValueError`` / ``except
+RuntimeError`` clauses keep working.
+
+Hierarchy::
+
+    ZeusCallbacksError
+    ├── ConfigError (ValueError)          the configuration is invalid
+    ├── NotAnEnergyLog (ValueError)       a file is not a JSONL energy log
+    ├── NotAProfile (ValueError)          a file is not a power-profile JSON
+    ├── NotAMarker (ValueError)           a file is not a power-limit restore marker
+    ├── NothingToPlot (ValueError)        the input holds no data for the requested plot
+    ├── BackendError (RuntimeError)       a GPU backend failed
+    │   ├── BackendUnavailable, SensorError, NotSupported
+    │   └── PermissionDenied
+    │       └── ReadOnlyError
+    └── StoreError (RuntimeError)         the recurring-job store failed
+        ├── StoreCorruptError
+        └── StoreSchemaError
+"""
+
+from __future__ import annotations
+
+
+class ZeusCallbacksError(Exception):
+    """Root of every error zeus-callbacks raises on purpose."""
+
+
+class ConfigError(ZeusCallbacksError, ValueError):
+    """The configuration is invalid; the message names the file and each bad field."""
+
+
+class NotAnEnergyLog(ZeusCallbacksError, ValueError):
+    """A file is not a zeus-callbacks JSONL energy log; the message names the file."""
+
+
+class NotAProfile(ZeusCallbacksError, ValueError):
+    """A file is not a power-profile JSON written by ``zeus-callbacks profile-kernel``; the message names the file."""
+
+
+class NotAMarker(ZeusCallbacksError, ValueError):
+    """A file at a restore marker's path is not a readable restore marker; it is kept untouched."""
+
+
+class NothingToPlot(ZeusCallbacksError, ValueError):
+    """The input (a store, a log) holds no data for the requested plot; the message names it."""
+
+
+class BackendError(ZeusCallbacksError, RuntimeError):
+    """Base class of every error a GPU backend raises."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be used here (library missing, no device, MIG, ...)."""
+
+
+class SensorError(BackendError):
+    """A sensor read failed (GPU lost, unknown error, counter went backwards).
+
+    Attributes:
+        kind: The failure's class (``"gpu_lost"``, ``"unknown"``, ...), for deciding whether to retry.
+    """
+
+    def __init__(self, message: str, kind: str = "unknown") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class NotSupported(BackendError):
+    """The device does not support this query or setting."""
+
+
+class PermissionDenied(BackendError):
+    """The caller may not change this setting (no root, or read-only mode)."""
+
+
+class ReadOnlyError(PermissionDenied):
+    """A setter was called while ``ZEUS_CALLBACKS_READ_ONLY=1`` is set."""
+
+
+class StoreError(ZeusCallbacksError, RuntimeError):
+    """Base class of every store error; the message names the store file."""
+
+
+class StoreCorruptError(StoreError):
+    """The store file cannot be read (not a store, truncated, bad JSON/SQLite). Never reset silently."""
+
+
+class StoreSchemaError(StoreError):
+    """The store was written by a newer zeus-callbacks (a schema version this code does not know)."""
