@@ -9,6 +9,7 @@ optimisers and the persistent store.
 from __future__ import annotations
 
 import datetime
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,9 +19,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zeus_callbacks.errors import ConfigError
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
 
+# Bounds that keep a run physical: a value outside them is a typo or a unit mistake, and some
+# (a 1e-12 W grid step, a 1e12 s sample buffer) would exhaust memory or hang the run.
+MAX_BATCH_SIZE = 2**31 - 1  # fits every framework's int and the store's integer columns
+MAX_SEED = 2**32 - 1  # numpy's seed range
+MAX_VIRTUAL_GPUS = 64
+MAX_BUFFER_S = 86_400.0  # a day of 20 ms samples: ~4.3 M samples
+MAX_YAML_ALIASES = 100  # a real configuration uses a handful; an alias bomb uses thousands
+MAX_CONFIG_BYTES = 1 << 20
+_ECHO_CHARS = 80  # an error message quotes at most this much of a bad value
+_ECHO = reprlib.Repr()  # keyword arguments need Python 3.12
+_ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxdict, _ECHO.maxstring, _ECHO.maxother = 2, 4, 4, _ECHO_CHARS, _ECHO_CHARS
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: a NaN target or an infinite period would never converge or never fire
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class VirtualGPUConfig(_Section):
@@ -32,11 +46,15 @@ class VirtualGPUConfig(_Section):
         description="Trace workload by dataset: cifar100, imagenet, librispeech, movielens-1m, "
         "sentiment140 or squad.",
     )
-    batch_size: int | None = Field(None, gt=0, description="Trace batch size; default: the workload's.")
-    num_devices: int = Field(1, ge=1, description="How many virtual GPUs this process sees.")
-    noise_W: float = Field(3.0, ge=0, description="Standard deviation of the sensor noise (W).")
-    sample_period_s: float = Field(0.02, gt=0, description="Power sample period (s); 20 ms like an H200.")
-    seed: int = Field(0, description="Seed of the sensor noise.")
+    batch_size: int | None = Field(
+        None, gt=0, le=MAX_BATCH_SIZE, description="Trace batch size; default: the workload's."
+    )
+    num_devices: int = Field(1, ge=1, le=MAX_VIRTUAL_GPUS, description="How many virtual GPUs this process sees.")
+    noise_W: float = Field(3.0, ge=0, le=1000, description="Standard deviation of the sensor noise (W).")
+    sample_period_s: float = Field(
+        0.02, ge=0.001, le=10, description="Power sample period (s); 20 ms like an H200."
+    )
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the sensor noise.")
 
     @field_validator("workload")
     @classmethod
@@ -58,11 +76,12 @@ class SamplingConfig(_Section):
         0.1, gt=0, le=1.0, description="How often the sampler thread drains the power stream (s)."
     )
     energy_counter_period_s: float = Field(
-        1.0, gt=0, description="How often the sampler reads the energy counter for cross-checks (s)."
+        1.0, ge=0.01, le=3600, description="How often the sampler reads the energy counter for cross-checks (s)."
     )
     buffer_s: float = Field(
         900.0,
-        gt=0,
+        ge=1,
+        le=MAX_BUFFER_S,
         description="Seconds of raw power samples kept in memory (ring buffer). Longer windows stay exact: "
         "the sampler keeps a running energy integral (every sample for this long, every second for 48 h).",
     )
@@ -96,6 +115,7 @@ class WindowsConfig(_Section):
     sensor_delay_s: float | None = Field(
         None,
         ge=0,
+        le=1,
         description="Lag of the power samples behind the power they report (s); default: the backend's "
         "own figure (4 ms for NVML, from the H200 step test; 0 for the virtual GPU).",
     )
@@ -123,6 +143,7 @@ class LoggingConfig(_Section):
     interval_steps: int = Field(
         50,
         ge=1,
+        le=10**9,
         description="Log step energy (mean over the interval) every this many steps; with one process and "
         "auto windows.sample_fraction, very short steps are reported less often, so reports fit the budget.",
     )
@@ -134,8 +155,18 @@ class LoggingConfig(_Section):
         description="Name of the run, the stem of its JSONL file (-1, -2, ... is appended when that file exists). "
         "Default: with Lightning, the logger's <name>-<version> (e.g. lightning_digits-0; a string version alone); "
         "with the Hugging Face Trainer, the last part of TrainingArguments.run_name; otherwise (no logger or "
-        "run_name, or an EnergySession used directly) the start time, run-YYYYmmdd-HHMMSS.",
+        "run_name, or an EnergySession used directly) the start time, run-YYYYmmdd-HHMMSS. It names a file "
+        "inside log_dir: no path separator, no '..', at most 200 characters.",
     )
+
+    @field_validator("run_name")
+    @classmethod
+    def _a_file_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = run_name_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
 
 
 class PowerLimitConfig(_Section):
@@ -148,18 +179,29 @@ class PowerLimitConfig(_Section):
         "(lowest energy within max_slowdown x the time at the maximum limit).",
     )
     eta_knob: float = Field(0.5, ge=0, le=1, description="Energy weight of zeus_cost (Zeus eq. 2).")
-    max_slowdown: float = Field(1.1, ge=1, description="Slowdown factor allowed by the max_slowdown objective.")
-    step_W: float = Field(25.0, gt=0, description="Spacing of the profiled limits, from the maximum down (W).")
+    max_slowdown: float = Field(
+        1.1, ge=1, le=100, description="Slowdown factor allowed by the max_slowdown objective."
+    )
+    step_W: float = Field(
+        25.0, ge=1, le=1000, description="Spacing of the profiled limits, from the maximum down (W)."
+    )
     search: Literal["unimodal", "sweep"] = Field(
         "unimodal", description="Golden-section search with a sweep fallback, or the full sweep."
     )
-    warmup_steps: int = Field(2, ge=0, description="Warm-up steps after each limit change (0 is valid).")
-    warmup_s: float = Field(0.0, ge=0, description="Minimum warm-up time after each limit change (s).")
-    min_profile_steps: int = Field(4, ge=2, description="Fewest profiled steps per limit.")
-    profile_steps: int = Field(40, ge=1, description="Most profiled steps per limit.")
-    profile_s: float | None = Field(None, gt=0, description="Most profiled time per limit (s); none: no limit.")
+    warmup_steps: int = Field(
+        2, ge=0, le=100_000, description="Warm-up steps after each limit change (0 is valid)."
+    )
+    warmup_s: float = Field(0.0, ge=0, le=3600, description="Minimum warm-up time after each limit change (s).")
+    min_profile_steps: int = Field(4, ge=2, le=100_000, description="Fewest profiled steps per limit.")
+    profile_steps: int = Field(40, ge=1, le=100_000, description="Most profiled steps per limit.")
+    profile_s: float | None = Field(
+        None, gt=0, le=86_400, description="Most profiled time per limit (s); none: no limit."
+    )
     rel_ci: float = Field(
-        0.01, gt=0, description="Stop a limit's window once its 95% confidence interval is within this fraction."
+        0.01,
+        gt=0,
+        lt=1,
+        description="Stop a limit's window once its 95% confidence interval is within this fraction.",
     )
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
@@ -194,7 +236,10 @@ class BatchSizeConfig(_Section):
     enabled: bool = Field(False, description="Suggest batch sizes across recurrences.")
     batch_sizes: list[int] | None = Field(None, description="Candidate batch sizes (required when enabled).")
     default_batch_size: int | None = Field(
-        None, gt=0, description="Batch size pruning starts from (required when enabled; one of batch_sizes)."
+        None,
+        gt=0,
+        le=MAX_BATCH_SIZE,
+        description="Batch size pruning starts from (required when enabled; one of batch_sizes).",
     )
     target: TargetConfig | None = Field(None, description="Target metric; without one no run counts as converged.")
     stop_at_target: bool = Field(True, description="Stop training once the target is reached.")
@@ -209,12 +254,14 @@ class BatchSizeConfig(_Section):
         2.0, gt=1, description="Stop a run whose cost exceeds beta_knob x the best converged cost; null: never."
     )
     max_power_W: float | None = Field(
-        None, gt=0, description="MaxPower of the cost (W, all GPUs); default: maximum power limit x GPUs."
+        None, gt=0, le=1e7, description="MaxPower of the cost (W, all GPUs); default: maximum power limit x GPUs."
     )
     pruning_rounds: int = Field(
         1, ge=1, description="Pruning rounds before Thompson sampling (Zeus: 2; the pooled noise variance needs 1)."
     )
-    seed: int = Field(0, description="Seed of the bandit's generator (its state then lives in the store).")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed of the bandit's generator (its state then lives in the store)."
+    )
     prior_std_rel: float = Field(1.0, gt=0, description="Prior standard deviation of an arm's cost, relative.")
     noise_floor_rel: float = Field(0.05, gt=0, description="Floor of an arm's cost standard deviation, relative.")
     window: int | None = Field(None, ge=1, description="Use only each arm's last N observations (drift).")
@@ -268,6 +315,8 @@ class BatchSizeConfig(_Section):
         if value is not None:
             if not value or min(value) <= 0 or len(set(value)) != len(value):
                 raise ValueError("must be distinct positive integers")
+            if max(value) > MAX_BATCH_SIZE:
+                raise ValueError(f"a batch size must be at most {MAX_BATCH_SIZE}")
             value = sorted(value)
         return value
 
@@ -331,11 +380,34 @@ class ZeusConfig(_Section):
         return value
 
 
+def run_name_problem(run_name: str) -> str | None:
+    """Why ``run_name`` cannot name a file inside the log directory, or None when it can.
+
+    Args:
+        run_name: A run name (the stem of ``<log_dir>/<run_name>.jsonl``).
+
+    Returns:
+        A one-line reason (a path separator, ``..``, empty, too long, a control character), or None.
+    """
+    if not run_name.strip():
+        return "run_name must not be empty"
+    if "/" in run_name or "\\" in run_name:
+        return "run_name names a file inside log_dir: it must not contain a path separator"
+    if run_name in (".", "..") or run_name.startswith(".."):
+        return "run_name must not be '.' or start with '..'"
+    if len(run_name) > 200:
+        return "run_name must be at most 200 characters"
+    if any(ord(ch) < 32 for ch in run_name):
+        return "run_name must not contain control characters"
+    return None
+
+
 def _as_written(value: Any) -> str:
     """A value as the user wrote it in YAML: ``2024-01-01``, not ``datetime.date(2024, 1, 1)``."""
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
-    return repr(value)
+    text = _ECHO.repr(value)  # bounded: a huge (or alias-shared, deeply nested) value is never expanded
+    return text if len(text) <= _ECHO_CHARS else text[: _ECHO_CHARS - 3] + "..."
 
 
 def _format_validation_error(exc: ValidationError, source: str) -> str:
@@ -388,12 +460,28 @@ class _DuplicateKey(yaml.constructor.ConstructorError):
         self.key, self.line, self.first_line = key, line, first_line
 
 
+class _TooManyAliases(yaml.YAMLError):
+    """A YAML document uses more aliases than any configuration needs (an alias bomb)."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key repeated in one mapping is an error.
 
     ``yaml.safe_load`` keeps the last of two equal keys, so a second ``logging:`` section
     would silently replace the first. Merge keys (``<<: *anchor``) may still be overridden.
     """
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        """Compose the next node, counting aliases (``*anchor``) so an alias bomb is refused.
+
+        Raises:
+            _TooManyAliases: The document uses more than ``MAX_YAML_ALIASES`` aliases.
+        """
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _TooManyAliases()
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         """Construct the mapping after checking that no key is given twice.
@@ -432,6 +520,8 @@ def load_config(path: str | Path) -> ZeusConfig:
     """
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes: not a zeus-callbacks configuration")
         with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
             data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
     except FileNotFoundError:
@@ -444,6 +534,10 @@ def load_config(path: str | Path) -> ZeusConfig:
         raise ConfigError(
             f"{path}: line {exc.line}: duplicate key {exc.key!r} (already given at line {exc.first_line}); "
             "give each key once"
+        ) from None
+    except _TooManyAliases:
+        raise ConfigError(
+            f"{path} uses more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out"
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from zeus_callbacks.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,9 +31,38 @@ def _process_group_size() -> int:
     return 1
 
 
+def launcher_env_int(name: str, default: int) -> int:
+    """An integer a distributed launcher sets in the environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
+
+    Args:
+        name: The environment variable.
+        default: Its value when unset (no launcher).
+
+    Returns:
+        The variable as a non-negative integer.
+
+    Raises:
+        ConfigError: The variable is set but is not a non-negative integer; the message names it.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"environment variable {name}={raw[:40]!r} is not a non-negative integer (a launcher's?)")
+    return value
+
+
 def launcher_world_size() -> int:
-    """How many processes the launcher started (``WORLD_SIZE``; 1 without a launcher)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """How many processes the launcher started (``WORLD_SIZE``; 1 without a launcher).
+
+    Raises:
+        ConfigError: ``WORLD_SIZE`` is set but is not a non-negative integer.
+    """
+    return max(1, launcher_env_int("WORLD_SIZE", 1))
 
 
 @dataclass

@@ -175,6 +175,22 @@ class RunSummary:
         return "\n".join(lines)
 
 
+def file_stem(run_name: str) -> str:
+    """``run_name`` as a plain file name inside the log directory.
+
+    Path separators and control characters become ``_``, leading dots are dropped (no ``..``,
+    no hidden file), the name is cut to 200 characters; an empty result is ``run``.
+
+    Args:
+        run_name: A run name from the configuration or a framework's logger.
+
+    Returns:
+        A name with no path component.
+    """
+    stem = "".join("_" if ch in "/\\" or ord(ch) < 32 else ch for ch in run_name).lstrip(".")[:200]
+    return stem or "run"
+
+
 class JsonlWriter:
     """Write one JSON object per line to a run's own energy log.
 
@@ -186,7 +202,8 @@ class JsonlWriter:
 
     Args:
         log_dir: Directory of the log (created if missing).
-        run_name: Preferred file stem.
+        run_name: Preferred file stem; a name a framework gave (a logger's ``exp/1``) is made a plain
+            file name first (:func:`file_stem`), so the log stays inside ``log_dir``.
 
     Attributes:
         path: The file actually written.
@@ -195,6 +212,7 @@ class JsonlWriter:
 
     def __init__(self, log_dir: Path, run_name: str) -> None:
         log_dir = Path(log_dir)
+        run_name = file_stem(run_name)
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             for attempt in range(10_000):
