@@ -108,7 +108,7 @@ def _plot(args: argparse.Namespace) -> int:
         out = out.with_suffix(".png")
     try:
         if args.what == "power-limit":
-            from zeus_callbacks.optimizers.power_limit import plot_profile
+            from zeus_callbacks.plots import plot_profile
 
             records = read_jsonl(args.source)
             profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
@@ -146,7 +146,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from zeus_callbacks.optimizers.power_limit import restore_command
+    from zeus_callbacks.cli_restore import restore_command
 
     return restore_command(config_path=args.config, marker=args.marker, as_json=args.json)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -126,37 +125,16 @@ def _profile_text(profile: Any) -> str:
 
 
 def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:
-    """Plot each recurrence's cost, coloured by batch size, with the best cost so far.
+    """Plot each recurrence's cost of ``job_id`` in a store (see :func:`zeus_callbacks.plots.plot_bandit_costs`).
 
     Raises:
         StoreError: The store cannot be read.
         NothingToPlot: The job has no finished trial.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from zeus_callbacks.plots import plot_bandit_costs
 
     with open_store(store_path, read_only=True) as store:
         trials = [t for t in store.list_trials(job_id) if t.cost is not None]
     if not trials:
         raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for size in sorted({t.batch_size for t in trials}):
-        points = [(i, t.cost) for i, t in enumerate(trials) if t.batch_size == size]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], label=f"batch {size}", s=18)
-    best, best_so_far = math.inf, []
-    for t in trials:
-        if t.converged:
-            best = min(best, t.cost)  # type: ignore[type-var]
-        best_so_far.append(best if math.isfinite(best) else None)
-    ax.plot(range(len(trials)), best_so_far, color="black", lw=1, label="best converged cost")
-    ax.set_xlabel("recurrence")
-    ax.set_ylabel("cost (ZeusCost, J-equivalent)")
-    ax.set_title(f"batch-size bandit: {job_id}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return plot_bandit_costs(trials, job_id, path)

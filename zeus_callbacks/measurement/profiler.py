@@ -179,35 +179,9 @@ class ProfileResult:
         Raises:
             ImportError: matplotlib is not installed (``pip install zeus-callbacks[plot]``).
         """
-        import matplotlib
+        from zeus_callbacks.plots import plot_power_profile
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        t_ms = np.asarray(self.time_s) * 1e3
-        band = np.asarray(self.power_ci_W)
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.fill_between(t_ms, band[0], band[1], alpha=0.3, step="mid", label="95 % CI")
-        ax.step(t_ms, self.power_W, where="mid", label="power profile")
-        ax.axvline(0.0, color="k", lw=0.8, ls=":")
-        ax.axvline(self.duration_s * 1e3, color="k", lw=0.8, ls=":")
-        if self.baseline_W is not None:
-            ax.axhline(self.baseline_W, color="grey", lw=0.8, ls="--", label=f"baseline {self.baseline_W:.0f} W")
-        lo, hi = self.energy_ci_J
-        ax.set_title(
-            f"{self.name} ({self.mode})\n{self.energy_J * 1e3:.3g} mJ/execution, 95 % CI [{lo * 1e3:.3g}, "
-            f"{hi * 1e3:.3g}] mJ, {self.executions_used} executions",
-            fontsize=10,
-        )
-        ax.set_xlabel("time since execution start (ms)")
-        ax.set_ylabel("power (W)")
-        ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return plot_power_profile(self, path)
 
 
 def _make_timer(backend: GPUBackend, use_cuda: bool | None) -> tuple[BoundaryTimer, str, Callable[[], None]]:

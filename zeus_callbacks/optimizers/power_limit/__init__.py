@@ -1,0 +1,62 @@
+"""Just-in-time power-limit profiling (Zeus, NSDI '23, §4.3), with a cheaper search.
+
+The package reads top-down:
+
+- :mod:`.objective`: what a limit is chosen for (energy, time, ZeusCost, max_slowdown).
+- :mod:`.search`: the candidate grid, a limit's window of measured steps, the unimodality check.
+- :mod:`.profiler`: :class:`PowerLimitProfiler`, the framework- and hardware-free state machine
+  (its states and transitions are documented there).
+- :mod:`.cache`: profiles kept between runs.
+- :mod:`.marker`: the restore marker (original limits, written before the first change).
+- :mod:`.controller`: :class:`PowerLimitController`, which applies the profiler's limits to a backend.
+
+The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli_restore`, the profile plot in
+:mod:`zeus_callbacks.plots`.
+"""
+
+from zeus_callbacks.errors import NotAMarker
+from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
+from zeus_callbacks.optimizers.power_limit.controller import PowerLimitController, PowerLimitResult
+from zeus_callbacks.optimizers.power_limit.marker import (
+    MARKER_NAME,
+    RestoreMarker,
+    marker_path,
+    read_marker,
+    restore_from_marker,
+    write_marker,
+)
+from zeus_callbacks.optimizers.power_limit.objective import Objective, ObjectiveName
+from zeus_callbacks.optimizers.power_limit.profiler import (
+    EnergyFn,
+    Phase,
+    PowerLimitProfiler,
+    ProfilerState,
+    ProfileSettings,
+)
+from zeus_callbacks.optimizers.power_limit.search import LimitProfile, is_unimodal, power_limit_grid_W
+
+__all__ = [
+    "CACHE_NAME",
+    "EnergyFn",
+    "JsonProfileCache",
+    "LimitProfile",
+    "MARKER_NAME",
+    "NotAMarker",
+    "Objective",
+    "ObjectiveName",
+    "Phase",
+    "PowerLimitController",
+    "PowerLimitProfiler",
+    "PowerLimitResult",
+    "ProfileCache",
+    "ProfileKey",
+    "ProfileSettings",
+    "ProfilerState",
+    "RestoreMarker",
+    "is_unimodal",
+    "marker_path",
+    "power_limit_grid_W",
+    "read_marker",
+    "restore_from_marker",
+    "write_marker",
+]

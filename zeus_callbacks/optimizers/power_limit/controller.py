@@ -1,0 +1,352 @@
+"""Apply the profiler's limits to a backend's GPUs safely: marker first, observe mode, cache, restore on every exit."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
+from zeus_callbacks.optimizers.cost import ZeusCost
+from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
+from zeus_callbacks.optimizers.power_limit.marker import (
+    marker_path,
+    write_marker,
+)
+from zeus_callbacks.optimizers.power_limit.objective import Objective
+from zeus_callbacks.optimizers.power_limit.profiler import (
+    EnergyFn,
+    Phase,
+    PowerLimitProfiler,
+    ProfilerState,
+    ProfileSettings,
+)
+from zeus_callbacks.optimizers.power_limit.search import power_limit_grid_W
+from zeus_callbacks.plots import plot_profile
+from zeus_callbacks.signals import ChainedSigterm
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PowerLimitResult:
+    """The outcome, for the log: source is ``profile``, ``cache`` or ``observe``."""
+
+    source: str
+    chosen_limit_W: float | None
+    profiling_steps: int
+    objective: str
+    rows: list[dict[str, float]]
+    fallback_sweep: bool
+    message: str
+    finished: bool = True
+
+
+class PowerLimitController:
+    """Apply the profiler's limits to a backend's GPUs, safely.
+
+    Args:
+        config: The ``power_limit`` section (:class:`~zeus_callbacks.config.PowerLimitConfig`).
+        backend: An open backend.
+        gpu_indices: GPUs that all get the same limit (single-process multi-GPU).
+        energy_fn: Energy (J) summed over ``gpu_indices`` between two times, or None.
+        log_dir: Default home of the restore marker and the cache file.
+        job_id: Part of the cache key.
+        world_size: Part of the cache key.
+        is_main_process: Only the main process writes the cache and the plot.
+        run_name: Names the plot, ``<log_dir>/<run_name>.power_limit.png``.
+        cache: The profile cache; default a :class:`JsonProfileCache` on ``config.cache_path``
+            (``<log_dir>/power_limit_cache.json``). Ignored when ``config.cache`` is off.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        backend: GPUBackend,
+        gpu_indices: Sequence[int],
+        energy_fn: EnergyFn,
+        *,
+        log_dir: Path,
+        job_id: str = "default",
+        world_size: int = 1,
+        is_main_process: bool = True,
+        run_name: str = "run",
+        cache: ProfileCache | None = None,
+    ) -> None:
+        self.config = config
+        self.plot_path = Path(log_dir) / f"{run_name}.power_limit.png" if config.plot else None
+        self.backend = backend
+        self.gpu_indices = list(gpu_indices)
+        self.marker_path = marker_path(log_dir, config.restore_marker)
+        cache_path = Path(config.cache_path) if config.cache_path else Path(log_dir) / CACHE_NAME
+        self.cache: ProfileCache | None = (cache or JsonProfileCache(cache_path)) if config.cache else None
+        self.job_id = job_id
+        self.world_size = world_size
+        self.is_main_process = is_main_process
+        self.original_W = {i: backend.power_limit_W(i) for i in self.gpu_indices}
+        low = max(backend.power_limit_constraints_W(i)[0] for i in self.gpu_indices)
+        high = min(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
+        self.observe = bool(backend.read_only)
+        self.observe_reason = "read-only mode (ZEUS_CALLBACKS_READ_ONLY)" if self.observe else ""
+        objective = Objective(
+            config.objective,
+            config.eta_knob,
+            config.max_slowdown,
+            ZeusCost.for_gpus(config.eta_knob, high, len(self.gpu_indices)).max_power_W,
+        )
+        settings = ProfileSettings(
+            warmup_steps=config.warmup_steps,
+            warmup_s=config.warmup_s,
+            min_profile_steps=config.min_profile_steps,
+            profile_steps=config.profile_steps,
+            profile_s=config.profile_s,
+            rel_ci=config.rel_ci,
+            search=config.search,
+        )
+        self.profiler = PowerLimitProfiler(
+            power_limit_grid_W(low, high, config.step_W), objective, energy_fn, settings, observe_only=self.observe
+        )
+        if self.observe:
+            self._warn_observe()
+        self.applied_W: float | None = None  # what we set last (None: untouched)
+        self.key: ProfileKey | None = None
+        self.result: PowerLimitResult | None = None
+        self._marker_written = False
+        self._sigterm = ChainedSigterm(self.restore, "restoring the original power limits")
+        self._lock = threading.RLock()
+        self._step_index = 0
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def limit_W(self) -> float:
+        """The limit in force (mean over the GPUs, W)."""
+        if self.applied_W is not None:
+            return self.applied_W
+        return sum(self.original_W.values()) / len(self.original_W)
+
+    def _warn_observe(self) -> None:
+        logger.warning(
+            "zeus-callbacks: power-limit profiling runs in observe mode (%s): it measures at the "
+            "current limit only and changes nothing",
+            self.observe_reason,
+        )
+
+    def enter_observe(self, reason: str) -> None:
+        """Switch to observe mode now (restore the original limits), saying why once."""
+        if not self.observe:
+            self._enter_observe(reason)
+
+    def apply(self, limit_W: float) -> None:
+        """Apply ``limit_W`` to every GPU as another rank's profiler decided (marker first)."""
+        self._apply(limit_W)
+
+    def _enter_observe(self, reason: str) -> None:
+        self.observe = True
+        self.observe_reason = reason
+        self.profiler.observe_only = True
+        self._warn_observe()
+        self.restore()
+        current = self.limit_W
+        self.profiler.profiles.clear()
+        self.profiler.start_at(current)
+        self.profiler.state = ProfilerState(Phase.IDLE)
+
+    # -- events ------------------------------------------------------------------------
+    def on_step_start(self, step: int, now_s: float) -> None:
+        """Apply the limit the next step must run at (before its window opens)."""
+        if self.profiler.phase == Phase.IDLE and self._step_index == 0:
+            return  # the first step runs untouched: its batch size keys the cache
+        if self.profiler.phase == Phase.IDLE and self.observe:
+            self.profiler.start_at(self.limit_W)
+        target = self.profiler.on_step_start(step, now_s)
+        if target is not None and not self.observe:
+            self._apply(target)
+
+    def on_step_end(self, step: int, now_s: float, num_samples: int | None = None) -> PowerLimitResult | None:
+        """Advance the profiler; returns the result once, when the choice is made."""
+        self._step_index += 1
+        if self._step_index == 1 and self.profiler.phase == Phase.IDLE:
+            return self._consult_cache(num_samples)
+        if self.profiler.on_step_end(step, now_s):
+            return self._finish()
+        return None
+
+    def on_eval_start(self, now_s: float) -> None:
+        """An evaluation begins (excluded from profiling)."""
+        self.profiler.on_eval_start(now_s)
+
+    def on_eval_end(self, now_s: float) -> None:
+        """An evaluation ended."""
+        self.profiler.on_eval_end(now_s)
+
+    # -- cache ---------------------------------------------------------------------------
+    def _consult_cache(self, batch_size: int | None) -> PowerLimitResult | None:
+        self.key = ProfileKey(
+            job_id=self.job_id,
+            gpu_model=self.backend.device_name(self.gpu_indices[0]),
+            batch_size=batch_size,
+            world_size=self.world_size,
+            objective=self.profiler.objective.key(),
+        )
+        if self.cache is None or self.observe:
+            return None
+        entry = self.cache.get(self.key)
+        if entry is None or entry.get("chosen_limit_W") is None:
+            logger.info("zeus-callbacks: no cached power-limit profile for %s; profiling", self.key)
+            return None
+        limit = float(entry["chosen_limit_W"])
+        if limit not in self.profiler.limits_W and not (
+            self.profiler.limits_W[0] <= limit <= self.profiler.limits_W[-1]
+        ):
+            logger.warning("zeus-callbacks: cached power limit %.0f W is out of range; profiling again", limit)
+            return None
+        self.profiler.finish_with(limit)
+        self._apply(limit)
+        message = f"applied the cached power limit {limit:.0f} W for {self.key.as_str()} without profiling"
+        logger.info("zeus-callbacks: %s", message)
+        self.result = PowerLimitResult(
+            "cache", limit, 0, self.profiler.objective.key(), list(entry.get("limits", [])), False, message
+        )
+        return self.result
+
+    def _rows(self) -> list[dict[str, float]]:
+        """The per-limit table of what was measured, highest limit first."""
+        p = self.profiler
+        costs = p.costs()
+        return [
+            {
+                "limit_W": limit,
+                "energy_per_step_J": prof.energy_per_step_J,
+                "time_per_step_s": prof.time_per_step_s,
+                "cost": costs.get(limit, math.nan),
+                "profiled_steps": prof.n,
+                "steps": prof.steps,
+            }
+            for limit, prof in sorted(p.profiles.items(), reverse=True)
+        ]
+
+    def unfinished(self, steps: int) -> PowerLimitResult | None:
+        """The outcome when training ends before profiling did (warned once); None if it finished or never began.
+
+        Args:
+            steps: Training steps the run executed (for the message).
+
+        Returns:
+            A result with ``finished=False``, ``source`` ``unfinished``, no chosen limit and the
+            measured rows, or None when a result exists already or no limit was tried.
+        """
+        p = self.profiler
+        if self.result is not None or not p.profiles:
+            return None
+        rows = self._rows()
+        tried = sorted({r["limit_W"] for r in rows})
+        trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
+        done = sum(1 for r in rows if r["profiled_steps"] >= p.settings.min_profile_steps)
+        message = (
+            f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
+            f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
+            "lower power_limit.profile_steps / warmup_steps so profiling ends within the run"
+        )
+        logger.warning("zeus-callbacks: %s", message)
+        self.result = PowerLimitResult(
+            "unfinished", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
+        )
+        return self.result
+
+    def _finish(self) -> PowerLimitResult:
+        p = self.profiler
+        rows = self._rows()
+        if p.phase == Phase.OBSERVE:
+            current = p.state.limit_W
+            message = (
+                f"observe mode ({self.observe_reason}): measured only the current limit "
+                f"{current:.0f} W; cannot profile other limits, so no limit is chosen or changed"
+            )
+            logger.warning("zeus-callbacks: %s", message)
+            self.result = PowerLimitResult("observe", None, p.profiling_steps, p.objective.key(), rows, False, message)
+            return self.result
+        chosen = p.chosen_limit_W
+        if chosen is None:  # abandoned: no power samples
+            self.restore()
+            message = "profiling abandoned (no power samples arrived); the original limits are kept"
+            self.result = PowerLimitResult(
+                "abandoned", None, p.profiling_steps, p.objective.key(), rows, False, message
+            )
+            return self.result
+        self._apply(chosen)
+        message = (
+            f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
+            f"steps over {len(rows)} limits{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
+        )
+        logger.info("zeus-callbacks: %s", message)
+        self.result = PowerLimitResult(
+            "profile", chosen, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message
+        )
+        if self.plot_path is not None and self.is_main_process:
+            try:
+                plot_profile(rows, chosen, self.plot_path)
+            except Exception as exc:  # no matplotlib, no display, full disk: the run goes on
+                logger.warning("zeus-callbacks: cannot plot the power-limit profile (%s)", exc)
+        if self.cache is not None and self.key is not None and self.is_main_process:
+            try:
+                self.cache.put(self.key, {"chosen_limit_W": chosen, "limits": rows, "time": time.time()})
+            except OSError as exc:
+                logger.warning("zeus-callbacks: cannot write the power-limit cache (%s)", exc)
+        return self.result
+
+    # -- hardware --------------------------------------------------------------------------
+    def _apply(self, limit_W: float) -> None:
+        with self._lock:
+            if self.observe or self.applied_W == limit_W:
+                return
+            if not self._marker_written:
+                if self.marker_path.exists():  # not ours: another run's, one kept after a failure, or no marker
+                    self._enter_observe(
+                        f"the restore marker path {self.marker_path} holds a file this run did not write; "
+                        "writing the marker would replace it (run `zeus-callbacks restore`, or move it away)"
+                    )
+                    return
+                try:
+                    write_marker(self.marker_path, self.backend, self.original_W)
+                except OSError as exc:
+                    self._enter_observe(f"cannot write the restore marker {self.marker_path}: {exc}")
+                    return
+                self._marker_written = True
+                self._install_sigterm()
+            try:
+                for i in self.gpu_indices:
+                    self.backend.set_power_limit_W(i, limit_W)
+            except PermissionDenied as exc:
+                self._enter_observe(f"no permission to change the power limit: {exc}")
+                return
+            self.applied_W = limit_W
+
+    def restore(self) -> None:
+        """Put every GPU back to its original limit and remove the marker (idempotent)."""
+        with self._lock:
+            if not self._marker_written:
+                return
+            failed = False
+            for i, limit in self.original_W.items():
+                try:
+                    if self.backend.power_limit_W(i) != limit:
+                        self.backend.set_power_limit_W(i, limit)
+                except BackendError as exc:
+                    failed = True
+                    logger.error("zeus-callbacks: cannot restore GPU %d to %.0f W (%s)", i, limit, exc)
+            self.applied_W = None
+            if not failed:
+                self.marker_path.unlink(missing_ok=True)
+                self._marker_written = False
+            self._uninstall_sigterm()
+
+    def _install_sigterm(self) -> None:
+        self._sigterm.install()
+
+    def _uninstall_sigterm(self) -> None:
+        self._sigterm.uninstall()

@@ -1,0 +1,350 @@
+"""Just-in-time power-limit profiling (Zeus, NSDI '23, §4.3), with a cheaper search.
+
+Two layers:
+
+- :class:`PowerLimitProfiler`: a framework- and hardware-free state machine fed with
+  step boundaries and an energy function. It decides which limit each step should run
+  at and, at the end, the limit that minimises the :class:`Objective`.
+- :class:`PowerLimitController`: applies the profiler's limits to every measured GPU of
+  a backend, writes the restore marker *before* the first change, restores the original
+  limits on every exit path (end, exception, SIGTERM, next start after SIGKILL), falls
+  back to observe mode when limits cannot be changed, and consults a :class:`ProfileCache`.
+
+State machine of :class:`PowerLimitProfiler` (each transition happens at a step boundary)::
+
+    IDLE ──first step_start──> WARMUP(limit) ──warm-up done (step_end)──> PROFILING(limit)
+      │                          ▲   (warmup_steps = 0 and warmup_s = 0: straight to PROFILING)
+      │                          └────── window decided, the search picks another limit ──┐
+      │                                                                                    │
+      │   PROFILING(limit) ──window decided (step_end)──> WARMUP(next) ────────────────────┘
+      │                     └──────────────────────────> DONE(best)     (search finished)
+      │                     └──────────────────────────> OBSERVE        (observe mode: only
+      │                                                                  the current limit)
+      └──cache hit──> DONE(cached)
+
+A limit's window spans steps, not epochs: epoch boundaries are invisible to the
+profiler, so epochs shorter than a window never restart it. A step during which an
+evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
+``profile_s``. A window is decided once its per-step energies are resolved (power
+samples cover the step's end; steps keep running at the same limit meanwhile and are
+measured too) and either its 95 % confidence interval is narrow (``rel_ci``), it
+separates from the best limit so far, or it reached ``profile_steps``/``profile_s``.
+
+Search (``search: unimodal``): the maximum limit first (the time reference of
+``max_slowdown``), then a discrete golden-section search over the 25 W grid, reusing
+every measured limit; once the bracket closes, the measured costs are checked for
+unimodality (within the noise tolerance) and, if they are not, every remaining limit
+is measured, i.e. the full sweep (``search: sweep`` does that from the start).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from zeus_callbacks.optimizers.power_limit.objective import Objective
+from zeus_callbacks.optimizers.power_limit.search import LimitProfile, is_unimodal
+
+logger = logging.getLogger(__name__)
+
+
+EnergyFn = Callable[[float, float], "float | None"]
+"""``energy_fn(start_s, end_s)``: energy (J, summed over GPUs) in the interval, or None
+while the power samples do not cover it yet."""
+
+
+class Phase(enum.Enum):
+    """Phases of the profiler (see the module docstring for the transitions)."""
+
+    IDLE = "idle"
+    WARMUP = "warmup"
+    PROFILING = "profiling"
+    DONE = "done"
+    OBSERVE = "observe"
+
+
+@dataclass(frozen=True)
+class ProfilerState:
+    """Where the profiler stands: phase, limit under test, and when the phase began."""
+
+    phase: Phase
+    limit_W: float | None = None
+    steps: int = 0  # steps completed in this phase
+    active_s: float = 0.0  # step time spent in this phase, evaluations excluded (s)
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Window lengths and stopping rule (see :class:`~zeus_callbacks.config.PowerLimitConfig`)."""
+
+    warmup_steps: int = 2
+    warmup_s: float = 0.0
+    min_profile_steps: int = 4
+    profile_steps: int = 40
+    profile_s: float | None = None
+    rel_ci: float = 0.01
+    search: Literal["unimodal", "sweep"] = "unimodal"
+    unimodal_tolerance: float = 0.01
+    max_wait_steps: int = 20  # a full window waits this many steps ...
+    max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
+
+
+class PowerLimitProfiler:
+    """The profiling state machine; framework- and hardware-free.
+
+    Args:
+        limits_W: Limits to consider, shape (n,) (W), any order; the maximum is measured first.
+        objective: What to minimise.
+        energy_fn: ``energy_fn(start_s, end_s)`` → energy (J) summed over GPUs, None until
+            the samples cover ``end_s``.
+        settings: Window lengths and stopping rule.
+        observe_only: Measure the first limit only (observe mode) and change nothing.
+
+    The caller applies :attr:`target_limit_W` before each step and reports every step
+    through :meth:`on_step_start`/:meth:`on_step_end`.
+    """
+
+    def __init__(
+        self,
+        limits_W: Sequence[float],
+        objective: Objective,
+        energy_fn: EnergyFn,
+        settings: ProfileSettings | None = None,
+        *,
+        observe_only: bool = False,
+    ) -> None:
+        if not limits_W:
+            raise ValueError("no power limits to profile")
+        self.limits_W = sorted({float(x) for x in limits_W})  # ascending
+        self.objective = objective
+        self.energy_fn = energy_fn
+        self.settings = settings or ProfileSettings()
+        self.observe_only = observe_only
+        self.state = ProfilerState(Phase.IDLE)
+        self.profiles: dict[float, LimitProfile] = {}
+        self.chosen_limit_W: float | None = None
+        self.profiling_steps = 0
+        self.fallback_sweep = False
+        self._step_start_s: float | None = None
+        self._eval_in_step = False
+        self._eval_start_s: float | None = None
+        self._pending: list[tuple[float, float]] = []  # profiled steps awaiting energy
+        self._wait_steps = 0
+        self._last_dt: float | None = None
+        self._full_since_s: float | None = None
+        self.abandoned = False
+
+    # -- public view -----------------------------------------------------------------
+    @property
+    def phase(self) -> Phase:
+        """The current phase."""
+        return self.state.phase
+
+    @property
+    def finished(self) -> bool:
+        """True once a choice is made (DONE) or observe mode measured the current limit."""
+        return self.state.phase in (Phase.DONE, Phase.OBSERVE)
+
+    @property
+    def target_limit_W(self) -> float | None:
+        """The limit the next step should run at (None: leave the GPU alone)."""
+        if self.state.phase in (Phase.WARMUP, Phase.PROFILING):
+            return self.state.limit_W
+        if self.state.phase == Phase.DONE:
+            return self.chosen_limit_W
+        return None
+
+    def start_at(self, limit_W: float) -> None:
+        """Begin with ``limit_W`` (observe mode: the current limit) instead of the maximum."""
+        self._first_limit_W = float(limit_W)
+
+    def finish_with(self, limit_W: float) -> None:
+        """Skip profiling and run at ``limit_W`` (a cache hit): IDLE → DONE."""
+        self.chosen_limit_W = float(limit_W)
+        self.state = ProfilerState(Phase.DONE, float(limit_W))
+
+    # -- events ----------------------------------------------------------------------
+    def on_step_start(self, step: int, now_s: float) -> float | None:
+        """A step begins at ``now_s``; returns the limit it must run at (W), or None."""
+        del step
+        if self.state.phase == Phase.IDLE:
+            self._enter_limit(getattr(self, "_first_limit_W", self.limits_W[-1]))
+        self._step_start_s = now_s
+        self._eval_in_step = False
+        return self.target_limit_W
+
+    def on_eval_start(self, now_s: float) -> None:
+        """An evaluation begins: it is excluded from warm-up and profile windows."""
+        self._eval_start_s = now_s
+        self._eval_in_step = self._step_start_s is not None
+
+    def on_eval_end(self, now_s: float) -> None:
+        """The evaluation ended."""
+        self._eval_start_s = None
+
+    def on_step_end(self, step: int, now_s: float) -> bool:
+        """A step ended at ``now_s``; advance the state machine.
+
+        Returns:
+            True when this step finished the profile (the choice is made).
+        """
+        del step
+        start_s, self._step_start_s = self._step_start_s, None
+        phase = self.state.phase
+        if phase not in (Phase.WARMUP, Phase.PROFILING) or start_s is None:
+            return False
+        self.profiling_steps += 1
+        limit = self.state.limit_W
+        assert limit is not None
+        profile = self.profiles.setdefault(limit, LimitProfile(limit))
+        profile.steps += 1
+        dt = max(now_s - start_s, 0.0)
+        valid = not self._eval_in_step
+        self._last_dt = dt if valid else 0.0
+        st = self.state
+        self.state = ProfilerState(phase, limit, st.steps + 1, st.active_s + (dt if valid else 0.0))
+        if phase == Phase.WARMUP:
+            s = self.settings
+            if self.state.steps >= s.warmup_steps and self.state.active_s >= s.warmup_s:
+                self.state = ProfilerState(Phase.PROFILING, limit)
+            return False
+        if valid and not self._window_full(self.state):
+            self._pending.append((start_s, now_s))
+        self._resolve(profile)
+        if self._window_decided(profile, now_s):
+            return self._next_limit()
+        return False
+
+    # -- internals --------------------------------------------------------------------
+    def _enter_limit(self, limit_W: float) -> None:
+        self._pending = []
+        self._wait_steps = 0
+        self._full_since_s = None
+        s = self.settings
+        phase = Phase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else Phase.PROFILING
+        self.state = ProfilerState(phase, float(limit_W))
+
+    def _resolve(self, profile: LimitProfile) -> None:
+        while self._pending:
+            start_s, end_s = self._pending[0]
+            energy = self.energy_fn(start_s, end_s)
+            if energy is None:
+                return
+            self._pending.pop(0)
+            profile.energy_J.append(float(energy))
+            profile.time_s.append(end_s - start_s)
+
+    def _best_upper(self, exclude: float) -> float:
+        best = math.inf
+        for limit, p in self.profiles.items():
+            if limit != exclude and p.n >= 2:
+                best = min(best, p.interval(self.objective)[1])
+        return best
+
+    def _window_full(self, st: ProfilerState) -> bool:
+        """Whether the steps before this one already filled the window (later steps only wait)."""
+        s = self.settings
+        before_s = st.active_s - (self._last_dt or 0.0)
+        return st.steps - 1 >= s.profile_steps or (s.profile_s is not None and before_s >= s.profile_s)
+
+    def _window_decided(self, profile: LimitProfile, now_s: float) -> bool:
+        s = self.settings
+        st = self.state
+        steps_up = st.steps >= s.profile_steps or (s.profile_s is not None and st.active_s >= s.profile_s)
+        if steps_up:
+            self._wait_steps += 1
+            if self._full_since_s is None:
+                self._full_since_s = now_s
+            if profile.n >= 1 and not self._pending:
+                return True
+            if self._wait_steps > s.max_wait_steps and now_s - self._full_since_s > s.max_wait_s:
+                if profile.n == 0:  # no power samples at all: give up rather than stay at a trial limit
+                    self.abandoned = True
+                    logger.warning(
+                        "zeus-callbacks: no power samples arrived for %.0f s at %.0f W; power-limit "
+                        "profiling is abandoned and the original limit is kept",
+                        now_s - self._full_since_s,
+                        profile.limit_W,
+                    )
+                return True
+        if profile.n < max(s.min_profile_steps, 2):
+            return False
+        low, high = profile.interval(self.objective)
+        mean = 0.5 * (low + high)
+        if high - mean <= s.rel_ci * abs(mean):
+            return True
+        return low > self._best_upper(profile.limit_W)  # separated: clearly worse than the best
+
+    def costs(self) -> dict[float, float]:
+        """Cost of every measured limit (W → cost), per :attr:`objective`."""
+        ref = self.profiles.get(self.limits_W[-1])
+        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        return {
+            limit: self.objective.cost(p.energy_per_step_J, p.time_per_step_s, ref_t)
+            for limit, p in self.profiles.items()
+            if p.n
+        }
+
+    def _next_limit(self) -> bool:
+        if self.abandoned:
+            self.chosen_limit_W = None
+            self.state = ProfilerState(Phase.DONE, None)
+            return True
+        if self.observe_only:
+            self.state = ProfilerState(Phase.OBSERVE, self.state.limit_W)
+            return True
+        following = self._search()
+        if following is not None:
+            self._enter_limit(following)
+            return False
+        costs = self.costs()
+        self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
+        self.state = ProfilerState(Phase.DONE, self.chosen_limit_W)
+        return True
+
+    def _search(self) -> float | None:
+        limits = self.limits_W
+        measured = {i for i, x in enumerate(limits) if x in self.profiles}
+        unmeasured_desc = [x for x in reversed(limits) if x not in self.profiles]
+        if not unmeasured_desc:
+            return None
+        if self.settings.search == "sweep" or self.fallback_sweep:
+            return unmeasured_desc[0]
+        if len(limits) - 1 not in measured:
+            return limits[-1]
+        costs = self.costs()
+        cost = {i: costs.get(limits[i], math.inf) for i in measured}
+        lo, hi = 0, len(limits) - 1
+        while hi - lo > 2:
+            d = max(1, round(0.382 * (hi - lo)))
+            m1, m2 = lo + d, hi - d
+            if m1 >= m2:
+                m2 = m1 + 1
+            for m in (m1, m2):
+                if m not in measured:
+                    return limits[m]
+            if cost[m1] <= cost[m2]:
+                hi = m2
+            else:
+                lo = m1
+        for m in range(lo, hi + 1):
+            if m not in measured:
+                return limits[m]
+        tol = self.settings.unimodal_tolerance
+        if not is_unimodal([costs[x] for x in limits if x in costs], tol):
+            self.fallback_sweep = True
+            logger.info("zeus-callbacks: the measured cost curve is not unimodal; sweeping every limit")
+            return unmeasured_desc[0]
+        # Flat stretches can hide a lower dip: measure the unmeasured neighbours of every
+        # limit whose cost is within the tolerance of the best.
+        best = min(costs.values())
+        for i in sorted(measured, reverse=True):
+            if cost[i] <= best + tol * abs(best):
+                for j in (i + 1, i - 1):
+                    if 0 <= j < len(limits) and j not in measured:
+                        return limits[j]
+        return None

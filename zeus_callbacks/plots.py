@@ -1,0 +1,149 @@
+"""Every figure zeus-callbacks draws (matplotlib, imported only when a plot is asked for).
+
+Needs the ``plot`` extra: ``pip install 'zeus-callbacks[plot]'``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from zeus_callbacks.measurement.profiler import ProfileResult
+    from zeus_callbacks.store.base import TrialRecord
+
+
+def plot_profile(
+    rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path, *, partial: bool = False
+) -> Path:
+    """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
+
+    Args:
+        rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``); rows
+            without a measurement (null or NaN) are left out.
+        chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
+        path: The image file to write (PNG).
+        partial: The profile did not finish (said in the title).
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    rows = [r for r in rows if _measured(r.get("time_per_step_s")) and _measured(r.get("energy_per_step_J"))]
+    try:
+        xs = [r["time_per_step_s"] for r in rows]
+        ys = [r["energy_per_step_J"] for r in rows]
+        ax.scatter(xs, ys, color="tab:blue")
+        for r, x, y in zip(rows, xs, ys, strict=True):
+            ax.annotate(f"{r['limit_W']:.0f} W", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            if chosen_limit_W is not None and r["limit_W"] == chosen_limit_W:
+                ax.scatter([x], [y], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
+        ax.set_xlabel("time per step (s)")
+        ax.set_ylabel("energy per step (J)")
+        ax.set_title("Power-limit profile" + (" (partial: profiling did not finish)" if partial else ""))
+        if chosen_limit_W is not None:
+            ax.legend(loc="best")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _measured(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
+    """Save a kernel's power profile over its execution timeline, with its 95 % CI band (FinGraV).
+
+    Args:
+        result: A profile from :func:`zeus_callbacks.measurement.profiler.profile`.
+        path: The image file to write (PNG); its directory is created.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install zeus-callbacks[plot]``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t_ms = np.asarray(result.time_s) * 1e3
+    band = np.asarray(result.power_ci_W)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.fill_between(t_ms, band[0], band[1], alpha=0.3, step="mid", label="95 % CI")
+    ax.step(t_ms, result.power_W, where="mid", label="power profile")
+    ax.axvline(0.0, color="k", lw=0.8, ls=":")
+    ax.axvline(result.duration_s * 1e3, color="k", lw=0.8, ls=":")
+    if result.baseline_W is not None:
+        ax.axhline(result.baseline_W, color="grey", lw=0.8, ls="--", label=f"baseline {result.baseline_W:.0f} W")
+    lo, hi = result.energy_ci_J
+    ax.set_title(
+        f"{result.name} ({result.mode})\n{result.energy_J * 1e3:.3g} mJ/execution, 95 % CI [{lo * 1e3:.3g}, "
+        f"{hi * 1e3:.3g}] mJ, {result.executions_used} executions",
+        fontsize=10,
+    )
+    ax.set_xlabel("time since execution start (ms)")
+    ax.set_ylabel("power (W)")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Path) -> Path:
+    """Plot each recurrence's cost, coloured by batch size, with the best converged cost so far.
+
+    Args:
+        trials: The job's finished trials (a cost each), in recurrence order.
+        job_id: The recurring job, for the title.
+        path: The image file to write (PNG).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install zeus-callbacks[plot]``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for size in sorted({t.batch_size for t in trials}):
+        points = [(i, t.cost) for i, t in enumerate(trials) if t.batch_size == size]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], label=f"batch {size}", s=18)
+    best, best_so_far = math.inf, []
+    for t in trials:
+        if t.converged:
+            best = min(best, t.cost)  # type: ignore[type-var]
+        best_so_far.append(best if math.isfinite(best) else None)
+    ax.plot(range(len(trials)), best_so_far, color="black", lw=1, label="best converged cost")
+    ax.set_xlabel("recurrence")
+    ax.set_ylabel("cost (ZeusCost, J-equivalent)")
+    ax.set_title(f"batch-size bandit: {job_id}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
