@@ -13,10 +13,9 @@ from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.optimizers import recurring
-from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, EarlyStopRule, Suggestion
+from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.optimizers.recurring import EarlyStopRule
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 
@@ -208,7 +207,7 @@ def test_main_failure_at_start_fails_the_follower_instead_of_hanging(tmp_path, m
 def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_path, monkeypatch):
     main_suggestion = Suggestion(batch_size=128, trial_id=7, phase="pruning", round=0)
     ranks = FakeRanks(1, main_broadcast=(main_suggestion, None))
-    monkeypatch.setattr("zeus_callbacks.optimizers.recurring.RankGroup.from_launcher", lambda **kw: ranks)
+    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: ranks)
     assert suggest_batch_size(settings(tmp_path)) == 128
     assert not (tmp_path / "zeus_store.sqlite").exists()  # only the main process touches the store
     # The callback's session claims it on this rank too (no second exchange).
@@ -219,7 +218,7 @@ def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_pat
 
 def test_suggest_batch_size_fails_every_rank_when_the_main_cannot_suggest(tmp_path, monkeypatch):
     ranks = FakeRanks(1, main_broadcast=(None, "StoreCorruptError: bad store"))
-    monkeypatch.setattr("zeus_callbacks.optimizers.recurring.RankGroup.from_launcher", lambda **kw: ranks)
+    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: ranks)
     with pytest.raises(RuntimeError, match="main process could not suggest a batch size.*bad store"):
         suggest_batch_size(settings(tmp_path))
 

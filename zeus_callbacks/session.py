@@ -49,7 +49,7 @@ from zeus_callbacks.measurement.windows import (
     WindowRecord,
 )
 from zeus_callbacks.optimizers import power_limit as pl
-from zeus_callbacks.optimizers.recurring import BatchSizeController, EarlyStopRule, claim_pending
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import JsonlWriter, RunSummary
 from zeus_callbacks.signals import ChainedSigterm
 from zeus_callbacks.store.profile_cache import StoreProfileCache
@@ -360,7 +360,7 @@ class EnergySession:
         Returns:
             The batch size, or None when ``batch_size.enabled`` is false. A process other
             than the main one never touches the store: it returns the main process's
-            suggestion that :func:`~zeus_callbacks.optimizers.recurring.suggest_batch_size`
+            suggestion that :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size`
             received under a launcher (claiming it), or None if there was none.
 
         Raises:
@@ -653,7 +653,7 @@ class EnergySession:
         Called every ``batch_size.stop_agreement_steps`` steps and at each evaluation end,
         never elsewhere, so every rank joins the same exchanges. The ranks share their
         energy and time so far and the main rank's target verdict; each then applies the
-        same :class:`~zeus_callbacks.optimizers.recurring.EarlyStopRule` to the run's
+        same :class:`~zeus_callbacks.optimizers.batch_size.EarlyStopRule` to the run's
         energy (summed over GPUs) and time (the slowest rank's), so all decide alike.
 
         Args:

@@ -1,6 +1,6 @@
 """Trace-driven simulator of recurring jobs that runs the product's own code.
 
-Each recurrence of a job asks :func:`~zeus_callbacks.optimizers.recurring.suggest_batch_size`
+Each recurrence of a job asks :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size`
 for a batch size, then drives an :class:`~zeus_callbacks.session.EnergySession` — with the
 batch-size bandit, early stopping and the store exactly as a real run has them — on a
 :class:`~zeus_callbacks.backends.virtual.VirtualGPUBackend` whose
@@ -53,8 +53,8 @@ import numpy as np
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.batch_size import suggest_batch_size
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.optimizers.recurring import suggest_batch_size
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integration.helpers import virtual_config
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback, suggest_batch_size
-from zeus_callbacks.optimizers import recurring
+from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.store import open_store
 

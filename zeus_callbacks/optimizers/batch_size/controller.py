@@ -30,7 +30,7 @@ from typing import Any
 
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord, open_store
 

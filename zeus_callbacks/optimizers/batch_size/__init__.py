@@ -1,0 +1,53 @@
+"""Batch-size optimisation across recurrences of a job (Zeus, NSDI '23, §4.2–4.4).
+
+The package reads top-down:
+
+- :mod:`.controller`: one recurrence of a job (suggest, watch the target, stop early, record the trial);
+  what the session delegates to.
+- :mod:`.bandit`: :class:`BatchSizeBandit`, pruning then Gaussian Thompson sampling, persisted in a store
+  (the method and its fixes to Zeus's version are described there).
+- :mod:`.maths`: the pure functions the bandit uses.
+"""
+
+from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Phase, Suggestion
+from zeus_callbacks.optimizers.batch_size.controller import (
+    MIN_CHECK_INTERVAL_S,
+    BatchSizeController,
+    EarlyStopRule,
+    claim_pending,
+    open_job_store,
+    suggest_batch_size,
+)
+from zeus_callbacks.optimizers.batch_size.maths import (
+    ArmPosterior,
+    eliminate_arms,
+    gaussian_posterior,
+    gaussian_tail_mean,
+    observation_weights,
+    pooled_relative_variance,
+    prior_from_costs,
+    satisficing_choice,
+    scaled_learning_rate,
+)
+
+__all__ = [
+    "ArmPosterior",
+    "BanditSettings",
+    "BatchSizeBandit",
+    "BatchSizeController",
+    "EarlyStopRule",
+    "MIN_CHECK_INTERVAL_S",
+    "Phase",
+    "Suggestion",
+    "claim_pending",
+    "eliminate_arms",
+    "gaussian_posterior",
+    "gaussian_tail_mean",
+    "observation_weights",
+    "open_job_store",
+    "pooled_relative_variance",
+    "prior_from_costs",
+    "satisficing_choice",
+    "scaled_learning_rate",
+    "suggest_batch_size",
+]
