@@ -271,9 +271,7 @@ def _isolated_dropped_unsorted():
     order = np.random.default_rng(0).permutation(labels.size)
     starts, ends, times, power = _xy(data)
     return lambda: superposition_record(
-        superpose(
-            starts[order], ends[order], times, power, mode="isolated", labels=labels[order].tolist(), n_boot=30
-        )
+        superpose(starts[order], ends[order], times, power, mode="isolated", labels=labels[order].tolist(), n_boot=30)
     )
 
 
