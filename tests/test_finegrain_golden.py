@@ -27,6 +27,7 @@ import pytest
 
 from zeus_callbacks.measurement.finegrain import (
     DROPPED,
+    SuperposeSettings,
     bin_executions,
     binning_warning,
     differentiate,
@@ -441,3 +442,32 @@ def test_goldens_are_not_trivial():
     errors = load("errors")
     assert all("error" in v for v in errors.values())
     assert load("binning")["bimodal_warns"]["logs"]
+
+
+def test_settings_object_reproduces_the_keyword_golden(caplog):
+    """``superpose(settings=SuperposeSettings(...))`` is the same fit as the keyword call it replaces."""
+    data = stream(5, n=50, dur_s=0.03, gap_s=(0.18, 0.3), shape="step", tail_W=120.0, noise_W=4.0)
+    settings = SuperposeSettings(
+        mode="isolated", sensor_delay_s=0.004, n_bins=8, pre_s=0.03, post_s=0.08, n_pre=3, n_post=5, n_boot=50
+    )
+    check_golden(
+        "isolated_step_tail",
+        capture(lambda: superposition_record(superpose(*_xy(data), settings=settings, seed=3)), caplog),
+    )
+    # A keyword overrides the settings' field.
+    wider = SuperposeSettings(
+        mode="isolated", sensor_delay_s=0.004, n_bins=8, pre_s=0.03, post_s=0.08, n_pre=3, n_post=5
+    )
+    check_golden(
+        "isolated_step_tail",
+        capture(lambda: superposition_record(superpose(*_xy(data), settings=wider, n_boot=50, seed=3)), caplog),
+    )
+
+
+def test_settings_validate_on_construction():
+    with pytest.raises(ValueError, match="mode must be 'steady' or 'isolated'"):
+        SuperposeSettings(mode="burst")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="launch_gap_s and short_gap_s must be >= 0"):
+        SuperposeSettings(short_gap_s=-1e-3)
+    with pytest.raises(TypeError, match="n_bin"):
+        superpose([0.0], [1.0], [0.0, 1.0, 2.0], [1.0, 1.0, 1.0], n_bin=3)
