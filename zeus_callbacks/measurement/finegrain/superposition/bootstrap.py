@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zeus_callbacks.measurement.finegrain.superposition.design import (
-    Columns,
+from zeus_callbacks.measurement.finegrain.superposition.design import Columns
+from zeus_callbacks.measurement.finegrain.superposition.intervals import inside
+from zeus_callbacks.measurement.finegrain.superposition.solve import Problem, solve
+from zeus_callbacks.measurement.finegrain.superposition.timeline import (
     Executions,
     Pauses,
     SampleIntervals,
     sample_ranges,
 )
-from zeus_callbacks.measurement.finegrain.superposition.intervals import inside
-from zeus_callbacks.measurement.finegrain.superposition.solve import Problem, solve
 
 IDLE = -1
 """Owner of a sample outside every execution's window, pause and tail."""

@@ -8,18 +8,17 @@ from typing import Any
 import numpy as np
 
 from zeus_callbacks.measurement.finegrain.superposition.bootstrap import bootstrap, strata
-from zeus_callbacks.measurement.finegrain.superposition.design import (
-    check_inputs,
-    columns,
-    design_matrix,
-    executions,
-    pauses,
-    sample_intervals,
-)
+from zeus_callbacks.measurement.finegrain.superposition.design import columns, design_matrix
 from zeus_callbacks.measurement.finegrain.superposition.results import Superposition
 from zeus_callbacks.measurement.finegrain.superposition.settings import SuperposeSettings
 from zeus_callbacks.measurement.finegrain.superposition.solve import problem, solve
 from zeus_callbacks.measurement.finegrain.superposition.summary import summarise
+from zeus_callbacks.measurement.finegrain.superposition.timeline import (
+    check_inputs,
+    executions,
+    pauses,
+    sample_intervals,
+)
 
 
 def superpose(

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zeus_callbacks.measurement.finegrain.superposition.design import Columns, Design, SampleIntervals
+from zeus_callbacks.measurement.finegrain.superposition.design import Columns, Design
 from zeus_callbacks.measurement.finegrain.superposition.settings import SuperposeSettings
+from zeus_callbacks.measurement.finegrain.superposition.timeline import SampleIntervals
 
 GIVEN_BASELINE_WEIGHT = 1e6
 """Prior weight that pins a given baseline."""

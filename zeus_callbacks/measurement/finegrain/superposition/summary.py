@@ -18,10 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zeus_callbacks.measurement.finegrain.superposition.design import Columns, Design, Executions, Pauses
+from zeus_callbacks.measurement.finegrain.superposition.design import Columns, Design
 from zeus_callbacks.measurement.finegrain.superposition.results import ProfileEstimate, Superposition
 from zeus_callbacks.measurement.finegrain.superposition.settings import DROPPED, SuperposeSettings
 from zeus_callbacks.measurement.finegrain.superposition.solve import Problem
+from zeus_callbacks.measurement.finegrain.superposition.timeline import Executions, Pauses
 
 
 class ClassEnergy(NamedTuple):
