@@ -23,6 +23,8 @@ if [ -z "$ZC_PG_BIN" ] || [ ! -x "$ZC_PG_BIN/initdb" ]; then
 fi
 
 ZC_PG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/zc-postgres.XXXXXX")
+# TCP connections need the password (so the tests can check refused credentials); a throw-away one.
+ZC_PG_PASSWORD=zc-ci-$RANDOM$RANDOM
 ZC_PG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 # initdb refuses to run as root: run the server as the postgres user when we are root.
@@ -33,7 +35,8 @@ else
     zc_pg_as() { sh -c "$*"; }
 fi
 
-zc_pg_as "'$ZC_PG_BIN/initdb' -D '$ZC_PG_DIR/data' -U postgres -A trust --no-sync -E UTF8" >"$ZC_PG_DIR/initdb.log" 2>&1 \
+echo "$ZC_PG_PASSWORD" >"$ZC_PG_DIR/pwfile"
+zc_pg_as "'$ZC_PG_BIN/initdb' -D '$ZC_PG_DIR/data' -U postgres --auth-local=trust --auth-host=scram-sha-256 --pwfile='$ZC_PG_DIR/pwfile' --no-sync -E UTF8" >"$ZC_PG_DIR/initdb.log" 2>&1 \
     || { cat "$ZC_PG_DIR/initdb.log" >&2; return 1 2>/dev/null || exit 1; }
 # Listen on loopback only; the socket lives in the temp dir (no /var/run/postgresql needed).
 zc_pg_as "'$ZC_PG_BIN/pg_ctl' -D '$ZC_PG_DIR/data' -l '$ZC_PG_DIR/server.log' -w -t 60 start \
@@ -46,6 +49,6 @@ zc_pg_stop() {
 }
 trap zc_pg_stop EXIT
 
-export ZEUS_CALLBACKS_TEST_DB_URL="postgresql+psycopg://postgres@127.0.0.1:$ZC_PG_PORT/postgres"
+export ZEUS_CALLBACKS_TEST_DB_URL="postgresql://postgres:$ZC_PG_PASSWORD@127.0.0.1:$ZC_PG_PORT/postgres"
 export ZEUS_CALLBACKS_CI=1
 echo "postgres.sh: PostgreSQL $("$ZC_PG_BIN/postgres" --version | awk '{print $3}') on port $ZC_PG_PORT ($ZC_PG_DIR)" >&2

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from tests.store_contract import BACKENDS, StoreContract
+from tests.store_contract import BACKENDS, StoreContract, require
 from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, open_store
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
@@ -15,6 +15,7 @@ from zeus_callbacks.store.sqlite import SQLiteStore
 class TestStoreContract(StoreContract):
     @pytest.fixture(params=sorted(BACKENDS))
     def kind(self, request) -> str:
+        require(request.param)
         return request.param
 
 
