@@ -38,7 +38,7 @@ def filesystem_type(path: str | Path, mounts: str | None = None) -> str | None:
     """The type of the filesystem holding ``path`` (an existing file, or the directory it will be in).
 
     Args:
-        path: A file or directory; a missing one is looked up by its nearest existing parent.
+        path: A file or directory (it need not exist yet).
         mounts: The mount table's text (default: read ``/proc/self/mounts``).
 
     Returns:
@@ -49,10 +49,7 @@ def filesystem_type(path: str | Path, mounts: str | None = None) -> str | None:
             mounts = _MOUNTS.read_text()
         except OSError:
             return None
-    target = Path(os.path.abspath(path))
-    while not target.exists() and target != target.parent:
-        target = target.parent
-    target_s = os.path.realpath(target)
+    target_s = os.path.realpath(path)  # a missing tail is fine: the longest mount point above it counts
     best, best_type = "", None
     for line in mounts.splitlines():
         fields = line.split()
