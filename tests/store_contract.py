@@ -1,12 +1,24 @@
-"""The Store contract suite: every store backend must pass these (tests/test_store.py runs them)."""
+"""The Store contract suite: every store backend must pass these (tests/test_store.py runs them).
+
+Backends (``kind``): ``sqlite`` and ``json`` (files), ``rdb-sqlite`` (``RDBStore`` on a SQLite
+file through SQLAlchemy: the SQL store's code without a server) and ``postgresql``
+(``RDBStore`` on the server ``ZEUS_CALLBACKS_TEST_DB_URL`` names; a fresh database per store).
+A backend that cannot run here is skipped with the reason, except under ``ZEUS_CALLBACKS_CI=1``,
+where it fails (.ci/run starts a PostgreSQL for them).
+"""
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import json
 import multiprocessing
 import os
 import signal
+import socket
 import sqlite3
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,17 +27,124 @@ from zeus_callbacks.store import SCHEMA_VERSION, BanditState, Store, StoreCorrup
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
 
-BACKENDS: dict[str, tuple[type[Store], str]] = {
-    "sqlite": (SQLiteStore, "store.sqlite"),
-    "json": (JSONStore, "store.json"),
+BACKENDS: dict[str, type[Store] | None] = {
+    "sqlite": SQLiteStore,
+    "json": JSONStore,
+    "rdb-sqlite": None,  # RDBStore, imported when used (SQLAlchemy is optional)
+    "postgresql": None,
 }
+FILE_KINDS = ("sqlite", "json", "rdb-sqlite")
+FAULT_KINDS = ("json", "postgresql", "sqlite")
+"""The backends the fault suite (concurrent writers, SIGKILL) runs on."""
+DB_URL_ENV = "ZEUS_CALLBACKS_TEST_DB_URL"
 WORKERS = 8
 TRIALS_PER_WORKER = 12
 _CTX = multiprocessing.get_context("fork")
+_CREATED_DATABASES: list[tuple[int, str]] = []
 
 
-def _open(kind: str, path: str) -> Store:
-    return BACKENDS[kind][0](path)
+def require(kind: str) -> None:
+    """Skip (fail under ZEUS_CALLBACKS_CI=1) a backend this machine cannot run."""
+    reason = None
+    if kind in ("rdb-sqlite", "postgresql") and importlib.util.find_spec("sqlalchemy") is None:
+        reason = "needs SQLAlchemy: pip install 'zeus-callbacks[postgres]'"
+    elif kind == "postgresql" and not os.environ.get(DB_URL_ENV):
+        reason = (f"set {DB_URL_ENV}=postgresql://user:password@host:port/db (a server where that user may "
+                  "CREATE DATABASE) to run the store tests against PostgreSQL; .ci/postgres.sh starts one")
+    if reason is not None:
+        if os.environ.get("ZEUS_CALLBACKS_CI") == "1":
+            pytest.fail(f"{kind} store backend unavailable in CI: {reason}")
+        pytest.skip(reason)
+
+
+def db_engine(url: str, **options):
+    """A SQLAlchemy engine on ``url`` with the installed driver, holding no idle connection."""
+    import sqlalchemy as sa
+
+    from zeus_callbacks.store.rdb import _with_installed_driver
+
+    return sa.create_engine(_with_installed_driver(sa.engine.make_url(url)), poolclass=sa.pool.NullPool, **options)
+
+
+def new_location(kind: str, tmp_path: str, name: str = "store") -> str:
+    """A fresh, empty store location of ``kind``: a file path, or a URL of a new database."""
+    require(kind)
+    if kind in ("sqlite", "json"):
+        return str(tmp_path / f"{name}.{kind}")
+    if kind == "rdb-sqlite":
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{tmp_path / name}.db"
+    import sqlalchemy as sa
+
+    engine = db_engine(os.environ[DB_URL_ENV], isolation_level="AUTOCOMMIT")
+    database = f"zc_test_{uuid.uuid4().hex[:16]}"
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {database}"))
+    engine.dispose()
+    _CREATED_DATABASES.append((os.getpid(), database))
+    return sa.engine.make_url(os.environ[DB_URL_ENV]).set(database=database).render_as_string(hide_password=False)
+
+
+@atexit.register
+def _drop_test_databases() -> None:
+    mine = [db for pid, db in _CREATED_DATABASES if pid == os.getpid()]
+    if not mine:
+        return
+    import sqlalchemy as sa
+
+    engine = db_engine(os.environ[DB_URL_ENV], isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for database in mine:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+    engine.dispose()
+
+
+def _open(kind: str, location: str, **options) -> Store:
+    if BACKENDS[kind] is None:
+        from zeus_callbacks.store.rdb import RDBStore
+
+        return RDBStore(location, **options)
+    return BACKENDS[kind](location, **options)
+
+
+def exists(kind: str, location: str) -> bool:
+    """Whether the store's file exists (a database always does)."""
+    return kind == "postgresql" or file_of(kind, location).exists()
+
+
+def file_of(kind: str, location: str) -> Path:
+    """The store file of a file backend."""
+    return Path(location.removeprefix("sqlite:///"))
+
+
+def set_schema_version(kind: str, location: str, version: int) -> None:
+    """Overwrite the stored schema version, behind the store's back."""
+    if kind == "json":
+        doc = json.loads(Path(location).read_text())
+        doc["schema_version"] = version
+        Path(location).write_text(json.dumps(doc))
+    elif kind == "sqlite":
+        conn = sqlite3.connect(location)
+        conn.execute("UPDATE schema_version SET version = ?", (version,))
+        conn.commit()
+        conn.close()
+    else:
+        import sqlalchemy as sa
+
+        engine = db_engine(location)
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE zeus_schema_version SET version = :v"), {"v": version})
+        engine.dispose()
+
+
+def _live_trial_of_another_host(kind: str, location: str, grace_s: float, ready, stop) -> None:
+    """Child: pretend to be host node-a, create a trial and keep its lease until killed."""
+    socket.gethostname = lambda: "node-a"  # this child's fake host name (the parent is elsewhere)
+    store = _open(kind, location, lease_grace_s=grace_s)
+    store.create_trial("leased", batch_size=32)
+    store.close()  # the lease keeper renews with a store of its own
+    ready.set()
+    stop.wait(120)
 
 
 def _worker(kind: str, path: str, worker: int, n: int) -> None:
@@ -62,16 +181,16 @@ class StoreContract:
     """Subclass with a ``kind`` fixture naming the backend."""
 
     @pytest.fixture
-    def path(self, tmp_path: Path, kind: str) -> Path:
-        return tmp_path / "sub" / BACKENDS[kind][1]
+    def path(self, tmp_path: str, kind: str) -> str:
+        return new_location(kind, tmp_path / "sub")
 
     @pytest.fixture
-    def store(self, kind: str, path: Path):
-        store = _open(kind, str(path))
+    def store(self, kind: str, path: str):
+        store = _open(kind, path)
         yield store
         store.close()
 
-    def test_round_trip_of_every_record(self, kind: str, store: Store, path: Path) -> None:
+    def test_round_trip_of_every_record(self, kind: str, store: Store, path: str) -> None:
         job = store.ensure_job("nightly", {"workload": "imagenet"})
         assert job.job_id == "nightly" and job.info == {"workload": "imagenet"}
         assert store.ensure_job("nightly", {"other": 1}).info == {"workload": "imagenet"}  # kept
@@ -97,7 +216,7 @@ class StoreContract:
         store.put_profile("A40/resnet50/bs256", {"limits_W": [100.0, 300.0], "time_s": [2.0, 1.0]})
         store.close()
 
-        reopened = _open(kind, str(path))
+        reopened = _open(kind, path)
         assert [j.job_id for j in reopened.list_jobs()] == ["nightly", "other"]
         assert reopened.get_job("nightly").info == {"workload": "imagenet"} and reopened.get_job("x") is None
         assert reopened.get_trial(t1.trial_id) == done
@@ -128,44 +247,75 @@ class StoreContract:
             store.update_bandit("j", boom)
         assert store.get_bandit("j").state == {"v": 1} and store.get_bandit("j").version == 1
 
-    def test_corrupt_file_is_a_clear_error_and_left_untouched(self, kind: str, path: Path) -> None:
-        path.parent.mkdir(parents=True)
+    def test_corrupt_file_is_a_clear_error_and_left_untouched(self, kind: str, path: str) -> None:
+        if kind not in FILE_KINDS:  # a database: zeus tables without a schema version are a broken store
+            import sqlalchemy as sa
+
+            engine = db_engine(path)
+            with engine.begin() as conn:
+                conn.execute(sa.text("CREATE TABLE zeus_trials (garbage TEXT)"))
+                conn.execute(sa.text("INSERT INTO zeus_trials VALUES ('kept')"))
+            with pytest.raises(StoreCorruptError, match="zeus_schema_version"):
+                _open(kind, path)
+            with engine.begin() as conn:
+                assert conn.execute(sa.text("SELECT garbage FROM zeus_trials")).all() == [("kept",)]
+            engine.dispose()
+            return
+        file = file_of(kind, path)
+        file.parent.mkdir(parents=True, exist_ok=True)
         garbage = b"\x00\x01 this is not a store {" * 100
-        path.write_bytes(garbage)
-        with pytest.raises(StoreCorruptError, match=str(path).replace("\\", "\\\\")):
-            _open(kind, str(path))
-        assert path.read_bytes() == garbage
+        file.write_bytes(garbage)
+        with pytest.raises(StoreCorruptError, match=file.name):
+            _open(kind, path)
+        assert file.read_bytes() == garbage
 
-    def test_truncated_file_is_a_clear_error(self, kind: str, path: Path) -> None:
-        store = _open(kind, str(path))
+    def test_truncated_file_is_a_clear_error(self, kind: str, path: str) -> None:
+        if kind not in FILE_KINDS:
+            pytest.skip("a database server has no store file to truncate")
+        store = _open(kind, path)
         for i in range(50):
-            store.create_trial("j", i)
+            store.create_trial("j", i, pid=1)
         store.close()
-        data = path.read_bytes()
-        path.write_bytes(data[: len(data) // 3])
-        if kind == "sqlite":
-            for extra in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-                extra.unlink(missing_ok=True)
-        with pytest.raises(StoreCorruptError, match=path.name):
-            _open(kind, str(path)).list_trials()
+        file = file_of(kind, path)
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 3])
+        for extra in (file.with_name(file.name + "-wal"), file.with_name(file.name + "-shm")):
+            extra.unlink(missing_ok=True)
+        with pytest.raises(StoreCorruptError, match=file.name):
+            _open(kind, path).list_trials()
 
-    def test_newer_schema_is_refused(self, kind: str, path: Path) -> None:
-        _open(kind, str(path)).close()
-        if kind == "sqlite":
-            conn = sqlite3.connect(path)
-            conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
-            conn.commit()
-            conn.close()
-        else:
-            import json
+    def test_newer_schema_is_refused(self, kind: str, path: str) -> None:
+        _open(kind, path).close()
+        set_schema_version(kind, path, SCHEMA_VERSION + 1)
+        name = file_of(kind, path).name if kind in FILE_KINDS else path.rsplit("/", 1)[-1]
+        with pytest.raises(StoreSchemaError, match=rf"{name}.*version {SCHEMA_VERSION + 1}"):
+            _open(kind, path)
 
-            doc = json.loads(path.read_text())
-            doc["schema_version"] = SCHEMA_VERSION + 1
-            path.write_text(json.dumps(doc))
-        with pytest.raises(StoreSchemaError, match=rf"{path.name}.*version {SCHEMA_VERSION + 1}"):
-            _open(kind, str(path))
+    def test_trial_of_another_host_fails_once_its_lease_expires(self, kind: str, path: str) -> None:
+        """Node a runs a trial and heartbeats; node b (this process) sees it run, then fail after a's death."""
+        grace_s = 2.0
+        _open(kind, path).close()
+        ready, stop = _CTX.Event(), _CTX.Event()
+        proc = _CTX.Process(target=_live_trial_of_another_host, args=(kind, path, grace_s, ready, stop))
+        proc.start()
+        try:
+            assert ready.wait(30)
+            time.sleep(1.5 * grace_s)  # longer than the grace period: only the heartbeats keep it alive
+            with _open(kind, path, lease_grace_s=grace_s) as store:
+                (trial,) = store.list_trials("leased")
+                assert (trial.status, trial.host) == ("running", "node-a")
+                assert trial.heartbeat_at > trial.started_at and trial.owner.startswith(f"node-a:{proc.pid}:")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join()
+        with _open(kind, path, lease_grace_s=grace_s) as store:  # just died: its lease is still fresh
+            assert store.list_trials("leased")[0].status == "running"
+        time.sleep(grace_s + 0.5)
+        with _open(kind, path, lease_grace_s=grace_s) as store:
+            (trial,) = store.list_trials("leased")
+            assert trial.status == "failed" and trial.info["reason"] == "lease expired" and trial.ended_at
 
-    def test_trial_of_a_dead_process_is_marked_failed_on_open(self, kind: str, store: Store, path: Path) -> None:
+    def test_trial_of_a_dead_process_is_marked_failed_on_open(self, kind: str, store: Store, path: str) -> None:
         proc = _CTX.Process(target=os.getpid)
         proc.start()
         proc.join()
@@ -173,21 +323,21 @@ class StoreContract:
         orphan = store.create_trial("j", 64, pid=dead_pid)
         alive = store.create_trial("j", 32)
         store.close()
-        reopened = _open(kind, str(path))
+        reopened = _open(kind, path)
         got = reopened.get_trial(orphan.trial_id)
         assert got.status == "failed" and got.info["reason"] == "process died" and got.ended_at is not None
         assert reopened.get_trial(alive.trial_id).status == "running"
         reopened.close()
 
-    def test_concurrent_processes_lose_nothing(self, kind: str, path: Path) -> None:
-        _open(kind, str(path)).close()
-        procs = [_CTX.Process(target=_worker, args=(kind, str(path), w, TRIALS_PER_WORKER)) for w in range(WORKERS)]
+    def test_concurrent_processes_lose_nothing(self, kind: str, path: str) -> None:
+        _open(kind, path).close()
+        procs = [_CTX.Process(target=_worker, args=(kind, path, w, TRIALS_PER_WORKER)) for w in range(WORKERS)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(60)
         assert [p.exitcode for p in procs] == [0] * WORKERS
-        store = _open(kind, str(path))
+        store = _open(kind, path)
         trials = store.list_trials("shared")
         assert len(trials) == WORKERS * TRIALS_PER_WORKER
         assert len({t.trial_id for t in trials}) == len(trials)
@@ -200,16 +350,16 @@ class StoreContract:
         assert bandit.version == WORKERS * TRIALS_PER_WORKER
         store.close()
 
-    def test_process_killed_mid_write_leaves_a_readable_store(self, kind: str, path: Path) -> None:
-        _open(kind, str(path)).close()
+    def test_process_killed_mid_write_leaves_a_readable_store(self, kind: str, path: str) -> None:
+        _open(kind, path).close()
         ready = _CTX.Event()
-        proc = _CTX.Process(target=_writer_forever, args=(kind, str(path), ready))
+        proc = _CTX.Process(target=_writer_forever, args=(kind, path, ready))
         proc.start()
         assert ready.wait(20)
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
-        store = _open(kind, str(path))
+        store = _open(kind, path)
         trials = store.list_trials("victim")
         assert len(trials) >= 2
         assert trials[0].status == "failed" and trials[0].info["reason"] == "process died"

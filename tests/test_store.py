@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from tests.store_contract import BACKENDS, StoreContract
-from zeus_callbacks.store import StoreCorruptError, StoreError, open_store
+from tests.store_contract import BACKENDS, StoreContract, require
+from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, open_store
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
 
@@ -15,6 +15,7 @@ from zeus_callbacks.store.sqlite import SQLiteStore
 class TestStoreContract(StoreContract):
     @pytest.fixture(params=sorted(BACKENDS))
     def kind(self, request) -> str:
+        require(request.param)
         return request.param
 
 
@@ -61,18 +62,46 @@ def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
         with open_store(path) as store:
             store.create_trial("j", 8)
     # Pretend the code is one schema ahead, with a migration from today's version.
-    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(sqlite_store.MIGRATIONS, 1, lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT"))
-    monkeypatch.setattr(json_store, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(json_store.MIGRATIONS, 1, lambda doc: doc.setdefault("owners", {}))
+    ahead = SCHEMA_VERSION + 1
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", ahead)
+    monkeypatch.setitem(sqlite_store.MIGRATIONS, SCHEMA_VERSION,
+                        lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT"))
+    monkeypatch.setattr(json_store, "SCHEMA_VERSION", ahead)
+    monkeypatch.setitem(json_store.MIGRATIONS, SCHEMA_VERSION, lambda doc: doc.setdefault("owners", {}))
     with open_store(sq) as store, open_store(js) as store2:
         assert len(store.list_trials("j")) == 1 and len(store2.list_trials("j")) == 1
     conn = sqlite3.connect(sq)
-    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == ahead
     assert "owner" in [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
     conn.close()
     doc = json.loads(js.read_text())
-    assert doc["schema_version"] == 2 and doc["owners"] == {}
+    assert doc["schema_version"] == ahead and doc["owners"] == {}
+
+
+def test_a_schema_1_store_gains_leases_and_reads_read_only_unmigrated(tmp_path):
+    """A store written before leases (schema 1) opens read-only as it is, and migrates on a writing open."""
+    from zeus_callbacks.store import sqlite as sqlite_store
+
+    path = tmp_path / "v1.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    sqlite_store.MIGRATIONS[0](conn)
+    conn.execute("INSERT INTO jobs VALUES ('j', 1.0, '{}')")
+    conn.execute("INSERT INTO trials (job_id, batch_size, status, converged, started_at, pid, host, info) "
+                 "VALUES ('j', 8, 'running', 0, 1.0, 1, 'elsewhere', '{}')")
+    conn.commit()
+    conn.close()
+    with open_store(path, read_only=True) as reader:
+        (trial,) = reader.list_trials("j")
+        assert (trial.owner, trial.heartbeat_at, trial.status) == ("", None, "running")
+    with open_store(path) as store:
+        (trial,) = store.list_trials("j")
+        # Another host's trial without a heartbeat (schema 1) never expires: only its own host can tell.
+        assert (trial.owner, trial.heartbeat_at, trial.status) == ("", None, "running")
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
 
 
 @pytest.mark.parametrize("suffix", ["sqlite", "json"])

@@ -333,14 +333,53 @@ class BatchSizeConfig(_Section):
 class StoreConfig(_Section):
     """The persistent store of jobs, trials, bandit state and power-limit profiles."""
 
-    backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format.")
+    backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format of a store file.")
     path: Path | None = Field(None, description="Store file; default: <log_dir>/zeus_store.<ext>.")
+    url: str | None = Field(
+        None,
+        description="Database URL instead of a file, for a store many nodes share: postgresql://user:password@host/db, "
+        "mysql://..., any SQLAlchemy URL (pip install 'zeus-callbacks[postgres]'); sqlite:///path is the "
+        "SQLite file path. Overrides backend and path.",
+    )
+    lease_grace_s: float = Field(
+        300.0,
+        ge=1.0,
+        description="A running trial of another host whose heartbeat is older than this (s) is marked failed "
+        "when the store is opened; use the same value on every node.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_scheme(cls, value: str | None) -> str | None:
+        if value is not None and "://" not in value:
+            raise ValueError("must be a URL such as postgresql://user:password@host/db or sqlite:///path")
+        return value
+
+    @model_validator(mode="after")
+    def _url_or_path(self) -> StoreConfig:
+        if self.url is not None and self.path is not None:
+            raise ValueError("set either store.url or store.path, not both")
+        return self
 
     def resolved_path(self, log_dir: Path) -> Path:
         """The store file: ``path``, or ``<log_dir>/zeus_store.sqlite|json``."""
         if self.path is not None:
             return self.path
         return Path(log_dir) / f"zeus_store.{self.backend}"
+
+    def location(self, log_dir: Path) -> str | Path:
+        """What :func:`~zeus_callbacks.store.open_store` opens: ``url`` if set, else :meth:`resolved_path`."""
+        return self.url if self.url is not None else self.resolved_path(log_dir)
+
+    def open(self, log_dir: Path, *, read_only: bool = False):
+        """Open the store this section names (a :class:`~zeus_callbacks.store.Store`).
+
+        Raises:
+            StoreError: The store cannot be opened (see :func:`~zeus_callbacks.store.open_store`).
+        """
+        from zeus_callbacks.store import open_store
+
+        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s)
 
 
 class ZeusConfig(_Section):

@@ -1106,7 +1106,8 @@ class EnergySession:
         cfg = self.config
         if cfg.power_limit.cache_in != "store":
             return None
-        return StoreProfileCache(cfg.store.resolved_path(cfg.logging.log_dir), cfg.store.backend)
+        return StoreProfileCache(cfg.store.location(cfg.logging.log_dir), cfg.store.backend,
+                                 lease_grace_s=cfg.store.lease_grace_s)
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store_contract import _CTX, BACKENDS, _open, _worker
+from tests.store_contract import _CTX, FAULT_KINDS, _open, _worker, new_location
 
 PROCESSES = 8
 TRIALS_EACH = 100
@@ -31,21 +31,21 @@ def _bandit_worker(kind: str, path: str, worker: int, n: int) -> None:
 
 # The JSON store rewrites its whole file per write (~6 ms of CPU at 800 trials): it gets the
 # lighter recorder (1,600 writes, ~10 s on 2 cores); SQLite also gets 800 bandit updates.
-WORKERS = {"sqlite": _bandit_worker, "json": _recorder}
+WORKERS = {"sqlite": _bandit_worker, "json": _recorder, "postgresql": _bandit_worker}
 
 
-@pytest.mark.parametrize("kind", sorted(BACKENDS))
+@pytest.mark.parametrize("kind", FAULT_KINDS)
 def test_eight_writers_lose_and_duplicate_nothing(tmp_path: Path, kind: str, record_fault) -> None:
-    path = tmp_path / BACKENDS[kind][1]
-    _open(kind, str(path)).close()
+    path = new_location(kind, tmp_path)
+    _open(kind, path).close()
     target = WORKERS[kind]
-    procs = [_CTX.Process(target=target, args=(kind, str(path), w, TRIALS_EACH)) for w in range(PROCESSES)]
+    procs = [_CTX.Process(target=target, args=(kind, path, w, TRIALS_EACH)) for w in range(PROCESSES)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
     exit_codes = [p.exitcode for p in procs]
-    with _open(kind, str(path)) as store:
+    with _open(kind, path) as store:
         trials = store.list_trials("shared")
         bandit = store.get_bandit("shared")
     expected = sorted(w * 100 + i for w in range(PROCESSES) for i in range(TRIALS_EACH))

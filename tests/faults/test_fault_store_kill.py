@@ -15,11 +15,10 @@ import random
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.store_contract import BACKENDS, _open
+from tests.store_contract import FAULT_KINDS, _open, exists, new_location
 from zeus_callbacks.store import BanditState
 
 KILLS_PER_BACKEND = 200
@@ -62,13 +61,13 @@ def _writer(kind: str, path: str, kill_no: int, wfd: int) -> None:
         os._exit(code)
 
 
-def _kill_one(kind: str, path: Path, kill_no: int, delay_s: float, start: str) -> list[str]:
+def _kill_one(kind: str, path: str, kill_no: int, delay_s: float, start: str) -> list[str]:
     """Fork a writer, SIGKILL it ``delay_s`` after ``start``: the fork, its store open, or its first write."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(rfd)
-        _writer(kind, str(path), kill_no, wfd)
+        _writer(kind, path, kill_no, wfd)
     os.close(wfd)
     chunks = []
     wait_for = {"fork": None, "open": b"O\n", "first write": b"T "}[start]
@@ -91,7 +90,7 @@ def _kill_one(kind: str, path: Path, kill_no: int, delay_s: float, start: str) -
     return lines
 
 
-def _check(kind: str, path: Path, lines: list[str], seen: dict) -> list[str]:
+def _check(kind: str, path: str, lines: list[str], seen: dict) -> list[str]:
     """Problems with the store after one kill ([] when it survived)."""
     problems = [line for line in lines if line.startswith("E ")]
     created = {int(line.split()[1]) for line in lines if line.startswith("T ")}
@@ -103,10 +102,10 @@ def _check(kind: str, path: Path, lines: list[str], seen: dict) -> list[str]:
         seen["bandit"] = max(seen["bandit"], bandit)
     if profile_i is not None:
         seen["profiles"][seen["kill"]] = profile_i
-    if not path.exists():
+    if not exists(kind, path):
         return problems + ([f"store {path} missing after {len(created)} committed trials"] if created else [])
     try:
-        store = _open(kind, str(path))
+        store = _open(kind, path)
     except Exception as exc:
         return [*problems, f"store does not open: {type(exc).__name__}: {exc}"]
     try:
@@ -136,7 +135,7 @@ def _check(kind: str, path: Path, lines: list[str], seen: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("kind", sorted(BACKENDS))
+@pytest.mark.parametrize("kind", FAULT_KINDS)
 def test_sigkill_while_writing_loses_no_committed_record(tmp_path, kind, record_fault):
     rng = random.Random(f"store-kill-{kind}")
     failures: list[str] = []
@@ -144,7 +143,7 @@ def test_sigkill_while_writing_loses_no_committed_record(tmp_path, kind, record_
     seen: dict = {}
     for kill_no in range(KILLS_PER_BACKEND):
         if kill_no % TRIALS_PER_FILE == 0:
-            path = tmp_path / f"{kill_no // TRIALS_PER_FILE}_{BACKENDS[kind][1]}"
+            path = new_location(kind, tmp_path, f"{kill_no // TRIALS_PER_FILE}_store")
             seen = {"trials": set(), "bandit": 0, "profiles": {}}
         seen["kill"] = kill_no
         # A quarter of the kills count from the fork (some land while the store opens or is created),

@@ -3,6 +3,7 @@
 Example:
     >>> from zeus_callbacks.store import open_store
     >>> store = open_store("runs/zeus_store.sqlite")  # doctest: +SKIP
+    >>> store = open_store("postgresql://zeus:secret@db.cluster/zeus")  # doctest: +SKIP
     >>> trial = store.create_trial("nightly", batch_size=256)  # doctest: +SKIP
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from zeus_callbacks.store.base import (
+    DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
     BanditState,
     JobRecord,
@@ -23,6 +25,7 @@ from zeus_callbacks.store.base import (
 )
 
 __all__ = [
+    "DEFAULT_LEASE_GRACE_S",
     "SCHEMA_VERSION",
     "BanditState",
     "JobRecord",
@@ -31,20 +34,36 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "TrialRecord",
+    "is_url",
     "open_store",
 ]
 
 
+def is_url(location: str | Path) -> bool:
+    """True when ``location`` is a database URL (``scheme://…``) rather than a store file."""
+    return isinstance(location, str) and "://" in location
+
+
 def open_store(
-    path: str | Path, backend: Literal["sqlite", "json"] | None = None, *, read_only: bool = False
+    path: str | Path,
+    backend: Literal["sqlite", "json"] | None = None,
+    *,
+    read_only: bool = False,
+    lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
 ) -> Store:
-    """Open (or create) a store file.
+    """Open (or create) a store file, or a store in a database.
 
     Args:
-        path: The store file.
-        backend: ``"sqlite"`` or ``"json"``; None: ``json`` for a ``.json`` file, else ``sqlite``.
+        path: The store file, or a database URL: ``sqlite:///path`` (the built-in SQLite
+            store on ``path``: ``sqlite:////abs/path`` for an absolute one),
+            ``postgresql://user:password@host/db``, ``mysql://…`` or any SQLAlchemy URL
+            (:class:`~zeus_callbacks.store.rdb.RDBStore`; needs ``zeus-callbacks[postgres]``).
+        backend: For a file: ``"sqlite"`` or ``"json"``; None: ``json`` for a ``.json`` file,
+            else ``sqlite``. Ignored for a URL.
         read_only: Read an existing store without creating or changing any file (``show``,
             ``plot bandit``); a missing, empty or non-store file raises :class:`StoreError`.
+        lease_grace_s: Grace period (s) of a running trial's lease: a running trial of another
+            host whose heartbeat is older is marked failed on open (see :class:`Store`).
 
     Returns:
         The open store; close it (or use it as a context manager) when done.
@@ -52,18 +71,31 @@ def open_store(
     Raises:
         StoreCorruptError: The file exists but is not a readable store.
         StoreSchemaError: The file was written by a newer zeus-callbacks.
-        StoreError: The file cannot be opened (a directory; read-only: missing).
+        StoreError: The file cannot be opened (a directory; read-only: missing); a database
+            URL without SQLAlchemy installed, refused credentials, an unreachable server.
         ValueError: Unknown backend.
     """
+    if is_url(path):
+        url = str(path)
+        scheme = url.split("://", 1)[0].lower()
+        if scheme == "sqlite":
+            file = url.split("://", 1)[1]
+            if not file.startswith("/") or file in ("/", "/:memory:"):
+                raise ValueError(f"store URL {url!r}: use sqlite:///relative/path or sqlite:////absolute/path")
+            path, backend = file[1:], "sqlite"
+        else:
+            from zeus_callbacks.store.rdb import RDBStore
+
+            return RDBStore(url, read_only=read_only, lease_grace_s=lease_grace_s)
     path = Path(path)
     if backend is None:
         backend = "json" if path.suffix.lower() == ".json" else "sqlite"
     if backend == "sqlite":
         from zeus_callbacks.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path, read_only=read_only)
+        return SQLiteStore(path, read_only=read_only, lease_grace_s=lease_grace_s)
     if backend == "json":
         from zeus_callbacks.store.json import JSONStore
 
-        return JSONStore(path, read_only=read_only)
+        return JSONStore(path, read_only=read_only, lease_grace_s=lease_grace_s)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")

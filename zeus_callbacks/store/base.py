@@ -5,9 +5,10 @@ A *job* is a recurring training job (``ZeusConfig.job_id``); each recurrence of 
 it reached its target). The batch-size bandit keeps its state (arms, pruning progress,
 random-generator state) per job, and the power-limit profiler caches its profiles by key.
 
-Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default) and
-:class:`~zeus_callbacks.store.json.JSONStore`; :func:`open_store` picks one. Every
-backend passes the same contract suite (``tests/store_contract.py``).
+Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default),
+:class:`~zeus_callbacks.store.json.JSONStore` and, for a store many nodes share,
+:class:`~zeus_callbacks.store.rdb.RDBStore` (PostgreSQL, MySQL or any SQLAlchemy database);
+:func:`open_store` picks one. Every backend passes the same contract suite (``tests/store_contract.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import abc
 import os
 import socket
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +29,17 @@ from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
 from zeus_callbacks.errors import StoreError as StoreError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 
-SCHEMA_VERSION = 1
-"""Version of the store layout this code writes; a newer one is refused."""
+SCHEMA_VERSION = 2
+"""Version of the store layout this code writes; a newer one is refused.
+
+1: jobs, trials, bandits, arms, profiles. 2: trials carry a lease (``owner``, ``heartbeat_at``).
+"""
+
+DEFAULT_LEASE_GRACE_S = 300.0
+"""A running trial of another host whose heartbeat is older than this (s) is marked failed on open."""
+
+MAX_HEARTBEAT_INTERVAL_S = 30.0
+"""The owner renews its leases at least this often (s), and at least five times per grace period."""
 
 TrialStatus = Literal["running", "completed", "failed", "early_stopped"]
 TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped")
@@ -68,8 +80,11 @@ class TrialRecord:
         started_at: Unix time (s) the trial was created.
         ended_at: Unix time (s) it finished; None while running.
         pid: Process id that runs it.
-        host: Host name of that process (dead-process recovery only touches this host's trials).
+        host: Host name of that process (a dead process is recognised on its own host at once).
         info: Free-form JSON-safe extras (phase of the bandit, reason of a stop, ...).
+        owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
+            trial was recorded for another process, or by a schema-1 store.
+        heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
     """
 
     trial_id: int
@@ -86,6 +101,8 @@ class TrialRecord:
     pid: int
     host: str
     info: dict[str, Any] = field(default_factory=dict)
+    owner: str = ""
+    heartbeat_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,41 @@ def now() -> float:
     return time.time()
 
 
+_OWNER: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
+
+
+def lease_owner() -> str:
+    """This process's lease owner token, ``host:pid:random`` (new in a forked child)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:
+        _OWNER = (pid, f"{this_host()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _OWNER[1]
+
+
+def heartbeat_interval_s(lease_grace_s: float) -> float:
+    """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
+    return min(MAX_HEARTBEAT_INTERVAL_S, float(lease_grace_s) / 5.0)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (``user:password@`` or ``?password=``) replaced by ``***``, for messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable store url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostinfo = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    query = "&".join(
+        f"{k}=***" if k.lower() in ("password", "passwd") else f"{k}={v}" if v else k
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 class Store(abc.ABC):
     """Persistent store of jobs, trials, bandit state and power-limit profiles.
 
@@ -149,6 +201,12 @@ class Store(abc.ABC):
       every write that returned intact. On open, trials left ``running`` by a process
       that no longer exists on this host are marked ``failed`` (``info["reason"] =
       "process died"``), never left dangling.
+    - **Leases.** A trial created for this process carries its owner token
+      (:func:`lease_owner`), and a background thread of the process renews its
+      ``heartbeat_at`` every :func:`heartbeat_interval_s` until it is finished. A running
+      trial of *another* host whose heartbeat is older than ``lease_grace_s`` is marked
+      ``failed`` (``info["reason"] = "lease expired"``) by whichever process opens the
+      store next, on any node; every process sharing a store should use the same grace.
     - **Errors.** A file that is not a readable store raises :class:`StoreCorruptError`
       naming the file; it is never reset or overwritten. A store written with a newer
       schema raises :class:`StoreSchemaError`. Older schemas are migrated on open.
@@ -156,15 +214,24 @@ class Store(abc.ABC):
       :class:`TrialRecord`, :class:`BanditState`) or plain JSON-safe dicts; they are
       copies, so mutating them never changes the store. Lists of trials are in
       creation order (``trial_id`` increasing). Missing records read as ``None``.
-    - **Ownership.** A trial is owned by the process that created it (``pid``); only
-      that process should finish it. The store is written by the main process only.
+    - **Ownership.** A trial is owned by the process that created it (``pid``, ``owner``);
+      only that process should finish it. The store is written by the main process only.
 
     Args:
         path: The store file; created (with its parent directory) when missing.
+        lease_grace_s: Grace period (s) of a running trial's lease (see *Leases*).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, lease_grace_s: float = DEFAULT_LEASE_GRACE_S) -> None:
         self.path = Path(path)
+        if not lease_grace_s > 0:
+            raise ValueError(f"lease_grace_s must be > 0, got {lease_grace_s!r}")
+        self.lease_grace_s = float(lease_grace_s)
+
+    @property
+    def location(self) -> str:
+        """The store's file or (password-masked) URL, as messages name it."""
+        return str(self.path)
 
     # -- jobs -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -267,6 +334,24 @@ class Store(abc.ABC):
     def list_profiles(self) -> list[str]:
         """Return the stored profile keys, sorted."""
 
+    # -- leases ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
+        """Set ``heartbeat_at`` to now on those of ``trial_ids`` still running under ``owner``.
+
+        Returns:
+            The trial ids whose lease is still held (the others were finished, or marked
+            failed by another process after their lease expired).
+        """
+
+    @abc.abstractmethod
+    def reopen(self) -> Store | None:
+        """A new, independent store object on the same file or database (for the lease keeper).
+
+        Returns:
+            The new store; None when a store file no longer exists (it is not re-created).
+        """
+
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the file (idempotent)."""
@@ -278,7 +363,7 @@ class Store(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r})"
+        return f"{type(self).__name__}({self.location!r})"
 
 
 def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
@@ -298,6 +383,8 @@ def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
         pid=int(d.get("pid", 0)),
         host=str(d.get("host", "")),
         info=dict(d.get("info") or {}),
+        owner=str(d.get("owner") or ""),
+        heartbeat_at=None if d.get("heartbeat_at") is None else float(d["heartbeat_at"]),
     )
 
 
@@ -310,3 +397,29 @@ def check_finish_status(status: str) -> None:
 def is_orphan(trial: Mapping[str, Any], host: str) -> bool:
     """True for a ``running`` trial of this host whose process is gone."""
     return trial["status"] == "running" and trial.get("host") == host and not process_is_alive(int(trial["pid"]))
+
+
+def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
+    """Why a ``running`` trial is dead, or None while it may still run.
+
+    On its own host a trial is dead when its process is gone (``"process died"``); on
+    another host, when its lease's heartbeat is older than ``lease_grace_s``
+    (``"lease expired"``; a trial without a heartbeat, from a schema-1 store, never expires).
+
+    Args:
+        trial: The trial's dict form (``status``, ``host``, ``pid``, ``heartbeat_at``).
+        host: This host's name.
+        now_s: The current Unix time (s).
+        lease_grace_s: The grace period (s).
+
+    Returns:
+        ``"process died"``, ``"lease expired"`` or None.
+    """
+    if trial["status"] != "running":
+        return None
+    if trial.get("host") == host:
+        return None if process_is_alive(int(trial["pid"])) else "process died"
+    heartbeat_at = trial.get("heartbeat_at")
+    if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
+        return "lease expired"
+    return None

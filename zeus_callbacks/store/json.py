@@ -5,7 +5,9 @@ file, applies the change, writes a temporary file in the same directory, flushes
 disk (``fsync``) and moves it over the store (``os.replace``): a reader (or a process killed mid-write)
 only ever sees a complete old or a complete new file. Readers take no lock.
 Suited to small stores (the whole file is rewritten per write); use SQLite for many
-concurrent runs.
+concurrent runs. On a network filesystem (:mod:`~zeus_callbacks.store.netfs`) the lock is
+a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as ``fcntl`` locks are unreliable
+there. Opening reads the file first and takes the lock only to migrate or mark dead trials.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock, SoftFileLock, Timeout
 
+from zeus_callbacks.store import netfs
 from zeus_callbacks.store.base import (
+    DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
     BanditState,
     BanditUpdate,
@@ -34,11 +39,13 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
-    is_orphan,
+    lease_owner,
     now,
+    orphan_reason,
     this_host,
     trial_from_dict,
 )
+from zeus_callbacks.store.lease import KEEPER
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +54,13 @@ FORMAT = "zeus-callbacks-store"
 
 Document = dict[str, Any]
 
-MIGRATIONS: dict[int, Callable[[Document], None]] = {}
+def _migrate_1_to_2(doc: Document) -> None:
+    for trial in doc["trials"]:
+        trial.setdefault("owner", "")
+        trial.setdefault("heartbeat_at", None)
+
+
+MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2}
 """``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
 
 
@@ -69,6 +82,7 @@ class JSONStore(Store):
     Args:
         path: The JSON file; created with its parent directory when missing.
         lock_timeout_s: How long a write waits for another writer's lock (s).
+        lease_grace_s: Grace period (s) of a running trial's lease (see :class:`Store`).
         read_only: Open for reading only (``show``, ``plot``): the file must exist and be a
             store; no lock file, migration or orphan recovery; writes raise :class:`StoreError`.
 
@@ -78,19 +92,36 @@ class JSONStore(Store):
         StoreError: The lock could not be taken within ``lock_timeout_s``.
     """
 
-    def __init__(self, path: str | Path, *, lock_timeout_s: float = 30.0, read_only: bool = False) -> None:
-        super().__init__(path)
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        lock_timeout_s: float = 30.0,
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(path, lease_grace_s=lease_grace_s)
         self.lock_timeout_s = float(lock_timeout_s)
         self.read_only = read_only
         if self.path.is_dir():
             raise StoreError(f"store {self.path} is a directory, not a store file")
-        self._lock = FileLock(str(self.path) + ".lock", timeout=self.lock_timeout_s)
+        self.network_fs = netfs.is_network_filesystem(self.path)
+        lock_class = SoftFileLock if self.network_fs else FileLock
+        if self.network_fs and not read_only:
+            netfs.warn_network_filesystem(
+                self.path, "the JSON store locks with an O_EXCL lock file there (a writer killed while holding it "
+                "leaves it behind: remove it by hand)")
+        self._lock = lock_class(str(self.path) + ".lock", timeout=self.lock_timeout_s)
         if read_only:  # no lock file, no write: each read loads the whole (atomically replaced) file
             if not self.path.exists():
                 raise StoreError(f"no such store: {self.path}")
             self._load()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # a read first: the common open (current schema, no dead trial) takes no lock
+            doc = self._load()
+            if doc["schema_version"] == SCHEMA_VERSION and not self._orphans(doc):
+                return
         self._mutate(self._migrate_and_recover, always_write=not self.path.exists())
 
     # -- plumbing -----------------------------------------------------------------------
@@ -138,6 +169,7 @@ class JSONStore(Store):
         """Run ``change`` on the document under the lock and write it back atomically."""
         if self.read_only:
             raise StoreError(f"store {self.path} was opened read-only")
+        start = time.monotonic()
         try:
             with self._lock:
                 doc = self._load()
@@ -147,23 +179,32 @@ class JSONStore(Store):
                     self._write(doc)
                 return result
         except Timeout as exc:
-            raise StoreError(f"store {self.path} stayed locked for {self.lock_timeout_s:.0f} s") from exc
+            raise StoreError(
+                f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s (lock timeout "
+                f"{self.lock_timeout_s:g} s; lock file {self._lock.lock_file})"
+            ) from exc
+
+    def _orphans(self, doc: Document) -> list[tuple[dict[str, Any], str]]:
+        host, now_s = this_host(), now()
+        found = []
+        for trial in doc["trials"]:
+            reason = orphan_reason(trial, host, now_s, self.lease_grace_s)
+            if reason is not None:
+                found.append((trial, reason))
+        return found
 
     def _migrate_and_recover(self, doc: Document) -> None:
         while doc["schema_version"] < SCHEMA_VERSION:
             MIGRATIONS[doc["schema_version"]](doc)
             doc["schema_version"] += 1
-        host = this_host()
-        for trial in doc["trials"]:
-            if is_orphan(trial, host):
-                trial.update(status="failed", ended_at=now())
-                trial["info"] = {**trial.get("info", {}), "reason": "process died"}
-                logger.warning(
-                    "zeus-callbacks: trial %d of job %s was left running by dead process %d; marked failed",
-                    trial["trial_id"],
-                    trial["job_id"],
-                    trial["pid"],
-                )
+        for trial, reason in self._orphans(doc):
+            trial.update(status="failed", ended_at=now())
+            trial["info"] = {**trial.get("info", {}), "reason": reason}
+            logger.warning(
+                "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
+                trial["trial_id"], trial["job_id"], trial["pid"], trial.get("host"),
+                "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
+            )
 
     # -- jobs ---------------------------------------------------------------------------
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
@@ -196,6 +237,7 @@ class JSONStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        mine = pid is None or int(pid) == os.getpid()
 
         def change(doc: Document) -> TrialRecord:
             _ensure_job(doc, job_id, None)
@@ -214,12 +256,17 @@ class JSONStore(Store):
                 "pid": os.getpid() if pid is None else int(pid),
                 "host": this_host(),
                 "info": dict(info or {}),
+                "owner": lease_owner() if mine else "",
             }
+            trial["heartbeat_at"] = trial["started_at"]
             doc["next_trial_id"] += 1
             doc["trials"].append(trial)
             return trial_from_dict(copy.deepcopy(trial))
 
-        return self._mutate(change)
+        created = self._mutate(change)
+        if mine:
+            KEEPER.hold(self, created.trial_id)
+        return created
 
     def finish_trial(
         self,
@@ -256,7 +303,9 @@ class JSONStore(Store):
             trial["info"] = {**trial.get("info", {}), **dict(info or {})}
             return trial_from_dict(copy.deepcopy(trial))
 
-        return self._mutate(change)
+        finished = self._mutate(change)
+        KEEPER.release(self, trial_id)
+        return finished
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
@@ -308,6 +357,26 @@ class JSONStore(Store):
     def list_profiles(self) -> list[str]:
         """See :meth:`Store.list_profiles`."""
         return sorted(self._load()["profiles"])
+
+    # -- leases -------------------------------------------------------------------------
+    def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
+        """See :meth:`Store.renew_leases`."""
+
+        def change(doc: Document) -> set[int]:
+            kept, now_s = set(), now()
+            for trial in doc["trials"]:
+                if trial["trial_id"] in trial_ids and trial["status"] == "running" and trial.get("owner") == owner:
+                    trial["heartbeat_at"] = now_s
+                    kept.add(trial["trial_id"])
+            return kept
+
+        return self._mutate(change) if trial_ids else set()
+
+    def reopen(self) -> JSONStore | None:
+        """See :meth:`Store.reopen`; None when the file is gone (never re-created for a lease)."""
+        if not self.path.exists():
+            return None
+        return JSONStore(self.path, lock_timeout_s=self.lock_timeout_s, lease_grace_s=self.lease_grace_s)
 
 
 def _ensure_job(doc: Document, job_id: str, info: Mapping[str, Any] | None) -> dict[str, Any]:

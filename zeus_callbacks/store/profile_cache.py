@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from zeus_callbacks.store import open_store
+from zeus_callbacks.store import DEFAULT_LEASE_GRACE_S, is_url, open_store
 
 
 def _key_str(key: Any) -> str:
@@ -21,11 +21,12 @@ def _key_str(key: Any) -> str:
 
 
 class StoreProfileCache:
-    """Power-limit profiles in a store file (opened per call: profiles are read and written rarely).
+    """Power-limit profiles in a store (opened per call: profiles are read and written rarely).
 
     Args:
-        path: The store file.
+        path: The store file, or a database URL (see :func:`~zeus_callbacks.store.open_store`).
         backend: ``"sqlite"`` or ``"json"``; None: from the file's suffix.
+        lease_grace_s: The store's lease grace period (s), as every opener of the store should use.
 
     Raises:
         StoreCorruptError: On :meth:`get`/:meth:`put`, when the file is not a readable store.
@@ -35,16 +36,23 @@ class StoreProfileCache:
         >>> cache.put(key, {"limits_W": [200.0, 300.0], "time_s": [1.2, 1.0]})  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | Path, backend: Literal["sqlite", "json"] | None = None) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: str | Path,
+        backend: Literal["sqlite", "json"] | None = None,
+        *,
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+    ) -> None:
+        self.path: str | Path = str(path) if is_url(path) else Path(path)
         self.backend = backend
+        self.lease_grace_s = lease_grace_s
 
     def get(self, key: Any) -> dict[str, Any] | None:
         """The profile stored under ``key`` (``key.as_str()``, else ``str(key)``), or None."""
-        with open_store(self.path, self.backend) as store:
+        with open_store(self.path, self.backend, lease_grace_s=self.lease_grace_s) as store:
             return store.get_profile(_key_str(key))
 
     def put(self, key: Any, profile: dict[str, Any]) -> None:
         """Store ``profile`` (JSON-serialisable) under ``key``, replacing any earlier one."""
-        with open_store(self.path, self.backend) as store:
+        with open_store(self.path, self.backend, lease_grace_s=self.lease_grace_s) as store:
             store.put_profile(_key_str(key), profile)

@@ -2,6 +2,10 @@
 
 Several processes on one machine may write the same file: each write is a
 ``BEGIN IMMEDIATE`` transaction and waits up to ``busy_timeout_s`` for the others.
+On a network filesystem (NFS, CIFS, Lustre, GPFS: :mod:`~zeus_callbacks.store.netfs`)
+the file keeps SQLite's rollback journal instead of WAL, whose shared memory only works
+on one host. Opening reads first and takes a write transaction only when there is a
+migration or a dead trial to mark.
 The layout is versioned in a ``schema_version`` table; :data:`MIGRATIONS` brings an
 older file up to :data:`~zeus_callbacks.store.base.SCHEMA_VERSION` on open, and a newer
 one is refused.
@@ -12,14 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from zeus_callbacks.store import netfs
 from zeus_callbacks.store.base import (
+    DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
     BanditState,
     BanditUpdate,
@@ -31,18 +39,22 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
-    is_orphan,
+    lease_owner,
     now,
+    orphan_reason,
     this_host,
     trial_from_dict,
 )
+from zeus_callbacks.store.lease import KEEPER
 
 logger = logging.getLogger(__name__)
 
 _TRIAL_COLUMNS = (
     "trial_id, job_id, batch_size, power_limit_W, status, energy_J, time_s, cost, converged, "
-    "started_at, ended_at, pid, host, info"
+    "started_at, ended_at, pid, host, info, owner, heartbeat_at"
 )
+_V1_TRIAL_COLUMNS = _TRIAL_COLUMNS.replace("owner, heartbeat_at", "'' AS owner, NULL AS heartbeat_at")
+"""A read-only open of a schema-1 file (never migrated: read-only) reads its trials without a lease."""
 
 
 def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
@@ -69,7 +81,13 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE profiles (key TEXT PRIMARY KEY, table_json TEXT NOT NULL, updated_at REAL NOT NULL)")
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1}
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE trials ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE trials ADD COLUMN heartbeat_at REAL")
+    conn.execute("CREATE INDEX trials_by_status ON trials (status)")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 """``MIGRATIONS[v]`` turns a version-``v`` file into version ``v + 1`` (inside one transaction)."""
 
 
@@ -79,6 +97,7 @@ class SQLiteStore(Store):
     Args:
         path: The database file; created with its parent directory when missing.
         busy_timeout_s: How long a write waits for another process's transaction (s).
+        lease_grace_s: Grace period (s) of a running trial's lease (see :class:`Store`).
         read_only: Open for reading only, creating and changing nothing (``show``, ``plot``):
             the file must exist and be a store; no migration or orphan recovery is done,
             and writes raise :class:`StoreError`. It opens with SQLite's ``mode=ro`` when a
@@ -93,18 +112,27 @@ class SQLiteStore(Store):
             read-only, or still locked after the timeout).
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
-        super().__init__(path)
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = 30.0,
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(path, lease_grace_s=lease_grace_s)
         self.busy_timeout_s = float(busy_timeout_s)
         self.read_only = read_only
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._columns = _TRIAL_COLUMNS
         if self.path.is_dir():
             raise StoreError(f"store {self.path} is a directory, not a store file")
         if read_only:
             _check_readable_store_file(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.network_fs = netfs.is_network_filesystem(self.path)
         try:
             with self._translate("open"):
                 if read_only:
@@ -119,10 +147,7 @@ class SQLiteStore(Store):
                     )
                 self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
                 if not read_only:
-                    mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                    if str(mode).lower() != "wal":
-                        logger.info("zeus-callbacks: store %s uses journal mode %s (WAL unavailable)", self.path, mode)
-                    self._conn.execute("PRAGMA synchronous = NORMAL")
+                    self._set_journal_mode()
                     self._conn.execute("PRAGMA foreign_keys = ON")
             if read_only:
                 self._check_schema_read_only()
@@ -133,14 +158,46 @@ class SQLiteStore(Store):
             raise
 
     # -- plumbing -----------------------------------------------------------------------
+    def _set_journal_mode(self) -> None:
+        """WAL (rollback journal on a network filesystem), retried while another opener holds the lock.
+
+        Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is
+        locked" at once rather than through the busy handler: so many processes opening a new
+        store together retry here, with jittered backoff, up to ``busy_timeout_s``.
+        """
+        conn = self._connection()
+        wanted = "delete" if self.network_fs else "wal"
+        if self.network_fs:
+            netfs.warn_network_filesystem(self.path, "SQLite keeps its rollback journal there (no WAL)")
+        start, delay_s = time.monotonic(), 0.005
+        while True:
+            try:
+                current = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+                mode = current if current == wanted else str(
+                    conn.execute(f"PRAGMA journal_mode = {wanted.upper()}").fetchone()[0]).lower()
+                break
+            except sqlite3.OperationalError as exc:
+                waited_s = time.monotonic() - start
+                if "locked" not in str(exc).lower() or waited_s + delay_s > self.busy_timeout_s:
+                    raise
+                time.sleep(delay_s * (0.5 + random.random()))
+                delay_s = min(2 * delay_s, 0.25)
+        if mode != wanted:
+            logger.info("zeus-callbacks: store %s uses journal mode %s (%s unavailable)", self.path, mode, wanted)
+        conn.execute("PRAGMA synchronous = NORMAL" if mode == "wal" else "PRAGMA synchronous = FULL")
+
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
+        start = time.monotonic()
         try:
             yield
         except sqlite3.OperationalError as exc:
             message = str(exc).lower()
             if "locked" in message or "busy" in message:
-                raise StoreError(f"store {self.path} stayed locked for {self.busy_timeout_s:.0f} s ({what})") from exc
+                raise StoreError(
+                    f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s ({what}; busy timeout "
+                    f"{self.busy_timeout_s:g} s): another process holds a long write transaction"
+                ) from exc
             if "readonly" in message and not self.read_only:
                 raise StoreError(
                     f"store {self.path} is not writable ({exc}): make the file and its directory writable by "
@@ -182,7 +239,8 @@ class SQLiteStore(Store):
 
     def _check_schema_read_only(self) -> None:
         with self._read("open") as conn:
-            self._schema_version(conn, create=False)
+            if self._schema_version(conn, create=False) < 2:
+                self._columns = _V1_TRIAL_COLUMNS
 
     def _schema_version(self, conn: sqlite3.Connection, *, create: bool) -> int:
         """The store's schema version; refuse a foreign or newer file (``create``: stamp a new, empty one)."""
@@ -206,7 +264,23 @@ class SQLiteStore(Store):
             )
         return version
 
+    def _orphans(self, conn: sqlite3.Connection) -> list[tuple[TrialRecord, str]]:
+        rows = conn.execute(f"SELECT {self._columns} FROM trials WHERE status = 'running'").fetchall()
+        host, now_s = this_host(), now()
+        found = []
+        for trial in map(_trial_row, rows):
+            reason = orphan_reason(trial.__dict__, host, now_s, self.lease_grace_s)
+            if reason is not None:
+                found.append((trial, reason))
+        return found
+
     def _migrate_and_recover(self) -> None:
+        # A read first: the common open (current schema, no dead trial) takes no write lock.
+        with self._read("open") as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "schema_version" in tables and self._schema_version(conn, create=False) == SCHEMA_VERSION:
+                if not self._orphans(conn):
+                    return
         with self._tx("open") as conn:
             version = self._schema_version(conn, create=True)
             while version < SCHEMA_VERSION:
@@ -214,21 +288,17 @@ class SQLiteStore(Store):
                 version += 1
                 conn.execute("UPDATE schema_version SET version = ?", (version,))
                 logger.info("zeus-callbacks: store %s migrated to schema version %d", self.path, version)
-            host = this_host()
-            rows = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE status = 'running'").fetchall()
-            for trial in map(_trial_row, rows):
-                if is_orphan({"status": trial.status, "host": trial.host, "pid": trial.pid}, host):
-                    info = {**trial.info, "reason": "process died"}
-                    conn.execute(
-                        "UPDATE trials SET status = 'failed', ended_at = ?, info = ? WHERE trial_id = ?",
-                        (now(), json.dumps(info), trial.trial_id),
-                    )
-                    logger.warning(
-                        "zeus-callbacks: trial %d of job %s was left running by dead process %d; marked failed",
-                        trial.trial_id,
-                        trial.job_id,
-                        trial.pid,
-                    )
+            for trial, reason in self._orphans(conn):
+                info = {**trial.info, "reason": reason}
+                conn.execute(
+                    "UPDATE trials SET status = 'failed', ended_at = ?, info = ? WHERE trial_id = ?",
+                    (now(), json.dumps(info), trial.trial_id),
+                )
+                logger.warning(
+                    "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
+                    trial.trial_id, trial.job_id, trial.pid, trial.host,
+                    "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
+                )
 
     # -- jobs ---------------------------------------------------------------------------
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
@@ -259,23 +329,30 @@ class SQLiteStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        mine = pid is None or int(pid) == os.getpid()
+        started_at = now()
         with self._tx("write") as conn:
             _ensure_job(conn, job_id, None)
             cursor = conn.execute(
                 "INSERT INTO trials (job_id, batch_size, power_limit_W, status, converged, started_at, pid, host, "
-                "info) VALUES (?, ?, ?, 'running', 0, ?, ?, ?, ?)",
+                "info, owner, heartbeat_at) VALUES (?, ?, ?, 'running', 0, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     int(batch_size),
                     power_limit_W,
-                    now(),
+                    started_at,
                     os.getpid() if pid is None else int(pid),
                     this_host(),
                     json.dumps(dict(info or {})),
+                    lease_owner() if mine else "",
+                    started_at,
                 ),
             )
-            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
-            return _trial_row(row.fetchone())
+            row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
+            trial = _trial_row(row.fetchone())
+        if mine:
+            KEEPER.hold(self, trial.trial_id)
+        return trial
 
     def finish_trial(
         self,
@@ -293,7 +370,7 @@ class SQLiteStore(Store):
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
         with self._tx("write") as conn:
-            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no trial {trial_id} in store {self.path}")
             old = _trial_row(row)
@@ -314,18 +391,19 @@ class SQLiteStore(Store):
                     trial_id,
                 ),
             )
-            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
-            return _trial_row(row)
+            row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+        KEEPER.release(self, trial_id)
+        return _trial_row(row)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
         with self._read("read") as conn:
-            row = conn.execute(f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
         return None if row is None else _trial_row(row)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
-        query, args = f"SELECT {_TRIAL_COLUMNS} FROM trials WHERE 1 = 1", []
+        query, args = f"SELECT {self._columns} FROM trials WHERE 1 = 1", []
         if job_id is not None:
             query += " AND job_id = ?"
             args.append(job_id)
@@ -379,6 +457,30 @@ class SQLiteStore(Store):
         """See :meth:`Store.list_profiles`."""
         with self._read("read") as conn:
             return [r[0] for r in conn.execute("SELECT key FROM profiles ORDER BY key").fetchall()]
+
+    # -- leases -------------------------------------------------------------------------
+    def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
+        """See :meth:`Store.renew_leases`."""
+        if not trial_ids:
+            return set()
+        marks = ", ".join("?" * len(trial_ids))
+        ids = sorted(int(t) for t in trial_ids)
+        with self._tx("renew leases") as conn:
+            conn.execute(
+                f"UPDATE trials SET heartbeat_at = ? WHERE owner = ? AND status = 'running' AND trial_id IN ({marks})",
+                (now(), owner, *ids),
+            )
+            rows = conn.execute(
+                f"SELECT trial_id FROM trials WHERE owner = ? AND status = 'running' AND trial_id IN ({marks})",
+                (owner, *ids),
+            ).fetchall()
+        return {int(r[0]) for r in rows}
+
+    def reopen(self) -> SQLiteStore | None:
+        """See :meth:`Store.reopen`; None when the file is gone (never re-created for a lease)."""
+        if not self.path.exists():
+            return None
+        return SQLiteStore(self.path, busy_timeout_s=self.busy_timeout_s, lease_grace_s=self.lease_grace_s)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

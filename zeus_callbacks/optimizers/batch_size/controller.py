@@ -32,7 +32,7 @@ from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.store import Store, TrialRecord, open_store
+from zeus_callbacks.store import Store, TrialRecord
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def open_job_store(config: ZeusConfig) -> Store:
     Raises:
         StoreError: The store cannot be opened (corrupt, newer schema, locked).
     """
-    return open_store(config.store.resolved_path(config.logging.log_dir), config.store.backend)
+    return config.store.open(config.logging.log_dir)
 
 
 def suggest_batch_size(
