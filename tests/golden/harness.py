@@ -35,7 +35,9 @@ START_S = 1_000.0  # manual clock origin (s)
 
 # Fields that vary from run to run, and only those: wall-clock stamps, the process and host.
 # owner and heartbeat_at: a trial's lease (issue 19) names the process and is renewed on the wall clock
-_VARYING_KEYS = frozenset({"wall_time", "started_at", "ended_at", "created_at", "pid", "host", "time", "owner", "heartbeat_at"})
+_VARYING_KEYS = frozenset(
+    {"wall_time", "started_at", "ended_at", "created_at", "pid", "host", "time", "owner", "heartbeat_at"}
+)
 TMP = "<tmp>"
 
 
