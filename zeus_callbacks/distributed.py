@@ -1,7 +1,7 @@
 """Cross-rank aggregation through ``accelerate``, with a single-process fallback.
 
 Under DDP/FSDP each process measures only its own GPU; the session combines the ranks'
-figures here with one definition everywhere (DESIGN.md): energy is summed over GPUs,
+figures here with one definition everywhere (docs/hardware.md#multi-gpu): energy is summed over GPUs,
 time is the slowest rank's, power is summed. Every rank calls the same collectives at
 the same events (epoch end, step reports, train end), so none waits on a collective the
 others skip. The process group is the one the framework already created; nothing here
@@ -83,7 +83,7 @@ class RankGroup:
         """Join the framework's process group through ``accelerate``, or stand alone.
 
         ``PartialState(cpu=True)`` is used on CPU process groups: a plain
-        ``PartialState()`` there can report a single process (DESIGN.md).
+        ``PartialState()`` there can report a single process (docs/hardware.md#multi-gpu).
         """
         if _process_group_size() <= 1:
             return cls()

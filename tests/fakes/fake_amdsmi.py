@@ -1,6 +1,6 @@
 """A fake ``amdsmi`` (ROCm SMI Python interface) for tests.
 
-Sensor behaviour (DESIGN.md, "amdsmi"):
+Sensor behaviour (docs/hardware.md#amdsmi):
 
 * ``amdsmi_get_energy_count(h)`` returns ``{<key>: ticks, "counter_resolution": µJ per
   tick, "timestamp": ns}``; the tick key is ``"energy_accumulator"`` from ROCm 6.4 and

@@ -83,7 +83,7 @@ class PowerSample:
     Attributes:
         timestamp_s: When the sensor produced the value, on the backend's clock (s).
         power_W: The power the sensor reported (W). On NVIDIA this is roughly an
-            average over the preceding 10–20 ms (see DESIGN.md, H200 facts).
+            average over the preceding 10–20 ms (docs/hardware.md#sample-semantics).
     """
 
     timestamp_s: float
@@ -102,7 +102,7 @@ class GPUBackend(abc.ABC):
         read_only: When True, every setter raises :class:`ReadOnlyError`.
         sample_period_s: Nominal period of :meth:`power_samples_since` (s).
         sensor_delay_s: How long after a power change the first sample showing it
-            arrives (s); 0.016 on an H200 (DESIGN.md). Window attribution shifts
+            arrives (s); 0.016 on an H200 (docs/hardware.md#sample-semantics). Window attribution shifts
             samples back by this much.
     """
 

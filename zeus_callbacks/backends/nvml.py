@@ -1,6 +1,6 @@
 """NVIDIA GPUs through NVML (``pynvml``, package nvidia-ml-py).
 
-What is read, and why (NVIDIA H200 on driver 580, see DESIGN.md and ``shared/h200/``):
+What is read, and why (NVIDIA H200 on driver 580, see docs/hardware.md#h200-sensors):
 
 * **Power samples**: ``nvmlDeviceGetSamples(h, NVML_TOTAL_POWER_SAMPLES, last_us)``
   returns the driver's buffer of power samples, one every ~20 ms, each roughly the
@@ -118,7 +118,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     vendor = "NVIDIA"
     _log = logger
     sample_period_s = 0.02
-    # H200 step test (DESIGN.md): the first 20 ms sample after an idle->busy edge, 16 ms
+    # H200 step test (docs/hardware.md#sample-semantics): the first 20 ms sample after an idle->busy edge, 16 ms
     # later, is already ~90 % busy, so a sample covers roughly the preceding 20 ms with
     # only a few ms of lag.
     sensor_delay_s = 0.004

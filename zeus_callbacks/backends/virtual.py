@@ -14,7 +14,7 @@ where ``P_trace`` is the trace's average power interpolated at the power limit i
 per-GPU constant :data:`IDLE_POWER_W` (capped at the curve's lowest power). Limit and
 utilization changes are timestamped, so samples before a change keep the old power.
 
-Sensors imitate NVML (see DESIGN.md, H200 facts):
+Sensors imitate NVML (docs/hardware.md#h200-sensors):
 
 - ``power_samples_since``: one sample every ``sample_period_s`` (±1 ms jitter), each the
   mean true power over the preceding sample interval plus Gaussian noise
@@ -49,7 +49,7 @@ backend uses ``min(IDLE_POWER_W[gpu], lowest average power of its curve)`` so th
 never exceeds busy (the V100 NCF sweeps average as little as 35 W).
 """
 HISTORY_S = 2.4
-"""Seconds of power-sample history kept, like NVML's buffer (DESIGN.md, H200 facts)."""
+"""Seconds of power-sample history kept, like NVML's buffer (docs/hardware.md#h200-sensors)."""
 COUNTER_PERIOD_S = 0.1
 """Update period of the energy counter (s), as measured on the H200."""
 COUNTER_RESOLUTION_J = 1e-3

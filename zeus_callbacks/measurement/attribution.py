@@ -2,7 +2,7 @@
 
 Each sample ``(t_k, p_k)`` is read as the mean power over the interval
 ``(t_{k-1} - d, t_k - d]``, where ``d`` is the sensor delay (the H200's 20 ms samples
-behave like an average over the preceding 10–20 ms, seen ~16 ms late; DESIGN.md).
+behave like an average over the preceding 10–20 ms, seen ~16 ms late; docs/hardware.md#sample-semantics).
 Power is then a step function whose running integral ``F`` is piecewise linear, and
 the energy of a window ``[a, b]`` is ``F(b) - F(a)``.
 """

@@ -232,7 +232,7 @@ def profile(
     at near-full power) is fitted with its own power level and is part of no execution
     (:func:`~zeus_callbacks.measurement.finegrain.superpose`, ``launch_gap_s=0``); isolated mode runs one
     execution at a time, waits for it, then idles for a random gap drawn from ``gap_s``,
-    so executions do not alias with the 20 ms sampler (DESIGN.md, H200 facts). Before
+    so executions do not alias with the 20 ms sampler (docs/hardware.md#sample-semantics). Before
     measuring it idles ``idle_s`` (baseline power) and, in steady mode, runs ``warmup_s`` of
     executions that are fitted but not reported. It stops once the CI half-width is below
     ``target_ci`` of the estimate (after ``min_time_s``) or at ``max_time_s``.

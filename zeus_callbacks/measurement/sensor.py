@@ -8,7 +8,7 @@ measured CUDA-event times) over ``(t_{k-1} − d, t_k − d]`` — the model eve
 in :mod:`~zeus_callbacks.measurement.attribution` and
 :mod:`~zeus_callbacks.measurement.finegrain` uses — and ``d`` minimises the squared error
 on a 0.5 ms grid. The rise and fall delays (first sample past half-way after each edge)
-are reported as measured, for comparison with DESIGN.md's H200 figures (16 ms, 23 ms).
+are reported as measured, for comparison with the H200 figures of docs/hardware.md#sample-semantics (16 ms, 23 ms).
 """
 
 from __future__ import annotations

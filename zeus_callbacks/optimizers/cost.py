@@ -4,7 +4,7 @@
 commensurable by the GPUs' maximum power. ``eta_knob = 1`` optimises energy only,
 ``eta_knob = 0`` time only.
 
-Multi-GPU runs use one definition everywhere (DESIGN.md): ``E`` is summed over all
+Multi-GPU runs use one definition everywhere (docs/hardware.md#multi-gpu): ``E`` is summed over all
 GPUs, ``T`` is the slowest rank's time, and ``MaxPower`` is the per-GPU maximum power
 limit times the number of GPUs.
 """

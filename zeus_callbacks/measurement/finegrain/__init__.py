@@ -50,7 +50,7 @@ Every option of the fit is a field of :class:`SuperposeSettings` (also accepted 
   * a *pause* between executions of at most ``short_gap_s`` (a sync between chunks of
     back-to-back work, a few ms) gets one free power level of its own, ``gap_power_W``:
     the GPU is still near full power then (on an H200 power decays over 40–60 ms after
-    work stops, DESIGN.md), and modelling it at the idle baseline would push the
+    work stops, docs/hardware.md#sample-semantics), and modelling it at the idle baseline would push the
     excess into the executions (+1–2 % at 1 ms on an H200 with 0.25 s chunks);
   * the ``post_s`` after the last execution of a run (a longer pause, or the end) gets
     another free level, ``tail_power_W``, so the power tail after a run does not bias the

@@ -49,7 +49,7 @@ def position_labels(run_ids: Sequence[int] | np.ndarray, *, warm_executions: int
 
     A *run* is a burst of executions after idle (the same ``run_id``); its first
     execution starts from idle power, the next ``warm_executions`` may still be warming
-    up (power overshoot and settling; DESIGN.md, H200 facts), the rest are steady.
+    up (power overshoot and settling; docs/hardware.md#sample-semantics), the rest are steady.
 
     Args:
         run_ids: Run of each execution, in execution order, shape (n,).
