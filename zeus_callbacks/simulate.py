@@ -101,17 +101,22 @@ class Recurrence:
     power_limit_source: str = "max"
 
 
-def training_paths(gpu: str, workload: str, batch_size: int) -> list[int | None]:
+def training_paths(gpu: traces.TraceLike, workload: traces.WorkloadLike, batch_size: int) -> list[int | None]:
     """``target_epoch`` of every traced run of ``workload`` at ``batch_size`` (None: never reached).
+
+    Args:
+        gpu: A bundled GPU's name or a user :class:`~zeus_callbacks.backends.traces.GPUTrace`.
+        workload: The workload's name or :class:`~zeus_callbacks.backends.traces.Workload`.
+        batch_size: The batch size.
 
     Raises:
         ValueError: Unknown GPU or workload.
     """
-    traces.normalize_gpu(gpu)
-    w = traces.get_workload(workload)
+    trace = traces.resolve_trace(gpu)
+    w = traces.get_workload(workload, trace)
     return [
         p.target_epoch
-        for p in traces.load_train_trace()
+        for p in trace.train
         if (p.dataset, p.network, p.optimizer, p.batch_size) == (w.dataset, w.network, w.optimizer, batch_size)
         and math.isclose(p.target_metric, w.target_metric)
     ]
@@ -143,7 +148,7 @@ def real_steps_per_epoch(curve: traces.PowerCurve) -> int:
 
 
 def simulate(
-    gpu: str,
+    gpu: traces.TraceLike,
     workload: str,
     recurrences: int,
     *,
@@ -162,9 +167,10 @@ def simulate(
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
 
     Args:
-        gpu: ``"V100"`` or ``"A40"``.
+        gpu: ``"V100"`` or ``"A40"``, or a user trace with training paths
+            (:func:`~zeus_callbacks.backends.traces.read_trace` with ``train_path``).
         workload: Zeus workload (``cifar100``, ``imagenet``, ``librispeech``, ``movielens-1m``,
-            ``sentiment140``, ``squad``).
+            ``sentiment140``, ``squad``), or one of the user trace's.
         recurrences: How many recurrences to run.
         eta_knob: Energy weight of the cost (the bandit's and, with ``"jit"``, the profiler's).
         beta_knob: Early-stopping factor (None: off).
@@ -183,20 +189,29 @@ def simulate(
         One :class:`Recurrence` per recurrence, in order.
 
     Raises:
-        ValueError: Unknown GPU or workload, or bad arguments.
+        ValueError: Unknown GPU or workload, a user trace without training paths for the
+            workload, or bad arguments.
     """
     if steps_per_epoch < 1 or recurrences < 0:
         raise ValueError("steps_per_epoch must be ≥ 1 and recurrences ≥ 0")
     if power_limit not in ("max", "jit"):
         raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
-    w = traces.get_workload(workload)
-    sizes = list(batch_sizes or traces.available_batch_sizes(gpu, workload))
-    default = traces.default_batch_size(gpu, workload)
+    trace = traces.resolve_trace(gpu)
+    w = traces.get_workload(workload, trace)
+    if not trace.bundled and not any(
+        (p.dataset, p.network, p.optimizer) == (w.dataset, w.network, w.optimizer) for p in trace.train
+    ):
+        raise ValueError(
+            f"the trace {trace.source} has no training paths for {w.dataset}: the simulator samples when a run "
+            "reaches its target from a training-path CSV (Zeus summary_train format; train_path / --train-trace)"
+        )
+    sizes = list(batch_sizes or traces.available_batch_sizes(trace, w))
+    default = traces.default_batch_size(trace, w)
     world = np.random.default_rng([int(seed), 0x5EED])
     with tempfile.TemporaryDirectory(prefix="zeus-sim-") as tmp:
         path = Path(store_path) if store_path is not None else Path(tmp) / "store.sqlite"
         config = {
-            "job_id": f"sim/{traces.normalize_gpu(gpu)}/{w.dataset}",
+            "job_id": f"sim/{trace.gpu}/{w.dataset}",
             "backend": "virtual",
             "logging": {"jsonl": False, "log_dir": tmp, "interval_steps": max(steps_per_epoch, 1)},
             "windows": {"step": False, "eval": False},
@@ -229,7 +244,7 @@ def simulate(
         }
         out = []
         for index in range(recurrences):
-            out.append(_one_recurrence(index, gpu, w, config, world, steps_per_epoch))
+            out.append(_one_recurrence(index, trace, w, config, world, steps_per_epoch))
             if on_recurrence is not None:
                 on_recurrence(out[-1])
         return out
@@ -237,16 +252,16 @@ def simulate(
 
 def _one_recurrence(
     index: int,
-    gpu: str,
+    trace: traces.GPUTrace,
     w: traces.Workload,
     config: dict,
     world: np.random.Generator,
     steps_per_epoch: int,
 ) -> Recurrence:
     batch_size = suggest_batch_size(config)
-    paths = training_paths(gpu, w.dataset, batch_size)
+    paths = training_paths(trace, w, batch_size)
     target_epoch = paths[int(world.integers(len(paths)))] if paths else None
-    curve = traces.power_curve(gpu, w.dataset, batch_size)
+    curve = traces.power_curve(trace, w, batch_size)
     max_W = curve.max_limit_W
     epoch_max_s = traces.time_per_epoch_s_at(curve, max_W)
     real_step = 1.0 / real_steps_per_epoch(curve)  # epochs per real (profiling) step
@@ -254,8 +269,8 @@ def _one_recurrence(
     profiling = bool(config["power_limit"]["enabled"])
     clock = ManualClock(0.0)
     backend = VirtualGPUBackend(
-        gpu=gpu,
-        workload=w.dataset,
+        trace=trace,
+        workload=w,
         batch_size=batch_size,
         clock=clock,
         noise_W=0.0,
