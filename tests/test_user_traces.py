@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -213,3 +214,31 @@ def test_simulate_needs_training_paths_for_a_user_trace(tmp_path):
     trace = traces.read_trace(write_trace(tmp_path / "card.csv"))
     with pytest.raises(ValueError, match="no training paths for mydata"):
         simulate(trace, "mydata", 1)
+
+
+# -- command line -------------------------------------------------------------------------
+def test_the_simulate_command_replays_a_user_trace(tmp_path, capsys):
+    from zeus_callbacks.cli import main
+
+    trace, train = write_trace(tmp_path / "card.csv"), write_train(tmp_path / "train.csv")
+    args = ["simulate", "--trace", str(trace), "--train-trace", str(train), "--recurrences", "2", "--json"]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(lines) == 2 and all(r["batch_size"] in TIME_S for r in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "RTX 6000"], "V100, A40"),
+        (["--train-trace", "x.csv"], "--train-trace needs --trace"),
+        (["--trace", "missing.csv"], "not found: missing.csv"),
+    ],
+)
+def test_the_simulate_command_names_a_bad_gpu_or_file(args, message, capsys):
+    from zeus_callbacks.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", *args, "--recurrences", "1"])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -34,6 +34,7 @@ limit after its first step, without profiling.
 Command line (a table; ``--json`` for one JSON line per recurrence)::
 
     python -m zeus_callbacks.simulate --gpu A40 --workload cifar100 --recurrences 100 --seed 0
+    zeus-callbacks simulate --trace my_gpu.csv --train-trace my_runs.csv --power-limit jit
 """
 
 from __future__ import annotations
@@ -383,8 +384,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     from zeus_callbacks.cli_format import progress_bar
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", default="A40", choices=list(traces.GPUS))
-    parser.add_argument("--workload", default="cifar100", choices=list(traces.WORKLOADS))
+    parser.add_argument(
+        "--gpu", default=None, help=f"bundled trace: {', '.join(traces.GPUS)} (default A40); with --trace, any name"
+    )
+    parser.add_argument(
+        "--workload", default=None, help=f"{', '.join(traces.WORKLOADS)} (default cifar100); with --trace, one of its"
+    )
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="your own power-limit sweep (Zeus summary_power CSV; docs/backends.md)"
+    )
+    parser.add_argument(
+        "--train-trace", type=Path, default=None, help="training paths for --trace (Zeus summary_train CSV)"
+    )
     parser.add_argument("--recurrences", type=int_at_least(0), default=100)
     parser.add_argument("--eta-knob", type=float_in(0, 1), default=0.5, help="energy weight of the cost, in [0, 1]")
     parser.add_argument(
@@ -397,6 +408,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     parser.add_argument("--json", action="store_true", help="one JSON object per line and recurrence, as each ends")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     args = parser.parse_args(argv)
+    try:
+        if args.trace is not None:
+            gpu: traces.TraceLike = traces.read_trace(args.trace, train_path=args.train_trace, gpu=args.gpu)
+            workload = args.workload or traces.available_workloads(gpu)[0]
+        else:
+            if args.train_trace is not None:
+                parser.error("--train-trace needs --trace")
+            gpu = traces.bundled_trace(args.gpu or "A40")
+            workload = args.workload or "cifar100"
+        traces.get_workload(workload, gpu)
+    except ValueError as exc:  # TraceFormatError included: the message names the file and the column
+        parser.error(str(exc))
 
     with progress_bar(args.recurrences, "recurrences", enabled=not (args.json or args.no_progress)) as bar:
 
@@ -406,8 +429,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
             bar.update(1)
 
         runs = simulate(
-            args.gpu,
-            args.workload,
+            gpu,
+            workload,
             args.recurrences,
             eta_knob=args.eta_knob,
             beta_knob=args.beta_knob,
