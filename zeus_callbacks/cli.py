@@ -93,7 +93,7 @@ def _report(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from zeus_callbacks.cli_store import show
 
-    if not Path(args.store).exists():
+    if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
         print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
         return 1
     print(show(args.store, as_json=args.json))  # a StoreError is reported by main()
