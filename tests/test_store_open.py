@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 import sqlite3
@@ -11,7 +12,7 @@ import sys
 import pytest
 from filelock import FileLock, SoftFileLock
 
-from tests.store_contract import _CTX, DB_URL_ENV, require
+from tests.store_contract import DB_URL_ENV, require
 from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.store import StoreError, netfs, open_store
 from zeus_callbacks.store.base import mask_url
@@ -114,12 +115,19 @@ def _open_new_store(path: str, barrier, errors) -> None:
 def test_sixteen_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
     for attempt in range(3):  # the race needs the openers to collide: a few rounds of it
         path = str(tmp_path / f"new{attempt}.sqlite")
-        barrier, errors = _CTX.Barrier(16), _CTX.Queue()
-        procs = [_CTX.Process(target=_open_new_store, args=(path, barrier, errors)) for _ in range(16)]
+        # forkserver: the openers do not inherit this process's threads (a lock held by one of them
+        # at fork time once hung a child in sqlite3.connect, and the hung child blocked pytest's exit)
+        ctx = multiprocessing.get_context("forkserver")
+        barrier, errors = ctx.Barrier(16), ctx.Queue()
+        procs = [ctx.Process(target=_open_new_store, args=(path, barrier, errors)) for _ in range(16)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(60)
+        for p in procs:
+            if p.is_alive():  # a hung opener fails the test instead of hanging the run
+                p.kill()
+                p.join()
         problems = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
         assert [p.exitcode for p in procs] == [0] * 16, problems
         conn = sqlite3.connect(path)
