@@ -376,7 +376,7 @@ class EnergySession:
     def use_batch_size(self, batch_size: int) -> None:
         """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
         if self.batch_size_controller is not None:
-            self.batch_size_controller.batch_size = int(batch_size)
+            self.batch_size_controller.use_batch_size(batch_size)
 
     def open_backend(self) -> GPUBackend:
         """Open the configured backend now (adapters call it at setup, to fail before training).
@@ -1143,7 +1143,7 @@ class EnergySession:
         if result.chosen_limit_W is not None:
             self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
             if self.batch_size_controller is not None:  # the trial records the limit it trained at
-                self.batch_size_controller.power_limit_W = result.chosen_limit_W
+                self.batch_size_controller.record_power_limit(result.chosen_limit_W)
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
         self._write_power_limit_profile(result)
 
