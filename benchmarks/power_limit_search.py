@@ -18,6 +18,7 @@ from the trace, noise-free). The last line is one JSON object::
 Usage::
 
     python benchmarks/power_limit_search.py --seeds 10
+    python benchmarks/power_limit_search.py --trace my_gpu.csv   # a user trace instead of V100/A40
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def true_costs(backend: VirtualGPUBackend, objective: Objective, grid: list[floa
 
 
 def simulate(
-    gpu: str,
+    gpu: traces.TraceLike,
     workload: str,
     seed: int,
     overrides: dict,
@@ -78,7 +79,8 @@ def simulate(
         (steps spent profiling, chosen limit in W).
     """
     clock = ManualClock(1000.0)
-    backend = VirtualGPUBackend(gpu=gpu, workload=workload, clock=clock, noise_W=noise_W, seed=seed)
+    trace = traces.resolve_trace(gpu)
+    backend = VirtualGPUBackend(trace=trace, workload=workload, clock=clock, noise_W=noise_W, seed=seed)
     rng = np.random.default_rng(seed + 7919)
     base_s = step_time_s(backend.curve)
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,7 +115,7 @@ def simulate(
         finally:
             session.train_end()
         result = limiter.result
-        assert result is not None and result.chosen_limit_W is not None, f"{gpu}/{workload}: no decision"
+        assert result is not None and result.chosen_limit_W is not None, f"{trace.gpu}/{workload}: no decision"
         return result.profiling_steps, result.chosen_limit_W
 
 
@@ -125,6 +127,9 @@ def main() -> None:
     parser.add_argument("--objective", default="zeus_cost")
     parser.add_argument("--eta-knob", type=float, default=0.5)
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    parser.add_argument(
+        "--trace", type=Path, action="append", default=[], help="a user trace CSV (repeatable; default: V100, A40)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
@@ -135,9 +140,11 @@ def main() -> None:
     lines = [header, "|" + "---|" * 9]
     ratio_max = 0.0
     gap_max = 0.0
-    for gpu in ("V100", "A40"):
-        for workload in traces.available_workloads(gpu):
-            backend = VirtualGPUBackend(gpu=gpu, workload=workload)
+    sources = [traces.read_trace(path) for path in args.trace] or [traces.bundled_trace(g) for g in traces.GPUS]
+    for trace in sources:
+        gpu = trace.gpu
+        for workload in traces.available_workloads(trace):
+            backend = VirtualGPUBackend(trace=trace, workload=workload)
             low, high = backend.power_limit_constraints_W(0)
             grid = power_limit_grid_W(low, high)
             objective = Objective(args.objective, args.eta_knob, max_power_W=high)
@@ -146,8 +153,8 @@ def main() -> None:
             ours, sweep = [], []
             for seed in range(args.seeds):
                 kw = {"objective": args.objective, "eta_knob": args.eta_knob, "noise_W": args.noise_W}
-                ours.append(simulate(gpu, workload, seed, {}, **kw))
-                sweep.append(simulate(gpu, workload, seed, SWEEP, **kw))
+                ours.append(simulate(trace, workload, seed, {}, **kw))
+                sweep.append(simulate(trace, workload, seed, SWEEP, **kw))
             gaps = [100 * (costs[limit] - best) / best for _, limit in ours]
             sweep_gaps = [100 * (costs[limit] - best) / best for _, limit in sweep]
             ratios = [o[0] / s[0] for o, s in zip(ours, sweep, strict=True)]

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from zeus_callbacks.errors import ConfigError
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
@@ -40,14 +48,33 @@ class _Section(BaseModel):
 class VirtualGPUConfig(_Section):
     """Settings of the virtual GPU (used when ``backend`` is ``virtual``, or ``auto`` finds no GPU)."""
 
-    gpu: Literal["A40", "V100"] = Field("A40", description="GPU model whose Zeus trace drives the power.")
+    trace: Path | None = Field(
+        None,
+        description="A power-limit sweep of your own GPU: a CSV in the Zeus summary_power format (columns dataset, "
+        "network, batch_size, optimizer, power_limit, time_per_epoch, average_power; optional gpu, idle_power; see "
+        "docs/backends.md). Default: the bundled Zeus trace of gpu.",
+    )
+    train_trace: Path | None = Field(
+        None, description="Training paths for trace, in the Zeus summary_train format (the simulator samples them)."
+    )
+    gpu: str = Field(
+        "A40",
+        description="GPU model: A40 or V100 (the bundled Zeus traces), or, with trace, any name (unset: the "
+        "trace's gpu column, else its file name).",
+    )
     workload: str = Field(
         "imagenet",
-        description="Trace workload by dataset: cifar100, imagenet, librispeech, movielens-1m, "
-        "sentiment140 or squad.",
+        description="Trace workload by dataset: cifar100, imagenet, librispeech, movielens-1m, sentiment140 or "
+        "squad; with trace, one of its datasets (unset: its first).",
     )
     batch_size: int | None = Field(
         None, gt=0, le=MAX_BATCH_SIZE, description="Trace batch size; default: the workload's."
+    )
+    idle_power_W: float | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="Idle power (W); default: the trace's idle_power column, else a per-GPU figure.",
     )
     num_devices: int = Field(1, ge=1, le=MAX_VIRTUAL_GPUS, description="How many virtual GPUs this process sees.")
     noise_W: float = Field(3.0, ge=0, le=1000, description="Standard deviation of the sensor noise (W).")
@@ -56,14 +83,52 @@ class VirtualGPUConfig(_Section):
     )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the sensor noise.")
 
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str, info: ValidationInfo) -> str:
+        from zeus_callbacks.backends.traces import bundled_trace, normalize_gpu
+
+        if info.data.get("trace") is None:
+            bundled_trace(value)  # raises, naming the bundled GPUs and virtual.trace
+        return normalize_gpu(value)
+
     @field_validator("workload")
     @classmethod
-    def _known_workload(cls, value: str) -> str:
+    def _known_workload(cls, value: str, info: ValidationInfo) -> str:
         from zeus_callbacks.backends.traces import WORKLOADS
 
-        if value not in WORKLOADS:
+        if info.data.get("trace") is None and value not in WORKLOADS:
             raise ValueError(f"unknown workload {value!r}; choose one of {', '.join(sorted(WORKLOADS))}")
         return value
+
+    def backend_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~zeus_callbacks.backends.virtual.VirtualGPUBackend` for these settings.
+
+        With ``trace``, an unset ``gpu``/``workload`` is left to the trace (its name, its first workload).
+
+        Raises:
+            TraceFormatError: ``trace`` or ``train_trace`` cannot be read or breaks the format.
+        """
+        from zeus_callbacks.backends.traces import read_trace
+
+        kwargs: dict[str, Any] = {
+            "gpu": self.gpu,
+            "workload": self.workload,
+            "batch_size": self.batch_size,
+            "idle_power_W": self.idle_power_W,
+            "num_devices": self.num_devices,
+            "noise_W": self.noise_W,
+            "sample_period_s": self.sample_period_s,
+            "seed": self.seed,
+            "power_offset_W": self.power_offset_W,
+        }
+        if self.trace is not None:
+            for name in ("gpu", "workload"):
+                if name not in self.model_fields_set:
+                    kwargs[name] = None
+            kwargs["trace"] = read_trace(self.trace, train_path=self.train_trace, gpu=kwargs["gpu"])
+        return kwargs
+
     power_offset_W: float | list[float] = Field(
         0.0, description="Power added to every (or, as a list, to each) virtual GPU (W): makes GPUs differ."
     )

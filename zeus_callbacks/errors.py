@@ -13,6 +13,7 @@ Hierarchy::
     ├── NotAProfile (ValueError)          a file is not a power-profile JSON
     ├── NotAMarker (ValueError)           a file is not a power-limit restore marker
     ├── NothingToPlot (ValueError)        the input holds no data for the requested plot
+    ├── TraceFormatError (ValueError)     a user trace CSV cannot be read or breaks the format
     ├── BackendError (RuntimeError)       a GPU backend failed
     │   ├── BackendUnavailable, SensorError, NotSupported
     │   └── PermissionDenied
@@ -47,6 +48,13 @@ class NotAMarker(ZeusCallbacksError, ValueError):
 
 class NothingToPlot(ZeusCallbacksError, ValueError):
     """The input (a store, a log) holds no data for the requested plot; the message names it."""
+
+
+class TraceFormatError(ZeusCallbacksError, ValueError):
+    """A trace file (a power-limit sweep, training paths) cannot be read or breaks the format.
+
+    The message names the file and, for a bad value, the line and the column.
+    """
 
 
 class BackendError(ZeusCallbacksError, RuntimeError):

@@ -129,14 +129,15 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    costs = [math.nan if t.cost is None else float(t.cost) for t in trials]
     for size in sorted({t.batch_size for t in trials}):
-        points = [(i, t.cost) for i, t in enumerate(trials) if t.batch_size == size]
+        points = [(i, costs[i]) for i, t in enumerate(trials) if t.batch_size == size]
         ax.scatter([p[0] for p in points], [p[1] for p in points], label=f"batch {size}", s=18)
     best, best_so_far = math.inf, []
-    for t in trials:
+    for t, cost in zip(trials, costs, strict=True):
         if t.converged:
-            best = min(best, t.cost)  # type: ignore[type-var]
-        best_so_far.append(best if math.isfinite(best) else None)
+            best = min(best, cost)
+        best_so_far.append(best if math.isfinite(best) else math.nan)  # NaN: no point drawn yet
     ax.plot(range(len(trials)), best_so_far, color="black", lw=1, label="best converged cost")
     ax.set_xlabel("recurrence")
     ax.set_ylabel("cost (ZeusCost, J-equivalent)")

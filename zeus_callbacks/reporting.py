@@ -278,7 +278,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         raise
     except (OSError, UnicodeError) as exc:
         raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log: {exc}") from None
-    records = []
+    records: list[dict[str, Any]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

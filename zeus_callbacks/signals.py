@@ -28,7 +28,7 @@ class ChainedSigterm:
         what: Short description for the log line.
     """
 
-    def __init__(self, cleanup: Callable[[], None], what: str) -> None:
+    def __init__(self, cleanup: Callable[[], object], what: str) -> None:
         self.cleanup = cleanup
         self.what = what
         self._previous: Any = None

@@ -34,6 +34,7 @@ limit after its first step, without profiling.
 Command line (a table; ``--json`` for one JSON line per recurrence)::
 
     python -m zeus_callbacks.simulate --gpu A40 --workload cifar100 --recurrences 100 --seed 0
+    zeus-callbacks simulate --trace my_gpu.csv --train-trace my_runs.csv --power-limit jit
 """
 
 from __future__ import annotations
@@ -101,17 +102,22 @@ class Recurrence:
     power_limit_source: str = "max"
 
 
-def training_paths(gpu: str, workload: str, batch_size: int) -> list[int | None]:
+def training_paths(gpu: traces.TraceLike, workload: traces.WorkloadLike, batch_size: int) -> list[int | None]:
     """``target_epoch`` of every traced run of ``workload`` at ``batch_size`` (None: never reached).
+
+    Args:
+        gpu: A bundled GPU's name or a user :class:`~zeus_callbacks.backends.traces.GPUTrace`.
+        workload: The workload's name or :class:`~zeus_callbacks.backends.traces.Workload`.
+        batch_size: The batch size.
 
     Raises:
         ValueError: Unknown GPU or workload.
     """
-    traces.normalize_gpu(gpu)
-    w = traces.get_workload(workload)
+    trace = traces.resolve_trace(gpu)
+    w = traces.get_workload(workload, trace)
     return [
         p.target_epoch
-        for p in traces.load_train_trace()
+        for p in trace.train
         if (p.dataset, p.network, p.optimizer, p.batch_size) == (w.dataset, w.network, w.optimizer, batch_size)
         and math.isclose(p.target_metric, w.target_metric)
     ]
@@ -143,7 +149,7 @@ def real_steps_per_epoch(curve: traces.PowerCurve) -> int:
 
 
 def simulate(
-    gpu: str,
+    gpu: traces.TraceLike,
     workload: str,
     recurrences: int,
     *,
@@ -162,9 +168,10 @@ def simulate(
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
 
     Args:
-        gpu: ``"V100"`` or ``"A40"``.
+        gpu: ``"V100"`` or ``"A40"``, or a user trace with training paths
+            (:func:`~zeus_callbacks.backends.traces.read_trace` with ``train_path``).
         workload: Zeus workload (``cifar100``, ``imagenet``, ``librispeech``, ``movielens-1m``,
-            ``sentiment140``, ``squad``).
+            ``sentiment140``, ``squad``), or one of the user trace's.
         recurrences: How many recurrences to run.
         eta_knob: Energy weight of the cost (the bandit's and, with ``"jit"``, the profiler's).
         beta_knob: Early-stopping factor (None: off).
@@ -183,20 +190,29 @@ def simulate(
         One :class:`Recurrence` per recurrence, in order.
 
     Raises:
-        ValueError: Unknown GPU or workload, or bad arguments.
+        ValueError: Unknown GPU or workload, a user trace without training paths for the
+            workload, or bad arguments.
     """
     if steps_per_epoch < 1 or recurrences < 0:
         raise ValueError("steps_per_epoch must be ≥ 1 and recurrences ≥ 0")
     if power_limit not in ("max", "jit"):
         raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
-    w = traces.get_workload(workload)
-    sizes = list(batch_sizes or traces.available_batch_sizes(gpu, workload))
-    default = traces.default_batch_size(gpu, workload)
+    trace = traces.resolve_trace(gpu)
+    w = traces.get_workload(workload, trace)
+    if not trace.bundled and not any(
+        (p.dataset, p.network, p.optimizer) == (w.dataset, w.network, w.optimizer) for p in trace.train
+    ):
+        raise ValueError(
+            f"the trace {trace.source} has no training paths for {w.dataset}: the simulator samples when a run "
+            "reaches its target from a training-path CSV (Zeus summary_train format; train_path / --train-trace)"
+        )
+    sizes = list(batch_sizes or traces.available_batch_sizes(trace, w))
+    default = traces.default_batch_size(trace, w)
     world = np.random.default_rng([int(seed), 0x5EED])
     with tempfile.TemporaryDirectory(prefix="zeus-sim-") as tmp:
         path = Path(store_path) if store_path is not None else Path(tmp) / "store.sqlite"
         config = {
-            "job_id": f"sim/{traces.normalize_gpu(gpu)}/{w.dataset}",
+            "job_id": f"sim/{trace.gpu}/{w.dataset}",
             "backend": "virtual",
             "logging": {"jsonl": False, "log_dir": tmp, "interval_steps": max(steps_per_epoch, 1)},
             "windows": {"step": False, "eval": False},
@@ -229,7 +245,7 @@ def simulate(
         }
         out = []
         for index in range(recurrences):
-            out.append(_one_recurrence(index, gpu, w, config, world, steps_per_epoch))
+            out.append(_one_recurrence(index, trace, w, config, world, steps_per_epoch))
             if on_recurrence is not None:
                 on_recurrence(out[-1])
         return out
@@ -237,16 +253,16 @@ def simulate(
 
 def _one_recurrence(
     index: int,
-    gpu: str,
+    trace: traces.GPUTrace,
     w: traces.Workload,
     config: dict,
     world: np.random.Generator,
     steps_per_epoch: int,
 ) -> Recurrence:
     batch_size = suggest_batch_size(config)
-    paths = training_paths(gpu, w.dataset, batch_size)
+    paths = training_paths(trace, w, batch_size)
     target_epoch = paths[int(world.integers(len(paths)))] if paths else None
-    curve = traces.power_curve(gpu, w.dataset, batch_size)
+    curve = traces.power_curve(trace, w, batch_size)
     max_W = curve.max_limit_W
     epoch_max_s = traces.time_per_epoch_s_at(curve, max_W)
     real_step = 1.0 / real_steps_per_epoch(curve)  # epochs per real (profiling) step
@@ -254,8 +270,8 @@ def _one_recurrence(
     profiling = bool(config["power_limit"]["enabled"])
     clock = ManualClock(0.0)
     backend = VirtualGPUBackend(
-        gpu=gpu,
-        workload=w.dataset,
+        trace=trace,
+        workload=w,
         batch_size=batch_size,
         clock=clock,
         noise_W=0.0,
@@ -368,8 +384,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     from zeus_callbacks.cli.terminal import progress_bar
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", default="A40", choices=list(traces.GPUS))
-    parser.add_argument("--workload", default="cifar100", choices=list(traces.WORKLOADS))
+    parser.add_argument(
+        "--gpu", default=None, help=f"bundled trace: {', '.join(traces.GPUS)} (default A40); with --trace, any name"
+    )
+    parser.add_argument(
+        "--workload", default=None, help=f"{', '.join(traces.WORKLOADS)} (default cifar100); with --trace, one of its"
+    )
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="your own power-limit sweep (Zeus summary_power CSV; docs/backends.md)"
+    )
+    parser.add_argument(
+        "--train-trace", type=Path, default=None, help="training paths for --trace (Zeus summary_train CSV)"
+    )
     parser.add_argument("--recurrences", type=int_at_least(0), default=100)
     parser.add_argument("--eta-knob", type=float_in(0, 1), default=0.5, help="energy weight of the cost, in [0, 1]")
     parser.add_argument(
@@ -382,6 +408,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     parser.add_argument("--json", action="store_true", help="one JSON object per line and recurrence, as each ends")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     args = parser.parse_args(argv)
+    try:
+        if args.trace is not None:
+            gpu: traces.TraceLike = traces.read_trace(args.trace, train_path=args.train_trace, gpu=args.gpu)
+            workload = args.workload or traces.available_workloads(gpu)[0]
+        else:
+            if args.train_trace is not None:
+                parser.error("--train-trace needs --trace")
+            gpu = traces.bundled_trace(args.gpu or "A40")
+            workload = args.workload or "cifar100"
+        traces.get_workload(workload, gpu)
+    except ValueError as exc:  # TraceFormatError included: the message names the file and the column
+        parser.error(str(exc))
 
     with progress_bar(args.recurrences, "recurrences", enabled=not (args.json or args.no_progress)) as bar:
 
@@ -391,8 +429,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
             bar.update(1)
 
         runs = simulate(
-            args.gpu,
-            args.workload,
+            gpu,
+            workload,
             args.recurrences,
             eta_knob=args.eta_knob,
             beta_knob=args.beta_knob,

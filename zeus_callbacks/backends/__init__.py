@@ -47,18 +47,7 @@ def _virtual(config: VirtualGPUConfig | None, clock: Clock | None, read_only: bo
     from zeus_callbacks.config import VirtualGPUConfig
 
     cfg = config if config is not None else VirtualGPUConfig()
-    return VirtualGPUBackend(
-        gpu=cfg.gpu,
-        workload=cfg.workload,
-        batch_size=cfg.batch_size,
-        num_devices=cfg.num_devices,
-        noise_W=cfg.noise_W,
-        sample_period_s=cfg.sample_period_s,
-        seed=cfg.seed,
-        power_offset_W=cfg.power_offset_W,
-        clock=clock,
-        read_only=read_only,
-    )
+    return VirtualGPUBackend(**cfg.backend_kwargs(), clock=clock, read_only=read_only)
 
 
 def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:

@@ -10,9 +10,12 @@ Model (per device ``d``, at time ``t``)::
 
 where ``P_trace`` is the trace's average power interpolated at the power limit in force
 (:func:`~zeus_callbacks.backends.traces.average_power_W_at`), ``u(t)`` the utilization
-(1 busy, 0 idle) set by :meth:`VirtualGPUBackend.set_utilization`, and ``idle_W`` the
-per-GPU constant :data:`IDLE_POWER_W` (capped at the curve's lowest power). Limit and
-utilization changes are timestamped, so samples before a change keep the old power.
+(1 busy, 0 idle) set by :meth:`VirtualGPUBackend.set_utilization`, and ``idle_W`` the idle
+power (:func:`resolve_idle_power_W`, capped at the curve's lowest power). Limit and utilization
+changes are timestamped, so samples before a change keep the old power.
+
+The trace is a bundled Zeus sweep (V100, A40) or any GPU's own sweep in the same format
+(``trace=``, :func:`~zeus_callbacks.backends.traces.read_trace`).
 
 Sensors imitate NVML (docs/hardware.md#h200-sensors):
 
@@ -32,6 +35,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -41,13 +45,47 @@ from zeus_callbacks.backends.base import Clock, GPUBackend, PowerSample, SensorE
 
 logger = logging.getLogger(__name__)
 
-IDLE_POWER_W = {"V100": 40.0, "A40": 30.0}
-"""Idle power (W) per traced GPU: a modelling assumption, not in the Zeus traces.
+IDLE_POWER_W: dict[str, float] = {"V100": 40.0, "A40": 30.0}
+"""Idle power (W) per bundled GPU: a modelling assumption, not in the Zeus traces.
 
 Typical draw of an idle V100 (~40 W) and A40 (~30 W) with a process attached. A
-backend uses ``min(IDLE_POWER_W[gpu], lowest average power of its curve)`` so that idle
-never exceeds busy (the V100 NCF sweeps average as little as 35 W).
+backend caps it at the lowest average power of its curve so that idle never exceeds
+busy (the V100 NCF sweeps average as little as 35 W); other GPUs: :func:`resolve_idle_power_W`.
 """
+IDLE_FRACTION_OF_MAX_LIMIT = 0.15
+"""Idle power of a GPU with no known idle power, as a fraction of its maximum limit.
+
+A modelling assumption (an idle V100 draws ~40 W of its 250 W, an A40 ~30 W of 300 W, an
+H200 ~121 W of 700 W: 10–17 %); give the real figure with ``idle_power_W`` or the trace's
+``idle_power`` column.
+"""
+
+
+def resolve_idle_power_W(curve: traces.PowerCurve, gpu: str, configured_W: float | None = None) -> float:
+    """The idle power (W) the virtual GPU uses for ``curve`` of ``gpu``.
+
+    The first known of: ``configured_W``, the trace's ``idle_power`` of this sweep,
+    :data:`IDLE_POWER_W` of a bundled GPU, :data:`IDLE_FRACTION_OF_MAX_LIMIT` × the maximum
+    limit; capped at the curve's lowest average power so that idle never exceeds busy.
+
+    Args:
+        curve: The sweep.
+        gpu: The GPU model's name.
+        configured_W: An idle power given by the user (W), or None.
+
+    Returns:
+        The idle power (W).
+
+    """
+    for value in (configured_W, curve.idle_power_W, IDLE_POWER_W.get(gpu)):
+        if value is not None:
+            chosen = float(value)
+            break
+    else:
+        chosen = IDLE_FRACTION_OF_MAX_LIMIT * curve.max_limit_W
+    return min(chosen, float(curve.average_power_W.min()))
+
+
 HISTORY_S = 2.4
 """Seconds of power-sample history kept, like NVML's buffer (docs/hardware.md#h200-sensors)."""
 COUNTER_PERIOD_S = 0.1
@@ -118,15 +156,17 @@ class _Timeline:
 
 
 class VirtualGPUBackend(GPUBackend):
-    """Virtual GPUs replaying a Zeus NSDI '23 power-limit sweep (V100 or A40).
+    """Virtual GPUs replaying a power-limit sweep: a bundled Zeus NSDI '23 one (V100, A40) or a user's.
 
     Thread-safe: every public method holds one re-entrant lock.
 
     Args:
-        gpu: ``"V100"`` or ``"A40"`` (case-insensitive).
+        gpu: ``"V100"`` or ``"A40"`` (case-insensitive) for a bundled trace; with
+            ``trace``, the GPU's name (default: the trace's).
         workload: Workload named by its dataset (``"cifar100"``, ``"imagenet"``,
-            ``"librispeech"``, ``"movielens-1m"``, ``"sentiment140"``, ``"squad"``).
-        batch_size: Batch size; None picks the paper default capped to the trace.
+            ``"librispeech"``, ``"movielens-1m"``, ``"sentiment140"``, ``"squad"``, or
+            one of the user trace's); None: ``imagenet``, or the user trace's first.
+        batch_size: Batch size; None picks the workload's default capped to the trace.
         num_devices: Number of identical virtual GPUs.
         clock: Time source; default :class:`WallClock` (real time).
         read_only: Refuse power-limit changes; None reads ``ZEUS_CALLBACKS_READ_ONLY``.
@@ -136,10 +176,14 @@ class VirtualGPUBackend(GPUBackend):
         utilization: Initial utilization of every device, in [0, 1].
         power_offset_W: Constant added to each device's true power (W): one value for
             all devices or one per device (models device-to-device spread).
+        trace: A user's sweep: a :class:`~zeus_callbacks.backends.traces.GPUTrace` or the
+            path of a CSV in the Zeus ``summary_power`` format (docs/backends.md).
+        idle_power_W: Idle power (W); default from the trace (see :func:`resolve_idle_power_W`).
 
     Raises:
         ValueError: Unknown GPU, workload or batch size (the message lists the valid
             choices), or an out-of-range argument.
+        TraceFormatError: ``trace`` is a file that cannot be read or breaks the format.
 
     """
 
@@ -148,8 +192,8 @@ class VirtualGPUBackend(GPUBackend):
     def __init__(
         self,
         *,
-        gpu: str = "A40",
-        workload: str = "imagenet",
+        gpu: str | None = None,
+        workload: traces.WorkloadLike | None = None,
         batch_size: int | None = None,
         num_devices: int = 1,
         clock: Clock | None = None,
@@ -159,14 +203,26 @@ class VirtualGPUBackend(GPUBackend):
         seed: int = 0,
         utilization: float = 1.0,
         power_offset_W: float | Sequence[float] = 0.0,
+        trace: traces.GPUTrace | str | Path | None = None,
+        idle_power_W: float | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
-        self.gpu = traces.normalize_gpu(gpu)
-        self.workload = traces.get_workload(workload)
+        if trace is None:
+            self.trace = traces.bundled_trace("A40" if gpu is None else gpu)
+        elif isinstance(trace, traces.GPUTrace):
+            self.trace = traces.with_gpu_name(trace, gpu)
+        else:
+            self.trace = traces.read_trace(trace, gpu=gpu)
+        self.gpu = self.trace.gpu
+        if workload is None:
+            workload = "imagenet" if self.trace.bundled else traces.available_workloads(self.trace)[0]
+        self.workload = traces.get_workload(workload, self.trace)
         self.batch_size = (
-            traces.default_batch_size(self.gpu, workload) if batch_size is None else int(batch_size)
+            traces.default_batch_size(self.trace, self.workload) if batch_size is None else int(batch_size)
         )
-        self.curve = traces.power_curve(self.gpu, workload, self.batch_size)
+        self.curve = traces.power_curve(self.trace, self.workload, self.batch_size)
+        if idle_power_W is not None and not (math.isfinite(idle_power_W) and idle_power_W >= 0):
+            raise ValueError(f"idle_power_W must be a finite number ≥ 0, got {idle_power_W}")
         if num_devices < 1:
             raise ValueError(f"num_devices must be ≥ 1, got {num_devices}")
         if noise_W < 0:
@@ -186,7 +242,7 @@ class VirtualGPUBackend(GPUBackend):
         self.sample_period_s = float(sample_period_s)
         self.seed = int(seed)
         self._jitter_s = min(JITTER_S, self.sample_period_s / 4)
-        self.idle_power_W = min(IDLE_POWER_W[self.gpu], float(self.curve.average_power_W.min()))
+        self.idle_power_W = resolve_idle_power_W(self.curve, self.gpu, idle_power_W)
         self.power_offset_W = tuple(offsets)
         self._lock = threading.RLock()
         self._start_s = self.clock.now_s()
@@ -204,10 +260,10 @@ class VirtualGPUBackend(GPUBackend):
         return self.num_devices
 
     def device_name(self, index: int) -> str:
-        """Return e.g. ``"Virtual A40 (zeus_nsdi23 imagenet/resnet50 bs 256)"``."""
+        """Return e.g. ``"Virtual A40 (zeus_nsdi23 imagenet/resnet50 bs 256)"`` (a user trace: its file name)."""
         self._check_index(index)
         w = self.workload
-        return f"Virtual {self.gpu} (zeus_nsdi23 {w.dataset}/{w.network} bs {self.batch_size})"
+        return f"Virtual {self.gpu} ({self.trace.label} {w.dataset}/{w.network} bs {self.batch_size})"
 
     # -- trace model ----------------------------------------------------------------
     def average_power_W(self, limit_W: float) -> float:

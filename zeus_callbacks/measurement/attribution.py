@@ -10,6 +10,7 @@ the energy of a window ``[a, b]`` is ``F(b) - F(a)``.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def cumulative_energy(
@@ -50,7 +51,7 @@ def cumulative_energy(
 
 
 def interval_energy_J(
-    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarray
+    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: ArrayLike, ends_s: ArrayLike
 ) -> np.ndarray:
     """Energy of each interval ``[starts_s[i], ends_s[i]]`` from the running integral.
 
@@ -74,7 +75,7 @@ def interval_energy_J(
 
 
 def extrapolated_energy_J(
-    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarray
+    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: ArrayLike, ends_s: ArrayLike
 ) -> np.ndarray:
     """Energy of each interval, with the parts outside the covered span extrapolated.
 

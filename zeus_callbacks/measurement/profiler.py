@@ -286,7 +286,7 @@ def profile(
             fn, backend, mode=mode, target_ci=target_ci, gpu_index=gpu_index, max_time_s=max_time_s,
             min_time_s=min_time_s, warmup_s=warmup_s, idle_s=idle_s, gap_s=gap_s, chunk_s=chunk_s,
             sensor_delay_s=sensor_delay_s, use_cuda=use_cuda, n_bins=n_bins, n_boot=n_boot, seed=seed,
-            name=name or getattr(fn, "__name__", "fn"), json_path=json_path, plot_path=plot_path,
+            name=name or str(getattr(fn, "__name__", "fn")), json_path=json_path, plot_path=plot_path,
             progress=progress,
         )  # fmt: skip
     finally:
@@ -329,8 +329,8 @@ def _profile(
     timer, timer_name, sync = _make_timer(backend, use_cuda)
 
     def idle(seconds: float) -> None:
-        if manual:
-            clock.advance(seconds)  # type: ignore[union-attr]
+        if isinstance(clock, ManualClock):
+            clock.advance(seconds)
             sampler.poll_once(read_counter=False)
         else:
             time.sleep(seconds)

@@ -139,11 +139,10 @@ def characterise_sensor(
         if cache.exists() and not refresh:
             return SensorCharacterisation(**json.loads(cache.read_text(encoding="utf-8")))
     clock = backend.clock
-    manual = isinstance(clock, ManualClock)
 
     def wait(seconds: float) -> None:
-        if manual:
-            clock.advance(seconds)  # type: ignore[union-attr]
+        if isinstance(clock, ManualClock):
+            clock.advance(seconds)
         else:
             time.sleep(seconds)
 

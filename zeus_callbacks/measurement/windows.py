@@ -57,7 +57,7 @@ class ClockTimer:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.mark = clock.now_s  # the hot path: one clock read, no wrapper call
+        self.mark = clock.now_s  # type: ignore[method-assign]  # the hot path: one clock read, no wrapper call
 
     def anchor(self) -> None:
         """Nothing to align: marks are taken on the backend clock itself."""
@@ -410,11 +410,11 @@ class WindowMeter:
             # the windows whose end mark was read are a prefix, and their starts were read too.
             done = bisect.bisect_left(list(map(_END, closed)), read_upto)
             if done:
-                names, start, start_s, end, start_info, end_info = zip(*closed[:done], strict=True)
-                start_s = [times[t - first] if c is None else c for t, c in zip(start, start_s, strict=True)]
-                end_s = [times[t - first] for t in end]
-                timed += zip(names, start_s, repeat(None), end_s, start_info, end_info)
-                timed_ends += end_s
+                names, start, given_start_s, end, start_info, end_info = zip(*closed[:done], strict=True)
+                starts_s = [times[t - first] if c is None else c for t, c in zip(start, given_start_s, strict=True)]
+                ends_s = [times[t - first] for t in end]
+                timed += zip(names, starts_s, repeat(None), ends_s, start_info, end_info)
+                timed_ends += ends_s
         else:
             done = 0
             for name, start, start_s, end, start_info, end_info in closed:
@@ -517,7 +517,7 @@ class WindowMeter:
             per_gpu.append(energy)
             counts.append(num)
             complete &= is_complete
-        energy_J = per_gpu[0] if len(per_gpu) == 1 else sum(per_gpu)  # as Python sums a GPU tuple: 0 + e0 + e1 ...
+        energy_J: np.ndarray = per_gpu[0] if len(per_gpu) == 1 else sum(per_gpu)  # type: ignore[assignment]  # as Python sums a GPU tuple: 0 + e0 + e1 ...
         return WindowBatch(
             _objects(names), starts, ends, energy_J, np.vstack(per_gpu), np.min(counts, axis=0), complete,
             _objects(start_info), _objects(end_info),

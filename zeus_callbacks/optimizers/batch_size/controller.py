@@ -231,7 +231,7 @@ class BatchSizeController:
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
         factor, explore = self._with_bandit(
-            lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))  # type: ignore[arg-type]
+            lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
         )
         beta = None if factor is None else factor[1] * factor[2]
         self.explore_stop = explore is not None and (beta is None or explore < beta)

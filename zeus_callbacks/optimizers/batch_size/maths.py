@@ -64,7 +64,7 @@ def prior_from_costs(costs: Sequence[float], prior_std_rel: float) -> tuple[floa
 
 def gaussian_posterior(
     costs: Sequence[float],
-    weights: Sequence[float],
+    weights: Sequence[float] | np.ndarray,
     prior_mean: float,
     prior_precision: float,
     noise_floor_rel: float,
@@ -142,7 +142,7 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
 
 
 def pooled_relative_variance(
-    costs_by_arm: Sequence[Sequence[float]], weights_by_arm: Sequence[Sequence[float]]
+    costs_by_arm: Sequence[Sequence[float]], weights_by_arm: Sequence[Sequence[float] | np.ndarray]
 ) -> float:
     """Relative noise variance pooled over arms: ``Σ_a Σ_i w_i (x_i / x̄_a − 1)² / Σ_a (n_a − 1)``.
 

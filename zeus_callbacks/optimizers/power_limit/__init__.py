@@ -3,7 +3,9 @@
 The package reads top-down:
 
 - :mod:`.objective`: what a limit is chosen for (energy, time, ZeusCost, max_slowdown).
-- :mod:`.search`: the candidate grid, a limit's window of measured steps, the unimodality check.
+- :mod:`.window`: a limit's window of measured steps and its Student-t interval.
+- :mod:`.search`: the candidate grid from the device's range and which limit to measure next
+  (ends first, a noise-aware golden-section search, shape checks, refinement off the grid).
 - :mod:`.profiler`: :class:`PowerLimitProfiler`, the framework- and hardware-free state machine
   (its states and transitions are documented there).
 - :mod:`.cache`: profiles kept between runs.
@@ -33,7 +35,14 @@ from zeus_callbacks.optimizers.power_limit.profiler import (
     ProfilerState,
     ProfileSettings,
 )
-from zeus_callbacks.optimizers.power_limit.search import LimitProfile, is_unimodal, power_limit_grid_W
+from zeus_callbacks.optimizers.power_limit.search import (
+    Measured,
+    SearchPlan,
+    SearchSettings,
+    is_unimodal,
+    power_limit_grid_W,
+)
+from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_interval, t_quantile_975
 
 __all__ = [
     "CACHE_NAME",
@@ -41,6 +50,7 @@ __all__ = [
     "JsonProfileCache",
     "LimitProfile",
     "MARKER_NAME",
+    "Measured",
     "NotAMarker",
     "Objective",
     "ObjectiveName",
@@ -53,10 +63,14 @@ __all__ = [
     "ProfileSettings",
     "ProfilerState",
     "RestoreMarker",
+    "SearchPlan",
+    "SearchSettings",
     "is_unimodal",
     "marker_path",
     "power_limit_grid_W",
     "read_marker",
     "restore_from_marker",
+    "t_interval",
+    "t_quantile_975",
     "write_marker",
 ]

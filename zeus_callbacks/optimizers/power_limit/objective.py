@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 
 ObjectiveName = Literal["energy", "time", "zeus_cost", "max_slowdown"]
 
-_INFEASIBLE = 1e12  # cost scale of a limit slower than max_slowdown allows (keeps the curve unimodal)
+INFEASIBLE_COST = 1e12
+"""Cost scale of a limit slower than max_slowdown allows (a huge, still ordered cost: slower is worse)."""
 
 
 @dataclass(frozen=True)
@@ -75,4 +76,4 @@ class Objective:
             return self.step_value(energy_J, time_s)
         if reference_time_s is None or time_s <= self.max_slowdown * reference_time_s:
             return energy_J
-        return _INFEASIBLE * (1.0 + time_s / reference_time_s) + energy_J
+        return INFEASIBLE_COST * (1.0 + time_s / reference_time_s) + energy_J

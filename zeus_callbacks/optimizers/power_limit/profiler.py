@@ -37,14 +37,18 @@ profiler, so epochs shorter than a window never restart it. A step during which 
 evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
 ``profile_s``. A window is decided once its per-step energies are resolved (power
 samples cover the step's end; steps keep running at the same limit meanwhile and are
-measured too) and either its 95 % confidence interval is narrow (``rel_ci``), it
-separates from the best limit so far, or it reached ``profile_steps``/``profile_s``.
+measured too) and either its 95 % Student-t interval is narrow (``rel_ci``), it
+separates from the best limit so far, or it reached ``profile_steps``/``profile_s``. With
+``max_slowdown``, a limit clearly slower than allowed is decided too, and one whose
+slowdown interval straddles the allowed factor measures a little longer (up to twice
+``min_profile_steps``): the choice lies on that boundary.
 
-Search (``search: unimodal``): the maximum limit first (the time reference of
-``max_slowdown``), then a discrete golden-section search over the 25 W grid, reusing
-every measured limit; once the bracket closes, the measured costs are checked for
-unimodality (within the noise tolerance) and, if they are not, every remaining limit
-is measured, i.e. the full sweep (``search: sweep`` does that from the start).
+Search (``search: unimodal``, :class:`~zeus_callbacks.optimizers.power_limit.search.SearchPlan`):
+both ends of the device's range first (the maximum is the time reference of
+``max_slowdown``; a plateau hides an optimum near the minimum), a golden-section search
+over the grid whose comparisons respect the measured noise, shape checks (not unimodal
+within the noise: every grid limit is measured), then a few limits off the grid near the
+best. ``search: sweep`` measures every grid limit, highest first, and nothing else.
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from zeus_callbacks.optimizers.power_limit.objective import Objective
-from zeus_callbacks.optimizers.power_limit.search import LimitProfile, is_unimodal
+from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
+from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings
+from zeus_callbacks.optimizers.power_limit.window import LimitProfile
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +103,7 @@ class ProfileSettings:
     profile_s: float | None = None
     rel_ci: float = 0.01
     search: Literal["unimodal", "sweep"] = "unimodal"
-    unimodal_tolerance: float = 0.01
+    unimodal_tolerance: float = 0.002  # smallest relative cost difference taken as real; intervals widen it
     max_wait_steps: int = 20  # a full window waits this many steps ...
     max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
 
@@ -140,6 +145,14 @@ class PowerLimitProfiler:
         self.chosen_limit_W: float | None = None
         self.profiling_steps = 0
         self.fallback_sweep = False
+        self._plan = SearchPlan(
+            self.limits_W,
+            SearchSettings(
+                kind=self.settings.search,
+                noise_floor=self.settings.unimodal_tolerance,
+                max_slowdown=objective.max_slowdown if objective.name == "max_slowdown" else None,
+            ),
+        )
         self._step_start_s: float | None = None
         self._eval_in_step = False
         self._eval_start_s: float | None = None
@@ -267,8 +280,9 @@ class PowerLimitProfiler:
 
     def _best_upper(self, exclude: float) -> float:
         best = math.inf
+        costs = self.costs()
         for limit, p in self.profiles.items():
-            if limit != exclude and p.n >= 2:
+            if limit != exclude and p.n >= 2 and costs.get(limit, math.inf) < INFEASIBLE_COST:
                 best = min(best, p.interval(self.objective)[1])
         return best
 
@@ -302,9 +316,40 @@ class PowerLimitProfiler:
             return False
         low, high = profile.interval(self.objective)
         mean = 0.5 * (low + high)
-        if high - mean <= s.rel_ci * abs(mean):
+        if low > self._best_upper(profile.limit_W):  # separated: clearly worse than the best
             return True
-        return low > self._best_upper(profile.limit_W)  # separated: clearly worse than the best
+        if self._slowdown_interval(profile)[0] > self.objective.max_slowdown:  # max_slowdown: clearly too slow
+            return True
+        if high - mean > s.rel_ci * abs(mean):
+            return False
+        return not self._feasibility_unclear(profile)
+
+    def _slowdown_interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """max_slowdown: an approximate 95 % interval of the limit's time over the maximum limit's, else (-inf, inf).
+
+        The two means' relative half-widths combine in quadrature (the delta method for a ratio).
+        """
+        ref = self.profiles.get(self.limits_W[-1])
+        if self.objective.name != "max_slowdown" or ref is None or ref is profile or ref.n < 2 or profile.n < 2:
+            return -math.inf, math.inf
+        t_low, t_high = profile.time_interval()
+        r_low, r_high = ref.time_interval()
+        t_mean, r_mean = 0.5 * (t_low + t_high), 0.5 * (r_low + r_high)
+        ratio = t_mean / r_mean
+        half = ratio * math.hypot((t_high - t_mean) / t_mean, (r_high - r_mean) / r_mean)
+        return ratio - half, ratio + half
+
+    def _feasibility_unclear(self, profile: LimitProfile) -> bool:
+        """max_slowdown: whether the limit's slowdown interval straddles the allowed factor and is still wide.
+
+        Wide: its half-width is over ``rel_ci`` / 2 of the ratio; the window then runs on, up to
+        twice ``min_profile_steps``.
+        """
+        low, high = self._slowdown_interval(profile)
+        if not low < self.objective.max_slowdown < high:
+            return False
+        wide = 0.5 * (high - low) > 0.25 * self.settings.rel_ci * (low + high)
+        return wide and profile.n < 2 * max(self.settings.min_profile_steps, 2)
 
     def costs(self) -> dict[float, float]:
         """Cost of every measured limit (W → cost), per :attr:`objective`."""
@@ -333,45 +378,22 @@ class PowerLimitProfiler:
         self.state = ProfilerState(Phase.DONE, self.chosen_limit_W)
         return True
 
-    def _search(self) -> float | None:
-        limits = self.limits_W
-        measured = {i for i, x in enumerate(limits) if x in self.profiles}
-        unmeasured_desc = [x for x in reversed(limits) if x not in self.profiles]
-        if not unmeasured_desc:
-            return None
-        if self.settings.search == "sweep" or self.fallback_sweep:
-            return unmeasured_desc[0]
-        if len(limits) - 1 not in measured:
-            return limits[-1]
+    def measured(self) -> dict[float, Measured]:
+        """Every measured limit's cost, the half-width of its 95 % interval and (max_slowdown) its slowdown."""
         costs = self.costs()
-        cost = {i: costs.get(limits[i], math.inf) for i in measured}
-        lo, hi = 0, len(limits) - 1
-        while hi - lo > 2:
-            d = max(1, round(0.382 * (hi - lo)))
-            m1, m2 = lo + d, hi - d
-            if m1 >= m2:
-                m2 = m1 + 1
-            for m in (m1, m2):
-                if m not in measured:
-                    return limits[m]
-            if cost[m1] <= cost[m2]:
-                hi = m2
-            else:
-                lo = m1
-        for m in range(lo, hi + 1):
-            if m not in measured:
-                return limits[m]
-        tol = self.settings.unimodal_tolerance
-        if not is_unimodal([costs[x] for x in limits if x in costs], tol):
-            self.fallback_sweep = True
+        ref = self.profiles.get(self.limits_W[-1])
+        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        out = {}
+        for limit, cost in costs.items():
+            prof = self.profiles[limit]
+            low, high = prof.interval(self.objective) if prof.n >= 2 else (cost, cost)
+            out[limit] = Measured(cost, 0.5 * (high - low), prof.time_per_step_s / ref_t if ref_t else None)
+        return out
+
+    def _search(self) -> float | None:
+        was_sweeping = self._plan.fallback_sweep
+        following = self._plan.next_limit(self.measured())
+        self.fallback_sweep = self._plan.fallback_sweep
+        if self.fallback_sweep and not was_sweeping:
             logger.info("zeus-callbacks: the measured cost curve is not unimodal; sweeping every limit")
-            return unmeasured_desc[0]
-        # Flat stretches can hide a lower dip: measure the unmeasured neighbours of every
-        # limit whose cost is within the tolerance of the best.
-        best = min(costs.values())
-        for i in sorted(measured, reverse=True):
-            if cost[i] <= best + tol * abs(best):
-                for j in (i + 1, i - 1):
-                    if 0 <= j < len(limits) and j not in measured:
-                        return limits[j]
-        return None
+        return following

@@ -27,7 +27,7 @@ def superpose(
     sample_times_s: Sequence[float] | np.ndarray,
     sample_power_W: Sequence[float] | np.ndarray,
     *,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] | np.ndarray | None = None,
     seed: int | np.random.Generator = 0,
     settings: SuperposeSettings | None = None,
     **options: Any,

@@ -84,7 +84,7 @@ class Executions:
 
 
 def executions(
-    starts: np.ndarray, ends: np.ndarray, labels: Sequence[str] | None, settings: SuperposeSettings
+    starts: np.ndarray, ends: np.ndarray, labels: Sequence[str] | np.ndarray | None, settings: SuperposeSettings
 ) -> Executions:
     """Sort the executions, fold steady mode's launch gaps into them and extend their windows.
 

@@ -1,0 +1,322 @@
+"""Power-limit search over families of cost curves, against the true optimum of each curve.
+
+The product's own code runs: an :class:`~zeus_callbacks.session.EnergySession` with
+``power_limit.enabled`` on the virtual GPU and a :class:`ManualClock`, as in
+``benchmarks/power_limit_search.py`` (per-step time 0.25 s × the slowdown at the limit in
+force, 1 % step-time jitter, 3 W sensor noise on 20 ms samples, 30-step epochs). Each curve is
+written as a user trace (the Zeus ``summary_power`` CSV format, one row per watt) into a
+temporary folder and read back through ``VirtualGPUBackend(trace=...)``, so the virtual GPU's
+range of limits is the curve's own.
+
+Curve model (synthetic, per card range ``lo``–``hi`` W): a DVFS-like card whose busy power at
+frequency ``f`` ∈ (0, 1] is ``P(f) = Ps + (Pu − Ps)·f^g`` and whose time per step is
+``m + (1 − m)/f`` (``m``: the part that does not scale with the clock); a limit ``L`` caps the
+power at ``min(L, Pu)``. Families:
+
+- ``convex``: ``Pu`` = 0.97 hi, ``Ps`` = 0.8 lo, ``g`` = 3, ``m`` = 0.4 (an interior optimum);
+- ``steep``: ``Ps`` = 0.6 lo, ``g`` = 1.3, ``m`` = 0 (speed ~ power: the optimum near the top);
+- ``flat_topped``: ``Pu`` = lo + 0.3 (hi − lo): the limit binds only near the minimum, the
+  cost is flat above;
+- ``low_draw``: ``Pu`` = 0.9 lo: the limit never binds, every limit costs the same;
+- ``noisy``: ``convex`` with 10 W sensor noise and 3 % step-time jitter;
+- ``non_unimodal``: ``convex`` plus a second valley in power (a Gaussian dip, 4 % of the range
+  wide) placed, for each objective, at the cheapest limit at least a quarter of the range away
+  from the first valley, just deep enough to be the global optimum by 1 %;
+- ``V100``, ``A40``: every workload of the bundled Zeus NSDI '23 traces (their own ranges).
+
+Ranges 100–250, 125–250, 100–260, 150–400 and 200–700 W; ``power_limit.step_W`` 25 W (divides
+every range but 100–260) and 35 W (divides none). Objectives ``zeus_cost`` (eta 0.5),
+``energy`` and ``max_slowdown`` (1.1).
+
+Baseline: the same session with the Zeus sweep (``search: sweep``, 10 warm-up + 40 profiled
+steps at every limit of the grid). Cost gap: the noise-free cost of the chosen limit over the
+**true optimum of the curve**, the minimum over the whole range on a 0.25 W grid (not the
+best point of the search's grid). For ``max_slowdown`` a choice slower than 1.1 × the time at
+the maximum limit counts as a gap equal to its excess (``t / (1.1 t_max) − 1``, in %).
+
+The last line is one JSON object::
+
+    {"steps_ratio_max": ..., "cost_gap_pct_max": ..., "by_family": {...}, "by_objective": {...}}
+
+Usage::
+
+    python benchmarks/power_limit_families.py [--seeds 3] [--workers 2] [--json-out FILE] [--markdown FILE]
+    python benchmarks/power_limit_families.py --trace my_gpu.csv        # add a user trace as a family
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package, not an installed one
+
+from zeus_callbacks.backends import traces
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.session import EnergySession
+
+TARGET_STEP_S = 0.25  # per-step time at the maximum limit
+STEPS_PER_EPOCH = 30
+SWEEP = {"search": "sweep", "warmup_steps": 10, "min_profile_steps": 40, "profile_steps": 40}
+RANGES_W = ((100, 250), (125, 250), (100, 260), (150, 400), (200, 700))
+STEPS_W = (25.0, 35.0)
+SYNTHETIC = ("convex", "steep", "flat_topped", "low_draw", "noisy", "non_unimodal")
+OBJECTIVES = ("zeus_cost", "energy", "max_slowdown")
+ETA = 0.5
+MAX_SLOWDOWN = 1.1
+TRUE_RESOLUTION_W = 0.25
+
+
+# -- curves ------------------------------------------------------------------------
+def _dvfs(family: str, limits_W: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """(time factor, busy power W) of a synthetic family at ``limits_W``."""
+    static_W, g, m, unbound_W = 0.8 * lo, 3.0, 0.4, 0.97 * hi
+    if family == "steep":
+        static_W, g, m = 0.6 * lo, 1.3, 0.0
+    elif family == "flat_topped":
+        unbound_W = lo + 0.3 * (hi - lo)
+    elif family == "low_draw":
+        unbound_W = 0.9 * lo
+    power_W = np.minimum(limits_W, unbound_W)
+    f = np.clip((power_W - static_W) / (unbound_W - static_W), 1e-9, 1.0) ** (1.0 / g)
+    return m + (1.0 - m) / f, power_W
+
+
+def true_cost(objective: str, time_s: np.ndarray, power_W: np.ndarray, max_W: float) -> np.ndarray:
+    """Noise-free cost per step of every point (the last point is the maximum limit); inf: infeasible."""
+    energy_J = time_s * power_W
+    if objective == "energy":
+        return energy_J
+    if objective == "zeus_cost":
+        return ETA * energy_J + (1 - ETA) * max_W * time_s
+    return np.where(time_s <= MAX_SLOWDOWN * time_s[-1] * (1 + 1e-12), energy_J, np.inf)
+
+
+def synthetic_curve(family: str, lo: float, hi: float, objective: str) -> traces.PowerCurve:
+    """The family's curve on ``lo``–``hi`` W at 1 W resolution (time per epoch = time factor × 100 s)."""
+    limits = np.arange(lo, hi + 0.5, 1.0)
+    base = "convex" if family in ("noisy", "non_unimodal") else family
+    factor, power_W = _dvfs(base, limits, lo, hi)
+    if family == "non_unimodal":
+        cost = true_cost(objective, factor, power_W, hi)
+        first = int(np.argmin(cost))
+        far = np.flatnonzero(np.abs(limits - limits[first]) >= 0.25 * (hi - lo))
+        second = int(far[np.argmin(cost[far])])  # the cheapest limit a quarter of the range away
+        x = (limits - limits[second]) / (0.04 * (hi - lo))
+        for depth in np.arange(0.01, 0.30, 0.005):  # the shallowest dip that wins by ~1 %
+            dipped = power_W * (1 - depth * np.exp(-(x**2)))
+            c = true_cost(objective, factor, dipped, hi)
+            if np.nanmin(c[np.abs(x) < 1]) < 0.99 * np.nanmin(c[np.abs(x) > 3]):
+                power_W = dipped
+                break
+    return traces.PowerCurve(limits, factor * 100.0, power_W)
+
+
+def write_trace(curve: traces.PowerCurve, path: Path, gpu: str) -> Path:
+    """Write ``curve`` as a one-workload user trace (Zeus summary_power columns)."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["gpu", *traces.KEY_COLUMNS, *traces.POWER_COLUMNS])
+        for limit, t, p in zip(curve.power_limit_W, curve.time_per_epoch_s, curve.average_power_W, strict=True):
+            writer.writerow([gpu, "synthetic", "model", 32, "sgd", repr(float(limit)), repr(float(t)), repr(float(p))])
+    return path
+
+
+def dense_costs(curve: traces.PowerCurve, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(limits, cost, time factor) of the curve's interpolation on a fine grid over its whole range."""
+    lo, hi = curve.min_limit_W, curve.max_limit_W
+    limits = np.append(np.arange(lo, hi, TRUE_RESOLUTION_W), hi)
+    t = np.interp(limits, curve.power_limit_W, curve.time_per_epoch_s)
+    p = np.interp(limits, curve.power_limit_W, curve.average_power_W)
+    return limits, true_cost(objective, t, p, hi), t
+
+
+def gap_pct(curve: traces.PowerCurve, objective: str, limit_W: float) -> float:
+    """Cost gap (%) of ``limit_W`` to the curve's true optimum (max_slowdown: the slowdown excess if infeasible)."""
+    _, cost, t = dense_costs(curve, objective)
+    best = float(np.min(cost))
+    t_at = float(np.interp(limit_W, curve.power_limit_W, curve.time_per_epoch_s))
+    p_at = float(np.interp(limit_W, curve.power_limit_W, curve.average_power_W))
+    if objective == "max_slowdown" and t_at > MAX_SLOWDOWN * t[-1] * (1 + 1e-12):
+        return 100.0 * (t_at / (MAX_SLOWDOWN * t[-1]) - 1.0)
+    here = float(true_cost(objective, np.array([t_at, t[-1]]), np.array([p_at, 1.0]), curve.max_limit_W)[0])
+    return 100.0 * (here - best) / best
+
+
+# -- one simulated training ------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One curve, range, grid step and objective."""
+
+    family: str
+    objective: str
+    step_W: float
+    curve: traces.PowerCurve
+    label: str  # e.g. "100-260" or the workload
+    noise_W: float = 3.0
+    jitter: float = 0.01
+
+
+def run_search(case: Case, seed: int, overrides: dict) -> tuple[int, float]:
+    """Run one training on the case's curve until the profiler decides: (profiling steps, chosen limit W)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_trace(case.curve, Path(tmp) / "curve.csv", gpu=f"{case.family} {case.label}")
+        clock = ManualClock(1000.0)
+        backend = VirtualGPUBackend(trace=path, clock=clock, noise_W=case.noise_W, seed=seed, read_only=False)
+        rng = np.random.default_rng(seed + 7919)
+        base_s = TARGET_STEP_S
+        config = {
+            "backend": "virtual",
+            "logging": {"log_dir": tmp, "jsonl": False},
+            "power_limit": {
+                "enabled": True,
+                "objective": case.objective,
+                "eta_knob": ETA,
+                "max_slowdown": MAX_SLOWDOWN,
+                "step_W": case.step_W,
+                "cache": False,
+                "plot": False,
+                **overrides,
+            },
+        }
+        session = EnergySession(config, backend=backend, is_main_process=True)
+        session.train_start()
+        limiter = session.power_limiter
+        assert limiter is not None
+        try:
+            for step in range(20_000):
+                if step % STEPS_PER_EPOCH == 0:
+                    session.epoch_start(step // STEPS_PER_EPOCH)
+                session.step_start(step)
+                factor = backend.step_time_factor(backend.power_limit_W(0))
+                clock.advance(base_s * factor * (1.0 + case.jitter * rng.standard_normal()))
+                session.step_end(step, num_samples=32)
+                if step % STEPS_PER_EPOCH == STEPS_PER_EPOCH - 1:
+                    session.epoch_end(step // STEPS_PER_EPOCH)
+                if limiter.result is not None:
+                    break
+        finally:
+            session.train_end()
+        result = limiter.result
+        assert result is not None and result.chosen_limit_W is not None, f"{case}: no decision"
+        return result.profiling_steps, float(result.chosen_limit_W)
+
+
+def _job(job: tuple[Case, int, str]) -> dict:
+    case, seed, mode = job
+    steps, limit = run_search(case, seed, SWEEP if mode == "sweep" else {})
+    gap = gap_pct(case.curve, case.objective, limit)
+    return {"mode": mode, "seed": seed, "steps": steps, "limit_W": limit, "gap_pct": gap}
+
+
+def cases(user_traces: list[traces.GPUTrace]) -> list[Case]:
+    """Every family × range × step × objective, then every workload of V100, A40 and the user traces."""
+    out = []
+    for objective in OBJECTIVES:
+        for family in SYNTHETIC:
+            for lo, hi in RANGES_W:
+                curve = synthetic_curve(family, lo, hi, objective)
+                noisy = family == "noisy"
+                for step_W in STEPS_W:
+                    out.append(Case(family, objective, step_W, curve, f"{lo}-{hi}", 10.0 if noisy else 3.0,
+                                    0.03 if noisy else 0.01))  # fmt: skip
+        for trace in [traces.bundled_trace(g) for g in traces.GPUS] + user_traces:
+            for workload in traces.available_workloads(trace):
+                curve = traces.power_curve(trace, workload)
+                for step_W in STEPS_W:
+                    out.append(Case(trace.gpu, objective, step_W, curve, workload))
+    return out
+
+
+def main() -> None:
+    """Run the benchmark; print the per-family table, then one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of our search per case (the sweep: seed 0)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--objectives", default=",".join(OBJECTIVES))
+    parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
+    parser.add_argument("--trace", type=Path, action="append", default=[], help="a user trace CSV (repeatable)")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON summary here")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    start = time.monotonic()
+    objectives = args.objectives.split(",")
+    chosen = [c for c in cases([traces.read_trace(p) for p in args.trace]) if c.objective in objectives]
+    if args.families:
+        chosen = [c for c in chosen if c.family in args.families.split(",")]
+    jobs = [(c, s, "ours") for c in chosen for s in range(args.seeds)] + [(c, 0, "sweep") for c in chosen]
+    with ProcessPoolExecutor(args.workers) as pool:
+        results = list(pool.map(_job, jobs, chunksize=4))
+    by_case: dict[int, dict[str, list[dict]]] = {}
+    for (case, _, mode), r in zip(jobs, results, strict=True):
+        by_case.setdefault(id(case), {"ours": [], "sweep": []})[mode].append(r)
+
+    summary: dict = {"by_objective": {}}
+    lines = [
+        "| objective | family | cases | steps ratio (max) | our gap % (max) | worst case | sweep gap % (max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for objective in objectives:
+        fams: dict[str, dict] = {}
+        for case in (c for c in chosen if c.objective == objective):
+            runs = by_case[id(case)]
+            sweep_steps = runs["sweep"][0]["steps"]
+            ratio = max(r["steps"] for r in runs["ours"]) / sweep_steps
+            worst = max(runs["ours"], key=lambda r: r["gap_pct"])
+            f = fams.setdefault(case.family, {"cases": 0, "steps_ratio_max": 0.0, "cost_gap_pct_max": -1.0,
+                                              "sweep_gap_pct_max": -1.0, "worst": ""})  # fmt: skip
+            f["cases"] += 1
+            f["steps_ratio_max"] = max(f["steps_ratio_max"], ratio)
+            f["sweep_gap_pct_max"] = max(f["sweep_gap_pct_max"], runs["sweep"][0]["gap_pct"])
+            if worst["gap_pct"] > f["cost_gap_pct_max"]:
+                f["cost_gap_pct_max"] = worst["gap_pct"]
+                f["worst"] = f"{case.label} step {case.step_W:g} W: {worst['limit_W']:.1f} W"
+        for name, f in fams.items():
+            lines.append(
+                f"| {objective} | {name} | {f['cases']} | {f['steps_ratio_max']:.3f} | {f['cost_gap_pct_max']:.2f} | "
+                f"{f['worst']} | {f['sweep_gap_pct_max']:.2f} |"
+            )
+        summary["by_objective"][objective] = {
+            "steps_ratio_max": round(max(f["steps_ratio_max"] for f in fams.values()), 4),
+            "cost_gap_pct_max": round(max(f["cost_gap_pct_max"] for f in fams.values()), 4),
+            "by_family": {
+                name: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()} for name, f in fams.items()
+            },
+        }
+    print("\n".join(lines))
+    per_obj = summary["by_objective"].values()
+    families = {name for o in per_obj for name in o["by_family"]}
+    summary = {
+        "steps_ratio_max": max(o["steps_ratio_max"] for o in per_obj),
+        "cost_gap_pct_max": max(o["cost_gap_pct_max"] for o in per_obj),
+        "by_family": {
+            name: {
+                key: max(o["by_family"][name][key] for o in per_obj if name in o["by_family"])
+                for key in ("steps_ratio_max", "cost_gap_pct_max")
+            }
+            for name in sorted(families)
+        },
+        **summary,
+    }  # fmt: skip
+    print(f"# {len(jobs)} simulated trainings in {time.monotonic() - start:.0f} s", flush=True)
+    if args.markdown is not None:
+        args.markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The candidate grid, the Student-t interval and the shape-robust search (pure functions, no session)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, power_limit_grid_W
+from zeus_callbacks.optimizers.power_limit.window import t_interval, t_quantile_975
+
+# Two-sided 95 % Student-t quantiles from the printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+# -- grid ----------------------------------------------------------------------------
+def test_the_grid_is_the_zeus_grid_where_the_step_divides_the_range():
+    assert power_limit_grid_W(100, 300) == [300, 275, 250, 225, 200, 175, 150, 125, 100]
+    assert power_limit_grid_W(200, 700, 50)[:3] == [700, 650, 600]
+
+
+def test_the_grid_keeps_both_ends_where_the_step_does_not_divide_the_range():
+    grid = power_limit_grid_W(100, 260, 25)
+    assert grid[0] == 260 and grid[-1] == 100 and len(grid) == 8  # 7 equal parts of 22.9 W
+    assert np.allclose(np.diff(grid), -160 / 7, atol=1e-3)
+    assert power_limit_grid_W(150, 150, 25) == [150]
+    with pytest.raises(ValueError):
+        power_limit_grid_W(200, 100)
+
+
+@given(
+    st.floats(50, 600, allow_nan=False), st.floats(0, 600, allow_nan=False), st.floats(1, 100, allow_nan=False)
+)
+def test_any_range_and_step_give_both_ends_and_no_gap_wider_than_the_step(low, width, step):
+    grid = power_limit_grid_W(low, low + width, step)
+    assert grid[0] == low + width
+    if width < 1e-3:  # a range of one point (under 1 mW wide): one limit
+        assert grid == [low + width]
+        return
+    assert grid[-1] == low
+    gaps = -np.diff(grid)
+    assert np.all(gaps > 0) and np.all(gaps <= step + 2e-3)
+    assert len(grid) == math.ceil(width / step - 1e-9) + 1
+
+
+# -- Student-t interval -----------------------------------------------------------------
+@pytest.mark.parametrize("n", range(2, 11))
+def test_the_interval_uses_the_t_quantile_for_n_minus_one_degrees_of_freedom(n):
+    rng = np.random.default_rng(n)
+    values = list(rng.normal(10.0, 1.0, n))
+    low, high = t_interval(values)
+    half = stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / math.sqrt(n)
+    assert (high - low) / 2 == pytest.approx(half, rel=1e-12)
+    assert (low + high) / 2 == pytest.approx(np.mean(values), rel=1e-12)
+    if n - 1 in T_TABLE:
+        assert t_quantile_975(n - 1) == pytest.approx(T_TABLE[n - 1], abs=5e-4)
+    assert t_quantile_975(n - 1) > 1.96  # wider than the normal interval at every small n
+
+
+def test_fewer_than_two_values_give_an_unbounded_interval():
+    assert t_interval([1.0]) == (-math.inf, math.inf)
+
+
+# -- search ----------------------------------------------------------------------------
+def drive(plan: SearchPlan, cost_fn, half_width: float = 0.0) -> tuple[float, dict[float, Measured]]:
+    """Run the search on exact (or fixed-width) measurements; return (choice, what it measured)."""
+    measured: dict[float, Measured] = {}
+    for _ in range(200):
+        x = plan.next_limit(measured)
+        if x is None:
+            break
+        measured[x] = Measured(cost_fn(x), half_width)
+    else:
+        raise AssertionError("the search did not stop")
+    return min(measured, key=lambda x: (measured[x].cost, -x)), measured
+
+
+def test_the_ends_are_measured_first():
+    plan = SearchPlan(power_limit_grid_W(100, 250, 25))
+    assert plan.next_limit({}) == 250
+    assert plan.next_limit({250.0: Measured(1.0)}) == 100
+
+
+def test_a_plateau_over_the_upper_limits_does_not_hide_an_optimum_near_the_minimum():
+    # flat above 150 W, falling towards 110 W: the golden-section probes all sit on the plateau
+    def cost(x: float) -> float:
+        return 1.0 if x >= 150 else 1.0 - 0.004 * (150 - x) + 0.0004 * max(0.0, 110 - x) ** 2
+
+    choice, _ = drive(SearchPlan(power_limit_grid_W(100, 400, 25)), cost)
+    best = min(cost(x) for x in np.arange(100, 400.25, 0.25))
+    assert cost(choice) <= best * 1.01
+
+
+def test_a_curve_flat_everywhere_costs_no_more_than_the_grid():
+    grid = power_limit_grid_W(100, 250, 25)
+    _, measured = drive(SearchPlan(grid), lambda x: 5.0, half_width=0.05)
+    assert len(measured) <= len(grid)
+
+
+def test_the_sweep_measures_every_grid_limit_highest_first_and_nothing_else():
+    grid = power_limit_grid_W(100, 260, 25)
+    plan = SearchPlan(grid)
+    plan.settings = SearchSettings(kind="sweep")
+    order = []
+    measured: dict[float, Measured] = {}
+    while (x := plan.next_limit(measured)) is not None:
+        order.append(x)
+        measured[x] = Measured(1.0)
+    assert order == grid
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    width=st.floats(100, 500),
+    step=st.sampled_from([20.0, 25.0, 35.0]),
+    opt_frac=st.floats(0, 1),
+    curvature=st.floats(0.2, 5.0),
+    plateau_frac=st.floats(0, 1),
+)
+def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_optimum(
+    low, width, step, opt_frac, curvature, plateau_frac
+):
+    high = low + width
+    opt = low + opt_frac * width
+    flat_from = low + plateau_frac * width  # the curve is flat above this (a plateau), if above the optimum
+
+    def cost(x: float) -> float:
+        x = min(x, max(flat_from, opt))
+        return 1.0 + curvature * ((x - opt) / width) ** 2
+
+    grid = power_limit_grid_W(low, high, step)
+    choice, measured = drive(SearchPlan(grid), cost)
+    best = min(cost(x) for x in np.linspace(low, high, 2001))
+    assert cost(choice) <= best * 1.01
+    assert cost(choice) <= min(cost(x) for x in grid) + 1e-12  # never worse than the best grid limit
+    assert high in measured and low in measured
