@@ -97,7 +97,7 @@ def start(tmp_path, monkeypatch, ranks: FakeRanks, *, main: bool, **bs):
     backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True, sample_period_s=0.1)
     session = EnergySession(settings(tmp_path, **bs), backend=backend, is_main_process=main)
     ranks.session = session
-    monkeypatch.setattr("zeus_callbacks.session.RankGroup.detect", lambda: ranks)
+    monkeypatch.setattr("zeus_callbacks.distributed.RankGroup.detect", lambda: ranks)
     session.train_start(run_name="r")
     return session, clock
 
@@ -121,7 +121,7 @@ def test_main_rank_exchanges_every_n_steps_and_stops_on_the_summed_cost(tmp_path
     plant_converged_trial(tmp_path)
     ranks = FakeRanks(0, peer_row=lambda row: [3 * row[0], row[1] + 0.5, 0.0, 0.0])  # a hotter, slower peer
     session, clock = start(tmp_path, monkeypatch, ranks, main=True)
-    rule = session._stop_rule
+    rule = session.stop_rule
     # MaxPower of the cost is the sum over both ranks' GPUs (the peer's is scripted equal).
     assert rule.cost.max_power_W == pytest.approx(2 * session.backend.power_limit_constraints_W(0)[1])
     stopped_at, decision = run_until_stop(session, clock)
@@ -144,7 +144,7 @@ def test_follower_applies_the_main_rule_and_never_opens_the_store(tmp_path, monk
     rule = EarlyStopRule(ZeusCost(0.5, 600.0), threshold_cost=4000.0)
     ranks = FakeRanks(1, main_broadcast=(rule, None))
     session, clock = start(tmp_path, monkeypatch, ranks, main=False)
-    assert session.batch_size_controller is None and session._stop_rule == rule
+    assert session.batch_size_controller is None and session.stop_rule == rule
     stopped_at, _ = run_until_stop(session, clock)
     (_, row) = ranks.stop_exchanges()[-1]
     assert stopped_at % N == 0 and rule.cost(2 * row[0], row[1]) > rule.threshold_cost

@@ -248,10 +248,16 @@ class PowerLimitConfig(_Section):
         1.1, ge=1, le=100, description="Slowdown factor allowed by the max_slowdown objective."
     )
     step_W: float = Field(
-        25.0, ge=1, le=1000, description="Spacing of the profiled limits, from the maximum down (W)."
+        25.0,
+        ge=1,
+        le=1000,
+        description="Largest spacing of the grid limits (W): the device's range is cut into equal parts at most "
+        "this wide, both ends included (the Zeus grid where it divides the range).",
     )
     search: Literal["unimodal", "sweep"] = Field(
-        "unimodal", description="Golden-section search with a sweep fallback, or the full sweep."
+        "unimodal",
+        description="unimodal: both ends, a noise-aware golden-section search, a sweep fallback where the curve is not "
+        "unimodal, a few limits off the grid near the best; sweep: every grid limit.",
     )
     warmup_steps: int = Field(
         2, ge=0, le=100_000, description="Warm-up steps after each limit change (0 is valid)."
@@ -266,7 +272,7 @@ class PowerLimitConfig(_Section):
         0.01,
         gt=0,
         lt=1,
-        description="Stop a limit's window once its 95% confidence interval is within this fraction.",
+        description="Stop a limit's window once its 95% Student-t interval is within this fraction.",
     )
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")

@@ -98,6 +98,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
     """
 
     name = "amdsmi"
+    times_with_gpu_events = True
     vendor = "AMD"
     _log = logger
     sample_period_s = 0.02

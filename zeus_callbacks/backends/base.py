@@ -109,10 +109,17 @@ class GPUBackend(abc.ABC):
     name: str = "abstract"
     sample_period_s: float = 0.02
     sensor_delay_s: float = 0.0
+    times_with_gpu_events: bool = False
+    """Whether window boundaries are timed with CUDA/HIP events (real GPUs running queued work)."""
 
     def __init__(self, *, clock: Clock | None = None, read_only: bool | None = None) -> None:
         self.clock: Clock = clock if clock is not None else WallClock()
         self.read_only = read_only_from_env() if read_only is None else bool(read_only)
+
+    @property
+    def clock_is_manual(self) -> bool:
+        """True when the clock moves only when told (a simulation): waiting for new samples is pointless."""
+        return isinstance(self.clock, ManualClock)
 
     # -- identity ---------------------------------------------------------------
     @abc.abstractmethod

@@ -115,6 +115,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     """
 
     name = "nvml"
+    times_with_gpu_events = True
     vendor = "NVIDIA"
     _log = logger
     sample_period_s = 0.02

@@ -25,10 +25,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.config import ZeusConfig, load_config
-from zeus_callbacks.integrations.common import resolve_config
-from zeus_callbacks.reporting import RunSummary
-from zeus_callbacks.session import EnergySession
+from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +34,7 @@ logger = logging.getLogger(__name__)
 _FINAL_LOG_KEYS = ("total_flos", "train_loss")
 
 
-class ZeusTrainerCallback(TrainerCallback):
+class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
     """Measure and log GPU energy of a Hugging Face Trainer run.
 
     A *step* is one optimizer step: with gradient accumulation its window spans every
@@ -58,25 +55,11 @@ class ZeusTrainerCallback(TrainerCallback):
         session: The :class:`~zeus_callbacks.session.EnergySession` of the current run.
     """
 
-    def __init__(
-        self, config: ZeusConfig | dict[str, Any] | str | Path | None = None, backend: GPUBackend | None = None
-    ) -> None:
-        self.config = resolve_config(config)
-        self._backend = backend
-        self.session = EnergySession(self.config, backend=backend)
-        self.summary: RunSummary | None = None
+    def __init__(self, config: ConfigArg = None, backend: GPUBackend | None = None) -> None:
+        super().__init__(config, backend)
         self._tokens_seen = 0
         self._in_eval = False
         self._epoch = 0
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusTrainerCallback:
-        """Build the callback from a YAML file.
-
-        Raises:
-            ConfigError: The file is missing or invalid.
-        """
-        return cls(load_config(path), **kwargs)
 
     # -- ordering ------------------------------------------------------------------------
     @staticmethod
@@ -147,29 +130,20 @@ class ZeusTrainerCallback(TrainerCallback):
         """Start the run (a fresh session per ``train()`` call)."""
         self._move_before_reporters()
         self._end_run_on_failure()
-        self.session = EnergySession(
-            self.config,
-            backend=self._backend,
+        self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
         )
-        self.summary = None
         self._tokens_seen = state.num_input_tokens_seen or 0
         # None unless batch_size.enabled. The main process claims its trial; under a launcher the
         # other processes claim the suggestion suggest_batch_size() received from it.
-        suggested = self.session.suggest_batch_size()
-        if suggested is not None and args.per_device_train_batch_size != suggested:
-            logger.warning(
-                "zeus-callbacks: the Trainer's per_device_train_batch_size is %d, not the suggested %d; call "
-                "zeus_callbacks.suggest_batch_size(config) before building TrainingArguments. The trial is "
-                "recorded at %d",
-                args.per_device_train_batch_size,
-                suggested,
-                args.per_device_train_batch_size,
-            )
-            self.session.use_batch_size(args.per_device_train_batch_size)
-        run_name = self.config.logging.run_name or (Path(args.run_name).name if args.run_name else None)
-        self.session.train_start(run_name=run_name)
+        self._use_batch_size(
+            self.session.suggest_batch_size(), args.per_device_train_batch_size,
+            "the Trainer's per_device_train_batch_size",
+            "; call zeus_callbacks.suggest_batch_size(config) before building TrainingArguments. The trial is "
+            "recorded at",
+        )  # fmt: skip
+        self.session.train_start(run_name=self._run_name(Path(args.run_name).name if args.run_name else None))
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the epoch window."""
@@ -208,9 +182,7 @@ class ZeusTrainerCallback(TrainerCallback):
         """Close the epoch window; its metrics go out with the next log."""
         self.session.epoch_end(self._epoch)
 
-    def on_prediction_step(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ):
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the evaluation window at the first evaluation batch (HF has no begin hook)."""
         if not self._in_eval and self.session.started:
             self._in_eval = True
@@ -227,9 +199,7 @@ class ZeusTrainerCallback(TrainerCallback):
         if decision.stop_training:
             control.should_training_stop = True
 
-    def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any
-    ):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any):
         """Add the energy metrics to ``logs`` before TensorBoard / W&B read it."""
         if logs is None or (not self.session.started and self.session.summary is None):
             return

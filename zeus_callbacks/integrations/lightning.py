@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,15 +27,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.config import ZeusConfig, load_config
-from zeus_callbacks.integrations.common import resolve_config
+from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
-from zeus_callbacks.reporting import RunSummary
-from zeus_callbacks.session import EnergySession
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +42,7 @@ logger = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(energy|power|time|power_limit)[/_]")
 
 
-class ZeusCallback(Callback):
+class ZeusCallback(SessionAdapter, Callback):
     """Measure and log GPU energy of a Lightning training run.
 
     Logs per-step energy (mean over ``logging.interval_steps``), mean power, energy
@@ -68,26 +65,12 @@ class ZeusCallback(Callback):
         session: The :class:`~zeus_callbacks.session.EnergySession` of the current fit.
     """
 
-    def __init__(
-        self, config: ZeusConfig | dict[str, Any] | str | Path | None = None, backend: GPUBackend | None = None
-    ) -> None:
-        super().__init__()
-        self.config = resolve_config(config)
-        self._backend = backend
-        self.session = EnergySession(self.config, backend=backend)
-        self.summary: RunSummary | None = None
+    def __init__(self, config: ConfigArg = None, backend: GPUBackend | None = None) -> None:
+        SessionAdapter.__init__(self, config, backend)
+        Callback.__init__(self)
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
         self._optimizer_stepped = False
         self._state_key: tuple[str | None, str] | None = None
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **kwargs: Any) -> ZeusCallback:
-        """Build the callback from a YAML file (see ``docs/configuration.md``).
-
-        Raises:
-            ConfigError: The file is missing or invalid.
-        """
-        return cls(load_config(path), **kwargs)
 
     @property
     @override
@@ -103,13 +86,7 @@ class ZeusCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A fresh session per fit; a checkpoint restore (after setup) then loads its totals.
         if stage == "fit":
-            self.session = EnergySession(
-                self.config,
-                backend=self._backend,
-                is_main_process=trainer.is_global_zero,
-                device_index=_device_index(trainer),
-            )
-            self.summary = None
+            self._new_session(is_main_process=trainer.is_global_zero, device_index=_device_index(trainer))
             self.session.open_backend()  # a missing GPU or library fails here, before training
             suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
             if self.config.batch_size.enabled and trainer.world_size > 1:
@@ -157,22 +134,14 @@ class ZeusCallback(Callback):
     # -- training --------------------------------------------------------------------
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        run_name = self.config.logging.run_name
-        if run_name is None and trainer.logger is not None and trainer.logger.version is not None:
-            version = trainer.logger.version
-            run_name = f"{trainer.logger.name}-{version}" if isinstance(version, int) else str(version)
         suggested = self.session.suggest_batch_size()
         used = getattr(trainer.train_dataloader, "batch_size", None)
-        if suggested is not None and isinstance(used, int) and used != suggested:
-            logger.warning(
-                "zeus-callbacks: the train loader's batch size is %d, not the suggested %d (data loaders passed to "
-                "fit() directly cannot be changed); the trial is recorded at %d",
-                used,
-                suggested,
-                used,
-            )
-            self.session.use_batch_size(used)
-        self.session.train_start(run_name=run_name)
+        if isinstance(used, int):
+            self._use_batch_size(
+                suggested, used, "the train loader's batch size",
+                " (data loaders passed to fit() directly cannot be changed); the trial is recorded at",
+            )  # fmt: skip
+        self.session.train_start(run_name=self._run_name(_logger_run_name(trainer)))
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -244,7 +213,7 @@ class ZeusCallback(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # teardown is skipped on an exception: end the run here so nothing is lost. After a
         # SIGTERM the session's handler has ended it already: exception() returns that summary.
-        self.summary = self.session.exception(exception)
+        self.summary = self.session.exception(exception, interrupted=isinstance(exception, SIGTERMException))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -286,6 +255,14 @@ class ZeusCallback(Callback):
             pl_logger.log_metrics(final, step=trainer.global_step)
             pl_logger.save()
         rank_zero_info(str(self.summary))
+
+
+def _logger_run_name(trainer: pl.Trainer) -> str | None:
+    """The first logger's name and version (``lightning_logs-3``), or its string version, or None."""
+    if trainer.logger is None or trainer.logger.version is None:
+        return None
+    version = trainer.logger.version
+    return f"{trainer.logger.name}-{version}" if isinstance(version, int) else str(version)
 
 
 def _device_index(trainer: pl.Trainer) -> int | None:

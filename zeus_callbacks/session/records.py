@@ -1,0 +1,333 @@
+"""The JSONL records, the metrics queued for the framework's loggers, and the RunSummary.
+
+Every record the energy log holds is a dict literal in this module with an ``"event"``
+key (``docs/gen_reference.py`` reads them here to document the log). The values are
+the rank-aggregated ones (:mod:`zeus_callbacks.session.aggregate`): energy summed over
+ranks, time the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zeus_callbacks import reporting as metric
+from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
+from zeus_callbacks.optimizers import power_limit as pl
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session.aggregate import Rows, joined, least, slowest, total
+
+logger = logging.getLogger(__name__)
+
+_COUNTER_GAP_WARN = 0.15  # samples and counter differ by more than this share: warn
+_COUNTER_GAP_MIN_S = 5.0  # ... over an epoch at least this long (s)
+
+
+# ------------------------------------------------------------------ run records
+def run_start_record(
+    *,
+    run_name: str,
+    config: ZeusConfig,
+    backend: str,
+    gpu_indices: list[int],
+    power_limit_W: float | None,
+    read_only: bool,
+    resumed_energy_J: float,
+    wall_time: float,
+) -> dict[str, Any]:
+    """The ``run_start`` record."""
+    return {
+        "event": "run_start",
+        "run_name": run_name,
+        "job_id": config.job_id,
+        "backend": backend,
+        "gpu_indices": gpu_indices,
+        "power_limit_W": power_limit_W,
+        "read_only": read_only,
+        "resumed_energy_J": resumed_energy_J,
+        "wall_time": wall_time,
+        "config": config.model_dump(mode="json"),
+    }
+
+
+def exception_record(exc: BaseException) -> dict[str, Any]:
+    """The ``exception`` record of a failed or interrupted run (message cut at 500 characters)."""
+    return {"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]}
+
+
+def run_end_record(summary: RunSummary) -> dict[str, Any]:
+    """The ``run_end`` record: the summary's fields."""
+    return {"event": "run_end", **summary.as_dict()}
+
+
+def evaluate_record(step: int, metrics: dict[str, float]) -> dict[str, Any]:
+    """The ``evaluate`` record: the framework's numeric validation metrics at ``step``."""
+    return {"event": "evaluate", "step": step, "metrics": metrics}
+
+
+def eval_record(record: WindowRecord) -> dict[str, Any]:
+    """The ``eval`` record of one evaluation window."""
+    return {"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s}
+
+
+def window_record(record: WindowRecord) -> dict[str, Any]:
+    """The ``window`` record of one user window."""
+    return {"event": "window", "name": record.name, "energy_J": record.energy_J, "time_s": record.time_s}
+
+
+# ------------------------------------------------------------------ optimisers
+def batch_size_record(controller: Any) -> dict[str, Any]:
+    """The ``batch_size`` record: the bandit's choice for this recurrence."""
+    c = controller
+    return {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
+            "threshold_cost": c.threshold}  # fmt: skip
+
+
+def trial_record(t: Any) -> dict[str, Any]:
+    """The ``trial`` record: the recurrence's trial as the store keeps it."""
+    return {"event": "trial", "trial_id": t.trial_id, "batch_size": t.batch_size, "status": t.status,
+            "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}  # fmt: skip
+
+
+def power_limit_profile_record(step: int, result: pl.PowerLimitResult, original_W: Any) -> dict[str, Any]:
+    """The ``power_limit_profile`` record: the profiler's result (finished or not)."""
+    return {
+        "event": "power_limit_profile",
+        "step": step,
+        "source": result.source,
+        "objective": result.objective,
+        "chosen_limit_W": result.chosen_limit_W,
+        "original_limit_W": original_W,
+        "profiling_steps": result.profiling_steps,
+        "fallback_sweep": result.fallback_sweep,
+        "limits": result.rows,
+        "finished": result.finished,
+        "message": result.message,
+    }
+
+
+# ------------------------------------------------------------------------ steps
+def local_step_row(batches: Sequence[WindowBatch]) -> list[float]:
+    """This rank's step columns: energy (J), time (s), count, samples, tokens, power samples.
+
+    Samples (tokens) are NaN unless every step reported them.
+    """
+    count = sum(b.size for b in batches)
+    samples = [v for b in batches for v in b.info_values("num_samples")]
+    tokens = [v for b in batches for v in b.info_values("num_tokens")]
+    return [
+        sum(float(b.energy_J.sum()) for b in batches),
+        sum(float(b.time_s.sum()) for b in batches),
+        float(count),
+        float(sum(samples)) if count and all(samples) else math.nan,
+        float(sum(tokens)) if count and all(tokens) else math.nan,
+        float(sum(int(b.num_power_samples.sum()) for b in batches)),
+    ]
+
+
+def step_metrics(rows: Rows) -> dict[str, float]:
+    """Per-step means from the ranks' step columns (:func:`local_step_row`), ranks with steps only.
+
+    One rank's row per GPU group; combined per step: energy and power sum over ranks,
+    time is the slowest rank's.
+    """
+    step_J = sum(E / n for E, _, n, *_ in rows)
+    samples_per_step = sum(S / n for _, _, n, S, *_ in rows)
+    tokens_per_step = sum(K / n for _, _, n, _, K, _ in rows)
+    values = {
+        metric.STEP_ENERGY_J: step_J,
+        metric.STEP_COUNT: least(rows, 2),
+        metric.STEP_POWER_SAMPLES: total(rows, 5),
+        metric.STEP_TIME_S: max(T / n for _, T, n, *_ in rows),
+        metric.MEAN_POWER_W: sum(E / T for E, T, *_ in rows if T > 0),
+    }
+    if math.isfinite(samples_per_step) and samples_per_step > 0:
+        values[metric.ENERGY_PER_SAMPLE_J] = step_J / samples_per_step
+    if math.isfinite(tokens_per_step) and tokens_per_step > 0:
+        values[metric.ENERGY_PER_TOKEN_J] = step_J / tokens_per_step
+    return values
+
+
+def steps_record(
+    values: Mapping[str, float],
+    batches: Sequence[WindowBatch],
+    *,
+    steps_taken: int,
+    power_limit_W: float | None,
+    ranks: int,
+    degraded: bool,
+) -> dict[str, Any]:
+    """The ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
+    return {
+        "event": "steps",
+        "last_step": batches[-1].info(-1).get("step") if batches else None,
+        "count": int(values.get(metric.STEP_COUNT, 0)),
+        "steps": steps_taken,
+        "energy_J_mean": values.get(metric.STEP_ENERGY_J),
+        "time_s_mean": values.get(metric.STEP_TIME_S),
+        "power_W_mean": values.get(metric.MEAN_POWER_W),
+        "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
+        "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
+        "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
+        "complete": all(bool(b.complete.all()) for b in batches),
+        "power_limit_W": power_limit_W,
+        "ranks": ranks,
+        "degraded": degraded,
+    }
+
+
+# ------------------------------------------------------------------------ epochs
+def local_epoch_row(record: WindowRecord, counter_J: float | None) -> list[float]:
+    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), then per GPU (J)."""
+    return [record.energy_J, record.time_s, math.nan if counter_J is None else counter_J, *record.gpu_energy_J]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochEnergy:
+    """One epoch over every rank.
+
+    Attributes:
+        energy_J: Energy of all GPUs (J).
+        time_s: The slowest rank's time (s).
+        counter_J: Energy from the energy counters (J; NaN when a GPU has none).
+        gpu_energy_J: Each GPU's energy, rank order (J).
+        ranks: Ranks that took part.
+        metrics: The epoch metrics to queue.
+    """
+
+    energy_J: float
+    time_s: float
+    counter_J: float
+    gpu_energy_J: list[float]
+    ranks: int
+    metrics: dict[str, float]
+
+
+def epoch_energy(rows: Rows, epoch: Any) -> EpochEnergy:
+    """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree."""
+    energy_J = total(rows, 0)
+    time_s = slowest(rows, 1)
+    counter_J = total(rows, 2)
+    gpu_energy_J = joined(rows, 3)
+    values = {
+        metric.EPOCH_ENERGY_J: energy_J,
+        metric.EPOCH_TIME_S: time_s,
+        metric.EPOCH_MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
+    }
+    if len(gpu_energy_J) > 1:
+        values.update({metric.gpu_energy_key(i): e for i, e in enumerate(gpu_energy_J)})
+    if math.isfinite(counter_J):
+        values[metric.EPOCH_COUNTER_ENERGY_J] = counter_J
+        gap = abs(counter_J - energy_J) / max(counter_J, 1e-9)
+        if time_s >= _COUNTER_GAP_MIN_S and gap > _COUNTER_GAP_WARN:
+            logger.warning(
+                "zeus-callbacks: epoch %s energy from power samples (%.1f J) and from the energy "
+                "counter (%.1f J) differ by %.0f%%",
+                epoch,
+                energy_J,
+                counter_J,
+                100 * gap,
+            )
+    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values)
+
+
+def epoch_record(epoch: Any, e: EpochEnergy, record: WindowRecord, *, degraded: bool) -> dict[str, Any]:
+    """The ``epoch`` record."""
+    return {
+        "event": "epoch",
+        "epoch": epoch,
+        "energy_J": e.energy_J,
+        "counter_energy_J": e.counter_J if math.isfinite(e.counter_J) else None,
+        "time_s": e.time_s,
+        "power_W_mean": e.metrics[metric.EPOCH_MEAN_POWER_W],
+        "gpu_energy_J": e.gpu_energy_J,
+        "power_samples": record.num_power_samples,
+        "complete": record.complete,
+        "ranks": e.ranks,
+        "degraded": degraded,
+    }
+
+
+def phase_metrics(stats: Sequence[Any], epoch_energy_J: float) -> tuple[dict[str, float], float]:
+    """The per-phase metrics of an epoch and the share of the epoch's energy they explain."""
+    explained = sum(p.total_J for p in stats) / epoch_energy_J if epoch_energy_J > 0 else math.nan
+    values: dict[str, float] = {}
+    for p in stats:
+        values[metric.phase_key(p.name)] = p.energy_J
+        values[metric.phase_key(p.name, "ci_low")] = p.energy_ci_J[0]
+        values[metric.phase_key(p.name, "ci_high")] = p.energy_ci_J[1]
+        values[metric.phase_key(p.name, "count")] = float(p.executions)
+    values[metric.PHASES_EXPLAINED] = explained
+    return values, explained
+
+
+def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_energy_J: float) -> dict[str, Any]:
+    """The ``phases`` record: per-phase energy of the epoch (this process's GPUs)."""
+    return {
+        "event": "phases",
+        "epoch": epoch,
+        "phases": [dataclasses.asdict(p) for p in stats],
+        "explained": explained,
+        "epoch_energy_J": epoch_energy_J,
+    }
+
+
+# ------------------------------------------------------------------------ summary
+def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
+                      step_time_s: float, measured_steps: int) -> list[float]:  # fmt: skip
+    """This rank's summary columns: run energy, time, counter energy, mean step energy and time, then per GPU."""
+    return [
+        run.energy_J if run else 0.0,
+        run.time_s if run else 0.0,
+        math.nan if counter_J is None else counter_J,
+        step_energy_J / measured_steps if measured_steps else math.nan,
+        step_time_s / measured_steps if measured_steps else math.nan,
+        *(run.gpu_energy_J if run else ()),
+    ]
+
+
+def run_summary(
+    rows: Rows,
+    *,
+    carried_energy_J: float,
+    carried_time_s: float,
+    run_name: str,
+    status: str,
+    backend: str,
+    steps: int,
+    epochs: int,
+    epoch_energy_J: list[float],
+    power_limit_W: float | None,
+    faults: dict[str, int],
+    jsonl_path: str | None,
+    degraded: bool,
+) -> RunSummary:
+    """The run summary from the ranks' summary columns (:func:`local_summary_row`)."""
+    # Energy sums over GPUs (ranks); time is the slowest rank's.
+    energy_J = carried_energy_J + total(rows, 0)
+    time_s = carried_time_s + slowest(rows, 1)
+    counter_J = total(rows, 2)
+    return RunSummary(
+        run_name=run_name,
+        status=status,
+        backend=backend,
+        energy_J=energy_J,
+        time_s=time_s,
+        steps=steps,
+        epochs=epochs,
+        mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
+        step_energy_J=total(rows, 3),
+        step_time_s=slowest(rows, 4),
+        epoch_energy_J=epoch_energy_J,
+        power_limit_W=power_limit_W,
+        counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) else None,
+        faults=faults,
+        jsonl_path=jsonl_path,
+        world_size=len(rows),
+        gpu_energy_J=joined(rows, 5),
+        degraded=degraded,
+    )

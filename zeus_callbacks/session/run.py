@@ -1,0 +1,267 @@
+"""The started run's parts, all there from ``train_start`` on: backend, sampler, meter, timer, event log.
+
+:func:`open_run` builds them in the order their side effects need (the JSONL file is
+claimed first, so a taken name gets its suffix before anything else is named); the
+session then puts back leftover power limits, reads the limit in force and calls
+:meth:`StartedRun.start`. Nothing here is Optional that exists once a run has started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks.backends import BackendError, GPUBackend
+from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.distributed import launcher_world_size
+from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
+from zeus_callbacks.measurement.phases import PhaseTracker
+from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter
+from zeus_callbacks.reporting import JsonlWriter
+
+logger = logging.getLogger(__name__)
+
+EPOCH_FLUSH_TIMEOUT_S = 0.25
+"""Wall time an epoch end may wait for the sensor to catch up (s)."""
+
+
+def default_gpu_indices(backend: GPUBackend) -> list[int]:
+    """GPUs this process measures by default.
+
+    Under a distributed launcher (``WORLD_SIZE`` > 1 and ``LOCAL_RANK`` set) each process
+    measures its own GPU only, so nothing is counted twice; a single process measures
+    every GPU it can see.
+    """
+    count = backend.device_count()
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and launcher_world_size() > 1:
+        return [int(local_rank) % count]
+    return list(range(count))
+
+
+def select_gpu_indices(config: ZeusConfig, backend: GPUBackend, device_index: int | None) -> list[int]:
+    """The GPUs to measure: ``config.gpu_indices``, else the framework's device, else :func:`default_gpu_indices`.
+
+    Raises:
+        ValueError: ``config.gpu_indices`` names a GPU the backend does not see.
+    """
+    if config.gpu_indices is not None:
+        bad = [i for i in config.gpu_indices if i >= backend.device_count()]
+        if bad:
+            raise ValueError(
+                f"gpu_indices {bad} do not exist: the {backend.name} backend sees {backend.device_count()} GPU(s)"
+            )
+        return list(config.gpu_indices)
+    if device_index is not None:
+        return [device_index % backend.device_count()]
+    return default_gpu_indices(backend)
+
+
+def make_timer(backend: GPUBackend) -> BoundaryTimer:
+    """CUDA-event timing where the backend's GPUs run queued work (and CUDA is usable), else the CPU clock."""
+    if backend.times_with_gpu_events:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return CudaEventTimer(backend.clock)
+        except Exception as exc:  # no torch, or CUDA unusable: fall back to the clock
+            logger.info("zeus-callbacks: CUDA events unavailable (%s); timing windows on the CPU clock", exc)
+    return ClockTimer(backend.clock)
+
+
+class EventLog:
+    """The run's JSONL log, or nothing (another process, or ``logging.jsonl`` off).
+
+    A write that fails (a full disk) is logged once and ends logging: it must not stop training.
+
+    Args:
+        writer: The open writer, or None for no log.
+    """
+
+    def __init__(self, writer: JsonlWriter | None) -> None:
+        self._writer = writer
+
+    @property
+    def path(self) -> Path | None:
+        """The log's file, or None."""
+        return self._writer.path if self._writer is not None else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (a no-op without a log)."""
+        if self._writer is not None:
+            try:
+                self._writer.write(record)
+            except OSError as exc:  # a full disk must not stop training
+                logger.warning("zeus-callbacks: cannot write the energy log (%s); logging stops", exc)
+                self._writer = None
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._writer is not None:
+            self._writer.close()
+
+
+@dataclass(eq=False)
+class StartedRun:
+    """The parts of a run that has started.
+
+    Attributes:
+        backend: The open backend.
+        gpu_indices: The GPUs measured (the backend's indices).
+        run_name: The run's name (a taken JSONL name got a ``-N`` suffix).
+        log: The JSONL event log.
+        sensor_delay_s: How far samples lag the power they show (s).
+        sampler: The background power sampler.
+        timer: The window boundary timer (CUDA events or the clock).
+        meter: The window meter.
+        phases: The per-phase energy tracker (``windows.phases``), else None.
+        start_s: The run's start on the backend's clock (s); set by :meth:`start`.
+        start_wall: The run's start, ``time.time()``; set by :meth:`start`.
+    """
+
+    backend: GPUBackend
+    gpu_indices: list[int]
+    run_name: str
+    log: EventLog
+    sensor_delay_s: float
+    sampler: PowerSampler
+    timer: BoundaryTimer
+    meter: WindowMeter
+    phases: PhaseTracker | None
+    start_s: float = 0.0
+    start_wall: float = 0.0
+
+    def start(self) -> None:
+        """Start sampling and open the run window."""
+        self.sampler.start()
+        self.start_wall = time.time()
+        self.start_s = self.backend.clock.now_s()
+        self.meter.begin("run")
+
+    def read_power_limit_W(self) -> float | None:
+        """The mean power limit of the measured GPUs (W), or None if it cannot be read."""
+        try:
+            limits = [self.backend.power_limit_W(i) for i in self.gpu_indices]
+        except BackendError as exc:
+            logger.warning("zeus-callbacks: cannot read the power limit (%s)", exc)
+            return None
+        return sum(limits) / len(limits)
+
+    def flush_sensor(self, until_s: float) -> None:
+        """Poll until samples cover ``until_s`` (bounded wait), and read the counter."""
+        deadline = time.monotonic() + EPOCH_FLUSH_TIMEOUT_S
+        delay = self.sensor_delay_s
+        read_counter = True  # once: a counter read costs 3-5 ms on an H200
+        while True:
+            self.sampler.poll_once(read_counter=read_counter)
+            read_counter = False
+            latest = self.sampler.latest_sample_s()
+            if latest is not None and latest - delay >= until_s:
+                return
+            if time.monotonic() >= deadline or self.backend.clock.now_s() <= until_s and self.backend.clock_is_manual:
+                return
+            time.sleep(0.005)
+
+    def energy_between_J(self, start_s: float, end_s: float) -> float | None:
+        """Energy (J) of the measured GPUs in [start_s, end_s]; None until samples cover end_s."""
+        latest = self.sampler.latest_sample_s()
+        if (latest is None or latest - self.sensor_delay_s < end_s) and self.backend.clock_is_manual:
+            self.sampler.poll_once(read_counter=False)
+            latest = self.sampler.latest_sample_s()
+        if latest is None or latest - self.sensor_delay_s < end_s:
+            self.sampler.request_poll()
+            return None
+        total = 0.0
+        for index in self.gpu_indices:
+            knots, cumulative = self.sampler.cumulative_energy(index)
+            total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+        return total
+
+    def counter_energy_J(self, start_s: float, end_s: float) -> float | None:
+        """Energy (J) of the measured GPUs in [start_s, end_s] from their counters; None if one lacks readings."""
+        total = 0.0
+        for index in self.gpu_indices:
+            times, readings = self.sampler.counter_readings(index)
+            energy = counter_energy_J(times, readings, start_s, end_s)
+            if energy is None:
+                return None
+            total += energy
+        return total
+
+    def energy_so_far_J(self, carried_J: float = 0.0) -> float:
+        """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``."""
+        if self.sampler.latest_sample_s() is None:
+            self.sampler.poll_once(read_counter=False)  # early in the run: read once, off the step path
+        now_s = self.backend.clock.now_s()
+        total = 0.0
+        for index in self.gpu_indices:
+            knots, cumulative = self.sampler.cumulative_energy(index)
+            if len(knots) >= 2:
+                # Samples lag the present: the nearest power stands in for the gaps, as in
+                # the run window that gives the final total.
+                total += float(extrapolated_energy_J(knots, cumulative, [self.start_s], [now_s])[0])
+        return carried_J + total
+
+    def time_so_far_s(self, carried_s: float = 0.0) -> float:
+        """Time (s) since :meth:`start`, plus ``carried_s``."""
+        return carried_s + self.backend.clock.now_s() - self.start_s
+
+
+def open_run(
+    config: ZeusConfig,
+    backend: GPUBackend,
+    gpu_indices: Sequence[int],
+    run_name: str,
+    *,
+    write_log: bool,
+    make_timer: Callable[[GPUBackend], BoundaryTimer] = make_timer,
+) -> StartedRun:
+    """Build a run's parts (nothing started yet; the JSONL file is created).
+
+    Args:
+        config: The session's configuration.
+        backend: The open backend.
+        gpu_indices: The GPUs to measure.
+        run_name: The wanted run name.
+        write_log: Whether this process writes the JSONL log.
+        make_timer: Builds the boundary timer (tests swap in a stand-in for CUDA).
+
+    Returns:
+        The run, to be started with :meth:`StartedRun.start`.
+
+    Raises:
+        OSError: The JSONL log directory is not writable.
+    """
+    writer = JsonlWriter(config.logging.log_dir, run_name) if write_log else None
+    if writer is not None:
+        run_name = writer.run_name  # a taken name gets a -N suffix
+    delay_s = config.windows.sensor_delay_s
+    sensor_delay_s = backend.sensor_delay_s if delay_s is None else delay_s
+    sampler = PowerSampler(
+        backend,
+        list(gpu_indices),
+        poll_period_s=config.sampling.poll_period_s,
+        energy_counter_period_s=config.sampling.energy_counter_period_s,
+        buffer_s=config.sampling.buffer_s,
+        sensor_delay_s=sensor_delay_s,
+    )
+    timer = make_timer(backend)
+    meter = WindowMeter(sampler, timer)
+    return StartedRun(
+        backend=backend,
+        gpu_indices=list(gpu_indices),
+        run_name=run_name,
+        log=EventLog(writer),
+        sensor_delay_s=sensor_delay_s,
+        sampler=sampler,
+        timer=timer,
+        meter=meter,
+        phases=PhaseTracker(sampler) if config.windows.phases else None,
+    )

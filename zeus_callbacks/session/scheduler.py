@@ -1,0 +1,445 @@
+"""The step path: which steps are measured, their window marks, and what that costs the training thread.
+
+:class:`StepScheduler` holds everything the per-step calls touch (``step_start``,
+``step_end``, the phase calls) and nothing else: the sampling of measured steps
+(``windows.sample_fraction``), the quiet steps counted ahead, the phase windows that tile
+a measured step, and the step counters. :class:`~zeus_callbacks.session.EnergySession`
+is a StepScheduler, so these calls read their state from the object they are called
+on: no attribute chain, no extra call on the hot path (``benchmarks/hook_cost.py``).
+The rest of the session plugs in through the hooks :class:`StepScheduler` declares
+(the power-limit profiler's step boundaries, the per-step stop decision, the report).
+
+:class:`OverheadGovernor` times what the session costs over an interval of steps for
+auto sampling (:class:`~zeus_callbacks.measurement.overhead.WindowSampling`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zeus_callbacks.backends.base import Clock
+from zeus_callbacks.measurement.overhead import WindowSampling
+from zeus_callbacks.measurement.phases import PHASES
+from zeus_callbacks.measurement.windows import BoundaryTimer, WindowMeter
+from zeus_callbacks.session.state import Totals
+
+UNMEASURED_TIMING_MASK = 63
+"""An unmeasured step is timed when its remaining skips are a multiple of 64."""
+PHASE_REANCHOR_S = 30.0
+"""With windows.phases, CUDA event timing is re-anchored this often (s)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the session asks the training loop to do after an event.
+
+    Attributes:
+        stop_training: Stop training now (early stopping of a costly recurrence).
+        reason: Why, for the log.
+    """
+
+    stop_training: bool = False
+    reason: str | None = None
+
+
+CONTINUE = Decision()
+"""The answer of almost every step: built once, not per step."""
+
+
+@dataclass
+class OverheadGovernor:
+    """Times one interval of steps for auto sampling; the interval's step count is the scheduler's.
+
+    Counted: measured steps, the time the steps ran (pauses excluded), the hooks' and
+    the reports' time, and the time and number of the timed unmeasured steps' calls.
+
+    Attributes:
+        t0: ``perf_counter`` when the running stretch began; None while paused.
+        busy_s: Time of the stretches already ended (s).
+        hook_s: Time of the measured steps' hooks (s).
+        report_s: Time of the reports (s).
+        unmeasured_s: Time of the timed unmeasured steps' calls (s).
+        unmeasured_timed: Number of those steps.
+        measured: Measured steps.
+    """
+
+    t0: float | None = None
+    busy_s: float = 0.0
+    hook_s: float = 0.0
+    report_s: float = 0.0
+    unmeasured_s: float = 0.0
+    unmeasured_timed: int = 0
+    measured: int = 0
+
+    def restart(self, t0: float | None) -> None:
+        """Start a new interval; ``t0`` is None while paused."""
+        self.measured = self.unmeasured_timed = 0
+        self.hook_s = self.busy_s = self.report_s = self.unmeasured_s = 0.0
+        self.t0 = t0
+
+    def pause(self) -> None:
+        """Training pauses (epoch end, evaluation): the pause is no step's time."""
+        if self.t0 is not None:
+            self.busy_s += time.perf_counter() - self.t0
+            self.t0 = None
+
+    def resume(self) -> None:
+        """Training resumes."""
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+
+    def observe(self, sampling: WindowSampling, steps: int) -> None:
+        """Give ``sampling`` the interval's timings over its ``steps`` steps; start a new interval."""
+        now = time.perf_counter()
+        running = self.t0 is not None
+        busy_s = self.busy_s + (now - self.t0 if self.t0 is not None else 0.0)
+        sampling.observe(
+            steps=steps, elapsed_s=busy_s, hook_s=self.hook_s,
+            measured=self.measured, report_s=self.report_s,
+            unmeasured_s=self.unmeasured_s, unmeasured_timed=self.unmeasured_timed,
+        )  # fmt: skip
+        self.restart(now if running else None)
+
+
+class StepScheduler:
+    """The per-step calls and their state (the session's step path).
+
+    Before :meth:`_begin_steps` (and after the run ends) every call returns at once.
+
+    Hooks a subclass sets (None: nothing to do at each step):
+
+    - ``_power_step_start(step)`` / ``_power_step_end(step, num_samples)``: the power-limit
+      profiler's step boundaries (before the start mark, after the end mark);
+    - ``_step_decision()``: the per-step stop decision, when something may stop the run;
+    - :meth:`_report_steps`: attribute the closed windows and queue their metrics.
+
+    A step needs nothing from the session when it is unmeasured, untimed, before the next
+    report and timing interval, and no hook is set: such steps are counted ahead in one go
+    (:meth:`_plan_quiet_steps`) and their calls read one attribute.
+    """
+
+    def __init__(self) -> None:
+        self._active = False  # started and not finished
+        self._quiet_left = 0  # planned steps with nothing to do, not yet taken (see _plan_quiet_steps)
+        self._skip = 0  # steps to leave unmeasured before the next measured one
+        self._measuring = False  # the current step has windows
+        self._time_unmeasured = False  # an unmeasured step whose step_end times itself
+        self._dataloader_open = False  # phases: a measured step's dataloader gap is open
+        self._phase_open: str | None = None  # the phase window open now (phases tile the step)
+        self._phase_windows = False  # windows.phases
+        self._step_windows = True  # windows.step
+        self._mark: Any = None  # the meter's mark(): one boundary
+        # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
+        self._meter: WindowMeter
+        self._timer: BoundaryTimer
+        self._clock: Clock
+        self._anchored_s = -math.inf
+        # Which steps get windows (windows.sample_fraction) and the report interval.
+        self._sampling = WindowSampling(1.0, 0.002, 1, stretch_reports=False)
+        self._governor = OverheadGovernor()
+        self._totals = Totals()
+        self._epoch_steps = 0
+        self._epoch_measured = 0  # steps of this epoch that got windows
+        self._steps_since_report = 0
+        self._interval_steps = 0  # steps of the governor's interval (counted here: the hot path bumps it)
+        self._power_step_start: Callable[[int], None] | None = None
+        self._power_step_end: Callable[[int, int | None], None] | None = None
+        self._step_decision: Callable[[], Decision] | None = None
+
+    # ------------------------------------------------------------------ seams
+    @property
+    def sampling(self) -> WindowSampling:
+        """Which steps get windows and how often steps are reported (``windows.sample_fraction``)."""
+        return self._sampling
+
+    @property
+    def measuring(self) -> bool:
+        """True between the start and end of a measured step."""
+        return self._measuring
+
+    @property
+    def quiet_steps_left(self) -> int:
+        """Steps counted ahead whose calls have not come yet (their calls return at once)."""
+        return self._quiet_left
+
+    @property
+    def steps_to_skip(self) -> int:
+        """Unmeasured steps before the next measured one (quiet steps counted ahead included)."""
+        return self._skip
+
+    @property
+    def epoch_steps(self) -> int:
+        """Steps of the current epoch (quiet steps counted ahead included)."""
+        return self._epoch_steps
+
+    # ------------------------------------------------------------------ start
+    def _begin_steps(
+        self, meter: WindowMeter, timer: BoundaryTimer, clock: Clock, sampling: WindowSampling,
+        *, step_windows: bool, phase_windows: bool,
+    ) -> None:  # fmt: skip
+        """Start the step path of a run (its totals are in ``self._totals`` already)."""
+        self._meter, self._timer, self._clock = meter, timer, clock
+        self._mark = meter.mark
+        self._step_windows = step_windows
+        self._phase_windows = phase_windows
+        self._sampling = sampling
+        self._skip = sampling.next_skip()  # the first step is drawn like any other
+        self._quiet_left = 0
+        self._measuring = self._dataloader_open = False
+        self._new_timing_interval(time.perf_counter())
+        self._phase_open = None
+
+    def _report_steps(self, *, resolve_final: bool = False) -> None:
+        """Attribute closed windows and queue their metrics (the session's)."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- hot path
+    def step_start(self, step: int, *, phase: str | None = None) -> None:
+        """Open the step window. Hot path: one clock read or CUDA event record.
+
+        Args:
+            step: The global step index.
+            phase: With ``windows.phases``, the phase window the step begins with
+                (``"forward"``, ``"forward_backward"``), opened at the same mark; the
+                ``dataloader`` phase closes there too.
+        """
+        if self._quiet_left or not self._active:
+            return
+        # Optimiser hook: the power-limit profiler switches limits at step boundaries
+        # (before the mark: the switch is no part of the step).
+        if self._power_step_start is not None:
+            self._power_step_start(step)
+        if self._skip:  # not a measured step (windows.sample_fraction)
+            self._skip -= 1
+            if self._dataloader_open:  # the gap after the last measured step ends here
+                t0 = time.perf_counter()
+                self._meter.end_at("dataloader", self._mark())
+                self._dataloader_open = False
+                self._governor.hook_s += time.perf_counter() - t0
+            elif not self._skip & UNMEASURED_TIMING_MASK:
+                self._time_unmeasured = True  # its step_end times itself: auto's budget covers these too
+            return
+        t0 = time.perf_counter()
+        self._measuring = True
+        meter = self._meter
+        if self._phase_windows:
+            token = self._mark()
+            meter.end_at("dataloader", token)
+            self._dataloader_open = False
+            if phase is not None:
+                meter.begin_at(phase, token)
+                self._phase_open = phase
+            if self._epoch_measured % 16 == 0:  # a clock read every 16 measured steps, not every step
+                self._maybe_reanchor()
+            if self._step_windows:
+                meter.begin_at("step", token, {"step": step})
+        elif self._step_windows:
+            meter.begin_at("step", self._mark(), {"step": step})
+        self._governor.hook_s += time.perf_counter() - t0
+
+    def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
+        """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
+
+        With ``windows.phases`` the open phase (e.g. ``optimizer``) closes and the
+        ``dataloader`` phase opens at the step's end mark: one mark for all three.
+
+        Args:
+            step: The global step index.
+            num_samples: Training samples in the step (per process), for energy per sample.
+            num_tokens: Input tokens in the step, for energy per token.
+
+        Returns:
+            Whether to stop training.
+        """
+        if self._quiet_left:  # counted ahead by _plan_quiet_steps
+            self._quiet_left -= 1
+            return CONTINUE
+        if not self._active:
+            return CONTINUE
+        timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
+        if self._measuring:
+            self._close_step_windows(num_samples, num_tokens)
+        elif self._time_unmeasured:
+            timed = time.perf_counter()
+        if self._power_step_end is not None:
+            self._power_step_end(step, num_samples)
+        self._epoch_steps += 1
+        self._totals.steps += 1
+        self._steps_since_report += 1
+        self._interval_steps += 1
+        if self._steps_since_report >= self._sampling.report_every:
+            self._timed_report()
+            timed, self._time_unmeasured = None, False  # a report is timed on its own
+        if self._interval_steps >= self._sampling.report_every:
+            self._observe_timing()
+            timed, self._time_unmeasured = None, False  # the interval it would count in has ended
+        decide = self._step_decision
+        decision = CONTINUE if decide is None else decide()
+        if timed is not None:
+            governor = self._governor
+            governor.unmeasured_s += time.perf_counter() - timed
+            governor.unmeasured_timed += 1
+            self._time_unmeasured = False
+        if not decision.stop_training:
+            self._plan_quiet_steps()
+        return decision
+
+    def _plan_quiet_steps(self) -> None:
+        """Count the coming steps that need nothing from the session now, so their calls return at once.
+
+        Under ``windows.sample_fraction`` most steps are unmeasured, and each of their
+        calls runs right after a step of training with cold caches: every attribute it
+        touches costs. Steps that are unmeasured, untimed, before the next report and
+        timing interval, with no power limiter or stop decision to serve, are counted here
+        in one go (step counters and skips); their ``step_start`` and ``step_end`` then
+        read one attribute. Any other call takes back the steps not yet taken
+        (:meth:`_take_back_quiet_steps`) before it reads a counter.
+        """
+        skip = self._skip
+        if not skip or self._dataloader_open or self._power_step_start is not None or self._step_decision is not None:
+            return
+        untimed = (skip & UNMEASURED_TIMING_MASK or UNMEASURED_TIMING_MASK + 1) - 1  # before the next timed step
+        every = self._sampling.report_every
+        count = min(untimed, every - 1 - self._steps_since_report, every - 1 - self._interval_steps)
+        if count <= 0:
+            return
+        self._count_steps_ahead(count)
+        self._quiet_left = count
+
+    def _take_back_quiet_steps(self) -> None:
+        """Uncount the planned quiet steps not yet taken: the counters then hold the steps run so far."""
+        left = self._quiet_left
+        if left:
+            self._quiet_left = 0
+            self._count_steps_ahead(-left)
+
+    def _count_steps_ahead(self, steps: int) -> None:
+        """Count ``steps`` unmeasured steps as taken (negative: take them back): the step counters and the skips."""
+        self._skip -= steps
+        self._epoch_steps += steps
+        self._totals.steps += steps
+        self._steps_since_report += steps
+        self._interval_steps += steps
+
+    def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
+        """Close a measured step's windows at one end mark; draw how many steps to skip next."""
+        t0 = time.perf_counter()
+        meter = self._meter
+        if self._phase_windows:
+            token = self._mark()
+            if self._step_windows:
+                meter.end_at("step", token, {"num_samples": num_samples, "num_tokens": num_tokens})
+            if self._phase_open is not None:
+                meter.end_at(self._phase_open, token)
+                self._phase_open = None
+            meter.begin_at("dataloader", token)  # the gap until the next step_start
+            self._dataloader_open = True
+        elif self._step_windows:
+            meter.end_at("step", self._mark(), {"num_samples": num_samples, "num_tokens": num_tokens})
+        self._measuring = False
+        self._epoch_measured += 1
+        governor = self._governor
+        governor.measured += 1
+        self._skip = self._sampling.next_skip()
+        governor.hook_s += time.perf_counter() - t0
+
+    def _maybe_reanchor(self) -> None:
+        # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
+        # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
+        now_s = self._clock.now_s()
+        if now_s - self._anchored_s >= PHASE_REANCHOR_S:
+            started = time.perf_counter()
+            self._timer.anchor()  # one device sync per 30 s
+            self._anchored_s = now_s
+            # Most of a sync is the queued GPU work finishing, not work of ours: keep it out of the budget.
+            self._governor.hook_s -= time.perf_counter() - started
+
+    # ---------------------------------------------------------- step phases
+    def phase_begin(self, name: str) -> None:
+        """Open phase window ``name`` (one of :data:`~zeus_callbacks.measurement.phases.PHASES`).
+
+        A no-op unless ``windows.phases`` is on and the step is measured
+        (``windows.sample_fraction``). Hot path: one clock read or CUDA event record.
+        ``dataloader`` is opened and closed by :meth:`step_end` / :meth:`step_start` themselves;
+        where one phase ends as the next begins, :meth:`phase_switch` takes one mark for both.
+        """
+        if self._measuring and self._phase_windows:  # most steps: unmeasured, one read
+            t0 = time.perf_counter()
+            self._meter.begin_at(name, self._mark())
+            self._phase_open = name
+            self._governor.hook_s += time.perf_counter() - t0
+
+    def phase_end(self, name: str) -> None:
+        """Close phase window ``name`` (a no-op unless ``windows.phases`` is on, or if it is not open)."""
+        if self._measuring and self._phase_windows and self._meter.is_open(name):
+            t0 = time.perf_counter()
+            self._meter.end_at(name, self._mark())
+            if self._phase_open == name:
+                self._phase_open = None
+            self._governor.hook_s += time.perf_counter() - t0
+
+    def phase_switch(self, ended: str, begun: str) -> None:
+        """End phase ``ended`` and begin phase ``begun`` at one shared mark (they tile the step exactly).
+
+        A no-op unless ``windows.phases`` is on and the step is measured; ``ended`` need not be open.
+        """
+        if self._measuring and self._phase_windows:  # most steps: unmeasured, one read
+            t0 = time.perf_counter()
+            meter = self._meter
+            token = self._mark()
+            meter.end_at(ended, token)
+            meter.begin_at(begun, token)
+            self._phase_open = begun
+            self._governor.hook_s += time.perf_counter() - t0
+
+    def phase_discard(self, name: str) -> None:
+        """Drop an open phase window unmeasured (e.g. no optimizer step after this micro-batch)."""
+        if self._measuring and self._phase_windows:  # most steps: unmeasured, one read
+            self._meter.discard(name)
+            if self._phase_open == name:
+                self._phase_open = None
+
+    def _discard_phases(self) -> None:
+        if self._phase_windows:
+            for name in PHASES:
+                self._meter.discard(name)
+            self._phase_open = None
+            self._dataloader_open = False
+
+    # ----------------------------------------------------- epochs and pauses
+    def _begin_epoch(self) -> None:
+        """A new epoch: re-anchor CUDA event timing once, reset the epoch's counters, resume timing."""
+        self._take_back_quiet_steps()
+        self._timer.anchor()
+        self._anchored_s = self._clock.now_s()
+        self._epoch_steps = 0
+        self._epoch_measured = 0
+        self._governor.resume()
+
+    def _timed_report(self) -> None:
+        t0 = time.perf_counter()
+        self._report_steps()
+        self._governor.report_s += time.perf_counter() - t0
+
+    def _observe_timing(self) -> None:
+        """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
+        self._take_back_quiet_steps()
+        self._governor.observe(self._sampling, self._interval_steps)
+        self._interval_steps = 0
+
+    def _new_timing_interval(self, t0: float | None) -> None:
+        """Start timing an interval for auto sampling; ``t0`` is None while paused."""
+        self._interval_steps = 0
+        self._governor.restart(t0)
+
+    def _pause_timing(self) -> None:
+        """Training pauses (epoch end, evaluation): the pause is no step's time."""
+        self._governor.pause()
+
+    def _resume_timing(self) -> None:
+        """Training resumes after a pause."""
+        self._governor.resume()

@@ -1,0 +1,78 @@
+"""The run's running totals and the resume state a checkpoint carries (``state_dict``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Totals:
+    """Running totals of the training run (carried across checkpoint resumes).
+
+    Attributes:
+        energy_J: Energy of the run (J).
+        time_s: Time of the run (s).
+        steps: Steps executed.
+        measured_steps: Steps whose energy has been attributed.
+        epochs: Epochs executed (an epoch cut short counts).
+        step_energy_J: Energy of the measured steps (J).
+        step_time_s: Time of the measured steps (s).
+        epoch_energy_J: Each epoch's energy (J).
+    """
+
+    energy_J: float = 0.0
+    time_s: float = 0.0
+    steps: int = 0
+    measured_steps: int = 0
+    epochs: int = 0
+    step_energy_J: float = 0.0
+    step_time_s: float = 0.0
+    epoch_energy_J: list[float] = field(default_factory=list)
+
+    def copy(self) -> Totals:
+        """A copy whose epoch list is its own."""
+        return Totals(
+            self.energy_J, self.time_s, self.steps, self.measured_steps, self.epochs,
+            self.step_energy_J, self.step_time_s, list(self.epoch_energy_J),
+        )  # fmt: skip
+
+
+def resume_state(totals: Totals, *, energy_J: float, time_s: float, run_name: str | None) -> dict[str, Any]:
+    """The checkpoint state: ``totals`` with the run's energy and time so far.
+
+    Args:
+        totals: The counts to carry.
+        energy_J: The run's energy so far (J).
+        time_s: The run's time so far (s).
+        run_name: The run's name (informative; a resumed run has a new log).
+
+    Returns:
+        Plain numbers, lists and strings (any checkpoint format stores them).
+    """
+    return {
+        "energy_J": energy_J,
+        "time_s": time_s,
+        "steps": totals.steps,
+        "measured_steps": totals.measured_steps,
+        "epochs": totals.epochs,
+        "step_energy_J": totals.step_energy_J,
+        "step_time_s": totals.step_time_s,
+        "epoch_energy_J": list(totals.epoch_energy_J),
+        "run_name": run_name,
+    }
+
+
+def carried_totals(state: Mapping[str, Any]) -> Totals:
+    """The totals a checkpoint's state carries into the next run (missing keys: zero; unknown keys ignored)."""
+    return Totals(
+        energy_J=float(state.get("energy_J", 0.0)),
+        time_s=float(state.get("time_s", 0.0)),
+        steps=int(state.get("steps", 0)),
+        measured_steps=int(state.get("measured_steps", state.get("steps", 0))),
+        epochs=int(state.get("epochs", 0)),
+        step_energy_J=float(state.get("step_energy_J", 0.0)),
+        step_time_s=float(state.get("step_time_s", 0.0)),
+        epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
+    )
