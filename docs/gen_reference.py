@@ -7,7 +7,7 @@ Sources of truth:
   ``batch_size.target``: dotted key, type, default, allowed values, description), plus a
   complete YAML file of the defaults (``ZeusConfig().model_dump(mode="json")`` through ``yaml.safe_dump``).
 * ``docs/metrics.md``: :data:`zeus_callbacks.reporting.METRICS` (key, unit, meaning) and
-  the JSONL record types, found by reading ``zeus_callbacks/session.py``: every dict
+  the JSONL record types, found by reading the session package ``zeus_callbacks/session/``: every dict
   literal with an ``"event"`` key is a record type, its keys are the record's fields
   (``**summary.as_dict()`` expands to the fields of
   :class:`~zeus_callbacks.reporting.RunSummary`). Field meanings live in this script
@@ -381,20 +381,29 @@ def _field_meaning(event: str, name: str, summary: dict[str, str]) -> str:
     )
 
 
+def session_records() -> dict[str, list[str]]:
+    """Return {event: [field, ...]} over every module of the session package (one record, one field list)."""
+    records: dict[str, list[str]] = {}
+    for source in sorted(Path(session.__file__).parent.glob("*.py")):
+        for event, fields in jsonl_records(source).items():
+            if records.setdefault(event, fields) != fields:
+                raise SystemExit(f"gen_reference: record {event!r} is written with different fields in two modules")
+    return records
+
+
 def render_metrics() -> str:
     """Return the text of ``docs/metrics.md``."""
-    source = Path(session.__file__)
-    records = jsonl_records(source)
+    records = session_records()
     unknown = [e for e in records if e not in EVENTS]
     stale = [e for e in EVENTS if e not in records]
     if unknown or stale:
         raise SystemExit(
-            f"gen_reference: JSONL record types out of sync with session.py: undocumented {unknown}, "
+            f"gen_reference: JSONL record types out of sync with zeus_callbacks/session/: undocumented {unknown}, "
             f"no longer written {stale}; update EVENTS in docs/gen_reference.py"
         )
     summary = _summary_attributes()
     out = [
-        GENERATED.format(source="zeus_callbacks/reporting.py (METRICS) and zeus_callbacks/session.py (JSONL)"),
+        GENERATED.format(source="zeus_callbacks/reporting.py (METRICS) and zeus_callbacks/session/ (JSONL)"),
         "",
         "# Metrics and the JSONL energy log",
         "",
