@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from zeus_callbacks import ConfigError, ZeusTrainerCallback
+from zeus_callbacks import ConfigError, ZeusCallbacksError, ZeusTrainerCallback
 
 HERE = Path(__file__).resolve().parent
 
@@ -131,7 +131,10 @@ def main() -> None:
         callbacks=[step_clock] + ([zeus] if zeus else []),
     )
     start = time.perf_counter()
-    output = trainer.train()
+    try:
+        output = trainer.train()
+    except ZeusCallbacksError as exc:  # e.g. a store that cannot be opened: its one-line message
+        raise SystemExit(f"zeus-callbacks: {exc}") from None
     wall_s = time.perf_counter() - start
     eval_loss = trainer.evaluate().get("eval_loss", float("nan"))
     if not trainer.is_world_process_zero():

@@ -26,7 +26,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from zeus_callbacks import ConfigError, ZeusCallback
+from zeus_callbacks import ConfigError, ZeusCallback, ZeusCallbacksError
 
 HERE = Path(__file__).resolve().parent
 
@@ -131,7 +131,10 @@ def main() -> None:
     )
     model = DigitsCNN()
     start = time.perf_counter()
-    trainer.fit(model, datamodule=DigitsData(args.batch_size))
+    try:
+        trainer.fit(model, datamodule=DigitsData(args.batch_size))
+    except ZeusCallbacksError as exc:  # e.g. a store that cannot be opened: its one-line message
+        raise SystemExit(f"zeus-callbacks: {exc}") from None
     wall_s = time.perf_counter() - start
     if not trainer.is_global_zero:
         return  # under DDP the main process reports for all

@@ -128,3 +128,10 @@ def test_plot_power_limit_from_a_run_log(tmp_path, capsys, virtual_backend, manu
     png = tmp_path / "pl.png"
     assert main(["plot", "power-limit", str(tmp_path / "pl.jsonl"), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_show_of_an_unreachable_database_url_masks_the_password(capsys):
+    pytest.importorskip("sqlalchemy", reason="the database store needs the postgres extra")
+    code = main(["show", "postgresql://user:s3cret@127.0.0.1:1/db"])
+    err = capsys.readouterr().err
+    assert code == 1 and "s3cret" not in err and "user:***@127.0.0.1:1/db" in err

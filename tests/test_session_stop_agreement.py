@@ -45,7 +45,7 @@ class FakeRanks:
 
     def _steps(self) -> int:
         s = self.session
-        return s._totals.steps - s._carried.steps if s is not None else -1  # steps since train_start
+        return s.steps_this_run if s is not None else -1  # steps since train_start
 
     def gather(self, values):
         self.calls.append(("gather", self._steps(), list(values)))

@@ -238,3 +238,23 @@ def test_the_examples_reject_a_bad_config_in_one_message(tmp_path, example, conf
     assert f"{example}: error: --config: " in done.stderr and message in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists()  # nothing trained, no log written
+
+
+def test_the_lightning_example_reports_an_unopenable_store_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = tmp_path / "zeus.yaml"
+    config.write_text(
+        "backend: virtual\n"
+        f"logging: {{log_dir: {tmp_path / 'logs'}}}\n"
+        f"store: {{path: {tmp_path}}}\n"  # a directory: not a store file
+        "batch_size: {enabled: true, batch_sizes: [16, 32], default_batch_size: 16}\n"
+    )
+    example = Path(__file__).resolve().parents[1] / "examples" / "lightning_digits.py"
+    done = subprocess.run([sys.executable, str(example), "--epochs", "1", "--config", str(config),
+                           "--log-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("zeus-callbacks: ")

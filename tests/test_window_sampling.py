@@ -82,13 +82,13 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
     session.train_start()
     session.epoch_start(0)
     seen = []
-    observe = session._sampling.observe
+    observe = session.sampling.observe
 
     def recording(**timings):
         seen.append(timings)
         observe(**timings)
 
-    session._sampling.observe = recording
+    session.sampling.observe = recording
     for i in range(4000):
         session.step_start(i)
         manual_clock.advance(0.001)
@@ -101,7 +101,7 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
     per_call_s = sum(t["unmeasured_s"] for t in seen) / timed
     per_measured_s = sum(t["hook_s"] for t in seen) / sum(t["measured"] for t in seen)
     assert 0 < per_call_s < per_measured_s  # a skipped step's calls cost less than a measured step's
-    assert session._sampling._unmeasured_s is not None
+    assert session.sampling._unmeasured_s is not None
 
 
 def test_auto_measures_every_long_step_and_keeps_the_cadence():
@@ -232,7 +232,7 @@ def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend):
         session.step_start(i)
         session.step_end(i)
     session.epoch_end(0)
-    sampling = session._sampling
+    sampling = session.sampling
     summary = session.train_end()
     # T = h + loop: f = 0.001 T / h stays far below 1, and the report interval stretches.
     assert sampling.fraction < 0.1
@@ -260,8 +260,8 @@ def test_the_steps_records_count_every_step_even_when_the_last_are_unmeasured(tm
     steps(0, 1000)
     manual_clock.advance(0.1)
     session.sampler.poll_once(read_counter=False)
-    session._report_steps()  # every window attributed now, then a tail of steps the draw leaves unmeasured
-    tail = min(session._skip, 50)
+    session.pop_metrics(flush_steps=True)  # every window attributed now, then a tail the draw leaves unmeasured
+    tail = min(session.steps_to_skip, 50)
     assert tail > 0  # P(skip = 0) = 0.002
     steps(1000, tail)
     session.epoch_end(0)
@@ -320,9 +320,9 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
         for epoch in range(2):
             session.epoch_start(epoch)
             for _ in range(700):
-                quiet_calls += session._quiet_left > 0
+                quiet_calls += session.quiet_steps_left > 0
                 session.step_start(step, phase="forward" if phases else None)
-                if session._measuring:
+                if session.measuring:
                     measured.append(step)
                 clock.advance(0.002)
                 session.step_end(step, num_samples=8)
@@ -332,11 +332,11 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
                     session.eval_end()
                     session.evaluate({"val/loss": 1.0})
                 if step % 131 == 0:  # a checkpoint in the middle of a stretch
-                    seen.append((step, session.state_dict()["steps"], session._epoch_steps, session._skip))
+                    seen.append((step, session.state_dict()["steps"], session.epoch_steps, session.steps_to_skip))
             clock.advance(0.05)
             session.sampler.poll_once(read_counter=False)
             session.epoch_end(epoch)
-            seen.append(("epoch", session._totals.steps, session._epoch_sampled))
+            seen.append(("epoch", session.steps_this_run, session.last_epoch_sampling))
         summary = session.train_end()
         backend.close()
         records = [(r["steps"], r["count"]) for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]

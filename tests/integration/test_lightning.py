@@ -230,7 +230,7 @@ class BatchTruth(Callback):
         self.evaluations: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.last_quiet = self.zeus.session._quiet_left > 0  # after ZeusCallback's step_start (callback order)
+        self.last_quiet = self.zeus.session.quiet_steps_left > 0  # after ZeusCallback's step_start (callback order)
         self.quiet += self.last_quiet
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -103,7 +103,7 @@ def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual
         session = EnergySession(config, backend=virtual_backend)
         session.train_start()
         anchors = []
-        session._timer.anchor = lambda: anchors.append(manual_clock.now_s())  # spy on re-anchoring
+        session.run.timer.anchor = lambda: anchors.append(manual_clock.now_s())  # spy on re-anchoring
         session.epoch_start(0)
         for step in range(50):
             session.step_start(step)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0, or 1 when there is no such file.
     """
-    if not Path(args.store).exists():
+    if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
         print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
         return 1
     print(show(args.store, as_json=args.json))  # a StoreError is reported by main()

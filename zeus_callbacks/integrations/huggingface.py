@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -68,7 +69,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
 
         The Trainer passes neither itself nor its callback handler to callbacks.
         """
-        frame = sys._getframe(depth)
+        frame: FrameType | None = sys._getframe(depth)
         while frame is not None:
             candidate = frame.f_locals.get("self")
             if isinstance(candidate, kind):

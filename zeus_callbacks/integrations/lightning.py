@@ -118,7 +118,11 @@ class ZeusCallback(SessionAdapter, Callback):
         if name is None:
             logger.warning("zeus-callbacks: no learning-rate attribute %s to scale", " or ".join(names))
             return
-        base = self._base_lr.setdefault(id(pl_module), float(lightning_getattr(pl_module, name)))
+        value = lightning_getattr(pl_module, name)
+        if value is None:
+            logger.warning("zeus-callbacks: learning-rate attribute %s is None; not scaled", name)
+            return
+        base = self._base_lr.setdefault(id(pl_module), float(value))
         assert cfg.default_batch_size is not None
         lr = scaled_learning_rate(base, batch_size, cfg.default_batch_size, cfg.lr_scaling)
         lightning_setattr(pl_module, name, lr)

@@ -180,6 +180,16 @@ class EnergySession(StepScheduler):
         """The early-stop rule in force (the main rank's, on every rank under several processes)."""
         return self._stops.rule
 
+    @property
+    def steps_this_run(self) -> int:
+        """Steps since :meth:`train_start` (quiet steps counted ahead included; alike on every rank)."""
+        return self._totals.steps - self._carried.steps
+
+    @property
+    def last_epoch_sampling(self) -> tuple[int, int]:
+        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
+        return self._epoch_sampled
+
     def _write(self, record: dict[str, Any]) -> None:
         self.run.log.write(record)
 
@@ -608,8 +618,7 @@ class EnergySession(StepScheduler):
             self._step_decision = self._decide
 
     def _agreed_step_decision(self) -> Decision:
-        run_steps = self._totals.steps - self._carried.steps  # since train_start: alike on every rank
-        if self._stops.cost and run_steps % self.config.batch_size.stop_agreement_steps == 0:
+        if self._stops.cost and self.steps_this_run % self.config.batch_size.stop_agreement_steps == 0:
             self._agree_stop(None)
         return self._decision()
 
