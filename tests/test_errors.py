@@ -13,6 +13,7 @@ OLD_BASES = {
     errors.NotAProfile: ValueError,
     errors.NotAMarker: ValueError,
     errors.NothingToPlot: ValueError,
+    errors.TraceFormatError: ValueError,
     errors.BackendError: RuntimeError,
     errors.BackendUnavailable: RuntimeError,
     errors.SensorError: RuntimeError,

@@ -88,7 +88,9 @@ PUBLIC: dict[str, dict[str, str]] = {
     },
     "zeus_callbacks.cli.restore": {"restore_command": FUNCTION},
     "zeus_callbacks.plots": {"plot_profile": FUNCTION, "plot_power_profile": FUNCTION, "plot_bandit_costs": FUNCTION},
-    "zeus_callbacks.errors": {"ZeusCallbacksError": EXCEPTION, "NothingToPlot": EXCEPTION},
+    "zeus_callbacks.errors": {
+        "ZeusCallbacksError": EXCEPTION, "NothingToPlot": EXCEPTION, "TraceFormatError": EXCEPTION,
+    },  # fmt: skip
     "zeus_callbacks.atomic_io": {"write_json_atomic": FUNCTION},
     "zeus_callbacks.integrations.lightning": {"ZeusCallback": CLASS},
     "zeus_callbacks.integrations.huggingface": {"ZeusTrainerCallback": CLASS},

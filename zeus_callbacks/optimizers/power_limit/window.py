@@ -12,8 +12,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from scipy.stats import t as student_t
-
 from zeus_callbacks.optimizers.power_limit.objective import Objective
 
 
@@ -26,6 +24,8 @@ def t_quantile_975(dof: int) -> float:
     """
     if dof < 1:
         raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
+    from scipy.stats import t as student_t  # here: scipy.stats takes seconds to import, most runs never profile
+
     return float(student_t.ppf(0.975, dof))
 
 
