@@ -10,7 +10,7 @@ DOC = (ROOT / "docs" / "architecture.md").read_text()
 
 def test_every_module_the_page_names_exists():
     named = set(re.findall(r"`(zeus_callbacks/[\w/]+(?:\.py|/))`", DOC))
-    named |= {f"zeus_callbacks/{m}" for m in re.findall(r"`((?:cli_store|cli_restore|backends/base|store/base|"
+    named |= {f"zeus_callbacks/{m}" for m in re.findall(r"`((?:cli/\w+|backends/base|store/base|"
                                                         r"store/__init__|backends/__init__)\.py)`", DOC)}
     assert len(named) >= 25
     missing = sorted(path for path in named if not (ROOT / path).exists())

@@ -17,7 +17,7 @@ import pytest
 
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
-from zeus_callbacks.cli_format import TERMINAL_COLUMNS
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
 from zeus_callbacks.optimizers.power_limit import ProfileKey
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession

@@ -164,6 +164,27 @@ def test_a_step_with_an_evaluation_inside_is_dropped():
     assert max(first.time_s) == pytest.approx(STEP_S)  # the 100 s evaluation is in no profiled step
 
 
+def test_restart_observing_drops_what_was_measured_and_observes_the_given_limit():
+    world = TraceWorld()
+    settings = ProfileSettings(warmup_steps=1, min_profile_steps=2)
+    grid = grid_of(world)
+    profiler = PowerLimitProfiler(grid, Objective("energy", max_power_W=300.0), world.energy_fn, settings)
+    for step in range(5):  # part of the first window, at the maximum limit
+        start = world.now_s
+        limit = profiler.on_step_start(step, start)
+        world.now_s += world.time_s(limit)
+        world.energy[(start, world.now_s)] = world.energy_J(limit)
+        profiler.on_step_end(step, world.now_s)
+    assert profiler.profiles and profiler.phase == Phase.PROFILING
+    current_W = grid[len(grid) // 2]
+    profiler.restart_observing(current_W)
+    assert profiler.phase == Phase.IDLE and profiler.profiles == {} and profiler.target_limit_W is None
+    assert profiler.on_step_start(5, world.now_s) == current_W  # the warm-up of the given limit, not the maximum
+    world.run(profiler)
+    assert profiler.phase == Phase.OBSERVE and profiler.chosen_limit_W is None
+    assert set(profiler.profiles) == {current_W}
+
+
 def test_is_unimodal():
     assert is_unimodal([5, 3, 1, 2, 4])
     assert is_unimodal([1, 2, 3])

@@ -86,7 +86,7 @@ PUBLIC: dict[str, dict[str, str]] = {
         "power_limit_grid_W": FUNCTION, "is_unimodal": FUNCTION, "write_marker": FUNCTION, "marker_path": FUNCTION,
         "read_marker": FUNCTION, "restore_from_marker": FUNCTION,
     },
-    "zeus_callbacks.cli_restore": {"restore_command": FUNCTION},
+    "zeus_callbacks.cli.restore": {"restore_command": FUNCTION},
     "zeus_callbacks.plots": {"plot_profile": FUNCTION, "plot_power_profile": FUNCTION, "plot_bandit_costs": FUNCTION},
     "zeus_callbacks.errors": {
         "ZeusCallbacksError": EXCEPTION, "NothingToPlot": EXCEPTION, "TraceFormatError": EXCEPTION,

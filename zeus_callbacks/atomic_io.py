@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
+def write_json_atomic(path: str | Path, data: Any, *, sort_keys: bool = False) -> None:
     """Write ``data`` as JSON to ``path`` atomically (temp file, ``fsync``, ``os.replace``).
 
     The temp file is created next to ``path`` (same filesystem, so the rename is atomic) with a
@@ -18,6 +18,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     Args:
         path: The file to write; its directory is created if missing.
         data: A JSON-serialisable value.
+        sort_keys: Write object keys sorted (stable diffs of a file people read).
 
     Raises:
         OSError: The directory or file cannot be written (the old file, if any, is unchanged).
@@ -28,7 +29,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
+            json.dump(data, fh, indent=1, sort_keys=sort_keys)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

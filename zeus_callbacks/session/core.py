@@ -606,7 +606,7 @@ class EnergySession(StepScheduler):
     def use_batch_size(self, batch_size: int) -> None:
         """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
         if self.batch_size_controller is not None:
-            self.batch_size_controller.batch_size = int(batch_size)
+            self.batch_size_controller.use_batch_size(batch_size)
 
     def _refresh_step_decision(self) -> None:
         """Set the per-step stop decision hook from the stop state (None: nothing can stop the run)."""
@@ -767,7 +767,7 @@ class EnergySession(StepScheduler):
         if result.chosen_limit_W is not None:
             self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
             if self.batch_size_controller is not None:  # the trial records the limit it trained at
-                self.batch_size_controller.power_limit_W = result.chosen_limit_W
+                self.batch_size_controller.record_power_limit(result.chosen_limit_W)
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
         self._write_power_limit_profile(result)
 

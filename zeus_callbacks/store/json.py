@@ -1,9 +1,10 @@
 """JSON store: one human-readable file, replaced atomically under a file lock.
 
 Every write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the
-file, applies the change, writes a temporary file in the same directory, flushes it to
-disk (``fsync``) and moves it over the store (``os.replace``): a reader (or a process killed mid-write)
-only ever sees a complete old or a complete new file. Readers take no lock.
+file, applies the change and writes it back with :func:`~zeus_callbacks.atomic_io.write_json_atomic`
+(a temporary file in the same directory, flushed to disk with ``fsync`` and moved over the store
+with ``os.replace``): a reader (or a process killed mid-write) only ever sees a complete old or a
+complete new file. Readers take no lock.
 Suited to small stores (the whole file is rewritten per write); use SQLite for many
 concurrent runs. On a network filesystem (:mod:`~zeus_callbacks.store.netfs`) the lock is
 a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as ``fcntl`` locks are unreliable
@@ -12,12 +13,10 @@ there. Opening reads the file first and takes the lock only to migrate or mark d
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from filelock import FileLock, SoftFileLock, Timeout
 
+from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.store import netfs
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
@@ -153,17 +153,7 @@ class JSONStore(Store):
         return doc
 
     def _write(self, doc: Document) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_json_atomic(self.path, doc, sort_keys=True)
 
     def _mutate(self, change: Callable[[Document], Any], *, always_write: bool = True) -> Any:
         """Run ``change`` on the document under the lock and write it back atomically."""

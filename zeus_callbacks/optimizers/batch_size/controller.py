@@ -239,6 +239,22 @@ class BatchSizeController:
         self.threshold_factor = None if factor is None else (factor[0], factor[1])
         self.power_limit_W = power_limit_W
 
+    def use_batch_size(self, batch_size: int) -> None:
+        """Record the batch size the run really uses, when it differs from the suggestion.
+
+        Args:
+            batch_size: The batch size of the run's data loaders.
+        """
+        self.batch_size = int(batch_size)
+
+    def record_power_limit(self, power_limit_W: float) -> None:
+        """Record the power limit the run trains at from now on (W), kept with the trial.
+
+        Args:
+            power_limit_W: The limit the power-limit profiler chose (W).
+        """
+        self.power_limit_W = power_limit_W
+
     @property
     def trial_id(self) -> int | None:
         """The store's trial of this run, once suggested."""

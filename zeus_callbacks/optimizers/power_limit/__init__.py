@@ -12,7 +12,7 @@ The package reads top-down:
 - :mod:`.marker`: the restore marker (original limits, written before the first change).
 - :mod:`.controller`: :class:`PowerLimitController`, which applies the profiler's limits to a backend.
 
-The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli_restore`, the profile plot in
+The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli.restore`, the profile plot in
 :mod:`zeus_callbacks.plots`.
 """
 

@@ -23,7 +23,6 @@ from zeus_callbacks.optimizers.power_limit.profiler import (
     EnergyFn,
     Phase,
     PowerLimitProfiler,
-    ProfilerState,
     ProfileSettings,
 )
 from zeus_callbacks.optimizers.power_limit.search import power_limit_grid_W
@@ -148,13 +147,9 @@ class PowerLimitController:
     def _enter_observe(self, reason: str) -> None:
         self.observe = True
         self.observe_reason = reason
-        self.profiler.observe_only = True
         self._warn_observe()
         self.restore()
-        current = self.limit_W
-        self.profiler.profiles.clear()
-        self.profiler.start_at(current)
-        self.profiler.state = ProfilerState(Phase.IDLE)
+        self.profiler.restart_observing(self.limit_W)
 
     # -- events ------------------------------------------------------------------------
     def on_step_start(self, step: int, now_s: float) -> None:

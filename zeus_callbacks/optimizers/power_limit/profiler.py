@@ -1,16 +1,13 @@
-"""Just-in-time power-limit profiling (Zeus, NSDI '23, §4.3), with a cheaper search.
+"""The power-limit profiling state machine (Zeus, NSDI '23, §4.3), framework- and hardware-free.
 
-Two layers:
+:class:`PowerLimitProfiler` is fed with step boundaries and an energy function. It decides
+which limit each step should run at and, at the end, the limit that minimises the
+:class:`~zeus_callbacks.optimizers.power_limit.objective.Objective`. It never touches a GPU:
+:class:`~zeus_callbacks.optimizers.power_limit.controller.PowerLimitController` applies its
+limits.
 
-- :class:`PowerLimitProfiler`: a framework- and hardware-free state machine fed with
-  step boundaries and an energy function. It decides which limit each step should run
-  at and, at the end, the limit that minimises the :class:`Objective`.
-- :class:`PowerLimitController`: applies the profiler's limits to every measured GPU of
-  a backend, writes the restore marker *before* the first change, restores the original
-  limits on every exit path (end, exception, SIGTERM, next start after SIGKILL), falls
-  back to observe mode when limits cannot be changed, and consults a :class:`ProfileCache`.
-
-State machine of :class:`PowerLimitProfiler` (each transition happens at a step boundary)::
+States (:class:`Phase`) and transitions; each happens at a step boundary or at one of the
+three calls named below::
 
     IDLE ──first step_start──> WARMUP(limit) ──warm-up done (step_end)──> PROFILING(limit)
       │                          ▲   (warmup_steps = 0 and warmup_s = 0: straight to PROFILING)
@@ -18,9 +15,22 @@ State machine of :class:`PowerLimitProfiler` (each transition happens at a step 
       │                                                                                    │
       │   PROFILING(limit) ──window decided (step_end)──> WARMUP(next) ────────────────────┘
       │                     └──────────────────────────> DONE(best)     (search finished)
+      │                     └──────────────────────────> DONE(None)     (abandoned: no power
+      │                                                                  samples arrived)
       │                     └──────────────────────────> OBSERVE        (observe mode: only
       │                                                                  the current limit)
-      └──cache hit──> DONE(cached)
+      └──finish_with(limit), a cache hit──> DONE(cached)
+
+    any phase ──restart_observing(limit)──> IDLE   (observe mode from now on: the measurements
+                                                    so far are dropped, the next step_start
+                                                    warms up at ``limit``, the window ends in OBSERVE)
+
+- IDLE: nothing measured yet; :attr:`~PowerLimitProfiler.target_limit_W` is None (leave the GPU alone).
+- WARMUP(limit): steps run at ``limit`` until ``warmup_steps`` steps and ``warmup_s`` seconds passed;
+  they are not measured.
+- PROFILING(limit): each step's energy and time at ``limit`` is measured.
+- DONE(limit): the choice is made; every later step runs at it (None: keep the original limit).
+- OBSERVE: observe mode measured the current limit; nothing is chosen or changed.
 
 A limit's window spans steps, not epochs: epoch boundaries are invisible to the
 profiler, so epochs shorter than a window never restart it. A step during which an
@@ -130,6 +140,7 @@ class PowerLimitProfiler:
         self.settings = settings or ProfileSettings()
         self.observe_only = observe_only
         self.state = ProfilerState(Phase.IDLE)
+        self._first_limit_W: float | None = None  # where IDLE goes on the first step (None: the maximum)
         self.profiles: dict[float, LimitProfile] = {}
         self.chosen_limit_W: float | None = None
         self.profiling_steps = 0
@@ -180,12 +191,28 @@ class PowerLimitProfiler:
         self.chosen_limit_W = float(limit_W)
         self.state = ProfilerState(Phase.DONE, float(limit_W))
 
+    def restart_observing(self, limit_W: float) -> None:
+        """Switch to observe mode and start over at ``limit_W``: any phase → IDLE.
+
+        The limits measured so far are dropped (the run no longer changes limits, so they
+        cannot be compared with what follows); the next :meth:`on_step_start` warms up at
+        ``limit_W`` and its window ends in OBSERVE.
+
+        Args:
+            limit_W: The limit the GPUs are back at (W), the one observe mode measures.
+        """
+        self.observe_only = True
+        self.profiles.clear()
+        self.start_at(limit_W)
+        self.state = ProfilerState(Phase.IDLE)
+
     # -- events ----------------------------------------------------------------------
     def on_step_start(self, step: int, now_s: float) -> float | None:
         """A step begins at ``now_s``; returns the limit it must run at (W), or None."""
         del step
         if self.state.phase == Phase.IDLE:
-            self._enter_limit(getattr(self, "_first_limit_W", self.limits_W[-1]))
+            first = self._first_limit_W
+            self._enter_limit(self.limits_W[-1] if first is None else first)
         self._step_start_s = now_s
         self._eval_in_step = False
         return self.target_limit_W

@@ -1,17 +1,40 @@
-"""``zeus-callbacks show`` and ``plot``: what a store and a run log hold, as tables and PNGs."""
+"""``zeus-callbacks show STORE``: jobs, arms (posterior mean and spread), trials and profiles of a store."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks.cli_format import TERMINAL_COLUMNS, fmt, table
-from zeus_callbacks.errors import NothingToPlot
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``show`` and its options on the command's subparsers."""
+    show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
+    show.add_argument("store", help="the SQLite or JSON store file")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print what the store ``args.store`` holds (``--json``: as one JSON object).
+
+    Returns:
+        0, or 1 when there is no such file.
+    """
+    if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
+        print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
+        return 1
+    print(show(args.store, as_json=args.json))  # a StoreError is reported by main()
+    return 0
+
 
 
 def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
@@ -122,19 +145,3 @@ def _profile_text(profile: Any) -> str:
         parts.append(f"{len(values)} limits, {min(values):g}–{max(values):g} W")
     parts.append("chosen " + (f"{chosen:g} W" if isinstance(chosen, (int, float)) else "none (observe only)"))
     return ", ".join(parts)
-
-
-def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:
-    """Plot each recurrence's cost of ``job_id`` in a store (see :func:`zeus_callbacks.plots.plot_bandit_costs`).
-
-    Raises:
-        StoreError: The store cannot be read.
-        NothingToPlot: The job has no finished trial.
-    """
-    from zeus_callbacks.plots import plot_bandit_costs
-
-    with open_store(store_path, read_only=True) as store:
-        trials = [t for t in store.list_trials(job_id) if t.cost is not None]
-    if not trials:
-        raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
-    return plot_bandit_costs(trials, job_id, path)

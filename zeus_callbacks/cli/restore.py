@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -67,3 +68,17 @@ def restore_command(config_path: str | None = None, marker: str | None = None, *
     if as_json:
         print(json.dumps(report, indent=2))
     return 1 if report["failed"] else 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``restore`` and its options on the command's subparsers."""
+    restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
+    restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
+    restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.add_argument("--json", action="store_true", help="print what was restored (and what failed) as JSON")
+    restore.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run :func:`restore_command` with the command line's options; returns its exit status."""
+    return restore_command(config_path=args.config, marker=args.marker, as_json=args.json)

@@ -1,0 +1,73 @@
+"""``zeus-callbacks report RUN.jsonl``: a run's energy, time, power limit and per-epoch breakdown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
+from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``report`` and its options on the command's subparsers."""
+    report = sub.add_parser("report", help="summarise a run's JSONL energy log")
+    report.add_argument("run", help="path of the run's .jsonl file")
+    report.add_argument("--json", action="store_true")
+    report.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the summary of the run log ``args.run`` (``--json``: its run_end and epoch records).
+
+    Returns:
+        0, or 1 when the file is missing, not an energy log, or empty.
+    """
+    path = Path(args.run)
+    try:
+        records = read_jsonl(path)
+    except FileNotFoundError:
+        print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
+        return 1
+    except NotAnEnergyLog as exc:
+        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
+        return 1
+    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    if args.json:
+        print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
+        return 0
+    if end is None:
+        print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
+    else:
+        profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+        chosen = None if profile is None else profile.get("chosen_limit_W")
+        limits = f"power limit at the end {fmt(end.get('power_limit_W'))} W" + (
+            "" if chosen is None else f", chosen by profiling {fmt(chosen)} W"
+        )
+        if profile is not None and profile.get("finished") is False:
+            limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
+        missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
+        print(
+            f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})\n"
+            + textwrap.fill(
+                f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
+            )
+            + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
+            f" (mean {fmt(end.get('mean_power_W'))} W)"
+            f"\n  {fmt(end.get('steps'))} steps, {limits}"
+            + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
+        )
+    if epochs:
+        print("  epoch   energy_J   counter_J     time_s   power_W")
+        for r in epochs:
+            counter = "n/a" if r.get("counter_energy_J") is None else fmt(r["counter_energy_J"])
+            row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
+            print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
+    return 0
