@@ -64,7 +64,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.session import EnergySession
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark's training loop
+from power_limit_search import profile_until_decided  # noqa: E402
 
 TARGET_STEP_S = 0.25  # per-step time at the maximum limit
 STEPS_PER_EPOCH = 30
@@ -174,43 +176,12 @@ def run_search(case: Case, seed: int, overrides: dict) -> tuple[int, float]:
         path = write_trace(case.curve, Path(tmp) / "curve.csv", gpu=f"{case.family} {case.label}")
         clock = ManualClock(1000.0)
         backend = VirtualGPUBackend(trace=path, clock=clock, noise_W=case.noise_W, seed=seed, read_only=False)
-        rng = np.random.default_rng(seed + 7919)
-        base_s = TARGET_STEP_S
-        config = {
-            "backend": "virtual",
-            "logging": {"log_dir": tmp, "jsonl": False},
-            "power_limit": {
-                "enabled": True,
-                "objective": case.objective,
-                "eta_knob": ETA,
-                "max_slowdown": MAX_SLOWDOWN,
-                "step_W": case.step_W,
-                "cache": False,
-                "plot": False,
-                **overrides,
-            },
-        }
-        session = EnergySession(config, backend=backend, is_main_process=True)
-        session.train_start()
-        limiter = session.power_limiter
-        assert limiter is not None
-        try:
-            for step in range(20_000):
-                if step % STEPS_PER_EPOCH == 0:
-                    session.epoch_start(step // STEPS_PER_EPOCH)
-                session.step_start(step)
-                factor = backend.step_time_factor(backend.power_limit_W(0))
-                clock.advance(base_s * factor * (1.0 + case.jitter * rng.standard_normal()))
-                session.step_end(step, num_samples=32)
-                if step % STEPS_PER_EPOCH == STEPS_PER_EPOCH - 1:
-                    session.epoch_end(step // STEPS_PER_EPOCH)
-                if limiter.result is not None:
-                    break
-        finally:
-            session.train_end()
-        result = limiter.result
-        assert result is not None and result.chosen_limit_W is not None, f"{case}: no decision"
-        return result.profiling_steps, float(result.chosen_limit_W)
+        power_limit = {"objective": case.objective, "eta_knob": ETA, "max_slowdown": MAX_SLOWDOWN,
+                       "step_W": case.step_W, **overrides}  # fmt: skip
+        return profile_until_decided(
+            backend, clock, power_limit, tmp, base_s=TARGET_STEP_S, jitter=case.jitter, seed=seed,
+            steps_per_epoch=STEPS_PER_EPOCH, max_steps=20_000, label=str(case),
+        )
 
 
 def _job(job: tuple[Case, int, str]) -> dict:

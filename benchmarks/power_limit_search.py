@@ -61,6 +61,56 @@ def true_costs(backend: VirtualGPUBackend, objective: Objective, grid: list[floa
     }
 
 
+def profile_until_decided(
+    backend: VirtualGPUBackend,
+    clock: ManualClock,
+    power_limit: dict,
+    log_dir: str,
+    *,
+    base_s: float,
+    jitter: float,
+    seed: int,
+    steps_per_epoch: int,
+    max_steps: int,
+    label: str,
+) -> tuple[int, float]:
+    """Train on the virtual GPU through the real session until the power-limit profiler decides.
+
+    Each step lasts ``base_s`` times the slowdown at the limit in force, with relative
+    Gaussian jitter ``jitter`` (seeded from ``seed``); epochs are ``steps_per_epoch`` long.
+
+    Returns:
+        (steps spent profiling, chosen limit in W).
+    """
+    rng = np.random.default_rng(seed + 7919)
+    config = {
+        "backend": "virtual",
+        "logging": {"log_dir": log_dir, "jsonl": False},
+        "power_limit": {"enabled": True, "cache": False, "plot": False, **power_limit},
+    }
+    session = EnergySession(config, backend=backend, is_main_process=True)
+    session.train_start()
+    limiter = session.power_limiter
+    assert limiter is not None
+    try:
+        for step in range(max_steps):
+            if step % steps_per_epoch == 0:
+                session.epoch_start(step // steps_per_epoch)
+            session.step_start(step)
+            factor = backend.step_time_factor(backend.power_limit_W(0))
+            clock.advance(base_s * factor * (1.0 + jitter * rng.standard_normal()))
+            session.step_end(step, num_samples=32)
+            if step % steps_per_epoch == steps_per_epoch - 1:
+                session.epoch_end(step // steps_per_epoch)
+            if limiter.result is not None:
+                break
+    finally:
+        session.train_end()
+    result = limiter.result
+    assert result is not None and result.chosen_limit_W is not None, f"{label}: no decision"
+    return result.profiling_steps, float(result.chosen_limit_W)
+
+
 def simulate(
     gpu: traces.TraceLike,
     workload: str,
@@ -73,7 +123,7 @@ def simulate(
     steps_per_epoch: int = 30,
     max_steps: int = 5000,
 ) -> tuple[int, float]:
-    """Run one simulated training until the profiler decides.
+    """Run one simulated training of a trace workload until the profiler decides.
 
     Returns:
         (steps spent profiling, chosen limit in W).
@@ -81,42 +131,12 @@ def simulate(
     clock = ManualClock(1000.0)
     trace = traces.resolve_trace(gpu)
     backend = VirtualGPUBackend(trace=trace, workload=workload, clock=clock, noise_W=noise_W, seed=seed)
-    rng = np.random.default_rng(seed + 7919)
-    base_s = step_time_s(backend.curve)
     with tempfile.TemporaryDirectory() as tmp:
-        config = {
-            "backend": "virtual",
-            "logging": {"log_dir": tmp, "jsonl": False},
-            "power_limit": {
-                "enabled": True,
-                "objective": objective,
-                "eta_knob": eta_knob,
-                "cache": False,
-                "plot": False,
-                **overrides,
-            },
-        }
-        session = EnergySession(config, backend=backend, is_main_process=True)
-        session.train_start()
-        limiter = session.power_limiter
-        assert limiter is not None
-        try:
-            for step in range(max_steps):
-                if step % steps_per_epoch == 0:
-                    session.epoch_start(step // steps_per_epoch)
-                session.step_start(step)
-                factor = backend.step_time_factor(backend.power_limit_W(0))
-                clock.advance(base_s * factor * (1.0 + 0.01 * rng.standard_normal()))
-                session.step_end(step, num_samples=32)
-                if step % steps_per_epoch == steps_per_epoch - 1:
-                    session.epoch_end(step // steps_per_epoch)
-                if limiter.result is not None:
-                    break
-        finally:
-            session.train_end()
-        result = limiter.result
-        assert result is not None and result.chosen_limit_W is not None, f"{trace.gpu}/{workload}: no decision"
-        return result.profiling_steps, result.chosen_limit_W
+        return profile_until_decided(
+            backend, clock, {"objective": objective, "eta_knob": eta_knob, **overrides}, tmp,
+            base_s=step_time_s(backend.curve), jitter=0.01, seed=seed, steps_per_epoch=steps_per_epoch,
+            max_steps=max_steps, label=f"{trace.gpu}/{workload}",
+        )  # fmt: skip
 
 
 def main() -> None:
