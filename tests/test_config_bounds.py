@@ -123,3 +123,18 @@ def test_launcher_variables_read_as_integers(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert launcher_env_int("LOCAL_RANK", 0) == 3 and launcher_world_size() == 1
+
+
+@pytest.mark.parametrize("variable", ["RANK", "LOCAL_RANK"])
+def test_a_malformed_rank_variable_stops_the_session_with_its_name(monkeypatch, variable, tmp_path):
+    from zeus_callbacks import EnergySession
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(variable, "zero")
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), read_only=True)
+    with pytest.raises(ConfigError, match=variable):
+        session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(tmp_path)}}, backend=backend)
+        session.train_start()
+    backend.close()

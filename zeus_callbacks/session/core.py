@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +36,7 @@ from typing import Any
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
-from zeus_callbacks.distributed import RankGroup, launcher_world_size
+from zeus_callbacks.distributed import RankGroup, launcher_env_int, launcher_world_size
 from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -62,7 +61,7 @@ _EPOCH_PREFIXES = ("energy/epoch", "time/epoch", "power/epoch")
 
 
 def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return launcher_env_int("RANK", 0) == 0
 
 
 class EnergySession(StepScheduler):

@@ -9,7 +9,6 @@ session then puts back leftover power limits, reads the limit in force and calls
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from zeus_callbacks.backends import BackendError, GPUBackend
 from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.distributed import launcher_world_size
+from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
 from zeus_callbacks.measurement.phases import PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -39,9 +38,9 @@ def default_gpu_indices(backend: GPUBackend) -> list[int]:
     every GPU it can see.
     """
     count = backend.device_count()
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and launcher_world_size() > 1:
-        return [int(local_rank) % count]
+    local_rank = launcher_env_int("LOCAL_RANK", -1)  # -1: not set
+    if local_rank >= 0 and launcher_world_size() > 1:
+        return [local_rank % count]
     return list(range(count))
 
 

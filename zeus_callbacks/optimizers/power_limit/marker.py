@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.distributed import launcher_world_size
+from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.errors import NotAMarker
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,9 @@ def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Pa
     (``power_limit_restore.rank<LOCAL_RANK>.json``) so ranks never overwrite each other's.
     """
     path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and launcher_world_size() > 1:
-        path = path.with_name(f"{path.stem}.rank{int(local_rank)}{path.suffix}")
+    local_rank = launcher_env_int("LOCAL_RANK", -1)  # -1: not set
+    if local_rank >= 0 and launcher_world_size() > 1:
+        path = path.with_name(f"{path.stem}.rank{local_rank}{path.suffix}")
     return path
 
 
