@@ -18,7 +18,7 @@ from zeus_callbacks.store.base import Store
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``show`` and its options on the command's subparsers."""
     show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
-    show.add_argument("store", help="the SQLite or JSON store file")
+    show.add_argument("store", help="the SQLite or JSON store file, or a database URL (store.url)")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=run)
 
