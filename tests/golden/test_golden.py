@@ -165,4 +165,6 @@ def test_two_rank_peer_matches_golden(tmp_path):
     logs = sorted(p.name for p in (tmp_path / "logs").glob("*.jsonl"))
     assert logs == ["two-rank-power-limit.jsonl", "two-rank.jsonl"]
     assert not any(line["event"] == "run_start" for line in lines if line["rank"] == 1)  # one writer: rank 0
+    sizes = {(line["rank"], line["world_size"]) for line in lines if "world_size" in line}
+    assert sizes == {(0, 2), (1, 2)}, sizes  # both processes ran and each saw two
     check_golden("two_rank", lines, tmp_path)
