@@ -652,7 +652,7 @@ class EnergySession(StepScheduler):
         if verdict.reason is not None:
             self._stop_reason = verdict.reason
             if verdict.on_cost and c is not None and self._stop_reason is not None:
-                c.stop_reason = self._stop_reason  # recorded as early_stopped by the main rank
+                c.stop_agreed(self._stop_reason)
         self._refresh_step_decision()
 
     # ------------------------------------------------------------ power limits

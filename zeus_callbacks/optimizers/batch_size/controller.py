@@ -289,6 +289,13 @@ class BatchSizeController:
         self.stop_reason = self.rule.reason(energy_J, time_s)  # type: ignore[union-attr]  # checked above
         return self.stop_reason
 
+    def stop_agreed(self, reason: str) -> None:
+        """Record a cost stop that the ranks agreed on (another rank may have seen it first).
+
+        The main rank then records the trial as early-stopped with ``reason``.
+        """
+        self.stop_reason = reason
+
     @property
     def rule(self) -> EarlyStopRule | None:
         """The early-stop rule once started; None when nothing can stop the run on cost (no best cost yet)."""
