@@ -3,7 +3,8 @@
 # and point the store tests at it (ZEUS_CALLBACKS_TEST_DB_URL). The cluster is stopped and its
 # directory removed when the sourcing shell exits. Standalone use:
 #   . .ci/postgres.sh && python -m pytest -q tests/test_store.py
-# Needs the distribution's PostgreSQL server (installed here with apt-get when missing).
+# Needs the distribution's PostgreSQL server (installed here with apt-get when missing;
+# `--install-only` installs it and returns without starting it).
 
 zc_pg_bin() {
     local bin
@@ -20,6 +21,10 @@ if [ -z "$ZC_PG_BIN" ] || [ ! -x "$ZC_PG_BIN/initdb" ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null
     ZC_PG_BIN=$(zc_pg_bin)
+fi
+# `. .ci/postgres.sh --install-only`: .ci/run installs the server while pip works, and starts it later.
+if [ "${1:-}" = "--install-only" ]; then
+    return 0 2>/dev/null || exit 0
 fi
 
 ZC_PG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/zc-postgres.XXXXXX")

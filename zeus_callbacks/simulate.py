@@ -57,7 +57,7 @@ from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.batch_size import suggest_batch_size
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.store import open_store
+from zeus_callbacks.store import is_url
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +176,9 @@ def simulate(
         eta_knob: Energy weight of the cost (the bandit's and, with ``"jit"``, the profiler's).
         beta_knob: Early-stopping factor (None: off).
         seed: Seeds the bandit and the sampling of training paths.
-        store_path: Store file (kept, so a later call continues the job); default a
-            temporary one.
+        store_path: Store file or database URL (``postgresql://…``, see
+            :func:`~zeus_callbacks.store.open_store`), kept so a later call continues the job;
+            default a temporary SQLite file.
         steps_per_epoch: Simulated steps per epoch outside profiling (early stopping granularity).
         power_limit: ``"max"`` or ``"jit"`` (see the module docstring).
         pruning_rounds: Pruning rounds of the bandit.
@@ -210,13 +211,17 @@ def simulate(
     default = traces.default_batch_size(trace, w)
     world = np.random.default_rng([int(seed), 0x5EED])
     with tempfile.TemporaryDirectory(prefix="zeus-sim-") as tmp:
-        path = Path(store_path) if store_path is not None else Path(tmp) / "store.sqlite"
+        if store_path is not None and is_url(store_path):
+            store: dict[str, str] = {"url": str(store_path)}
+        else:
+            path = Path(store_path) if store_path is not None else Path(tmp) / "store.sqlite"
+            store = {"backend": "json" if path.suffix == ".json" else "sqlite", "path": str(path)}
         config = {
             "job_id": f"sim/{trace.gpu}/{w.dataset}",
             "backend": "virtual",
             "logging": {"jsonl": False, "log_dir": tmp, "interval_steps": max(steps_per_epoch, 1)},
             "windows": {"step": False, "eval": False},
-            "store": {"backend": "json" if path.suffix == ".json" else "sqlite", "path": str(path)},
+            "store": store,
             "batch_size": {
                 "enabled": True,
                 "batch_sizes": sizes,
@@ -326,7 +331,7 @@ def _one_recurrence(
     summary = session.train_end()
     controller = session.batch_size_controller
     assert controller is not None and controller.trial_id is not None
-    store = open_store(config["store"]["path"], config["store"]["backend"])
+    store = session.config.store.open(session.config.logging.log_dir, read_only=True)
     try:
         trial = store.get_trial(controller.trial_id)
     finally:
@@ -404,7 +409,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps-per-epoch", type=int_at_least(1), default=4)
     parser.add_argument("--power-limit", choices=["max", "jit"], default="max")
-    parser.add_argument("--store", default=None, help="store file (default: a temporary one)")
+    parser.add_argument("--store", default=None, help="store file or database URL (default: a temporary file)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line and recurrence, as each ends")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     args = parser.parse_args(argv)
