@@ -240,13 +240,21 @@ class SearchPlan:
                     continue
                 slope = (measured[outer].cost - best) / abs(outer - best_x)
                 gain, x = max(slope, 0.0) * abs(other - best_x) / 2, 0.5 * (best_x + other)
+                # the slope above a kink (a plateau's edge) understates the fall: the slowdown the
+                # best leaves unused bounds it from below (energy falls at least as fast as time
+                # rises where the limit binds)
+                sd = measured[best_x].slowdown
+                if s.max_slowdown is not None and sd is not None and sd > 0:
+                    gain = max(gain, (s.max_slowdown / sd - 1.0) * abs(best))
                 x = _secant_boundary(best_x, other, measured, s.max_slowdown) or x
             else:
                 x, gain = _parabola_step(points, measured, i, j)
                 # a kinked curve (a trace's straight pieces, a plateau's edge) beats any parabola:
-                # a quarter of the smaller rise next to the best bounds what a V-shaped valley hides
+                # a quarter of the smaller rise next to the best bounds what a V-shaped valley hides;
+                # not beside a feasibility boundary (max_slowdown), whose rise says nothing of the valley
                 rises = [measured[points[k]].cost - best for k in (i - 1, i + 1) if 0 <= k < len(points)]
-                gain = max(gain, 0.25 * min(rises))
+                if max(rises) <= _INFEASIBLE_AT * max(abs(best), 1e-30):
+                    gain = max(gain, 0.25 * min(rises))
             if gain > s.refine_gain * abs(best):
                 candidates.append((gain, x))
         if not candidates:
