@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST
 from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, power_limit_grid_W
 from zeus_callbacks.optimizers.power_limit.window import t_interval, t_quantile_975
 
@@ -142,3 +143,52 @@ def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_o
     assert cost(choice) <= best * 1.01
     assert cost(choice) <= min(cost(x) for x in grid) + 1e-12  # never worse than the best grid limit
     assert high in measured and low in measured
+
+
+# -- max_slowdown: the feasibility boundary --------------------------------------------
+def _dvfs_card(low: float, high: float, binds_frac: float):
+    """(time factor, energy) of a DVFS-like card whose draw is ``low + binds_frac·(high − low)`` W when unbound.
+
+    Busy power P(f) = Ps + (Pu − Ps)·f³, time m + (1 − m)/f with m = 0.4 (the clock-bound part), as in
+    benchmarks/power_limit_families.py; a limit caps the power at min(limit, Pu).
+    """
+    unbound_W, static_W = low + binds_frac * (high - low), 0.8 * low
+
+    def time_energy(limit_W: float) -> tuple[float, float]:
+        power_W = min(limit_W, unbound_W)
+        f = max((power_W - static_W) / (unbound_W - static_W), 1e-9) ** (1 / 3)
+        t = 0.4 + 0.6 / f
+        return t, power_W * t
+
+    return time_energy
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    width=st.floats(100, 500),
+    step=st.sampled_from([25.0, 35.0]),
+    binds_frac=st.floats(0.2, 1.0),
+)
+def test_max_slowdown_finds_the_boundary_below_a_plateau_within_one_percent(low, width, step, binds_frac):
+    # The energy falls steeply just above the slowdown boundary and is flat where the limit does not bind:
+    # the slope seen on the plateau says nothing of the fall below it, the unused slowdown does.
+    high = low + width
+    time_energy = _dvfs_card(low, high, binds_frac)
+    t_max = time_energy(high)[0]
+    allowed = 1.1
+
+    def measure(x: float) -> Measured:
+        t, e = time_energy(x)
+        cost = e if t <= allowed * t_max else INFEASIBLE_COST * (1 + t / t_max) + e
+        return Measured(cost, 0.0, t / t_max)
+
+    plan = SearchPlan(power_limit_grid_W(low, high, step), SearchSettings(max_slowdown=allowed))
+    measured: dict[float, Measured] = {}
+    while (x := plan.next_limit(measured)) is not None:
+        assert len(measured) < 60, "the search did not stop"
+        measured[x] = measure(x)
+    choice = min(measured, key=lambda x: (measured[x].cost, -x))
+    feasible = [e for t, e in map(time_energy, np.linspace(low, high, 4001)) if t <= allowed * t_max]
+    assert time_energy(choice)[0] <= allowed * t_max
+    assert time_energy(choice)[1] <= 1.01 * min(feasible)

@@ -221,19 +221,46 @@ class SearchPlan:
         if self.refine_probes >= s.refine_probes:
             return None
         points = sorted(measured)
-        i = points.index(best_x)
-        best = measured[best_x].cost
+        anchors = [best_x]
+        # max_slowdown: a plateau level with the best that ends at an infeasible limit hides the
+        # boundary below its lowest point (the best, by its tie-break, sits at the plateau's top)
+        top = measured[best_x]
+        for k in range(1, len(points)):
+            x, below = points[k], measured[points[k - 1]]
+            if below.cost > _INFEASIBLE_AT * max(abs(top.cost), 1e-30) >= measured[x].cost:
+                if x != best_x and measured[x].cost <= top.cost + tolerance(measured[x], top, s.noise_floor):
+                    anchors.append(x)
         candidates = []  # (predicted gain, limit)
+        for anchor in anchors:
+            candidates += self._refine_around(measured, points, points.index(anchor))
+        if not candidates:
+            return None
+        _, x = max(candidates)
+        x = round(x, 3)
+        if x in measured:
+            return None
+        self.refine_probes += 1
+        return x
+
+    def _refine_around(
+        self, measured: Mapping[float, Measured], points: Sequence[float], i: int
+    ) -> list[tuple[float, float]]:
+        """(predicted gain, limit) of the steps from ``points[i]`` towards its measured neighbours that promise one."""
+        s = self.settings
+        best_x = points[i]
+        best = measured[best_x].cost
+        candidates = []
         for j in (i - 1, i + 1):
             if not 0 <= j < len(points):
                 continue
             other = points[j]
-            if abs(other - best_x) <= s.refine_W:
+            boundary = measured[other].cost > _INFEASIBLE_AT * max(abs(best), 1e-30)
+            # a feasibility boundary is narrowed to 1 W: the energy can fall ~1 % per W just above it
+            if abs(other - best_x) <= (_BOUNDARY_W if boundary else s.refine_W):
                 continue
             far = 2 * i - j  # the best's neighbour on the other side, if any
             outer = points[far] if 0 <= far < len(points) else None
-            c_other = measured[other].cost
-            if c_other > _INFEASIBLE_AT * max(abs(best), 1e-30):
+            if boundary:
                 # max_slowdown: the limit is on a feasibility boundary; the energy slope on the
                 # feasible side bounds what halving the gap can gain
                 if outer is None:
@@ -257,16 +284,10 @@ class SearchPlan:
                     gain = max(gain, 0.25 * min(rises))
             if gain > s.refine_gain * abs(best):
                 candidates.append((gain, x))
-        if not candidates:
-            return None
-        _, x = max(candidates)
-        x = round(x, 3)
-        if x in measured:
-            return None
-        self.refine_probes += 1
-        return x
+        return candidates
 
 
+_BOUNDARY_W = 1.0  # max_slowdown: the bracket of the feasibility boundary is narrowed down to this (W)
 _INFEASIBLE_AT = 1e6  # a cost this many times the best's marks an infeasible limit (max_slowdown's 1e12 scale)
 
 
