@@ -322,7 +322,7 @@ class PowerLimitProfiler:
         return [self.objective.step_value(e, t) for e, t in zip(profile.energy_J, profile.time_s, strict=True)]
 
     def interval(self, profile: LimitProfile) -> tuple[float, float]:
-        """95 % interval (low, high) of the limit's mean per-step objective value, floored by the card's pooled noise."""
+        """95 % interval (low, high) of the limit's mean per-step objective value, floored by the card's noise."""
         return self._widened(self._values(profile), *self._pooled_rel_sd(self._values))
 
     def time_interval(self, profile: LimitProfile) -> tuple[float, float]:
