@@ -159,6 +159,8 @@ class SearchPlan:
         best = measured[best_x]
         index = {x: i for i, x in enumerate(grid)}
         all_flat = all(measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor) for x in points)
+        if all_flat and len(grid) > 2 and grid[1] not in measured:
+            return grid[1]  # a valley between the minimum and a plateau level with it shows only next to the minimum
         for x in [] if all_flat else sorted(points, reverse=True):  # flat stretches next to the best can hide a dip
             if x in index and measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor):
                 for j in (index[x] + 1, index[x] - 1):
