@@ -48,7 +48,10 @@ both ends of the device's range first (the maximum is the time reference of
 ``max_slowdown``; a plateau hides an optimum near the minimum), a golden-section search
 over the grid whose comparisons respect the measured noise, shape checks (not unimodal
 within the noise: every grid limit is measured), then a few limits off the grid near the
-best. ``search: sweep`` measures every grid limit, highest first, and nothing else.
+best. Intervals are floored by the card's noise pooled over every window (:meth:`PowerLimitProfiler.interval`),
+and before the choice the best and a runner-up it cannot be told from are measured again
+(a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
+``search: sweep`` measures every grid limit, highest first, and nothing else.
 """
 
 from __future__ import annotations

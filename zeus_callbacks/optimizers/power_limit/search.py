@@ -18,10 +18,17 @@ range always on it, evenly spaced at most ``step_W`` apart):
 3. **Shape checks**: every grid point of the closed bracket is measured; if the measured
    costs are not unimodal within the noise, every grid limit is measured (a sweep); the
    unmeasured grid neighbours of any limit within the noise of the best are measured (flat
-   stretches can hide a dip).
-4. **Refinement off the grid**: golden-section steps between the best limit's measured
-   neighbours, until they are less than ``refine_W`` apart or ``refine_probes`` limits were
-   added, so the choice is near the optimum of the curve, not of the grid.
+   stretches can hide a dip); where every measured limit is level, the grid limit next to the
+   minimum is (a valley between the minimum and a plateau level with it).
+4. **Refinement off the grid**: steps between the best limit's measured neighbours where a
+   local model promises more than ``refine_gain`` (a parabola, or a V-shaped bound), until they
+   are less than ``refine_W`` apart or ``refine_probes`` limits were added, so the choice is near
+   the optimum of the curve, not of the grid. With ``max_slowdown`` a feasibility boundary is
+   narrowed to 1 W while the best leaves slowdown unused (that unused fraction is the promised
+   gain), also from the lowest point of a plateau that ends at an infeasible limit.
+
+The intervals the comparisons use are floored by the card's pooled noise and ties with the best
+are measured again before the choice (both in the profiler, which owns the windows).
 """
 
 from __future__ import annotations
