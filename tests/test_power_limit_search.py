@@ -10,8 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, power_limit_grid_W
-from zeus_callbacks.optimizers.power_limit.window import t_interval, t_quantile_975
+from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
+from zeus_callbacks.optimizers.power_limit.profiler import PowerLimitProfiler, ProfileSettings
+from zeus_callbacks.optimizers.power_limit.search import (
+    Measured,
+    SearchPlan,
+    SearchSettings,
+    power_limit_grid_W,
+    tolerance,
+)
+from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_interval, t_quantile_975
 
 # Two-sided 95 % Student-t quantiles from the printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -142,3 +150,139 @@ def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_o
     assert cost(choice) <= best * 1.01
     assert cost(choice) <= min(cost(x) for x in grid) + 1e-12  # never worse than the best grid limit
     assert high in measured and low in measured
+
+
+# -- max_slowdown: the feasibility boundary --------------------------------------------
+def _dvfs_card(low: float, high: float, binds_frac: float):
+    """(time factor, energy) of a DVFS-like card whose draw is ``low + binds_frac·(high − low)`` W when unbound.
+
+    Busy power P(f) = Ps + (Pu − Ps)·f³, time m + (1 − m)/f with m = 0.4 (the clock-bound part), as in
+    benchmarks/power_limit_families.py; a limit caps the power at min(limit, Pu).
+    """
+    unbound_W, static_W = low + binds_frac * (high - low), 0.8 * low
+
+    def time_energy(limit_W: float) -> tuple[float, float]:
+        power_W = min(limit_W, unbound_W)
+        f = max((power_W - static_W) / (unbound_W - static_W), 1e-9) ** (1 / 3)
+        t = 0.4 + 0.6 / f
+        return t, power_W * t
+
+    return time_energy
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    width=st.floats(100, 500),
+    step=st.sampled_from([25.0, 35.0]),
+    binds_frac=st.floats(0.2, 1.0),
+)
+def test_max_slowdown_finds_the_boundary_below_a_plateau_within_one_percent(low, width, step, binds_frac):
+    # The energy falls steeply just above the slowdown boundary and is flat where the limit does not bind:
+    # the slope seen on the plateau says nothing of the fall below it, the unused slowdown does.
+    high = low + width
+    time_energy = _dvfs_card(low, high, binds_frac)
+    t_max = time_energy(high)[0]
+    allowed = 1.1
+
+    def measure(x: float) -> Measured:
+        t, e = time_energy(x)
+        cost = e if t <= allowed * t_max else INFEASIBLE_COST * (1 + t / t_max) + e
+        return Measured(cost, 0.0, t / t_max)
+
+    plan = SearchPlan(power_limit_grid_W(low, high, step), SearchSettings(max_slowdown=allowed))
+    measured: dict[float, Measured] = {}
+    while (x := plan.next_limit(measured)) is not None:
+        assert len(measured) < 60, "the search did not stop"
+        measured[x] = measure(x)
+    choice = min(measured, key=lambda x: (measured[x].cost, -x))
+    feasible = [e for t, e in map(time_energy, np.linspace(low, high, 4001)) if t <= allowed * t_max]
+    assert time_energy(choice)[0] <= allowed * t_max
+    assert time_energy(choice)[1] <= 1.01 * min(feasible)
+
+
+# -- the card's measured noise and ties with the best ------------------------------------
+def _profiler(limits_W, objective: str = "energy", **settings_kw) -> PowerLimitProfiler:
+    return PowerLimitProfiler(limits_W, Objective(objective), lambda a, b: None, ProfileSettings(**settings_kw))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rel_sd=st.floats(0.002, 0.05),
+    windows=st.integers(1, 6),
+    n=st.integers(2, 10),
+    level=st.floats(1.0, 1000.0),
+)
+def test_a_too_quiet_window_is_widened_to_the_cards_pooled_noise(seed, rel_sd, windows, n, level):
+    rng = np.random.default_rng(seed)
+    prof = _profiler([100.0 + 10 * k for k in range(windows + 1)])
+    pooled_ss, pooled_dof = 0.0, 0
+    for k in range(windows):  # noisy windows at other limits: the card's noise
+        values = list(level * (1 + rel_sd * rng.standard_normal(8)))
+        prof.profiles[100.0 + 10 * k] = LimitProfile(100.0 + 10 * k, values, [1.0] * 8)
+        mean = np.mean(values)
+        pooled_ss += float(np.sum(((np.array(values) - mean) / mean) ** 2))
+        pooled_dof += 7
+    quiet = LimitProfile(100.0 + 10 * windows, [level] * n, [1.0] * n)  # a lucky window: no spread at all
+    prof.profiles[quiet.limit_W] = quiet
+    low, high = prof.interval(quiet)
+    pooled_sd = math.sqrt(pooled_ss / pooled_dof)
+    dof = pooled_dof + n - 1  # the quiet window adds n − 1 dof of zero deviation
+    expected = stats.t.ppf(0.975, dof) * math.sqrt(pooled_ss / dof) * level / math.sqrt(n)
+    assert (high - low) / 2 == pytest.approx(expected, rel=1e-9)
+    assert (high - low) / 2 > 0 and pooled_sd > 0
+    # a window that is the only one measured keeps its own Student-t interval
+    alone = _profiler([100.0])
+    values = list(level * (1 + rel_sd * rng.standard_normal(n)))
+    alone.profiles[100.0] = LimitProfile(100.0, values, [1.0] * n)
+    assert alone.interval(alone.profiles[100.0]) == pytest.approx(t_interval(values), rel=1e-12)
+
+
+def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float:
+    """Run 1 s steps whose energy is ``cost_of(limit)`` with relative Gaussian noise; return the choice."""
+    rng = np.random.default_rng(seed)
+    energies: dict[tuple[float, float], float] = {}
+    prof.energy_fn = lambda a, b: energies.get((a, b))
+    now = 0.0
+    for step in range(5000):
+        limit = prof.on_step_start(step, now)
+        assert limit is not None
+        energies[(now, now + 1.0)] = cost_of(limit) * (1 + rel_sd * rng.standard_normal())
+        now += 1.0
+        if prof.on_step_end(step, now):
+            assert prof.chosen_limit_W is not None
+            return prof.chosen_limit_W
+    raise AssertionError("the profiler did not decide")
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rel_sd=st.floats(0.003, 0.02), top_frac=st.floats(0.8, 1.0))
+def test_the_best_and_a_runner_up_it_cannot_be_told_from_are_measured_again_before_choosing(seed, rel_sd, top_frac):
+    # steep: the cost falls towards an optimum near the top of the range, where probes end up level
+    def cost(x: float) -> float:
+        return 1.0 + 2.0 * ((x - (100 + 150 * top_frac)) / 150) ** 2
+
+    grid = power_limit_grid_W(100, 250, 35)
+    prof = _profiler(grid)
+    _train(prof, cost, rel_sd, seed)
+    s = prof.settings
+    assert prof.revisits <= s.max_revisits
+    measured = prof.measured()
+    best_x = min(measured, key=lambda x: (measured[x].cost, -x))
+    best = measured[best_x]
+    tied = [x for x, m in measured.items() if x != best_x and m.cost - best.cost <= tolerance(m, best, 0.002)]
+    spread = max(m.cost for m in measured.values()) - best.cost
+    if tied and len(tied) < len(measured) - 1 and spread > 2 * s.rel_ci * best.cost:
+        runner = min(tied, key=lambda x: (measured[x].cost, -x))
+        resolved = math.hypot(measured[runner].half_width, best.half_width) <= s.rel_ci * best.cost
+        no_room = all(prof.profiles[x].n + s.min_profile_steps > s.profile_steps for x in (runner, best_x))
+        assert resolved or no_room or prof.revisits == s.max_revisits
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_curve_flat_within_the_noise_is_not_measured_again(seed):
+    prof = _profiler(power_limit_grid_W(100, 250, 25))
+    _train(prof, lambda x: 5.0, 0.002, seed)
+    assert prof.revisits == 0

@@ -48,7 +48,10 @@ both ends of the device's range first (the maximum is the time reference of
 ``max_slowdown``; a plateau hides an optimum near the minimum), a golden-section search
 over the grid whose comparisons respect the measured noise, shape checks (not unimodal
 within the noise: every grid limit is measured), then a few limits off the grid near the
-best. ``search: sweep`` measures every grid limit, highest first, and nothing else.
+best. Intervals are floored by the card's noise pooled over every window (:meth:`PowerLimitProfiler.interval`),
+and before the choice the best and a runner-up it cannot be told from are measured again
+(a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
+``search: sweep`` measures every grid limit, highest first, and nothing else.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
-from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings
-from zeus_callbacks.optimizers.power_limit.window import LimitProfile
+from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, tolerance
+from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_quantile_975
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class ProfileSettings:
     unimodal_tolerance: float = 0.002  # smallest relative cost difference taken as real; intervals widen it
     max_wait_steps: int = 20  # a full window waits this many steps ...
     max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
+    max_revisits: int = 2  # at most this many extra windows at limits already measured (ties with the best)
 
 
 class PowerLimitProfiler:
@@ -160,6 +164,8 @@ class PowerLimitProfiler:
         self._wait_steps = 0
         self._last_dt: float | None = None
         self._full_since_s: float | None = None
+        self._revisit_until_n: int | None = None  # a revisit's window ends at this many resolved steps
+        self.revisits = 0
         self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
@@ -264,6 +270,7 @@ class PowerLimitProfiler:
         self._pending = []
         self._wait_steps = 0
         self._full_since_s = None
+        self._revisit_until_n = None
         s = self.settings
         phase = Phase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else Phase.PROFILING
         self.state = ProfilerState(phase, float(limit_W))
@@ -278,12 +285,59 @@ class PowerLimitProfiler:
             profile.energy_J.append(float(energy))
             profile.time_s.append(end_s - start_s)
 
+    def _pooled_rel_sd(self, values_of: Callable[[LimitProfile], list[float]]) -> tuple[float, int]:
+        """The card's measured noise: the relative sd of a per-step value pooled over every window, and its dof.
+
+        Step-time jitter and sensor noise are (roughly) relative, so each window's deviations
+        are taken over its own mean and their squares pooled: sqrt(Σ Σ ((v − m_i)/m_i)² / Σ (n_i − 1)).
+        """
+        ss, dof = 0.0, 0
+        for p in self.profiles.values():
+            values = values_of(p)
+            if len(values) < 2:
+                continue
+            mean = sum(values) / len(values)
+            if mean == 0 or not math.isfinite(mean):
+                continue
+            ss += sum(((v - mean) / mean) ** 2 for v in values)
+            dof += len(values) - 1
+        return (math.sqrt(ss / dof), dof) if dof else (0.0, 0)
+
+    def _widened(self, values: list[float], rel_sd: float, dof: int) -> tuple[float, float]:
+        """95 % interval of the mean of ``values`` that a lucky, too-quiet small window cannot make narrow.
+
+        Its own Student-t interval while the pool holds no other window; else
+        t(0.975, pooled dof) × max(own relative sd, pooled relative sd) × |mean| / √n: the sd
+        is the larger of the window's and the card's, the quantile that of the pooled estimate.
+        """
+        n = len(values)
+        if n < 2:
+            return -math.inf, math.inf
+        mean = sum(values) / n
+        own = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        if dof <= n - 1:
+            half = t_quantile_975(n - 1) * own / math.sqrt(n)
+        else:
+            half = t_quantile_975(dof) * max(own, rel_sd * abs(mean)) / math.sqrt(n)
+        return mean - half, mean + half
+
+    def _values(self, profile: LimitProfile) -> list[float]:
+        return [self.objective.step_value(e, t) for e, t in zip(profile.energy_J, profile.time_s, strict=True)]
+
+    def interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """95 % interval (low, high) of the limit's mean per-step objective value, floored by the card's noise."""
+        return self._widened(self._values(profile), *self._pooled_rel_sd(self._values))
+
+    def time_interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """95 % interval (low, high) of the limit's mean time per step (s), floored by the pooled time noise."""
+        return self._widened(profile.time_s, *self._pooled_rel_sd(lambda p: p.time_s))
+
     def _best_upper(self, exclude: float) -> float:
         best = math.inf
         costs = self.costs()
         for limit, p in self.profiles.items():
             if limit != exclude and p.n >= 2 and costs.get(limit, math.inf) < INFEASIBLE_COST:
-                best = min(best, p.interval(self.objective)[1])
+                best = min(best, self.interval(p)[1])
         return best
 
     def _window_full(self, st: ProfilerState) -> bool:
@@ -314,10 +368,12 @@ class PowerLimitProfiler:
                 return True
         if profile.n < max(s.min_profile_steps, 2):
             return False
-        low, high = profile.interval(self.objective)
+        low, high = self.interval(profile)
         mean = 0.5 * (low + high)
         if low > self._best_upper(profile.limit_W):  # separated: clearly worse than the best
             return True
+        if self._revisit_until_n is not None:  # a revisit measures a fixed number of further steps
+            return profile.n >= self._revisit_until_n
         if self._slowdown_interval(profile)[0] > self.objective.max_slowdown:  # max_slowdown: clearly too slow
             return True
         if high - mean > s.rel_ci * abs(mean):
@@ -332,8 +388,8 @@ class PowerLimitProfiler:
         ref = self.profiles.get(self.limits_W[-1])
         if self.objective.name != "max_slowdown" or ref is None or ref is profile or ref.n < 2 or profile.n < 2:
             return -math.inf, math.inf
-        t_low, t_high = profile.time_interval()
-        r_low, r_high = ref.time_interval()
+        t_low, t_high = self.time_interval(profile)
+        r_low, r_high = self.time_interval(ref)
         t_mean, r_mean = 0.5 * (t_low + t_high), 0.5 * (r_low + r_high)
         ratio = t_mean / r_mean
         half = ratio * math.hypot((t_high - t_mean) / t_mean, (r_high - r_mean) / r_mean)
@@ -373,6 +429,12 @@ class PowerLimitProfiler:
         if following is not None:
             self._enter_limit(following)
             return False
+        again = self._contender()
+        if again is not None:
+            self._enter_limit(again)
+            self._revisit_until_n = self.profiles[again].n + max(self.settings.min_profile_steps, 2)
+            self.revisits += 1
+            return False
         costs = self.costs()
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(Phase.DONE, self.chosen_limit_W)
@@ -386,9 +448,42 @@ class PowerLimitProfiler:
         out = {}
         for limit, cost in costs.items():
             prof = self.profiles[limit]
-            low, high = prof.interval(self.objective) if prof.n >= 2 else (cost, cost)
+            low, high = self.interval(prof) if prof.n >= 2 else (cost, cost)
             out[limit] = Measured(cost, 0.5 * (high - low), prof.time_per_step_s / ref_t if ref_t else None)
         return out
+
+    def _contender(self) -> float | None:
+        """A measured limit to measure again before choosing, or None: the best and its runner-up are resolved.
+
+        The runner-up is the cheapest limit whose cost the best's cannot be told apart from
+        (:func:`~zeus_callbacks.optimizers.power_limit.search.tolerance`). While their combined
+        95 % half-widths exceed ``rel_ci`` of the best cost, picking either may be more than
+        ``rel_ci`` off, so the wider of the two (one with room under ``profile_steps``) gets
+        ``min_profile_steps`` more steps, up to ``max_revisits`` times in all. Not when every
+        measured limit ties with the best or lies within 2 ``rel_ci`` of it (a curve flat within
+        the noise: more steps cannot find a better limit), nor for ``sweep``.
+        """
+        s = self.settings
+        if s.search == "sweep" or self.revisits >= s.max_revisits:
+            return None
+        feasible = {x: m for x, m in self.measured().items() if m.cost < INFEASIBLE_COST}
+        if len(feasible) < 2:
+            return None
+        best_x = min(feasible, key=lambda x: (feasible[x].cost, -x))
+        best = feasible[best_x]
+        floor = s.unimodal_tolerance
+        tied = [x for x, m in feasible.items() if x != best_x and m.cost - best.cost <= tolerance(m, best, floor)]
+        spread = max(m.cost for m in feasible.values()) - best.cost
+        if not tied or len(tied) == len(feasible) - 1 or spread <= 2 * s.rel_ci * abs(best.cost):
+            return None
+        runner = min(tied, key=lambda x: (feasible[x].cost, -x))
+        if math.hypot(feasible[runner].half_width, best.half_width) <= s.rel_ci * abs(best.cost):
+            return None
+        extra = max(s.min_profile_steps, 2)
+        for x in sorted((runner, best_x), key=lambda x: -feasible[x].half_width):
+            if self.profiles[x].n + extra <= s.profile_steps:
+                return x
+        return None
 
     def _search(self) -> float | None:
         was_sweeping = self._plan.fallback_sweep

@@ -18,10 +18,17 @@ range always on it, evenly spaced at most ``step_W`` apart):
 3. **Shape checks**: every grid point of the closed bracket is measured; if the measured
    costs are not unimodal within the noise, every grid limit is measured (a sweep); the
    unmeasured grid neighbours of any limit within the noise of the best are measured (flat
-   stretches can hide a dip).
-4. **Refinement off the grid**: golden-section steps between the best limit's measured
-   neighbours, until they are less than ``refine_W`` apart or ``refine_probes`` limits were
-   added, so the choice is near the optimum of the curve, not of the grid.
+   stretches can hide a dip); where every measured limit is level, the grid limit next to the
+   minimum is (a valley between the minimum and a plateau level with it).
+4. **Refinement off the grid**: steps between the best limit's measured neighbours where a
+   local model promises more than ``refine_gain`` (a parabola, or a V-shaped bound), until they
+   are less than ``refine_W`` apart or ``refine_probes`` limits were added, so the choice is near
+   the optimum of the curve, not of the grid. With ``max_slowdown`` a feasibility boundary is
+   narrowed to 1 W while the best leaves slowdown unused (that unused fraction is the promised
+   gain), also from the lowest point of a plateau that ends at an infeasible limit.
+
+The intervals the comparisons use are floored by the card's pooled noise and ties with the best
+are measured again before the choice (both in the profiler, which owns the windows).
 """
 
 from __future__ import annotations
@@ -159,6 +166,8 @@ class SearchPlan:
         best = measured[best_x]
         index = {x: i for i, x in enumerate(grid)}
         all_flat = all(measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor) for x in points)
+        if all_flat and len(grid) > 2 and grid[1] not in measured:
+            return grid[1]  # a valley between the minimum and a plateau level with it shows only next to the minimum
         for x in [] if all_flat else sorted(points, reverse=True):  # flat stretches next to the best can hide a dip
             if x in index and measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor):
                 for j in (index[x] + 1, index[x] - 1):
@@ -221,34 +230,18 @@ class SearchPlan:
         if self.refine_probes >= s.refine_probes:
             return None
         points = sorted(measured)
-        i = points.index(best_x)
-        best = measured[best_x].cost
+        anchors = [best_x]
+        # max_slowdown: a plateau level with the best that ends at an infeasible limit hides the
+        # boundary below its lowest point (the best, by its tie-break, sits at the plateau's top)
+        top = measured[best_x]
+        for k in range(1, len(points)):
+            x, below = points[k], measured[points[k - 1]]
+            if below.cost > _INFEASIBLE_AT * max(abs(top.cost), 1e-30) >= measured[x].cost:
+                if x != best_x and measured[x].cost <= top.cost + tolerance(measured[x], top, s.noise_floor):
+                    anchors.append(x)
         candidates = []  # (predicted gain, limit)
-        for j in (i - 1, i + 1):
-            if not 0 <= j < len(points):
-                continue
-            other = points[j]
-            if abs(other - best_x) <= s.refine_W:
-                continue
-            far = 2 * i - j  # the best's neighbour on the other side, if any
-            outer = points[far] if 0 <= far < len(points) else None
-            c_other = measured[other].cost
-            if c_other > _INFEASIBLE_AT * max(abs(best), 1e-30):
-                # max_slowdown: the limit is on a feasibility boundary; the energy slope on the
-                # feasible side bounds what halving the gap can gain
-                if outer is None:
-                    continue
-                slope = (measured[outer].cost - best) / abs(outer - best_x)
-                gain, x = max(slope, 0.0) * abs(other - best_x) / 2, 0.5 * (best_x + other)
-                x = _secant_boundary(best_x, other, measured, s.max_slowdown) or x
-            else:
-                x, gain = _parabola_step(points, measured, i, j)
-                # a kinked curve (a trace's straight pieces, a plateau's edge) beats any parabola:
-                # a quarter of the smaller rise next to the best bounds what a V-shaped valley hides
-                rises = [measured[points[k]].cost - best for k in (i - 1, i + 1) if 0 <= k < len(points)]
-                gain = max(gain, 0.25 * min(rises))
-            if gain > s.refine_gain * abs(best):
-                candidates.append((gain, x))
+        for anchor in anchors:
+            candidates += self._refine_around(measured, points, points.index(anchor))
         if not candidates:
             return None
         _, x = max(candidates)
@@ -258,7 +251,52 @@ class SearchPlan:
         self.refine_probes += 1
         return x
 
+    def _refine_around(
+        self, measured: Mapping[float, Measured], points: Sequence[float], i: int
+    ) -> list[tuple[float, float]]:
+        """(predicted gain, limit) of the steps from ``points[i]`` towards its measured neighbours that promise one."""
+        s = self.settings
+        best_x = points[i]
+        best = measured[best_x].cost
+        candidates = []
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(points):
+                continue
+            other = points[j]
+            boundary = measured[other].cost > _INFEASIBLE_AT * max(abs(best), 1e-30)
+            # a feasibility boundary is narrowed to 1 W: the energy can fall ~1 % per W just above it
+            if abs(other - best_x) <= (_BOUNDARY_W if boundary else s.refine_W):
+                continue
+            far = 2 * i - j  # the best's neighbour on the other side, if any
+            outer = points[far] if 0 <= far < len(points) else None
+            if boundary:
+                # max_slowdown: the limit is on a feasibility boundary; the energy slope on the
+                # feasible side bounds what halving the gap can gain
+                if outer is None:
+                    continue
+                slope = (measured[outer].cost - best) / abs(outer - best_x)
+                gain, x = max(slope, 0.0) * abs(other - best_x) / 2, 0.5 * (best_x + other)
+                # the slope above a kink (a plateau's edge) understates the fall: the slowdown the
+                # best leaves unused bounds it from below (energy falls at least as fast as time
+                # rises where the limit binds)
+                sd = measured[best_x].slowdown
+                if s.max_slowdown is not None and sd is not None and sd > 0:
+                    gain = max(gain, (s.max_slowdown / sd - 1.0) * abs(best))
+                x = _secant_boundary(best_x, other, measured, s.max_slowdown) or x
+            else:
+                x, gain = _parabola_step(points, measured, i, j)
+                # a kinked curve (a trace's straight pieces, a plateau's edge) beats any parabola:
+                # a quarter of the smaller rise next to the best bounds what a V-shaped valley hides;
+                # not beside a feasibility boundary (max_slowdown), whose rise says nothing of the valley
+                rises = [measured[points[k]].cost - best for k in (i - 1, i + 1) if 0 <= k < len(points)]
+                if max(rises) <= _INFEASIBLE_AT * max(abs(best), 1e-30):
+                    gain = max(gain, 0.25 * min(rises))
+            if gain > s.refine_gain * abs(best):
+                candidates.append((gain, x))
+        return candidates
 
+
+_BOUNDARY_W = 1.0  # max_slowdown: the bracket of the feasibility boundary is narrowed down to this (W)
 _INFEASIBLE_AT = 1e6  # a cost this many times the best's marks an infeasible limit (max_slowdown's 1e12 scale)
 
 
