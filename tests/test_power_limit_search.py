@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -145,8 +145,12 @@ def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_o
         return 1.0 + curvature * ((x - opt) / width) ** 2
 
     grid = power_limit_grid_W(low, high, step)
-    choice, measured = drive(SearchPlan(grid), cost)
     best = min(cost(x) for x in np.linspace(low, high, 2001))
+    # A valley narrower than the grid's spacing (e.g. 100-221 W in 17 W steps, curvature 5) puts every
+    # grid limit more than 1 % above the optimum: that is the grid's limit, not the search's, and
+    # docs/power_limit.md lists it among the cases the search does not reach.
+    assume(min(cost(x) for x in grid) <= best * 1.01)
+    choice, measured = drive(SearchPlan(grid), cost)
     assert cost(choice) <= best * 1.01
     assert cost(choice) <= min(cost(x) for x in grid) + 1e-12  # never worse than the best grid limit
     assert high in measured and low in measured
