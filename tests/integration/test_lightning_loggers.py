@@ -16,7 +16,6 @@ from pathlib import Path
 import lightning.pytorch as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only

@@ -238,6 +238,7 @@ class EnergySession(StepScheduler):
             cfg.windows.max_overhead,
             cfg.logging.interval_steps,
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
+            announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
         )
         self._begin_steps(
             run.meter, run.timer, backend.clock, sampling,
