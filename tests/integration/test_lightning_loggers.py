@@ -212,3 +212,40 @@ def test_every_ending_reaches_the_loggers_and_prints_the_summary(tmp_path, caplo
     printed = [r for r in caplog.records if r.getMessage().startswith("zeus-callbacks run 'test'")]
     assert len(printed) == 1 and printed[0].name.startswith("lightning.pytorch")
     assert printed[0].getMessage().startswith(f"zeus-callbacks run 'test' ({status})")
+
+
+def test_wandb_logger_name_names_the_jsonl_and_its_points_keep_every_step(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[dict] = []
+    real_init = wandb.init
+
+    def spying_init(*args, **kwargs):  # offline runs cannot be read back: spy on the run's log
+        run = real_init(*args, **kwargs)
+        real_log = run.log
+        monkeypatch.setattr(run, "log", lambda data, *a, **k: (logged.append(dict(data)), real_log(data, *a, **k)))
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    config = virtual_config(tmp_path, interval_steps=5)
+    del config["logging"]["run_name"]  # the name comes from the logger
+    callback = ZeusCallback(config)
+    trainer = trainer_for(tmp_path, callback, WandbLogger(name="digits-exp", project="zeus", save_dir=str(tmp_path)),
+                          max_steps=12)  # fmt: skip
+    train, _ = loaders()
+    try:
+        trainer.fit(Regressor(), train)
+    finally:
+        wandb.finish()
+    # Before, the JSONL was named after the W&B run id; docs/getting-started.md says the run's name.
+    assert callback.summary.run_name == "digits-exp"
+    assert (tmp_path / "zeus" / "digits-exp.jsonl").exists()
+    steps = [(e["trainer/global_step"], k) for e in logged for k in e if k != "trainer/global_step"]
+    assert [s for s, k in steps if k == "train_loss"] == list(range(12))
+    energy_steps = [s for s, k in steps if k == "energy/step_J"]
+    assert len(set(energy_steps)) == len(energy_steps) >= 2 and energy_steps[-1] == 12
+    assert [s for s, k in steps if k == "energy/total_J"] == [12]

@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -307,7 +308,15 @@ class ZeusCallback(SessionAdapter, Callback):
 
 
 def _logger_run_name(trainer: pl.Trainer) -> str | None:
-    """The first logger's name and version (``lightning_logs-3``), or its string version, or None."""
+    """The first logger's run name: a W&B run's name, else name and version (``lightning_logs-3``), or None.
+
+    ``WandbLogger``'s ``name`` is its project and its ``version`` the run id; the run's own name
+    (``WandbLogger(name=...)``, or the one W&B made up) is what users know the run by.
+    """
+    if isinstance(trainer.logger, WandbLogger):
+        run_name = getattr(trainer.logger.experiment, "name", None)
+        if isinstance(run_name, str) and run_name:
+            return run_name
     if trainer.logger is None or trainer.logger.version is None:
         return None
     version = trainer.logger.version
