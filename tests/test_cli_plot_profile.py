@@ -140,6 +140,12 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     assert cli(["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "7", "--store", str(store),
                 "--no-progress"]) == 0  # fmt: skip
     capsys.readouterr()
+    # show STORE JOB, as plot bandit STORE JOB takes it (before: "unrecognized arguments").
+    assert cli(["show", str(store), "sim/V100/cifar100"]) == 0
+    out = capsys.readouterr().out
+    assert "job sim/V100/cifar100" in out and "7 trial(s)" in out
+    assert cli(["show", str(store), "nightly"]) == 1
+    assert "no job 'nightly'" in capsys.readouterr().err
     kept = _keep_figures(monkeypatch)
     # -o missing_dir/ : a file inside it, the folder created (before: missing_dir.png beside it).
     out = tmp_path / "missing_dir"
