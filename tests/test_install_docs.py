@@ -12,11 +12,12 @@ import ast
 import functools
 import re
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (3.10 would need tomli)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -77,7 +78,9 @@ DOCUMENTED = [
 ]
 
 
-@pytest.mark.parametrize(("doc", "extra", "command", "files"), DOCUMENTED, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("doc", "extra", "command", "files"), DOCUMENTED, ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_the_documented_extra_brings_every_import_of_the_command_after_it(doc, extra, command, files):
     text = (ROOT / doc).read_text()
     assert f'.[{extra}]"' in text and command in text  # the install line and the command are still documented
