@@ -609,3 +609,27 @@ def test_observe_mode_cut_short_by_the_end_of_training_logs_one_warning(tmp_path
     assert result.source == "observe" and result.chosen_limit_W is None and result.finished is False
     profile = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "power_limit_profile"]
     assert [p["source"] for p in profile] == ["observe"]
+
+
+def test_the_summary_and_report_show_the_chosen_limit_and_the_step_it_took_effect(tmp_path, capsys):
+    # Before, after profiling chose a limit the printed summary said "power limit 300.000 W":
+    # the original, restored at the end.
+    from zeus_callbacks.cli import main as cli
+
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, applied = simulate_session(tmp_path, backend)
+    chosen_W = session.power_limiter.result.chosen_limit_W
+    assert chosen_W is not None and chosen_W != 300.0
+    # The step the chosen limit took effect: the first of the steps that all ran at it, to the end.
+    from_step = next(i for i in range(len(applied)) if set(applied[i:]) == {chosen_W})
+    summary = session.train_end()
+    assert summary.power_limit_W == 300.0  # the original, restored
+    assert (summary.chosen_power_limit_W, summary.power_limit_from_step, summary.power_limit_applied) == (
+        chosen_W, from_step, True,
+    )  # fmt: skip
+    assert f"power limit   {chosen_W:,.3f} W chosen, in force from step {from_step} (original 300.000 W" in str(summary)
+    end = read_jsonl(summary.jsonl_path)[-1]
+    assert end["chosen_power_limit_W"] == chosen_W and end["power_limit_from_step"] == from_step
+    assert cli(["report", str(summary.jsonl_path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"power limit {chosen_W:.1f} W chosen by profiling, in force from step {from_step} (original 300.0 W" in said
