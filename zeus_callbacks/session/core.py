@@ -309,7 +309,7 @@ class EnergySession(StepScheduler):
         if self.config.windows.eval and run.meter.end("eval"):
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
-            run.flush_sensor(run.backend.clock.now_s())
+            run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
             self._attribute_closed()
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
