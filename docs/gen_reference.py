@@ -283,6 +283,8 @@ FIELDS: dict[str, str] = {
     "`windows.sample_fraction`).",
     "phases.explained": "Sum of the phases' `total_J` divided by the epoch's energy (this process's GPUs).",
     "phases.epoch_energy_J": "The epoch's energy on this process's GPUs (J), the denominator of `explained`.",
+    "eval.step": "Training steps taken before the evaluation began (checkpoint steps included): with Lightning, "
+    "its `energy/eval_J` point is at this step minus 1, where Lightning logs the validation metrics.",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
     "zeus-callbacks' own keys dropped).",
@@ -422,7 +424,9 @@ def render_metrics() -> str:
         f"goes into the next report, which is why `{reporting.STEP_COUNT}` is logged alongside. Steps too short "
         "for a window at every step within `windows.max_overhead` are measured as a random share "
         "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
-        "then over that share, and with one process reports come at least ~16 measured steps apart.",
+        "then over that share, and with one process reports come at least ~16 measured steps apart (a longer "
+        "interval than `logging.interval_steps` is announced once, as a warning; with every step measured reports "
+        "keep `logging.interval_steps`).",
         f"- **Epoch metrics** (`{reporting.EPOCH_ENERGY_J}`, `{reporting.EPOCH_COUNTER_ENERGY_J}`, "
         f"`{reporting.EPOCH_TIME_S}`, `{reporting.EPOCH_MEAN_POWER_W}`) at the end of each training epoch.",
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "

@@ -119,3 +119,75 @@ def test_plot_says_the_file_it_really_wrote(tmp_path, capsys):
     assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "frontier")]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'frontier.png'}"
     assert (tmp_path / "frontier.png").exists()
+
+
+def _keep_figures(monkeypatch) -> list:
+    """Capture the figures the plot commands draw (instead of closing them) to read them back."""
+    import matplotlib.pyplot as plt
+
+    kept: list = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    return kept
+
+
+def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurrences_readable(
+    tmp_path, capsys, monkeypatch
+):
+    from zeus_callbacks.cli import main as cli
+    from zeus_callbacks.plots import SIMULATED_MARK
+
+    store = tmp_path / "store.sqlite"
+    assert cli(["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "7", "--store", str(store),
+                "--no-progress"]) == 0  # fmt: skip
+    capsys.readouterr()
+    # show STORE JOB, as plot bandit STORE JOB takes it (before: "unrecognized arguments").
+    assert cli(["show", str(store), "sim/V100/cifar100"]) == 0
+    out = capsys.readouterr().out
+    assert "job sim/V100/cifar100" in out and "7 trial(s)" in out
+    assert cli(["show", str(store), "nightly"]) == 1
+    assert "no job 'nightly'" in capsys.readouterr().err
+    kept = _keep_figures(monkeypatch)
+    # -o missing_dir/ : a file inside it, the folder created (before: missing_dir.png beside it).
+    out = tmp_path / "missing_dir"
+    assert cli(["plot", "bandit", str(store), "sim/V100/cifar100", "-o", f"{out}/"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out / 'zeus_bandit.png'}"
+    assert (out / "zeus_bandit.png").stat().st_size > 1000 and not (tmp_path / "missing_dir.png").exists()
+    (fig,) = kept
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 6]
+    assert ticks and all(float(t).is_integer() for t in ticks)  # whole recurrences only
+    assert SIMULATED_MARK in [t.get_text() for t in fig.texts]
+    # A deep missing folder for a file name is created too.
+    assert cli(["plot", "bandit", str(store), "sim/V100/cifar100", "-o", str(tmp_path / "a" / "b" / "c.png")]) == 0
+    assert (tmp_path / "a" / "b" / "c.png").exists()
+
+    # A power-limit profile of 11 limits 10 W apart whose points crowd together: no two labels overlap.
+    log = tmp_path / "run.jsonl"
+    rows = [{"limit_W": w, "energy_per_step_J": 60.0 - w / 100, "time_per_step_s": 0.2 + 0.001 * (300 - w) / 10}
+            for w in range(200, 310, 10)]  # fmt: skip
+    log.write_text(json.dumps({"event": "run_start", "backend": "virtual: 1 GPU(s)"}) + "\n"
+                   + json.dumps({"event": "power_limit_profile", "chosen_limit_W": 250, "limits": rows}) + "\n")
+    kept.clear()
+    assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "pl.png")]) == 0
+    (fig,) = kept
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].texts if t.get_text().endswith(" W")]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert "250 W" in [t.get_text() for t in labels]  # the chosen limit keeps its label
+    assert 1 < len(labels) <= len(rows)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert SIMULATED_MARK in [t.get_text() for t in fig.texts]
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from zeus_callbacks.cli import main as cli
+
+    log = tmp_path / "run.jsonl"
+    rows = [{"limit_W": w, "energy_per_step_J": 50.0 + w / 10, "time_per_step_s": 0.2 + 30 / w} for w in (300, 250)]
+    log.write_text(json.dumps({"event": "power_limit_profile", "chosen_limit_W": 250, "limits": rows}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err
+    assert "install zeus-callbacks[plot]" in err and "Traceback" not in err

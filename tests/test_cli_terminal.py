@@ -139,7 +139,8 @@ def test_tables_fit_80_columns(tmp_path, capsys, power_limit_run, monkeypatch):
     _assert_fits(out)
     assert main(["report", power_limit_run.name]) == 0
     out = capsys.readouterr().out
-    assert f"chosen by profiling {record['chosen_limit_W']:.1f} W" in out
+    said = " ".join(out.split())  # the line is wrapped at 80 columns
+    assert f"power limit {record['chosen_limit_W']:.1f} W chosen by profiling, in force from step" in said
     assert len([line for line in out.splitlines() if line.split()[0] in ("0", "1", "2")]) == 3  # one per epoch
     _assert_fits(out)
 

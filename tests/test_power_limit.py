@@ -586,3 +586,50 @@ def test_a_profile_cut_short_by_the_end_of_training_is_recorded_and_plotted(tmp_
     image = tmp_path / "partial.png"
     assert cli(["plot", "power-limit", str(tmp_path / "short.jsonl"), "-o", str(image)]) == 0
     assert image.stat().st_size > 1000
+
+
+def test_observe_mode_cut_short_by_the_end_of_training_logs_one_warning(tmp_path, caplog):
+    # docs/shared-clusters.md promises one warning; before, a run that ended while observe mode was
+    # still measuring added "profiling did not finish ... (1 of 9 limits measured)" as a second one.
+    backend = SpyBackend(clock=ManualClock(1000.0), read_only=True)
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "ro", "interval_steps": 5},
+              "power_limit": {"enabled": True}}  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        session = EnergySession(config, backend=backend, is_main_process=True)
+        session.train_start()
+        session.epoch_start(0)
+        for step in range(4):  # far fewer steps than observe mode measures
+            session.step_start(step)
+            backend.clock.advance(STEP_S)
+            session.step_end(step, num_samples=32)
+        summary = session.train_end()
+    warnings_ = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings_) == 1 and "observe mode" in warnings_[0], warnings_
+    result = session.power_limiter.result
+    assert result.source == "observe" and result.chosen_limit_W is None and result.finished is False
+    profile = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "power_limit_profile"]
+    assert [p["source"] for p in profile] == ["observe"]
+
+
+def test_the_summary_and_report_show_the_chosen_limit_and_the_step_it_took_effect(tmp_path, capsys):
+    # Before, after profiling chose a limit the printed summary said "power limit 300.000 W":
+    # the original, restored at the end.
+    from zeus_callbacks.cli import main as cli
+
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, applied = simulate_session(tmp_path, backend)
+    chosen_W = session.power_limiter.result.chosen_limit_W
+    assert chosen_W is not None and chosen_W != 300.0
+    # The step the chosen limit took effect: the first of the steps that all ran at it, to the end.
+    from_step = next(i for i in range(len(applied)) if set(applied[i:]) == {chosen_W})
+    summary = session.train_end()
+    assert summary.power_limit_W == 300.0  # the original, restored
+    assert (summary.chosen_power_limit_W, summary.power_limit_from_step, summary.power_limit_applied) == (
+        chosen_W, from_step, True,
+    )  # fmt: skip
+    assert f"power limit   {chosen_W:,.3f} W chosen, in force from step {from_step} (original 300.000 W" in str(summary)
+    end = read_jsonl(summary.jsonl_path)[-1]
+    assert end["chosen_power_limit_W"] == chosen_W and end["power_limit_from_step"] == from_step
+    assert cli(["report", str(summary.jsonl_path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"power limit {chosen_W:.1f} W chosen by profiling, in force from step {from_step} (original 300.0 W" in said

@@ -140,7 +140,7 @@ def test_report_of_a_run_end_that_lacks_fields_shows_dashes(tmp_path, capsys):
     assert cli(["report", str(path)]) == 0
     out = capsys.readouterr().out
     assert "run r (-)" in out and "energy 12.5 J over - s" in out
-    assert "lacks status, time_s, steps" in out and "power limit at the end - W" in out
+    assert "lacks status, time_s, steps" in out and "power limit - W" in out
     assert out.strip().splitlines()[-1].split() == ["0", "-", "n/a", "-", "-"]
 
 

@@ -350,3 +350,22 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
     assert q_steps == reference[3] == 1400
     assert q_count == reference[4] == len(q_measured)
 
+
+
+def test_auto_sampling_keeps_interval_steps_when_every_step_is_measured_and_announces_a_longer_one(caplog):
+    # One process, auto sampling, logging.interval_steps: 10. Before, any interval below 16 was
+    # raised to ceil(16 / f) = 16 silently, even for 200 ms steps that are all measured.
+    slow = WindowSampling(None, 0.002, 10, stretch_reports=True)
+    for _ in range(3):  # 10 steps of 200 ms; hooks and report 0.11 ms in all: far inside 0.2 % of a step
+        slow.observe(steps=10, elapsed_s=2.0, hook_s=1e-5, measured=10, report_s=1e-4)
+    assert slow.fraction == 1.0 and slow.report_every == 10
+    assert not [r for r in caplog.records if "reported every" in r.getMessage()]
+    # 0.1 ms steps: measuring costs 20 us a step against a 0.2 us budget, so f = 0.01 and a report
+    # waits for ~16 measured steps: ceil(16 / f) steps, said once.
+    fast = WindowSampling(None, 0.002, 10, stretch_reports=True)
+    for _ in range(3):
+        fast.observe(steps=100, elapsed_s=0.01, hook_s=1e-3, measured=100, report_s=1e-3)
+    assert fast.fraction < 1 and fast.report_every == math.ceil(WINDOWS_PER_REPORT / fast.fraction) > 10
+    said = [r.getMessage() for r in caplog.records if "reported every" in r.getMessage()]
+    assert len(said) == 1 and "not every logging.interval_steps=10" in said[0]
+    assert f"every {fast.report_every} steps" in said[0] or "windows.sample_fraction: 1" in said[0]

@@ -210,7 +210,8 @@ class LoggingConfig(_Section):
         ge=1,
         le=10**9,
         description="Log step energy (mean over the interval) every this many steps; with one process and "
-        "auto windows.sample_fraction, very short steps are reported less often, so reports fit the budget.",
+        "auto windows.sample_fraction, very short steps that are measured as a sample are reported less often, "
+        "so reports fit the budget (a warning says so once).",
     )
     log_dir: Path = Field(Path("zeus_logs"), description="Directory of the JSONL energy log.")
     jsonl: bool = Field(True, description="Write the JSONL energy log.")

@@ -17,8 +17,54 @@ if TYPE_CHECKING:
     from zeus_callbacks.store.base import TrialRecord
 
 
+SIMULATED_MARK = "simulated (virtual GPU)"
+"""Written on every figure drawn from virtual-GPU data."""
+
+
+def _pyplot() -> Any:
+    """Return matplotlib's pyplot, on the Agg backend.
+
+    Raises:
+        ImportError: matplotlib is missing; the message names the extra to install.
+    """
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("matplotlib is not installed (pip install 'zeus-callbacks[plot]')") from exc
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mark_simulated(fig: Any) -> None:
+    """Stamp a figure drawn from virtual-GPU data, visibly, in its top right corner."""
+    fig.text(0.99, 0.99, SIMULATED_MARK, ha="right", va="top", fontsize=9, color="tab:red", fontweight="bold")
+
+
+def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], keep: set[int]) -> None:
+    """Annotate points, dropping a label that would overlap one already placed (those in ``keep`` first)."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[Any] = []
+    order = sorted(range(len(points)), key=lambda i: (i not in keep, points[i][0]))
+    for i in order:
+        x, y, label = points[i]
+        for dy in (4, -12):  # above, else below
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, dy), fontsize=8)
+            box = text.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            text.remove()
+
+
 def plot_profile(
-    rows: Sequence[dict[str, float]], chosen_limit_W: float | None, path: str | Path, *, partial: bool = False
+    rows: Sequence[dict[str, float]],
+    chosen_limit_W: float | None,
+    path: str | Path,
+    *,
+    partial: bool = False,
+    simulated: bool = False,
 ) -> Path:
     """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
 
@@ -28,15 +74,15 @@ def plot_profile(
         chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
         path: The image file to write (PNG).
         partial: The profile did not finish (said in the title).
+        simulated: The data come from the virtual GPU (marked on the figure).
 
     Returns:
         The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -45,16 +91,19 @@ def plot_profile(
         xs = [r["time_per_step_s"] for r in rows]
         ys = [r["energy_per_step_J"] for r in rows]
         ax.scatter(xs, ys, color="tab:blue")
-        for r, x, y in zip(rows, xs, ys, strict=True):
-            ax.annotate(f"{r['limit_W']:.0f} W", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-            if chosen_limit_W is not None and r["limit_W"] == chosen_limit_W:
-                ax.scatter([x], [y], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
+        chosen = {i for i, r in enumerate(rows) if chosen_limit_W is not None and r["limit_W"] == chosen_limit_W}
+        for i in chosen:
+            ax.scatter([xs[i]], [ys[i]], s=160, facecolors="none", edgecolors="tab:red", label="chosen")
         ax.set_xlabel("time per step (s)")
         ax.set_ylabel("energy per step (J)")
         ax.set_title("Power-limit profile" + (" (partial: profiling did not finish)" if partial else ""))
         if chosen_limit_W is not None:
             ax.legend(loc="best")
         fig.tight_layout()
+        _label_without_overlap(ax, [(x, y, f"{r['limit_W']:.0f} W") for r, x, y in zip(rows, xs, ys, strict=True)],
+                               chosen)  # fmt: skip
+        if simulated:
+            _mark_simulated(fig)
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
@@ -76,13 +125,9 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
         The path written.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install zeus-callbacks[plot]``).
+        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     t_ms = np.asarray(result.time_s) * 1e3
     band = np.asarray(result.power_ci_W)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -109,24 +154,25 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
     return path
 
 
-def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Path) -> Path:
+def plot_bandit_costs(
+    trials: Sequence[TrialRecord], job_id: str, path: str | Path, *, simulated: bool = False
+) -> Path:
     """Plot each recurrence's cost, coloured by batch size, with the best converged cost so far.
 
     Args:
         trials: The job's finished trials (a cost each), in recurrence order.
         job_id: The recurring job, for the title.
-        path: The image file to write (PNG).
+        path: The image file to write (PNG); its directory is created.
+        simulated: The trials ran on the virtual GPU (marked on the figure).
 
     Returns:
         The path written.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install zeus-callbacks[plot]``).
+        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     costs = [math.nan if t.cost is None else float(t.cost) for t in trials]
@@ -140,11 +186,15 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
         best_so_far.append(best if math.isfinite(best) else math.nan)  # NaN: no point drawn yet
     ax.plot(range(len(trials)), best_so_far, color="black", lw=1, label="best converged cost")
     ax.set_xlabel("recurrence")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # recurrences are whole runs
     ax.set_ylabel("cost (ZeusCost, J-equivalent)")
     ax.set_title(f"batch-size bandit: {job_id}")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    if simulated:
+        _mark_simulated(fig)
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

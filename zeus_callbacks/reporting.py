@@ -114,7 +114,11 @@ class RunSummary:
         step_energy_J: Mean energy per measured step (J), NaN without one.
         step_time_s: Mean step time (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J).
-        power_limit_W: Power limit in force at the end (W).
+        power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
+        chosen_power_limit_W: The limit power-limit profiling (or its cache) chose (W); None when
+            none was chosen (profiling off, unfinished, or a failure).
+        power_limit_from_step: The training step (0-based) from which the chosen limit was in force.
+        power_limit_applied: Whether the chosen limit was applied (False in observe mode: chosen only).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
         faults: Sensor faults counted on this process, by kind.
         jsonl_path: The JSONL log, when written.
@@ -135,6 +139,9 @@ class RunSummary:
     step_time_s: float
     epoch_energy_J: list[float] = field(default_factory=list)
     power_limit_W: float | None = None
+    chosen_power_limit_W: float | None = None
+    power_limit_from_step: int | None = None
+    power_limit_applied: bool = False
     counter_energy_J: float | None = None
     faults: dict[str, int] = field(default_factory=dict)
     jsonl_path: str | None = None
@@ -145,6 +152,16 @@ class RunSummary:
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
         return asdict(self)
+
+    def _power_limit_line(self, fmt: Any) -> str:
+        """The limit training ran at: the chosen one and from which step, else the one in force."""
+        if self.chosen_power_limit_W is None:
+            return fmt(self.power_limit_W, "W")
+        if not self.power_limit_applied:
+            return (f"{fmt(self.power_limit_W, 'W')} (observe mode: profiling would choose "
+                    f"{fmt(self.chosen_power_limit_W, 'W')}; nothing was changed)")  # fmt: skip
+        return (f"{fmt(self.chosen_power_limit_W, 'W')} chosen, in force from step {self.power_limit_from_step}"
+                f" (original {fmt(self.power_limit_W, 'W')}, restored at the end)")  # fmt: skip
 
     def __str__(self) -> str:
         def fmt(value: float | None, unit: str, scale: float = 1.0) -> str:
@@ -163,7 +180,7 @@ class RunSummary:
             f"  epochs        {self.epochs}   energy/epoch "
             + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:])
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
-            f"  power limit   {fmt(self.power_limit_W, 'W')}",
+            f"  power limit   {self._power_limit_line(fmt)}",
         ]
         if self.world_size > 1 or len(self.gpu_energy_J) > 1:
             per_gpu = ", ".join(fmt(e, "J") for e in self.gpu_energy_J)

@@ -6,6 +6,7 @@ The figures themselves are drawn in :mod:`zeus_callbacks.plots`; this module fin
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "source", help="power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file"
     )
     plot.add_argument("job", nargs="?", help="bandit: the job id")
-    plot.add_argument("-o", "--out", default="zeus_plot.png", help="PNG file to write (a folder: zeus_WHAT.png in it)")
+    plot.add_argument(
+        "-o", "--out", default="zeus_plot.png",
+        help="PNG file to write; a folder (existing, or ending in /: created) gets zeus_WHAT.png in it",
+    )  # fmt: skip
     plot.set_defaults(func=run)
 
 
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         0 when written, 1 (the reason on stderr) when there is nothing to plot or the source is unreadable.
     """
     out = Path(args.out)
-    if out.is_dir():  # -o DIR: a file in it, named after the plot
+    if out.is_dir() or args.out.endswith(("/", os.sep)):  # -o DIR/: a file in it (created), named after the plot
         out = out / f"zeus_{args.what}.png"
     elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
         out = out.with_suffix(".png")
@@ -49,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
                 return 1
             partial = profile.get("finished") is False
-            plot_profile(profile.get("limits") or [], profile.get("chosen_limit_W"), out, partial=partial)
+            start = next((r for r in records if r.get("event") == "run_start"), {})
+            simulated = str(start.get("backend", "")).startswith("virtual")
+            plot_profile(profile.get("limits") or [], profile.get("chosen_limit_W"), out, partial=partial,
+                         simulated=simulated)  # fmt: skip
             if partial:
                 print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
         elif args.what == "profile":
@@ -72,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
+    except ImportError as exc:  # matplotlib missing: the extra to install, not a traceback
+        if "matplotlib" not in str(exc):
+            raise
+        print(f"zeus-callbacks: plotting needs matplotlib: install zeus-callbacks[plot] "
+              f"(pip install 'zeus-callbacks[plot]') ({exc})", file=sys.stderr)  # fmt: skip
+        return 1
     print(f"wrote {out}")
     return 0
 
@@ -89,4 +102,4 @@ def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -
         trials = [t for t in store.list_trials(job_id) if t.cost is not None]
     if not trials:
         raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
-    return plot_bandit_costs(trials, job_id, path)
+    return plot_bandit_costs(trials, job_id, path, simulated=any(t.info.get("simulated") for t in trials))

@@ -47,10 +47,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
     else:
         profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
-        chosen = None if profile is None else profile.get("chosen_limit_W")
-        limits = f"power limit at the end {fmt(end.get('power_limit_W'))} W" + (
-            "" if chosen is None else f", chosen by profiling {fmt(chosen)} W"
-        )
+        chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
+        if chosen is None:
+            limits = f"power limit {fmt(end.get('power_limit_W'))} W"
+        elif end.get("power_limit_applied") is False and "power_limit_from_step" in end:
+            limits = (f"power limit {fmt(end.get('power_limit_W'))} W (observe mode: profiling would choose "
+                      f"{fmt(chosen)} W; nothing was changed)")  # fmt: skip
+        else:
+            from_step = end.get("power_limit_from_step")
+            limits = (f"power limit {fmt(chosen)} W chosen by profiling"
+                      + ("" if from_step is None else f", in force from step {from_step}")
+                      + f" (original {fmt(end.get('power_limit_W'))} W, restored at the end)")  # fmt: skip
         if profile is not None and profile.get("finished") is False:
             limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
         missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
@@ -61,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
             )
             + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
             f" (mean {fmt(end.get('mean_power_W'))} W)"
-            f"\n  {fmt(end.get('steps'))} steps, {limits}"
+            + "\n"
+            + textwrap.fill(f"{fmt(end.get('steps'))} steps, {limits}", TERMINAL_COLUMNS,
+                            initial_indent="  ", subsequent_indent="     ")  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
     if epochs:

@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``show`` and its options on the command's subparsers."""
     show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
     show.add_argument("store", help="the SQLite or JSON store file, or a database URL (store.url)")
+    show.add_argument("job", nargs="?", help="show this job only (as in plot bandit STORE JOB)")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=run)
 
@@ -27,12 +28,16 @@ def run(args: argparse.Namespace) -> int:
     """Print what the store ``args.store`` holds (``--json``: as one JSON object).
 
     Returns:
-        0, or 1 when there is no such file.
+        0, or 1 when there is no such file or the store has no job ``args.job``.
     """
     if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
         print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
         return 1
-    print(show(args.store, as_json=args.json))  # a StoreError is reported by main()
+    try:
+        print(show(args.store, as_json=args.json, job_id=args.job))  # a StoreError is reported by main()
+    except KeyError as exc:
+        print(f"zeus-callbacks: {exc.args[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -58,15 +63,28 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def show(store_path: str | Path, *, as_json: bool = False) -> str:
+def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = None) -> str:
     """Describe a store: jobs, the bandit's arms, trials and power-limit profiles.
+
+    Args:
+        store_path: The store file or database URL.
+        as_json: One JSON object instead of tables.
+        job_id: Only this job (and the power-limit profiles keyed by it); None: everything.
 
     Raises:
         StoreError: The file is not a store, is corrupt or is from a newer version.
+        KeyError: ``job_id`` is not a job of the store (the message lists the jobs).
     """
     with open_store(store_path, read_only=True) as store:
         report: dict[str, Any] = {"store": str(store_path), "jobs": [], "profiles": {}}
-        for job in store.list_jobs():
+        jobs = store.list_jobs()
+        if job_id is not None:
+            chosen = [job for job in jobs if job.job_id == job_id]
+            if not chosen:
+                names = ", ".join(job.job_id for job in jobs) or "none"
+                raise KeyError(f"no job {job_id!r} in {store_path} (its jobs: {names})")
+            jobs = chosen
+        for job in jobs:
             state = store.get_bandit(job.job_id)
             report["jobs"].append(
                 {
@@ -90,7 +108,8 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
                 }
             )
         for key in store.list_profiles():
-            report["profiles"][key] = store.get_profile(key)
+            if job_id is None or _profile_job(key) == job_id:
+                report["profiles"][key] = store.get_profile(key)
     if as_json:
         return json.dumps(report, indent=2)
     out = [f"store {store_path}", f"{len(report['jobs'])} job(s), {len(report['profiles'])} power-limit profile(s)"]
@@ -118,6 +137,15 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
         out.append(textwrap.fill(key_text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    "))
         out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
+
+
+def _profile_job(key: str) -> str | None:
+    """The job a profile's key names (the profiler's JSON keys carry ``job_id``), or None."""
+    try:
+        fields = json.loads(key)
+    except ValueError:
+        return None
+    return fields.get("job_id") if isinstance(fields, dict) else None
 
 
 def _profile_key_text(key: str) -> str:

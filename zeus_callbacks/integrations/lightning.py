@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -34,6 +35,7 @@ from typing_extensions import override
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
+from zeus_callbacks.reporting import RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,11 @@ class ZeusCallback(SessionAdapter, Callback):
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
         self._optimizer_stepped = False
         self._state_key: tuple[str | None, str] | None = None
+        # The step Lightning logs the current batch's metrics at: global_step when the batch began
+        # (by on_train_batch_end the optimizer has stepped and global_step is one ahead).
+        self._batch_step: int | None = None
+        self._eval_for_monitors: dict[str, float] = {}  # eval energy, for callback_metrics at the next log_dict
+        self._ended = False  # the run's end was published (loggers, summary)
 
     @property
     @override
@@ -87,6 +94,9 @@ class ZeusCallback(SessionAdapter, Callback):
         # A fresh session per fit; a checkpoint restore (after setup) then loads its totals.
         if stage == "fit":
             self._new_session(is_main_process=trainer.is_global_zero, device_index=_device_index(trainer))
+            self._batch_step = None
+            self._eval_for_monitors = {}
+            self._ended = False
             self.session.open_backend()  # a missing GPU or library fails here, before training
             suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
             if self.config.batch_size.enabled and trainer.world_size > 1:
@@ -155,6 +165,7 @@ class ZeusCallback(SessionAdapter, Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._batch_step = trainer.global_step
         self.session.step_start(trainer.global_step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
 
@@ -170,7 +181,9 @@ class ZeusCallback(SessionAdapter, Callback):
         decision = session.step_end(trainer.global_step, num_samples=_batch_size(batch))
         metrics = session.pop_metrics()
         if metrics:
-            self._log(trainer, pl_module, metrics, on_step=True)
+            # At the step Lightning logs this batch's own metrics at (a logger that passes step=, as
+            # W&B does, drops points logged below its current step).
+            self._log(trainer, pl_module, metrics, on_step=True, step=self._batch_step)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             trainer.should_stop = True
@@ -199,7 +212,15 @@ class ZeusCallback(SessionAdapter, Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        self.session.eval_end()
+        self.session.eval_end()  # attributes the evaluation's energy now
+        metrics = self.session.pop_metrics()
+        if metrics:
+            # One point per evaluation, at the step Lightning logs its validation metrics at (the last
+            # batch's); self.log is refused here, so monitors see them with the next training log.
+            step = trainer.global_step if self._batch_step is None else self._batch_step
+            for pl_logger in trainer.loggers:
+                pl_logger.log_metrics(metrics, step=step)
+            self._eval_for_monitors.update(metrics)
         decision = self.session.evaluate(trainer.callback_metrics)
         if decision.stop_training:
             trainer.should_stop = True
@@ -215,9 +236,12 @@ class ZeusCallback(SessionAdapter, Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # teardown is skipped on an exception: end the run here so nothing is lost. After a
-        # SIGTERM the session's handler has ended it already: exception() returns that summary.
-        self.summary = self.session.exception(exception, interrupted=isinstance(exception, SIGTERMException))
+        # teardown is skipped on an exception: end the run here so nothing is lost (a Ctrl-C is a
+        # KeyboardInterrupt here). After a SIGTERM the session's handler has ended it already:
+        # exception() returns that summary. Either way the totals reach the loggers, and the summary is printed.
+        summary = self.session.exception(exception, interrupted=isinstance(exception, SIGTERMException))
+        if summary is not None:
+            self._publish_end(trainer, summary)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -226,18 +250,28 @@ class ZeusCallback(SessionAdapter, Callback):
 
     # -- helpers -----------------------------------------------------------------------
     def _log(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float], *, on_step: bool
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        metrics: dict[str, float],
+        *,
+        on_step: bool,
+        step: int | None = None,
     ) -> None:
+        """Hand ``metrics`` to every logger at ``step`` (default ``trainer.global_step``) and to callback_metrics."""
         if not metrics:
             return
         # Loggers get every report directly (pl_module.log would drop step values that
         # fall between log_every_n_steps); pl_module.log puts them in callback_metrics,
         # so other callbacks (checkpointing, early stopping) can monitor energy.
         for pl_logger in trainer.loggers:
-            pl_logger.log_metrics(metrics, step=trainer.global_step)
+            pl_logger.log_metrics(metrics, step=trainer.global_step if step is None else step)
         # No sync_dist: the session already aggregated the values over ranks, and a
         # reduce per key would be a collective that ranks with different keys (the main
         # rank reports the power-limit choice) would not all join.
+        if self._eval_for_monitors:
+            metrics = {**self._eval_for_monitors, **metrics}
+            self._eval_for_monitors = {}
         pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         if self.config.logging.progress_bar:
             bar = self.session.progress_bar_metrics()
@@ -252,17 +286,37 @@ class ZeusCallback(SessionAdapter, Callback):
                 )
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:
-        self.summary = self.session.train_end(status=status)
+        self._publish_end(trainer, self.session.train_end(status=status))
+
+    def _publish_end(self, trainer: pl.Trainer, summary: RunSummary) -> None:
+        """Once per run, however it ended: the last report and the totals to every logger, the summary printed.
+
+        Logged at ``trainer.global_step``, the steps taken: past every batch's step, where
+        Lightning also logs its epoch-end metrics, so the last report never shares a step with
+        the report of the last batch.
+        """
+        self.summary = summary
+        if self._ended:
+            return
+        self._ended = True
         final = {key: float(value) for key, value in self.session.pop_metrics().items()}
         final.update(self.session.totals())
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(final, step=trainer.global_step)
             pl_logger.save()
-        rank_zero_info(str(self.summary))
+        rank_zero_info(str(summary))
 
 
 def _logger_run_name(trainer: pl.Trainer) -> str | None:
-    """The first logger's name and version (``lightning_logs-3``), or its string version, or None."""
+    """The first logger's run name: a W&B run's name, else name and version (``lightning_logs-3``), or None.
+
+    ``WandbLogger``'s ``name`` is its project and its ``version`` the run id; the run's own name
+    (``WandbLogger(name=...)``, or the one W&B made up) is what users know the run by.
+    """
+    if isinstance(trainer.logger, WandbLogger):
+        run_name = getattr(trainer.logger.experiment, "name", None)
+        if isinstance(run_name, str) and run_name:
+            return run_name
     if trainer.logger is None or trainer.logger.version is None:
         return None
     version = trainer.logger.version

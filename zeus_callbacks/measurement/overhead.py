@@ -11,12 +11,15 @@ allows, and spaces the reports so that their fixed cost fits too.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
 _SMOOTHING = 0.3  # weight of the newest report in the running estimates
 MIN_FRACTION = 1e-3
 """The smallest fraction of steps auto mode measures."""
+logger = logging.getLogger(__name__)
+
 _MAX_REPORT_SPAN_S = 5.0  # auto mode never stretches the report interval past this much training
 WINDOWS_PER_REPORT = 16
 """Auto mode spaces reports so that each carries about this many measured steps."""
@@ -36,10 +39,11 @@ class WindowSampling:
       pays ``u`` or ``c``, so the budget is ``(1 − f)·u + f·c ≤ max_overhead · T``;
     - fraction ``f = min(1, (max_overhead · T − u) / (c − u))``, ``T`` the step period (s), and
       the least fraction when ``u`` alone uses the budget;
-    - report interval ``max(interval_steps, ⌈16 / f⌉)`` steps when ``stretch_reports`` (one
+    - report interval ``max(interval_steps, ⌈16 / f⌉)`` steps when ``f < 1`` and ``stretch_reports`` (one
       process: under several, reports are collectives and keep the configured cadence on
       every rank), so that a report carries ~16 measured steps and its fixed part stays a
-      small share of ``c``; at most 5 s of steps.
+      small share of ``c``; at most 5 s of steps. A longer interval than ``interval_steps`` is
+      announced once (a warning); with every step measured (``f = 1``) reports keep ``interval_steps``.
 
     Estimates are smoothed over reports. The measured steps are a random subset: the
     gaps between them are geometric draws of a seeded generator, so no periodic pattern
@@ -52,6 +56,8 @@ class WindowSampling:
         interval_steps: The configured steps between reports (the least interval).
         stretch_reports: Whether auto mode may lengthen the report interval.
         seed: Seed of the generator that draws the gaps.
+        announce: Warn (once) when reports come less often than ``interval_steps`` (off: no step
+            energy is reported, e.g. ``windows.step`` off).
 
     Raises:
         ValueError: ``fraction`` or ``max_overhead`` out of range.
@@ -65,6 +71,7 @@ class WindowSampling:
         *,
         stretch_reports: bool,
         seed: int = 0,
+        announce: bool = True,
     ) -> None:
         if fraction is not None and not MIN_FRACTION <= fraction <= 1:
             raise ValueError(f"fraction must be in [{MIN_FRACTION:g}, 1], got {fraction}")
@@ -80,6 +87,7 @@ class WindowSampling:
         self._step_s: float | None = None
         self._cost_s: float | None = None  # per measured step, hooks and report share
         self._unmeasured_s: float | None = None  # per unmeasured step, its calls
+        self._announced = not announce  # the stretched report interval was announced (once)
 
     def next_skip(self) -> int:
         """Steps to leave unmeasured before the next measured one (0 when every step is measured)."""
@@ -126,8 +134,20 @@ class WindowSampling:
                 wanted = (budget_s - floor_s) / (self._cost_s - floor_s)
             self.fraction = min(1.0, max(MIN_FRACTION, wanted))
         if self.stretch_reports:
+            if self.fraction >= 1.0:  # every step measured: a report of interval_steps steps fits the budget
+                self.report_every = self.interval_steps
+                return
             most = max(self.interval_steps, int(_MAX_REPORT_SPAN_S / self._step_s))
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
+            if self.report_every > self.interval_steps and not self._announced:
+                self._announced = True
+                logger.warning(
+                    "zeus-callbacks: steps of %.2f ms are measured as a %.1f%% sample (windows.sample_fraction: "
+                    "auto), so step energy is reported every %d steps, not every logging.interval_steps=%d "
+                    "(set windows.sample_fraction: 1 to measure every step and report every %d)",
+                    1e3 * self._step_s, 100 * self.fraction, self.report_every, self.interval_steps,
+                    self.interval_steps,
+                )  # fmt: skip
 
 
 def _smooth(old: float | None, new: float) -> float:

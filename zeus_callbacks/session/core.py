@@ -119,6 +119,7 @@ class EnergySession(StepScheduler):
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._cleanup: Registration | None = None  # SIGTERM / exit: end the run (and restore limits) first
         self.power_limiter: pl.PowerLimitController | None = None
+        self._chosen_power_limit: tuple[float, int, bool] | None = None  # (W, from step, applied)
         self._power_limit_agreement = False  # DDP: exchange the limit at each step start
         self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
         # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
@@ -214,6 +215,7 @@ class EnergySession(StepScheduler):
         cfg = self.config
         self._finished = None
         self._status = "completed"
+        self._chosen_power_limit = None
         self._totals = self._carried.copy()
         backend = self.open_backend()
         gpu_indices = select_gpu_indices(cfg, backend, self._device_index)
@@ -236,6 +238,7 @@ class EnergySession(StepScheduler):
             cfg.windows.max_overhead,
             cfg.logging.interval_steps,
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
+            announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
         )
         self._begin_steps(
             run.meter, run.timer, backend.clock, sampling,
@@ -296,15 +299,18 @@ class EnergySession(StepScheduler):
         if self.power_limiter is not None:
             self.power_limiter.on_eval_start(run.backend.clock.now_s())
         if self.config.windows.eval:
-            run.meter.begin("eval")
+            run.meter.begin("eval", step=self._totals.steps)
 
     def eval_end(self) -> None:
         """Close the evaluation window; its energy is reported once attributed."""
         if not self.started:
             return
         run = self.run
-        if self.config.windows.eval:
-            run.meter.end("eval")
+        if self.config.windows.eval and run.meter.end("eval"):
+            # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
+            # so that adapters log its energy at the evaluation's step, before the next training step.
+            run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
+            self._attribute_closed()
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
         self._resume_timing()
@@ -764,6 +770,8 @@ class EnergySession(StepScheduler):
         if result is None:
             return
         if result.chosen_limit_W is not None:
+            # In force from the next step on (observe mode: chosen, never applied).
+            self._chosen_power_limit = (result.chosen_limit_W, self._totals.steps + 1, not self.power_limiter.observe)
             self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
             if self.batch_size_controller is not None:  # the trial records the limit it trained at
                 self.batch_size_controller.record_power_limit(result.chosen_limit_W)
@@ -782,11 +790,7 @@ class EnergySession(StepScheduler):
         per window); the rare others (epoch, eval, run, user windows) one record each.
         """
         self._take_back_quiet_steps()
-        windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=resolve_final)
-        if batch is not None:
-            self._absorb_bulk(batch)
-        for record in windows:
-            self._absorb(record)
+        self._attribute_closed(final=resolve_final)
         if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
@@ -796,6 +800,14 @@ class EnergySession(StepScheduler):
             self._queue_step_metrics()
         if resolve_final and self._steps_unlogged:  # the last steps, none of them measured: still counted
             self._write_steps_record({}, [], self.ranks.num_processes)
+
+    def _attribute_closed(self, *, final: bool = False) -> None:
+        """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics."""
+        windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
+        if batch is not None:
+            self._absorb_bulk(batch)
+        for record in windows:
+            self._absorb(record)
 
     def _absorb_bulk(self, batch: WindowBatch) -> None:
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
@@ -905,6 +917,7 @@ class EnergySession(StepScheduler):
             epochs=t.epochs,
             epoch_energy_J=list(t.epoch_energy_J),
             power_limit_W=self.power_limit_W,
+            chosen_power_limit=self._chosen_power_limit,
             faults=dict(run.sampler.health.faults),
             jsonl_path=str(run.log.path) if run.log.path is not None else None,
             degraded=self.degraded,

@@ -70,8 +70,8 @@ def evaluate_record(step: int, metrics: dict[str, float]) -> dict[str, Any]:
 
 
 def eval_record(record: WindowRecord) -> dict[str, Any]:
-    """The ``eval`` record of one evaluation window."""
-    return {"event": "eval", "energy_J": record.energy_J, "time_s": record.time_s}
+    """The ``eval`` record of one evaluation window; ``step``: training steps taken before it began."""
+    return {"event": "eval", "step": record.info.get("step"), "energy_J": record.energy_J, "time_s": record.time_s}
 
 
 def window_record(record: WindowRecord) -> dict[str, Any]:
@@ -305,8 +305,14 @@ def run_summary(
     faults: dict[str, int],
     jsonl_path: str | None,
     degraded: bool,
+    chosen_power_limit: tuple[float, int, bool] | None = None,
 ) -> RunSummary:
-    """The run summary from the ranks' summary columns (:func:`local_summary_row`)."""
+    """The run summary from the ranks' summary columns (:func:`local_summary_row`).
+
+    ``chosen_power_limit``: the profiler's (or the cache's) choice as (W, the step it is in force
+    from, whether it was applied: False in observe mode), or None when no limit was chosen.
+    """
+    chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
     energy_J = carried_energy_J + total(rows, 0)
     time_s = carried_time_s + slowest(rows, 1)
@@ -324,6 +330,9 @@ def run_summary(
         step_time_s=slowest(rows, 4),
         epoch_energy_J=epoch_energy_J,
         power_limit_W=power_limit_W,
+        chosen_power_limit_W=chosen_W,
+        power_limit_from_step=chosen_step,
+        power_limit_applied=applied,
         counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) else None,
         faults=faults,
         jsonl_path=jsonl_path,

@@ -153,11 +153,11 @@ class StartedRun:
             return None
         return sum(limits) / len(limits)
 
-    def flush_sensor(self, until_s: float) -> None:
-        """Poll until samples cover ``until_s`` (bounded wait), and read the counter."""
+    def flush_sensor(self, until_s: float, *, read_counter: bool = True) -> None:
+        """Poll until samples cover ``until_s`` (bounded wait), and read the counter (once) if ``read_counter``."""
         deadline = time.monotonic() + EPOCH_FLUSH_TIMEOUT_S
         delay = self.sensor_delay_s
-        read_counter = True  # once: a counter read costs 3-5 ms on an H200
+        # read_counter: once; a counter read costs 3-5 ms on an H200
         while True:
             self.sampler.poll_once(read_counter=read_counter)
             read_counter = False

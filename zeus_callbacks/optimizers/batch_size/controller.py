@@ -322,7 +322,9 @@ class BatchSizeController:
             status = "completed"
         cost = self.cost(energy_J, time_s)
         converged = self.converged and status == "completed"
-        info = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        if self.config.backend == "virtual":
+            info["simulated"] = True  # measured on the virtual GPU: plots say so
         return self._with_bandit(
             lambda b: b.report(
                 self.suggestion.trial_id,

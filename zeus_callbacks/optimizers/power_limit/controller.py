@@ -242,6 +242,16 @@ class PowerLimitController:
         tried = sorted({r["limit_W"] for r in rows})
         trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
         done = sum(1 for r in rows if r["profiled_steps"] >= p.settings.min_profile_steps)
+        if self.observe:  # observe mode was announced once already: the run's end is no second warning
+            message = (
+                f"observe mode ({self.observe_reason}): measured the limit in force ({trained}) until the run "
+                f"ended after {steps} steps; nothing was chosen or changed"
+            )
+            logger.info("zeus-callbacks: %s", message)
+            self.result = PowerLimitResult(
+                "observe", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
+            )
+            return self.result
         message = (
             f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
             f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
@@ -285,7 +295,12 @@ class PowerLimitController:
         if self.plot_path is not None and self.is_main_process:
             try:
                 plot_profile(rows, chosen, self.plot_path)
-            except Exception as exc:  # no matplotlib, no display, full disk: the run goes on
+            except ImportError as exc:  # the plot extra is not installed: the run goes on, and says so
+                logger.warning(
+                    "zeus-callbacks: power_limit.plot is on but %s: install zeus-callbacks[plot] "
+                    "(pip install 'zeus-callbacks[plot]'); the profile PNG %s is skipped", exc, self.plot_path,
+                )  # fmt: skip
+            except Exception as exc:  # no display, full disk: the run goes on
                 logger.warning("zeus-callbacks: cannot plot the power-limit profile (%s)", exc)
         if self.cache is not None and self.key is not None and self.is_main_process:
             try:
