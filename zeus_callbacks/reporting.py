@@ -121,6 +121,9 @@ class RunSummary:
         world_size: Processes whose GPUs the figures cover (1 without DDP).
         gpu_energy_J: Each measured GPU's energy over the run, ranks in order (J).
         degraded: A sensor fault on any rank made the measurement incomplete.
+        rejected_samples: Power samples this process rejected as physically impossible, by reason
+            (``non_finite``, ``negative``, ``above_max``, ``future_timestamp``, ``timestamp_backwards``);
+            any rejection marks the run degraded.
     """
 
     run_name: str
@@ -141,6 +144,7 @@ class RunSummary:
     world_size: int = 1
     gpu_energy_J: list[float] = field(default_factory=list)
     degraded: bool = False
+    rejected_samples: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""

@@ -305,6 +305,7 @@ def run_summary(
     faults: dict[str, int],
     jsonl_path: str | None,
     degraded: bool,
+    rejected_samples: dict[str, int] | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`)."""
     # Energy sums over GPUs (ranks); time is the slowest rank's.
@@ -330,4 +331,5 @@ def run_summary(
         world_size=len(rows),
         gpu_energy_J=joined(rows, 5),
         degraded=degraded,
+        rejected_samples=dict(rejected_samples or {}),
     )
