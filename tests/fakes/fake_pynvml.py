@@ -229,6 +229,7 @@ class FakeGPU:
     energy_offset_mJ: int = H200_ENERGY_AT_START_mJ
     origin_s: float = 0.0
     unsupported_fields: set[int] = field(default_factory=set)
+    stuck_mJ: int | None = None  # the energy counter's frozen value, while stuck
     corrupt: list[tuple[float | None, float]] = field(default_factory=list)  # (power_W, shift_s), next samples
 
 
@@ -339,7 +340,16 @@ class FakePyNVML(FakeLibrary):
         end_s = end_us / US_PER_S
         return int(round(gpu.model.mean_power_W(end_s - window_s, end_s) * 1000))
 
+    def stick_counter(self, index: int = 0, stuck: bool = True) -> None:
+        """Make GPU ``index``'s energy counter stop advancing, or resume (jumping to the true total)."""
+        gpu = self.gpus[index]
+        gpu.stuck_mJ = None
+        if stuck:
+            gpu.stuck_mJ = self._energy_mJ(gpu, self._last_tick_us(self._now_us(), H200_SENSOR_REFRESH_S))
+
     def _energy_mJ(self, gpu: FakeGPU, at_us: int) -> int:
+        if gpu.stuck_mJ is not None:
+            return gpu.stuck_mJ
         energy_J = gpu.model.energy_J(gpu.origin_s, at_us / US_PER_S)
         return gpu.energy_offset_mJ + round(energy_J * 1000)
 
