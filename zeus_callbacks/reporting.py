@@ -174,6 +174,8 @@ class RunSummary:
             lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
         if self.degraded or self.faults:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
+            if self.rejected_samples:
+                lines.append(f"  rejected samples {dict(self.rejected_samples)}")
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)
