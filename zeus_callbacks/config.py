@@ -150,6 +150,15 @@ class SamplingConfig(_Section):
         description="Seconds of raw power samples kept in memory (ring buffer). Longer windows stay exact: "
         "the sampler keeps a running energy integral (every sample for this long, every second for 48 h).",
     )
+    sensor_timeout_s: float = Field(
+        0.5,
+        ge=0.01,
+        le=60,
+        description="The longest the training thread waits for a sensor read (s), at an epoch end, the run's "
+        "end or any hook; a read that takes longer is abandoned (the run is marked degraded, fault "
+        "sensor_timeout) and a vendor call slower than this counts as slow_sensor_call. Default: five poll "
+        "periods.",
+    )
 
 
 class WindowsConfig(_Section):

@@ -125,6 +125,9 @@ class RunSummary:
         world_size: Processes whose GPUs the figures cover (1 without DDP).
         gpu_energy_J: Each measured GPU's energy over the run, ranks in order (J).
         degraded: A sensor fault on any rank made the measurement incomplete.
+        rejected_samples: Power samples this process rejected as physically impossible, by reason
+            (``non_finite``, ``negative``, ``above_max``, ``future_timestamp``, ``timestamp_backwards``);
+            any rejection marks the run degraded.
     """
 
     run_name: str
@@ -148,6 +151,7 @@ class RunSummary:
     world_size: int = 1
     gpu_energy_J: list[float] = field(default_factory=list)
     degraded: bool = False
+    rejected_samples: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -187,6 +191,8 @@ class RunSummary:
             lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
         if self.degraded or self.faults:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
+            if self.rejected_samples:
+                lines.append(f"  rejected samples {dict(self.rejected_samples)}")
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)

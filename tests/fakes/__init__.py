@@ -185,6 +185,8 @@ class FakeLibrary:
         self._lock = threading.Lock()
         self._init_count = 0
         self.gpus: list = []
+        self._hangs: dict[str, float | None] = {}
+        self._release = threading.Event()
 
     # -- hooks -------------------------------------------------------------------------
     def _exc_factory(self, error) -> Callable[[], BaseException]:
@@ -241,10 +243,28 @@ class FakeLibrary:
         """Remove every scripted fault (device state such as counters is kept)."""
         self.faults.clear()
 
+    def hang(self, func: str, seconds: float | None = None) -> None:
+        """Make every later call of ``func`` block: ``seconds`` of real time, or (None) until :meth:`release`.
+
+        A driver call that never returns (a wedged GPU) or takes seconds (a busy driver) is seen in the
+        field (issue 20); the call blocks on an event, so it holds no lock of the fake and the GIL is free.
+        """
+        with self._lock:
+            self._hangs[func] = seconds
+            self._release.clear()
+
+    def release(self) -> None:
+        """End every hang: blocked calls return (and go on as normal calls), later ones do not block."""
+        with self._lock:
+            self._hangs.clear()
+            self._release.set()
+
     # -- internals ---------------------------------------------------------------------
     def _begin(self, func: str, index: int | None) -> None:
         """Count a call, raise a scripted fault, sleep its cost, refuse it before init."""
         self.faults.check(func, index)
+        if func in self._hangs:
+            self._release.wait(self._hangs.get(func))
         cost = self.call_cost_s.get(func, 0.0)
         if cost > 0:
             time.sleep(cost)

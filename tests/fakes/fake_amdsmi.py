@@ -137,6 +137,7 @@ class FakeAMDGPU:
     default_power_cap_uW: int = DEFAULT_MAX_CAP_UW
     tick_offset: int = 123_456_789
     power_info_scale: float = 1.0
+    stuck_ticks: int | None = None  # the counter's frozen value, while stuck
     power_info_fields: dict[str, bool] = field(
         default_factory=lambda: {"average_socket_power": True, "current_socket_power": True}
     )
@@ -204,6 +205,19 @@ class FakeAMDSMI(FakeLibrary):
         """Make GPU ``index``'s energy counter jump back by ``by_ticks`` ticks."""
         self.gpus[index].tick_offset -= by_ticks
 
+    def stick_counter(self, index: int = 0, stuck: bool = True) -> None:
+        """Make GPU ``index``'s energy counter stop advancing (seen on amdsmi, issue 16), or resume.
+
+        On resuming the counter jumps to the true total, as a driver that kept accumulating does.
+        """
+        gpu = self.gpus[index]
+        gpu.stuck_ticks = self._ticks(gpu) if stuck else None
+
+    def _ticks(self, gpu: FakeAMDGPU) -> int:
+        tick_us = max(self._tick_us(), to_us(gpu.origin_s))
+        energy_uJ = gpu.model.energy_J(gpu.origin_s, tick_us / US_PER_S) * 1e6
+        return gpu.tick_offset + round(energy_uJ / self.counter_resolution_uJ)
+
     def set_power_info_scale(self, scale: float, index: int | None = None) -> None:
         """Make ``amdsmi_get_power_info`` report ``scale`` × the true power (a lying sensor)."""
         for gpu in self._targets(index):
@@ -250,6 +264,8 @@ class FakeAMDSMI(FakeLibrary):
         tick_us = max(self._tick_us(), to_us(gpu.origin_s))
         energy_uJ = gpu.model.energy_J(gpu.origin_s, tick_us / US_PER_S) * 1e6
         ticks = gpu.tick_offset + round(energy_uJ / self.counter_resolution_uJ)
+        if gpu.stuck_ticks is not None:
+            ticks = gpu.stuck_ticks
         return {self.energy_key: ticks, "counter_resolution": self.counter_resolution_uJ, "timestamp": tick_us * 1000}
 
     def amdsmi_get_power_info(self, handle: FakeProcessorHandle) -> dict[str, Any]:

@@ -229,6 +229,8 @@ class FakeGPU:
     energy_offset_mJ: int = H200_ENERGY_AT_START_mJ
     origin_s: float = 0.0
     unsupported_fields: set[int] = field(default_factory=set)
+    stuck_mJ: int | None = None  # the energy counter's frozen value, while stuck
+    corrupt: list[tuple[float | None, float]] = field(default_factory=list)  # (power_W, shift_s), next samples
 
 
 class FakePyNVML(FakeLibrary):
@@ -304,6 +306,15 @@ class FakePyNVML(FakeLibrary):
         """Switch MIG mode of GPU ``index`` on or off (current and pending)."""
         self.gpus[index].mig_mode = NVML_DEVICE_MIG_ENABLE if enabled else NVML_DEVICE_MIG_DISABLE
 
+    def corrupt_next_sample(self, power_W: float | None = None, shift_s: float = 0.0, index: int = 0) -> None:
+        """Make the newest sample of GPU ``index``'s next non-empty ``nvmlDeviceGetSamples`` read wrong.
+
+        Its value becomes ``power_W`` (W; NaN, negative or huge allowed: that read then comes back with
+        ``NVML_VALUE_TYPE_DOUBLE``, the one union member that holds them) and its timestamp moves by
+        ``shift_s`` (s; positive: a sample from the future). The true power is unchanged.
+        """
+        self.gpus[index].corrupt.append((power_W, shift_s))
+
     def counter_backwards(self, index: int = 0, by_mJ: int = 1_000_000) -> None:
         """Make GPU ``index``'s energy counter jump back by ``by_mJ`` millijoules."""
         self.gpus[index].energy_offset_mJ -= by_mJ
@@ -329,7 +340,16 @@ class FakePyNVML(FakeLibrary):
         end_s = end_us / US_PER_S
         return int(round(gpu.model.mean_power_W(end_s - window_s, end_s) * 1000))
 
+    def stick_counter(self, index: int = 0, stuck: bool = True) -> None:
+        """Make GPU ``index``'s energy counter stop advancing, or resume (jumping to the true total)."""
+        gpu = self.gpus[index]
+        gpu.stuck_mJ = None
+        if stuck:
+            gpu.stuck_mJ = self._energy_mJ(gpu, self._last_tick_us(self._now_us(), H200_SENSOR_REFRESH_S))
+
     def _energy_mJ(self, gpu: FakeGPU, at_us: int) -> int:
+        if gpu.stuck_mJ is not None:
+            return gpu.stuck_mJ
         energy_J = gpu.model.energy_J(gpu.origin_s, at_us / US_PER_S)
         return gpu.energy_offset_mJ + round(energy_J * 1000)
 
@@ -406,6 +426,15 @@ class FakePyNVML(FakeLibrary):
         ]
         if not samples:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
+        if gpu.corrupt:
+            power_W, shift_s = gpu.corrupt.pop(0)
+            last = samples[-1]
+            if power_W is not None:
+                last.sampleValue = c_nvmlValue_t(dVal=power_W * 1000)
+                for sample in samples[:-1]:
+                    sample.sampleValue = c_nvmlValue_t(dVal=float(sample.sampleValue.uiVal))
+            last.timeStamp += to_us(shift_s)
+            return (NVML_VALUE_TYPE_DOUBLE if power_W is not None else NVML_VALUE_TYPE_UNSIGNED_INT), samples
         return NVML_VALUE_TYPE_UNSIGNED_INT, samples
 
     def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list) -> list[c_nvmlFieldValue_t]:

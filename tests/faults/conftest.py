@@ -3,7 +3,8 @@
 A test calls the ``record_fault`` fixture once per fault it injects, with whether the
 product survived it (what "survived" means is stated next to each category in
 ``docs/reliability.md``). The session ends with a per-category breakdown and one final
-line ``faults: N tried, N survived``.
+line ``faults: N tried, N survived``; the truth-or-flag property suite (test_truth_or_flag.py) adds
+``truth-or-flag: N schedules, V violations``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def record_fault() -> Callable[[str, bool], bool]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from tests.faults.truth_or_flag import TALLY as TRUTH
+
+    if TRUTH["schedules"]:
+        terminalreporter.write_sep("-", "truth-or-flag property suite")
+        terminalreporter.write_line(
+            f"  figures: {TRUTH['checked']} checked against the truth, {TRUTH['flagged_or_null']} flagged or null"
+        )
+        terminalreporter.write_line(f"truth-or-flag: {TRUTH['schedules']} schedules, {TRUTH['violations']} violations")
     if not _TALLY:
         return
     terminalreporter.write_sep("-", "fault-injection suite")

@@ -6,6 +6,19 @@ counter every ``energy_counter_period_s``, into bounded ring buffers. Sensor err
 caught, counted and warned about once per kind; measurement then runs degraded and
 training goes on.
 
+Sensor time is bounded. The training thread never makes a vendor call itself: when it
+needs fresh readings (an epoch end, the run's end) it asks the sampler thread (or, when
+that is not running, a short-lived helper thread) and waits at most
+``sensor_timeout_s``. A call that takes longer is abandoned: the caller goes on, the
+run is marked degraded (fault ``sensor_timeout``), and while that call is still stuck
+later requests return at once instead of waiting again. A vendor call that returns
+but took longer than ``sensor_timeout_s`` is counted as ``slow_sensor_call``.
+
+Samples outside physical bounds are rejected and counted by reason in
+:attr:`SamplerHealth.rejected`: a non-finite time or power, a negative power, a power
+above :data:`MAX_POWER_FACTOR` × the device's maximum power limit, a timestamp more than
+:func:`future_tolerance_s` ahead of the clock, a timestamp older than the last sample kept.
+
 As samples arrive the sampler also integrates them into a running energy total ``F(t)``
 (see :mod:`~zeus_callbacks.measurement.attribution` for how a sample is read). ``F`` is
 kept at every sample for the last ``buffer_s`` seconds and once every
@@ -19,8 +32,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,23 +46,54 @@ from zeus_callbacks.measurement.ring import TimeSeriesRing
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
+DEFAULT_SENSOR_TIMEOUT_S = 0.5
+"""How long the training thread waits for a sensor read (s): five 100 ms poll periods, ~100 energy-counter
+calls at the H200's 3.3-4.8 ms (docs/hardware.md)."""
+
+MAX_POWER_FACTOR = 2.0
+"""A sample above this many times the device's maximum power limit is rejected. The H200 overshoots its
+700 W limit by up to 1.26x for 50-100 ms from idle (884 W seen, docs/hardware.md#sample-semantics); twice
+the limit leaves room for that and for the few percent the sample stream reads above the counter."""
+
+FALLBACK_MAX_POWER_W = 10_000.0
+"""Upper bound of a plausible sample (W) when the device's power-limit range cannot be read: the largest
+accelerators sold in 2026 are rated at ~1.2 kW, so 10 kW is far above any one device."""
+
+REJECT_REASONS = ("non_finite", "negative", "above_max", "future_timestamp", "timestamp_backwards")
+"""The reasons a sample is rejected, as counted in :attr:`SamplerHealth.rejected`."""
+
+
+def future_tolerance_s(sample_period_s: float) -> float:
+    """How far ahead of the clock a sample's timestamp may be before it is rejected (s).
+
+    Samples are stamped on the clock the sampler reads right after the call, so a real one is never ahead
+    of it; two sample periods (at least 0.1 s) absorb rounding of µs stamps and a clock step.
+    """
+    return max(0.1, 2.0 * sample_period_s)
+
 
 @dataclass
 class SamplerHealth:
     """What went wrong while sampling.
 
     Attributes:
-        faults: Count of failed reads per fault kind (e.g. ``"gpu_lost"``).
+        faults: Count of failed reads per fault kind (e.g. ``"gpu_lost"``); ``sensor_timeout``
+            counts waits of the training thread cut short, ``slow_sensor_call`` vendor calls
+            slower than the sampler's ``sensor_timeout_s``.
         dropped_samples: Samples overwritten because the ring buffer was full.
+        rejected: Samples rejected as physically impossible, by reason (:data:`REJECT_REASONS`).
     """
 
     faults: Counter = field(default_factory=Counter)
     dropped_samples: int = 0
+    rejected: Counter = field(default_factory=Counter)
 
     @property
     def degraded(self) -> bool:
-        """True when at least one read failed."""
-        return bool(self.faults)
+        """True when at least one read failed, was cut short, or returned an impossible sample."""
+        return bool(self.faults) or bool(self.rejected)
 
 
 class PowerSampler:
@@ -62,10 +109,13 @@ class PowerSampler:
         sensor_delay_s: Lag of a sample behind the power it reports (s).
         coarse_period_s: Spacing of the coarse ``F`` knots kept for long windows (s).
         history_s: How far back the coarse knots reach (s); 48 h by default, ~2.8 MB a GPU.
+        sensor_timeout_s: The longest :meth:`poll_bounded` (and :meth:`start`, :meth:`stop`)
+            waits for the sensor (s); a vendor call slower than this counts as slow.
 
     Thread safety: ``poll_once`` runs on the sampler thread (or the caller's, when not
-    started); the readers (:meth:`samples`, :meth:`counter_readings`) may be called from
-    any thread.
+    started); the training thread uses :meth:`poll_bounded`, which never waits longer
+    than ``sensor_timeout_s``; the readers (:meth:`samples`, :meth:`counter_readings`)
+    may be called from any thread and never wait on a vendor call.
     """
 
     def __init__(
@@ -79,9 +129,13 @@ class PowerSampler:
         sensor_delay_s: float = 0.0,
         coarse_period_s: float = 1.0,
         history_s: float = 48 * 3600.0,
+        sensor_timeout_s: float = DEFAULT_SENSOR_TIMEOUT_S,
     ) -> None:
         if not gpu_indices:
             raise ValueError("PowerSampler needs at least one GPU index")
+        if not sensor_timeout_s > 0:
+            raise ValueError(f"sensor_timeout_s must be > 0, got {sensor_timeout_s}")
+        self.sensor_timeout_s = float(sensor_timeout_s)
         self.backend = backend
         self.gpu_indices = list(gpu_indices)
         self.poll_period_s = poll_period_s
@@ -106,6 +160,14 @@ class PowerSampler:
         self._thread: threading.Thread | None = None
         self.health = SamplerHealth()
         self._warned: set[str] = set()
+        self._max_power_W: dict[int, float] = {}
+        # Bounded polls: requests to the sampler thread and the polls it completed.
+        self._done = threading.Condition()
+        self._requested = 0
+        self._completed = 0
+        self._force_counter = False
+        self._helper: threading.Thread | None = None
+        self._poll_began: float | None = None  # time.monotonic() when the poll in progress began
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, *, first_poll: bool = True) -> None:
@@ -120,7 +182,7 @@ class PowerSampler:
         if self._thread is not None:
             return
         if first_poll:
-            self.poll_once(read_counter=True)
+            self.poll_bounded(read_counter=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="zeus-power-sampler", daemon=True)
         self._thread.start()
@@ -137,11 +199,13 @@ class PowerSampler:
         if thread is not None:
             self._stop.set()
             self._wake.set()
-            thread.join(timeout=5.0)
-            if thread.is_alive():
-                self._warn_once("join", "the power sampler thread did not stop within 5 s")
+            thread.join(timeout=self.sensor_timeout_s)
+            if thread.is_alive():  # stuck in a vendor call: a daemon thread, abandoned
+                self._warn_once(
+                    "join", f"the power sampler thread did not stop within {self.sensor_timeout_s:g} s; abandoned"
+                )
         if final_drain:
-            self.poll_once(read_counter=True)
+            self.poll_bounded(read_counter=True)
 
     @property
     def running(self) -> bool:
@@ -160,7 +224,65 @@ class PowerSampler:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.poll_once()
+            with self._done:
+                target, force = self._requested, self._force_counter
+                self._force_counter = False
+            self.poll_once(read_counter=True if force else None)
+            with self._done:
+                self._completed = max(self._completed, target)
+                self._done.notify_all()
+
+    def poll_bounded(self, *, read_counter: bool | None = None, timeout_s: float | None = None) -> bool:
+        """Have the sensor read now, off the calling thread, waiting at most ``timeout_s``.
+
+        The sampler thread does the reading when it runs, a short-lived daemon thread
+        otherwise. A wait cut short counts a ``sensor_timeout`` fault (the run is then
+        degraded); while that read is still stuck, later calls return False at once.
+
+        Args:
+            read_counter: True to read the energy counter too (when supported); False or
+                None to read it only when due.
+            timeout_s: The longest wait (s); default ``sensor_timeout_s``.
+
+        Returns:
+            True when the read finished in time.
+        """
+        timeout_s = self.sensor_timeout_s if timeout_s is None else timeout_s
+        began = self._poll_began
+        if began is not None and time.monotonic() - began > self.sensor_timeout_s:
+            self._sensor_timeout("a sensor read is still stuck")
+            return False
+        thread = self._thread
+        if thread is not None and thread.is_alive() and threading.current_thread() is not thread:
+            with self._done:
+                self._requested += 1
+                target = self._requested
+                self._force_counter = self._force_counter or bool(read_counter)
+                self._wake.set()
+                done = self._done.wait_for(lambda: self._completed >= target, timeout_s)
+        elif threading.current_thread() is thread:
+            self.poll_once(read_counter=read_counter)
+            return True
+        else:
+            helper = self._helper
+            if helper is None or not helper.is_alive():
+                helper = threading.Thread(
+                    target=self.poll_once, kwargs={"read_counter": read_counter}, name="zeus-power-read", daemon=True
+                )
+                self._helper = helper
+                helper.start()
+            helper.join(timeout_s)
+            done = not helper.is_alive()
+        if not done:
+            self._sensor_timeout(f"a sensor read took longer than {timeout_s:g} s")
+        return done
+
+    def _sensor_timeout(self, why: str) -> None:
+        self.health.faults["sensor_timeout"] += 1
+        self._warn_once(
+            "sensor_timeout",
+            f"{why}; training goes on without waiting for it (sampling.sensor_timeout_s) and measurement is degraded",
+        )
 
     # -- reading the backend --------------------------------------------------------
     def poll_once(self, *, read_counter: bool | None = None) -> None:
@@ -170,32 +292,61 @@ class PowerSampler:
         per kind.
         """
         with self._poll_lock:
-            now_s = self.backend.clock.now_s()
-            if read_counter is None:
-                read_counter = now_s - self._last_counter_read_s >= self.energy_counter_period_s
-            for index in self.gpu_indices:
-                self._drain_samples(index)
-                if read_counter and self._counter_supported[index]:
-                    self._read_counter(index)
-            if read_counter:
-                self._last_counter_read_s = now_s
+            self._poll_began = time.monotonic()
+            try:
+                now_s = self.backend.clock.now_s()
+                if read_counter is None:
+                    read_counter = now_s - self._last_counter_read_s >= self.energy_counter_period_s
+                for index in self.gpu_indices:
+                    self._drain_samples(index)
+                    if read_counter and self._counter_supported[index]:
+                        self._read_counter(index)
+                if read_counter:
+                    self._last_counter_read_s = now_s
+            finally:
+                self._poll_began = None
+
+    def _timed_call(self, what: str, call: Callable[[], _T]) -> _T:
+        """Make one vendor call; count it as slow when it took longer than ``sensor_timeout_s``."""
+        began = time.monotonic()
+        try:
+            return call()
+        finally:
+            took_s = time.monotonic() - began
+            if took_s > self.sensor_timeout_s:
+                self.health.faults["slow_sensor_call"] += 1
+                self._warn_once(
+                    "slow_sensor_call",
+                    f"reading the {what} took {took_s:.2f} s (more than sampling.sensor_timeout_s = "
+                    f"{self.sensor_timeout_s:g} s); measurement is degraded",
+                )
 
     def _drain_samples(self, index: int) -> None:
         ring = self._power[index]
         try:
             with self._lock:
                 since_s = ring.last_time()
-            samples = self.backend.power_samples_since(index, -math.inf if since_s is None else since_s)
+            since = -math.inf if since_s is None else since_s
+            samples = self._timed_call(
+                f"power samples of GPU {index}", lambda: self.backend.power_samples_since(index, since)
+            )
+            now_s = self.backend.clock.now_s()
         except Exception as exc:  # measurement must never crash training
             self._record_fault(exc, f"power samples of GPU {index}")
             return
+        max_W = self._max_power_bound_W(index)
+        future_s = now_s + future_tolerance_s(self.backend.sample_period_s)
         with self._lock:
             last = ring.last_time()
             fresh = []
-            for sample in samples:  # keep strictly newer samples, in order
-                if last is None or sample.timestamp_s > last:
-                    fresh.append(sample)
-                    last = sample.timestamp_s
+            for sample in samples:  # keep plausible, strictly newer samples, in order
+                reason = _reject_reason(sample, max_W, future_s, last)
+                if reason is not None:
+                    if reason != "duplicate":
+                        self._reject(index, reason, sample)
+                    continue
+                fresh.append(sample)
+                last = sample.timestamp_s
             if fresh:
                 self._integrate(index, fresh)
             self.health.dropped_samples = sum(r.dropped for r in self._power.values())
@@ -222,9 +373,30 @@ class PowerSampler:
         for t, p in zip(times, power, strict=True):
             ring.append(float(t), float(p))
 
+    def _max_power_bound_W(self, index: int) -> float:
+        """The largest plausible sample of GPU ``index`` (W); read once, on the polling thread."""
+        bound = self._max_power_W.get(index)
+        if bound is None:
+            try:
+                bound = MAX_POWER_FACTOR * float(self.backend.power_limit_constraints_W(index)[1])
+                if not (math.isfinite(bound) and bound > 0):
+                    bound = FALLBACK_MAX_POWER_W
+            except Exception:  # no range: the generic bound
+                bound = FALLBACK_MAX_POWER_W
+            self._max_power_W[index] = bound
+        return bound
+
+    def _reject(self, index: int, reason: str, sample: PowerSample) -> None:
+        self.health.rejected[reason] += 1
+        self._warn_once(
+            f"rejected_{reason}",
+            f"rejected an impossible power sample of GPU {index} ({reason}: {sample.power_W!r} W at "
+            f"{sample.timestamp_s!r} s); measurement is degraded",
+        )
+
     def _read_counter(self, index: int) -> None:
         try:
-            energy_J = self.backend.energy_counter_J(index)
+            energy_J = self._timed_call(f"energy counter of GPU {index}", lambda: self.backend.energy_counter_J(index))
             now_s = self.backend.clock.now_s()
         except Exception as exc:
             if isinstance(exc, NotSupported):
@@ -309,3 +481,19 @@ class PowerSampler:
     def request_poll(self) -> None:
         """Wake the sampler thread for an early drain (non-blocking)."""
         self._wake.set()
+
+
+def _reject_reason(sample: PowerSample, max_W: float, future_s: float, last_s: float | None) -> str | None:
+    """Why ``sample`` cannot be kept (one of :data:`REJECT_REASONS`, or ``"duplicate"``), or None."""
+    t, p = sample.timestamp_s, sample.power_W
+    if not (math.isfinite(t) and math.isfinite(p)):
+        return "non_finite"
+    if p < 0:
+        return "negative"
+    if p > max_W:
+        return "above_max"
+    if t > future_s:
+        return "future_timestamp"
+    if last_s is not None and t <= last_s:
+        return "timestamp_backwards" if t < last_s else "duplicate"
+    return None

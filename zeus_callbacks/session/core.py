@@ -921,4 +921,5 @@ class EnergySession(StepScheduler):
             faults=dict(run.sampler.health.faults),
             jsonl_path=str(run.log.path) if run.log.path is not None else None,
             degraded=self.degraded,
+            rejected_samples=dict(run.sampler.health.rejected),
         )

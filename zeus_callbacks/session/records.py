@@ -306,6 +306,7 @@ def run_summary(
     jsonl_path: str | None,
     degraded: bool,
     chosen_power_limit: tuple[float, int, bool] | None = None,
+    rejected_samples: dict[str, int] | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -339,4 +340,5 @@ def run_summary(
         world_size=len(rows),
         gpu_energy_J=joined(rows, 5),
         degraded=degraded,
+        rejected_samples=dict(rejected_samples or {}),
     )

@@ -154,12 +154,18 @@ class StartedRun:
         return sum(limits) / len(limits)
 
     def flush_sensor(self, until_s: float, *, read_counter: bool = True) -> None:
-        """Poll until samples cover ``until_s`` (bounded wait), and read the counter (once) if ``read_counter``."""
+        """Poll until samples cover ``until_s`` (bounded wait), and read the counter (once) if ``read_counter``.
+
+        Waits about ``EPOCH_FLUSH_TIMEOUT_S`` (at most that plus the sampler's
+        ``sensor_timeout_s``), and returns at once when the sensor is stuck
+        (:meth:`PowerSampler.poll_bounded`): no vendor call runs on this thread.
+        """
         deadline = time.monotonic() + EPOCH_FLUSH_TIMEOUT_S
         delay = self.sensor_delay_s
         # read_counter: once; a counter read costs 3-5 ms on an H200
         while True:
-            self.sampler.poll_once(read_counter=read_counter)
+            if not self.sampler.poll_bounded(read_counter=read_counter):
+                return  # the sensor is stuck or slow: the sampler counted it, the run is degraded
             read_counter = False
             latest = self.sampler.latest_sample_s()
             if latest is not None and latest - delay >= until_s:
@@ -172,7 +178,7 @@ class StartedRun:
         """Energy (J) of the measured GPUs in [start_s, end_s]; None until samples cover end_s."""
         latest = self.sampler.latest_sample_s()
         if (latest is None or latest - self.sensor_delay_s < end_s) and self.backend.clock_is_manual:
-            self.sampler.poll_once(read_counter=False)
+            self.sampler.poll_bounded(read_counter=False)
             latest = self.sampler.latest_sample_s()
         if latest is None or latest - self.sensor_delay_s < end_s:
             self.sampler.request_poll()
@@ -197,7 +203,7 @@ class StartedRun:
     def energy_so_far_J(self, carried_J: float = 0.0) -> float:
         """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``."""
         if self.sampler.latest_sample_s() is None:
-            self.sampler.poll_once(read_counter=False)  # early in the run: read once, off the step path
+            self.sampler.poll_bounded(read_counter=False)  # early in the run: read once, off the step path
         now_s = self.backend.clock.now_s()
         total = 0.0
         for index in self.gpu_indices:
@@ -250,6 +256,7 @@ def open_run(
         energy_counter_period_s=config.sampling.energy_counter_period_s,
         buffer_s=config.sampling.buffer_s,
         sensor_delay_s=sensor_delay_s,
+        sensor_timeout_s=config.sampling.sensor_timeout_s,
     )
     timer = make_timer(backend)
     meter = WindowMeter(sampler, timer)
