@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
-import logging
 
 import pytest
 

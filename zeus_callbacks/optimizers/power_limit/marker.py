@@ -33,7 +33,8 @@ MARKER_VERSION = 2
 """Version 2 adds GPU UUIDs and the owner's host, boot id and start time; version-1 markers still read."""
 
 
-class MarkerGpu(NamedTuple):
+@dataclass(frozen=True)
+class MarkerGpu:
     """One GPU of a marker.
 
     Attributes:
@@ -251,15 +252,19 @@ def _local_index(gpu: MarkerGpu, uuids: dict[int, str | None]) -> int | None:
     return gpu.index if gpu.index in uuids and uuids[gpu.index] is None else None
 
 
-def _restore_one(backend: GPUBackend, gpu: MarkerGpu, index: int, owner: Owner) -> GpuRestore:
+def _restore_one(backend: GPUBackend, gpu: MarkerGpu, index: int, owner: Owner, force: bool) -> GpuRestore:
     lock = None
     if gpu.uuid is not None:
         try:
             lock = GpuLock(gpu.uuid)
             if not lock.try_acquire():
-                return GpuRestore(gpu, index, "in_use", detail="a live run holds this GPU's profiling lock")
+                lock = None
+                if not force:
+                    return GpuRestore(gpu, index, "in_use", detail="a live run holds this GPU's profiling lock")
         except OSError as exc:  # UnsafeFile included: without the lock nobody can tell who else changes it
-            return GpuRestore(gpu, index, "in_use", detail=f"cannot take this GPU's profiling lock ({exc})")
+            lock = None
+            if not force:
+                return GpuRestore(gpu, index, "in_use", detail=f"cannot take this GPU's profiling lock ({exc})")
     try:
         low, high = backend.power_limit_constraints_W(index)
         target = min(max(gpu.original_limit_W, low), high)
@@ -298,7 +303,8 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
     Args:
         path: The marker file (``<log_dir>/power_limit_restore.json`` by default).
         backend: An open backend.
-        force: Restore even if the owner looks alive (``zeus-callbacks restore --force``).
+        force: Restore even if the owner looks alive and holds the GPUs' profiling locks
+            (``zeus-callbacks restore --force``); that owner puts the same limits back when it ends.
 
     Returns:
         What was done, per GPU; None when there is no marker.
@@ -324,7 +330,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
         if index is None:
             results.append(GpuRestore(gpu, None, "not_visible", detail="this process does not see this GPU"))
             continue
-        results.append(_restore_one(backend, gpu, index, marker.owner))
+        results.append(_restore_one(backend, gpu, index, marker.owner, force))
     left = [r.gpu for r in results if not r.back]
     if not left:
         path.unlink(missing_ok=True)
