@@ -232,7 +232,8 @@ def test_a_marker_limit_outside_the_range_is_clamped_with_a_warning(host, marker
 def test_the_fake_nvml_limit_outlives_its_process(host):
     """The premise of this file: a limit set in one process is the limit the next one reads."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from tests.faults.nvml_child import fake_nvml; "
-            "f = fake_nvml(); f.nvmlInit(); f.nvmlDeviceSetPowerManagementLimit(f.nvmlDeviceGetHandleByIndex(0), 333000)")
+            "f = fake_nvml(); f.nvmlInit(); "
+            "f.nvmlDeviceSetPowerManagementLimit(f.nvmlDeviceGetHandleByIndex(0), 333000)")
     subprocess.run([sys.executable, "-c", code, str(ROOT)], env=host.env(), check=True, timeout=60)
     assert host.limits_W() == [333.0]
     fake = FakePyNVML(state_path=host.state)
