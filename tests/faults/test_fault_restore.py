@@ -58,7 +58,7 @@ class Host:
         proc = subprocess.Popen([sys.executable, str(CHILD), str(log_dir), "hold"], cwd=ROOT, env=self.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         self.procs.append(proc)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 400  # a loaded machine takes long to start Python and import torch
         while time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stdout], [], [], 1.0)
             if ready:

@@ -362,7 +362,7 @@ class PowerLimitController:
                         lock.write_record(self.original_W[i], self._owner, self.marker_path)
                     write_marker(self.marker_path, self.backend, self.original_W, owner=self._owner)
                 except OSError as exc:
-                    self._enter_observe(f"cannot write the restore marker {self.marker_path}: {exc}")
+                    self._enter_observe(f"cannot write the restore marker {self.marker_path} or a GPU record: {exc}")
                     return
                 self._marker_written = True
                 self._install_sigterm()
