@@ -31,3 +31,9 @@ def wall_virtual_backend():
     backend = VirtualGPUBackend(clock=WallClock(), noise_W=0.0, read_only=True)
     yield backend
     backend.close()
+
+
+@pytest.fixture(autouse=True)
+def _private_gpu_lock_dir(tmp_path_factory, monkeypatch):
+    """Each test's per-GPU profiling locks live in its own directory (the fakes' GPU UUIDs repeat across tests)."""
+    monkeypatch.setenv("ZEUS_CALLBACKS_LOCK_DIR", str(tmp_path_factory.mktemp("gpu-locks")))

@@ -14,6 +14,7 @@ OLD_BASES = {
     errors.NotAMarker: ValueError,
     errors.NothingToPlot: ValueError,
     errors.TraceFormatError: ValueError,
+    errors.UnsafeFile: PermissionError,
     errors.BackendError: RuntimeError,
     errors.BackendUnavailable: RuntimeError,
     errors.SensorError: RuntimeError,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -27,6 +29,16 @@ from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 
 STEP_S = 0.2
+
+
+def _exited_pid() -> int:
+    """The PID of a process that has exited: a marker's owner that is not alive."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+DEAD_PID = _exited_pid()
 
 
 # ------------------------------------------------------------------ pure profiler
@@ -400,8 +412,9 @@ def test_restore_from_marker(tmp_path):
     backend = VirtualGPUBackend(clock=ManualClock(1000.0))
     backend.set_power_limit_W(0, 150.0)
     marker = tmp_path / MARKER_NAME
-    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 275.0}]}))
-    assert restore_from_marker(marker, backend) == {0: 275.0}
+    # A version-1 marker (index and limit only) of an exited process still restores.
+    marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 275.0}]}))
+    assert restore_from_marker(marker, backend).restored_W == {0: 275.0}
     assert backend.power_limit_W(0) == 275.0 and not marker.exists()
     assert restore_from_marker(marker, backend) is None
 
@@ -470,7 +483,7 @@ def test_cli_restore(tmp_path, capsys):
     assert "nothing to restore" in capsys.readouterr().out
     config = tmp_path / "zeus.yaml"
     config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
-    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     assert main(["restore", "--config", str(config)]) == 0
     assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out
     assert not marker.exists()
@@ -499,7 +512,7 @@ def test_cli_restore_finds_every_ranks_marker(tmp_path, capsys):
     stem, suffix = MARKER_NAME.rsplit(".", 1)
     markers = [tmp_path / f"{stem}.rank{rank}.{suffix}" for rank in (0, 1)]
     for marker in markers:  # left by a killed 2-process run
-        marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+        marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     assert main(["restore", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert all(marker.name in out for marker in markers)
@@ -510,21 +523,24 @@ def test_cli_restore_json_lists_what_was_restored_and_what_failed(tmp_path, caps
     from zeus_callbacks.cli import main
 
     marker = tmp_path / MARKER_NAME
-    marker.write_text(json.dumps({"pid": 1, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     config = tmp_path / "zeus.yaml"
     config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
     monkeypatch.setenv("ZEUS_CALLBACKS_READ_ONLY", "1")  # the setter refuses: the marker is kept
     assert main(["restore", "--config", str(config), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["restored"] == [] and len(report["failed"]) == 1 and marker.exists()
-    assert report["failed"][0]["marker"] == str(marker) and "ZEUS_CALLBACKS_READ_ONLY" in report["failed"][0]["error"]
+    assert report["restored"] == [] and report["failed"] == [] and len(report["kept"]) == 1 and marker.exists()
+    kept = report["kept"][0]
+    assert (kept["marker"], kept["gpu"], kept["uuid"], kept["action"]) == (str(marker), 0, None, "failed")
+    assert "ZEUS_CALLBACKS_READ_ONLY" in kept["detail"]
     monkeypatch.delenv("ZEUS_CALLBACKS_READ_ONLY")
     assert main(["restore", "--config", str(config), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report == {"restored": [{"marker": str(marker), "gpu": 0, "limit_W": 250.0}], "failed": []}
+    restored = {"marker": str(marker), "gpu": 0, "uuid": None, "action": "restored", "limit_W": 250.0}
+    assert report == {"restored": [restored], "kept": [], "failed": []}
     assert not marker.exists()
     assert main(["restore", "--config", str(config), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"restored": [], "failed": []}
+    assert json.loads(capsys.readouterr().out) == {"restored": [], "kept": [], "failed": []}
 
 
 @pytest.mark.parametrize(

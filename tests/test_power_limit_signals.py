@@ -102,7 +102,8 @@ def test_sigkill_leaves_the_marker_and_the_next_start_restores(tmp_path):
     proc.kill()
     assert proc.wait(timeout=20) == -signal.SIGKILL
     marker = json.loads((tmp_path / MARKER_NAME).read_text())
-    assert marker["gpus"] == [{"index": 0, "name": marker["gpus"][0]["name"], "original_limit_W": ORIGINAL_W}]
+    name = marker["gpus"][0]["name"]
+    assert marker["gpus"] == [{"index": 0, "uuid": None, "name": name, "original_limit_W": ORIGINAL_W}]
 
     # A fresh process: the virtual GPU's limit is whatever the kill left (here 150 W).
     backend = SpyBackend(clock=ManualClock(1000.0))

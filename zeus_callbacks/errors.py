@@ -14,6 +14,7 @@ Hierarchy::
     ├── NotAMarker (ValueError)           a file is not a power-limit restore marker
     ├── NothingToPlot (ValueError)        the input holds no data for the requested plot
     ├── TraceFormatError (ValueError)     a user trace CSV cannot be read or breaks the format
+    ├── UnsafeFile (PermissionError)      a file is a symbolic link or another user's: not acted on
     ├── BackendError (RuntimeError)       a GPU backend failed
     │   ├── BackendUnavailable, SensorError, NotSupported
     │   └── PermissionDenied
@@ -54,6 +55,13 @@ class TraceFormatError(ZeusCallbacksError, ValueError):
     """A trace file (a power-limit sweep, training paths) cannot be read or breaks the format.
 
     The message names the file and, for a bad value, the line and the column.
+    """
+
+
+class UnsafeFile(ZeusCallbacksError, PermissionError):
+    """A file in a shared directory is a symbolic link or owned by another user; it is not read or acted on.
+
+    See docs/shared-clusters.md#files-in-shared-directories.
     """
 
 

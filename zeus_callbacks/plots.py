@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zeus_callbacks.atomic_io import atomic_output
+
 if TYPE_CHECKING:
     from zeus_callbacks.measurement.profiler import ProfileResult
     from zeus_callbacks.store.base import TrialRecord
@@ -56,6 +58,17 @@ def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], 
                 placed.append(box)
                 break
             text.remove()
+
+
+def _save(fig: Any, path: str | Path, *, dpi: int) -> None:
+    """Write ``fig`` to ``path`` atomically, following no link planted there (docs/shared-clusters.md).
+
+    The format is the file's suffix where matplotlib knows it (``.png``, ``.pdf``, ``.svg``, ...), else PNG.
+    """
+    suffix = Path(path).suffix.lower().lstrip(".")
+    fmt = suffix if suffix in fig.canvas.get_supported_filetypes() else "png"
+    with atomic_output(path, "wb") as fh:
+        fig.savefig(fh, format=fmt, dpi=dpi)
 
 
 def plot_profile(
@@ -104,7 +117,7 @@ def plot_profile(
                                chosen)  # fmt: skip
         if simulated:
             _mark_simulated(fig)
-        fig.savefig(path, dpi=100)
+        _save(fig, path, dpi=100)
     finally:
         plt.close(fig)
     return path
@@ -149,7 +162,7 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -195,6 +208,6 @@ def plot_bandit_costs(
         _mark_simulated(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    _save(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -257,6 +258,11 @@ class FakeAMDSMI(FakeLibrary):
         """Return ASIC info; ``market_name`` is the model name."""
         gpu = self._enter("amdsmi_get_gpu_asic_info", handle)
         return {"market_name": gpu.name, "vendor_id": "0x1002", "device_id": "0x74a1", "rev_id": "0x00"}
+
+    def amdsmi_get_gpu_device_uuid(self, handle: FakeProcessorHandle) -> str:
+        """Return the device UUID (a fixed one per index, in amdsmi's ``xxxxxxxx-xxxx-…`` form)."""
+        gpu = self._enter("amdsmi_get_gpu_device_uuid", handle)
+        return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"fake-mi300x-{gpu.index}"))
 
     def amdsmi_get_energy_count(self, handle: FakeProcessorHandle) -> dict[str, Any]:
         """Return the energy accumulator (ticks), its resolution (µJ/tick) and a timestamp (ns)."""

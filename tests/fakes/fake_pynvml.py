@@ -26,11 +26,15 @@ Usage::
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import string
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import US_PER_S, FakeLibrary, PowerModel, to_us
@@ -98,6 +102,10 @@ _ERROR_STRINGS = {
     16: "GPU requires restart",
     999: "Unknown Error",
 }
+
+
+STATE_ENV = "ZEUS_FAKE_NVML_STATE"
+"""Environment variable naming the shared limit-state file (see :class:`FakePyNVML`)."""
 
 
 class NVMLError(Exception):
@@ -245,6 +253,11 @@ class FakePyNVML(FakeLibrary):
         call_cost_s: Seconds each named function sleeps per call (real
             ``time.sleep``); ``H200_CALL_COST_S`` holds the measured values.
 
+        state_path: A JSON file holding each GPU's power limit (mW) by UUID, shared by every
+            fake built on it (default ``$ZEUS_FAKE_NVML_STATE``): like a real driver, the limit
+            outlives the process that set it, so tests of killed runs and concurrent processes
+            can check what a GPU is left at. Reads and writes hold an ``flock``.
+
     Fault injection: :meth:`fail_next`, :meth:`fail_always`, :meth:`make_unsupported`,
     :meth:`make_field_unsupported`, :meth:`deny_permission`, :meth:`set_mig`,
     :meth:`counter_backwards`, :meth:`clear_faults`. ``calls`` counts every call by name.
@@ -262,8 +275,11 @@ class FakePyNVML(FakeLibrary):
         time_fn: Callable[[], float] = time.time,
         idle_W: float = H200_IDLE_W,
         call_cost_s: dict[str, float] | None = None,
+        state_path: str | Path | None = None,
     ) -> None:
         super().__init__(time_fn=time_fn, call_cost_s=call_cost_s)
+        configured = state_path if state_path is not None else os.environ.get(STATE_ENV) or None
+        self.state_path = Path(configured) if configured else None
         start_s = time_fn()
         self.gpus = [
             FakeGPU(
@@ -486,11 +502,36 @@ class FakePyNVML(FakeLibrary):
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: FakeHandle) -> int:
         """Return the power limit in force (mW)."""
-        return self._enter("nvmlDeviceGetPowerManagementLimit", handle).limit_mW
+        return self._limit_mW(self._enter("nvmlDeviceGetPowerManagementLimit", handle))
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
         """Return the enforced power limit (mW)."""
-        return self._enter("nvmlDeviceGetEnforcedPowerLimit", handle).limit_mW
+        return self._limit_mW(self._enter("nvmlDeviceGetEnforcedPowerLimit", handle))
+
+    # -- the limit state shared across processes (``state_path``) -----------------------
+    def _state(self, update: Callable[[dict[str, int]], None] | None = None) -> dict[str, int]:
+        assert self.state_path is not None
+        with open(self.state_path.with_name(self.state_path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+                if update is not None:
+                    update(data)
+                    tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}")
+                    tmp.write_text(json.dumps(data))
+                    os.replace(tmp, self.state_path)
+                return data
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _limit_mW(self, gpu: FakeGPU) -> int:
+        if self.state_path is not None:
+            gpu.limit_mW = int(self._state().get(gpu.uuid, gpu.limit_mW))
+        return gpu.limit_mW
+
+    def limit_W(self, index: int) -> float:
+        """The limit GPU ``index`` is at (W), from the shared state when there is one (a test helper)."""
+        return self._limit_mW(self.gpus[index]) / 1000
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: FakeHandle, limit: int) -> None:
         """Set the power limit (mW) in the fake's memory only; InvalidArgument when out of range."""
@@ -500,3 +541,5 @@ class FakePyNVML(FakeLibrary):
         if not gpu.min_limit_mW <= limit <= gpu.max_limit_mW:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         gpu.limit_mW = limit
+        if self.state_path is not None:
+            self._state(lambda data: data.__setitem__(gpu.uuid, limit))

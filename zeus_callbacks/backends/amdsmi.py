@@ -69,6 +69,7 @@ class _DeviceState:
     handle: Any
     name: str
     lock: threading.Lock
+    uuid: str | None = None
     last_poll: tuple[float, float] | None = None  # (time_s, energy_J)
     power_checked: bool = False
     last_energy_J: float | None = None
@@ -137,7 +138,12 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             except (self._error_cls, KeyError) as exc:
                 logger.warning("amdsmi: cannot read the name of GPU %d: %s", amdsmi_index, exc)
                 name = "AMD GPU"
-            devices.append(_DeviceState(amdsmi_index, handle, name, threading.Lock()))
+            try:
+                uuid: str | None = str(self._smi.amdsmi_get_gpu_device_uuid(handle)) or None
+            except (self._error_cls, AttributeError) as exc:  # an older amdsmi, or the query failed
+                logger.warning("amdsmi: cannot read the UUID of GPU %d: %s", amdsmi_index, exc)
+                uuid = None
+            devices.append(_DeviceState(amdsmi_index, handle, name, threading.Lock(), uuid))
         return devices
 
     # -- error translation: the one place amdsmi exceptions become ours ----------------
@@ -157,6 +163,10 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         return SensorError(message, kind="unknown")
 
     # -- identity ----------------------------------------------------------------------
+    def device_uuid(self, index: int) -> str | None:
+        """Return amdsmi's device UUID of GPU ``index`` (None if amdsmi could not say)."""
+        return self._device(index).uuid
+
     def amdsmi_index(self, index: int) -> int:
         """Return amdsmi's index of the process's GPU ``index``."""
         return self._device(index).amdsmi_index

@@ -130,6 +130,15 @@ class GPUBackend(abc.ABC):
     def device_name(self, index: int) -> str:
         """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``)."""
 
+    def device_uuid(self, index: int) -> str | None:
+        """Return GPU ``index``'s UUID (``GPU-…`` on NVIDIA), or None when it has none.
+
+        The UUID names a physical GPU whatever ``CUDA_VISIBLE_DEVICES`` says; restore markers and
+        the per-GPU profiling locks key on it. None (the default, and the virtual GPU's answer)
+        means the device has no identity outside this process: markers then fall back to the index.
+        """
+        return None
+
     # -- sensors (called from the sampler thread) --------------------------------
     @abc.abstractmethod
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:

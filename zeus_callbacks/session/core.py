@@ -17,7 +17,7 @@ The per-step calls (``step_start``, ``step_end``, the phase calls) are the
 :class:`~zeus_callbacks.session.scheduler.StepScheduler`'s; the session's own events
 delegate to the run, the records (:mod:`~zeus_callbacks.session.records`), the rank
 exchanges (:mod:`~zeus_callbacks.session.aggregate`, :mod:`~zeus_callbacks.session.agreement`)
-and the cleanup registry (:mod:`~zeus_callbacks.session.lifecycle`).
+and the cleanup registry (:mod:`~zeus_callbacks.lifecycle`).
 
 Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3) acts at
 ``step_start``/``step_end`` boundaries and the batch-size bandit (§4.2) at
@@ -37,6 +37,8 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
 from zeus_callbacks.distributed import RankGroup, launcher_env_int, launcher_world_size
+from zeus_callbacks.errors import UnsafeFile
+from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -46,7 +48,6 @@ from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopR
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
 from zeus_callbacks.session.aggregate import RankAggregator, slowest, total
-from zeus_callbacks.session.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.session.run import StartedRun, default_gpu_indices, make_timer, open_run, select_gpu_indices
 from zeus_callbacks.session.scheduler import CONTINUE, Decision, StepScheduler
 from zeus_callbacks.session.state import Totals, carried_totals, resume_state
@@ -663,13 +664,17 @@ class EnergySession(StepScheduler):
 
     # ------------------------------------------------------------ power limits
     def _restore_leftover_power_limits(self) -> None:
-        """Put back limits a killed run left changed (its marker file is still there)."""
+        """Put back limits a killed run left changed (its marker file is still there; its owner is dead)."""
         cfg = self.config
         try:
             marker = pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker)
-            pl.restore_from_marker(marker, self.run.backend)
+            pl.restore_from_marker(marker, self.run.backend)  # logs what it did per GPU, or why not
         except BackendError as exc:
             logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
+        except UnsafeFile as exc:  # another user's file, or a link: never acted on
+            logger.warning("zeus-callbacks: ignoring the restore marker: %s", exc)
+        except OSError as exc:
+            logger.error("zeus-callbacks: cannot update the restore marker an earlier run left (%s)", exc)
         except pl.NotAMarker as exc:  # kept: it may hold the only record of the original limits
             logger.error(
                 "zeus-callbacks: %s; it was left untouched, and this run will not change power limits "

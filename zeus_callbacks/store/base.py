@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 # The store's error types live in errors.py; importing them from here keeps working.
+from zeus_callbacks.atomic_io import ownership_problem
 from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
 from zeus_callbacks.errors import StoreError as StoreError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
@@ -423,3 +424,19 @@ def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace
     if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
         return "lease expired"
     return None
+
+
+def refuse_foreign_store(path: Path) -> None:
+    """Refuse to write a store file that is a symbolic link or another user's (docs/shared-clusters.md).
+
+    Another user's store could feed this run's bandit the batch sizes it tries, and a link could
+    make this run write through it; reading one (``show``, ``simulate``) stays allowed.
+
+    Raises:
+        StoreError: ``path`` is a link or owned by another user; nothing was written.
+    """
+    problem = ownership_problem(path)
+    if problem is not None:
+        raise StoreError(
+            f"store {path}: {problem}; it is not opened for writing (use a store of your own, or open it read-only)"
+        )

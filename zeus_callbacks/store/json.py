@@ -42,6 +42,7 @@ from zeus_callbacks.store.base import (
     lease_owner,
     now,
     orphan_reason,
+    refuse_foreign_store,
     this_host,
     trial_from_dict,
 )
@@ -105,6 +106,8 @@ class JSONStore(Store):
         self.read_only = read_only
         if self.path.is_dir():
             raise StoreError(f"store {self.path} is a directory, not a store file")
+        if not read_only:
+            refuse_foreign_store(self.path)
         self.network_fs = netfs.is_network_filesystem(self.path)
         lock_class = SoftFileLock if self.network_fs else FileLock
         if self.network_fs and not read_only:

@@ -42,6 +42,7 @@ from zeus_callbacks.store.base import (
     lease_owner,
     now,
     orphan_reason,
+    refuse_foreign_store,
     this_host,
     trial_from_dict,
 )
@@ -128,6 +129,8 @@ class SQLiteStore(Store):
         self._columns = _TRIAL_COLUMNS
         if self.path.is_dir():
             raise StoreError(f"store {self.path} is a directory, not a store file")
+        if not read_only:
+            refuse_foreign_store(self.path)
         if read_only:
             _check_readable_store_file(self.path)
         else:

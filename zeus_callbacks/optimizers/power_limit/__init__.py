@@ -9,7 +9,10 @@ The package reads top-down:
 - :mod:`.profiler`: :class:`PowerLimitProfiler`, the framework- and hardware-free state machine
   (its states and transitions are documented there).
 - :mod:`.cache`: profiles kept between runs.
-- :mod:`.marker`: the restore marker (original limits, written before the first change).
+- :mod:`.owner`: who owns a marker or a GPU lock (PID, start time, boot id, host) and whether it is alive.
+- :mod:`.gpu_lock`: the per-GPU profiling lock (by UUID) and its record of the original limit.
+- :mod:`.marker`: the restore marker (original limits by GPU UUID, written before the first change)
+  and the restore protocol.
 - :mod:`.controller`: :class:`PowerLimitController`, which applies the profiler's limits to a backend.
 
 The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli.restore`, the profile plot in
@@ -19,15 +22,20 @@ The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli.restore`, 
 from zeus_callbacks.errors import NotAMarker
 from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
 from zeus_callbacks.optimizers.power_limit.controller import PowerLimitController, PowerLimitResult
+from zeus_callbacks.optimizers.power_limit.gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit.marker import (
     MARKER_NAME,
+    GpuRestore,
+    MarkerGpu,
     RestoreMarker,
+    RestoreOutcome,
     marker_path,
     read_marker,
     restore_from_marker,
     write_marker,
 )
 from zeus_callbacks.optimizers.power_limit.objective import Objective, ObjectiveName
+from zeus_callbacks.optimizers.power_limit.owner import Owner
 from zeus_callbacks.optimizers.power_limit.profiler import (
     EnergyFn,
     Phase,
@@ -47,13 +55,17 @@ from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_interva
 __all__ = [
     "CACHE_NAME",
     "EnergyFn",
+    "GpuLock",
+    "GpuRestore",
     "JsonProfileCache",
     "LimitProfile",
     "MARKER_NAME",
+    "MarkerGpu",
     "Measured",
     "NotAMarker",
     "Objective",
     "ObjectiveName",
+    "Owner",
     "Phase",
     "PowerLimitController",
     "PowerLimitProfiler",
@@ -63,6 +75,7 @@ __all__ = [
     "ProfileSettings",
     "ProfilerState",
     "RestoreMarker",
+    "RestoreOutcome",
     "SearchPlan",
     "SearchSettings",
     "is_unimodal",

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from zeus_callbacks.atomic_io import write_json_atomic
+from zeus_callbacks.atomic_io import ownership_problem, read_owned_text, write_json_atomic
+from zeus_callbacks.errors import UnsafeFile
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class ProfileCache(Protocol):
 class JsonProfileCache:
     """A :class:`ProfileCache` in one small JSON file, written atomically (main process only).
 
+    A cache file that is a symbolic link or another user's is neither read nor replaced
+    (docs/shared-clusters.md#files-in-shared-directories).
+
     Args:
         path: The JSON file (created on the first :meth:`put`).
     """
@@ -56,7 +60,10 @@ class JsonProfileCache:
 
     def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_owned_text(self.path))
+        except UnsafeFile as exc:  # another user's cache could choose this run's limit: ignored
+            logger.warning("zeus-callbacks: ignoring the power-limit cache: %s", exc)
+            return {}
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -67,7 +74,15 @@ class JsonProfileCache:
         return entry if isinstance(entry, dict) else None
 
     def put(self, key: ProfileKey, profile: dict[str, Any]) -> None:
-        """Store ``profile`` under ``key`` (atomic replace of the file)."""
+        """Store ``profile`` under ``key`` (atomic replace of the file).
+
+        Raises:
+            UnsafeFile: The cache file is a link or another user's: it is left as it is.
+            OSError: The file cannot be written.
+        """
+        problem = ownership_problem(self.path)
+        if problem is not None:
+            raise UnsafeFile(f"not writing the power-limit cache: {problem}")
         data = self._read()
         data[key.as_str()] = profile
         write_json_atomic(self.path, data)

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
+from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
+from zeus_callbacks.optimizers.power_limit.gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit.marker import (
     marker_path,
     write_marker,
 )
 from zeus_callbacks.optimizers.power_limit.objective import Objective
+from zeus_callbacks.optimizers.power_limit.owner import Owner
 from zeus_callbacks.optimizers.power_limit.profiler import (
     EnergyFn,
     Phase,
@@ -27,7 +30,6 @@ from zeus_callbacks.optimizers.power_limit.profiler import (
 )
 from zeus_callbacks.optimizers.power_limit.search import power_limit_grid_W
 from zeus_callbacks.plots import plot_profile
-from zeus_callbacks.signals import ChainedSigterm
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +89,17 @@ class PowerLimitController:
         self.job_id = job_id
         self.world_size = world_size
         self.is_main_process = is_main_process
+        self.observe = bool(backend.read_only)
+        self.observe_reason = "read-only mode (ZEUS_CALLBACKS_READ_ONLY)" if self.observe else ""
+        self._owner = Owner.this_process()
+        self._locks: dict[int, GpuLock] = {}
+        if not self.observe:
+            busy = self._lock_gpus()  # before the original limits are read: never record another run's
+            if busy:
+                self.observe, self.observe_reason = True, busy
         self.original_W = {i: backend.power_limit_W(i) for i in self.gpu_indices}
         low = max(backend.power_limit_constraints_W(i)[0] for i in self.gpu_indices)
         high = min(backend.power_limit_constraints_W(i)[1] for i in self.gpu_indices)
-        self.observe = bool(backend.read_only)
-        self.observe_reason = "read-only mode (ZEUS_CALLBACKS_READ_ONLY)" if self.observe else ""
         objective = Objective(
             config.objective,
             config.eta_knob,
@@ -116,7 +124,7 @@ class PowerLimitController:
         self.key: ProfileKey | None = None
         self.result: PowerLimitResult | None = None
         self._marker_written = False
-        self._sigterm = ChainedSigterm(self.restore, "restoring the original power limits")
+        self._cleanup: Registration | None = None
         self._lock = threading.RLock()
         self._step_index = 0
 
@@ -310,6 +318,49 @@ class PowerLimitController:
         return self.result
 
     # -- hardware --------------------------------------------------------------------------
+    def _lock_gpus(self) -> str:
+        """Take every GPU's profiling lock (docs/reliability.md#the-restore-protocol); why not, or "".
+
+        A GPU whose lock another live run holds is being profiled by it: this run observes. A
+        lock taken over from a killed owner may come with that owner's record of the original
+        limit: it is put back first, so the limit read next is the true original.
+        """
+        for i in self.gpu_indices:
+            uuid = self.backend.device_uuid(i)
+            if uuid is None:  # no identity outside this process (the virtual GPU): nothing to share
+                continue
+            try:
+                lock = GpuLock(uuid)
+                taken = lock.try_acquire()
+            except OSError as exc:
+                self._release_locks()
+                return f"cannot take the profiling lock of GPU {i} ({uuid}): {exc}"
+            if not taken:
+                self._release_locks()
+                return (f"another run is profiling GPU {i} ({uuid}) and holds its lock {lock.path}; "
+                        "this run measures at the limit that run sets")  # fmt: skip
+            self._locks[i] = lock
+            record = lock.read_record()
+            if record is not None:
+                limit, owner, marker = record
+                try:
+                    low, high = self.backend.power_limit_constraints_W(i)
+                    self.backend.set_power_limit_W(i, min(max(limit, low), high))
+                except (BackendError, ValueError) as exc:
+                    self._release_locks()
+                    return f"cannot put back GPU {i}'s original limit {limit:.0f} W left by {owner.describe()}: {exc}"
+                lock.clear_record()
+                logger.warning(
+                    "zeus-callbacks: GPU %d (%s): put back the original %.0f W that %s left (marker %s)",
+                    i, uuid, limit, owner.describe(), marker,
+                )  # fmt: skip
+        return ""
+
+    def _release_locks(self) -> None:
+        for lock in self._locks.values():
+            lock.release()
+        self._locks.clear()
+
     def _apply(self, limit_W: float) -> None:
         with self._lock:
             if self.observe or self.applied_W == limit_W:
@@ -322,9 +373,11 @@ class PowerLimitController:
                     )
                     return
                 try:
-                    write_marker(self.marker_path, self.backend, self.original_W)
+                    for i, lock in self._locks.items():
+                        lock.write_record(self.original_W[i], self._owner, self.marker_path)
+                    write_marker(self.marker_path, self.backend, self.original_W, owner=self._owner)
                 except OSError as exc:
-                    self._enter_observe(f"cannot write the restore marker {self.marker_path}: {exc}")
+                    self._enter_observe(f"cannot write the restore marker {self.marker_path} or a GPU record: {exc}")
                     return
                 self._marker_written = True
                 self._install_sigterm()
@@ -337,9 +390,10 @@ class PowerLimitController:
             self.applied_W = limit_W
 
     def restore(self) -> None:
-        """Put every GPU back to its original limit and remove the marker (idempotent)."""
+        """Put every GPU back to its original limit, remove the marker and records, release the locks (idempotent)."""
         with self._lock:
-            if not self._marker_written:
+            if not self._marker_written:  # nothing changed: only the locks to let go
+                self._release_locks()
                 return
             failed = False
             for i, limit in self.original_W.items():
@@ -350,13 +404,22 @@ class PowerLimitController:
                     failed = True
                     logger.error("zeus-callbacks: cannot restore GPU %d to %.0f W (%s)", i, limit, exc)
             self.applied_W = None
-            if not failed:
+            if not failed:  # else the marker and the records stay, and the locks until this process ends
                 self.marker_path.unlink(missing_ok=True)
+                for lock in self._locks.values():
+                    lock.clear_record()
+                self._release_locks()
                 self._marker_written = False
             self._uninstall_sigterm()
 
     def _install_sigterm(self) -> None:
-        self._sigterm.install()
+        if self._cleanup is None:
+            self._cleanup = CLEANUPS.register(
+                self.restore, what="restoring the original power limits",
+                order=CleanupOrder.RESTORE_POWER_LIMITS, at_exit=True,
+            )  # fmt: skip
 
     def _uninstall_sigterm(self) -> None:
-        self._sigterm.uninstall()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.cancel()
