@@ -101,6 +101,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._trainer: weakref.ReferenceType[Trainer] | None = None
         self._final_logs: dict[str, Any] | None = None  # the final log (TrainOutput.metrics): results
         self._is_main = True
+        self._logged_step = -1  # the global step of the last periodic log that carried energy
 
     # -- attaching -----------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> ZeusTrainerCallback:
@@ -222,6 +223,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             )
         self._is_main = state.is_world_process_zero
         self._final_logs = None
+        self._logged_step = -1
         self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
@@ -306,6 +308,11 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         - The final log (the Trainer's results) gets the last steps for the reporters and the
           run-level figures (:func:`~zeus_callbacks.reporting.run_metrics`); the interval values
           are taken out of the results once the reporters have read them (``on_train_end``).
+          A periodic log at the step where training stops (``max_steps``, a stop set in
+          ``on_step_end``) leaves everything to the final log at that step. A stop decided
+          at an evaluation after that step's periodic log (``EarlyStoppingCallback``) gives
+          the final log no step values (they would be a second point at that step) but its
+          totals still are one.
         - Nothing after the run (a later ``trainer.evaluate()`` is not measured).
         """
         if logs is None or not self.session.started:
@@ -316,13 +323,18 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
-            logs.update(self.session.pop_metrics())
+            last = self.session.pop_metrics()
+            if state.global_step != self._logged_step:  # else a second point at a step already logged
+                logs.update(last)
             assert self.summary is not None
             logs.update(metric.run_metrics(self.summary))
             self._final_logs = logs
             return
+        if control.should_training_stop:  # the final log follows at this same step and carries it all
+            return
         logs.update(self.session.pop_metrics(flush_steps=True))
         logs.update(self.session.totals())
+        self._logged_step = state.global_step
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """End the run (if the final log did not already), keep only run figures in the results, print the summary."""
@@ -381,5 +393,5 @@ def _guard_train(trainer: Trainer) -> None:
         finally:
             _TRAINING.reset(token)
 
-    trainer.train = train  # type: ignore[method-assign]
+    trainer.train = train
     setattr(trainer, _GUARDED, True)
