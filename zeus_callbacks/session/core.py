@@ -320,7 +320,7 @@ class EnergySession(StepScheduler):
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
         self._resume_timing()
-        if not report:
+        if not report or not self.config.windows.eval:
             return {}
         run.flush_sensor(run.backend.clock.now_s())
         self._report_steps(resolve_final=True)
