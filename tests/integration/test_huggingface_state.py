@@ -134,9 +134,14 @@ def test_a_resumed_run_continues_the_profile_and_the_totals(tmp_path, restore_fl
         assert rows[limit]["profiled_steps"] == len(row["energy_J"])
         assert rows[limit]["energy_per_step_J"] == pytest.approx(statistics.fmean(row["energy_J"]))
     if not restore_flag:  # the rebuilt callback has its own virtual GPU: only this one can be watched
-        assert not set(backend2.set_W) & set(decided), backend2.set_W
-        assert in_progress in backend2.set_W  # the limit under test is measured again from its start
-        assert backend2.power_limit_W(0) == ORIGINAL_W
+        *applied, restored = backend2.set_W
+        assert restored == ORIGINAL_W == backend2.power_limit_W(0)
+        chosen = profile["chosen_limit_W"]
+        if chosen in decided:  # once profiling ends the choice is applied: that is no new trial
+            assert applied[-1] == chosen
+            applied = applied[:-1]
+        assert not set(applied) & set(decided), backend2.set_W  # no decided limit is tried again
+        assert applied[0] == in_progress  # the limit under test is measured again from its start
 
 
 class FailingOptimizer(torch.optim.AdamW):
@@ -167,7 +172,7 @@ class FailingTokens(RandomTokens):
         return super().__getitem__(i)
 
 
-@pytest.mark.parametrize("where", ["optimizer", "dataloader"])
+@pytest.mark.parametrize("where", ["optimizer", "dataloader", "evaluation"])
 def test_a_failure_outside_training_step_ends_every_instance_and_restores_its_limit(tmp_path, where):
     backends = [backend_at_original(), backend_at_original()]
     callbacks = [ZeusTrainerCallback(profiling_config(tmp_path, f"zeus{i}"), backend=b) for i, b in enumerate(backends)]
@@ -176,21 +181,26 @@ def test_a_failure_outside_training_step_ends_every_instance_and_restores_its_li
     optimizers = (None, None)
     if where == "optimizer":
         optimizers = (FailingOptimizer(model.parameters(), fail_at=9), None)
-    else:  # the 16th item read: the 4th batch of 4 (read ahead or not, some steps ran before it)
+    elif where == "dataloader":  # the 16th item read: the 4th batch of 4 (read ahead or not, some steps ran)
         dataset = FailingTokens(200, fail_at=16)
-    args = training_args(tmp_path, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, optimizers=optimizers)
+    extra = {}
+    eval_set = None
+    if where == "evaluation":  # the first evaluation (step 4) fails on its first item
+        extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+        eval_set = FailingTokens(8, fail_at=1)
+    args = training_args(tmp_path, dataloader_num_workers=0, **extra)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_set, optimizers=optimizers)
     for cb in callbacks:
         cb.attach(trainer)
-    with pytest.raises(RuntimeError, match=f"planted {'optimizer' if where == 'optimizer' else 'data loader'}"):
+    with pytest.raises(RuntimeError, match="planted optimizer" if where == "optimizer" else "planted data loader"):
         trainer.train()
     for i, (cb, backend) in enumerate(zip(callbacks, backends, strict=True)):
         assert cb.summary is not None and cb.summary.status == "failed", i
         assert not cb.session.started
         # Every step the Trainer finished, no more (the optimizer fails in its 9th step).
         assert cb.summary.steps == trainer.state.global_step > 0
-        if where == "optimizer":
-            assert trainer.state.global_step == 8
+        if where != "dataloader":
+            assert trainer.state.global_step == (8 if where == "optimizer" else 4)
         assert backend.power_limit_W(0) == ORIGINAL_W and backend.set_W[-1] == ORIGINAL_W  # a trial, then back
         assert not (tmp_path / f"zeus{i}" / MARKER_NAME).exists()
         events = [r["event"] for r in read_jsonl(cb.summary.jsonl_path)]
