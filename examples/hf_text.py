@@ -127,9 +127,10 @@ def main() -> None:
         parser.error(f"--config: {exc}")
     step_clock = StepClock()
     trainer = Trainer(
-        model=model, args=training_args, train_dataset=train_set, eval_dataset=eval_set,
-        callbacks=[step_clock] + ([zeus] if zeus else []),
+        model=model, args=training_args, train_dataset=train_set, eval_dataset=eval_set, callbacks=[step_clock]
     )
+    if zeus is not None:
+        zeus.attach(trainer)  # before the reporters; a failure anywhere in train() ends the run
     start = time.perf_counter()
     try:
         output = trainer.train()
@@ -143,8 +144,7 @@ def main() -> None:
           f"eval loss {eval_loss:.3f}, {wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
     result = {"example": "hf_text", "steps": output.global_step, "eval_loss": eval_loss, "wall_s": wall_s,
               "median_step_s": step_clock.median_step_s, "world_size": training_args.world_size}
-    if zeus is not None:
-        print(zeus.summary)  # the HF callback logs it at INFO; print it for the user
+    if zeus is not None and zeus.summary is not None:
         result["summary"] = zeus.summary.as_dict()
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(result, indent=2))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock, PermissionDenied
@@ -649,3 +651,54 @@ def test_the_summary_and_report_show_the_chosen_limit_and_the_step_it_took_effec
     assert cli(["report", str(summary.jsonl_path)]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert f"power limit {chosen_W:.1f} W chosen by profiling, in force from step {from_step} (original 300.0 W" in said
+
+
+# ------------------------------------------------------------------ checkpoint state
+@settings(max_examples=40, deadline=None)
+@given(cut=st.integers(min_value=0, max_value=120), search=st.sampled_from(["sweep", "unimodal"]),
+       objective=st.sampled_from(OBJECTIVES))  # fmt: skip
+def test_a_profile_resumed_from_its_checkpoint_state_measures_nothing_twice_and_chooses_the_same(
+    cut, search, objective
+):
+    """Stopped after ``cut`` steps, exported through JSON, resumed in a fresh profiler (a new process)."""
+    world = TraceWorld("A40", "imagenet")
+    whole = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search=search))
+    world.run(whole)
+
+    world = TraceWorld("A40", "imagenet")
+    first = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search=search))
+    for step in range(cut):
+        limit = first.on_step_start(step, world.now_s)
+        start, world.now_s = world.now_s, world.now_s + world.time_s(limit)
+        world.energy[(start, world.now_s)] = world.energy_J(limit)
+        if first.on_step_end(step, world.now_s):
+            break
+    state = json.loads(json.dumps(first.export_state()))
+    decided = {row["limit_W"] for row in state["limits"]}
+    assert state["current_limit_W"] not in decided
+
+    second = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search=search))
+    assert second.resume(state)
+    entered: list[float] = []
+    for step in range(cut, cut + 2000):
+        if second.finished:
+            break
+        limit = second.on_step_start(step, world.now_s)
+        if second.phase != Phase.DONE:
+            entered.append(limit)
+        start, world.now_s = world.now_s, world.now_s + world.time_s(limit)
+        world.energy[(start, world.now_s)] = world.energy_J(limit)
+        second.on_step_end(step, world.now_s)
+    assert second.phase == Phase.DONE
+    assert not decided & set(entered)  # nothing already decided is measured again
+    assert second.chosen_limit_W == whole.chosen_limit_W
+    assert set(second.profiles) == set(whole.profiles)
+
+
+def test_a_profile_state_outside_the_range_or_from_observe_mode_is_ignored():
+    world = TraceWorld("A40", "imagenet")
+    profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn)
+    outside = {"phase": "warmup", "current_limit_W": 300.0, "limits": [{"limit_W": 900.0, "energy_J": [1.0]}]}
+    assert not profiler.resume(outside) and not profiler.profiles
+    assert not profiler.resume({"observe_only": True, "limits": []})
+    assert profiler.phase == Phase.IDLE

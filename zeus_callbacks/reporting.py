@@ -38,6 +38,11 @@ TOTAL_ENERGY_J = "energy/total_J"
 PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
 PROGRESS_BAR_ENERGY = "energy_kJ"
+# Run-level figures (a framework's results: the HF Trainer's train_results.json), from the RunSummary.
+RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
+RUN_STEP_TIME_S = "time/run_step_mean_s"
+RUN_MEAN_POWER_W = "power/run_mean_W"
+RUN_STEP_COUNT = "energy/run_step_count"
 
 
 def window_energy_key(name: str) -> str:
@@ -95,6 +100,32 @@ _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/")
 def is_own_metric(key: str) -> bool:
     """True for keys this package logs (so they are not mistaken for validation metrics)."""
     return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY
+
+
+def run_metrics(summary: RunSummary) -> dict[str, float]:
+    """The run-level figures of ``summary`` under run-level names (a framework's final results).
+
+    ``energy/total_J`` (J) and ``time/total_s`` (s) of the whole run (every GPU; resumed runs
+    included), ``power/run_mean_W`` (W), ``energy/run_step_mean_J`` (J) and
+    ``time/run_step_mean_s`` (s) over the run's measured steps, ``energy/run_step_count``
+    (steps taken). A figure the run could not measure (no measured step: NaN in the summary)
+    is left out rather than given as a number.
+
+    Args:
+        summary: The ended run's summary.
+
+    Returns:
+        Metric name → value (plain floats).
+    """
+    values = {
+        TOTAL_ENERGY_J: summary.energy_J,
+        TOTAL_TIME_S: summary.time_s,
+        RUN_MEAN_POWER_W: summary.mean_power_W,
+        RUN_STEP_ENERGY_J: summary.step_energy_J,
+        RUN_STEP_TIME_S: summary.step_time_s,
+        RUN_STEP_COUNT: float(summary.steps),
+    }
+    return {key: float(v) for key, v in values.items() if v is not None and math.isfinite(v)}
 
 
 @dataclass

@@ -4,27 +4,42 @@ Example:
     >>> from transformers import Trainer, TrainingArguments
     >>> from zeus_callbacks import ZeusTrainerCallback
     >>> args = TrainingArguments("out", report_to=["tensorboard"])  # doctest: +SKIP
-    >>> trainer = Trainer(model, args, train_dataset=ds,  # doctest: +SKIP
-    ...                   callbacks=[ZeusTrainerCallback.from_yaml("zeus.yaml")])
+    >>> trainer = Trainer(model, args, train_dataset=ds)  # doctest: +SKIP
+    >>> ZeusTrainerCallback.from_yaml("zeus.yaml").attach(trainer)  # doctest: +SKIP
+    >>> trainer.train()  # doctest: +SKIP
 
 Energy values travel to TensorBoard and W&B inside the Trainer's own ``logs``
 dict. The Trainer calls callbacks in list order and puts user callbacks *after* its
 reporters, so values a user callback adds in ``on_log`` would never reach them: this
-callback therefore moves itself right after ``DefaultFlowCallback`` when the Trainer is
-built and again when training begins.
+callback therefore sits right after ``DefaultFlowCallback`` (:meth:`~ZeusTrainerCallback.attach`
+puts it there, and it moves back there when training begins). The Trainer copies ``logs``
+into ``trainer.state.log_history`` *before* it calls the callbacks, so the energy values
+reach the reporters but never ``log_history`` / ``trainer_state.json``.
+
+The Trainer passes neither itself nor its callback list to callbacks. :meth:`attach` is the
+explicit way to give them; a callback passed only as ``Trainer(callbacks=[...])`` finds the
+Trainer being built from its caller (``on_init_end``) and attaches itself then, a fallback that a
+subclassed or wrapped Trainer may defeat (it then warns).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import hashlib
+import json
 import logging
 import sys
+import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 
@@ -34,14 +49,36 @@ logger = logging.getLogger(__name__)
 # is not enough: speed metrics with token counting add it to every log).
 _FINAL_LOG_KEYS = ("total_flos", "train_loss")
 
+# What the results (TrainOutput.metrics, train_results.json) keep of the final log's energy keys.
+_RUN_LEVEL_KEYS = frozenset(
+    (
+        metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S, metric.RUN_MEAN_POWER_W, metric.RUN_STEP_ENERGY_J,
+        metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT, metric.POWER_LIMIT_CHOSEN_W,
+    )
+)  # fmt: skip
 
-class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
+_TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus_callbacks_trainer", default=None)
+"""The attached Trainer whose ``train()`` is running (callbacks it rebuilds from a checkpoint find it here)."""
+
+_GUARDED = "_zeus_callbacks_guarded_train"
+
+
+class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
     """Measure and log GPU energy of a Hugging Face Trainer run.
 
     A *step* is one optimizer step: with gradient accumulation its window spans every
     micro-batch, and energy per sample divides by
     ``per_device_train_batch_size × gradient_accumulation_steps``. Energy per token is
     logged when ``TrainingArguments(include_num_input_tokens_seen=True)``.
+
+    Checkpoints: the run's totals and the power-limit profile so far are saved in each
+    checkpoint's ``trainer_state.json`` (``stateful_callbacks``, transformers'
+    ``ExportableState``), one entry per instance under :attr:`state_key`. ``trainer.train(
+    resume_from_checkpoint=...)`` continues them whether or not
+    ``TrainingArguments.restore_callback_states_from_checkpoint`` is set: the callback reads
+    the state the Trainer loaded from the checkpoint when training begins. (With that flag set
+    the Trainer replaces this callback by a new one built from its saved configuration; a
+    ``backend`` passed in is then not carried.)
 
     Args:
         config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None.
@@ -61,80 +98,141 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
         self._tokens_seen = 0
         self._in_eval = False
         self._epoch = 0
+        self._trainer: weakref.ReferenceType[Trainer] | None = None
+        self._final_logs: dict[str, Any] | None = None  # the final log (TrainOutput.metrics): results
+        self._is_main = True
+        self._logged_step = -1  # the global step of the last periodic log that carried energy
 
-    # -- ordering ------------------------------------------------------------------------
-    @staticmethod
-    def _caller(kind: type, *, depth: int = 2) -> Any:
-        """Return the nearest caller frame's ``self`` that is a ``kind``.
+    # -- attaching -----------------------------------------------------------------------
+    def attach(self, trainer: Trainer) -> ZeusTrainerCallback:
+        """Attach to ``trainer``: join its callbacks right after ``DefaultFlowCallback`` and guard its ``train()``.
 
-        The Trainer passes neither itself nor its callback handler to callbacks.
+        The guard ends the run of every ``ZeusTrainerCallback`` of the Trainer when
+        ``train()`` raises, wherever the failure is (training step, optimizer step, data
+        loader, evaluation, another callback, Ctrl-C), and restores their power limits, then
+        re-raises. Idempotent; call it before ``trainer.train()``.
+
+        Args:
+            trainer: The Trainer to measure.
+
+        Returns:
+            This callback.
         """
-        frame: FrameType | None = sys._getframe(depth)
+        handler = trainer.callback_handler
+        if self not in handler.callbacks:
+            handler.add_callback(self)
+        self._trainer = weakref.ref(trainer)
+        self._move_before_reporters(trainer)
+        _guard_train(trainer)
+        return self
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The Trainer this callback is attached to (None before :meth:`attach` or the fallback)."""
+        return self._trainer() if self._trainer is not None else None
+
+    @staticmethod
+    def _caller_trainer() -> Trainer | None:
+        """Fallback: the Trainer being built, found among the caller frames' ``self``."""
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             candidate = frame.f_locals.get("self")
-            if isinstance(candidate, kind):
+            if isinstance(candidate, Trainer):
                 return candidate
             frame = frame.f_back
         return None
 
-    def _end_run_on_failure(self) -> None:
-        """Wrap the Trainer's ``training_step`` so a failing step ends the run here.
-
-        The HF Trainer has no exception hook: without this the run would only be closed
-        at interpreter exit (as "interrupted").
-        """
-        from transformers import Trainer
-
-        trainer = self._caller(Trainer, depth=3)
-        if trainer is None or getattr(trainer.training_step, "_zeus_wrapped", False):
+    def _move_before_reporters(self, trainer: Trainer) -> None:
+        """Place this callback right after DefaultFlowCallback (moving an element earlier never skips one)."""
+        callbacks = trainer.callback_handler.callbacks
+        if self not in callbacks:
             return
-        original = trainer.training_step
-        callback = self
+        flow = next((i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), -1)
+        if callbacks.index(self) > flow + 1:
+            callbacks.remove(self)
+            callbacks.insert(flow + 1, self)
 
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(*args, **kwargs)
-            except BaseException as exc:
-                # Ended already (a SIGTERM handler's train_end): exception() returns that summary.
-                callback.summary = callback.session.exception(exc)
-                raise
+    def _peers(self) -> list[ZeusTrainerCallback]:
+        """Every ZeusTrainerCallback of the attached Trainer, in list order (just this one when detached)."""
+        trainer = self.trainer
+        if trainer is None:
+            return [self]
+        peers = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ZeusTrainerCallback)]
+        return peers if self in peers else [self]
 
-        training_step._zeus_wrapped = True  # type: ignore[attr-defined]
-        trainer.training_step = training_step
+    # -- checkpoint state ------------------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        """This instance's key in the checkpoint: the job id and a digest of the configuration.
 
-    def _move_before_reporters(self) -> None:
-        """Place this callback right after DefaultFlowCallback in the Trainer's handler.
-
-        The handler is not passed to callbacks, so it is found as the caller of this
-        event. Moving an element *earlier* in the list during the handler's loop
-        neither skips nor repeats a callback.
+        Instances with identical configurations on one Trainer get ``#2``, ``#3``... in list order.
         """
-        handler = self._caller(CallbackHandler, depth=3)
-        if handler is not None and self in handler.callbacks:
-            callbacks = handler.callbacks
-            flow = next((i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), -1)
-            if callbacks.index(self) > flow + 1:
-                callbacks.remove(self)
-                callbacks.insert(flow + 1, self)
-            return
-        logger.warning(
-            "zeus-callbacks: could not find the Trainer's callback list; energy values may not reach "
-            "TensorBoard/W&B (they are still in the JSONL log)"
-        )
+        peers = self._peers()
+        base = _base_key(self)
+        same = [p for p in peers if _base_key(p) == base]
+        index = same.index(self) if self in same else 0
+        return base if index == 0 else f"{base}#{index + 1}"
 
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Move before the reporters."""
-        self._move_before_reporters()
+    def state(self) -> dict[str, Any]:
+        """The checkpoint entry (transformers' ``ExportableState``): every instance's state, by :attr:`state_key`.
+
+        Returns:
+            ``{"args": {"config": ...}, "attributes": {"resume_states": {key: state}}}``:
+            ``config`` rebuilds this instance (the Trainer does when
+            ``restore_callback_states_from_checkpoint`` is set), ``state`` is
+            :meth:`EnergySession.state_dict` (totals, the power-limit profile so far).
+            Every instance writes the same entry, so the checkpoint holds one, not a list.
+        """
+        return {
+            "args": {"config": self.config.model_dump(mode="json")},
+            "attributes": {"resume_states": {p.state_key: p.session.state_dict() for p in self._peers()}},
+        }
+
+    def _checkpoint_state(self, state: TrainerState) -> Mapping[str, Any] | None:
+        """This instance's state in the checkpoint the Trainer resumed from (None: a fresh run or none saved)."""
+        if not state.global_step:  # a fresh run: the entries are the ones built before training
+            return None
+        entry = (state.stateful_callbacks or {}).get(type(self).__name__)
+        entries = entry if isinstance(entry, list) else [entry]
+        found: Mapping[str, Any] | None = None
+        for item in entries:  # an older list (one entry per save): the last one wins
+            if isinstance(item, Mapping):
+                states = item.get("attributes", {}).get("resume_states", {})
+                found = states.get(self.state_key, found) if isinstance(states, Mapping) else found
+        return found
 
     # -- training ------------------------------------------------------------------------
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Attach to the Trainer being built (fallback for callbacks not given to :meth:`attach`)."""
+        if self.trainer is None:
+            trainer = self._caller_trainer()
+            if trainer is not None:
+                self.attach(trainer)
+
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Start the run (a fresh session per ``train()`` call)."""
-        self._move_before_reporters()
-        self._end_run_on_failure()
+        """Start the run (a fresh session per ``train()`` call), continuing a checkpoint's state."""
+        trainer = self.trainer or _TRAINING.get()
+        if trainer is not None:
+            self._trainer = weakref.ref(trainer)
+            self._move_before_reporters(trainer)  # a checkpoint restore may have re-added it last
+        else:
+            logger.warning(
+                "zeus-callbacks: the callback is not attached to its Trainer (call ZeusTrainerCallback.attach("
+                "trainer)); energy values may not reach TensorBoard/W&B and a failure outside the callbacks "
+                "leaves the run open until exit"
+            )
+        self._is_main = state.is_world_process_zero
+        self._final_logs = None
+        self._logged_step = -1
         self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
         )
+        carried = self._checkpoint_state(state)
+        if carried is not None:
+            self.session.load_state_dict(carried)
+        if state.stateful_callbacks is not None:  # one entry, replaced at each save (never a growing list)
+            state.stateful_callbacks[type(self).__name__] = self.state()
         self._tokens_seen = state.num_input_tokens_seen or 0
         # None unless batch_size.enabled. The main process claims its trial; under a launcher the
         # other processes claim the suggestion suggest_batch_size() received from it.
@@ -192,7 +290,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics=None, **kwargs: Any
     ):
-        """Close the evaluation window and hand the metrics to the session."""
+        """Close the evaluation window (if its log did not) and hand the metrics to the session."""
         if self._in_eval:
             self._in_eval = False
             self.session.eval_end()
@@ -201,23 +299,99 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback):
             control.should_training_stop = True
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any):
-        """Add the energy metrics to ``logs`` before TensorBoard / W&B read it."""
-        if logs is None or (not self.session.started and self.session.summary is None):
+        """Add the energy metrics to ``logs`` before TensorBoard / W&B read it.
+
+        - A periodic training log gets the steps measured since the last one and the running totals.
+        - An evaluation's log (the Trainer logs before ``on_evaluate``) gets that evaluation's
+          ``energy/eval_J`` / ``time/eval_s`` only, at its own step: no second step report or
+          total at a step the training log already covered.
+        - The final log (the Trainer's results) gets the last steps for the reporters and the
+          run-level figures (:func:`~zeus_callbacks.reporting.run_metrics`); the interval values
+          are taken out of the results once the reporters have read them (``on_train_end``).
+          A periodic log at the step where training stops (``max_steps``, a stop set in
+          ``on_step_end``) leaves everything to the final log at that step. A stop decided
+          at an evaluation after that step's periodic log (``EarlyStoppingCallback``) gives
+          the final log no step values (they would be a second point at that step) but its
+          totals still are one.
+        - Nothing after the run (a later ``trainer.evaluate()`` is not measured).
+        """
+        if logs is None or not self.session.started:
             return
-        if all(key in logs for key in _FINAL_LOG_KEYS) and self.session.started:
+        if self._in_eval:
+            self._in_eval = False
+            logs.update(self.session.eval_end(report=True))
+            return
+        if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
-        logs.update(self.session.pop_metrics(flush_steps=self.session.started))
+            last = self.session.pop_metrics()
+            if state.global_step != self._logged_step:  # else a second point at a step already logged
+                logs.update(last)
+            assert self.summary is not None
+            logs.update(metric.run_metrics(self.summary))
+            self._final_logs = logs
+            return
+        if control.should_training_stop:  # the final log follows at this same step and carries it all
+            return
+        logs.update(self.session.pop_metrics(flush_steps=True))
         logs.update(self.session.totals())
+        self._logged_step = state.global_step
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """End the run (if the final log did not already) and print the summary."""
+        """End the run (if the final log did not already), keep only run figures in the results, print the summary."""
         if self.session.started:
             self._finish()
-        if self.summary is not None and state.is_world_process_zero:
-            logger.info("%s", self.summary)
+        if self._final_logs is not None:  # the reporters have read it: results keep run-level figures only
+            for key in [k for k in self._final_logs if metric.is_own_metric(str(k)) and k not in _RUN_LEVEL_KEYS]:
+                del self._final_logs[key]
+            self._final_logs = None
+        self._print_summary()
 
     def _finish(self) -> None:
         if self._in_eval:
             self._in_eval = False
             self.session.eval_end()
         self.summary = self.session.train_end()
+
+    def _fail(self, exc: BaseException) -> None:
+        """``train()`` raised: end the run (restoring power limits) and print its summary."""
+        if not self.session.started:
+            return
+        self._in_eval = False
+        self.summary = self.session.exception(exc)
+        self._print_summary()
+
+    def _print_summary(self) -> None:
+        """Print the run summary on the main process (scripts often leave logging at WARNING)."""
+        if self.summary is not None and self._is_main:
+            print(self.summary, flush=True)
+
+
+def _base_key(callback: ZeusTrainerCallback) -> str:
+    digest = hashlib.sha256(json.dumps(callback.config.model_dump(mode="json"), sort_keys=True).encode())
+    return f"{type(callback).__name__}[{callback.config.job_id}:{digest.hexdigest()[:12]}]"
+
+
+def _guard_train(trainer: Trainer) -> None:
+    """Wrap ``trainer.train`` once: a failure ends every ZeusTrainerCallback's run before it propagates."""
+    if getattr(trainer, _GUARDED, False):
+        return
+    original = trainer.train
+
+    @functools.wraps(original)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        token = _TRAINING.set(trainer)
+        try:
+            return original(*args, **kwargs)
+        except BaseException as exc:
+            for cb in list(trainer.callback_handler.callbacks):
+                if isinstance(cb, ZeusTrainerCallback):
+                    try:
+                        cb._fail(exc)
+                    except Exception:  # one instance's fault must not keep the others' runs open
+                        logger.exception("zeus-callbacks: cannot end the run after the failure")
+            raise
+        finally:
+            _TRAINING.reset(token)
+
+    trainer.train = train
+    setattr(trainer, _GUARDED, True)

@@ -106,6 +106,7 @@ class EnergySession(StepScheduler):
         self._run: StartedRun | None = None  # the started run's parts (the last run's, once ended)
         self.power_limit_W: float | None = None
         self._carried = Totals()
+        self._carried_power_limit: dict[str, Any] | None = None  # a checkpoint's profile so far
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._steps_unlogged = 0  # steps taken since the last "steps" record (measured or not)
@@ -302,10 +303,21 @@ class EnergySession(StepScheduler):
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
-    def eval_end(self) -> None:
-        """Close the evaluation window; its energy is reported once attributed."""
+    def eval_end(self, *, report: bool = False) -> dict[str, float]:
+        """Close the evaluation window; its energy is reported once attributed.
+
+        Args:
+            report: Attribute the evaluation now (waits ≤ 0.25 s for the sensor, like
+                :meth:`epoch_end`) and return its metrics instead of queueing them, so that
+                they are logged at the evaluation's own step. Steps attributed on the way stay
+                queued for the next :meth:`pop_metrics`.
+
+        Returns:
+            With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), when the window
+            is measured (``windows.eval``); otherwise empty.
+        """
         if not self.started:
-            return
+            return {}
         run = self.run
         if self.config.windows.eval and run.meter.end("eval"):
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
@@ -315,6 +327,12 @@ class EnergySession(StepScheduler):
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
         self._resume_timing()
+        if not report or not self.config.windows.eval:
+            return {}
+        run.flush_sensor(run.backend.clock.now_s())
+        self._report_steps(resolve_final=True)
+        keys = (metric.EVAL_ENERGY_J, metric.EVAL_TIME_S)
+        return {key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics}
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -536,16 +554,27 @@ class EnergySession(StepScheduler):
         t = self._totals if measured else self._carried
         # This rank's own totals while running (a resume adds the ranks' figures again).
         totals = self._local_totals() if self.started else self.totals() if measured else {}
-        return resume_state(
+        state = resume_state(
             t,
             energy_J=totals.get(metric.TOTAL_ENERGY_J, t.energy_J),
             time_s=totals.get(metric.TOTAL_TIME_S, t.time_s),
             run_name=self.run_name,
         )
+        profile = self._carried_power_limit
+        if self.power_limiter is not None and self._decides_power_limit() and measured:
+            profile = self.power_limiter.export_state()
+        if profile is not None:
+            state["power_limit"] = profile
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Carry totals from a checkpoint into the next :meth:`train_start` (unknown keys ignored)."""
+        """Carry totals (and the power-limit profile so far) from a checkpoint into the next :meth:`train_start`.
+
+        Unknown keys are ignored; a state without ``power_limit`` profiles from the start.
+        """
         self._carried = carried_totals(state)
+        profile = state.get("power_limit")
+        self._carried_power_limit = dict(profile) if isinstance(profile, Mapping) else None
 
     # ------------------------------------------------------------- batch size
     def _start_batch_size(self) -> None:
@@ -698,6 +727,9 @@ class EnergySession(StepScheduler):
                     self.power_limiter = None
                 self._power_limit_agreement = self.power_limiter is not None
                 self._power_limit_follower = self._power_limit_agreement and self.ranks.process_index != 0
+        carried = self._carried_power_limit
+        if self.power_limiter is not None and carried is not None and self._decides_power_limit():
+            self.power_limiter.resume(carried)
         has_limiter = self.power_limiter is not None
         self._power_step_start = self._power_limit_step_start if has_limiter else None
         self._power_step_end = self._power_limit_step_end if has_limiter and self._decides_power_limit() else None

@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,38 @@ class PowerLimitController:
         self._warn_observe()
         self.restore()
         self.profiler.restart_observing(self.limit_W)
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def export_state(self) -> dict[str, Any] | None:
+        """The profile so far, for a checkpoint (:meth:`PowerLimitProfiler.export_state`); None in observe mode."""
+        if self.observe:
+            return None
+        return self.profiler.export_state()
+
+    def resume(self, state: Mapping[str, Any]) -> bool:
+        """Continue a checkpoint's profile (call before the first step); see :meth:`PowerLimitProfiler.resume`.
+
+        A profile that had finished applies its choice from the first step, without profiling
+        or consulting the cache.
+
+        Returns:
+            True when the state was taken.
+        """
+        if self.observe or not self.profiler.resume(state):
+            return False
+        p = self.profiler
+        if p.phase == Phase.DONE and p.chosen_limit_W is not None:
+            message = f"continued the checkpoint's power-limit choice {p.chosen_limit_W:.0f} W without profiling"
+            self.result = PowerLimitResult(
+                "checkpoint", p.chosen_limit_W, p.profiling_steps, p.objective.key(), self._rows(),
+                p.fallback_sweep, message,
+            )  # fmt: skip
+        decided = sorted(p.profiles)
+        logger.info(
+            "zeus-callbacks: continuing the checkpoint's power-limit profile (%d limits decided: %s W)",
+            len(decided), ", ".join(f"{x:.0f}" for x in decided) or "none",
+        )  # fmt: skip
+        return True
 
     # -- events ------------------------------------------------------------------------
     def on_step_start(self, step: int, now_s: float) -> None:

@@ -59,9 +59,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
 from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, tolerance
@@ -211,6 +211,86 @@ class PowerLimitProfiler:
         self.profiles.clear()
         self.start_at(limit_W)
         self.state = ProfilerState(Phase.IDLE)
+
+    # -- checkpoint state ------------------------------------------------------------
+    def export_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the profile: every limit whose window was decided, and where it stood.
+
+        The limit under test when the checkpoint is taken is kept as ``current_limit_W`` without
+        its partial window: a resumed run warms up at it again and measures it afresh (its GPU
+        state and timing after a restart are not those of the steps measured before).
+
+        Returns:
+            Plain numbers and lists (``json`` serialisable): ``phase``, ``chosen_limit_W``,
+            ``current_limit_W``, ``profiling_steps``, ``fallback_sweep``, ``refine_probes`` and
+            ``limits`` (per decided limit: ``limit_W``, ``energy_J`` and ``time_s`` per profiled
+            step, in J and s, and ``steps`` spent at it).
+        """
+        st = self.state
+        in_window = st.phase in (Phase.WARMUP, Phase.PROFILING)
+        current = st.limit_W if in_window else None
+        return {
+            "phase": st.phase.value,
+            "chosen_limit_W": self.chosen_limit_W,
+            "current_limit_W": current,
+            "profiling_steps": self.profiling_steps,
+            "fallback_sweep": self._plan.fallback_sweep,
+            "refine_probes": self._plan.refine_probes,
+            "observe_only": self.observe_only,
+            "limits": [
+                {"limit_W": limit, "energy_J": list(p.energy_J), "time_s": list(p.time_s), "steps": p.steps}
+                for limit, p in sorted(self.profiles.items())
+                if limit != current
+            ],
+        }
+
+    def resume(self, state: Mapping[str, Any]) -> bool:
+        """Continue the profile a checkpoint kept (:meth:`export_state`), before the first step: IDLE → IDLE or DONE.
+
+        Decided limits are not measured again; the limit that was under test warms up and is
+        measured again from its start; a finished profile goes straight to DONE at its choice.
+        A state from observe mode, or one whose limits lie outside this profiler's range, is
+        ignored (profiling starts over).
+
+        Args:
+            state: What :meth:`export_state` returned (missing keys take their defaults).
+
+        Returns:
+            True when the state was taken, False when it was ignored.
+        """
+        if self.state.phase != Phase.IDLE or state.get("observe_only") or self.observe_only:
+            return False
+        low, high = self.limits_W[0], self.limits_W[-1]
+        limits = list(state.get("limits", []))
+        if any(not low <= float(row["limit_W"]) <= high for row in limits):
+            logger.warning("zeus-callbacks: the checkpoint's power-limit profile is outside %.0f-%.0f W; "
+                           "profiling starts over", low, high)  # fmt: skip
+            return False
+        chosen = state.get("chosen_limit_W")
+        if state.get("phase") == Phase.DONE.value and chosen is not None and low <= float(chosen) <= high:
+            self.finish_with(float(chosen))
+        for row in limits:
+            limit = float(row["limit_W"])
+            self.profiles[limit] = LimitProfile(
+                limit, [float(e) for e in row.get("energy_J", [])], [float(t) for t in row.get("time_s", [])],
+                int(row.get("steps", 0)),
+            )  # fmt: skip
+        self.profiling_steps = int(state.get("profiling_steps", 0))
+        self._plan.fallback_sweep = self.fallback_sweep = bool(state.get("fallback_sweep", False))
+        self._plan.refine_probes = int(state.get("refine_probes", 0))
+        if self.state.phase == Phase.DONE:
+            return True
+        current = state.get("current_limit_W")
+        if current is not None and low <= float(current) <= high:
+            self._first_limit_W = float(current)
+        elif self.profiles:  # between two windows: the search names the next limit
+            following = self._search()
+            if following is None:  # every limit decided already: choose now, at the first step
+                costs = self.costs()
+                self.finish_with(min(costs, key=lambda k: (costs[k], -k)))
+                return True
+            self._first_limit_W = following
+        return True
 
     # -- events ----------------------------------------------------------------------
     def on_step_start(self, step: int, now_s: float) -> float | None:

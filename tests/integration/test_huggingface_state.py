@@ -1,0 +1,275 @@
+"""ZeusTrainerCallback across checkpoints, failures, evaluations and results, in a real HF Trainer on the CPU.
+
+The GPU is the virtual one; everything else is real: the Trainer, its checkpoints
+(``trainer_state.json``), TensorBoard event files read back with ``EventAccumulator``,
+the JSONL energy log, ``train_results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.test_huggingface import RandomTokens, tiny_lm
+from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.backends.base import WallClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.power_limit import MARKER_NAME
+from zeus_callbacks.reporting import read_jsonl
+
+ORIGINAL_W = 275.0  # off the profiling grid (100-300 W, 50 W apart): a restore is told from a trial
+MAX_STEPS = 60
+
+
+class RecordingBackend(VirtualGPUBackend):
+    """The virtual GPU, remembering every limit it was set to (W)."""
+
+    def __init__(self) -> None:
+        super().__init__(gpu="A40", workload="imagenet", clock=WallClock(), noise_W=3.0, read_only=False)
+        self.set_W: list[float] = []
+
+    def set_power_limit_W(self, index: int, limit_W: float) -> None:
+        self.set_W.append(float(limit_W))
+        super().set_power_limit_W(index, limit_W)
+
+
+def backend_at_original() -> RecordingBackend:
+    backend = RecordingBackend()
+    backend.set_power_limit_W(0, ORIGINAL_W)
+    backend.set_W.clear()
+    return backend
+
+
+def profiling_config(tmp_path, name: str = "zeus") -> dict:
+    config = virtual_config(tmp_path)
+    config["logging"]["log_dir"] = str(tmp_path / name)
+    config["sampling"] = {"poll_period_s": 0.02}
+    config["power_limit"] = {
+        "enabled": True, "search": "sweep", "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3,
+        "step_W": 50.0, "cache": False, "plot": False,
+    }  # fmt: skip
+    return config
+
+
+def training_args(tmp_path, **kwargs) -> TrainingArguments:
+    settings = {
+        "output_dir": str(tmp_path / "out"), "max_steps": MAX_STEPS, "per_device_train_batch_size": 4,
+        "logging_steps": 4, "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "use_cpu": True,
+    }  # fmt: skip
+    settings.update(kwargs)
+    return TrainingArguments(**settings)
+
+
+def decided_limits(callback: ZeusTrainerCallback) -> list[float]:
+    state = callback.session.power_limiter.export_state()
+    return [row["limit_W"] for row in state["limits"]]
+
+
+class CheckpointThenKill(TrainerCallback):
+    """Save a checkpoint once two limits are decided and another is under test, then fail the next step."""
+
+    def __init__(self, zeus: ZeusTrainerCallback) -> None:
+        self.zeus = zeus
+        self.saved_at: int | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.saved_at is not None:
+            raise RuntimeError("killed after the checkpoint")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        profile = self.zeus.session.power_limiter.export_state()
+        if len(profile["limits"]) >= 2 and profile["current_limit_W"] is not None:
+            control.should_save = True
+            self.saved_at = state.global_step
+
+
+@pytest.mark.parametrize("restore_flag", [False, True], ids=["plain-resume", "restore_callback_states"])
+def test_a_resumed_run_continues_the_profile_and_the_totals(tmp_path, restore_flag):
+    config = profiling_config(tmp_path)
+    backend1 = backend_at_original()
+    zeus1 = ZeusTrainerCallback(config, backend=backend1)
+    args = training_args(tmp_path, restore_callback_states_from_checkpoint=restore_flag)
+    trainer1 = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    zeus1.attach(trainer1)
+    killer = CheckpointThenKill(zeus1)
+    trainer1.add_callback(killer)
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer1.train()
+    assert zeus1.summary.status == "failed" and backend1.power_limit_W(0) == ORIGINAL_W
+
+    checkpoint = tmp_path / "out" / f"checkpoint-{killer.saved_at}"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["ZeusTrainerCallback"]
+    assert isinstance(saved, dict)  # one entry, not a list grown at each save
+    (state,) = saved["attributes"]["resume_states"].values()
+    decided = {row["limit_W"]: row for row in state["power_limit"]["limits"]}
+    in_progress = state["power_limit"]["current_limit_W"]
+    assert len(decided) >= 2 and in_progress not in decided
+    assert state["steps"] == killer.saved_at
+
+    backend2 = backend_at_original()  # a new process: the GPU was put back when run 1 failed
+    zeus2 = ZeusTrainerCallback(config, backend=backend2)
+    trainer2 = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    zeus2.attach(trainer2)
+    trainer2.train(resume_from_checkpoint=str(checkpoint))
+    resumed = [cb for cb in trainer2.callback_handler.callbacks if isinstance(cb, ZeusTrainerCallback)]
+    assert len(resumed) == 1
+    (zeus,) = resumed  # with restore_callback_states_from_checkpoint the Trainer rebuilt it
+    assert (zeus is zeus2) != restore_flag
+
+    summary = zeus.summary
+    assert summary.status == "completed" and summary.steps == MAX_STEPS  # run 1's steps carried
+    assert summary.energy_J > state["energy_J"] > 0 and summary.time_s > state["time_s"]
+    records = read_jsonl(summary.jsonl_path)
+    assert records[0]["event"] == "run_start" and records[0]["resumed_energy_J"] == pytest.approx(state["energy_J"])
+    (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
+    assert profile["source"] == "profile" and profile["finished"]
+    rows = {row["limit_W"]: row for row in profile["limits"]}
+    assert set(rows) == {100.0, 150.0, 200.0, 250.0, 300.0}  # the sweep measured every grid limit once
+    for limit, row in decided.items():  # carried as checkpointed, not measured again
+        assert rows[limit]["profiled_steps"] == len(row["energy_J"])
+        assert rows[limit]["energy_per_step_J"] == pytest.approx(statistics.fmean(row["energy_J"]))
+    if not restore_flag:  # the rebuilt callback has its own virtual GPU: only this one can be watched
+        *applied, restored = backend2.set_W
+        assert restored == ORIGINAL_W == backend2.power_limit_W(0)
+        chosen = profile["chosen_limit_W"]
+        if chosen in decided:  # once profiling ends the choice is applied: that is no new trial
+            assert applied[-1] == chosen
+            applied = applied[:-1]
+        assert not set(applied) & set(decided), backend2.set_W  # no decided limit is tried again
+        assert applied[0] == in_progress  # the limit under test is measured again from its start
+
+
+class FailingOptimizer(torch.optim.AdamW):
+    def __init__(self, params, fail_at: int) -> None:
+        super().__init__(params, lr=1e-3)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("planted optimizer failure")
+        return super().step(closure)
+
+
+class FailingTokens(RandomTokens):
+    """Fails on its ``fail_at``-th item read (whatever the sampler's order)."""
+
+    def __init__(self, n: int, fail_at: int) -> None:
+        super().__init__(n)
+        self.fail_at = fail_at
+        self.reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise RuntimeError("planted data loader failure")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("where", ["optimizer", "dataloader", "evaluation"])
+def test_a_failure_outside_training_step_ends_every_instance_and_restores_its_limit(tmp_path, where):
+    backends = [backend_at_original(), backend_at_original()]
+    callbacks = [ZeusTrainerCallback(profiling_config(tmp_path, f"zeus{i}"), backend=b) for i, b in enumerate(backends)]
+    model = tiny_lm()
+    dataset = RandomTokens(200)
+    optimizers = (None, None)
+    if where == "optimizer":
+        optimizers = (FailingOptimizer(model.parameters(), fail_at=9), None)
+    elif where == "dataloader":  # the 16th item read: the 4th batch of 4 (read ahead or not, some steps ran)
+        dataset = FailingTokens(200, fail_at=16)
+    extra = {}
+    eval_set = None
+    if where == "evaluation":  # the first evaluation (step 4) fails on its first item
+        extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+        eval_set = FailingTokens(8, fail_at=1)
+    args = training_args(tmp_path, dataloader_num_workers=0, **extra)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_set, optimizers=optimizers)
+    for cb in callbacks:
+        cb.attach(trainer)
+    with pytest.raises(RuntimeError, match="planted optimizer" if where == "optimizer" else "planted data loader"):
+        trainer.train()
+    for i, (cb, backend) in enumerate(zip(callbacks, backends, strict=True)):
+        assert cb.summary is not None and cb.summary.status == "failed", i
+        assert not cb.session.started
+        # Every step the Trainer finished, no more (the optimizer fails in its 9th step).
+        assert cb.summary.steps == trainer.state.global_step > 0
+        if where != "dataloader":
+            assert trainer.state.global_step == (8 if where == "optimizer" else 4)
+        assert backend.power_limit_W(0) == ORIGINAL_W and backend.set_W[-1] == ORIGINAL_W  # a trial, then back
+        assert not (tmp_path / f"zeus{i}" / MARKER_NAME).exists()
+        events = [r["event"] for r in read_jsonl(cb.summary.jsonl_path)]
+        assert events[-2:] == ["exception", "run_end"]
+
+
+def test_two_instances_keep_apart_in_the_checkpoint(tmp_path):
+    configs = [virtual_config(tmp_path / "a"), virtual_config(tmp_path / "b")]
+    configs[1]["job_id"] = "other-job"
+    callbacks = [ZeusTrainerCallback(c) for c in configs]
+    args = training_args(tmp_path, max_steps=8, save_strategy="steps", save_steps=4)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    for cb in callbacks:
+        cb.attach(trainer)
+    trainer.train()
+    keys = [cb.state_key for cb in callbacks]
+    assert len(set(keys)) == 2 and "other-job" in keys[1]
+    for step in (4, 8):
+        saved = json.loads((tmp_path / "out" / f"checkpoint-{step}" / "trainer_state.json").read_text())
+        entry = saved["stateful_callbacks"]["ZeusTrainerCallback"]
+        assert isinstance(entry, dict)  # a list would grow by two at every save
+        states = entry["attributes"]["resume_states"]
+        assert sorted(states) == sorted(keys)
+        assert all(s["steps"] == step for s in states.values())
+
+
+def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figures(tmp_path, capsys):
+    config = virtual_config(tmp_path, interval_steps=1)
+    callback = ZeusTrainerCallback(config)
+    args = training_args(
+        tmp_path, max_steps=12, report_to=["tensorboard"], eval_strategy="steps", eval_steps=4,
+        per_device_eval_batch_size=4, include_num_input_tokens_seen=True,
+    )  # fmt: skip
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(16))
+    callback.attach(trainer)
+    output = trainer.train()
+
+    scalars = {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
+    for tag in ("energy/step_J", "energy/total_J", "time/total_s", "energy/eval_J", "time/eval_s"):
+        steps = [step for step, _ in scalars[tag]]
+        assert len(steps) == len(set(steps)), f"{tag}: two points at one step: {scalars[tag]}"
+    # Every evaluation (each logging step here) once, at its own step, with the energy the JSONL records.
+    records = read_jsonl(callback.summary.jsonl_path)
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [step for step, _ in scalars["energy/eval_J"]] == [4, 8, 12]
+    assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
+    # Step points: each periodic log carries the last step report before it, a JSONL steps record (in order).
+    step_means = iter(r["energy_J_mean"] for r in records if r["event"] == "steps" and r["energy_J_mean"] is not None)
+    for step, value in scalars["energy/step_J"]:
+        assert any(value == pytest.approx(mean, rel=1e-6) for mean in step_means), (step, value)
+
+    # The results: run-level figures under run-level names, no interval values.
+    summary = callback.summary
+    results = output.metrics
+    assert results["energy/total_J"] == pytest.approx(summary.energy_J)
+    assert results["time/total_s"] == pytest.approx(summary.time_s)
+    assert results["energy/run_step_mean_J"] == pytest.approx(summary.step_energy_J)
+    assert results["time/run_step_mean_s"] == pytest.approx(summary.step_time_s)
+    assert results["energy/run_step_count"] == 12
+    for interval_key in ("energy/step_J", "energy/step_count", "time/step_s", "power/mean_W", "energy/epoch_J"):
+        assert interval_key not in results
+    trainer.save_metrics("train", output.metrics)
+    saved = json.loads((tmp_path / "out" / "train_results.json").read_text())
+    assert saved["energy/run_step_mean_J"] == pytest.approx(summary.step_energy_J) and "energy/step_J" not in saved
+
+    # The summary is printed (scripts leave logging at WARNING); log_history never holds energy (documented).
+    assert str(summary) in capsys.readouterr().out
+    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+
+    # An evaluation after training is not measured: it shows no energy.
+    after = trainer.evaluate()
+    assert not [k for k in after if k.startswith(("energy/", "time/", "power/"))], after
