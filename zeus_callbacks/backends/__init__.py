@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zeus_callbacks.backends.base import (
@@ -19,6 +20,7 @@ from zeus_callbacks.backends.base import (
     WallClock,
     read_only_from_env,
 )
+from zeus_callbacks.backends.detect import GPUPresence, detect_gpus
 
 if TYPE_CHECKING:
     from zeus_callbacks.config import VirtualGPUConfig
@@ -30,6 +32,7 @@ __all__ = [
     "BackendUnavailable",
     "Clock",
     "GPUBackend",
+    "GPUPresence",
     "ManualClock",
     "NotSupported",
     "PermissionDenied",
@@ -37,6 +40,7 @@ __all__ = [
     "ReadOnlyError",
     "SensorError",
     "WallClock",
+    "detect_gpus",
     "get_backend",
     "read_only_from_env",
 ]
@@ -66,17 +70,23 @@ def get_backend(
     virtual: VirtualGPUConfig | None = None,
     clock: Clock | None = None,
     read_only: bool | None = None,
+    detect: Callable[[], GPUPresence] = detect_gpus,
 ) -> GPUBackend:
     """Open a GPU backend by name.
 
-    ``auto`` tries NVIDIA (pynvml), then AMD (amdsmi), then falls back to the virtual
-    GPU, and logs one line saying which it chose and why.
+    ``auto`` tries NVIDIA (pynvml), then AMD (amdsmi). When neither opens it looks for
+    a GPU without them (``detect``: device nodes, CUDA devices): where there is none it
+    falls back to the virtual GPU (simulated energy, said so in every record); where a
+    GPU is present but cannot be measured it returns an
+    :class:`~zeus_callbacks.backends.unavailable.UnavailableBackend` (every energy figure
+    null). Either way it logs one warning naming the cause and the fix.
 
     Args:
         name: ``"auto"``, ``"nvml"``, ``"amdsmi"`` or ``"virtual"``.
         virtual: Settings of the virtual GPU.
         clock: Clock for the virtual GPU (real backends use the CPU realtime clock).
         read_only: Force read-only mode; default from ``ZEUS_CALLBACKS_READ_ONLY``.
+        detect: Finds GPUs without the vendor libraries (tests describe a machine here).
 
     Returns:
         An open backend; the caller closes it.
@@ -107,11 +117,50 @@ def get_backend(
             continue
         logger.info("zeus-callbacks: using the %s backend (%s)", candidate, backend.describe())
         return backend
+    presence = detect()
+    if presence.any_gpu:
+        from zeus_callbacks.backends.unavailable import UnavailableBackend
+
+        cause = "; ".join(reasons)
+        fix = unmeasurable_fix(cause)
+        logger.warning(
+            "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
+            "energy figure of this run is null (measurement unavailable). Fix: %s",
+            presence.describe(),
+            cause,
+            fix,
+        )
+        return UnavailableBackend(presence, cause, fix)
     backend = _virtual(virtual, clock, read_only)
     logger.warning(
-        "zeus-callbacks: no NVIDIA or AMD GPU found, using the virtual GPU (%s). Energy figures are "
-        "simulated from the Zeus traces. [%s]",
+        "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
+        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces, and every record says so. [%s]",
         backend.describe(),
         "; ".join(reasons),
     )
     return backend
+
+
+def unmeasurable_fix(cause: str) -> str:
+    """What to do about a GPU that cannot be measured, from the vendor libraries' messages.
+
+    Args:
+        cause: The ``BackendUnavailable`` messages of the backends tried.
+
+    Returns:
+        One sentence for the warning.
+    """
+    text = cause.lower()
+    if "mig" in text:
+        return (
+            "NVML cannot measure a MIG instance: train on a full GPU (MIG disabled) to measure energy, "
+            "or set backend: virtual for simulated figures"
+        )
+    if "permission" in text or "no_permission" in text or "nopermission" in text:
+        return "give this process access to the GPU's management interface (/dev/nvidiactl, /dev/kfd), or run as root"
+    if "cannot import" in text:
+        return "install the vendor library (pip install nvidia-ml-py for NVIDIA, ROCm's amdsmi for AMD)"
+    return (
+        "check that the GPU driver is loaded and matches the library (nvidia-smi / amd-smi should work), "
+        "or set backend: virtual for simulated figures"
+    )

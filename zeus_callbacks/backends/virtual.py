@@ -188,6 +188,7 @@ class VirtualGPUBackend(GPUBackend):
     """
 
     name = "virtual"
+    simulated = True
 
     def __init__(
         self,
