@@ -102,6 +102,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
     vendor = "AMD"
     _log = logger
     sample_period_s = 0.02
+    energy_counter_period_s = 0.001  # the driver refreshes the accumulator every ~1 ms
 
     def __init__(
         self,
@@ -172,6 +173,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
                 f"{sorted(counts)}",
                 kind="unknown",
             )
+        self.energy_counter_resolution_J = float(counts["counter_resolution"]) * J_PER_UJ
         return float(ticks) * float(counts["counter_resolution"]) * J_PER_UJ
 
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:

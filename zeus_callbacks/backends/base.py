@@ -111,6 +111,10 @@ class GPUBackend(abc.ABC):
     sensor_delay_s: float = 0.0
     times_with_gpu_events: bool = False
     """Whether window boundaries are timed with CUDA/HIP events (real GPUs running queued work)."""
+    energy_counter_period_s: float | None = None
+    """How often the energy counter changes (s), where known: readings are stamped at its change."""
+    energy_counter_resolution_J: float | None = None
+    """The energy counter's step (J), where known; stated where a figure comes from the counter."""
     simulated: bool = False
     """True for the virtual GPU: its energy is simulated from traces, not measured."""
     measurable: bool = True
