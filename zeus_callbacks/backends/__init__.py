@@ -70,7 +70,7 @@ def get_backend(
     virtual: VirtualGPUConfig | None = None,
     clock: Clock | None = None,
     read_only: bool | None = None,
-    detect: Callable[[], GPUPresence] = detect_gpus,
+    detect: Callable[[], GPUPresence] | None = None,
 ) -> GPUBackend:
     """Open a GPU backend by name.
 
@@ -86,7 +86,8 @@ def get_backend(
         virtual: Settings of the virtual GPU.
         clock: Clock for the virtual GPU (real backends use the CPU realtime clock).
         read_only: Force read-only mode; default from ``ZEUS_CALLBACKS_READ_ONLY``.
-        detect: Finds GPUs without the vendor libraries (tests describe a machine here).
+        detect: Finds GPUs without the vendor libraries; default :func:`detect_gpus` (looked up
+            at the call, so a test may replace ``zeus_callbacks.backends.detect_gpus``).
 
     Returns:
         An open backend; the caller closes it.
@@ -108,20 +109,23 @@ def get_backend(
     if name != "auto":
         raise ValueError(f"unknown backend {name!r}; choose auto, nvml, amdsmi or virtual")
 
-    reasons = []
+    reasons: dict[str, str] = {}
     for candidate in ("nvml", "amdsmi"):
         try:
             backend = _open_vendor(candidate, read_only)
         except BackendUnavailable as exc:
-            reasons.append(f"{candidate}: {exc}")
+            reasons[candidate] = str(exc)
             continue
         logger.info("zeus-callbacks: using the %s backend (%s)", candidate, backend.describe())
         return backend
-    presence = detect()
+    presence = (detect or globals()["detect_gpus"])()
     if presence.any_gpu:
         from zeus_callbacks.backends.unavailable import UnavailableBackend
 
-        cause = "; ".join(reasons)
+        # The cause is the library of the GPU found: NVML for NVIDIA nodes / CUDA devices, amdsmi for /dev/kfd.
+        relevant = [reasons[n] for n, found in (("nvml", presence.nvidia_nodes or presence.cuda_devices),
+                                                 ("amdsmi", presence.amd_kfd)) if found]
+        cause = "; ".join(relevant or reasons.values())
         fix = unmeasurable_fix(cause)
         logger.warning(
             "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
@@ -136,7 +140,7 @@ def get_backend(
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
         "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces, and every record says so. [%s]",
         backend.describe(),
-        "; ".join(reasons),
+        "; ".join(f"{n}: {r}" for n, r in reasons.items()),
     )
     return backend
 

@@ -172,6 +172,7 @@ def counter_energy_J(
     end_s: float,
     *,
     min_span_s: float = 0.0,
+    reach_s: float = 0.0,
 ) -> float | None:
     """Energy between two times from energy-counter readings, linearly interpolated.
 
@@ -182,14 +183,29 @@ def counter_energy_J(
         end_s: Window end (s).
         min_span_s: Shortest span given a figure (s): :data:`COUNTER_MIN_PERIODS` counter
             periods in the session.
+        reach_s: How far before the first stamp or after the last the counter may be
+            extended at its nearest slope (s): one counter period, the span a stamp's change
+            can lie in (a reading stamped at its change is always a little older than its read).
 
     Returns:
-        The energy (J), or None when the readings do not bracket the window, the span is
-        shorter than ``min_span_s``, or no reading falls inside it (never a 0.0 that only
-        means the counter did not tick).
+        The energy (J), or None when the readings do not bracket the window (within
+        ``reach_s``) or the span is shorter than ``min_span_s`` (never a 0.0 that only means
+        the counter did not tick).
     """
-    if end_s - start_s < min_span_s:
+    if end_s - start_s < min_span_s or len(reading_times_s) < 2:
         return None
-    if len(reading_times_s) < 2 or reading_times_s[0] > start_s or reading_times_s[-1] < end_s:
+    times = np.asarray(reading_times_s, dtype=np.float64)
+    values = np.asarray(readings_J, dtype=np.float64)
+    if times[0] - start_s > reach_s or end_s - times[-1] > reach_s:
         return None
-    return float(np.interp(end_s, reading_times_s, readings_J) - np.interp(start_s, reading_times_s, readings_J))
+
+    def at(t_s: float) -> float:
+        if t_s < times[0]:
+            slope = (values[1] - values[0]) / max(times[1] - times[0], 1e-12)
+            return float(values[0] - slope * (times[0] - t_s))
+        if t_s > times[-1]:
+            slope = (values[-1] - values[-2]) / max(times[-1] - times[-2], 1e-12)
+            return float(values[-1] + slope * (t_s - times[-1]))
+        return float(np.interp(t_s, times, values))
+
+    return at(end_s) - at(start_s)

@@ -310,7 +310,8 @@ class PowerSampler:
         except Exception as exc:
             if isinstance(exc, NotSupported):
                 self._counter_supported[index] = False
-                self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
+                if self.backend.measurable:  # an unmeasurable GPU was warned about once, when it was chosen
+                    self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
                 return False
             if isinstance(exc, SensorError) and exc.kind == "counter_backwards":
                 # The backend saw the reset and counts from the new value: the next reading starts a new stretch.
@@ -325,8 +326,8 @@ class PowerSampler:
             if last_raw is not None and raw_J == last_raw and not self._counter_reset_pending[index]:
                 self._counter_seen_s[index] = now_s  # no tick since: the change is later than now
                 return False
-            if last_raw is not None and raw_J < last_raw:
-                self._counter_reset(index)
+            if last_raw is not None and raw_J < last_raw and not self._counter_reset_pending[index]:
+                self._counter_reset(index)  # seen here (a backend that reported it already set the flag)
             seen_s = self._counter_seen_s[index]
             lower_s = now_s - period_s if seen_s is None else max(seen_s, now_s - period_s)
             stamp_s = (lower_s + now_s) / 2
@@ -412,14 +413,17 @@ class PowerSampler:
             return list(self._counter_gaps[index])
 
     def reach_s(self, index: int) -> float:
-        """How far past GPU ``index``'s samples power may be extrapolated: one sample period (s).
+        """How far past GPU ``index``'s integral knots power may be extrapolated (s): one sample period
+        past the last sample's timestamp.
 
         The period is the stream's: the backend's nominal one, or the spacing of its newest
         samples when they come slower (a polled stream, a counter fallback), at most one
         poll period longer (a gap after a lost GPU is no period).
         """
         nominal = self.backend.sample_period_s
-        return max(nominal, min(self._spacing_s[index], max(self.poll_period_s, nominal)))
+        period = max(nominal, min(self._spacing_s[index], max(self.poll_period_s, nominal)))
+        # Knots sit sensor_delay_s before their samples' timestamps: one period past the last sample.
+        return period + max(self.sensor_delay_s, 0.0)
 
     def latest_sample_s(self) -> float | None:
         """Return the oldest of the GPUs' newest sample times (None before any sample)."""

@@ -501,9 +501,13 @@ class EnergySession(StepScheduler):
         if not self._pending_metrics:
             return {}  # most steps: nothing queued, nothing to swap
         metrics, self._pending_metrics = self._pending_metrics, {}
+        return self._flagged(metrics)
+
+    def _flagged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU; on a GPU that cannot be
+        measured, without any energy or power figure (they are unknown) and flagged ``energy/unavailable``."""
         backend = self.backend
         if backend is not None and not backend.measurable:
-            # No energy or power figure at all (they are unknown), and a flag saying why.
             metrics = {k: v for k, v in metrics.items() if not k.startswith(("energy/", "power/"))}
             metrics[metric.UNAVAILABLE] = 1.0
         elif backend is not None and backend.simulated:
@@ -518,13 +522,15 @@ class EnergySession(StepScheduler):
         report, this rank's own.
         """
         if self._finished is not None:
-            return {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
-        if not self.started:
+            values = {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
+        elif not self.started:
             return {}
-        if self._ranks_totals is not None:
+        elif self._ranks_totals is not None:
             energy_J, time_s = self._ranks_totals
-            return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
-        return self._local_totals()
+            values = {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
+        else:
+            values = self._local_totals()
+        return self._flagged(values)
 
     def _local_totals(self) -> dict[str, float]:
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
@@ -532,7 +538,7 @@ class EnergySession(StepScheduler):
     def progress_bar_metrics(self) -> dict[str, float]:
         """The short metrics shown on a progress bar (run energy in kJ)."""
         totals = self.totals()
-        if not totals:
+        if metric.TOTAL_ENERGY_J not in totals:
             return {}
         return {metric.PROGRESS_BAR_ENERGY: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
 

@@ -154,6 +154,8 @@ class StartedRun:
 
     def read_power_limit_W(self) -> float | None:
         """The mean power limit of the measured GPUs (W), or None if it cannot be read."""
+        if not self.backend.measurable:
+            return None  # the GPU cannot be measured: said once, when the backend was chosen
         try:
             limits = [self.backend.power_limit_W(i) for i in self.gpu_indices]
         except BackendError as exc:
@@ -205,7 +207,7 @@ class StartedRun:
         total = 0.0
         for index in self.gpu_indices:
             times, readings = self.sampler.counter_readings(index)
-            energy = counter_energy_J(times, readings, start_s, end_s, min_span_s=min_span_s)
+            energy = counter_energy_J(times, readings, start_s, end_s, min_span_s=min_span_s, reach_s=period_s)
             if energy is None:
                 return None
             gaps = [(max(a, start_s), min(b, end_s)) for a, b in self.sampler.counter_gaps(index)]
