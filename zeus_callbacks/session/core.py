@@ -832,8 +832,9 @@ class EnergySession(StepScheduler):
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
         is_step = batch.names == "step"
         steps = batch if is_step.all() else batch.select(is_step)
-        covered = np.isfinite(steps.energy_J)
-        if not covered.all():  # steps no sample covers have no energy: they are not in the means
+        # A step the samples do not cover wholly has no energy (NaN) or only a part's: neither is in the means.
+        covered = np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
+        if not covered.all():
             steps = steps.select(covered)
         if steps.size:
             self._unreported_steps.append(steps)
