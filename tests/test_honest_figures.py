@@ -119,6 +119,7 @@ CAUSE_AND_FIX = {  # what the one warning must name: the cause, and the fix for 
     "count fails": ("cannot enumerate", "driver"),
     "name fails": ("cannot read the name", "driver"),
     "MIG": ("MIG mode", "MIG disabled"),
+    "CUDA_VISIBLE_DEVICES names a MIG instance": ("MIG-", "MIG disabled"),
 }
 
 
@@ -138,8 +139,10 @@ def broken_machine(monkeypatch):
 
 
 @pytest.mark.parametrize("how", list(CAUSE_AND_FIX))
-def test_auto_on_a_gpu_nvml_cannot_measure_is_unavailable_not_simulated(broken_machine, caplog, how):
+def test_auto_on_a_gpu_nvml_cannot_measure_is_unavailable_not_simulated(broken_machine, caplog, monkeypatch, how):
     presence = broken_machine(how)
+    if how.startswith("CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f1c2d3e-0000-5555-aaaa-123456789abc")
     caplog.set_level(WARN, logger="zeus_callbacks")
     backend = get_backend("auto", detect=lambda: presence)
     assert isinstance(backend, UnavailableBackend) and not backend.measurable and not backend.simulated
