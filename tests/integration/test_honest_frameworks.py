@@ -13,9 +13,8 @@ import sys
 
 from tests.fakes import fake_pynvml as fp
 from tests.integration.helpers import read_scalars, virtual_config
-from tests.integration.test_lightning import N_TRAIN, BATCH, TinyRegressor, loaders, make_trainer
-from zeus_callbacks import ZeusCallback
-from zeus_callbacks import backends
+from tests.integration.test_lightning import BATCH, N_TRAIN, TinyRegressor, loaders, make_trainer
+from zeus_callbacks import ZeusCallback, backends
 from zeus_callbacks.backends import GPUPresence
 from zeus_callbacks.reporting import read_jsonl
 

@@ -413,8 +413,9 @@ class PowerSampler:
             return list(self._counter_gaps[index])
 
     def reach_s(self, index: int) -> float:
-        """How far past GPU ``index``'s integral knots power may be extrapolated (s): one sample period
-        past the last sample's timestamp.
+        """How far past GPU ``index``'s integral knots power may be extrapolated (s).
+
+        One sample period past the last sample's timestamp (its knot sits ``sensor_delay_s`` earlier).
 
         The period is the stream's: the backend's nominal one, or the spacing of its newest
         samples when they come slower (a polled stream, a counter fallback), at most one

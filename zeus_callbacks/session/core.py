@@ -504,8 +504,11 @@ class EnergySession(StepScheduler):
         return self._flagged(metrics)
 
     def _flagged(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU; on a GPU that cannot be
-        measured, without any energy or power figure (they are unknown) and flagged ``energy/unavailable``."""
+        """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU.
+
+        On a GPU that cannot be measured: without any energy or power figure (they are unknown) and
+        flagged ``energy/unavailable``.
+        """
         backend = self.backend
         if backend is not None and not backend.measurable:
             metrics = {k: v for k, v in metrics.items() if not k.startswith(("energy/", "power/"))}

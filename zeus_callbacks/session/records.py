@@ -288,8 +288,7 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
                       step_time_s: float, measured_steps: int) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy and time, covered time,
-    then per GPU."""
+    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs."""
     return [
         run.energy_J if run else 0.0,
         run.time_s if run else 0.0,
