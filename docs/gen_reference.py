@@ -248,6 +248,11 @@ FIELDS: dict[str, str] = {
     "run_start.job_id": "The configuration's `job_id`.",
     "run_start.backend": "One-line description of the backend and its GPUs.",
     "run_start.gpu_indices": "GPUs this process measures (backend device indices).",
+    "measurement": "What the energy figures are: `measured` (a real GPU), `simulated` (the virtual GPU: "
+    "figures come from traces) or `unavailable` (a GPU is present but cannot be measured: every energy "
+    "figure is null). See docs/concepts.md#honest-figures.",
+    "simulated": "True when the energy is simulated (the virtual GPU), never a measurement.",
+    "measurement_note": "Why measurement is unavailable and how to fix it; null otherwise.",
     "power_limit_W": "Power limit read when the run started, mean over the measured GPUs (W); null when "
     "it cannot be read.",
     "run_start.read_only": "Whether the backend refuses hardware changes (`ZEUS_CALLBACKS_READ_ONLY`).",
@@ -266,11 +271,17 @@ FIELDS: dict[str, str] = {
     "steps.energy_J_per_token": "Energy per input token (J); null unless every step gave its token count.",
     "steps.power_samples": "Power samples that fell inside those steps (fewest over the GPUs, summed over steps).",
     "complete": "False when the power samples did not cover a window entirely (an edge was extrapolated "
-    "from the nearest sample).",
+    "from the nearest sample by at most one sample period, or not covered at all).",
+    "epoch.covered_s": "Time of the epoch the power samples cover (s); `energy_J` is that part's energy, "
+    "null when it is 0.",
+    "counter_resets": "Times an energy counter went backwards so far; each drops one interval of the "
+    "counter series (filled from the samples in `counter_energy_J`), and the cross-check goes on.",
     "epoch.epoch": "Epoch index (from 0).",
-    "energy_J": "Energy of the window, summed over the measured GPUs, from the power samples (J).",
+    "energy_J": "Energy of the window, summed over the measured GPUs, from the power samples (J); null when "
+    "no sample covers it (never 0 for unknown).",
     "epoch.counter_energy_J": "The same epoch from the hardware energy counter (J), a cross-check; "
-    "null when counter readings do not bracket the epoch.",
+    "null when counter readings do not bracket the epoch or it is shorter than 20 counter periods "
+    "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy.",
     "time_s": "Duration of the window (s).",
     "epoch.power_W_mean": "Mean power over the epoch (W).",
     "epoch.gpu_energy_J": "Energy of the epoch per measured GPU, in `gpu_indices` order (J).",

@@ -494,7 +494,8 @@ def test_cli_restore(tmp_path, capsys):
 def test_no_power_samples_abandons_profiling_and_keeps_the_original_limit(tmp_path, caplog):
     backend = VirtualGPUBackend(clock=ManualClock(1000.0))
     backend.set_power_limit_W(0, 250.0)
-    backend.inject_fault(reads=10**9, kind="gpu_lost", sensor="samples")  # the power stream is dead
+    # Power stream and counter both dead (a live counter would stand in for the stream: issue 16 item 2).
+    backend.inject_fault(reads=10**9, kind="gpu_lost", sensor="any")
     with caplog.at_level(logging.WARNING):
         session, applied = simulate_session(tmp_path, backend, profile_steps=3, max_steps=200)
     result = session.power_limiter.result

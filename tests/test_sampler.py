@@ -117,7 +117,9 @@ def test_energy_counter_is_read_when_due(virtual_backend, manual_clock):
     sampler.poll_once()  # due again
     times, energy = sampler.counter_readings(0)
     assert len(times) == 2
-    assert times[-1] == manual_clock.now_s()
+    # Stamped at the counter's change, not the read: the previous read is older than one counter
+    # period, so the change lies in (now - period, now] and the stamp is its middle.
+    assert times[-1] == pytest.approx(manual_clock.now_s() - virtual_backend.energy_counter_period_s / 2)
     assert energy[-1] == virtual_backend.energy_counter_J(0)
 
 
@@ -274,16 +276,19 @@ def test_energy_counter_going_backwards_is_detected_once(virtual_backend, manual
         for _ in readings:
             manual_clock.advance(0.1)
             sampler.poll_once(read_counter=True)
-    # Each backwards step is a fault and starts a new baseline (a counter reset); the
-    # readings kept are those since the last reset.
-    baseline, backwards = [], 0
-    for value in readings:
-        if baseline and value < baseline[-1]:
+    # Each backwards step is a counter reset (issue 16 item 2): not a fault, only the interval
+    # across it is dropped (it adds nothing) and the series goes on from the new value.
+    continued, backwards = [], 0
+    for previous, value in zip([None, *readings], readings, strict=False):
+        if previous is not None and value < previous:
             backwards += 1
-            baseline = []
-        baseline.append(value)
-    assert sampler.health.faults["counter_backwards"] == backwards
-    np.testing.assert_array_equal(sampler.counter_readings(0)[1], baseline)
+            continued.append(continued[-1])
+        else:
+            continued.append(value if previous is None else continued[-1] + value - previous)
+    assert sampler.health.counter_resets == backwards and "counter_backwards" not in sampler.health.faults
+    assert not sampler.health.degraded
+    np.testing.assert_array_equal(sampler.counter_readings(0)[1], continued)
+    assert len(sampler.counter_gaps(0)) == backwards
     assert len([m for m in warnings_in(caplog) if "backwards" in m]) == 1
 
 

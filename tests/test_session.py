@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from zeus_callbacks import reporting as metric
-from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, COUNTER_RESOLUTION_J, VirtualGPUBackend
+from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, VirtualGPUBackend
+from zeus_callbacks.measurement.attribution import COUNTER_MIN_PERIODS
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
 
@@ -21,12 +22,10 @@ EPOCHS = 2
 NUM_SAMPLES = 8
 NUM_TOKENS = 96
 REL = 1e-9  # noise-free constant power: attribution is exact up to float rounding
-# Epochs last STEPS_PER_EPOCH × STEP_S = 0.6 s and start at the backend's creation, so every
-# epoch boundary falls on one of the energy counter's 100 ms update ticks, and the session
-# reads the counter at train start and at each epoch end: the counter then differs from
-# the truth only by its resolution (floored at each end).
-COUNTER_TOL_J = 2 * COUNTER_RESOLUTION_J
-assert math.isclose((STEPS_PER_EPOCH * STEP_S / COUNTER_PERIOD_S) % 1, 0, abs_tol=1e-9)
+# Epochs last STEPS_PER_EPOCH × STEP_S = 0.6 s = 6 counter periods, the run 1.2 s = 12: fewer than
+# COUNTER_MIN_PERIODS, so neither gets a counter cross-check (null, never a figure that means nothing;
+# issue 16 item 3). tests/test_honest_figures.py checks the cross-check of long spans.
+assert STEPS_PER_EPOCH * STEP_S * EPOCHS < COUNTER_MIN_PERIODS * COUNTER_PERIOD_S
 
 
 def sampler_threads() -> int:
@@ -175,9 +174,7 @@ def test_epoch_metrics_match_power_and_counter(finished_run):
         assert metrics[metric.EPOCH_TIME_S] == pytest.approx(end_s - start_s, rel=REL)
         assert metrics[metric.EPOCH_ENERGY_J] == pytest.approx(run.power_W * (end_s - start_s), rel=REL)
         assert metrics[metric.EPOCH_MEAN_POWER_W] == pytest.approx(run.power_W, rel=REL)
-        assert metrics[metric.EPOCH_COUNTER_ENERGY_J] == pytest.approx(
-            metrics[metric.EPOCH_ENERGY_J], abs=COUNTER_TOL_J
-        )
+        assert metric.EPOCH_COUNTER_ENERGY_J not in metrics  # too short for a cross-check
 
 
 def test_run_totals_are_the_sum_of_their_parts(finished_run):
@@ -193,7 +190,7 @@ def test_run_totals_are_the_sum_of_their_parts(finished_run):
     assert sum(summary.epoch_energy_J) == pytest.approx(summary.energy_J, rel=REL)  # epochs tile the run
     assert summary.step_energy_J * summary.steps == pytest.approx(summary.energy_J, rel=REL)  # so do steps
     assert summary.step_time_s == pytest.approx(STEP_S, rel=REL)
-    assert summary.counter_energy_J == pytest.approx(summary.energy_J, abs=COUNTER_TOL_J)
+    assert summary.counter_energy_J is None  # too short for a cross-check
     assert summary.faults == {}
 
 
@@ -219,11 +216,13 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
     assert [r["epoch"] for r in epochs] == list(range(EPOCHS))
     assert [r["energy_J"] for r in epochs] == pytest.approx(summary.epoch_energy_J, rel=REL)
     for record in epochs:
-        assert record["counter_energy_J"] == pytest.approx(record["energy_J"], abs=COUNTER_TOL_J)
+        assert record["counter_energy_J"] is None  # too short for a cross-check (null, not 0.0)
+    assert start["measurement"] == "simulated" and start["simulated"] is True
     end = records[-1]
     assert end["energy_J"] == pytest.approx(summary.energy_J, rel=REL)
     assert end["steps"] == summary.steps
     assert end["status"] == "completed"
+    assert end["simulated"] is True and end["coverage"] == 1.0 and end["complete"] is True
 
 
 def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_virtual_backend):

@@ -164,7 +164,8 @@ def test_final_without_any_sample(virtual_backend, manual_clock):
     (record,) = meter.resolve(final=True)
     assert not record.complete
     assert record.num_power_samples == 0
-    assert record.energy_J == 0.0
+    # No sample covers it: its energy is unknown (null in the records), never 0 J (issue 16 item 2).
+    assert math.isnan(record.energy_J) and record.covered_s == 0.0
 
 
 def test_nested_windows_of_different_names(virtual_backend, manual_clock):
@@ -220,7 +221,7 @@ def test_windows_go_stale_when_the_sensor_dies(virtual_backend, manual_clock):
     run_for(manual_clock, sampler, 0.3)
     end_s = manual_clock.now_s()
     meter.end("w")
-    virtual_backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
+    virtual_backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="any")  # samples and counter both dead
     run_for(manual_clock, sampler, stale_after_s / 2)
     assert meter.resolve() == []  # not stale yet: the sensor may still catch up
     run_for(manual_clock, sampler, stale_after_s)
@@ -228,7 +229,9 @@ def test_windows_go_stale_when_the_sensor_dies(virtual_backend, manual_clock):
     assert sampler.health.faults["gpu_lost"] > 0
     assert not record.complete
     assert (record.start_s, record.end_s) == (start_s, end_s)
-    # Samples covered the start; the uncovered tail takes the last sample's (constant) power.
+    # Samples covered the start; the uncovered tail, shorter than one sample period, takes the last
+    # sample's (constant) power (no more is ever extrapolated: tests/test_honest_figures.py).
+    assert record.covered_s == pytest.approx(end_s - start_s, rel=1e-9)
     assert record.energy_J == pytest.approx(virtual_backend.true_power_W(0) * (end_s - start_s), rel=1e-9)
     assert meter.pending_count == 0
 
@@ -237,7 +240,8 @@ def test_pending_windows_do_not_pile_up_with_a_dead_sensor(virtual_backend, manu
     stale_after_s = 0.5
     window_s = 0.1
     sampler, meter = make_meter(virtual_backend, stale_after_s=stale_after_s)
-    virtual_backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
+    # Samples and counter both dead (with the counter alive it takes the stream's place).
+    virtual_backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="any")
     closed, resolved, most_pending = 0, [], 0
     for _ in range(100):
         meter.begin("step")

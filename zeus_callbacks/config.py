@@ -474,7 +474,9 @@ class ZeusConfig(_Section):
 
     job_id: str = Field("default", min_length=1, description="Names the recurring job (store key).")
     backend: Literal["auto", "nvml", "amdsmi", "virtual"] = Field(
-        "auto", description="GPU backend: auto = NVIDIA, else AMD, else the virtual GPU."
+        "auto",
+        description="GPU backend: auto = NVIDIA, else AMD, else (no GPU on the machine) the virtual GPU; a GPU "
+        "that neither can measure gives measurement unavailable (null energy), never simulated figures.",
     )
     gpu_indices: list[int] | None = Field(
         None,

@@ -43,6 +43,8 @@ RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"
 RUN_MEAN_POWER_W = "power/run_mean_W"
 RUN_STEP_COUNT = "energy/run_step_count"
+SIMULATED = "energy/simulated"
+UNAVAILABLE = "energy/unavailable"
 
 
 def window_energy_key(name: str) -> str:
@@ -91,6 +93,10 @@ METRICS: dict[str, str] = {
     PHASES_EXPLAINED: "fraction — share of the epoch's energy the phase windows explain (sum of phase "
     "energies / epoch energy)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
+    SIMULATED: "flag — 1 with every batch of metrics when the virtual GPU is in use: the energy figures are "
+    "simulated from traces, not measured",
+    UNAVAILABLE: "flag — 1 with every batch of metrics when a GPU is present but cannot be measured: no energy "
+    "or power figure is logged (see the warning and run_start's measurement_note)",
 }
 
 
@@ -159,6 +165,17 @@ class RunSummary:
         rejected_samples: Power samples this process rejected as physically impossible, by reason
             (``non_finite``, ``negative``, ``above_max``, ``future_timestamp``, ``timestamp_backwards``);
             any rejection marks the run degraded.
+        measurement: ``"measured"``, ``"simulated"`` (the virtual GPU) or ``"unavailable"`` (a GPU
+            that cannot be measured: every energy figure is null).
+        simulated: True when the energy is simulated (the virtual GPU).
+        measurement_note: Why measurement is unavailable and how to fix it (None otherwise).
+        coverage: Share of the run's time the power samples cover, in [0, 1] (the least over ranks).
+        complete: True when the samples cover the whole run (coverage 1).
+        counter_resets: Times an energy counter went backwards (each leaves one interval out of the
+            counter series; the cross-check goes on).
+        energy_source: Where the energy came from: ``"samples"`` (the power stream), or
+            ``"samples+counter"`` where a power stream failed and counter differences took over.
+        counter_resolution_J: The energy counter's resolution (J), stated when the counter is a source.
     """
 
     run_name: str
@@ -183,6 +200,14 @@ class RunSummary:
     gpu_energy_J: list[float] = field(default_factory=list)
     degraded: bool = False
     rejected_samples: dict[str, int] = field(default_factory=dict)
+    measurement: str = "measured"
+    simulated: bool = False
+    measurement_note: str | None = None
+    coverage: float | None = None
+    complete: bool = True
+    counter_resets: int = 0
+    energy_source: str = "samples"
+    counter_resolution_J: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -205,7 +230,8 @@ class RunSummary:
             return f"{value / scale:,.3f} {unit}"
 
         lines = [
-            f"zeus-callbacks run {self.run_name!r} ({self.status}) on {self.backend}",
+            f"zeus-callbacks run {self.run_name!r} ({self.status}) on {self.backend}"
+            + ("   SIMULATED energy (virtual GPU, not measured)" if self.simulated else ""),
             f"  energy        {fmt(self.energy_J, 'J')}"
             + (f"   (energy counter: {fmt(self.counter_energy_J, 'J')})" if self.counter_energy_J else ""),
             f"  time          {fmt(self.time_s, 's')}",
@@ -220,6 +246,18 @@ class RunSummary:
         if self.world_size > 1 or len(self.gpu_energy_J) > 1:
             per_gpu = ", ".join(fmt(e, "J") for e in self.gpu_energy_J)
             lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
+        if self.measurement == "unavailable":
+            lines.append(f"  MEASUREMENT UNAVAILABLE: {self.measurement_note or 'the GPU cannot be measured'}")
+        elif not self.complete and self.coverage is not None:
+            lines.append(
+                f"  INCOMPLETE: samples cover {100 * self.coverage:.1f} % of the run; energy is that part's only"
+            )
+        if self.energy_source != "samples":
+            lines.append(
+                f"  energy source {self.energy_source} (counter resolution {fmt(self.counter_resolution_J, 'J')})"
+            )
+        if self.counter_resets:
+            lines.append(f"  counter resets {self.counter_resets} (each interval left out of the counter cross-check)")
         if self.degraded or self.faults:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
             if self.rejected_samples:

@@ -138,10 +138,10 @@ class FakeAMDGPU:
     default_power_cap_uW: int = DEFAULT_MAX_CAP_UW
     tick_offset: int = 123_456_789
     power_info_scale: float = 1.0
-    stuck_ticks: int | None = None  # the counter's frozen value, while stuck
     power_info_fields: dict[str, bool] = field(
         default_factory=lambda: {"average_socket_power": True, "current_socket_power": True}
     )
+    stuck_from_s: float | None = None  # the energy counter stops advancing from then (seen on amdsmi)
 
 
 class FakeAMDSMI(FakeLibrary):
@@ -157,8 +157,8 @@ class FakeAMDSMI(FakeLibrary):
         call_cost_s: Seconds each named function sleeps per call.
 
     Fault injection: :meth:`fail_next`, :meth:`fail_always`, :meth:`make_unsupported`,
-    :meth:`deny_permission`, :meth:`counter_backwards`, :meth:`set_power_info_scale`,
-    :meth:`clear_faults`. ``calls`` counts every call by name.
+    :meth:`deny_permission`, :meth:`counter_backwards`, :meth:`stick_counter`,
+    :meth:`set_power_info_scale`, :meth:`clear_faults`. ``calls`` counts every call by name.
     """
 
     AmdSmiRetCode = AmdSmiRetCode
@@ -206,18 +206,11 @@ class FakeAMDSMI(FakeLibrary):
         """Make GPU ``index``'s energy counter jump back by ``by_ticks`` ticks."""
         self.gpus[index].tick_offset -= by_ticks
 
-    def stick_counter(self, index: int = 0, stuck: bool = True) -> None:
-        """Make GPU ``index``'s energy counter stop advancing (seen on amdsmi, issue 16), or resume.
-
-        On resuming the counter jumps to the true total, as a driver that kept accumulating does.
-        """
-        gpu = self.gpus[index]
-        gpu.stuck_ticks = self._ticks(gpu) if stuck else None
-
-    def _ticks(self, gpu: FakeAMDGPU) -> int:
-        tick_us = max(self._tick_us(), to_us(gpu.origin_s))
-        energy_uJ = gpu.model.energy_J(gpu.origin_s, tick_us / US_PER_S) * 1e6
-        return gpu.tick_offset + round(energy_uJ / self.counter_resolution_uJ)
+    def stick_counter(self, index: int = 0, stuck: bool = True, at_s: float | None = None) -> None:
+        """Make GPU ``index``'s energy counter stop advancing from ``at_s`` (default: now) while power
+        goes on (a fault reported against amdsmi: the accumulator freezes, socket power does not);
+        ``stuck=False`` resumes it, and it jumps to the true total, as a driver that kept accumulating does."""
+        self.gpus[index].stuck_from_s = None if not stuck else (self.time_fn() if at_s is None else at_s)
 
     def set_power_info_scale(self, scale: float, index: int | None = None) -> None:
         """Make ``amdsmi_get_power_info`` report ``scale`` × the true power (a lying sensor)."""
@@ -268,10 +261,10 @@ class FakeAMDSMI(FakeLibrary):
         """Return the energy accumulator (ticks), its resolution (µJ/tick) and a timestamp (ns)."""
         gpu = self._enter("amdsmi_get_energy_count", handle)
         tick_us = max(self._tick_us(), to_us(gpu.origin_s))
+        if gpu.stuck_from_s is not None:
+            tick_us = min(tick_us, max(to_us(gpu.stuck_from_s), to_us(gpu.origin_s)))
         energy_uJ = gpu.model.energy_J(gpu.origin_s, tick_us / US_PER_S) * 1e6
         ticks = gpu.tick_offset + round(energy_uJ / self.counter_resolution_uJ)
-        if gpu.stuck_ticks is not None:
-            ticks = gpu.stuck_ticks
         return {self.energy_key: ticks, "counter_resolution": self.counter_resolution_uJ, "timestamp": tick_us * 1000}
 
     def amdsmi_get_power_info(self, handle: FakeProcessorHandle) -> dict[str, Any]:

@@ -60,8 +60,8 @@ FAULTS = {
     "nvml GPU_IS_LOST (energy counter)": SensorFault(
         "nvml", lambda f: f.fail_always("nvmlDeviceGetTotalEnergyConsumption", fp.NVML_ERROR_GPU_IS_LOST),
         "gpu_lost", "gpu_lost", 2),
-    "nvml energy counter backwards": SensorFault(
-        "nvml", lambda f: f.counter_backwards(0, by_mJ=round(BACKWARDS_J * 1e3)), "counter_backwards", "backwards", 1),
+    # nvml energy counter backwards: a reset is not a fault (the samples are exact), see
+    # tests/test_honest_figures.py::test_counter_reset_drops_one_interval_and_the_cross_check_goes_on.
     "amdsmi ERR_IO (energy count)": SensorFault(
         "amdsmi", lambda f: f.fail_always("amdsmi_get_energy_count", fa.AmdSmiRetCode.ERR_IO), "unknown",
         "(unknown)", 20),
@@ -131,7 +131,8 @@ def test_sensor_fault_mid_run_degrades_and_warns_once(tmp_path, caplog, name, re
         and end["faults"].get(fault.kind, 0) >= fault.min_reads,
         "JSONL steps after the fault degraded": bool(after_fault) and all(r["degraded"] for r in after_fault),
         "one warning for the kind": len(about_kind) == 1,
-        "warnings do not grow with steps": len(warnings) <= 3,
+        # At most: a source fallback or two, the fault, the counter taking over a failed power stream.
+        "warnings do not grow with steps": len(warnings) <= 4,
     }
     record_fault(f"sensor fault: {fault.vendor}", all(checks.values()))
     assert all(checks.values()), {"failed": [k for k, ok in checks.items() if not ok], "faults": summary.faults,

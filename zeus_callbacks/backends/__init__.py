@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zeus_callbacks.backends.base import (
@@ -19,6 +20,7 @@ from zeus_callbacks.backends.base import (
     WallClock,
     read_only_from_env,
 )
+from zeus_callbacks.backends.detect import GPUPresence, detect_gpus
 
 if TYPE_CHECKING:
     from zeus_callbacks.config import VirtualGPUConfig
@@ -30,6 +32,7 @@ __all__ = [
     "BackendUnavailable",
     "Clock",
     "GPUBackend",
+    "GPUPresence",
     "ManualClock",
     "NotSupported",
     "PermissionDenied",
@@ -37,6 +40,7 @@ __all__ = [
     "ReadOnlyError",
     "SensorError",
     "WallClock",
+    "detect_gpus",
     "get_backend",
     "read_only_from_env",
 ]
@@ -66,17 +70,24 @@ def get_backend(
     virtual: VirtualGPUConfig | None = None,
     clock: Clock | None = None,
     read_only: bool | None = None,
+    detect: Callable[[], GPUPresence] | None = None,
 ) -> GPUBackend:
     """Open a GPU backend by name.
 
-    ``auto`` tries NVIDIA (pynvml), then AMD (amdsmi), then falls back to the virtual
-    GPU, and logs one line saying which it chose and why.
+    ``auto`` tries NVIDIA (pynvml), then AMD (amdsmi). When neither opens it looks for
+    a GPU without them (``detect``: device nodes, CUDA devices): where there is none it
+    falls back to the virtual GPU (simulated energy, said so in every record); where a
+    GPU is present but cannot be measured it returns an
+    :class:`~zeus_callbacks.backends.unavailable.UnavailableBackend` (every energy figure
+    null). Either way it logs one warning naming the cause and the fix.
 
     Args:
         name: ``"auto"``, ``"nvml"``, ``"amdsmi"`` or ``"virtual"``.
         virtual: Settings of the virtual GPU.
         clock: Clock for the virtual GPU (real backends use the CPU realtime clock).
         read_only: Force read-only mode; default from ``ZEUS_CALLBACKS_READ_ONLY``.
+        detect: Finds GPUs without the vendor libraries; default :func:`detect_gpus` (looked up
+            at the call, so a test may replace ``zeus_callbacks.backends.detect_gpus``).
 
     Returns:
         An open backend; the caller closes it.
@@ -98,20 +109,62 @@ def get_backend(
     if name != "auto":
         raise ValueError(f"unknown backend {name!r}; choose auto, nvml, amdsmi or virtual")
 
-    reasons = []
+    reasons: dict[str, str] = {}
     for candidate in ("nvml", "amdsmi"):
         try:
             backend = _open_vendor(candidate, read_only)
         except BackendUnavailable as exc:
-            reasons.append(f"{candidate}: {exc}")
+            reasons[candidate] = str(exc)
             continue
         logger.info("zeus-callbacks: using the %s backend (%s)", candidate, backend.describe())
         return backend
+    presence = (detect or globals()["detect_gpus"])()
+    if presence.any_gpu:
+        from zeus_callbacks.backends.unavailable import UnavailableBackend
+
+        # The cause is the library of the GPU found: NVML for NVIDIA nodes / CUDA devices, amdsmi for /dev/kfd.
+        relevant = [reasons[n] for n, found in (("nvml", presence.nvidia_nodes or presence.cuda_devices),
+                                                 ("amdsmi", presence.amd_kfd)) if found]
+        cause = "; ".join(relevant or reasons.values())
+        fix = unmeasurable_fix(cause)
+        logger.warning(
+            "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
+            "energy figure of this run is null (measurement unavailable). Fix: %s",
+            presence.describe(),
+            cause,
+            fix,
+        )
+        return UnavailableBackend(presence, cause, fix)
     backend = _virtual(virtual, clock, read_only)
     logger.warning(
-        "zeus-callbacks: no NVIDIA or AMD GPU found, using the virtual GPU (%s). Energy figures are "
-        "simulated from the Zeus traces. [%s]",
+        "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
+        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces, and every record says so. [%s]",
         backend.describe(),
-        "; ".join(reasons),
+        "; ".join(f"{n}: {r}" for n, r in reasons.items()),
     )
     return backend
+
+
+def unmeasurable_fix(cause: str) -> str:
+    """What to do about a GPU that cannot be measured, from the vendor libraries' messages.
+
+    Args:
+        cause: The ``BackendUnavailable`` messages of the backends tried.
+
+    Returns:
+        One sentence for the warning.
+    """
+    text = cause.lower()
+    if "mig" in text:
+        return (
+            "NVML cannot measure a MIG instance: train on a full GPU (MIG disabled) to measure energy, "
+            "or set backend: virtual for simulated figures"
+        )
+    if "permission" in text or "no_permission" in text or "nopermission" in text:
+        return "give this process access to the GPU's management interface (/dev/nvidiactl, /dev/kfd), or run as root"
+    if "cannot import" in text:
+        return "install the vendor library (pip install nvidia-ml-py for NVIDIA, ROCm's amdsmi for AMD)"
+    return (
+        "check that the GPU driver is loaded and matches the library (nvidia-smi / amd-smi should work), "
+        "or set backend: virtual for simulated figures"
+    )

@@ -56,6 +56,10 @@ MIN_POLL_INTERVAL_S = 0.010
 #: fraction is reported (once).
 POWER_CHECK_TOLERANCE = 0.25
 
+#: A counter that does not move over a poll interval while socket power reads more than this is
+#: stuck: at ≥ 10 W a 10 ms interval holds ≥ 0.1 J, thousands of counter ticks (15.3 µJ each).
+STUCK_MIN_POWER_W = 10.0
+
 ENERGY_TICK_KEYS = ("energy_accumulator", "power")
 SOCKET_POWER_KEYS = ("average_socket_power", "current_socket_power")
 VISIBLE_DEVICE_ENVS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -73,6 +77,7 @@ class _DeviceState:
     last_poll: tuple[float, float] | None = None  # (time_s, energy_J)
     power_checked: bool = False
     last_energy_J: float | None = None
+    counter_stuck: bool = False  # the counter stopped advancing: power comes from socket power
 
 
 class AMDSMIBackend(VendorBackend[_DeviceState]):
@@ -103,6 +108,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
     vendor = "AMD"
     _log = logger
     sample_period_s = 0.02
+    energy_counter_period_s = 0.001  # the driver refreshes the accumulator every ~1 ms
 
     def __init__(
         self,
@@ -182,6 +188,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
                 f"{sorted(counts)}",
                 kind="unknown",
             )
+        self.energy_counter_resolution_J = float(counts["counter_resolution"]) * J_PER_UJ
         return float(ticks) * float(counts["counter_resolution"]) * J_PER_UJ
 
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
@@ -205,6 +212,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         """
         device = self._device(index)
         with device.lock:
+            if device.counter_stuck:
+                return self._socket_power_sample(device, index, since_s)
             energy_J = self._read_energy_J(device, index, sensor=True)
             now_s = self.clock.now_s()
             previous, device.last_poll = device.last_poll, (now_s, energy_J)
@@ -220,9 +229,53 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
                     kind="counter_backwards",
                 )
             power_W = (energy_J - then_J) / (now_s - then_s)
+            if energy_J == then_J:
+                socket_W = self._socket_power_W(device, index)
+                if socket_W is not None and socket_W > STUCK_MIN_POWER_W:
+                    device.counter_stuck = True
+                    self._warn_once(
+                        "counter_stuck",
+                        index,
+                        "amdsmi: GPU %d energy counter stopped advancing over %.3f s while socket power reads %.1f W; "
+                        "using socket power readings for the rest of this run (energy cross-checks off)",
+                        index,
+                        now_s - then_s,
+                        socket_W,
+                    )
+                    return [PowerSample(now_s, socket_W)] if now_s > since_s else []
+                if socket_W is None:
+                    # A powered GPU never draws 0 W: a counter that did not move is stuck or the GPU is off,
+                    # and without socket power to tell which, no sample is better than a 0 W guess.
+                    device.last_poll = previous
+                    raise SensorError(
+                        f"amdsmi: GPU {index} energy counter did not advance over {now_s - then_s:.3f} s and "
+                        "socket power cannot be read to check it",
+                        kind="counter_stuck",
+                    )
             if not device.power_checked:
                 device.power_checked = True
                 self._check_against_socket_power(device, index, power_W)
+        return [PowerSample(now_s, power_W)] if now_s > since_s else []
+
+    def _socket_power_W(self, device: _DeviceState, index: int) -> float | None:
+        """Socket power (W): the current reading, else the average; None where amdsmi gives neither."""
+        try:
+            info = self._smi.amdsmi_get_power_info(device.handle)
+        except self._error_cls as exc:
+            logger.debug("amdsmi: GPU %d: cannot read socket power: %s", index, exc)
+            return None
+        for key in reversed(SOCKET_POWER_KEYS):  # current first: the average spans ~1 s
+            value = info.get(key)
+            if isinstance(value, (int, float)) and value > 0:
+                return float(value)
+        return None
+
+    def _socket_power_sample(self, device: _DeviceState, index: int, since_s: float) -> list[PowerSample]:
+        """A stuck counter: one socket-power reading stamped now (lock held)."""
+        power_W = self._socket_power_W(device, index)
+        now_s = self.clock.now_s()
+        if power_W is None:
+            raise SensorError(f"amdsmi: GPU {index}: its counter is stuck and socket power unreadable", kind="unknown")
         return [PowerSample(now_s, power_W)] if now_s > since_s else []
 
     def _check_against_socket_power(self, device: _DeviceState, index: int, power_W: float) -> None:
@@ -264,6 +317,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
                 read (``kind="counter_backwards"``; the next read counts from the new value).
         """
         device = self._device(index)
+        if device.counter_stuck:
+            raise NotSupported(f"amdsmi: GPU {index}'s energy counter is stuck (it stopped advancing under load)")
         energy_J = self._read_energy_J(device, index, sensor=False)
         with device.lock:
             previous_J, device.last_energy_J = device.last_energy_J, energy_J

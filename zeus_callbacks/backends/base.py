@@ -111,6 +111,14 @@ class GPUBackend(abc.ABC):
     sensor_delay_s: float = 0.0
     times_with_gpu_events: bool = False
     """Whether window boundaries are timed with CUDA/HIP events (real GPUs running queued work)."""
+    energy_counter_period_s: float | None = None
+    """How often the energy counter changes (s), where known: readings are stamped at its change."""
+    energy_counter_resolution_J: float | None = None
+    """The energy counter's step (J), where known; stated where a figure comes from the counter."""
+    simulated: bool = False
+    """True for the virtual GPU: its energy is simulated from traces, not measured."""
+    measurable: bool = True
+    """False for a GPU that is present but cannot be measured (every energy figure is then null)."""
 
     def __init__(self, *, clock: Clock | None = None, read_only: bool | None = None) -> None:
         self.clock: Clock = clock if clock is not None else WallClock()

@@ -123,6 +123,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     # later, is already ~90 % busy, so a sample covers roughly the preceding 20 ms with
     # only a few ms of lag.
     sensor_delay_s = 0.004
+    # nvmlDeviceGetTotalEnergyConsumption counts mJ and changes every ~100 ms (docs/hardware.md).
+    energy_counter_period_s = 0.1
+    energy_counter_resolution_J = 1.0 / MJ_PER_J
 
     def __init__(
         self,

@@ -188,6 +188,9 @@ class VirtualGPUBackend(GPUBackend):
     """
 
     name = "virtual"
+    simulated = True
+    energy_counter_period_s = COUNTER_PERIOD_S
+    energy_counter_resolution_J = COUNTER_RESOLUTION_J
 
     def __init__(
         self,

@@ -75,19 +75,27 @@ def interval_energy_J(
 
 
 def extrapolated_energy_J(
-    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: ArrayLike, ends_s: ArrayLike
+    knot_times_s: np.ndarray,
+    cumulative_J: np.ndarray,
+    starts_s: ArrayLike,
+    ends_s: ArrayLike,
+    *,
+    reach_s: float = np.inf,
 ) -> np.ndarray:
-    """Energy of each interval, with the parts outside the covered span extrapolated.
+    """Energy of each interval, with the parts just outside the covered span extrapolated.
 
-    Like :func:`interval_energy_J`, but those parts take the power of the nearest segment
-    (a sensor that has not caught up, or a buffer that no longer reaches back); callers
-    mark such windows incomplete.
+    Like :func:`interval_energy_J`, but the parts up to ``reach_s`` before the first knot
+    and after the last take the power of the nearest segment (a sensor that has not
+    caught up); nothing is extrapolated further. Callers mark such windows incomplete;
+    :func:`covered_energy_J` also says how much of each window is covered.
 
     Args:
         knot_times_s: Running-integral knots, shape (n,), n ≥ 2.
         cumulative_J: Integral at the knots, shape (n,).
         starts_s: Interval starts, shape (m,) (s).
         ends_s: Interval ends, shape (m,) (s).
+        reach_s: How far past the knots power is extrapolated (s); one sample period in the
+            meter (issue 16: no extrapolation past the last sample by more than that).
 
     Returns:
         Energies, shape (m,) (J).
@@ -98,9 +106,48 @@ def extrapolated_energy_J(
     cov_start, cov_end = knot_times_s[0], knot_times_s[-1]
     first_W = (cumulative_J[1] - cumulative_J[0]) / max(knot_times_s[1] - knot_times_s[0], 1e-12)
     last_W = (cumulative_J[-1] - cumulative_J[-2]) / max(knot_times_s[-1] - knot_times_s[-2], 1e-12)
-    energy += np.clip(np.minimum(ends_s, cov_start) - starts_s, 0, None) * first_W
-    energy += np.clip(ends_s - np.maximum(starts_s, cov_end), 0, None) * last_W
+    lo, hi = cov_start - reach_s, cov_end + reach_s
+    energy += np.clip(np.minimum(ends_s, cov_start) - np.maximum(starts_s, lo), 0, None) * first_W
+    energy += np.clip(np.minimum(ends_s, hi) - np.maximum(starts_s, cov_end), 0, None) * last_W
     return energy
+
+
+def covered_energy_J(
+    knot_times_s: np.ndarray,
+    cumulative_J: np.ndarray,
+    starts_s: ArrayLike,
+    ends_s: ArrayLike,
+    *,
+    reach_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Energy of each interval over the part the samples cover, and that part's length.
+
+    The samples cover ``[first knot - reach_s, last knot + reach_s]``: the knots' span and
+    at most ``reach_s`` (one sample period) of extrapolation either side. A window outside
+    it has no energy (NaN, reported as null), never a guess; one partly inside has the energy
+    of its covered part, and its covered time says how much that is.
+
+    Args:
+        knot_times_s: Running-integral knots, shape (n,) (s); fewer than 2: nothing is covered.
+        cumulative_J: Integral at the knots, shape (n,) (J).
+        starts_s: Interval starts, shape (m,) (s).
+        ends_s: Interval ends, shape (m,) (s).
+        reach_s: Extrapolation allowed past the knots (s).
+
+    Returns:
+        ``(energy_J, covered_s)``, shapes (m,), (m,): NaN energy where ``covered_s`` is 0.
+    """
+    starts_s = np.asarray(starts_s, dtype=np.float64)
+    ends_s = np.asarray(ends_s, dtype=np.float64)
+    if len(knot_times_s) < 2:
+        return np.full(starts_s.shape, np.nan), np.zeros(starts_s.shape)
+    lo, hi = knot_times_s[0] - reach_s, knot_times_s[-1] + reach_s
+    covered_s = np.clip(np.minimum(ends_s, hi) - np.maximum(starts_s, lo), 0, None)
+    energy = extrapolated_energy_J(knot_times_s, cumulative_J, starts_s, ends_s, reach_s=reach_s)
+    # A window of zero length inside the span is covered (0 J is its energy); one outside is not.
+    inside = (starts_s <= hi) & (ends_s >= lo)
+    energy = np.where((covered_s > 0) | inside, energy, np.nan)
+    return energy, covered_s
 
 
 def samples_in(timestamps_s: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarray, delay_s: float) -> np.ndarray:
@@ -109,20 +156,56 @@ def samples_in(timestamps_s: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarra
     return np.searchsorted(shifted, ends_s, side="right") - np.searchsorted(shifted, starts_s, side="left")
 
 
+COUNTER_MIN_PERIODS = 20
+"""A counter cross-check needs a span of at least this many counter periods.
+
+Each reading is stamped at the middle of the span its change can lie in, so a stamp is
+off by at most half a counter period ``P``: at power ``p`` the energy of a span of
+``N`` periods is off by at most ``p·P`` (both ends), a share of at most ``1/N``
+(5 % at 20 periods, 2 s on an H200); shorter spans give no cross-check (null)."""
+
+
 def counter_energy_J(
-    reading_times_s: np.ndarray, readings_J: np.ndarray, start_s: float, end_s: float
+    reading_times_s: np.ndarray,
+    readings_J: np.ndarray,
+    start_s: float,
+    end_s: float,
+    *,
+    min_span_s: float = 0.0,
+    reach_s: float = 0.0,
 ) -> float | None:
     """Energy between two times from energy-counter readings, linearly interpolated.
 
     Args:
-        reading_times_s: Counter read times, shape (n,) (s).
+        reading_times_s: Counter change times, shape (n,) (s).
         readings_J: Counter values, shape (n,) (J).
         start_s: Window start (s).
         end_s: Window end (s).
+        min_span_s: Shortest span given a figure (s): :data:`COUNTER_MIN_PERIODS` counter
+            periods in the session.
+        reach_s: How far before the first stamp or after the last the counter may be
+            extended at its nearest slope (s): one counter period, the span a stamp's change
+            can lie in (a reading stamped at its change is always a little older than its read).
 
     Returns:
-        The energy (J), or None when the readings do not bracket the window.
+        The energy (J), or None when the readings do not bracket the window (within
+        ``reach_s``) or the span is shorter than ``min_span_s`` (never a 0.0 that only means
+        the counter did not tick).
     """
-    if len(reading_times_s) < 2 or reading_times_s[0] > start_s or reading_times_s[-1] < end_s:
+    if end_s - start_s < min_span_s or len(reading_times_s) < 2:
         return None
-    return float(np.interp(end_s, reading_times_s, readings_J) - np.interp(start_s, reading_times_s, readings_J))
+    times = np.asarray(reading_times_s, dtype=np.float64)
+    values = np.asarray(readings_J, dtype=np.float64)
+    if times[0] - start_s > reach_s or end_s - times[-1] > reach_s:
+        return None
+
+    def at(t_s: float) -> float:
+        if t_s < times[0]:
+            slope = (values[1] - values[0]) / max(times[1] - times[0], 1e-12)
+            return float(values[0] - slope * (times[0] - t_s))
+        if t_s > times[-1]:
+            slope = (values[-1] - values[-2]) / max(times[-1] - times[-2], 1e-12)
+            return float(values[-1] + slope * (t_s - times[-1]))
+        return float(np.interp(t_s, times, values))
+
+    return at(end_s) - at(start_s)

@@ -19,6 +19,19 @@ Samples outside physical bounds are rejected and counted by reason in
 above :data:`MAX_POWER_FACTOR` × the device's maximum power limit, a timestamp more than
 :func:`future_tolerance_s` ahead of the clock, a timestamp older than the last sample kept.
 
+Energy-counter readings are stamped at the counter's change, not at the read: a reading
+that shows the value of the previous one is no reading (the counter has not ticked), and
+a new value is stamped at the middle of the span it can have changed in, ``(max(last read
+that still showed the old value, read - counter period), read]``. A stamp is then off by
+at most half a counter period. A counter that goes backwards (a reset) drops only the
+interval between the last reading and the first after the reset; the readings after it
+continue the series (``SamplerHealth.counter_resets``), so cross-checks go on.
+
+When the power stream fails but the counter works, the counter's differences take the
+stream's place (read at every poll, ``SamplerHealth.counter_fallback``): the energy of the
+interval between two readings is exact to the counter's resolution, its placement within
+the interval unknown.
+
 As samples arrive the sampler also integrates them into a running energy total ``F(t)``
 (see :mod:`~zeus_callbacks.measurement.attribution` for how a sample is read). ``F`` is
 kept at every sample for the last ``buffer_s`` seconds and once every
@@ -84,11 +97,17 @@ class SamplerHealth:
             slower than the sampler's ``sensor_timeout_s``.
         dropped_samples: Samples overwritten because the ring buffer was full.
         rejected: Samples rejected as physically impossible, by reason (:data:`REJECT_REASONS`).
+        counter_resets: Times an energy counter went backwards (each drops one interval of
+            the counter series; not a fault: the power samples are unaffected).
+        counter_fallback: GPUs whose energy came, for part of the run, from counter
+            differences because their power stream failed.
     """
 
     faults: Counter = field(default_factory=Counter)
     dropped_samples: int = 0
     rejected: Counter = field(default_factory=Counter)
+    counter_resets: int = 0
+    counter_fallback: set[int] = field(default_factory=set)
 
     @property
     def degraded(self) -> bool:
@@ -152,6 +171,13 @@ class PowerSampler:
         self._energy_J = {i: 0.0 for i in self.gpu_indices}
         self._counter = {i: TimeSeriesRing(counter_capacity) for i in self.gpu_indices}
         self._counter_supported = {i: True for i in self.gpu_indices}
+        self._counter_raw: dict[int, float | None] = {i: None for i in self.gpu_indices}  # last raw reading (J)
+        self._counter_seen_s: dict[int, float | None] = {i: None for i in self.gpu_indices}  # it still showed then
+        self._counter_offset_J = {i: 0.0 for i in self.gpu_indices}  # added to raw readings after resets
+        self._counter_reset_pending = {i: False for i in self.gpu_indices}
+        self._stream_failing = {i: False for i in self.gpu_indices}
+        self._counter_gaps: dict[int, list[tuple[float, float]]] = {i: [] for i in self.gpu_indices}
+        self._spacing_s = {i: backend.sample_period_s for i in self.gpu_indices}  # last gap between samples
         self._last_counter_read_s = -math.inf
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
@@ -299,8 +325,10 @@ class PowerSampler:
                     read_counter = now_s - self._last_counter_read_s >= self.energy_counter_period_s
                 for index in self.gpu_indices:
                     self._drain_samples(index)
-                    if read_counter and self._counter_supported[index]:
-                        self._read_counter(index)
+                    failing = self._stream_failing[index]
+                    if (read_counter or failing) and self._counter_supported[index]:
+                        if self._read_counter(index) and failing:
+                            self._counter_to_knots(index)
                 if read_counter:
                     self._last_counter_read_s = now_s
             finally:
@@ -333,9 +361,12 @@ class PowerSampler:
             now_s = self.backend.clock.now_s()
         except Exception as exc:  # measurement must never crash training
             self._record_fault(exc, f"power samples of GPU {index}")
+            self._stream_failing[index] = True
             return
         max_W = self._max_power_bound_W(index)
         future_s = now_s + future_tolerance_s(self.backend.sample_period_s)
+        if samples:
+            self._stream_failing[index] = False
         with self._lock:
             last = ring.last_time()
             fresh = []
@@ -370,6 +401,10 @@ class PowerSampler:
             if last_coarse is None or knot_s - last_coarse >= self.coarse_period_s:
                 coarse.append(knot_s, energy_J)
         self._energy_J[index] = float(energy[-1])
+        previous = ring.last_time()
+        spacing = times[-1] - (times[-2] if len(times) > 1 else previous if previous is not None else times[-1])
+        if spacing > 0:
+            self._spacing_s[index] = float(spacing)
         for t, p in zip(times, power, strict=True):
             ring.append(float(t), float(p))
 
@@ -394,34 +429,104 @@ class PowerSampler:
             f"{sample.timestamp_s!r} s); measurement is degraded",
         )
 
-    def _read_counter(self, index: int) -> None:
+    def _append_knot(self, index: int, knot_s: float, energy_J: float) -> None:
+        """Extend the running integral F by one knot (the lock is held)."""
+        self._fine[index].append(knot_s, energy_J)
+        coarse = self._coarse[index]
+        last_coarse = coarse.last_time()
+        if last_coarse is None or knot_s - last_coarse >= self.coarse_period_s:
+            coarse.append(knot_s, energy_J)
+        self._energy_J[index] = energy_J
+
+    def _counter_to_knots(self, index: int) -> None:
+        """The power stream failed: extend F from the energy counter's newest difference.
+
+        F's newest knot is carried to the newest counter reading with the counter's energy
+        between them (the counter interpolated at the knot). Without a reading at or before
+        that knot nothing is added: the time stays uncovered rather than guessed.
+        """
+        with self._lock:
+            times, values = self._counter[index].arrays()
+            if len(times) < 2:
+                return
+            new_s, new_J = float(times[-1]), float(values[-1])
+            fine = self._fine[index]
+            last_s = fine.last_time()
+            if last_s is None:  # no sample yet: start F at the previous reading
+                self._append_knot(index, float(times[-2]), self._energy_J[index])
+                last_s, at_J = float(times[-2]), float(values[-2])
+            elif new_s <= last_s or times[0] > last_s:
+                return
+            else:
+                at_J = float(np.interp(last_s, times, values))
+            energy_J = self._energy_J[index] + max(new_J - at_J, 0.0)
+            self._append_knot(index, new_s, energy_J)
+            # A stand-in sample, so that readers of the newest sample see the counter's progress;
+            # shifted by the sensor delay like a real one, so a recovered stream continues F at new_s.
+            self._power[index].append(new_s + self.sensor_delay_s, (new_J - at_J) / max(new_s - last_s, 1e-9))
+            self._spacing_s[index] = new_s - last_s
+            if index not in self.health.counter_fallback:
+                self.health.counter_fallback.add(index)
+                resolution = getattr(self.backend, "energy_counter_resolution_J", None)
+                self._warn_once(
+                    f"counter_fallback_{index}",
+                    f"GPU {index}'s power stream failed; its energy now comes from the energy counter's differences "
+                    f"(resolution {resolution if resolution is not None else 'unknown'} J)",
+                )
+
+    def _read_counter(self, index: int) -> bool:
+        """Read GPU ``index``'s counter; True when it showed a new value (appended, stamped at its change)."""
         try:
-            energy_J = self._timed_call(f"energy counter of GPU {index}", lambda: self.backend.energy_counter_J(index))
+            raw_J = self._timed_call(f"energy counter of GPU {index}", lambda: self.backend.energy_counter_J(index))
             now_s = self.backend.clock.now_s()
         except Exception as exc:
             if isinstance(exc, NotSupported):
                 self._counter_supported[index] = False
-                self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
-                return
-            self._record_fault(exc, f"energy counter of GPU {index}")
+                if self.backend.measurable:  # an unmeasurable GPU was warned about once, when it was chosen
+                    self._warn_once("counter_unsupported", f"GPU {index} has no energy counter; cross-checks off")
+                return False
             if isinstance(exc, SensorError) and exc.kind == "counter_backwards":
-                self._new_counter_baseline(index)  # the backend saw the reset: do not count it again
-            return
+                # The backend saw the reset and counts from the new value: the next reading starts a new stretch.
+                with self._lock:
+                    self._counter_reset(index)
+                return False
+            self._record_fault(exc, f"energy counter of GPU {index}")
+            return False
+        period_s = getattr(self.backend, "energy_counter_period_s", None) or 0.0
         with self._lock:
+            last_raw = self._counter_raw[index]
+            if last_raw is not None and raw_J == last_raw and not self._counter_reset_pending[index]:
+                self._counter_seen_s[index] = now_s  # no tick since: the change is later than now
+                return False
+            if last_raw is not None and raw_J < last_raw and not self._counter_reset_pending[index]:
+                self._counter_reset(index)  # seen here (a backend that reported it already set the flag)
+            seen_s = self._counter_seen_s[index]
+            lower_s = now_s - period_s if seen_s is None else max(seen_s, now_s - period_s)
+            stamp_s = (lower_s + now_s) / 2
             ring = self._counter[index]
-            last = ring.last_value()
-            if last is not None and energy_J < last:
-                self._record_fault(
-                    SensorError(f"{last:.3f} J -> {energy_J:.3f} J", kind="counter_backwards"),
-                    f"energy counter of GPU {index} (it went backwards; cross-checks spanning the reset are skipped)",
-                )
-                ring = self._new_counter_baseline(index)
-            ring.append(now_s, energy_J)
+            last_s = ring.last_time()
+            if self._counter_reset_pending[index]:
+                self._counter_reset_pending[index] = False
+                last_J = ring.last_value()
+                self._counter_offset_J[index] = (last_J if last_J is not None else 0.0) - raw_J
+                if last_s is not None:
+                    self._counter_gaps[index].append((last_s, max(stamp_s, last_s)))
+            if last_s is not None and stamp_s <= last_s:
+                stamp_s = last_s + 1e-9 * max(1.0, abs(last_s))  # stamps increase
+            ring.append(stamp_s, raw_J + self._counter_offset_J[index])
+            self._counter_raw[index] = raw_J
+            self._counter_seen_s[index] = now_s
+        return True
 
-    def _new_counter_baseline(self, index: int) -> TimeSeriesRing:
-        """Forget counter readings before a reset: they cannot be compared with later ones."""
-        self._counter[index] = TimeSeriesRing(self._counter[index].capacity)
-        return self._counter[index]
+    def _counter_reset(self, index: int) -> None:
+        """The counter went backwards: drop the interval up to the next reading (the lock is held)."""
+        self.health.counter_resets += 1
+        self._counter_reset_pending[index] = True
+        self._warn_once(
+            "counter_backwards",
+            f"the energy counter of GPU {index} went backwards (a reset); the interval around it is left out of "
+            "the counter cross-check, which goes on",
+        )
 
     def _record_fault(self, exc: Exception, what: str) -> None:
         kind = exc.kind if isinstance(exc, SensorError) else type(exc).__name__
@@ -466,9 +571,32 @@ class PowerSampler:
         return np.concatenate((coarse_t[older], fine_t)), np.concatenate((coarse_F[older], fine_F))
 
     def counter_readings(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return (timestamps_s, energy_J) energy-counter readings of GPU ``index``; shapes (n,), (n,)."""
+        """Return (timestamps_s, energy_J) energy-counter readings of GPU ``index``; shapes (n,), (n,).
+
+        Stamped at the counter's change (module docstring); continued across resets, each of
+        which leaves one interval flat (:meth:`counter_gaps`).
+        """
         with self._lock:
             return self._counter[index].arrays()
+
+    def counter_gaps(self, index: int) -> list[tuple[float, float]]:
+        """The ``(start_s, end_s)`` intervals left out of GPU ``index``'s counter series by resets."""
+        with self._lock:
+            return list(self._counter_gaps[index])
+
+    def reach_s(self, index: int) -> float:
+        """How far past GPU ``index``'s integral knots power may be extrapolated (s).
+
+        One sample period past the last sample's timestamp (its knot sits ``sensor_delay_s`` earlier).
+
+        The period is the stream's: the backend's nominal one, or the spacing of its newest
+        samples when they come slower (a polled stream, a counter fallback), at most one
+        poll period longer (a gap after a lost GPU is no period).
+        """
+        nominal = self.backend.sample_period_s
+        period = max(nominal, min(self._spacing_s[index], max(self.poll_period_s, nominal)))
+        # Knots sit sensor_delay_s before their samples' timestamps: one period past the last sample.
+        return period + max(self.sensor_delay_s, 0.0)
 
     def latest_sample_s(self) -> float | None:
         """Return the oldest of the GPUs' newest sample times (None before any sample)."""

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from zeus_callbacks.backends.base import Clock
-from zeus_callbacks.measurement.attribution import extrapolated_energy_J, samples_in
+from zeus_callbacks.measurement.attribution import covered_energy_J, samples_in
 from zeus_callbacks.measurement.sampler import PowerSampler
 
 logger = logging.getLogger(__name__)
@@ -213,12 +213,15 @@ class WindowRecord(NamedTuple):
         name: Window name (``"step"``, ``"epoch"``, ``"eval"`` or a user name).
         start_s: Start on the backend clock (s).
         end_s: End on the backend clock (s).
-        energy_J: Energy summed over the measured GPUs (J).
+        energy_J: Energy summed over the measured GPUs (J); NaN (reported as null) when no
+            sample covers the window, the energy of the covered part when some do.
         gpu_energy_J: Energy per measured GPU, in ``gpu_indices`` order (J).
         num_power_samples: Power samples inside the window (fewest over the GPUs).
-        complete: False when samples did not cover the whole window (the edge was
-            extrapolated from the nearest sample).
+        complete: False when samples did not cover the whole window (an edge was
+            extrapolated by at most one sample period, or not covered at all).
         info: What the caller attached (e.g. ``num_samples``, ``num_tokens``).
+        covered_s: How much of the window the samples cover (s; the least over the GPUs);
+            None where not computed.
     """
 
     name: str
@@ -229,6 +232,7 @@ class WindowRecord(NamedTuple):
     num_power_samples: int
     complete: bool
     info: dict[str, Any]
+    covered_s: float | None = None
 
     @property
     def time_s(self) -> float:
@@ -252,6 +256,7 @@ class WindowBatch(NamedTuple):
         complete: False where samples did not cover the whole window, shape (m,).
         start_info: What was attached at the window's begin (a dict or None), shape (m,) (object).
         end_info: What was attached at its end (a dict or None), shape (m,) (object).
+        covered_s: Time the samples cover, shape (m,) (s; the least over the GPUs).
     """
 
     names: np.ndarray
@@ -263,6 +268,7 @@ class WindowBatch(NamedTuple):
     complete: np.ndarray
     start_info: np.ndarray
     end_info: np.ndarray
+    covered_s: np.ndarray
 
     @property
     def size(self) -> int:
@@ -279,7 +285,7 @@ class WindowBatch(NamedTuple):
         return WindowBatch(
             self.names[mask], self.start_s[mask], self.end_s[mask], self.energy_J[mask],
             self.gpu_energy_J[:, mask], self.num_power_samples[mask], self.complete[mask],
-            self.start_info[mask], self.end_info[mask],
+            self.start_info[mask], self.end_info[mask], self.covered_s[mask],
         )  # fmt: skip
 
     def info(self, k: int) -> dict[str, Any]:
@@ -310,9 +316,10 @@ class WindowBatch(NamedTuple):
         energy = self.energy_J.tolist()
         per_gpu = self.gpu_energy_J.T.tolist()
         fewest, complete = self.num_power_samples.tolist(), self.complete.tolist()
+        covered = self.covered_s.tolist()
         return [
             WindowRecord(names[k], starts[k], ends[k], energy[k], tuple(per_gpu[k]), int(fewest[k]), complete[k],
-                         self.info(k))
+                         self.info(k), covered[k])
             for k in range(len(names))
         ]  # fmt: skip
 
@@ -512,15 +519,17 @@ class WindowMeter:
         per_gpu = []
         counts = []
         complete = np.ones(n, dtype=bool)
+        covered_s = ends - starts
         for index in self.sampler.gpu_indices:
-            energy, num, is_complete = self._attribute(index, starts, ends, since_s)
+            energy, num, is_complete, covered = self._attribute(index, starts, ends, since_s)
             per_gpu.append(energy)
             counts.append(num)
             complete &= is_complete
+            covered_s = np.minimum(covered_s, covered)
         energy_J: np.ndarray = per_gpu[0] if len(per_gpu) == 1 else sum(per_gpu)  # type: ignore[assignment]  # as Python sums a GPU tuple: 0 + e0 + e1 ...
         return WindowBatch(
             _objects(names), starts, ends, energy_J, np.vstack(per_gpu), np.min(counts, axis=0), complete,
-            _objects(start_info), _objects(end_info),
+            _objects(start_info), _objects(end_info), covered_s,
         )  # fmt: skip
 
     def _covered_end_s(self) -> float:
@@ -533,16 +542,23 @@ class WindowMeter:
 
     def _attribute(
         self, index: int, starts: np.ndarray, ends: np.ndarray, since_s: float
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Energy, sample count, completeness and covered time of each window on GPU ``index``.
+
+        No power is extrapolated more than one sample period past the samples
+        (:meth:`PowerSampler.reach_s`): a window past that is partial (its covered time
+        says how much) or, with nothing covered, NaN.
+        """
         knots, cumulative = self.sampler.cumulative_energy(index, since_s)
         if len(knots) < 2:
-            return np.zeros_like(starts), np.zeros(len(starts), dtype=int), np.zeros(len(starts), bool)
-        energy = extrapolated_energy_J(knots, cumulative, starts, ends)
+            nothing = np.zeros(len(starts))
+            return np.full(len(starts), np.nan), np.zeros(len(starts), dtype=int), np.zeros(len(starts), bool), nothing
+        energy, covered = covered_energy_J(knots, cumulative, starts, ends, reach_s=self.sampler.reach_s(index))
         # knots[0] is at or before since_s, or (since_s older than every knot) the first knot there is.
         is_complete = (starts >= knots[0]) & (ends <= knots[-1])
         times, _ = self.sampler.samples(index, since_s)
         counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
-        return energy, counts, is_complete
+        return energy, counts, is_complete, covered
 
 
 _END = itemgetter(3)  # a closed window's end token (its end time once timed)

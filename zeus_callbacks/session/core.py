@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
@@ -63,6 +66,17 @@ _EPOCH_PREFIXES = ("energy/epoch", "time/epoch", "power/epoch")
 
 def _is_main_process() -> bool:
     return launcher_env_int("RANK", 0) == 0
+
+
+def measurement_of(backend: GPUBackend) -> tuple[str, str | None]:
+    """``("measured" | "simulated" | "unavailable", note)``: what the backend's energy figures are.
+
+    The note names the cause and the fix when measurement is unavailable (None otherwise).
+    """
+    if not backend.measurable:
+        cause, fix = getattr(backend, "cause", "the GPU cannot be measured"), getattr(backend, "fix", None)
+        return "unavailable", f"{cause}. Fix: {fix}" if fix else str(cause)
+    return ("simulated" if backend.simulated else "measured"), None
 
 
 class EnergySession(StepScheduler):
@@ -251,11 +265,13 @@ class EnergySession(StepScheduler):
         self._cleanup = CLEANUPS.register(
             self._end_interrupted, what="ending the energy log", order=CleanupOrder.END_RUN, at_exit=True
         )
+        measurement, note = measurement_of(backend)
         self._write(
             records.run_start_record(
                 run_name=run.run_name, config=cfg, backend=backend.describe(), gpu_indices=run.gpu_indices,
                 power_limit_W=self.power_limit_W, read_only=backend.read_only,
                 resumed_energy_J=self._carried.energy_J, wall_time=run.start_wall,
+                measurement=measurement, measurement_note=note,
             )
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
@@ -436,7 +452,9 @@ class EnergySession(StepScheduler):
         self._report_steps(resolve_final=True)
         summary = self._summary()
         self._finished = summary
-        if self.batch_size_controller is not None:
+        if self.batch_size_controller is not None and not math.isfinite(summary.energy_J):
+            logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
+        elif self.batch_size_controller is not None:
             try:
                 t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status)
                 if t is not None:
@@ -508,6 +526,20 @@ class EnergySession(StepScheduler):
         if not self._pending_metrics:
             return {}  # most steps: nothing queued, nothing to swap
         metrics, self._pending_metrics = self._pending_metrics, {}
+        return self._flagged(metrics)
+
+    def _flagged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU.
+
+        On a GPU that cannot be measured: without any energy or power figure (they are unknown) and
+        flagged ``energy/unavailable``.
+        """
+        backend = self.backend
+        if backend is not None and not backend.measurable:
+            metrics = {k: v for k, v in metrics.items() if not k.startswith(("energy/", "power/"))}
+            metrics[metric.UNAVAILABLE] = 1.0
+        elif backend is not None and backend.simulated:
+            metrics[metric.SIMULATED] = 1.0
         return metrics
 
     def totals(self) -> dict[str, float]:
@@ -518,13 +550,15 @@ class EnergySession(StepScheduler):
         report, this rank's own.
         """
         if self._finished is not None:
-            return {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
-        if not self.started:
+            values = {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
+        elif not self.started:
             return {}
-        if self._ranks_totals is not None:
+        elif self._ranks_totals is not None:
             energy_J, time_s = self._ranks_totals
-            return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
-        return self._local_totals()
+            values = {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
+        else:
+            values = self._local_totals()
+        return self._flagged(values)
 
     def _local_totals(self) -> dict[str, float]:
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
@@ -532,7 +566,7 @@ class EnergySession(StepScheduler):
     def progress_bar_metrics(self) -> dict[str, float]:
         """The short metrics shown on a progress bar (run energy in kJ)."""
         totals = self.totals()
-        if not totals:
+        if metric.TOTAL_ENERGY_J not in totals:
             return {}
         return {metric.PROGRESS_BAR_ENERGY: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
 
@@ -850,6 +884,10 @@ class EnergySession(StepScheduler):
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
         is_step = batch.names == "step"
         steps = batch if is_step.all() else batch.select(is_step)
+        # A step the samples do not cover wholly has no energy (NaN) or only a part's: neither is in the means.
+        covered = np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
+        if not covered.all():
+            steps = steps.select(covered)
         if steps.size:
             self._unreported_steps.append(steps)
             self._totals.measured_steps += steps.size
@@ -912,7 +950,10 @@ class EnergySession(StepScheduler):
         self._pending_metrics.update(e.metrics)
         if run.phases is not None:
             self._queue_phase_metrics(epoch, record.energy_J)
-        self._write(records.epoch_record(epoch, e, record, degraded=self.degraded))
+        self._write(
+            records.epoch_record(epoch, e, record, degraded=self.degraded,
+                                 counter_resets=run.sampler.health.counter_resets)
+        )  # fmt: skip
 
     def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
         """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
@@ -943,8 +984,16 @@ class EnergySession(StepScheduler):
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
             degraded=self.degraded,
         )
+        measurement, note = measurement_of(run.backend)
+        health = run.sampler.health
+        resolution = run.backend.energy_counter_resolution_J if health.counter_fallback else None
         return records.run_summary(
             rows,
+            measurement=measurement,
+            measurement_note=note,
+            counter_resets=health.counter_resets,
+            energy_source="samples+counter" if health.counter_fallback else "samples",
+            counter_resolution_J=resolution,
             carried_energy_J=self._carried.energy_J,
             carried_time_s=self._carried.time_s,
             run_name=run.run_name or "",

@@ -38,13 +38,18 @@ def run_start_record(
     read_only: bool,
     resumed_energy_J: float,
     wall_time: float,
+    measurement: str = "measured",
+    measurement_note: str | None = None,
 ) -> dict[str, Any]:
-    """The ``run_start`` record."""
+    """The ``run_start`` record (``measurement``: ``measured``, ``simulated`` or ``unavailable``)."""
     return {
         "event": "run_start",
         "run_name": run_name,
         "job_id": config.job_id,
         "backend": backend,
+        "measurement": measurement,
+        "simulated": measurement == "simulated",
+        "measurement_note": measurement_note,
         "gpu_indices": gpu_indices,
         "power_limit_W": power_limit_W,
         "read_only": read_only,
@@ -235,8 +240,10 @@ def epoch_energy(rows: Rows, epoch: Any) -> EpochEnergy:
     return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values)
 
 
-def epoch_record(epoch: Any, e: EpochEnergy, record: WindowRecord, *, degraded: bool) -> dict[str, Any]:
-    """The ``epoch`` record."""
+def epoch_record(
+    epoch: Any, e: EpochEnergy, record: WindowRecord, *, degraded: bool, counter_resets: int = 0
+) -> dict[str, Any]:
+    """The ``epoch`` record (``energy_J`` null when no sample covers it, ``covered_s`` the part they do)."""
     return {
         "event": "epoch",
         "epoch": epoch,
@@ -247,6 +254,8 @@ def epoch_record(epoch: Any, e: EpochEnergy, record: WindowRecord, *, degraded: 
         "gpu_energy_J": e.gpu_energy_J,
         "power_samples": record.num_power_samples,
         "complete": record.complete,
+        "covered_s": record.covered_s,
+        "counter_resets": counter_resets,
         "ranks": e.ranks,
         "degraded": degraded,
     }
@@ -279,13 +288,14 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
                       step_time_s: float, measured_steps: int) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy and time, then per GPU."""
+    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs."""
     return [
         run.energy_J if run else 0.0,
         run.time_s if run else 0.0,
         math.nan if counter_J is None else counter_J,
         step_energy_J / measured_steps if measured_steps else math.nan,
         step_time_s / measured_steps if measured_steps else math.nan,
+        (run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
         *(run.gpu_energy_J if run else ()),
     ]
 
@@ -307,17 +317,29 @@ def run_summary(
     degraded: bool,
     chosen_power_limit: tuple[float, int, bool] | None = None,
     rejected_samples: dict[str, int] | None = None,
+    measurement: str = "measured",
+    measurement_note: str | None = None,
+    counter_resets: int = 0,
+    energy_source: str = "samples",
+    counter_resolution_J: float | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
     ``chosen_power_limit``: the profiler's (or the cache's) choice as (W, the step it is in force
     from, whether it was applied: False in observe mode), or None when no limit was chosen.
+    ``coverage`` is the least over the ranks of the share of the run's time their samples
+    cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
     energy_J = carried_energy_J + total(rows, 0)
     time_s = carried_time_s + slowest(rows, 1)
     counter_J = total(rows, 2)
+    shares = [row[5] / row[1] if row[1] > 0 else 1.0 for row in rows]
+    coverage = min(1.0, min(shares)) if rows and measurement != "unavailable" else 0.0
+    complete = all(row[5] >= row[1] - 1e-9 for row in rows) and measurement != "unavailable"
+    if measurement == "unavailable":
+        energy_J = math.nan
     return RunSummary(
         run_name=run_name,
         status=status,
@@ -338,7 +360,15 @@ def run_summary(
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),
-        gpu_energy_J=joined(rows, 5),
+        gpu_energy_J=joined(rows, 6),
         degraded=degraded,
         rejected_samples=dict(rejected_samples or {}),
+        measurement=measurement,
+        simulated=measurement == "simulated",
+        measurement_note=measurement_note,
+        coverage=coverage,
+        complete=complete,
+        counter_resets=counter_resets,
+        energy_source=energy_source,
+        counter_resolution_J=counter_resolution_J,
     )

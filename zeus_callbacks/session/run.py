@@ -9,16 +9,24 @@ session then puts back leftover power limits, reads the limit in force and calls
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from zeus_callbacks.backends import BackendError, GPUBackend
 from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
-from zeus_callbacks.measurement.attribution import counter_energy_J, extrapolated_energy_J, interval_energy_J
+from zeus_callbacks.measurement.attribution import (
+    COUNTER_MIN_PERIODS,
+    counter_energy_J,
+    covered_energy_J,
+    interval_energy_J,
+)
 from zeus_callbacks.measurement.phases import PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter
@@ -146,6 +154,8 @@ class StartedRun:
 
     def read_power_limit_W(self) -> float | None:
         """The mean power limit of the measured GPUs (W), or None if it cannot be read."""
+        if not self.backend.measurable:
+            return None  # the GPU cannot be measured: said once, when the backend was chosen
         try:
             limits = [self.backend.power_limit_W(i) for i in self.gpu_indices]
         except BackendError as exc:
@@ -190,13 +200,32 @@ class StartedRun:
         return total
 
     def counter_energy_J(self, start_s: float, end_s: float) -> float | None:
-        """Energy (J) of the measured GPUs in [start_s, end_s] from their counters; None if one lacks readings."""
+        """Energy (J) of the measured GPUs in [start_s, end_s] from their counters, for a cross-check.
+
+        None when a GPU lacks readings bracketing the span, or the span is shorter than
+        :data:`~zeus_callbacks.measurement.attribution.COUNTER_MIN_PERIODS` counter periods
+        (its figure would mean nothing). An interval a counter reset left out
+        (:meth:`PowerSampler.counter_gaps`) takes the power samples' energy, so the figure stays
+        comparable; ``counter_resets`` in the records says it happened.
+        """
+        period_s = self.backend.energy_counter_period_s or 0.0
+        min_span_s = COUNTER_MIN_PERIODS * period_s
         total = 0.0
         for index in self.gpu_indices:
             times, readings = self.sampler.counter_readings(index)
-            energy = counter_energy_J(times, readings, start_s, end_s)
+            energy = counter_energy_J(times, readings, start_s, end_s, min_span_s=min_span_s, reach_s=period_s)
             if energy is None:
                 return None
+            gaps = [(max(a, start_s), min(b, end_s)) for a, b in self.sampler.counter_gaps(index)]
+            gaps = [(a, b) for a, b in gaps if b > a]
+            if gaps:
+                knots, cumulative = self.sampler.cumulative_energy(index)
+                filled, _ = covered_energy_J(
+                    knots, cumulative, [a for a, _ in gaps], [b for _, b in gaps], reach_s=self.sampler.reach_s(index)
+                )
+                if not np.isfinite(filled).all():
+                    return None
+                energy += float(filled.sum())
             total += energy
         return total
 
@@ -205,13 +234,19 @@ class StartedRun:
         if self.sampler.latest_sample_s() is None:
             self.sampler.poll_bounded(read_counter=False)  # early in the run: read once, off the step path
         now_s = self.backend.clock.now_s()
+        if not self.backend.measurable:
+            return math.nan
         total = 0.0
         for index in self.gpu_indices:
             knots, cumulative = self.sampler.cumulative_energy(index)
             if len(knots) >= 2:
-                # Samples lag the present: the nearest power stands in for the gaps, as in
-                # the run window that gives the final total.
-                total += float(extrapolated_energy_J(knots, cumulative, [self.start_s], [now_s])[0])
+                # Samples lag the present: at most one sample period past them is extrapolated,
+                # as in the run window that gives the final total.
+                energy, _ = covered_energy_J(
+                    knots, cumulative, [self.start_s], [now_s], reach_s=self.sampler.reach_s(index)
+                )
+                if np.isfinite(energy[0]):
+                    total += float(energy[0])
         return carried_J + total
 
     def time_so_far_s(self, carried_s: float = 0.0) -> float:
