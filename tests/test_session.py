@@ -146,7 +146,9 @@ def test_step_metrics_every_interval(finished_run, virtual_backend):
 
 def test_every_step_is_reported_exactly_once(finished_run):
     counted = sum(m.get(metric.STEP_COUNT, 0) for m in finished_run.all_metrics)
-    assert counted == EPOCHS * STEPS_PER_EPOCH
+    (warmup,) = [r for r in finished_run.records if r["event"] == "warmup"]  # windows.warmup_steps: 1
+    assert warmup["steps"] == [0]
+    assert counted + len(warmup["steps"]) == EPOCHS * STEPS_PER_EPOCH
     assert finished_run.summary.steps == EPOCHS * STEPS_PER_EPOCH
 
 
@@ -211,7 +213,10 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
     assert start["power_limit_W"] == virtual_backend.power_limit_W(0)
     assert start["config"]["logging"]["interval_steps"] == INTERVAL_STEPS
     steps = [r for r in records if r["event"] == "steps"]
-    assert sum(r["count"] for r in steps) == summary.steps
+    (warmup,) = [r for r in records if r["event"] == "warmup"]
+    assert sum(r["count"] for r in steps) + len(warmup["steps"]) == summary.steps
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == summary.steps
+    assert warmup["energy_J"] == pytest.approx(run.power_W * STEP_S, rel=REL)
     for record in steps:
         assert record["energy_J_mean"] == pytest.approx(run.power_W * STEP_S, rel=REL)
         assert record["energy_J_per_sample"] == pytest.approx(run.power_W * STEP_S / NUM_SAMPLES, rel=REL)

@@ -22,6 +22,8 @@ STEP_ENERGY_J = "energy/step_J"
 STEP_COUNT = "energy/step_count"
 STEP_POWER_SAMPLES = "energy/step_power_samples"
 STEP_TIME_S = "time/step_s"
+WARMUP_ENERGY_J = "energy/warmup_J"
+WARMUP_TIME_S = "time/warmup_s"
 MEAN_POWER_W = "power/mean_W"
 ENERGY_PER_SAMPLE_J = "energy/per_sample_J"
 ENERGY_PER_TOKEN_J = "energy/per_token_J"
@@ -62,6 +64,9 @@ METRICS: dict[str, str] = {
     STEP_COUNT: "steps — how many measured steps the mean in energy/step_J covers (windows.sample_fraction)",
     STEP_POWER_SAMPLES: "samples — power samples behind energy/step_J",
     STEP_TIME_S: "s — mean step time over the logging interval",
+    WARMUP_ENERGY_J: "J — GPU energy of the run's warm-up steps (windows.warmup_steps), kept out of energy/step_J; "
+    "logged once",
+    WARMUP_TIME_S: "s — time of the run's warm-up steps, logged once",
     MEAN_POWER_W: "W — mean GPU power during the interval's steps",
     ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
     ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",

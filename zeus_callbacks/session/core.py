@@ -33,6 +33,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
@@ -107,6 +109,7 @@ class EnergySession(StepScheduler):
         self._carried = Totals()
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
+        self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
         self._steps_unlogged = 0  # steps taken since the last "steps" record (measured or not)
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
@@ -240,6 +243,7 @@ class EnergySession(StepScheduler):
         self._begin_steps(
             run.meter, run.timer, backend.clock, sampling,
             step_windows=cfg.windows.step, phase_windows=run.phases is not None,
+            warmup_steps=cfg.windows.warmup_steps,
         )  # fmt: skip
         self._active = True
         # A scheduler's kill skips atexit: end the run (and restore limits) first.
@@ -276,23 +280,32 @@ class EnergySession(StepScheduler):
         return self.backend
 
     def epoch_start(self, epoch: int) -> None:
-        """Open the epoch window (and re-anchor CUDA event timing once)."""
+        """Open the epoch window (and re-anchor CUDA event timing once).
+
+        The epoch's first step window, when that step is measured, opens at the same mark:
+        the epoch's first batch fetch belongs to its first step.
+        """
         if not self.started:
             return
         self._begin_epoch()
+        token = None
         if self.config.windows.epoch:
-            self.run.meter.begin("epoch", epoch=epoch)
+            token = self.run.meter.mark()
+            self.run.meter.begin_at("epoch", token, {"epoch": epoch})
+        self._open_step_at_boundary(token)
 
     def eval_start(self) -> None:
-        """Open the evaluation window (a dataloader gap open since the last step ends unmeasured)."""
+        """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
+
+        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`.
+        """
         self._take_back_quiet_steps()
         if not self.started:
             return
         run = self.run
         self._pause_timing()
-        if self._dataloader_open:  # the gap would otherwise hold the whole evaluation
-            run.meter.discard("dataloader")
-            self._dataloader_open = False
+        if not self._measuring:  # the window would otherwise hold the whole evaluation
+            self._close_open_step()
         if self.power_limiter is not None:
             self.power_limiter.on_eval_start(run.backend.clock.now_s())
         if self.config.windows.eval:
@@ -303,10 +316,14 @@ class EnergySession(StepScheduler):
         if not self.started:
             return
         run = self.run
-        if self.config.windows.eval:
-            run.meter.end("eval")
+        token = None
+        if self.config.windows.eval and run.meter.is_open("eval"):
+            token = run.meter.mark()
+            run.meter.end_at("eval", token)
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
+        if not self._measuring:
+            self._open_step_at_boundary(token)  # the next step's window begins where the evaluation ends
         self._resume_timing()
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
@@ -792,7 +809,7 @@ class EnergySession(StepScheduler):
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
         self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
-        if self._unreported_steps or self._ranks.collective:
+        if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
             self._queue_step_metrics()
         if resolve_final and self._steps_unlogged:  # the last steps, none of them measured: still counted
             self._write_steps_record({}, [], self.ranks.num_processes)
@@ -802,7 +819,13 @@ class EnergySession(StepScheduler):
         is_step = batch.names == "step"
         steps = batch if is_step.all() else batch.select(is_step)
         if steps.size:
-            self._unreported_steps.append(steps)
+            warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
+            if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
+                self._unreported_warmup.append(steps.select(warmup))
+                if not warmup.all():
+                    self._unreported_steps.append(steps.select(~warmup))
+            else:
+                self._unreported_steps.append(steps)
             self._totals.measured_steps += steps.size
             self._totals.step_energy_J += float(steps.energy_J.sum())
             self._totals.step_time_s += float(steps.time_s.sum())
@@ -825,17 +848,23 @@ class EnergySession(StepScheduler):
             self._write(records.window_record(record))
 
     def _queue_step_metrics(self) -> None:
-        batches = self._unreported_steps
-        self._unreported_steps = []
+        batches, warmup = self._unreported_steps, self._unreported_warmup
+        self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
-        local = records.local_step_row(batches)
+        # The warm-up steps' columns travel with the step columns: one exchange per report.
+        local = records.local_step_row(batches) + records.local_warmup_row(warmup)
         collective = self._ranks.collective
         if collective:  # the running totals travel with the report: every rank shows the run's
             local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
         gathered = self._ranks.gather(local, degraded=self.degraded)
         if collective:
-            self._ranks_totals = (total(gathered, 6), slowest(gathered, 7))
-            gathered = [row[:6] for row in gathered]
+            self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
+        warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
+        if warmup_rows:
+            values = records.warmup_metrics(warmup_rows)
+            self._pending_metrics.update(values)
+            self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
+        gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
@@ -846,10 +875,11 @@ class EnergySession(StepScheduler):
     def _write_steps_record(self, values: dict[str, float], batches: list[WindowBatch], ranks: int) -> None:
         """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
         steps_taken, self._steps_unlogged = self._steps_unlogged, 0
+        warmup_taken, self._warmup_taken = self._warmup_taken, 0
         self._write(
             records.steps_record(
-                values, batches, steps_taken=steps_taken, power_limit_W=self.power_limit_W, ranks=ranks,
-                degraded=self.degraded,
+                values, batches, steps_taken=steps_taken - warmup_taken, warmup_steps=warmup_taken,
+                power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
             )
         )  # fmt: skip
 
