@@ -186,14 +186,16 @@ def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manua
     steps = by_name["step"]
     assert len(steps) == 5
     for k, step in enumerate(steps):
+        load = by_name["dataloader"][k]  # the batch fetch before the step is the step's first phase
         fwd, bwd, opt = by_name["forward"][k], by_name["backward"][k], by_name["optimizer"][k]
-        assert fwd.start_s == step.start_s and opt.end_s == step.end_s
+        assert load.start_s == step.start_s and load.end_s == fwd.start_s and opt.end_s == step.end_s
         assert fwd.end_s == bwd.start_s and bwd.end_s == opt.start_s
-        assert fwd.time_s + bwd.time_s + opt.time_s == pytest.approx(step.time_s, abs=1e-12)
-        assert step.time_s == pytest.approx(0.009)
-        assert step.info == {"step": k, "num_samples": 8, "num_tokens": None}
-    for k, gap in enumerate(by_name["dataloader"]):  # the gap from one step's end to the next's start
-        assert gap.start_s == steps[k].end_s and gap.end_s == steps[k + 1].start_s
+        assert load.time_s + fwd.time_s + bwd.time_s + opt.time_s == pytest.approx(step.time_s, abs=1e-12)
+        assert step.time_s == pytest.approx(0.009 + 0.002)  # 2 ms of loading + 9 ms of compute
+        warmup = {"warmup": True} if k == 0 else {}  # windows.warmup_steps: the run's first step
+        assert step.info == {"step": k, "num_samples": 8, "num_tokens": None, **warmup}
+        if k:  # the steps tile the epoch: one mark ends a step and begins the next
+            assert step.start_s == steps[k - 1].end_s
     assert gpu.violations == []
     backend.close()
 
