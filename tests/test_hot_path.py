@@ -13,6 +13,7 @@ from zeus_callbacks.integrations.lightning import _batch_size
 from zeus_callbacks.measurement.ring import TimeSeriesRing
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import CudaEventTimer, WindowMeter
+from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 
 
@@ -253,7 +254,8 @@ def test_a_measured_step_records_one_cuda_event_and_the_steps_tile_the_epoch(tmp
     session.train_start()
     before_epoch = gpu.recorded
     session.epoch_start(0)
-    assert gpu.recorded - before_epoch == 1  # the epoch's start mark is its first step's start too
+    # The epoch's re-anchoring event, then one mark: the epoch's start and its first step's.
+    assert gpu.recorded - before_epoch == 2
     steps = 100
     marks_before = gpu.recorded
     for i in range(steps):
