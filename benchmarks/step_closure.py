@@ -131,33 +131,39 @@ class CountingTimer:
         return getattr(self._timer, name)
 
 
-def instrument(session: Any) -> dict[str, Any]:
-    """Count the session's marks and time its step calls (instance attributes shadow the methods)."""
+def instrument(callback: Any) -> dict[str, Any]:
+    """Count the marks of the callback's session and time its step calls (each run's session, as made)."""
     from zeus_callbacks.session.run import make_timer
 
     probe: dict[str, Any] = {"timer": None, "hook_s": 0.0, "steps": 0}
+    clock = time.perf_counter
 
     def counted_timer(backend: Any) -> Any:
         probe["timer"] = CountingTimer(make_timer(backend))
         return probe["timer"]
 
-    session._make_timer = counted_timer
-    start, end = session.step_start, session.step_end
-    clock = time.perf_counter
+    def wrap(session: Any) -> Any:
+        session._make_timer = counted_timer  # the session's seam for its boundary timer
+        start, end = session.step_start, session.step_end
 
-    def step_start(step: int, **kw: Any) -> None:
-        t0 = clock()
-        start(step, **kw)
-        probe["hook_s"] += clock() - t0
+        def step_start(step: int, **kw: Any) -> None:
+            t0 = clock()
+            start(step, **kw)
+            probe["hook_s"] += clock() - t0
 
-    def step_end(step: int, **kw: Any) -> Any:
-        t0 = clock()
-        out = end(step, **kw)
-        probe["hook_s"] += clock() - t0
-        probe["steps"] += 1
-        return out
+        def step_end(step: int, **kw: Any) -> Any:
+            t0 = clock()
+            out = end(step, **kw)
+            probe["hook_s"] += clock() - t0
+            probe["steps"] += 1
+            return out
 
-    session.step_start, session.step_end = step_start, step_end
+        session.step_start, session.step_end = step_start, step_end  # instance attributes shadow the methods
+        return session
+
+    new_session = callback._new_session  # the adapters make a fresh session for each run
+    callback._new_session = lambda **kw: wrap(new_session(**kw))
+    wrap(callback.session)
     return probe
 
 
@@ -217,7 +223,7 @@ def run_lightning(device: str, reps: int, prep_s: float, steps: int, batch: int,
 
     name = f"lightning-{prep_s:.6f}"
     callback = ZeusCallback(config(log_dir, name))
-    probe = instrument(callback.session)
+    probe = instrument(callback)
     loader = DataLoader(Rows(steps * batch), batch_size=batch, collate_fn=SlowCollate(prep_s, as_dict=False),
                         pin_memory=device == "cuda")  # fmt: skip
     trainer = L.Trainer(
@@ -235,7 +241,7 @@ def run_hf(device: str, reps: int, prep_s: float, steps: int, batch: int, log_di
 
     name = f"hf-{prep_s:.6f}"
     callback = ZeusTrainerCallback(config(log_dir, name))
-    probe = instrument(callback.session)
+    probe = instrument(callback)
     args = TrainingArguments(
         output_dir=str(Path(log_dir) / "hf-out"), num_train_epochs=1, per_device_train_batch_size=batch,
         logging_steps=10, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=device != "cuda",

@@ -8,9 +8,10 @@ end would hold only (1 − share) of the epoch.
 
 Tolerance: 2 %, the issue's. What the tiled windows leave out of an epoch is the stretch from
 the last step's end to the epoch's end (the loader's StopIteration and the trainer's
-bookkeeping: well under a millisecond of a ~0.4 s epoch on an idle machine). On a loaded
-CI machine that stretch can stall too, so the test also checks the step windows' time
-against the epoch's and reports both in its message.
+bookkeeping, and the last step's report and logging, which run after its end mark: a few
+milliseconds of a ~1.5 s epoch on an idle machine). On a heavily loaded machine that stretch
+can stall; the failure message then gives the time ratio beside the energy ratio (equal: time
+outside every step, not attribution).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.integration.helpers import virtual_config
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
 from zeus_callbacks.reporting import read_jsonl
 
-STEPS = 30
+STEPS = 120
 BATCH = 4
 COMPUTE_S = 0.012
 TOLERANCE = 0.02
@@ -113,7 +114,11 @@ def check(records, share: float) -> None:
     loading = {p["name"]: p for p in phases["phases"]}["dataloader"]
     assert loading["executions"] == STEPS
     assert loading["time_s"] >= prep_s(share)  # at least the busy wait, per fetch
-    assert loading["time_s"] < prep_s(share) + COMPUTE_S  # and not a step's compute
+    assert {p["name"]: p for p in phases["phases"]}.keys() - {"dataloader"}  # the compute phases apart
+    # Every step's window holds its fetch: steps are no shorter than fetch + compute on average.
+    steps = [r for r in records if r["event"] == "steps" and r["count"]]
+    mean_s = sum(r["time_s_mean"] * r["count"] for r in steps) / sum(r["count"] for r in steps)
+    assert mean_s >= prep_s(share) + COMPUTE_S
 
 
 @pytest.mark.parametrize("share", [0.4, 0.05])

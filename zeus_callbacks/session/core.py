@@ -110,7 +110,7 @@ class EnergySession(StepScheduler):
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
-        self._steps_unlogged = 0  # steps taken since the last "steps" record (measured or not)
+        self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
@@ -218,6 +218,7 @@ class EnergySession(StepScheduler):
         self._finished = None
         self._status = "completed"
         self._totals = self._carried.copy()
+        self._steps_logged_upto = self._carried.steps
         backend = self.open_backend()
         gpu_indices = select_gpu_indices(cfg, backend, self._device_index)
         self._rank_group = RankGroup.detect()
@@ -807,12 +808,11 @@ class EnergySession(StepScheduler):
         if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
-        self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
         if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
-            self._queue_step_metrics()
-        if resolve_final and self._steps_unlogged:  # the last steps, none of them measured: still counted
-            self._write_steps_record({}, [], self.ranks.num_processes)
+            self._queue_step_metrics(final=resolve_final)
+        if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
+            self._write_steps_record({}, [], self.ranks.num_processes, final=True)
 
     def _absorb_bulk(self, batch: WindowBatch) -> None:
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
@@ -847,7 +847,7 @@ class EnergySession(StepScheduler):
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(records.window_record(record))
 
-    def _queue_step_metrics(self) -> None:
+    def _queue_step_metrics(self, *, final: bool = False) -> None:
         batches, warmup = self._unreported_steps, self._unreported_warmup
         self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
@@ -870,15 +870,32 @@ class EnergySession(StepScheduler):
             return
         values = records.step_metrics(rows)
         self._pending_metrics.update(values)
-        self._write_steps_record(values, batches if count else [], len(gathered))
+        self._write_steps_record(values, batches if count else [], len(gathered), final=final)
 
-    def _write_steps_record(self, values: dict[str, float], batches: list[WindowBatch], ranks: int) -> None:
-        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
-        steps_taken, self._steps_unlogged = self._steps_unlogged, 0
-        warmup_taken, self._warmup_taken = self._warmup_taken, 0
+    def _write_steps_record(
+        self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
+    ) -> None:
+        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+
+        The record stands for the steps after the last record's, up to its last measured
+        step (to the last step taken when ``final``: every window is attributed then), the
+        warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
+        with the steps it was drawn from, even when attribution lags a report behind.
+        """
+        lo = self._steps_logged_upto
+        if final:
+            upto = self._totals.steps
+        elif batches:
+            upto = max(int(max(b.info_values("run_step"))) for b in batches if b.size) + 1
+        else:
+            upto = lo
+        upto = max(upto, lo)
+        self._steps_logged_upto = upto
+        first_warmup = self._carried.steps  # warm-up steps are the run's first ones
+        warmup = max(0, min(upto, first_warmup + self._warmup_done) - max(lo, first_warmup))
         self._write(
             records.steps_record(
-                values, batches, steps_taken=steps_taken - warmup_taken, warmup_steps=warmup_taken,
+                values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
             )
         )  # fmt: skip

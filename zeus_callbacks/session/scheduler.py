@@ -133,7 +133,7 @@ class StepScheduler:
         self._phase_windows = False  # windows.phases
         self._step_windows = True  # windows.step
         self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
-        self._warmup_taken = 0  # warm-up steps taken since the last steps record
+        self._warmup_done = 0  # warm-up steps taken in this run
         self._step_index = 0  # the measured step's index, as step_start received it
         self._mark: Any = None  # the meter's mark(): one boundary
         # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
@@ -195,7 +195,7 @@ class StepScheduler:
         self._phase_windows = phase_windows
         self._sampling = sampling
         self._warmup_left = warmup_steps if step_windows else 0
-        self._warmup_taken = 0
+        self._warmup_done = 0
         # The first step after warm-up is drawn like any other.
         self._skip = 0 if self._warmup_left else sampling.next_skip()
         self._quiet_left = 0
@@ -351,11 +351,13 @@ class StepScheduler:
         meter = self._meter
         token = self._mark()
         if self._step_windows:
-            info = {"step": self._step_index, "num_samples": num_samples, "num_tokens": num_tokens}
+            # run_step: the step's place among every step taken (0-based, a resumed run's included).
+            info = {"step": self._step_index, "run_step": self._totals.steps, "num_samples": num_samples,
+                    "num_tokens": num_tokens}  # fmt: skip
             if self._warmup_left:
                 info["warmup"] = True
                 self._warmup_left -= 1
-                self._warmup_taken += 1
+                self._warmup_done += 1
             meter.end_at("step", token, info)
         if self._phase_open is not None:
             meter.end_at(self._phase_open, token)
