@@ -64,15 +64,15 @@ METRICS: dict[str, str] = {
     STEP_COUNT: "steps — how many measured steps the mean in energy/step_J covers (windows.sample_fraction)",
     STEP_POWER_SAMPLES: "samples — power samples behind energy/step_J",
     STEP_TIME_S: "s — mean step time over the logging interval",
-    WARMUP_ENERGY_J: "J — GPU energy of the run's warm-up steps (windows.warmup_steps), kept out of energy/step_J; "
-    "logged once",
-    WARMUP_TIME_S: "s — time of the run's warm-up steps, logged once",
     MEAN_POWER_W: "W — mean GPU power during the interval's steps",
     ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
     ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",
     POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
     POWER_LIMIT_CHOSEN_W: "W — power limit the profiler chose (or took from the cache), logged once",
     POWER_LIMIT_PROFILING_STEPS: "steps — training steps spent profiling power limits, logged once",
+    WARMUP_ENERGY_J: "J — GPU energy of the run's warm-up steps (windows.warmup_steps), kept out of energy/step_J; "
+    "logged once",
+    WARMUP_TIME_S: "s — time of the run's warm-up steps, logged once",
     EPOCH_ENERGY_J: "J — GPU energy of the training epoch, from the power samples",
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
