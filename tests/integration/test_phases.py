@@ -125,7 +125,9 @@ def test_phases_are_off_by_default_and_exact_on_a_manual_clock(tmp_path, virtual
         return read_jsonl(tmp_path / "zeus" / f"phases-{phases}.jsonl")
 
     assert not any(r["event"] == "phases" for r in run(False))
-    (record,) = [r for r in run(True) if r["event"] == "phases"]
+    # Epoch 1's one step has only its dataloader phase (31 s from the epoch's start): epoch 0 is checked.
+    record, later = [r for r in run(True) if r["event"] == "phases"]
+    assert [p["name"] for p in later["phases"]] == ["dataloader"] and later["epoch"] == 1
     power_W = virtual_backend.true_power_W(0)
     for p in record["phases"]:
         expected_s = {"forward": 0.004, "backward": 0.007, "optimizer": 0.002, "dataloader": 0.003}[p["name"]]

@@ -108,7 +108,8 @@ def config(tmp_path):
 def check(records, share: float) -> None:
     energy_ratio, time_ratio, counted = closure(records)
     assert counted == STEPS
-    assert abs(energy_ratio - 1) <= TOLERANCE, f"Σ step energy / epoch energy = {energy_ratio:.4f} (time {time_ratio:.4f})"
+    message = f"Σ step energy / epoch energy = {energy_ratio:.4f} (time {time_ratio:.4f})"
+    assert abs(energy_ratio - 1) <= TOLERANCE, message
     # The compute-only split stays in the phases: the dataloader phase is the batch preparation.
     (phases,) = [r for r in records if r["event"] == "phases"]
     loading = {p["name"]: p for p in phases["phases"]}["dataloader"]
