@@ -18,8 +18,10 @@ script uses only what both have. ``backend: auto``: the NVIDIA GPU when there is
 ``ZEUS_CALLBACKS_READ_ONLY=1`` is required and the power limit is read before and after; nothing
 is set), the virtual GPU on a machine without one.
 
-    ZEUS_CALLBACKS_READ_ONLY=1 python benchmarks/step_closure.py --out docs/results/step_closure_h200.json
-    python benchmarks/step_closure.py --steps 40          # CPU + virtual GPU
+    ZEUS_CALLBACKS_READ_ONLY=1 PYTHONPATH=. python benchmarks/step_closure.py --out docs/results/step_closure_h200.json
+    PYTHONPATH=. python benchmarks/step_closure.py --steps 40          # CPU + virtual GPU
+
+(``PYTHONPATH=.``: the checkout you are in, not whichever one is installed; the JSON names it.)
 """
 
 from __future__ import annotations
@@ -283,7 +285,10 @@ def main() -> None:
             raise SystemExit("set ZEUS_CALLBACKS_READ_ONLY=1: this benchmark runs on shared GPUs")
         limit_before = read_limit_W()
     reps, compute_ms = calibrate_reps(device, a.batch, a.step_ms)
+    import zeus_callbacks
+
     results: dict[str, Any] = {
+        "zeus_callbacks": str(Path(zeus_callbacks.__file__).parent),  # which checkout ran (PYTHONPATH)
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (virtual GPU)",
         "compute_ms": compute_ms, "layer_passes": reps, "steps": a.steps, "batch": a.batch, "runs": [],
     }  # fmt: skip
