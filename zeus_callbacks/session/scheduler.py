@@ -220,7 +220,7 @@ class StepScheduler:
         if self._quiet_left or not self._active:
             return
         # Optimiser hook: the power-limit profiler switches limits at step boundaries
-        # (before the mark: the switch is no part of the step).
+        # (before the compute; in a tiled step window it falls with the fetch; the profiler times its own steps).
         if self._power_step_start is not None:
             self._power_step_start(step)
         if self._skip:  # not a measured step (windows.sample_fraction)
