@@ -276,7 +276,7 @@ class StepScheduler:
         timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
         if self._measuring:
             self._close_step_windows(num_samples, num_tokens)
-        elif not self._skip:  # the next step is measured: its window opens at this boundary
+        elif not self._skip and (self._step_windows or self._phase_windows):  # the next step is measured: it opens here
             t0 = time.perf_counter()
             self._open_step_at(self._mark())
             self._governor.hook_s += time.perf_counter() - t0
@@ -349,7 +349,7 @@ class StepScheduler:
         """
         t0 = time.perf_counter()
         meter = self._meter
-        token = self._mark()
+        token = self._mark() if self._step_windows or self._phase_windows else None  # neither: nothing to mark
         if self._step_windows:
             # run_step: the step's place among every step taken (0-based, a resumed run's included).
             info = {"step": self._step_index, "run_step": self._totals.steps, "num_samples": num_samples,
@@ -367,7 +367,7 @@ class StepScheduler:
         governor = self._governor
         governor.measured += 1
         self._skip = 0 if self._warmup_left else self._sampling.next_skip()
-        if not self._skip:
+        if not self._skip and token is not None:
             self._open_step_at(token)
         governor.hook_s += time.perf_counter() - t0
 
