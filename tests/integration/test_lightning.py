@@ -105,7 +105,8 @@ def test_energy_reaches_tensorboard_and_matches_the_virtual_gpu(tmp_path):
     assert events[0] == "run_start" and events[-1] == "run_end"
     assert events.count("epoch") == 2
     # Every step measured: in the steps records' counts, or the run's warm-up step (windows.warmup_steps).
-    assert sum(r["count"] for r in records if r["event"] == "steps") + sum(len(r["steps"]) for r in records if r["event"] == "warmup") == 2 * N_TRAIN // BATCH
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")
+    assert sum(r["count"] for r in records if r["event"] == "steps") + warmup == 2 * N_TRAIN // BATCH
 
 
 def test_progress_bar_shows_run_energy(tmp_path):
@@ -126,7 +127,8 @@ def test_exception_ends_the_run_and_keeps_the_log(tmp_path):
     assert callback.summary.energy_J > 0
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     assert [r["event"] for r in records][-2:] == ["exception", "run_end"]
-    assert sum(r["count"] for r in records if r["event"] == "steps") + sum(len(r["steps"]) for r in records if r["event"] == "warmup") == 12  # warm-up step included
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")  # the run's first step
+    assert sum(r["count"] for r in records if r["event"] == "steps") + warmup == 12
     assert not callback.session.started  # sampler stopped, backend released
 
 
