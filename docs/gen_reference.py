@@ -221,7 +221,12 @@ EVENTS: dict[str, str] = {
     "`windows.sample_fraction: auto`, less often when steps are very short), at each epoch end, "
     "at each Hugging Face log event and at the end. Covers the measured steps attributed since the previous "
     "report (so `count` can differ from `logging.interval_steps`; with `windows.sample_fraction` below 1 "
-    "only a random share of the steps is measured, and `steps` counts every step taken).",
+    "only a random share of the steps is measured, and `steps` counts every step the means stand for). "
+    "A step window runs from the previous step's end mark to this step's end: it holds the batch fetch "
+    "(docs/concepts.md, *What a step window covers*). Warm-up steps are in the `warmup` record, not here.",
+    "warmup": "With the first step report that attributes them: the run's warm-up steps "
+    "(`windows.warmup_steps`, default 1: autotuning, caches, loader workers starting), measured and kept out of "
+    "every `steps` record's means.",
     "epoch": "One per training epoch, once its energy has been attributed.",
     "phases": "One per training epoch when `windows.phases` is on (written just before its `epoch` record): "
     "the energy of each step phase, superposed on the power samples (FinGraV), for this process's GPUs.",
@@ -262,8 +267,17 @@ FIELDS: dict[str, str] = {
     "steps.last_step": "Index of the last step in the report: the framework's global step when that step "
     "began (0 for the first).",
     "steps.count": "Number of measured steps the report's means cover.",
-    "steps.steps": "Steps taken since the previous `steps` record, measured or not: "
-    "`energy_J_mean × steps` estimates their energy.",
+    "steps.steps": "Steps the means stand for, measured or not, warm-up steps left out: the steps after the "
+    "previous `steps` record's up to this record's last measured step (to the last step taken at an epoch's "
+    "end). `energy_J_mean × steps` estimates their energy; summed over the records, plus the `warmup` "
+    "energy, it estimates every step's. Null mean (no step measured): nothing is scaled.",
+    "steps.warmup_steps": "Warm-up steps among the steps since the previous `steps` record (in the `warmup` "
+    "record, not in this one's means or `steps`).",
+    "warmup.steps": "The warm-up steps' indices (the framework's global step when each began).",
+    "warmup.energy_J": "Energy of those steps, summed over GPUs and ranks (J).",
+    "warmup.time_s": "Their total time, the slowest rank's (s).",
+    "warmup.step_energy_J": "Each warm-up step's energy on this process's GPUs (J).",
+    "warmup.step_time_s": "Each warm-up step's time on this process (s).",
     "steps.energy_J_mean": "Mean energy per step over those steps, summed over GPUs (J).",
     "steps.time_s_mean": "Mean step time (s).",
     "steps.power_W_mean": "Mean power over those steps: their energy / their time (W).",
@@ -437,7 +451,12 @@ def render_metrics() -> str:
         "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
         "then over that share, and with one process reports come at least ~16 measured steps apart (a longer "
         "interval than `logging.interval_steps` is announced once, as a warning; with every step measured reports "
-        "keep `logging.interval_steps`).",
+        "keep `logging.interval_steps`). "
+        "A step's window holds its batch fetch: it runs from the previous step's end to its own "
+        "(docs/concepts.md, *What a step window covers*), and the run's warm-up steps "
+        "(`windows.warmup_steps`) are left out of these means.",
+        f"- **Warm-up metrics** (`{reporting.WARMUP_ENERGY_J}`, `{reporting.WARMUP_TIME_S}`) once, with the "
+        "first report that attributes the warm-up steps.",
         f"- **Epoch metrics** (`{reporting.EPOCH_ENERGY_J}`, `{reporting.EPOCH_COUNTER_ENERGY_J}`, "
         f"`{reporting.EPOCH_TIME_S}`, `{reporting.EPOCH_MEAN_POWER_W}`) at the end of each training epoch.",
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "

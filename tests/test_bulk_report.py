@@ -162,7 +162,13 @@ def test_session_reports_equal_per_window_sums(tmp_path, manual_clock, timer_kin
             assert r.energy_J == pytest.approx(oracle[id(r)][0], rel=1e-9)
     records = read_jsonl(summary.jsonl_path)
     step_reports = [r for r in records if r["event"] == "steps"]
-    step_batches = [[r for r in rs if r.name == "step"] for rs in per_batch]
+    # The run's first step is a warm-up step (windows.warmup_steps): in the warmup record, not the steps'.
+    (warmup,) = [r for r in records if r["event"] == "warmup"]
+    (first,) = [r for r in windows if r.name == "step" and r.info.get("warmup")]
+    assert warmup["steps"] == [first.info["step"]] == [0]
+    assert warmup["energy_J"] == pytest.approx(first.energy_J, rel=1e-12)
+    assert warmup["time_s"] == pytest.approx(first.time_s, rel=1e-12)
+    step_batches = [[r for r in rs if r.name == "step" and not r.info.get("warmup")] for rs in per_batch]
     step_batches = [s for s in step_batches if s]
     assert len(step_reports) == len(step_batches) > 20
     for report, steps in zip(step_reports, step_batches, strict=True):
@@ -179,7 +185,7 @@ def test_session_reports_equal_per_window_sums(tmp_path, manual_clock, timer_kin
         for r in steps:
             if r.complete:
                 assert r.num_power_samples == oracle[id(r)][1]
-    all_steps = [r for s in step_batches for r in s]
+    all_steps = [first] + [r for s in step_batches for r in s]  # the summary's mean: every measured step
     assert summary.step_energy_J == pytest.approx(sum(r.energy_J for r in all_steps) / 300, rel=1e-12)
     assert summary.step_time_s == pytest.approx(sum(r.time_s for r in all_steps) / 300, rel=1e-12)
     # Phases: the counts and mean durations of every execution, and the superposition fed

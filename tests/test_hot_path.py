@@ -13,6 +13,7 @@ from zeus_callbacks.integrations.lightning import _batch_size
 from zeus_callbacks.measurement.ring import TimeSeriesRing
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import CudaEventTimer, WindowMeter
+from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 
 
@@ -186,14 +187,16 @@ def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manua
     steps = by_name["step"]
     assert len(steps) == 5
     for k, step in enumerate(steps):
+        load = by_name["dataloader"][k]  # the batch fetch before the step is the step's first phase
         fwd, bwd, opt = by_name["forward"][k], by_name["backward"][k], by_name["optimizer"][k]
-        assert fwd.start_s == step.start_s and opt.end_s == step.end_s
+        assert load.start_s == step.start_s and load.end_s == fwd.start_s and opt.end_s == step.end_s
         assert fwd.end_s == bwd.start_s and bwd.end_s == opt.start_s
-        assert fwd.time_s + bwd.time_s + opt.time_s == pytest.approx(step.time_s, abs=1e-12)
-        assert step.time_s == pytest.approx(0.009)
-        assert step.info == {"step": k, "num_samples": 8, "num_tokens": None}
-    for k, gap in enumerate(by_name["dataloader"]):  # the gap from one step's end to the next's start
-        assert gap.start_s == steps[k].end_s and gap.end_s == steps[k + 1].start_s
+        assert load.time_s + fwd.time_s + bwd.time_s + opt.time_s == pytest.approx(step.time_s, abs=1e-12)
+        assert step.time_s == pytest.approx(0.009 + 0.002)  # 2 ms of loading + 9 ms of compute
+        warmup = {"warmup": True} if k == 0 else {}  # windows.warmup_steps: the run's first step
+        assert step.info == {"step": k, "run_step": k, "num_samples": 8, "num_tokens": None, **warmup}
+        if k:  # the steps tile the epoch: one mark ends a step and begins the next
+            assert step.start_s == steps[k - 1].end_s
     assert gpu.violations == []
     backend.close()
 
@@ -230,3 +233,85 @@ def test_cached_state_key_is_lightnings_own(tmp_path):
     expected = callback._generate_state_key(job_id="job-a")
     assert callback.state_key == expected
     assert callback.state_key is callback.state_key  # built once, not at every hook call
+
+
+# -- one mark per measured step (issue 16, item 4) ------------------------------------------------
+def _step_session(tmp_path, clock, fraction: float, **windows):
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": fraction, **windows},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 20}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    gpu = LaggingGPU(clock)
+    session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    return session, backend, gpu
+
+
+def test_a_measured_step_records_one_cuda_event_and_the_steps_tile_the_epoch(tmp_path, manual_clock):
+    session, backend, gpu = _step_session(tmp_path, manual_clock, 1.0)
+    absorbed = []
+    absorb = session._absorb_bulk
+    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
+    session.train_start()
+    before_epoch = gpu.recorded
+    session.epoch_start(0)
+    # The epoch's re-anchoring event, then one mark: the epoch's start and its first step's.
+    assert gpu.recorded - before_epoch == 2
+    steps = 100
+    marks_before = gpu.recorded
+    for i in range(steps):
+        manual_clock.advance(0.002)  # the batch fetch
+        session.step_start(i)  # no mark: the step opened at the last boundary
+        manual_clock.advance(0.008)
+        session.step_end(i)  # one mark: this step's end, the next step's start
+        if i % 10 == 9:
+            session.sampler.poll_once(read_counter=False)
+            gpu.reached = gpu.recorded
+    marks_per_step = (gpu.recorded - marks_before) / steps
+    manual_clock.advance(0.001)  # the epoch's tail after its last step
+    session.epoch_end(0)
+    summary = session.train_end()
+    assert marks_per_step == 1  # two (a begin and an end) before the windows tiled
+    assert gpu.violations == []
+    windows = [r for r in absorbed if r.name == "step"]
+    assert [r.info["step"] for r in windows] == list(range(steps))
+    for k, r in enumerate(windows):
+        assert r.time_s == pytest.approx(0.010, abs=1e-9)  # fetch + compute
+        if k:
+            assert r.start_s == windows[k - 1].end_s
+    (epoch,) = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "epoch"]
+    assert sum(r.time_s for r in windows) == pytest.approx(epoch["time_s"] - 0.001, abs=1e-9)
+    assert sum(r.energy_J for r in windows) == pytest.approx(
+        epoch["energy_J"] * (epoch["time_s"] - 0.001) / epoch["time_s"], rel=1e-6
+    )  # constant power: the steps hold all of the epoch but its 1 ms tail
+    backend.close()
+
+
+def test_a_sampled_step_takes_a_start_mark_only_after_an_unmeasured_step(tmp_path, manual_clock):
+    session, backend, gpu = _step_session(tmp_path, manual_clock, 0.25)
+    absorbed = []
+    absorb = session._absorb_bulk
+    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
+    session.train_start()
+    session.epoch_start(0)
+    marks_before = gpu.recorded
+    steps = 400
+    for i in range(steps):
+        manual_clock.advance(0.002)
+        session.step_start(i)
+        manual_clock.advance(0.008)
+        session.step_end(i)
+        if i % 10 == 9:
+            session.sampler.poll_once(read_counter=False)
+            gpu.reached = gpu.recorded
+    marks = gpu.recorded - marks_before
+    session.epoch_end(0)
+    session.train_end()
+    windows = [r for r in absorbed if r.name == "step"]
+    measured = sorted(r.info["step"] for r in windows)
+    # One end mark per measured step, and a start mark at the end of each unmeasured step before
+    # a measured one (the first step's start is the epoch's mark).
+    after_unmeasured = sum(1 for s in measured if s > 0 and s - 1 not in measured)
+    assert marks == len(measured) + after_unmeasured
+    assert len(measured) < marks < 2 * len(measured)  # fewer than two per measured step
+    assert all(r.time_s == pytest.approx(0.010, abs=1e-9) for r in windows)  # each holds its own fetch
+    backend.close()

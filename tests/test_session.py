@@ -145,7 +145,9 @@ def test_step_metrics_every_interval(finished_run, virtual_backend):
 
 def test_every_step_is_reported_exactly_once(finished_run):
     counted = sum(m.get(metric.STEP_COUNT, 0) for m in finished_run.all_metrics)
-    assert counted == EPOCHS * STEPS_PER_EPOCH
+    (warmup,) = [r for r in finished_run.records if r["event"] == "warmup"]  # windows.warmup_steps: 1
+    assert warmup["steps"] == [0]
+    assert counted + len(warmup["steps"]) == EPOCHS * STEPS_PER_EPOCH
     assert finished_run.summary.steps == EPOCHS * STEPS_PER_EPOCH
 
 
@@ -208,7 +210,10 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
     assert start["power_limit_W"] == virtual_backend.power_limit_W(0)
     assert start["config"]["logging"]["interval_steps"] == INTERVAL_STEPS
     steps = [r for r in records if r["event"] == "steps"]
-    assert sum(r["count"] for r in steps) == summary.steps
+    (warmup,) = [r for r in records if r["event"] == "warmup"]
+    assert sum(r["count"] for r in steps) + len(warmup["steps"]) == summary.steps
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == summary.steps
+    assert warmup["energy_J"] == pytest.approx(run.power_W * STEP_S, rel=REL)
     for record in steps:
         assert record["energy_J_mean"] == pytest.approx(run.power_W * STEP_S, rel=REL)
         assert record["energy_J_per_sample"] == pytest.approx(run.power_W * STEP_S / NUM_SAMPLES, rel=REL)
@@ -520,3 +525,61 @@ def test_an_epoch_cut_short_is_counted_with_its_energy_and_the_summary_says_last
     assert summary.epochs == len(summary.epoch_energy_J) == len(epochs) == 7
     assert summary.epoch_energy_J[-1] == pytest.approx(summary.epoch_energy_J[0] / 3, rel=0.05)
     assert "(last 5 of 7)" in str(summary)
+
+
+# -- warm-up steps (issue 16, item 4) -------------------------------------------------------------
+def test_an_outlier_first_step_is_reported_apart_and_never_scaled(new_session, virtual_backend, manual_clock):
+    """A 1 s first step (autotuning) then 50 ms steps: energy/step_J is the 50 ms steps' alone."""
+    session = new_session(virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    power_W = virtual_backend.true_power_W(0)
+    all_metrics = []
+    for step in range(3 * INTERVAL_STEPS + 1):
+        session.step_start(step)
+        manual_clock.advance(1.0 if step == 0 else STEP_S)
+        session.sampler.poll_once()
+        session.step_end(step)
+        all_metrics.append(session.pop_metrics())
+    session.epoch_end(0)
+    summary = session.train_end()
+    all_metrics.append(session.pop_metrics())
+    step_values = [m[metric.STEP_ENERGY_J] for m in all_metrics if metric.STEP_ENERGY_J in m]
+    assert step_values and all(v == pytest.approx(power_W * STEP_S, rel=REL) for v in step_values)
+    warm = [m for m in all_metrics if metric.WARMUP_ENERGY_J in m]
+    assert len(warm) == 1  # logged once
+    assert warm[0][metric.WARMUP_ENERGY_J] == pytest.approx(power_W * 1.0, rel=REL)
+    assert warm[0][metric.WARMUP_TIME_S] == pytest.approx(1.0, rel=REL)
+    records = read_jsonl(summary.jsonl_path)
+    (warmup,) = [r for r in records if r["event"] == "warmup"]
+    assert warmup["steps"] == [0] and warmup["step_time_s"] == [pytest.approx(1.0, rel=REL)]
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["warmup_steps"] for r in steps) == 1
+    # energy_J_mean × steps + the warm-up energy is the epoch's energy (the steps tile it).
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    estimate_J = sum(r["energy_J_mean"] * r["steps"] for r in steps) + warmup["energy_J"]
+    assert estimate_J == pytest.approx(epoch["energy_J"], rel=1e-9)
+
+
+def test_a_report_with_only_the_warm_up_step_measured_scales_nothing(new_session, virtual_backend, manual_clock):
+    """Fixed sampling that measures nothing after the warm-up step: no mean, not the warm-up's energy × steps."""
+    session = new_session(virtual_backend, windows={"sample_fraction": 0.001})
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(2 * INTERVAL_STEPS):
+        session.step_start(step)
+        manual_clock.advance(1.0 if step == 0 else STEP_S)
+        session.sampler.poll_once()
+        session.step_end(step)
+        if step == 0:  # the gap drawn after the warm-up step (seeded) outlasts the run
+            assert session.steps_to_skip + session.quiet_steps_left >= 2 * INTERVAL_STEPS
+    session.epoch_end(0)
+    summary = session.train_end()
+    records = read_jsonl(summary.jsonl_path)
+    (warmup,) = [r for r in records if r["event"] == "warmup"]
+    assert warmup["steps"] == [0]
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["count"] for r in steps) == 0
+    assert all(r["energy_J_mean"] is None for r in steps)  # null, never the warm-up's 1 s step scaled
+    assert sum(r["steps"] for r in steps) == 2 * INTERVAL_STEPS - 1
+    assert sum(r["warmup_steps"] for r in steps) == 1

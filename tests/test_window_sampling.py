@@ -180,15 +180,17 @@ def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_pa
         summary = session.train_end()
         records = read_jsonl(summary.jsonl_path)
         steps_records = [r for r in records if r["event"] == "steps"]
-        measured = sum(r["count"] for r in steps_records)
-        assert summary.steps == steps and sum(r["steps"] for r in steps_records) == steps
+        warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")
+        assert warmup == 1  # windows.warmup_steps: the run's first step, measured and reported apart
+        measured = sum(r["count"] for r in steps_records) + warmup
+        assert summary.steps == steps and sum(r["steps"] + r["warmup_steps"] for r in steps_records) == steps
         phases = next(r for r in records if r["event"] == "phases")
         by_name = {p["name"]: p for p in phases["phases"]}
         totals[f] = (measured, len(marks), phases["explained"], by_name, summary)
     measured, n_marks, explained, by_name, summary = totals[fraction]
     # Binomial(600, 0.25): 150 ± 4.3 sd -> within ±45.
     assert abs(measured - steps * fraction) < 4 * math.sqrt(steps * fraction * (1 - fraction))
-    # 4 marks per measured step, +1 where the next step is unmeasured (its start closes the gap).
+    # 4 marks per measured step, +1 where the step before it is unmeasured (its end opens this step).
     assert 4 * measured <= n_marks <= 5 * measured
     assert totals[1.0][1] == 4 * steps
     assert by_name["forward"]["executions"] == measured
@@ -212,8 +214,8 @@ def test_lightning_fraction_measures_a_share_and_reports_every_step_taken(tmp_pa
     summary = callback.summary
     records = read_jsonl(summary.jsonl_path)
     steps_records = [r for r in records if r["event"] == "steps"]
-    assert sum(r["steps"] for r in steps_records) == summary.steps == trainer.global_step == 60
-    measured = sum(r["count"] for r in steps_records)
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps_records) == summary.steps == trainer.global_step == 60
+    measured = sum(r["count"] for r in steps_records) + 1  # and the warm-up step
     assert abs(measured - 30) < 4 * math.sqrt(60 * 0.25)  # Binomial(60, 0.5)
     assert math.isfinite(summary.step_energy_J) and summary.step_energy_J > 0
     epochs = [r for r in records if r["event"] == "epoch"]
@@ -241,7 +243,7 @@ def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend, m
     assert sampling.fraction < 0.1
     assert sampling.report_every > 50
     records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
-    assert sum(r["steps"] for r in records) == 3000
+    assert sum(r["steps"] + r["warmup_steps"] for r in records) == 3000
     assert 0 < sum(r["count"] for r in records) < 3000 // 2
 
 
@@ -270,7 +272,7 @@ def test_the_steps_records_count_every_step_even_when_the_last_are_unmeasured(tm
     session.epoch_end(0)
     summary = session.train_end()
     records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
-    assert sum(r["steps"] for r in records) == summary.steps == 1000 + tail
+    assert sum(r["steps"] + r["warmup_steps"] for r in records) == summary.steps == 1000 + tail
     assert sum(r["count"] for r in records) < 1000 // 10
 
 
@@ -292,7 +294,8 @@ def test_an_evaluation_between_steps_is_no_part_of_the_dataloader_gap(tmp_path, 
     phases = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "phases")
     gap = {p["name"]: p for p in phases["phases"]}["dataloader"]
     assert gap["time_s"] == pytest.approx(0.002, rel=1e-6)  # the 2 ms gaps only, not 0.5 s evaluations
-    assert gap["executions"] == 40 - 1 - 3  # the first step has no gap before it; 3 were cut by an evaluation
+    # Every step has its fetch: the first from the epoch's start, three from the end of an evaluation.
+    assert gap["executions"] == 40
 
 
 # -- quiet steps: counted ahead, their calls return at once ---------------------------------------

@@ -186,6 +186,14 @@ class WindowsConfig(_Section):
         "training thread (hooks of measured steps, reports, and the calls of unmeasured steps as timed from "
         "inside; with one process, reports are spaced out to fit).",
     )
+    warmup_steps: int = Field(
+        1,
+        ge=0,
+        le=100_000,
+        description="The run's first steps (autotuning, caches, data-loader workers starting): always measured "
+        "and reported apart (the warmup record, energy/warmup_J), never in energy/step_J or the steps record's "
+        "means; 0: none.",
+    )
     sensor_delay_s: float | None = Field(
         None,
         ge=0,

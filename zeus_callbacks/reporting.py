@@ -22,6 +22,8 @@ STEP_ENERGY_J = "energy/step_J"
 STEP_COUNT = "energy/step_count"
 STEP_POWER_SAMPLES = "energy/step_power_samples"
 STEP_TIME_S = "time/step_s"
+WARMUP_ENERGY_J = "energy/warmup_J"
+WARMUP_TIME_S = "time/warmup_s"
 MEAN_POWER_W = "power/mean_W"
 ENERGY_PER_SAMPLE_J = "energy/per_sample_J"
 ENERGY_PER_TOKEN_J = "energy/per_token_J"
@@ -75,6 +77,9 @@ METRICS: dict[str, str] = {
     POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
     POWER_LIMIT_CHOSEN_W: "W — power limit the profiler chose (or took from the cache), logged once",
     POWER_LIMIT_PROFILING_STEPS: "steps — training steps spent profiling power limits, logged once",
+    WARMUP_ENERGY_J: "J — GPU energy of the run's warm-up steps (windows.warmup_steps), kept out of energy/step_J; "
+    "logged once",
+    WARMUP_TIME_S: "s — time of the run's warm-up steps, logged once",
     EPOCH_ENERGY_J: "J — GPU energy of the training epoch, from the power samples",
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",

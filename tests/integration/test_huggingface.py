@@ -102,7 +102,7 @@ def test_gradient_accumulation_makes_one_window_per_optimizer_step(tmp_path):
     trainer.train()
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     steps = [r for r in records if r["event"] == "steps"]
-    assert sum(r["count"] for r in steps) == 6
+    assert sum(r["count"] for r in steps) + sum(len(r["steps"]) for r in records if r["event"] == "warmup") == 6
     # 6 steps are a fraction of one epoch: that partial epoch is epoch 0.
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0]
     for r in steps:  # 4 per micro-batch x 3 micro-batches; BLOCK tokens each

@@ -104,7 +104,9 @@ def test_energy_reaches_tensorboard_and_matches_the_virtual_gpu(tmp_path):
     events = [r["event"] for r in records]
     assert events[0] == "run_start" and events[-1] == "run_end"
     assert events.count("epoch") == 2
-    assert sum(r["count"] for r in records if r["event"] == "steps") == 2 * N_TRAIN // BATCH
+    # Every step measured: in the steps records' counts, or the run's warm-up step (windows.warmup_steps).
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")
+    assert sum(r["count"] for r in records if r["event"] == "steps") + warmup == 2 * N_TRAIN // BATCH
 
 
 def test_progress_bar_shows_run_energy(tmp_path):
@@ -125,7 +127,8 @@ def test_exception_ends_the_run_and_keeps_the_log(tmp_path):
     assert callback.summary.energy_J > 0
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
     assert [r["event"] for r in records][-2:] == ["exception", "run_end"]
-    assert sum(r["count"] for r in records if r["event"] == "steps") == 12
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")  # the run's first step
+    assert sum(r["count"] for r in records if r["event"] == "steps") + warmup == 12
     assert not callback.session.started  # sampler stopped, backend released
 
 
@@ -210,10 +213,12 @@ def test_every_step_report_reaches_the_logger_whatever_log_every_n_steps(tmp_pat
     )
     train, _ = loaders()
     trainer.fit(TinyRegressor(), train)
-    reports = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "steps"]
+    records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
+    reports = [r for r in records if r["event"] == "steps"]
     logged = read_scalars(tmp_path / "tb")["energy/step_J"]
     # (Steps here take ~2 ms, so a report waits for the 20 ms power samples to cover its steps.)
-    assert len(reports) >= 2 and sum(r["count"] for r in reports) == 2 * N_TRAIN // BATCH
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")  # windows.warmup_steps
+    assert len(reports) >= 2 and sum(r["count"] for r in reports) + warmup == 2 * N_TRAIN // BATCH
     assert [v for _, v in logged] == pytest.approx([r["energy_J_mean"] for r in reports], rel=1e-6)
     # Energy metrics are also in callback_metrics, for ModelCheckpoint / EarlyStopping monitors.
     assert "energy/epoch_J" in trainer.callback_metrics
@@ -275,7 +280,7 @@ def test_sampled_steps_count_every_batch_through_mid_epoch_evaluations_checkpoin
         for state in saved:
             zeus_state, truth_state = (next(v for k, v in state.items() if k.startswith(n)) for n in ("Zeus", "Batch"))
             assert zeus_state["steps"] == truth_state["batches"]
-        return zeus, truth, sum(r["steps"] for r in records if r["event"] == "steps")
+        return zeus, truth, sum(r["steps"] + r["warmup_steps"] for r in records if r["event"] == "steps")
 
     first, truth, logged = fit("first", TinyRegressor(), max_steps=100)  # ends 20 batches into the second epoch
     assert truth.batches == logged == 100 and first.summary.epochs == 2

@@ -35,6 +35,7 @@ from typing_extensions import override
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.reporting import RunSummary
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ZeusCallback(SessionAdapter, Callback):
         SessionAdapter.__init__(self, config, backend)
         Callback.__init__(self)
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
+        self._simulated_flag_step: int | None = None  # the step energy/simulated was last logged at
         self._optimizer_stepped = False
         self._state_key: tuple[str | None, str] | None = None
         # The step Lightning logs the current batch's metrics at: global_step when the batch began
@@ -218,8 +220,7 @@ class ZeusCallback(SessionAdapter, Callback):
             # One point per evaluation, at the step Lightning logs its validation metrics at (the last
             # batch's); self.log is refused here, so monitors see them with the next training log.
             step = trainer.global_step if self._batch_step is None else self._batch_step
-            for pl_logger in trainer.loggers:
-                pl_logger.log_metrics(metrics, step=step)
+            self._to_loggers(trainer, metrics, step)
             self._eval_for_monitors.update(metrics)
         decision = self.session.evaluate(trainer.callback_metrics)
         if decision.stop_training:
@@ -249,6 +250,15 @@ class ZeusCallback(SessionAdapter, Callback):
             self._finish(trainer, status="completed")
 
     # -- helpers -----------------------------------------------------------------------
+    def _to_loggers(self, trainer: pl.Trainer, metrics: dict[str, float], step: int) -> None:
+        """Hand ``metrics`` to every logger at ``step``; the ``energy/simulated`` flag once per step."""
+        if metric.SIMULATED in metrics:  # a flag, not a figure: an evaluation and a report can share a step
+            if self._simulated_flag_step == step:
+                metrics = {k: v for k, v in metrics.items() if k != metric.SIMULATED}
+            self._simulated_flag_step = step
+        for pl_logger in trainer.loggers:
+            pl_logger.log_metrics(metrics, step=step)
+
     def _log(
         self,
         trainer: pl.Trainer,
@@ -264,8 +274,7 @@ class ZeusCallback(SessionAdapter, Callback):
         # Loggers get every report directly (pl_module.log would drop step values that
         # fall between log_every_n_steps); pl_module.log puts them in callback_metrics,
         # so other callbacks (checkpointing, early stopping) can monitor energy.
-        for pl_logger in trainer.loggers:
-            pl_logger.log_metrics(metrics, step=trainer.global_step if step is None else step)
+        self._to_loggers(trainer, metrics, trainer.global_step if step is None else step)
         # No sync_dist: the session already aggregated the values over ranks, and a
         # reduce per key would be a collective that ranks with different keys (the main
         # rank reports the power-limit choice) would not all join.
@@ -301,8 +310,8 @@ class ZeusCallback(SessionAdapter, Callback):
         self._ended = True
         final = {key: float(value) for key, value in self.session.pop_metrics().items()}
         final.update(self.session.totals())
+        self._to_loggers(trainer, final, trainer.global_step)
         for pl_logger in trainer.loggers:
-            pl_logger.log_metrics(final, step=trainer.global_step)
             pl_logger.save()
         rank_zero_info(str(summary))
 

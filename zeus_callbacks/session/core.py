@@ -123,7 +123,8 @@ class EnergySession(StepScheduler):
         self._carried_power_limit: dict[str, Any] | None = None  # a checkpoint's profile so far
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
-        self._steps_unlogged = 0  # steps taken since the last "steps" record (measured or not)
+        self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
+        self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
@@ -233,6 +234,7 @@ class EnergySession(StepScheduler):
         self._status = "completed"
         self._chosen_power_limit = None
         self._totals = self._carried.copy()
+        self._steps_logged_upto = self._carried.steps
         backend = self.open_backend()
         gpu_indices = select_gpu_indices(cfg, backend, self._device_index)
         self._rank_group = RankGroup.detect()
@@ -259,6 +261,7 @@ class EnergySession(StepScheduler):
         self._begin_steps(
             run.meter, run.timer, backend.clock, sampling,
             step_windows=cfg.windows.step, phase_windows=run.phases is not None,
+            warmup_steps=cfg.windows.warmup_steps,
         )  # fmt: skip
         self._active = True
         # A scheduler's kill skips atexit: end the run (and restore limits) first.
@@ -297,23 +300,32 @@ class EnergySession(StepScheduler):
         return self.backend
 
     def epoch_start(self, epoch: int) -> None:
-        """Open the epoch window (and re-anchor CUDA event timing once)."""
+        """Open the epoch window (and re-anchor CUDA event timing once).
+
+        The epoch's first step window, when that step is measured, opens at the same mark:
+        the epoch's first batch fetch belongs to its first step.
+        """
         if not self.started:
             return
         self._begin_epoch()
+        token = None
         if self.config.windows.epoch:
-            self.run.meter.begin("epoch", epoch=epoch)
+            token = self.run.meter.mark()
+            self.run.meter.begin_at("epoch", token, {"epoch": epoch})
+        self._open_step_at_boundary(token)
 
     def eval_start(self) -> None:
-        """Open the evaluation window (a dataloader gap open since the last step ends unmeasured)."""
+        """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
+
+        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`.
+        """
         self._take_back_quiet_steps()
         if not self.started:
             return
         run = self.run
         self._pause_timing()
-        if self._dataloader_open:  # the gap would otherwise hold the whole evaluation
-            run.meter.discard("dataloader")
-            self._dataloader_open = False
+        if not self._measuring:  # the window would otherwise hold the whole evaluation
+            self._close_open_step()
         if self.power_limiter is not None:
             self.power_limiter.on_eval_start(run.backend.clock.now_s())
         if self.config.windows.eval:
@@ -335,13 +347,18 @@ class EnergySession(StepScheduler):
         if not self.started:
             return {}
         run = self.run
-        if self.config.windows.eval and run.meter.end("eval"):
+        token = None
+        if self.config.windows.eval and run.meter.is_open("eval"):
+            token = run.meter.mark()
+            run.meter.end_at("eval", token)
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
             self._attribute_closed()
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(run.backend.clock.now_s())
+        if not self._measuring:
+            self._open_step_at_boundary(token)  # the next step's window begins where the evaluation ends
         self._resume_timing()
         if not report or not self.config.windows.eval:
             return {}
@@ -528,17 +545,19 @@ class EnergySession(StepScheduler):
         metrics, self._pending_metrics = self._pending_metrics, {}
         return self._flagged(metrics)
 
-    def _flagged(self, metrics: dict[str, float]) -> dict[str, float]:
+    def _flagged(self, metrics: dict[str, float], *, flag: bool = True) -> dict[str, float]:
         """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU.
 
         On a GPU that cannot be measured: without any energy or power figure (they are unknown) and
-        flagged ``energy/unavailable``.
+        flagged ``energy/unavailable``. ``flag=False`` (the totals, which adapters log at the step of
+        a report that already carries the flag): filtered, not flagged, so a flag has one point per step.
         """
         backend = self.backend
         if backend is not None and not backend.measurable:
             metrics = {k: v for k, v in metrics.items() if not k.startswith(("energy/", "power/"))}
-            metrics[metric.UNAVAILABLE] = 1.0
-        elif backend is not None and backend.simulated:
+            if flag:
+                metrics[metric.UNAVAILABLE] = 1.0
+        elif flag and backend is not None and backend.simulated:
             metrics[metric.SIMULATED] = 1.0
         return metrics
 
@@ -558,7 +577,7 @@ class EnergySession(StepScheduler):
             values = {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
         else:
             values = self._local_totals()
-        return self._flagged(values)
+        return self._flagged(values, flag=False)
 
     def _local_totals(self) -> dict[str, float]:
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
@@ -865,12 +884,11 @@ class EnergySession(StepScheduler):
         if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
-        self._steps_unlogged += self._steps_since_report
         self._steps_since_report = 0
-        if self._unreported_steps or self._ranks.collective:
-            self._queue_step_metrics()
-        if resolve_final and self._steps_unlogged:  # the last steps, none of them measured: still counted
-            self._write_steps_record({}, [], self.ranks.num_processes)
+        if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
+            self._queue_step_metrics(final=resolve_final)
+        if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
+            self._write_steps_record({}, [], self.ranks.num_processes, final=True)
 
     def _attribute_closed(self, *, final: bool = False) -> None:
         """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics."""
@@ -889,7 +907,13 @@ class EnergySession(StepScheduler):
         if not covered.all():
             steps = steps.select(covered)
         if steps.size:
-            self._unreported_steps.append(steps)
+            warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
+            if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
+                self._unreported_warmup.append(steps.select(warmup))
+                if not warmup.all():
+                    self._unreported_steps.append(steps.select(~warmup))
+            else:
+                self._unreported_steps.append(steps)
             self._totals.measured_steps += steps.size
             self._totals.step_energy_J += float(steps.energy_J.sum())
             self._totals.step_time_s += float(steps.time_s.sum())
@@ -911,32 +935,56 @@ class EnergySession(StepScheduler):
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(records.window_record(record))
 
-    def _queue_step_metrics(self) -> None:
-        batches = self._unreported_steps
-        self._unreported_steps = []
+    def _queue_step_metrics(self, *, final: bool = False) -> None:
+        batches, warmup = self._unreported_steps, self._unreported_warmup
+        self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
-        local = records.local_step_row(batches)
+        # The warm-up steps' columns travel with the step columns: one exchange per report.
+        local = records.local_step_row(batches) + records.local_warmup_row(warmup)
         collective = self._ranks.collective
         if collective:  # the running totals travel with the report: every rank shows the run's
             local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
         gathered = self._ranks.gather(local, degraded=self.degraded)
         if collective:
-            self._ranks_totals = (total(gathered, 6), slowest(gathered, 7))
-            gathered = [row[:6] for row in gathered]
+            self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
+        warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
+        if warmup_rows:
+            values = records.warmup_metrics(warmup_rows)
+            self._pending_metrics.update(values)
+            self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
+        gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
         values = records.step_metrics(rows)
         self._pending_metrics.update(values)
-        self._write_steps_record(values, batches if count else [], len(gathered))
+        self._write_steps_record(values, batches if count else [], len(gathered), final=final)
 
-    def _write_steps_record(self, values: dict[str, float], batches: list[WindowBatch], ranks: int) -> None:
-        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
-        steps_taken, self._steps_unlogged = self._steps_unlogged, 0
+    def _write_steps_record(
+        self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
+    ) -> None:
+        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+
+        The record stands for the steps after the last record's, up to its last measured
+        step (to the last step taken when ``final``: every window is attributed then), the
+        warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
+        with the steps it was drawn from, even when attribution lags a report behind.
+        """
+        lo = self._steps_logged_upto
+        if final:
+            upto = self._totals.steps
+        elif batches:
+            upto = max(int(max(b.info_values("run_step"))) for b in batches if b.size) + 1
+        else:
+            upto = lo
+        upto = max(upto, lo)
+        self._steps_logged_upto = upto
+        first_warmup = self._carried.steps  # warm-up steps are the run's first ones
+        warmup = max(0, min(upto, first_warmup + self._warmup_done) - max(lo, first_warmup))
         self._write(
             records.steps_record(
-                values, batches, steps_taken=steps_taken, power_limit_W=self.power_limit_W, ranks=ranks,
-                degraded=self.degraded,
+                values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
+                power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
             )
         )  # fmt: skip
 

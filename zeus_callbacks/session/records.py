@@ -165,13 +165,21 @@ def steps_record(
     power_limit_W: float | None,
     ranks: int,
     degraded: bool,
+    warmup_steps: int = 0,
 ) -> dict[str, Any]:
-    """The ``steps`` record: the means in ``values`` (empty: no step measured) and every step taken."""
+    """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+
+    ``steps`` counts the steps taken since the last record other than warm-up steps
+    (``warmup_steps`` of them, reported in the ``warmup`` record): ``energy_J_mean ×
+    steps`` is the estimate of those steps' energy, and it is null when none of them was
+    measured (no step's energy is scaled to steps it does not stand for).
+    """
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
         "count": int(values.get(metric.STEP_COUNT, 0)),
         "steps": steps_taken,
+        "warmup_steps": warmup_steps,
         "energy_J_mean": values.get(metric.STEP_ENERGY_J),
         "time_s_mean": values.get(metric.STEP_TIME_S),
         "power_W_mean": values.get(metric.MEAN_POWER_W),
@@ -180,6 +188,42 @@ def steps_record(
         "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
         "complete": all(bool(b.complete.all()) for b in batches),
         "power_limit_W": power_limit_W,
+        "ranks": ranks,
+        "degraded": degraded,
+    }
+
+
+def local_warmup_row(batches: Sequence[WindowBatch]) -> list[float]:
+    """This rank's warm-up step columns: energy (J), time (s), count."""
+    return [
+        sum(float(b.energy_J.sum()) for b in batches),
+        sum(float(b.time_s.sum()) for b in batches),
+        float(sum(b.size for b in batches)),
+    ]
+
+
+def warmup_metrics(rows: Rows) -> dict[str, float]:
+    """The warm-up steps over the ranks that had some (:func:`local_warmup_row`): energy summed, time the slowest."""
+    return {metric.WARMUP_ENERGY_J: total(rows, 0), metric.WARMUP_TIME_S: slowest(rows, 1)}
+
+
+def warmup_record(
+    values: Mapping[str, float], batches: Sequence[WindowBatch], *, ranks: int, degraded: bool
+) -> dict[str, Any]:
+    """The ``warmup`` record: the run's warm-up steps (``windows.warmup_steps``), measured and kept apart.
+
+    ``energy_J`` and ``time_s`` are totals over the warm-up steps attributed since the last
+    such record (energy over every rank, the slowest rank's time); ``step_energy_J`` and
+    ``step_time_s`` list this process's steps one by one.
+    """
+    return {
+        "event": "warmup",
+        "steps": [s for b in batches for s in b.info_values("step")],
+        "energy_J": values.get(metric.WARMUP_ENERGY_J),
+        "time_s": values.get(metric.WARMUP_TIME_S),
+        "step_energy_J": [float(e) for b in batches for e in b.energy_J],
+        "step_time_s": [float(t) for b in batches for t in b.time_s],
+        "complete": all(bool(b.complete.all()) for b in batches),
         "ranks": ranks,
         "degraded": degraded,
     }

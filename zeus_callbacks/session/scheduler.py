@@ -132,6 +132,9 @@ class StepScheduler:
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._phase_windows = False  # windows.phases
         self._step_windows = True  # windows.step
+        self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
+        self._warmup_done = 0  # warm-up steps taken in this run
+        self._step_index = 0  # the measured step's index, as step_start received it
         self._mark: Any = None  # the meter's mark(): one boundary
         # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
         self._meter: WindowMeter
@@ -179,15 +182,22 @@ class StepScheduler:
     # ------------------------------------------------------------------ start
     def _begin_steps(
         self, meter: WindowMeter, timer: BoundaryTimer, clock: Clock, sampling: WindowSampling,
-        *, step_windows: bool, phase_windows: bool,
+        *, step_windows: bool, phase_windows: bool, warmup_steps: int = 0,
     ) -> None:  # fmt: skip
-        """Start the step path of a run (its totals are in ``self._totals`` already)."""
+        """Start the step path of a run (its totals are in ``self._totals`` already).
+
+        The first ``warmup_steps`` steps are measured whatever the sampling draws, and
+        reported apart from the others (their ends carry ``warmup``).
+        """
         self._meter, self._timer, self._clock = meter, timer, clock
         self._mark = meter.mark
         self._step_windows = step_windows
         self._phase_windows = phase_windows
         self._sampling = sampling
-        self._skip = sampling.next_skip()  # the first step is drawn like any other
+        self._warmup_left = warmup_steps if step_windows else 0
+        self._warmup_done = 0
+        # The first step after warm-up is drawn like any other.
+        self._skip = 0 if self._warmup_left else sampling.next_skip()
         self._quiet_left = 0
         self._measuring = self._dataloader_open = False
         self._new_timing_interval(time.perf_counter())
@@ -210,42 +220,45 @@ class StepScheduler:
         if self._quiet_left or not self._active:
             return
         # Optimiser hook: the power-limit profiler switches limits at step boundaries
-        # (before the mark: the switch is no part of the step).
+        # (before the compute; in a tiled step window it falls with the fetch; the profiler times its own steps).
         if self._power_step_start is not None:
             self._power_step_start(step)
         if self._skip:  # not a measured step (windows.sample_fraction)
             self._skip -= 1
-            if self._dataloader_open:  # the gap after the last measured step ends here
-                t0 = time.perf_counter()
-                self._meter.end_at("dataloader", self._mark())
-                self._dataloader_open = False
-                self._governor.hook_s += time.perf_counter() - t0
-            elif not self._skip & UNMEASURED_TIMING_MASK:
+            if not self._skip & UNMEASURED_TIMING_MASK:
                 self._time_unmeasured = True  # its step_end times itself: auto's budget covers these too
             return
         t0 = time.perf_counter()
         self._measuring = True
+        self._step_index = step
         meter = self._meter
         if self._phase_windows:
-            token = self._mark()
-            meter.end_at("dataloader", token)
-            self._dataloader_open = False
+            token = self._mark()  # the compute begins: dataloader | forward
+            if self._dataloader_open:
+                meter.end_at("dataloader", token)
+                self._dataloader_open = False
             if phase is not None:
                 meter.begin_at(phase, token)
                 self._phase_open = phase
             if self._epoch_measured % 16 == 0:  # a clock read every 16 measured steps, not every step
                 self._maybe_reanchor()
-            if self._step_windows:
-                meter.begin_at("step", token, {"step": step})
-        elif self._step_windows:
-            meter.begin_at("step", self._mark(), {"step": step})
+            if self._step_windows and not meter.is_open("step"):
+                meter.begin_at("step", token)  # no boundary before it (no epoch_start): from here
+        elif self._step_windows and not meter.is_open("step"):
+            # Most measured steps opened at the last boundary (the previous step's end mark)
+            # and take no mark here; one with no boundary before it begins now.
+            meter.begin_at("step", self._mark())
         self._governor.hook_s += time.perf_counter() - t0
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
         """Close the step window; every ``logging.interval_steps`` steps, queue step metrics.
 
-        With ``windows.phases`` the open phase (e.g. ``optimizer``) closes and the
-        ``dataloader`` phase opens at the step's end mark: one mark for all three.
+        Step windows tile the timeline: a measured step's end mark is also the start of
+        the next step's window when that one is measured too (one mark per measured step),
+        so the batch fetch between two steps belongs to the step after it. The step before
+        a measured one, if unmeasured, takes that start mark here. With ``windows.phases``
+        the open phase (e.g. ``optimizer``) closes and the next step's ``dataloader`` phase
+        opens at the same mark.
 
         Args:
             step: The global step index.
@@ -263,6 +276,10 @@ class StepScheduler:
         timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
         if self._measuring:
             self._close_step_windows(num_samples, num_tokens)
+        elif not self._skip and (self._step_windows or self._phase_windows):  # the next step is measured: it opens here
+            t0 = time.perf_counter()
+            self._open_step_at(self._mark())
+            self._governor.hook_s += time.perf_counter() - t0
         elif self._time_unmeasured:
             timed = time.perf_counter()
         if self._power_step_end is not None:
@@ -326,26 +343,59 @@ class StepScheduler:
         self._interval_steps += steps
 
     def _close_step_windows(self, num_samples: int | None, num_tokens: int | None) -> None:
-        """Close a measured step's windows at one end mark; draw how many steps to skip next."""
+        """Close a measured step's windows at one end mark; draw how many steps to skip next.
+
+        The same mark opens the next step's windows when that step is measured too.
+        """
         t0 = time.perf_counter()
         meter = self._meter
-        if self._phase_windows:
-            token = self._mark()
-            if self._step_windows:
-                meter.end_at("step", token, {"num_samples": num_samples, "num_tokens": num_tokens})
-            if self._phase_open is not None:
-                meter.end_at(self._phase_open, token)
-                self._phase_open = None
-            meter.begin_at("dataloader", token)  # the gap until the next step_start
-            self._dataloader_open = True
-        elif self._step_windows:
-            meter.end_at("step", self._mark(), {"num_samples": num_samples, "num_tokens": num_tokens})
+        token = self._mark() if self._step_windows or self._phase_windows else None  # neither: nothing to mark
+        if self._step_windows:
+            # run_step: the step's place among every step taken (0-based, a resumed run's included).
+            info = {"step": self._step_index, "run_step": self._totals.steps, "num_samples": num_samples,
+                    "num_tokens": num_tokens}  # fmt: skip
+            if self._warmup_left:
+                info["warmup"] = True
+                self._warmup_left -= 1
+                self._warmup_done += 1
+            meter.end_at("step", token, info)
+        if self._phase_open is not None:
+            meter.end_at(self._phase_open, token)
+            self._phase_open = None
         self._measuring = False
         self._epoch_measured += 1
         governor = self._governor
         governor.measured += 1
-        self._skip = self._sampling.next_skip()
+        self._skip = 0 if self._warmup_left else self._sampling.next_skip()
+        if not self._skip and token is not None:
+            self._open_step_at(token)
         governor.hook_s += time.perf_counter() - t0
+
+    def _open_step_at(self, token: Any) -> None:
+        """Open the next (measured) step's window, and its ``dataloader`` phase, at boundary ``token``."""
+        if self._step_windows:
+            self._meter.begin_at("step", token)
+        if self._phase_windows:
+            self._meter.begin_at("dataloader", token)  # the batch fetch until the step's compute begins
+            self._dataloader_open = True
+
+    def _open_step_at_boundary(self, token: Any | None) -> None:
+        """At an epoch start or after an evaluation: open the next step's windows if it is measured.
+
+        Args:
+            token: A mark already taken at this boundary (shared), or None to take one if needed.
+        """
+        self._take_back_quiet_steps()
+        if self._skip or not (self._step_windows or self._phase_windows):
+            return
+        self._open_step_at(self._mark() if token is None else token)
+
+    def _close_open_step(self) -> None:
+        """Drop the next step's window opened ahead (an evaluation, the epoch's or the run's end comes first)."""
+        self._meter.discard("step")
+        if self._phase_windows:
+            self._meter.discard("dataloader")
+            self._dataloader_open = False
 
     def _maybe_reanchor(self) -> None:
         # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
@@ -404,6 +454,7 @@ class StepScheduler:
                 self._phase_open = None
 
     def _discard_phases(self) -> None:
+        self._meter.discard("step")  # a step window opened ahead of a step that did not come
         if self._phase_windows:
             for name in PHASES:
                 self._meter.discard(name)
