@@ -372,6 +372,14 @@ class BatchSizeConfig(_Section):
         "cost passes the best arm's mean + z noise sd; the stopped cost counts at its Gaussian tail mean; "
         "null: only beta_knob stops such runs.",
     )
+    max_failures: int | None = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Prune a batch size whose last this many finished runs all failed (a crash, out of memory, a "
+        "killed process; an interruption does not count); the reason is shown by zeus-callbacks show; null: "
+        "failures never prune.",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )

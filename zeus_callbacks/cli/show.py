@@ -52,10 +52,19 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     except ValueError:  # no observation yet: no prior
         return []
     survivors = set(state.get("survivors") or sizes)
+    failed = state.get("failed_arms") or {}
     return [
-        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors}
+        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors,
+         "pruned_reason": failed.get(str(b))}
         for b, p in sorted(posteriors.items())
     ]
+
+
+def failed_arms(store: Store, job_id: str) -> dict[int, str]:
+    """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
+    bandit_state = store.get_bandit(job_id)
+    failed = (bandit_state.state.get("failed_arms") if bandit_state is not None else None) or {}
+    return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
 
 
 def show(store_path: str | Path, *, as_json: bool = False) -> str:
@@ -74,6 +83,7 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
                     "phase": (state.state.get("phase") if state else None),
                     "min_cost": (state.state.get("min_cost") if state else None),
                     "arms": arm_summaries(store, job.job_id),
+                    "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
                     "trials": [
                         {
                             "trial_id": t.trial_id,
@@ -102,6 +112,8 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
             for row in arm_rows:  # observations are a float in the posterior; whole counts read better
                 row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
             out.append(table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+        for batch_size, reason in job["failed_arms"].items():
+            out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
         rows = [

@@ -14,6 +14,8 @@ Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default),
 from __future__ import annotations
 
 import abc
+import json
+import math
 import os
 import socket
 import time
@@ -28,6 +30,7 @@ from typing import Any, Literal
 from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
 from zeus_callbacks.errors import StoreError as StoreError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
+from zeus_callbacks.errors import StoreValueError as StoreValueError
 
 SCHEMA_VERSION = 2
 """Version of the store layout this code writes; a newer one is refused.
@@ -386,6 +389,44 @@ def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
         owner=str(d.get("owner") or ""),
         heartbeat_at=None if d.get("heartbeat_at") is None else float(d["heartbeat_at"]),
     )
+
+
+def check_finite(location: str, what: str, **values: float | None) -> None:
+    """Refuse a non-finite number before it reaches a store (every backend calls this first).
+
+    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
+    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
+
+    Args:
+        location: The store's file or masked URL, for the message.
+        what: What is being written (``"finish trial 3"``), for the message.
+        **values: Name → value; None (unknown) is accepted.
+
+    Raises:
+        StoreValueError: A value is NaN or ±infinity (nothing was written).
+    """
+    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise StoreValueError(
+            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
+            "was written"
+        )
+
+
+def dumps_strict(value: Any, location: str, what: str) -> str:
+    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
+
+    Raises:
+        StoreValueError: ``value`` holds a non-finite number (nothing was written).
+        TypeError: ``value`` is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise StoreValueError(
+            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
+        ) from exc
 
 
 def check_finish_status(status: str) -> None:

@@ -39,6 +39,8 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
     now,
     orphan_reason,
@@ -227,6 +229,8 @@ class JSONStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         mine = pid is None or int(pid) == os.getpid()
 
         def change(doc: Document) -> TrialRecord:
@@ -245,7 +249,7 @@ class JSONStore(Store):
                 "ended_at": None,
                 "pid": os.getpid() if pid is None else int(pid),
                 "host": this_host(),
-                "info": dict(info or {}),
+                "info": json.loads(info_json),
                 "owner": lease_owner() if mine else "",
             }
             trial["heartbeat_at"] = trial["started_at"]
@@ -273,6 +277,9 @@ class JSONStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
 
         def change(doc: Document) -> TrialRecord:
             trial = next((t for t in doc["trials"] if t["trial_id"] == trial_id), None)
@@ -322,6 +329,8 @@ class JSONStore(Store):
             _ensure_job(doc, job_id, None)
             current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
             new, result = update(current)
+            dumps_strict({"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}}, self.location,
+                         f"the bandit state of job {job_id}")
             doc["bandits"][job_id] = {
                 "state": copy.deepcopy(new.state),
                 "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},

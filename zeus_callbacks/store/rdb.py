@@ -50,6 +50,8 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
     mask_url,
     now,
@@ -424,6 +426,8 @@ class RDBStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         t = self._t["trials"]
         mine = pid is None or int(pid) == os.getpid()
 
@@ -434,7 +438,7 @@ class RDBStore(Store):
                 job_id=job_id, batch_size=int(batch_size),
                 power_limit_W=None if power_limit_W is None else float(power_limit_W),
                 status="running", converged=False, started_at=started_at,
-                pid=os.getpid() if pid is None else int(pid), host=this_host(), info=json.dumps(dict(info or {})),
+                pid=os.getpid() if pid is None else int(pid), host=this_host(), info=info_json,
                 owner=lease_owner() if mine else "", heartbeat_at=started_at,
             ))
             trial_id = result.inserted_primary_key[0]
@@ -460,6 +464,9 @@ class RDBStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         t = self._t["trials"]
 
         def body(conn) -> TrialRecord:
@@ -527,13 +534,15 @@ class RDBStore(Store):
             new, result = update(BanditState(job_id) if current.version == 0 else current)
             swapped = conn.execute(
                 b.update().where(b.c.job_id == job_id, b.c.version == current.version)
-                .values(state=json.dumps(new.state), version=current.version + 1)
+                .values(state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                        version=current.version + 1)
             ).rowcount
             if swapped != 1:  # the row lock makes this unreachable; never write over another update
                 raise StoreError(f"store {self.masked_url}: bandit of job {job_id} changed during its update")
             conn.execute(a.delete().where(a.c.job_id == job_id))
             if new.arms:
-                conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k), "state": json.dumps(v)}
+                conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k),
+                                           "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}")}
                                           for k, v in new.arms.items()])
             return result
 

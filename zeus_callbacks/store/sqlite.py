@@ -39,6 +39,8 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
     now,
     orphan_reason,
@@ -329,6 +331,8 @@ class SQLiteStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         mine = pid is None or int(pid) == os.getpid()
         started_at = now()
         with self._tx("write") as conn:
@@ -343,7 +347,7 @@ class SQLiteStore(Store):
                     started_at,
                     os.getpid() if pid is None else int(pid),
                     this_host(),
-                    json.dumps(dict(info or {})),
+                    info_json,
                     lease_owner() if mine else "",
                     started_at,
                 ),
@@ -369,6 +373,9 @@ class SQLiteStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         with self._tx("write") as conn:
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
             if row is None:
@@ -428,12 +435,14 @@ class SQLiteStore(Store):
             conn.execute(
                 "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
                 "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
-                (job_id, json.dumps(new.state), current.version + 1),
+                (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                 current.version + 1),
             )
             conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
             conn.executemany(
                 "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
-                [(job_id, int(b), json.dumps(s)) for b, s in new.arms.items()],
+                [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}"))
+                 for b, s in new.arms.items()],
             )
             return result
 

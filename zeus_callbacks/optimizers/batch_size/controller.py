@@ -22,6 +22,7 @@ process group.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -297,13 +298,20 @@ class BatchSizeController:
         name, value = self.threshold_factor or ("beta_knob", None)
         return EarlyStopRule(self.cost, self.threshold, self.explore_stop, name, value)
 
-    def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
+    def finish(
+        self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False
+    ) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
+
+        The trial is an observation of its arm only with a finite, positive cost from a
+        complete measurement (:func:`~zeus_callbacks.optimizers.batch_size.bandit.observation_problem`);
+        a failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
 
         Args:
             energy_J: GPU energy of the run (J).
             time_s: Wall time of the run (s).
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
+            degraded: Sensor faults made the energy measurement incomplete.
         """
         if self.suggestion is None or self.cost is None:
             return None
@@ -313,9 +321,11 @@ class BatchSizeController:
             status = "early_stopped"
         else:
             status = "completed"
-        cost = self.cost(energy_J, time_s)
+        cost = self.cost(energy_J, time_s) if math.isfinite(energy_J) and math.isfinite(time_s) else math.nan
         converged = self.converged and status == "completed"
-        info = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        if run_status != "completed":
+            info["run_status"] = run_status  # an interrupted run does not count against its arm
         return self._with_bandit(
             lambda b: b.report(
                 self.suggestion.trial_id,
@@ -327,5 +337,6 @@ class BatchSizeController:
                 batch_size=self.batch_size if self.batch_size != self.suggestion.batch_size else None,
                 power_limit_W=self.power_limit_W,
                 info=info,
+                degraded=degraded,
             )
         )
