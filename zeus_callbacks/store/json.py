@@ -25,7 +25,7 @@ from typing import Any
 from filelock import FileLock, SoftFileLock, Timeout
 
 from zeus_callbacks.atomic_io import write_json_atomic
-from zeus_callbacks.store import netfs
+from zeus_callbacks.store import netfs, records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -152,7 +152,7 @@ class JSONStore(Store):
                 f"store {self.path} has schema version {version}, newer than this zeus-callbacks understands "
                 f"({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
             )
-        return doc
+        return records.validate_document(doc, str(self.path))  # every record checked before any use or write
 
     def _write(self, doc: Document) -> None:
         write_json_atomic(self.path, doc, sort_keys=True)

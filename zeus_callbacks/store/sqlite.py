@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks.store import netfs
+from zeus_callbacks.store import netfs, records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -45,7 +45,6 @@ from zeus_callbacks.store.base import (
     now,
     orphan_reason,
     this_host,
-    trial_from_dict,
 )
 from zeus_callbacks.store.lease import KEEPER
 
@@ -270,7 +269,7 @@ class SQLiteStore(Store):
         rows = conn.execute(f"SELECT {self._columns} FROM trials WHERE status = 'running'").fetchall()
         host, now_s = this_host(), now()
         found = []
-        for trial in map(_trial_row, rows):
+        for trial in (_trial_row(r, self.location) for r in rows):
             reason = orphan_reason(trial.__dict__, host, now_s, self.lease_grace_s)
             if reason is not None:
                 found.append((trial, reason))
@@ -307,18 +306,18 @@ class SQLiteStore(Store):
         """See :meth:`Store.ensure_job`."""
         with self._tx("write") as conn:
             _ensure_job(conn, job_id, info)
-            return _job_row(conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone())
+            return _job_row(conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone(), self.location)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """See :meth:`Store.get_job`."""
         with self._read("read") as conn:
             row = conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        return None if row is None else _job_row(row)
+        return None if row is None else _job_row(row, self.location)
 
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
         with self._read("read") as conn:
-            return [_job_row(r) for r in conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()]
+            return [_job_row(r, self.location) for r in conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()]
 
     # -- trials -------------------------------------------------------------------------
     def create_trial(
@@ -353,7 +352,7 @@ class SQLiteStore(Store):
                 ),
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
-            trial = _trial_row(row.fetchone())
+            trial = _trial_row(row.fetchone(), self.location)
         if mine:
             KEEPER.hold(self, trial.trial_id)
         return trial
@@ -380,7 +379,7 @@ class SQLiteStore(Store):
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no trial {trial_id} in store {self.path}")
-            old = _trial_row(row)
+            old = _trial_row(row, self.location)
             merged = {**old.info, **dict(info or {})}
             conn.execute(
                 "UPDATE trials SET status = ?, energy_J = ?, time_s = ?, cost = ?, converged = ?, ended_at = ?, "
@@ -400,13 +399,13 @@ class SQLiteStore(Store):
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
         KEEPER.release(self, trial_id)
-        return _trial_row(row)
+        return _trial_row(row, self.location)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
         with self._read("read") as conn:
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
-        return None if row is None else _trial_row(row)
+        return None if row is None else _trial_row(row, self.location)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
@@ -418,19 +417,19 @@ class SQLiteStore(Store):
             query += " AND status = ?"
             args.append(status)
         with self._read("read") as conn:
-            return [_trial_row(r) for r in conn.execute(query + " ORDER BY trial_id", args).fetchall()]
+            return [_trial_row(r, self.location) for r in conn.execute(query + " ORDER BY trial_id", args).fetchall()]
 
     # -- bandit -------------------------------------------------------------------------
     def get_bandit(self, job_id: str) -> BanditState | None:
         """See :meth:`Store.get_bandit`."""
         with self._read("read") as conn:
-            return _load_bandit(conn, job_id)
+            return _load_bandit(conn, job_id, self.location)
 
     def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
         """See :meth:`Store.update_bandit`."""
         with self._tx("write") as conn:
             _ensure_job(conn, job_id, None)
-            current = _load_bandit(conn, job_id) or BanditState(job_id)
+            current = _load_bandit(conn, job_id, self.location) or BanditState(job_id)
             new, result = update(current)
             conn.execute(
                 "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
@@ -460,7 +459,7 @@ class SQLiteStore(Store):
         """See :meth:`Store.get_profile`."""
         with self._read("read") as conn:
             row = conn.execute("SELECT table_json FROM profiles WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else records.mapping_column(row[0], self.location, f"profile {key!r}")
 
     def list_profiles(self) -> list[str]:
         """See :meth:`Store.list_profiles`."""
@@ -518,23 +517,24 @@ def _ensure_job(conn: sqlite3.Connection, job_id: str, info: Mapping[str, Any] |
     )
 
 
-def _job_row(row: tuple) -> JobRecord:
-    return JobRecord(job_id=row[0], created_at=float(row[1]), info=json.loads(row[2]))
+def _job_row(row: tuple, location: str) -> JobRecord:
+    return records.job(row[0], row[1], row[2], location)
 
 
-def _trial_row(row: tuple) -> TrialRecord:
+def _trial_row(row: tuple, location: str) -> TrialRecord:
     names = [n.strip() for n in _TRIAL_COLUMNS.split(",")]
-    d = dict(zip(names, row, strict=True))
-    d["info"] = json.loads(d["info"])
-    return trial_from_dict(d)
+    return records.trial(dict(zip(names, row, strict=True)), location)
 
 
-def _load_bandit(conn: sqlite3.Connection, job_id: str) -> BanditState | None:
+def _load_bandit(conn: sqlite3.Connection, job_id: str, location: str) -> BanditState | None:
     row = conn.execute("SELECT state, version FROM bandits WHERE job_id = ?", (job_id,)).fetchone()
     if row is None:
         return None
+    name = f"the bandit of job {job_id!r}"
     arms = {
-        int(b): json.loads(s)
+        records.batch_size_key(b, location, f"{name}, arm {b!r}"): records.mapping_column(s, location,
+                                                                                       f"{name}, arm {b!r}")
         for b, s in conn.execute("SELECT batch_size, state FROM arms WHERE job_id = ? ORDER BY batch_size", (job_id,))
     }
-    return BanditState(job_id=job_id, state=json.loads(row[0]), arms=arms, version=int(row[1]))
+    return BanditState(job_id=job_id, state=records.mapping_column(row[0], location, name), arms=arms,
+                       version=records.version(row[1], location, name))
