@@ -426,6 +426,14 @@ class StoreConfig(_Section):
         description="A running trial of another host whose heartbeat is older than this (s) is marked failed "
         "when the store is opened; use the same value on every node.",
     )
+    lock_timeout_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3600.0,
+        description="How long (s) a store operation waits for another process's lock or transaction (a database: "
+        "retries a transient error) before giving up: at run start the run then trains without the bandit's "
+        "suggestion, at run end the trial is kept in <log_dir>/zeus_pending_trials and merged on the next open.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -458,7 +466,8 @@ class StoreConfig(_Section):
         """
         from zeus_callbacks.store import open_store
 
-        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s)
+        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s,
+                          lock_timeout_s=self.lock_timeout_s)
 
 
 class ZeusConfig(_Section):

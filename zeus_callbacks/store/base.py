@@ -14,6 +14,9 @@ Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default),
 from __future__ import annotations
 
 import abc
+
+# The store's error types live in errors.py; importing them from here keeps working.
+import errno as _errno
 import json
 import math
 import os
@@ -26,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# The store's error types live in errors.py; importing them from here keeps working.
 from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
 from zeus_callbacks.errors import StoreError as StoreError
+from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermissionError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
 
@@ -427,6 +430,43 @@ def dumps_strict(value: Any, location: str, what: str) -> str:
         raise StoreValueError(
             f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
         ) from exc
+
+
+_FULL_ERRNOS = {_errno.ENOSPC, _errno.EDQUOT}
+_PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
+
+
+def os_error(exc: OSError, location: str, what: str) -> StoreError:
+    """The store error for an operating-system error on the store's files, named as what it is.
+
+    Args:
+        exc: The error (its ``errno`` decides the class).
+        location: The store's file, for the message.
+        what: What was being done (``"write"``, ``"open"``).
+
+    Returns:
+        :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
+        ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
+    """
+    if exc.errno in _FULL_ERRNOS:
+        return StoreFullError(
+            f"store {location}: no space left on its device ({what}: {exc.strerror}); nothing was changed — free "
+            "some space or set store.path to another filesystem"
+        )
+    if exc.errno in _PERMISSION_ERRNOS or isinstance(exc, PermissionError):
+        return StorePermissionError(
+            f"store {location}: permission denied ({what}: {exc.strerror}{': ' + exc.filename if exc.filename else ''}"
+            "); make the file and its directory readable and writable by this user, or set store.path to another "
+            "file; nothing was changed"
+        )
+    return StoreError(f"cannot {what} store {location}: {exc}")
+
+
+def locked_error(location: str, waited_s: float, limit_s: float, detail: str) -> StoreLockedError:
+    """The error for a store another process kept locked past the limit (the wait is the real one)."""
+    return StoreLockedError(
+        f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})"
+    )
 
 
 def check_finish_status(status: str) -> None:

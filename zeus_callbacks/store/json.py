@@ -42,8 +42,10 @@ from zeus_callbacks.store.base import (
     check_finite,
     dumps_strict,
     lease_owner,
+    locked_error,
     now,
     orphan_reason,
+    os_error,
     this_host,
     trial_from_dict,
 )
@@ -119,7 +121,10 @@ class JSONStore(Store):
                 raise StoreError(f"no such store: {self.path}")
             self._load()
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, str(self.path), "create the directory of") from exc
         if self.path.exists():  # a read first: the common open (current schema, no dead trial) takes no lock
             doc = self._load()
             if doc["schema_version"] == SCHEMA_VERSION and not self._orphans(doc):
@@ -133,7 +138,7 @@ class JSONStore(Store):
         except FileNotFoundError:
             return _empty_document()
         except OSError as exc:
-            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+            raise os_error(exc, str(self.path), "read") from exc
         try:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -171,10 +176,10 @@ class JSONStore(Store):
                     self._write(doc)
                 return result
         except Timeout as exc:
-            raise StoreError(
-                f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s (lock timeout "
-                f"{self.lock_timeout_s:g} s; lock file {self._lock.lock_file})"
-            ) from exc
+            raise locked_error(str(self.path), time.monotonic() - start, self.lock_timeout_s,
+                               f"lock file {self._lock.lock_file}") from exc
+        except OSError as exc:  # the lock file or the new document could not be written: nothing changed
+            raise os_error(exc, str(self.path), "write") from exc
 
     def _orphans(self, doc: Document) -> list[tuple[dict[str, Any], str]]:
         host, now_s = this_host(), now()

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from zeus_callbacks.errors import StoreFullError, StorePermissionError
 from zeus_callbacks.store import netfs, records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
@@ -42,8 +43,10 @@ from zeus_callbacks.store.base import (
     check_finite,
     dumps_strict,
     lease_owner,
+    locked_error,
     now,
     orphan_reason,
+    os_error,
     this_host,
 )
 from zeus_callbacks.store.lease import KEEPER
@@ -132,7 +135,10 @@ class SQLiteStore(Store):
         if read_only:
             _check_readable_store_file(self.path)
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise os_error(exc, str(self.path), "create the directory of") from exc
         self.network_fs = netfs.is_network_filesystem(self.path)
         try:
             with self._translate("open"):
@@ -195,12 +201,15 @@ class SQLiteStore(Store):
         except sqlite3.OperationalError as exc:
             message = str(exc).lower()
             if "locked" in message or "busy" in message:
-                raise StoreError(
-                    f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s ({what}; busy timeout "
-                    f"{self.busy_timeout_s:g} s): another process holds a long write transaction"
+                raise locked_error(str(self.path), time.monotonic() - start, self.busy_timeout_s,
+                                   f"{what}: another process holds a long write transaction") from exc
+            if "full" in message:  # SQLITE_FULL: "database or disk is full"; the transaction was rolled back
+                raise StoreFullError(
+                    f"store {self.path}: the database or its disk is full ({what}: {exc}); nothing was changed — "
+                    "free some space or set store.path to another filesystem"
                 ) from exc
             if "readonly" in message and not self.read_only:
-                raise StoreError(
+                raise StorePermissionError(
                     f"store {self.path} is not writable ({exc}): make the file and its directory writable by "
                     "this user, or set store.path to another file; nothing was changed"
                 ) from exc
