@@ -99,8 +99,8 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
             if trial is not None and (trial.status == "running" or reason in ("process died", "lease expired")):
                 bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
                 outcome = dict(pending["report"])
-                outcome["info"] = {**(outcome.get("info") or {}),
-                                   "reason": f"recorded late from {path.name}: the store could not take it at train end"}
+                late = f"recorded late from {path.name}: the store could not take it at train end"
+                outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
                 bandit.report(int(pending["trial_id"]), **outcome)
                 merged += 1
                 logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
