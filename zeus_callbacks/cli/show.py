@@ -11,6 +11,7 @@ from typing import Any
 
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
+from zeus_callbacks.optimizers.batch_size.bandit import validated_state
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
 
@@ -42,7 +43,7 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     bandit_state = store.get_bandit(job_id)
     if bandit_state is None or not bandit_state.state:
         return []
-    state = bandit_state.state
+    state = validated_state(bandit_state.state, store.location, job_id)
     sizes = tuple(state.get("batch_sizes") or ())
     if not sizes:
         return []
@@ -63,7 +64,9 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
 def failed_arms(store: Store, job_id: str) -> dict[int, str]:
     """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
     bandit_state = store.get_bandit(job_id)
-    failed = (bandit_state.state.get("failed_arms") if bandit_state is not None else None) or {}
+    if bandit_state is None or not bandit_state.state:
+        return {}
+    failed = validated_state(bandit_state.state, store.location, job_id).get("failed_arms") or {}
     return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
 
 
@@ -76,12 +79,13 @@ def show(store_path: str | Path, *, as_json: bool = False) -> str:
     with open_store(store_path, read_only=True) as store:
         report: dict[str, Any] = {"store": str(store_path), "jobs": [], "profiles": {}}
         for job in store.list_jobs():
-            state = store.get_bandit(job.job_id)
+            stored = store.get_bandit(job.job_id)
+            state = validated_state(stored.state, store.location, job.job_id) if stored and stored.state else None
             report["jobs"].append(
                 {
                     "job_id": job.job_id,
-                    "phase": (state.state.get("phase") if state else None),
-                    "min_cost": (state.state.get("min_cost") if state else None),
+                    "phase": (state.get("phase") if state else None),
+                    "min_cost": (state.get("min_cost") if state else None),
                     "arms": arm_summaries(store, job.job_id),
                     "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
                     "trials": [

@@ -317,7 +317,7 @@ class RDBStore(Store):
         row = conn.execute(sa.select(self._t["schema_version"].c.version)).first()
         if row is None:
             raise StoreCorruptError(f"store {self.masked_url} has an empty schema_version table; it was left untouched")
-        version = int(row[0])
+        version = records.version(row[0], str(self.masked_url), "the schema_version table")
         if version > SCHEMA_VERSION:
             raise StoreSchemaError(
                 f"store {self.masked_url} has schema version {version}, newer than this zeus-callbacks understands "

@@ -266,7 +266,7 @@ class SQLiteStore(Store):
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
             raise StoreCorruptError(f"store {self.path} has an empty schema_version table; it was left untouched")
-        version = int(row[0])
+        version = records.version(row[0], str(self.path), "the schema_version table")
         if version > SCHEMA_VERSION:
             raise StoreSchemaError(
                 f"store {self.path} has schema version {version}, newer than this zeus-callbacks "

@@ -69,6 +69,7 @@ from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.optimizers.batch_size.maths import (
     ArmPosterior,
@@ -81,6 +82,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     satisficing_choice,
 )
 from zeus_callbacks.store.base import BanditState, Store, TrialRecord
+from zeus_callbacks.store.records import corrupt
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +305,71 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     return out
 
 
+class StoredState(BaseModel):
+    """The shape of the bandit's state as the store keeps it; checked on every read (:func:`validated_state`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    phase: Literal["pruning", "thompson"]
+    round: int = Field(ge=0)
+    direction: Literal["start", "down", "up", "done"]
+    start: int
+    candidate: int | None
+    survivors: list[int] = Field(min_length=1)
+    round_results: dict[str, list[Any]] = Field(default_factory=dict)
+    descending: bool = False
+    min_cost: float | None = None
+    rng: dict[str, Any]
+    batch_sizes: list[int] = Field(min_length=1)
+    failed_arms: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("round_results", mode="after")
+    @classmethod
+    def _results_are_cost_and_flag(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for size, pair in value.items():
+            if not size.lstrip("-").isdigit() or len(pair) != 2 or not isinstance(pair[1], bool) or not (
+                    pair[0] is None or (isinstance(pair[0], (int, float)) and not isinstance(pair[0], bool))):
+                raise ValueError(f"round result of {size!r} must be [cost or null, true/false], got {pair!r}")
+        return value
+
+    @field_validator("rng", mode="after")
+    @classmethod
+    def _rng_state_is_pcg64(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            np.random.PCG64().state = value  # type: ignore[assignment]  # numpy types it as its TypedDict
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise ValueError(f"not a PCG64 generator state ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _sizes_are_arms(self) -> StoredState:
+        sizes = set(self.batch_sizes)
+        if self.start not in sizes or not set(self.survivors) <= sizes:
+            raise ValueError("start and survivors must be among batch_sizes")
+        if self.phase == "pruning" and self.candidate not in sizes:
+            raise ValueError("a pruning state's candidate must be one of batch_sizes")
+        return self
+
+
+def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[str, Any]:
+    """The job's stored bandit state, its shape checked (:class:`StoredState`), as a plain dict.
+
+    Args:
+        state: The state as read from the store.
+        location: The store's file or masked URL, for the message.
+        job_id: The job, for the message.
+
+    Raises:
+        StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
+    """
+    try:
+        return StoredState.model_validate(state).model_dump()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(p) for p in error["loc"]) or "the state"
+        raise corrupt(location, f"the bandit state of job {job_id!r}", f"{field}: {error['msg']}") from exc
+
+
 # -- the stateful bandit -------------------------------------------------------------------
 class BatchSizeBandit:
     """Pruning + Gaussian Thompson sampling over batch sizes, persisted in a :class:`Store`.
@@ -348,7 +415,7 @@ class BatchSizeBandit:
     def _state(self, current: BanditState) -> dict[str, Any]:
         if not current.state:
             return self._initial_state()
-        state = dict(current.state)
+        state = validated_state(dict(current.state), self.store.location, self.job_id)
         min_cost = state.get("min_cost")
         if min_cost is not None and not (isinstance(min_cost, (int, float)) and _is_observable_cost(min_cost)):
             state["min_cost"] = None  # written by an older version from a bad run: not a cost
