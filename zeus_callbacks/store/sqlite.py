@@ -232,7 +232,8 @@ class SQLiteStore(Store):
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite rolls back itself on some errors (SQLITE_FULL): no second error
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 
