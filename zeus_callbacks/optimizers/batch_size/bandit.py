@@ -363,7 +363,7 @@ def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[s
         StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
     """
     try:
-        return StoredState.model_validate(state).model_dump()
+        return StoredState.model_validate(state).model_dump(exclude_unset=True)  # no key added to a stored state
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(p) for p in error["loc"]) or "the state"
