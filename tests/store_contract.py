@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from zeus_callbacks.errors import StoreValueError
 from zeus_callbacks.store import SCHEMA_VERSION, BanditState, Store, StoreCorruptError, StoreSchemaError
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
@@ -246,6 +248,27 @@ class StoreContract:
         with pytest.raises(RuntimeError, match="planted"):
             store.update_bandit("j", boom)
         assert store.get_bandit("j").state == {"v": 1} and store.get_bandit("j").version == 1
+
+    @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+    def test_non_finite_numbers_are_refused_and_nothing_is_written(self, store: Store, bad: float) -> None:
+        trial = store.create_trial("j", 8)
+        store.update_bandit("j", lambda s: (BanditState(s.job_id, {"min_cost": 2.0}, {8: {"n": 1}}), None))
+        for field in ("energy_J", "time_s", "cost", "power_limit_W"):
+            values = {"energy_J": 1.0, "time_s": 1.0, "cost": 1.0, field: bad}
+            with pytest.raises(StoreValueError, match=field):
+                store.finish_trial(trial.trial_id, status="completed", converged=True, **values)
+        with pytest.raises(StoreValueError, match="power_limit_W"):
+            store.create_trial("j", 8, bad)
+        with pytest.raises(StoreValueError):
+            store.update_bandit("j", lambda s: (BanditState(s.job_id, {"min_cost": bad}), None))
+        with pytest.raises(StoreValueError):
+            store.update_bandit("j", lambda s: (BanditState(s.job_id, {}, {8: {"mean_cost": bad}}), None))
+        with pytest.raises(StoreValueError):
+            store.finish_trial(trial.trial_id, status="failed", energy_J=None, time_s=None, cost=None,
+                               converged=False, info={"x": bad})
+        assert store.get_trial(trial.trial_id).status == "running"  # no finish went through
+        assert [t.trial_id for t in store.list_trials("j")] == [trial.trial_id]  # no trial was created
+        assert store.get_bandit("j") == BanditState("j", {"min_cost": 2.0}, {8: {"n": 1}}, 1)
 
     def test_corrupt_file_is_a_clear_error_and_left_untouched(self, kind: str, path: str) -> None:
         if kind not in FILE_KINDS:  # a database: zeus tables without a schema version are a broken store

@@ -24,6 +24,10 @@ OLD_BASES = {
     errors.StoreError: RuntimeError,
     errors.StoreCorruptError: RuntimeError,
     errors.StoreSchemaError: RuntimeError,
+    errors.StoreLockedError: RuntimeError,
+    errors.StoreFullError: RuntimeError,
+    errors.StorePermissionError: RuntimeError,
+    errors.StoreValueError: ValueError,
 }
 
 

@@ -176,12 +176,14 @@ def test_exploring_thompson_run_stops_at_the_best_arms_bound_and_is_censored(tmp
     controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
     # The explore bound is below beta_knob x the best converged cost (2 x 100): it is the one in force.
     assert controller.threshold == pytest.approx(bound) and bound < 200.0 and controller.rule.explore
-    time_s = 2 * bound / MAX_LIMIT_W  # cost 0.5 E + 0.5 x 300 W x t with E = 0 is bound at t = 2 bound / 300
+    energy_J = 1.0  # a run always draws some energy (0 J is not a measurement: observation_problem)
+    # cost 0.5 E + 0.5 x 300 W x t is bound at t = 2 (bound - 0.5 E) / 300
+    time_s = 2 * (bound - 0.5 * energy_J) / MAX_LIMIT_W
     assert time_s > 0.6  # checks are at least MIN_CHECK_INTERVAL_S = 0.5 s apart
-    assert controller.check(0.0, time_s - 0.55) is None
-    reason = controller.check(0.0, time_s + 0.01)
+    assert controller.check(energy_J, time_s - 0.55) is None
+    reason = controller.check(energy_J, time_s + 0.01)
     assert reason is not None and "exploring run stopped" in reason
-    finished = controller.finish(0.0, time_s + 0.01, "completed")
+    finished = controller.finish(energy_J, time_s + 0.01, "completed")
     assert (finished.status, finished.converged) == ("early_stopped", False)
     with recurring.open_job_store(cfg) as store:
         bandit = BatchSizeBandit(store, "nightly", BanditSettings.from_config(cfg.batch_size))

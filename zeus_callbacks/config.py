@@ -390,6 +390,14 @@ class BatchSizeConfig(_Section):
         "cost passes the best arm's mean + z noise sd; the stopped cost counts at its Gaussian tail mean; "
         "null: only beta_knob stops such runs.",
     )
+    max_failures: int | None = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Prune a batch size whose last this many finished runs all failed (a crash, out of memory, a "
+        "killed process; an interruption does not count); the reason is shown by zeus-callbacks show; null: "
+        "failures never prune.",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="Scale the learning rate with the batch size (relative to default_batch_size)."
     )
@@ -436,6 +444,14 @@ class StoreConfig(_Section):
         description="A running trial of another host whose heartbeat is older than this (s) is marked failed "
         "when the store is opened; use the same value on every node.",
     )
+    lock_timeout_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3600.0,
+        description="How long (s) a store operation waits for another process's lock or transaction (a database: "
+        "retries a transient error) before giving up: at run start the run then trains without the bandit's "
+        "suggestion, at run end the trial is kept in <log_dir>/zeus_pending_trials and merged on the next open.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -468,7 +484,8 @@ class StoreConfig(_Section):
         """
         from zeus_callbacks.store import open_store
 
-        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s)
+        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s,
+                          lock_timeout_s=self.lock_timeout_s)
 
 
 class ZeusConfig(_Section):

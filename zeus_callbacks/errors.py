@@ -21,7 +21,11 @@ Hierarchy::
     │       └── ReadOnlyError
     └── StoreError (RuntimeError)         the recurring-job store failed
         ├── StoreCorruptError
-        └── StoreSchemaError
+        ├── StoreSchemaError
+        ├── StoreLockedError              another process held the store past the lock timeout
+        ├── StoreFullError                no space left on the store's device (ENOSPC, EDQUOT)
+        ├── StorePermissionError          the store file or its directory is not writable / readable
+        └── StoreValueError (ValueError)  a value the store refuses to record (NaN, infinity)
 """
 
 from __future__ import annotations
@@ -107,3 +111,25 @@ class StoreCorruptError(StoreError):
 
 class StoreSchemaError(StoreError):
     """The store was written by a newer zeus-callbacks (a schema version this code does not know)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process held the store (its lock or a write transaction) for longer than the timeout."""
+
+
+class StoreFullError(StoreError):
+    """The store's device has no space left (``ENOSPC``) or the user's quota is spent (``EDQUOT``).
+
+    Nothing was changed: the write went to a temporary file or a transaction that was rolled back.
+    """
+
+
+class StorePermissionError(StoreError):
+    """The store file or its directory cannot be read or written by this user (``EACCES``, ``EPERM``, ``EROFS``)."""
+
+
+class StoreValueError(StoreError, ValueError):
+    """A value the store refuses to record: a non-finite number (NaN, ±infinity) in a trial or the bandit state.
+
+    Raised before anything is written, so one bad run cannot poison the store for later ones.
+    """

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from zeus_callbacks.errors import NothingToPlot, ZeusCallbacksError
+from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.store import open_store
 
@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
             partial = profile.get("finished") is False
             start = next((r for r in records if r.get("event") == "run_start"), {})
             simulated = str(start.get("backend", "")).startswith("virtual")
-            plot_profile(profile.get("limits") or [], profile.get("chosen_limit_W"), out, partial=partial,
-                         simulated=simulated)  # fmt: skip
+            rows, chosen = profile_rows(profile, args.source)
+            plot_profile(rows, chosen, out, partial=partial, simulated=simulated)
             if partial:
                 print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
         elif args.what == "profile":
@@ -84,9 +84,41 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"zeus-callbacks: plotting needs matplotlib: install zeus-callbacks[plot] "
               f"(pip install 'zeus-callbacks[plot]') ({exc})", file=sys.stderr)  # fmt: skip
+    except OSError as exc:  # the PNG cannot be written there (-o in a missing or read-only place)
+        print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def profile_rows(profile: dict, source: str) -> tuple[list[dict], float | None]:
+    """The measured rows and the chosen limit of a ``power_limit_profile`` record, checked.
+
+    Raises:
+        NotAnEnergyLog: The record's ``limits`` is not a list of rows with a numeric ``limit_W`` and
+            numeric (or null) ``time_per_step_s`` / ``energy_per_step_J``, or ``chosen_limit_W`` is
+            neither a number nor null.
+        NothingToPlot: No row has a measurement.
+    """
+    limits, chosen = profile.get("limits") or [], profile.get("chosen_limit_W")
+    bad = not isinstance(limits, list) or (chosen is not None and not _number(chosen))
+    for row in limits if isinstance(limits, list) else []:
+        if not isinstance(row, dict) or not _number(row.get("limit_W")) or any(
+                row.get(k) is not None and not _number(row.get(k)) for k in ("time_per_step_s", "energy_per_step_J")):
+            bad = True
+    if bad:
+        raise NotAnEnergyLog(
+            f"{source}: its power_limit_profile record is malformed (limits must be rows with a numeric limit_W "
+            "and numeric or null time_per_step_s and energy_per_step_J; chosen_limit_W a number or null)"
+        )
+    measured = [r for r in limits if _number(r.get("time_per_step_s")) and _number(r.get("energy_per_step_J"))]
+    if not measured:
+        raise NothingToPlot(f"{source}: its power_limit_profile record has no measured limit")
+    return limits, chosen
 
 
 def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:

@@ -39,12 +39,22 @@ def _demo_kernel(args: argparse.Namespace):
     """Build the callable to profile: a builtin torch demo or ``module:function``."""
     if ":" in args.kernel:
         import importlib
+        import inspect
 
         module, _, attr = args.kernel.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr), args.kernel
+            fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"cannot import the kernel {args.kernel!r}: {exc}") from exc
+        if not callable(fn):
+            raise ValueError(f"the kernel {args.kernel!r} is a {type(fn).__name__}, not a function")
+        try:
+            inspect.signature(fn).bind()
+        except TypeError as exc:  # it needs arguments the profiler cannot give
+            raise ValueError(f"the kernel {args.kernel!r} must take no arguments ({exc})") from None
+        except ValueError:  # no signature (a builtin): it is tried as it is
+            pass
+        return fn, args.kernel
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

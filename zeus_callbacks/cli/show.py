@@ -11,6 +11,7 @@ from typing import Any
 
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
+from zeus_callbacks.optimizers.batch_size.bandit import validated_state
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
 
@@ -47,7 +48,7 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     bandit_state = store.get_bandit(job_id)
     if bandit_state is None or not bandit_state.state:
         return []
-    state = bandit_state.state
+    state = validated_state(bandit_state.state, store.location, job_id)
     sizes = tuple(state.get("batch_sizes") or ())
     if not sizes:
         return []
@@ -57,10 +58,21 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     except ValueError:  # no observation yet: no prior
         return []
     survivors = set(state.get("survivors") or sizes)
+    failed = state.get("failed_arms") or {}
     return [
-        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors}
+        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors,
+         "pruned_reason": failed.get(str(b))}
         for b, p in sorted(posteriors.items())
     ]
+
+
+def failed_arms(store: Store, job_id: str) -> dict[int, str]:
+    """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
+    bandit_state = store.get_bandit(job_id)
+    if bandit_state is None or not bandit_state.state:
+        return {}
+    failed = validated_state(bandit_state.state, store.location, job_id).get("failed_arms") or {}
+    return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
 
 
 def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = None) -> str:
@@ -85,13 +97,15 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                 raise KeyError(f"no job {job_id!r} in {store_path} (its jobs: {names})")
             jobs = chosen
         for job in jobs:
-            state = store.get_bandit(job.job_id)
+            stored = store.get_bandit(job.job_id)
+            state = validated_state(stored.state, store.location, job.job_id) if stored and stored.state else None
             report["jobs"].append(
                 {
                     "job_id": job.job_id,
-                    "phase": (state.state.get("phase") if state else None),
-                    "min_cost": (state.state.get("min_cost") if state else None),
+                    "phase": (state.get("phase") if state else None),
+                    "min_cost": (state.get("min_cost") if state else None),
                     "arms": arm_summaries(store, job.job_id),
+                    "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
                     "trials": [
                         {
                             "trial_id": t.trial_id,
@@ -121,6 +135,8 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             for row in arm_rows:  # observations are a float in the posterior; whole counts read better
                 row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
             out.append(table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+        for batch_size, reason in job["failed_arms"].items():
+            out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
         rows = [

@@ -32,10 +32,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
-from zeus_callbacks import reporting as metric
 from zeus_callbacks.reporting import RunSummary
 
 logger = logging.getLogger(__name__)

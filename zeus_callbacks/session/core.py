@@ -473,7 +473,8 @@ class EnergySession(StepScheduler):
             logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
         elif self.batch_size_controller is not None:
             try:
-                t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status)
+                t = self.batch_size_controller.finish(summary.energy_J, summary.time_s, summary.status,
+                                                      degraded=summary.degraded)
                 if t is not None:
                     self._write(records.trial_record(t))
             except Exception as exc:  # the run is over: a store fault must not hide its summary

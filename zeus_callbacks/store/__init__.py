@@ -50,6 +50,7 @@ def open_store(
     *,
     read_only: bool = False,
     lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+    lock_timeout_s: float = 30.0,
 ) -> Store:
     """Open (or create) a store file, or a store in a database.
 
@@ -64,6 +65,8 @@ def open_store(
             ``plot bandit``); a missing, empty or non-store file raises :class:`StoreError`.
         lease_grace_s: Grace period (s) of a running trial's lease: a running trial of another
             host whose heartbeat is older is marked failed on open (see :class:`Store`).
+        lock_timeout_s: How long (s) an operation waits for another process's lock (JSON),
+            write transaction (SQLite) or a transient database error (retried) before it raises.
 
     Returns:
         The open store; close it (or use it as a context manager) when done.
@@ -86,16 +89,16 @@ def open_store(
         else:
             from zeus_callbacks.store.rdb import RDBStore
 
-            return RDBStore(url, read_only=read_only, lease_grace_s=lease_grace_s)
+            return RDBStore(url, read_only=read_only, lease_grace_s=lease_grace_s, retry_s=lock_timeout_s)
     path = Path(path)
     if backend is None:
         backend = "json" if path.suffix.lower() == ".json" else "sqlite"
     if backend == "sqlite":
         from zeus_callbacks.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path, read_only=read_only, lease_grace_s=lease_grace_s)
+        return SQLiteStore(path, read_only=read_only, lease_grace_s=lease_grace_s, busy_timeout_s=lock_timeout_s)
     if backend == "json":
         from zeus_callbacks.store.json import JSONStore
 
-        return JSONStore(path, read_only=read_only, lease_grace_s=lease_grace_s)
+        return JSONStore(path, read_only=read_only, lease_grace_s=lease_grace_s, lock_timeout_s=lock_timeout_s)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")

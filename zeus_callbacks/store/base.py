@@ -14,6 +14,11 @@ Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default),
 from __future__ import annotations
 
 import abc
+
+# The store's error types live in errors.py; importing them from here keeps working.
+import errno as _errno
+import json
+import math
 import os
 import socket
 import time
@@ -28,7 +33,9 @@ from typing import Any, Literal
 from zeus_callbacks.atomic_io import ownership_problem
 from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
 from zeus_callbacks.errors import StoreError as StoreError
+from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermissionError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
+from zeus_callbacks.errors import StoreValueError as StoreValueError
 
 SCHEMA_VERSION = 2
 """Version of the store layout this code writes; a newer one is refused.
@@ -386,6 +393,81 @@ def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
         info=dict(d.get("info") or {}),
         owner=str(d.get("owner") or ""),
         heartbeat_at=None if d.get("heartbeat_at") is None else float(d["heartbeat_at"]),
+    )
+
+
+def check_finite(location: str, what: str, **values: float | None) -> None:
+    """Refuse a non-finite number before it reaches a store (every backend calls this first).
+
+    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
+    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
+
+    Args:
+        location: The store's file or masked URL, for the message.
+        what: What is being written (``"finish trial 3"``), for the message.
+        **values: Name → value; None (unknown) is accepted.
+
+    Raises:
+        StoreValueError: A value is NaN or ±infinity (nothing was written).
+    """
+    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise StoreValueError(
+            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
+            "was written"
+        )
+
+
+def dumps_strict(value: Any, location: str, what: str) -> str:
+    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
+
+    Raises:
+        StoreValueError: ``value`` holds a non-finite number (nothing was written).
+        TypeError: ``value`` is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise StoreValueError(
+            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
+        ) from exc
+
+
+_FULL_ERRNOS = {_errno.ENOSPC, _errno.EDQUOT}
+_PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
+
+
+def os_error(exc: OSError, location: str, what: str) -> StoreError:
+    """The store error for an operating-system error on the store's files, named as what it is.
+
+    Args:
+        exc: The error (its ``errno`` decides the class).
+        location: The store's file, for the message.
+        what: What was being done (``"write"``, ``"open"``).
+
+    Returns:
+        :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
+        ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
+    """
+    if exc.errno in _FULL_ERRNOS:
+        return StoreFullError(
+            f"store {location}: no space left on its device ({what}: {exc.strerror}); nothing was changed — free "
+            "some space or set store.path to another filesystem"
+        )
+    if exc.errno in _PERMISSION_ERRNOS or isinstance(exc, PermissionError):
+        return StorePermissionError(
+            f"store {location}: permission denied ({what}: {exc.strerror}{': ' + exc.filename if exc.filename else ''}"
+            "); make the file and its directory readable and writable by this user, or set store.path to another "
+            "file; nothing was changed"
+        )
+    return StoreError(f"cannot {what} store {location}: {exc}")
+
+
+def locked_error(location: str, waited_s: float, limit_s: float, detail: str) -> StoreLockedError:
+    """The error for a store another process kept locked past the limit (the wait is the real one)."""
+    return StoreLockedError(
+        f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})"
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from filelock import FileLock, SoftFileLock, Timeout
 
 from zeus_callbacks.atomic_io import write_json_atomic
-from zeus_callbacks.store import netfs
+from zeus_callbacks.store import netfs, records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -39,9 +39,13 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
+    locked_error,
     now,
     orphan_reason,
+    os_error,
     refuse_foreign_store,
     this_host,
     trial_from_dict,
@@ -120,7 +124,10 @@ class JSONStore(Store):
                 raise StoreError(f"no such store: {self.path}")
             self._load()
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, str(self.path), "create the directory of") from exc
         if self.path.exists():  # a read first: the common open (current schema, no dead trial) takes no lock
             doc = self._load()
             if doc["schema_version"] == SCHEMA_VERSION and not self._orphans(doc):
@@ -134,7 +141,7 @@ class JSONStore(Store):
         except FileNotFoundError:
             return _empty_document()
         except OSError as exc:
-            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+            raise os_error(exc, str(self.path), "read") from exc
         try:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -153,7 +160,7 @@ class JSONStore(Store):
                 f"store {self.path} has schema version {version}, newer than this zeus-callbacks understands "
                 f"({SCHEMA_VERSION}); upgrade zeus-callbacks or use another store file"
             )
-        return doc
+        return records.validate_document(doc, str(self.path))  # every record checked before any use or write
 
     def _write(self, doc: Document) -> None:
         write_json_atomic(self.path, doc, sort_keys=True)
@@ -172,10 +179,10 @@ class JSONStore(Store):
                     self._write(doc)
                 return result
         except Timeout as exc:
-            raise StoreError(
-                f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s (lock timeout "
-                f"{self.lock_timeout_s:g} s; lock file {self._lock.lock_file})"
-            ) from exc
+            raise locked_error(str(self.path), time.monotonic() - start, self.lock_timeout_s,
+                               f"lock file {self._lock.lock_file}") from exc
+        except OSError as exc:  # the lock file or the new document could not be written: nothing changed
+            raise os_error(exc, str(self.path), "write") from exc
 
     def _orphans(self, doc: Document) -> list[tuple[dict[str, Any], str]]:
         host, now_s = this_host(), now()
@@ -230,6 +237,8 @@ class JSONStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         mine = pid is None or int(pid) == os.getpid()
 
         def change(doc: Document) -> TrialRecord:
@@ -248,7 +257,7 @@ class JSONStore(Store):
                 "ended_at": None,
                 "pid": os.getpid() if pid is None else int(pid),
                 "host": this_host(),
-                "info": dict(info or {}),
+                "info": json.loads(info_json),
                 "owner": lease_owner() if mine else "",
             }
             trial["heartbeat_at"] = trial["started_at"]
@@ -276,6 +285,9 @@ class JSONStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
 
         def change(doc: Document) -> TrialRecord:
             trial = next((t for t in doc["trials"] if t["trial_id"] == trial_id), None)
@@ -325,6 +337,8 @@ class JSONStore(Store):
             _ensure_job(doc, job_id, None)
             current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
             new, result = update(current)
+            dumps_strict({"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}}, self.location,
+                         f"the bandit state of job {job_id}")
             doc["bandits"][job_id] = {
                 "state": copy.deepcopy(new.state),
                 "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from zeus_callbacks.store import records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -50,12 +51,13 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
     mask_url,
     now,
     orphan_reason,
     this_host,
-    trial_from_dict,
 )
 from zeus_callbacks.store.lease import KEEPER
 
@@ -315,7 +317,7 @@ class RDBStore(Store):
         row = conn.execute(sa.select(self._t["schema_version"].c.version)).first()
         if row is None:
             raise StoreCorruptError(f"store {self.masked_url} has an empty schema_version table; it was left untouched")
-        version = int(row[0])
+        version = records.version(row[0], str(self.masked_url), "the schema_version table")
         if version > SCHEMA_VERSION:
             raise StoreSchemaError(
                 f"store {self.masked_url} has schema version {version}, newer than this zeus-callbacks understands "
@@ -332,7 +334,7 @@ class RDBStore(Store):
         rows = conn.execute(self._sa.select(t).where(t.c.status == "running")).mappings().all()
         host, now_s = this_host(), now()
         found = []
-        for trial in map(_trial, rows):
+        for trial in (_trial(r, self.masked_url) for r in rows):
             reason = orphan_reason(trial.__dict__, host, now_s, self.lease_grace_s)
             if reason is not None:
                 found.append((trial, reason))
@@ -395,7 +397,8 @@ class RDBStore(Store):
 
         def body(conn) -> JobRecord:
             self._ensure_job(conn, job_id, info)
-            return _job(conn.execute(self._sa.select(t).where(t.c.job_id == job_id)).mappings().one())
+            row = conn.execute(self._sa.select(t).where(t.c.job_id == job_id)).mappings().one()
+            return _job(row, self.masked_url)
 
         return self._run("write", body)
 
@@ -404,14 +407,14 @@ class RDBStore(Store):
         t = self._t["jobs"]
         row = self._run("read", lambda c: c.execute(self._sa.select(t).where(t.c.job_id == job_id)).mappings().first(),
                         write=False)
-        return None if row is None else _job(row)
+        return None if row is None else _job(row, self.masked_url)
 
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
         t = self._t["jobs"]
         rows = self._run("read", lambda c: c.execute(self._sa.select(t).order_by(t.c.job_id)).mappings().all(),
                          write=False)
-        return [_job(r) for r in rows]
+        return [_job(r, self.masked_url) for r in rows]
 
     # -- trials -------------------------------------------------------------------------
     def create_trial(
@@ -424,6 +427,8 @@ class RDBStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         t = self._t["trials"]
         mine = pid is None or int(pid) == os.getpid()
 
@@ -434,11 +439,12 @@ class RDBStore(Store):
                 job_id=job_id, batch_size=int(batch_size),
                 power_limit_W=None if power_limit_W is None else float(power_limit_W),
                 status="running", converged=False, started_at=started_at,
-                pid=os.getpid() if pid is None else int(pid), host=this_host(), info=json.dumps(dict(info or {})),
+                pid=os.getpid() if pid is None else int(pid), host=this_host(), info=info_json,
                 owner=lease_owner() if mine else "", heartbeat_at=started_at,
             ))
             trial_id = result.inserted_primary_key[0]
-            return _trial(conn.execute(self._sa.select(t).where(t.c.trial_id == trial_id)).mappings().one())
+            row = conn.execute(self._sa.select(t).where(t.c.trial_id == trial_id)).mappings().one()
+            return _trial(row, self.masked_url)
 
         trial = self._run("write", body)
         if mine:
@@ -460,6 +466,9 @@ class RDBStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         t = self._t["trials"]
 
         def body(conn) -> TrialRecord:
@@ -467,14 +476,14 @@ class RDBStore(Store):
             row = conn.execute(select.with_for_update()).mappings().first()
             if row is None:
                 raise KeyError(f"no trial {trial_id} in store {self.masked_url}")
-            old = _trial(row)
+            old = _trial(row, self.masked_url)
             conn.execute(t.update().where(t.c.trial_id == trial_id).values(
                 status=status, energy_J=energy_J, time_s=time_s, cost=cost, converged=bool(converged),
                 ended_at=now(), batch_size=old.batch_size if batch_size is None else int(batch_size),
                 power_limit_W=old.power_limit_W if power_limit_W is None else float(power_limit_W),
                 info=json.dumps({**old.info, **dict(info or {})}),
             ))
-            return _trial(conn.execute(select).mappings().one())
+            return _trial(conn.execute(select).mappings().one(), self.masked_url)
 
         finished = self._run("write", body)
         KEEPER.release(self, trial_id)
@@ -485,7 +494,7 @@ class RDBStore(Store):
         t = self._t["trials"]
         row = self._run("read", lambda c: c.execute(self._sa.select(t).where(t.c.trial_id == trial_id))
                         .mappings().first(), write=False)
-        return None if row is None else _trial(row)
+        return None if row is None else _trial(row, self.masked_url)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
@@ -495,7 +504,8 @@ class RDBStore(Store):
             query = query.where(t.c.job_id == job_id)
         if status is not None:
             query = query.where(t.c.status == status)
-        return [_trial(r) for r in self._run("read", lambda c: c.execute(query).mappings().all(), write=False)]
+        rows = self._run("read", lambda c: c.execute(query).mappings().all(), write=False)
+        return [_trial(r, self.masked_url) for r in rows]
 
     # -- bandit -------------------------------------------------------------------------
     def _load_bandit(self, conn, job_id: str, *, lock: bool) -> BanditState | None:
@@ -504,9 +514,15 @@ class RDBStore(Store):
         row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
             return None
-        arms = {int(r[0]): json.loads(r[1]) for r in conn.execute(
-            sa.select(a.c.batch_size, a.c.state).where(a.c.job_id == job_id).order_by(a.c.batch_size))}
-        return BanditState(job_id=job_id, state=json.loads(row[0]), arms=arms, version=int(row[1]))
+        name, where = f"the bandit of job {job_id!r}", self.masked_url
+        arms = {
+            records.batch_size_key(r[0], where, f"{name}, arm {r[0]!r}"): records.mapping_column(
+                r[1], where, f"{name}, arm {r[0]!r}")
+            for r in conn.execute(
+                sa.select(a.c.batch_size, a.c.state).where(a.c.job_id == job_id).order_by(a.c.batch_size))
+        }
+        return BanditState(job_id=job_id, state=records.mapping_column(row[0], where, name), arms=arms,
+                           version=records.version(row[1], where, name))
 
     def get_bandit(self, job_id: str) -> BanditState | None:
         """See :meth:`Store.get_bandit`."""
@@ -527,13 +543,15 @@ class RDBStore(Store):
             new, result = update(BanditState(job_id) if current.version == 0 else current)
             swapped = conn.execute(
                 b.update().where(b.c.job_id == job_id, b.c.version == current.version)
-                .values(state=json.dumps(new.state), version=current.version + 1)
+                .values(state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                        version=current.version + 1)
             ).rowcount
             if swapped != 1:  # the row lock makes this unreachable; never write over another update
                 raise StoreError(f"store {self.masked_url}: bandit of job {job_id} changed during its update")
             conn.execute(a.delete().where(a.c.job_id == job_id))
             if new.arms:
-                conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k), "state": json.dumps(v)}
+                conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k),
+                                           "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}")}
                                           for k, v in new.arms.items()])
             return result
 
@@ -556,7 +574,7 @@ class RDBStore(Store):
         p = self._t["profiles"]
         row = self._run("read", lambda c: c.execute(self._sa.select(p.c.table_json).where(p.c.key == key)).first(),
                         write=False)
-        return None if row is None else json.loads(row[0])
+        return None if row is None else records.mapping_column(row[0], self.masked_url, f"profile {key!r}")
 
     def list_profiles(self) -> list[str]:
         """See :meth:`Store.list_profiles`."""
@@ -638,12 +656,12 @@ def _insert_ignore(sa, conn, table, values: Mapping[str, Any], keys: list[str]) 
                 pass  # another transaction inserted it first
 
 
-def _job(row: Mapping[str, Any]) -> JobRecord:
-    return JobRecord(job_id=row["job_id"], created_at=float(row["created_at"]), info=json.loads(row["info"]))
+def _job(row: Mapping[str, Any], location: str) -> JobRecord:
+    return records.job(row["job_id"], row["created_at"], row["info"], location)
 
 
-def _trial(row: Mapping[str, Any]) -> TrialRecord:
-    return trial_from_dict({**row, "info": json.loads(row["info"])})
+def _trial(row: Mapping[str, Any], location: str) -> TrialRecord:
+    return records.trial(row, location)
 
 
 def _sqlstate(exc) -> str:

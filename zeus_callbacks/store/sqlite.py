@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks.store import netfs
+from zeus_callbacks.errors import StoreFullError, StorePermissionError
+from zeus_callbacks.store import netfs, records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -39,12 +40,15 @@ from zeus_callbacks.store.base import (
     TrialRecord,
     TrialStatus,
     check_finish_status,
+    check_finite,
+    dumps_strict,
     lease_owner,
+    locked_error,
     now,
     orphan_reason,
+    os_error,
     refuse_foreign_store,
     this_host,
-    trial_from_dict,
 )
 from zeus_callbacks.store.lease import KEEPER
 
@@ -134,7 +138,10 @@ class SQLiteStore(Store):
         if read_only:
             _check_readable_store_file(self.path)
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise os_error(exc, str(self.path), "create the directory of") from exc
         self.network_fs = netfs.is_network_filesystem(self.path)
         try:
             with self._translate("open"):
@@ -197,12 +204,15 @@ class SQLiteStore(Store):
         except sqlite3.OperationalError as exc:
             message = str(exc).lower()
             if "locked" in message or "busy" in message:
-                raise StoreError(
-                    f"store {self.path} stayed locked for {time.monotonic() - start:.1f} s ({what}; busy timeout "
-                    f"{self.busy_timeout_s:g} s): another process holds a long write transaction"
+                raise locked_error(str(self.path), time.monotonic() - start, self.busy_timeout_s,
+                                   f"{what}: another process holds a long write transaction") from exc
+            if "full" in message:  # SQLITE_FULL: "database or disk is full"; the transaction was rolled back
+                raise StoreFullError(
+                    f"store {self.path}: the database or its disk is full ({what}: {exc}); nothing was changed — "
+                    "free some space or set store.path to another filesystem"
                 ) from exc
             if "readonly" in message and not self.read_only:
-                raise StoreError(
+                raise StorePermissionError(
                     f"store {self.path} is not writable ({exc}): make the file and its directory writable by "
                     "this user, or set store.path to another file; nothing was changed"
                 ) from exc
@@ -225,7 +235,8 @@ class SQLiteStore(Store):
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite rolls back itself on some errors (SQLITE_FULL): no second error
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 
@@ -259,7 +270,7 @@ class SQLiteStore(Store):
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
             raise StoreCorruptError(f"store {self.path} has an empty schema_version table; it was left untouched")
-        version = int(row[0])
+        version = records.version(row[0], str(self.path), "the schema_version table")
         if version > SCHEMA_VERSION:
             raise StoreSchemaError(
                 f"store {self.path} has schema version {version}, newer than this zeus-callbacks "
@@ -271,7 +282,7 @@ class SQLiteStore(Store):
         rows = conn.execute(f"SELECT {self._columns} FROM trials WHERE status = 'running'").fetchall()
         host, now_s = this_host(), now()
         found = []
-        for trial in map(_trial_row, rows):
+        for trial in (_trial_row(r, self.location) for r in rows):
             reason = orphan_reason(trial.__dict__, host, now_s, self.lease_grace_s)
             if reason is not None:
                 found.append((trial, reason))
@@ -308,18 +319,18 @@ class SQLiteStore(Store):
         """See :meth:`Store.ensure_job`."""
         with self._tx("write") as conn:
             _ensure_job(conn, job_id, info)
-            return _job_row(conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone())
+            return _job_row(conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone(), self.location)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """See :meth:`Store.get_job`."""
         with self._read("read") as conn:
             row = conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        return None if row is None else _job_row(row)
+        return None if row is None else _job_row(row, self.location)
 
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
         with self._read("read") as conn:
-            return [_job_row(r) for r in conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()]
+            return [_job_row(r, self.location) for r in conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()]
 
     # -- trials -------------------------------------------------------------------------
     def create_trial(
@@ -332,6 +343,8 @@ class SQLiteStore(Store):
         pid: int | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
+        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         mine = pid is None or int(pid) == os.getpid()
         started_at = now()
         with self._tx("write") as conn:
@@ -346,13 +359,13 @@ class SQLiteStore(Store):
                     started_at,
                     os.getpid() if pid is None else int(pid),
                     this_host(),
-                    json.dumps(dict(info or {})),
+                    info_json,
                     lease_owner() if mine else "",
                     started_at,
                 ),
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
-            trial = _trial_row(row.fetchone())
+            trial = _trial_row(row.fetchone(), self.location)
         if mine:
             KEEPER.hold(self, trial.trial_id)
         return trial
@@ -372,11 +385,14 @@ class SQLiteStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
+        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
+                     power_limit_W=power_limit_W)
+        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         with self._tx("write") as conn:
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no trial {trial_id} in store {self.path}")
-            old = _trial_row(row)
+            old = _trial_row(row, self.location)
             merged = {**old.info, **dict(info or {})}
             conn.execute(
                 "UPDATE trials SET status = ?, energy_J = ?, time_s = ?, cost = ?, converged = ?, ended_at = ?, "
@@ -396,13 +412,13 @@ class SQLiteStore(Store):
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
         KEEPER.release(self, trial_id)
-        return _trial_row(row)
+        return _trial_row(row, self.location)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
         with self._read("read") as conn:
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
-        return None if row is None else _trial_row(row)
+        return None if row is None else _trial_row(row, self.location)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
@@ -414,29 +430,31 @@ class SQLiteStore(Store):
             query += " AND status = ?"
             args.append(status)
         with self._read("read") as conn:
-            return [_trial_row(r) for r in conn.execute(query + " ORDER BY trial_id", args).fetchall()]
+            return [_trial_row(r, self.location) for r in conn.execute(query + " ORDER BY trial_id", args).fetchall()]
 
     # -- bandit -------------------------------------------------------------------------
     def get_bandit(self, job_id: str) -> BanditState | None:
         """See :meth:`Store.get_bandit`."""
         with self._read("read") as conn:
-            return _load_bandit(conn, job_id)
+            return _load_bandit(conn, job_id, self.location)
 
     def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
         """See :meth:`Store.update_bandit`."""
         with self._tx("write") as conn:
             _ensure_job(conn, job_id, None)
-            current = _load_bandit(conn, job_id) or BanditState(job_id)
+            current = _load_bandit(conn, job_id, self.location) or BanditState(job_id)
             new, result = update(current)
             conn.execute(
                 "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
                 "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
-                (job_id, json.dumps(new.state), current.version + 1),
+                (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                 current.version + 1),
             )
             conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
             conn.executemany(
                 "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
-                [(job_id, int(b), json.dumps(s)) for b, s in new.arms.items()],
+                [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}"))
+                 for b, s in new.arms.items()],
             )
             return result
 
@@ -454,7 +472,7 @@ class SQLiteStore(Store):
         """See :meth:`Store.get_profile`."""
         with self._read("read") as conn:
             row = conn.execute("SELECT table_json FROM profiles WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else records.mapping_column(row[0], self.location, f"profile {key!r}")
 
     def list_profiles(self) -> list[str]:
         """See :meth:`Store.list_profiles`."""
@@ -512,23 +530,24 @@ def _ensure_job(conn: sqlite3.Connection, job_id: str, info: Mapping[str, Any] |
     )
 
 
-def _job_row(row: tuple) -> JobRecord:
-    return JobRecord(job_id=row[0], created_at=float(row[1]), info=json.loads(row[2]))
+def _job_row(row: tuple, location: str) -> JobRecord:
+    return records.job(row[0], row[1], row[2], location)
 
 
-def _trial_row(row: tuple) -> TrialRecord:
+def _trial_row(row: tuple, location: str) -> TrialRecord:
     names = [n.strip() for n in _TRIAL_COLUMNS.split(",")]
-    d = dict(zip(names, row, strict=True))
-    d["info"] = json.loads(d["info"])
-    return trial_from_dict(d)
+    return records.trial(dict(zip(names, row, strict=True)), location)
 
 
-def _load_bandit(conn: sqlite3.Connection, job_id: str) -> BanditState | None:
+def _load_bandit(conn: sqlite3.Connection, job_id: str, location: str) -> BanditState | None:
     row = conn.execute("SELECT state, version FROM bandits WHERE job_id = ?", (job_id,)).fetchone()
     if row is None:
         return None
+    name = f"the bandit of job {job_id!r}"
     arms = {
-        int(b): json.loads(s)
+        records.batch_size_key(b, location, f"{name}, arm {b!r}"): records.mapping_column(s, location,
+                                                                                       f"{name}, arm {b!r}")
         for b, s in conn.execute("SELECT batch_size, state FROM arms WHERE job_id = ? ORDER BY batch_size", (job_id,))
     }
-    return BanditState(job_id=job_id, state=json.loads(row[0]), arms=arms, version=int(row[1]))
+    return BanditState(job_id=job_id, state=records.mapping_column(row[0], location, name), arms=arms,
+                       version=records.version(row[1], location, name))

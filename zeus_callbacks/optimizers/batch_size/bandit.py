@@ -69,6 +69,7 @@ from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.optimizers.batch_size.maths import (
     ArmPosterior,
@@ -81,6 +82,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     satisficing_choice,
 )
 from zeus_callbacks.store.base import BanditState, Store, TrialRecord
+from zeus_callbacks.store.records import corrupt
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,10 @@ class BanditSettings:
             posterior mean once its cost passes that arm's ``μn + z·σ`` (σ its noise sd); the
             stopped cost is a censored observation, counted at its tail mean
             (:func:`gaussian_tail_mean`); None: only ``beta_knob`` stops such runs.
+        max_failures: An arm whose last ``max_failures`` finished trials all failed (a crash,
+            an out-of-memory error, a process killed; not an interruption) is pruned, and the
+            reason is kept in the state (``failed_arms``) and shown by ``zeus-callbacks show``;
+            None: failures never prune an arm.
     """
 
     batch_sizes: tuple[int, ...]
@@ -141,6 +147,7 @@ class BanditSettings:
     elimination_z: float | None = 2.0
     satisficing_rel: float | None = 0.01
     explore_stop_z: float | None = 2.0
+    max_failures: int | None = 2
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -169,6 +176,8 @@ class BanditSettings:
             raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
         if self.explore_stop_z is not None and not self.explore_stop_z > 0:
             raise ValueError(f"explore_stop_z must be > 0 (or None), got {self.explore_stop_z}")
+        if self.max_failures is not None and self.max_failures < 1:
+            raise ValueError(f"max_failures must be ≥ 1 (or None), got {self.max_failures}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
@@ -196,6 +205,7 @@ class BanditSettings:
             elimination_z=config.elimination_z,
             satisficing_rel=config.satisficing_rel,
             explore_stop_z=config.explore_stop_z,
+            max_failures=config.max_failures,
         )
 
 
@@ -216,6 +226,148 @@ class Suggestion:
     phase: str
     round: int
 
+
+
+OBSERVATION_BOUNDS = {"cost": (1e-6, 1e18), "energy_J": (1e-6, 1e18), "time_s": (1e-6, 1e10)}
+"""Physical range of a run's cost (J-equivalent), energy (J) and time (s): outside it a figure is not a
+measurement. 1e-6 J is a microjoule (a GPU draws tens of watts at idle: any run measures far more);
+1e18 J is 100 000 GPUs at 1 kW for 300 years; 1e10 s is 300 years. Within it the posterior maths
+cannot overflow (squares of 1e18 are far below the float maximum)."""
+
+
+def observation_problem(
+    energy_J: float | None, time_s: float | None, cost: float | None, *, degraded: bool = False
+) -> str | None:
+    """Why a run's figures cannot be an observation of its arm, or None when they can.
+
+    An observation needs a finite, positive cost from a complete measurement: a GPU draws
+    power whenever it runs, so a run's energy, time and cost are positive; a NaN, an
+    infinity, a zero (a GPU lost for the whole run reads 0 J), a value outside
+    :data:`OBSERVATION_BOUNDS` or a degraded measurement (sensor faults left gaps) would give
+    the arm a cost it does not have, and a 0 would become the job's best cost for good.
+
+    Args:
+        energy_J: The run's GPU energy (J); None: unknown (not checked).
+        time_s: The run's wall time (s); None: unknown (not checked).
+        cost: Its ZeusCost (J-equivalent).
+        degraded: The measurement is incomplete (:attr:`~zeus_callbacks.reporting.RunSummary.degraded`).
+
+    Returns:
+        A reason in words, or None.
+    """
+    if degraded:
+        return "the energy measurement is degraded (sensor faults): its energy is incomplete"
+    for name, value in (("cost", cost), ("energy_J", energy_J), ("time_s", time_s)):
+        if value is None:
+            if name == "cost":
+                return "the cost is unknown"
+            continue
+        if not math.isfinite(value):
+            return f"{name} is {value!r}, not a finite number"
+        if value <= 0:
+            return f"{name} is {value:g}; a run's energy, time and cost are positive"
+        low, high = OBSERVATION_BOUNDS[name]
+        if not low <= value <= high:
+            return f"{name} is {value:g}, outside the physical range [{low:g}, {high:g}]"
+    return None
+
+
+def _is_observable_cost(cost: float | None) -> bool:
+    low, high = OBSERVATION_BOUNDS["cost"]
+    return cost is not None and math.isfinite(cost) and low <= cost <= high
+
+
+def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
+    """Per arm, its failures in a row at the end of its finished trials, and the last one's reason.
+
+    A ``failed`` trial (the run raised, e.g. out of memory; or its process was killed and the
+    store marked it failed: ``info["reason"]``) counts; an interrupted run (``info["run_status"]
+    == "interrupted"``: a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial of the
+    arm resets its count. Running trials are skipped.
+
+    Args:
+        trials: The job's trials in creation order.
+
+    Returns:
+        Batch size → (failures in a row, reason of the last), for arms whose last finished trial failed.
+    """
+    out: dict[int, tuple[int, str]] = {}
+    for trial in trials:
+        if trial.status == "running":
+            continue
+        if trial.status != "failed":
+            out.pop(trial.batch_size, None)
+            continue
+        if trial.info.get("run_status") == "interrupted":
+            continue
+        count = out.get(trial.batch_size, (0, ""))[0] + 1
+        out[trial.batch_size] = (count, str(trial.info.get("reason") or trial.info.get("error") or "the run failed"))
+    return out
+
+
+class StoredState(BaseModel):
+    """The shape of the bandit's state as the store keeps it; checked on every read (:func:`validated_state`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    phase: Literal["pruning", "thompson"]
+    round: int = Field(ge=0)
+    direction: Literal["start", "down", "up", "done"]
+    start: int
+    candidate: int | None
+    survivors: list[int] = Field(min_length=1)
+    round_results: dict[str, list[Any]] = Field(default_factory=dict)
+    descending: bool = False
+    min_cost: float | None = None
+    rng: dict[str, Any]
+    batch_sizes: list[int] = Field(min_length=1)
+    failed_arms: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("round_results", mode="after")
+    @classmethod
+    def _results_are_cost_and_flag(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for size, pair in value.items():
+            if not size.lstrip("-").isdigit() or len(pair) != 2 or not isinstance(pair[1], bool) or not (
+                    pair[0] is None or (isinstance(pair[0], (int, float)) and not isinstance(pair[0], bool))):
+                raise ValueError(f"round result of {size!r} must be [cost or null, true/false], got {pair!r}")
+        return value
+
+    @field_validator("rng", mode="after")
+    @classmethod
+    def _rng_state_is_pcg64(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            np.random.PCG64().state = value  # type: ignore[assignment]  # numpy types it as its TypedDict
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise ValueError(f"not a PCG64 generator state ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _sizes_are_arms(self) -> StoredState:
+        sizes = set(self.batch_sizes)
+        if self.start not in sizes or not set(self.survivors) <= sizes:
+            raise ValueError("start and survivors must be among batch_sizes")
+        if self.phase == "pruning" and self.candidate not in sizes:
+            raise ValueError("a pruning state's candidate must be one of batch_sizes")
+        return self
+
+
+def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[str, Any]:
+    """The job's stored bandit state, its shape checked (:class:`StoredState`), as a plain dict.
+
+    Args:
+        state: The state as read from the store.
+        location: The store's file or masked URL, for the message.
+        job_id: The job, for the message.
+
+    Raises:
+        StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
+    """
+    try:
+        return StoredState.model_validate(state).model_dump(exclude_unset=True)  # no key added to a stored state
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(p) for p in error["loc"]) or "the state"
+        raise corrupt(location, f"the bandit state of job {job_id!r}", f"{field}: {error['msg']}") from exc
 
 
 # -- the stateful bandit -------------------------------------------------------------------
@@ -263,7 +415,10 @@ class BatchSizeBandit:
     def _state(self, current: BanditState) -> dict[str, Any]:
         if not current.state:
             return self._initial_state()
-        state = dict(current.state)
+        state = validated_state(dict(current.state), self.store.location, self.job_id)
+        min_cost = state.get("min_cost")
+        if min_cost is not None and not (isinstance(min_cost, (int, float)) and _is_observable_cost(min_cost)):
+            state["min_cost"] = None  # written by an older version from a bad run: not a cost
         if state.get("batch_sizes") != list(self.settings.batch_sizes):
             logger.warning(
                 "zeus-callbacks: job %s's stored batch sizes %s differ from the configured %s; keeping the stored ones",
@@ -389,14 +544,18 @@ class BatchSizeBandit:
     ) -> dict[int, list[tuple[float, int]]]:
         """Observed costs per arm: batch size → [(cost, age)], age 0 = the job's latest observation.
 
-        Completed and early-stopped trials with a cost count; failed and running ones do not.
+        Completed and early-stopped trials with a finite, positive cost count (:func:`observation_problem`);
+        failed and running ones do not.
         Ages count both kinds. With ``completed_only``, early-stopped trials are left out: their
         cost is censored (a lower bound of the arm's cost, cut at the threshold), not a draw of
         the run-to-run noise, so they must not enter the pooled noise variance.
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
-        done = [t for t in trials if t.status in ("completed", "early_stopped") and t.cost is not None]
+        done = [
+            t for t in trials
+            if t.status in ("completed", "early_stopped") and _is_observable_cost(t.cost)
+        ]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
             if completed_only and trial.status != "completed":
@@ -507,9 +666,11 @@ class BatchSizeBandit:
         trials = self.store.list_trials(self.job_id)
         obs = self.observations(trials)
         noise_obs = self.observations(trials, completed_only=True)
+        failures = arm_failures(trials)
 
         def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
             state = self._state(current)
+            self._prune_failed(state, failures)
             if state["phase"] == Phase.PRUNING.value:
                 choice = int(state["candidate"])
             else:
@@ -534,6 +695,36 @@ class BatchSizeBandit:
             "zeus-callbacks: job %s trial %d: batch size %d (%s)", self.job_id, trial.trial_id, batch_size, phase
         )
         return Suggestion(batch_size, trial.trial_id, phase, round_)
+
+    def _prune_failed(self, state: dict[str, Any], failures: dict[int, tuple[int, str]]) -> None:
+        """Prune the arms that failed ``max_failures`` times in a row (:func:`arm_failures`).
+
+        Such an arm leaves the survivors (never the last one) and its reason is kept in
+        ``state["failed_arms"]``; while pruning, a failing candidate counts as not converged
+        and the pruning moves on (Zeus §4.4's rule for a size that does not reach the target).
+        """
+        limit = self.settings.max_failures
+        if limit is None:
+            return
+        failed = dict(state.get("failed_arms") or {})
+        for _ in range(len(state["batch_sizes"]) + 1):  # each pass prunes one arm or ends
+            due = sorted(b for b, (n, _) in failures.items()
+                         if n >= limit and str(b) not in failed and b in state["survivors"])
+            if not due:
+                break
+            b = due[0]
+            count, last = failures[b]
+            if len(state["survivors"]) <= 1:
+                logger.warning("zeus-callbacks: job %s: batch size %d failed %d times in a row (%s) but is the "
+                               "last surviving arm; kept", self.job_id, b, count, last)
+                break
+            failed[str(b)] = f"failed {count} times in a row (last: {last})"
+            state["survivors"] = [x for x in state["survivors"] if x != b]
+            logger.warning("zeus-callbacks: job %s: batch size %d pruned: %s", self.job_id, b, failed[str(b)])
+            if state["phase"] == Phase.PRUNING.value and state.get("candidate") == b:
+                self._advance(state, b, False, None)
+        if failed:
+            state["failed_arms"] = failed
 
     def _thompson(
         self,
@@ -561,8 +752,14 @@ class BatchSizeBandit:
         batch_size: int | None = None,
         power_limit_W: float | None = None,
         info: dict[str, Any] | None = None,
+        degraded: bool = False,
     ) -> TrialRecord:
         """Record a recurrence's outcome and update the bandit.
+
+        Only a finite, positive cost from a complete measurement is an observation
+        (:func:`observation_problem`): otherwise the trial is recorded with the figures that
+        are not finite as None, the cost as None and the reason in ``info["not_observed"]``,
+        and the bandit does not move.
 
         Args:
             trial_id: From :meth:`suggest`.
@@ -575,11 +772,24 @@ class BatchSizeBandit:
             batch_size: The batch size really used, if it differs from the suggestion.
             power_limit_W: Power limit it ran at (W).
             info: Extras stored with the trial.
+            degraded: The energy measurement is incomplete (sensor faults).
 
         Returns:
             The finished trial.
         """
         converged = bool(converged) and status == "completed"
+        problem = None if status == "failed" else observation_problem(energy_J, time_s, cost, degraded=degraded)
+        if problem is not None:
+            logger.warning("zeus-callbacks: job %s trial %d is not an observation of batch size %s: %s",
+                           self.job_id, trial_id, batch_size if batch_size is not None else "(suggested)", problem)
+            info = {**(info or {}), "not_observed": problem}
+            cost = None
+            energy_J = None if degraded else _finite_or_none(energy_J)
+            time_s = _finite_or_none(time_s)
+        elif status == "failed":  # not an observation whatever its figures; keep only the sane ones
+            cost = cost if _is_observable_cost(cost) else None
+            energy_J = _finite_or_none(energy_J)
+            time_s = _finite_or_none(time_s)
         trial = self.store.finish_trial(
             trial_id,
             status=status,
@@ -610,7 +820,7 @@ class BatchSizeBandit:
         self.store.update_bandit(self.job_id, update)
         return trial
 
-    def _advance(self, state: dict[str, Any], batch_size: int, converged: bool, cost: float) -> None:
+    def _advance(self, state: dict[str, Any], batch_size: int, converged: bool, cost: float | None) -> None:
         """Pruning transition after the candidate's outcome (module docstring, §4.4).
 
         ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
@@ -630,7 +840,7 @@ class BatchSizeBandit:
         state["descending"] = False
         if direction == "start":
             direction, pivot = "down", state["start"]
-        elif converged and (ratio is None or cost <= ratio * best):
+        elif converged and cost is not None and (ratio is None or cost <= ratio * best):
             pivot = batch_size
             state["descending"] = cost < before
         elif direction == "down":
@@ -680,12 +890,20 @@ class BatchSizeBandit:
     ) -> dict[int, dict[str, Any]]:
         """Per-arm view stored in the ``arms`` table (for people and dashboards; the trials are the truth)."""
         survivors = set(state["survivors"])
+        failed = state.get("failed_arms") or {}
         arms: dict[int, dict[str, Any]] = {}
         posts = self.posteriors(list(state["batch_sizes"]), obs) if obs else {}
         for b in state["batch_sizes"]:
             entry: dict[str, Any] = {"pruned": b not in survivors, "observations": len(obs.get(b, []))}
+            if str(b) in failed:
+                entry["pruned_reason"] = failed[str(b)]
             if b in posts:
                 p = posts[b]
                 entry.update(mean_cost=p.mean, std_cost=p.std)
             arms[int(b)] = entry
         return arms
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    """``value`` when it is a finite number, else None (unknown)."""
+    return value if value is not None and math.isfinite(value) else None

@@ -21,15 +21,21 @@ process group.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import os
 import threading
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
+from zeus_callbacks.errors import StoreError, StoreLockedError
 from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord
@@ -44,13 +50,71 @@ _PENDING: dict[str, Suggestion] = {}  # job_id → a suggestion made by suggest_
 _PENDING_LOCK = threading.Lock()
 
 
+PENDING_DIR = "zeus_pending_trials"
+"""Folder of ``logging.log_dir`` where a trial waits that could not be recorded at train end."""
+
+
+def pending_dir(config: ZeusConfig) -> Path:
+    """Where trials wait that the store could not take at train end (``<log_dir>/zeus_pending_trials``)."""
+    return Path(config.logging.log_dir) / PENDING_DIR
+
+
 def open_job_store(config: ZeusConfig) -> Store:
-    """Open the store ``config.store`` names (default ``<log_dir>/zeus_store.<ext>``).
+    """Open the store ``config.store`` names (default ``<log_dir>/zeus_store.<ext>``), merging waiting trials.
+
+    Trials that an earlier run of this job could not record (the store stayed locked, the
+    database was down: :meth:`BatchSizeController.finish`) are recorded now, from their
+    pending files in :func:`pending_dir`, and those files removed.
 
     Raises:
         StoreError: The store cannot be opened (corrupt, newer schema, locked).
     """
-    return config.store.open(config.logging.log_dir)
+    store = config.store.open(config.logging.log_dir)
+    merge_pending_trials(store, config)
+    return store
+
+
+def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
+    """Record in ``store`` the waiting trials of ``config.job_id`` (see :func:`open_job_store`).
+
+    A pending file of another store or job is left for its own store; one that cannot be
+    merged now (the store fails again) stays for the next open. A trial the store marked
+    failed meanwhile ("process died": its process ended before the store took it) gets its
+    real outcome.
+
+    Returns:
+        How many trials were merged.
+    """
+    folder = pending_dir(config)
+    if not folder.is_dir():
+        return 0
+    merged = 0
+    for path in sorted(folder.glob("*.json")):
+        try:
+            pending = json.loads(path.read_text(encoding="utf-8"))
+            if pending.get("store") != store.location or pending.get("job_id") != config.job_id:
+                continue
+            trial = store.get_trial(int(pending["trial_id"]))
+            reason = None if trial is None else trial.info.get("reason")
+            if trial is not None and (trial.status == "running" or reason in ("process died", "lease expired")):
+                bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
+                outcome = dict(pending["report"])
+                late = f"recorded late from {path.name}: the store could not take it at train end"
+                outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
+                bandit.report(int(pending["trial_id"]), **outcome)
+                merged += 1
+                logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
+            elif trial is None:
+                logger.warning("zeus-callbacks: pending trial file %s names trial %s, which store %s does not "
+                               "hold; removed", path, pending["trial_id"], store.location)
+            path.unlink()
+        except StoreError as exc:
+            logger.warning("zeus-callbacks: cannot merge the pending trial %s yet (%s); kept for the next open",
+                           path, exc)
+            break
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("zeus-callbacks: pending trial file %s is unreadable (%s); left as it is", path, exc)
+    return merged
 
 
 def suggest_batch_size(
@@ -104,6 +168,13 @@ def suggest_batch_size(
         if ranks.process_index == 0:
             try:
                 suggestion = _suggest_from_store(cfg)
+            except StoreLockedError as exc:
+                if ranks.is_distributed:
+                    failure = exc
+                else:  # a locked store must not keep the run from training
+                    logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's "
+                                   "suggestion", exc, bs_cfg.default_batch_size)
+                    return int(bs_cfg.default_batch_size)  # type: ignore[arg-type]  # set when enabled
             except Exception as exc:
                 if not ranks.is_distributed:
                     raise
@@ -115,7 +186,7 @@ def suggest_batch_size(
         return suggestion.batch_size
 
 
-def _suggest_from_store(cfg: ZeusConfig) -> Suggestion:
+def _suggest_from_store(cfg: ZeusConfig) -> Suggestion | None:
     store = open_job_store(cfg)
     try:
         return BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(cfg.batch_size)).suggest()
@@ -201,10 +272,14 @@ class BatchSizeController:
         self.explore_stop = False
         self.threshold_factor: tuple[str, float] | None = None  # (setting, value) that sets the threshold
         self.power_limit_W: float | None = None
+        self.detached: str | None = None  # why the run trains without the bandit (a locked store), if it does
+        self.pending_path: Path | None = None  # where the trial waits when the store could not take it
+        self._store_location: str | None = None
         self._last_check_s = -float("inf")
 
     def _with_bandit(self, fn):
         store = open_job_store(self.config)
+        self._store_location = store.location  # names the store in a pending file
         try:
             return fn(BatchSizeBandit(store, self.config.job_id, self.settings))
         finally:
@@ -212,8 +287,18 @@ class BatchSizeController:
 
     def suggest(self) -> int:
         """The run's batch size (made once: later calls return the same)."""
+        if self.detached is not None:
+            return int(self.batch_size)  # type: ignore[arg-type]  # set with detached
         if self.suggestion is None:
-            self.suggestion = claim_pending(self.config.job_id) or self._with_bandit(lambda b: b.suggest())
+            try:
+                self.suggestion = claim_pending(self.config.job_id) or self._with_bandit(lambda b: b.suggest())
+            except StoreLockedError as exc:  # a locked store must not keep the run from training
+                default = int(self.config.batch_size.default_batch_size)  # type: ignore[arg-type]  # when enabled
+                logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's "
+                               "suggestion (no trial is recorded for this run)", exc, default)
+                self.detached = str(exc)
+                self.batch_size = default
+                return default
             self.batch_size = self.suggestion.batch_size
         return self.suggestion.batch_size
 
@@ -230,6 +315,9 @@ class BatchSizeController:
         """
         self.suggest()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
+        self.power_limit_W = power_limit_W
+        if self.detached is not None:  # no bandit for this run: nothing stops it on cost
+            return
         factor, explore = self._with_bandit(
             lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
         )
@@ -304,13 +392,20 @@ class BatchSizeController:
         name, value = self.threshold_factor or ("beta_knob", None)
         return EarlyStopRule(self.cost, self.threshold, self.explore_stop, name, value)
 
-    def finish(self, energy_J: float, time_s: float, run_status: str) -> TrialRecord | None:
+    def finish(
+        self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False
+    ) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
+
+        The trial is an observation of its arm only with a finite, positive cost from a
+        complete measurement (:func:`~zeus_callbacks.optimizers.batch_size.bandit.observation_problem`);
+        a failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
 
         Args:
             energy_J: GPU energy of the run (J).
             time_s: Wall time of the run (s).
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
+            degraded: Sensor faults made the energy measurement incomplete.
         """
         if self.suggestion is None or self.cost is None:
             return None
@@ -320,21 +415,31 @@ class BatchSizeController:
             status = "early_stopped"
         else:
             status = "completed"
-        cost = self.cost(energy_J, time_s)
+        cost = self.cost(energy_J, time_s) if math.isfinite(energy_J) and math.isfinite(time_s) else math.nan
         converged = self.converged and status == "completed"
         info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
         if self.config.backend == "virtual":
             info["simulated"] = True  # measured on the virtual GPU: plots say so
-        return self._with_bandit(
-            lambda b: b.report(
-                self.suggestion.trial_id,
-                energy_J=energy_J,
-                time_s=time_s,
-                cost=cost,
-                converged=converged,
-                status=status,
-                batch_size=self.batch_size if self.batch_size != self.suggestion.batch_size else None,
-                power_limit_W=self.power_limit_W,
-                info=info,
-            )
-        )
+        if run_status != "completed":
+            info["run_status"] = run_status  # an interrupted run does not count against its arm
+        outcome: dict[str, Any] = {
+            "energy_J": energy_J, "time_s": time_s, "cost": cost, "converged": converged, "status": status,
+            "batch_size": self.batch_size if self.batch_size != self.suggestion.batch_size else None,
+            "power_limit_W": self.power_limit_W, "info": info, "degraded": degraded,
+        }
+        trial_id = self.suggestion.trial_id
+        try:
+            return self._with_bandit(lambda b: b.report(trial_id, **outcome))
+        except StoreError as exc:  # locked past the limit, database down: keep the trial, merge it later
+            self.pending_path = self._keep_pending(trial_id, outcome)
+            logger.warning("zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
+                           "when it is next opened", trial_id, exc, self.pending_path)
+            return None
+
+    def _keep_pending(self, trial_id: int, outcome: dict[str, Any]) -> Path:
+        """Write the trial's outcome to a pending file (atomically) for :func:`merge_pending_trials`."""
+        location = self._store_location or str(self.config.store.location(self.config.logging.log_dir))
+        path = pending_dir(self.config) / f"trial-{trial_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        write_json_atomic(path, {"store": location, "job_id": self.config.job_id, "trial_id": trial_id,
+                                 "report": outcome})
+        return path

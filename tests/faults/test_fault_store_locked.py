@@ -1,0 +1,146 @@
+"""A locked store never stops training, and a trial the store cannot take at train end is kept, not lost.
+
+- at run start, the store locked past ``store.lock_timeout_s``: the run trains at
+  ``default_batch_size`` without the bandit (a warning), and ends normally;
+- at run end, the store locked (SQLite: another process's write transaction; JSON: another
+  process's lock file) past the limit: the trial's outcome goes to a pending file in
+  ``<log_dir>/zeus_pending_trials``; when the store is next opened it is merged — the trial gets
+  its real outcome, not "failed: process died" — and the file is removed. The run that ends
+  is a real process that exits (so the store's dead-process scan sees it first).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from zeus_callbacks.config import parse_config
+from zeus_callbacks.optimizers.batch_size import controller as recurring
+from zeus_callbacks.session import EnergySession
+from zeus_callbacks.store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path, kind: str) -> dict:
+    return {
+        "backend": "virtual",
+        "job_id": "nightly",
+        "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
+        "store": {"backend": kind, "path": str(tmp_path / f"store.{kind}"), "lock_timeout_s": 0.5},
+        "batch_size": {"enabled": True, "batch_sizes": [16, 32, 64], "default_batch_size": 32,
+                       "target": {"metric": "acc", "value": 0.5}},
+    }
+
+
+class _Locked:
+    """Hold the store the way another writer does: a SQLite write transaction, or the JSON lock file."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind, self.path = kind, path
+
+    def __enter__(self):
+        if self.kind == "sqlite":
+            self.conn = sqlite3.connect(self.path, isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            self.lock = FileLock(str(self.path) + ".lock")
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.kind == "sqlite":
+            self.conn.execute("ROLLBACK")
+            self.conn.close()
+        else:
+            self.lock.release()
+
+
+@pytest.fixture(autouse=True)
+def _no_pending_suggestion():
+    recurring._PENDING.clear()
+    yield
+    recurring._PENDING.clear()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+def test_a_store_locked_at_run_start_does_not_stop_training(tmp_path, kind, virtual_backend, record_fault, caplog):
+    cfg = _config(tmp_path, kind)
+    open_store(cfg["store"]["path"], kind).close()  # an existing store, held by another writer
+    with _Locked(kind, Path(cfg["store"]["path"])):
+        session = EnergySession(cfg, backend=virtual_backend, is_main_process=True)
+        batch_size = session.suggest_batch_size()
+        session.train_start()
+        for i in range(3):
+            session.step_start(i)
+            virtual_backend.clock.advance(0.5)
+            session.step_end(i)
+        summary = session.train_end()
+    with open_store(cfg["store"]["path"], kind) as store:
+        trials = store.list_trials()
+    ok = (batch_size == 32 and summary.status == "completed" and summary.steps == 3 and trials == []
+          and "without the bandit's suggestion" in caplog.text and "stayed locked" in caplog.text)
+    record_fault("store: locked", ok)
+    assert ok, (batch_size, summary.status, trials, caplog.text[-2000:])
+
+
+CHILD = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    cfg, started, locked = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    clock = ManualClock(1000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True, sample_period_s=0.1)
+    session = EnergySession(cfg, backend=backend, is_main_process=True)
+    print("batch", session.suggest_batch_size(), flush=True)
+    session.train_start()
+    for i in range(5):
+        session.step_start(i)
+        clock.advance(1.0)
+        session.sampler.poll_once()
+        session.step_end(i)
+    session.evaluate({"acc": 0.9})
+    started.write_text("started")
+    deadline = time.monotonic() + 60
+    while not locked.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    summary = session.train_end()
+    print("status", summary.status, "energy", summary.energy_J, flush=True)
+""")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind, record_fault):
+    cfg = _config(tmp_path, kind)
+    started, locked = tmp_path / "started", tmp_path / "locked"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), str(started), str(locked)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with _Locked(kind, Path(cfg["store"]["path"])):
+        locked.write_text("locked")
+        out, err = child.communicate(timeout=120)
+        pending = sorted((tmp_path / "logs" / recurring.PENDING_DIR).glob("*.json"))
+    assert child.returncode == 0, err[-3000:]
+    config = parse_config(cfg)
+    with recurring.open_job_store(config) as store:  # the next open: the dead process's trial, then the merge
+        trials = store.list_trials("nightly")
+    left = sorted((tmp_path / "logs" / recurring.PENDING_DIR).glob("*.json"))
+    trial = trials[-1] if trials else None
+    ok = (len(pending) == 1 and "status completed" in out and "kept in" in err and trial is not None
+          and trial.status == "completed" and trial.converged and trial.cost is not None and trial.cost > 0
+          and "recorded late" in trial.info.get("reason", "") and left == [])
+    record_fault("store: locked", ok)
+    assert ok, (pending, out, err[-2000:], trials, left)
