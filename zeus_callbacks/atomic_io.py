@@ -99,7 +99,7 @@ def ownership_problem(path: str | Path) -> str | None:
     """
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a parent is a file): the opener says why
         return None
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link"
