@@ -102,9 +102,17 @@ class DigitsData(L.LightningDataModule):
         return DataLoader(self.val_set, batch_size=256)
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer ≥ 1 (0 trains nothing; Lightning reads -1 as 'no limit')."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=_positive_int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes); more than 1 runs DDP")
     parser.add_argument("--config", default=str(HERE / "zeus.yaml"))
@@ -145,7 +153,7 @@ def main() -> None:
           f"{wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
     result = {"example": "lightning_digits", "epochs": epochs, "steps": steps, "val_acc": val_acc, "wall_s": wall_s,
               "median_step_s": step_clock.median_step_s, "world_size": trainer.world_size}
-    if zeus is not None:
+    if zeus is not None and zeus.summary is not None:  # None when no training step ran (e.g. --epochs 0)
         result["summary"] = zeus.summary.as_dict()  # the callback printed it already
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(result, indent=2))

@@ -138,7 +138,8 @@ def get_backend(
     backend = _virtual(virtual, clock, read_only)
     logger.warning(
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
-        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces, and every record says so. [%s]",
+        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; run_start, run_end, the summary "
+        "and the logged metrics say so. [%s]",
         backend.describe(),
         "; ".join(f"{n}: {r}" for n, r in reasons.items()),
     )

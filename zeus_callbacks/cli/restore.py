@@ -69,7 +69,7 @@ def restore_command(
                 continue
             except (BackendError, OSError) as exc:
                 report["failed"].append({"marker": str(path), "error": str(exc)})
-                say(f"cannot restore the power limits in {path}: {exc}", error=True)
+                say(f"zeus-callbacks: cannot restore the power limits in {path}: {exc}", error=True)
                 continue
             if outcome is None:
                 continue

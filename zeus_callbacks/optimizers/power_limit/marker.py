@@ -313,11 +313,19 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
         NotAMarker: The file is not a marker (or a torn one); it is kept byte for byte.
         UnsafeFile: The file is a link or another user's; it is not read or acted on.
         OSError: The marker could not be deleted or rewritten after the restore.
+        BackendError: The marker holds real GPUs' limits but ``backend`` is the virtual GPU (no
+            driver found here): restoring "onto" it would claim a restore that never happened.
     """
     path = Path(path)
     marker = read_marker(path)
     if marker is None:
         return None
+    if backend.simulated and marker.backend not in (None, backend.name):
+        vendor = {"nvml": "NVIDIA (NVML)", "amdsmi": "AMD (amdsmi)"}.get(marker.backend, marker.backend)
+        raise BackendError(
+            f"{path} holds the original limits of {vendor} GPUs, but no {vendor} driver is reachable here "
+            "(only the virtual GPU); run `zeus-callbacks restore` on the machine with those GPUs"
+        )
     if marker.owner.is_alive() and not force:
         reason = (f"its owner ({marker.owner.describe()}) is alive: it restores its own limits when it ends; "
                   "`zeus-callbacks restore --force` overrides")  # fmt: skip
