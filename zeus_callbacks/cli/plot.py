@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"zeus-callbacks: plotting needs matplotlib: install zeus-callbacks[plot] "
               f"(pip install 'zeus-callbacks[plot]') ({exc})", file=sys.stderr)  # fmt: skip
+        return 1
     except OSError as exc:  # the PNG cannot be written there (-o in a missing or read-only place)
         print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
