@@ -49,7 +49,7 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
     assert main(["report", str(tmp_path / "r1.jsonl")]) == 0
     out = capsys.readouterr().out
     assert f"{summary.energy_J:.1f} J" in out and "4 steps" in out
-    assert "SIMULATED energy (virtual GPU" in out.splitlines()[0]  # the virtual GPU's figures say so here too
+    assert "  SIMULATED energy (virtual GPU, not measured)" in out.splitlines()  # the virtual GPU's say so here too
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 1
 
 

@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
         print(
             f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
-            + ("   SIMULATED energy (virtual GPU, not measured)" if end.get("simulated") else "")
-            + ("   MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
+            + ("\n  SIMULATED energy (virtual GPU, not measured)" if end.get("simulated") else "")
+            + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
             + "\n"
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
