@@ -12,6 +12,8 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from zeus_callbacks.store.base import process_is_alive
+
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
@@ -33,19 +35,6 @@ def process_start_ticks(pid: int) -> int | None:
         return int(text.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists (also one of another user's: ``EPERM`` means it exists)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -103,7 +92,7 @@ class Owner:
             return False
         if self.boot_id is not None and self.boot_id != boot_id():
             return False
-        if not pid_alive(self.pid):
+        if not process_is_alive(self.pid):
             return False
         if self.start_ticks is not None:
             now = process_start_ticks(self.pid)
