@@ -37,3 +37,26 @@ def wall_virtual_backend():
 def _private_gpu_lock_dir(tmp_path_factory, monkeypatch):
     """Each test's per-GPU profiling locks live in its own directory (the fakes' GPU UUIDs repeat across tests)."""
     monkeypatch.setenv("ZEUS_CALLBACKS_LOCK_DIR", str(tmp_path_factory.mktemp("gpu-locks")))
+
+
+# The fault-injection and truth-or-flag tallies (tests/faults/tally.py): each pytest-xdist worker
+# sends its counts to the controller, which prints one summary; without xdist this process prints.
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.faults import tally
+
+        workeroutput[tally.WORKER_OUTPUT_KEY] = tally.snapshot()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    from tests.faults import tally
+
+    tally.merge(getattr(node, "workeroutput", {}).get(tally.WORKER_OUTPUT_KEY, {}))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    from tests.faults import tally
+
+    tally.write_summary(terminalreporter)

@@ -24,6 +24,7 @@ from typing import Any
 
 from tests.fakes import fake_amdsmi as fa
 from tests.fakes import fake_pynvml as fp
+from tests.faults import tally as tallies
 from zeus_callbacks.backends.amdsmi import AMDSMIBackend
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.nvml import NVMLBackend
@@ -242,8 +243,8 @@ def violations(outcome: Outcome) -> list[Figure]:
     return [f for f in outcome.figures if f.violation]
 
 
-TALLY = {"schedules": 0, "violations": 0, "checked": 0, "flagged_or_null": 0}
-"""Counts of the property run, printed by tests/faults/conftest.py as ``truth-or-flag: N schedules, V violations``."""
+TALLY = tallies.TRUTH
+"""Counts of the property run, printed by tests/conftest.py as ``truth-or-flag: N schedules, V violations``."""
 
 
 def tally(outcome: Outcome) -> list[Figure]:

@@ -1,0 +1,60 @@
+"""The fault-injection and truth-or-flag tallies, summed over pytest-xdist workers.
+
+Each worker counts into this module's dicts; at the end of its session it hands a snapshot to the
+controller (``config.workeroutput``), which merges them and prints one summary (tests/conftest.py).
+Run without xdist, the same process counts and prints.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+FAULTS: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+"""Category -> [tried, survived]."""
+
+TRUTH: dict[str, int] = {"schedules": 0, "violations": 0, "checked": 0, "flagged_or_null": 0}
+"""The truth-or-flag property suite's counts (tests/faults/truth_or_flag.py)."""
+
+WORKER_OUTPUT_KEY = "zeus_callbacks_tally"
+
+
+def record_fault(category: str, survived: bool) -> bool:
+    """Count one fault case of ``category``; returns ``survived``."""
+    entry = FAULTS[category]
+    entry[0] += 1
+    entry[1] += bool(survived)
+    return bool(survived)
+
+
+def snapshot() -> dict[str, Any]:
+    """Both tallies as plain JSON-able data (what a worker sends the controller)."""
+    return {"faults": {k: list(v) for k, v in FAULTS.items()}, "truth": dict(TRUTH)}
+
+
+def merge(data: dict[str, Any]) -> None:
+    """Add a worker's :func:`snapshot` to this process's tallies."""
+    for category, (tried, survived) in data.get("faults", {}).items():
+        FAULTS[category][0] += tried
+        FAULTS[category][1] += survived
+    for key, value in data.get("truth", {}).items():
+        TRUTH[key] = TRUTH.get(key, 0) + value
+
+
+def write_summary(terminalreporter) -> None:
+    """Print the per-category breakdown and the two lines docs/reliability.md quotes."""
+    if TRUTH["schedules"]:
+        terminalreporter.write_sep("-", "truth-or-flag property suite")
+        terminalreporter.write_line(
+            f"  figures: {TRUTH['checked']} checked against the truth, {TRUTH['flagged_or_null']} flagged or null"
+        )
+        terminalreporter.write_line(f"truth-or-flag: {TRUTH['schedules']} schedules, {TRUTH['violations']} violations")
+    if not FAULTS:
+        return
+    terminalreporter.write_sep("-", "fault-injection suite")
+    for category in sorted(FAULTS):
+        tried, survived = FAULTS[category]
+        terminalreporter.write_line(f"  {category}: {tried} tried, {survived} survived")
+    tried = sum(t for t, _ in FAULTS.values())
+    survived = sum(s for _, s in FAULTS.values())
+    terminalreporter.write_line(f"faults: {tried} tried, {survived} survived")
