@@ -39,22 +39,20 @@ import numpy as np
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError, GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
-from zeus_callbacks.distributed import RankGroup, launcher_env_int, launcher_world_size
-from zeus_callbacks.errors import UnsafeFile
+from zeus_callbacks.distributed import RankGroup, launcher_env_int
 from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter, WindowRecord
-from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
 from zeus_callbacks.session.aggregate import RankAggregator, slowest, total
+from zeus_callbacks.session.power import PowerLimitSteps
 from zeus_callbacks.session.run import StartedRun, default_gpu_indices, make_timer, open_run, select_gpu_indices
-from zeus_callbacks.session.scheduler import CONTINUE, Decision, StepScheduler
+from zeus_callbacks.session.scheduler import CONTINUE, Decision
 from zeus_callbacks.session.state import Totals, carried_totals, resume_state
-from zeus_callbacks.store.profile_cache import StoreProfileCache
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
 
@@ -79,7 +77,7 @@ def measurement_of(backend: GPUBackend) -> tuple[str, str | None]:
     return ("simulated" if backend.simulated else "measured"), None
 
 
-class EnergySession(StepScheduler):
+class EnergySession(PowerLimitSteps):
     """Measure GPU energy of a training run and report it as metrics.
 
     Args:
@@ -111,16 +109,15 @@ class EnergySession(StepScheduler):
         is_main_process: bool | None = None,
         device_index: int | None = None,
     ) -> None:
-        super().__init__()
+        # The parts' __init__ read the configuration: it is parsed first.
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
+        self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        super().__init__()
         self._given_backend = backend
         self.backend: GPUBackend | None = backend
-        self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
         self._device_index = device_index
         self._run: StartedRun | None = None  # the started run's parts (the last run's, once ended)
-        self.power_limit_W: float | None = None
         self._carried = Totals()
-        self._carried_power_limit: dict[str, Any] | None = None  # a checkpoint's profile so far
         self._pending_metrics: dict[str, float] = {}
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
@@ -135,10 +132,6 @@ class EnergySession(StepScheduler):
         self._run_record: WindowRecord | None = None
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._cleanup: Registration | None = None  # SIGTERM / exit: end the run (and restore limits) first
-        self.power_limiter: pl.PowerLimitController | None = None
-        self._chosen_power_limit: tuple[float, int, bool] | None = None  # (W, from step, applied)
-        self._power_limit_agreement = False  # DDP: exchange the limit at each step start
-        self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
         # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
         self.batch_size_controller = (
             BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
@@ -232,7 +225,6 @@ class EnergySession(StepScheduler):
         cfg = self.config
         self._finished = None
         self._status = "completed"
-        self._chosen_power_limit = None
         self._totals = self._carried.copy()
         self._steps_logged_upto = self._carried.steps
         backend = self.open_backend()
@@ -246,8 +238,7 @@ class EnergySession(StepScheduler):
             write_log=self.is_main_process and cfg.logging.jsonl, make_timer=self._make_timer,
         )  # fmt: skip
         self._run = run
-        self._restore_leftover_power_limits()
-        self.power_limit_W = run.read_power_limit_W()
+        self._open_power_limits()
         run.start()
         self._started = True
         fraction = cfg.windows.sample_fraction
@@ -326,8 +317,7 @@ class EnergySession(StepScheduler):
         self._pause_timing()
         if not self._measuring:  # the window would otherwise hold the whole evaluation
             self._close_open_step()
-        if self.power_limiter is not None:
-            self.power_limiter.on_eval_start(run.backend.clock.now_s())
+        self._power_limit_eval_start()
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
@@ -355,8 +345,7 @@ class EnergySession(StepScheduler):
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
             self._attribute_closed()
-        if self.power_limiter is not None:
-            self.power_limiter.on_eval_end(run.backend.clock.now_s())
+        self._power_limit_eval_end()
         if not self._measuring:
             self._open_step_at_boundary(token)  # the next step's window begins where the evaluation ends
         self._resume_timing()
@@ -614,9 +603,7 @@ class EnergySession(StepScheduler):
             time_s=totals.get(metric.TOTAL_TIME_S, t.time_s),
             run_name=self.run_name,
         )
-        profile = self._carried_power_limit
-        if self.power_limiter is not None and self._decides_power_limit() and measured:
-            profile = self.power_limiter.export_state()
+        profile = self._power_limit_state(measured=measured)
         if profile is not None:
             state["power_limit"] = profile
         return state
@@ -627,8 +614,7 @@ class EnergySession(StepScheduler):
         Unknown keys are ignored; a state without ``power_limit`` profiles from the start.
         """
         self._carried = carried_totals(state)
-        profile = state.get("power_limit")
-        self._carried_power_limit = dict(profile) if isinstance(profile, Mapping) else None
+        self._carry_power_limit(state)
 
     # ------------------------------------------------------------- batch size
     def _start_batch_size(self) -> None:
@@ -744,134 +730,6 @@ class EnergySession(StepScheduler):
             if verdict.on_cost and c is not None and self._stop_reason is not None:
                 c.stop_agreed(self._stop_reason)
         self._refresh_step_decision()
-
-    # ------------------------------------------------------------ power limits
-    def _restore_leftover_power_limits(self) -> None:
-        """Put back limits a killed run left changed (its marker file is still there; its owner is dead)."""
-        cfg = self.config
-        try:
-            marker = pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker)
-            pl.restore_from_marker(marker, self.run.backend)  # logs what it did per GPU, or why not
-        except BackendError as exc:
-            logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
-        except UnsafeFile as exc:  # another user's file, or a link: never acted on
-            logger.warning("zeus-callbacks: ignoring the restore marker: %s", exc)
-        except OSError as exc:
-            logger.error("zeus-callbacks: cannot update the restore marker an earlier run left (%s)", exc)
-        except pl.NotAMarker as exc:  # kept: it may hold the only record of the original limits
-            logger.error(
-                "zeus-callbacks: %s; it was left untouched, and this run will not change power limits "
-                "while it is there (check the GPU's limit, then move the file away)",
-                exc,
-            )
-
-    def _start_power_limiter(self) -> None:
-        cfg = self.config
-        self._power_limit_agreement = self._power_limit_follower = False
-        if cfg.power_limit.enabled:
-            try:
-                self.power_limiter = self._make_power_limiter()
-            except BackendError as exc:
-                logger.warning("zeus-callbacks: power-limit profiling is off: the limits cannot be read (%s)", exc)
-            if self._ranks.collective:
-                # Every rank must take part in the per-step agreement, or none may.
-                if not agreement.every_rank_ready(self.ranks, self.power_limiter is not None):
-                    if self.power_limiter is not None:
-                        logger.warning("zeus-callbacks: power-limit profiling is off: another rank cannot profile")
-                    self.power_limiter = None
-                self._power_limit_agreement = self.power_limiter is not None
-                self._power_limit_follower = self._power_limit_agreement and self.ranks.process_index != 0
-        carried = self._carried_power_limit
-        if self.power_limiter is not None and carried is not None and self._decides_power_limit():
-            self.power_limiter.resume(carried)
-        has_limiter = self.power_limiter is not None
-        self._power_step_start = self._power_limit_step_start if has_limiter else None
-        self._power_step_end = self._power_limit_step_end if has_limiter and self._decides_power_limit() else None
-
-    def _decides_power_limit(self) -> bool:
-        """Under DDP the main rank's profiler decides; the other ranks follow it."""
-        return not self._power_limit_follower
-
-    def _power_limit_step_start(self, step: int) -> None:
-        limiter = self.power_limiter
-        assert limiter is not None
-        if self._decides_power_limit():
-            limiter.on_step_start(step, self.run.backend.clock.now_s())
-        if self._power_limit_agreement:
-            self._agree_power_limit(limiter)
-        self.power_limit_W = limiter.limit_W
-
-    def _agree_power_limit(self, limiter: pl.PowerLimitController) -> None:
-        """Under DDP, make every rank run the same limit from this step on (collective).
-
-        The main rank's profiler decides from its own GPU's measurements (with identical
-        GPUs, its per-GPU cost ranks the limits as the summed cost does); each step while
-        it profiles, every rank takes its limit. Observe mode anywhere (no permission,
-        read-only) becomes observe mode everywhere.
-        """
-        verdict = agreement.exchange_power_limit(
-            self.ranks, limiter.limit_W, done=limiter.profiler.finished or limiter.observe, observe=limiter.observe
-        )
-        if verdict.observe_everywhere:
-            limiter.enter_observe("another rank cannot change its power limit")
-            self._power_limit_agreement = False
-            return
-        if self.ranks.process_index != 0:
-            limiter.apply(verdict.target_W)
-        if verdict.settled:
-            self._power_limit_agreement = False  # settled: no more exchanges; followers keep the limit
-
-    def _make_power_limiter(self) -> pl.PowerLimitController:
-        cfg = self.config
-        run = self.run
-        return pl.PowerLimitController(
-            cfg.power_limit,
-            run.backend,
-            run.gpu_indices,
-            run.energy_between_J,
-            log_dir=cfg.logging.log_dir,
-            job_id=cfg.job_id,
-            world_size=launcher_world_size(),
-            is_main_process=self.is_main_process,
-            run_name=run.run_name or "run",
-            cache=self._profile_cache(),
-        )
-
-    def _profile_cache(self) -> pl.ProfileCache | None:
-        """The store as the profile cache (``power_limit.cache_in: store``), else None (the JSON file)."""
-        cfg = self.config
-        if cfg.power_limit.cache_in != "store":
-            return None
-        return StoreProfileCache(cfg.store.location(cfg.logging.log_dir), cfg.store.backend,
-                                 lease_grace_s=cfg.store.lease_grace_s)
-
-    def _stop_power_limiter(self) -> None:
-        if self.power_limiter is not None:
-            if self._decides_power_limit():
-                unfinished = self.power_limiter.unfinished(self._totals.steps)
-                if unfinished is not None:
-                    self._write_power_limit_profile(unfinished)
-            self.power_limiter.restore()
-            self.power_limit_W = self.run.read_power_limit_W()
-
-    def _power_limit_step_end(self, step: int, num_samples: int | None) -> None:
-        assert self.power_limiter is not None
-        result = self.power_limiter.on_step_end(step, self.run.backend.clock.now_s(), num_samples)
-        self.power_limit_W = self.power_limiter.limit_W
-        if result is None:
-            return
-        if result.chosen_limit_W is not None:
-            # In force from the next step on (observe mode: chosen, never applied).
-            self._chosen_power_limit = (result.chosen_limit_W, self._totals.steps + 1, not self.power_limiter.observe)
-            self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
-            if self.batch_size_controller is not None:  # the trial records the limit it trained at
-                self.batch_size_controller.record_power_limit(result.chosen_limit_W)
-        self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
-        self._write_power_limit_profile(result)
-
-    def _write_power_limit_profile(self, result: pl.PowerLimitResult) -> None:
-        assert self.power_limiter is not None
-        self._write(records.power_limit_profile_record(self._totals.steps, result, self.power_limiter.original_W))
 
     # ------------------------------------------------------------------ reports
     def _report_steps(self, *, resolve_final: bool = False) -> None:
