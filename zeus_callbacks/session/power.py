@@ -17,21 +17,18 @@ from typing import Any
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError
-from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.distributed import RankGroup, launcher_world_size
+from zeus_callbacks.distributed import launcher_world_size
 from zeus_callbacks.errors import UnsafeFile
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.optimizers.batch_size import BatchSizeController
 from zeus_callbacks.session import agreement, records
-from zeus_callbacks.session.aggregate import RankAggregator
-from zeus_callbacks.session.run import StartedRun
-from zeus_callbacks.session.scheduler import StepScheduler
+from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.store.profile_cache import StoreProfileCache
 
 logger = logging.getLogger(__name__)
 
 
-class PowerLimitSteps(StepScheduler):
+class PowerLimitSteps(SessionPart):
     """The session's power-limit part: the profiler's controller, the limit in force, the chosen limit.
 
     Attributes:
@@ -41,12 +38,8 @@ class PowerLimitSteps(StepScheduler):
             :meth:`~zeus_callbacks.session.EnergySession.train_start` or where unreadable).
     """
 
-    # Supplied by the session (set in its __init__, before this part's).
-    config: ZeusConfig
-    is_main_process: bool
+    # The batch-size part's (the trial records the limit it trained at).
     batch_size_controller: BatchSizeController | None
-    _pending_metrics: dict[str, float]
-    _ranks: RankAggregator
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,21 +50,6 @@ class PowerLimitSteps(StepScheduler):
         self._power_limit_agreement = False  # DDP: exchange the limit at each step start
         self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
 
-    # The session's (declared here for the type checker).
-    @property
-    def run(self) -> StartedRun:
-        """The started run's parts (the session's)."""
-        raise NotImplementedError
-
-    @property
-    def ranks(self) -> RankGroup:
-        """The process group (the session's)."""
-        raise NotImplementedError
-
-    def _write(self, record: dict[str, Any]) -> None:
-        """Append a record to the run's JSONL log (the session's)."""
-        raise NotImplementedError
-
     # ------------------------------------------------------------------ the run
     def _open_power_limits(self) -> None:
         """At train start: put back limits a killed run left changed, then read the limit in force."""
@@ -80,12 +58,12 @@ class PowerLimitSteps(StepScheduler):
         self.power_limit_W = self.run.read_power_limit_W()
 
     def _power_limit_eval_start(self) -> None:
-        """An evaluation begins: the profiler pauses (its steps' time excludes the evaluation)."""
+        """An evaluation begins: it is excluded from profiling."""
         if self.power_limiter is not None:
             self.power_limiter.on_eval_start(self.run.backend.clock.now_s())
 
     def _power_limit_eval_end(self) -> None:
-        """The evaluation ended: the profiler resumes."""
+        """The evaluation ended: profiling goes on."""
         if self.power_limiter is not None:
             self.power_limiter.on_eval_end(self.run.backend.clock.now_s())
 
