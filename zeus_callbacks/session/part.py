@@ -48,6 +48,11 @@ class SessionPart(StepScheduler):
         """Steps since train start (the session's)."""
         raise NotImplementedError
 
+    @property
+    def degraded(self) -> bool:
+        """True when a sensor fault made the measurement incomplete (the session's)."""
+        raise NotImplementedError
+
     def _write(self, record: dict[str, Any]) -> None:
         """Append a record to the run's JSONL log (the session's)."""
         raise NotImplementedError
