@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,7 +41,7 @@ from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import BoundaryTimer, WindowMeter
+from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import RankAggregator
@@ -86,6 +86,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         device_index: The one GPU this process trains on, as the framework knows it (its
             local rank or CUDA device index); default: :func:`default_gpu_indices`. An
             explicit ``gpu_indices`` in the config wins over both.
+        timer_factory: Builds the run's boundary timer from the open backend at
+            :meth:`train_start` (kept as :attr:`timer_factory`, which may be replaced until
+            then); default :func:`~zeus_callbacks.session.run.make_timer` (CUDA events where
+            the GPUs run queued work, else the backend's clock). Tests and benchmarks pass a
+            stand-in for CUDA events, or a timer that counts its marks.
+        window_observer: Called with each report's step and phase windows, a
+            :class:`~zeus_callbacks.measurement.windows.WindowBatch` in close order, as they
+            are attributed (before the totals and the phase tracker take them); for tools and
+            tests that need every window, not the reported means. None (default): no call.
 
     Raises:
         ConfigError: ``config`` is invalid.
@@ -105,11 +114,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         backend: GPUBackend | None = None,
         is_main_process: bool | None = None,
         device_index: int | None = None,
+        timer_factory: Callable[[GPUBackend], BoundaryTimer] = make_timer,
+        window_observer: Callable[[WindowBatch], None] | None = None,
     ) -> None:
         # The parts' __init__ read the configuration: it is parsed first.
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
         self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        self._window_observer = window_observer
         super().__init__()
+        self.timer_factory = timer_factory
         self._given_backend = backend
         self.backend: GPUBackend | None = backend
         self._device_index = device_index
@@ -211,7 +224,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         name = run_name or cfg.logging.run_name or _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         run = open_run(
             cfg, backend, gpu_indices, name,
-            write_log=self.is_main_process and cfg.logging.jsonl, make_timer=self._make_timer,
+            write_log=self.is_main_process and cfg.logging.jsonl, make_timer=self.timer_factory,
         )  # fmt: skip
         self._run = run
         self._open_power_limits()
@@ -251,10 +264,6 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
 
     def _end_interrupted(self) -> None:
         self.train_end(status="interrupted")
-
-    def _make_timer(self, backend: GPUBackend) -> BoundaryTimer:
-        """The run's boundary timer (a seam: tests and benchmarks time with a stand-in for CUDA)."""
-        return make_timer(backend)
 
     def open_backend(self) -> GPUBackend:
         """Open the configured backend now (adapters call it at setup, to fail before training).

@@ -11,6 +11,7 @@ bulk, as arrays; the rare others one record each), exchanges the per-rank rows
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,10 @@ _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arr
 class StepReports(SessionPart):
     """The session's reports, and what they carry from one report to the next."""
 
-    # The session's: the totals a checkpoint carried in; the power-limit part's: the limit in force.
+    # The session's: the totals a checkpoint carried in, its window_observer (constructor argument);
+    # the power-limit part's: the limit in force.
     _carried: Totals
+    _window_observer: Callable[[WindowBatch], None] | None
     power_limit_W: float | None
 
     def __init__(self) -> None:
@@ -69,6 +72,8 @@ class StepReports(SessionPart):
         """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics."""
         windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
         if batch is not None:
+            if self._window_observer is not None:
+                self._window_observer(batch)
             self._absorb_bulk(batch)
         for record in windows:
             self._absorb(record)
