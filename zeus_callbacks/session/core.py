@@ -15,13 +15,15 @@ Event order::
 
 The per-step calls (``step_start``, ``step_end``, the phase calls) are the
 :class:`~zeus_callbacks.session.scheduler.StepScheduler`'s; the session's own events
-delegate to the run, the records (:mod:`~zeus_callbacks.session.records`), the rank
-exchanges (:mod:`~zeus_callbacks.session.aggregate`, :mod:`~zeus_callbacks.session.agreement`)
-and the cleanup registry (:mod:`~zeus_callbacks.lifecycle`).
+delegate to the run, the reports (:class:`~zeus_callbacks.session.report.StepReports`),
+the records (:mod:`~zeus_callbacks.session.records`), the rank exchanges
+(:mod:`~zeus_callbacks.session.aggregate`, :mod:`~zeus_callbacks.session.agreement`) and
+the cleanup registry (:mod:`~zeus_callbacks.lifecycle`).
 
-Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3) acts at
-``step_start``/``step_end`` boundaries and the batch-size bandit (§4.2) at
-``train_start``/``evaluate``/``train_end``; both answer through :class:`Decision`.
+Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3;
+:class:`~zeus_callbacks.session.power.PowerLimitSteps`) acts at ``step_start``/``step_end``
+boundaries and the batch-size bandit (§4.2; :class:`~zeus_callbacks.session.batch.BatchSizeSteps`)
+at ``train_start``/``evaluate``/``train_end``; both answer through :class:`Decision`.
 """
 
 from __future__ import annotations
@@ -48,7 +50,14 @@ from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.batch import BatchSizeSteps
 from zeus_callbacks.session.power import PowerLimitSteps
 from zeus_callbacks.session.report import StepReports
-from zeus_callbacks.session.run import StartedRun, default_gpu_indices, make_timer, open_run, select_gpu_indices
+from zeus_callbacks.session.run import (
+    StartedRun,
+    default_gpu_indices,
+    make_timer,
+    measurement_of,
+    open_run,
+    select_gpu_indices,
+)  # fmt: skip
 from zeus_callbacks.session.scheduler import Decision
 from zeus_callbacks.session.state import Totals, carried_totals, resume_state
 
@@ -61,17 +70,6 @@ _EPOCH_PREFIXES = ("energy/epoch", "time/epoch", "power/epoch")
 
 def _is_main_process() -> bool:
     return launcher_env_int("RANK", 0) == 0
-
-
-def measurement_of(backend: GPUBackend) -> tuple[str, str | None]:
-    """``("measured" | "simulated" | "unavailable", note)``: what the backend's energy figures are.
-
-    The note names the cause and the fix when measurement is unavailable (None otherwise).
-    """
-    if not backend.measurable:
-        cause, fix = getattr(backend, "cause", "the GPU cannot be measured"), getattr(backend, "fix", None)
-        return "unavailable", f"{cause}. Fix: {fix}" if fix else str(cause)
-    return ("simulated" if backend.simulated else "measured"), None
 
 
 class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
@@ -434,7 +432,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             run.sampler.stop()
             self._stop_power_limiter()
         self._report_steps(resolve_final=True)
-        summary = self._summary()
+        summary = self._summary(self._status)
         self._finished = summary
         self._record_trial(summary)
         if self._exception_record is not None:
@@ -590,38 +588,3 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
 
     def _run_time_so_far_s(self) -> float:
         return self.run.time_so_far_s(self._carried.time_s)
-
-    def _summary(self) -> RunSummary:
-        run = self.run
-        record = self._run_record
-        t = self._totals
-        counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
-        rows = self._ranks.gather(
-            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
-            degraded=self.degraded,
-        )
-        measurement, note = measurement_of(run.backend)
-        health = run.sampler.health
-        resolution = run.backend.energy_counter_resolution_J if health.counter_fallback else None
-        return records.run_summary(
-            rows,
-            measurement=measurement,
-            measurement_note=note,
-            counter_resets=health.counter_resets,
-            energy_source="samples+counter" if health.counter_fallback else "samples",
-            counter_resolution_J=resolution,
-            carried_energy_J=self._carried.energy_J,
-            carried_time_s=self._carried.time_s,
-            run_name=run.run_name or "",
-            status=self._status,
-            backend=run.backend.describe(),
-            steps=t.steps,
-            epochs=t.epochs,
-            epoch_energy_J=list(t.epoch_energy_J),
-            power_limit_W=self.power_limit_W,
-            chosen_power_limit=self._chosen_power_limit,
-            faults=dict(run.sampler.health.faults),
-            jsonl_path=str(run.log.path) if run.log.path is not None else None,
-            degraded=self.degraded,
-            rejected_samples=dict(run.sampler.health.rejected),
-        )

@@ -19,20 +19,23 @@ import numpy as np
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
+from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import slowest, total
 from zeus_callbacks.session.part import SessionPart
+from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
 
 _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
 
 
 class StepReports(SessionPart):
-    """The session's reports, and what they carry from one report to the next."""
+    """The session's reports, what they carry from one report to the next, and the run summary."""
 
     # The session's: the totals a checkpoint carried in, its window_observer (constructor argument);
-    # the power-limit part's: the limit in force.
+    # the power-limit part's: the limit in force and the limit chosen (for the summary).
     _carried: Totals
+    _chosen_power_limit: tuple[float, int, bool] | None
     _window_observer: Callable[[WindowBatch], None] | None
     power_limit_W: float | None
 
@@ -196,3 +199,39 @@ class StepReports(SessionPart):
         values, explained = records.phase_metrics(stats, epoch_energy_J)
         self._pending_metrics.update(values)
         self._write(records.phases_record(epoch, stats, explained, epoch_energy_J))
+
+    def _summary(self, status: str) -> RunSummary:
+        """The run summary from the run window and the totals, gathered over the ranks (``status``: the run's)."""
+        run = self.run
+        record = self._run_record
+        t = self._totals
+        counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
+        rows = self._ranks.gather(
+            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
+            degraded=self.degraded,
+        )
+        measurement, note = measurement_of(run.backend)
+        health = run.sampler.health
+        resolution = run.backend.energy_counter_resolution_J if health.counter_fallback else None
+        return records.run_summary(
+            rows,
+            measurement=measurement,
+            measurement_note=note,
+            counter_resets=health.counter_resets,
+            energy_source="samples+counter" if health.counter_fallback else "samples",
+            counter_resolution_J=resolution,
+            carried_energy_J=self._carried.energy_J,
+            carried_time_s=self._carried.time_s,
+            run_name=run.run_name or "",
+            status=status,
+            backend=run.backend.describe(),
+            steps=t.steps,
+            epochs=t.epochs,
+            epoch_energy_J=list(t.epoch_energy_J),
+            power_limit_W=self.power_limit_W,
+            chosen_power_limit=self._chosen_power_limit,
+            faults=dict(run.sampler.health.faults),
+            jsonl_path=str(run.log.path) if run.log.path is not None else None,
+            degraded=self.degraded,
+            rejected_samples=dict(run.sampler.health.rejected),
+        )
