@@ -145,7 +145,7 @@ def instrument(callback: Any) -> dict[str, Any]:
         return probe["timer"]
 
     def wrap(session: Any) -> Any:
-        session._make_timer = counted_timer  # the session's seam for its boundary timer
+        session.timer_factory = counted_timer  # the session's seam for its boundary timer
         start, end = session.step_start, session.step_end
 
         def step_start(step: int, **kw: Any) -> None:

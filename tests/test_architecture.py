@@ -49,3 +49,28 @@ def test_optimisers_and_the_store_do_not_import_the_session():
         for path in (ROOT / "zeus_callbacks" / sub).rglob("*.py"):
             text = path.read_text()
             assert "from zeus_callbacks.session" not in text and "import zeus_callbacks.session" not in text, path
+
+
+SESSION_PARTS = ("power", "batch", "report", "part", "scheduler")
+
+
+def test_the_session_parts_are_imported_by_the_session_only():
+    pattern = re.compile(r"zeus_callbacks\.session\.(" + "|".join(SESSION_PARTS) + r")\b")
+    session_dir = ROOT / "zeus_callbacks" / "session"
+    outside = [p for p in (ROOT / "zeus_callbacks").rglob("*.py") if session_dir not in p.parents]
+    offenders = sorted(str(p.relative_to(ROOT)) for p in outside if pattern.search(p.read_text()))
+    assert not offenders, f"import EnergySession, not its parts: {offenders}"
+    for part in SESSION_PARTS:
+        assert (session_dir / f"{part}.py").exists()
+
+
+def test_no_test_swaps_a_private_attribute_of_a_session():
+    # Seams are documented (timer_factory, window_observer, plans_quiet_steps); a private one breaks on a refactor.
+    swap = re.compile(r"\bsession\._\w+\s*=(?!=)|setattr\(\s*session\s*,\s*[\"']_")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in (ROOT / "tests").rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if swap.search(line)
+    ]
+    assert not offenders, offenders

@@ -114,10 +114,10 @@ def test_bulk_batches_give_each_window_its_own_energy(manual_clock, timer_kind):
 
 
 def run_session(tmp_path, manual_clock, timer_kind: str, steps: int):
-    session, backend, gpu = phase_session(tmp_path, manual_clock, timer_kind, interval_steps=7, noise_W=8.0, seed=5)
-    batches = []
-    absorb = session._absorb_bulk
-    session._absorb_bulk = lambda b: (batches.append(b), absorb(b))  # type: ignore[method-assign]
+    batches = []  # each report's step and phase windows, as the session attributed them
+    session, backend, gpu = phase_session(
+        tmp_path, manual_clock, timer_kind, interval_steps=7, noise_W=8.0, seed=5, window_observer=batches.append
+    )
     rng = np.random.default_rng(11)
     session.train_start()
     session.epoch_start(0)

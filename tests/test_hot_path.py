@@ -12,7 +12,7 @@ from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.integrations.lightning import _batch_size
 from zeus_callbacks.measurement.ring import TimeSeriesRing
 from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import CudaEventTimer, WindowMeter
+from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 
@@ -135,15 +135,40 @@ def test_forgotten_marks_raise_and_the_meter_keeps_the_timer_small(manual_clock)
     backend.close()
 
 
-def phase_session(tmp_path, clock, timer: str, *, interval_steps: int, **backend_kwargs):
-    """A session with phase windows on a virtual GPU; ``timer="cuda"``: CUDA events on a LaggingGPU stand-in."""
+class CountingTimer:
+    """A boundary timer that counts the marks taken through it (``marks``) and delegates everything else."""
+
+    def __init__(self, timer) -> None:
+        self._timer = timer
+        self.marks = 0
+
+    def mark(self):
+        self.marks += 1
+        return self._timer.mark()
+
+    def __getattr__(self, name: str):
+        return getattr(self._timer, name)  # anchor, read, time_of, tokens_are_times, ...
+
+
+def collect(records: list):
+    """A session's window_observer that keeps each attributed step and phase window in ``records``, one record each."""
+    return lambda batch: records.extend(batch.records())
+
+
+def phase_session(tmp_path, clock, timer: str, *, interval_steps: int, window_observer=None, **backend_kwargs):
+    """A session with phase windows on a virtual GPU; ``timer="cuda"``: CUDA events on a LaggingGPU stand-in.
+
+    Its boundary timer counts its marks: ``session.run.timer.marks`` once the run has started.
+    """
     backend = VirtualGPUBackend(clock=clock, read_only=True, **backend_kwargs)
     cfg = {"backend": "virtual", "windows": {"phases": True, "sample_fraction": 1.0},
            "logging": {"log_dir": str(tmp_path), "interval_steps": interval_steps}}  # fmt: skip
-    session = EnergySession(cfg, backend=backend)
     gpu = LaggingGPU(clock)
-    if timer == "cuda":
-        session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+
+    def timer_factory(b):
+        return CountingTimer(CudaEventTimer(b.clock, cuda=gpu) if timer == "cuda" else ClockTimer(b.clock))
+
+    session = EnergySession(cfg, backend=backend, timer_factory=timer_factory, window_observer=window_observer)
     return session, backend, gpu
 
 
@@ -166,10 +191,10 @@ def run_phase_steps(session: EnergySession, clock, steps: int, *, loading_s=lamb
 
 @pytest.mark.parametrize("timer", ["clock", "cuda"])
 def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manual_clock, timer):
-    session, backend, gpu = phase_session(tmp_path, manual_clock, timer, interval_steps=1000, noise_W=0.0)
-    absorbed = []  # the step and phase windows, one record each, from the batches the reports absorbed
-    absorb = session._absorb_bulk
-    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
+    absorbed = []  # the step and phase windows, one record each, from the batches the reports attributed
+    session, backend, gpu = phase_session(
+        tmp_path, manual_clock, timer, interval_steps=1000, noise_W=0.0, window_observer=collect(absorbed)
+    )
     session.train_start()
     session.epoch_start(0)
     marks_before = gpu.recorded
@@ -236,21 +261,21 @@ def test_cached_state_key_is_lightnings_own(tmp_path):
 
 
 # -- one mark per measured step (issue 16, item 4) ------------------------------------------------
-def _step_session(tmp_path, clock, fraction: float, **windows):
+def _step_session(tmp_path, clock, fraction: float, *, window_observer=None, **windows):
+    """A session on a virtual GPU timed with CUDA events on a LaggingGPU stand-in."""
     backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
     cfg = {"backend": "virtual", "windows": {"sample_fraction": fraction, **windows},
            "logging": {"log_dir": str(tmp_path), "interval_steps": 20}}  # fmt: skip
-    session = EnergySession(cfg, backend=backend)
     gpu = LaggingGPU(clock)
-    session._make_timer = lambda b: CudaEventTimer(b.clock, cuda=gpu)  # type: ignore[method-assign]
+    session = EnergySession(
+        cfg, backend=backend, timer_factory=lambda b: CudaEventTimer(b.clock, cuda=gpu), window_observer=window_observer
+    )
     return session, backend, gpu
 
 
 def test_a_measured_step_records_one_cuda_event_and_the_steps_tile_the_epoch(tmp_path, manual_clock):
-    session, backend, gpu = _step_session(tmp_path, manual_clock, 1.0)
     absorbed = []
-    absorb = session._absorb_bulk
-    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
+    session, backend, gpu = _step_session(tmp_path, manual_clock, 1.0, window_observer=collect(absorbed))
     session.train_start()
     before_epoch = gpu.recorded
     session.epoch_start(0)
@@ -287,10 +312,8 @@ def test_a_measured_step_records_one_cuda_event_and_the_steps_tile_the_epoch(tmp
 
 
 def test_a_sampled_step_takes_a_start_mark_only_after_an_unmeasured_step(tmp_path, manual_clock):
-    session, backend, gpu = _step_session(tmp_path, manual_clock, 0.25)
     absorbed = []
-    absorb = session._absorb_bulk
-    session._absorb_bulk = lambda b: (absorbed.extend(b.records()), absorb(b))  # type: ignore[method-assign]
+    session, backend, gpu = _step_session(tmp_path, manual_clock, 0.25, window_observer=collect(absorbed))
     session.train_start()
     session.epoch_start(0)
     marks_before = gpu.recorded

@@ -156,14 +156,6 @@ def random_loading(seed):
     return lambda i: float(rng.uniform(1e-3, 2e-3))  # 1-2 ms of data loading before step i
 
 
-def counting(mark, marks):
-    def counted():
-        marks.append(1)
-        return mark()
-
-    return counted
-
-
 @pytest.mark.parametrize("timer", ["clock", "cuda"])
 def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_path, manual_clock, timer):
     steps, fraction = 600, 0.25
@@ -171,11 +163,11 @@ def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_pa
     for f in (1.0, fraction):
         session, backend, gpu = phase_session(tmp_path / str(f), manual_clock, timer, interval_steps=20, noise_W=0.0)
         session.config.windows.sample_fraction = f
-        marks = []
         session.train_start()
-        session._mark = counting(session._mark, marks)  # count the boundaries recorded
         session.epoch_start(0)
+        marks_before = session.run.timer.marks  # phase_session's timer counts the boundaries recorded
         run_phase_steps(session, manual_clock, steps, loading_s=random_loading(seed=2), gpu=gpu)
+        n_marks = session.run.timer.marks - marks_before
         session.epoch_end(0)
         summary = session.train_end()
         records = read_jsonl(summary.jsonl_path)
@@ -186,7 +178,7 @@ def test_a_fixed_fraction_measures_that_share_and_scales_the_phase_totals(tmp_pa
         assert summary.steps == steps and sum(r["steps"] + r["warmup_steps"] for r in steps_records) == steps
         phases = next(r for r in records if r["event"] == "phases")
         by_name = {p["name"]: p for p in phases["phases"]}
-        totals[f] = (measured, len(marks), phases["explained"], by_name, summary)
+        totals[f] = (measured, n_marks, phases["explained"], by_name, summary)
     measured, n_marks, explained, by_name, summary = totals[fraction]
     # Binomial(600, 0.25): 150 ± 4.3 sd -> within ±45.
     assert abs(measured - steps * fraction) < 4 * math.sqrt(steps * fraction * (1 - fraction))
@@ -310,7 +302,7 @@ def _sampled_session(tmp_path, name: str, *, quiet: bool, phases: bool):
            "logging": {"log_dir": str(tmp_path / name), "interval_steps": 200}}  # fmt: skip
     session = EnergySession(cfg, backend=backend)
     if not quiet:
-        session._plan_quiet_steps = lambda: None  # the reference: every step takes the whole path
+        session.plans_quiet_steps = False  # the reference: every step takes the whole path
     return session, clock, backend
 
 

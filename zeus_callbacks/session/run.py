@@ -83,6 +83,17 @@ def make_timer(backend: GPUBackend) -> BoundaryTimer:
     return ClockTimer(backend.clock)
 
 
+def measurement_of(backend: GPUBackend) -> tuple[str, str | None]:
+    """``("measured" | "simulated" | "unavailable", note)``: what the backend's energy figures are.
+
+    The note names the cause and the fix when measurement is unavailable (None otherwise).
+    """
+    if not backend.measurable:
+        cause, fix = getattr(backend, "cause", "the GPU cannot be measured"), getattr(backend, "fix", None)
+        return "unavailable", f"{cause}. Fix: {fix}" if fix else str(cause)
+    return ("simulated" if backend.simulated else "measured"), None
+
+
 class EventLog:
     """The run's JSONL log, or nothing (another process, or ``logging.jsonl`` off).
 

@@ -125,6 +125,7 @@ class StepScheduler:
     def __init__(self) -> None:
         self._active = False  # started and not finished
         self._quiet_left = 0  # planned steps with nothing to do, not yet taken (see _plan_quiet_steps)
+        self._plans_quiet_steps = True  # False: every step takes the whole path (plans_quiet_steps)
         self._skip = 0  # steps to leave unmeasured before the next measured one
         self._measuring = False  # the current step has windows
         self._time_unmeasured = False  # an unmeasured step whose step_end times itself
@@ -173,6 +174,22 @@ class StepScheduler:
     def steps_to_skip(self) -> int:
         """Unmeasured steps before the next measured one (quiet steps counted ahead included)."""
         return self._skip
+
+    @property
+    def plans_quiet_steps(self) -> bool:
+        """Whether steps that need nothing from the session are counted ahead (True by default).
+
+        Set False for the reference path, where every step's calls take the whole path: the
+        quiet steps must measure, count and report exactly what it does (tests compare the two).
+        Setting it False takes back the steps already counted ahead.
+        """
+        return self._plans_quiet_steps
+
+    @plans_quiet_steps.setter
+    def plans_quiet_steps(self, plans: bool) -> None:
+        if not plans:
+            self._take_back_quiet_steps()
+        self._plans_quiet_steps = plans
 
     @property
     def epoch_steps(self) -> int:
@@ -318,6 +335,8 @@ class StepScheduler:
         """
         skip = self._skip
         if not skip or self._dataloader_open or self._power_step_start is not None or self._step_decision is not None:
+            return
+        if not self._plans_quiet_steps:  # the reference path (plans_quiet_steps)
             return
         untimed = (skip & UNMEASURED_TIMING_MASK or UNMEASURED_TIMING_MASK + 1) - 1  # before the next timed step
         every = self._sampling.report_every

@@ -1,0 +1,191 @@
+"""The batch-size glue of the session: the bandit's start, its suggestion, early stopping and the trial.
+
+:class:`BatchSizeSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
+that talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
+recurrence's trial (under several processes, sharing the main rank's early-stop rule),
+suggests the batch size, sets the :class:`~zeus_callbacks.session.scheduler.StepScheduler`
+per-step stop decision, decides early stopping (with the other ranks, when there are
+several) and records the trial at the end. Only the main process talks to the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from zeus_callbacks.backends import BackendError
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import agreement, records
+from zeus_callbacks.session.part import SessionPart
+from zeus_callbacks.session.scheduler import CONTINUE, Decision
+
+logger = logging.getLogger(__name__)
+
+
+class BatchSizeSteps(SessionPart):
+    """The session's batch-size part: the bandit's controller and the stop decision.
+
+    Attributes:
+        batch_size_controller: The controller of the recurrence's trial (None:
+            ``batch_size.enabled`` is false, or not the main process).
+    """
+
+    # The power-limit part's: the limit in force when the trial starts.
+    power_limit_W: float | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
+        self.batch_size_controller = (
+            BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
+        )
+        self._stop_reason: str | None = None
+        self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
+        self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
+        self._refresh_step_decision()
+
+    @property
+    def stop_rule(self) -> EarlyStopRule | None:
+        """The early-stop rule in force (the main rank's, on every rank under several processes)."""
+        return self._stops.rule
+
+    def _evaluated(self, metrics: dict[str, float]) -> Decision:
+        """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several)."""
+        target_reason = None
+        if self.batch_size_controller is not None and self._stop_reason is None:
+            target_reason = self.batch_size_controller.observe(metrics)
+        if self._stops.active:  # several processes: every rank exchanges here
+            self._agree_stop(target_reason)
+            return self._decision()
+        self._stop_reason = self._stop_reason or target_reason
+        self._refresh_step_decision()
+        return self._decide()
+
+    def _record_trial(self, summary: RunSummary) -> None:
+        """At the end: record the recurrence's trial in the store (and the log), unless its energy is unknown."""
+        if self.batch_size_controller is not None and not math.isfinite(summary.energy_J):
+            logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
+        elif self.batch_size_controller is not None:
+            try:
+                t = self.batch_size_controller.finish(
+                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded
+                )
+                if t is not None:
+                    self._write(records.trial_record(t))
+            except Exception as exc:  # the run is over: a store fault must not hide its summary
+                logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
+
+    def _start_batch_size(self) -> None:
+        """Start the bandit's side of the run; under several processes, share its stop rule.
+
+        Every rank takes part in the same two collectives (when distributed): the sum of
+        the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
+        rule, or the error that kept it from starting, so that no rank waits alone.
+        """
+        run = self.run
+        try:
+            max_power_W = sum(run.backend.power_limit_constraints_W(i)[1] for i in run.gpu_indices)
+        except BackendError:  # no limit range: the limit in force stands in for the maximum
+            max_power_W = (self.power_limit_W or 1.0) * len(run.gpu_indices)
+        agreed = self._ranks.collective
+        self._stops = agreement.StopAgreement()
+        if agreed:
+            max_power_W = agreement.agree_max_power_W(self.ranks, max_power_W)  # MaxPower of all GPUs
+        c = self.batch_size_controller
+        failure: BaseException | None = None
+        if c is not None:
+            try:
+                c.start(max_power_W, self.power_limit_W)
+            except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
+                failure = exc
+        rule = c.rule if c is not None and failure is None else None
+        self._stops.rule = rule
+        if agreed:
+            try:
+                rule = agreement.share_stop_rule(self.ranks, rule, failure)
+            except BaseException as exc:
+                failure = exc
+            bs_cfg = self.config.batch_size
+            self._stops.start(rule, target_set=bs_cfg.target is not None, stop_at_target=bs_cfg.stop_at_target)
+        self._refresh_step_decision()
+        if failure is not None:
+            self.exception(failure)
+            raise failure
+        if c is not None:
+            self._write(records.batch_size_record(c))
+
+    def suggest_batch_size(self) -> int | None:
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
+
+        Made once per session (the recurrence's trial is recorded in the store); later
+        calls return the same value.
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false. A process other
+            than the main one never touches the store: it returns the main process's
+            suggestion that :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size`
+            received under a launcher (claiming it), or None if there was none.
+
+        Raises:
+            StoreError: The store cannot be opened (corrupt, newer schema).
+        """
+        if self.batch_size_controller is not None:
+            return self.batch_size_controller.suggest()
+        if self.config.batch_size.enabled and self._followed_batch_size is None:
+            followed = claim_pending(self.config.job_id)
+            self._followed_batch_size = None if followed is None else followed.batch_size
+        return self._followed_batch_size
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.use_batch_size(batch_size)
+
+    def _refresh_step_decision(self) -> None:
+        """Set the per-step stop decision hook from the stop state (None: nothing can stop the run)."""
+        if self._stops.active:
+            self._step_decision = self._agreed_step_decision
+        elif self.batch_size_controller is None and self._stop_reason is None:
+            self._step_decision = None
+        else:
+            self._step_decision = self._decide
+
+    def _agreed_step_decision(self) -> Decision:
+        if self._stops.cost and self.steps_this_run % self.config.batch_size.stop_agreement_steps == 0:
+            self._agree_stop(None)
+        return self._decision()
+
+    def _decide(self) -> Decision:
+        # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
+        controller = self.batch_size_controller
+        if self._stop_reason is None and controller is not None and controller.threshold is not None and self.started:
+            self._stop_reason = controller.check(self._run_energy_so_far_J(), self._run_time_so_far_s())
+        return self._decision()
+
+    def _decision(self) -> Decision:
+        if self._stop_reason is not None:
+            return Decision(stop_training=True, reason=self._stop_reason)
+        return CONTINUE
+
+    def _agree_stop(self, target_reason: str | None) -> None:
+        """Several processes: decide early stopping together (:func:`~.agreement.exchange_stop`).
+
+        Args:
+            target_reason: The main rank's reason to stop at the target (None elsewhere).
+        """
+        c = self.batch_size_controller
+        verdict = agreement.exchange_stop(
+            self.ranks,
+            self._stops,
+            energy_J=self._run_energy_so_far_J(),
+            time_s=self._run_time_so_far_s(),
+            target_reason=target_reason,
+            converged=c is not None and c.converged,
+            stop_at_target=self.config.batch_size.stop_at_target,
+        )
+        if verdict.reason is not None:
+            self._stop_reason = verdict.reason
+            if verdict.on_cost and c is not None and self._stop_reason is not None:
+                c.stop_agreed(self._stop_reason)
+        self._refresh_step_decision()

@@ -1,0 +1,237 @@
+"""The session's reports: closed windows attributed, their metrics queued, their JSONL records written.
+
+:class:`StepReports` is the part of :class:`~zeus_callbacks.session.EnergySession`
+behind :meth:`~zeus_callbacks.session.scheduler.StepScheduler._report_steps`: at each
+report it attributes the closed windows the samples cover (step and phase windows in
+bulk, as arrays; the rare others one record each), exchanges the per-rank rows
+(:mod:`~zeus_callbacks.session.aggregate`) and turns them into metrics and records
+(:mod:`~zeus_callbacks.session.records`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from zeus_callbacks import reporting as metric
+from zeus_callbacks.measurement.phases import PHASES
+from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import records
+from zeus_callbacks.session.aggregate import slowest, total
+from zeus_callbacks.session.part import SessionPart
+from zeus_callbacks.session.run import measurement_of
+from zeus_callbacks.session.state import Totals
+
+_BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
+
+
+class StepReports(SessionPart):
+    """The session's reports, what they carry from one report to the next, and the run summary."""
+
+    # The session's: the totals a checkpoint carried in, its window_observer (constructor argument);
+    # the power-limit part's: the limit in force and the limit chosen (for the summary).
+    _carried: Totals
+    _chosen_power_limit: tuple[float, int, bool] | None
+    _window_observer: Callable[[WindowBatch], None] | None
+    power_limit_W: float | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
+        self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
+        self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
+        self._run_record: WindowRecord | None = None
+        self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
+        self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
+        self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
+
+    def _begin_reports(self) -> None:
+        """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
+        self._steps_logged_upto = self._carried.steps
+        self._ranks_totals = None
+
+    def _report_steps(self, *, resolve_final: bool = False) -> None:
+        """Attribute closed windows and queue their metrics.
+
+        Step and phase windows are attributed and aggregated in bulk (arrays, no object
+        per window); the rare others (epoch, eval, run, user windows) one record each.
+        """
+        self._take_back_quiet_steps()
+        self._attribute_closed(final=resolve_final)
+        if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
+            # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
+            self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
+        self._steps_since_report = 0
+        if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
+            self._queue_step_metrics(final=resolve_final)
+        if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
+            self._write_steps_record({}, [], self.ranks.num_processes, final=True)
+
+    def _attribute_closed(self, *, final: bool = False) -> None:
+        """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics."""
+        windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
+        if batch is not None:
+            if self._window_observer is not None:
+                self._window_observer(batch)
+            self._absorb_bulk(batch)
+        for record in windows:
+            self._absorb(record)
+
+    def _absorb_bulk(self, batch: WindowBatch) -> None:
+        """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
+        is_step = batch.names == "step"
+        steps = batch if is_step.all() else batch.select(is_step)
+        # A step the samples do not cover wholly has no energy (NaN) or only a part's: neither is in the means.
+        covered = np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
+        if not covered.all():
+            steps = steps.select(covered)
+        if steps.size:
+            warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
+            if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
+                self._unreported_warmup.append(steps.select(warmup))
+                if not warmup.all():
+                    self._unreported_steps.append(steps.select(~warmup))
+            else:
+                self._unreported_steps.append(steps)
+            self._totals.measured_steps += steps.size
+            self._totals.step_energy_J += float(steps.energy_J.sum())
+            self._totals.step_time_s += float(steps.time_s.sum())
+        phases = self.run.phases
+        if phases is not None and steps.size < batch.size:
+            phases.add_batch(batch.select(~is_step))
+
+    def _absorb(self, record: WindowRecord) -> None:
+        """Take one window other than a step or a phase (those go through :meth:`_absorb_bulk`)."""
+        if record.name == "epoch":
+            self._queue_epoch_metrics(record)
+        elif record.name == "eval":
+            self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
+            self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
+            self._write(records.eval_record(record))
+        elif record.name == "run":
+            self._run_record = record
+        else:
+            self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
+            self._write(records.window_record(record))
+
+    def _queue_step_metrics(self, *, final: bool = False) -> None:
+        batches, warmup = self._unreported_steps, self._unreported_warmup
+        self._unreported_steps, self._unreported_warmup = [], []
+        count = sum(b.size for b in batches)
+        # The warm-up steps' columns travel with the step columns: one exchange per report.
+        local = records.local_step_row(batches) + records.local_warmup_row(warmup)
+        collective = self._ranks.collective
+        if collective:  # the running totals travel with the report: every rank shows the run's
+            local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
+        gathered = self._ranks.gather(local, degraded=self.degraded)
+        if collective:
+            self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
+        warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
+        if warmup_rows:
+            values = records.warmup_metrics(warmup_rows)
+            self._pending_metrics.update(values)
+            self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
+        gathered = [row[:6] for row in gathered]
+        rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
+        if not rows:
+            return
+        values = records.step_metrics(rows)
+        self._pending_metrics.update(values)
+        self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+
+    def _write_steps_record(
+        self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
+    ) -> None:
+        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+
+        The record stands for the steps after the last record's, up to its last measured
+        step (to the last step taken when ``final``: every window is attributed then), the
+        warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
+        with the steps it was drawn from, even when attribution lags a report behind.
+        """
+        lo = self._steps_logged_upto
+        if final:
+            upto = self._totals.steps
+        elif batches:
+            upto = max(int(max(b.info_values("run_step"))) for b in batches if b.size) + 1
+        else:
+            upto = lo
+        upto = max(upto, lo)
+        self._steps_logged_upto = upto
+        first_warmup = self._carried.steps  # warm-up steps are the run's first ones
+        warmup = max(0, min(upto, first_warmup + self._warmup_done) - max(lo, first_warmup))
+        self._write(
+            records.steps_record(
+                values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
+                power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
+            )
+        )  # fmt: skip
+
+    def _queue_epoch_metrics(self, record: WindowRecord) -> None:
+        run = self.run
+        counter_J = run.counter_energy_J(record.start_s, record.end_s)
+        rows = self._ranks.gather(records.local_epoch_row(record, counter_J), degraded=self.degraded)
+        epoch = record.info.get("epoch")
+        e = records.epoch_energy(rows, epoch)
+        self._totals.epoch_energy_J.append(e.energy_J)
+        self._pending_metrics.update(e.metrics)
+        if run.phases is not None:
+            self._queue_phase_metrics(epoch, record.energy_J)
+        self._write(
+            records.epoch_record(epoch, e, record, degraded=self.degraded,
+                                 counter_resets=run.sampler.health.counter_resets)
+        )  # fmt: skip
+
+    def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
+        """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
+        phases = self.run.phases
+        assert phases is not None
+        steps, measured = self._epoch_sampled
+        started = time.perf_counter()
+        stats = phases.epoch_summary(measured_fraction=measured / steps if measured and steps else 1.0)
+        self._phase_summary_s = time.perf_counter() - started
+        if not stats:
+            return
+        values, explained = records.phase_metrics(stats, epoch_energy_J)
+        self._pending_metrics.update(values)
+        self._write(records.phases_record(epoch, stats, explained, epoch_energy_J))
+
+    def _summary(self, status: str) -> RunSummary:
+        """The run summary from the run window and the totals, gathered over the ranks (``status``: the run's)."""
+        run = self.run
+        record = self._run_record
+        t = self._totals
+        counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
+        rows = self._ranks.gather(
+            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
+            degraded=self.degraded,
+        )
+        measurement, note = measurement_of(run.backend)
+        health = run.sampler.health
+        resolution = run.backend.energy_counter_resolution_J if health.counter_fallback else None
+        return records.run_summary(
+            rows,
+            measurement=measurement,
+            measurement_note=note,
+            counter_resets=health.counter_resets,
+            energy_source="samples+counter" if health.counter_fallback else "samples",
+            counter_resolution_J=resolution,
+            carried_energy_J=self._carried.energy_J,
+            carried_time_s=self._carried.time_s,
+            run_name=run.run_name or "",
+            status=status,
+            backend=run.backend.describe(),
+            steps=t.steps,
+            epochs=t.epochs,
+            epoch_energy_J=list(t.epoch_energy_J),
+            power_limit_W=self.power_limit_W,
+            chosen_power_limit=self._chosen_power_limit,
+            faults=dict(run.sampler.health.faults),
+            jsonl_path=str(run.log.path) if run.log.path is not None else None,
+            degraded=self.degraded,
+            rejected_samples=dict(run.sampler.health.rejected),
+        )
