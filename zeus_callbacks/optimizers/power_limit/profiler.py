@@ -488,7 +488,7 @@ class PowerLimitProfiler:
         return True
 
     def _clearly_out(self, profile: LimitProfile, low: float) -> bool:
-        """Whether the limit cannot be the best: its interval lies above the best's, or (max_slowdown) it is clearly too slow."""
+        """Whether the limit cannot be the best: its interval lies above the best's, or (max_slowdown) too slow."""
         if low > self._best_upper(profile.limit_W):
             return True
         return self._slowdown_interval(profile)[0] > self.objective.max_slowdown
