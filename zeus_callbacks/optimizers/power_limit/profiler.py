@@ -35,10 +35,14 @@ three calls named below::
 A limit's window spans steps, not epochs: epoch boundaries are invisible to the
 profiler, so epochs shorter than a window never restart it. A step during which an
 evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
-``profile_s``. A window is decided once its per-step energies are resolved (power
-samples cover the step's end; steps keep running at the same limit meanwhile and are
-measured too) and either its 95 % Student-t interval is narrow (``rel_ci``), it
-separates from the best limit so far, or it reached ``profile_steps``/``profile_s``. With
+``profile_s``. A window is decided on its resolved steps (power samples cover the step's
+end; the last step, whose samples arrive during the next one, counts towards
+``min_profile_steps`` and joins its limit's profile when its energy arrives, after the switch)
+once either its 95 % Student-t interval is narrow (``rel_ci``), it separates from the best
+limit so far (from 2 resolved steps once other windows give the card's noise), it measures
+no cheaper than the best at ``min_profile_steps``, it is the first window at
+``min_profile_steps`` (judged again with the pooled noise later; not ``max_slowdown``), or it
+reached ``profile_steps``/``profile_s`` (``search: sweep`` keeps Zeus's fixed windows). With
 ``max_slowdown``, a limit clearly slower than allowed is decided too, and one whose
 slowdown interval straddles the allowed factor measures a little longer (up to twice
 ``min_profile_steps``): the choice lies on that boundary.
