@@ -290,3 +290,92 @@ def test_a_curve_flat_within_the_noise_is_not_measured_again(seed):
     prof = _profiler(power_limit_grid_W(100, 250, 25))
     _train(prof, lambda x: 5.0, 0.002, seed)
     assert prof.revisits == 0
+
+
+# -- windows: the late last step, sequential rejection, the sweep's fixed windows -------------
+def _train_lagged(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> int:
+    """Like :func:`_train`, but a step's energy arrives one step after it ends (the sensor's lag); returns steps run."""
+    rng = np.random.default_rng(seed)
+    energies: dict[tuple[float, float], float] = {}
+    clock = {"now": 0.0}
+    prof.energy_fn = lambda a, b: energies.get((a, b)) if clock["now"] >= b + 1.0 else None
+    for step in range(5000):
+        now = clock["now"]
+        limit = prof.on_step_start(step, now)
+        assert limit is not None
+        energies[(now, now + 1.0)] = cost_of(limit) * (1 + rel_sd * rng.standard_normal())
+        clock["now"] = now + 1.0
+        if prof.on_step_end(step, now + 1.0):
+            return step + 1
+    raise AssertionError("the profiler did not decide")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rel_sd=st.floats(0.003, 0.02))
+def test_a_windows_last_step_joins_its_limit_after_the_switch_and_no_step_is_lost(seed, rel_sd):
+    def cost(x: float) -> float:
+        return 1.0 + 3.0 * ((x - 180) / 150) ** 2
+
+    prof = _profiler(power_limit_grid_W(100, 250, 25), warmup_steps=2, min_profile_steps=4)
+    steps = _train_lagged(prof, cost, rel_sd, seed)
+    assert steps == prof.profiling_steps
+    for limit, p in prof.profiles.items():
+        assert p.n >= 2, limit
+        # every profiled step has its energy, the one awaiting it at the switch too: what is not in the
+        # profile is warm-up (2 per visit, revisits visit again) and the last window's last step
+        assert p.steps - p.n <= 2 * (1 + prof.revisits) + 1, limit
+    decided = [p for x, p in prof.profiles.items() if x != prof.chosen_limit_W]
+    # a window spends warm-up + its profiled steps, not one more waiting for the last step's samples
+    assert any(p.steps == 2 + p.n for p in decided)
+
+
+def test_a_limit_clearly_worse_than_the_best_is_rejected_before_min_profile_steps():
+    # the minimum limit costs 20 % more than the maximum: once the maximum's window gives the card's
+    # noise, two steps at the minimum separate it
+    prof = _profiler(power_limit_grid_W(100, 250, 25), warmup_steps=2, min_profile_steps=6)
+    _train_lagged(prof, lambda x: 1.0 + 0.2 * (250 - x) / 150, 0.005, seed=1)
+    low = prof.profiles[100.0]
+    assert low.steps < 2 + 6  # warm-up + fewer than min_profile_steps
+    assert low.n >= 2 and prof.chosen_limit_W != 100.0
+
+
+def test_the_sweep_keeps_its_fixed_windows():
+    # Zeus's sweep measures min_profile_steps at every limit: no early rejection, no early first window
+    prof = _profiler(power_limit_grid_W(100, 250, 50), search="sweep", warmup_steps=2, min_profile_steps=8,
+                     profile_steps=8)  # fmt: skip
+    _train_lagged(prof, lambda x: 1.0 + 0.3 * (250 - x) / 150, 0.005, seed=2)
+    assert sorted(prof.profiles) == [100.0, 150.0, 200.0, 250.0]
+    for limit, p in prof.profiles.items():
+        assert p.steps == 2 + 8, limit  # warm-up + min_profile_steps everywhere
+        # the last window ends the profile with its last step's energy still on the way
+        assert p.n >= (7 if limit == 100.0 else 8), limit
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    width=st.floats(125, 500),
+    step=st.sampled_from([25.0, 35.0]),
+    opt_frac=st.floats(0, 1),
+    curvature=st.floats(0.5, 3.0),
+    objective=st.sampled_from(["energy", "zeus_cost"]),
+)
+def test_on_noisy_unimodal_curves_the_profiler_is_within_one_percent_in_a_quarter_of_the_sweep(
+    seed, low, width, step, opt_frac, curvature, objective
+):
+    # 0.5 % per-step noise, the sensor's one-step lag, default windows: the whole profiler, not the search alone
+    high = low + width
+    opt = low + opt_frac * width
+
+    def cost(x: float) -> float:
+        return 1.0 + curvature * ((x - opt) / width) ** 2
+
+    grid = power_limit_grid_W(low, high, step)
+    best = min(cost(x) for x in np.linspace(low, high, 2001))
+    assume(min(cost(x) for x in grid) <= best * 1.005)  # the grid itself reaches the optimum
+    prof = _profiler(grid, objective)
+    steps = _train_lagged(prof, cost, 0.005, seed)
+    assert prof.chosen_limit_W is not None
+    assert cost(prof.chosen_limit_W) <= best * 1.01
+    assert steps <= 0.25 * len(grid) * 50  # the Zeus sweep: 10 warm-up + 40 profiled steps per grid limit

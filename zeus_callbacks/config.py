@@ -281,7 +281,12 @@ class PowerLimitConfig(_Section):
         2, ge=0, le=100_000, description="Warm-up steps after each limit change (0 is valid)."
     )
     warmup_s: float = Field(0.0, ge=0, le=3600, description="Minimum warm-up time after each limit change (s).")
-    min_profile_steps: int = Field(4, ge=2, le=100_000, description="Fewest profiled steps per limit.")
+    min_profile_steps: int = Field(
+        4,
+        ge=2,
+        le=100_000,
+        description="Fewest profiled steps per limit, unless its interval is already clearly above the best's.",
+    )
     profile_steps: int = Field(40, ge=1, le=100_000, description="Most profiled steps per limit.")
     profile_s: float | None = Field(
         None, gt=0, le=86_400, description="Most profiled time per limit (s); none: no limit."
@@ -290,7 +295,8 @@ class PowerLimitConfig(_Section):
         0.01,
         gt=0,
         lt=1,
-        description="Stop a limit's window once its 95% Student-t interval is within this fraction.",
+        description="Stop a limit's window once its 95% Student-t interval is within this fraction "
+        "(or it measures no cheaper than the best so far).",
     )
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")

@@ -281,7 +281,10 @@ class PowerLimitController:
         rows = self._rows()
         tried = sorted({r["limit_W"] for r in rows})
         trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
-        done = sum(1 for r in rows if r["profiled_steps"] >= p.settings.min_profile_steps)
+        # decided windows: every measured limit but the one under test (a limit clearly worse than the
+        # best is decided on fewer than min_profile_steps steps)
+        under_test = p.state.limit_W if p.phase in (Phase.WARMUP, Phase.PROFILING) else None
+        done = sum(1 for r in rows if r["limit_W"] != under_test and r["profiled_steps"] >= 2)
         if self.observe:  # observe mode was announced once already: the run's end is no second warning
             message = (
                 f"observe mode ({self.observe_reason}): measured the limit in force ({trained}) until the run "

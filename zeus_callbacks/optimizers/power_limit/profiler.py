@@ -35,10 +35,14 @@ three calls named below::
 A limit's window spans steps, not epochs: epoch boundaries are invisible to the
 profiler, so epochs shorter than a window never restart it. A step during which an
 evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
-``profile_s``. A window is decided once its per-step energies are resolved (power
-samples cover the step's end; steps keep running at the same limit meanwhile and are
-measured too) and either its 95 % Student-t interval is narrow (``rel_ci``), it
-separates from the best limit so far, or it reached ``profile_steps``/``profile_s``. With
+``profile_s``. A window is decided on its resolved steps (power samples cover the step's
+end; the last step, whose samples arrive during the next one, counts towards
+``min_profile_steps`` and joins its limit's profile when its energy arrives, after the switch)
+once either its 95 % Student-t interval is narrow (``rel_ci``), it separates from the best
+limit so far (from 2 resolved steps once other windows give the card's noise), it measures
+no cheaper than the best at ``min_profile_steps``, it is the first window at
+``min_profile_steps`` (judged again with the pooled noise later; not ``max_slowdown``), or it
+reached ``profile_steps``/``profile_s`` (``search: sweep`` keeps Zeus's fixed windows). With
 ``max_slowdown``, a limit clearly slower than allowed is decided too, and one whose
 slowdown interval straddles the allowed factor measures a little longer (up to twice
 ``min_profile_steps``): the choice lies on that boundary.
@@ -160,11 +164,13 @@ class PowerLimitProfiler:
         self._step_start_s: float | None = None
         self._eval_in_step = False
         self._eval_start_s: float | None = None
-        self._pending: list[tuple[float, float]] = []  # profiled steps awaiting energy
+        # profiled steps awaiting energy, oldest first: (their limit's profile, start s, end s); a window's
+        # last steps may still be here after the next limit began (their energy is added when it arrives)
+        self._pending: list[tuple[LimitProfile, float, float]] = []
         self._wait_steps = 0
         self._last_dt: float | None = None
         self._full_since_s: float | None = None
-        self._revisit_until_n: int | None = None  # a revisit's window ends at this many resolved steps
+        self._revisit_until_n: int | None = None  # a revisit's window ends at this many measured steps
         self.revisits = 0
         self.abandoned = False
 
@@ -209,6 +215,7 @@ class PowerLimitProfiler:
         """
         self.observe_only = True
         self.profiles.clear()
+        self._pending = []
         self.start_at(limit_W)
         self.state = ProfilerState(Phase.IDLE)
 
@@ -339,15 +346,14 @@ class PowerLimitProfiler:
                 self.state = ProfilerState(Phase.PROFILING, limit)
             return False
         if valid and not self._window_full(self.state):
-            self._pending.append((start_s, now_s))
-        self._resolve(profile)
+            self._pending.append((profile, start_s, now_s))
+        self._resolve()
         if self._window_decided(profile, now_s):
             return self._next_limit()
         return False
 
     # -- internals --------------------------------------------------------------------
     def _enter_limit(self, limit_W: float) -> None:
-        self._pending = []
         self._wait_steps = 0
         self._full_since_s = None
         self._revisit_until_n = None
@@ -355,9 +361,10 @@ class PowerLimitProfiler:
         phase = Phase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else Phase.PROFILING
         self.state = ProfilerState(phase, float(limit_W))
 
-    def _resolve(self, profile: LimitProfile) -> None:
+    def _resolve(self) -> None:
+        """Move the measured steps whose power samples have arrived, oldest first, into their limit's profile."""
         while self._pending:
-            start_s, end_s = self._pending[0]
+            profile, start_s, end_s = self._pending[0]
             energy = self.energy_fn(start_s, end_s)
             if energy is None:
                 return
@@ -420,6 +427,12 @@ class PowerLimitProfiler:
                 best = min(best, self.interval(p)[1])
         return best
 
+    def _best_mean(self, exclude: float) -> float:
+        """The lowest mean cost of the feasible limits measured so far, ``exclude`` aside (inf: none)."""
+        costs = self.costs()
+        feasible = [c for x, c in costs.items() if x != exclude and self.profiles[x].n >= 2 and c < INFEASIBLE_COST]
+        return min(feasible, default=math.inf)
+
     def _window_full(self, st: ProfilerState) -> bool:
         """Whether the steps before this one already filled the window (later steps only wait)."""
         s = self.settings
@@ -434,7 +447,7 @@ class PowerLimitProfiler:
             self._wait_steps += 1
             if self._full_since_s is None:
                 self._full_since_s = now_s
-            if profile.n >= 1 and not self._pending:
+            if profile.n >= 1:  # steps still awaiting energy join the profile when it arrives
                 return True
             if self._wait_steps > s.max_wait_steps and now_s - self._full_since_s > s.max_wait_s:
                 if profile.n == 0:  # no power samples at all: give up rather than stay at a trial limit
@@ -446,19 +459,43 @@ class PowerLimitProfiler:
                         profile.limit_W,
                     )
                 return True
-        if profile.n < max(s.min_profile_steps, 2):
+        if profile.n < 2:
             return False
+        # Decisions use the steps whose energy arrived; the window's last step, still awaiting its
+        # samples, counts towards min_profile_steps and joins the profile during the next limit's
+        # warm-up (waiting for it here would spend one step per window at a decided limit).
+        measured = self._measured_steps(profile.limit_W)
         low, high = self.interval(profile)
         mean = 0.5 * (low + high)
-        if low > self._best_upper(profile.limit_W):  # separated: clearly worse than the best
+        # Sequential rejection: once the card's noise is known from other windows, a limit whose
+        # interval already lies above the best's is done, even before min_profile_steps (not in a
+        # sweep, whose windows are Zeus's fixed ones).
+        known_noise = s.search != "sweep" and any(p.n >= 2 for p in self.profiles.values() if p is not profile)
+        if measured < max(s.min_profile_steps, 2):
+            return known_noise and self._clearly_out(profile, low)
+        if self._clearly_out(profile, low):
             return True
         if self._revisit_until_n is not None:  # a revisit measures a fixed number of further steps
-            return profile.n >= self._revisit_until_n
-        if self._slowdown_interval(profile)[0] > self.objective.max_slowdown:  # max_slowdown: clearly too slow
+            return measured >= self._revisit_until_n
+        if not known_noise and s.search != "sweep" and self.objective.name != "max_slowdown":
+            # The first window: its own t-interval at n − 1 dof is wide (3.18 at n = 4) only because
+            # the card's noise is unknown; it is judged again with the pooled noise once other windows
+            # exist, and measured again if it ties with the best. (max_slowdown's time reference is kept.)
             return True
-        if high - mean > s.rel_ci * abs(mean):
+        if self._feasibility_unclear(profile):
             return False
-        return not self._feasibility_unclear(profile)
+        if high - mean > s.rel_ci * abs(mean):
+            # Not narrow yet: a limit that, at min_profile_steps, measures no cheaper than the best so
+            # far cannot displace it on this evidence; it is done (a tie with the best is measured again
+            # before the choice, see _contender), the rest measure on.
+            return s.search != "sweep" and mean >= self._best_mean(profile.limit_W)
+        return True
+
+    def _clearly_out(self, profile: LimitProfile, low: float) -> bool:
+        """Whether the limit cannot be the best: its interval lies above the best's, or (max_slowdown) too slow."""
+        if low > self._best_upper(profile.limit_W):
+            return True
+        return self._slowdown_interval(profile)[0] > self.objective.max_slowdown
 
     def _slowdown_interval(self, profile: LimitProfile) -> tuple[float, float]:
         """max_slowdown: an approximate 95 % interval of the limit's time over the maximum limit's, else (-inf, inf).
@@ -512,13 +549,18 @@ class PowerLimitProfiler:
         again = self._contender()
         if again is not None:
             self._enter_limit(again)
-            self._revisit_until_n = self.profiles[again].n + max(self.settings.min_profile_steps, 2)
+            self._revisit_until_n = self._measured_steps(again) + max(self.settings.min_profile_steps, 2)
             self.revisits += 1
             return False
         costs = self.costs()
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(Phase.DONE, self.chosen_limit_W)
         return True
+
+    def _measured_steps(self, limit_W: float) -> int:
+        """Profiled steps at ``limit_W``: those with energy and those still awaiting it."""
+        profile = self.profiles[limit_W]
+        return profile.n + sum(1 for p, _, _ in self._pending if p is profile)
 
     def measured(self) -> dict[float, Measured]:
         """Every measured limit's cost, the half-width of its 95 % interval and (max_slowdown) its slowdown."""
