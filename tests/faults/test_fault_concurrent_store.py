@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store_contract import _CTX, FAULT_KINDS, _open, _worker, new_location
+from tests.store_contract import _CTX, FAULT_KINDS, PATIENT_S, _open, _worker, new_location, open_patient
 
 PROCESSES = 8
 TRIALS_EACH = 100
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork start meth
 
 def _recorder(kind: str, path: str, worker: int, n: int) -> None:
     """What a recurrence writes: create its trial at the start, finish it at the end."""
-    with _open(kind, path) as store:
+    with open_patient(kind, path) as store:
         for i in range(n):
             trial = store.create_trial("shared", batch_size=worker * 100 + i, power_limit_W=200.0)
             store.finish_trial(trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=float(i),
@@ -43,7 +43,7 @@ def test_eight_writers_lose_and_duplicate_nothing(tmp_path: Path, kind: str, rec
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(PATIENT_S)
     exit_codes = [p.exitcode for p in procs]
     with _open(kind, path) as store:
         trials = store.list_trials("shared")
