@@ -75,6 +75,16 @@ PUBLIC: dict[str, dict[str, str]] = {
         "satisficing_choice": FUNCTION, "observation_weights": FUNCTION, "scaled_learning_rate": FUNCTION,
         "suggest_batch_size": FUNCTION, "BatchSizeController": CLASS, "EarlyStopRule": CLASS,
     },
+    "zeus_callbacks.optimizers.batch_size.bandit": {  # where these lived before settings/observations/state
+        "BatchSizeBandit": CLASS, "BanditSettings": CLASS, "Suggestion": CLASS, "Phase": CLASS,
+        "StoredState": CLASS, "validated_state": FUNCTION, "observation_problem": FUNCTION,
+        "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
+    },
+    "zeus_callbacks.optimizers.batch_size.settings": {"BanditSettings": CLASS},
+    "zeus_callbacks.optimizers.batch_size.observations": {
+        "observation_problem": FUNCTION, "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
+    },
+    "zeus_callbacks.optimizers.batch_size.state": {"StoredState": CLASS, "validated_state": FUNCTION},
     "zeus_callbacks.optimizers.batch_size.controller": {
         "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "claim_pending": FUNCTION,
         "EarlyStopRule": CLASS, "BatchSizeController": CLASS,
