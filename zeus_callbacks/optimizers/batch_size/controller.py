@@ -375,7 +375,8 @@ class BatchSizeController:
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
             return None
         self._last_check_s = time_s
-        self.stop_reason = self.rule.reason(energy_J, time_s)  # type: ignore[union-attr]  # checked above
+        rule = self.rule  # built here, not above: this runs on every step, the rule at most every 0.5 s
+        self.stop_reason = None if rule is None else rule.reason(energy_J, time_s)
         return self.stop_reason
 
     def stop_agreed(self, reason: str) -> None:
