@@ -27,6 +27,7 @@ PUBLIC: dict[str, dict[str, str]] = {
         "ConfigError": EXCEPTION, "ZeusConfig": CLASS, "VirtualGPUConfig": CLASS, "SamplingConfig": CLASS,
         "WindowsConfig": CLASS, "LoggingConfig": CLASS, "PowerLimitConfig": CLASS, "TargetConfig": CLASS,
         "BatchSizeConfig": CLASS, "StoreConfig": CLASS, "parse_config": FUNCTION, "load_config": FUNCTION,
+        "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,  # re-exported from yaml_file
     },
     "zeus_callbacks.backends": {
         "BackendError": EXCEPTION, "BackendUnavailable": EXCEPTION, "NotSupported": EXCEPTION,
@@ -74,6 +75,9 @@ PUBLIC: dict[str, dict[str, str]] = {
         "gaussian_tail_mean": FUNCTION, "pooled_relative_variance": FUNCTION, "eliminate_arms": FUNCTION,
         "satisficing_choice": FUNCTION, "observation_weights": FUNCTION, "scaled_learning_rate": FUNCTION,
         "suggest_batch_size": FUNCTION, "BatchSizeController": CLASS, "EarlyStopRule": CLASS,
+    },
+    "zeus_callbacks.yaml_file": {
+        "read_yaml_file": FUNCTION, "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,
     },
     "zeus_callbacks.optimizers.batch_size.bandit": {  # where these lived before settings/observations/state
         "BatchSizeBandit": CLASS, "BanditSettings": CLASS, "Suggestion": CLASS, "Phase": CLASS,
