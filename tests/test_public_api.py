@@ -27,6 +27,7 @@ PUBLIC: dict[str, dict[str, str]] = {
         "ConfigError": EXCEPTION, "ZeusConfig": CLASS, "VirtualGPUConfig": CLASS, "SamplingConfig": CLASS,
         "WindowsConfig": CLASS, "LoggingConfig": CLASS, "PowerLimitConfig": CLASS, "TargetConfig": CLASS,
         "BatchSizeConfig": CLASS, "StoreConfig": CLASS, "parse_config": FUNCTION, "load_config": FUNCTION,
+        "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,  # re-exported from yaml_file
     },
     "zeus_callbacks.backends": {
         "BackendError": EXCEPTION, "BackendUnavailable": EXCEPTION, "NotSupported": EXCEPTION,
@@ -75,6 +76,19 @@ PUBLIC: dict[str, dict[str, str]] = {
         "satisficing_choice": FUNCTION, "observation_weights": FUNCTION, "scaled_learning_rate": FUNCTION,
         "suggest_batch_size": FUNCTION, "BatchSizeController": CLASS, "EarlyStopRule": CLASS,
     },
+    "zeus_callbacks.yaml_file": {
+        "read_yaml_file": FUNCTION, "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,
+    },
+    "zeus_callbacks.optimizers.batch_size.bandit": {  # where these lived before settings/observations/state
+        "BatchSizeBandit": CLASS, "BanditSettings": CLASS, "Suggestion": CLASS, "Phase": CLASS,
+        "StoredState": CLASS, "validated_state": FUNCTION, "observation_problem": FUNCTION,
+        "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
+    },
+    "zeus_callbacks.optimizers.batch_size.settings": {"BanditSettings": CLASS},
+    "zeus_callbacks.optimizers.batch_size.observations": {
+        "observation_problem": FUNCTION, "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
+    },
+    "zeus_callbacks.optimizers.batch_size.state": {"StoredState": CLASS, "validated_state": FUNCTION},
     "zeus_callbacks.optimizers.batch_size.controller": {
         "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "claim_pending": FUNCTION,
         "EarlyStopRule": CLASS, "BatchSizeController": CLASS,

@@ -3,7 +3,8 @@
 Every section forbids unknown keys, so a typo fails loudly with the field's path
 (``logging.interval_step: Extra inputs are not permitted``) instead of being ignored.
 The sections ``power_limit``, ``batch_size`` and ``store`` are reserved for the
-optimisers and the persistent store.
+optimisers and the persistent store. Reading the file itself (safe loader, repeated keys,
+size cap) is :mod:`zeus_callbacks.yaml_file`'s job.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +26,9 @@ from pydantic import (
 
 from zeus_callbacks.errors import ConfigError
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
+from zeus_callbacks.yaml_file import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES  # re-exported: it lived here
+from zeus_callbacks.yaml_file import MAX_YAML_ALIASES as MAX_YAML_ALIASES  # re-exported: it lived here
+from zeus_callbacks.yaml_file import read_yaml_file
 
 # Bounds that keep a run physical: a value outside them is a typo or a unit mistake, and some
 # (a 1e-12 W grid step, a 1e12 s sample buffer) would exhaust memory or hang the run.
@@ -33,8 +36,6 @@ MAX_BATCH_SIZE = 2**31 - 1  # fits every framework's int and the store's integer
 MAX_SEED = 2**32 - 1  # numpy's seed range
 MAX_VIRTUAL_GPUS = 64
 MAX_BUFFER_S = 86_400.0  # a day of 20 ms samples: ~4.3 M samples
-MAX_YAML_ALIASES = 100  # a real configuration uses a handful; an alias bomb uses thousands
-MAX_CONFIG_BYTES = 1 << 20
 _ECHO_CHARS = 80  # an error message quotes at most this much of a bad value
 _ECHO = reprlib.Repr()  # keyword arguments need Python 3.12
 _ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxdict, _ECHO.maxstring, _ECHO.maxother = 2, 4, 4, _ECHO_CHARS, _ECHO_CHARS
@@ -605,59 +606,6 @@ def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
         raise ConfigError(_format_validation_error(exc, source)) from None
 
 
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    """A YAML mapping gives the same key twice (lines are 1-based)."""
-
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
-        super().__init__(problem=f"duplicate key {key!r}")
-        self.key, self.line, self.first_line = key, line, first_line
-
-
-class _TooManyAliases(yaml.YAMLError):
-    """A YAML document uses more aliases than any configuration needs (an alias bomb)."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key repeated in one mapping is an error.
-
-    ``yaml.safe_load`` keeps the last of two equal keys, so a second ``logging:`` section
-    would silently replace the first. Merge keys (``<<: *anchor``) may still be overridden.
-    """
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        """Compose the next node, counting aliases (``*anchor``) so an alias bomb is refused.
-
-        Raises:
-            _TooManyAliases: The document uses more than ``MAX_YAML_ALIASES`` aliases.
-        """
-        if self.check_event(yaml.AliasEvent):
-            self._aliases = getattr(self, "_aliases", 0) + 1
-            if self._aliases > MAX_YAML_ALIASES:
-                raise _TooManyAliases()
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """Construct the mapping after checking that no key is given twice.
-
-        Raises:
-            _DuplicateKey: Two keys of the mapping are equal.
-        """
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                hash(key)
-            except TypeError:  # an unhashable key: the base constructor reports it
-                continue
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                raise _DuplicateKey(key, line, first_line[key])
-            first_line[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_config(path: str | Path) -> ZeusConfig:
     """Read and validate a YAML configuration file (PyYAML's safe loader; repeated keys refused).
 
@@ -671,27 +619,4 @@ def load_config(path: str | Path) -> ZeusConfig:
         ConfigError: The file is missing, unreadable, not YAML, repeats a key, or invalid; the
             message names the file (and the field, for invalid values).
     """
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes: not a zeus-callbacks configuration")
-        with path.open(encoding="utf-8") as stream:  # a stream: PyYAML's errors then name the file
-            data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
-    except FileNotFoundError:
-        raise ConfigError(f"zeus-callbacks configuration file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read zeus-callbacks configuration {path}: {exc.strerror}") from None
-    except UnicodeError:
-        raise ConfigError(f"{path} is not a text (UTF-8) YAML file") from None
-    except _DuplicateKey as exc:
-        raise ConfigError(
-            f"{path}: line {exc.line}: duplicate key {exc.key!r} (already given at line {exc.first_line}); "
-            "give each key once"
-        ) from None
-    except _TooManyAliases:
-        raise ConfigError(
-            f"{path} uses more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    return parse_config(data, source=str(path))
+    return parse_config(read_yaml_file(path), source=str(path))

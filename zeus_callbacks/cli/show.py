@@ -11,7 +11,7 @@ from typing import Any
 
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
-from zeus_callbacks.optimizers.batch_size.bandit import validated_state
+from zeus_callbacks.optimizers.batch_size.state import validated_state
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
 

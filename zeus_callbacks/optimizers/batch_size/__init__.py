@@ -6,10 +6,13 @@ The package reads top-down:
   what the session delegates to.
 - :mod:`.bandit`: :class:`BatchSizeBandit`, pruning then Gaussian Thompson sampling, persisted in a store
   (the method and its fixes to Zeus's version are described there).
+- :mod:`.settings`: :class:`BanditSettings`, checked when built.
+- :mod:`.observations`: which trials are observations of their arm, and which count against it.
+- :mod:`.state`: the shape of the bandit's stored state, checked on every read.
 - :mod:`.maths`: the pure functions the bandit uses.
 """
 
-from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Phase, Suggestion
+from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Phase, Suggestion
 from zeus_callbacks.optimizers.batch_size.controller import (
     MIN_CHECK_INTERVAL_S,
     BatchSizeController,
@@ -29,6 +32,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     satisficing_choice,
     scaled_learning_rate,
 )
+from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 
 __all__ = [
     "ArmPosterior",

@@ -69,7 +69,6 @@ from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.optimizers.batch_size.maths import (
     ArmPosterior,
@@ -81,8 +80,29 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     prior_from_costs,
     satisficing_choice,
 )
+from zeus_callbacks.optimizers.batch_size.observations import (
+    OBSERVATION_BOUNDS,
+    arm_failures,
+    finite_or_none,
+    is_observable_cost,
+    observation_problem,
+)
+from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size.state import StoredState, validated_state
 from zeus_callbacks.store.base import BanditState, Store, TrialRecord
-from zeus_callbacks.store.records import corrupt
+
+# Re-exported: these lived here before settings.py, observations.py and state.py held them.
+__all__ = [
+    "OBSERVATION_BOUNDS",
+    "BanditSettings",
+    "BatchSizeBandit",
+    "Phase",
+    "StoredState",
+    "Suggestion",
+    "arm_failures",
+    "observation_problem",
+    "validated_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,122 +112,6 @@ class Phase(str, Enum):
 
     PRUNING = "pruning"
     THOMPSON = "thompson"
-
-
-@dataclass(frozen=True)
-class BanditSettings:
-    """Settings of :class:`BatchSizeBandit` (``BatchSizeConfig`` carries the same fields).
-
-    Attributes:
-        batch_sizes: Candidate batch sizes (arms), any order; duplicates are dropped.
-        default_batch_size: Where pruning starts; must be one of ``batch_sizes``.
-        beta_knob: Early-stopping factor (> 1); None disables early stopping.
-        pruning_rounds: Pruning rounds before Thompson sampling (≥ 1).
-        seed: Seed of the generator (used once, when the job's state is created).
-        prior_std_rel: Prior standard deviation as a fraction of the prior mean (κ).
-        noise_floor_rel: Floor of an arm's cost standard deviation as a fraction of its mean (ρ).
-        window: Use only the last ``window`` observations of each arm; None: all.
-        discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
-        prune_cost_ratio: Also end a pruning direction at a size costing more than this
-            times the cheapest converged size of the round (cost is close to unimodal in
-            the batch size); None: only non-convergence ends a direction (Zeus). During
-            pruning it is also the early-stopping factor when smaller than ``beta_knob``.
-            With ``prune_cost_ratio_no_descent`` set, it applies only to a candidate whose
-            direction is descending (:meth:`BatchSizeBandit.prune_ratio`).
-        prune_cost_ratio_no_descent: The factor that replaces ``prune_cost_ratio`` for a
-            candidate whose direction is not descending: the first size away from the start,
-            or a size after one that did not lower the round's cheapest converged cost; None:
-            ``prune_cost_ratio`` for every candidate. Ignored when ``prune_cost_ratio`` is None.
-        elimination_z: Thompson sampling draws only from arms whose lower confidence bound
-            ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
-        satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
-            fraction of the lowest draw, play the one with the lowest posterior mean; None:
-            plain Thompson sampling (the lowest draw).
-        explore_stop_z: Stop a Thompson-phase run of an arm other than the one with the lowest
-            posterior mean once its cost passes that arm's ``μn + z·σ`` (σ its noise sd); the
-            stopped cost is a censored observation, counted at its tail mean
-            (:func:`gaussian_tail_mean`); None: only ``beta_knob`` stops such runs.
-        max_failures: An arm whose last ``max_failures`` finished trials all failed (a crash,
-            an out-of-memory error, a process killed; not an interruption) is pruned, and the
-            reason is kept in the state (``failed_arms``) and shown by ``zeus-callbacks show``;
-            None: failures never prune an arm.
-    """
-
-    batch_sizes: tuple[int, ...]
-    default_batch_size: int
-    beta_knob: float | None = 2.0
-    pruning_rounds: int = 1
-    seed: int = 0
-    prior_std_rel: float = 1.0
-    noise_floor_rel: float = 0.05
-    window: int | None = None
-    discount: float | None = None
-    prune_cost_ratio: float | None = 1.5
-    prune_cost_ratio_no_descent: float | None = 1.3
-    elimination_z: float | None = 2.0
-    satisficing_rel: float | None = 0.01
-    explore_stop_z: float | None = 2.0
-    max_failures: int | None = 2
-
-    def __post_init__(self) -> None:
-        sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
-        if not sizes or sizes[0] <= 0:
-            raise ValueError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
-        object.__setattr__(self, "batch_sizes", sizes)
-        if self.default_batch_size not in sizes:
-            raise ValueError(f"default_batch_size {self.default_batch_size} is not one of batch_sizes {list(sizes)}")
-        if self.beta_knob is not None and not self.beta_knob > 1.0:
-            raise ValueError(f"beta_knob must be > 1 (or None), got {self.beta_knob}")
-        if self.pruning_rounds < 1:
-            raise ValueError(f"pruning_rounds must be ≥ 1, got {self.pruning_rounds}")
-        if not (self.prior_std_rel > 0 and self.noise_floor_rel > 0):
-            raise ValueError("prior_std_rel and noise_floor_rel must be positive")
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"window must be ≥ 1, got {self.window}")
-        if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
-            raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
-        if self.prune_cost_ratio_no_descent is not None and not self.prune_cost_ratio_no_descent >= 1.0:
-            raise ValueError(
-                f"prune_cost_ratio_no_descent must be ≥ 1 (or None), got {self.prune_cost_ratio_no_descent}"
-            )
-        if self.elimination_z is not None and not self.elimination_z > 0:
-            raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
-        if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
-            raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
-        if self.explore_stop_z is not None and not self.explore_stop_z > 0:
-            raise ValueError(f"explore_stop_z must be > 0 (or None), got {self.explore_stop_z}")
-        if self.max_failures is not None and self.max_failures < 1:
-            raise ValueError(f"max_failures must be ≥ 1 (or None), got {self.max_failures}")
-        if self.discount is not None and not 0.0 < self.discount <= 1.0:
-            raise ValueError(f"discount must be in (0, 1], got {self.discount}")
-
-    @classmethod
-    def from_config(cls, config: Any) -> BanditSettings:
-        """Build from a :class:`~zeus_callbacks.config.BatchSizeConfig`.
-
-        Raises:
-            ValueError: ``batch_sizes`` or ``default_batch_size`` is missing or inconsistent.
-        """
-        if not config.batch_sizes or config.default_batch_size is None:
-            raise ValueError("batch_size.batch_sizes and batch_size.default_batch_size must be set")
-        return cls(
-            batch_sizes=tuple(config.batch_sizes),
-            default_batch_size=config.default_batch_size,
-            beta_knob=config.beta_knob,
-            pruning_rounds=config.pruning_rounds,
-            seed=config.seed,
-            prior_std_rel=config.prior_std_rel,
-            noise_floor_rel=config.noise_floor_rel,
-            window=config.window,
-            discount=config.discount,
-            prune_cost_ratio=config.prune_cost_ratio,
-            prune_cost_ratio_no_descent=config.prune_cost_ratio_no_descent,
-            elimination_z=config.elimination_z,
-            satisficing_rel=config.satisficing_rel,
-            explore_stop_z=config.explore_stop_z,
-            max_failures=config.max_failures,
-        )
-
 
 
 @dataclass(frozen=True)
@@ -226,148 +130,6 @@ class Suggestion:
     phase: str
     round: int
 
-
-
-OBSERVATION_BOUNDS = {"cost": (1e-6, 1e18), "energy_J": (1e-6, 1e18), "time_s": (1e-6, 1e10)}
-"""Physical range of a run's cost (J-equivalent), energy (J) and time (s): outside it a figure is not a
-measurement. 1e-6 J is a microjoule (a GPU draws tens of watts at idle: any run measures far more);
-1e18 J is 100 000 GPUs at 1 kW for 300 years; 1e10 s is 300 years. Within it the posterior maths
-cannot overflow (squares of 1e18 are far below the float maximum)."""
-
-
-def observation_problem(
-    energy_J: float | None, time_s: float | None, cost: float | None, *, degraded: bool = False
-) -> str | None:
-    """Why a run's figures cannot be an observation of its arm, or None when they can.
-
-    An observation needs a finite, positive cost from a complete measurement: a GPU draws
-    power whenever it runs, so a run's energy, time and cost are positive; a NaN, an
-    infinity, a zero (a GPU lost for the whole run reads 0 J), a value outside
-    :data:`OBSERVATION_BOUNDS` or a degraded measurement (sensor faults left gaps) would give
-    the arm a cost it does not have, and a 0 would become the job's best cost for good.
-
-    Args:
-        energy_J: The run's GPU energy (J); None: unknown (not checked).
-        time_s: The run's wall time (s); None: unknown (not checked).
-        cost: Its ZeusCost (J-equivalent).
-        degraded: The measurement is incomplete (:attr:`~zeus_callbacks.reporting.RunSummary.degraded`).
-
-    Returns:
-        A reason in words, or None.
-    """
-    if degraded:
-        return "the energy measurement is degraded (sensor faults): its energy is incomplete"
-    for name, value in (("cost", cost), ("energy_J", energy_J), ("time_s", time_s)):
-        if value is None:
-            if name == "cost":
-                return "the cost is unknown"
-            continue
-        if not math.isfinite(value):
-            return f"{name} is {value!r}, not a finite number"
-        if value <= 0:
-            return f"{name} is {value:g}; a run's energy, time and cost are positive"
-        low, high = OBSERVATION_BOUNDS[name]
-        if not low <= value <= high:
-            return f"{name} is {value:g}, outside the physical range [{low:g}, {high:g}]"
-    return None
-
-
-def _is_observable_cost(cost: float | None) -> bool:
-    low, high = OBSERVATION_BOUNDS["cost"]
-    return cost is not None and math.isfinite(cost) and low <= cost <= high
-
-
-def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
-    """Per arm, its failures in a row at the end of its finished trials, and the last one's reason.
-
-    A ``failed`` trial (the run raised, e.g. out of memory; or its process was killed and the
-    store marked it failed: ``info["reason"]``) counts; an interrupted run (``info["run_status"]
-    == "interrupted"``: a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial of the
-    arm resets its count. Running trials are skipped.
-
-    Args:
-        trials: The job's trials in creation order.
-
-    Returns:
-        Batch size → (failures in a row, reason of the last), for arms whose last finished trial failed.
-    """
-    out: dict[int, tuple[int, str]] = {}
-    for trial in trials:
-        if trial.status == "running":
-            continue
-        if trial.status != "failed":
-            out.pop(trial.batch_size, None)
-            continue
-        if trial.info.get("run_status") == "interrupted":
-            continue
-        count = out.get(trial.batch_size, (0, ""))[0] + 1
-        out[trial.batch_size] = (count, str(trial.info.get("reason") or trial.info.get("error") or "the run failed"))
-    return out
-
-
-class StoredState(BaseModel):
-    """The shape of the bandit's state as the store keeps it; checked on every read (:func:`validated_state`)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    phase: Literal["pruning", "thompson"]
-    round: int = Field(ge=0)
-    direction: Literal["start", "down", "up", "done"]
-    start: int
-    candidate: int | None
-    survivors: list[int] = Field(min_length=1)
-    round_results: dict[str, list[Any]] = Field(default_factory=dict)
-    descending: bool = False
-    min_cost: float | None = None
-    rng: dict[str, Any]
-    batch_sizes: list[int] = Field(min_length=1)
-    failed_arms: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("round_results", mode="after")
-    @classmethod
-    def _results_are_cost_and_flag(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for size, pair in value.items():
-            if not size.lstrip("-").isdigit() or len(pair) != 2 or not isinstance(pair[1], bool) or not (
-                    pair[0] is None or (isinstance(pair[0], (int, float)) and not isinstance(pair[0], bool))):
-                raise ValueError(f"round result of {size!r} must be [cost or null, true/false], got {pair!r}")
-        return value
-
-    @field_validator("rng", mode="after")
-    @classmethod
-    def _rng_state_is_pcg64(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            np.random.PCG64().state = value  # type: ignore[assignment]  # numpy types it as its TypedDict
-        except (TypeError, ValueError, KeyError, OverflowError) as exc:
-            raise ValueError(f"not a PCG64 generator state ({exc})") from None
-        return value
-
-    @model_validator(mode="after")
-    def _sizes_are_arms(self) -> StoredState:
-        sizes = set(self.batch_sizes)
-        if self.start not in sizes or not set(self.survivors) <= sizes:
-            raise ValueError("start and survivors must be among batch_sizes")
-        if self.phase == "pruning" and self.candidate not in sizes:
-            raise ValueError("a pruning state's candidate must be one of batch_sizes")
-        return self
-
-
-def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[str, Any]:
-    """The job's stored bandit state, its shape checked (:class:`StoredState`), as a plain dict.
-
-    Args:
-        state: The state as read from the store.
-        location: The store's file or masked URL, for the message.
-        job_id: The job, for the message.
-
-    Raises:
-        StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
-    """
-    try:
-        return StoredState.model_validate(state).model_dump(exclude_unset=True)  # no key added to a stored state
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(p) for p in error["loc"]) or "the state"
-        raise corrupt(location, f"the bandit state of job {job_id!r}", f"{field}: {error['msg']}") from exc
 
 
 # -- the stateful bandit -------------------------------------------------------------------
@@ -417,7 +179,7 @@ class BatchSizeBandit:
             return self._initial_state()
         state = validated_state(dict(current.state), self.store.location, self.job_id)
         min_cost = state.get("min_cost")
-        if min_cost is not None and not (isinstance(min_cost, (int, float)) and _is_observable_cost(min_cost)):
+        if min_cost is not None and not (isinstance(min_cost, (int, float)) and is_observable_cost(min_cost)):
             state["min_cost"] = None  # written by an older version from a bad run: not a cost
         if state.get("batch_sizes") != list(self.settings.batch_sizes):
             logger.warning(
@@ -554,7 +316,7 @@ class BatchSizeBandit:
             trials = self.store.list_trials(self.job_id)
         done = [
             t for t in trials
-            if t.status in ("completed", "early_stopped") and _is_observable_cost(t.cost)
+            if t.status in ("completed", "early_stopped") and is_observable_cost(t.cost)
         ]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
@@ -784,12 +546,12 @@ class BatchSizeBandit:
                            self.job_id, trial_id, batch_size if batch_size is not None else "(suggested)", problem)
             info = {**(info or {}), "not_observed": problem}
             cost = None
-            energy_J = None if degraded else _finite_or_none(energy_J)
-            time_s = _finite_or_none(time_s)
+            energy_J = None if degraded else finite_or_none(energy_J)
+            time_s = finite_or_none(time_s)
         elif status == "failed":  # not an observation whatever its figures; keep only the sane ones
-            cost = cost if _is_observable_cost(cost) else None
-            energy_J = _finite_or_none(energy_J)
-            time_s = _finite_or_none(time_s)
+            cost = cost if is_observable_cost(cost) else None
+            energy_J = finite_or_none(energy_J)
+            time_s = finite_or_none(time_s)
         trial = self.store.finish_trial(
             trial_id,
             status=status,
@@ -902,8 +664,3 @@ class BatchSizeBandit:
                 entry.update(mean_cost=p.mean, std_cost=p.std)
             arms[int(b)] = entry
         return arms
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    """``value`` when it is a finite number, else None (unknown)."""
-    return value if value is not None and math.isfinite(value) else None

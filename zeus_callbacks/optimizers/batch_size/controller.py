@@ -36,7 +36,8 @@ from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.errors import StoreError, StoreLockedError
-from zeus_callbacks.optimizers.batch_size.bandit import BanditSettings, BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord
 
@@ -374,7 +375,8 @@ class BatchSizeController:
         if time_s - self._last_check_s < MIN_CHECK_INTERVAL_S:
             return None
         self._last_check_s = time_s
-        self.stop_reason = self.rule.reason(energy_J, time_s)  # type: ignore[union-attr]  # checked above
+        rule = self.rule  # built here, not above: this runs on every step, the rule at most every 0.5 s
+        self.stop_reason = None if rule is None else rule.reason(energy_J, time_s)
         return self.stop_reason
 
     def stop_agreed(self, reason: str) -> None:
@@ -398,7 +400,7 @@ class BatchSizeController:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
         The trial is an observation of its arm only with a finite, positive cost from a
-        complete measurement (:func:`~zeus_callbacks.optimizers.batch_size.bandit.observation_problem`);
+        complete measurement (:func:`~zeus_callbacks.optimizers.batch_size.observations.observation_problem`);
         a failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
 
         Args:
