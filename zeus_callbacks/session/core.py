@@ -50,7 +50,7 @@ from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
-from zeus_callbacks.session.aggregate import RankAggregator, slowest, total
+from zeus_callbacks.session.aggregate import RankAggregator, Rows, slowest, total
 from zeus_callbacks.session.run import StartedRun, default_gpu_indices, make_timer, open_run, select_gpu_indices
 from zeus_callbacks.session.scheduler import CONTINUE, Decision, StepScheduler
 from zeus_callbacks.session.state import Totals, carried_totals, resume_state
@@ -125,6 +125,10 @@ class EnergySession(StepScheduler):
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
+        # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
+        # metrics queued are the means over that whole interval, however many reports it held.
+        self._interval_rows: Rows | None = None
+        self._interval_warmup: Rows | None = None
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
@@ -341,8 +345,9 @@ class EnergySession(StepScheduler):
                 queued for the next :meth:`pop_metrics`.
 
         Returns:
-            With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), when the window
-            is measured (``windows.eval``); otherwise empty.
+            With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), flagged as
+            :meth:`pop_metrics` flags, when the window is measured (``windows.eval``);
+            otherwise empty.
         """
         if not self.started:
             return {}
@@ -365,7 +370,7 @@ class EnergySession(StepScheduler):
         run.flush_sensor(run.backend.clock.now_s())
         self._report_steps(resolve_final=True)
         keys = (metric.EVAL_ENERGY_J, metric.EVAL_TIME_S)
-        return {key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics}
+        return self._flagged({key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics})
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -535,16 +540,29 @@ class EnergySession(StepScheduler):
     def pop_metrics(self, *, flush_steps: bool = False) -> dict[str, float]:
         """Return and clear the metrics queued for the framework's loggers.
 
+        The step metrics are the means over every step reported since the last call (one
+        interval, however many reports it held): ``energy/step_J`` the mean energy of its
+        measured steps, ``energy/step_count`` their number.
+
         Args:
             flush_steps: Report the steps since the last report now (HF Trainer calls
                 this at each of its own logging events).
         """
         if flush_steps and self.started:
             self._report_steps()
+        self._interval_rows = self._interval_warmup = None  # the next interval starts here
         if not self._pending_metrics:
             return {}  # most steps: nothing queued, nothing to swap
         metrics, self._pending_metrics = self._pending_metrics, {}
         return self._flagged(metrics)
+
+    def flagged(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """``metrics`` as this run's loggers get them (adapters flag what they log beside ``pop_metrics``).
+
+        On the virtual GPU with ``energy/simulated``; on a GPU that cannot be measured without
+        energy or power figures, and with ``energy/unavailable``.
+        """
+        return self._flagged(dict(metrics))
 
     def _flagged(self, metrics: dict[str, float], *, flag: bool = True) -> dict[str, float]:
         """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU.
@@ -951,14 +969,16 @@ class EnergySession(StepScheduler):
         warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
         if warmup_rows:
             values = records.warmup_metrics(warmup_rows)
-            self._pending_metrics.update(values)
+            self._interval_warmup = records.merged_rows(self._interval_warmup, [row[6:9] for row in gathered])
+            self._pending_metrics.update(records.warmup_metrics([r for r in self._interval_warmup if r[2] > 0]))
             self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
         gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
-        values = records.step_metrics(rows)
-        self._pending_metrics.update(values)
+        values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
+        self._interval_rows = records.merged_rows(self._interval_rows, gathered)
+        self._pending_metrics.update(records.step_metrics([r for r in self._interval_rows if r[2] > 0]))
         self._write_steps_record(values, batches if count else [], len(gathered), final=final)
 
     def _write_steps_record(

@@ -134,6 +134,26 @@ def local_step_row(batches: Sequence[WindowBatch]) -> list[float]:
     ]
 
 
+def merged_rows(earlier: Rows | None, rows: Rows, *, count_column: int = 2) -> Rows:
+    """One interval's rows from two reports' (:func:`local_step_row`, :func:`local_warmup_row`): summed per rank.
+
+    A rank with no step in one of the reports takes the other's row as it is (its NaN sample
+    count is no part of the sum). ``earlier`` None, or of another rank count (the ranks stopped
+    exchanging after a failure): the interval starts with ``rows``.
+    """
+    if earlier is None or len(earlier) != len(rows):
+        return [list(row) for row in rows]
+    merged = []
+    for old, new in zip(earlier, rows, strict=True):
+        if not old[count_column]:
+            merged.append(list(new))
+        elif not new[count_column]:
+            merged.append(list(old))
+        else:
+            merged.append([a + b for a, b in zip(old, new, strict=True)])
+    return merged
+
+
 def step_metrics(rows: Rows) -> dict[str, float]:
     """Per-step means from the ranks' step columns (:func:`local_step_row`), ranks with steps only.
 
