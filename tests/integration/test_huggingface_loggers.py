@@ -113,6 +113,7 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
     energy_logs = [(step, logs) for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
     assert any("energy/eval_J" in logs for _, logs in energy_logs)
     assert all(logs.get("energy/simulated") == 1.0 for _, logs in energy_logs), energy_logs
+    assert all(r["simulated"] is True for r in read_jsonl(summary.jsonl_path))
 
 
 def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path):

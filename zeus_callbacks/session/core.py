@@ -409,7 +409,8 @@ class EnergySession(StepScheduler):
         Under DDP every rank must call it (it aggregates across ranks).
 
         Returns:
-            The epoch metrics (also queued for :meth:`pop_metrics`).
+            The epoch metrics (also queued for :meth:`pop_metrics`), flagged as
+            :meth:`pop_metrics` flags them (``energy/simulated`` on the virtual GPU).
         """
         if not self.started:
             return {}
@@ -430,7 +431,7 @@ class EnergySession(StepScheduler):
         self._report_steps(resolve_final=True)
         # The steps' attribution is charged to them; the once-an-epoch phase summary is not.
         self._governor.report_s += time.perf_counter() - reported - self._phase_summary_s
-        return {k: v for k, v in self._pending_metrics.items() if k.startswith(_EPOCH_PREFIXES)}
+        return self._flagged({k: v for k, v in self._pending_metrics.items() if k.startswith(_EPOCH_PREFIXES)})
 
     def train_end(self, status: str | None = None) -> RunSummary:
         """Close every window, stop sampling, write the summary, release the backend.

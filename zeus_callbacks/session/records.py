@@ -1,7 +1,8 @@
 """The JSONL records, the metrics queued for the framework's loggers, and the RunSummary.
 
 Every record the energy log holds is a dict literal in this module with an ``"event"``
-key (``docs/gen_reference.py`` reads them here to document the log). The values are
+key (``docs/gen_reference.py`` reads them here to document the log), written with the
+:data:`STAMPED_FIELDS` (``simulated``) added where the literal lacks them. The values are
 the rank-aggregated ones (:mod:`zeus_callbacks.session.aggregate`): energy summed over
 ranks, time the slowest rank's.
 """
@@ -25,6 +26,19 @@ logger = logging.getLogger(__name__)
 
 _COUNTER_GAP_WARN = 0.15  # samples and counter differ by more than this share: warn
 _COUNTER_GAP_MIN_S = 5.0  # ... over an epoch at least this long (s)
+
+
+# ------------------------------------------------------------------ every record
+STAMPED_FIELDS = ("simulated",)
+"""Fields every record is written with (:func:`stamped`), whether or not its literal below has them."""
+
+
+def stamped(record: dict[str, Any], *, simulated: bool) -> dict[str, Any]:
+    """``record`` as the log writes it: with ``simulated`` (true on the virtual GPU), so every line says so.
+
+    A record that says it already (``run_start``, ``run_end``) is kept as it is.
+    """
+    return record if "simulated" in record else {**record, "simulated": simulated}
 
 
 # ------------------------------------------------------------------ run records
