@@ -244,7 +244,7 @@ class RunSummary:
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
             f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
             f"  epochs        {self.epochs}   energy/epoch "
-            + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:])
+            + (", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]) or "n/a (no epoch ran)")
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
             f"  power limit   {self._power_limit_line(fmt)}",
         ]
@@ -357,6 +357,27 @@ def _json_safe(value: Any) -> Any:
 
 
 
+def is_energy_log(path: str | Path) -> bool:
+    """True when ``path`` is a file whose first line is an energy-log record (a JSON object with an ``event``).
+
+    Reads at most 64 KiB of it; a store (SQLite's binary pages, a JSON store's document) is not one.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            line = file.readline(65536)
+            while line and not line.strip():
+                line = file.readline(65536)
+        record = json.loads(line)
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("event"), str)
+
+
+def not_a_store_but_a_log(path: str | Path) -> str:
+    """What to say when an energy log is given where a store is expected."""
+    return f"{path} is a zeus-callbacks energy log (JSONL), not a store: read it with `zeus-callbacks report {path}`"
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL energy log, skipping a torn last line (crash mid-write).
 
@@ -373,6 +394,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise
+    except IsADirectoryError:
+        raise NotAnEnergyLog(f"{path} is a folder, not a zeus-callbacks energy log") from None
     except (OSError, UnicodeError) as exc:
         raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log: {exc}") from None
     records: list[dict[str, Any]] = []
