@@ -477,7 +477,11 @@ def render_metrics() -> str:
         "stops training (`EarlyStoppingCallback`) after that step's periodic log, the final log gives the "
         "reporters no second point at that step: their last totals are that periodic log's, taken before the "
         "evaluation; the results (`TrainOutput.metrics`, `train_results.json`) and the JSONL `run_end` hold "
-        "the run's.",
+        "the run's. The run's mean step (`run_end`'s `step_energy_J`, the results' `energy/run_step_mean_J`) "
+        "leaves the warm-up steps out and weighs each `steps` record's mean by the steps it stands for (a "
+        "plain mean over the measured steps would favour the stretches auto sampling measures more): times "
+        "the steps it is below the run's total, which also holds the warm-up steps, the evaluations, the epoch "
+        "boundaries and the time before the first epoch and after the last (docs/results/step_mean_bias.md).",
         f"- **`{reporting.SIMULATED}`** with every batch of metrics that carries energy (every Hugging Face "
         "log, evaluation logs included; in Lightning once per logger step, as an evaluation and a report may "
         "share one).",

@@ -118,9 +118,10 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
 
     ``energy/total_J`` (J) and ``time/total_s`` (s) of the whole run (every GPU; resumed runs
     included), ``power/run_mean_W`` (W), ``energy/run_step_mean_J`` (J) and
-    ``time/run_step_mean_s`` (s) over the run's measured steps, ``energy/run_step_count``
-    (steps taken). A figure the run could not measure (no measured step: NaN in the summary)
-    is left out rather than given as a number.
+    ``time/run_step_mean_s`` (s): the run's mean step after its warm-up steps
+    (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken). A figure the
+    run could not measure (no measured step: NaN in the summary) is left out rather than given
+    as a number.
 
     Args:
         summary: The ended run's summary.
@@ -153,8 +154,11 @@ class RunSummary:
         epochs: Training epochs run, one per entry of ``epoch_energy_J``: an epoch cut short by the
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
-        step_energy_J: Mean energy per measured step (J), NaN without one.
-        step_time_s: Mean step time (s), NaN without steps.
+        step_energy_J: Mean energy per step after the warm-up steps (J), NaN without a measured one:
+            each step report's mean over its measured steps, weighted by the steps it stands for
+            (``windows.sample_fraction`` may measure a different share in each), so
+            ``step_energy_J`` × the steps of the ``steps`` records is their energy estimate.
+        step_time_s: Mean step time, estimated alike (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J).
         power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
         chosen_power_limit_W: The limit power-limit profiling (or its cache) chose (W); None when

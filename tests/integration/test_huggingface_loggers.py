@@ -58,6 +58,8 @@ def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
         sum(r["time_s_mean"] * r["count"] for r in reports), rel=1e-5
     )
     summary = callback.summary
+    # The run's mean step (the results' energy/run_step_mean_J) is the same steps' mean: no warm-up step in it.
+    assert summary.step_energy_J * measured == pytest.approx(sum(r["energy_J_mean"] * r["count"] for r in reports))
     # The running total at each log holds the steps logged so far (and the warm-up step).
     totals = dict(scalars["energy/total_J"])
     warmup_J = sum(r["energy_J"] for r in warmup)

@@ -934,9 +934,7 @@ class EnergySession(StepScheduler):
                     self._unreported_steps.append(steps.select(~warmup))
             else:
                 self._unreported_steps.append(steps)
-            self._totals.measured_steps += steps.size
-            self._totals.step_energy_J += float(steps.energy_J.sum())
-            self._totals.step_time_s += float(steps.time_s.sum())
+            self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self.run.phases
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
@@ -980,17 +978,25 @@ class EnergySession(StepScheduler):
         values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
         self._interval_rows = records.merged_rows(self._interval_rows, gathered)
         self._pending_metrics.update(records.step_metrics([r for r in self._interval_rows if r[2] > 0]))
-        self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+        stood_for = self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+        if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
+            energy_J, time_s = local[0], local[1]
+            self._totals.step_energy_J += energy_J / count * stood_for
+            self._totals.step_time_s += time_s / count * stood_for
+            self._totals.estimated_steps += stood_for
 
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
-    ) -> None:
+    ) -> int:
         """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
+
+        Returns:
+            The steps the record stands for (its ``steps``: warm-up steps left out).
         """
         lo = self._steps_logged_upto
         if final:
@@ -1009,6 +1015,7 @@ class EnergySession(StepScheduler):
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
             )
         )  # fmt: skip
+        return upto - lo - warmup
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self.run
@@ -1051,7 +1058,7 @@ class EnergySession(StepScheduler):
         t = self._totals
         counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
         rows = self._ranks.gather(
-            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
+            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps),
             degraded=self.degraded,
         )
         measurement, note = measurement_of(run.backend)

@@ -365,14 +365,18 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
-                      step_time_s: float, measured_steps: int) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs."""
+                      step_time_s: float, estimated_steps: int) -> list[float]:  # fmt: skip
+    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs.
+
+    The step means are the estimates over ``estimated_steps`` steps
+    (:class:`~zeus_callbacks.session.state.Totals`), NaN when no step was estimated.
+    """
     return [
         run.energy_J if run else 0.0,
         run.time_s if run else 0.0,
         math.nan if counter_J is None else counter_J,
-        step_energy_J / measured_steps if measured_steps else math.nan,
-        step_time_s / measured_steps if measured_steps else math.nan,
+        step_energy_J / estimated_steps if estimated_steps else math.nan,
+        step_time_s / estimated_steps if estimated_steps else math.nan,
         (run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
         *(run.gpu_energy_J if run else ()),
     ]
