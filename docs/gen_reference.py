@@ -256,7 +256,7 @@ FIELDS: dict[str, str] = {
     "measurement": "What the energy figures are: `measured` (a real GPU), `simulated` (the virtual GPU: "
     "figures come from traces) or `unavailable` (a GPU is present but cannot be measured: every energy "
     "figure is null). See docs/concepts.md#honest-figures.",
-    "simulated": "True when the energy is simulated (the virtual GPU), never a measurement.",
+    "simulated": "True when the energy is simulated (the virtual GPU), never a measurement: on every record.",
     "measurement_note": "Why measurement is unavailable and how to fix it; null otherwise.",
     "power_limit_W": "Power limit read when the run started, mean over the measured GPUs (W); null when "
     "it cannot be read.",
@@ -413,6 +413,8 @@ def render_metrics() -> str:
     """Return the text of ``docs/metrics.md``."""
     source = Path(session_records.__file__)
     records = jsonl_records(source)
+    for fields in records.values():  # the log writes these into every record (records.stamped)
+        fields += [name for name in session_records.STAMPED_FIELDS if name not in fields]
     unknown = [e for e in records if e not in EVENTS]
     stale = [e for e in EVENTS if e not in records]
     if unknown or stale:
@@ -443,9 +445,15 @@ def render_metrics() -> str:
         "When they are logged:",
         "",
         f"- **Step metrics** (`{reporting.STEP_ENERGY_J}` to `{reporting.POWER_LIMIT_W}` in the table) "
-        "are means over the steps attributed since the previous report. A report is made every "
+        "are means over the steps attributed since they were last handed to the loggers. A report is made every "
         "`logging.interval_steps` steps and at each epoch end; in the Hugging Face Trainer also at each "
-        "of its logging events (`logging_steps`). A step whose power samples have not arrived yet "
+        "of its logging events (`logging_steps`). Lightning's loggers get each report at its own step. The "
+        "Hugging Face Trainer's reporters only read its logs, so each log merges every report since its "
+        f"previous log into one interval: `{reporting.STEP_ENERGY_J}` is the mean over all the interval's "
+        f"measured steps, `{reporting.STEP_COUNT}` their number, and `{reporting.STEP_TIME_S}`, "
+        f"`{reporting.MEAN_POWER_W}` and the per-sample figures are the interval's too; so over the logs, "
+        f"`{reporting.STEP_ENERGY_J}` × `{reporting.STEP_COUNT}` sums to the JSONL `steps` records' "
+        "`energy_J_mean` × `count`. A step whose power samples have not arrived yet "
         f"goes into the next report, which is why `{reporting.STEP_COUNT}` is logged alongside. Steps too short "
         "for a window at every step within `windows.max_overhead` are measured as a random share "
         "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
@@ -462,8 +470,21 @@ def render_metrics() -> str:
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "
         "report after an evaluation loop.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
-        "(Lightning writes them through `trainer.loggers`); the Hugging Face callback also adds the "
-        "running totals to every log.",
+        "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
+        "adds the running totals to every periodic log. When `train()` raises, the Hugging Face callback hands "
+        "the steps reported since its last log and the run's totals to the Trainer's reporters as one more log, "
+        "at the step that failed (the last completed step + 1; never in `log_history`). When an evaluation "
+        "stops training (`EarlyStoppingCallback`) after that step's periodic log, the final log gives the "
+        "reporters no second point at that step: their last totals are that periodic log's, taken before the "
+        "evaluation; the results (`TrainOutput.metrics`, `train_results.json`) and the JSONL `run_end` hold "
+        "the run's. The run's mean step (`run_end`'s `step_energy_J`, the results' `energy/run_step_mean_J`) "
+        "leaves the warm-up steps out and weighs each `steps` record's mean by the steps it stands for (a "
+        "plain mean over the measured steps would favour the stretches auto sampling measures more): times "
+        "the steps it is below the run's total, which also holds the warm-up steps, the evaluations, the epoch "
+        "boundaries and the time before the first epoch and after the last (docs/results/step_mean_bias.md).",
+        f"- **`{reporting.SIMULATED}`** with every batch of metrics that carries energy (every Hugging Face "
+        "log, evaluation logs included; in Lightning once per logger step, as an evaluation and a report may "
+        "share one).",
         f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`).",
         "",
         "In the Hugging Face Trainer, its TensorBoard and W&B integrations prefix every training log key "
@@ -475,7 +496,8 @@ def render_metrics() -> str:
         "`<logging.log_dir>/<run_name>.jsonl`, flushed after every record, so a crash loses at most the "
         "line being written. Read it with `zeus_callbacks.reporting.read_jsonl(path)`, which skips a "
         "torn last line. NaN and infinite values are written as `null`. Every record has an `event` "
-        "field naming its type:",
+        "field naming its type, and a `simulated` field: true on the virtual GPU, whose figures are "
+        "simulated from traces, never measured:",
         "",
     ]
     order = list(EVENTS)

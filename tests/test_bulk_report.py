@@ -185,9 +185,14 @@ def test_session_reports_equal_per_window_sums(tmp_path, manual_clock, timer_kin
         for r in steps:
             if r.complete:
                 assert r.num_power_samples == oracle[id(r)][1]
-    all_steps = [first] + [r for s in step_batches for r in s]  # the summary's mean: every measured step
-    assert summary.step_energy_J == pytest.approx(sum(r.energy_J for r in all_steps) / 300, rel=1e-12)
-    assert summary.step_time_s == pytest.approx(sum(r.time_s for r in all_steps) / 300, rel=1e-12)
+    # The summary's mean: each report's mean over its windows × the steps it stands for (no warm-up step).
+    pairs = list(zip(step_reports, step_batches, strict=True))
+    stood_for = sum(report["steps"] for report, _ in pairs)
+    assert stood_for == 299
+    energy_J = sum(sum(r.energy_J for r in steps) / len(steps) * report["steps"] for report, steps in pairs)
+    time_s = sum(sum(r.time_s for r in steps) / len(steps) * report["steps"] for report, steps in pairs)
+    assert summary.step_energy_J == pytest.approx(energy_J / stood_for, rel=1e-12)
+    assert summary.step_time_s == pytest.approx(time_s / stood_for, rel=1e-12)
     # Phases: the counts and mean durations of every execution, and the superposition fed
     # the same executions, sorted by start (stable), as the per-window tracker fed it.
     (phase_event,) = [r for r in records if r["event"] == "phases"]

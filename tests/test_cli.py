@@ -136,3 +136,47 @@ def test_show_of_an_unreachable_database_url_masks_the_password(capsys):
     code = main(["show", "postgresql://user:s3cret@127.0.0.1:1/db"])
     err = capsys.readouterr().err
     assert code == 1 and "s3cret" not in err and "user:***@127.0.0.1:1/db" in err
+
+
+def test_a_run_with_no_epoch_says_why_it_has_no_energy_per_epoch(tmp_path, capsys, virtual_backend, manual_clock):
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "r"}}, backend=virtual_backend)
+    session.train_start()
+    manual_clock.advance(0.5)
+    summary = session.train_end()  # stopped before its first epoch began
+    assert summary.epochs == 0 and summary.epoch_energy_J == []
+    (line,) = [line for line in str(summary).splitlines() if "energy/epoch" in line]
+    assert line.rstrip().endswith("energy/epoch n/a (no epoch ran)")
+
+
+def test_simulate_refuses_zero_recurrences_rather_than_print_0_J(capsys):
+    from zeus_callbacks.simulate import format_recurrences
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["simulate", "--recurrences", "0"])
+    assert stopped.value.code == 2
+    assert "argument --recurrences: must be ≥ 1, got 0" in capsys.readouterr().err
+    # The library's simulate() may run none: its table then says the figures are null, not 0 J.
+    text = format_recurrences([])
+    assert "null" in text and " 0 J" not in text
+
+
+def test_show_and_plot_bandit_name_an_energy_log_and_point_to_report(tmp_path, capsys, virtual_backend, manual_clock):
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "r"}}, backend=virtual_backend)
+    session.train_start()
+    manual_clock.advance(0.5)
+    log = session.train_end().jsonl_path
+    said = f"zeus-callbacks: {log} is a zeus-callbacks energy log (JSONL), not a store: read it with " \
+           f"`zeus-callbacks report {log}`"  # fmt: skip
+    assert main(["show", log]) == 1
+    assert capsys.readouterr().err.strip() == said  # no "move it away": nothing is wrong with the file
+    assert main(["plot", "bandit", log, "job", "-o", str(tmp_path / "b.png")]) == 1
+    assert capsys.readouterr().err.strip() == said
+    assert main(["report", log]) == 0
+
+
+def test_plot_of_a_missing_or_folder_log_is_one_line_naming_it(tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    assert main(["plot", "power-limit", str(missing), "-o", str(tmp_path / "p.png")]) == 1
+    assert capsys.readouterr().err == f"zeus-callbacks: no such energy log: {missing}\n"
+    assert main(["plot", "power-limit", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 1
+    assert capsys.readouterr().err == f"zeus-callbacks: {tmp_path} is a folder, not a zeus-callbacks energy log\n"

@@ -202,6 +202,47 @@ def test_virtual_gpu_says_simulated_everywhere(tmp_path):
     batches = [m for m in metrics if m]
     assert batches and all(m[metric.SIMULATED] == 1.0 for m in batches)
     assert _session(tmp_path, backend, name="x").totals() == {}  # nothing before a run starts
+    # Every record says so, not only run_start and run_end: a steps or epoch line read alone too.
+    assert {"steps", "warmup", "epoch"} <= {r["event"] for r in records}
+    assert all(r["simulated"] is True for r in records), [r["event"] for r in records if r.get("simulated") is not True]
+
+
+def test_virtual_gpu_flags_the_epoch_and_evaluation_figures_returned_directly(tmp_path):
+    """epoch_end() and eval_end(report=True) hand figures to adapters directly: flagged like pop_metrics."""
+    clock = ManualClock(1000.0)
+    session = _session(tmp_path, VirtualGPUBackend(clock=clock, noise_W=0.0))
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(3):
+        session.step_start(step)
+        clock.advance(STEP_S)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.eval_start()
+    clock.advance(STEP_S)
+    session.sampler.poll_once()
+    evaluation = session.eval_end(report=True)
+    session.evaluate({"loss": 1.0})
+    clock.advance(STEP_S)
+    session.sampler.poll_once()
+    epoch = session.epoch_end(0)
+    summary = session.train_end()
+    assert evaluation[metric.EVAL_ENERGY_J] > 0 and evaluation[metric.SIMULATED] == 1.0
+    assert epoch[metric.EPOCH_ENERGY_J] > 0 and epoch[metric.SIMULATED] == 1.0
+    records = read_jsonl(summary.jsonl_path)
+    assert {"eval", "evaluate", "epoch", "steps"} <= {r["event"] for r in records}
+    assert all(r["simulated"] is True for r in records)
+
+
+def test_a_measured_gpu_writes_every_record_as_not_simulated(tmp_path):
+    clock = ManualClock(T0)
+    fake, backend = _nvml(clock)
+    fake.set_load(LOAD_W)
+    summary, records, metrics = _train(_session(tmp_path, backend), clock, 10)
+    backend.close()
+    assert not summary.simulated and summary.measurement == "measured"
+    assert all(r["simulated"] is False for r in records)
+    assert not [m for m in metrics if metric.SIMULATED in m]
 
 
 # ---------------------------------------------------------------- item 2: faults never invent energy

@@ -485,10 +485,17 @@ def test_cli_restore(tmp_path, capsys):
     from zeus_callbacks.cli import main
 
     marker = tmp_path / MARKER_NAME
-    assert main(["restore", "--marker", str(marker)]) == 0
-    assert "nothing to restore" in capsys.readouterr().out
     config = tmp_path / "zeus.yaml"
     config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
+    # The configuration's marker not there: nothing to restore. A --marker named on purpose that is
+    # not there is a mistake (a typo, the wrong node): exit 1, naming the file.
+    assert main(["restore", "--config", str(config)]) == 0
+    assert "nothing to restore" in capsys.readouterr().out
+    assert main(["restore", "--marker", str(marker)]) == 1
+    assert capsys.readouterr().err.strip() == f"zeus-callbacks: no restore marker at {marker}"
+    assert main(["restore", "--marker", str(marker), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["failed"] == [
+        {"marker": str(marker), "error": f"no restore marker at {marker}"}]
     marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     assert main(["restore", "--config", str(config)]) == 0
     assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out

@@ -559,6 +559,46 @@ def test_an_outlier_first_step_is_reported_apart_and_never_scaled(new_session, v
     (epoch,) = [r for r in records if r["event"] == "epoch"]
     estimate_J = sum(r["energy_J_mean"] * r["steps"] for r in steps) + warmup["energy_J"]
     assert estimate_J == pytest.approx(epoch["energy_J"], rel=1e-9)
+    # The run's mean step leaves the warm-up step out too (it was 1.0 s + 15 × 50 ms over 16 steps).
+    assert summary.step_time_s == pytest.approx(STEP_S, rel=REL)
+    assert summary.step_energy_J == pytest.approx(power_W * STEP_S, rel=REL)
+
+
+def test_the_run_mean_step_weighs_each_report_by_the_steps_it_stands_for(new_session, virtual_backend, manual_clock):
+    """Auto sampling measures every step at first and a share later: the mean must not favour the start.
+
+    80 slow steps (200 ms) then 420 fast ones (50 ms); the first 100 are all measured, then a
+    tenth, as auto mode does once it has timed its cost (it sets the share at a report). The mean
+    over the measured steps weighs the first 100 ten times over (~0.13 s); each report's mean ×
+    the steps it stands for does not (0.08 s, exactly here: equal steps within each share).
+    """
+    session = new_session(virtual_backend, logging={"interval_steps": 50})
+    session.train_start()
+    session.epoch_start(0)
+    power_W = virtual_backend.true_power_W(0)
+    steps, slow = 500, 80
+    measured_s = []
+    for step in range(steps):  # step 0: the warm-up step
+        session.step_start(step)
+        step_s = 4 * STEP_S if step < slow else STEP_S
+        if session.measuring and step > 0:
+            measured_s.append(step_s)
+        manual_clock.advance(step_s)
+        session.sampler.poll_once()
+        session.step_end(step)
+        if step == 99:  # the report after 100 steps; auto mode's new share from here (windows.sample_fraction)
+            session.sampling.fraction = 0.1
+    session.epoch_end(0)
+    summary = session.train_end()
+    steps_records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps" and r["count"]]
+    stood_for = sum(r["steps"] for r in steps_records)  # the last few steps, none measured, stand for none
+    assert stood_for > 0.95 * (steps - 1)
+    true_step_s = ((slow - 1) * 4 * STEP_S + (stood_for - slow + 1) * STEP_S) / stood_for  # steps 1..stood_for
+    assert sum(measured_s) / len(measured_s) > 1.5 * true_step_s  # what a plain mean would say
+    assert summary.step_time_s == pytest.approx(true_step_s, rel=1e-9)
+    assert summary.step_energy_J == pytest.approx(power_W * true_step_s, rel=1e-9)
+    estimate_J = sum(r["energy_J_mean"] * r["steps"] for r in steps_records)
+    assert summary.step_energy_J * stood_for == pytest.approx(estimate_J, rel=1e-9)
 
 
 def test_a_report_with_only_the_warm_up_step_measured_scales_nothing(new_session, virtual_backend, manual_clock):

@@ -118,9 +118,10 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
 
     ``energy/total_J`` (J) and ``time/total_s`` (s) of the whole run (every GPU; resumed runs
     included), ``power/run_mean_W`` (W), ``energy/run_step_mean_J`` (J) and
-    ``time/run_step_mean_s`` (s) over the run's measured steps, ``energy/run_step_count``
-    (steps taken). A figure the run could not measure (no measured step: NaN in the summary)
-    is left out rather than given as a number.
+    ``time/run_step_mean_s`` (s): the run's mean step after its warm-up steps
+    (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken). A figure the
+    run could not measure (no measured step: NaN in the summary) is left out rather than given
+    as a number.
 
     Args:
         summary: The ended run's summary.
@@ -153,8 +154,11 @@ class RunSummary:
         epochs: Training epochs run, one per entry of ``epoch_energy_J``: an epoch cut short by the
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
-        step_energy_J: Mean energy per measured step (J), NaN without one.
-        step_time_s: Mean step time (s), NaN without steps.
+        step_energy_J: Mean energy per step after the warm-up steps (J), NaN without a measured one:
+            each step report's mean over its measured steps, weighted by the steps it stands for
+            (``windows.sample_fraction`` may measure a different share in each), so
+            ``step_energy_J`` × the steps of the ``steps`` records is their energy estimate.
+        step_time_s: Mean step time, estimated alike (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J).
         power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
         chosen_power_limit_W: The limit power-limit profiling (or its cache) chose (W); None when
@@ -244,7 +248,7 @@ class RunSummary:
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
             f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
             f"  epochs        {self.epochs}   energy/epoch "
-            + ", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:])
+            + (", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]) or "n/a (no epoch ran)")
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
             f"  power limit   {self._power_limit_line(fmt)}",
         ]
@@ -357,6 +361,27 @@ def _json_safe(value: Any) -> Any:
 
 
 
+def is_energy_log(path: str | Path) -> bool:
+    """True when ``path`` is a file whose first line is an energy-log record (a JSON object with an ``event``).
+
+    Reads at most 64 KiB of it; a store (SQLite's binary pages, a JSON store's document) is not one.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            line = file.readline(65536)
+            while line and not line.strip():
+                line = file.readline(65536)
+        record = json.loads(line)
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("event"), str)
+
+
+def not_a_store_but_a_log(path: str | Path) -> str:
+    """What to say when an energy log is given where a store is expected."""
+    return f"{path} is a zeus-callbacks energy log (JSONL), not a store: read it with `zeus-callbacks report {path}`"
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL energy log, skipping a torn last line (crash mid-write).
 
@@ -373,6 +398,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise
+    except IsADirectoryError:
+        raise NotAnEnergyLog(f"{path} is a folder, not a zeus-callbacks energy log") from None
     except (OSError, UnicodeError) as exc:
         raise NotAnEnergyLog(f"{path} is not a zeus-callbacks energy log: {exc}") from None
     records: list[dict[str, Any]] = []

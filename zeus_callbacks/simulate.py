@@ -370,12 +370,14 @@ def format_recurrences(runs: Sequence[Recurrence]) -> str:
         for r in runs
     ]  # fmt: skip
     headers = ["rec", "batch", "limit_W", "energy_J", "time_s", "cost", "epochs", "result", "phase"]
+    if not runs:  # a sum over nothing would read as 0 J measured
+        return "0 recurrences ran: energy, time and cost are null (nothing was simulated)"
     converged = sum(r.converged for r in runs)
     totals = (
         f"{len(runs)} recurrence(s), {converged} converged: energy {sum(r.energy_J for r in runs):.0f} J, "
         f"time {sum(r.time_s for r in runs):.0f} s, cost {sum(r.cost for r in runs):.0f}"
     )
-    return table(headers, rows) + "\n" + totals if runs else totals
+    return table(headers, rows) + "\n" + totals
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate") -> int:
@@ -401,7 +403,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
     parser.add_argument(
         "--train-trace", type=Path, default=None, help="training paths for --trace (Zeus summary_train CSV)"
     )
-    parser.add_argument("--recurrences", type=int_at_least(0), default=100)
+    parser.add_argument(
+        "--recurrences", type=int_at_least(1), default=100, help="recurrences to run, ≥ 1 (default 100)"
+    )
     parser.add_argument("--eta-knob", type=float_in(0, 1), default=0.5, help="energy weight of the cost, in [0, 1]")
     parser.add_argument(
         "--beta-knob", type=float_in(1, low_open=True), default=2.0, help="early-stop threshold (x best cost), > 1"

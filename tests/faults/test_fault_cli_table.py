@@ -86,6 +86,7 @@ ROWS: dict[str, Row] = {  # case -> (arguments, exit status, what the message sa
     "plot an unknown figure": (lambda f, t: ("plot", "histogram", "x"), 2, "invalid choice"),
     "restore with an unknown option": (lambda f, t: ("restore", "--bogus"), 2, "unrecognized arguments"),
     "simulate --recurrences text": (lambda f, t: ("simulate", "--recurrences", "many"), 2, "--recurrences"),
+    "simulate --recurrences 0": (lambda f, t: ("simulate", "--recurrences", "0"), 2, "must be ≥ 1"),
     "profile-kernel --size 0": (lambda f, t: ("profile-kernel", "--size", "0"), 2, "--size"),
     "profile-kernel --dtype fp64": (lambda f, t: ("profile-kernel", "--dtype", "fp64"), 2, "invalid choice"),
     # bad input files and impossible actions: one message, status 1
@@ -120,6 +121,12 @@ ROWS: dict[str, Row] = {  # case -> (arguments, exit status, what the message sa
     "show a hand-edited SQLite store": (lambda f, t: ("show", str(f["sqlite_edited"])), 1, "bandit state"),
     "show a bit-flipped JSON store": (lambda f, t: ("show", str(f["json_flipped"])), 1, "flipped.json"),
     "report what is not a log": (lambda f, t: ("report", str(f["not_json"])), 1, "not_json.json"),
+    "plot power-limit of a missing log": (
+        lambda f, t: ("plot", "power-limit", str(t / "missing.jsonl"), "-o", str(t / "p.png")), 1,
+        "no such energy log"),
+    "restore a missing --marker": (lambda f, t: ("restore", "--marker", str(t / "missing_marker.json")), 1,
+                                   "missing_marker.json"),
+    "show an energy log": (lambda f, t: ("show", str(f["good_profile_log"])), 1, "zeus-callbacks report"),
     "validate-config of a missing file": (
         lambda f, t: ("validate-config", str(t / "missing.yaml")), 1, "missing.yaml"),
 }

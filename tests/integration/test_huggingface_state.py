@@ -247,10 +247,16 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
     evals = [r for r in records if r["event"] == "eval"]
     assert [step for step, _ in scalars["energy/eval_J"]] == [4, 8, 12]
     assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
-    # Step points: each periodic log carries the last step report before it, a JSONL steps record (in order).
-    step_means = iter(r["energy_J_mean"] for r in records if r["event"] == "steps" and r["energy_J_mean"] is not None)
+    # Step points: each log merges the JSONL steps records since the last one (in order), weighted by their counts.
+    reports = iter((r["count"], r["energy_J_mean"]) for r in records if r["event"] == "steps" and r["count"])
+    counts = dict(scalars["energy/step_count"])
     for step, value in scalars["energy/step_J"]:
-        assert any(value == pytest.approx(mean, rel=1e-6) for mean in step_means), (step, value)
+        merged_J, merged = 0.0, 0
+        while merged < counts[step]:
+            count, mean_J = next(reports)
+            merged_J, merged = merged_J + count * mean_J, merged + count
+        assert merged == counts[step] and value == pytest.approx(merged_J / merged, rel=1e-5), (step, value)
+    assert next(reports, None) is None  # every report reached a log
 
     # The results: run-level figures under run-level names, no interval values.
     summary = callback.summary

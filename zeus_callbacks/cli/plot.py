@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.store import open_store
 
 
@@ -47,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
         if args.what == "power-limit":
             from zeus_callbacks.plots import plot_profile
 
-            records = read_jsonl(args.source)
+            try:
+                records = read_jsonl(args.source)
+            except FileNotFoundError:
+                print(f"zeus-callbacks: no such energy log: {args.source}", file=sys.stderr)
+                return 1
             profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
             if profile is None:
                 print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
@@ -74,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.job:
                 print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
+                return 1
+            if is_energy_log(args.source):
+                print(f"zeus-callbacks: {not_a_store_but_a_log(args.source)}", file=sys.stderr)
                 return 1
             plot_bandit_history(args.source, args.job, out)
     except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot

@@ -31,7 +31,8 @@ def restore_command(
         force: Restore even when the marker's owner is alive.
 
     Returns:
-        0 when every GPU of every marker is back (or there was nothing to restore), 1 otherwise:
+        0 when every GPU of every marker is back (or, without ``marker``, none was found), 1 otherwise:
+        a ``marker`` that does not exist,
         an owner alive, a GPU not seen, in use or refused by the driver, or a file that is not a
         marker or not this user's (it is kept).
 
@@ -44,6 +45,13 @@ def restore_command(
     cfg = load_config(config_path) if config_path else parse_config(None)
     if marker:
         paths = [Path(marker)]
+        if not (paths[0].exists() or paths[0].is_symlink()):  # named on purpose: its absence is an error
+            if as_json:
+                print(json.dumps({"restored": [], "kept": [], "failed": [
+                    {"marker": marker, "error": f"no restore marker at {marker}"}]}))  # fmt: skip
+            else:
+                print(f"zeus-callbacks: no restore marker at {marker}", file=sys.stderr)
+            return 1
     else:
         # This shell is no rank: look for the single-process marker and every rank's.
         base = Path(cfg.power_limit.restore_marker or Path(cfg.logging.log_dir) / MARKER_NAME)

@@ -12,6 +12,7 @@ from typing import Any
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.optimizers.batch_size.state import validated_state
+from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
 
@@ -29,10 +30,14 @@ def run(args: argparse.Namespace) -> int:
     """Print what the store ``args.store`` holds (``--json``: as one JSON object).
 
     Returns:
-        0, or 1 when there is no such file or the store has no job ``args.job``.
+        0, or 1 when there is no such file, it is a JSONL energy log (``report`` reads those), or
+        the store has no job ``args.job``.
     """
     if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
         print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
+        return 1
+    if "://" not in args.store and is_energy_log(args.store):  # not a damaged store: nothing to move away
+        print(f"zeus-callbacks: {not_a_store_but_a_log(args.store)}", file=sys.stderr)
         return 1
     try:
         print(show(args.store, as_json=args.json, job_id=args.job))  # a StoreError is reported by main()
@@ -40,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"zeus-callbacks: {exc.args[0]}", file=sys.stderr)
         return 1
     return 0
-
 
 
 def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:

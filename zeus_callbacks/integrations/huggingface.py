@@ -25,6 +25,7 @@ subclassed or wrapped Trainer may defeat (it then warns).
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import hashlib
 import json
@@ -56,6 +57,7 @@ _RUN_LEVEL_KEYS = frozenset(
         metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT, metric.POWER_LIMIT_CHOSEN_W,
     )
 )  # fmt: skip
+_TOTAL_KEYS = (metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S)
 
 _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus_callbacks_trainer", default=None)
 """The attached Trainer whose ``train()`` is running (callbacks it rebuilds from a checkpoint find it here)."""
@@ -102,6 +104,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._final_logs: dict[str, Any] | None = None  # the final log (TrainOutput.metrics): results
         self._is_main = True
         self._logged_step = -1  # the global step of the last periodic log that carried energy
+        self._results_totals: dict[str, float] = {}  # run totals for the results only (their step was logged)
 
     # -- attaching -----------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> ZeusTrainerCallback:
@@ -224,6 +227,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._is_main = state.is_world_process_zero
         self._final_logs = None
         self._logged_step = -1
+        self._results_totals = {}
         self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
@@ -301,7 +305,9 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any):
         """Add the energy metrics to ``logs`` before TensorBoard / W&B read it.
 
-        - A periodic training log gets the steps measured since the last one and the running totals.
+        - A periodic training log gets every step reported since the previous log, merged into
+          one interval (``energy/step_J``: the mean over its measured steps, ``energy/step_count``:
+          how many), and the running totals.
         - An evaluation's log (the Trainer logs before ``on_evaluate``) gets that evaluation's
           ``energy/eval_J`` / ``time/eval_s`` only, at its own step: no second step report or
           total at a step the training log already covered.
@@ -311,29 +317,35 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
           A periodic log at the step where training stops (``max_steps``, a stop set in
           ``on_step_end``) leaves everything to the final log at that step. A stop decided
           at an evaluation after that step's periodic log (``EarlyStoppingCallback``) gives
-          the final log no step values (they would be a second point at that step) but its
-          totals still are one.
+          the reporters no second point at that step: no step values and no totals (the
+          periodic log's totals are the last ones they show); the results still get the
+          run's totals.
+        - Every log that carries energy carries ``energy/simulated`` on the virtual GPU.
         - Nothing after the run (a later ``trainer.evaluate()`` is not measured).
         """
         if logs is None or not self.session.started:
             return
+        session = self.session
         if self._in_eval:
             self._in_eval = False
-            logs.update(self.session.eval_end(report=True))
+            logs.update(session.eval_end(report=True))  # flagged
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
-            last = self.session.pop_metrics()
-            if state.global_step != self._logged_step:  # else a second point at a step already logged
-                logs.update(last)
             assert self.summary is not None
-            logs.update(metric.run_metrics(self.summary))
+            ours = session.pop_metrics()
+            ours.update(metric.run_metrics(self.summary))
+            if state.global_step == self._logged_step:  # else a second point at a step already logged
+                self._results_totals = {k: ours.pop(k) for k in _TOTAL_KEYS if k in ours}
+                ours = {k: v for k, v in ours.items() if k in _RUN_LEVEL_KEYS}
+            logs.update(session.flagged(ours))
             self._final_logs = logs
             return
         if control.should_training_stop:  # the final log follows at this same step and carries it all
             return
-        logs.update(self.session.pop_metrics(flush_steps=True))
-        logs.update(self.session.totals())
+        ours = session.pop_metrics(flush_steps=True)
+        ours.update(session.totals())
+        logs.update(session.flagged(ours))
         self._logged_step = state.global_step
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
@@ -343,7 +355,9 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if self._final_logs is not None:  # the reporters have read it: results keep run-level figures only
             for key in [k for k in self._final_logs if metric.is_own_metric(str(k)) and k not in _RUN_LEVEL_KEYS]:
                 del self._final_logs[key]
+            self._final_logs.update(self._results_totals)  # the totals kept from the reporters, if any
             self._final_logs = None
+        self._results_totals = {}
         self._print_summary()
 
     def _finish(self) -> None:
@@ -352,13 +366,21 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             self.session.eval_end()
         self.summary = self.session.train_end()
 
-    def _fail(self, exc: BaseException) -> None:
-        """``train()`` raised: end the run (restoring power limits) and print its summary."""
+    def _fail(self, exc: BaseException) -> dict[str, float]:
+        """``train()`` raised: end the run (restoring power limits) and print its summary.
+
+        Returns:
+            What the loggers get of the ended run: the steps reported since the last log and
+            the run's totals, flagged (empty when no run was open).
+        """
         if not self.session.started:
-            return
+            return {}
         self._in_eval = False
         self.summary = self.session.exception(exc)
         self._print_summary()
+        ours = self.session.pop_metrics()
+        ours.update(self.session.totals())
+        return self.session.flagged(ours)
 
     def _print_summary(self) -> None:
         """Print the run summary on the main process (scripts often leave logging at WARNING)."""
@@ -369,6 +391,21 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
 def _base_key(callback: ZeusTrainerCallback) -> str:
     digest = hashlib.sha256(json.dumps(callback.config.model_dump(mode="json"), sort_keys=True).encode())
     return f"{type(callback).__name__}[{callback.config.job_id}:{digest.hexdigest()[:12]}]"
+
+
+def _log_after_failure(trainer: Trainer, logs: dict[str, float]) -> None:
+    """Hand the failed run's figures to the Trainer's reporters (TensorBoard, W&B), as one log.
+
+    At the step that failed, one past the last completed step (its own log, if any, is never
+    given a second point). Through the callbacks' ``on_log`` directly, as ``Trainer.log`` would
+    call it, but outside ``log_history`` (which never holds energy).
+    """
+    state = copy.copy(trainer.state)  # a copy: the Trainer's own state keeps its step
+    state.global_step += 1
+    try:
+        trainer.callback_handler.on_log(trainer.args, state, trainer.control, logs)
+    except Exception:  # a reporter broken by the same failure: the run's end is in the JSONL and the summary
+        logger.exception("zeus-callbacks: cannot hand the failed run's totals to the Trainer's loggers")
 
 
 def _guard_train(trainer: Trainer) -> None:
@@ -383,12 +420,15 @@ def _guard_train(trainer: Trainer) -> None:
         try:
             return original(*args, **kwargs)
         except BaseException as exc:
+            ended: dict[str, float] = {}
             for cb in list(trainer.callback_handler.callbacks):
                 if isinstance(cb, ZeusTrainerCallback):
                     try:
-                        cb._fail(exc)
+                        ended.update(cb._fail(exc))
                     except Exception:  # one instance's fault must not keep the others' runs open
                         logger.exception("zeus-callbacks: cannot end the run after the failure")
+            if ended:
+                _log_after_failure(trainer, ended)
             raise
         finally:
             _TRAINING.reset(token)

@@ -314,8 +314,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 queued for the next :meth:`pop_metrics`.
 
         Returns:
-            With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), when the window
-            is measured (``windows.eval``); otherwise empty.
+            With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), flagged as
+            :meth:`pop_metrics` flags, when the window is measured (``windows.eval``);
+            otherwise empty.
         """
         if not self.started:
             return {}
@@ -337,7 +338,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         run.flush_sensor(run.backend.clock.now_s())
         self._report_steps(resolve_final=True)
         keys = (metric.EVAL_ENERGY_J, metric.EVAL_TIME_S)
-        return {key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics}
+        return self._flagged({key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics})
 
     def evaluate(self, metrics: Mapping[str, Any]) -> Decision:
         """Record validation metrics (numbers only); the batch-size target is checked here.
@@ -369,7 +370,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         Under DDP every rank must call it (it aggregates across ranks).
 
         Returns:
-            The epoch metrics (also queued for :meth:`pop_metrics`).
+            The epoch metrics (also queued for :meth:`pop_metrics`), flagged as
+            :meth:`pop_metrics` flags them (``energy/simulated`` on the virtual GPU).
         """
         if not self.started:
             return {}
@@ -390,7 +392,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._report_steps(resolve_final=True)
         # The steps' attribution is charged to them; the once-an-epoch phase summary is not.
         self._governor.report_s += time.perf_counter() - reported - self._phase_summary_s
-        return {k: v for k, v in self._pending_metrics.items() if k.startswith(_EPOCH_PREFIXES)}
+        return self._flagged({k: v for k, v in self._pending_metrics.items() if k.startswith(_EPOCH_PREFIXES)})
 
     def train_end(self, status: str | None = None) -> RunSummary:
         """Close every window, stop sampling, write the summary, release the backend.
@@ -491,16 +493,29 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     def pop_metrics(self, *, flush_steps: bool = False) -> dict[str, float]:
         """Return and clear the metrics queued for the framework's loggers.
 
+        The step metrics are the means over every step reported since the last call (one
+        interval, however many reports it held): ``energy/step_J`` the mean energy of its
+        measured steps, ``energy/step_count`` their number.
+
         Args:
             flush_steps: Report the steps since the last report now (HF Trainer calls
                 this at each of its own logging events).
         """
         if flush_steps and self.started:
             self._report_steps()
+        self._end_interval()
         if not self._pending_metrics:
             return {}  # most steps: nothing queued, nothing to swap
         metrics, self._pending_metrics = self._pending_metrics, {}
         return self._flagged(metrics)
+
+    def flagged(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """``metrics`` as this run's loggers get them (adapters flag what they log beside ``pop_metrics``).
+
+        On the virtual GPU with ``energy/simulated``; on a GPU that cannot be measured without
+        energy or power figures, and with ``energy/unavailable``.
+        """
+        return self._flagged(dict(metrics))
 
     def _flagged(self, metrics: dict[str, float], *, flag: bool = True) -> dict[str, float]:
         """Metrics as logged: flagged ``energy/simulated`` on the virtual GPU.

@@ -1,7 +1,8 @@
 """The JSONL records, the metrics queued for the framework's loggers, and the RunSummary.
 
 Every record the energy log holds is a dict literal in this module with an ``"event"``
-key (``docs/gen_reference.py`` reads them here to document the log). The values are
+key (``docs/gen_reference.py`` reads them here to document the log), written with the
+:data:`STAMPED_FIELDS` (``simulated``) added where the literal lacks them. The values are
 the rank-aggregated ones (:mod:`zeus_callbacks.session.aggregate`): energy summed over
 ranks, time the slowest rank's.
 """
@@ -25,6 +26,19 @@ logger = logging.getLogger(__name__)
 
 _COUNTER_GAP_WARN = 0.15  # samples and counter differ by more than this share: warn
 _COUNTER_GAP_MIN_S = 5.0  # ... over an epoch at least this long (s)
+
+
+# ------------------------------------------------------------------ every record
+STAMPED_FIELDS = ("simulated",)
+"""Fields every record is written with (:func:`stamped`), whether or not its literal below has them."""
+
+
+def stamped(record: dict[str, Any], *, simulated: bool) -> dict[str, Any]:
+    """``record`` as the log writes it: with ``simulated`` (true on the virtual GPU), so every line says so.
+
+    A record that says it already (``run_start``, ``run_end``) is kept as it is.
+    """
+    return record if "simulated" in record else {**record, "simulated": simulated}
 
 
 # ------------------------------------------------------------------ run records
@@ -132,6 +146,26 @@ def local_step_row(batches: Sequence[WindowBatch]) -> list[float]:
         float(sum(tokens)) if count and all(tokens) else math.nan,
         float(sum(int(b.num_power_samples.sum()) for b in batches)),
     ]
+
+
+def merged_rows(earlier: Rows | None, rows: Rows, *, count_column: int = 2) -> Rows:
+    """One interval's rows from two reports' (:func:`local_step_row`, :func:`local_warmup_row`): summed per rank.
+
+    A rank with no step in one of the reports takes the other's row as it is (its NaN sample
+    count is no part of the sum). ``earlier`` None, or of another rank count (the ranks stopped
+    exchanging after a failure): the interval starts with ``rows``.
+    """
+    if earlier is None or len(earlier) != len(rows):
+        return [list(row) for row in rows]
+    merged = []
+    for old, new in zip(earlier, rows, strict=True):
+        if not old[count_column]:
+            merged.append(list(new))
+        elif not new[count_column]:
+            merged.append(list(old))
+        else:
+            merged.append([a + b for a, b in zip(old, new, strict=True)])
+    return merged
 
 
 def step_metrics(rows: Rows) -> dict[str, float]:
@@ -331,14 +365,18 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
-                      step_time_s: float, measured_steps: int) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs."""
+                      step_time_s: float, estimated_steps: int) -> list[float]:  # fmt: skip
+    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs.
+
+    The step means are the estimates over ``estimated_steps`` steps
+    (:class:`~zeus_callbacks.session.state.Totals`), NaN when no step was estimated.
+    """
     return [
         run.energy_J if run else 0.0,
         run.time_s if run else 0.0,
         math.nan if counter_J is None else counter_J,
-        step_energy_J / measured_steps if measured_steps else math.nan,
-        step_time_s / measured_steps if measured_steps else math.nan,
+        step_energy_J / estimated_steps if estimated_steps else math.nan,
+        step_time_s / estimated_steps if estimated_steps else math.nan,
         (run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
         *(run.gpu_energy_J if run else ()),
     ]

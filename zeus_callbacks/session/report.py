@@ -21,7 +21,7 @@ from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
-from zeus_callbacks.session.aggregate import slowest, total
+from zeus_callbacks.session.aggregate import Rows, slowest, total
 from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
@@ -44,6 +44,10 @@ class StepReports(SessionPart):
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
+        # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
+        # metrics queued are the means over that whole interval, however many reports it held.
+        self._interval_rows: Rows | None = None
+        self._interval_warmup: Rows | None = None
         self._run_record: WindowRecord | None = None
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
@@ -97,9 +101,7 @@ class StepReports(SessionPart):
                     self._unreported_steps.append(steps.select(~warmup))
             else:
                 self._unreported_steps.append(steps)
-            self._totals.measured_steps += steps.size
-            self._totals.step_energy_J += float(steps.energy_J.sum())
-            self._totals.step_time_s += float(steps.time_s.sum())
+            self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self.run.phases
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
@@ -133,25 +135,39 @@ class StepReports(SessionPart):
         warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
         if warmup_rows:
             values = records.warmup_metrics(warmup_rows)
-            self._pending_metrics.update(values)
+            self._interval_warmup = records.merged_rows(self._interval_warmup, [row[6:9] for row in gathered])
+            self._pending_metrics.update(records.warmup_metrics([r for r in self._interval_warmup if r[2] > 0]))
             self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
         gathered = [row[:6] for row in gathered]
         rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
         if not rows:
             return
-        values = records.step_metrics(rows)
-        self._pending_metrics.update(values)
-        self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+        values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
+        self._interval_rows = records.merged_rows(self._interval_rows, gathered)
+        self._pending_metrics.update(records.step_metrics([r for r in self._interval_rows if r[2] > 0]))
+        stood_for = self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+        if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
+            energy_J, time_s = local[0], local[1]
+            self._totals.step_energy_J += energy_J / count * stood_for
+            self._totals.step_time_s += time_s / count * stood_for
+            self._totals.estimated_steps += stood_for
+
+    def _end_interval(self) -> None:
+        """The loggers took the queued metrics: the next interval's means start from nothing."""
+        self._interval_rows = self._interval_warmup = None
 
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
-    ) -> None:
+    ) -> int:
         """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
+
+        Returns:
+            The steps the record stands for (its ``steps``: warm-up steps left out).
         """
         lo = self._steps_logged_upto
         if final:
@@ -170,6 +186,7 @@ class StepReports(SessionPart):
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
             )
         )  # fmt: skip
+        return upto - lo - warmup
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self.run
@@ -207,7 +224,7 @@ class StepReports(SessionPart):
         t = self._totals
         counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
         rows = self._ranks.gather(
-            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.measured_steps),
+            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps),
             degraded=self.degraded,
         )
         measurement, note = measurement_of(run.backend)

@@ -31,6 +31,7 @@ from zeus_callbacks.measurement.phases import PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import JsonlWriter
+from zeus_callbacks.session import records
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +99,17 @@ class EventLog:
     """The run's JSONL log, or nothing (another process, or ``logging.jsonl`` off).
 
     A write that fails (a full disk) is logged once and ends logging: it must not stop training.
+    Every record is written with ``simulated`` (:func:`~zeus_callbacks.session.records.stamped`),
+    so no line of a simulated run's log can be read as a measurement.
 
     Args:
         writer: The open writer, or None for no log.
+        simulated: Whether the run's figures are simulated (the virtual GPU).
     """
 
-    def __init__(self, writer: JsonlWriter | None) -> None:
+    def __init__(self, writer: JsonlWriter | None, *, simulated: bool = False) -> None:
         self._writer = writer
+        self._simulated = simulated
 
     @property
     def path(self) -> Path | None:
@@ -115,7 +120,7 @@ class EventLog:
         """Append one record (a no-op without a log)."""
         if self._writer is not None:
             try:
-                self._writer.write(record)
+                self._writer.write(records.stamped(record, simulated=self._simulated))
             except OSError as exc:  # a full disk must not stop training
                 logger.warning("zeus-callbacks: cannot write the energy log (%s); logging stops", exc)
                 self._writer = None
@@ -310,7 +315,7 @@ def open_run(
         backend=backend,
         gpu_indices=list(gpu_indices),
         run_name=run_name,
-        log=EventLog(writer),
+        log=EventLog(writer, simulated=backend.simulated),
         sensor_delay_s=sensor_delay_s,
         sampler=sampler,
         timer=timer,

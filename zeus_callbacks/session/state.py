@@ -15,10 +15,17 @@ class Totals:
         energy_J: Energy of the run (J).
         time_s: Time of the run (s).
         steps: Steps executed.
-        measured_steps: Steps whose energy has been attributed.
+        measured_steps: Steps whose energy has been attributed (warm-up steps left out).
         epochs: Epochs executed (an epoch cut short counts).
-        step_energy_J: Energy of the measured steps (J).
-        step_time_s: Time of the measured steps (s).
+        step_energy_J: Energy of the steps the step reports stand for, estimated report by report
+            (the report's mean over its measured steps × the steps it stands for; warm-up steps
+            left out) (J). Not the measured steps' sum: under ``windows.sample_fraction: auto``
+            the share measured changes from report to report (all of the first steps, fewer
+            later, more where steps are slow), and a plain mean over measured steps would weigh
+            each stretch of the run by that share.
+        step_time_s: Time of those steps, estimated alike (s).
+        estimated_steps: Steps those estimates stand for; ``step_energy_J / estimated_steps`` is
+            the run's mean step energy.
         epoch_energy_J: Each epoch's energy (J).
     """
 
@@ -30,12 +37,13 @@ class Totals:
     step_energy_J: float = 0.0
     step_time_s: float = 0.0
     epoch_energy_J: list[float] = field(default_factory=list)
+    estimated_steps: int = 0
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
         return Totals(
             self.energy_J, self.time_s, self.steps, self.measured_steps, self.epochs,
-            self.step_energy_J, self.step_time_s, list(self.epoch_energy_J),
+            self.step_energy_J, self.step_time_s, list(self.epoch_energy_J), self.estimated_steps,
         )  # fmt: skip
 
 
@@ -59,20 +67,27 @@ def resume_state(totals: Totals, *, energy_J: float, time_s: float, run_name: st
         "epochs": totals.epochs,
         "step_energy_J": totals.step_energy_J,
         "step_time_s": totals.step_time_s,
+        "estimated_steps": totals.estimated_steps,
         "epoch_energy_J": list(totals.epoch_energy_J),
         "run_name": run_name,
     }
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
-    """The totals a checkpoint's state carries into the next run (missing keys: zero; unknown keys ignored)."""
+    """The totals a checkpoint's state carries into the next run (missing keys: zero; unknown keys ignored).
+
+    A state from before ``estimated_steps`` holds the measured steps' sum over their count: it is
+    carried as that count's estimate.
+    """
+    measured = int(state.get("measured_steps", state.get("steps", 0)))
     return Totals(
         energy_J=float(state.get("energy_J", 0.0)),
         time_s=float(state.get("time_s", 0.0)),
         steps=int(state.get("steps", 0)),
-        measured_steps=int(state.get("measured_steps", state.get("steps", 0))),
+        measured_steps=measured,
         epochs=int(state.get("epochs", 0)),
         step_energy_J=float(state.get("step_energy_J", 0.0)),
         step_time_s=float(state.get("step_time_s", 0.0)),
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
+        estimated_steps=int(state.get("estimated_steps", measured)),
     )

@@ -1,0 +1,147 @@
+"""What the Hugging Face Trainer's loggers get, read back from real TensorBoard event files.
+
+Real Trainers on the CPU measuring the virtual GPU: every step report since the last HF
+log reaches the next log, a failure's totals still reach TensorBoard, an early stop at an
+evaluation logs the total once, and every log flags the energy as simulated.
+"""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.test_huggingface import RandomTokens, tiny_lm
+from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.reporting import read_jsonl
+
+
+def train_args(tmp_path, **kwargs) -> TrainingArguments:
+    settings = {
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "report_to": ["tensorboard"],
+        "save_strategy": "no", "disable_tqdm": True, "use_cpu": True,
+    }  # fmt: skip
+    settings.update(kwargs)
+    return TrainingArguments(**settings)
+
+
+def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars, without the Trainer's ``train/`` prefix."""
+    return {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
+
+
+def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
+    # Reports every 3 steps, HF logs every 10: three or four reports fall in each log's interval.
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=3))
+    args = train_args(tmp_path, max_steps=20, logging_steps=10)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    callback.attach(trainer)
+    trainer.train()
+
+    scalars = scalars_of(tmp_path)
+    records = read_jsonl(callback.summary.jsonl_path)
+    reports = [r for r in records if r["event"] == "steps" and r["count"]]
+    warmup = [r for r in records if r["event"] == "warmup"]
+    assert len(reports) > 3, "the test needs more step reports than HF logs"
+    counts = dict(scalars["energy/step_count"])
+    assert sorted(counts) == [10, 20]
+    # Every measured step is in exactly one logged interval (the warm-up step is reported apart).
+    measured = sum(r["count"] for r in reports)
+    assert measured == 20 - sum(len(r["steps"]) for r in warmup)
+    assert sum(counts.values()) == measured
+    # energy/step_J and time/step_s are the means over each interval's steps: their sums are the JSONL's.
+    step_J, step_s = dict(scalars["energy/step_J"]), dict(scalars["time/step_s"])
+    assert sum(step_J[s] * n for s, n in counts.items()) == pytest.approx(
+        sum(r["energy_J_mean"] * r["count"] for r in reports), rel=1e-5
+    )
+    assert sum(step_s[s] * n for s, n in counts.items()) == pytest.approx(
+        sum(r["time_s_mean"] * r["count"] for r in reports), rel=1e-5
+    )
+    summary = callback.summary
+    # The run's mean step (the results' energy/run_step_mean_J) is the same steps' mean: no warm-up step in it.
+    assert summary.step_energy_J * measured == pytest.approx(sum(r["energy_J_mean"] * r["count"] for r in reports))
+    # The running total at each log holds the steps logged so far (and the warm-up step).
+    totals = dict(scalars["energy/total_J"])
+    warmup_J = sum(r["energy_J"] for r in warmup)
+    logged_J = 0.0
+    for step in sorted(counts):
+        logged_J += step_J[step] * counts[step]
+        assert logged_J + warmup_J <= totals[step] * (1 + 1e-6), step
+    assert totals[20] == pytest.approx(summary.energy_J, rel=1e-6)
+
+
+class StopAtFirstEvaluation(TrainerCallback):
+    """Stops training from on_evaluate, as EarlyStoppingCallback does (after that step's periodic log)."""
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        control.should_training_stop = True
+
+
+class SeenLogs(TrainerCallback):
+    """Every logs dict the Trainer's reporters get (it runs after them, on the same dict)."""
+
+    def __init__(self) -> None:
+        self.logs: list[tuple[int, dict]] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append((state.global_step, dict(logs or {})))
+
+
+def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    seen = SeenLogs()
+    args = train_args(
+        tmp_path, max_steps=20, logging_steps=4, eval_strategy="steps", eval_steps=8, per_device_eval_batch_size=4
+    )
+    trainer = Trainer(
+        model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
+        callbacks=[StopAtFirstEvaluation(), seen],
+    )  # fmt: skip
+    callback.attach(trainer)
+    output = trainer.train()
+
+    summary = callback.summary
+    assert summary.steps == 8 and summary.status == "completed"
+    scalars = scalars_of(tmp_path)
+    for tag in ("energy/total_J", "time/total_s", "energy/step_J", "energy/eval_J"):
+        steps = [step for step, _ in scalars[tag]]
+        assert len(steps) == len(set(steps)), f"{tag}: two points at one step: {scalars[tag]}"
+    assert [step for step, _ in scalars["energy/total_J"]] == [4, 8]
+    # The results still hold the run's totals (TensorBoard's last total is the periodic log's, before the evaluation).
+    assert output.metrics["energy/total_J"] == pytest.approx(summary.energy_J)
+    assert output.metrics["time/total_s"] == pytest.approx(summary.time_s)
+    assert scalars["energy/total_J"][-1][1] < summary.energy_J
+    # Every log that carries energy flags it as simulated: the evaluation's log too.
+    energy_logs = [(step, logs) for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
+    assert any("energy/eval_J" in logs for _, logs in energy_logs)
+    assert all(logs.get("energy/simulated") == 1.0 for _, logs in energy_logs), energy_logs
+    assert all(r["simulated"] is True for r in read_jsonl(summary.jsonl_path))
+
+
+def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path):
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(tmp_path, max_steps=12, logging_steps=4)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    callback.attach(trainer)
+    calls = {"n": 0}
+    original = type(trainer).training_step
+
+    def failing_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise RuntimeError("planted failure")
+        return original(self, *args, **kwargs)
+
+    trainer.training_step = failing_step.__get__(trainer)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train()
+
+    summary = callback.summary
+    assert summary.status == "failed" and summary.steps == 6
+    scalars = scalars_of(tmp_path)
+    # At the step that failed (7), after the periodic log at 4: the run's totals, flagged, and the steps since.
+    assert scalars["energy/total_J"][-1] == (7, pytest.approx(summary.energy_J, rel=1e-6))
+    assert scalars["time/total_s"][-1] == (7, pytest.approx(summary.time_s, rel=1e-6))
+    assert scalars["energy/simulated"][-1] == (7, 1.0)
+    assert sum(n for _, n in scalars["energy/step_count"]) == 5  # steps 1-6 but the warm-up step
+    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
