@@ -47,7 +47,7 @@ from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
-from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending, run_store
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
 from zeus_callbacks.session.aggregate import RankAggregator, slowest, total
@@ -139,9 +139,11 @@ class EnergySession(StepScheduler):
         self._chosen_power_limit: tuple[float, int, bool] | None = None  # (W, from step, applied)
         self._power_limit_agreement = False  # DDP: exchange the limit at each step start
         self._power_limit_follower = False  # DDP, not the main rank: apply the main rank's limits
-        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
+        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store, opened once per run.
+        self.run_store = run_store(self.config)  # shared by the bandit and the profile cache; closed at train end
         self.batch_size_controller = (
-            BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
+            BatchSizeController(self.config, self.run_store)
+            if self.config.batch_size.enabled and self.is_main_process else None
         )
         self._stop_reason: str | None = None
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
@@ -479,6 +481,7 @@ class EnergySession(StepScheduler):
                     self._write(records.trial_record(t))
             except Exception as exc:  # the run is over: a store fault must not hide its summary
                 logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
+        self.run_store.close()
         if self._exception_record is not None:
             self._write(self._exception_record)
         self._write(records.run_end_record(summary))
@@ -842,8 +845,7 @@ class EnergySession(StepScheduler):
         cfg = self.config
         if cfg.power_limit.cache_in != "store":
             return None
-        return StoreProfileCache(cfg.store.location(cfg.logging.log_dir), cfg.store.backend,
-                                 lease_grace_s=cfg.store.lease_grace_s)
+        return StoreProfileCache(self.run_store)
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:
