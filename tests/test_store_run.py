@@ -2,7 +2,8 @@
 
 - one open per run: the bandit's suggestion, its early-stop threshold, the trial's outcome and
   the power-limit profile cache (``cache_in: store``) share one store object, counted over real
-  simulated recurrences (``suggest_batch_size()``, then the session) on SQLite and JSON;
+  simulated recurrences (``suggest_batch_size()``, then the session) on SQLite, JSON and
+  PostgreSQL (when ``ZEUS_CALLBACKS_TEST_DB_URL`` names a server);
 - a database down at run start (a closed local port): the run trains at ``default_batch_size``
   with one warning naming the URL with its password masked, the profile cache misses instead of
   failing, the store is tried once (not again at each use), and the trial waits in a pending
@@ -16,7 +17,7 @@ import logging
 
 import pytest
 
-from tests.store_contract import require
+from tests.store_contract import new_location, require
 from zeus_callbacks import simulate as sim
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -37,9 +38,9 @@ def _no_pending_suggestion():
 class _Opens:
     """Counts the writable store objects made, less the lease keeper's own (``reopen``: one per renewal)."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, *classes) -> None:
         self.made = self.reopened = 0
-        for cls in (SQLiteStore, JSONStore):
+        for cls in classes:
             self._wrap(monkeypatch, cls)
 
     def _wrap(self, monkeypatch, cls) -> None:
@@ -61,10 +62,15 @@ class _Opens:
         return self.made - self.reopened
 
 
-@pytest.mark.parametrize("suffix", ["sqlite", "json"])
-def test_each_run_opens_its_store_once_for_the_bandit_and_the_profile_cache(tmp_path, monkeypatch, suffix):
-    store_path = tmp_path / f"store.{suffix}"
-    opens = _Opens(monkeypatch)
+@pytest.mark.parametrize("kind", ["sqlite", "json", "postgresql"])
+def test_each_run_opens_its_store_once_for_the_bandit_and_the_profile_cache(tmp_path, monkeypatch, kind):
+    store_path = new_location(kind, tmp_path)
+    if kind == "postgresql":
+        from zeus_callbacks.store.rdb import RDBStore
+
+        opens = _Opens(monkeypatch, RDBStore)
+    else:
+        opens = _Opens(monkeypatch, SQLiteStore, JSONStore)
     first, second = sim.simulate("A40", "squad", 2, power_limit="jit", batch_sizes=[32], store_path=store_path)
     # Recurrence 0 profiles and puts its profile; recurrence 1 reads it back: both through the run's store.
     assert (first.power_limit_source, second.power_limit_source) == ("profile", "cache")
