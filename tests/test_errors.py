@@ -24,6 +24,7 @@ OLD_BASES = {
     errors.StoreError: RuntimeError,
     errors.StoreCorruptError: RuntimeError,
     errors.StoreSchemaError: RuntimeError,
+    errors.StoreUnavailableError: RuntimeError,
     errors.StoreLockedError: RuntimeError,
     errors.StoreFullError: RuntimeError,
     errors.StorePermissionError: RuntimeError,

@@ -452,7 +452,8 @@ def test_each_local_rank_has_its_own_marker(tmp_path, monkeypatch):
     assert marker_path(tmp_path) == tmp_path / MARKER_NAME
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert marker_path(tmp_path) == tmp_path / "power_limit_restore.rank1.json"
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu node/7")  # local ranks repeat on every node
+    assert marker_path(tmp_path) == tmp_path / "power_limit_restore.gpu_node_7.rank1.json"
 
 
 class NoLimitBackend(VirtualGPUBackend):
@@ -524,8 +525,9 @@ def test_cli_restore_finds_every_ranks_marker(tmp_path, capsys):
     config = tmp_path / "zeus.yaml"
     config.write_text(f"backend: virtual\nlogging:\n  log_dir: {tmp_path}\n")
     stem, suffix = MARKER_NAME.rsplit(".", 1)
-    markers = [tmp_path / f"{stem}.rank{rank}.{suffix}" for rank in (0, 1)]
-    for marker in markers:  # left by a killed 2-process run
+    markers = [tmp_path / f"{stem}.rank{rank}.{suffix}" for rank in (0, 1)]  # the old names (no host)
+    markers += [tmp_path / f"{stem}.{host}.rank0.{suffix}" for host in ("node-a", "node-b")]
+    for marker in markers:  # left by killed multi-process runs
         marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     assert main(["restore", "--config", str(config)]) == 0
     out = capsys.readouterr().out

@@ -45,9 +45,10 @@ PUBLIC: dict[str, dict[str, str]] = {
     "zeus_callbacks.store": {
         "SCHEMA_VERSION": CONSTANT, "BanditState": CLASS, "JobRecord": CLASS, "Store": CLASS,
         "StoreCorruptError": EXCEPTION, "StoreError": EXCEPTION, "StoreSchemaError": EXCEPTION,
-        "TrialRecord": CLASS, "open_store": FUNCTION,
+        "TrialRecord": CLASS, "open_store": FUNCTION, "store_location": FUNCTION,
     },
     "zeus_callbacks.store.profile_cache": {"StoreProfileCache": CLASS},
+    "zeus_callbacks.store.run_store": {"RunStore": CLASS},
     "zeus_callbacks.reporting": {
         "RunSummary": CLASS, "JsonlWriter": CLASS, "NotAnEnergyLog": EXCEPTION, "read_jsonl": FUNCTION,
         "window_energy_key": FUNCTION, "phase_key": FUNCTION, "gpu_energy_key": FUNCTION, "is_own_metric": FUNCTION,
@@ -91,7 +92,7 @@ PUBLIC: dict[str, dict[str, str]] = {
     "zeus_callbacks.optimizers.batch_size.state": {"StoredState": CLASS, "validated_state": FUNCTION},
     "zeus_callbacks.optimizers.batch_size.controller": {
         "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "claim_pending": FUNCTION,
-        "EarlyStopRule": CLASS, "BatchSizeController": CLASS,
+        "EarlyStopRule": CLASS, "BatchSizeController": CLASS, "run_store": FUNCTION,
     },
     "zeus_callbacks.optimizers.power_limit": {
         "Objective": CLASS, "LimitProfile": CLASS, "Phase": CLASS, "ProfilerState": CLASS, "ProfileSettings": CLASS,
@@ -105,7 +106,7 @@ PUBLIC: dict[str, dict[str, str]] = {
     "zeus_callbacks.plots": {"plot_profile": FUNCTION, "plot_power_profile": FUNCTION, "plot_bandit_costs": FUNCTION},
     "zeus_callbacks.errors": {
         "ZeusCallbacksError": EXCEPTION, "NothingToPlot": EXCEPTION, "TraceFormatError": EXCEPTION,
-        "UnsafeFile": EXCEPTION,
+        "UnsafeFile": EXCEPTION, "StoreUnavailableError": EXCEPTION,
     },  # fmt: skip
     "zeus_callbacks.atomic_io": {"write_json_atomic": FUNCTION, "atomic_output": FUNCTION, "read_owned_text": FUNCTION,
                                  "ownership_problem": FUNCTION},

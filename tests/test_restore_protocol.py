@@ -130,3 +130,83 @@ def test_a_lock_taken_over_from_a_killed_owner_puts_its_original_back_first(tmp_
     limiter = controller(backend, tmp_path)
     assert not limiter.observe and limiter.original_W == {0: 250.0}
     limiter.restore()
+
+
+def _as_host(monkeypatch, host: str) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+
+
+def _restarted_run(tmp_path: Path, limit_W: float):
+    """A run's session start on a virtual GPU left at ``limit_W`` (where a killed run put it)."""
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    backend = VirtualGPUBackend(clock=ManualClock(T0), noise_W=0.0, read_only=False)
+    backend.set_power_limit_W(0, limit_W)
+    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(tmp_path), "jsonl": False}},
+                            backend=backend, is_main_process=True)
+    session.train_start()  # restores what an earlier run in its place left
+    restored_W = backend.power_limit_W(0)
+    session.train_end()
+    backend.close()
+    return restored_W
+
+
+def test_ranks_of_two_hosts_with_the_same_local_rank_write_and_restore_only_their_own_markers(tmp_path, monkeypatch):
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.optimizers.power_limit import marker_path
+
+    monkeypatch.setenv("WORLD_SIZE", "4")  # two nodes of two GPUs, one log directory
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    originals = {"node-a": 250.0, "node-b": 260.0}
+    paths = {}
+    for host, original_W in originals.items():  # each node's rank 0 was killed mid-profiling
+        _as_host(monkeypatch, host)
+        paths[host] = marker_path(tmp_path)
+        write_marker(paths[host], VirtualGPUBackend(clock=ManualClock(T0)), {0: original_W},
+                     owner=Owner(exited_pid(), host, boot_id(), None))
+    assert paths["node-a"] != paths["node-b"] and all(p.exists() for p in paths.values())
+    assert {p.name for p in paths.values()} == {"power_limit_restore.node-a.rank0.json",
+                                                "power_limit_restore.node-b.rank0.json"}
+    b_bytes = paths["node-b"].read_bytes()
+    _as_host(monkeypatch, "node-a")
+    assert _restarted_run(tmp_path, 150.0) == 250.0  # node a's original, not node b's
+    assert not paths["node-a"].exists() and paths["node-b"].read_bytes() == b_bytes
+    _as_host(monkeypatch, "node-b")
+    assert _restarted_run(tmp_path, 150.0) == 260.0
+    assert not paths["node-b"].exists()
+
+
+def test_a_rank_marker_of_the_old_name_is_still_restored_by_its_own_host_only(tmp_path, monkeypatch):
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    old = tmp_path / "power_limit_restore.rank0.json"  # as versions before host names wrote it
+    _as_host(monkeypatch, "node-a")
+    write_marker(old, VirtualGPUBackend(clock=ManualClock(T0)), {0: 250.0},
+                 owner=Owner(exited_pid(), "node-a", boot_id(), None))
+    kept = old.read_bytes()
+    _as_host(monkeypatch, "node-b")  # its GPU 0 is not node a's (no UUID to tell): refused, untouched
+    assert _restarted_run(tmp_path, 150.0) == 150.0 and old.read_bytes() == kept
+    _as_host(monkeypatch, "node-a")
+    assert _restarted_run(tmp_path, 150.0) == 250.0 and not old.exists()
+
+
+def test_another_nodes_old_named_marker_is_left_as_it_is_and_keeps_this_rank_from_changing_limits(tmp_path,
+                                                                                                   monkeypatch):
+    from zeus_callbacks.optimizers.power_limit import restore_from_marker
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    old = tmp_path / "power_limit_restore.rank0.json"
+    old.write_text(json.dumps({"version": 2, "backend": "nvml", "owner": {"pid": exited_pid(), "host": "node-b"},
+                               "gpus": [{"index": 0, "uuid": "GPU-of-node-b", "original_limit_W": 250.0}]}))
+    kept = old.read_bytes()
+    backend, _ = nvml_backend()
+    outcome = restore_from_marker(old, backend)  # its GPU is not here: nothing back, nothing rewritten
+    assert [r.action for r in outcome.gpus] == ["not_visible"] and old.read_bytes() == kept
+    limiter = controller(backend, tmp_path)
+    limiter.apply(300.0)
+    assert limiter.observe and str(old) in limiter.observe_reason and backend.power_limit_W(0) == 700.0
+    limiter.restore()

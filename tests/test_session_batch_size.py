@@ -171,7 +171,7 @@ def test_exploring_thompson_run_stops_at_the_best_arms_bound_and_is_censored(tmp
         bound = bandit.explore_stop_threshold(128)  # 64 has the lowest posterior mean: 128 explores
         assert bound is not None and bandit.explore_stop_threshold(64) is None
         trial = store.create_trial("nightly", 128, info={"phase": "thompson", "round": 1})
-    recurring._PENDING["nightly"] = Suggestion(128, trial.trial_id, "thompson", 1)
+    recurring._PENDING["nightly"] = recurring._Made(128, Suggestion(128, trial.trial_id, "thompson", 1))
     controller = recurring.BatchSizeController(cfg)
     controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
     # The explore bound is below beta_knob x the best converged cost (2 x 100): it is the one in force.

@@ -206,7 +206,7 @@ def test_main_failure_at_start_fails_the_follower_instead_of_hanging(tmp_path, m
 
 def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_path, monkeypatch):
     main_suggestion = Suggestion(batch_size=128, trial_id=7, phase="pruning", round=0)
-    ranks = FakeRanks(1, main_broadcast=(main_suggestion, None))
+    ranks = FakeRanks(1, main_broadcast=((128, main_suggestion, None), None))
     monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: ranks)
     assert suggest_batch_size(settings(tmp_path)) == 128
     assert not (tmp_path / "zeus_store.sqlite").exists()  # only the main process touches the store
@@ -214,6 +214,32 @@ def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_pat
     session = EnergySession(settings(tmp_path), is_main_process=False)
     assert session.suggest_batch_size() == 128 and recurring._PENDING == {}
     assert [kind for kind, *_ in ranks.calls] == ["broadcast"]
+
+
+def test_a_store_the_main_cannot_reach_gives_every_rank_the_default_batch_size(tmp_path, monkeypatch, caplog):
+    import sqlite3
+
+    from zeus_callbacks.store import open_store
+
+    cfg = {**settings(tmp_path), "store": {"lock_timeout_s": 0.3}}
+    open_store(tmp_path / "zeus_store.sqlite").close()
+    blocker = sqlite3.connect(tmp_path / "zeus_store.sqlite", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store past the lock timeout
+    main = FakeRanks(0)
+    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: main)
+    try:
+        assert suggest_batch_size(cfg) == 64  # trains on, at the default
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    (kind, _, shared), = main.calls
+    assert kind == "broadcast" and shared[0][:2] == (64, None) and "stayed locked" in shared[0][2]
+    assert "without the bandit's suggestion" in caplog.text
+    recurring._PENDING.clear()
+    follower = FakeRanks(1, main_broadcast=shared)
+    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher",
+                        lambda **kw: follower)
+    assert suggest_batch_size(cfg) == 64
 
 
 def test_suggest_batch_size_fails_every_rank_when_the_main_cannot_suggest(tmp_path, monkeypatch):

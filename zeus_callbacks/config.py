@@ -456,8 +456,9 @@ class StoreConfig(_Section):
         ge=0.1,
         le=3600.0,
         description="How long (s) a store operation waits for another process's lock or transaction (a database: "
-        "retries a transient error) before giving up: at run start the run then trains without the bandit's "
-        "suggestion, at run end the trial is kept in <log_dir>/zeus_pending_trials and merged on the next open.",
+        "retries a transient error) before giving up: at run start the run then trains at default_batch_size "
+        "without the bandit's suggestion; at run start or end the trial is kept in <log_dir>/zeus_pending_trials "
+        "and recorded on the next open.",
     )
 
     @field_validator("url")

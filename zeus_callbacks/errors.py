@@ -22,7 +22,8 @@ Hierarchy::
     └── StoreError (RuntimeError)         the recurring-job store failed
         ├── StoreCorruptError
         ├── StoreSchemaError
-        ├── StoreLockedError              another process held the store past the lock timeout
+        ├── StoreUnavailableError         the store cannot be reached now (retried up to the lock timeout)
+        │   └── StoreLockedError          another process held the store past the lock timeout
         ├── StoreFullError                no space left on the store's device (ENOSPC, EDQUOT)
         ├── StorePermissionError          the store file or its directory is not writable / readable
         └── StoreValueError (ValueError)  a value the store refuses to record (NaN, infinity)
@@ -113,7 +114,15 @@ class StoreSchemaError(StoreError):
     """The store was written by a newer zeus-callbacks (a schema version this code does not know)."""
 
 
-class StoreLockedError(StoreError):
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached now: a database still unreachable (or deadlocked) after the retries, a lock held.
+
+    Transient by nature, unlike a corrupt store or refused credentials: a run trains on without the
+    bandit's suggestion and keeps its trial in a pending file (docs/stores.md).
+    """
+
+
+class StoreLockedError(StoreUnavailableError):
     """Another process held the store (its lock or a write transaction) for longer than the timeout."""
 
 

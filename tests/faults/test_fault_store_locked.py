@@ -1,7 +1,9 @@
 """A locked store never stops training, and a trial the store cannot take at train end is kept, not lost.
 
 - at run start, the store locked past ``store.lock_timeout_s``: the run trains at
-  ``default_batch_size`` without the bandit (a warning), and ends normally;
+  ``default_batch_size`` without the bandit (a warning), ends normally, and its trial waits in
+  a pending file; the next open records it (at the batch size it trained at, with its real
+  outcome) without moving the bandit's pruning on, and removes the file;
 - at run end, the store locked (SQLite: another process's write transaction; JSON: another
   process's lock file) past the limit: the trial's outcome goes to a pending file in
   ``<log_dir>/zeus_pending_trials``; when the store is next opened it is merged — the trial gets
@@ -84,12 +86,24 @@ def test_a_store_locked_at_run_start_does_not_stop_training(tmp_path, kind, virt
             virtual_backend.clock.advance(0.5)
             session.step_end(i)
         summary = session.train_end()
-    with open_store(cfg["store"]["path"], kind) as store:
+    with open_store(cfg["store"]["path"], kind) as store:  # a plain open merges nothing
         trials = store.list_trials()
+    folder = tmp_path / "logs" / recurring.PENDING_DIR
+    pending = sorted(folder.glob("*.json"))
+    config = parse_config(cfg)
+    with recurring.open_job_store(config) as store:  # the next run's open: the trial is recorded
+        merged = store.list_trials("nightly")
+        state = store.get_bandit("nightly")
+    trial = merged[0] if len(merged) == 1 else None
     ok = (batch_size == 32 and summary.status == "completed" and summary.steps == 3 and trials == []
-          and "without the bandit's suggestion" in caplog.text and "stayed locked" in caplog.text)
+          and "without the bandit's suggestion" in caplog.text and "stayed locked" in caplog.text
+          and len(pending) == 1 and trial is not None and trial.status == "completed" and trial.batch_size == 32
+          and trial.energy_J == pytest.approx(summary.energy_J) and trial.cost is not None and trial.cost > 0
+          and "could not be reached at train start" in trial.info.get("reason", "")
+          and trial.info.get("round", 0) is None and list(folder.glob("*.json")) == []
+          and (state is None or state.state.get("candidate") in (None, 32)))  # pruning not moved on
     record_fault("store: locked", ok)
-    assert ok, (batch_size, summary.status, trials, caplog.text[-2000:])
+    assert ok, (batch_size, summary.status, trials, pending, merged, state, caplog.text[-2000:])
 
 
 CHILD = textwrap.dedent("""

@@ -10,7 +10,7 @@ from typing import Any
 
 from zeus_callbacks.backends.base import BackendError
 from zeus_callbacks.errors import NotAMarker, UnsafeFile
-from zeus_callbacks.optimizers.power_limit.marker import MARKER_NAME, restore_from_marker
+from zeus_callbacks.optimizers.power_limit.marker import MARKER_NAME, rank_marker_globs, restore_from_marker
 
 
 def restore_command(
@@ -55,7 +55,8 @@ def restore_command(
     else:
         # This shell is no rank: look for the single-process marker and every rank's.
         base = Path(cfg.power_limit.restore_marker or Path(cfg.logging.log_dir) / MARKER_NAME)
-        paths = [base, *sorted(base.parent.glob(f"{base.stem}.rank*{base.suffix}"))]
+        ranks = {p for pattern in rank_marker_globs(base) for p in base.parent.glob(pattern)}  # every host's
+        paths = [base, *sorted(ranks)]
     paths = [p for p in paths if p.exists() or p.is_symlink()]
     report: dict[str, list[dict[str, Any]]] = {"restored": [], "kept": [], "failed": []}
 

@@ -38,8 +38,9 @@ class BatchSizeSteps(SessionPart):
         super().__init__()
         # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
         self.batch_size_controller = (
-            BatchSizeController(self.config) if self.config.batch_size.enabled and self.is_main_process else None
-        )
+            BatchSizeController(self.config, self.run_store)
+            if self.config.batch_size.enabled and self.is_main_process else None
+        )  # fmt: skip
         self._stop_reason: str | None = None
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
         self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged

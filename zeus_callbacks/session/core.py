@@ -44,6 +44,7 @@ from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter
+from zeus_callbacks.optimizers.batch_size import run_store
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import RankAggregator
@@ -119,6 +120,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
         self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
         self._window_observer = window_observer
+        # The store, opened once per run: shared by the bandit and the profile cache, closed at train end.
+        self.run_store = run_store(self.config)
         super().__init__()
         self.timer_factory = timer_factory
         self._given_backend = backend
@@ -437,6 +440,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         summary = self._summary(self._status)
         self._finished = summary
         self._record_trial(summary)
+        self.run_store.close()
         if self._exception_record is not None:
             self._write(self._exception_record)
         self._write(records.run_end_record(summary))

@@ -17,14 +17,16 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.run import StartedRun
 from zeus_callbacks.session.scheduler import StepScheduler
+from zeus_callbacks.store.run_store import RunStore
 
 
 class SessionPart(StepScheduler):
     """A part of the session: it reads the session's configuration, run, ranks and log through these."""
 
-    # Set by the session's __init__ (config and is_main_process before the parts' own __init__).
+    # Set by the session's __init__ (config, is_main_process and run_store before the parts' own __init__).
     config: ZeusConfig
     is_main_process: bool
+    run_store: RunStore
     _pending_metrics: dict[str, float]
     _ranks: RankAggregator
 

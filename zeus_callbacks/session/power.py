@@ -82,8 +82,8 @@ class PowerLimitSteps(SessionPart):
         """Put back limits a killed run left changed (its marker file is still there; its owner is dead)."""
         cfg = self.config
         try:
-            marker = pl.marker_path(cfg.logging.log_dir, cfg.power_limit.restore_marker)
-            pl.restore_from_marker(marker, self.run.backend)  # logs what it did per GPU, or why not
+            for marker in pl.marker_paths(cfg.logging.log_dir, cfg.power_limit.restore_marker):  # and the old name
+                pl.restore_from_marker(marker, self.run.backend)  # logs what it did per GPU, or why not
         except BackendError as exc:
             logger.error("zeus-callbacks: cannot restore the power limits an earlier run left (%s)", exc)
         except UnsafeFile as exc:  # another user's file, or a link: never acted on
@@ -174,9 +174,7 @@ class PowerLimitSteps(SessionPart):
         cfg = self.config
         if cfg.power_limit.cache_in != "store":
             return None
-        return StoreProfileCache(
-            cfg.store.location(cfg.logging.log_dir), cfg.store.backend, lease_grace_s=cfg.store.lease_grace_s
-        )
+        return StoreProfileCache(self.run_store)
 
     def _stop_power_limiter(self) -> None:
         if self.power_limiter is not None:

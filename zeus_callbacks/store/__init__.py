@@ -22,6 +22,7 @@ from zeus_callbacks.store.base import (
     StoreError,
     StoreSchemaError,
     TrialRecord,
+    mask_url,
 )
 
 __all__ = [
@@ -36,12 +37,38 @@ __all__ = [
     "TrialRecord",
     "is_url",
     "open_store",
+    "store_location",
 ]
 
 
 def is_url(location: str | Path) -> bool:
     """True when ``location`` is a database URL (``scheme://…``) rather than a store file."""
     return isinstance(location, str) and "://" in location
+
+
+def _sqlite_url_file(url: str) -> str:
+    """The file of a ``sqlite:///relative`` / ``sqlite:////absolute`` URL."""
+    file = url.split("://", 1)[1]
+    if not file.startswith("/") or file in ("/", "/:memory:"):
+        raise ValueError(f"store URL {url!r}: use sqlite:///relative/path or sqlite:////absolute/path")
+    return file[1:]
+
+
+def store_location(path: str | Path) -> str:
+    """The :attr:`Store.location` that :func:`open_store` gives the store at ``path``, without opening it.
+
+    The file, or a database URL with its password masked (never the password: it names the
+    store in messages and in pending-trial files).
+
+    Raises:
+        ValueError: A ``sqlite://`` URL of no file.
+    """
+    if is_url(path):
+        url = str(path)
+        if url.split("://", 1)[0].lower() == "sqlite":
+            return str(Path(_sqlite_url_file(url)))
+        return mask_url(url)
+    return str(Path(path))
 
 
 def open_store(
@@ -82,10 +109,7 @@ def open_store(
         url = str(path)
         scheme = url.split("://", 1)[0].lower()
         if scheme == "sqlite":
-            file = url.split("://", 1)[1]
-            if not file.startswith("/") or file in ("/", "/:memory:"):
-                raise ValueError(f"store URL {url!r}: use sqlite:///relative/path or sqlite:////absolute/path")
-            path, backend = file[1:], "sqlite"
+            path, backend = _sqlite_url_file(url), "sqlite"
         else:
             from zeus_callbacks.store.rdb import RDBStore
 

@@ -9,10 +9,18 @@ the batch-size bandit's trials, with the store's locking, crash safety and error
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from zeus_callbacks.errors import StoreUnavailableError
 from zeus_callbacks.store import DEFAULT_LEASE_GRACE_S, is_url, open_store
+from zeus_callbacks.store.base import Store
+from zeus_callbacks.store.run_store import RunStore
+
+logger = logging.getLogger(__name__)
 
 
 def _key_str(key: Any) -> str:
@@ -21,12 +29,19 @@ def _key_str(key: Any) -> str:
 
 
 class StoreProfileCache:
-    """Power-limit profiles in a store (opened per call: profiles are read and written rarely).
+    """Power-limit profiles in a store: the run's shared store, or a store file opened per call.
+
+    A store that cannot be reached now (:class:`~zeus_callbacks.errors.StoreUnavailableError`:
+    locked, a database down) is a cache miss on :meth:`get` (the run profiles) and a profile not
+    kept on :meth:`put`, each with a warning: the cache must never stop training.
 
     Args:
-        path: The store file, or a database URL (see :func:`~zeus_callbacks.store.open_store`).
-        backend: ``"sqlite"`` or ``"json"``; None: from the file's suffix.
-        lease_grace_s: The store's lease grace period (s), as every opener of the store should use.
+        path: The run's :class:`~zeus_callbacks.store.run_store.RunStore` (the session passes
+            its own: one open per run), or a store file or database URL, opened and closed
+            at each call (see :func:`~zeus_callbacks.store.open_store`).
+        backend: For a file: ``"sqlite"`` or ``"json"``; None: from the file's suffix.
+        lease_grace_s: For a file or URL: the store's lease grace period (s), as every opener
+            of the store should use.
 
     Raises:
         StoreCorruptError: On :meth:`get`/:meth:`put`, when the file is not a readable store.
@@ -38,21 +53,39 @@ class StoreProfileCache:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | RunStore,
         backend: Literal["sqlite", "json"] | None = None,
         *,
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
     ) -> None:
-        self.path: str | Path = str(path) if is_url(path) else Path(path)
+        self.run_store = path if isinstance(path, RunStore) else None
+        self.path: str | Path | None = None if self.run_store is not None else (
+            str(path) if is_url(path) else Path(path))  # type: ignore[arg-type]  # not a RunStore here
         self.backend = backend
         self.lease_grace_s = lease_grace_s
 
-    def get(self, key: Any) -> dict[str, Any] | None:
-        """The profile stored under ``key`` (``key.as_str()``, else ``str(key)``), or None."""
+    @contextmanager
+    def _store(self) -> Iterator[Store]:
+        if self.run_store is not None:
+            yield self.run_store.get()  # the run's: it stays open
+            return
+        assert self.path is not None
         with open_store(self.path, self.backend, lease_grace_s=self.lease_grace_s) as store:
-            return store.get_profile(_key_str(key))
+            yield store
+
+    def get(self, key: Any) -> dict[str, Any] | None:
+        """The profile stored under ``key`` (``key.as_str()``, else ``str(key)``), or None (also: store unavailable)."""
+        try:
+            with self._store() as store:
+                return store.get_profile(_key_str(key))
+        except StoreUnavailableError as exc:
+            logger.warning("zeus-callbacks: cannot read the power-limit profile cache (%s); profiling", exc)
+            return None
 
     def put(self, key: Any, profile: dict[str, Any]) -> None:
         """Store ``profile`` (JSON-serialisable) under ``key``, replacing any earlier one."""
-        with open_store(self.path, self.backend, lease_grace_s=self.lease_grace_s) as store:
-            store.put_profile(_key_str(key), profile)
+        try:
+            with self._store() as store:
+                store.put_profile(_key_str(key), profile)
+        except StoreUnavailableError as exc:
+            logger.warning("zeus-callbacks: the power-limit profile for %s is not cached: %s", _key_str(key), exc)

@@ -13,7 +13,8 @@ Design:
 - **Transient errors are retried** with jittered exponential backoff for up to
   ``retry_s``: a refused or dropped connection, a deadlock, a serialisation failure, a
   lock-wait timeout. A transaction is re-run from its start (the bandit callback is a pure
-  function of the state, so re-running it is safe). Bad credentials, a missing database and
+  function of the state, so re-running it is safe); still failing after it, a
+  :class:`~zeus_callbacks.errors.StoreUnavailableError`. Bad credentials, a missing database and
   every other error fail at once, as a :class:`StoreError` that names the URL with its
   password masked.
 - **Schema versions** are the project's own (the ``zeus_schema_version`` table and
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from zeus_callbacks.errors import StoreUnavailableError
 from zeus_callbacks.store import records
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
@@ -188,8 +190,9 @@ class RDBStore(Store):
         engine_options: Extra keyword arguments of ``sqlalchemy.create_engine``.
 
     Raises:
+        StoreUnavailableError: The server stayed unreachable (or the error transient) for ``retry_s``.
         StoreError: SQLAlchemy or the driver is missing, the credentials are refused, the
-            database does not exist, or the server stayed unreachable for ``retry_s``.
+            database does not exist.
         StoreCorruptError: The database holds a broken zeus store (tables without a schema version).
         StoreSchemaError: The store's schema is newer than this code's.
     """
@@ -296,9 +299,9 @@ class RDBStore(Store):
         missing_db = "database" in reason.lower() and "does not exist" in reason.lower()
         if _sqlstate(exc) == "3D000" or _mysql_errno(exc) == 1049 or missing_db:
             return StoreError(f"store {self.masked_url}: the database does not exist ({reason}); create it first")
-        if _is_transient(exc):
-            return StoreError(f"cannot {what} store {self.masked_url}: still failing after {waited_s:.1f} s and "
-                              f"{tries} tries ({reason})")
+        if _is_transient(exc):  # down, restarting, deadlocked: a run trains on and keeps its trial locally
+            return StoreUnavailableError(f"cannot {what} store {self.masked_url}: still failing after {waited_s:.1f} s "
+                                         f"and {tries} tries ({reason})")
         return StoreError(f"cannot {what} store {self.masked_url}: {reason}")
 
     def _schema_version(self, conn, *, required: bool) -> int | None:

@@ -19,6 +19,7 @@ from zeus_callbacks.optimizers.batch_size.controller import (
     EarlyStopRule,
     claim_pending,
     open_job_store,
+    run_store,
     suggest_batch_size,
 )
 from zeus_callbacks.optimizers.batch_size.maths import (
@@ -51,6 +52,7 @@ __all__ = [
     "open_job_store",
     "pooled_relative_variance",
     "prior_from_costs",
+    "run_store",
     "satisficing_choice",
     "scaled_learning_rate",
     "suggest_batch_size",

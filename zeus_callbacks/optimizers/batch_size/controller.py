@@ -13,7 +13,8 @@ Hugging Face users ask before they build ``TrainingArguments``::
     >>> args = TrainingArguments("out", per_device_train_batch_size=bs)  # doctest: +SKIP
 
 and the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` of the same
-process picks that suggestion (its trial) up when training begins. Under a launcher
+process picks that suggestion (its trial, and the store it was made in, still open) up when
+training begins: a run opens its store once (:class:`~zeus_callbacks.store.run_store.RunStore`). Under a launcher
 (``torchrun``, ``accelerate launch``) every process calls it: the main process alone reads
 the store and makes the suggestion, and the others receive it through the launcher's
 process group.
@@ -35,11 +36,13 @@ from typing import Any
 from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.errors import StoreError, StoreLockedError
+from zeus_callbacks.errors import StoreError, StoreUnavailableError
 from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.store import Store, TrialRecord
+from zeus_callbacks.store import Store, TrialRecord, store_location
+from zeus_callbacks.store.base import this_host
+from zeus_callbacks.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,19 @@ MIN_CHECK_INTERVAL_S = 0.5
 """Early stopping looks at the cost at most this often (s of run time): the cost only grows,
 so a step-granular check every step of a fast loop would buy nothing but overhead."""
 
-_PENDING: dict[str, Suggestion] = {}  # job_id → a suggestion made by suggest_batch_size(), not yet claimed
+
+
+@dataclass
+class _Made:
+    """What :func:`suggest_batch_size` made for a job in this process, until the run claims it."""
+
+    batch_size: int
+    suggestion: Suggestion | None = None  # None: made without the store (it could not be reached)
+    store: Store | None = None  # the store the suggestion was made in, still open: the run goes on with it
+    detached: str | None = None  # why there is no suggestion
+
+
+_PENDING: dict[str, _Made] = {}  # job_id → what suggest_batch_size() made, not yet claimed
 _PENDING_LOCK = threading.Lock()
 
 
@@ -63,16 +78,24 @@ def pending_dir(config: ZeusConfig) -> Path:
 def open_job_store(config: ZeusConfig) -> Store:
     """Open the store ``config.store`` names (default ``<log_dir>/zeus_store.<ext>``), merging waiting trials.
 
-    Trials that an earlier run of this job could not record (the store stayed locked, the
-    database was down: :meth:`BatchSizeController.finish`) are recorded now, from their
-    pending files in :func:`pending_dir`, and those files removed.
+    With the bandit on, trials that an earlier run of this job could not record (the store
+    stayed locked, the database was down, at its start or at its end:
+    :meth:`BatchSizeController.finish`) are recorded now, from their pending files in
+    :func:`pending_dir`, and those files removed.
 
     Raises:
-        StoreError: The store cannot be opened (corrupt, newer schema, locked).
+        StoreUnavailableError: The store cannot be reached now (locked, a database down).
+        StoreError: The store cannot be opened (corrupt, newer schema, refused credentials).
     """
     store = config.store.open(config.logging.log_dir)
-    merge_pending_trials(store, config)
+    if config.batch_size.enabled:  # pending files are bandit trials: merging them needs its settings
+        merge_pending_trials(store, config)
     return store
+
+
+def run_store(config: ZeusConfig) -> RunStore:
+    """The store handle of one run of ``config`` (opened on first use by :func:`open_job_store`)."""
+    return RunStore(lambda: open_job_store(config))
 
 
 def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
@@ -81,7 +104,10 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     A pending file of another store or job is left for its own store; one that cannot be
     merged now (the store fails again) stays for the next open. A trial the store marked
     failed meanwhile ("process died": its process ended before the store took it) gets its
-    real outcome.
+    real outcome. A run that trained without the store (unreachable at its start) has no
+    trial yet: one is created at the batch size it trained at and finished with its outcome;
+    it is an observation of that arm but does not move the pruning on (the bandit did not
+    choose it).
 
     Returns:
         How many trials were merged.
@@ -94,6 +120,11 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
         try:
             pending = json.loads(path.read_text(encoding="utf-8"))
             if pending.get("store") != store.location or pending.get("job_id") != config.job_id:
+                continue
+            if pending.get("trial_id") is None:
+                _record_detached(store, config, path, pending)
+                merged += 1
+                path.unlink()
                 continue
             trial = store.get_trial(int(pending["trial_id"]))
             reason = None if trial is None else trial.info.get("reason")
@@ -118,6 +149,26 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     return merged
 
 
+def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any]) -> None:
+    """Record the trial of a run that trained without the store (see :func:`merge_pending_trials`)."""
+    outcome = dict(pending["report"])
+    late = f"recorded late from {path.name}: the store could not be reached at train start"
+    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
+    info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
+    trial = store.create_trial(config.job_id, int(pending["batch_size"]), outcome.get("power_limit_W"), info=info,
+                               pid=int(pending["pid"]))
+    BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size)).report(
+        trial.trial_id, **outcome)
+    logger.info("zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s", trial.trial_id,
+                config.job_id, path)
+
+
+def _detached_warning(exc: Exception, config: ZeusConfig) -> None:
+    logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: the "
+                   "trial is kept in %s and recorded when the store is next opened", exc,
+                   config.batch_size.default_batch_size, pending_dir(config))
+
+
 def suggest_batch_size(
     config: ZeusConfig | Mapping[str, Any] | str | Path | None,
     *,
@@ -128,7 +179,11 @@ def suggest_batch_size(
     """Batch size for this recurrence of ``config.job_id`` (call before building data loaders).
 
     Records the recurrence's trial in the store; the energy callback of the same process
-    claims it when training starts and reports the outcome into it.
+    claims it when training starts (with the store, kept open for it) and reports the
+    outcome into it. A store that cannot be reached (locked, a database down: after
+    ``store.lock_timeout_s``) does not stop the run: every process gets
+    ``batch_size.default_batch_size`` (one warning) and the run's trial is recorded when the
+    store is next opened.
 
     Under a launcher (``WORLD_SIZE`` > 1: ``torchrun``, ``accelerate launch``) call it on
     **every** process, before ``TrainingArguments``: it joins the launcher's process group
@@ -149,7 +204,8 @@ def suggest_batch_size(
 
     Raises:
         ConfigError: Invalid configuration.
-        StoreError: The store cannot be opened (on the main process).
+        StoreError: The store cannot be opened (on the main process): corrupt, newer schema,
+            refused credentials.
         RuntimeError: Under a launcher, on the other processes, when the main process
             failed to suggest (so that no process waits for a suggestion that never comes).
     """
@@ -160,45 +216,57 @@ def suggest_batch_size(
             raise ValueError("batch_size.enabled is false and no batch_size.default_batch_size is set")
         return bs_cfg.default_batch_size
     with _PENDING_LOCK:
-        pending = _PENDING.get(cfg.job_id)
-        if pending is not None:
-            return pending.batch_size
+        made = _PENDING.get(cfg.job_id)
+        if made is not None:
+            return made.batch_size
         ranks = RankGroup.from_launcher(cpu=cpu, backend=ddp_backend, timeout_s=ddp_timeout_s)
-        suggestion: Suggestion | None = None
         failure: BaseException | None = None
         if ranks.process_index == 0:
             try:
-                suggestion = _suggest_from_store(cfg)
-            except StoreLockedError as exc:
-                if ranks.is_distributed:
-                    failure = exc
-                else:  # a locked store must not keep the run from training
-                    logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's "
-                                   "suggestion", exc, bs_cfg.default_batch_size)
-                    return int(bs_cfg.default_batch_size)  # type: ignore[arg-type]  # set when enabled
+                made = _suggest_from_store(cfg)
+            except StoreUnavailableError as exc:  # an unreachable store must not keep the run from training
+                _detached_warning(exc, cfg)
+                made = _Made(int(bs_cfg.default_batch_size), detached=str(exc))  # type: ignore[arg-type]  # enabled
             except Exception as exc:
                 if not ranks.is_distributed:
                     raise
                 failure = exc  # raised after the broadcast, which the other ranks are waiting in
-        if ranks.is_distributed:
-            suggestion = ranks.broadcast_outcome(suggestion, failure, "suggest a batch size")
-        assert suggestion is not None
-        _PENDING[cfg.job_id] = suggestion
-        return suggestion.batch_size
+        if ranks.is_distributed:  # the open store stays on the main process
+            shared = None if made is None else (made.batch_size, made.suggestion, made.detached)
+            batch_size, suggestion, detached = ranks.broadcast_outcome(shared, failure, "suggest a batch size")
+            if made is None:
+                made = _Made(batch_size, suggestion, detached=detached)
+        assert made is not None
+        _PENDING[cfg.job_id] = made
+        return made.batch_size
 
 
-def _suggest_from_store(cfg: ZeusConfig) -> Suggestion | None:
+def _suggest_from_store(cfg: ZeusConfig) -> _Made:
     store = open_job_store(cfg)
     try:
-        return BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(cfg.batch_size)).suggest()
-    finally:
+        suggestion = BatchSizeBandit(store, cfg.job_id, BanditSettings.from_config(cfg.batch_size)).suggest()
+    except BaseException:
         store.close()
+        raise
+    return _Made(suggestion.batch_size, suggestion, store)
+
+
+def _claim(job_id: str) -> _Made | None:
+    with _PENDING_LOCK:
+        return _PENDING.pop(job_id, None)
 
 
 def claim_pending(job_id: str) -> Suggestion | None:
-    """Take the suggestion :func:`suggest_batch_size` made for ``job_id`` in this process, if any."""
-    with _PENDING_LOCK:
-        return _PENDING.pop(job_id, None)
+    """Take the suggestion :func:`suggest_batch_size` made for ``job_id`` in this process, if any.
+
+    None also when it was made without the store (unreachable); a store it kept open is closed.
+    """
+    made = _claim(job_id)
+    if made is None:
+        return None
+    if made.store is not None:
+        made.store.close()
+    return made.suggestion
 
 
 @dataclass(frozen=True)
@@ -253,6 +321,9 @@ class BatchSizeController:
 
     Args:
         config: The whole configuration (``batch_size`` must be enabled).
+        store: The run's store handle, shared with the rest of the run (the session passes its
+            own and closes it at train end); default one of the controller's own, closed by
+            :meth:`finish`.
 
     Attributes:
         suggestion: The run's suggestion (batch size, trial id) once made.
@@ -261,8 +332,10 @@ class BatchSizeController:
         batch_size: The batch size the run really uses (the suggestion unless told otherwise).
     """
 
-    def __init__(self, config: ZeusConfig) -> None:
+    def __init__(self, config: ZeusConfig, store: RunStore | None = None) -> None:
         self.config = config
+        self._owns_store = store is None
+        self.run_store = run_store(config) if store is None else store
         self.settings = BanditSettings.from_config(config.batch_size)
         self.suggestion: Suggestion | None = None
         self.batch_size: int | None = None
@@ -273,35 +346,47 @@ class BatchSizeController:
         self.explore_stop = False
         self.threshold_factor: tuple[str, float] | None = None  # (setting, value) that sets the threshold
         self.power_limit_W: float | None = None
-        self.detached: str | None = None  # why the run trains without the bandit (a locked store), if it does
+        self.detached: str | None = None  # why the run trains without the bandit (store unreachable), if it does
         self.pending_path: Path | None = None  # where the trial waits when the store could not take it
         self._store_location: str | None = None
         self._last_check_s = -float("inf")
 
     def _with_bandit(self, fn):
-        store = open_job_store(self.config)
+        store = self.run_store.get()  # the run's: opened once, closed at train end
         self._store_location = store.location  # names the store in a pending file
-        try:
-            return fn(BatchSizeBandit(store, self.config.job_id, self.settings))
-        finally:
-            store.close()
+        return fn(BatchSizeBandit(store, self.config.job_id, self.settings))
 
     def suggest(self) -> int:
-        """The run's batch size (made once: later calls return the same)."""
+        """The run's batch size (made once: later calls return the same).
+
+        A store that cannot be reached (:class:`~zeus_callbacks.errors.StoreUnavailableError`:
+        locked, a database down, after ``store.lock_timeout_s``) does not stop the run: it
+        trains at ``default_batch_size`` (one warning naming the store, a URL's password
+        masked) and :meth:`finish` keeps its trial in a pending file.
+        """
         if self.detached is not None:
             return int(self.batch_size)  # type: ignore[arg-type]  # set with detached
         if self.suggestion is None:
+            made = _claim(self.config.job_id)
+            if made is not None and made.store is not None:
+                self.run_store.adopt(made.store)  # suggest_batch_size() opened it: the run goes on with it
+            if made is not None and made.suggestion is None:  # it already waited for the store, and warned
+                return self._detach(made.detached or "the store could not be reached")
             try:
-                self.suggestion = claim_pending(self.config.job_id) or self._with_bandit(lambda b: b.suggest())
-            except StoreLockedError as exc:  # a locked store must not keep the run from training
-                default = int(self.config.batch_size.default_batch_size)  # type: ignore[arg-type]  # when enabled
-                logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's "
-                               "suggestion (no trial is recorded for this run)", exc, default)
-                self.detached = str(exc)
-                self.batch_size = default
-                return default
-            self.batch_size = self.suggestion.batch_size
+                suggestion: Suggestion = (made.suggestion if made is not None and made.suggestion is not None
+                                          else self._with_bandit(lambda b: b.suggest()))
+            except StoreUnavailableError as exc:
+                _detached_warning(exc, self.config)
+                return self._detach(str(exc))
+            self.suggestion = suggestion
+            self.batch_size = suggestion.batch_size
         return self.suggestion.batch_size
+
+    def _detach(self, reason: str) -> int:
+        """Train without the bandit, at ``default_batch_size``."""
+        self.detached = reason
+        self.batch_size = int(self.config.batch_size.default_batch_size)  # type: ignore[arg-type]  # when enabled
+        return self.batch_size
 
     def start(self, max_power_W: float, power_limit_W: float | None) -> None:
         """Training starts: fix the cost function and the early-stop threshold.
@@ -319,9 +404,14 @@ class BatchSizeController:
         self.power_limit_W = power_limit_W
         if self.detached is not None:  # no bandit for this run: nothing stops it on cost
             return
-        factor, explore = self._with_bandit(
-            lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
-        )
+        try:
+            factor, explore = self._with_bandit(
+                lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
+            )
+        except StoreUnavailableError as exc:  # the trial exists; finish() records it, or keeps it pending
+            logger.warning("zeus-callbacks: %s; this run is not stopped early on cost (its threshold needs the store)",
+                           exc)
+            return
         beta = None if factor is None else factor[1] * factor[2]
         self.explore_stop = explore is not None and (beta is None or explore < beta)
         self.threshold = explore if self.explore_stop else beta
@@ -409,7 +499,7 @@ class BatchSizeController:
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
             degraded: Sensor faults made the energy measurement incomplete.
         """
-        if self.suggestion is None or self.cost is None:
+        if (self.suggestion is None and self.detached is None) or self.cost is None:
             return None
         if run_status != "completed":
             status = "failed"
@@ -424,24 +514,43 @@ class BatchSizeController:
             info["simulated"] = True  # measured on the virtual GPU: plots say so
         if run_status != "completed":
             info["run_status"] = run_status  # an interrupted run does not count against its arm
+        suggested = None if self.suggestion is None else self.suggestion.batch_size
         outcome: dict[str, Any] = {
             "energy_J": energy_J, "time_s": time_s, "cost": cost, "converged": converged, "status": status,
-            "batch_size": self.batch_size if self.batch_size != self.suggestion.batch_size else None,
+            "batch_size": self.batch_size if suggested is not None and self.batch_size != suggested else None,
             "power_limit_W": self.power_limit_W, "info": info, "degraded": degraded,
         }
-        trial_id = self.suggestion.trial_id
         try:
-            return self._with_bandit(lambda b: b.report(trial_id, **outcome))
-        except StoreError as exc:  # locked past the limit, database down: keep the trial, merge it later
-            self.pending_path = self._keep_pending(trial_id, outcome)
-            logger.warning("zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
-                           "when it is next opened", trial_id, exc, self.pending_path)
-            return None
+            if self.suggestion is None:  # trained without the store: no trial to report into yet
+                self.pending_path = self._keep_pending(None, outcome)
+                logger.warning("zeus-callbacks: the store could not be reached at train start (%s); this run's "
+                               "trial is kept in %s and recorded when the store is next opened", self.detached,
+                               self.pending_path)
+                return None
+            trial_id = self.suggestion.trial_id
+            try:
+                return self._with_bandit(lambda b: b.report(trial_id, **outcome))
+            except StoreError as exc:  # locked past the limit, database down: keep the trial, merge it later
+                self.pending_path = self._keep_pending(trial_id, outcome)
+                logger.warning("zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
+                               "when it is next opened", trial_id, exc, self.pending_path)
+                return None
+        finally:
+            if self._owns_store:
+                self.run_store.close()
 
-    def _keep_pending(self, trial_id: int, outcome: dict[str, Any]) -> Path:
-        """Write the trial's outcome to a pending file (atomically) for :func:`merge_pending_trials`."""
-        location = self._store_location or str(self.config.store.location(self.config.logging.log_dir))
-        path = pending_dir(self.config) / f"trial-{trial_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        write_json_atomic(path, {"store": location, "job_id": self.config.job_id, "trial_id": trial_id,
-                                 "report": outcome})
+    def _keep_pending(self, trial_id: int | None, outcome: dict[str, Any]) -> Path:
+        """Write the trial's outcome to a pending file (atomically) for :func:`merge_pending_trials`.
+
+        ``trial_id`` None: the run trained without the store; the file also holds the batch
+        size it trained at, its process and host, and why.
+        """
+        location = self._store_location or store_location(self.config.store.location(self.config.logging.log_dir))
+        name = f"trial-{'new' if trial_id is None else trial_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        record: dict[str, Any] = {"store": location, "job_id": self.config.job_id, "trial_id": trial_id,
+                                  "report": outcome}
+        if trial_id is None:
+            record.update(batch_size=self.batch_size, pid=os.getpid(), host=this_host(), detached=self.detached)
+        path = pending_dir(self.config) / name
+        write_json_atomic(path, record)
         return path

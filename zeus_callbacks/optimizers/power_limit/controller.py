@@ -18,6 +18,7 @@ from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileC
 from zeus_callbacks.optimizers.power_limit.gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit.marker import (
     marker_path,
+    marker_paths,
     write_marker,
 )
 from zeus_callbacks.optimizers.power_limit.objective import Objective
@@ -84,6 +85,8 @@ class PowerLimitController:
         self.backend = backend
         self.gpu_indices = list(gpu_indices)
         self.marker_path = marker_path(log_dir, config.restore_marker)
+        # A leftover at a rank marker's old name (no host) may hold this GPU's original limit too.
+        self._old_marker_paths = marker_paths(log_dir, config.restore_marker)[1:]
         cache_path = Path(config.cache_path) if config.cache_path else Path(log_dir) / CACHE_NAME
         self.cache: ProfileCache | None = (cache or JsonProfileCache(cache_path)) if config.cache else None
         self.job_id = job_id
@@ -401,10 +404,11 @@ class PowerLimitController:
             if self.observe or self.applied_W == limit_W:
                 return
             if not self._marker_written:
-                if self.marker_path.exists():  # not ours: another run's, one kept after a failure, or no marker
+                held = next((p for p in (self.marker_path, *self._old_marker_paths) if p.exists()), None)
+                if held is not None:  # not ours: another run's, one kept after a failure, or no marker
                     self._enter_observe(
-                        f"the restore marker path {self.marker_path} holds a file this run did not write; "
-                        "writing the marker would replace it (run `zeus-callbacks restore`, or move it away)"
+                        f"the restore marker path {held} holds a file this run did not write; it may hold a "
+                        "GPU's original limit (run `zeus-callbacks restore`, or move it away)"
                     )
                     return
                 try:

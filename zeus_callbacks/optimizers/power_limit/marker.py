@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,18 +87,53 @@ def _write(path: Path, backend_name: str, owner: Owner, gpus: list[dict]) -> Non
     )  # fmt: skip
 
 
+def host_label() -> str:
+    """This host's name as marker file names carry it: ``socket.gethostname()``, ``[^A-Za-z0-9._-]`` → ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "unknown-host"
+
+
+def _local_rank() -> int | None:
+    """This process's local rank under a multi-process launcher (``WORLD_SIZE`` > 1), else None."""
+    local_rank = launcher_env_int("LOCAL_RANK", -1)  # -1: not set
+    return local_rank if local_rank >= 0 and launcher_world_size() > 1 else None
+
+
 def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Path:
     """The restore-marker file of this process.
 
     ``configured`` (``power_limit.restore_marker``) or ``<log_dir>/power_limit_restore.json``;
-    under a multi-process launcher (``WORLD_SIZE`` > 1) each local rank gets its own file
-    (``power_limit_restore.rank<LOCAL_RANK>.json``) so ranks never overwrite each other's.
+    under a multi-process launcher (``WORLD_SIZE`` > 1) each process gets its own file,
+    named by host and local rank (``power_limit_restore.<host>.rank<LOCAL_RANK>.json``), so
+    that no two ranks overwrite each other's, neither on one node nor across nodes that
+    share the log directory (local ranks repeat on every node).
     """
     path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
-    local_rank = launcher_env_int("LOCAL_RANK", -1)  # -1: not set
-    if local_rank >= 0 and launcher_world_size() > 1:
-        path = path.with_name(f"{path.stem}.rank{local_rank}{path.suffix}")
+    local_rank = _local_rank()
+    if local_rank is not None:
+        path = path.with_name(f"{path.stem}.{host_label()}.rank{local_rank}{path.suffix}")
     return path
+
+
+def marker_paths(log_dir: str | Path, configured: str | Path | None = None) -> list[Path]:
+    """Where a run looks for the marker an earlier run in its place left.
+
+    :func:`marker_path`, then, under a launcher, the name earlier versions gave a rank's
+    marker (``power_limit_restore.rank<LOCAL_RANK>.json``, no host).
+
+    An old-named marker may be another node's: :func:`restore_from_marker` matches its GPUs by
+    UUID, and refuses one of another host that names GPUs without UUIDs.
+    """
+    path = marker_path(log_dir, configured)
+    local_rank = _local_rank()
+    if local_rank is None:
+        return [path]
+    base = Path(configured) if configured else Path(log_dir) / MARKER_NAME
+    return [path, base.with_name(f"{base.stem}.rank{local_rank}{base.suffix}")]
+
+
+def rank_marker_globs(base: Path) -> list[str]:
+    """Glob patterns, in ``base``'s directory, of every rank's marker beside ``base`` (both names)."""
+    return [f"{base.stem}.*.rank*{base.suffix}", f"{base.stem}.rank*{base.suffix}"]
 
 
 class RestoreMarker(NamedTuple):
@@ -331,6 +368,13 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
                   "`zeus-callbacks restore --force` overrides")  # fmt: skip
         logger.warning("zeus-callbacks: not restoring the power limits in %s: %s", path, reason)
         return RestoreOutcome(path, marker.owner, refused=reason)
+    host = marker.owner.host
+    if host is not None and host != socket.gethostname() and not force and any(g.uuid is None for g in marker.gpus):
+        # GPUs without a UUID are matched by index: another host's GPU 0 is not ours.
+        reason = (f"it was written on host {host} for GPUs without a UUID: only that host can restore it; "
+                  "`zeus-callbacks restore --force` overrides")  # fmt: skip
+        logger.warning("zeus-callbacks: not restoring the power limits in %s: %s", path, reason)
+        return RestoreOutcome(path, marker.owner, refused=reason)
     uuids = device_uuids(backend, range(backend.device_count()))
     results: list[GpuRestore] = []
     for gpu in marker.gpus:
@@ -342,7 +386,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
     left = [r.gpu for r in results if not r.back]
     if not left:
         path.unlink(missing_ok=True)
-    else:
+    elif len(left) < len(results):  # nothing back: the file stays as it was (it may be another node's)
         _write(path, marker.backend or backend.name, marker.owner,
                [{"index": g.index, "uuid": g.uuid, "name": g.name, "original_limit_W": g.original_limit_W}
                 for g in left])  # fmt: skip
