@@ -150,7 +150,10 @@ def test_jit_drives_the_real_profiler_and_its_store_cache(tmp_path, monkeypatch)
     for limit, row in rows.items():
         t = traces.time_per_epoch_s_at(curve, limit) / n
         assert row["time_per_step_s"] == pytest.approx(t, rel=1e-9)
-        assert row["energy_per_step_J"] == pytest.approx(t * traces.average_power_W_at(curve, limit), rel=1e-6)
+        # A window's last step is attributed after the next limit began (its samples arrive during the
+        # next step); the sensor's averaging carries a sliver of the next limit's power into it: 0.27 %
+        # at most on this trace (docs/power_limit.md, "The late last step").
+        assert row["energy_per_step_J"] == pytest.approx(t * traces.average_power_W_at(curve, limit), rel=4e-3)
     # Profiling is charged at what it cost, by hand: the untouched first step at the maximum, every
     # warm-up and profiled step at its limit (1/n epoch each), the rest of the epochs at the choice.
     assert sum(row["steps"] for row in rows.values()) == first.profiling_steps
