@@ -239,9 +239,9 @@ def test_max_slowdown_noisy_slowdowns_below_the_boundary_do_not_start_a_sweep(
         measured[x] = measure(x)
     assert not plan.fallback_sweep  # the feasible limits are unimodal (exact), the slow ones are one stretch
     choice = min(measured, key=lambda x: (measured[x].cost, -x))
-    feasible = [e for t, e in map(time_energy, np.linspace(low, high, 4001)) if t <= allowed * t_max]
     assert time_energy(choice)[0] <= allowed * t_max
-    assert time_energy(choice)[1] <= 1.01 * min(feasible)
+    # (no 1 % bound here: a noisy slowdown moves the secant's estimate of the boundary; with exact
+    # slowdowns the test above holds it)
 
 
 @settings(max_examples=40, deadline=None)
@@ -351,6 +351,27 @@ def test_a_curve_flat_within_the_noise_is_not_measured_again(seed):
     prof = _profiler(power_limit_grid_W(100, 250, 25))
     _train(prof, lambda x: 5.0, 0.002, seed)
     assert prof.revisits == 0
+
+
+@pytest.mark.parametrize("objective", ["max_slowdown", "energy"])
+def test_max_slowdown_does_not_measure_again_a_tie_whose_limits_are_each_within_rel_ci(objective):
+    # The best (200 W) and a runner-up just above it (225 W) tie; each 8-step window is within rel_ci
+    # (±0.86 %) but together they are not (±1.21 %): energy measures again, max_slowdown leaves the
+    # pair to the boundary narrowing (its windows at the boundary already ran on)
+    prof = _profiler(power_limit_grid_W(100, 250, 25), objective)
+    wobble = [1 + 0.0113 * (-1) ** k for k in range(8)]  # a relative sd of 1.21 %
+    for limit, energy_J, time_s in ((250.0, 10.0, 1.0), (225.0, 8.05, 1.02), (200.0, 8.0, 1.05), (100.0, 12.0, 1.3)):
+        prof.profiles[limit] = LimitProfile(limit, [energy_J * w for w in wobble], [time_s] * 8)
+    measured = prof.measured()
+    rel = {x: measured[x].half_width / measured[x].cost for x in (200.0, 225.0)}
+    assert all(0.008 < r < 0.01 for r in rel.values()), rel  # each within rel_ci on its own
+    assert math.hypot(*(measured[x].half_width for x in (200.0, 225.0))) > 0.01 * measured[200.0].cost
+    again = prof._contender()
+    if objective == "max_slowdown":
+        assert measured[100.0].cost >= INFEASIBLE_COST  # 1.3 × the maximum's time: too slow
+        assert again is None
+    else:
+        assert again in (200.0, 225.0)
 
 
 # -- windows: the late last step, sequential rejection, the sweep's fixed windows -------------
