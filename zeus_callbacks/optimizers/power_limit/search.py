@@ -16,7 +16,9 @@ range always on it, evenly spaced at most ``step_W`` apart):
    then the bracket keeps the side whose measured end is clearly below the flat level, or
    the stretch between the probes when neither is.
 3. **Shape checks**: every grid point of the closed bracket is measured; if the measured
-   costs are not unimodal within the noise, every grid limit is measured (a sweep); the
+   costs are not unimodal within the noise, every grid limit is measured (a sweep; with
+   ``max_slowdown`` the limits slower than allowed are left out of this check, their order is
+   that of their noisy slowdowns, and the sweep skips the limits below one too slow); the
    unmeasured grid neighbours of any limit within the noise of the best are measured (flat
    stretches can hide a dip); where every measured limit is level, the grid limit next to the
    minimum is (a valley between the minimum and a plateau level with it).
@@ -148,8 +150,11 @@ class SearchPlan:
         unmeasured_desc = [x for x in reversed(grid) if x not in measured]
         if s.kind == "sweep":
             return unmeasured_desc[0] if unmeasured_desc else None
-        if self.fallback_sweep and unmeasured_desc:
-            return unmeasured_desc[0]
+        # max_slowdown: a lower limit is slower still, so none below a limit measured too slow is worth a sweep
+        too_slow = [x for x in measured if measured[x].cost > _INFEASIBLE_AT * max(_lowest_cost(measured), 1e-30)]
+        sweep_desc = [x for x in unmeasured_desc if not too_slow or x > max(too_slow)]
+        if self.fallback_sweep and sweep_desc:
+            return sweep_desc[0]
         for end in (grid[-1], grid[0]):
             if end not in measured:
                 return end
@@ -157,11 +162,15 @@ class SearchPlan:
         if nxt is not None:
             return nxt
         points = sorted(measured)
-        costs = [measured[x].cost for x in points]
-        tols = [max(measured[x].half_width, s.noise_floor * abs(measured[x].cost)) for x in points]
-        if unmeasured_desc and not is_unimodal(costs, tols):
+        # max_slowdown: the limits slower than allowed are one infeasible stretch, ordered by their
+        # noisy slowdown; their order says nothing of a second valley, so the shape check leaves them out
+        lowest = _lowest_cost(measured)
+        feasible = [x for x in points if abs(measured[x].cost) <= _INFEASIBLE_AT * max(lowest, 1e-30)]
+        costs = [measured[x].cost for x in feasible]
+        tols = [max(measured[x].half_width, s.noise_floor * abs(measured[x].cost)) for x in feasible]
+        if sweep_desc and not is_unimodal(costs, tols):
             self.fallback_sweep = True
-            return unmeasured_desc[0]
+            return sweep_desc[0]
         best_x = min(points, key=lambda x: (measured[x].cost, -x))
         best = measured[best_x]
         index = {x: i for i, x in enumerate(grid)}
@@ -298,6 +307,10 @@ class SearchPlan:
 
 _BOUNDARY_W = 1.0  # max_slowdown: the bracket of the feasibility boundary is narrowed down to this (W)
 _INFEASIBLE_AT = 1e6  # a cost this many times the best's marks an infeasible limit (max_slowdown's 1e12 scale)
+
+
+def _lowest_cost(measured: Mapping[float, Measured]) -> float:
+    return min((abs(m.cost) for m in measured.values()), default=0.0)
 
 
 def _secant_boundary(
