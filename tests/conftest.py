@@ -34,6 +34,18 @@ def wall_virtual_backend():
 
 
 @pytest.fixture(autouse=True)
+def _no_lease_left_renewing():
+    """A test that leaves a trial running must not leave the lease keeper renewing it during later tests.
+
+    Later tests fork (the SIGKILL suite): a child forked while that thread is inside SQLite can hang.
+    """
+    yield
+    from zeus_callbacks.store.lease import KEEPER
+
+    KEEPER.release_all()
+
+
+@pytest.fixture(autouse=True)
 def _private_gpu_lock_dir(tmp_path_factory, monkeypatch):
     """Each test's per-GPU profiling locks live in its own directory (the fakes' GPU UUIDs repeat across tests)."""
     monkeypatch.setenv("ZEUS_CALLBACKS_LOCK_DIR", str(tmp_path_factory.mktemp("gpu-locks")))
