@@ -50,18 +50,6 @@ class LeaseKeeper:
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, _Held] = {}
         self._thread: threading.Thread | None = None
-        # Held while a renewal runs: a fork waits for it (see _before_fork), so that no child starts
-        # with the store library's own mutexes taken by a thread it does not have.
-        self._renewing = threading.Lock()
-        self._fork_waited = False
-
-    def _before_fork(self) -> None:
-        self._fork_waited = self._renewing.acquire(timeout=FORK_WAIT_S)
-
-    def _after_fork_in_parent(self) -> None:
-        if self._fork_waited:
-            self._fork_waited = False
-            self._renewing.release()
 
     def hold(self, store: Store, trial_id: int) -> None:
         """Keep renewing ``trial_id``'s lease in ``store`` (its file or database) until :meth:`release`."""
@@ -119,8 +107,7 @@ class LeaseKeeper:
                         held.due_at = time.monotonic() + held.interval_s
                         due.append((key, held, set(held.trial_ids)))
             for key, held, trial_ids in due:  # outside the lock: a finish_trial never waits for a renewal
-                with self._renewing:
-                    self._renew(key, held, trial_ids)
+                self._renew(key, held, trial_ids)
 
     def _renew(self, key: str, held: _Held, trial_ids: set[int]) -> None:
         """One renewal of one store's leases: open, renew, close."""
@@ -146,14 +133,8 @@ class LeaseKeeper:
                            "(finished elsewhere, or marked failed after a missed heartbeat)", sorted(lost), key)
 
 
-FORK_WAIT_S = 5.0
-"""How long a fork waits for a lease renewal in progress (s); past it, it forks anyway."""
-
 KEEPER = LeaseKeeper()
 """The process's lease keeper."""
 
 if hasattr(os, "register_at_fork"):
-    # A child forked mid-renewal would inherit SQLite's (or a driver's) mutexes locked by the keeper
-    # thread, which it does not have, and hang at its first open: forks wait for the renewal.
-    os.register_at_fork(before=KEEPER._before_fork, after_in_parent=KEEPER._after_fork_in_parent,
-                        after_in_child=KEEPER._reset)
+    os.register_at_fork(after_in_child=KEEPER._reset)
