@@ -24,6 +24,10 @@ from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_interva
 # Two-sided 95 % Student-t quantiles from the printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
+# Shared strategies: a device's minimum limit (W), and the noise seeds.
+MIN_LIMITS_W = st.sampled_from([100.0, 125.0, 150.0, 200.0])
+SEEDS = st.integers(0, 2**32 - 1)
+
 
 # -- grid ----------------------------------------------------------------------------
 def test_the_grid_is_the_zeus_grid_where_the_step_divides_the_range():
@@ -126,7 +130,7 @@ def test_the_sweep_measures_every_grid_limit_highest_first_and_nothing_else():
 
 @settings(max_examples=150, deadline=None)
 @given(
-    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    low=MIN_LIMITS_W,
     width=st.floats(100, 500),
     step=st.sampled_from([20.0, 25.0, 35.0]),
     opt_frac=st.floats(0, 1),
@@ -176,7 +180,7 @@ def _dvfs_card(low: float, high: float, binds_frac: float):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    low=MIN_LIMITS_W,
     width=st.floats(100, 500),
     step=st.sampled_from([25.0, 35.0]),
     binds_frac=st.floats(0.2, 1.0),
@@ -207,8 +211,8 @@ def test_max_slowdown_finds_the_boundary_below_a_plateau_within_one_percent(low,
 
 @settings(max_examples=60, deadline=None)
 @given(
-    seed=st.integers(0, 2**32 - 1),
-    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    seed=SEEDS,
+    low=MIN_LIMITS_W,
     width=st.floats(100, 500),
     step=st.sampled_from([25.0, 35.0]),
     binds_frac=st.floats(0.2, 1.0),
@@ -245,7 +249,7 @@ def test_max_slowdown_noisy_slowdowns_below_the_boundary_do_not_start_a_sweep(
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(0, 6))
+@given(seed=SEEDS, steps=st.integers(0, 6))
 def test_a_fallback_sweep_skips_the_limits_below_one_too_slow(seed, steps):
     # max_slowdown with a second valley among the feasible limits: the sweep measures the remaining
     # feasible grid, not the limits below one already measured too slow (a lower limit is slower still)
@@ -273,7 +277,7 @@ def _profiler(limits_W, objective: str = "energy", **settings_kw) -> PowerLimitP
 
 @settings(max_examples=60, deadline=None)
 @given(
-    seed=st.integers(0, 2**32 - 1),
+    seed=SEEDS,
     rel_sd=st.floats(0.002, 0.05),
     windows=st.integers(1, 6),
     n=st.integers(2, 10),
@@ -322,7 +326,7 @@ def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), rel_sd=st.floats(0.003, 0.02), top_frac=st.floats(0.8, 1.0))
+@given(seed=SEEDS, rel_sd=st.floats(0.003, 0.02), top_frac=st.floats(0.8, 1.0))
 def test_the_best_and_a_runner_up_it_cannot_be_told_from_are_measured_again_before_choosing(seed, rel_sd, top_frac):
     # steep: the cost falls towards an optimum near the top of the range, where probes end up level
     def cost(x: float) -> float:
@@ -346,7 +350,7 @@ def test_the_best_and_a_runner_up_it_cannot_be_told_from_are_measured_again_befo
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
+@given(seed=SEEDS)
 def test_a_curve_flat_within_the_noise_is_not_measured_again(seed):
     prof = _profiler(power_limit_grid_W(100, 250, 25))
     _train(prof, lambda x: 5.0, 0.002, seed)
@@ -393,7 +397,7 @@ def _train_lagged(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), rel_sd=st.floats(0.003, 0.02))
+@given(seed=SEEDS, rel_sd=st.floats(0.003, 0.02))
 def test_a_windows_last_step_joins_its_limit_after_the_switch_and_no_step_is_lost(seed, rel_sd):
     def cost(x: float) -> float:
         return 1.0 + 3.0 * ((x - 180) / 150) ** 2
@@ -435,8 +439,8 @@ def test_the_sweep_keeps_its_fixed_windows():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    seed=st.integers(0, 2**32 - 1),
-    low=st.sampled_from([100.0, 125.0, 150.0, 200.0]),
+    seed=SEEDS,
+    low=MIN_LIMITS_W,
     width=st.floats(125, 500),
     step=st.sampled_from([25.0, 35.0]),
     opt_frac=st.floats(0, 1),
