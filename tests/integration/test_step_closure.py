@@ -9,9 +9,10 @@ end would hold only (1 − share) of the epoch.
 Tolerance: 2 %, the issue's. What the tiled windows leave out of an epoch is the stretch from
 the last step's end to the epoch's end (the loader's StopIteration and the trainer's
 bookkeeping, and the last step's report and logging, which run after its end mark: a few
-milliseconds of a ~1.5 s epoch on an idle machine). On a heavily loaded machine that stretch
-can stall; the failure message then gives the time ratio beside the energy ratio (equal: time
-outside every step, not attribution).
+milliseconds of a ~3 s epoch on an idle machine). On a loaded machine that stretch can stall:
+CI, four pytest workers on two cores, once saw 0.9776 on an epoch of ~1.5 s (a ~35 ms stall),
+so the steps' compute is 25 ms, not 12, and such a stall stays near 1 %. The failure message
+gives the time ratio beside the energy ratio (equal: time outside every step, not attribution).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from zeus_callbacks.reporting import read_jsonl
 
 STEPS = 120
 BATCH = 4
-COMPUTE_S = 0.012
+COMPUTE_S = 0.025
 TOLERANCE = 0.02
 
 
