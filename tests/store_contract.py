@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 
 from zeus_callbacks.errors import StoreValueError
-from zeus_callbacks.store import SCHEMA_VERSION, BanditState, Store, StoreCorruptError, StoreSchemaError
+from zeus_callbacks.store import (
+    SCHEMA_VERSION,
+    BanditState,
+    Store,
+    StoreCorruptError,
+    StoreError,
+    StoreSchemaError,
+)
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
 
@@ -281,6 +288,30 @@ class StoreContract:
         assert store.get_trial(trial.trial_id).status == "running"  # no finish went through
         assert [t.trial_id for t in store.list_trials("j")] == [trial.trial_id]  # no trial was created
         assert store.get_bandit("j") == BanditState("j", {"min_cost": 2.0}, {8: {"n": 1}}, 1)
+
+    def test_a_pending_trial_is_recorded_once(self, kind: str, store: Store, path: str) -> None:
+        """A trial created from a pending file twice is one trial; its id is kept with the outcome, and unique."""
+        plain = store.create_trial("j", 8, pid=1)
+        first = store.create_trial("j", 32, 250.0, info={"detached": "down"}, pid=1, pending_id="p-new")
+        again = store.create_trial("j", 64, None, pid=2, pending_id="p-new")  # a second merge of the same file
+        assert plain.pending_id is None and first.pending_id == "p-new"
+        assert again == first  # that trial, as it was: nothing written
+        assert [t.trial_id for t in store.list_trials("j")] == [plain.trial_id, first.trial_id]
+        done = store.finish_trial(plain.trial_id, status="completed", energy_J=5.0, time_s=1.0, cost=5.0,
+                                  converged=True, pending_id="p-late")
+        assert done.pending_id == "p-late"
+        kept = store.finish_trial(first.trial_id, status="completed", energy_J=7.0, time_s=1.0, cost=7.0,
+                                  converged=True)  # no id given: the one it was created with stays
+        assert kept.pending_id == "p-new"
+        other = store.create_trial("j", 16, pid=1)
+        with pytest.raises(StoreError, match="p-late|pending"):  # one file, one trial
+            store.finish_trial(other.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0,
+                               converged=True, pending_id="p-late")
+        assert store.get_trial(other.trial_id).status == "running"  # nothing was written
+        store.close()
+        with _open(kind, path) as reopened:
+            assert [(t.trial_id, t.pending_id) for t in reopened.list_trials("j")] == [
+                (plain.trial_id, "p-late"), (first.trial_id, "p-new"), (other.trial_id, None)]
 
     def test_corrupt_file_is_a_clear_error_and_left_untouched(self, kind: str, path: str) -> None:
         if kind not in FILE_KINDS:  # a database: zeus tables without a schema version are a broken store

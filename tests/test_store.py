@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from tests.store_contract import BACKENDS, StoreContract, require
+from tests.store_contract import BACKENDS, StoreContract, _open, db_engine, new_location, require
 from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, open_store
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sqlite import SQLiteStore
@@ -52,8 +54,6 @@ def test_json_refuses_other_json(tmp_path):
 
 
 def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
-    import json
-
     from zeus_callbacks.store import json as json_store
     from zeus_callbacks.store import sqlite as sqlite_store
 
@@ -159,3 +159,91 @@ def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path
             store.list_trials(object())  # type: ignore[arg-type]  # e.g. a JobRecord instead of its job_id
         assert not isinstance(info.value, StoreCorruptError)
         assert store.list_trials("job") == []  # the store is still fine
+
+
+def _schema_2_store(kind: str, location: str) -> None:
+    """A store as zeus-callbacks wrote it before pending ids (schema 2), built with that version's migrations,
+    holding job ``j`` and one finished trial."""
+    trial = ("INSERT INTO {p}trials (job_id, batch_size, status, converged, started_at, ended_at, pid, host, info, "
+             "owner, heartbeat_at) VALUES ('j', 8, 'completed', {false}, 1.0, 2.0, 1, 'elsewhere', '{{}}', '', 1.0)")
+    if kind == "json":
+        Path(location).write_text(json.dumps({
+            "format": "zeus-callbacks-store", "schema_version": 2, "next_trial_id": 2,
+            "jobs": {"j": {"created_at": 1.0, "info": {}}},
+            "trials": [{"trial_id": 1, "job_id": "j", "batch_size": 8, "power_limit_W": None, "status": "completed",
+                        "energy_J": None, "time_s": None, "cost": None, "converged": False, "started_at": 1.0,
+                        "ended_at": 2.0, "pid": 1, "host": "elsewhere", "info": {}, "owner": "",
+                        "heartbeat_at": 1.0}],
+            "bandits": {}, "profiles": {},
+        }))
+    elif kind == "sqlite":
+        from zeus_callbacks.store import sqlite as sqlite_store
+
+        conn = sqlite3.connect(location)
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (2)")
+        for version in (0, 1):
+            sqlite_store.MIGRATIONS[version](conn)
+        conn.execute("INSERT INTO jobs VALUES ('j', 1.0, '{}')")
+        conn.execute(trial.format(p="", false=0))
+        conn.commit()
+        conn.close()
+    else:
+        import sqlalchemy as sa
+
+        from zeus_callbacks.store import rdb
+
+        _, tables = rdb._tables(sa)
+        engine = db_engine(location)
+        with engine.begin() as conn:
+            tables["schema_version"].create(conn)
+            conn.execute(tables["schema_version"].insert().values(version=2))
+            for version in (0, 1):
+                rdb.MIGRATIONS[version](conn, sa, tables)
+            conn.execute(sa.text("INSERT INTO zeus_jobs VALUES ('j', 1.0, '{}')"))
+            conn.execute(sa.text(trial.format(p="zeus_", false="false")))
+        engine.dispose()
+
+
+def _has_pending_column(kind: str, location: str) -> tuple[int, bool]:
+    """(the stored schema version, whether trials have a unique pending_id), read behind the store's back."""
+    if kind == "json":
+        doc = json.loads(Path(location).read_text())
+        return doc["schema_version"], all("pending_id" in t for t in doc["trials"])
+    if kind == "sqlite":
+        conn = sqlite3.connect(location)
+        version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(trials)")]
+        unique = any(row[2] and [c[2] for c in conn.execute(f"PRAGMA index_info({row[1]})")] == ["pending_id"]
+                     for row in conn.execute("PRAGMA index_list(trials)"))
+        conn.close()
+        return version, "pending_id" in columns and unique
+    import sqlalchemy as sa
+
+    engine = db_engine(location)
+    with engine.connect() as conn:
+        version = conn.execute(sa.text("SELECT version FROM zeus_schema_version")).scalar_one()
+        inspector = sa.inspect(conn)
+        columns = [c["name"] for c in inspector.get_columns("zeus_trials")]
+        unique = any(i["unique"] and i["column_names"] == ["pending_id"] for i in inspector.get_indexes("zeus_trials"))
+    engine.dispose()
+    return version, "pending_id" in columns and unique
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json", "rdb-sqlite", "postgresql"])
+def test_a_schema_2_store_opens_and_gains_the_pending_id(tmp_path, kind):
+    """A store from before pending ids (schema 2) reads as it is read-only, and gains a unique pending_id on a
+    writing open; its trials read pending_id None and a pending trial is then recorded once."""
+    location = new_location(kind, tmp_path)
+    _schema_2_store(kind, location)
+    assert _has_pending_column(kind, location) == (2, False)
+    if kind in ("sqlite", "json"):  # a database store of an older schema is refused read-only: open it to migrate
+        with open_store(location, read_only=True) as reader:
+            assert [(t.trial_id, t.status, t.pending_id) for t in reader.list_trials("j")] == [(1, "completed", None)]
+        assert _has_pending_column(kind, location) == (2, False)  # read-only: not migrated
+    with _open(kind, location) as store:
+        assert [(t.trial_id, t.status, t.pending_id) for t in store.list_trials("j")] == [(1, "completed", None)]
+        first = store.create_trial("j", 32, pid=1, pending_id="p")
+        assert store.create_trial("j", 32, pid=1, pending_id="p") == first
+        assert [t.pending_id for t in store.list_trials("j")] == [None, "p"]
+    assert _has_pending_column(kind, location) == (SCHEMA_VERSION, True)

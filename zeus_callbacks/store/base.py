@@ -37,10 +37,11 @@ from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermiss
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the store layout this code writes; a newer one is refused.
 
 1: jobs, trials, bandits, arms, profiles. 2: trials carry a lease (``owner``, ``heartbeat_at``).
+3: trials carry the id of the pending-trial file they were recorded from (``pending_id``, unique).
 """
 
 DEFAULT_LEASE_GRACE_S = 300.0
@@ -93,6 +94,10 @@ class TrialRecord:
         owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
             trial was recorded for another process, or by a schema-1 store.
         heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
+        pending_id: The id of the pending-trial file it was recorded from (a run that could not
+            reach the store at its start or end; docs/stores.md): set when the trial is created
+            from that file or its outcome merged from it; None otherwise. Unique within the store,
+            so merging the same file again records nothing new.
     """
 
     trial_id: int
@@ -111,6 +116,7 @@ class TrialRecord:
     info: dict[str, Any] = field(default_factory=dict)
     owner: str = ""
     heartbeat_at: float | None = None
+    pending_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +270,7 @@ class Store(abc.ABC):
         *,
         info: Mapping[str, Any] | None = None,
         pid: int | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """Record a new ``running`` trial of ``job_id`` (the job is created if missing).
 
@@ -273,9 +280,13 @@ class Store(abc.ABC):
             power_limit_W: Power limit (W), if known.
             info: JSON-safe extras.
             pid: Owning process; default this one.
+            pending_id: The pending-trial file the trial is recorded from (a run that trained
+                without the store). When a trial with this id exists already, that trial is
+                returned and nothing is written, in the same transaction: merging a file twice
+                never makes a second trial.
 
         Returns:
-            The new trial, with its ``trial_id``.
+            The new trial, with its ``trial_id`` (or the existing one of ``pending_id``).
         """
 
     @abc.abstractmethod
@@ -291,11 +302,14 @@ class Store(abc.ABC):
         batch_size: int | None = None,
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """Record a trial's outcome (status other than ``running``); ``info`` is merged in.
 
         ``batch_size`` / ``power_limit_W`` overwrite the recorded ones when given (the run
-        used another value than it was created with).
+        used another value than it was created with). ``pending_id`` (the pending-trial file
+        the outcome comes from) is recorded with the outcome, in the same transaction, so a
+        merge that died before removing its file is recognised when the file is merged again.
 
         Raises:
             KeyError: No trial with that id.
@@ -393,6 +407,7 @@ def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
         info=dict(d.get("info") or {}),
         owner=str(d.get("owner") or ""),
         heartbeat_at=None if d.get("heartbeat_at") is None else float(d["heartbeat_at"]),
+        pending_id=None if d.get("pending_id") is None else str(d["pending_id"]),
     )
 
 

@@ -65,7 +65,12 @@ def _migrate_1_to_2(doc: Document) -> None:
         trial.setdefault("heartbeat_at", None)
 
 
-MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2}
+def _migrate_2_to_3(doc: Document) -> None:
+    for trial in doc["trials"]:
+        trial.setdefault("pending_id", None)
+
+
+MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 """``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
 
 
@@ -235,13 +240,21 @@ class JSONStore(Store):
         *,
         info: Mapping[str, Any] | None = None,
         pid: int | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
         check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
         info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
         mine = pid is None or int(pid) == os.getpid()
+        created = True
 
         def change(doc: Document) -> TrialRecord:
+            nonlocal created
+            if pending_id is not None:  # recorded from this pending file already: that trial, nothing new
+                existing = next((t for t in doc["trials"] if t.get("pending_id") == pending_id), None)
+                if existing is not None:
+                    created = False
+                    return trial_from_dict(copy.deepcopy(existing))
             _ensure_job(doc, job_id, None)
             trial = {
                 "trial_id": doc["next_trial_id"],
@@ -259,16 +272,17 @@ class JSONStore(Store):
                 "host": this_host(),
                 "info": json.loads(info_json),
                 "owner": lease_owner() if mine else "",
+                "pending_id": pending_id,
             }
             trial["heartbeat_at"] = trial["started_at"]
             doc["next_trial_id"] += 1
             doc["trials"].append(trial)
             return trial_from_dict(copy.deepcopy(trial))
 
-        created = self._mutate(change)
-        if mine:
-            KEEPER.hold(self, created.trial_id)
-        return created
+        record = self._mutate(change, always_write=pending_id is None)  # an existing one: no rewrite
+        if mine and created:
+            KEEPER.hold(self, record.trial_id)
+        return record
 
     def finish_trial(
         self,
@@ -282,6 +296,7 @@ class JSONStore(Store):
         batch_size: int | None = None,
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
@@ -306,6 +321,11 @@ class JSONStore(Store):
             if power_limit_W is not None:
                 trial["power_limit_W"] = float(power_limit_W)
             trial["info"] = {**trial.get("info", {}), **dict(info or {})}
+            if pending_id is not None:
+                if any(t.get("pending_id") == pending_id and t is not trial for t in doc["trials"]):
+                    raise StoreError(f"store {self.path}: pending trial {pending_id} is already recorded as "
+                                     "another trial; nothing was written")
+                trial["pending_id"] = pending_id
             return trial_from_dict(copy.deepcopy(trial))
 
         finished = self._mutate(change)
@@ -367,7 +387,9 @@ class JSONStore(Store):
 
     # -- leases -------------------------------------------------------------------------
     def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
-        """See :meth:`Store.renew_leases`."""
+        """See :meth:`Store.renew_leases`; none is held once the file is gone (it is not re-created)."""
+        if not self.path.exists():  # gone: a lease is never a reason to create a store
+            return set()
 
         def change(doc: Document) -> set[int]:
             kept, now_s = set(), now()
@@ -377,7 +399,8 @@ class JSONStore(Store):
                     kept.add(trial["trial_id"])
             return kept
 
-        return self._mutate(change) if trial_ids else set()
+        # always_write=False: a file removed since the check above reads as empty and is not re-created
+        return self._mutate(change, always_write=False) if trial_ids else set()
 
     def reopen(self) -> JSONStore | None:
         """See :meth:`Store.reopen`; None when the file is gone (never re-created for a lease)."""

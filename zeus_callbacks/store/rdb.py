@@ -95,8 +95,8 @@ def _import_sqlalchemy(url: str):
     return sqlalchemy
 
 
-def _tables(sa, *, leases: bool = True):
-    """The tables of schema 2 (``leases=False``: of schema 1, without the lease columns)."""
+def _tables(sa, *, version: int = SCHEMA_VERSION):
+    """The tables of schema ``version`` (1: without the lease columns; 2: without ``pending_id``)."""
     from sqlalchemy.dialects import mysql
 
     meta = sa.MetaData()
@@ -104,7 +104,11 @@ def _tables(sa, *, leases: bool = True):
     lease = (
         [sa.Column("owner", sa.String(255), nullable=False, server_default=""), sa.Column("heartbeat_at", sa.Double),
          sa.Index("zeus_trials_by_status", "status")]
-        if leases else []
+        if version >= 2 else []
+    )
+    pending = (
+        [sa.Column("pending_id", sa.String(64)), sa.Index("zeus_trials_by_pending_id", "pending_id", unique=True)]
+        if version >= 3 else []
     )
     key = sa.String(255)
     tables = {
@@ -133,6 +137,7 @@ def _tables(sa, *, leases: bool = True):
             sa.Column("info", json_text, nullable=False),
             sa.Index("zeus_trials_by_job", "job_id", "trial_id"),
             *lease,
+            *pending,
         ),
         "bandits": sa.Table(
             "zeus_bandits", meta,
@@ -158,7 +163,7 @@ def _tables(sa, *, leases: bool = True):
 
 def _migrate_0_to_1(conn, sa, t) -> None:
     """Create the schema-1 tables."""
-    _, v1 = _tables(sa, leases=False)
+    _, v1 = _tables(sa, version=1)
     for name in ("jobs", "trials", "bandits", "arms", "profiles"):
         v1[name].create(conn)
 
@@ -172,7 +177,14 @@ def _migrate_1_to_2(conn, sa, t) -> None:
     sa.Index("zeus_trials_by_status", t["trials"].c.status).create(conn)
 
 
-MIGRATIONS: dict[int, Callable[..., None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+def _migrate_2_to_3(conn, sa, t) -> None:
+    """Add the id of the pending-trial file a trial was recorded from (unique; NULLs are distinct)."""
+    column = t["trials"].c.pending_id.type.compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE zeus_trials ADD COLUMN pending_id {column}"))
+    sa.Index("zeus_trials_by_pending_id", t["trials"].c.pending_id, unique=True).create(conn)
+
+
+MIGRATIONS: dict[int, Callable[..., None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3}
 """``MIGRATIONS[v](conn, sqlalchemy, tables)`` turns a version-``v`` database into version ``v + 1``."""
 
 
@@ -428,29 +440,46 @@ class RDBStore(Store):
         *,
         info: Mapping[str, Any] | None = None,
         pid: int | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
         check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
         info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
-        t = self._t["trials"]
+        sa, t = self._sa, self._t["trials"]
         mine = pid is None or int(pid) == os.getpid()
 
-        def body(conn) -> TrialRecord:
+        def recorded(conn) -> TrialRecord | None:
+            row = conn.execute(sa.select(t).where(t.c.pending_id == pending_id)).mappings().first()
+            return None if row is None else _trial(row, self.masked_url)
+
+        def body(conn) -> tuple[TrialRecord, bool]:
+            if pending_id is not None and (existing := recorded(conn)) is not None:
+                return existing, False  # recorded from this pending file already: that trial, nothing new
             self._ensure_job(conn, job_id, None)
             started_at = now()
-            result = conn.execute(t.insert().values(
+            insert = t.insert().values(
                 job_id=job_id, batch_size=int(batch_size),
                 power_limit_W=None if power_limit_W is None else float(power_limit_W),
                 status="running", converged=False, started_at=started_at,
                 pid=os.getpid() if pid is None else int(pid), host=this_host(), info=info_json,
-                owner=lease_owner() if mine else "", heartbeat_at=started_at,
-            ))
+                owner=lease_owner() if mine else "", heartbeat_at=started_at, pending_id=pending_id,
+            )
+            if pending_id is None:
+                result = conn.execute(insert)
+            else:
+                try:  # another node merging the same file may insert first: its trial is the one
+                    with conn.begin_nested():
+                        result = conn.execute(insert)
+                except sa.exc.IntegrityError:
+                    if (existing := recorded(conn)) is None:
+                        raise
+                    return existing, False
             trial_id = result.inserted_primary_key[0]
-            row = conn.execute(self._sa.select(t).where(t.c.trial_id == trial_id)).mappings().one()
-            return _trial(row, self.masked_url)
+            row = conn.execute(sa.select(t).where(t.c.trial_id == trial_id)).mappings().one()
+            return _trial(row, self.masked_url), True
 
-        trial = self._run("write", body)
-        if mine:
+        trial, created = self._run("write", body)
+        if mine and created:
             KEEPER.hold(self, trial.trial_id)
         return trial
 
@@ -466,6 +495,7 @@ class RDBStore(Store):
         batch_size: int | None = None,
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
@@ -485,6 +515,7 @@ class RDBStore(Store):
                 ended_at=now(), batch_size=old.batch_size if batch_size is None else int(batch_size),
                 power_limit_W=old.power_limit_W if power_limit_W is None else float(power_limit_W),
                 info=json.dumps({**old.info, **dict(info or {})}),
+                pending_id=old.pending_id if pending_id is None else pending_id,
             ))
             return _trial(conn.execute(select).mappings().one(), self.masked_url)
 

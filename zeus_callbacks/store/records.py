@@ -52,6 +52,7 @@ class TrialModel(_Record):
     info: dict[str, Any] = Field(default_factory=dict)
     owner: str = ""
     heartbeat_at: float | None = None
+    pending_id: str | None = None
 
     @field_validator("power_limit_W", "energy_J", "time_s", "cost", mode="after")
     @classmethod
@@ -105,6 +106,9 @@ class DocumentModel(_Record):
         ids = [t.trial_id for t in self.trials]
         if len(set(ids)) != len(ids):
             raise ValueError("two trials share a trial_id")
+        pending = [t.pending_id for t in self.trials if t.pending_id is not None]
+        if len(set(pending)) != len(pending):
+            raise ValueError("two trials share a pending_id")
         if ids and max(ids) >= self.next_trial_id:
             raise ValueError(f"next_trial_id {self.next_trial_id} is not above the largest trial_id {max(ids)}")
         return self
@@ -191,7 +195,7 @@ def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
         trial_id=m.trial_id, job_id=m.job_id, batch_size=m.batch_size, power_limit_W=m.power_limit_W,
         status=m.status, energy_J=m.energy_J, time_s=m.time_s, cost=m.cost, converged=m.converged,
         started_at=m.started_at, ended_at=m.ended_at, pid=m.pid, host=m.host, info=dict(m.info), owner=m.owner,
-        heartbeat_at=m.heartbeat_at,
+        heartbeat_at=m.heartbeat_at, pending_id=m.pending_id,
     )
 
 

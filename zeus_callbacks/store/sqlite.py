@@ -56,10 +56,14 @@ logger = logging.getLogger(__name__)
 
 _TRIAL_COLUMNS = (
     "trial_id, job_id, batch_size, power_limit_W, status, energy_J, time_s, cost, converged, "
-    "started_at, ended_at, pid, host, info, owner, heartbeat_at"
+    "started_at, ended_at, pid, host, info, owner, heartbeat_at, pending_id"
 )
-_V1_TRIAL_COLUMNS = _TRIAL_COLUMNS.replace("owner, heartbeat_at", "'' AS owner, NULL AS heartbeat_at")
-"""A read-only open of a schema-1 file (never migrated: read-only) reads its trials without a lease."""
+_OLD_TRIAL_COLUMNS = {
+    1: _TRIAL_COLUMNS.replace("owner, heartbeat_at, pending_id",
+                              "'' AS owner, NULL AS heartbeat_at, NULL AS pending_id"),
+    2: _TRIAL_COLUMNS.replace("pending_id", "NULL AS pending_id"),
+}
+"""A read-only open of an older file (never migrated: read-only) reads its trials with the newer fields empty."""
 
 
 def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
@@ -92,7 +96,14 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX trials_by_status ON trials (status)")
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE trials ADD COLUMN pending_id TEXT")
+    conn.execute("CREATE UNIQUE INDEX trials_by_pending_id ON trials (pending_id)")  # NULLs are distinct
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3,
+}
 """``MIGRATIONS[v]`` turns a version-``v`` file into version ``v + 1`` (inside one transaction)."""
 
 
@@ -221,6 +232,8 @@ class SQLiteStore(Store):
             raise StoreCorruptError(f"store {self.path} is unreadable ({what}: {exc}); it was left untouched") from exc
         except sqlite3.ProgrammingError:
             raise  # the caller's mistake (e.g. a parameter of the wrong type), not the file's
+        except sqlite3.IntegrityError as exc:  # a write the schema refuses (a pending_id recorded twice): not corrupt
+            raise StoreError(f"store {self.path}: {what} refused by the schema ({exc}); nothing was written") from exc
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
                 f"store {self.path} is not a readable SQLite store ({exc}); it was left untouched — "
@@ -253,8 +266,7 @@ class SQLiteStore(Store):
 
     def _check_schema_read_only(self) -> None:
         with self._read("open") as conn:
-            if self._schema_version(conn, create=False) < 2:
-                self._columns = _V1_TRIAL_COLUMNS
+            self._columns = _OLD_TRIAL_COLUMNS.get(self._schema_version(conn, create=False), _TRIAL_COLUMNS)
 
     def _schema_version(self, conn: sqlite3.Connection, *, create: bool) -> int:
         """The store's schema version; refuse a foreign or newer file (``create``: stamp a new, empty one)."""
@@ -341,6 +353,7 @@ class SQLiteStore(Store):
         *,
         info: Mapping[str, Any] | None = None,
         pid: int | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
         check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
@@ -348,10 +361,15 @@ class SQLiteStore(Store):
         mine = pid is None or int(pid) == os.getpid()
         started_at = now()
         with self._tx("write") as conn:
+            if pending_id is not None:  # recorded from this pending file already: that trial, nothing new
+                row = conn.execute(f"SELECT {self._columns} FROM trials WHERE pending_id = ?", (pending_id,))
+                existing = row.fetchone()
+                if existing is not None:
+                    return _trial_row(existing, self.location)
             _ensure_job(conn, job_id, None)
             cursor = conn.execute(
                 "INSERT INTO trials (job_id, batch_size, power_limit_W, status, converged, started_at, pid, host, "
-                "info, owner, heartbeat_at) VALUES (?, ?, ?, 'running', 0, ?, ?, ?, ?, ?, ?)",
+                "info, owner, heartbeat_at, pending_id) VALUES (?, ?, ?, 'running', 0, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     int(batch_size),
@@ -362,6 +380,7 @@ class SQLiteStore(Store):
                     info_json,
                     lease_owner() if mine else "",
                     started_at,
+                    pending_id,
                 ),
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (cursor.lastrowid,))
@@ -382,6 +401,7 @@ class SQLiteStore(Store):
         batch_size: int | None = None,
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial`."""
         check_finish_status(status)
@@ -396,7 +416,7 @@ class SQLiteStore(Store):
             merged = {**old.info, **dict(info or {})}
             conn.execute(
                 "UPDATE trials SET status = ?, energy_J = ?, time_s = ?, cost = ?, converged = ?, ended_at = ?, "
-                "batch_size = ?, power_limit_W = ?, info = ? WHERE trial_id = ?",
+                "batch_size = ?, power_limit_W = ?, info = ?, pending_id = ? WHERE trial_id = ?",
                 (
                     status,
                     energy_J,
@@ -407,6 +427,7 @@ class SQLiteStore(Store):
                     old.batch_size if batch_size is None else int(batch_size),
                     old.power_limit_W if power_limit_W is None else float(power_limit_W),
                     json.dumps(merged),
+                    old.pending_id if pending_id is None else pending_id,
                     trial_id,
                 ),
             )
@@ -481,8 +502,11 @@ class SQLiteStore(Store):
 
     # -- leases -------------------------------------------------------------------------
     def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
-        """See :meth:`Store.renew_leases`."""
-        if not trial_ids:
+        """See :meth:`Store.renew_leases`; none is held once the file is gone.
+
+        An open connection would otherwise go on renewing a deleted file's trials.
+        """
+        if not trial_ids or not self.path.exists():
             return set()
         marks = ", ".join("?" * len(trial_ids))
         ids = sorted(int(t) for t in trial_ids)

@@ -515,6 +515,7 @@ class BatchSizeBandit:
         power_limit_W: float | None = None,
         info: dict[str, Any] | None = None,
         degraded: bool = False,
+        pending_id: str | None = None,
     ) -> TrialRecord:
         """Record a recurrence's outcome and update the bandit.
 
@@ -535,6 +536,8 @@ class BatchSizeBandit:
             power_limit_W: Power limit it ran at (W).
             info: Extras stored with the trial.
             degraded: The energy measurement is incomplete (sensor faults).
+            pending_id: The pending-trial file the outcome is merged from, recorded with it
+                (:meth:`~zeus_callbacks.store.Store.finish_trial`).
 
         Returns:
             The finished trial.
@@ -562,6 +565,7 @@ class BatchSizeBandit:
             batch_size=batch_size,
             power_limit_W=power_limit_W,
             info=info,
+            pending_id=pending_id,
         )
         if status == "failed" or cost is None:
             return trial

@@ -28,7 +28,7 @@ import math
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,24 @@ def run_store(config: ZeusConfig) -> RunStore:
     return RunStore(lambda: open_job_store(config))
 
 
+_ORPHAN_REASONS = ("process died", "lease expired")  # what the store's dead-trial scan writes in info["reason"]
+
+_after_merge_hook: Callable[[Path], None] | None = None
+"""Test hook: called with a pending file's path after its trial is merged into the store (committed)
+and before the file is removed. ``tests/faults/test_fault_store_merge.py`` SIGKILLs its process
+there, to pin that a merge repeated after such a death records nothing twice. None in normal use."""
+
+
+def _merged(trial: TrialRecord | None, pending_id: str) -> bool:
+    """Whether ``trial`` holds the outcome of pending file ``pending_id`` already.
+
+    The id is recorded with the outcome (and, for a run that trained without the store, when its
+    trial is created: then the trial is still running, or marked failed by the dead-trial scan).
+    """
+    return (trial is not None and trial.pending_id == pending_id and trial.status != "running"
+            and trial.info.get("reason") not in _ORPHAN_REASONS)
+
+
 def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     """Record in ``store`` the waiting trials of ``config.job_id`` (see :func:`open_job_store`).
 
@@ -108,6 +126,10 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     trial yet: one is created at the batch size it trained at and finished with its outcome;
     it is an observation of that arm but does not move the pruning on (the bandit did not
     choose it).
+
+    Idempotent: each pending file carries an id (``pending_id``) that the store records with
+    the merged trial, in the transaction that records it, so a file merged again (its merger
+    died before removing it) adds no second trial and no second observation.
 
     Returns:
         How many trials were merged.
@@ -121,24 +143,14 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
             pending = json.loads(path.read_text(encoding="utf-8"))
             if pending.get("store") != store.location or pending.get("job_id") != config.job_id:
                 continue
+            # A file written before pending ids existed has none: its name (pid and a random part) is as stable.
+            pending_id = str(pending.get("pending_id") or path.stem)
             if pending.get("trial_id") is None:
-                _record_detached(store, config, path, pending)
-                merged += 1
-                path.unlink()
-                continue
-            trial = store.get_trial(int(pending["trial_id"]))
-            reason = None if trial is None else trial.info.get("reason")
-            if trial is not None and (trial.status == "running" or reason in ("process died", "lease expired")):
-                bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
-                outcome = dict(pending["report"])
-                late = f"recorded late from {path.name}: the store could not take it at train end"
-                outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
-                bandit.report(int(pending["trial_id"]), **outcome)
-                merged += 1
-                logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
-            elif trial is None:
-                logger.warning("zeus-callbacks: pending trial file %s names trial %s, which store %s does not "
-                               "hold; removed", path, pending["trial_id"], store.location)
+                merged += _record_detached(store, config, path, pending, pending_id)
+            else:
+                merged += _record_late(store, config, path, pending, pending_id)
+            if _after_merge_hook is not None:
+                _after_merge_hook(path)
             path.unlink()
         except StoreError as exc:
             logger.warning("zeus-callbacks: cannot merge the pending trial %s yet (%s); kept for the next open",
@@ -149,18 +161,50 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     return merged
 
 
-def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any]) -> None:
-    """Record the trial of a run that trained without the store (see :func:`merge_pending_trials`)."""
+def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
+    """Report the outcome kept in ``path`` into its existing trial; False when there is nothing to merge."""
+    trial = store.get_trial(int(pending["trial_id"]))
+    if trial is None:
+        logger.warning("zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
+                       path, pending["trial_id"], store.location)
+        return False
+    if _merged(trial, pending_id):
+        logger.info("zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
+                    "the file is removed", trial.trial_id, config.job_id, path)
+        return False
+    if trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
+        return False  # finished with its real outcome after all (the failing write had committed)
+    outcome = dict(pending["report"])
+    late = f"recorded late from {path.name}: the store could not take it at train end"
+    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
+    bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
+    bandit.report(trial.trial_id, **outcome, pending_id=pending_id)
+    logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
+    return True
+
+
+def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
+    """Record the trial of a run that trained without the store (see :func:`merge_pending_trials`).
+
+    Returns:
+        False when the store held that trial's outcome already (an earlier merge of the same file).
+    """
     outcome = dict(pending["report"])
     late = f"recorded late from {path.name}: the store could not be reached at train start"
     outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
     info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
+    # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
     trial = store.create_trial(config.job_id, int(pending["batch_size"]), outcome.get("power_limit_W"), info=info,
-                               pid=int(pending["pid"]))
+                               pid=int(pending["pid"]), pending_id=pending_id)
+    if _merged(trial, pending_id):
+        logger.info("zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
+                    "the file is removed", trial.trial_id, config.job_id, path)
+        return False
     BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size)).report(
-        trial.trial_id, **outcome)
+        trial.trial_id, **outcome, pending_id=pending_id)
     logger.info("zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s", trial.trial_id,
                 config.job_id, path)
+    return True
 
 
 def _detached_warning(exc: Exception, config: ZeusConfig) -> None:
@@ -546,9 +590,10 @@ class BatchSizeController:
         size it trained at, its process and host, and why.
         """
         location = self._store_location or store_location(self.config.store.location(self.config.logging.log_dir))
-        name = f"trial-{'new' if trial_id is None else trial_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        pending_id = uuid.uuid4().hex  # recorded with the merged trial: a second merge of this file is a no-op
+        name = f"trial-{'new' if trial_id is None else trial_id}-{os.getpid()}-{pending_id[:8]}.json"
         record: dict[str, Any] = {"store": location, "job_id": self.config.job_id, "trial_id": trial_id,
-                                  "report": outcome}
+                                  "pending_id": pending_id, "report": outcome}
         if trial_id is None:
             record.update(batch_size=self.batch_size, pid=os.getpid(), host=this_host(), detached=self.detached)
         path = pending_dir(self.config) / name
