@@ -36,7 +36,7 @@ def _no_pending_suggestion():
 
 
 class _Opens:
-    """Counts the writable store objects made, less the lease keeper's own (``reopen``: one per renewal)."""
+    """Counts the writable store objects made, less the lease keeper's own (``reopen``: its handle per store)."""
 
     def __init__(self, monkeypatch, *classes) -> None:
         self.made = self.reopened = 0

@@ -4,8 +4,9 @@ The batch-size controller (the bandit's suggestion, its early-stop threshold, th
 outcome) and the power-limit profile cache (``power_limit.cache_in: store``) take the store
 from one :class:`RunStore`, so a run pays for one open — one schema check, one scan for
 dead trials, one merge of waiting trials, one database connection pool — instead of one per
-call. The lease keeper renews leases through a store object of its own (``store/lease.py``),
-so that a heartbeat never waits behind the run's transactions.
+call. The lease keeper renews leases through a store object of its own (``store/lease.py``,
+opened once and kept until the store's last lease is released), so that a heartbeat never
+waits behind the run's transactions.
 
 An open that fails is not retried within the run: every later use raises the same error at
 once, so a database that is down at run start costs ``store.lock_timeout_s`` once, not at

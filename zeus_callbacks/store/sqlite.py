@@ -142,6 +142,7 @@ class SQLiteStore(Store):
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._columns = _TRIAL_COLUMNS
+        self._file_id: tuple[int, int] | None = None
         if self.path.is_dir():
             raise StoreError(f"store {self.path} is a directory, not a store file")
         if not read_only:
@@ -174,6 +175,7 @@ class SQLiteStore(Store):
                 self._check_schema_read_only()
             else:
                 self._migrate_and_recover()
+            self._file_id = _file_id(self.path)  # what renew_leases checks the path still names
         except BaseException:
             self.close()
             raise
@@ -502,11 +504,12 @@ class SQLiteStore(Store):
 
     # -- leases -------------------------------------------------------------------------
     def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
-        """See :meth:`Store.renew_leases`; none is held once the file is gone.
+        """See :meth:`Store.renew_leases`; none is held once the file is gone or replaced by another.
 
-        An open connection would otherwise go on renewing a deleted file's trials.
+        The lease keeper keeps its connection between renewals: without this check it would go on
+        renewing the trials of a deleted (or moved-away) file.
         """
-        if not trial_ids or not self.path.exists():
+        if not trial_ids or _file_id(self.path) != self._file_id:
             return set()
         marks = ", ".join("?" * len(trial_ids))
         ids = sorted(int(t) for t in trial_ids)
@@ -533,6 +536,15 @@ class SQLiteStore(Store):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The file's identity (device, inode); None when there is no file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _check_readable_store_file(path: Path) -> None:
