@@ -466,7 +466,13 @@ def render_metrics() -> str:
         f"- **Warm-up metrics** (`{reporting.WARMUP_ENERGY_J}`, `{reporting.WARMUP_TIME_S}`) once, with the "
         "first report that attributes the warm-up steps.",
         f"- **Epoch metrics** (`{reporting.EPOCH_ENERGY_J}`, `{reporting.EPOCH_COUNTER_ENERGY_J}`, "
-        f"`{reporting.EPOCH_TIME_S}`, `{reporting.EPOCH_MEAN_POWER_W}`) at the end of each training epoch.",
+        f"`{reporting.EPOCH_TIME_S}`, `{reporting.EPOCH_MEAN_POWER_W}`, and with them the per-GPU and per-phase "
+        "figures) at the end of each training epoch, at the global step it ended at (the steps taken): one point "
+        "per epoch. Lightning's loggers get them there at once. The Hugging Face Trainer's reporters get them with "
+        "the first log at that step (a periodic, evaluation or final log made after the epoch ended); an epoch "
+        "the Trainer did not log at that step (`logging_steps` longer than an epoch, two epochs between two logs, "
+        "or a periodic log at that step, which the Trainer makes before the epoch ends) is handed to its "
+        "reporters as a log of its own at that step, before its next log (never in `log_history`).",
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "
         "report after an evaluation loop.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
@@ -482,9 +488,10 @@ def render_metrics() -> str:
         "plain mean over the measured steps would favour the stretches auto sampling measures more): times "
         "the steps it is below the run's total, which also holds the warm-up steps, the evaluations, the epoch "
         "boundaries and the time before the first epoch and after the last (docs/results/step_mean_bias.md).",
-        f"- **`{reporting.SIMULATED}`** with every batch of metrics that carries energy (every Hugging Face "
-        "log, evaluation logs included; in Lightning once per logger step, as an evaluation and a report may "
-        "share one).",
+        f"- **`{reporting.SIMULATED}`** (and `{reporting.UNAVAILABLE}`) once at every logger step that gets our "
+        "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
+        "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
+        "flag.",
         f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`).",
         "",
         "In the Hugging Face Trainer, its TensorBoard and W&B integrations prefix every training log key "

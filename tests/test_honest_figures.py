@@ -234,6 +234,24 @@ def test_virtual_gpu_flags_the_epoch_and_evaluation_figures_returned_directly(tm
     assert all(r["simulated"] is True for r in records)
 
 
+@pytest.mark.parametrize("flag", [metric.SIMULATED, metric.UNAVAILABLE])
+def test_the_loggers_get_each_flag_once_per_step(tmp_path, flag):
+    """An evaluation's log after a report at one step: one flag point there, not two."""
+    if flag == metric.SIMULATED:
+        backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=0.0)
+    else:
+        backend = UnavailableBackend(GPUPresence(nvidia_nodes=("nvidia0",)), "nvmlInit failed", "load the driver")
+    session = _session(tmp_path, backend)
+    report = session.flagged({metric.STEP_TIME_S: 0.1})
+    evaluation = session.flagged({metric.EVAL_TIME_S: 1.0})
+    assert report[flag] == evaluation[flag] == 1.0
+    assert session.once_per_step(report, 4) == report
+    assert session.once_per_step(evaluation, 4) == {metric.EVAL_TIME_S: 1.0}
+    assert session.once_per_step(report, 8) == report  # a new step: flagged again
+    assert session.once_per_step({flag: 1.0}, 8) == {}  # nothing left to log
+    assert session.once_per_step({metric.STEP_TIME_S: 0.1}, 8) == {metric.STEP_TIME_S: 0.1}
+
+
 def test_a_measured_gpu_writes_every_record_as_not_simulated(tmp_path):
     clock = ManualClock(T0)
     fake, backend = _nvml(clock)

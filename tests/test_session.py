@@ -246,6 +246,30 @@ def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_vir
     assert not any(key.startswith("energy/step") for key in metrics)
 
 
+def test_epoch_end_with_report_returns_each_epoch_instead_of_queueing_it(new_session, virtual_backend, manual_clock):
+    # What the Hugging Face adapter does: its logs may come two epochs later, so each epoch is kept apart.
+    session = new_session(virtual_backend, windows={"warmup_steps": 0})
+    session.train_start()
+    returned = []
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for step in range(3 * epoch, 3 * epoch + 3):  # fewer than INTERVAL_STEPS: the epoch end reports them
+            session.step_start(step)
+            manual_clock.advance(STEP_S)
+            session.sampler.poll_once()
+            session.step_end(step)
+        returned.append(session.epoch_end(epoch, report=True))
+    queued = session.pop_metrics()
+    session.train_end()
+    epochs = [r for r in read_jsonl(session.summary.jsonl_path) if r["event"] == "epoch"]
+    # Each epoch's own figures, flagged; none left in the queue for a later log to merge.
+    assert [m[metric.EPOCH_ENERGY_J] for m in returned] == pytest.approx([r["energy_J"] for r in epochs], rel=REL)
+    assert all(m[metric.SIMULATED] == 1.0 for m in returned)
+    assert not [k for k in queued if k.startswith(("energy/epoch", "time/epoch", "power/epoch"))]
+    # The steps the epoch ends reported stay queued: six steps, in one interval.
+    assert queued[metric.STEP_COUNT] == 6 and queued[metric.SIMULATED] == 1.0
+
+
 def test_eval_window(new_session, virtual_backend, manual_clock):
     session = new_session(virtual_backend)
     session.train_start()

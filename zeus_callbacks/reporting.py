@@ -98,10 +98,10 @@ METRICS: dict[str, str] = {
     PHASES_EXPLAINED: "fraction — share of the epoch's energy the phase windows explain (sum of phase "
     "energies / epoch energy)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
-    SIMULATED: "flag — 1 with every batch of metrics when the virtual GPU is in use: the energy figures are "
+    SIMULATED: "flag — 1 at every logged step with metrics when the virtual GPU is in use: the energy figures are "
     "simulated from traces, not measured",
-    UNAVAILABLE: "flag — 1 with every batch of metrics when a GPU is present but cannot be measured: no energy "
-    "or power figure is logged (see the warning and run_start's measurement_note)",
+    UNAVAILABLE: "flag — 1 at every logged step with metrics when a GPU is present but cannot be measured: no "
+    "energy or power figure is logged (see the warning and run_start's measurement_note)",
 }
 
 

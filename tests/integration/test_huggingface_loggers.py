@@ -1,8 +1,9 @@
 """What the Hugging Face Trainer's loggers get, read back from real TensorBoard event files.
 
 Real Trainers on the CPU measuring the virtual GPU: every step report since the last HF
-log reaches the next log, a failure's totals still reach TensorBoard, an early stop at an
-evaluation logs the total once, and every log flags the energy as simulated.
+log reaches the next log, every epoch reaches them at the step it ended at, a failure's totals
+still reach TensorBoard, an early stop at an evaluation logs the total once, and every logged step
+flags the energy as simulated, once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from tests.integration.helpers import read_scalars, virtual_config
 from tests.integration.test_huggingface import RandomTokens, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
 
 def train_args(tmp_path, **kwargs) -> TrainingArguments:
@@ -111,10 +112,15 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
     assert output.metrics["energy/total_J"] == pytest.approx(summary.energy_J)
     assert output.metrics["time/total_s"] == pytest.approx(summary.time_s)
     assert scalars["energy/total_J"][-1][1] < summary.energy_J
-    # Every log that carries energy flags it as simulated: the evaluation's log too.
+    # Every step whose logs carry energy flags it as simulated, once: the evaluation's log at 8 follows the
+    # periodic log at 8, which has the flag.
     energy_logs = [(step, logs) for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
     assert any("energy/eval_J" in logs for _, logs in energy_logs)
-    assert all(logs.get("energy/simulated") == 1.0 for _, logs in energy_logs), energy_logs
+    flags = [step for step, logs in energy_logs if logs.get("energy/simulated") == 1.0]
+    assert flags == sorted({step for step, _ in energy_logs}), energy_logs
+    assert scalars["energy/simulated"] == [(step, 1.0) for step in flags]
+    # The epoch ended at the stop (8): the final log carries it, the periodic log at 8 came before it ended.
+    assert scalars["energy/epoch_J"] == [(8, pytest.approx(summary.epoch_energy_J[0]))]
     assert all(r["simulated"] is True for r in read_jsonl(summary.jsonl_path))
 
 
@@ -145,3 +151,63 @@ def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path)
     assert scalars["energy/simulated"][-1] == (7, 1.0)
     assert sum(n for _, n in scalars["energy/step_count"]) == 5  # steps 1-6 but the warm-up step
     assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+
+
+def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter_than_logging_steps(tmp_path):
+    # 3 steps an epoch (12 samples, batch 4), HF logs every 5 steps: epochs end at 3, 6, 9 and 12, logs
+    # come at 5, 10 and 12 (the final log). Before, each log carried only the last epoch it had seen.
+    steps_per_epoch, epochs, logging_steps = 3, 4, 5
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    seen = SeenLogs()
+    args = train_args(tmp_path, num_train_epochs=epochs, logging_steps=logging_steps)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
+    callback.attach(trainer)
+    trainer.train()
+
+    records = read_jsonl(callback.summary.jsonl_path)
+    epoch_records = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epoch_records] == list(range(epochs))
+    assert logging_steps > steps_per_epoch, "the test needs two epochs between two logs"
+    scalars = scalars_of(tmp_path)
+    # Every epoch once, at the global step it ended at, with the JSONL's energy and time.
+    ends = [steps_per_epoch * (e + 1) for e in range(epochs)]
+    assert [s for s, _ in scalars["energy/epoch_J"]] == ends
+    assert [v for _, v in scalars["energy/epoch_J"]] == pytest.approx([r["energy_J"] for r in epoch_records])
+    assert [v for _, v in scalars["time/epoch_s"]] == pytest.approx([r["time_s"] for r in epoch_records])
+    assert callback.summary.epoch_energy_J == pytest.approx([r["energy_J"] for r in epoch_records])
+    # The Trainer's own logs are unchanged: at 5 and 10, then the final one at 12; the epochs that
+    # ended where it did not log (3, 6, 9) come as logs of their own, outside log_history.
+    assert [e["step"] for e in trainer.state.log_history] == [5, 10, 12]
+    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+    own = [step for step, logs in seen.logs if logs and all(is_own_metric(k) for k in logs)]
+    assert own == [3, 6, 9]
+    assert [step for step, logs in seen.logs if "energy/epoch_J" in logs] == ends  # 12: in the final log
+    # The reporters got the steps in order: no point below one already logged (W&B's step rule).
+    logged_steps = [step for step, _ in seen.logs]
+    assert logged_steps == sorted(logged_steps)
+    # One flag per step, at every step that got energy.
+    flagged = [s for s, _ in scalars["energy/simulated"]]
+    assert flagged == sorted(set(ends + [5, 10]))
+
+
+def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp_path):
+    # eval_steps == logging_steps: at 4, 8 and 12 the periodic log and the evaluation's log share the step.
+    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    seen = SeenLogs()
+    args = train_args(
+        tmp_path, max_steps=12, logging_steps=4, eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4
+    )
+    trainer = Trainer(
+        model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
+    )
+    callback.attach(trainer)
+    trainer.train()
+
+    scalars = scalars_of(tmp_path)
+    evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
+    assert [s for s, _ in scalars["energy/eval_J"]] == [4, 8, 12]
+    assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals])
+    # Two logs carried energy at each of those steps; the flag has one point at each.
+    energy_steps = [step for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
+    assert sorted(energy_steps) == [4, 4, 8, 8, 12, 12]
+    assert scalars["energy/simulated"] == [(4, 1.0), (8, 1.0), (12, 1.0)]

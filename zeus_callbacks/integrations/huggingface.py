@@ -16,6 +16,11 @@ puts it there, and it moves back there when training begins). The Trainer copies
 into ``trainer.state.log_history`` *before* it calls the callbacks, so the energy values
 reach the reporters but never ``log_history`` / ``trainer_state.json``.
 
+An epoch's energy belongs at the step the epoch ended at, and the Trainer may not log there
+(``logging_steps`` longer than an epoch, or two epochs between two logs): an epoch no log
+carried at its own step is handed to the reporters as a log of its own, at that step, before
+the next log reaches them (``log_history`` never holds it either).
+
 The Trainer passes neither itself nor its callback list to callbacks. :meth:`attach` is the
 explicit way to give them; a callback passed only as ``Trainer(callbacks=[...])`` finds the
 Trainer being built from its caller (``on_init_end``) and attaches itself then, a fallback that a
@@ -64,6 +69,9 @@ _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus
 
 _GUARDED = "_zeus_callbacks_guarded_train"
 
+_HANDING: contextvars.ContextVar[bool] = contextvars.ContextVar("zeus_callbacks_handing", default=False)
+"""True while zeus-callbacks hands a log of its own to the reporters (every instance's ``on_log`` leaves it alone)."""
+
 
 class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
     """Measure and log GPU energy of a Hugging Face Trainer run.
@@ -105,6 +113,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._is_main = True
         self._logged_step = -1  # the global step of the last periodic log that carried energy
         self._results_totals: dict[str, float] = {}  # run totals for the results only (their step was logged)
+        self._epoch_reports: list[tuple[int, dict[str, float]]] = []  # (end step, metrics) of epochs not yet logged
 
     # -- attaching -----------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> ZeusTrainerCallback:
@@ -228,6 +237,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._final_logs = None
         self._logged_step = -1
         self._results_totals = {}
+        self._epoch_reports = []
         self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
@@ -282,8 +292,10 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             control.should_training_stop = True
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Close the epoch window; its metrics go out with the next log."""
-        self.session.epoch_end(self._epoch)
+        """Close the epoch window; its metrics wait for the next log, kept for the step the epoch ended at."""
+        metrics = self.session.epoch_end(self._epoch, report=True)
+        if metrics:
+            self._epoch_reports.append((state.global_step, metrics))
 
     def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the evaluation window at the first evaluation batch (HF has no begin hook)."""
@@ -320,38 +332,85 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
           the reporters no second point at that step: no step values and no totals (the
           periodic log's totals are the last ones they show); the results still get the
           run's totals.
-        - Every log that carries energy carries ``energy/simulated`` on the virtual GPU.
+        - Each epoch's metrics (``energy/epoch_J``...) go with the first of these logs at the
+          step the epoch ended at; an epoch that ended at an earlier step (the Trainer did not
+          log there, or logged before the epoch ended) first reaches the reporters as a log of
+          its own at that step, so every epoch has its point, none shared with another's.
+        - ``energy/simulated`` (``energy/unavailable``) once per step: the first log at a step
+          that carries energy has it, a second one at that step (an evaluation's after the
+          periodic log) not.
         - Nothing after the run (a later ``trainer.evaluate()`` is not measured).
         """
-        if logs is None or not self.session.started:
+        if logs is None or _HANDING.get() or not self.session.started:
             return
         session = self.session
+        step = state.global_step
+        self._hand_epochs(before=step)
         if self._in_eval:
             self._in_eval = False
-            logs.update(session.eval_end(report=True))  # flagged
+            ours = session.eval_end(report=True)  # flagged
+            ours.update(self._take_epochs(step))
+            logs.update(session.once_per_step(ours, step))
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
             assert self.summary is not None
             ours = session.pop_metrics()
             ours.update(metric.run_metrics(self.summary))
-            if state.global_step == self._logged_step:  # else a second point at a step already logged
+            if step == self._logged_step:  # else a second point at a step already logged
                 self._results_totals = {k: ours.pop(k) for k in _TOTAL_KEYS if k in ours}
                 ours = {k: v for k, v in ours.items() if k in _RUN_LEVEL_KEYS}
-            logs.update(session.flagged(ours))
+            ours.update(self._take_epochs(step))  # no log had them: no second point
+            logs.update(session.once_per_step(session.flagged(ours), step))
             self._final_logs = logs
             return
         if control.should_training_stop:  # the final log follows at this same step and carries it all
             return
         ours = session.pop_metrics(flush_steps=True)
         ours.update(session.totals())
-        logs.update(session.flagged(ours))
-        self._logged_step = state.global_step
+        ours.update(self._take_epochs(step))
+        logs.update(session.once_per_step(session.flagged(ours), step))
+        self._logged_step = step
+
+    def _take_epochs(self, step: int) -> dict[str, float]:
+        """The metrics of the epochs that ended at ``step`` (now the log's to carry); empty if none.
+
+        Earlier ones are left only when :meth:`_hand_epochs` could not hand them (no Trainer):
+        this log takes them too, the last epoch's values winning.
+        """
+        taken: dict[str, float] = {}
+        for _, metrics in [r for r in self._epoch_reports if r[0] <= step]:
+            taken.update(metrics)
+        self._epoch_reports = [r for r in self._epoch_reports if r[0] > step]
+        return taken
+
+    def _hand_epochs(self, *, before: int | None) -> None:
+        """Hand every instance's epochs that ended before step ``before`` (None: all) to the reporters.
+
+        One log per step, in step order, each at the step its epochs ended at; without the
+        Trainer (not attached) they stay for the next log, which carries them at its own step
+        (:meth:`_take_epochs`).
+        """
+        trainer = self.trainer
+        if trainer is None:
+            return
+        due: dict[int, dict[str, float]] = {}
+        for peer in self._peers():
+            kept = []
+            for end_step, metrics in peer._epoch_reports:
+                if before is None or end_step < before:
+                    due.setdefault(end_step, {}).update(peer.session.once_per_step(metrics, end_step))
+                else:
+                    kept.append((end_step, metrics))
+            peer._epoch_reports = kept
+        for end_step in sorted(due):
+            _hand_to_reporters(trainer, end_step, due[end_step], "the epochs' energy")
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """End the run (if the final log did not already), keep only run figures in the results, print the summary."""
         if self.session.started:
             self._finish()
+        self._hand_epochs(before=None)  # any epoch no log carried (the final log carries those at its step)
         if self._final_logs is not None:  # the reporters have read it: results keep run-level figures only
             for key in [k for k in self._final_logs if metric.is_own_metric(str(k)) and k not in _RUN_LEVEL_KEYS]:
                 del self._final_logs[key]
@@ -393,19 +452,29 @@ def _base_key(callback: ZeusTrainerCallback) -> str:
     return f"{type(callback).__name__}[{callback.config.job_id}:{digest.hexdigest()[:12]}]"
 
 
-def _log_after_failure(trainer: Trainer, logs: dict[str, float]) -> None:
-    """Hand the failed run's figures to the Trainer's reporters (TensorBoard, W&B), as one log.
+def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what: str) -> None:
+    """Hand ``logs`` to the Trainer's reporters (TensorBoard, W&B) as one log at global step ``step``.
 
-    At the step that failed, one past the last completed step (its own log, if any, is never
-    given a second point). Through the callbacks' ``on_log`` directly, as ``Trainer.log`` would
-    call it, but outside ``log_history`` (which never holds energy).
+    Through the callbacks' ``on_log`` directly, as ``Trainer.log`` would call it, but outside
+    ``log_history`` (which never holds energy); every ``ZeusTrainerCallback`` leaves it as it is.
+
+    Args:
+        trainer: The Trainer whose callbacks get the log.
+        step: The global step the reporters record it at.
+        logs: The metrics.
+        what: What ``logs`` holds, for the error message.
     """
+    if not logs:
+        return
     state = copy.copy(trainer.state)  # a copy: the Trainer's own state keeps its step
-    state.global_step += 1
+    state.global_step = step
+    token = _HANDING.set(True)
     try:
         trainer.callback_handler.on_log(trainer.args, state, trainer.control, logs)
-    except Exception:  # a reporter broken by the same failure: the run's end is in the JSONL and the summary
-        logger.exception("zeus-callbacks: cannot hand the failed run's totals to the Trainer's loggers")
+    except Exception:  # a reporter broken (by a failure, say): the figures are in the JSONL and the summary
+        logger.exception("zeus-callbacks: cannot hand %s to the Trainer's loggers", what)
+    finally:
+        _HANDING.reset(token)
 
 
 def _guard_train(trainer: Trainer) -> None:
@@ -421,14 +490,16 @@ def _guard_train(trainer: Trainer) -> None:
             return original(*args, **kwargs)
         except BaseException as exc:
             ended: dict[str, float] = {}
-            for cb in list(trainer.callback_handler.callbacks):
-                if isinstance(cb, ZeusTrainerCallback):
-                    try:
-                        ended.update(cb._fail(exc))
-                    except Exception:  # one instance's fault must not keep the others' runs open
-                        logger.exception("zeus-callbacks: cannot end the run after the failure")
-            if ended:
-                _log_after_failure(trainer, ended)
+            callbacks = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ZeusTrainerCallback)]
+            for cb in callbacks:
+                try:
+                    ended.update(cb._fail(exc))
+                except Exception:  # one instance's fault must not keep the others' runs open
+                    logger.exception("zeus-callbacks: cannot end the run after the failure")
+            if callbacks:  # the epochs no log carried, each at its step; then the run's end
+                callbacks[0]._hand_epochs(before=None)
+            # At the step that failed, one past the last completed step (its own log is never given a second point).
+            _hand_to_reporters(trainer, trainer.state.global_step + 1, ended, "the failed run's totals")
             raise
         finally:
             _TRAINING.reset(token)

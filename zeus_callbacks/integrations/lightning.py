@@ -32,7 +32,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
-from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
@@ -72,7 +71,6 @@ class ZeusCallback(SessionAdapter, Callback):
         SessionAdapter.__init__(self, config, backend)
         Callback.__init__(self)
         self._base_lr: dict[int, float] = {}  # module id -> learning rate before batch-size scaling
-        self._simulated_flag_step: int | None = None  # the step energy/simulated was last logged at
         self._optimizer_stepped = False
         self._state_key: tuple[str | None, str] | None = None
         # The step Lightning logs the current batch's metrics at: global_step when the batch began
@@ -251,11 +249,10 @@ class ZeusCallback(SessionAdapter, Callback):
 
     # -- helpers -----------------------------------------------------------------------
     def _to_loggers(self, trainer: pl.Trainer, metrics: dict[str, float], step: int) -> None:
-        """Hand ``metrics`` to every logger at ``step``; the ``energy/simulated`` flag once per step."""
-        if metric.SIMULATED in metrics:  # a flag, not a figure: an evaluation and a report can share a step
-            if self._simulated_flag_step == step:
-                metrics = {k: v for k, v in metrics.items() if k != metric.SIMULATED}
-            self._simulated_flag_step = step
+        """Hand ``metrics`` to every logger at ``step``; the flags once per step (see ``once_per_step``)."""
+        metrics = self.session.once_per_step(metrics, step)
+        if not metrics:
+            return
         for pl_logger in trainer.loggers:
             pl_logger.log_metrics(metrics, step=step)
 

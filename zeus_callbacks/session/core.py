@@ -66,8 +66,6 @@ __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
 
 logger = logging.getLogger(__name__)
 
-_EPOCH_PREFIXES = ("energy/epoch", "time/epoch", "power/epoch")
-
 
 def _is_main_process() -> bool:
     return launcher_env_int("RANK", 0) == 0
@@ -130,6 +128,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._run: StartedRun | None = None  # the started run's parts (the last run's, once ended)
         self._carried = Totals()
         self._pending_metrics: dict[str, float] = {}
+        self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
@@ -367,14 +366,23 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             return self._evaluated(numeric)
         return self._decide()
 
-    def epoch_end(self, epoch: int) -> dict[str, float]:
+    def epoch_end(self, epoch: int, *, report: bool = False) -> dict[str, float]:
         """Close the epoch window and attribute its energy (waits ≤ 0.25 s for the sensor).
 
         Under DDP every rank must call it (it aggregates across ranks).
 
+        Args:
+            epoch: The epoch's index (from 0).
+            report: Return the epoch metrics instead of queueing them, so that an adapter
+                whose loggers may not log at the epoch's end keeps each epoch for its own
+                step (the Hugging Face Trainer: two epochs can end between two of its logs).
+                Steps attributed on the way stay queued for the next :meth:`pop_metrics`.
+
         Returns:
-            The epoch metrics (also queued for :meth:`pop_metrics`), flagged as
-            :meth:`pop_metrics` flags them (``energy/simulated`` on the virtual GPU).
+            The epoch metrics (``energy/epoch_J`` and the rest, per-GPU and per-phase
+            figures included; queued for :meth:`pop_metrics` too unless ``report``),
+            flagged as :meth:`pop_metrics` flags them (``energy/simulated`` on the virtual
+            GPU); empty when the epoch window is not measured.
         """
         if not self.started:
             return {}
@@ -392,10 +400,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         # extrapolated and marked incomplete): every rank then aggregates this epoch here.
         reported = time.perf_counter()
         self._phase_summary_s = 0.0
+        self._last_epoch_metrics = {}
         self._report_steps(resolve_final=True)
         # The steps' attribution is charged to them; the once-an-epoch phase summary is not.
         self._governor.report_s += time.perf_counter() - reported - self._phase_summary_s
-        return self._flagged({k: v for k, v in self._pending_metrics.items() if k.startswith(_EPOCH_PREFIXES)})
+        values = self._last_epoch_metrics
+        if report:
+            for key in values:
+                self._pending_metrics.pop(key, None)
+        return self._flagged(dict(values))
 
     def train_end(self, status: str | None = None) -> RunSummary:
         """Close every window, stop sampling, write the summary, release the backend.
@@ -536,6 +549,30 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         elif flag and backend is not None and backend.simulated:
             metrics[metric.SIMULATED] = 1.0
         return metrics
+
+    def once_per_step(self, metrics: Mapping[str, float], step: int) -> dict[str, float]:
+        """``metrics`` as handed to the loggers at logger step ``step``: each flag at most once per step.
+
+        ``energy/simulated`` and ``energy/unavailable`` are flags, not figures; an evaluation's
+        log and a report can fall on one step, and a second point of a flag there would be a
+        duplicate. The first batch handed at ``step`` keeps the flags; later batches at the same
+        step (the step last flagged) lose them. Adapters hand every batch through here, in the
+        order the loggers get them.
+
+        Args:
+            metrics: Metrics as :meth:`pop_metrics` or :meth:`flagged` return them.
+            step: The step the loggers will record them at.
+
+        Returns:
+            A new dict: ``metrics``, without the flags when ``step`` already had them.
+        """
+        flags = (metric.SIMULATED, metric.UNAVAILABLE)
+        if not any(key in metrics for key in flags):
+            return dict(metrics)
+        if self._flag_step == step:
+            return {k: v for k, v in metrics.items() if k not in flags}
+        self._flag_step = step
+        return dict(metrics)
 
     def totals(self) -> dict[str, float]:
         """The run's energy and time so far: ``energy/total_J``, ``time/total_s``.

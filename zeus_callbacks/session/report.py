@@ -51,6 +51,7 @@ class StepReports(SessionPart):
         self._run_record: WindowRecord | None = None
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
+        self._last_epoch_metrics: dict[str, float] = {}  # what the last attributed epoch queued (its phases too)
         self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
 
     def _begin_reports(self) -> None:
@@ -196,6 +197,7 @@ class StepReports(SessionPart):
         e = records.epoch_energy(rows, epoch)
         self._totals.epoch_energy_J.append(e.energy_J)
         self._pending_metrics.update(e.metrics)
+        self._last_epoch_metrics = dict(e.metrics)
         if run.phases is not None:
             self._queue_phase_metrics(epoch, record.energy_J)
         self._write(
@@ -215,6 +217,7 @@ class StepReports(SessionPart):
             return
         values, explained = records.phase_metrics(stats, epoch_energy_J)
         self._pending_metrics.update(values)
+        self._last_epoch_metrics.update(values)
         self._write(records.phases_record(epoch, stats, explained, epoch_energy_J))
 
     def _summary(self, status: str) -> RunSummary:
