@@ -8,6 +8,9 @@ flags the energy as simulated, once.
 
 from __future__ import annotations
 
+import functools
+import time
+
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -31,11 +34,31 @@ def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
     return {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
 
 
+def slow_lm(step_s: float):
+    """The tiny LM, its forward taking at least ``step_s``.
+
+    A report holds only the steps the power samples already cover, and steps not yet covered
+    wait for a later report: the tiny LM's ~5 ms steps run several report intervals ahead of the
+    sampler (20 ms samples), so the number of reports depended on the machine's load (2 of 20
+    steps seen, against 7 with 30 ms steps).
+    """
+    model = tiny_lm()
+    forward = model.forward
+
+    @functools.wraps(forward)  # the Trainer reads forward's signature
+    def slow_forward(*args, **kwargs):
+        time.sleep(step_s)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    return model
+
+
 def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
     # Reports every 3 steps, HF logs every 10: three or four reports fall in each log's interval.
     callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=3))
     args = train_args(tmp_path, max_steps=20, logging_steps=10)
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     trainer.train()
 
