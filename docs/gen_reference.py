@@ -473,8 +473,11 @@ def render_metrics() -> str:
         "the Trainer did not log at that step (`logging_steps` longer than an epoch, two epochs between two logs, "
         "or a periodic log at that step, which the Trainer makes before the epoch ends) is handed to its "
         "reporters as a log of its own at that step, before its next log (never in `log_history`).",
-        f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) with the next "
-        "report after an evaluation loop.",
+        f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) once per evaluation "
+        "loop, at its own step: Lightning hands them to its loggers when validation ends, at the step of the "
+        "last training batch (callbacks that monitor `callback_metrics` see them with the next training log, "
+        "as `self.log` is refused there); the Hugging Face Trainer's reporters get them with the evaluation's "
+        "log. An evaluation outside training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
         "adds the running totals to every periodic log. When `train()` raises, the Hugging Face callback hands "
