@@ -208,8 +208,9 @@ class StartedRun:
             end_s: Interval end (s).
             samples_until_s: Use only the samples whose interval ends by this time (s; a power-limit
                 switch after ``end_s``): a sample straddling it averages the next limit's power. The
-                end past the last of them is extrapolated by at most one sample period
-                (:meth:`PowerSampler.reach_s`); None: every sample.
+                end past the last of them is extrapolated at its power by at most one sample period
+                (:meth:`PowerSampler.reach_s` at the straddling sample's spacing: a stream faster than
+                the polls always reaches, a gap does not); None: every sample.
 
         Returns:
             The energy (J); None until samples cover ``end_s``; NaN when the samples before
@@ -229,9 +230,13 @@ class StartedRun:
                 total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
                 continue
             before = int(np.searchsorted(knots, samples_until_s, side="right"))  # knots of samples ended by then
+            # The period judged by the straddling sample's own spacing: a regular stream's jitter can make
+            # it longer than the newest samples' spacing (the step's end then lies inside it all the same).
+            straddling_s = float(knots[before] - knots[before - 1]) if before >= 1 else None
             energy, covered_s = covered_energy_J(
-                knots[:before], cumulative[:before], [start_s], [end_s], reach_s=self.sampler.reach_s(index)
-            )
+                knots[:before], cumulative[:before], [start_s], [end_s],
+                reach_s=self.sampler.reach_s(index, straddling_s),
+            )  # fmt: skip
             if not covered_s[0] >= end_s - start_s:
                 return math.nan
             total += float(energy[0])
