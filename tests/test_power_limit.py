@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock, PermissionDenied
-from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.backends.virtual import JITTER_S, VirtualGPUBackend
+from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.optimizers.power_limit import (
     MARKER_NAME,
     JsonProfileCache,
@@ -28,6 +30,7 @@ from zeus_callbacks.optimizers.power_limit import (
 )
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
+from zeus_callbacks.session.run import open_run
 from zeus_callbacks.store import open_store
 
 STEP_S = 0.2
@@ -59,8 +62,8 @@ class TraceWorld:
     def energy_J(self, limit_W: float) -> float:
         return self.time_s(limit_W) * traces.average_power_W_at(self.curve, limit_W)
 
-    def energy_fn(self, start_s: float, end_s: float) -> float | None:
-        return self.energy.get((start_s, end_s))
+    def energy_fn(self, start_s: float, end_s: float, *, samples_until_s: float | None = None) -> float | None:
+        return self.energy.get((start_s, end_s))  # exact: no sensor, nothing straddles a switch
 
     def run(self, profiler: PowerLimitProfiler, max_steps: int = 2000, eval_at: set[int] | None = None) -> int:
         for step in range(max_steps):
@@ -665,6 +668,81 @@ def test_the_summary_and_report_show_the_chosen_limit_and_the_step_it_took_effec
     assert cli(["report", str(summary.jsonl_path)]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert f"power limit {chosen_W:.1f} W chosen by profiling, in force from step {from_step} (original 300.0 W" in said
+
+
+# ------------------------------------------------- a late step's energy: the samples before the switch
+def _late_step(before_W, after_W, *, seed, period_s, duration_s, gap_s, noise_W=3.0, stall_s=0.0):
+    """A step [a, b] at ``before_W``, the limit switched to ``after_W`` at s = b + ``gap_s``; its energy with and
+    without ``samples_until_s=s``, the exact energy at ``before_W``, the run's knots and the switch time."""
+    clock = ManualClock(0.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=noise_W, seed=seed, sample_period_s=period_s)
+    run = open_run(ZeusConfig(), backend, [0], "late", write_log=False)
+    poll = run.sampler.poll_once
+
+    def advance(dt_s: float) -> None:  # in slices the sensor's 2.4 s history keeps, polling after each
+        while dt_s > 0:
+            clock.advance(min(dt_s, 0.5))
+            dt_s -= 0.5
+            poll(read_counter=False)
+
+    backend.set_power_limit_W(0, before_W)
+    advance(3 * period_s)
+    a = clock.now_s()
+    if stall_s:  # the sampler is not polled for longer than the sensor keeps samples: a gap in the stream
+        clock.advance(duration_s)
+    else:
+        advance(duration_s)
+    b = clock.now_s()
+    clock.advance(gap_s)
+    s = clock.now_s()
+    backend.set_power_limit_W(0, after_W)
+    clock.advance(stall_s)
+    advance(3 * period_s)
+    knots, _ = run.sampler.cumulative_energy(0)
+    exact_J = backend.average_power_W(before_W) * (b - a)
+    return run.energy_between_J(a, b, samples_until_s=s), run.energy_between_J(a, b), exact_J, knots, (b, s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    period_s=st.floats(0.005, 0.2),
+    duration_s=st.floats(0.01, 2.0),
+    gap_s=st.floats(0.0, 0.1),
+    limits_W=st.tuples(*[st.sampled_from([100.0, 150.0, 200.0, 250.0, 300.0])] * 3),
+)
+def test_a_late_steps_energy_takes_no_sample_after_the_switch(seed, period_s, duration_s, gap_s, limits_W):
+    before, after, other = limits_W
+    kw = {"seed": seed, "period_s": period_s, "duration_s": duration_s, "gap_s": gap_s}
+    cut, whole, _, knots, (b, s) = _late_step(before, after, **kw)
+    cut_other, whole_other, _, _, _ = _late_step(before, other, **kw)
+    # Noisy sensor: the step's energy is the same whatever the GPU drew after the switch, bit for bit.
+    assert cut == cut_other or (math.isnan(cut) and math.isnan(cut_other))
+    # Noise-free: it is the step's own energy (float rounding aside), or NaN (never a guess) only where the
+    # last sample before the switch ends more than a sample period before the step does. The step's end lies
+    # inside the straddling sample's span: with samples faster than the polls that span counts as a period,
+    # so the energy is always there; slower, a jittered span past the nominal period may leave it out.
+    exact_cut, _, exact_J, _, _ = _late_step(before, after, noise_W=0.0, **kw)
+    if math.isnan(exact_cut):
+        assert b - knots[knots <= s][-1] > period_s and math.isnan(cut)
+        assert period_s + 2 * JITTER_S > ZeusConfig().sampling.poll_period_s
+    else:
+        assert exact_cut == pytest.approx(exact_J, rel=1e-12) and math.isfinite(cut)
+    # Not vacuous: where a sample straddles the switch from before the step's end, the whole stream's
+    # figure changes with the power after the switch (the bias the cut removes).
+    straddles = bool(((knots[:-1] < b) & (knots[1:] > s)).any())
+    if straddles and after != other:
+        assert whole != pytest.approx(whole_other, rel=1e-12)
+
+
+def test_a_late_step_the_samples_before_the_switch_do_not_reach_has_no_energy():
+    # The sampler stalls past the sensor's 2.4 s history during the step: the stream jumps from before the
+    # step's start to after the switch, so only a post-switch sample could give the step's end.
+    cut, whole, _, knots, (b, s) = _late_step(150.0, 300.0, seed=0, period_s=0.02, duration_s=0.3, gap_s=0.0,
+                                              stall_s=3.0)  # fmt: skip
+    assert b - knots[knots <= s][-1] > 0.3
+    assert math.isnan(cut)  # dropped, not guessed
+    assert math.isfinite(whole)  # what the whole stream would have said: a guess across the gap
 
 
 # ------------------------------------------------------------------ checkpoint state

@@ -272,7 +272,7 @@ def test_a_fallback_sweep_skips_the_limits_below_one_too_slow(seed, steps):
 
 # -- the card's measured noise and ties with the best ------------------------------------
 def _profiler(limits_W, objective: str = "energy", **settings_kw) -> PowerLimitProfiler:
-    return PowerLimitProfiler(limits_W, Objective(objective), lambda a, b: None, ProfileSettings(**settings_kw))
+    return PowerLimitProfiler(limits_W, Objective(objective), lambda a, b, **_: None, ProfileSettings(**settings_kw))
 
 
 @settings(max_examples=60, deadline=None)
@@ -312,7 +312,7 @@ def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float
     """Run 1 s steps whose energy is ``cost_of(limit)`` with relative Gaussian noise; return the choice."""
     rng = np.random.default_rng(seed)
     energies: dict[tuple[float, float], float] = {}
-    prof.energy_fn = lambda a, b: energies.get((a, b))
+    prof.energy_fn = lambda a, b, **_: energies.get((a, b))
     now = 0.0
     for step in range(5000):
         limit = prof.on_step_start(step, now)
@@ -384,7 +384,7 @@ def _train_lagged(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -
     rng = np.random.default_rng(seed)
     energies: dict[tuple[float, float], float] = {}
     clock = {"now": 0.0}
-    prof.energy_fn = lambda a, b: energies.get((a, b)) if clock["now"] >= b + 1.0 else None
+    prof.energy_fn = lambda a, b, **_: energies.get((a, b)) if clock["now"] >= b + 1.0 else None
     for step in range(5000):
         now = clock["now"]
         limit = prof.on_step_start(step, now)
@@ -413,6 +413,48 @@ def test_a_windows_last_step_joins_its_limit_after_the_switch_and_no_step_is_los
     decided = [p for x, p in prof.profiles.items() if x != prof.chosen_limit_W]
     # a window spends warm-up + its profiled steps, not one more waiting for the last step's samples
     assert any(p.steps == 2 + p.n for p in decided)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=SEEDS, rel_sd=st.floats(0.003, 0.02), unreachable=st.booleans())
+def test_a_late_steps_energy_is_asked_for_the_samples_before_the_switch_only(seed, rel_sd, unreachable):
+    # A step's energy arrives one step late. Every step resolved after the next limit began is asked with
+    # samples_until_s = that limit's first step start, the others with None; where the samples before the
+    # switch cannot reach the step's end (NaN), the step stays out of its profile but counts as run.
+    rng = np.random.default_rng(seed)
+    prof = _profiler(power_limit_grid_W(100, 250, 25), warmup_steps=2, min_profile_steps=4)
+    energies: dict[tuple[float, float], float] = {}
+    limit_at: dict[float, float] = {}  # step start (s) → its limit
+    asked: list[tuple[float, float, float | None, float]] = []  # (start s, end s, samples_until_s, asked at s)
+    clock = {"now": 0.0}
+
+    def energy_fn(a: float, b: float, *, samples_until_s: float | None = None) -> float | None:
+        if clock["now"] < b + 1.0:
+            return None
+        asked.append((a, b, samples_until_s, clock["now"]))
+        return math.nan if unreachable and samples_until_s is not None else energies[(a, b)]
+
+    prof.energy_fn = energy_fn
+    for step in range(5000):
+        now = clock["now"]
+        limit = prof.on_step_start(step, now)
+        assert limit is not None
+        limit_at[now] = limit
+        energies[(now, now + 1.0)] = (1.0 + 3.0 * ((limit - 180) / 150) ** 2) * (1 + rel_sd * rng.standard_normal())
+        clock["now"] = now + 1.0
+        if prof.on_step_end(step, now + 1.0):
+            break
+    late = [until for _, _, until, _ in asked if until is not None]
+    assert late  # some windows ended with a step still awaiting its energy
+    for a, b, until, at in asked:
+        # the next limit's first step start; a step asked after it (at a later step's end) is cut there
+        switch = next((t for t in sorted(limit_at) if t >= b and limit_at[t] != limit_at[a]), None)
+        assert until == (switch if switch is not None and switch < at else None)
+    resolved = [until for _, _, until, _ in asked if not (unreachable and until is not None)]
+    assert sum(p.n for p in prof.profiles.values()) == len(resolved)
+    assert prof.dropped_late_steps == (len(late) if unreachable else 0)
+    assert all(math.isfinite(e) for p in prof.profiles.values() for e in p.energy_J)
+    assert prof.chosen_limit_W is not None and prof.profiling_steps == step + 1
 
 
 def test_a_limit_clearly_worse_than_the_best_is_rejected_before_min_profile_steps():

@@ -33,7 +33,7 @@ def nvml_backend(num_gpus: int = 1) -> tuple[NVMLBackend, FakePyNVML]:
 
 def controller(backend, tmp_path: Path) -> PowerLimitController:
     cfg = parse_config({"power_limit": {"enabled": True, "plot": False, "cache": False}}).power_limit
-    return PowerLimitController(cfg, backend, range(backend.device_count()), lambda a, b: None, log_dir=tmp_path)
+    return PowerLimitController(cfg, backend, range(backend.device_count()), lambda a, b, **_: None, log_dir=tmp_path)
 
 
 def exited_pid() -> int:

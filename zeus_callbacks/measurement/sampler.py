@@ -584,17 +584,20 @@ class PowerSampler:
         with self._lock:
             return list(self._counter_gaps[index])
 
-    def reach_s(self, index: int) -> float:
+    def reach_s(self, index: int, spacing_s: float | None = None) -> float:
         """How far past GPU ``index``'s integral knots power may be extrapolated (s).
 
         One sample period past the last sample's timestamp (its knot sits ``sensor_delay_s`` earlier).
 
         The period is the stream's: the backend's nominal one, or the spacing of its newest
         samples when they come slower (a polled stream, a counter fallback), at most one
-        poll period longer (a gap after a lost GPU is no period).
+        poll period longer (a gap after a lost GPU is no period). ``spacing_s``: judge by
+        this spacing instead of the newest samples' (s; the stream's spacing at an earlier
+        point, e.g. the sample that follows the knots an extrapolation starts from).
         """
         nominal = self.backend.sample_period_s
-        period = max(nominal, min(self._spacing_s[index], max(self.poll_period_s, nominal)))
+        spacing = self._spacing_s[index] if spacing_s is None else spacing_s
+        period = max(nominal, min(spacing, max(self.poll_period_s, nominal)))
         # Knots sit sensor_delay_s before their samples' timestamps: one period past the last sample.
         return period + max(self.sensor_delay_s, 0.0)
 

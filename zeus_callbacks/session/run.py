@@ -200,8 +200,22 @@ class StartedRun:
                 return
             time.sleep(0.005)
 
-    def energy_between_J(self, start_s: float, end_s: float) -> float | None:
-        """Energy (J) of the measured GPUs in [start_s, end_s]; None until samples cover end_s."""
+    def energy_between_J(self, start_s: float, end_s: float, *, samples_until_s: float | None = None) -> float | None:
+        """Energy (J) of the measured GPUs in [start_s, end_s], from the power samples' running integral.
+
+        Args:
+            start_s: Interval start (s, the backend clock).
+            end_s: Interval end (s).
+            samples_until_s: Use only the samples whose interval ends by this time (s; a power-limit
+                switch after ``end_s``): a sample straddling it averages the next limit's power. The
+                end past the last of them is extrapolated at its power by at most one sample period
+                (:meth:`PowerSampler.reach_s` at the straddling sample's spacing: a stream faster than
+                the polls always reaches, a gap does not); None: every sample.
+
+        Returns:
+            The energy (J); None until samples cover ``end_s``; NaN when the samples before
+            ``samples_until_s`` end more than one sample period before ``end_s`` (never guessed).
+        """
         latest = self.sampler.latest_sample_s()
         if (latest is None or latest - self.sensor_delay_s < end_s) and self.backend.clock_is_manual:
             self.sampler.poll_bounded(read_counter=False)
@@ -212,7 +226,20 @@ class StartedRun:
         total = 0.0
         for index in self.gpu_indices:
             knots, cumulative = self.sampler.cumulative_energy(index)
-            total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+            if samples_until_s is None or len(knots) == 0 or knots[-1] <= samples_until_s:
+                total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+                continue
+            before = int(np.searchsorted(knots, samples_until_s, side="right"))  # knots of samples ended by then
+            # The period judged by the straddling sample's own spacing: a regular stream's jitter can make
+            # it longer than the newest samples' spacing (the step's end then lies inside it all the same).
+            straddling_s = float(knots[before] - knots[before - 1]) if before >= 1 else None
+            energy, covered_s = covered_energy_J(
+                knots[:before], cumulative[:before], [start_s], [end_s],
+                reach_s=self.sampler.reach_s(index, straddling_s),
+            )  # fmt: skip
+            if not covered_s[0] >= end_s - start_s:
+                return math.nan
+            total += float(energy[0])
         return total
 
     def counter_energy_J(self, start_s: float, end_s: float) -> float | None:
