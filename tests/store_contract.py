@@ -268,6 +268,51 @@ class StoreContract:
             store.update_bandit("j", boom)
         assert store.get_bandit("j").state == {"v": 1} and store.get_bandit("j").version == 1
 
+    def test_an_outcome_and_its_bandit_update_are_written_both_or_neither(self, kind: str, store: Store,
+                                                                          path: str) -> None:
+        """``finish_trial(..., bandit_update=...)`` is one transaction: a failing callback leaves the trial running."""
+        trial = store.create_trial("j", 32, 250.0, info={"round": 0})
+        store.create_trial("other", 8)  # another job's trial: not among the ones the callback is given
+        store.update_bandit("j", lambda s: (BanditState(s.job_id, {"v": 1}, {32: {"n": 0}}), None))
+        before = store.get_bandit("j")
+        outcome = {"status": "completed", "energy_J": 5.0, "time_s": 1.0, "cost": 5.0, "converged": True}
+
+        def boom(finished, trials, current):
+            assert finished.status == "completed"  # called after the outcome is written, before the commit
+            raise RuntimeError("planted")
+
+        with pytest.raises(RuntimeError, match="planted"):
+            store.finish_trial(trial.trial_id, **outcome, pending_id="p-1", bandit_update=boom)
+        with pytest.raises(StoreValueError):  # a new state the store refuses: the outcome goes with it
+            store.finish_trial(trial.trial_id, **outcome, pending_id="p-1",
+                               bandit_update=lambda f, t, c: BanditState(c.job_id, {"min_cost": math.nan}))
+        left = store.get_trial(trial.trial_id)
+        assert (left.status, left.cost, left.ended_at, left.pending_id) == ("running", None, None, None)
+        assert store.get_bandit("j") == before
+
+        seen = []
+
+        def absorb(finished, trials, current):
+            seen.append((finished, trials, current))
+            completed = sum(t.status == "completed" for t in trials)
+            return BanditState(current.job_id, {"v": current.state["v"] + 1, "min_cost": finished.cost},
+                               {finished.batch_size: {"n": completed}})
+
+        done = store.finish_trial(trial.trial_id, **outcome, pending_id="p-1", bandit_update=absorb)
+        finished, trials, current = seen[-1]
+        assert finished == done and trials == [done] and current == before  # what the transaction read
+        assert (done.status, done.cost, done.pending_id) == ("completed", 5.0, "p-1")
+        after = BanditState("j", {"v": 2, "min_cost": 5.0}, {32: {"n": 1}}, before.version + 1)
+        assert store.get_bandit("j") == after
+
+        fresh = store.create_trial("fresh", 8)  # a job's first bandit state, written by finish_trial
+        store.finish_trial(fresh.trial_id, **outcome,
+                           bandit_update=lambda f, t, c: (seen.append(c), BanditState(c.job_id, {"n": len(t)}))[1])
+        assert seen[-1] == BanditState("fresh") and store.get_bandit("fresh") == BanditState("fresh", {"n": 1}, {}, 1)
+        store.close()
+        with _open(kind, path) as reopened:
+            assert reopened.get_trial(trial.trial_id) == done and reopened.get_bandit("j") == after
+
     @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
     def test_non_finite_numbers_are_refused_and_nothing_is_written(self, store: Store, bad: float) -> None:
         trial = store.create_trial("j", 8)

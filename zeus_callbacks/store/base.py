@@ -139,6 +139,10 @@ class BanditState:
 BanditUpdate = Callable[[BanditState], "tuple[BanditState, Any]"]
 """``update_bandit``'s callback: the current state → (new state, a value returned to the caller)."""
 
+OutcomeUpdate = Callable[[TrialRecord, "list[TrialRecord]", BanditState], BanditState]
+"""``finish_trial``'s bandit callback: (the finished trial, every trial of its job in creation order,
+the finished one included, the job's current bandit state) → the job's new bandit state."""
+
 
 def process_is_alive(pid: int) -> bool:
     """True when a process with id ``pid`` exists on this host (signal 0 probe)."""
@@ -210,7 +214,9 @@ class Store(abc.ABC):
       one atomic transaction (SQLite transaction, or lock + atomic file replace), so
       concurrent writers never lose each other's records. :meth:`update_bandit` is an
       atomic read-modify-write: the callback runs while the store is locked, so keep
-      it short and free of I/O.
+      it short and free of I/O. :meth:`finish_trial` given a ``bandit_update`` writes the
+      trial's outcome and the update of its job's bandit in one transaction: both or
+      neither, whatever raises or kills the process.
     - **Crash safety.** A process killed at any point leaves the store readable, with
       every write that returned intact. On open, trials left ``running`` by a process
       that no longer exists on this host are marked ``failed`` (``info["reason"] =
@@ -303,6 +309,7 @@ class Store(abc.ABC):
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
         pending_id: str | None = None,
+        bandit_update: OutcomeUpdate | None = None,
     ) -> TrialRecord:
         """Record a trial's outcome (status other than ``running``); ``info`` is merged in.
 
@@ -311,9 +318,25 @@ class Store(abc.ABC):
         the outcome comes from) is recorded with the outcome, in the same transaction, so a
         merge that died before removing its file is recognised when the file is merged again.
 
+        ``bandit_update`` (the batch-size bandit absorbing the outcome) is called, in the same
+        transaction and after the outcome is written, with the finished trial, every trial of
+        its job (creation order, the finished one included) and the job's bandit state (an empty
+        ``BanditState`` the first time); the state it returns replaces the job's bandit state
+        (version + 1). The outcome and the bandit update are one atomic write: when the callback
+        raises, a new state is refused (:class:`StoreValueError`) or the process dies before
+        the commit, neither is written and the trial stays ``running``; there is never an
+        outcome recorded without its bandit update. Like :meth:`update_bandit`'s callback, it
+        runs under the store's lock, must not call the store, and may be run again (a database
+        retrying a transient error): keep it a pure function of its arguments.
+
+        Returns:
+            The finished trial.
+
         Raises:
             KeyError: No trial with that id.
             ValueError: ``status`` is ``running`` or unknown.
+            StoreValueError: A value (or the new bandit state) holds a non-finite number;
+                nothing was written.
         """
 
     @abc.abstractmethod

@@ -32,6 +32,7 @@ from zeus_callbacks.store.base import (
     BanditState,
     BanditUpdate,
     JobRecord,
+    OutcomeUpdate,
     Store,
     StoreCorruptError,
     StoreError,
@@ -297,8 +298,9 @@ class JSONStore(Store):
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
         pending_id: str | None = None,
+        bandit_update: OutcomeUpdate | None = None,
     ) -> TrialRecord:
-        """See :meth:`Store.finish_trial`."""
+        """See :meth:`Store.finish_trial` (with ``bandit_update``: one locked read-modify-write of the file)."""
         check_finish_status(status)
         check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
                      power_limit_W=power_limit_W)
@@ -326,7 +328,14 @@ class JSONStore(Store):
                     raise StoreError(f"store {self.path}: pending trial {pending_id} is already recorded as "
                                      "another trial; nothing was written")
                 trial["pending_id"] = pending_id
-            return trial_from_dict(copy.deepcopy(trial))
+            finished = trial_from_dict(copy.deepcopy(trial))
+            if bandit_update is not None:  # on the same document: one file replace writes both, or none
+                job_id = finished.job_id
+                trials = [trial_from_dict(copy.deepcopy(t))
+                          for t in sorted(doc["trials"], key=lambda t: t["trial_id"]) if t["job_id"] == job_id]
+                current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
+                self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
+            return finished
 
         finished = self._mutate(change)
         KEEPER.release(self, trial_id)
@@ -357,16 +366,20 @@ class JSONStore(Store):
             _ensure_job(doc, job_id, None)
             current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
             new, result = update(current)
-            dumps_strict({"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}}, self.location,
-                         f"the bandit state of job {job_id}")
-            doc["bandits"][job_id] = {
-                "state": copy.deepcopy(new.state),
-                "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},
-                "version": current.version + 1,
-            }
+            self._put_bandit(doc, job_id, current, new)
             return result
 
         return self._mutate(change)
+
+    def _put_bandit(self, doc: Document, job_id: str, current: BanditState, new: BanditState) -> None:
+        """Replace, in ``doc``, the job's bandit state read as ``current`` by ``new`` (refused if not JSON-safe)."""
+        dumps_strict({"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}}, self.location,
+                     f"the bandit state of job {job_id}")
+        doc["bandits"][job_id] = {
+            "state": copy.deepcopy(new.state),
+            "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},
+            "version": current.version + 1,
+        }
 
     # -- profiles -----------------------------------------------------------------------
     def put_profile(self, key: str, table: Mapping[str, Any]) -> None:

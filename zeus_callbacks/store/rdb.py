@@ -9,7 +9,9 @@ Design:
 
 - **One transaction per write**; the bandit update locks its row (``SELECT … FOR
   UPDATE``) and writes it back with a compare-and-swap on ``version``, so concurrent
-  updates from any number of nodes serialise and none is lost.
+  updates from any number of nodes serialise and none is lost. A trial's outcome and its
+  bandit update (``finish_trial(..., bandit_update=...)``) are one transaction: the trial's
+  row is locked, then the bandit's.
 - **Transient errors are retried** with jittered exponential backoff for up to
   ``retry_s``: a refused or dropped connection, a deadlock, a serialisation failure, a
   lock-wait timeout. A transaction is re-run from its start (the bandit callback is a pure
@@ -46,6 +48,7 @@ from zeus_callbacks.store.base import (
     BanditState,
     BanditUpdate,
     JobRecord,
+    OutcomeUpdate,
     Store,
     StoreCorruptError,
     StoreError,
@@ -496,8 +499,12 @@ class RDBStore(Store):
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
         pending_id: str | None = None,
+        bandit_update: OutcomeUpdate | None = None,
     ) -> TrialRecord:
-        """See :meth:`Store.finish_trial`."""
+        """See :meth:`Store.finish_trial`; with ``bandit_update``, one transaction locks the trial, then the bandit.
+
+        A transient error re-runs the whole transaction, ``bandit_update`` included, on what it reads again.
+        """
         check_finish_status(status)
         check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
                      power_limit_W=power_limit_W)
@@ -517,7 +524,16 @@ class RDBStore(Store):
                 info=json.dumps({**old.info, **dict(info or {})}),
                 pending_id=old.pending_id if pending_id is None else pending_id,
             ))
-            return _trial(conn.execute(select).mappings().one(), self.masked_url)
+            finished = _trial(conn.execute(select).mappings().one(), self.masked_url)
+            if bandit_update is not None:
+                job_id = finished.job_id
+                current = self._lock_bandit(conn, job_id)
+                # Read after taking the bandit's lock: under READ COMMITTED this sees the outcome of
+                # every trial whose bandit update committed before ours.
+                rows = conn.execute(self._sa.select(t).where(t.c.job_id == job_id).order_by(t.c.trial_id)).mappings()
+                trials = [_trial(r, self.masked_url) for r in rows]
+                self._write_bandit(conn, job_id, current, bandit_update(finished, trials, self._visible(current)))
+            return finished
 
         finished = self._run("write", body)
         KEEPER.release(self, trial_id)
@@ -565,31 +581,46 @@ class RDBStore(Store):
 
     def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
         """See :meth:`Store.update_bandit` (a transient error re-runs ``update`` on the state read again)."""
-        sa, b, a = self._sa, self._t["bandits"], self._t["arms"]
 
         def body(conn) -> Any:
             self._ensure_job(conn, job_id, None)
-            # A version-0 row gives the first update a row to lock; it is never visible as a state
-            # (get_bandit reads version 0 as None, and a failed first update rolls it back).
-            _insert_ignore(sa, conn, b, {"job_id": job_id, "state": "{}", "version": 0}, ["job_id"])
-            current = self._load_bandit(conn, job_id, lock=True)
-            assert current is not None
-            new, result = update(BanditState(job_id) if current.version == 0 else current)
-            swapped = conn.execute(
-                b.update().where(b.c.job_id == job_id, b.c.version == current.version)
-                .values(state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
-                        version=current.version + 1)
-            ).rowcount
-            if swapped != 1:  # the row lock makes this unreachable; never write over another update
-                raise StoreError(f"store {self.masked_url}: bandit of job {job_id} changed during its update")
-            conn.execute(a.delete().where(a.c.job_id == job_id))
-            if new.arms:
-                conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k),
-                                           "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}")}
-                                          for k, v in new.arms.items()])
+            current = self._lock_bandit(conn, job_id)
+            new, result = update(self._visible(current))
+            self._write_bandit(conn, job_id, current, new)
             return result
 
         return self._run("write", body)
+
+    def _lock_bandit(self, conn, job_id: str) -> BanditState:
+        """The job's bandit row, locked until the transaction ends (version 0: no state yet)."""
+        # A version-0 row gives the first update a row to lock; it is never visible as a state
+        # (get_bandit reads version 0 as None, and a failed first update rolls it back).
+        _insert_ignore(self._sa, conn, self._t["bandits"], {"job_id": job_id, "state": "{}", "version": 0},
+                       ["job_id"])
+        current = self._load_bandit(conn, job_id, lock=True)
+        assert current is not None
+        return current
+
+    @staticmethod
+    def _visible(current: BanditState) -> BanditState:
+        """The state an update callback is given: an empty one for the placeholder row (version 0)."""
+        return BanditState(current.job_id) if current.version == 0 else current
+
+    def _write_bandit(self, conn, job_id: str, current: BanditState, new: BanditState) -> None:
+        """Replace the locked bandit row read as ``current`` by ``new`` (compare-and-swap on its version)."""
+        b, a = self._t["bandits"], self._t["arms"]
+        swapped = conn.execute(
+            b.update().where(b.c.job_id == job_id, b.c.version == current.version)
+            .values(state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                    version=current.version + 1)
+        ).rowcount
+        if swapped != 1:  # the row lock makes this unreachable; never write over another update
+            raise StoreError(f"store {self.masked_url}: bandit of job {job_id} changed during its update")
+        conn.execute(a.delete().where(a.c.job_id == job_id))
+        if new.arms:
+            conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k),
+                                       "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}")}
+                                      for k, v in new.arms.items()])
 
     # -- profiles -----------------------------------------------------------------------
     def put_profile(self, key: str, table: Mapping[str, Any]) -> None:

@@ -33,6 +33,7 @@ from zeus_callbacks.store.base import (
     BanditState,
     BanditUpdate,
     JobRecord,
+    OutcomeUpdate,
     Store,
     StoreCorruptError,
     StoreError,
@@ -404,8 +405,9 @@ class SQLiteStore(Store):
         power_limit_W: float | None = None,
         info: Mapping[str, Any] | None = None,
         pending_id: str | None = None,
+        bandit_update: OutcomeUpdate | None = None,
     ) -> TrialRecord:
-        """See :meth:`Store.finish_trial`."""
+        """See :meth:`Store.finish_trial` (with ``bandit_update``: one ``BEGIN IMMEDIATE`` transaction)."""
         check_finish_status(status)
         check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
                      power_limit_W=power_limit_W)
@@ -434,8 +436,16 @@ class SQLiteStore(Store):
                 ),
             )
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            finished = _trial_row(row, self.location)
+            if bandit_update is not None:
+                job_id = finished.job_id
+                rows = conn.execute(f"SELECT {self._columns} FROM trials WHERE job_id = ? ORDER BY trial_id",
+                                    (job_id,)).fetchall()
+                current = _load_bandit(conn, job_id, self.location) or BanditState(job_id)
+                new = bandit_update(finished, [_trial_row(r, self.location) for r in rows], current)
+                self._write_bandit(conn, job_id, current, new)
         KEEPER.release(self, trial_id)
-        return _trial_row(row, self.location)
+        return finished
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
@@ -467,19 +477,23 @@ class SQLiteStore(Store):
             _ensure_job(conn, job_id, None)
             current = _load_bandit(conn, job_id, self.location) or BanditState(job_id)
             new, result = update(current)
-            conn.execute(
-                "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
-                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
-                (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
-                 current.version + 1),
-            )
-            conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
-            conn.executemany(
-                "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
-                [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}"))
-                 for b, s in new.arms.items()],
-            )
+            self._write_bandit(conn, job_id, current, new)
             return result
+
+    def _write_bandit(self, conn: sqlite3.Connection, job_id: str, current: BanditState, new: BanditState) -> None:
+        """Replace the job's bandit state read as ``current`` by ``new`` (inside the caller's transaction)."""
+        conn.execute(
+            "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
+            "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
+            (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+             current.version + 1),
+        )
+        conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
+        conn.executemany(
+            "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
+            [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}"))
+             for b, s in new.arms.items()],
+        )
 
     # -- profiles -----------------------------------------------------------------------
     def put_profile(self, key: str, table: Mapping[str, Any]) -> None:

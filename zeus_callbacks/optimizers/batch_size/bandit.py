@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -89,7 +89,7 @@ from zeus_callbacks.optimizers.batch_size.observations import (
 )
 from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 from zeus_callbacks.optimizers.batch_size.state import StoredState, validated_state
-from zeus_callbacks.store.base import BanditState, Store, TrialRecord
+from zeus_callbacks.store.base import BanditState, OutcomeUpdate, Store, TrialRecord
 
 # Re-exported: these lived here before settings.py, observations.py and state.py held them.
 __all__ = [
@@ -105,6 +105,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_bandit_update_hook: Callable[[], None] | None = None
+"""Test hook: called in :meth:`BatchSizeBandit.report`'s bandit transform, inside the store transaction that
+writes the outcome (not committed yet). ``tests/faults/test_fault_store_report.py`` SIGKILLs its process
+there, to pin that a killed report records the outcome and its bandit update both or neither. None in
+normal use."""
 
 
 class Phase(str, Enum):
@@ -517,7 +523,12 @@ class BatchSizeBandit:
         degraded: bool = False,
         pending_id: str | None = None,
     ) -> TrialRecord:
-        """Record a recurrence's outcome and update the bandit.
+        """Record a recurrence's outcome and update the bandit, in one store transaction.
+
+        The outcome and the bandit's update from it are written together or not at all
+        (:meth:`~zeus_callbacks.store.Store.finish_trial` with ``bandit_update``): a process
+        killed during the report leaves the trial ``running`` (marked failed on the next open)
+        and the bandit as it was, or both recorded; never the outcome without its update.
 
         Only a finite, positive cost from a complete measurement is an observation
         (:func:`observation_problem`): otherwise the trial is recorded with the figures that
@@ -555,7 +566,8 @@ class BatchSizeBandit:
             cost = cost if is_observable_cost(cost) else None
             energy_J = finite_or_none(energy_J)
             time_s = finite_or_none(time_s)
-        trial = self.store.finish_trial(
+        absorb = None if status == "failed" or cost is None else self._absorb(float(cost), converged)
+        return self.store.finish_trial(
             trial_id,
             status=status,
             energy_J=energy_J,
@@ -566,25 +578,36 @@ class BatchSizeBandit:
             power_limit_W=power_limit_W,
             info=info,
             pending_id=pending_id,
+            bandit_update=absorb,  # one transaction: the outcome and the bandit's update, both or neither
         )
-        if status == "failed" or cost is None:
-            return trial
-        obs = self.observations()
 
-        def update(current: BanditState) -> tuple[BanditState, None]:
+    def _absorb(self, cost: float, converged: bool) -> OutcomeUpdate:
+        """The bandit transform of an observed outcome, run by the store inside the outcome's transaction.
+
+        It builds the observations from the trials read in that transaction (the finished one
+        included) and never calls the store itself (:meth:`~zeus_callbacks.store.Store.finish_trial`).
+
+        Args:
+            cost: The trial's observed cost (J-equivalent).
+            converged: Whether the trial reached its target.
+        """
+
+        def update(trial: TrialRecord, trials: list[TrialRecord], current: BanditState) -> BanditState:
+            if _bandit_update_hook is not None:
+                _bandit_update_hook()
+            obs = self.observations(trials)
             state = self._state(current)
             if converged and (state["min_cost"] is None or cost < state["min_cost"]):
-                state["min_cost"] = float(cost)
+                state["min_cost"] = cost
             if (
                 state["phase"] == Phase.PRUNING.value
                 and trial.batch_size == state["candidate"]
                 and trial.info.get("round", state["round"]) == state["round"]
             ):
-                self._advance(state, trial.batch_size, converged, float(cost))
-            return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), None
+                self._advance(state, trial.batch_size, converged, cost)
+            return BanditState(current.job_id, state, self._arm_snapshot(state, obs))
 
-        self.store.update_bandit(self.job_id, update)
-        return trial
+        return update
 
     def _advance(self, state: dict[str, Any], batch_size: int, converged: bool, cost: float | None) -> None:
         """Pruning transition after the candidate's outcome (module docstring, §4.4).
