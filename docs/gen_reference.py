@@ -308,8 +308,10 @@ FIELDS: dict[str, str] = {
     "`windows.sample_fraction`).",
     "phases.explained": "Sum of the phases' `total_J` divided by the epoch's energy (this process's GPUs).",
     "phases.epoch_energy_J": "The epoch's energy on this process's GPUs (J), the denominator of `explained`.",
-    "eval.step": "Training steps taken before the evaluation began (checkpoint steps included): with Lightning, "
-    "its `energy/eval_J` point is at this step minus 1, where Lightning logs the validation metrics.",
+    "eval.step": "Training steps taken before the evaluation began (checkpoint steps included; a step as in "
+    "docs/concepts.md, with Lightning a training batch, so `accumulate_grad_batches=k` counts k per optimizer "
+    "step, unlike `last_step`): with Lightning, its `energy/eval_J` point is at `trainer.global_step` minus 1, "
+    "where Lightning logs the validation metrics (this step minus 1 without gradient accumulation).",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
     "zeus-callbacks' own keys dropped).",

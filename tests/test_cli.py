@@ -32,6 +32,29 @@ def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
     assert captured.err == f"{path}: line 3: duplicate key 'logging' (already given at line 1); give each key once\n"
 
 
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (None, "power-limit trace not found"),
+        ("X,d,n,64,sgd,100,30,-90\n", "line 2: column 'average_power': '-90' must be a finite number > 0"),
+    ],
+)
+def test_validate_config_reads_the_virtual_trace(tmp_path, capsys, rows, message):
+    # It said "valid" for a virtual.trace that is missing or broken; training then failed at its start.
+    sweep = tmp_path / "sweep.csv"
+    if rows is not None:
+        sweep.write_text("gpu,dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n" + rows)
+    path = tmp_path / "zeus.yaml"
+    path.write_text(f"backend: virtual\nvirtual: {{trace: {sweep}}}\n")
+    assert main(["validate-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "virtual.trace" in err and message in err and str(sweep.name) in err and "Traceback" not in err
+    # A readable sweep is valid.
+    sweep.write_text("gpu,dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n"
+                     "X,d,n,64,sgd,100,30,90\nX,d,n,64,sgd,200,20,150\n")  # fmt: skip
+    assert main(["validate-config", str(path)]) == 0
+
+
 def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock):
     session = EnergySession(
         {"logging": {"log_dir": str(tmp_path), "run_name": "r1", "interval_steps": 2}},

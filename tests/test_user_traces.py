@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +217,33 @@ def test_simulate_needs_training_paths_for_a_user_trace(tmp_path):
         simulate(trace, "mydata", 1)
 
 
+def _write_paths(path: Path, rows: list[tuple[int, float, object]]) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(traces.TRAIN_COLUMNS)
+        for run, (bs, target, epoch) in enumerate(rows):
+            writer.writerow(["mydata", "mynet", bs, "sgd", 0.1, run, target, epoch])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        # No run reaches the target: the epoch budget would be made up.
+        ([(64, 0.9, "nan"), (128, 0.9, "")], "reaches its target 0.9"),
+        # Paths only at batch size 128: batch size 64 would never converge, whatever the trace says.
+        ([(128, 0.9, 4), (128, 0.9, 5)], "for batch size(s) 64"),
+    ],
+)
+def test_simulate_refuses_training_paths_that_cannot_drive_every_arm(tmp_path, rows, message):
+    trace = traces.read_trace(write_trace(tmp_path / "card.csv"), train_path=_write_paths(tmp_path / "t.csv", rows))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        simulate(trace, "mydata", 1)
+    # Given only the arms that have paths, the same trace runs.
+    if message.startswith("for batch"):
+        assert simulate(trace, "mydata", 1, batch_sizes=[128])[0].batch_size == 128
+
+
 # -- command line -------------------------------------------------------------------------
 def test_the_simulate_command_replays_a_user_trace(tmp_path, capsys):
     from zeus_callbacks.cli import main
@@ -233,11 +261,15 @@ def test_the_simulate_command_replays_a_user_trace(tmp_path, capsys):
         (["--gpu", "RTX 6000"], "V100, A40"),
         (["--train-trace", "x.csv"], "--train-trace needs --trace"),
         (["--trace", "missing.csv"], "not found: missing.csv"),
+        (["--trace", "{trace}"], "card.csv has no training paths for mydata"),  # was a traceback
+        (["--trace", "{trace}", "--train-trace", "{never}"], "reaches its target 0.9"),
     ],
 )
-def test_the_simulate_command_names_a_bad_gpu_or_file(args, message, capsys):
+def test_the_simulate_command_names_a_bad_gpu_or_file(args, message, capsys, tmp_path):
     from zeus_callbacks.cli import main
 
+    files = {"trace": write_trace(tmp_path / "card.csv"), "never": _write_paths(tmp_path / "t.csv", [(64, 0.9, "")])}
+    args = [a.format(**files) for a in args]
     with pytest.raises(SystemExit) as info:
         main(["simulate", *args, "--recurrences", "1"])
     assert info.value.code == 2

@@ -123,6 +123,48 @@ def training_paths(gpu: traces.TraceLike, workload: traces.WorkloadLike, batch_s
     ]
 
 
+def check_training_paths(gpu: traces.TraceLike, workload: traces.WorkloadLike, batch_sizes: Sequence[int]) -> None:
+    """Check that a user trace's training paths can drive every arm of ``workload``.
+
+    A bundled trace always can. A user trace needs, for the workload's target (the highest
+    ``target_metric`` in its training-path file), at least one run that reaches it and at least
+    one run at every batch size in ``batch_sizes``: without them the simulator would invent an
+    epoch budget or make an arm never converge, figures no trace holds.
+
+    Raises:
+        ValueError: Unknown GPU or workload, or training paths missing as above (the message
+            names the trace, the workload and the batch sizes).
+    """
+    trace = traces.resolve_trace(gpu)
+    w = traces.get_workload(workload, trace)
+    if trace.bundled:
+        return
+    hint = "(Zeus summary_train format; train_path / --train-trace, docs/backends.md)"
+    if not any((p.dataset, p.network, p.optimizer) == (w.dataset, w.network, w.optimizer) for p in trace.train):
+        raise ValueError(
+            f"the trace {trace.source} has no training paths for {w.dataset}: the simulator samples when a run "
+            f"reaches its target from a training-path CSV {hint}"
+        )
+    reached = [
+        p
+        for p in trace.train
+        if (p.dataset, p.network, p.optimizer) == (w.dataset, w.network, w.optimizer)
+        and math.isclose(p.target_metric, w.target_metric)
+        and p.target_epoch is not None
+    ]
+    if not reached:
+        raise ValueError(
+            f"no training path of {w.dataset} in the trace {trace.source} reaches its target "
+            f"{w.target_metric:g} (every target_epoch is empty): the simulator has no epoch budget {hint}"
+        )
+    missing = [bs for bs in batch_sizes if not training_paths(trace, w, bs)]
+    if missing:
+        raise ValueError(
+            f"the trace {trace.source} has no training paths of {w.dataset} at target {w.target_metric:g} for "
+            f"batch size(s) {', '.join(map(str, missing))}: every batch size the simulator tries needs one {hint}"
+        )
+
+
 def epoch_cost(curve: traces.PowerCurve, power_limit_W: float, cost: ZeusCost) -> float:
     """ZeusCost of one epoch at ``power_limit_W`` from the trace (J-equivalent)."""
     return cost(traces.epoch_energy_J_at(curve, power_limit_W), traces.time_per_epoch_s_at(curve, power_limit_W))
@@ -191,8 +233,8 @@ def simulate(
         One :class:`Recurrence` per recurrence, in order.
 
     Raises:
-        ValueError: Unknown GPU or workload, a user trace without training paths for the
-            workload, or bad arguments.
+        ValueError: Unknown GPU or workload, a user trace whose training paths cannot drive
+            every arm (:func:`check_training_paths`), or bad arguments.
     """
     if steps_per_epoch < 1 or recurrences < 0:
         raise ValueError("steps_per_epoch must be ≥ 1 and recurrences ≥ 0")
@@ -200,14 +242,8 @@ def simulate(
         raise ValueError(f"power_limit must be 'max' or 'jit', got {power_limit!r}")
     trace = traces.resolve_trace(gpu)
     w = traces.get_workload(workload, trace)
-    if not trace.bundled and not any(
-        (p.dataset, p.network, p.optimizer) == (w.dataset, w.network, w.optimizer) for p in trace.train
-    ):
-        raise ValueError(
-            f"the trace {trace.source} has no training paths for {w.dataset}: the simulator samples when a run "
-            "reaches its target from a training-path CSV (Zeus summary_train format; train_path / --train-trace)"
-        )
     sizes = list(batch_sizes or traces.available_batch_sizes(trace, w))
+    check_training_paths(trace, w, sizes)
     default = traces.default_batch_size(trace, w)
     world = np.random.default_rng([int(seed), 0x5EED])
     with tempfile.TemporaryDirectory(prefix="zeus-sim-") as tmp:
@@ -426,7 +462,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
                 parser.error("--train-trace needs --trace")
             gpu = traces.bundled_trace(args.gpu or "A40")
             workload = args.workload or "cifar100"
-        traces.get_workload(workload, gpu)
+        w = traces.get_workload(workload, gpu)
+        check_training_paths(gpu, w, traces.available_batch_sizes(gpu, w))
     except ValueError as exc:  # TraceFormatError included: the message names the file and the column
         parser.error(str(exc))
 

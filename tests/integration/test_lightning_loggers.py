@@ -154,6 +154,24 @@ def test_one_point_per_evaluation_at_its_step_and_no_point_is_dropped(tmp_path):
     assert not [k for k, n in Counter((k, s) for k, s, _ in rule.points if is_own_metric(k)).items() if n > 1]
 
 
+def test_under_gradient_accumulation_an_eval_record_counts_batches_and_its_point_is_at_global_step_minus_1(tmp_path):
+    # With accumulate_grad_batches=2 the eval record's step (batches taken, docs/concepts.md) is
+    # twice the optimizer steps: its energy/eval_J point is at trainer.global_step - 1, with
+    # val_loss, not at the record's step - 1 (what docs/metrics.md said).
+    callback = ZeusCallback(virtual_config(tmp_path, interval_steps=5))
+    trainer = trainer_for(tmp_path, callback, TensorBoardLogger(str(tmp_path / "tb"), name="run"),
+                          max_epochs=1, val_check_interval=10, accumulate_grad_batches=2)  # fmt: skip
+    train, val = loaders()
+    trainer.fit(Regressor(), train, val)
+
+    evals = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [10, 20]  # batches before each validation (20 an epoch)
+    scalars = read_scalars(tmp_path / "tb")
+    assert [s for s, _ in scalars["energy/eval_J"]] == [s for s, _ in scalars["val_loss"]]
+    assert [s for s, _ in scalars["energy/eval_J"]] == [r["step"] // 2 - 1 for r in evals]
+    assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
+
+
 def test_the_end_of_training_flush_logs_no_second_step_point(tmp_path):
     # max_steps=20 ends mid-run: before, the last batch's report and the end's flush were both
     # logged at step 20 with different energy/step_J values (CSV and TensorBoard).

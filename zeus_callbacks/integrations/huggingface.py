@@ -68,6 +68,7 @@ _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus
 """The attached Trainer whose ``train()`` is running (callbacks it rebuilds from a checkpoint find it here)."""
 
 _GUARDED = "_zeus_callbacks_guarded_train"
+_GUARDED_EVALUATE = "_zeus_callbacks_guarded_evaluate"
 
 _HANDING: contextvars.ContextVar[bool] = contextvars.ContextVar("zeus_callbacks_handing", default=False)
 """True while zeus-callbacks hands a log of its own to the reporters (every instance's ``on_log`` leaves it alone)."""
@@ -136,6 +137,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._trainer = weakref.ref(trainer)
         self._move_before_reporters(trainer)
         _guard_train(trainer)
+        _guard_evaluate(trainer)
         return self
 
     @property
@@ -297,11 +299,20 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if metrics:
             self._epoch_reports.append((state.global_step, metrics))
 
-    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Open the evaluation window at the first evaluation batch (HF has no begin hook)."""
+    def _eval_begin(self) -> None:
+        """Open the evaluation window (once per evaluation; only while the run is open)."""
         if not self._in_eval and self.session.started:
             self._in_eval = True
             self.session.eval_start()
+
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """Open the evaluation window after the first evaluation batch, unless attached.
+
+        The Trainer has no begin hook: an attached callback opens the window when
+        ``trainer.evaluate`` is entered (:meth:`attach`); this is the fallback, which misses
+        the evaluation's set-up and its first batch.
+        """
+        self._eval_begin()
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics=None, **kwargs: Any
@@ -506,3 +517,25 @@ def _guard_train(trainer: Trainer) -> None:
 
     trainer.train = train
     setattr(trainer, _GUARDED, True)
+
+
+def _guard_evaluate(trainer: Trainer) -> None:
+    """Wrap ``trainer.evaluate`` once: the evaluation window opens as the evaluation begins.
+
+    The first ``on_prediction_step`` comes after the first evaluation batch: an evaluation of
+    one batch measured 0.5 ms of its 308 ms there. Outside ``train()`` no run is open and
+    nothing is measured.
+    """
+    if getattr(trainer, _GUARDED_EVALUATE, False):
+        return
+    original = trainer.evaluate
+
+    @functools.wraps(original)
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        for cb in trainer.callback_handler.callbacks:
+            if isinstance(cb, ZeusTrainerCallback):
+                cb._eval_begin()
+        return original(*args, **kwargs)
+
+    trainer.evaluate = evaluate
+    setattr(trainer, _GUARDED_EVALUATE, True)
