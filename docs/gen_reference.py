@@ -490,9 +490,15 @@ def render_metrics() -> str:
         "evaluation; the results (`TrainOutput.metrics`, `train_results.json`) and the JSONL `run_end` hold "
         "the run's. The run's mean step (`run_end`'s `step_energy_J`, the results' `energy/run_step_mean_J`) "
         "leaves the warm-up steps out and weighs each `steps` record's mean by the steps it stands for (a "
-        "plain mean over the measured steps would favour the stretches auto sampling measures more): times "
-        "the steps it is below the run's total, which also holds the warm-up steps, the evaluations, the epoch "
-        "boundaries and the time before the first epoch and after the last (docs/results/step_mean_bias.md).",
+        "plain mean over the measured steps would favour the stretches auto sampling measures more). With every "
+        "step measured, it times the steps is below the run's total, which also holds the warm-up steps, the "
+        "evaluations, the epoch boundaries and the time before the first epoch and after the last "
+        "(docs/results/step_mean_bias.md). Under auto sampling each `steps` record's mean is an estimate from "
+        "the steps it measured (a random share, `count` of `steps`), so the product can exceed the total: seen "
+        "on the README example on a loaded machine, a record of 5 measured steps of 45 in an epoch that stalled "
+        "(6.7 s, ~0.4 s otherwise) had a mean of 42.1 J against the epoch's 35.2 J per step, and the run's mean "
+        "step × 449 steps came to 2,599 J against a 2,462 J total. Set `windows.sample_fraction: 1` where the "
+        "per-step figure must be exact rather than cheap.",
         f"- **`{reporting.SIMULATED}`** (and `{reporting.UNAVAILABLE}`) once at every logger step that gets our "
         "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
         "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
