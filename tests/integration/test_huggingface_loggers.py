@@ -118,7 +118,7 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
         tmp_path, max_steps=20, logging_steps=4, eval_strategy="steps", eval_steps=8, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
+        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
         callbacks=[StopAtFirstEvaluation(), seen],
     )  # fmt: skip
     callback.attach(trainer)
@@ -150,7 +150,7 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
 def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path):
     callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
     args = train_args(tmp_path, max_steps=12, logging_steps=4)
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     calls = {"n": 0}
     original = type(trainer).training_step
@@ -183,7 +183,7 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
     callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(tmp_path, num_train_epochs=epochs, logging_steps=logging_steps)
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
+    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
     callback.attach(trainer)
     trainer.train()
 
@@ -221,7 +221,7 @@ def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp
         tmp_path, max_steps=12, logging_steps=4, eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
+        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
     )
     callback.attach(trainer)
     trainer.train()
