@@ -267,8 +267,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         """The counter (nearly) stopped over ``(previous poll, now]``: stuck, or the GPU is off (lock held).
 
         With socket power above :data:`STUCK_MIN_POWER_W` it is stuck: socket power stands in from
-        now on. The previous interval's figure holds only if the counter ran through it, i.e. its power
-        was not well below socket power; otherwise that stretch is not known (``doubt_fault``).
+        now on. The previous interval's figure holds unless the counter's power fell well below socket
+        power in it (a doubt, :meth:`_doubt_drop`): then it stopped in that stretch, not known (``doubt_fault``).
 
         Raises:
             SensorError: ``kind="counter_stuck"`` when socket power cannot be read to tell.
@@ -289,12 +289,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             device.last_power_W = power_W
             return [PowerSample(now_s, power_W)] if now_s > since_s else []
         device.counter_stuck = True
-        last_W = device.last_power_W
         with device.doubt_lock:
-            if device.doubt_since_s is not None or (
-                last_W is not None and last_W < (1 - POWER_CHECK_TOLERANCE) * socket_W
-            ):
-                device.doubt_fault = True
+            device.doubt_fault = device.doubt_fault or device.doubt_since_s is not None
             device.doubt_since_s = None
         self._warn_once(
             "counter_stuck",
