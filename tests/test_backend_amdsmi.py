@@ -272,3 +272,63 @@ def test_init_failure_is_unavailable(fake, clock):
 def test_names_from_asic_info(backend):
     assert backend.device_name(0) == fa.MI300X_NAME
     assert backend.describe() == f"amdsmi: 2 GPU(s) ({fa.MI300X_NAME})"
+
+
+# -- a counter that stops inside a poll interval (issue 16 item 2) --------------------------------------------
+def _poll_W(backend, clock, dt_s):
+    clock.advance(dt_s)
+    return [s.power_W for s in backend.power_samples_since(0, 0.0)]
+
+
+def test_counter_stopping_mid_interval_is_doubted_then_counted_at_close(backend, fake, clock):
+    fake.set_load(300.0)
+    backend.power_samples_since(0, 0.0)
+    assert _poll_W(backend, clock, 0.1) == [pytest.approx(300.0, rel=2e-3)]
+    fake.stick_counter(0, at_s=clock.now_s() + 0.05)  # halfway through the next interval
+    (half,) = _poll_W(backend, clock, 0.1)
+    assert half == pytest.approx(150.0, rel=0.02)  # what the counter says: half the truth
+    assert backend.readings_in_doubt(0, closing=False) is None  # a real drop or a stop: a later read tells
+    assert backend.readings_in_doubt(0, closing=True) == "counter_stuck"  # a close cannot wait for it
+    assert backend.readings_in_doubt(0, closing=True) is None  # reported once
+
+
+def test_counter_stopping_mid_interval_is_counted_when_a_later_poll_sees_it_stopped(backend, fake, clock):
+    fake.set_load(300.0)
+    backend.power_samples_since(0, 0.0)
+    _poll_W(backend, clock, 0.1)
+    fake.stick_counter(0, at_s=clock.now_s() + 0.05)
+    _poll_W(backend, clock, 0.1)
+    assert _poll_W(backend, clock, 0.1) == [300.0]  # stopped: socket power from now on
+    assert backend.readings_in_doubt(0, closing=False) == "counter_stuck"  # the half-counted interval
+
+
+def test_a_close_soon_after_the_last_poll_settles_the_doubt(backend, fake, clock):
+    fake.set_load(300.0)
+    backend.power_samples_since(0, 0.0)
+    _poll_W(backend, clock, 0.1)
+    fake.stick_counter(0, at_s=clock.now_s() + 0.05)
+    _poll_W(backend, clock, 0.1)
+    # 6 ms later: too short for a power figure, long enough (> 5 refreshes) to see the counter has stopped
+    assert _poll_W(backend, clock, 0.006) == [300.0]
+    assert backend.readings_in_doubt(0, closing=False) == "counter_stuck"
+
+
+def test_a_real_drop_in_power_is_not_doubted(backend, fake, clock):
+    fake.set_load(700.0)
+    backend.power_samples_since(0, 0.0)
+    _poll_W(backend, clock, 0.1)
+    clock.advance(0.05)
+    fake.set_load(140.0)  # the load falls halfway through the interval: the counter's mean falls with it
+    (mean,) = _poll_W(backend, clock, 0.05)
+    assert mean == pytest.approx(420.0, rel=0.02)
+    assert backend.readings_in_doubt(0, closing=True) is None  # socket power fell too: no doubt
+    assert _poll_W(backend, clock, 0.1) == [pytest.approx(140.0, rel=2e-3)]
+
+
+def test_counter_stopping_at_the_start_of_an_interval_is_caught_in_that_poll(backend, fake, clock):
+    fake.set_load(121.0)
+    backend.power_samples_since(0, 0.0)
+    _poll_W(backend, clock, 0.1)
+    fake.stick_counter(0, at_s=clock.now_s() + fake.refresh_s)  # one more refresh after the poll, then nothing
+    assert _poll_W(backend, clock, 0.1) == [121.0]  # 1.2 W by the counter: impossible, so socket power
+    assert backend.readings_in_doubt(0, closing=True) is None  # the interval is socket power's: known

@@ -7,9 +7,9 @@ every window, epoch and run figure must be within its tolerance of the fake's tr
 flagged (``degraded``, ``complete: false``). See tests/faults/truth_or_flag.py for the harness and the
 tolerances.
 
-A stuck amdsmi counter (issue 16 item 2) is still kept out of the main property: a counter that
-sticks during the run's last step under-reports that step unflagged (``OPEN`` below, a strict
-xfail). Its other shrunk examples are regular tests.
+A stuck amdsmi counter (issue 16 item 2) is in the main property; its shrunk examples are regular
+tests, and :func:`test_counter_stuck_in_the_last_steps` draws a counter that sticks in a run's last
+k steps, where no later reading settles it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SCHEDULES = 1000  # per CI run (issue 16 item 5)
 MAX_STEPS_PER_EPOCH = 10
 
 # ---- schedules another branch fixes: (vendor, fault kind) -> reason. The lead flips these after merging.
-KEPT_OUT = {("amdsmi", "counter_stuck")}  # until OPEN's example passes
+KEPT_OUT: set[tuple[str, str]] = set()
 
 
 @st.composite
@@ -82,6 +82,10 @@ FIXED_BY_HONEST_FIGURES = {  # found by the suite on main: a stuck counter read 
     "amdsmi counter stuck while power info is lost": Schedule(
         "amdsmi", epoch_steps=(5, 12), step_s=0.1, loads_W=((0, 217.5),),
         faults=(Fault("power_info_lost", 14, 17), Fault("counter_stuck", 5, 23))),
+    # The counter's last refresh fell just after the last poll but one: the last poll saw it advance by one
+    # refresh (0.12 J in 0.1 s, 1.2 W) and took that for power; no later poll came to see it stopped.
+    "amdsmi counter stuck in the last step": Schedule(
+        "amdsmi", epoch_steps=(1, 7), step_s=0.1, loads_W=((0, 121.0),), faults=(Fault("counter_stuck", 7, 1),)),
 }
 
 
@@ -98,16 +102,25 @@ def test_stuck_counter_counter_example(schedule):
     assert not violations(run_schedule(schedule))
 
 
-OPEN = {  # found after the merge of issue 16 items 1-3; not fixed yet
-    "amdsmi counter stuck in the last step": Schedule(
-        "amdsmi", epoch_steps=(1, 7), step_s=0.1, loads_W=((0, 121.0),), faults=(Fault("counter_stuck", 7, 1),)),
-}
-
-
-@pytest.mark.xfail(strict=True, reason="open: a counter stuck in the last step under-reports it unflagged")
-@pytest.mark.parametrize("schedule", list(OPEN.values()), ids=list(OPEN))
-def test_open_counter_example(schedule):
-    assert not violations(run_schedule(schedule))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_counter_stuck_in_the_last_steps(data):
+    """A counter stuck in the last k steps (no later reading settles it): every figure true or flagged."""
+    epoch_steps = tuple(data.draw(st.lists(st.integers(1, MAX_STEPS_PER_EPOCH), min_size=1, max_size=2)))
+    total = sum(epoch_steps)
+    k = data.draw(st.integers(1, total))
+    power = st.floats(121.0, 700.0, allow_nan=False)
+    loads = {0: data.draw(power)}
+    for step, watts in data.draw(st.lists(st.tuples(st.integers(0, total - 1), power), max_size=2)):
+        loads[step] = watts
+    faults = [Fault("counter_stuck", total - k, k)]
+    if data.draw(st.booleans()):  # socket power lost too, from some step on
+        faults.append(Fault("power_info_lost", data.draw(st.integers(0, total - 1)), total))
+    schedule = Schedule("amdsmi", epoch_steps=epoch_steps, step_s=data.draw(st.sampled_from([0.04, 0.1, 0.2])),
+                        loads_W=tuple(sorted(loads.items())), faults=tuple(faults))
+    bad = tally(run_schedule(schedule))
+    assert not bad, (schedule, bad)
 
 
 def test_the_suite_is_not_vacuous():

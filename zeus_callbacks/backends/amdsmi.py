@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -59,6 +59,10 @@ POWER_CHECK_TOLERANCE = 0.25
 #: A counter that does not move over a poll interval while socket power reads more than this is
 #: stuck: at ≥ 10 W a 10 ms interval holds ≥ 0.1 J, thousands of counter ticks (15.3 µJ each).
 STUCK_MIN_POWER_W = 10.0
+#: A counter unchanged over this many refresh periods while socket power reads more than
+#: :data:`STUCK_MIN_POWER_W` has stopped, even over a span shorter than :data:`MIN_POLL_INTERVAL_S`
+#: (5 ms at the ~1 ms refresh: the read a window's close makes shortly after the last poll).
+STUCK_MIN_REFRESHES = 5
 
 ENERGY_TICK_KEYS = ("energy_accumulator", "power")
 SOCKET_POWER_KEYS = ("average_socket_power", "current_socket_power")
@@ -78,6 +82,13 @@ class _DeviceState:
     power_checked: bool = False
     last_energy_J: float | None = None
     counter_stuck: bool = False  # the counter stopped advancing: power comes from socket power
+    last_power_W: float | None = None  # the counter's mean power over the previous poll interval
+    # The counter's power over the interval from then dropped below socket power: it may have
+    # stopped in it. A later advance clears the doubt; a stop confirms it (doubt_fault); a close
+    # before either reports it (readings_in_doubt).
+    doubt_since_s: float | None = None
+    doubt_fault: bool = False
+    doubt_lock: threading.Lock = field(default_factory=threading.Lock)  # the doubt, read without a vendor call
 
 
 class AMDSMIBackend(VendorBackend[_DeviceState]):
@@ -220,42 +231,106 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             if previous is None:
                 return []
             then_s, then_J = previous
-            if now_s - then_s < MIN_POLL_INTERVAL_S:
-                device.last_poll = previous
-                return []
+            span_s = now_s - then_s
             if energy_J < then_J:
                 raise SensorError(
                     f"amdsmi: GPU {index} energy counter went backwards ({then_J:.3f} J -> {energy_J:.3f} J)",
                     kind="counter_backwards",
                 )
-            power_W = (energy_J - then_J) / (now_s - then_s)
-            if energy_J == then_J:
-                socket_W = self._socket_power_W(device, index)
-                if socket_W is not None and socket_W > STUCK_MIN_POWER_W:
-                    device.counter_stuck = True
-                    self._warn_once(
-                        "counter_stuck",
-                        index,
-                        "amdsmi: GPU %d energy counter stopped advancing over %.3f s while socket power reads %.1f W; "
-                        "using socket power readings for the rest of this run (energy cross-checks off)",
-                        index,
-                        now_s - then_s,
-                        socket_W,
-                    )
-                    return [PowerSample(now_s, socket_W)] if now_s > since_s else []
-                if socket_W is None:
-                    # A powered GPU never draws 0 W: a counter that did not move is stuck or the GPU is off,
-                    # and without socket power to tell which, no sample is better than a 0 W guess.
+            if span_s < MIN_POLL_INTERVAL_S:
+                # Too short for a power figure; but a doubt the last poll left is settled by a counter that
+                # has not moved over several refresh periods since (a window's close reads soon after a poll).
+                settles = device.doubt_since_s is not None and energy_J == then_J
+                if not (settles and span_s >= STUCK_MIN_REFRESHES * self.energy_counter_period_s):
                     device.last_poll = previous
-                    raise SensorError(
-                        f"amdsmi: GPU {index} energy counter did not advance over {now_s - then_s:.3f} s and "
-                        "socket power cannot be read to check it",
-                        kind="counter_stuck",
-                    )
+                    return []
+            # A powered GPU draws >= STUCK_MIN_POWER_W: a counter that advanced by less (over the interval less
+            # the one refresh its last value may lag by) stopped early in the interval, or the GPU is off.
+            if energy_J - then_J < STUCK_MIN_POWER_W * max(span_s - self.energy_counter_period_s, 0.0):
+                return self._stopped_counter(device, index, previous, (now_s, energy_J), since_s)
+            power_W = (energy_J - then_J) / span_s
+            self._doubt_drop(device, index, then_s, power_W)
+            device.last_power_W = power_W
             if not device.power_checked:
                 device.power_checked = True
                 self._check_against_socket_power(device, index, power_W)
         return [PowerSample(now_s, power_W)] if now_s > since_s else []
+
+    def _stopped_counter(
+        self,
+        device: _DeviceState,
+        index: int,
+        previous: tuple[float, float],
+        reading: tuple[float, float],
+        since_s: float,
+    ) -> list[PowerSample]:
+        """The counter (nearly) stopped over ``(previous poll, now]``: stuck, or the GPU is off (lock held).
+
+        With socket power above :data:`STUCK_MIN_POWER_W` it is stuck: socket power stands in from
+        now on. The previous interval's figure holds unless the counter's power fell well below socket
+        power in it (a doubt, :meth:`_doubt_drop`): then it stopped in that stretch, not known (``doubt_fault``).
+
+        Raises:
+            SensorError: ``kind="counter_stuck"`` when socket power cannot be read to tell.
+        """
+        (then_s, then_J), (now_s, energy_J) = previous, reading
+        socket_W = self._socket_power_W(device, index)
+        if socket_W is None:
+            # A powered GPU never draws 0 W: a counter that did not move is stuck or the GPU is off,
+            # and without socket power to tell which, no sample is better than a 0 W guess.
+            device.last_poll = previous
+            raise SensorError(
+                f"amdsmi: GPU {index} energy counter did not advance over {now_s - then_s:.3f} s and "
+                "socket power cannot be read to check it",
+                kind="counter_stuck",
+            )
+        if socket_W <= STUCK_MIN_POWER_W:  # the GPU is (nearly) off: the counter is right
+            power_W = (energy_J - then_J) / (now_s - then_s)
+            device.last_power_W = power_W
+            return [PowerSample(now_s, power_W)] if now_s > since_s else []
+        device.counter_stuck = True
+        with device.doubt_lock:
+            device.doubt_fault = device.doubt_fault or device.doubt_since_s is not None
+            device.doubt_since_s = None
+        self._warn_once(
+            "counter_stuck",
+            index,
+            "amdsmi: GPU %d energy counter stopped advancing over %.3f s while socket power reads %.1f W; "
+            "using socket power readings for the rest of this run (energy cross-checks off)",
+            index,
+            now_s - then_s,
+            socket_W,
+        )
+        return [PowerSample(now_s, socket_W)] if now_s > since_s else []
+
+    def _doubt_drop(self, device: _DeviceState, index: int, then_s: float, power_W: float) -> None:
+        """A counter that ran at ``power_W`` since ``then_s``: doubt it if it fell well below socket power (lock held).
+
+        Socket power is read only on a drop from the previous interval (a counter that stops drops), so a
+        steady run makes no extra call.
+        """
+        last_W = device.last_power_W
+        low = False
+        if last_W is not None and power_W < (1 - POWER_CHECK_TOLERANCE) * last_W:
+            socket_W = self._socket_power_W(device, index)
+            low = socket_W is not None and power_W < (1 - POWER_CHECK_TOLERANCE) * socket_W
+        with device.doubt_lock:  # no drop: it advanced as before, so it is running
+            device.doubt_since_s = then_s if low else None
+
+    def readings_in_doubt(self, index: int, *, closing: bool) -> str | None:
+        """``"counter_stuck"`` once the counter is found to have stopped inside an interval already reported.
+
+        That interval's power (the counter's advance over it) under-reports by an unknown amount. At a
+        close (``closing``), a doubt no later poll has settled counts too: the figures being closed hold it.
+        No vendor call.
+        """
+        device = self._device(index)
+        with device.doubt_lock:
+            if device.doubt_fault or (closing and device.doubt_since_s is not None):
+                device.doubt_fault = False
+                device.doubt_since_s = None
+                return "counter_stuck"
+        return None
 
     def _socket_power_W(self, device: _DeviceState, index: int) -> float | None:
         """Socket power (W): the current reading, else the average; None where amdsmi gives neither."""

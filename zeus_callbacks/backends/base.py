@@ -175,6 +175,18 @@ class GPUBackend(abc.ABC):
             NotSupported: The device has no energy counter.
         """
 
+    def readings_in_doubt(self, index: int, *, closing: bool) -> str | None:
+        """Say whether power already returned for GPU ``index`` has turned out not to be known.
+
+        Called by the sampler after each poll (``closing=False``) and when a window, epoch or
+        run is closed (``closing=True``: no later reading will settle a pending doubt). Must
+        make no vendor call (it may run on the training thread). Each doubt is reported once.
+
+        Returns:
+            A fault kind (e.g. ``"counter_stuck"``) to count, or None (the default: never).
+        """
+        return None
+
     # -- power limit (called from the training thread) -------------------------
     @abc.abstractmethod
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:

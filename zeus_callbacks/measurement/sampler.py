@@ -325,6 +325,7 @@ class PowerSampler:
                     read_counter = now_s - self._last_counter_read_s >= self.energy_counter_period_s
                 for index in self.gpu_indices:
                     self._drain_samples(index)
+                    self._check_doubt(index, closing=False)
                     failing = self._stream_failing[index]
                     if (read_counter or failing) and self._counter_supported[index]:
                         if self._read_counter(index) and failing:
@@ -333,6 +334,26 @@ class PowerSampler:
                     self._last_counter_read_s = now_s
             finally:
                 self._poll_began = None
+
+    def close_check(self) -> None:
+        """A window, epoch or run is being closed: count the doubts no later reading will settle.
+
+        Asks :meth:`GPUBackend.readings_in_doubt` (no vendor call, so safe on the training
+        thread); each doubt counts one fault of its kind, so the figures closed now say they are
+        degraded.
+        """
+        for index in self.gpu_indices:
+            self._check_doubt(index, closing=True)
+
+    def _check_doubt(self, index: int, *, closing: bool) -> None:
+        kind = self.backend.readings_in_doubt(index, closing=closing)
+        if kind is not None:
+            self.health.faults[kind] += 1
+            self._warn_once(
+                f"doubt_{kind}",
+                f"power already reported for GPU {index} is not known ({kind}: the energy counter stopped within "
+                "a poll interval); measurement is degraded",
+            )
 
     def _timed_call(self, what: str, call: Callable[[], _T]) -> _T:
         """Make one vendor call; count it as slow when it took longer than ``sensor_timeout_s``."""

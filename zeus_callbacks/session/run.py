@@ -186,6 +186,12 @@ class StartedRun:
         ``sensor_timeout_s``), and returns at once when the sensor is stuck
         (:meth:`PowerSampler.poll_bounded`): no vendor call runs on this thread.
         """
+        try:
+            self._poll_until(until_s, read_counter=read_counter)
+        finally:
+            self.sampler.close_check()  # the figures closed now get no later reading: doubts count
+
+    def _poll_until(self, until_s: float, *, read_counter: bool) -> None:
         deadline = time.monotonic() + EPOCH_FLUSH_TIMEOUT_S
         delay = self.sensor_delay_s
         # read_counter: once; a counter read costs 3-5 ms on an H200
