@@ -323,7 +323,9 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     assert whole["epoch"] == 1 and not whole["resumed_mid_epoch"] and whole["covered_from_step"] is None
     assert whole["complete"] == first_epochs[1]["complete"]  # the samples' coverage alone decides it
     # This segment's records stand for its own steps only (those before the checkpoint are carried).
-    assert sum(r["steps"] + r["warmup_steps"] for r in records if r["event"] == "steps") == 2 * steps_per_epoch - saved_at
+    assert (
+        sum(r["steps"] + r["warmup_steps"] for r in records if r["event"] == "steps") == 2 * steps_per_epoch - saved_at
+    )
     # The reporters get the flag with the partial epoch's figures, and not with the whole one's.
     epoch_logs = [(step, log) for step, log in logs.logs if metric.EPOCH_ENERGY_J in log]
     assert [step for step, _ in epoch_logs] == [steps_per_epoch, 2 * steps_per_epoch]

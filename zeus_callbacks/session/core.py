@@ -188,6 +188,11 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         return self._totals.steps - self._carried.steps
 
     @property
+    def open_epoch(self) -> Any:
+        """The epoch under way (None between epochs and outside a run)."""
+        return self._open_epoch if self.started else None
+
+    @property
     def last_epoch_sampling(self) -> tuple[int, int]:
         """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
         return self._epoch_sampled
