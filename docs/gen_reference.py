@@ -288,6 +288,15 @@ FIELDS: dict[str, str] = {
     "from the nearest sample by at most one sample period, or not covered at all).",
     "epoch.covered_s": "Time of the epoch the power samples cover (s); `energy_J` is that part's energy, "
     "null when it is 0.",
+    "epoch.complete": "False when the power samples did not cover the epoch entirely (an edge was "
+    "extrapolated from the nearest sample by at most one sample period, or not covered at all), or when "
+    "the run resumed inside the epoch (`resumed_mid_epoch`).",
+    "epoch.resumed_mid_epoch": "True when the run resumed from a checkpoint saved inside this epoch: the "
+    "figures cover only the steps from `covered_from_step` on; the steps before are in the carried run "
+    "total (`run_start.resumed_energy_J`), not here. Logged as `energy/epoch_partial` = 1 beside "
+    "`energy/epoch_J`.",
+    "epoch.covered_from_step": "The step (0-based, the run's steps before the resume included) the "
+    "epoch's figures begin at when `resumed_mid_epoch`; null when the run saw the epoch from its start.",
     "counter_resets": "Times an energy counter went backwards so far; each drops one interval of the "
     "counter series (filled from the samples in `counter_energy_J`), and the cross-check goes on.",
     "epoch.epoch": "Epoch index (from 0).",

@@ -34,6 +34,7 @@ EPOCH_ENERGY_J = "energy/epoch_J"
 EPOCH_COUNTER_ENERGY_J = "energy/epoch_counter_J"
 EPOCH_TIME_S = "time/epoch_s"
 EPOCH_MEAN_POWER_W = "power/epoch_mean_W"
+EPOCH_PARTIAL = "energy/epoch_partial"
 EVAL_ENERGY_J = "energy/eval_J"
 EVAL_TIME_S = "time/eval_s"
 TOTAL_ENERGY_J = "energy/total_J"
@@ -84,6 +85,8 @@ METRICS: dict[str, str] = {
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
     EPOCH_MEAN_POWER_W: "W — mean GPU power over the epoch",
+    EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
+    "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
     EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
@@ -159,7 +162,8 @@ class RunSummary:
             (``windows.sample_fraction`` may measure a different share in each), so
             ``step_energy_J`` × the steps of the ``steps`` records is their energy estimate.
         step_time_s: Mean step time, estimated alike (s), NaN without steps.
-        epoch_energy_J: Energy of each epoch (J).
+        epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
+            the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).
         power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
         chosen_power_limit_W: The limit power-limit profiling (or its cache) chose (W); None when
             none was chosen (profiling off, unfinished, or a failure).

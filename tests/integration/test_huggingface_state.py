@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from tests.integration.helpers import read_scalars, virtual_config
 from tests.integration.test_huggingface import RandomTokens, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import WallClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
@@ -279,3 +280,54 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
     # An evaluation after training is not measured: it shows no energy.
     after = trainer.evaluate()
     assert not [k for k in after if k.startswith(("energy/", "time/", "power/"))], after
+
+
+class LogRecorder(TrainerCallback):
+    """Every log the Trainer hands its reporters (after the ZeusTrainerCallback added its metrics)."""
+
+    def __init__(self) -> None:
+        self.logs: list[tuple[int, dict]] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append((state.global_step, dict(logs or {})))
+
+
+def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_the_checkpoint(tmp_path):
+    steps_per_epoch, saved_at = 10, 7  # RandomTokens(40) at 4 a batch; checkpoint-7 is inside epoch 0
+    args = training_args(tmp_path, max_steps=2 * steps_per_epoch, save_strategy="steps", save_steps=saved_at)
+    config = virtual_config(tmp_path)  # one config: the checkpoint's entry is keyed by its digest
+    first = ZeusTrainerCallback(config)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
+    first.attach(trainer)
+    trainer.train()
+    first_epochs = [r for r in read_jsonl(first.summary.jsonl_path) if r["event"] == "epoch"]
+    assert [r["resumed_mid_epoch"] for r in first_epochs] == [False, False]  # seen from their starts
+    assert all(r["covered_from_step"] is None for r in first_epochs)
+    checkpoint = tmp_path / "out" / f"checkpoint-{saved_at}"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["ZeusTrainerCallback"]
+    (state,) = saved["attributes"]["resume_states"].values()
+    assert state["open_epoch"] == 0 and state["steps"] == saved_at
+
+    second = ZeusTrainerCallback(config)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
+    second.attach(trainer)
+    logs = LogRecorder()
+    trainer.add_callback(logs)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    records = read_jsonl(second.summary.jsonl_path)
+    resumed, whole = (r for r in records if r["event"] == "epoch")
+    # Epoch 0's steps 0-6 ran before the checkpoint: its record covers steps 7-9 only and says so.
+    assert resumed["epoch"] == 0 and resumed["resumed_mid_epoch"] and resumed["covered_from_step"] == saved_at
+    assert not resumed["complete"] and resumed["energy_J"] > 0
+    assert resumed["time_s"] < first_epochs[0]["time_s"]  # 3 steps of the epoch's 10
+    assert whole["epoch"] == 1 and not whole["resumed_mid_epoch"] and whole["covered_from_step"] is None
+    assert whole["complete"] == first_epochs[1]["complete"]  # the samples' coverage alone decides it
+    # This segment's records stand for its own steps only (those before the checkpoint are carried).
+    assert (
+        sum(r["steps"] + r["warmup_steps"] for r in records if r["event"] == "steps") == 2 * steps_per_epoch - saved_at
+    )
+    # The reporters get the flag with the partial epoch's figures, and not with the whole one's.
+    epoch_logs = [(step, log) for step, log in logs.logs if metric.EPOCH_ENERGY_J in log]
+    assert [step for step, _ in epoch_logs] == [steps_per_epoch, 2 * steps_per_epoch]
+    assert epoch_logs[0][1][metric.EPOCH_ENERGY_J] == pytest.approx(resumed["energy_J"])
+    assert epoch_logs[0][1][metric.EPOCH_PARTIAL] == 1.0 and metric.EPOCH_PARTIAL not in epoch_logs[1][1]

@@ -73,8 +73,17 @@ def test_energy_reaches_tensorboard_and_matches_the_virtual_gpu(tmp_path):
 
     scalars = read_scalars(tmp_path / "tb")
     power_W = expected_power_W(config)
-    for tag in ("energy/step_J", "power/mean_W", "energy/per_sample_J", "power_limit/W", "energy/epoch_J",
-                "time/epoch_s", "energy/total_J", "time/total_s", "energy/eval_J"):
+    for tag in (
+        "energy/step_J",
+        "power/mean_W",
+        "energy/per_sample_J",
+        "power_limit/W",
+        "energy/epoch_J",
+        "time/epoch_s",
+        "energy/total_J",
+        "time/total_s",
+        "energy/eval_J",
+    ):
         assert tag in scalars, f"{tag} missing from TensorBoard; have {sorted(scalars)}"
         assert all(v > 0 and math.isfinite(v) for _, v in scalars[tag]), tag
     # Mean power over the steps agrees with the trace's power at the limit in force (3 W sensor noise).
@@ -170,8 +179,7 @@ def test_lightning_cli_accepts_the_callback_from_yaml(tmp_path):
 
     zeus_yaml = tmp_path / "zeus.yaml"
     zeus_yaml.write_text(
-        "backend: virtual\nlogging:\n  interval_steps: 2\n  run_name: cli\n"
-        f"  log_dir: {tmp_path / 'zeus'}\n"
+        f"backend: virtual\nlogging:\n  interval_steps: 2\n  run_name: cli\n  log_dir: {tmp_path / 'zeus'}\n"
     )
     cli_yaml = tmp_path / "cli.yaml"
     cli_yaml.write_text(
@@ -206,10 +214,14 @@ class CLIData(L.LightningDataModule):
 def test_every_step_report_reaches_the_logger_whatever_log_every_n_steps(tmp_path):
     callback = ZeusCallback(virtual_config(tmp_path, interval_steps=3))
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, callbacks=[callback], max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        callbacks=[callback],
+        max_epochs=2,
         logger=TensorBoardLogger(str(tmp_path / "tb"), name="run"),
         log_every_n_steps=50,  # Lightning would drop step values logged between these
-        enable_progress_bar=False, enable_model_summary=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     train, _ = loaders()
     trainer.fit(TinyRegressor(), train)
@@ -293,3 +305,28 @@ def test_sampled_steps_count_every_batch_through_mid_epoch_evaluations_checkpoin
     assert truth.batches == 217 and logged == 217 - 99  # this segment's JSONL counts its own steps
     assert second.summary.steps == 217 and second.summary.epochs == 3  # the last one cut short
     assert truth.quiet > 60
+
+
+def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_the_checkpoint(tmp_path):
+    config = virtual_config(tmp_path)
+    steps_per_epoch = N_TRAIN // BATCH
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1)
+    first = ZeusCallback(config)
+    train, _ = loaders()
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[first, every], logger=False, max_epochs=2,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(TinyRegressor(), train)
+    first_epochs = [r for r in read_jsonl(first.summary.jsonl_path) if r["event"] == "epoch"]
+    assert [r["resumed_mid_epoch"] for r in first_epochs] == [False, False]
+    ckpt = tmp_path / "ckpt" / "epoch=1-step=28.ckpt"  # 8 batches into epoch 1
+
+    second = ZeusCallback(config)
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[second], logger=False, max_epochs=2,
+                        default_root_dir=tmp_path,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))
+    (resumed,) = [r for r in read_jsonl(second.summary.jsonl_path) if r["event"] == "epoch"]
+    assert resumed["epoch"] == 1 and resumed["resumed_mid_epoch"] and resumed["covered_from_step"] == 28
+    assert not resumed["complete"] and resumed["energy_J"] > 0
+    assert resumed["time_s"] < first_epochs[1]["time_s"]  # 12 of the epoch's 20 steps
+    assert second.summary.steps == 2 * steps_per_epoch

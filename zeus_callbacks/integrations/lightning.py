@@ -166,6 +166,8 @@ class ZeusCallback(SessionAdapter, Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch_step = trainer.global_step
+        if self.session.open_epoch is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start
+            self.session.epoch_start(trainer.current_epoch)
         self.session.step_start(trainer.global_step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
 

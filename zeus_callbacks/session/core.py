@@ -60,7 +60,7 @@ from zeus_callbacks.session.run import (
     select_gpu_indices,
 )  # fmt: skip
 from zeus_callbacks.session.scheduler import Decision
-from zeus_callbacks.session.state import Totals, carried_totals, resume_state
+from zeus_callbacks.session.state import Totals, carried_open_epoch, carried_totals, resume_state
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
 
@@ -127,6 +127,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._device_index = device_index
         self._run: StartedRun | None = None  # the started run's parts (the last run's, once ended)
         self._carried = Totals()
+        self._carried_open_epoch: Any = None  # the epoch the checkpoint was saved inside (None: between epochs)
+        self._open_epoch: Any = None  # the epoch under way (None: between epochs)
         self._pending_metrics: dict[str, float] = {}
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
         self._last_eval_metrics: dict[str, float] = {}
@@ -184,6 +186,11 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     def steps_this_run(self) -> int:
         """Steps since :meth:`train_start` (quiet steps counted ahead included; alike on every rank)."""
         return self._totals.steps - self._carried.steps
+
+    @property
+    def open_epoch(self) -> Any:
+        """The epoch under way (None between epochs and outside a run)."""
+        return self._open_epoch if self.started else None
 
     @property
     def last_epoch_sampling(self) -> tuple[int, int]:
@@ -283,11 +290,18 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         """
         if not self.started:
             return
+        # Resumed inside this epoch: its steps before the checkpoint are in the carried total, not in its window.
+        resumed_inside = self.steps_this_run == 0 and self._carried_open_epoch is not None
+        resumed_inside = resumed_inside and epoch == self._carried_open_epoch
+        self._open_epoch = epoch
         self._begin_epoch()
         token = None
         if self.config.windows.epoch:
+            info: dict[str, Any] = {"epoch": epoch}
+            if resumed_inside:
+                info["covered_from_step"] = self._totals.steps
             token = self.run.meter.mark()
-            self.run.meter.begin_at("epoch", token, {"epoch": epoch})
+            self.run.meter.begin_at("epoch", token, info)
         self._open_step_at_boundary(token)
 
     def eval_start(self) -> None:
@@ -389,6 +403,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         run = self.run
         self._take_back_quiet_steps()
         self._totals.epochs += 1
+        self._open_epoch = None
         self._pause_timing()
         self._discard_phases()
         self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
@@ -436,6 +451,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         # unfinished epoch or evaluation is still measured up to now.
         run.meter.discard("step")
         self._measuring = False
+        self._open_epoch = None
         self._discard_phases()
         self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
         for name in ("eval", "epoch"):
@@ -625,6 +641,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             energy_J=totals.get(metric.TOTAL_ENERGY_J, t.energy_J),
             time_s=totals.get(metric.TOTAL_TIME_S, t.time_s),
             run_name=self.run_name,
+            # Saved inside an epoch (after some of its steps): a run resumed from here starts mid-epoch.
+            open_epoch=self._open_epoch if self.started and self._epoch_steps > 0 else None,
         )
         profile = self._power_limit_state(measured=measured)
         if profile is not None:
@@ -634,9 +652,12 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Carry totals (and the power-limit profile so far) from a checkpoint into the next :meth:`train_start`.
 
-        Unknown keys are ignored; a state without ``power_limit`` profiles from the start.
+        Unknown keys are ignored; a state without ``power_limit`` profiles from the start. A state saved
+        inside an epoch (``open_epoch``) marks that epoch's record, when the resumed run begins in it, as
+        covering only the steps after the checkpoint (``resumed_mid_epoch``, ``energy/epoch_partial``).
         """
         self._carried = carried_totals(state)
+        self._carried_open_epoch = carried_open_epoch(state)
         self._carry_power_limit(state)
 
     def _run_energy_so_far_J(self) -> float:

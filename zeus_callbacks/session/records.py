@@ -321,7 +321,12 @@ def epoch_energy(rows: Rows, epoch: Any) -> EpochEnergy:
 def epoch_record(
     epoch: Any, e: EpochEnergy, record: WindowRecord, *, degraded: bool, counter_resets: int = 0
 ) -> dict[str, Any]:
-    """The ``epoch`` record (``energy_J`` null when no sample covers it, ``covered_s`` the part they do)."""
+    """The ``epoch`` record (``energy_J`` null when no sample covers it, ``covered_s`` the part they do).
+
+    An epoch the run resumed inside (from a checkpoint saved after some of its steps) is not
+    ``complete``: ``resumed_mid_epoch`` says why, ``covered_from_step`` where its figures begin.
+    """
+    covered_from = record.info.get("covered_from_step")
     return {
         "event": "epoch",
         "epoch": epoch,
@@ -331,8 +336,10 @@ def epoch_record(
         "power_W_mean": e.metrics[metric.EPOCH_MEAN_POWER_W],
         "gpu_energy_J": e.gpu_energy_J,
         "power_samples": record.num_power_samples,
-        "complete": record.complete,
+        "complete": record.complete and covered_from is None,
         "covered_s": record.covered_s,
+        "resumed_mid_epoch": covered_from is not None,
+        "covered_from_step": covered_from,
         "counter_resets": counter_resets,
         "ranks": e.ranks,
         "degraded": degraded,

@@ -195,6 +195,8 @@ class StepReports(SessionPart):
         rows = self._ranks.gather(records.local_epoch_row(record, counter_J), degraded=self.degraded)
         epoch = record.info.get("epoch")
         e = records.epoch_energy(rows, epoch)
+        if record.info.get("covered_from_step") is not None:  # resumed inside it: its figures are a part
+            e.metrics[metric.EPOCH_PARTIAL] = 1.0
         self._totals.epoch_energy_J.append(e.energy_J)
         self._pending_metrics.update(e.metrics)
         self._last_epoch_metrics = dict(e.metrics)

@@ -47,7 +47,9 @@ class Totals:
         )  # fmt: skip
 
 
-def resume_state(totals: Totals, *, energy_J: float, time_s: float, run_name: str | None) -> dict[str, Any]:
+def resume_state(
+    totals: Totals, *, energy_J: float, time_s: float, run_name: str | None, open_epoch: Any = None
+) -> dict[str, Any]:
     """The checkpoint state: ``totals`` with the run's energy and time so far.
 
     Args:
@@ -55,6 +57,8 @@ def resume_state(totals: Totals, *, energy_J: float, time_s: float, run_name: st
         energy_J: The run's energy so far (J).
         time_s: The run's time so far (s).
         run_name: The run's name (informative; a resumed run has a new log).
+        open_epoch: The epoch under way with steps taken in it (None: between epochs): a run
+            resumed inside it did not see it from its start, and its ``epoch`` record says so.
 
     Returns:
         Plain numbers, lists and strings (any checkpoint format stores them).
@@ -70,6 +74,7 @@ def resume_state(totals: Totals, *, energy_J: float, time_s: float, run_name: st
         "estimated_steps": totals.estimated_steps,
         "epoch_energy_J": list(totals.epoch_energy_J),
         "run_name": run_name,
+        "open_epoch": open_epoch,
     }
 
 
@@ -91,3 +96,8 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
         estimated_steps=int(state.get("estimated_steps", measured)),
     )
+
+
+def carried_open_epoch(state: Mapping[str, Any]) -> Any:
+    """The epoch a checkpoint was saved inside (after some of its steps), or None (between epochs; an older state)."""
+    return state.get("open_epoch")
