@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 
 import pytest
 import torch
@@ -32,6 +34,26 @@ class RandomTokens(Dataset):
 def tiny_lm() -> GPT2LMHeadModel:
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=BLOCK, n_embd=32, n_layer=1, n_head=2))
+
+
+def slow_lm(step_s: float):
+    """The tiny LM, its forward taking at least ``step_s``.
+
+    A report holds only the steps the power samples already cover, and steps not yet covered
+    wait for a later report: the tiny LM's ~5 ms steps run several report intervals ahead of the
+    sampler (20 ms samples), so the number of reports depended on the machine's load (2 of 20
+    steps seen, against 7 with 30 ms steps).
+    """
+    model = tiny_lm()
+    forward = model.forward
+
+    @functools.wraps(forward)  # the Trainer reads forward's signature
+    def slow_forward(*args, **kwargs):
+        time.sleep(step_s)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    return model
 
 
 def make_trainer(tmp_path, callback, *, report_to, max_steps=12, grad_accum=1, eval_steps=None, **kwargs):

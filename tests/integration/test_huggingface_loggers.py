@@ -15,7 +15,7 @@ import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tests.integration.helpers import read_scalars, virtual_config
-from tests.integration.test_huggingface import RandomTokens, tiny_lm
+from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
@@ -32,26 +32,6 @@ def train_args(tmp_path, **kwargs) -> TrainingArguments:
 def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
     """The TensorBoard scalars, without the Trainer's ``train/`` prefix."""
     return {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
-
-
-def slow_lm(step_s: float):
-    """The tiny LM, its forward taking at least ``step_s``.
-
-    A report holds only the steps the power samples already cover, and steps not yet covered
-    wait for a later report: the tiny LM's ~5 ms steps run several report intervals ahead of the
-    sampler (20 ms samples), so the number of reports depended on the machine's load (2 of 20
-    steps seen, against 7 with 30 ms steps).
-    """
-    model = tiny_lm()
-    forward = model.forward
-
-    @functools.wraps(forward)  # the Trainer reads forward's signature
-    def slow_forward(*args, **kwargs):
-        time.sleep(step_s)
-        return forward(*args, **kwargs)
-
-    model.forward = slow_forward
-    return model
 
 
 def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
