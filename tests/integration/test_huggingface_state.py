@@ -332,3 +332,38 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     assert [step for step, _ in epoch_logs] == [steps_per_epoch, 2 * steps_per_epoch]
     assert epoch_logs[0][1][metric.EPOCH_ENERGY_J] == pytest.approx(resumed["energy_J"])
     assert epoch_logs[0][1][metric.EPOCH_PARTIAL] == 1.0 and metric.EPOCH_PARTIAL not in epoch_logs[1][1]
+
+
+@pytest.mark.parametrize("change", ["log_dir", "job_id"])
+def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_state(tmp_path, caplog, change):
+    # The checkpoint key digests the whole configuration: a resume with a new log_dir used to miss
+    # it and restart the totals from zero without a word.
+    args = training_args(tmp_path, max_steps=8, save_strategy="steps", save_steps=4)
+    first = ZeusTrainerCallback(virtual_config(tmp_path))
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    first.attach(trainer)
+    trainer.train()
+    saved = json.loads((tmp_path / "out" / "checkpoint-4" / "trainer_state.json").read_text())
+    (state,) = saved["stateful_callbacks"]["ZeusTrainerCallback"]["attributes"]["resume_states"].values()
+    assert state["steps"] == 4 and state["energy_J"] > 0
+
+    config = virtual_config(tmp_path / "elsewhere")
+    if change == "job_id":
+        config = {**virtual_config(tmp_path), "job_id": "other"}
+    second = ZeusTrainerCallback(config)
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    second.attach(trainer)
+    with caplog.at_level("WARNING", logger="zeus_callbacks"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+    (run_start,) = [r for r in read_jsonl(second.summary.jsonl_path) if r["event"] == "run_start"]
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("zeus_callbacks")]
+    warnings = [message for message in ours if "checkpoint" in message]
+    assert len(warnings) == 1, warnings
+    if change == "log_dir":  # the same job: its one saved state is continued, and the log says so
+        assert "continuing it" in warnings[0]
+        assert run_start["resumed_energy_J"] == pytest.approx(state["energy_J"])
+        assert second.summary.steps == 8 and second.summary.energy_J > state["energy_J"]
+    else:  # another job's state is not this run's: the totals restart, and the log says so
+        assert "restart from zero" in warnings[0]
+        assert not run_start.get("resumed_energy_J")
+        assert second.summary.steps == 4

@@ -208,11 +208,31 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             return None
         entry = (state.stateful_callbacks or {}).get(type(self).__name__)
         entries = entry if isinstance(entry, list) else [entry]
-        found: Mapping[str, Any] | None = None
+        saved: dict[str, Any] = {}
         for item in entries:  # an older list (one entry per save): the last one wins
             if isinstance(item, Mapping):
                 states = item.get("attributes", {}).get("resume_states", {})
-                found = states.get(self.state_key, found) if isinstance(states, Mapping) else found
+                saved.update(states if isinstance(states, Mapping) else {})
+        found = saved.get(self.state_key)
+        if found is None and saved:
+            # The key digests the whole configuration, so any edit between save and resume (a new
+            # log_dir, interval) misses it: take the one saved state of this job if there is exactly
+            # one, else say the totals restart rather than dropping them silently.
+            same_job = [key for key in saved if _job_of(key) == self.config.job_id]
+            if len(same_job) == 1 and len(self._peers()) == 1:
+                logger.warning(
+                    "zeus-callbacks: the checkpoint's state was saved under another configuration of job %r "
+                    "(%s, this run %s); continuing it",
+                    self.config.job_id, same_job[0], self.state_key,
+                )  # fmt: skip
+                found = saved[same_job[0]]
+            else:
+                logger.warning(
+                    "zeus-callbacks: the checkpoint holds energy state for %s but none for this callback (%s): "
+                    "its totals and power-limit profile restart from zero (keep the configuration of the run "
+                    "that saved it to continue them)",
+                    ", ".join(sorted(saved)), self.state_key,
+                )  # fmt: skip
         return found
 
     # -- training ------------------------------------------------------------------------
@@ -456,6 +476,12 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         """Print the run summary on the main process (scripts often leave logging at WARNING)."""
         if self.summary is not None and self._is_main:
             print(self.summary, flush=True)
+
+
+def _job_of(key: str) -> str | None:
+    """The job id in a :attr:`ZeusTrainerCallback.state_key` (``Name[job:digest]#n``), or None."""
+    inside = key.partition("[")[2].rpartition("]")[0]
+    return inside.rpartition(":")[0] if ":" in inside else None
 
 
 def _base_key(callback: ZeusTrainerCallback) -> str:
