@@ -76,6 +76,28 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 1
 
 
+def test_report_without_run_end_still_says_simulated(tmp_path, capsys, virtual_backend, manual_clock):
+    # A log cut before run_end (killed run) printed its epochs with no word that they were simulated.
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "r1"}}, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    session.train_end()
+    log = tmp_path / "r1.jsonl"
+    killed = tmp_path / "killed.jsonl"
+    killed.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if '"run_end"' not in line))
+    assert main(["report", str(killed)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "no run_end record" in out[0]
+    assert "  SIMULATED energy (virtual GPU, not measured)" in out
+    assert any(row.split()[0] == "0" for row in out[2:])  # the epoch row is still there
+
+
 def test_console_script_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "validate-config" in done.stdout

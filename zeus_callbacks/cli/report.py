@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
+        # Every record carries ``simulated``: the epochs below are simulated even without a run_end.
+        if any(r.get("simulated") for r in records):
+            print("  SIMULATED energy (virtual GPU, not measured)")
     else:
         profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
         chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
