@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -96,6 +97,12 @@ def test_report_without_run_end_still_says_simulated(tmp_path, capsys, virtual_b
     assert "no run_end record" in out[0]
     assert "  SIMULATED energy (virtual GPU, not measured)" in out
     assert any(row.split()[0] == "0" for row in out[2:])  # the epoch row is still there
+    # A log from before the simulated flag: the virtual backend it names still says so.
+    old = tmp_path / "old.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    old.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "simulated"}) + "\n" for r in rows))
+    assert main(["report", str(old)]) == 0
+    assert "  SIMULATED energy (virtual GPU, not measured)" in capsys.readouterr().out.splitlines()
 
 
 def test_console_script_entry_point_runs():
