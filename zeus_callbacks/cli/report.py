@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
             f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
             + ("\n  SIMULATED energy (virtual GPU, not measured)" if simulated else "")
             + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
+            + ("\n" + textwrap.fill(f"PARTIAL: {end['measurement_note']}", TERMINAL_COLUMNS, initial_indent="  ",
+                                     subsequent_indent="    ")
+               if end.get("measurement_note") and end.get("measurement") != "unavailable" else "")  # fmt: skip
             + "\n"
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
