@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -74,6 +75,34 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
     assert f"{summary.energy_J:.1f} J" in out and "4 steps" in out
     assert "  SIMULATED energy (virtual GPU, not measured)" in out.splitlines()  # the virtual GPU's say so here too
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_report_without_run_end_still_says_simulated(tmp_path, capsys, virtual_backend, manual_clock):
+    # A log cut before run_end (killed run) printed its epochs with no word that they were simulated.
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "r1"}}, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    session.train_end()
+    log = tmp_path / "r1.jsonl"
+    killed = tmp_path / "killed.jsonl"
+    killed.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if '"run_end"' not in line))
+    assert main(["report", str(killed)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "no run_end record" in out[0]
+    assert "  SIMULATED energy (virtual GPU, not measured)" in out
+    assert any(row.split()[0] == "0" for row in out[2:])  # the epoch row is still there
+    # A log from before the simulated flag: the virtual backend it names still says so.
+    old = tmp_path / "old.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    old.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "simulated"}) + "\n" for r in rows))
+    assert main(["report", str(old)]) == 0
+    assert "  SIMULATED energy (virtual GPU, not measured)" in capsys.readouterr().out.splitlines()
 
 
 def test_console_script_entry_point_runs():

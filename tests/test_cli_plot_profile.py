@@ -190,4 +190,5 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "x.png")]) == 1
     err = capsys.readouterr().err
-    assert "install zeus-callbacks[plot]" in err and "Traceback" not in err
+    assert "pip install 'zeus-callbacks[plot]'" in err and "Traceback" not in err
+    assert err.count("zeus-callbacks[plot]") == 1, err  # the extra named once, not twice

@@ -253,3 +253,21 @@ def test_an_out_of_range_sample_fraction_shows_the_value_once(tmp_path, written,
         f"  windows.sample_fraction: Value error, sample_fraction must be 'auto' or a number in [0.001, 1] "
         f"(got {shown})",
     ]
+
+
+def test_a_json_store_path_opens_a_json_store(tmp_path, capsys):
+    # store.path: x.json with no backend wrote a SQLite file under the .json name; show called it broken JSON.
+    import json
+
+    from zeus_callbacks.cli import main as cli
+
+    config = parse_config({"store": {"path": str(tmp_path / "s.json")}})
+    with config.store.open(tmp_path) as store:
+        store.ensure_job("j")
+    assert json.loads((tmp_path / "s.json").read_text())  # the file is JSON, readable by eye
+    assert cli(["show", str(tmp_path / "s.json")]) == 0 and "job j" in capsys.readouterr().out
+    # An explicit backend still wins over the suffix; other suffixes stay SQLite.
+    assert parse_config({"store": {"path": "s.json", "backend": "sqlite"}}).store.backend == "sqlite"
+    assert parse_config({"store": {"path": "s.db"}}).store.backend == "sqlite"
+    # The choice survives a dump and reload (a checkpoint's saved configuration).
+    assert parse_config(config.model_dump(mode="json")).store.backend == "json"

@@ -437,7 +437,9 @@ class BatchSizeConfig(_Section):
 class StoreConfig(_Section):
     """The persistent store of jobs, trials, bandit state and power-limit profiles."""
 
-    backend: Literal["sqlite", "json"] = Field("sqlite", description="Store format of a store file.")
+    backend: Literal["sqlite", "json"] = Field(
+        "sqlite", description="Store format of a store file; when not given, json for a store.path ending in .json."
+    )
     path: Path | None = Field(None, description="Store file; default: <log_dir>/zeus_store.<ext>.")
     url: str | None = Field(
         None,
@@ -467,6 +469,15 @@ class StoreConfig(_Section):
         if value is not None and "://" not in value:
             raise ValueError("must be a URL such as postgresql://user:password@host/db or sqlite:///path")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_from_suffix(cls, data: Any) -> Any:
+        # store.path: runs/zeus_store.json without a backend wrote a SQLite file under a .json name,
+        # which show (and a reader by eye) then took for broken JSON.
+        if isinstance(data, dict) and "backend" not in data and str(data.get("path") or "").lower().endswith(".json"):
+            return {**data, "backend": "json"}
+        return data
 
     @model_validator(mode="after")
     def _url_or_path(self) -> StoreConfig:

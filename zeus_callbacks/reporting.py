@@ -261,6 +261,8 @@ class RunSummary:
             lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
         if self.measurement == "unavailable":
             lines.append(f"  MEASUREMENT UNAVAILABLE: {self.measurement_note or 'the GPU cannot be measured'}")
+        elif self.measurement_note:  # e.g. a DDP run that ended on a failure: one rank's figures
+            lines.append(f"  PARTIAL: {self.measurement_note}")
         elif not self.complete and self.coverage is not None:
             lines.append(
                 f"  INCOMPLETE: samples cover {100 * self.coverage:.1f} % of the run; energy is that part's only"

@@ -29,6 +29,7 @@ class Model(L.LightningModule):
         super().__init__()
         self.layer = nn.Linear(32, 1)
         self.batch_size = 16  # the batch-size bandit sets this before the loader is built
+        self.raise_at: tuple[int, int] | None = None  # (rank, global step): fail there
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(0)
@@ -36,6 +37,8 @@ class Model(L.LightningModule):
         return DataLoader(data, batch_size=self.batch_size)
 
     def training_step(self, batch, batch_idx):
+        if self.raise_at == (self.global_rank, self.global_step):
+            raise RuntimeError(f"planted failure on rank {self.global_rank}")
         for _ in range(10):  # a few ms of work a step
             torch.linalg.matmul(torch.randn(128, 128), torch.randn(128, 128))
         return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
@@ -85,6 +88,7 @@ def main() -> None:
     parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
     parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
     parser.add_argument("--max-epochs", type=int)
+    parser.add_argument("--raise-on-rank", type=int, help="this rank raises in its training step 12 (epoch 1)")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = VirtualGPUBackend(
@@ -116,7 +120,10 @@ def main() -> None:
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    trainer.fit(Model())
+    model = Model()
+    if args.raise_on_rank is not None:
+        model.raise_at = (args.raise_on_rank, 12)
+    trainer.fit(model)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,30 @@ def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
     assert by_rank[0]["status"] == by_rank[1]["status"] == "completed"
 
 
+def test_a_failure_on_one_rank_ends_both_and_the_total_says_it_is_one_ranks(tmp_path, capsys):
+    # After a failure each rank ends alone; run_end held rank 0's energy as the run's total, with
+    # nothing but world_size 1 to tell (its epoch list mixed both ranks' epoch 0 with its own epoch 1).
+    from zeus_callbacks.cli import main as cli
+
+    out = tmp_path / "run"
+    out.mkdir()
+    done = subprocess.run([sys.executable, str(JOB), str(out), "--raise-on-rank", "1"], capture_output=True,
+                          text=True, timeout=240, cwd=out.parent)  # fmt: skip
+    assert done.returncode != 0 and "planted failure on rank 1" in done.stderr
+    (log,) = (out / "zeus").glob("*.jsonl")  # still written once, by the main process
+    records = read_jsonl(log)
+    end = records[-1]
+    assert end["event"] == "run_end" and end["status"] == "failed"
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert epochs[0]["ranks"] == 2  # before the failure: both ranks
+    assert end["world_size"] == 1 and len(end["gpu_energy_J"]) == 1
+    assert "1 of 2 ranks" in end["measurement_note"]
+    printed = done.stdout + done.stderr
+    assert printed.count("zeus-callbacks run 'ddp' (failed)") == 1 and "PARTIAL: " in printed  # summary once
+    assert cli(["report", str(log)]) == 0
+    assert "  PARTIAL: this process's GPUs only (1 of 2 ranks)" in capsys.readouterr().out
+
+
 def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

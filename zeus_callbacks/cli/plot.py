@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # matplotlib missing: the extra to install, not a traceback
         if "matplotlib" not in str(exc):
             raise
-        print(f"zeus-callbacks: plotting needs matplotlib: install zeus-callbacks[plot] "
-              f"(pip install 'zeus-callbacks[plot]') ({exc})", file=sys.stderr)  # fmt: skip
+        # plots._pyplot's own message already names the extra; name it once
+        detail = "" if "zeus-callbacks[plot]" in str(exc) else f" ({exc})"
+        print(f"zeus-callbacks: plotting needs matplotlib: install it with "
+              f"pip install 'zeus-callbacks[plot]'{detail}", file=sys.stderr)  # fmt: skip
         return 1
     except OSError as exc:  # the PNG cannot be written there (-o in a missing or read-only place)
         print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)

@@ -43,8 +43,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
         return 0
+    # Every record carries ``simulated``; logs older than that flag name the virtual GPU as their
+    # backend (what plot power-limit reads too): either way the figures below are simulated.
+    simulated = any(r.get("simulated") for r in records) or any(
+        str(r.get("backend", "")).startswith("virtual") for r in records if r.get("event") in ("run_start", "run_end")
+    )
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
+        if simulated:
+            print("  SIMULATED energy (virtual GPU, not measured)")
     else:
         profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
         chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
@@ -63,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
         missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
         print(
             f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
-            + ("\n  SIMULATED energy (virtual GPU, not measured)" if end.get("simulated") else "")
+            + ("\n  SIMULATED energy (virtual GPU, not measured)" if simulated else "")
             + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
+            + ("\n" + textwrap.fill(f"PARTIAL: {end['measurement_note']}", TERMINAL_COLUMNS, initial_indent="  ",
+                                     subsequent_indent="    ")
+               if end.get("measurement_note") and end.get("measurement") != "unavailable" else "")  # fmt: skip
             + "\n"
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "

@@ -233,6 +233,11 @@ class StepReports(SessionPart):
             degraded=self.degraded,
         )
         measurement, note = measurement_of(run.backend)
+        expected = getattr(self._ranks.ranks, "num_processes", len(rows))
+        if note is None and len(rows) < expected:
+            # After a failure each rank ends alone: the total is not the run's, and must say so.
+            note = (f"this process's GPUs only ({len(rows)} of {expected} ranks): the run ended after a failure "
+                    "without the other ranks' figures; epoch records before it combine every rank")  # fmt: skip
         health = run.sampler.health
         resolution = run.backend.energy_counter_resolution_J if health.counter_fallback else None
         return records.run_summary(
