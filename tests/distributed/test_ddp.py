@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,9 @@ import pytest
 from tests.integration.helpers import read_scalars
 from zeus_callbacks.reporting import read_jsonl
 
+ROOT = Path(__file__).resolve().parents[2]
+# The jobs run from tmp_path: put this checkout first, or they import the installed copy.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 JOB = Path(__file__).with_name("lightning_ddp_job.py")
 HF_JOB = Path(__file__).with_name("hf_ddp_job.py")
 
@@ -22,14 +26,14 @@ GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[dict]:
     command = command or [sys.executable, str(JOB), str(out), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent, env=ENV)
     if done.returncode != 0 and GLOO_TEARDOWN_ABORT in done.stderr:
         # Seen rarely when other distributed jobs run on the machine at the same time: a
         # gloo thread aborts the process as it tears down. Run the job once more; any
         # other failure, or the same one twice, fails the test.
         for stale in out.iterdir():  # start the rerun from an empty output folder
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
@@ -86,7 +90,7 @@ def test_a_failure_on_one_rank_ends_both_and_the_total_says_it_is_one_ranks(tmp_
     out = tmp_path / "run"
     out.mkdir()
     done = subprocess.run([sys.executable, str(JOB), str(out), "--raise-on-rank", "1"], capture_output=True,
-                          text=True, timeout=240, cwd=out.parent)  # fmt: skip
+                          text=True, timeout=240, cwd=out.parent, env=ENV)  # fmt: skip
     assert done.returncode != 0 and "planted failure on rank 1" in done.stderr
     (log,) = (out / "zeus").glob("*.jsonl")  # still written once, by the main process
     records = read_jsonl(log)
