@@ -56,19 +56,24 @@ def test_validate_config_reads_the_virtual_trace(tmp_path, capsys, rows, message
     assert main(["validate-config", str(path)]) == 0
 
 
+def train_one_epoch(session: EnergySession, clock) -> None:
+    """Start ``session`` and run one epoch of four 0.5 s steps on the manual clock."""
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+
+
 def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock):
     session = EnergySession(
         {"logging": {"log_dir": str(tmp_path), "run_name": "r1", "interval_steps": 2}},
         backend=virtual_backend,
     )
-    session.train_start()
-    session.epoch_start(0)
-    for step in range(4):
-        session.step_start(step)
-        manual_clock.advance(0.5)
-        session.sampler.poll_once()
-        session.step_end(step)
-    session.epoch_end(0)
+    train_one_epoch(session, manual_clock)
     summary = session.train_end()
     assert main(["report", str(tmp_path / "r1.jsonl")]) == 0
     out = capsys.readouterr().out
@@ -80,14 +85,7 @@ def test_report_summarises_a_run(tmp_path, capsys, virtual_backend, manual_clock
 def test_report_without_run_end_still_says_simulated(tmp_path, capsys, virtual_backend, manual_clock):
     # A log cut before run_end (killed run) printed its epochs with no word that they were simulated.
     session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "r1"}}, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
-    for step in range(4):
-        session.step_start(step)
-        manual_clock.advance(0.5)
-        session.sampler.poll_once()
-        session.step_end(step)
-    session.epoch_end(0)
+    train_one_epoch(session, manual_clock)
     session.train_end()
     log = tmp_path / "r1.jsonl"
     killed = tmp_path / "killed.jsonl"

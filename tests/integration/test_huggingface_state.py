@@ -16,6 +16,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tests.integration.helpers import read_scalars, virtual_config
 from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
+from tests.integration.test_huggingface_loggers import SeenLogs
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import WallClock
@@ -282,16 +283,6 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
     assert not [k for k in after if k.startswith(("energy/", "time/", "power/"))], after
 
 
-class LogRecorder(TrainerCallback):
-    """Every log the Trainer hands its reporters (after the ZeusTrainerCallback added its metrics)."""
-
-    def __init__(self) -> None:
-        self.logs: list[tuple[int, dict]] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append((state.global_step, dict(logs or {})))
-
-
 def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_the_checkpoint(tmp_path):
     steps_per_epoch, saved_at = 10, 7  # RandomTokens(40) at 4 a batch; checkpoint-7 is inside epoch 0
     args = training_args(tmp_path, max_steps=2 * steps_per_epoch, save_strategy="steps", save_steps=saved_at)
@@ -311,7 +302,7 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     second = ZeusTrainerCallback(config)
     trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
     second.attach(trainer)
-    logs = LogRecorder()
+    logs = SeenLogs()
     trainer.add_callback(logs)
     trainer.train(resume_from_checkpoint=str(checkpoint))
     records = read_jsonl(second.summary.jsonl_path)
