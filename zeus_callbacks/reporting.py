@@ -181,7 +181,10 @@ class RunSummary:
         measurement: ``"measured"``, ``"simulated"`` (the virtual GPU) or ``"unavailable"`` (a GPU
             that cannot be measured: every energy figure is null).
         simulated: True when the energy is simulated (the virtual GPU).
-        measurement_note: Why measurement is unavailable and how to fix it (None otherwise).
+        measurement_note: Why measurement is unavailable and how to fix it; on a multi-process run
+            that ended after a failure (each rank ends alone), that the figures are this process's
+            GPUs only (`world_size` of them; the summary and `report` print it as `PARTIAL:`). None
+            otherwise.
         coverage: Share of the run's time the power samples cover, in [0, 1] (the least over ranks).
         complete: True when the samples cover the whole run (coverage 1).
         counter_resets: Times an energy counter went backwards (each leaves one interval out of the
