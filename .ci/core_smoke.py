@@ -51,5 +51,7 @@ with tempfile.TemporaryDirectory() as tmp:
     assert len(logs) == 1, logs
     events = [json.loads(line)["event"] for line in logs[0].read_text().splitlines()]
     assert events[0] == "run_start" and events[-1] == "run_end", events
-print(f"core smoke: zeus-callbacks {zeus_callbacks.__version__} imported and ran {summary.steps} steps "
-      f"({summary.energy_J:.1f} J, simulated) with the core dependencies only")
+print(
+    f"core smoke: zeus-callbacks {zeus_callbacks.__version__} imported and ran {summary.steps} steps "
+    f"({summary.energy_J:.1f} J, simulated) with the core dependencies only"
+)

@@ -131,8 +131,9 @@ def main() -> None:
           f"u = {s['auto_u_us'] or float('nan'):.2f} us, c = {s['auto_c_us'] or float('nan'):.1f} us")  # fmt: skip
     for name, v in s["split"].items():
         mean = "-" if v["us_mean"] is None else f"{v['us_mean']:.2f} us"
-        print(f"  {name:10s} steps {v['steps']:6d}  mean {mean:>10s}  "
-              f"share of the calls' time {v['share_of_total']:.2f}")
+        print(
+            f"  {name:10s} steps {v['steps']:6d}  mean {mean:>10s}  share of the calls' time {v['share_of_total']:.2f}"
+        )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "cold_call_cost.json").write_text(json.dumps(result, indent=2))

@@ -212,8 +212,9 @@ def isolated_run(dev, fn, args, label: str, delay: float, out: Path, workload: s
     return iso, iso_ref
 
 
-def interleaved_reference(dev, fn, duration_s: float, total_s: float, block_s: float,
-                          gap_s: tuple[float, float], seed: int = 0) -> dict:
+def interleaved_reference(
+    dev, fn, duration_s: float, total_s: float, block_s: float, gap_s: tuple[float, float], seed: int = 0
+) -> dict:
     """Isolated reference with its idle measured in between: idle and execution blocks alternate.
 
     ``I X I X … I``: each block lasts ``block_s``; an X block runs single executions, each
@@ -308,8 +309,12 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=1.0, help="idle before and after isolated mode (idle power)")
     ap.add_argument("--bursts", type=int, default=12, help="bursts for profile differentiation (10 ms only; 0: off)")
     ap.add_argument("--bursts-on", default="gemm", help="workloads that run the bursts")
-    ap.add_argument("--interleaved-ref-s", type=float, default=48.0,
-                    help="seconds of the interleaved isolated reference (idle and execution blocks; 0: off)")
+    ap.add_argument(
+        "--interleaved-ref-s",
+        type=float,
+        default=48.0,
+        help="seconds of the interleaved isolated reference (idle and execution blocks; 0: off)",
+    )
     ap.add_argument("--interleaved-block-s", type=float, default=3.0, help="its block length (s)")
     ap.add_argument("--isolated-max-ms", type=float, default=10.0, help="isolated mode only up to this length")
     ap.add_argument("--only", default="", help="comma-separated workloads (gemm, copy) and/or modes "

@@ -79,8 +79,9 @@ def keeper(location: str, trials: int, grace_s: float, seconds: float) -> dict:
             cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
             count = sum(1 for t in renewals if t >= wall0)
             for trial in made:
-                store.finish_trial(trial.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0,
-                                   converged=True)
+                store.finish_trial(
+                    trial.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0, converged=True
+                )
     finally:
         cls.renew_leases = original  # type: ignore[method-assign]
         KEEPER.release_all()
@@ -108,8 +109,11 @@ def main() -> None:
                     row = {"backend": backend, "strategy": strategy, **direct(store, ids, strategy, args.renewals)}
                     results.append(row)
                     print(json.dumps(row), flush=True)
-            row = {"backend": backend, "strategy": "keeper", **keeper(location, args.trials, args.grace_s,
-                                                                       args.seconds)}
+            row = {
+                "backend": backend,
+                "strategy": "keeper",
+                **keeper(location, args.trials, args.grace_s, args.seconds),
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
     if args.out:

@@ -179,8 +179,16 @@ def run_search(case: Case, seed: int, overrides: dict) -> tuple[int, float]:
         power_limit = {"objective": case.objective, "eta_knob": ETA, "max_slowdown": MAX_SLOWDOWN,
                        "step_W": case.step_W, **overrides}  # fmt: skip
         return profile_until_decided(
-            backend, clock, power_limit, tmp, base_s=TARGET_STEP_S, jitter=case.jitter, seed=seed,
-            steps_per_epoch=STEPS_PER_EPOCH, max_steps=20_000, label=str(case),
+            backend,
+            clock,
+            power_limit,
+            tmp,
+            base_s=TARGET_STEP_S,
+            jitter=case.jitter,
+            seed=seed,
+            steps_per_epoch=STEPS_PER_EPOCH,
+            max_steps=20_000,
+            label=str(case),
         )
 
 

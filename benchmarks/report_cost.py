@@ -96,8 +96,10 @@ def main() -> None:
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 result["packages"][pkg][f"{mode}/{timer}"] = r
-                print(f"{pkg:28s} {mode}/{timer:8s} report median {r['report_us_median']:7.1f} us, mean "
-                      f"{r['report_us_mean']:7.1f} us ({r['windows_per_report']} windows); gc {r['gc_collections']}")
+                print(
+                    f"{pkg:28s} {mode}/{timer:8s} report median {r['report_us_median']:7.1f} us, mean "
+                    f"{r['report_us_mean']:7.1f} us ({r['windows_per_report']} windows); gc {r['gc_collections']}"
+                )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "report_cost.json").write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -110,7 +110,8 @@ def main() -> None:
         "summary_step_energy_J": summary.step_energy_J,
         "records_step_time_s": sum(r["time_s_mean"] * r["steps"] for r in scaled) / stood_for if stood_for else None,
         "records_step_energy_J": sum(r["energy_J_mean"] * r["steps"] for r in scaled) / stood_for
-        if stood_for else None,
+        if stood_for
+        else None,
         "records_steps": stood_for,
         "warmup_energy_J": sum(r["energy_J"] or 0.0 for r in warmup),
         "summary_step_energy_x_steps_J": summary.step_energy_J * summary.steps,

@@ -72,8 +72,9 @@ def _recorder(location: str, worker: int, recurrences: int, barrier, results) ->
                 created += 1
                 t2 = time.perf_counter()
                 cost = float(batch_size) * (1.0 + 0.01 * worker)
-                store.finish_trial(trial.trial_id, status="completed", energy_J=cost, time_s=1.0, cost=cost,
-                                   converged=True)
+                store.finish_trial(
+                    trial.trial_id, status="completed", energy_J=cost, time_s=1.0, cost=cost, converged=True
+                )
                 t3 = time.perf_counter()
                 store.update_bandit(JOB, lambda s, b=batch_size, c=cost: _observe(s, b, c))
                 t4 = time.perf_counter()
@@ -169,8 +170,13 @@ def two_nodes(location: str, grace_s: float) -> dict:
         if trial.status != "running" or time.monotonic() - killed > 10 * grace_s:
             break
         time.sleep(0.1)
-    return {"grace_s": grace_s, "status_while_alive": alive_status, "status_after_kill": trial.status,
-            "reason": trial.info.get("reason"), "detected_after_kill_s": round(time.monotonic() - killed, 2)}
+    return {
+        "grace_s": grace_s,
+        "status_while_alive": alive_status,
+        "status_after_kill": trial.status,
+        "reason": trial.info.get("reason"),
+        "detected_after_kill_s": round(time.monotonic() - killed, 2),
+    }
 
 
 def main() -> None:
@@ -187,10 +193,13 @@ def main() -> None:
             for procs in (int(p) for p in args.procs.split(",")):
                 row = run(backend, procs, args.recurrences, Path(tmp), args.db_url)
                 rows.append(row)
-                print(f"{backend:10s} {procs:3d} procs: lost {row['trials_lost']} trials, "
-                      f"{row['bandit_updates_lost']} bandit updates, {row['errors']} errors, {row['wall_s']} s; "
-                      + ", ".join(f"{op} {row[f'{op}_p50_ms']}/{row[f'{op}_p99_ms']}" for op in OPS)
-                      + " ms (p50/p99)", flush=True)
+                print(
+                    f"{backend:10s} {procs:3d} procs: lost {row['trials_lost']} trials, "
+                    f"{row['bandit_updates_lost']} bandit updates, {row['errors']} errors, {row['wall_s']} s; "
+                    + ", ".join(f"{op} {row[f'{op}_p50_ms']}/{row[f'{op}_p99_ms']}" for op in OPS)
+                    + " ms (p50/p99)",
+                    flush=True,
+                )
         nodes = None
         if args.nodes:
             nodes = two_nodes(_fresh_location("postgresql", Path(tmp), args.db_url, "nodes"), grace_s=2.0)

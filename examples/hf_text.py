@@ -140,10 +140,18 @@ def main() -> None:
     eval_loss = trainer.evaluate().get("eval_loss", float("nan"))
     if not trainer.is_world_process_zero():
         return  # under DDP the main process reports for all
-    print(f"\nhf_text: {output.global_step} steps, train loss {output.training_loss:.3f}, "
-          f"eval loss {eval_loss:.3f}, {wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
-    result = {"example": "hf_text", "steps": output.global_step, "eval_loss": eval_loss, "wall_s": wall_s,
-              "median_step_s": step_clock.median_step_s, "world_size": training_args.world_size}
+    print(
+        f"\nhf_text: {output.global_step} steps, train loss {output.training_loss:.3f}, "
+        f"eval loss {eval_loss:.3f}, {wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms"
+    )
+    result = {
+        "example": "hf_text",
+        "steps": output.global_step,
+        "eval_loss": eval_loss,
+        "wall_s": wall_s,
+        "median_step_s": step_clock.median_step_s,
+        "world_size": training_args.world_size,
+    }
     if zeus is not None and zeus.summary is not None:
         result["summary"] = zeus.summary.as_dict()
     if args.summary_json:

@@ -36,8 +36,15 @@ class DigitsCNN(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 4 * 4, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,10 +156,19 @@ def main() -> None:
     val_acc = float(trainer.callback_metrics.get("val/acc", float("nan")))
     steps = trainer.global_step
     epochs = trainer.current_epoch  # epochs really trained: stop_at_target may end the run before args.epochs
-    print(f"\nlightning_digits: {epochs} epochs, {steps} steps, val/acc {val_acc:.3f}, "
-          f"{wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms")
-    result = {"example": "lightning_digits", "epochs": epochs, "steps": steps, "val_acc": val_acc, "wall_s": wall_s,
-              "median_step_s": step_clock.median_step_s, "world_size": trainer.world_size}
+    print(
+        f"\nlightning_digits: {epochs} epochs, {steps} steps, val/acc {val_acc:.3f}, "
+        f"{wall_s:.1f} s wall, median step {1e3 * step_clock.median_step_s:.2f} ms"
+    )
+    result = {
+        "example": "lightning_digits",
+        "epochs": epochs,
+        "steps": steps,
+        "val_acc": val_acc,
+        "wall_s": wall_s,
+        "median_step_s": step_clock.median_step_s,
+        "world_size": trainer.world_size,
+    }
     if zeus is not None and zeus.summary is not None:  # None when no training step ran (e.g. --epochs 0)
         result["summary"] = zeus.summary.as_dict()  # the callback printed it already
     if args.summary_json:

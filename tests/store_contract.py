@@ -58,8 +58,10 @@ def require(kind: str) -> None:
     if kind in ("rdb-sqlite", "postgresql") and importlib.util.find_spec("sqlalchemy") is None:
         reason = "needs SQLAlchemy: pip install 'zeus-callbacks[postgres]'"
     elif kind == "postgresql" and not os.environ.get(DB_URL_ENV):
-        reason = (f"set {DB_URL_ENV}=postgresql://user:password@host:port/db (a server where that user may "
-                  "CREATE DATABASE) to run the store tests against PostgreSQL; .ci/postgres.sh starts one")
+        reason = (
+            f"set {DB_URL_ENV}=postgresql://user:password@host:port/db (a server where that user may "
+            "CREATE DATABASE) to run the store tests against PostgreSQL; .ci/postgres.sh starts one"
+        )
     if reason is not None:
         if os.environ.get("ZEUS_CALLBACKS_CI") == "1":
             pytest.fail(f"{kind} store backend unavailable in CI: {reason}")
@@ -172,8 +174,9 @@ def _worker(kind: str, path: str, worker: int, n: int) -> None:
     store = open_patient(kind, path)
     for i in range(n):
         trial = store.create_trial("shared", batch_size=worker * 100 + i, power_limit_W=200.0, info={"w": worker})
-        store.finish_trial(trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=2.0 * i,
-                           converged=True)
+        store.finish_trial(
+            trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=2.0 * i, converged=True
+        )
 
         def bump(state: BanditState, worker=worker) -> tuple[BanditState, int]:
             count = state.state.get("count", 0) + 1
@@ -219,10 +222,23 @@ class StoreContract:
         t2 = store.create_trial("other", 128)
         assert (t1.status, t1.pid, t1.converged, t1.energy_J) == ("running", os.getpid(), False, None)
         assert t2.trial_id > t1.trial_id
-        done = store.finish_trial(t1.trial_id, status="early_stopped", energy_J=10.5, time_s=2.25, cost=7.0,
-                                  converged=False, batch_size=128, info={"reason": "cost"})
+        done = store.finish_trial(
+            t1.trial_id,
+            status="early_stopped",
+            energy_J=10.5,
+            time_s=2.25,
+            cost=7.0,
+            converged=False,
+            batch_size=128,
+            info={"reason": "cost"},
+        )
         assert (done.status, done.energy_J, done.time_s, done.cost, done.batch_size) == (
-            "early_stopped", 10.5, 2.25, 7.0, 128)
+            "early_stopped",
+            10.5,
+            2.25,
+            7.0,
+            128,
+        )
         assert done.info == {"phase": "pruning", "reason": "cost"} and done.ended_at >= done.started_at
         with pytest.raises(ValueError):
             store.finish_trial(t2.trial_id, status="running", energy_J=None, time_s=None, cost=None, converged=False)
@@ -230,9 +246,15 @@ class StoreContract:
             store.finish_trial(999, status="failed", energy_J=None, time_s=None, cost=None, converged=False)
 
         rng_state = {"bit_generator": "PCG64", "state": {"state": 2**100 + 7, "inc": 3}, "has_uint32": 0}
-        result = store.update_bandit("nightly", lambda s: (BanditState(s.job_id, {"rng": rng_state, "min_cost": 1.5},
-                                                                       {256: {"pruned": False}, 8: {"pruned": True}}),
-                                                           "ok"))
+        result = store.update_bandit(
+            "nightly",
+            lambda s: (
+                BanditState(
+                    s.job_id, {"rng": rng_state, "min_cost": 1.5}, {256: {"pruned": False}, 8: {"pruned": True}}
+                ),
+                "ok",
+            ),
+        )
         assert result == "ok"
         store.put_profile("A40/resnet50/bs256", {"limits_W": [100.0, 300.0], "time_s": [2.0, 1.0]})
         store.close()
@@ -244,8 +266,10 @@ class StoreContract:
         assert [t.trial_id for t in reopened.list_trials("nightly")] == [t1.trial_id]
         assert [t.trial_id for t in reopened.list_trials(status="running")] == [t2.trial_id]  # our pid lives
         bandit = reopened.get_bandit("nightly")
-        assert bandit.state == {"rng": rng_state, "min_cost": 1.5} and bandit.arms == {8: {"pruned": True},
-                                                                                         256: {"pruned": False}}
+        assert bandit.state == {"rng": rng_state, "min_cost": 1.5} and bandit.arms == {
+            8: {"pruned": True},
+            256: {"pruned": False},
+        }
         assert bandit.version == 1 and reopened.get_bandit("other") is None
         assert reopened.get_profile("A40/resnet50/bs256") == {"limits_W": [100.0, 300.0], "time_s": [2.0, 1.0]}
         assert reopened.list_profiles() == ["A40/resnet50/bs256"] and reopened.get_profile("nope") is None
@@ -268,8 +292,9 @@ class StoreContract:
             store.update_bandit("j", boom)
         assert store.get_bandit("j").state == {"v": 1} and store.get_bandit("j").version == 1
 
-    def test_an_outcome_and_its_bandit_update_are_written_both_or_neither(self, kind: str, store: Store,
-                                                                          path: str) -> None:
+    def test_an_outcome_and_its_bandit_update_are_written_both_or_neither(
+        self, kind: str, store: Store, path: str
+    ) -> None:
         """``finish_trial(..., bandit_update=...)`` is one transaction: a failing callback leaves the trial running."""
         trial = store.create_trial("j", 32, 250.0, info={"round": 0})
         store.create_trial("other", 8)  # another job's trial: not among the ones the callback is given
@@ -284,8 +309,12 @@ class StoreContract:
         with pytest.raises(RuntimeError, match="planted"):
             store.finish_trial(trial.trial_id, **outcome, pending_id="p-1", bandit_update=boom)
         with pytest.raises(StoreValueError):  # a new state the store refuses: the outcome goes with it
-            store.finish_trial(trial.trial_id, **outcome, pending_id="p-1",
-                               bandit_update=lambda f, t, c: BanditState(c.job_id, {"min_cost": math.nan}))
+            store.finish_trial(
+                trial.trial_id,
+                **outcome,
+                pending_id="p-1",
+                bandit_update=lambda f, t, c: BanditState(c.job_id, {"min_cost": math.nan}),
+            )
         left = store.get_trial(trial.trial_id)
         assert (left.status, left.cost, left.ended_at, left.pending_id) == ("running", None, None, None)
         assert store.get_bandit("j") == before
@@ -295,8 +324,11 @@ class StoreContract:
         def absorb(finished, trials, current):
             seen.append((finished, trials, current))
             completed = sum(t.status == "completed" for t in trials)
-            return BanditState(current.job_id, {"v": current.state["v"] + 1, "min_cost": finished.cost},
-                               {finished.batch_size: {"n": completed}})
+            return BanditState(
+                current.job_id,
+                {"v": current.state["v"] + 1, "min_cost": finished.cost},
+                {finished.batch_size: {"n": completed}},
+            )
 
         done = store.finish_trial(trial.trial_id, **outcome, pending_id="p-1", bandit_update=absorb)
         finished, trials, current = seen[-1]
@@ -306,8 +338,11 @@ class StoreContract:
         assert store.get_bandit("j") == after
 
         fresh = store.create_trial("fresh", 8)  # a job's first bandit state, written by finish_trial
-        store.finish_trial(fresh.trial_id, **outcome,
-                           bandit_update=lambda f, t, c: (seen.append(c), BanditState(c.job_id, {"n": len(t)}))[1])
+        store.finish_trial(
+            fresh.trial_id,
+            **outcome,
+            bandit_update=lambda f, t, c: (seen.append(c), BanditState(c.job_id, {"n": len(t)}))[1],
+        )
         assert seen[-1] == BanditState("fresh") and store.get_bandit("fresh") == BanditState("fresh", {"n": 1}, {}, 1)
         store.close()
         with _open(kind, path) as reopened:
@@ -328,8 +363,9 @@ class StoreContract:
         with pytest.raises(StoreValueError):
             store.update_bandit("j", lambda s: (BanditState(s.job_id, {}, {8: {"mean_cost": bad}}), None))
         with pytest.raises(StoreValueError):
-            store.finish_trial(trial.trial_id, status="failed", energy_J=None, time_s=None, cost=None,
-                               converged=False, info={"x": bad})
+            store.finish_trial(
+                trial.trial_id, status="failed", energy_J=None, time_s=None, cost=None, converged=False, info={"x": bad}
+            )
         assert store.get_trial(trial.trial_id).status == "running"  # no finish went through
         assert [t.trial_id for t in store.list_trials("j")] == [trial.trial_id]  # no trial was created
         assert store.get_bandit("j") == BanditState("j", {"min_cost": 2.0}, {8: {"n": 1}}, 1)
@@ -342,21 +378,33 @@ class StoreContract:
         assert plain.pending_id is None and first.pending_id == "p-new"
         assert again == first  # that trial, as it was: nothing written
         assert [t.trial_id for t in store.list_trials("j")] == [plain.trial_id, first.trial_id]
-        done = store.finish_trial(plain.trial_id, status="completed", energy_J=5.0, time_s=1.0, cost=5.0,
-                                  converged=True, pending_id="p-late")
+        done = store.finish_trial(
+            plain.trial_id, status="completed", energy_J=5.0, time_s=1.0, cost=5.0, converged=True, pending_id="p-late"
+        )
         assert done.pending_id == "p-late"
-        kept = store.finish_trial(first.trial_id, status="completed", energy_J=7.0, time_s=1.0, cost=7.0,
-                                  converged=True)  # no id given: the one it was created with stays
+        kept = store.finish_trial(
+            first.trial_id, status="completed", energy_J=7.0, time_s=1.0, cost=7.0, converged=True
+        )  # no id given: the one it was created with stays
         assert kept.pending_id == "p-new"
         other = store.create_trial("j", 16, pid=1)
         with pytest.raises(StoreError, match="p-late|pending"):  # one file, one trial
-            store.finish_trial(other.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0,
-                               converged=True, pending_id="p-late")
+            store.finish_trial(
+                other.trial_id,
+                status="completed",
+                energy_J=1.0,
+                time_s=1.0,
+                cost=1.0,
+                converged=True,
+                pending_id="p-late",
+            )
         assert store.get_trial(other.trial_id).status == "running"  # nothing was written
         store.close()
         with _open(kind, path) as reopened:
             assert [(t.trial_id, t.pending_id) for t in reopened.list_trials("j")] == [
-                (plain.trial_id, "p-late"), (first.trial_id, "p-new"), (other.trial_id, None)]
+                (plain.trial_id, "p-late"),
+                (first.trial_id, "p-new"),
+                (other.trial_id, None),
+            ]
 
     def test_corrupt_file_is_a_clear_error_and_left_untouched(self, kind: str, path: str) -> None:
         if kind not in FILE_KINDS:  # a database: zeus tables without a schema version are a broken store
@@ -453,7 +501,8 @@ class StoreContract:
         assert len(trials) == WORKERS * TRIALS_PER_WORKER
         assert len({t.trial_id for t in trials}) == len(trials)
         assert sorted(t.batch_size for t in trials) == sorted(
-            w * 100 + i for w in range(WORKERS) for i in range(TRIALS_PER_WORKER))
+            w * 100 + i for w in range(WORKERS) for i in range(TRIALS_PER_WORKER)
+        )
         assert all(t.status == "completed" for t in trials)
         bandit = store.get_bandit("shared")
         assert bandit.state["count"] == WORKERS * TRIALS_PER_WORKER
@@ -481,4 +530,3 @@ class StoreContract:
             assert len(store.get_profile(key)["limits_W"]) == 2000
         store.create_trial("victim", 1)  # still writable
         store.close()
-

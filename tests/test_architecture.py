@@ -10,8 +10,14 @@ DOC = (ROOT / "docs" / "architecture.md").read_text()
 
 def test_every_module_the_page_names_exists():
     named = set(re.findall(r"`(zeus_callbacks/[\w/]+(?:\.py|/))`", DOC))
-    named |= {f"zeus_callbacks/{m}" for m in re.findall(r"`((?:cli/\w+|backends/base|store/base|"
-                                                        r"store/__init__|backends/__init__)\.py)`", DOC)}
+    named |= {
+        f"zeus_callbacks/{m}"
+        for m in re.findall(
+            r"`((?:cli/\w+|backends/base|store/base|"
+            r"store/__init__|backends/__init__)\.py)`",
+            DOC,
+        )
+    }
     assert len(named) >= 25
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
@@ -30,8 +36,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_core_imports_no_framework():
     core = [p for p in (ROOT / "zeus_callbacks").rglob("*.py") if "integrations" not in p.parts]
-    offenders = {str(p.relative_to(ROOT)): _imports(p) & {"lightning", "transformers", "pytorch_lightning"}
-                 for p in core}
+    offenders = {
+        str(p.relative_to(ROOT)): _imports(p) & {"lightning", "transformers", "pytorch_lightning"} for p in core
+    }
     assert not {k: v for k, v in offenders.items() if v}
 
 

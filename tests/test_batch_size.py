@@ -269,9 +269,10 @@ def test_explore_stop_threshold_by_hand(store):
     assert bandit.explore_stop_threshold(32) is None  # the best arm's runs are never cut
     # Beta x min_cost (2 x 100: the 98 was written to the store directly, not reported) is far above.
     assert bandit.early_stop_threshold() == pytest.approx(200.0)
-    assert BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, explore_stop_z=None)).explore_stop_threshold(
-        64
-    ) is None
+    assert (
+        BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, explore_stop_z=None)).explore_stop_threshold(64)
+        is None
+    )
 
 
 def test_explore_stop_is_off_while_pruning(store):

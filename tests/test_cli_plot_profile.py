@@ -164,8 +164,12 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     log = tmp_path / "run.jsonl"
     rows = [{"limit_W": w, "energy_per_step_J": 60.0 - w / 100, "time_per_step_s": 0.2 + 0.001 * (300 - w) / 10}
             for w in range(200, 310, 10)]  # fmt: skip
-    log.write_text(json.dumps({"event": "run_start", "backend": "virtual: 1 GPU(s)"}) + "\n"
-                   + json.dumps({"event": "power_limit_profile", "chosen_limit_W": 250, "limits": rows}) + "\n")
+    log.write_text(
+        json.dumps({"event": "run_start", "backend": "virtual: 1 GPU(s)"})
+        + "\n"
+        + json.dumps({"event": "power_limit_profile", "chosen_limit_W": 250, "limits": rows})
+        + "\n"
+    )
     kept.clear()
     assert cli(["plot", "power-limit", str(log), "-o", str(tmp_path / "pl.png")]) == 0
     (fig,) = kept
@@ -175,7 +179,7 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     boxes = [t.get_window_extent(renderer) for t in labels]
     assert "250 W" in [t.get_text() for t in labels]  # the chosen limit keeps its label
     assert 1 < len(labels) <= len(rows)
-    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]
     assert SIMULATED_MARK in [t.get_text() for t in fig.texts]
 
 

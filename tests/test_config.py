@@ -212,8 +212,10 @@ def test_yaml_numbers_and_dates_for_text_fields_suggest_quoting(tmp_path):
         load_config(path)
     lines = str(info.value).splitlines()
     assert '  job_id: Input should be a valid string (got 123); quote it in the YAML file: job_id: "123"' in lines
-    assert any(line.startswith("  logging.run_name:") and "(got 2024-01-01)" in line
-               and 'run_name: "2024-01-01"' in line for line in lines)
+    assert any(
+        line.startswith("  logging.run_name:") and "(got 2024-01-01)" in line and 'run_name: "2024-01-01"' in line
+        for line in lines
+    )
     assert "  gpu_indices: Value error, must be distinct non-negative indices (got [0, 0])" in lines
     assert "datetime" not in str(info.value)
 

@@ -40,8 +40,14 @@ def test_the_defaults_are_inside_every_bound():
 
 
 def test_a_nan_target_is_refused():
-    data = {"batch_size": {"enabled": True, "batch_sizes": [8, 16], "default_batch_size": 8,
-                           "target": {"metric": "acc", "value": float("nan")}}}
+    data = {
+        "batch_size": {
+            "enabled": True,
+            "batch_sizes": [8, 16],
+            "default_batch_size": 8,
+            "target": {"metric": "acc", "value": float("nan")},
+        }
+    }
     with pytest.raises(ConfigError, match="batch_size.target.value"):
         parse_config(data)
 

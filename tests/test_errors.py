@@ -52,7 +52,11 @@ def test_old_import_paths_are_the_same_classes():
     assert backend_base.ReadOnlyError is errors.ReadOnlyError
     assert store_base.StoreCorruptError is errors.StoreCorruptError
     assert (NotAProfile, NotAMarker, NotAnEnergyLog, ConfigError) == (
-        errors.NotAProfile, errors.NotAMarker, errors.NotAnEnergyLog, errors.ConfigError)
+        errors.NotAProfile,
+        errors.NotAMarker,
+        errors.NotAnEnergyLog,
+        errors.ConfigError,
+    )
 
 
 def test_a_bad_config_is_caught_by_the_root(tmp_path):

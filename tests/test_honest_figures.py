@@ -42,9 +42,12 @@ def _clean_env(monkeypatch):
 
 
 def _session(tmp_path, backend, name="run", **config):
-    cfg = {"backend": backend.name if backend.name in ("nvml", "amdsmi", "virtual") else "auto",
-           "windows": {"sample_fraction": 1.0},
-           "logging": {"log_dir": str(tmp_path), "run_name": name, "interval_steps": 5}, **config}
+    cfg = {
+        "backend": backend.name if backend.name in ("nvml", "amdsmi", "virtual") else "auto",
+        "windows": {"sample_fraction": 1.0},
+        "logging": {"log_dir": str(tmp_path), "run_name": name, "interval_steps": 5},
+        **config,
+    }
     return EnergySession(cfg, backend=backend, is_main_process=True)
 
 
@@ -168,9 +171,14 @@ def test_unmeasurable_gpu_run_trains_on_with_every_energy_figure_null(tmp_path, 
 
     monkeypatch.setattr(backends, "detect_gpus", lambda: presence)  # the session opens backend: auto itself
     caplog.set_level(WARN, logger="zeus_callbacks")
-    session = EnergySession({"backend": "auto", "windows": {"sample_fraction": 1.0},
-                             "logging": {"log_dir": str(tmp_path), "run_name": "run", "interval_steps": 5}},
-                            is_main_process=True)
+    session = EnergySession(
+        {
+            "backend": "auto",
+            "windows": {"sample_fraction": 1.0},
+            "logging": {"log_dir": str(tmp_path), "run_name": "run", "interval_steps": 5},
+        },
+        is_main_process=True,
+    )
     clock_for_steps = ManualClock(T0)  # the unavailable backend's own clock is the wall clock; steps take none
     summary, records, metrics = _train(session, clock_for_steps, 20, epoch_steps=10)
     assert summary.status == "completed" and summary.steps == 20  # training continued
@@ -273,8 +281,12 @@ def test_gpu_lost_mid_run_reports_only_the_covered_half_and_flags_it(tmp_path):
 
     def lose(step):
         if step == lost_at:
-            for func in ("nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption",
-                         "nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetPowerUsage"):
+            for func in (
+                "nvmlDeviceGetSamples",
+                "nvmlDeviceGetTotalEnergyConsumption",
+                "nvmlDeviceGetPowerManagementLimit",
+                "nvmlDeviceGetPowerUsage",
+            ):
                 fake.fail_always(func, fp.NVML_ERROR_GPU_IS_LOST)
 
     summary, records, _ = _train(_session(tmp_path, backend), clock, 100, at_step=lose)

@@ -499,7 +499,8 @@ def test_cli_restore(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"zeus-callbacks: no restore marker at {marker}"
     assert main(["restore", "--marker", str(marker), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["failed"] == [
-        {"marker": str(marker), "error": f"no restore marker at {marker}"}]
+        {"marker": str(marker), "error": f"no restore marker at {marker}"}
+    ]
     marker.write_text(json.dumps({"pid": DEAD_PID, "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
     assert main(["restore", "--config", str(config)]) == 0
     assert "GPU 0: power limit restored to 250 W" in capsys.readouterr().out
@@ -588,8 +589,11 @@ def test_the_next_start_keeps_a_file_that_is_not_a_marker_and_changes_nothing(tm
 
 def test_a_marker_of_another_live_run_is_not_overwritten(tmp_path):
     backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
-    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "r"},
-              "power_limit": {"enabled": True}}
+    config = {
+        "backend": "virtual",
+        "logging": {"log_dir": str(tmp_path), "run_name": "r"},
+        "power_limit": {"enabled": True},
+    }
     session = EnergySession(config, backend=backend, is_main_process=True)
     session.train_start()  # no marker yet: nothing restored
     other = {"pid": 1, "gpus": [{"index": 0, "original_limit_W": 275.0}]}

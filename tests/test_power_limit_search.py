@@ -45,9 +45,7 @@ def test_the_grid_keeps_both_ends_where_the_step_does_not_divide_the_range():
 
 
 @settings(deadline=None)  # a loaded CI machine must not turn a slow example into a failure
-@given(
-    st.floats(50, 600, allow_nan=False), st.floats(0, 600, allow_nan=False), st.floats(1, 100, allow_nan=False)
-)
+@given(st.floats(50, 600, allow_nan=False), st.floats(0, 600, allow_nan=False), st.floats(1, 100, allow_nan=False))
 def test_any_range_and_step_give_both_ends_and_no_gap_wider_than_the_step(low, width, step):
     high = low + width
     width = high - low  # the span the grid sees: low + width - low can round below 1e-3

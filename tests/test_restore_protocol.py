@@ -143,8 +143,11 @@ def _restarted_run(tmp_path: Path, limit_W: float):
 
     backend = VirtualGPUBackend(clock=ManualClock(T0), noise_W=0.0, read_only=False)
     backend.set_power_limit_W(0, limit_W)
-    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(tmp_path), "jsonl": False}},
-                            backend=backend, is_main_process=True)
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "jsonl": False}},
+        backend=backend,
+        is_main_process=True,
+    )
     session.train_start()  # restores what an earlier run in its place left
     restored_W = backend.power_limit_W(0)
     session.train_end()
@@ -163,11 +166,17 @@ def test_ranks_of_two_hosts_with_the_same_local_rank_write_and_restore_only_thei
     for host, original_W in originals.items():  # each node's rank 0 was killed mid-profiling
         _as_host(monkeypatch, host)
         paths[host] = marker_path(tmp_path)
-        write_marker(paths[host], VirtualGPUBackend(clock=ManualClock(T0)), {0: original_W},
-                     owner=Owner(exited_pid(), host, boot_id(), None))
+        write_marker(
+            paths[host],
+            VirtualGPUBackend(clock=ManualClock(T0)),
+            {0: original_W},
+            owner=Owner(exited_pid(), host, boot_id(), None),
+        )
     assert paths["node-a"] != paths["node-b"] and all(p.exists() for p in paths.values())
-    assert {p.name for p in paths.values()} == {"power_limit_restore.node-a.rank0.json",
-                                                "power_limit_restore.node-b.rank0.json"}
+    assert {p.name for p in paths.values()} == {
+        "power_limit_restore.node-a.rank0.json",
+        "power_limit_restore.node-b.rank0.json",
+    }
     b_bytes = paths["node-b"].read_bytes()
     _as_host(monkeypatch, "node-a")
     assert _restarted_run(tmp_path, 150.0) == 250.0  # node a's original, not node b's
@@ -184,8 +193,9 @@ def test_a_rank_marker_of_the_old_name_is_still_restored_by_its_own_host_only(tm
     monkeypatch.setenv("LOCAL_RANK", "0")
     old = tmp_path / "power_limit_restore.rank0.json"  # as versions before host names wrote it
     _as_host(monkeypatch, "node-a")
-    write_marker(old, VirtualGPUBackend(clock=ManualClock(T0)), {0: 250.0},
-                 owner=Owner(exited_pid(), "node-a", boot_id(), None))
+    write_marker(
+        old, VirtualGPUBackend(clock=ManualClock(T0)), {0: 250.0}, owner=Owner(exited_pid(), "node-a", boot_id(), None)
+    )
     kept = old.read_bytes()
     _as_host(monkeypatch, "node-b")  # its GPU 0 is not node a's (no UUID to tell): refused, untouched
     assert _restarted_run(tmp_path, 150.0) == 150.0 and old.read_bytes() == kept
@@ -193,15 +203,24 @@ def test_a_rank_marker_of_the_old_name_is_still_restored_by_its_own_host_only(tm
     assert _restarted_run(tmp_path, 150.0) == 250.0 and not old.exists()
 
 
-def test_another_nodes_old_named_marker_is_left_as_it_is_and_keeps_this_rank_from_changing_limits(tmp_path,
-                                                                                                   monkeypatch):
+def test_another_nodes_old_named_marker_is_left_as_it_is_and_keeps_this_rank_from_changing_limits(
+    tmp_path, monkeypatch
+):
     from zeus_callbacks.optimizers.power_limit import restore_from_marker
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     old = tmp_path / "power_limit_restore.rank0.json"
-    old.write_text(json.dumps({"version": 2, "backend": "nvml", "owner": {"pid": exited_pid(), "host": "node-b"},
-                               "gpus": [{"index": 0, "uuid": "GPU-of-node-b", "original_limit_W": 250.0}]}))
+    old.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "backend": "nvml",
+                "owner": {"pid": exited_pid(), "host": "node-b"},
+                "gpus": [{"index": 0, "uuid": "GPU-of-node-b", "original_limit_W": 250.0}],
+            }
+        )
+    )
     kept = old.read_bytes()
     backend, _ = nvml_backend()
     outcome = restore_from_marker(old, backend)  # its GPU is not here: nothing back, nothing rewritten

@@ -531,8 +531,9 @@ def test_configured_sensor_delay_is_used(new_session, virtual_backend):
 
 def test_an_epoch_cut_short_is_counted_with_its_energy_and_the_summary_says_last_5_of_n(tmp_path, virtual_backend):
     clock = virtual_backend.clock
-    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "cut"}},
-                            backend=virtual_backend)
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "cut"}}, backend=virtual_backend
+    )
     session.train_start()
     step = 0
     for epoch in range(7):

@@ -232,13 +232,14 @@ def test_a_store_the_main_cannot_reach_gives_every_rank_the_default_batch_size(t
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
-    (kind, _, shared), = main.calls
+    ((kind, _, shared),) = main.calls
     assert kind == "broadcast" and shared[0][:2] == (64, None) and "stayed locked" in shared[0][2]
     assert "without the bandit's suggestion" in caplog.text
     recurring._PENDING.clear()
     follower = FakeRanks(1, main_broadcast=shared)
-    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher",
-                        lambda **kw: follower)
+    monkeypatch.setattr(
+        "zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: follower
+    )
     assert suggest_batch_size(cfg) == 64
 
 

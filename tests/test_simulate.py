@@ -32,8 +32,16 @@ def epoch_cost(b: int) -> float:
 
 def test_short_scenario_by_hand(tmp_path):
     steps = 2
-    got = sim.simulate(GPU, WORKLOAD, 4, seed=SEED, steps_per_epoch=steps, pruning_rounds=1, batch_sizes=SIZES,
-                       store_path=tmp_path / "s.sqlite")
+    got = sim.simulate(
+        GPU,
+        WORKLOAD,
+        4,
+        seed=SEED,
+        steps_per_epoch=steps,
+        pruning_rounds=1,
+        batch_sizes=SIZES,
+        store_path=tmp_path / "s.sqlite",
+    )
     # Training paths: the simulator's own seeded stream of the world, one draw per recurrence.
     world = np.random.default_rng([SEED, 0x5EED])
     # Pruning from the default 32: down to 16 (converges; nothing smaller), then up to 48; then Thompson.
@@ -67,8 +75,17 @@ def test_short_scenario_by_hand(tmp_path):
 def test_early_stop_mid_epoch_by_hand(tmp_path):
     # beta 1.05: the first recurrence's cost c0 sets the threshold 1.05 c0; a run stops at the first
     # half-epoch step whose accumulated cost exceeds it.
-    got = sim.simulate(GPU, WORKLOAD, 3, seed=SEED, beta_knob=1.05, steps_per_epoch=2, pruning_rounds=1,
-                       batch_sizes=SIZES, store_path=tmp_path / "s.json")
+    got = sim.simulate(
+        GPU,
+        WORKLOAD,
+        3,
+        seed=SEED,
+        beta_knob=1.05,
+        steps_per_epoch=2,
+        pruning_rounds=1,
+        batch_sizes=SIZES,
+        store_path=tmp_path / "s.json",
+    )
     threshold = 1.05 * got[0].cost
     for r in got[1:]:
         per_step = epoch_cost(r.batch_size) / 2

@@ -64,8 +64,9 @@ def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
     # Pretend the code is one schema ahead, with a migration from today's version.
     ahead = SCHEMA_VERSION + 1
     monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", ahead)
-    monkeypatch.setitem(sqlite_store.MIGRATIONS, SCHEMA_VERSION,
-                        lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT"))
+    monkeypatch.setitem(
+        sqlite_store.MIGRATIONS, SCHEMA_VERSION, lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+    )
     monkeypatch.setattr(json_store, "SCHEMA_VERSION", ahead)
     monkeypatch.setitem(json_store.MIGRATIONS, SCHEMA_VERSION, lambda doc: doc.setdefault("owners", {}))
     with open_store(sq) as store, open_store(js) as store2:
@@ -88,8 +89,10 @@ def test_a_schema_1_store_gains_leases_and_reads_read_only_unmigrated(tmp_path):
     conn.execute("INSERT INTO schema_version VALUES (1)")
     sqlite_store.MIGRATIONS[0](conn)
     conn.execute("INSERT INTO jobs VALUES ('j', 1.0, '{}')")
-    conn.execute("INSERT INTO trials (job_id, batch_size, status, converged, started_at, pid, host, info) "
-                 "VALUES ('j', 8, 'running', 0, 1.0, 1, 'elsewhere', '{}')")
+    conn.execute(
+        "INSERT INTO trials (job_id, batch_size, status, converged, started_at, pid, host, info) "
+        "VALUES ('j', 8, 'running', 0, 1.0, 1, 'elsewhere', '{}')"
+    )
     conn.commit()
     conn.close()
     with open_store(path, read_only=True) as reader:
@@ -122,7 +125,9 @@ def test_store_is_a_power_limit_profile_cache(tmp_path, suffix):
     assert cache.get(Key("j", 8)) is None
     cache.put(Key("j", 8), {"limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]})
     assert StoreProfileCache(tmp_path / f"store.{suffix}").get(Key("j", 8)) == {
-        "limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]}
+        "limits_W": [200.0, 300.0],
+        "time_s": [1.25, 1.0],
+    }
     with open_store(tmp_path / f"store.{suffix}") as store:
         assert store.list_profiles() == ["j/8"]
 
@@ -164,18 +169,43 @@ def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path
 def _schema_2_store(kind: str, location: str) -> None:
     """A store as zeus-callbacks wrote it before pending ids (schema 2), built with that version's migrations,
     holding job ``j`` and one finished trial."""
-    trial = ("INSERT INTO {p}trials (job_id, batch_size, status, converged, started_at, ended_at, pid, host, info, "
-             "owner, heartbeat_at) VALUES ('j', 8, 'completed', {false}, 1.0, 2.0, 1, 'elsewhere', '{{}}', '', 1.0)")
+    trial = (
+        "INSERT INTO {p}trials (job_id, batch_size, status, converged, started_at, ended_at, pid, host, info, "
+        "owner, heartbeat_at) VALUES ('j', 8, 'completed', {false}, 1.0, 2.0, 1, 'elsewhere', '{{}}', '', 1.0)"
+    )
     if kind == "json":
-        Path(location).write_text(json.dumps({
-            "format": "zeus-callbacks-store", "schema_version": 2, "next_trial_id": 2,
-            "jobs": {"j": {"created_at": 1.0, "info": {}}},
-            "trials": [{"trial_id": 1, "job_id": "j", "batch_size": 8, "power_limit_W": None, "status": "completed",
-                        "energy_J": None, "time_s": None, "cost": None, "converged": False, "started_at": 1.0,
-                        "ended_at": 2.0, "pid": 1, "host": "elsewhere", "info": {}, "owner": "",
-                        "heartbeat_at": 1.0}],
-            "bandits": {}, "profiles": {},
-        }))
+        Path(location).write_text(
+            json.dumps(
+                {
+                    "format": "zeus-callbacks-store",
+                    "schema_version": 2,
+                    "next_trial_id": 2,
+                    "jobs": {"j": {"created_at": 1.0, "info": {}}},
+                    "trials": [
+                        {
+                            "trial_id": 1,
+                            "job_id": "j",
+                            "batch_size": 8,
+                            "power_limit_W": None,
+                            "status": "completed",
+                            "energy_J": None,
+                            "time_s": None,
+                            "cost": None,
+                            "converged": False,
+                            "started_at": 1.0,
+                            "ended_at": 2.0,
+                            "pid": 1,
+                            "host": "elsewhere",
+                            "info": {},
+                            "owner": "",
+                            "heartbeat_at": 1.0,
+                        }
+                    ],
+                    "bandits": {},
+                    "profiles": {},
+                }
+            )
+        )
     elif kind == "sqlite":
         from zeus_callbacks.store import sqlite as sqlite_store
 
@@ -214,8 +244,10 @@ def _has_pending_column(kind: str, location: str) -> tuple[int, bool]:
         conn = sqlite3.connect(location)
         version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
         columns = [row[1] for row in conn.execute("PRAGMA table_info(trials)")]
-        unique = any(row[2] and [c[2] for c in conn.execute(f"PRAGMA index_info({row[1]})")] == ["pending_id"]
-                     for row in conn.execute("PRAGMA index_list(trials)"))
+        unique = any(
+            row[2] and [c[2] for c in conn.execute(f"PRAGMA index_info({row[1]})")] == ["pending_id"]
+            for row in conn.execute("PRAGMA index_list(trials)")
+        )
         conn.close()
         return version, "pending_id" in columns and unique
     import sqlalchemy as sa

@@ -158,8 +158,9 @@ def test_a_forked_child_renews_through_its_own_handle_and_leaves_its_parents(tmp
                     child_trial = child_store.create_trial("j", 16)
                     ok = ok and _renewed(child_store, child_trial.trial_id, 2)
                     ok = ok and len(handles.opened) == 2 and handles.opened[1]() is not parents()
-                    child_store.finish_trial(child_trial.trial_id, status="completed", energy_J=1.0, time_s=1.0,
-                                             cost=1.0, converged=True)
+                    child_store.finish_trial(
+                        child_trial.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0, converged=True
+                    )
                 KEEPER.release_all()
                 code = 0 if ok else 2
             finally:

@@ -128,5 +128,9 @@ def test_a_database_down_at_run_start_trains_at_the_default_and_keeps_the_trial(
     assert len(pending) == 1 and ":pw@" not in pending[0].read_text()
     kept = json.loads(pending[0].read_text())
     assert (kept["store"], kept["trial_id"], kept["batch_size"], kept["job_id"]) == (
-        "postgresql://user:***@127.0.0.1:1/db", None, 32, "nightly")
+        "postgresql://user:***@127.0.0.1:1/db",
+        None,
+        32,
+        "nightly",
+    )
     assert kept["report"]["status"] == "completed" and kept["report"]["energy_J"] == pytest.approx(summary.energy_J)

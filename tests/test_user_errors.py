@@ -51,7 +51,7 @@ def test_yaml_errors_name_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [None, b"\x89PNG\r\n\x1a\n\x00", b'[1, 2]\n[3]\n', b'{"no_event": 1}\n', b"just text\nmore text\n"],
+    [None, b"\x89PNG\r\n\x1a\n\x00", b"[1, 2]\n[3]\n", b'{"no_event": 1}\n', b"just text\nmore text\n"],
     ids=["folder", "binary", "json-lists", "no-event", "text"],
 )
 def test_report_refuses_what_is_not_an_energy_log(tmp_path, capsys, content):
@@ -135,8 +135,7 @@ def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
 
 def test_report_of_a_run_end_that_lacks_fields_shows_dashes(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
-    path.write_text('{"event": "run_end", "run_name": "r", "energy_J": 12.5}\n'
-                    '{"event": "epoch", "epoch": 0}\n')
+    path.write_text('{"event": "run_end", "run_name": "r", "energy_J": 12.5}\n{"event": "epoch", "epoch": 0}\n')
     assert cli(["report", str(path)]) == 0
     out = capsys.readouterr().out
     assert "run r (-)" in out and "energy 12.5 J over - s" in out
@@ -153,8 +152,12 @@ def test_a_read_only_store_refuses_to_start_saying_what_to_do(tmp_path, virtual_
         store.create_trial("job", 8)
     path.chmod(0o444)
     before = path.read_bytes()
-    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
-              "store": {"path": str(path)}, "batch_size": {"enabled": True, "batch_sizes": [8, 16]}}
+    config = {
+        "backend": "virtual",
+        "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
+        "store": {"path": str(path)},
+        "batch_size": {"enabled": True, "batch_sizes": [8, 16]},
+    }
     session = EnergySession(config, backend=virtual_backend, is_main_process=True)
     with pytest.raises(StoreError, match=r"is not writable .*store\.path to another file"):
         session.train_start()
@@ -200,8 +203,11 @@ def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
     for mode in ("without", "with"):
         folder = tmp_path / mode
         folder.mkdir()
-        process = subprocess.Popen([sys.executable, "-c", LIGHTNING_SIGTERM_SCRIPT, str(folder), mode],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-c", LIGHTNING_SIGTERM_SCRIPT, str(folder), mode],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (folder / "training").exists():
             time.sleep(0.05)
@@ -219,8 +225,11 @@ def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
 @pytest.mark.parametrize(
     ("example", "config", "message"),
     [
-        ("lightning_digits.py", "logging:\n  interval_stepz: 3\n",
-         "logging.interval_stepz: Extra inputs are not permitted"),
+        (
+            "lightning_digits.py",
+            "logging:\n  interval_stepz: 3\n",
+            "logging.interval_stepz: Extra inputs are not permitted",
+        ),
         ("hf_text.py", None, "configuration file not found"),
     ],
 )
@@ -253,8 +262,12 @@ def test_the_lightning_example_reports_an_unopenable_store_in_one_line(tmp_path)
         "batch_size: {enabled: true, batch_sizes: [16, 32], default_batch_size: 16}\n"
     )
     example = Path(__file__).resolve().parents[1] / "examples" / "lightning_digits.py"
-    done = subprocess.run([sys.executable, str(example), "--epochs", "1", "--config", str(config),
-                           "--log-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(example), "--epochs", "1", "--config", str(config), "--log-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("zeus-callbacks: ")

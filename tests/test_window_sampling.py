@@ -125,9 +125,7 @@ def test_auto_limits():
     assert several.report_every == 50 and several.fraction < 1  # collectives keep their cadence
 
 
-@pytest.mark.parametrize(
-    ("fraction", "overhead"), [(0.0, 0.002), (1.5, 0.002), (-0.1, 0.002), (0.5, 0.0), (0.5, 1.0)]
-)
+@pytest.mark.parametrize(("fraction", "overhead"), [(0.0, 0.002), (1.5, 0.002), (-0.1, 0.002), (0.5, 0.0), (0.5, 1.0)])
 def test_bad_arguments_raise(fraction, overhead):
     with pytest.raises(ValueError):
         WindowSampling(fraction, overhead, 50, stretch_reports=False)
@@ -347,7 +345,6 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
     assert q_records == reference[2]
     assert q_steps == reference[3] == 1400
     assert q_count == reference[4] == len(q_measured) - 1  # the warm-up step (step 0) is counted apart
-
 
 
 def test_auto_sampling_keeps_interval_steps_when_every_step_is_measured_and_announces_a_longer_one(caplog):

@@ -54,8 +54,7 @@ def __getattr__(name: str) -> Any:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             raise ImportError(
-                f"{name} needs {framework} ({exc.name} is not installed): "
-                f"pip install 'zeus-callbacks[{extra}]'"
+                f"{name} needs {framework} ({exc.name} is not installed): pip install 'zeus-callbacks[{extra}]'"
             ) from exc
         return getattr(module, name)
     raise AttributeError(f"module 'zeus_callbacks' has no attribute {name!r}")

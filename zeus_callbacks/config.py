@@ -79,9 +79,7 @@ class VirtualGPUConfig(_Section):
     )
     num_devices: int = Field(1, ge=1, le=MAX_VIRTUAL_GPUS, description="How many virtual GPUs this process sees.")
     noise_W: float = Field(3.0, ge=0, le=1000, description="Standard deviation of the sensor noise (W).")
-    sample_period_s: float = Field(
-        0.02, ge=0.001, le=10, description="Power sample period (s); 20 ms like an H200."
-    )
+    sample_period_s: float = Field(0.02, ge=0.001, le=10, description="Power sample period (s); 20 ms like an H200.")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the sensor noise.")
 
     @field_validator("gpu")
@@ -203,7 +201,6 @@ class WindowsConfig(_Section):
         "own figure (4 ms for NVML, from the H200 step test; 0 for the virtual GPU).",
     )
 
-
     @field_validator("sample_fraction", "max_overhead", mode="before")
     @classmethod
     def _no_booleans(cls, value: Any) -> Any:
@@ -263,9 +260,7 @@ class PowerLimitConfig(_Section):
         "(lowest energy within max_slowdown x the time at the maximum limit).",
     )
     eta_knob: float = Field(0.5, ge=0, le=1, description="Energy weight of zeus_cost (Zeus eq. 2).")
-    max_slowdown: float = Field(
-        1.1, ge=1, le=100, description="Slowdown factor allowed by the max_slowdown objective."
-    )
+    max_slowdown: float = Field(1.1, ge=1, le=100, description="Slowdown factor allowed by the max_slowdown objective.")
     step_W: float = Field(
         25.0,
         ge=1,
@@ -278,9 +273,7 @@ class PowerLimitConfig(_Section):
         description="unimodal: both ends, a noise-aware golden-section search, a sweep fallback where the curve is not "
         "unimodal, a few limits off the grid near the best; sweep: every grid limit.",
     )
-    warmup_steps: int = Field(
-        2, ge=0, le=100_000, description="Warm-up steps after each limit change (0 is valid)."
-    )
+    warmup_steps: int = Field(2, ge=0, le=100_000, description="Warm-up steps after each limit change (0 is valid).")
     warmup_s: float = Field(0.0, ge=0, le=3600, description="Minimum warm-up time after each limit change (s).")
     min_profile_steps: int = Field(
         4,
@@ -503,8 +496,13 @@ class StoreConfig(_Section):
         """
         from zeus_callbacks.store import open_store
 
-        return open_store(self.location(log_dir), self.backend, read_only=read_only, lease_grace_s=self.lease_grace_s,
-                          lock_timeout_s=self.lock_timeout_s)
+        return open_store(
+            self.location(log_dir),
+            self.backend,
+            read_only=read_only,
+            lease_grace_s=self.lease_grace_s,
+            lock_timeout_s=self.lock_timeout_s,
+        )
 
 
 class ZeusConfig(_Section):

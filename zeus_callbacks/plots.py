@@ -167,9 +167,7 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
     return path
 
 
-def plot_bandit_costs(
-    trials: Sequence[TrialRecord], job_id: str, path: str | Path, *, simulated: bool = False
-) -> Path:
+def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Path, *, simulated: bool = False) -> Path:
     """Plot each recurrence's cost, coloured by batch size, with the best converged cost so far.
 
     Args:

@@ -368,8 +368,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-
-
 def is_energy_log(path: str | Path) -> bool:
     """True when ``path`` is a file whose first line is an energy-log record (a JSON object with an ``event``).
 

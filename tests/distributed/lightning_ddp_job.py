@@ -99,8 +99,13 @@ def main() -> None:
     config = {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}
     if args.power_limit:
         config["power_limit"] = {
-            "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3,
-            "step_W": 100.0, "cache": False, "plot": False,
+            "enabled": True,
+            "warmup_steps": 0,
+            "min_profile_steps": 2,
+            "profile_steps": 3,
+            "step_W": 100.0,
+            "cache": False,
+            "plot": False,
         }
     if args.store:
         config["job_id"] = "ddp-job"

@@ -23,8 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(400)
 def test_examples_run_data_parallel_and_are_measured_once_per_gpu(tmp_path):
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "example_overhead.py"), "--smoke", "--gpus", "2", "--rounds", "1",
-        "--out", str(tmp_path / "report"), "--work", str(tmp_path / "work"),
+        sys.executable,
+        str(ROOT / "benchmarks" / "example_overhead.py"),
+        "--smoke",
+        "--gpus",
+        "2",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path / "report"),
+        "--work",
+        str(tmp_path / "work"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=380, cwd=ROOT)
     if done.returncode != 0 and GLOO_TEARDOWN_ABORT in done.stdout + done.stderr:

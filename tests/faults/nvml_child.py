@@ -63,11 +63,17 @@ def run(log_dir: Path, mode: str, steps: int) -> None:
                 time.sleep(600)
     limiter = session.power_limiter
     result = limiter.result if limiter is not None else None
-    print("RESULT", json.dumps({
-        "source": result.source if result is not None else None,
-        "observe": limiter.observe if limiter is not None else None,
-        "observe_reason": limiter.observe_reason if limiter is not None else None,
-    }), flush=True)
+    print(
+        "RESULT",
+        json.dumps(
+            {
+                "source": result.source if result is not None else None,
+                "observe": limiter.observe if limiter is not None else None,
+                "observe_reason": limiter.observe_reason if limiter is not None else None,
+            }
+        ),
+        flush=True,
+    )
     session.train_end()
     backend.close()
     print("DONE", flush=True)

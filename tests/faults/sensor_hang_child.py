@@ -32,8 +32,11 @@ def main(log_dir: Path) -> None:
     fake.set_load(300.0)
     backend = NVMLBackend(nvml_module=fake, clock=clock, read_only=True)
     session = EnergySession(
-        {"backend": "nvml", "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},
-         "logging": {"log_dir": str(log_dir), "run_name": "child"}},
+        {
+            "backend": "nvml",
+            "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},
+            "logging": {"log_dir": str(log_dir), "run_name": "child"},
+        },
         backend=backend,
         is_main_process=True,
     )

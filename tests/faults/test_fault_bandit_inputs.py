@@ -62,8 +62,7 @@ def test_a_bad_run_is_not_an_observation_and_later_runs_go_on(tmp_path, kind, ca
     first = bandit.suggest()
     bandit.report(first.trial_id, energy_J=1.0, time_s=1.0, cost=_cost(first.batch_size), converged=True)
     bad = bandit.suggest()
-    trial = bandit.report(bad.trial_id, energy_J=energy_J, time_s=time_s, cost=cost, converged=True,
-                          degraded=degraded)
+    trial = bandit.report(bad.trial_id, energy_J=energy_J, time_s=time_s, cost=cost, converged=True, degraded=degraded)
     later = []
     for _ in range(4):  # the bandit keeps working after the bad run
         s = bandit.suggest()
@@ -72,8 +71,13 @@ def test_a_bad_run_is_not_an_observation_and_later_runs_go_on(tmp_path, kind, ca
     min_cost = bandit.min_cost
     costs = [t.cost for t in store.list_trials("job") if t.cost is not None]
     store.close()
-    ok = (trial.cost is None and "not_observed" in trial.info and min_cost == min(costs) == _cost(16)
-          and all(math.isfinite(c) and c > 0 for c in costs) and len(later) == 4)
+    ok = (
+        trial.cost is None
+        and "not_observed" in trial.info
+        and min_cost == min(costs) == _cost(16)
+        and all(math.isfinite(c) and c > 0 for c in costs)
+        and len(later) == 4
+    )
     record_fault("bandit input: bad figures", ok)
     assert ok, (trial, min_cost, costs)
 
@@ -89,11 +93,18 @@ def test_observation_problem_names_each_kind_of_bad_figure():
 
 
 def test_the_controller_records_a_degraded_run_without_a_cost(tmp_path):
-    config = parse_config({
-        "job_id": "job", "logging": {"log_dir": str(tmp_path)},
-        "batch_size": {"enabled": True, "batch_sizes": list(SIZES), "default_batch_size": 16,
-                       "target": {"metric": "acc", "value": 0.5}},
-    })
+    config = parse_config(
+        {
+            "job_id": "job",
+            "logging": {"log_dir": str(tmp_path)},
+            "batch_size": {
+                "enabled": True,
+                "batch_sizes": list(SIZES),
+                "default_batch_size": 16,
+                "target": {"metric": "acc", "value": 0.5},
+            },
+        }
+    )
     controller = BatchSizeController(config)
     controller.start(max_power_W=300.0, power_limit_W=None)
     controller.observe({"acc": 0.9})
@@ -110,8 +121,15 @@ def _recurrences(bandit: BatchSizeBandit, n: int, fails) -> list[int]:
         s = bandit.suggest()
         played.append(s.batch_size)
         if fails(s.batch_size, len(played)):
-            bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed",
-                          info={"run_status": "failed", "error": "CUDA out of memory"})
+            bandit.report(
+                s.trial_id,
+                energy_J=None,
+                time_s=None,
+                cost=None,
+                converged=False,
+                status="failed",
+                info={"run_status": "failed", "error": "CUDA out of memory"},
+            )
         else:
             bandit.report(s.trial_id, energy_J=1.0, time_s=1.0, cost=_cost(s.batch_size), converged=True)
     return played
@@ -125,8 +143,12 @@ def test_an_arm_that_always_runs_out_of_memory_is_pruned(tmp_path, kind, record_
     state = bandit.state()
     store.close()
     # pruning plays 16, then 8, then 32 until it has failed max_failures (2) times, then moves on
-    ok = (played.count(32) == 2 and 32 not in state["survivors"] and "32" in state["failed_arms"]
-          and "CUDA out of memory" in state["failed_arms"]["32"])
+    ok = (
+        played.count(32) == 2
+        and 32 not in state["survivors"]
+        and "32" in state["failed_arms"]
+        and "CUDA out of memory" in state["failed_arms"]["32"]
+    )
     record_fault("bandit input: failing arm", ok)
     assert ok, (played, state.get("failed_arms"))
 
@@ -148,8 +170,15 @@ def test_interrupted_runs_do_not_count_against_the_arm(tmp_path):
         bandit = BatchSizeBandit(store, "job", _settings(max_failures=1))
         for _ in range(3):
             s = bandit.suggest()
-            bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed",
-                          info={"run_status": "interrupted"})
+            bandit.report(
+                s.trial_id,
+                energy_J=None,
+                time_s=None,
+                cost=None,
+                converged=False,
+                status="failed",
+                info={"run_status": "interrupted"},
+            )
         assert s.batch_size == 16 and "failed_arms" not in bandit.state()
         assert arm_failures(store.list_trials("job")) == {}
 
@@ -171,15 +200,27 @@ def test_killed_runs_count_and_show_says_why(tmp_path, kind, record_fault):
             s = bandit.suggest()
             assert s.batch_size == 8
             store.create_trial("job", 8, pid=_dead_pid(), info={"phase": "pruning", "round": 0})
-            store.finish_trial(s.trial_id, status="failed", energy_J=None, time_s=None, cost=None,
-                               converged=False, info={"run_status": "interrupted"})  # does not count
+            store.finish_trial(
+                s.trial_id,
+                status="failed",
+                energy_J=None,
+                time_s=None,
+                cost=None,
+                converged=False,
+                info={"run_status": "interrupted"},
+            )  # does not count
             with open_store(path) as reopened:  # the next open marks the dead one failed
                 assert reopened.list_trials("job")[-1].info["reason"] == "process died"
         nxt = bandit.suggest()
         state = bandit.state()
     text, as_json = show(path), show(path, as_json=True)
-    ok = (nxt.batch_size == 32 and "8" in state["failed_arms"] and "batch size 8 pruned: failed" in text
-          and "process died" in text and '"failed_arms"' in as_json)
+    ok = (
+        nxt.batch_size == 32
+        and "8" in state["failed_arms"]
+        and "batch size 8 pruned: failed" in text
+        and "process died" in text
+        and '"failed_arms"' in as_json
+    )
     record_fault("bandit input: failing arm", ok)
     assert ok, (nxt, state.get("failed_arms"), text)
 
@@ -199,8 +240,9 @@ def test_no_sequence_of_outcomes_breaks_the_bandit(outcomes):
         bandit = BatchSizeBandit(store, "job", _settings())
         for status, cost, converged, degraded in outcomes:
             s = bandit.suggest()
-            bandit.report(s.trial_id, energy_J=cost, time_s=1.0, cost=cost, converged=converged, status=status,
-                          degraded=degraded)
+            bandit.report(
+                s.trial_id, energy_J=cost, time_s=1.0, cost=cost, converged=converged, status=status, degraded=degraded
+            )
         bandit.suggest()  # never raises
         min_cost = bandit.min_cost
         costs = [t.cost for t in store.list_trials("job") if t.cost is not None]

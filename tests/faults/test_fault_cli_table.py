@@ -39,29 +39,42 @@ def _files(tmp: Path) -> dict[str, Path]:
     f["a_file"] = tmp / "a_file"
     f["a_file"].write_text("a file where a directory should be\n")
     f["bad_profile_log"] = tmp / "bad_profile.jsonl"
-    f["bad_profile_log"].write_text(json.dumps(
-        {"event": "power_limit_profile", "limits": [{"limit_W": "x", "time_per_step_s": "y"}]}) + "\n")
+    f["bad_profile_log"].write_text(
+        json.dumps({"event": "power_limit_profile", "limits": [{"limit_W": "x", "time_per_step_s": "y"}]}) + "\n"
+    )
     f["good_profile_log"] = tmp / "good_profile.jsonl"
-    f["good_profile_log"].write_text(json.dumps({"event": "power_limit_profile", "chosen_limit_W": 200.0, "limits": [
-        {"limit_W": 200.0, "time_per_step_s": 0.1, "energy_per_step_J": 20.0},
-        {"limit_W": 300.0, "time_per_step_s": 0.08, "energy_per_step_J": 24.0}]}) + "\n")
+    f["good_profile_log"].write_text(
+        json.dumps(
+            {
+                "event": "power_limit_profile",
+                "chosen_limit_W": 200.0,
+                "limits": [
+                    {"limit_W": 200.0, "time_per_step_s": 0.1, "energy_per_step_J": 20.0},
+                    {"limit_W": 300.0, "time_per_step_s": 0.08, "energy_per_step_J": 24.0},
+                ],
+            }
+        )
+        + "\n"
+    )
     f["not_json"] = tmp / "not_json.json"
     f["not_json"].write_text("{ not json\n")
     f["kernels"] = tmp / "userkernels.py"
     f["kernels"].write_text("NOT_A_FUNCTION = 3\n\ndef needs_args(a, b):\n    return a + b\n")
     f["marker_out_of_range"] = tmp / "marker_range.json"
-    f["marker_out_of_range"].write_text(json.dumps(
-        {"pid": 2**22 + 12345, "backend": "virtual", "gpus": [{"index": 0, "original_limit_W": 99999.0}]}))
+    f["marker_out_of_range"].write_text(
+        json.dumps({"pid": 2**22 + 12345, "backend": "virtual", "gpus": [{"index": 0, "original_limit_W": 99999.0}]})
+    )
     f["marker_nvml"] = tmp / "marker_nvml.json"
-    f["marker_nvml"].write_text(json.dumps(
-        {"pid": 2**22 + 12345, "backend": "nvml", "gpus": [{"index": 0, "original_limit_W": 250.0}]}))
+    f["marker_nvml"].write_text(
+        json.dumps({"pid": 2**22 + 12345, "backend": "nvml", "gpus": [{"index": 0, "original_limit_W": 250.0}]})
+    )
     f["json_edited"] = _store(tmp / "edited.json")
     doc = json.loads(f["json_edited"].read_text())
     doc["trials"][0]["batch_size"] = "sixteen"
     f["json_edited"].write_text(json.dumps(doc))
     f["sqlite_edited"] = _store(tmp / "edited.sqlite")
     conn = sqlite3.connect(f["sqlite_edited"])
-    conn.execute("UPDATE bandits SET state = '{\"phase\": \"guessing\"}'")
+    conn.execute('UPDATE bandits SET state = \'{"phase": "guessing"}\'')
     conn.commit()
     conn.close()
     f["sqlite_flipped"] = _store(tmp / "flipped.sqlite")
@@ -94,41 +107,76 @@ ROWS: dict[str, Row] = {  # case -> (arguments, exit status, what the message sa
     # the GPU restored (tests/faults/test_fault_restore.py, marker limits of 900 W and 50 W).
     "restore with no NVML": (lambda f, t: ("restore", "--marker", str(f["marker_nvml"])), 1, "NVIDIA"),
     "plot power-limit of a malformed record": (
-        lambda f, t: ("plot", "power-limit", str(f["bad_profile_log"]), "-o", str(t / "p.png")), 1, "malformed"),
+        lambda f, t: ("plot", "power-limit", str(f["bad_profile_log"]), "-o", str(t / "p.png")),
+        1,
+        "malformed",
+    ),
     "plot power-limit into an unwritable -o": (
-        lambda f, t: ("plot", "power-limit", str(f["good_profile_log"]), "-o", str(f["a_file"] / "p.png")), 1,
-        "cannot write"),
+        lambda f, t: ("plot", "power-limit", str(f["good_profile_log"]), "-o", str(f["a_file"] / "p.png")),
+        1,
+        "cannot write",
+    ),
     "plot profile of what is not JSON": (
-        lambda f, t: ("plot", "profile", str(f["not_json"]), "-o", str(t / "p.png")), 1, "not_json.json"),
+        lambda f, t: ("plot", "profile", str(f["not_json"]), "-o", str(t / "p.png")),
+        1,
+        "not_json.json",
+    ),
     "plot bandit of a hand-edited store": (
-        lambda f, t: ("plot", "bandit", str(f["json_edited"]), "job", "-o", str(t / "b.png")), 1, "edited.json"),
+        lambda f, t: ("plot", "bandit", str(f["json_edited"]), "job", "-o", str(t / "b.png")),
+        1,
+        "edited.json",
+    ),
     "profile-kernel of a non-callable": (
-        lambda f, t: ("profile-kernel", "userkernels:NOT_A_FUNCTION", "--backend", "virtual"), 1, "not a function"),
+        lambda f, t: ("profile-kernel", "userkernels:NOT_A_FUNCTION", "--backend", "virtual"),
+        1,
+        "not a function",
+    ),
     "profile-kernel of a function needing arguments": (
-        lambda f, t: ("profile-kernel", "userkernels:needs_args", "--backend", "virtual"), 1, "no arguments"),
+        lambda f, t: ("profile-kernel", "userkernels:needs_args", "--backend", "virtual"),
+        1,
+        "no arguments",
+    ),
     "profile-kernel of a missing module": (
-        lambda f, t: ("profile-kernel", "no_such_module_zc:f", "--backend", "virtual"), 1, "cannot import"),
+        lambda f, t: ("profile-kernel", "no_such_module_zc:f", "--backend", "virtual"),
+        1,
+        "cannot import",
+    ),
     "simulate into a store under a file": (
-        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["a_file"] / "s.json")), 1, "a_file"),
+        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["a_file"] / "s.json")),
+        1,
+        "a_file",
+    ),
     "simulate into a store under a missing /proc dir": (
-        lambda f, t: ("simulate", "--recurrences", "1", "--store", "/proc/zc-no-such-dir/s.db"), 1,
-        "zc-no-such-dir"),
+        lambda f, t: ("simulate", "--recurrences", "1", "--store", "/proc/zc-no-such-dir/s.db"),
+        1,
+        "zc-no-such-dir",
+    ),
     "simulate on a hand-edited JSON store": (
-        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["json_edited"])), 1, "edited.json"),
+        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["json_edited"])),
+        1,
+        "edited.json",
+    ),
     "simulate on a bit-flipped SQLite store": (
-        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["sqlite_flipped"])), 1, "flipped.sqlite"),
+        lambda f, t: ("simulate", "--recurrences", "1", "--store", str(f["sqlite_flipped"])),
+        1,
+        "flipped.sqlite",
+    ),
     "show a hand-edited JSON store": (lambda f, t: ("show", str(f["json_edited"])), 1, "field batch_size"),
     "show a hand-edited SQLite store": (lambda f, t: ("show", str(f["sqlite_edited"])), 1, "bandit state"),
     "show a bit-flipped JSON store": (lambda f, t: ("show", str(f["json_flipped"])), 1, "flipped.json"),
     "report what is not a log": (lambda f, t: ("report", str(f["not_json"])), 1, "not_json.json"),
     "plot power-limit of a missing log": (
-        lambda f, t: ("plot", "power-limit", str(t / "missing.jsonl"), "-o", str(t / "p.png")), 1,
-        "no such energy log"),
-    "restore a missing --marker": (lambda f, t: ("restore", "--marker", str(t / "missing_marker.json")), 1,
-                                   "missing_marker.json"),
+        lambda f, t: ("plot", "power-limit", str(t / "missing.jsonl"), "-o", str(t / "p.png")),
+        1,
+        "no such energy log",
+    ),
+    "restore a missing --marker": (
+        lambda f, t: ("restore", "--marker", str(t / "missing_marker.json")),
+        1,
+        "missing_marker.json",
+    ),
     "show an energy log": (lambda f, t: ("show", str(f["good_profile_log"])), 1, "zeus-callbacks report"),
-    "validate-config of a missing file": (
-        lambda f, t: ("validate-config", str(t / "missing.yaml")), 1, "missing.yaml"),
+    "validate-config of a missing file": (lambda f, t: ("validate-config", str(t / "missing.yaml")), 1, "missing.yaml"),
 }
 OWNED_BY_RESTORE: set[str] = set()
 
@@ -141,21 +189,43 @@ def test_every_row_names_a_subcommand():
     assert commands <= covered | {"frobnicate"}, commands - covered
 
 
-_STUB: dict[str, Path] = {k: Path(f"/nonexistent/{k}") for k in (
-    "a_file", "bad_profile_log", "good_profile_log", "not_json", "kernels", "marker_out_of_range", "marker_nvml",
-    "json_edited", "sqlite_edited", "sqlite_flipped", "json_flipped")}
+_STUB: dict[str, Path] = {
+    k: Path(f"/nonexistent/{k}")
+    for k in (
+        "a_file",
+        "bad_profile_log",
+        "good_profile_log",
+        "not_json",
+        "kernels",
+        "marker_out_of_range",
+        "marker_nvml",
+        "json_edited",
+        "sqlite_edited",
+        "sqlite_flipped",
+        "json_flipped",
+    )
+}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     files = _files(tmp)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "ZEUS_CALLBACKS_READ_ONLY": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "ZEUS_CALLBACKS_READ_ONLY": "1",
+    }
     procs = {}
     for case, (args, _, _) in ROWS.items():
-        procs[case] = subprocess.Popen([sys.executable, "-m", "zeus_callbacks.cli", *args(files, tmp)], cwd=tmp,
-                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[case] = subprocess.Popen(
+            [sys.executable, "-m", "zeus_callbacks.cli", *args(files, tmp)],
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results = {}
     for case, proc in procs.items():
         out, err = proc.communicate(timeout=300)
@@ -174,8 +244,12 @@ def test_bad_argument_or_file(results, case, record_fault):
     _, status, says = ROWS[case]
     code, out, err = results[case]
     last = err.strip().splitlines()[-1] if err.strip() else ""
-    ok = code == status and "Traceback" not in err and says in err and (
-        last.startswith("zeus-callbacks") or "error:" in last)
+    ok = (
+        code == status
+        and "Traceback" not in err
+        and says in err
+        and (last.startswith("zeus-callbacks") or "error:" in last)
+    )
     if case not in OWNED_BY_RESTORE:
         record_fault("bad input: CLI table", ok)
     assert ok, (code, out[-500:], err[-1500:])

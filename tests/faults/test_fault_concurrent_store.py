@@ -20,8 +20,9 @@ def _recorder(kind: str, path: str, worker: int, n: int) -> None:
     with open_patient(kind, path) as store:
         for i in range(n):
             trial = store.create_trial("shared", batch_size=worker * 100 + i, power_limit_W=200.0)
-            store.finish_trial(trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=float(i),
-                               converged=True)
+            store.finish_trial(
+                trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=float(i), converged=True
+            )
 
 
 def _bandit_worker(kind: str, path: str, worker: int, n: int) -> None:

@@ -34,10 +34,19 @@ MODES = ("exception", "exception_uncaught", "sigint", "sigterm", "sigkill")
 CASES_PER_MODE = 3
 PROFILING_STEPS = range(1, 28)  # the limit differs from ORIGINAL_W here (the profile ends near step 30)
 PHASES = ("start", "mid", "end")
-EXPECTED_RC = {"exception": 1, "exception_uncaught": 1, "sigint": -signal.SIGINT, "sigterm": -signal.SIGTERM,
-               "sigkill": -signal.SIGKILL}
-EXPECTED_STATUS = {"exception": "failed", "exception_uncaught": "interrupted", "sigint": "interrupted",
-                   "sigterm": "interrupted"}
+EXPECTED_RC = {
+    "exception": 1,
+    "exception_uncaught": 1,
+    "sigint": -signal.SIGINT,
+    "sigterm": -signal.SIGTERM,
+    "sigkill": -signal.SIGKILL,
+}
+EXPECTED_STATUS = {
+    "exception": "failed",
+    "exception_uncaught": "interrupted",
+    "sigint": "interrupted",
+    "sigterm": "interrupted",
+}
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -102,8 +111,9 @@ def _problems_after_exit(case: Case) -> list[str]:
     records = read_jsonl(case.log_dir / "child.jsonl")
     end = records[-1] if records else {}
     if end.get("event") != "run_end" or end.get("status") != EXPECTED_STATUS[case.mode]:
-        problems.append(f"log ends with {end.get('event')} {end.get('status')}, not run_end "
-                        f"{EXPECTED_STATUS[case.mode]}")
+        problems.append(
+            f"log ends with {end.get('event')} {end.get('status')}, not run_end {EXPECTED_STATUS[case.mode]}"
+        )
     if end.get("power_limit_W") != ORIGINAL_W:
         problems.append(f"run_end reports power_limit_W {end.get('power_limit_W')}")
     return problems
@@ -126,8 +136,11 @@ def _problems_after_sigkill(case: Case) -> list[str]:
     backend = SpyBackend(clock=ManualClock(1000.0), read_only=False)
     backend.set_power_limit_W(0, left_W)
     backend.calls.clear()
-    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(case.log_dir), "run_name": "next"}},
-                            backend=backend, is_main_process=True)
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(case.log_dir), "run_name": "next"}},
+        backend=backend,
+        is_main_process=True,
+    )
     session.train_start()
     try:
         if backend.calls != [(0, ORIGINAL_W)] or backend.power_limit_W(0) != ORIGINAL_W:

@@ -76,7 +76,7 @@ class Host:
                               env=self.env(), capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-        return json.loads(line[len("RESULT "):])
+        return json.loads(line[len("RESULT ") :])
 
     def restore(self, *args: str, visible: str | None = None) -> subprocess.CompletedProcess:
         """``zeus-callbacks restore ARGS`` on this host."""
@@ -231,9 +231,11 @@ def test_a_marker_limit_outside_the_range_is_clamped_with_a_warning(host, marker
 
 def test_the_fake_nvml_limit_outlives_its_process(host):
     """The premise of this file: a limit set in one process is the limit the next one reads."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tests.faults.nvml_child import fake_nvml; "
-            "f = fake_nvml(); f.nvmlInit(); "
-            "f.nvmlDeviceSetPowerManagementLimit(f.nvmlDeviceGetHandleByIndex(0), 333000)")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from tests.faults.nvml_child import fake_nvml; "
+        "f = fake_nvml(); f.nvmlInit(); "
+        "f.nvmlDeviceSetPowerManagementLimit(f.nvmlDeviceGetHandleByIndex(0), 333000)"
+    )
     subprocess.run([sys.executable, "-c", code, str(ROOT)], env=host.env(), check=True, timeout=60)
     assert host.limits_W() == [333.0]
     fake = FakePyNVML(state_path=host.state)

@@ -50,8 +50,11 @@ def _session(tmp_path: Path, clock: ManualClock, run_name: str = "run"):
     fake.set_load(LOAD_W)
     backend = NVMLBackend(nvml_module=fake, clock=clock, read_only=True)
     session = EnergySession(
-        {"backend": "nvml", "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},
-         "logging": {"log_dir": str(tmp_path), "run_name": run_name}},
+        {
+            "backend": "nvml",
+            "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},
+            "logging": {"log_dir": str(tmp_path), "run_name": run_name},
+        },
         backend=backend,
         is_main_process=True,
     )
@@ -97,7 +100,8 @@ def test_never_returning_sensor_call_does_not_block_hooks(tmp_path, record_fault
         "train_end bounded": end_s < HOOK_BOUND_S,
         "run completed": summary.status == "completed" and summary.steps == 25,
         "degraded, reason sensor_timeout": summary.degraded and summary.faults.get("sensor_timeout", 0) >= 1,
-        "run_end says so": end["event"] == "run_end" and end["degraded"] is True
+        "run_end says so": end["event"] == "run_end"
+        and end["degraded"] is True
         and end["faults"].get("sensor_timeout", 0) >= 1,
     }
     record_fault("sensor time: hung call", all(checks.values()))
@@ -167,7 +171,8 @@ def test_sigterm_ends_a_process_whose_sensor_hangs(tmp_path, record_fault):
     checks = {
         "epoch_end returned while the sensor hung": reached and epoch_end_s < HOOK_BOUND_S,
         "SIGTERM ended the process": ended and proc.returncode == -signal.SIGTERM,
-        "run_end written, degraded": end.get("event") == "run_end" and end.get("degraded") is True
+        "run_end written, degraded": end.get("event") == "run_end"
+        and end.get("degraded") is True
         and end.get("faults", {}).get("sensor_timeout", 0) >= 1,
     }
     record_fault("sensor time: SIGTERM while hung", all(checks.values()))
@@ -259,8 +264,10 @@ def test_timestamp_going_backwards_is_rejected(record_fault):
     clock = ManualClock(100.0)
     backend = _ScriptedSensor(clock, max_limit_W=700.0)
     sampler = PowerSampler(backend, [0])
-    backend.batches = [[PowerSample(99.0, 300.0), PowerSample(99.02, 300.0)],
-                       [PowerSample(98.5, 300.0), PowerSample(99.02, 300.0), PowerSample(99.04, 300.0)]]
+    backend.batches = [
+        [PowerSample(99.0, 300.0), PowerSample(99.02, 300.0)],
+        [PowerSample(98.5, 300.0), PowerSample(99.02, 300.0), PowerSample(99.04, 300.0)],
+    ]
     sampler.poll_once()
     sampler.poll_once()
     times, _ = sampler.samples(0)

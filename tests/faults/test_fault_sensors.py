@@ -51,26 +51,44 @@ def _every_power_source_unsupported(fake: fp.FakePyNVML) -> None:
 
 FAULTS = {
     "nvml GPU_IS_LOST (power samples)": SensorFault(
-        "nvml", lambda f: f.fail_always("nvmlDeviceGetSamples", fp.NVML_ERROR_GPU_IS_LOST), "gpu_lost",
-        "gpu_lost", 20),
+        "nvml", lambda f: f.fail_always("nvmlDeviceGetSamples", fp.NVML_ERROR_GPU_IS_LOST), "gpu_lost", "gpu_lost", 20
+    ),
     "nvml UNKNOWN (power samples)": SensorFault(
-        "nvml", lambda f: f.fail_always("nvmlDeviceGetSamples", fp.NVML_ERROR_UNKNOWN), "unknown", "(unknown)", 20),
+        "nvml", lambda f: f.fail_always("nvmlDeviceGetSamples", fp.NVML_ERROR_UNKNOWN), "unknown", "(unknown)", 20
+    ),
     "nvml NOT_SUPPORTED (every power source)": SensorFault(
-        "nvml", _every_power_source_unsupported, "not_supported", "not_supported", 20),
+        "nvml", _every_power_source_unsupported, "not_supported", "not_supported", 20
+    ),
     "nvml GPU_IS_LOST (energy counter)": SensorFault(
-        "nvml", lambda f: f.fail_always("nvmlDeviceGetTotalEnergyConsumption", fp.NVML_ERROR_GPU_IS_LOST),
-        "gpu_lost", "gpu_lost", 2),
+        "nvml",
+        lambda f: f.fail_always("nvmlDeviceGetTotalEnergyConsumption", fp.NVML_ERROR_GPU_IS_LOST),
+        "gpu_lost",
+        "gpu_lost",
+        2,
+    ),
     # nvml energy counter backwards: a reset is not a fault (the samples are exact), see
     # tests/test_honest_figures.py::test_counter_reset_drops_one_interval_and_the_cross_check_goes_on.
     "amdsmi ERR_IO (energy count)": SensorFault(
-        "amdsmi", lambda f: f.fail_always("amdsmi_get_energy_count", fa.AmdSmiRetCode.ERR_IO), "unknown",
-        "(unknown)", 20),
+        "amdsmi",
+        lambda f: f.fail_always("amdsmi_get_energy_count", fa.AmdSmiRetCode.ERR_IO),
+        "unknown",
+        "(unknown)",
+        20,
+    ),
     "amdsmi ERR_NOT_SUPPORTED (energy count)": SensorFault(
-        "amdsmi", lambda f: f.fail_always("amdsmi_get_energy_count", fa.AmdSmiRetCode.ERR_NOT_SUPPORTED),
-        "not_supported", "not_supported", 20),
+        "amdsmi",
+        lambda f: f.fail_always("amdsmi_get_energy_count", fa.AmdSmiRetCode.ERR_NOT_SUPPORTED),
+        "not_supported",
+        "not_supported",
+        20,
+    ),
     "amdsmi energy counter backwards": SensorFault(
-        "amdsmi", lambda f: f.counter_backwards(0, by_ticks=round(BACKWARDS_J * 1e6 / f.counter_resolution_uJ)),
-        "counter_backwards", "backwards", 1),
+        "amdsmi",
+        lambda f: f.counter_backwards(0, by_ticks=round(BACKWARDS_J * 1e6 / f.counter_resolution_uJ)),
+        "counter_backwards",
+        "backwards",
+        1,
+    ),
 }
 
 
@@ -94,8 +112,11 @@ def test_sensor_fault_mid_run_degrades_and_warns_once(tmp_path, caplog, name, re
     fake, backend = _make(fault.vendor, clock)
     fake.set_load(LOAD_W)
     session = EnergySession(
-        {"backend": fault.vendor, "windows": {"sample_fraction": 1.0},  # every step's report is checked
-         "logging": {"log_dir": str(tmp_path), "run_name": "run", "interval_steps": INTERVAL_STEPS}},
+        {
+            "backend": fault.vendor,
+            "windows": {"sample_fraction": 1.0},  # every step's report is checked
+            "logging": {"log_dir": str(tmp_path), "run_name": "run", "interval_steps": INTERVAL_STEPS},
+        },
         backend=backend,
         is_main_process=True,
     )
@@ -120,14 +141,16 @@ def test_sensor_fault_mid_run_degrades_and_warns_once(tmp_path, caplog, name, re
     records = read_jsonl(summary.jsonl_path)
     end = records[-1]
     after_fault = [r for r in records if r["event"] == "steps" and r["last_step"] >= FAULT_FROM + INTERVAL_STEPS]
-    warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and r.name.startswith("zeus_callbacks")]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("zeus_callbacks")
+    ]
     about_kind = [m for m in warnings if fault.pattern in m]
     checks = {
         "the run completed": summary.status == "completed" and summary.steps == STEPS,
         "energy still measured": summary.energy_J > 0,
         "summary degraded": summary.degraded and summary.faults.get(fault.kind, 0) >= fault.min_reads,
-        "JSONL run_end degraded": end["event"] == "run_end" and end["degraded"] is True
+        "JSONL run_end degraded": end["event"] == "run_end"
+        and end["degraded"] is True
         and end["faults"].get(fault.kind, 0) >= fault.min_reads,
         "JSONL steps after the fault degraded": bool(after_fault) and all(r["degraded"] for r in after_fault),
         "one warning for the kind": len(about_kind) == 1,
@@ -135,5 +158,8 @@ def test_sensor_fault_mid_run_degrades_and_warns_once(tmp_path, caplog, name, re
         "warnings do not grow with steps": len(warnings) <= 4,
     }
     record_fault(f"sensor fault: {fault.vendor}", all(checks.values()))
-    assert all(checks.values()), {"failed": [k for k, ok in checks.items() if not ok], "faults": summary.faults,
-                                  "warnings": warnings}
+    assert all(checks.values()), {
+        "failed": [k for k, ok in checks.items() if not ok],
+        "faults": summary.faults,
+        "warnings": warnings,
+    }

@@ -60,10 +60,17 @@ def test_json_write_error_is_named_and_the_old_file_kept(tmp_path, monkeypatch, 
     assert ok, (str(info.value), left, trials)
 
 
-@pytest.mark.parametrize(("code", "error"), [
-    (errno.ENOSPC, StoreFullError), (errno.EDQUOT, StoreFullError), (errno.EACCES, StorePermissionError),
-    (errno.EPERM, StorePermissionError), (errno.EROFS, StorePermissionError), (errno.EIO, StoreError),
-])
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (errno.ENOSPC, StoreFullError),
+        (errno.EDQUOT, StoreFullError),
+        (errno.EACCES, StorePermissionError),
+        (errno.EPERM, StorePermissionError),
+        (errno.EROFS, StorePermissionError),
+        (errno.EIO, StoreError),
+    ],
+)
 def test_os_errors_are_translated_by_errno(code, error):
     got = os_error(OSError(code, os.strerror(code), "/x/store.json"), "/x/store.json", "write")
     assert type(got) is error and "/x/store.json" in str(got)

@@ -122,8 +122,12 @@ JSON_EDITS: dict[str, Callable[[Path], None]] = {
     "started_at infinite": _json_edit(lambda d: _set(d["trials"][0], "started_at", 1e999)),
     "survivors text": _json_edit(lambda d: _set(d["bandits"]["job"]["state"], "survivors", "all")),
     "unknown phase": _json_edit(lambda d: _set(d["bandits"]["job"]["state"], "phase", "guessing")),
-    "candidate not an arm": _json_edit(lambda d: (_set(d["bandits"]["job"]["state"], "phase", "pruning"),
-                                                  _set(d["bandits"]["job"]["state"], "candidate", 999))),
+    "candidate not an arm": _json_edit(
+        lambda d: (
+            _set(d["bandits"]["job"]["state"], "phase", "pruning"),
+            _set(d["bandits"]["job"]["state"], "candidate", 999),
+        )
+    ),
     "rng state garbage": _json_edit(lambda d: _set(d["bandits"]["job"]["state"], "rng", {"x": 1})),
     "arm key text": _json_edit(lambda d: _set(d["bandits"]["job"]["arms"], "abc", {})),
     "bandit version negative": _json_edit(lambda d: _set(d["bandits"]["job"], "version", -1)),

@@ -44,8 +44,9 @@ def _writer(kind: str, path: str, kill_no: int, wfd: int) -> None:
         while True:
             trial = store.create_trial(JOB, batch_size=8 + i % 4, power_limit_W=200.0, info={"kill": kill_no, "i": i})
             os.write(wfd, f"T {trial.trial_id}\n".encode())
-            store.finish_trial(trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=float(i),
-                               converged=True)
+            store.finish_trial(
+                trial.trial_id, status="completed", energy_J=float(i), time_s=1.0, cost=float(i), converged=True
+            )
             os.write(wfd, f"F {trial.trial_id} {i}\n".encode())
             if i % 3 == 0:
                 store.put_profile(f"k{kill_no}", {"i": i, "limits_W": list(range(100, 300, 5))})
@@ -73,7 +74,7 @@ def _kill_one(kind: str, path: str, kill_no: int, delay_s: float, start: str) ->
     wait_for = {"fork": None, "open": b"O\n", "first write": b"T "}[start]
     if wait_for is not None:  # wait for that report (or an error, or EOF)
         data = b""
-        while (chunk := os.read(rfd, 65536)):
+        while chunk := os.read(rfd, 65536):
             chunks.append(chunk)
             data += chunk
             if wait_for in data or b"E " in data:

@@ -38,8 +38,12 @@ def _config(tmp_path: Path, kind: str) -> dict:
         "job_id": "nightly",
         "logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"},
         "store": {"backend": kind, "path": str(tmp_path / f"store.{kind}"), "lock_timeout_s": 0.5},
-        "batch_size": {"enabled": True, "batch_sizes": [16, 32, 64], "default_batch_size": 32,
-                       "target": {"metric": "acc", "value": 0.5}},
+        "batch_size": {
+            "enabled": True,
+            "batch_sizes": [16, 32, 64],
+            "default_batch_size": 32,
+            "target": {"metric": "acc", "value": 0.5},
+        },
     }
 
 
@@ -95,13 +99,25 @@ def test_a_store_locked_at_run_start_does_not_stop_training(tmp_path, kind, virt
         merged = store.list_trials("nightly")
         state = store.get_bandit("nightly")
     trial = merged[0] if len(merged) == 1 else None
-    ok = (batch_size == 32 and summary.status == "completed" and summary.steps == 3 and trials == []
-          and "without the bandit's suggestion" in caplog.text and "stayed locked" in caplog.text
-          and len(pending) == 1 and trial is not None and trial.status == "completed" and trial.batch_size == 32
-          and trial.energy_J == pytest.approx(summary.energy_J) and trial.cost is not None and trial.cost > 0
-          and "could not be reached at train start" in trial.info.get("reason", "")
-          and trial.info.get("round", 0) is None and list(folder.glob("*.json")) == []
-          and (state is None or state.state.get("candidate") in (None, 32)))  # pruning not moved on
+    ok = (
+        batch_size == 32
+        and summary.status == "completed"
+        and summary.steps == 3
+        and trials == []
+        and "without the bandit's suggestion" in caplog.text
+        and "stayed locked" in caplog.text
+        and len(pending) == 1
+        and trial is not None
+        and trial.status == "completed"
+        and trial.batch_size == 32
+        and trial.energy_J == pytest.approx(summary.energy_J)
+        and trial.cost is not None
+        and trial.cost > 0
+        and "could not be reached at train start" in trial.info.get("reason", "")
+        and trial.info.get("round", 0) is None
+        and list(folder.glob("*.json")) == []
+        and (state is None or state.state.get("candidate") in (None, 32))
+    )  # pruning not moved on
     record_fault("store: locked", ok)
     assert ok, (batch_size, summary.status, trials, pending, merged, state, caplog.text[-2000:])
 
@@ -138,8 +154,13 @@ CHILD = textwrap.dedent("""
 def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind, record_fault):
     cfg = _config(tmp_path, kind)
     started, locked = tmp_path / "started", tmp_path / "locked"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), str(started), str(locked)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(cfg), str(started), str(locked)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not started.exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -153,8 +174,17 @@ def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind,
         trials = store.list_trials("nightly")
     left = sorted((tmp_path / "logs" / recurring.PENDING_DIR).glob("*.json"))
     trial = trials[-1] if trials else None
-    ok = (len(pending) == 1 and "status completed" in out and "kept in" in err and trial is not None
-          and trial.status == "completed" and trial.converged and trial.cost is not None and trial.cost > 0
-          and "recorded late" in trial.info.get("reason", "") and left == [])
+    ok = (
+        len(pending) == 1
+        and "status completed" in out
+        and "kept in" in err
+        and trial is not None
+        and trial.status == "completed"
+        and trial.converged
+        and trial.cost is not None
+        and trial.cost > 0
+        and "recorded late" in trial.info.get("reason", "")
+        and left == []
+    )
     record_fault("store: locked", ok)
     assert ok, (pending, out, err[-2000:], trials, left)

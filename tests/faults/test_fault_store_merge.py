@@ -89,8 +89,7 @@ def _config(tmp_path: Path, kind: str, location: str) -> dict:
 
 
 def _python(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
 def _state(config) -> tuple[list, int]:
@@ -125,15 +124,32 @@ def test_a_merge_killed_before_removing_its_file_records_the_trial_once(tmp_path
     after_next, version_after_next = _state(config)
 
     ok = (
-        killed.returncode == -signal.SIGKILL and f"merged {pending.name}" in killed.stdout
+        killed.returncode == -signal.SIGKILL
+        and f"merged {pending.name}" in killed.stdout
         and len(before) == (0 if up == 0 else 1)
         # the killed merge committed, and left its file
-        and left_by_kill and len(merged) == 1 and merged[0].status == "completed" and merged[0].energy_J == ENERGY_J
-        and "recorded late" in merged[0].info.get("reason", "") and version_after_kill >= 1
+        and left_by_kill
+        and len(merged) == 1
+        and merged[0].status == "completed"
+        and merged[0].energy_J == ENERGY_J
+        and "recorded late" in merged[0].info.get("reason", "")
+        and version_after_kill >= 1
         # the next open recorded nothing new: one trial, not rewritten, no second bandit update
-        and after_next == after_kill and len(after_next) == 1 and version_after_next == version_after_kill
+        and after_next == after_kill
+        and len(after_next) == 1
+        and version_after_next == version_after_kill
         and not pending.exists()  # and removed the file
     )
     record_fault("store: merge killed", ok)
-    assert ok, (killed.returncode, killed.stdout, killed.stderr[-2000:], left_by_kill, before, after_kill,
-                after_next, version_after_kill, version_after_next, pending.exists())
+    assert ok, (
+        killed.returncode,
+        killed.stdout,
+        killed.stderr[-2000:],
+        left_by_kill,
+        before,
+        after_kill,
+        after_next,
+        version_after_kill,
+        version_after_next,
+        pending.exists(),
+    )

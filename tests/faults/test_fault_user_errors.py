@@ -114,8 +114,13 @@ def test_every_wrongly_typed_field_is_named(tmp_path, capsys, dotted, record_fau
 
 
 def _command(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "zeus_callbacks.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "zeus_callbacks.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_file_level_mistakes_through_the_command(tmp_path, record_fault):
@@ -139,8 +144,13 @@ def test_file_level_mistakes_through_the_command(tmp_path, record_fault):
     failures = {}
     for path, proc in procs.items():
         out, err = proc.communicate(timeout=60)
-        ok = (proc.returncode == 1 and str(path) in err and all(s in err for s in expected[path])
-              and "Traceback" not in err and not out)
+        ok = (
+            proc.returncode == 1
+            and str(path) in err
+            and all(s in err for s in expected[path])
+            and "Traceback" not in err
+            and not out
+        )
         if not record_fault("bad input: configuration file", ok):
             failures[path.name] = (proc.returncode, err[-1500:])
     assert not failures, failures
@@ -164,8 +174,10 @@ def _not_a_store(kind: str, path: Path) -> None:
     path.write_bytes(b"PK\x03\x04 this is a zip file, not a store\n")
 
 
-STORE_FILES = {"newer schema": (_newer_schema, "newer than this zeus-callbacks"),
-               "not a store": (_not_a_store, "left untouched")}
+STORE_FILES = {
+    "newer schema": (_newer_schema, "newer than this zeus-callbacks"),
+    "not a store": (_not_a_store, "left untouched"),
+}
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "json"])
@@ -184,16 +196,30 @@ def test_bad_store_file_is_refused_by_the_session(tmp_path, kind, what, record_f
     session = EnergySession(config, backend=virtual_backend, is_main_process=True)
     with pytest.raises(StoreError) as info:
         session.train_start()
-    ok = (str(path) in str(info.value) and says in str(info.value) and path.read_bytes() == before
-          and not session.started and not any(t.name == "zeus-power-sampler" for t in threading.enumerate()))
+    ok = (
+        str(path) in str(info.value)
+        and says in str(info.value)
+        and path.read_bytes() == before
+        and not session.started
+        and not any(t.name == "zeus-power-sampler" for t in threading.enumerate())
+    )
     record_fault("bad input: store file", ok)
     assert ok, str(info.value)
 
 
 STORE_COMMANDS = {
     "show": lambda path: ("show", str(path)),
-    "simulate": lambda path: ("simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "1",
-                              "--store", str(path)),
+    "simulate": lambda path: (
+        "simulate",
+        "--gpu",
+        "V100",
+        "--workload",
+        "cifar100",
+        "--recurrences",
+        "1",
+        "--store",
+        str(path),
+    ),
 }
 
 
@@ -207,8 +233,13 @@ def test_bad_store_file_is_refused_by_the_command(tmp_path, command, kind, what,
     before = path.read_bytes()
     proc = _command(*STORE_COMMANDS[command](path))
     _, err = proc.communicate(timeout=60)
-    ok = (proc.returncode not in (0, None) and str(path) in err and says in err and "Traceback" not in err
-          and path.read_bytes() == before)
+    ok = (
+        proc.returncode not in (0, None)
+        and str(path) in err
+        and says in err
+        and "Traceback" not in err
+        and path.read_bytes() == before
+    )
     record_fault("bad input: store file", ok)
     assert ok, (proc.returncode, err[-1500:])
 
@@ -217,12 +248,18 @@ def test_unwritable_log_directory_is_named_before_training(tmp_path, record_faul
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("a file where the log directory should be\n")
     log_dir = blocker / "logs"  # unwritable even for root: its parent is a file
-    session = EnergySession({"backend": "virtual", "logging": {"log_dir": str(log_dir), "run_name": "r"}},
-                            backend=virtual_backend, is_main_process=True)
+    session = EnergySession(
+        {"backend": "virtual", "logging": {"log_dir": str(log_dir), "run_name": "r"}},
+        backend=virtual_backend,
+        is_main_process=True,
+    )
     with pytest.raises(OSError) as info:
         session.train_start()
-    ok = (str(log_dir) in str(info.value) and not session.started
-          and not any(t.name == "zeus-power-sampler" for t in threading.enumerate()))
+    ok = (
+        str(log_dir) in str(info.value)
+        and not session.started
+        and not any(t.name == "zeus-power-sampler" for t in threading.enumerate())
+    )
     record_fault("bad input: unwritable log directory", ok)
     assert ok, str(info.value)
 
@@ -254,9 +291,16 @@ def test_restore_refuses_and_keeps_what_is_not_a_marker(tmp_path, name, record_f
     proc = _command("restore", "--marker", str(path))
     out, err = proc.communicate(timeout=60)
     messages = [line for line in err.splitlines() if "restore marker" in line]
-    ok = (proc.returncode == 1 and path.exists() and _snapshot(path) == before
-          and len(messages) == 1 and str(path) in messages[0] and "left untouched" in messages[0]
-          and "Traceback" not in err and "restored" not in out)
+    ok = (
+        proc.returncode == 1
+        and path.exists()
+        and _snapshot(path) == before
+        and len(messages) == 1
+        and str(path) in messages[0]
+        and "left untouched" in messages[0]
+        and "Traceback" not in err
+        and "restored" not in out
+    )
     record_fault("bad input: restore marker", ok)
     assert ok, (proc.returncode, out, err[-1500:])
 
@@ -281,7 +325,7 @@ def test_out_of_range_arguments_are_refused_by_argparse(record_fault):
         option = next(a for a in ARGUMENT_CASES[case] if a.startswith("--"))
         last = err.strip().splitlines()[-1] if err.strip() else ""
         # argparse's usage error: status 2, the option named on the last line, nothing run
-        ok = (proc.returncode == 2 and f"argument {option}: must be" in last and "Traceback" not in err and not out)
+        ok = proc.returncode == 2 and f"argument {option}: must be" in last and "Traceback" not in err and not out
         if not record_fault("bad input: command-line argument", ok):
             failures[case] = (proc.returncode, err[-800:])
     assert not failures, failures
@@ -299,8 +343,10 @@ def _config_cases(tmp_path: Path) -> dict[str, tuple[tuple[str, ...], str]]:
         "restore --config missing": (("restore", "--config", str(missing)), f"not found: {missing}"),
         "restore --config bad YAML": (("restore", "--config", str(broken)), "is not valid YAML"),
         "show DIR": (("show", str(folder)), f"store {folder} is a directory"),
-        "simulate --store DIR": (("simulate", "--recurrences", "1", "--store", str(folder)),
-                                 f"store {folder} is a directory"),
+        "simulate --store DIR": (
+            ("simulate", "--recurrences", "1", "--store", str(folder)),
+            f"store {folder} is a directory",
+        ),
     }
 
 
@@ -338,8 +384,11 @@ def test_reading_commands_never_write_the_store(tmp_path, what, command, record_
     path = folder / "zeus.db"
     make(path)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    args = ("show", str(path)) if command == "show" else ("plot", "bandit", str(path), "job", "-o",
-                                                          str(tmp_path / "bandit.png"))
+    args = (
+        ("show", str(path))
+        if command == "show"
+        else ("plot", "bandit", str(path), "job", "-o", str(tmp_path / "bandit.png"))
+    )
     proc = _command(*args)
     _, err = proc.communicate(timeout=60)
     after = {p.name: p.read_bytes() for p in folder.iterdir()}

@@ -55,8 +55,13 @@ def schedules(draw) -> Schedule:
     )
 
 
-@settings(max_examples=SCHEDULES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=SCHEDULES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(schedules())
 def test_every_figure_is_true_or_flagged(schedule):
     bad = tally(run_schedule(schedule))
@@ -70,22 +75,32 @@ FIXED_HERE = {  # found by the suite on main, fixed on this branch (issue 20 ite
     "a NaN sample": Schedule("nvml", faults=(Fault("bad_nan", 2, 1),), **_ONE_EPOCH),
     "a -1e6 W sample": Schedule("nvml", faults=(Fault("bad_negative", 2, 1),), **_ONE_EPOCH),
     "a 1e9 W sample": Schedule("nvml", faults=(Fault("bad_huge", 2, 1),), **_ONE_EPOCH),
-    "a sample from the future": Schedule("nvml", epoch_steps=(8,), step_s=0.1, loads_W=((0, 300.0), (4, 600.0)),
-                                         faults=(Fault("bad_future", 2, 1),)),
+    "a sample from the future": Schedule(
+        "nvml", epoch_steps=(8,), step_s=0.1, loads_W=((0, 300.0), (4, 600.0)), faults=(Fault("bad_future", 2, 1),)
+    ),
 }
 
 FIXED_BY_HONEST_FIGURES = {  # found by the suite on main: a stuck counter read as 0 W, unflagged (issue 16 item 2)
     "amdsmi counter stuck mid-run": Schedule("amdsmi", faults=(Fault("counter_stuck", 1, 9),), **_ONE_EPOCH),
     "amdsmi counter stuck and power info lost from the start": Schedule(
-        "amdsmi", epoch_steps=(1,), step_s=0.04, loads_W=((0, 121.0),),
-        faults=(Fault("power_info_lost", 0, 1), Fault("counter_stuck", 0, 1))),
+        "amdsmi",
+        epoch_steps=(1,),
+        step_s=0.04,
+        loads_W=((0, 121.0),),
+        faults=(Fault("power_info_lost", 0, 1), Fault("counter_stuck", 0, 1)),
+    ),
     "amdsmi counter stuck while power info is lost": Schedule(
-        "amdsmi", epoch_steps=(5, 12), step_s=0.1, loads_W=((0, 217.5),),
-        faults=(Fault("power_info_lost", 14, 17), Fault("counter_stuck", 5, 23))),
+        "amdsmi",
+        epoch_steps=(5, 12),
+        step_s=0.1,
+        loads_W=((0, 217.5),),
+        faults=(Fault("power_info_lost", 14, 17), Fault("counter_stuck", 5, 23)),
+    ),
     # The counter's last refresh fell just after the last poll but one: the last poll saw it advance by one
     # refresh (0.12 J in 0.1 s, 1.2 W) and took that for power; no later poll came to see it stopped.
     "amdsmi counter stuck in the last step": Schedule(
-        "amdsmi", epoch_steps=(1, 7), step_s=0.1, loads_W=((0, 121.0),), faults=(Fault("counter_stuck", 7, 1),)),
+        "amdsmi", epoch_steps=(1, 7), step_s=0.1, loads_W=((0, 121.0),), faults=(Fault("counter_stuck", 7, 1),)
+    ),
 }
 
 
@@ -102,8 +117,7 @@ def test_stuck_counter_counter_example(schedule):
     assert not violations(run_schedule(schedule))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_counter_stuck_in_the_last_steps(data):
     """A counter stuck in the last k steps (no later reading settles it): every figure true or flagged."""
@@ -117,8 +131,13 @@ def test_counter_stuck_in_the_last_steps(data):
     faults = [Fault("counter_stuck", total - k, k)]
     if data.draw(st.booleans()):  # socket power lost too, from some step on
         faults.append(Fault("power_info_lost", data.draw(st.integers(0, total - 1)), total))
-    schedule = Schedule("amdsmi", epoch_steps=epoch_steps, step_s=data.draw(st.sampled_from([0.04, 0.1, 0.2])),
-                        loads_W=tuple(sorted(loads.items())), faults=tuple(faults))
+    schedule = Schedule(
+        "amdsmi",
+        epoch_steps=epoch_steps,
+        step_s=data.draw(st.sampled_from([0.04, 0.1, 0.2])),
+        loads_W=tuple(sorted(loads.items())),
+        faults=tuple(faults),
+    )
     bad = tally(run_schedule(schedule))
     assert not bad, (schedule, bad)
 

@@ -38,8 +38,18 @@ NVML_EDGE_S = 0.06
 ABS_EPS_J = 0.01
 REL_EPS = 1e-6
 
-NVML_FAULTS = ("lost", "samples_unknown", "unsupported_mid", "counter_reset", "bad_nan", "bad_negative",
-               "bad_huge", "bad_future", "counter_lost", "counter_stuck")
+NVML_FAULTS = (
+    "lost",
+    "samples_unknown",
+    "unsupported_mid",
+    "counter_reset",
+    "bad_nan",
+    "bad_negative",
+    "bad_huge",
+    "bad_future",
+    "counter_lost",
+    "counter_stuck",
+)
 AMDSMI_FAULTS = ("lost", "counter_reset", "power_info_lost", "counter_stuck")
 AMDSMI_REFRESH_S = 0.001
 """The amdsmi energy counter refreshes every ~1 ms (docs/hardware.md): each edge of a window it measures
@@ -132,9 +142,16 @@ def _switch(fake: Any, schedule: Schedule, step: int) -> None:
         starting += [f for f in schedule.faults if f.start < step < f.start + f.length]
     for f in starting:
         if f.kind == "lost":
-            for func in (("nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption",
-                          "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage") if nvml
-                         else ("amdsmi_get_energy_count", "amdsmi_get_power_info")):
+            for func in (
+                (
+                    "nvmlDeviceGetSamples",
+                    "nvmlDeviceGetTotalEnergyConsumption",
+                    "nvmlDeviceGetFieldValues",
+                    "nvmlDeviceGetPowerUsage",
+                )
+                if nvml
+                else ("amdsmi_get_energy_count", "amdsmi_get_power_info")
+            ):
                 fake.fail_always(func, lost)
         elif f.kind == "samples_unknown":
             fake.fail_always("nvmlDeviceGetSamples", fp.NVML_ERROR_UNKNOWN)
@@ -153,8 +170,14 @@ def _switch(fake: Any, schedule: Schedule, step: int) -> None:
             else:
                 fake.counter_backwards(0, by_ticks=round(5_000 * 1e6 / fake.counter_resolution_uJ))
         elif f.kind.startswith("bad_") and f.start == step:
-            fake.corrupt_next_sample(**{"bad_nan": {"power_W": math.nan}, "bad_negative": {"power_W": -1e6},
-                                        "bad_huge": {"power_W": 1e9}, "bad_future": {"shift_s": 60.0}}[f.kind])
+            fake.corrupt_next_sample(
+                **{
+                    "bad_nan": {"power_W": math.nan},
+                    "bad_negative": {"power_W": -1e6},
+                    "bad_huge": {"power_W": 1e9},
+                    "bad_future": {"shift_s": 60.0},
+                }[f.kind]
+            )
 
 
 def run_schedule(schedule: Schedule, log_dir: Path | None = None) -> Outcome:
@@ -171,8 +194,11 @@ def _run(schedule: Schedule, log_dir: Path) -> Outcome:
         fake.set_load(loads[0])
     changes: list[tuple[float, float]] = []  # (time, |ΔP|)
     session = EnergySession(
-        {"backend": schedule.vendor, "windows": {"sample_fraction": 1.0},
-         "logging": {"log_dir": str(log_dir), "run_name": "run", "interval_steps": 4}},
+        {
+            "backend": schedule.vendor,
+            "windows": {"sample_fraction": 1.0},
+            "logging": {"log_dir": str(log_dir), "run_name": "run", "interval_steps": 4},
+        },
         backend=backend,
         is_main_process=True,
     )
@@ -220,21 +246,36 @@ def _run(schedule: Schedule, log_dir: Path) -> Outcome:
 
     out = Outcome(faults=dict(summary.faults))
     run_flagged = summary.degraded or getattr(summary, "complete", True) is False
-    out.figures.append(Figure("run", summary.energy_J, truth(run_start, run_end), tolerance(run_start, run_end),
-                              run_flagged))
+    out.figures.append(
+        Figure("run", summary.energy_J, truth(run_start, run_end), tolerance(run_start, run_end), run_flagged)
+    )
     records = read_jsonl(summary.jsonl_path)
     for r in records:
         if r["event"] == "epoch":
             a, b = epochs[r["epoch"]]
-            out.figures.append(Figure(f"epoch {r['epoch']}", r["energy_J"], truth(a, b), tolerance(a, b),
-                                      bool(r.get("degraded")) or r.get("complete") is False))
+            out.figures.append(
+                Figure(
+                    f"epoch {r['epoch']}",
+                    r["energy_J"],
+                    truth(a, b),
+                    tolerance(a, b),
+                    bool(r.get("degraded")) or r.get("complete") is False,
+                )
+            )
         elif r["event"] == "steps" and r.get("count"):
             idx = range(r["last_step"] - r["count"] + 1, r["last_step"] + 1)
             mean = r["energy_J_mean"]
             true_mean = sum(truth(*steps[k]) for k in idx) / len(idx)
             tol_mean = sum(tolerance(*steps[k]) for k in idx) / len(idx)
-            out.figures.append(Figure(f"steps {idx.start}-{idx.stop - 1}", mean, true_mean, tol_mean,
-                                      bool(r.get("degraded")) or r.get("complete") is False))
+            out.figures.append(
+                Figure(
+                    f"steps {idx.start}-{idx.stop - 1}",
+                    mean,
+                    true_mean,
+                    tol_mean,
+                    bool(r.get("degraded")) or r.get("complete") is False,
+                )
+            )
     return out
 
 

@@ -73,8 +73,16 @@ class HParamRegressor(L.LightningModule):
 def fit_once(tmp_path, config) -> tuple[HParamRegressor, ZeusCallback, L.Trainer]:
     model = HParamRegressor()
     callback = ZeusCallback(config)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, callbacks=[callback], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=3,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model)
     return model, callback, trainer
 
@@ -100,11 +108,20 @@ def hf_trainer(tmp_path, callback, batch_size: int):
 
     from tests.integration.test_huggingface import RandomTokens, tiny_lm
 
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=12, per_device_train_batch_size=batch_size,
-                             eval_strategy="steps", eval_steps=3, report_to="none", save_strategy="no",
-                             disable_tqdm=True, use_cpu=True)
-    return Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
-                   callbacks=[callback])
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=12,
+        per_device_train_batch_size=batch_size,
+        eval_strategy="steps",
+        eval_steps=3,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    return Trainer(
+        model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[callback]
+    )
 
 
 def test_huggingface_suggestion_before_training_arguments_and_mismatch_warning(tmp_path, caplog):

@@ -98,8 +98,16 @@ def test_energy_reaches_tensorboard(tmp_path):
     # transformers 5 writes TB events under output_dir and prefixes training logs with "train/".
     scalars = {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
     power_W = expected_power_W(config)
-    for tag in ("energy/step_J", "power/mean_W", "energy/per_sample_J", "energy/per_token_J", "power_limit/W",
-                "time/total_s", "energy/eval_J", "energy/epoch_J"):
+    for tag in (
+        "energy/step_J",
+        "power/mean_W",
+        "energy/per_sample_J",
+        "energy/per_token_J",
+        "power_limit/W",
+        "time/total_s",
+        "energy/eval_J",
+        "energy/epoch_J",
+    ):
         assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"
         assert all(v > 0 and math.isfinite(v) for _, v in scalars[tag]), tag
     # The running total never decreases (it may be 0 before the first 20 ms power sample).

@@ -19,7 +19,11 @@ def profiling_config(tmp_path) -> dict:
     config = virtual_config(tmp_path)
     config["sampling"] = {"poll_period_s": 0.02}
     config["power_limit"] = {
-        "enabled": True, "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3, "step_W": 100.0
+        "enabled": True,
+        "warmup_steps": 1,
+        "min_profile_steps": 2,
+        "profile_steps": 3,
+        "step_W": 100.0,
     }
     return config
 

@@ -123,8 +123,11 @@ def get_backend(
         from zeus_callbacks.backends.unavailable import UnavailableBackend
 
         # The cause is the library of the GPU found: NVML for NVIDIA nodes / CUDA devices, amdsmi for /dev/kfd.
-        relevant = [reasons[n] for n, found in (("nvml", presence.nvidia_nodes or presence.cuda_devices),
-                                                 ("amdsmi", presence.amd_kfd)) if found]
+        relevant = [
+            reasons[n]
+            for n, found in (("nvml", presence.nvidia_nodes or presence.cuda_devices), ("amdsmi", presence.amd_kfd))
+            if found
+        ]
         cause = "; ".join(relevant or reasons.values())
         fix = unmeasurable_fix(cause)
         logger.warning(

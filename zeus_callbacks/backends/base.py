@@ -211,9 +211,7 @@ class GPUBackend(abc.ABC):
             )
         low, high = self.power_limit_constraints_W(index)
         if not low <= limit_W <= high:
-            raise ValueError(
-                f"power limit {limit_W:.0f} W is outside GPU {index}'s range [{low:.0f}, {high:.0f}] W"
-            )
+            raise ValueError(f"power limit {limit_W:.0f} W is outside GPU {index}'s range [{low:.0f}, {high:.0f}] W")
         self._set_power_limit_W(index, limit_W)
 
     @abc.abstractmethod

@@ -55,9 +55,7 @@ KEY_COLUMNS = ("dataset", "network", "batch_size", "optimizer")
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "learning_rate", "run", "target_metric",
                  "target_epoch")  # fmt: skip
 """Columns of a training-path CSV (Zeus ``summary_train.csv``)."""
-_POWER_FILES: Mapping[str, str] = MappingProxyType(
-    {"V100": "summary_power_v100.csv", "A40": "summary_power_a40.csv"}
-)
+_POWER_FILES: Mapping[str, str] = MappingProxyType({"V100": "summary_power_v100.csv", "A40": "summary_power_a40.csv"})
 _TRAIN_FILE = "summary_train.csv"
 
 
@@ -354,8 +352,7 @@ def power_curve(gpu: TraceLike, workload: WorkloadLike, batch_size: int | None =
     if curve is None:
         sizes = ", ".join(map(str, available_batch_sizes(trace, w)))
         raise ValueError(
-            f"batch size {batch_size} of {w.dataset} is not in the {trace.gpu} power trace; "
-            f"valid batch sizes: {sizes}"
+            f"batch size {batch_size} of {w.dataset} is not in the {trace.gpu} power trace; valid batch sizes: {sizes}"
         )
     return curve
 

@@ -128,8 +128,7 @@ class _Timeline:
             raise ValueError(f"the time of a change must be finite, got {at_s}")
         if at_s < self._starts[0]:
             raise ValueError(
-                f"cannot change the virtual GPU at t={at_s:.3f} s: history before "
-                f"{self._starts[0]:.3f} s is gone"
+                f"cannot change the virtual GPU at t={at_s:.3f} s: history before {self._starts[0]:.3f} s is gone"
             )
         i = bisect.bisect_right(self._starts, at_s)
         self._segments.insert(i, _Segment(at_s, limit_W, util))
@@ -292,9 +291,7 @@ class VirtualGPUBackend(GPUBackend):
             t_s = self.clock.now_s() if at_s is None else at_s
             return self._timelines[index].at(t_s).power_W
 
-    def set_utilization(
-        self, utilization: float, at_s: float | None = None, *, index: int | None = None
-    ) -> None:
+    def set_utilization(self, utilization: float, at_s: float | None = None, *, index: int | None = None) -> None:
         """Mark GPU ``index`` (None: all) busy (1), idle (0) or in between from ``at_s`` on.
 
         Args:

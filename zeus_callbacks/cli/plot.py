@@ -117,8 +117,11 @@ def profile_rows(profile: dict, source: str) -> tuple[list[dict], float | None]:
     limits, chosen = profile.get("limits") or [], profile.get("chosen_limit_W")
     bad = not isinstance(limits, list) or (chosen is not None and not _number(chosen))
     for row in limits if isinstance(limits, list) else []:
-        if not isinstance(row, dict) or not _number(row.get("limit_W")) or any(
-                row.get(k) is not None and not _number(row.get(k)) for k in ("time_per_step_s", "energy_per_step_J")):
+        if (
+            not isinstance(row, dict)
+            or not _number(row.get("limit_W"))
+            or any(row.get(k) is not None and not _number(row.get(k)) for k in ("time_per_step_s", "energy_per_step_J"))
+        ):
             bad = True
     if bad:
         raise NotAnEnergyLog(

@@ -137,9 +137,13 @@ def run(args: argparse.Namespace) -> int:
         f"({result.baseline_source})"
     )
     if not result.target_met:  # also `target_met: false` in --json
-        print(f"  the target CI ±{args.target_ci:.1%} was not reached in {result.measurement_time_s:.1f} s: "
-              "raise --max-time, or --chain for a longer execution")
+        print(
+            f"  the target CI ±{args.target_ci:.1%} was not reached in {result.measurement_time_s:.1f} s: "
+            "raise --max-time, or --chain for a longer execution"
+        )
     if lo < 0:
-        print("  the CI's lower end is below 0 J: too few executions for this kernel's energy; it is the "
-              "bootstrap's interval, not clipped, so read it as 'not resolved'")
+        print(
+            "  the CI's lower end is below 0 J: too few executions for this kernel's energy; it is the "
+            "bootstrap's interval, not clipped, so read it as 'not resolved'"
+        )
     return 0

@@ -72,9 +72,17 @@ def run(args: argparse.Namespace) -> int:
             f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
             + ("\n  SIMULATED energy (virtual GPU, not measured)" if simulated else "")
             + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
-            + ("\n" + textwrap.fill(f"PARTIAL: {end['measurement_note']}", TERMINAL_COLUMNS, initial_indent="  ",
-                                     subsequent_indent="    ")
-               if end.get("measurement_note") and end.get("measurement") != "unavailable" else "")  # fmt: skip
+            + (
+                "\n"
+                + textwrap.fill(
+                    f"PARTIAL: {end['measurement_note']}",
+                    TERMINAL_COLUMNS,
+                    initial_indent="  ",
+                    subsequent_indent="    ",
+                )
+                if end.get("measurement_note") and end.get("measurement") != "unavailable"
+                else ""
+            )  # fmt: skip
             + "\n"
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
@@ -82,8 +90,12 @@ def run(args: argparse.Namespace) -> int:
             + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
             f" (mean {fmt(end.get('mean_power_W'))} W)"
             + "\n"
-            + textwrap.fill(f"{fmt(end.get('steps'))} steps, {limits}", TERMINAL_COLUMNS,
-                            initial_indent="  ", subsequent_indent="     ")  # fmt: skip
+            + textwrap.fill(
+                f"{fmt(end.get('steps'))} steps, {limits}",
+                TERMINAL_COLUMNS,
+                initial_indent="  ",
+                subsequent_indent="     ",
+            )  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
     if epochs:

@@ -64,8 +64,14 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     survivors = set(state.get("survivors") or sizes)
     failed = state.get("failed_arms") or {}
     return [
-        {"batch_size": b, "mean_cost": p.mean, "std_cost": p.std, "observations": p.n, "survivor": b in survivors,
-         "pruned_reason": failed.get(str(b))}
+        {
+            "batch_size": b,
+            "mean_cost": p.mean,
+            "std_cost": p.std,
+            "observations": p.n,
+            "survivor": b in survivors,
+            "pruned_reason": failed.get(str(b)),
+        }
         for b, p in sorted(posteriors.items())
     ]
 

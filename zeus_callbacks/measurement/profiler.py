@@ -43,8 +43,6 @@ ProgressCallback = Callable[[float, float | None], None]
 CI half-width (None before the first check)."""
 
 
-
-
 @dataclass
 class ProfileResult:
     """What :func:`profile` measured.

@@ -343,9 +343,7 @@ class WindowMeter:
     :meth:`resolve` (at report intervals), never on the way in.
     """
 
-    def __init__(
-        self, sampler: PowerSampler, timer: BoundaryTimer, *, stale_after_s: float = 10.0
-    ) -> None:
+    def __init__(self, sampler: PowerSampler, timer: BoundaryTimer, *, stale_after_s: float = 10.0) -> None:
         self.sampler = sampler
         self.stale_after_s = stale_after_s
         self.timer = timer

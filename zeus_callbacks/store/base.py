@@ -54,8 +54,6 @@ TrialStatus = Literal["running", "completed", "failed", "early_stopped"]
 TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped")
 
 
-
-
 @dataclass(frozen=True)
 class JobRecord:
     """One recurring job.
@@ -504,9 +502,7 @@ def os_error(exc: OSError, location: str, what: str) -> StoreError:
 
 def locked_error(location: str, waited_s: float, limit_s: float, detail: str) -> StoreLockedError:
     """The error for a store another process kept locked past the limit (the wait is the real one)."""
-    return StoreLockedError(
-        f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})"
-    )
+    return StoreLockedError(f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})")
 
 
 def check_finish_status(status: str) -> None:

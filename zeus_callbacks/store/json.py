@@ -60,6 +60,7 @@ FORMAT = "zeus-callbacks-store"
 
 Document = dict[str, Any]
 
+
 def _migrate_1_to_2(doc: Document) -> None:
     for trial in doc["trials"]:
         trial.setdefault("owner", "")
@@ -122,8 +123,10 @@ class JSONStore(Store):
         lock_class = SoftFileLock if self.network_fs else FileLock
         if self.network_fs and not read_only:
             netfs.warn_network_filesystem(
-                self.path, "the JSON store locks with an O_EXCL lock file there (a writer killed while holding it "
-                "leaves it behind: remove it by hand)")
+                self.path,
+                "the JSON store locks with an O_EXCL lock file there (a writer killed while holding it "
+                "leaves it behind: remove it by hand)",
+            )
         self._lock = lock_class(str(self.path) + ".lock", timeout=self.lock_timeout_s)
         if read_only:  # no lock file, no write: each read loads the whole (atomically replaced) file
             if not self.path.exists():
@@ -185,8 +188,9 @@ class JSONStore(Store):
                     self._write(doc)
                 return result
         except Timeout as exc:
-            raise locked_error(str(self.path), time.monotonic() - start, self.lock_timeout_s,
-                               f"lock file {self._lock.lock_file}") from exc
+            raise locked_error(
+                str(self.path), time.monotonic() - start, self.lock_timeout_s, f"lock file {self._lock.lock_file}"
+            ) from exc
         except OSError as exc:  # the lock file or the new document could not be written: nothing changed
             raise os_error(exc, str(self.path), "write") from exc
 
@@ -208,7 +212,10 @@ class JSONStore(Store):
             trial["info"] = {**trial.get("info", {}), "reason": reason}
             logger.warning(
                 "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
-                trial["trial_id"], trial["job_id"], trial["pid"], trial.get("host"),
+                trial["trial_id"],
+                trial["job_id"],
+                trial["pid"],
+                trial.get("host"),
                 "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
             )
 
@@ -302,8 +309,14 @@ class JSONStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial` (with ``bandit_update``: one locked read-modify-write of the file)."""
         check_finish_status(status)
-        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
-                     power_limit_W=power_limit_W)
+        check_finite(
+            self.location,
+            f"finish trial {trial_id}",
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            power_limit_W=power_limit_W,
+        )
         dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
 
         def change(doc: Document) -> TrialRecord:
@@ -325,14 +338,19 @@ class JSONStore(Store):
             trial["info"] = {**trial.get("info", {}), **dict(info or {})}
             if pending_id is not None:
                 if any(t.get("pending_id") == pending_id and t is not trial for t in doc["trials"]):
-                    raise StoreError(f"store {self.path}: pending trial {pending_id} is already recorded as "
-                                     "another trial; nothing was written")
+                    raise StoreError(
+                        f"store {self.path}: pending trial {pending_id} is already recorded as "
+                        "another trial; nothing was written"
+                    )
                 trial["pending_id"] = pending_id
             finished = trial_from_dict(copy.deepcopy(trial))
             if bandit_update is not None:  # on the same document: one file replace writes both, or none
                 job_id = finished.job_id
-                trials = [trial_from_dict(copy.deepcopy(t))
-                          for t in sorted(doc["trials"], key=lambda t: t["trial_id"]) if t["job_id"] == job_id]
+                trials = [
+                    trial_from_dict(copy.deepcopy(t))
+                    for t in sorted(doc["trials"], key=lambda t: t["trial_id"])
+                    if t["job_id"] == job_id
+                ]
                 current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
                 self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
             return finished
@@ -373,8 +391,11 @@ class JSONStore(Store):
 
     def _put_bandit(self, doc: Document, job_id: str, current: BanditState, new: BanditState) -> None:
         """Replace, in ``doc``, the job's bandit state read as ``current`` by ``new`` (refused if not JSON-safe)."""
-        dumps_strict({"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}}, self.location,
-                     f"the bandit state of job {job_id}")
+        dumps_strict(
+            {"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}},
+            self.location,
+            f"the bandit state of job {job_id}",
+        )
         doc["bandits"][job_id] = {
             "state": copy.deepcopy(new.state),
             "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},

@@ -173,8 +173,13 @@ class LeaseKeeper:
         except Exception as exc:  # the store is down or locked: try again next interval, on a fresh handle
             self._close(held)
             if not held.failing:
-                logger.warning("zeus-callbacks: cannot renew the lease of trial(s) %s in %s: %s (retrying every "
-                               "%.3g s)", sorted(trial_ids), key, exc, held.interval_s)
+                logger.warning(
+                    "zeus-callbacks: cannot renew the lease of trial(s) %s in %s: %s (retrying every %.3g s)",
+                    sorted(trial_ids),
+                    key,
+                    exc,
+                    held.interval_s,
+                )
             held.failing = True
             return
         held.failing = False
@@ -182,8 +187,12 @@ class LeaseKeeper:
             lost = (trial_ids - kept) & held.trial_ids  # not released meanwhile: really lost
             held.trial_ids -= lost
         if lost and store is not None:
-            logger.warning("zeus-callbacks: trial(s) %s in %s are no longer running under this process's lease "
-                           "(finished elsewhere, or marked failed after a missed heartbeat)", sorted(lost), key)
+            logger.warning(
+                "zeus-callbacks: trial(s) %s in %s are no longer running under this process's lease "
+                "(finished elsewhere, or marked failed after a missed heartbeat)",
+                sorted(lost),
+                key,
+            )
 
 
 KEEPER = LeaseKeeper()

@@ -17,8 +17,24 @@ logger = logging.getLogger(__name__)
 
 NETWORK_FILESYSTEMS = frozenset(
     {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
-        "fuse.glusterfs", "fuse.sshfs", "fuse.cephfs", "fuse.s3fs", "afs", "panfs", "wekafs", "orangefs",
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "fuse.cephfs",
+        "fuse.s3fs",
+        "afs",
+        "panfs",
+        "wekafs",
+        "orangefs",
     }
 )
 """Filesystem types (``/proc/mounts`` third column) treated as network filesystems."""
@@ -75,5 +91,7 @@ def warn_network_filesystem(path: Path, what: str) -> None:
         logger.warning(
             "zeus-callbacks: store %s is on a network filesystem (%s): %s. Several processes of one node are "
             "safe; for many nodes use a database server (store.url: postgresql://..., see docs/stores.md)",
-            path, filesystem_type(path), what,
+            path,
+            filesystem_type(path),
+            what,
         )

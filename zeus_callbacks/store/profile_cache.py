@@ -59,8 +59,9 @@ class StoreProfileCache:
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
     ) -> None:
         self.run_store = path if isinstance(path, RunStore) else None
-        self.path: str | Path | None = None if self.run_store is not None else (
-            str(path) if is_url(path) else Path(path))  # type: ignore[arg-type]  # not a RunStore here
+        self.path: str | Path | None = None
+        if not isinstance(path, RunStore):
+            self.path = str(path) if is_url(path) else Path(path)
         self.backend = backend
         self.lease_grace_s = lease_grace_s
 

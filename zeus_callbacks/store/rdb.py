@@ -78,13 +78,31 @@ _MIGRATION_LOCK_KEY = 0x7A657573  # "zeus": PostgreSQL advisory lock key of the 
 _TRANSIENT_SQLSTATES = ("08", "40001", "40P01", "53300", "57P01", "57P02", "57P03", "55P03")
 _TRANSIENT_MYSQL = {1040, 1205, 1213, 2002, 2003, 2006, 2013, 2055}
 _TRANSIENT_WORDS = (
-    "could not connect", "connection refused", "connection reset", "server closed the connection",
-    "terminating connection", "timeout expired", "timed out", "deadlock", "could not serialize",
-    "database is locked", "lock wait timeout", "too many connections", "the database system is starting up",
-    "the database system is shutting down", "connection is closed", "lost connection",
+    "could not connect",
+    "connection refused",
+    "connection reset",
+    "server closed the connection",
+    "terminating connection",
+    "timeout expired",
+    "timed out",
+    "deadlock",
+    "could not serialize",
+    "database is locked",
+    "lock wait timeout",
+    "too many connections",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "connection is closed",
+    "lost connection",
 )
-_AUTH_WORDS = ("password authentication failed", "authentication failed", "access denied", "no password supplied",
-               "role \"", "no pg_hba.conf entry")
+_AUTH_WORDS = (
+    "password authentication failed",
+    "authentication failed",
+    "access denied",
+    "no password supplied",
+    'role "',
+    "no pg_hba.conf entry",
+)
 
 
 def _import_sqlalchemy(url: str):
@@ -105,25 +123,32 @@ def _tables(sa, *, version: int = SCHEMA_VERSION):
     meta = sa.MetaData()
     json_text = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
     lease = (
-        [sa.Column("owner", sa.String(255), nullable=False, server_default=""), sa.Column("heartbeat_at", sa.Double),
-         sa.Index("zeus_trials_by_status", "status")]
-        if version >= 2 else []
+        [
+            sa.Column("owner", sa.String(255), nullable=False, server_default=""),
+            sa.Column("heartbeat_at", sa.Double),
+            sa.Index("zeus_trials_by_status", "status"),
+        ]
+        if version >= 2
+        else []
     )
     pending = (
         [sa.Column("pending_id", sa.String(64)), sa.Index("zeus_trials_by_pending_id", "pending_id", unique=True)]
-        if version >= 3 else []
+        if version >= 3
+        else []
     )
     key = sa.String(255)
     tables = {
         "schema_version": sa.Table("zeus_schema_version", meta, sa.Column("version", sa.Integer, nullable=False)),
         "jobs": sa.Table(
-            "zeus_jobs", meta,
+            "zeus_jobs",
+            meta,
             sa.Column("job_id", key, primary_key=True),
             sa.Column("created_at", sa.Double, nullable=False),
             sa.Column("info", json_text, nullable=False),
         ),
         "trials": sa.Table(
-            "zeus_trials", meta,
+            "zeus_trials",
+            meta,
             sa.Column("trial_id", sa.Integer, primary_key=True, autoincrement=True),
             sa.Column("job_id", key, sa.ForeignKey("zeus_jobs.job_id"), nullable=False),
             sa.Column("batch_size", sa.Integer, nullable=False),
@@ -143,19 +168,22 @@ def _tables(sa, *, version: int = SCHEMA_VERSION):
             *pending,
         ),
         "bandits": sa.Table(
-            "zeus_bandits", meta,
+            "zeus_bandits",
+            meta,
             sa.Column("job_id", key, primary_key=True),
             sa.Column("state", json_text, nullable=False),
             sa.Column("version", sa.Integer, nullable=False),
         ),
         "arms": sa.Table(
-            "zeus_arms", meta,
+            "zeus_arms",
+            meta,
             sa.Column("job_id", key, primary_key=True),
             sa.Column("batch_size", sa.Integer, primary_key=True, autoincrement=False),
             sa.Column("state", json_text, nullable=False),
         ),
         "profiles": sa.Table(
-            "zeus_profiles", meta,
+            "zeus_profiles",
+            meta,
             sa.Column("key", key, primary_key=True),
             sa.Column("table_json", json_text, nullable=False),
             sa.Column("updated_at", sa.Double, nullable=False),
@@ -306,17 +334,22 @@ class RDBStore(Store):
     def _error(self, exc, what: str, waited_s: float, tries: int) -> StoreError:
         reason = _first_line(exc.orig if getattr(exc, "orig", None) is not None else exc)
         if "file is not a database" in reason or "malformed" in reason:
-            return StoreCorruptError(f"store {self.masked_url} is not a readable database ({reason}); it was left "
-                                     "untouched")
+            return StoreCorruptError(
+                f"store {self.masked_url} is not a readable database ({reason}); it was left untouched"
+            )
         if _is_auth(exc):
-            return StoreError(f"the database of store {self.masked_url} refused the credentials ({reason}): check "
-                              "the user and password in store.url")
+            return StoreError(
+                f"the database of store {self.masked_url} refused the credentials ({reason}): check "
+                "the user and password in store.url"
+            )
         missing_db = "database" in reason.lower() and "does not exist" in reason.lower()
         if _sqlstate(exc) == "3D000" or _mysql_errno(exc) == 1049 or missing_db:
             return StoreError(f"store {self.masked_url}: the database does not exist ({reason}); create it first")
         if _is_transient(exc):  # down, restarting, deadlocked: a run trains on and keeps its trial locally
-            return StoreUnavailableError(f"cannot {what} store {self.masked_url}: still failing after {waited_s:.1f} s "
-                                         f"and {tries} tries ({reason})")
+            return StoreUnavailableError(
+                f"cannot {what} store {self.masked_url}: still failing after {waited_s:.1f} s "
+                f"and {tries} tries ({reason})"
+            )
         return StoreError(f"cannot {what} store {self.masked_url}: {reason}")
 
     def _schema_version(self, conn, *, required: bool) -> int | None:
@@ -390,14 +423,20 @@ class RDBStore(Store):
                     tr.update()
                     .where(tr.c.trial_id == trial.trial_id, tr.c.status == "running")
                     # compare-and-swap: an owner that renewed its lease meanwhile keeps its trial
-                    .where(tr.c.heartbeat_at == trial.heartbeat_at if trial.heartbeat_at is not None
-                           else tr.c.heartbeat_at.is_(None))
+                    .where(
+                        tr.c.heartbeat_at == trial.heartbeat_at
+                        if trial.heartbeat_at is not None
+                        else tr.c.heartbeat_at.is_(None)
+                    )
                     .values(status="failed", ended_at=now(), info=json.dumps({**trial.info, "reason": reason}))
                 ).rowcount
                 if done:
                     logger.warning(
                         "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
-                        trial.trial_id, trial.job_id, trial.pid, trial.host,
+                        trial.trial_id,
+                        trial.job_id,
+                        trial.pid,
+                        trial.host,
                         "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
                     )
         finally:
@@ -405,8 +444,13 @@ class RDBStore(Store):
                 conn.execute(sa.text("SELECT RELEASE_LOCK('zeus_callbacks_migration')"))
 
     def _ensure_job(self, conn, job_id: str, info: Mapping[str, Any] | None) -> None:
-        _insert_ignore(self._sa, conn, self._t["jobs"], {"job_id": job_id, "created_at": now(),
-                                                          "info": json.dumps(dict(info or {}))}, ["job_id"])
+        _insert_ignore(
+            self._sa,
+            conn,
+            self._t["jobs"],
+            {"job_id": job_id, "created_at": now(), "info": json.dumps(dict(info or {}))},
+            ["job_id"],
+        )
 
     # -- jobs ---------------------------------------------------------------------------
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
@@ -423,15 +467,17 @@ class RDBStore(Store):
     def get_job(self, job_id: str) -> JobRecord | None:
         """See :meth:`Store.get_job`."""
         t = self._t["jobs"]
-        row = self._run("read", lambda c: c.execute(self._sa.select(t).where(t.c.job_id == job_id)).mappings().first(),
-                        write=False)
+        row = self._run(
+            "read", lambda c: c.execute(self._sa.select(t).where(t.c.job_id == job_id)).mappings().first(), write=False
+        )
         return None if row is None else _job(row, self.masked_url)
 
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
         t = self._t["jobs"]
-        rows = self._run("read", lambda c: c.execute(self._sa.select(t).order_by(t.c.job_id)).mappings().all(),
-                         write=False)
+        rows = self._run(
+            "read", lambda c: c.execute(self._sa.select(t).order_by(t.c.job_id)).mappings().all(), write=False
+        )
         return [_job(r, self.masked_url) for r in rows]
 
     # -- trials -------------------------------------------------------------------------
@@ -461,11 +507,18 @@ class RDBStore(Store):
             self._ensure_job(conn, job_id, None)
             started_at = now()
             insert = t.insert().values(
-                job_id=job_id, batch_size=int(batch_size),
+                job_id=job_id,
+                batch_size=int(batch_size),
                 power_limit_W=None if power_limit_W is None else float(power_limit_W),
-                status="running", converged=False, started_at=started_at,
-                pid=os.getpid() if pid is None else int(pid), host=this_host(), info=info_json,
-                owner=lease_owner() if mine else "", heartbeat_at=started_at, pending_id=pending_id,
+                status="running",
+                converged=False,
+                started_at=started_at,
+                pid=os.getpid() if pid is None else int(pid),
+                host=this_host(),
+                info=info_json,
+                owner=lease_owner() if mine else "",
+                heartbeat_at=started_at,
+                pending_id=pending_id,
             )
             if pending_id is None:
                 result = conn.execute(insert)
@@ -506,8 +559,14 @@ class RDBStore(Store):
         A transient error re-runs the whole transaction, ``bandit_update`` included, on what it reads again.
         """
         check_finish_status(status)
-        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
-                     power_limit_W=power_limit_W)
+        check_finite(
+            self.location,
+            f"finish trial {trial_id}",
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            power_limit_W=power_limit_W,
+        )
         dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         t = self._t["trials"]
 
@@ -517,13 +576,22 @@ class RDBStore(Store):
             if row is None:
                 raise KeyError(f"no trial {trial_id} in store {self.masked_url}")
             old = _trial(row, self.masked_url)
-            conn.execute(t.update().where(t.c.trial_id == trial_id).values(
-                status=status, energy_J=energy_J, time_s=time_s, cost=cost, converged=bool(converged),
-                ended_at=now(), batch_size=old.batch_size if batch_size is None else int(batch_size),
-                power_limit_W=old.power_limit_W if power_limit_W is None else float(power_limit_W),
-                info=json.dumps({**old.info, **dict(info or {})}),
-                pending_id=old.pending_id if pending_id is None else pending_id,
-            ))
+            conn.execute(
+                t.update()
+                .where(t.c.trial_id == trial_id)
+                .values(
+                    status=status,
+                    energy_J=energy_J,
+                    time_s=time_s,
+                    cost=cost,
+                    converged=bool(converged),
+                    ended_at=now(),
+                    batch_size=old.batch_size if batch_size is None else int(batch_size),
+                    power_limit_W=old.power_limit_W if power_limit_W is None else float(power_limit_W),
+                    info=json.dumps({**old.info, **dict(info or {})}),
+                    pending_id=old.pending_id if pending_id is None else pending_id,
+                )
+            )
             finished = _trial(conn.execute(select).mappings().one(), self.masked_url)
             if bandit_update is not None:
                 job_id = finished.job_id
@@ -542,8 +610,11 @@ class RDBStore(Store):
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
         t = self._t["trials"]
-        row = self._run("read", lambda c: c.execute(self._sa.select(t).where(t.c.trial_id == trial_id))
-                        .mappings().first(), write=False)
+        row = self._run(
+            "read",
+            lambda c: c.execute(self._sa.select(t).where(t.c.trial_id == trial_id)).mappings().first(),
+            write=False,
+        )
         return None if row is None else _trial(row, self.masked_url)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
@@ -567,12 +638,18 @@ class RDBStore(Store):
         name, where = f"the bandit of job {job_id!r}", self.masked_url
         arms = {
             records.batch_size_key(r[0], where, f"{name}, arm {r[0]!r}"): records.mapping_column(
-                r[1], where, f"{name}, arm {r[0]!r}")
+                r[1], where, f"{name}, arm {r[0]!r}"
+            )
             for r in conn.execute(
-                sa.select(a.c.batch_size, a.c.state).where(a.c.job_id == job_id).order_by(a.c.batch_size))
+                sa.select(a.c.batch_size, a.c.state).where(a.c.job_id == job_id).order_by(a.c.batch_size)
+            )
         }
-        return BanditState(job_id=job_id, state=records.mapping_column(row[0], where, name), arms=arms,
-                           version=records.version(row[1], where, name))
+        return BanditState(
+            job_id=job_id,
+            state=records.mapping_column(row[0], where, name),
+            arms=arms,
+            version=records.version(row[1], where, name),
+        )
 
     def get_bandit(self, job_id: str) -> BanditState | None:
         """See :meth:`Store.get_bandit`."""
@@ -595,8 +672,7 @@ class RDBStore(Store):
         """The job's bandit row, locked until the transaction ends (version 0: no state yet)."""
         # A version-0 row gives the first update a row to lock; it is never visible as a state
         # (get_bandit reads version 0 as None, and a failed first update rolls it back).
-        _insert_ignore(self._sa, conn, self._t["bandits"], {"job_id": job_id, "state": "{}", "version": 0},
-                       ["job_id"])
+        _insert_ignore(self._sa, conn, self._t["bandits"], {"job_id": job_id, "state": "{}", "version": 0}, ["job_id"])
         current = self._load_bandit(conn, job_id, lock=True)
         assert current is not None
         return current
@@ -610,17 +686,28 @@ class RDBStore(Store):
         """Replace the locked bandit row read as ``current`` by ``new`` (compare-and-swap on its version)."""
         b, a = self._t["bandits"], self._t["arms"]
         swapped = conn.execute(
-            b.update().where(b.c.job_id == job_id, b.c.version == current.version)
-            .values(state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
-                    version=current.version + 1)
+            b.update()
+            .where(b.c.job_id == job_id, b.c.version == current.version)
+            .values(
+                state=dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
+                version=current.version + 1,
+            )
         ).rowcount
         if swapped != 1:  # the row lock makes this unreachable; never write over another update
             raise StoreError(f"store {self.masked_url}: bandit of job {job_id} changed during its update")
         conn.execute(a.delete().where(a.c.job_id == job_id))
         if new.arms:
-            conn.execute(a.insert(), [{"job_id": job_id, "batch_size": int(k),
-                                       "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}")}
-                                      for k, v in new.arms.items()])
+            conn.execute(
+                a.insert(),
+                [
+                    {
+                        "job_id": job_id,
+                        "batch_size": int(k),
+                        "state": dumps_strict(v, self.location, f"arm {k} of job {job_id}"),
+                    }
+                    for k, v in new.arms.items()
+                ],
+            )
 
     # -- profiles -----------------------------------------------------------------------
     def put_profile(self, key: str, table: Mapping[str, Any]) -> None:
@@ -637,8 +724,9 @@ class RDBStore(Store):
     def get_profile(self, key: str) -> dict[str, Any] | None:
         """See :meth:`Store.get_profile`."""
         p = self._t["profiles"]
-        row = self._run("read", lambda c: c.execute(self._sa.select(p.c.table_json).where(p.c.key == key)).first(),
-                        write=False)
+        row = self._run(
+            "read", lambda c: c.execute(self._sa.select(p.c.table_json).where(p.c.key == key)).first(), write=False
+        )
         return None if row is None else records.mapping_column(row[0], self.masked_url, f"profile {key!r}")
 
     def list_profiles(self) -> list[str]:
@@ -664,8 +752,9 @@ class RDBStore(Store):
 
     def reopen(self) -> RDBStore:
         """See :meth:`Store.reopen`."""
-        return RDBStore(self.url, retry_s=self.retry_s, lease_grace_s=self.lease_grace_s,
-                        engine_options=self._engine_options)
+        return RDBStore(
+            self.url, retry_s=self.retry_s, lease_grace_s=self.lease_grace_s, engine_options=self._engine_options
+        )
 
     def close(self) -> None:
         """Release the connection pool (idempotent)."""

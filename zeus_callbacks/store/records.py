@@ -192,10 +192,23 @@ def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
     except ValidationError as exc:
         raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
     return TrialRecord(
-        trial_id=m.trial_id, job_id=m.job_id, batch_size=m.batch_size, power_limit_W=m.power_limit_W,
-        status=m.status, energy_J=m.energy_J, time_s=m.time_s, cost=m.cost, converged=m.converged,
-        started_at=m.started_at, ended_at=m.ended_at, pid=m.pid, host=m.host, info=dict(m.info), owner=m.owner,
-        heartbeat_at=m.heartbeat_at, pending_id=m.pending_id,
+        trial_id=m.trial_id,
+        job_id=m.job_id,
+        batch_size=m.batch_size,
+        power_limit_W=m.power_limit_W,
+        status=m.status,
+        energy_J=m.energy_J,
+        time_s=m.time_s,
+        cost=m.cost,
+        converged=m.converged,
+        started_at=m.started_at,
+        ended_at=m.ended_at,
+        pid=m.pid,
+        host=m.host,
+        info=dict(m.info),
+        owner=m.owner,
+        heartbeat_at=m.heartbeat_at,
+        pending_id=m.pending_id,
     )
 
 

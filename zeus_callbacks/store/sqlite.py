@@ -60,8 +60,9 @@ _TRIAL_COLUMNS = (
     "started_at, ended_at, pid, host, info, owner, heartbeat_at, pending_id"
 )
 _OLD_TRIAL_COLUMNS = {
-    1: _TRIAL_COLUMNS.replace("owner, heartbeat_at, pending_id",
-                              "'' AS owner, NULL AS heartbeat_at, NULL AS pending_id"),
+    1: _TRIAL_COLUMNS.replace(
+        "owner, heartbeat_at, pending_id", "'' AS owner, NULL AS heartbeat_at, NULL AS pending_id"
+    ),
     2: _TRIAL_COLUMNS.replace("pending_id", "NULL AS pending_id"),
 }
 """A read-only open of an older file (never migrated: read-only) reads its trials with the newer fields empty."""
@@ -103,7 +104,9 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
 
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3,
+    0: _migrate_0_to_1,
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
 }
 """``MIGRATIONS[v]`` turns a version-``v`` file into version ``v + 1`` (inside one transaction)."""
 
@@ -197,8 +200,11 @@ class SQLiteStore(Store):
         while True:
             try:
                 current = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-                mode = current if current == wanted else str(
-                    conn.execute(f"PRAGMA journal_mode = {wanted.upper()}").fetchone()[0]).lower()
+                mode = (
+                    current
+                    if current == wanted
+                    else str(conn.execute(f"PRAGMA journal_mode = {wanted.upper()}").fetchone()[0]).lower()
+                )
                 break
             except sqlite3.OperationalError as exc:
                 waited_s = time.monotonic() - start
@@ -218,8 +224,12 @@ class SQLiteStore(Store):
         except sqlite3.OperationalError as exc:
             message = str(exc).lower()
             if "locked" in message or "busy" in message:
-                raise locked_error(str(self.path), time.monotonic() - start, self.busy_timeout_s,
-                                   f"{what}: another process holds a long write transaction") from exc
+                raise locked_error(
+                    str(self.path),
+                    time.monotonic() - start,
+                    self.busy_timeout_s,
+                    f"{what}: another process holds a long write transaction",
+                ) from exc
             if "full" in message:  # SQLITE_FULL: "database or disk is full"; the transaction was rolled back
                 raise StoreFullError(
                     f"store {self.path}: the database or its disk is full ({what}: {exc}); nothing was changed — "
@@ -325,7 +335,10 @@ class SQLiteStore(Store):
                 )
                 logger.warning(
                     "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
-                    trial.trial_id, trial.job_id, trial.pid, trial.host,
+                    trial.trial_id,
+                    trial.job_id,
+                    trial.pid,
+                    trial.host,
                     "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
                 )
 
@@ -409,8 +422,14 @@ class SQLiteStore(Store):
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial` (with ``bandit_update``: one ``BEGIN IMMEDIATE`` transaction)."""
         check_finish_status(status)
-        check_finite(self.location, f"finish trial {trial_id}", energy_J=energy_J, time_s=time_s, cost=cost,
-                     power_limit_W=power_limit_W)
+        check_finite(
+            self.location,
+            f"finish trial {trial_id}",
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            power_limit_W=power_limit_W,
+        )
         dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
         with self._tx("write") as conn:
             row = conn.execute(f"SELECT {self._columns} FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
@@ -439,8 +458,9 @@ class SQLiteStore(Store):
             finished = _trial_row(row, self.location)
             if bandit_update is not None:
                 job_id = finished.job_id
-                rows = conn.execute(f"SELECT {self._columns} FROM trials WHERE job_id = ? ORDER BY trial_id",
-                                    (job_id,)).fetchall()
+                rows = conn.execute(
+                    f"SELECT {self._columns} FROM trials WHERE job_id = ? ORDER BY trial_id", (job_id,)
+                ).fetchall()
                 current = _load_bandit(conn, job_id, self.location) or BanditState(job_id)
                 new = bandit_update(finished, [_trial_row(r, self.location) for r in rows], current)
                 self._write_bandit(conn, job_id, current, new)
@@ -485,14 +505,12 @@ class SQLiteStore(Store):
         conn.execute(
             "INSERT INTO bandits (job_id, state, version) VALUES (?, ?, ?) "
             "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, version = excluded.version",
-            (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"),
-             current.version + 1),
+            (job_id, dumps_strict(new.state, self.location, f"the bandit state of job {job_id}"), current.version + 1),
         )
         conn.execute("DELETE FROM arms WHERE job_id = ?", (job_id,))
         conn.executemany(
             "INSERT INTO arms (job_id, batch_size, state) VALUES (?, ?, ?)",
-            [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}"))
-             for b, s in new.arms.items()],
+            [(job_id, int(b), dumps_strict(s, self.location, f"arm {b} of job {job_id}")) for b, s in new.arms.items()],
         )
 
     # -- profiles -----------------------------------------------------------------------
@@ -595,9 +613,14 @@ def _load_bandit(conn: sqlite3.Connection, job_id: str, location: str) -> Bandit
         return None
     name = f"the bandit of job {job_id!r}"
     arms = {
-        records.batch_size_key(b, location, f"{name}, arm {b!r}"): records.mapping_column(s, location,
-                                                                                       f"{name}, arm {b!r}")
+        records.batch_size_key(b, location, f"{name}, arm {b!r}"): records.mapping_column(
+            s, location, f"{name}, arm {b!r}"
+        )
         for b, s in conn.execute("SELECT batch_size, state FROM arms WHERE job_id = ? ORDER BY batch_size", (job_id,))
     }
-    return BanditState(job_id=job_id, state=records.mapping_column(row[0], location, name), arms=arms,
-                       version=records.version(row[1], location, name))
+    return BanditState(
+        job_id=job_id,
+        state=records.mapping_column(row[0], location, name),
+        arms=arms,
+        version=records.version(row[1], location, name),
+    )

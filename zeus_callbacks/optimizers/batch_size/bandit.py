@@ -58,7 +58,6 @@ cost passes that arm's ``μn + z·σ`` (``explore_stop_z``,
 :meth:`BatchSizeBandit.explore_stop_threshold`), and counts at its tail mean.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -135,7 +134,6 @@ class Suggestion:
     trial_id: int
     phase: str
     round: int
-
 
 
 # -- the stateful bandit -------------------------------------------------------------------
@@ -320,10 +318,7 @@ class BatchSizeBandit:
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
-        done = [
-            t for t in trials
-            if t.status in ("completed", "early_stopped") and is_observable_cost(t.cost)
-        ]
+        done = [t for t in trials if t.status in ("completed", "early_stopped") and is_observable_cost(t.cost)]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
             if completed_only and trial.status != "completed":
@@ -476,15 +471,22 @@ class BatchSizeBandit:
             return
         failed = dict(state.get("failed_arms") or {})
         for _ in range(len(state["batch_sizes"]) + 1):  # each pass prunes one arm or ends
-            due = sorted(b for b, (n, _) in failures.items()
-                         if n >= limit and str(b) not in failed and b in state["survivors"])
+            due = sorted(
+                b for b, (n, _) in failures.items() if n >= limit and str(b) not in failed and b in state["survivors"]
+            )
             if not due:
                 break
             b = due[0]
             count, last = failures[b]
             if len(state["survivors"]) <= 1:
-                logger.warning("zeus-callbacks: job %s: batch size %d failed %d times in a row (%s) but is the "
-                               "last surviving arm; kept", self.job_id, b, count, last)
+                logger.warning(
+                    "zeus-callbacks: job %s: batch size %d failed %d times in a row (%s) but is the "
+                    "last surviving arm; kept",
+                    self.job_id,
+                    b,
+                    count,
+                    last,
+                )
                 break
             failed[str(b)] = f"failed {count} times in a row (last: {last})"
             state["survivors"] = [x for x in state["survivors"] if x != b]
@@ -556,8 +558,13 @@ class BatchSizeBandit:
         converged = bool(converged) and status == "completed"
         problem = None if status == "failed" else observation_problem(energy_J, time_s, cost, degraded=degraded)
         if problem is not None:
-            logger.warning("zeus-callbacks: job %s trial %d is not an observation of batch size %s: %s",
-                           self.job_id, trial_id, batch_size if batch_size is not None else "(suggested)", problem)
+            logger.warning(
+                "zeus-callbacks: job %s trial %d is not an observation of batch size %s: %s",
+                self.job_id,
+                trial_id,
+                batch_size if batch_size is not None else "(suggested)",
+                problem,
+            )
             info = {**(info or {}), "not_observed": problem}
             cost = None
             energy_J = None if degraded else finite_or_none(energy_J)

@@ -51,7 +51,6 @@ MIN_CHECK_INTERVAL_S = 0.5
 so a step-granular check every step of a fast loop would buy nothing but overhead."""
 
 
-
 @dataclass
 class _Made:
     """What :func:`suggest_batch_size` made for a job in this process, until the run claims it."""
@@ -112,8 +111,12 @@ def _merged(trial: TrialRecord | None, pending_id: str) -> bool:
     The id is recorded with the outcome (and, for a run that trained without the store, when its
     trial is created: then the trial is still running, or marked failed by the dead-trial scan).
     """
-    return (trial is not None and trial.pending_id == pending_id and trial.status != "running"
-            and trial.info.get("reason") not in _ORPHAN_REASONS)
+    return (
+        trial is not None
+        and trial.pending_id == pending_id
+        and trial.status != "running"
+        and trial.info.get("reason") not in _ORPHAN_REASONS
+    )
 
 
 def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
@@ -153,8 +156,9 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
                 _after_merge_hook(path)
             path.unlink()
         except StoreError as exc:
-            logger.warning("zeus-callbacks: cannot merge the pending trial %s yet (%s); kept for the next open",
-                           path, exc)
+            logger.warning(
+                "zeus-callbacks: cannot merge the pending trial %s yet (%s); kept for the next open", path, exc
+            )
             break
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.warning("zeus-callbacks: pending trial file %s is unreadable (%s); left as it is", path, exc)
@@ -165,12 +169,21 @@ def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str
     """Report the outcome kept in ``path`` into its existing trial; False when there is nothing to merge."""
     trial = store.get_trial(int(pending["trial_id"]))
     if trial is None:
-        logger.warning("zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
-                       path, pending["trial_id"], store.location)
+        logger.warning(
+            "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
+            path,
+            pending["trial_id"],
+            store.location,
+        )
         return False
     if _merged(trial, pending_id):
-        logger.info("zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
-                    "the file is removed", trial.trial_id, config.job_id, path)
+        logger.info(
+            "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
+            "the file is removed",
+            trial.trial_id,
+            config.job_id,
+            path,
+        )
         return False
     if trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
         return False  # finished with its real outcome after all (the failing write had committed)
@@ -194,23 +207,43 @@ def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict
     outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
     info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
     # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
-    trial = store.create_trial(config.job_id, int(pending["batch_size"]), outcome.get("power_limit_W"), info=info,
-                               pid=int(pending["pid"]), pending_id=pending_id)
+    trial = store.create_trial(
+        config.job_id,
+        int(pending["batch_size"]),
+        outcome.get("power_limit_W"),
+        info=info,
+        pid=int(pending["pid"]),
+        pending_id=pending_id,
+    )
     if _merged(trial, pending_id):
-        logger.info("zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
-                    "the file is removed", trial.trial_id, config.job_id, path)
+        logger.info(
+            "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
+            "the file is removed",
+            trial.trial_id,
+            config.job_id,
+            path,
+        )
         return False
     BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size)).report(
-        trial.trial_id, **outcome, pending_id=pending_id)
-    logger.info("zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s", trial.trial_id,
-                config.job_id, path)
+        trial.trial_id, **outcome, pending_id=pending_id
+    )
+    logger.info(
+        "zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s",
+        trial.trial_id,
+        config.job_id,
+        path,
+    )
     return True
 
 
 def _detached_warning(exc: Exception, config: ZeusConfig) -> None:
-    logger.warning("zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: the "
-                   "trial is kept in %s and recorded when the store is next opened", exc,
-                   config.batch_size.default_batch_size, pending_dir(config))
+    logger.warning(
+        "zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: the "
+        "trial is kept in %s and recorded when the store is next opened",
+        exc,
+        config.batch_size.default_batch_size,
+        pending_dir(config),
+    )
 
 
 def suggest_batch_size(
@@ -417,8 +450,11 @@ class BatchSizeController:
             if made is not None and made.suggestion is None:  # it already waited for the store, and warned
                 return self._detach(made.detached or "the store could not be reached")
             try:
-                suggestion: Suggestion = (made.suggestion if made is not None and made.suggestion is not None
-                                          else self._with_bandit(lambda b: b.suggest()))
+                suggestion: Suggestion = (
+                    made.suggestion
+                    if made is not None and made.suggestion is not None
+                    else self._with_bandit(lambda b: b.suggest())
+                )
             except StoreUnavailableError as exc:
                 _detached_warning(exc, self.config)
                 return self._detach(str(exc))
@@ -453,8 +489,9 @@ class BatchSizeController:
                 lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
             )
         except StoreUnavailableError as exc:  # the trial exists; finish() records it, or keeps it pending
-            logger.warning("zeus-callbacks: %s; this run is not stopped early on cost (its threshold needs the store)",
-                           exc)
+            logger.warning(
+                "zeus-callbacks: %s; this run is not stopped early on cost (its threshold needs the store)", exc
+            )
             return
         beta = None if factor is None else factor[1] * factor[2]
         self.explore_stop = explore is not None and (beta is None or explore < beta)
@@ -528,9 +565,7 @@ class BatchSizeController:
         name, value = self.threshold_factor or ("beta_knob", None)
         return EarlyStopRule(self.cost, self.threshold, self.explore_stop, name, value)
 
-    def finish(
-        self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False
-    ) -> TrialRecord | None:
+    def finish(self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
         The trial is an observation of its arm only with a finite, positive cost from a
@@ -560,24 +595,38 @@ class BatchSizeController:
             info["run_status"] = run_status  # an interrupted run does not count against its arm
         suggested = None if self.suggestion is None else self.suggestion.batch_size
         outcome: dict[str, Any] = {
-            "energy_J": energy_J, "time_s": time_s, "cost": cost, "converged": converged, "status": status,
+            "energy_J": energy_J,
+            "time_s": time_s,
+            "cost": cost,
+            "converged": converged,
+            "status": status,
             "batch_size": self.batch_size if suggested is not None and self.batch_size != suggested else None,
-            "power_limit_W": self.power_limit_W, "info": info, "degraded": degraded,
+            "power_limit_W": self.power_limit_W,
+            "info": info,
+            "degraded": degraded,
         }
         try:
             if self.suggestion is None:  # trained without the store: no trial to report into yet
                 self.pending_path = self._keep_pending(None, outcome)
-                logger.warning("zeus-callbacks: the store could not be reached at train start (%s); this run's "
-                               "trial is kept in %s and recorded when the store is next opened", self.detached,
-                               self.pending_path)
+                logger.warning(
+                    "zeus-callbacks: the store could not be reached at train start (%s); this run's "
+                    "trial is kept in %s and recorded when the store is next opened",
+                    self.detached,
+                    self.pending_path,
+                )
                 return None
             trial_id = self.suggestion.trial_id
             try:
                 return self._with_bandit(lambda b: b.report(trial_id, **outcome))
             except StoreError as exc:  # locked past the limit, database down: keep the trial, merge it later
                 self.pending_path = self._keep_pending(trial_id, outcome)
-                logger.warning("zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
-                               "when it is next opened", trial_id, exc, self.pending_path)
+                logger.warning(
+                    "zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
+                    "when it is next opened",
+                    trial_id,
+                    exc,
+                    self.pending_path,
+                )
                 return None
         finally:
             if self._owns_store:
@@ -592,8 +641,13 @@ class BatchSizeController:
         location = self._store_location or store_location(self.config.store.location(self.config.logging.log_dir))
         pending_id = uuid.uuid4().hex  # recorded with the merged trial: a second merge of this file is a no-op
         name = f"trial-{'new' if trial_id is None else trial_id}-{os.getpid()}-{pending_id[:8]}.json"
-        record: dict[str, Any] = {"store": location, "job_id": self.config.job_id, "trial_id": trial_id,
-                                  "pending_id": pending_id, "report": outcome}
+        record: dict[str, Any] = {
+            "store": location,
+            "job_id": self.config.job_id,
+            "trial_id": trial_id,
+            "pending_id": pending_id,
+            "report": outcome,
+        }
         if trial_id is None:
             record.update(batch_size=self.batch_size, pid=os.getpid(), host=this_host(), detached=self.detached)
         path = pending_dir(self.config) / name

@@ -38,8 +38,6 @@ class ArmPosterior:
         return 1.0 / math.sqrt(self.precision)
 
 
-
-
 # -- pure maths ------------------------------------------------------------------------
 def prior_from_costs(costs: Sequence[float], prior_std_rel: float) -> tuple[float, float]:
     """Empirical-Bayes prior of every arm: ``(μ0, τ0) = (mean cost, 1 / (κ μ0)²)``.

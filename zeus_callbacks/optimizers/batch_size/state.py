@@ -32,8 +32,12 @@ class StoredState(BaseModel):
     @classmethod
     def _results_are_cost_and_flag(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for size, pair in value.items():
-            if not size.lstrip("-").isdigit() or len(pair) != 2 or not isinstance(pair[1], bool) or not (
-                    pair[0] is None or (isinstance(pair[0], (int, float)) and not isinstance(pair[0], bool))):
+            if (
+                not size.lstrip("-").isdigit()
+                or len(pair) != 2
+                or not isinstance(pair[1], bool)
+                or not (pair[0] is None or (isinstance(pair[0], (int, float)) and not isinstance(pair[0], bool)))
+            ):
                 raise ValueError(f"round result of {size!r} must be [cost or null, true/false], got {pair!r}")
         return value
 
