@@ -30,7 +30,7 @@ from zeus_callbacks.backends.virtual import VirtualGPUBackend
 DATA_DIR = Path(__file__).with_name("data")
 REGEN_ENV = "ZEUS_CALLBACKS_REGEN_GOLDEN"
 EXACT_ENV = "ZEUS_CALLBACKS_GOLDEN_EXACT"  # 1: floats must agree to the last bit, too
-REL = 1e-9  # floats agree to this relative tolerance: a reordered sum passes, a behaviour change does not
+ABS_FLOOR = 1e-12  # J, W or s: far below any sensor's resolution, for figures that are 0 up to rounding
 START_S = 1_000.0  # manual clock origin (s)
 
 # Fields that vary from run to run, and only those: wall-clock stamps, the process and host.
@@ -236,7 +236,7 @@ def normalise(value: Any, tmp: str) -> Any:
     return value
 
 
-def _differences(expected: Any, actual: Any, path: str = "") -> Iterable[str]:
+def _differences(expected: Any, actual: Any, rel_tol: float, path: str = "") -> Iterable[str]:
     if isinstance(expected, dict) and isinstance(actual, dict):
         for key in sorted(set(expected) | set(actual)):
             if key not in actual:
@@ -244,15 +244,15 @@ def _differences(expected: Any, actual: Any, path: str = "") -> Iterable[str]:
             elif key not in expected:
                 yield f"{path}.{key}: new ({actual[key]!r})"
             else:
-                yield from _differences(expected[key], actual[key], f"{path}.{key}")
+                yield from _differences(expected[key], actual[key], rel_tol, f"{path}.{key}")
     elif isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            yield from _differences(e, a, f"{path}[{i}]")
+            yield from _differences(e, a, rel_tol, f"{path}[{i}]")
     elif (
         isinstance(expected, float)
         and isinstance(actual, float)
         and os.environ.get(EXACT_ENV) != "1"
-        and math.isclose(expected, actual, rel_tol=REL, abs_tol=1e-12)
+        and math.isclose(expected, actual, rel_tol=rel_tol, abs_tol=ABS_FLOOR)
     ):
         return
     elif expected != actual or type(expected) is not type(actual):
@@ -262,8 +262,10 @@ def _differences(expected: Any, actual: Any, path: str = "") -> Iterable[str]:
         yield f"{path}: golden {expected!r}, now {actual!r}{note}"
 
 
-def check_golden(name: str, lines: list[dict[str, Any]], tmp: Path) -> None:
+def check_golden(name: str, lines: list[dict[str, Any]], tmp: Path, rel_tol: float) -> None:
     """Compare ``lines`` (normalised) with ``data/<name>.jsonl``; rewrite it under ZEUS_CALLBACKS_REGEN_GOLDEN=1.
+
+    Strings, integers and flags must be equal, floats agree to ``rel_tol`` (``scenario_tolerance``).
 
     Raises:
         AssertionError: The lines differ from the golden file (the message lists the fields).
@@ -285,7 +287,7 @@ def check_golden(name: str, lines: list[dict[str, Any]], tmp: Path) -> None:
             problems.append(f"line {i + 1}: new: {actual[i]!r}")
         else:
             event = expected[i].get("event")
-            problems.extend(f"line {i + 1} ({event}){d}" for d in _differences(expected[i], actual[i]))
+            problems.extend(f"line {i + 1} ({event}){d}" for d in _differences(expected[i], actual[i], rel_tol))
         if len(problems) > 40:
             break
     assert not problems, f"{path.name} differs from the golden file:\n" + "\n".join(problems[:40])

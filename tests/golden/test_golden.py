@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.golden.harness import Loop, Rig, check_golden, finish, run_loop, start, store_lines
+from tests.golden.tolerance import scenario_tolerance, solve_conditioning
 from zeus_callbacks import suggest_batch_size
 
 
@@ -131,18 +132,20 @@ SINGLE = {
 def test_single_process_scenario_matches_golden(name, tmp_path):
     rig = Rig.create(tmp_path, read_only=name != "power_limit")
     try:
-        SINGLE[name](rig)
+        with solve_conditioning() as seen:
+            SINGLE[name](rig)
     finally:
         rig.backend.close()
     assert any(line["event"] == "run_end" for line in rig.lines)
-    check_golden(name, rig.lines, tmp_path)
+    check_golden(name, rig.lines, tmp_path, scenario_tolerance(seen))
 
 
 def test_batch_size_bandit_matches_golden(tmp_path):
-    lines = scenario_batch_size(tmp_path)
+    with solve_conditioning() as seen:
+        lines = scenario_batch_size(tmp_path)
     trials = [line for line in lines if line["event"] == "golden.store_trial"]
     assert len(trials) == 6 and len({t["batch_size"] for t in trials}) > 1  # the bandit explored
-    check_golden("batch_size", lines, tmp_path)
+    check_golden("batch_size", lines, tmp_path, scenario_tolerance(seen))
 
 
 TWO_RANK_JOB = Path(__file__).with_name("two_rank_job.py")
@@ -167,4 +170,5 @@ def test_two_rank_peer_matches_golden(tmp_path):
     assert not any(line["event"] == "run_start" for line in lines if line["rank"] == 1)  # one writer: rank 0
     sizes = {(line["rank"], line["world_size"]) for line in lines if "world_size" in line}
     assert sizes == {(0, 2), (1, 2)}, sizes  # both processes ran and each saw two
-    check_golden("two_rank", lines, tmp_path)
+    seen = [tuple(s) for rank in range(2) for s in json.loads((tmp_path / f"rank{rank}_solves.json").read_text())]
+    check_golden("two_rank", lines, tmp_path, scenario_tolerance(seen))

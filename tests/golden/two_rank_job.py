@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.golden.harness import Loop, Rig, finish, run_loop, start  # noqa: E402
+from tests.golden.tolerance import solve_conditioning  # noqa: E402
 
 WORLD_SIZE = 2
 OFFSETS_W = [0.0, 60.0]  # the two virtual GPUs draw different power
@@ -46,19 +47,23 @@ def rank_main(rank: int, out: str, port: int) -> None:
     })  # fmt: skip
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
-        rig = Rig.create(out_dir, read_only=False, num_devices=WORLD_SIZE, power_offset_W=OFFSETS_W)
-        scale = STEP_SCALE[rank]
-        windows = rig.session(rig.config(windows={"phases": True}), is_main_process=rank == 0)
-        start(windows, "two-rank")
-        run_loop(rig, windows, Loop(epochs=2, steps_per_epoch=20, step_s=0.05 * scale, phases=True))
-        finish(rig, windows)
-        profiled = rig.session(rig.config(power_limit={"enabled": True, "warmup_steps": 1}), is_main_process=rank == 0)
-        start(profiled, "two-rank-power-limit")
-        run_loop(rig, profiled, Loop(epochs=3, steps_per_epoch=30, step_s=0.25 * scale, num_samples=32))
-        finish(rig, profiled)
-        rig.observe("limit_after_run", power_limit_W=rig.backend.power_limit_W(rank))
-        rig.backend.close()
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(rig.lines, default=str))
+        with solve_conditioning() as seen:  # the fits' conditioning sets the golden tolerance
+            rig = Rig.create(out_dir, read_only=False, num_devices=WORLD_SIZE, power_offset_W=OFFSETS_W)
+            scale = STEP_SCALE[rank]
+            windows = rig.session(rig.config(windows={"phases": True}), is_main_process=rank == 0)
+            start(windows, "two-rank")
+            run_loop(rig, windows, Loop(epochs=2, steps_per_epoch=20, step_s=0.05 * scale, phases=True))
+            finish(rig, windows)
+            profiled = rig.session(
+                rig.config(power_limit={"enabled": True, "warmup_steps": 1}), is_main_process=rank == 0
+            )
+            start(profiled, "two-rank-power-limit")
+            run_loop(rig, profiled, Loop(epochs=3, steps_per_epoch=30, step_s=0.25 * scale, num_samples=32))
+            finish(rig, profiled)
+            rig.observe("limit_after_run", power_limit_W=rig.backend.power_limit_W(rank))
+            rig.backend.close()
+            (out_dir / f"rank{rank}.json").write_text(json.dumps(rig.lines, default=str))
+        (out_dir / f"rank{rank}_solves.json").write_text(json.dumps(seen))
         dist.barrier()
     finally:
         dist.destroy_process_group()

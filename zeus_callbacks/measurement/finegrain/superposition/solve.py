@@ -118,6 +118,29 @@ def problem(design: Design, samples: SampleIntervals, settings: SuperposeSetting
     )
 
 
+def normal_equations(prob: Problem, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The penalised normal equations ``M θ = r`` of a fit with sample weights.
+
+    Args:
+        prob: The problem.
+        weights: Weight of each sample interval, shape (m,) (bootstrap counts, or ones).
+
+    Returns:
+        ``(M, r)``: ``M = AᵀWA + λDᵀD + ω e eᵀ + ridge·I``, shape (p, p), and
+        ``r = AᵀWy + ω c₀ e``, shape (p,) (``e`` selects the baseline, the last column).
+    """
+    A, p = prob.matrix, prob.matrix.shape[1]
+    Aw = A * weights[:, None]
+    G = Aw.T @ A
+    rhs = Aw.T @ prob.energy_J
+    scale = max(np.trace(G) / p, 1e-30)
+    lam = prob.smoothing * scale
+    prior = np.zeros(p)
+    prior[-1] = 1.0
+    M = G + lam * prob.penalty + prob.prior_weight * scale * np.diag(prior) + RIDGE * scale * np.eye(p)
+    return M, rhs + prob.prior_weight * scale * prior * prob.prior_power_W
+
+
 def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
     """Solve the penalised normal equations with sample weights.
 
@@ -131,14 +154,5 @@ def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
     Raises:
         numpy.linalg.LinAlgError: The normal equations are singular.
     """
-    A, p = prob.matrix, prob.matrix.shape[1]
-    Aw = A * weights[:, None]
-    G = Aw.T @ A
-    rhs = Aw.T @ prob.energy_J
-    scale = max(np.trace(G) / p, 1e-30)
-    lam = prob.smoothing * scale
-    prior = np.zeros(p)
-    prior[-1] = 1.0
-    M = G + lam * prob.penalty + prob.prior_weight * scale * np.diag(prior) + RIDGE * scale * np.eye(p)
-    rhs = rhs + prob.prior_weight * scale * prior * prob.prior_power_W
+    M, rhs = normal_equations(prob, weights)
     return np.linalg.solve(M, rhs)
