@@ -3,7 +3,8 @@
 Each scenario drives the session deterministically (see ``harness.py``) and compares the
 run's JSONL records, plus what the adapters would read through the public API
 (``pop_metrics``, decisions, totals, the summary, ``state_dict``, the store), with
-``data/<scenario>.jsonl``: strings, integers and booleans exactly, floats to a relative 1e-9
+``data/<scenario>.jsonl``: strings, integers and booleans exactly, floats to the tolerance of
+``tolerance.scenario_tolerance`` (derived from the scenario's fits)
 (``ZEUS_CALLBACKS_GOLDEN_EXACT=1``: to the last bit). Regenerate after an intended change of behaviour::
 
     ZEUS_CALLBACKS_REGEN_GOLDEN=1 python -m pytest tests/golden
