@@ -338,3 +338,43 @@ def test_a_sampled_step_takes_a_start_mark_only_after_an_unmeasured_step(tmp_pat
     assert len(measured) < marks < 2 * len(measured)  # fewer than two per measured step
     assert all(r.time_s == pytest.approx(0.010, abs=1e-9) for r in windows)  # each holds its own fetch
     backend.close()
+
+
+def test_a_window_opened_at_a_mark_already_read_keeps_its_start(manual_clock):
+    """The Hugging Face evaluation's order on CUDA events: the eval window closes at mark C, its energy is
+    attributed at once (the GPU has reached C), and only then does the next step's window open at C.
+
+    The attribution let the timer forget every read mark, C included; the step's start was then read
+    from a forgotten slot (a negative list index: a later mark's time), and the H200 printed steps of
+    −2.6 ms and −0.2 J (issue 27). The newest mark is never forgotten now, and a start that was is no
+    time at all: the window is impossible and dropped, never a figure.
+    """
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    gpu = LaggingGPU(manual_clock)
+    timer = CudaEventTimer(manual_clock, cuda=gpu)
+    sampler = PowerSampler(backend, [0], sensor_delay_s=backend.sensor_delay_s)
+    meter = WindowMeter(sampler, timer)
+    meter.begin("eval")
+    manual_clock.advance(0.2)
+    boundary = meter.mark()  # the evaluation ends, the next step begins
+    meter.end_at("eval", boundary)
+    gpu.synchronize()  # the evaluation's metrics were read: the GPU is done
+    manual_clock.advance(2 * backend.sample_period_s)
+    sampler.poll_once()
+    (evaluation,) = meter.resolve()
+    meter.begin_at("step", boundary)
+    for _ in range(3):  # the step runs; other marks come and go (phases, later steps)
+        manual_clock.advance(0.01)
+        meter.begin_at("other", meter.mark())
+        meter.end_at("other", meter.mark())
+    meter.end_at("step", meter.mark())
+    step_s = manual_clock.now_s() - evaluation.end_s  # from the shared boundary to the step's end mark
+    manual_clock.advance(2 * backend.sample_period_s)
+    sampler.poll_once()
+    gpu.synchronize()
+    steps = [r for r in meter.resolve(final=True) if r.name == "step"]
+    assert [r.time_s for r in steps] == [pytest.approx(step_s)] and step_s > 0.03
+    assert steps[0].start_s == pytest.approx(evaluation.end_s)
+    assert steps[0].energy_J == pytest.approx(backend.true_power_W(0) * step_s, rel=1e-6)
+    assert gpu.violations == []
+    backend.close()

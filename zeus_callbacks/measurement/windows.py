@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
@@ -185,8 +186,13 @@ class CudaEventTimer:
         return self._times[i]
 
     def forget_before(self, token: int | None) -> None:
-        """Drop the read times of marks numbered below ``token`` (every read one when None)."""
-        upto = self._read_upto if token is None else min(token, self._read_upto)
+        """Drop the read times of marks numbered below ``token`` (every read one but the newest when None).
+
+        The newest mark is always kept: a caller may still open a window at it (an evaluation's
+        end mark is the next step's start, and its window opens after the evaluation's attribution).
+        """
+        newest = self._next - 1
+        upto = min(self._read_upto, newest) if token is None else min(token, self._read_upto, newest)
         if upto > self._times_from:
             del self._times[: upto - self._times_from]
             self._times_from = upto
@@ -416,7 +422,12 @@ class WindowMeter:
             done = bisect.bisect_left(list(map(_END, closed)), read_upto)
             if done:
                 names, start, given_start_s, end, start_info, end_info = zip(*closed[:done], strict=True)
-                starts_s = [times[t - first] if c is None else c for t, c in zip(start, given_start_s, strict=True)]
+                # A start mark whose time was forgotten has none (NaN: an impossible window, dropped
+                # and flagged downstream), never another mark's (a negative index would give a later one).
+                starts_s = [
+                    c if c is not None else (times[t - first] if t >= first else math.nan)
+                    for t, c in zip(start, given_start_s, strict=True)
+                ]
                 ends_s = [times[t - first] for t in end]
                 timed += zip(names, starts_s, repeat(None), ends_s, start_info, end_info)
                 timed_ends += ends_s
@@ -438,7 +449,10 @@ class WindowMeter:
         oldest = None  # the oldest mark still needed (an open window's, a waiting window's start)
         for opened in self._open.values():
             if opened[2] is None:
-                opened[2] = time_of(opened[0])
+                try:
+                    opened[2] = time_of(opened[0])
+                except LookupError:  # opened at a mark already forgotten: no start time (impossible window)
+                    opened[2] = math.nan
                 if opened[2] is None and (oldest is None or opened[0] < oldest):
                     oldest = opened[0]
         for _, start, start_s, *_ in closed:
