@@ -273,6 +273,17 @@ FIELDS: dict[str, str] = {
     "energy, it estimates every step's. Null mean (no step measured): nothing is scaled.",
     "steps.warmup_steps": "Warm-up steps among the steps since the previous `steps` record (in the `warmup` "
     "record, not in this one's means or `steps`).",
+    "steps.dropped_windows": "Impossible step windows (ending before they began: boundary marks out of "
+    "order) dropped since the previous `steps` record: in no mean; the record is then not `complete`.",
+    "incomplete_reason": "Why the record is not `complete` beyond sample coverage (an impossible window "
+    "dropped); null otherwise.",
+    "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry: `warmup_J`, "
+    "`steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J` (the rest: the "
+    "loader's start, logging, checkpointing, callbacks, the stretch after the last step), with the same "
+    "`_s` entries. `warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
+    "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
+    "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
+    "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative.",
     "warmup.steps": "The warm-up steps' indices (the framework's global step when each began).",
     "warmup.energy_J": "Energy of those steps, summed over GPUs and ranks (J).",
     "warmup.time_s": "Their total time, the slowest rank's (s).",

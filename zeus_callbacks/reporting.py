@@ -35,6 +35,7 @@ EPOCH_COUNTER_ENERGY_J = "energy/epoch_counter_J"
 EPOCH_TIME_S = "time/epoch_s"
 EPOCH_MEAN_POWER_W = "power/epoch_mean_W"
 EPOCH_PARTIAL = "energy/epoch_partial"
+EPOCH_OTHER_J = "energy/epoch_other_J"
 EVAL_ENERGY_J = "energy/eval_J"
 EVAL_TIME_S = "time/eval_s"
 TOTAL_ENERGY_J = "energy/total_J"
@@ -85,6 +86,8 @@ METRICS: dict[str, str] = {
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
     EPOCH_MEAN_POWER_W: "W — mean GPU power over the epoch",
+    EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step and evaluation window (logging, "
+    "checkpointing, callbacks, the loader's start): warm-up + steps + evaluations + this = the epoch",
     EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
     "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
     EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",

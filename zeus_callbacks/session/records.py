@@ -21,6 +21,7 @@ from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session.aggregate import Rows, joined, least, slowest, total
+from zeus_callbacks.session.ledger import LEDGER_COLUMNS, close_ledger
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,20 @@ def evaluate_record(step: int, metrics: dict[str, float]) -> dict[str, Any]:
     return {"event": "evaluate", "step": step, "metrics": metrics}
 
 
-def eval_record(record: WindowRecord) -> dict[str, Any]:
-    """The ``eval`` record of one evaluation window; ``step``: training steps taken before it began."""
-    return {"event": "eval", "step": record.info.get("step"), "energy_J": record.energy_J, "time_s": record.time_s}
+def eval_record(record: WindowRecord, *, reason: str | None = None) -> dict[str, Any]:
+    """The ``eval`` record of one evaluation window; ``step``: training steps taken before it began.
+
+    With ``reason`` (an impossible window) its figures are null and it is not ``complete``.
+    """
+    known = reason is None
+    return {
+        "event": "eval",
+        "step": record.info.get("step"),
+        "energy_J": record.energy_J if known else None,
+        "time_s": record.time_s if known else None,
+        "complete": bool(record.complete) and known,
+        "incomplete_reason": reason,
+    }
 
 
 def window_record(record: WindowRecord) -> dict[str, Any]:
@@ -200,6 +212,8 @@ def steps_record(
     ranks: int,
     degraded: bool,
     warmup_steps: int = 0,
+    dropped_windows: int = 0,
+    dropped_reason: str | None = None,
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
@@ -207,6 +221,8 @@ def steps_record(
     (``warmup_steps`` of them, reported in the ``warmup`` record): ``energy_J_mean ×
     steps`` is the estimate of those steps' energy, and it is null when none of them was
     measured (no step's energy is scaled to steps it does not stand for).
+    ``dropped_windows`` impossible windows (ending before they began) are in no mean; the
+    record is then not ``complete`` and ``incomplete_reason`` says why.
     """
     return {
         "event": "steps",
@@ -220,7 +236,9 @@ def steps_record(
         "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
         "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
         "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
-        "complete": all(bool(b.complete.all()) for b in batches),
+        "complete": all(bool(b.complete.all()) for b in batches) and not dropped_windows,
+        "dropped_windows": dropped_windows,
+        "incomplete_reason": dropped_reason,
         "power_limit_W": power_limit_W,
         "ranks": ranks,
         "degraded": degraded,
@@ -264,9 +282,13 @@ def warmup_record(
 
 
 # ------------------------------------------------------------------------ epochs
-def local_epoch_row(record: WindowRecord, counter_J: float | None) -> list[float]:
-    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), then per GPU (J)."""
-    return [record.energy_J, record.time_s, math.nan if counter_J is None else counter_J, *record.gpu_energy_J]
+def local_epoch_row(record: WindowRecord, counter_J: float | None, ledger: Sequence[float]) -> list[float]:
+    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), ledger, per GPU (J).
+
+    The ledger is :data:`~zeus_callbacks.session.ledger.LEDGER_COLUMNS` columns (``EpochLedger.row``).
+    """
+    counter = math.nan if counter_J is None else counter_J
+    return [record.energy_J, record.time_s, counter, *ledger, *record.gpu_energy_J]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +302,7 @@ class EpochEnergy:
         gpu_energy_J: Each GPU's energy, rank order (J).
         ranks: Ranks that took part.
         metrics: The epoch metrics to queue.
+        ledger: The epoch's ledger (:func:`~zeus_callbacks.session.ledger.close_ledger`).
     """
 
     energy_J: float
@@ -288,19 +311,31 @@ class EpochEnergy:
     gpu_energy_J: list[float]
     ranks: int
     metrics: dict[str, float]
+    ledger: dict[str, Any]
 
 
-def epoch_energy(rows: Rows, epoch: Any) -> EpochEnergy:
-    """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree."""
+def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int) -> EpochEnergy:
+    """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree.
+
+    The ledger's energy columns are summed over the ranks; its times and counts are the
+    slowest rank's, the rank whose time is the epoch's.
+    """
     energy_J = total(rows, 0)
     time_s = slowest(rows, 1)
     counter_J = total(rows, 2)
-    gpu_energy_J = joined(rows, 3)
+    first_gpu = 3 + LEDGER_COLUMNS
+    gpu_energy_J = joined(rows, first_gpu)
+    slowest_row = max(rows, key=lambda row: row[1])[3:first_gpu]
+    ledger_row = [total([row[3:first_gpu] for row in rows], c) if c in (0, 3, 6) else slowest_row[c]
+                  for c in range(LEDGER_COLUMNS)]  # fmt: skip
+    ledger = close_ledger(energy_J, time_s, ledger_row, steps_taken=steps_taken)
     values = {
         metric.EPOCH_ENERGY_J: energy_J,
         metric.EPOCH_TIME_S: time_s,
         metric.EPOCH_MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
     }
+    if ledger["other_J"] is not None:
+        values[metric.EPOCH_OTHER_J] = ledger["other_J"]
     if len(gpu_energy_J) > 1:
         values.update({metric.gpu_energy_key(i): e for i, e in enumerate(gpu_energy_J)})
     if math.isfinite(counter_J):
@@ -315,7 +350,7 @@ def epoch_energy(rows: Rows, epoch: Any) -> EpochEnergy:
                 counter_J,
                 100 * gap,
             )
-    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values)
+    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger)
 
 
 def epoch_record(
@@ -325,6 +360,8 @@ def epoch_record(
 
     An epoch the run resumed inside (from a checkpoint saved after some of its steps) is not
     ``complete``: ``resumed_mid_epoch`` says why, ``covered_from_step`` where its figures begin.
+    ``ledger`` splits the epoch into warm-up, steps, evaluations and other
+    (:mod:`zeus_callbacks.session.ledger`).
     """
     covered_from = record.info.get("covered_from_step")
     return {
@@ -341,6 +378,7 @@ def epoch_record(
         "resumed_mid_epoch": covered_from is not None,
         "covered_from_step": covered_from,
         "counter_resets": counter_resets,
+        "ledger": e.ledger,
         "ranks": e.ranks,
         "degraded": degraded,
     }

@@ -10,6 +10,7 @@ bulk, as arrays; the rare others one record each), exchanges the per-rank rows
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import Rows, slowest, total
+from zeus_callbacks.session.ledger import EpochLedger
 from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
@@ -53,6 +55,9 @@ class StepReports(SessionPart):
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
         self._last_epoch_metrics: dict[str, float] = {}  # what the last attributed epoch queued (its phases too)
         self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
+        self._ledger = EpochLedger()  # the open epoch's windows so far (reset when its record is written)
+        self._dropped_windows = 0  # impossible step windows dropped since the last steps record
+        self._dropped_reason: str | None = None
 
     def _begin_reports(self) -> None:
         """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
@@ -90,18 +95,29 @@ class StepReports(SessionPart):
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
         is_step = batch.names == "step"
         steps = batch if is_step.all() else batch.select(is_step)
+        # A window that ends before it starts (marks out of order) is impossible: dropped and counted.
+        possible = steps.time_s >= 0
+        if not possible.all():
+            self._dropped_windows += int((~possible).sum())
+            self._dropped_reason = "a step window ended before it began (its boundary marks are out of order)"
         # A step the samples do not cover wholly has no energy (NaN) or only a part's: neither is in the means.
-        covered = np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
+        covered = possible & np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
         if not covered.all():
             steps = steps.select(covered)
         if steps.size:
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
+            ledger = self._ledger
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
-                self._unreported_warmup.append(steps.select(warmup))
+                first = steps.select(warmup)
+                self._unreported_warmup.append(first)
+                ledger.add_steps(float(first.energy_J.sum()), float(first.time_s.sum()), first.size, warmup=True)
                 if not warmup.all():
-                    self._unreported_steps.append(steps.select(~warmup))
+                    rest = steps.select(~warmup)
+                    self._unreported_steps.append(rest)
+                    ledger.add_steps(float(rest.energy_J.sum()), float(rest.time_s.sum()), rest.size, warmup=False)
             else:
                 self._unreported_steps.append(steps)
+                ledger.add_steps(float(steps.energy_J.sum()), float(steps.time_s.sum()), steps.size, warmup=False)
             self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self.run.phases
         if phases is not None and steps.size < batch.size:
@@ -112,8 +128,13 @@ class StepReports(SessionPart):
         if record.name == "epoch":
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
+            if record.time_s < 0:  # impossible: its marks are out of order; reported as unknown
+                self._write(records.eval_record(record, reason="the evaluation window ended before it began"))
+                return
             self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
             self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
+            if math.isfinite(record.energy_J):
+                self._ledger.add_eval(record.start_s, record.energy_J, record.time_s)
             self._write(records.eval_record(record))
         elif record.name == "run":
             self._run_record = record
@@ -185,16 +206,20 @@ class StepReports(SessionPart):
             records.steps_record(
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
+                dropped_windows=self._dropped_windows, dropped_reason=self._dropped_reason,
             )
         )  # fmt: skip
+        self._dropped_windows, self._dropped_reason = 0, None
         return upto - lo - warmup
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self.run
         counter_J = run.counter_energy_J(record.start_s, record.end_s)
-        rows = self._ranks.gather(records.local_epoch_row(record, counter_J), degraded=self.degraded)
+        ledger = self._ledger.row(record.start_s)
+        self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
+        rows = self._ranks.gather(records.local_epoch_row(record, counter_J, ledger), degraded=self.degraded)
         epoch = record.info.get("epoch")
-        e = records.epoch_energy(rows, epoch)
+        e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0])
         if record.info.get("covered_from_step") is not None:  # resumed inside it: its figures are a part
             e.metrics[metric.EPOCH_PARTIAL] = 1.0
         self._totals.epoch_energy_J.append(e.energy_J)
