@@ -511,6 +511,8 @@ def _judge(player: _Player) -> Outcome:
             if r["event"] != "steps":
                 continue
             mine = [w for w in counted[taken:] if w[0] < i]  # absorbed before record i was written (run_start: 0)
+            if r.get("dropped_windows") and r.get("complete") is not False:  # dropped as impossible: said so
+                out.problems.append(f"run {n} steps record {i}: {r['dropped_windows']} windows dropped, not flagged")
             count = r.get("count") or 0
             if count != len(mine):
                 out.problems.append(f"run {n} steps record {i}: count {count} but {len(mine)} windows before it")
