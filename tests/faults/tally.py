@@ -16,6 +16,19 @@ FAULTS: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 TRUTH: dict[str, int] = {"schedules": 0, "violations": 0, "checked": 0, "flagged_or_null": 0}
 """The truth-or-flag property suite's counts (tests/faults/truth_or_flag.py)."""
 
+CUDA: dict[str, int] = {
+    "schedules": 0,
+    "violations": 0,
+    "clock": 0,
+    "cuda": 0,
+    "lightning": 0,
+    "hf": 0,
+    "ledgers": 0,
+    "known": 0,
+}
+"""The fake-CUDA truth-or-flag suite's counts (tests/faults/fake_cuda_schedules.py): schedules by timer and
+hook order, those with a violation, and the epoch records that carried a ledger."""
+
 WORKER_OUTPUT_KEY = "zeus_callbacks_tally"
 
 
@@ -29,7 +42,7 @@ def record_fault(category: str, survived: bool) -> bool:
 
 def snapshot() -> dict[str, Any]:
     """Both tallies as plain JSON-able data (what a worker sends the controller)."""
-    return {"faults": {k: list(v) for k, v in FAULTS.items()}, "truth": dict(TRUTH)}
+    return {"faults": {k: list(v) for k, v in FAULTS.items()}, "truth": dict(TRUTH), "cuda": dict(CUDA)}
 
 
 def merge(data: dict[str, Any]) -> None:
@@ -39,6 +52,8 @@ def merge(data: dict[str, Any]) -> None:
         FAULTS[category][1] += survived
     for key, value in data.get("truth", {}).items():
         TRUTH[key] = TRUTH.get(key, 0) + value
+    for key, value in data.get("cuda", {}).items():
+        CUDA[key] = CUDA.get(key, 0) + value
 
 
 def write_summary(terminalreporter) -> None:
@@ -49,6 +64,13 @@ def write_summary(terminalreporter) -> None:
             f"  figures: {TRUTH['checked']} checked against the truth, {TRUTH['flagged_or_null']} flagged or null"
         )
         terminalreporter.write_line(f"truth-or-flag: {TRUTH['schedules']} schedules, {TRUTH['violations']} violations")
+    if CUDA["schedules"]:
+        c = CUDA
+        terminalreporter.write_line(
+            f"fake-cuda truth-or-flag: {c['schedules']} schedules (clock: {c['clock']}, cuda: {c['cuda']}; "
+            f"lightning-order: {c['lightning']}, hf-order: {c['hf']}), {c['violations']} violations "
+            f"({c['ledgers']} epoch ledgers checked; {c['known']} negative phase estimates kept out)"
+        )
     if not FAULTS:
         return
     terminalreporter.write_sep("-", "fault-injection suite")

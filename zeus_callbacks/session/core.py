@@ -341,13 +341,17 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
             run.meter.end_at("eval", token)
+        if not self._measuring:
+            # The next step's window begins where the evaluation ends. Opened before the attribution below:
+            # that reads the marks the GPU has reached and the timer forgets those no open window holds, so
+            # a step opened at the end mark afterwards would take another mark's time (issue 27).
+            self._open_step_at_boundary(token)
+        if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
             self._attribute_closed()
         self._power_limit_eval_end()
-        if not self._measuring:
-            self._open_step_at_boundary(token)  # the next step's window begins where the evaluation ends
         self._resume_timing()
         if not report or not self.config.windows.eval:
             return {}
