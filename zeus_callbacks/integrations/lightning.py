@@ -271,8 +271,8 @@ class ZeusCallback(SessionAdapter, Callback):
         if not metrics:
             return
         # Loggers get every report directly (pl_module.log would drop step values that
-        # fall between log_every_n_steps); pl_module.log puts them in callback_metrics,
-        # so other callbacks (checkpointing, early stopping) can monitor energy.
+        # fall between log_every_n_steps); callback_metrics get them too, so other callbacks
+        # (checkpointing, early stopping) can monitor energy.
         self._to_loggers(trainer, metrics, trainer.global_step if step is None else step)
         # No sync_dist: the session already aggregated the values over ranks, and a
         # reduce per key would be a collective that ranks with different keys (the main
@@ -280,18 +280,18 @@ class ZeusCallback(SessionAdapter, Callback):
         if self._eval_for_monitors:
             metrics = {**self._eval_for_monitors, **metrics}
             self._eval_for_monitors = {}
-        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
-        if self.config.logging.progress_bar:
-            bar = self.session.progress_bar_metrics()
+        bar = self.session.progress_bar_metrics() if self.config.logging.progress_bar else {}
+        if on_step:
+            # A step report is a plain value for monitors: written to callback_metrics (and the bar) directly.
+            # pl_module.log costs ~4 ms a key on a busy host (a result metric per key, moved to the device)
+            # and makes every later step of the epoch walk those keys (docs/results/gpu_overhead.md).
+            trainer.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
             if bar:
-                pl_module.log_dict(
-                    bar,
-                    on_step=on_step,
-                    on_epoch=not on_step,
-                    prog_bar=True,
-                    logger=False,
-                    batch_size=1,
-                )
+                trainer.progress_bar_metrics.update(bar)
+            return
+        pl_module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, logger=False)
+        if bar:
+            pl_module.log_dict(bar, on_step=False, on_epoch=True, prog_bar=True, logger=False, batch_size=1)
 
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:
         self._publish_end(trainer, self.session.train_end(status=status))

@@ -1,0 +1,602 @@
+"""Step-time overhead of measuring, with the power to see 0.5 % (issue 28).
+
+One process per run. For each workload (Lightning and HF ``Trainer``; steps of ~1.5, ~4 and
+~12 ms) it builds ONE Trainer and runs ONE long fit. Every mode's callback is built before
+the fit, so the Trainer calls its start hooks (setup, train start, epoch start) normally; a
+driver callback, first in the list, then takes every mode's callback out of the list and parks
+its sampler thread. After a warm-up (and a calibration of the model's depth to the target
+step time, with no callback), the fit is a series of *rounds*: in each, every mode runs one
+block of ``--block-steps`` steps, in a fresh random order. At a block's first step the driver
+synchronises the device, reads the clock and the training thread's CPU time, and swaps the
+mode's callback into the list (its sampler thread resumed); at the next block's first step it
+reads them again and swaps it back out. Process start, Trainer construction, warm-up and the
+callbacks' start are in no timed block. Modes:
+
+* ``none``: no callback; ``noop``: a callback with empty methods on the same hooks;
+* ``default``: ``ZeusCallback`` / ``ZeusTrainerCallback`` with the default config;
+* ``every_step``: ``windows.sample_fraction: 1``; ``every_step_phases``: and ``windows.phases: true``;
+* ``sampler``: the package's ``PowerSampler`` thread alone (default sampling config), no callback.
+
+Per round, each mode's block time over the same round's ``none`` block; reported: the median
+of these ratios with a 95 % bootstrap CI of the median, the geometric mean with a paired-t CI
+on the log ratios, and the training thread's CPU time per step (``time.thread_time``: a second
+figure, free of the GPU's and the host's timing noise).
+
+The last line printed is JSON: ``{"<workload>": {"<mode>": [median ratio, lo, hi], ...,
+"step_ms": none's median step (ms), "cpu_us": {"<mode>": training-thread CPU µs per step}}}``.
+
+Safety on a shared GPU: ``ZEUS_CALLBACKS_READ_ONLY=1`` is set before the package is imported;
+nothing is set on the GPU; on CUDA every GPU's power limit is read (pynvml, read-only) before
+and after, and the script fails when one differs.
+
+    # on the H200 (about 5 minutes)
+    python benchmarks/gpu_overhead.py --device cuda --budget-s 270 --out results/
+    # here (CPU, virtual GPU; proves that it runs)
+    python benchmarks/gpu_overhead.py --device cpu --budget-s 60 --workloads lightning_small,hf_small
+    # where the training thread's time goes, one mode (cProfile of the timed blocks only)
+    python benchmarks/gpu_overhead.py --device cpu --profile every_step_phases --workloads lightning_small
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["ZEUS_CALLBACKS_READ_ONLY"] = "1"  # before zeus_callbacks is imported: every setter refuses
+
+import argparse
+import cProfile
+import io
+import json
+import logging
+import math
+import pstats
+import random
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+MODES = ("none", "noop", "default", "every_step", "every_step_phases", "sampler")
+CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "every_step": {"windows": {"sample_fraction": 1}},
+    "every_step_phases": {"windows": {"sample_fraction": 1, "phases": True}},
+}
+TARGET_MS = {"small": 1.5, "mid": 4.0, "large": 12.0}
+WORKLOADS = tuple(f"{fw}_{size}" for fw in ("lightning", "hf") for size in TARGET_MS)
+
+
+# ----------------------------------------------------------------------------- model and data
+class DeepMLP(nn.Module):
+    """``depth`` square layers of which the first ``active`` run: the depth is tuned after the Trainer is built."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.active = 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        h = torch.relu(self.inp(x))
+        for layer in self.layers[: self.active]:
+            h = torch.relu(layer(h))
+        loss = nn.functional.mse_loss(h, labels if labels is not None else x)
+        return {"loss": loss}
+
+
+class Batches(torch.utils.data.Dataset):
+    """Premade batches on the device, served round-robin: an item is a whole batch (no collation)."""
+
+    def __init__(self, width: int, batch: int, device: str, length: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.items = [
+            {name: torch.randn(batch, width, generator=g).to(device) for name in ("x", "labels")} for _ in range(8)
+        ]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.items[i % len(self.items)]
+
+
+# ----------------------------------------------------------------------------- the driver
+class Driver:
+    """Runs the schedule: warm-up, calibration, rounds of blocks; swaps each block's callback in and out.
+
+    ``callbacks`` is the framework's own callback list (modified in place, at index 1 on: the driver is at 0).
+    """
+
+    def __init__(self, args: argparse.Namespace, model: DeepMLP, target_ms: float, sync: Any, modes: dict[str, Any]):
+        self.args, self.model, self.target_ms, self.sync = args, model, target_ms, sync
+        self.modes = modes  # mode -> None | callback | Parked sampler
+        self.callbacks: list[Any] = []
+        self.step = 0
+        self.phase = "warmup"
+        self.plan: list[tuple[int, str]] = []  # (round, mode) blocks still to run
+        self.current: tuple[int, str] | None = None
+        self.block_left = 0
+        self.t0 = self.cpu0 = 0.0
+        self.wall: dict[str, list[float]] = {m: [] for m in modes}  # per round, s per step
+        self.cpu: dict[str, list[float]] = {m: [] for m in modes}
+        self.calib: list[tuple[int, float]] = []
+        self.deadline = 0.0
+        self.profiler = cProfile.Profile() if args.profile else None
+        self.done = False
+        self.block_steps = args.block_steps
+
+    def parked(self) -> None:
+        """Take every mode's callback out of the list; pause their samplers (once, at the first step)."""
+        for obj in self.modes.values():
+            if obj is not None and obj is not PARKED_NONE:
+                obj.park(self.callbacks)
+
+    def on_step(self) -> bool:
+        """Called at every step's start, before any other callback; returns True to stop the fit."""
+        self.step += 1
+        if self.phase == "warmup":
+            if self.step == 1:
+                self.parked()
+            if self.step >= self.args.warmup_steps:
+                self.phase, self.calib_at = "calib", [1, max(2, len(self.model.layers))]
+                self._start_calib()
+            return False
+        if self.phase == "calib":
+            self.block_left -= 1
+            if self.block_left > 0:
+                return False
+            self.sync()
+            per_step_ms = (time.perf_counter() - self.t0) / self.calib_steps * 1e3
+            self.calib.append((self.model.active, per_step_ms))
+            if len(self.calib) < 2:
+                self.model.active = self.calib_at[1]
+                self._start_calib()
+                return False
+            (d1, t1), (d2, t2) = self.calib
+            per_layer = max((t2 - t1) / (d2 - d1), 1e-6)
+            self.model.active = int(min(max(round(d1 + (self.target_ms - t1) / per_layer), 0), len(self.model.layers)))
+            self.phase = "settle"
+            self.block_left = self.args.warmup_steps // 2
+            return False
+        if self.phase == "settle":
+            self.block_left -= 1
+            if self.block_left > 0:
+                return False
+            self.sync()
+            self.t0 = time.perf_counter()
+            self.block_left = self.args.warmup_steps
+            self.phase = "measure_none"
+            return False
+        if self.phase == "measure_none":  # the step time at the chosen depth sets the block length
+            self.block_left -= 1
+            if self.block_left > 0:
+                return False
+            self.sync()
+            step_s = (time.perf_counter() - self.t0) / self.args.warmup_steps
+            if self.block_steps is None:
+                self.block_steps = max(20, round(self.args.block_s / step_s))
+            budget_s = self.deadline - time.perf_counter()
+            n_modes = len(self.modes)
+            rounds = max(self.args.min_rounds, int(budget_s / (n_modes * self.block_steps * step_s * 1.15)))
+            if self.args.rounds:
+                rounds = self.args.rounds
+            rng = random.Random(self.args.seed)
+            for r in range(rounds):
+                order = list(self.modes)
+                rng.shuffle(order)
+                self.plan += [(r, m) for m in order]
+            self.phase = "rounds"
+            self._begin_block()
+            return False
+        # rounds
+        self.block_left -= 1
+        if self.block_left > 0:
+            return False
+        self._end_block()
+        if self.plan and self.plan[0][0] != self.current[0] and self.current[0] + 1 >= self.args.min_rounds:
+            if time.perf_counter() > self.deadline and not self.args.rounds:  # out of time: whole rounds only
+                self.plan.clear()
+        if not self.plan:
+            self.done = True
+            return True
+        self._begin_block()
+        return False
+
+    def _start_calib(self) -> None:
+        self.calib_steps = max(10, self.args.warmup_steps // 2)
+        self.sync()
+        self.t0 = time.perf_counter()
+        self.block_left = self.calib_steps
+
+    def _begin_block(self) -> None:
+        r, mode = self.plan.pop(0)
+        obj = self.modes[mode]
+        if obj is not None:
+            obj.unpark(self.callbacks)  # its hooks run from this very step on
+        self.current = (r, mode)
+        self.block_left = self.block_steps
+        self.sync()
+        if self.profiler is not None and mode == self.args.profile:
+            self.profiler.enable()
+        self.cpu0 = time.thread_time()
+        self.t0 = time.perf_counter()
+
+    def _end_block(self) -> None:
+        self.sync()
+        wall = time.perf_counter() - self.t0
+        cpu = time.thread_time() - self.cpu0
+        assert self.current is not None
+        r, mode = self.current
+        if self.profiler is not None and mode == self.args.profile:
+            self.profiler.disable()
+        obj = self.modes[mode]
+        if obj is not None:
+            obj.park(self.callbacks)
+        self.wall[mode].append(wall / self.block_steps)
+        self.cpu[mode].append(cpu / self.block_steps)
+
+
+PARKED_NONE = object()
+
+
+class ParkedCallback:
+    """A mode's callback, in the framework's list only during its own blocks; its sampler thread likewise.
+
+    The session's own step-time accounting (auto sampling) is paused with a private method while
+    parked: a benchmark, not an API.
+    """
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+        self.index = 1  # where it was in the list (the driver is at 0)
+
+    def _session(self) -> Any:
+        return getattr(self.callback, "session", None)
+
+    def park(self, callbacks: list[Any]) -> None:
+        if self.callback in callbacks:
+            self.index = callbacks.index(self.callback)
+            callbacks.remove(self.callback)
+        session = self._session()
+        if session is not None and session.sampler is not None:
+            session.sampler.stop(final_drain=False)
+            session._pause_timing()
+
+    def unpark(self, callbacks: list[Any]) -> None:
+        session = self._session()
+        if session is not None and session.sampler is not None:
+            session.sampler.start(first_poll=False)
+            session._resume_timing()
+        callbacks.insert(self.index, self.callback)
+
+
+class ParkedSampler:
+    """The package's PowerSampler alone: its thread runs only during its own blocks."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        sampler.start()
+
+    def park(self, callbacks: list[Any]) -> None:
+        self.sampler.stop(final_drain=False)
+
+    def unpark(self, callbacks: list[Any]) -> None:
+        self.sampler.start(first_poll=False)
+
+
+def sampler_alone() -> ParkedSampler:
+    """A PowerSampler as a default session builds it (its backend, GPU and sampling settings)."""
+    from zeus_callbacks.measurement.sampler import PowerSampler
+    from zeus_callbacks.session import EnergySession
+    from zeus_callbacks.session.run import select_gpu_indices
+
+    session = EnergySession({})
+    cfg = session.config
+    backend = session.open_backend()
+    sampler = PowerSampler(
+        backend,
+        list(select_gpu_indices(cfg, backend, None)),
+        poll_period_s=cfg.sampling.poll_period_s,
+        energy_counter_period_s=cfg.sampling.energy_counter_period_s,
+        buffer_s=cfg.sampling.buffer_s,
+        sensor_delay_s=backend.sensor_delay_s,
+        sensor_timeout_s=cfg.sampling.sensor_timeout_s,
+    )
+    return ParkedSampler(sampler)
+
+
+def zeus_config(mode: str, log_dir: str) -> dict[str, Any]:
+    cfg = json.loads(json.dumps(CONFIGS[mode]))
+    cfg.setdefault("logging", {})["log_dir"] = log_dir
+    cfg["logging"]["run_name"] = mode
+    cfg["job_id"] = f"gpu_overhead_{mode}"  # Lightning: one state_key per callback
+    return cfg
+
+
+# ----------------------------------------------------------------------------- Lightning
+def run_lightning(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> Driver:
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+
+    from zeus_callbacks import ZeusCallback
+
+    width, batch, depth = shapes(args)
+    model = DeepMLP(width, depth)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            return self.net(b["x"], b["labels"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=1e-5)
+
+    class Noop(pl.Callback):
+        def on_train_batch_start(self, *a: Any) -> None: ...
+        def on_train_batch_end(self, *a: Any) -> None: ...
+        def on_before_backward(self, *a: Any) -> None: ...
+        def on_after_backward(self, *a: Any) -> None: ...
+        def on_before_optimizer_step(self, *a: Any) -> None: ...
+
+    class DriverCallback(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, *a: Any) -> None:
+            if driver.on_step():
+                trainer.should_stop = True
+
+    modes = build_modes(args, lambda m: ZeusCallback(zeus_config(m, tmp)), Noop)
+    driver = Driver(args, model, target_ms, sync, modes)
+    driver.deadline = time.perf_counter() + args.workload_s
+    callbacks: list[Any] = [DriverCallback()] + [o.callback for o in modes.values() if isinstance(o, ParkedCallback)]
+    data = torch.utils.data.DataLoader(Batches(width, batch, args.device, 10**8), batch_size=None, shuffle=False)
+    trainer = pl.Trainer(
+        accelerator="gpu" if args.device == "cuda" else "cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=callbacks,
+        logger=CSVLogger(tmp, name="lightning"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    driver.callbacks = trainer.callbacks
+    assert isinstance(trainer.callbacks[0], DriverCallback), "the driver must run first"
+    trainer.fit(Module(), data)
+    return driver
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+def run_hf(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> Driver:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from zeus_callbacks import ZeusTrainerCallback
+
+    width, batch, depth = shapes(args)
+    model = DeepMLP(width, depth)
+
+    class Noop(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None: ...
+        def on_pre_optimizer_step(self, *a: Any, **k: Any) -> None: ...
+        def on_step_end(self, *a: Any, **k: Any) -> None: ...
+
+    class DriverCallback(TrainerCallback):
+        def on_step_begin(self, args_: Any, state: Any, control: Any, **k: Any) -> None:
+            if driver.on_step():
+                control.should_training_stop = True
+
+    modes = build_modes(args, lambda m: ZeusTrainerCallback(zeus_config(m, tmp)), Noop)
+    driver = Driver(args, model, target_ms, sync, modes)
+    driver.deadline = time.perf_counter() + args.workload_s
+    targs = TrainingArguments(
+        output_dir=tmp,
+        per_device_train_batch_size=1,
+        max_steps=10**8,
+        learning_rate=1e-5,
+        save_strategy="no",
+        logging_steps=50,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+        remove_unused_columns=False,
+        use_cpu=args.device == "cpu",
+    )
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=Batches(width, batch, args.device, 10**6),
+        data_collator=lambda items: items[0],
+    )
+    trainer.callback_handler.callbacks.insert(0, DriverCallback())
+    for obj in modes.values():
+        if isinstance(obj, ParkedCallback):
+            if isinstance(obj.callback, ZeusTrainerCallback):
+                obj.callback.attach(trainer)
+            else:
+                trainer.callback_handler.add_callback(obj.callback)
+    driver.callbacks = trainer.callback_handler.callbacks
+    trainer.train()
+    return driver
+
+
+def build_modes(args: argparse.Namespace, zeus: Any, noop_cls: Any) -> dict[str, Any]:
+    modes: dict[str, Any] = {}
+    for mode in args.modes:
+        if mode == "none":
+            modes[mode] = None
+        elif mode == "noop":
+            modes[mode] = ParkedCallback(noop_cls())
+        elif mode == "sampler":
+            modes[mode] = sampler_alone()
+        else:
+            modes[mode] = ParkedCallback(zeus(mode))
+    return modes
+
+
+def shapes(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(width, batch, most layers): ~0.5 ms a layer (fp32) on an H200; small on the CPU."""
+    if args.device == "cuda":
+        return 2048, 1024, 48
+    return 64, 32, 48
+
+
+# ----------------------------------------------------------------------------- statistics
+def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
+    base = np.array(driver.wall["none"])
+    out: dict[str, Any] = {"step_ms": float(np.median(base) * 1e3), "cpu_us": {}, "rounds": len(base)}
+    detail: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for mode, wall in driver.wall.items():
+        out["cpu_us"][mode] = round(float(np.median(driver.cpu[mode]) * 1e6), 1)
+        if mode == "none":
+            continue
+        ratios = np.array(wall) / base
+        idx = rng.integers(0, len(ratios), size=(n_boot, len(ratios)))
+        lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
+        out[mode] = [round(float(np.median(ratios)), 4), round(float(lo), 4), round(float(hi), 4)]
+        logs = np.log(ratios)
+        n = len(logs)
+        half = t_quantile(n - 1) * logs.std(ddof=1) / math.sqrt(n) if n > 1 else float("nan")
+        detail[mode] = {
+            "gmean": float(np.exp(logs.mean())),
+            "gmean_ci95": [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))],
+            "rounds_above_1": int((ratios > 1).sum()),
+        }
+    out["_detail"] = detail
+    return out
+
+
+def t_quantile(df: int) -> float:
+    """Two-sided 95 % quantile of Student's t (scipy when present, else a close approximation)."""
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, df))
+    except ImportError:  # Cornish-Fisher expansion around the normal quantile
+        z = 1.959964
+        return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+# ----------------------------------------------------------------------------- power limits
+def power_limits_W() -> list[float]:
+    """Every GPU's power limit (W), read-only through pynvml."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [
+            pynvml.nvmlDeviceGetPowerManagementLimit(pynvml.nvmlDeviceGetHandleByIndex(i)) / 1000.0
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--budget-s", type=float, default=270.0, help="wall time for all workloads, setup included (s)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated; 'none' is always run")
+    ap.add_argument("--block-s", type=float, default=0.4, help="target length of one block (s)")
+    ap.add_argument("--block-steps", type=int, default=None, help="steps a block (default: from --block-s)")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds (default: as many as the budget allows)")
+    ap.add_argument("--min-rounds", type=int, default=6)
+    ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--setup-s", type=float, default=12.0, help="time a workload's setup and warm-up take (s)")
+    ap.add_argument("--profile", default=None, help="cProfile the training thread in this mode's blocks")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
+    args = ap.parse_args()
+    args.modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
+    workloads = [w for w in args.workloads.split(",") if w]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device")
+    if args.profile and args.profile not in args.modes:
+        raise SystemExit(f"--profile {args.profile}: not among --modes")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # a shared CPU: intra-op threads would time the neighbours
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    limits_before = power_limits_W() if args.device == "cuda" else []
+    print(f"power limits before (W): {limits_before}", flush=True)
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    try:
+        for k, workload in enumerate(workloads):
+            left_s = args.budget_s - (time.perf_counter() - started)
+            args.workload_s = max(left_s / (len(workloads) - k) - args.setup_s, 1.0)
+            fw, size = workload.split("_")
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                driver = (run_lightning if fw == "lightning" else run_hf)(args, TARGET_MS[size], tmp, sync)
+                if not driver.done:
+                    raise SystemExit(f"{workload}: the fit ended before the schedule did")
+                results[workload] = summarise(driver)
+                results[workload]["layers"] = driver.model.active
+                results[workload]["block_steps"] = driver.block_steps
+                results[workload]["wall_s"] = round(time.perf_counter() - t0, 1)
+            print_table(workload, results[workload])
+            if driver.profiler is not None:
+                if args.out:
+                    Path(args.out).mkdir(parents=True, exist_ok=True)
+                    driver.profiler.dump_stats(str(Path(args.out) / f"profile_{workload}_{args.profile}.pstats"))
+                s = io.StringIO()
+                pstats.Stats(driver.profiler, stream=s).sort_stats("tottime").print_stats(30)
+                print(s.getvalue(), flush=True)
+                s = io.StringIO()
+                pstats.Stats(driver.profiler, stream=s).sort_stats("cumulative").print_stats(40)
+                print(s.getvalue(), flush=True)
+            del driver
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        if args.device == "cuda":
+            limits_after = power_limits_W()
+            print(f"power limits after (W): {limits_after}", flush=True)
+            if limits_after != limits_before:
+                raise SystemExit(f"POWER LIMIT CHANGED: before {limits_before} W, after {limits_after} W")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_overhead.json").write_text(json.dumps(results, indent=1))
+    print(f"total wall time {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(json.dumps({w: {k: v for k, v in r.items() if not k.startswith("_")} for w, r in results.items()}))
+
+
+def print_table(workload: str, r: dict[str, Any]) -> None:
+    print(
+        f"\n{workload}: none {r['step_ms']:.3f} ms/step, {r['layers']} layers, {r['rounds']} rounds of "
+        f"{r['block_steps']} steps, {r['wall_s']} s",
+        flush=True,
+    )
+    print(f"  {'mode':18s} {'median [95% CI]':>26s} {'gmean [paired-t CI]':>26s} {'>1':>4s} {'cpu us/step':>12s}")
+    for mode, cpu in r["cpu_us"].items():
+        if mode == "none":
+            print(f"  {mode:18s} {'':>26s} {'':>26s} {'':>4s} {cpu:12.1f}")
+            continue
+        m, lo, hi = r[mode]
+        d = r["_detail"][mode]
+        g, glo, ghi = d["gmean"], *d["gmean_ci95"]
+        print(
+            f"  {mode:18s} {m:8.4f} [{lo:.4f}, {hi:.4f}] {g:8.4f} [{glo:.4f}, {ghi:.4f}] "
+            f"{d['rounds_above_1']:4d} {cpu:12.1f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
