@@ -452,7 +452,7 @@ def _truth(cuda: FakeCuda, a: float, b: float) -> tuple[float, float]:
 
 _NON_NEGATIVE_SUFFIXES = ("_J", "_s", "_W", "_mean", "_per_sample", "_per_token")
 _SIGNED = frozenset({"energy_ci_J"})  # a phase's 95 % interval may reach below 0 (a bound, not a figure)
-KNOWN_NEGATIVE = frozenset({"phases"})
+KNOWN_NEGATIVE: frozenset[str] = frozenset()  # none: an unresolved phase is null with its reason
 """Records whose negative figures are a known finding for another branch, counted apart (``Outcome.known``):
 the FinGraV per-phase estimates (``windows.phases``) of a short epoch can fall below 0 J. The lead flips this."""
 

@@ -44,16 +44,26 @@ class PhaseStats:
             (``windows.sample_fraction``; 1 when every step was).
         superposed: Executions behind ``energy_J`` (the most recent ones whose samples are
             still buffered, at most ``max_executions``).
+        unresolved_reason: Why ``energy_J`` and ``total_J`` are None (the samples could not
+            resolve the phase); None when they are known.
     """
 
     name: str
     executions: int
-    energy_J: float
+    energy_J: float | None
     energy_ci_J: tuple[float, float]
     time_s: float
-    total_J: float
+    total_J: float | None
     superposed: int
     measured_fraction: float = 1.0
+    unresolved_reason: str | None = None
+
+
+UNRESOLVED = (
+    "the superposition's estimate fell below zero: the samples cannot tell this phase apart from its "
+    "neighbours (too short, or too regular against the sensor period, in this epoch)"
+)
+"""Why a phase has no energy figure when its superposed estimate is negative."""
 
 
 class PhaseTracker:
@@ -108,6 +118,10 @@ class PhaseTracker:
                 value, ci, used = estimates[n]
             else:  # too few samples: the plain per-window attribution
                 value, ci, used = float(np.mean(energy[masks[n]])), (math.nan, math.nan), 0
+            if not value >= 0:  # below zero (or NaN): the fit could not tell this phase apart, not a figure
+                reason = UNRESOLVED if used else "no sample covers this phase's windows"
+                stats.append(PhaseStats(n, counts[n], None, ci, times[n], None, used, measured_fraction, reason))
+                continue
             total_J = value * counts[n] / measured_fraction
             stats.append(PhaseStats(n, counts[n], value, ci, times[n], total_J, used, measured_fraction))
         return stats
