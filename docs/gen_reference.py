@@ -325,7 +325,8 @@ FIELDS: dict[str, str] = {
     "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions; null ends when too few samples), `time_s` "
     "(mean duration), `total_J` (energy × executions ÷ `measured_fraction`: the epoch's estimate), `superposed` "
     "(executions behind the estimate) and `measured_fraction` (share of the epoch's steps measured, "
-    "`windows.sample_fraction`).",
+    "`windows.sample_fraction`). `energy_J` and `total_J` are null, with `unresolved_reason`, when the samples "
+    "cannot resolve the phase (its superposed estimate fell below zero); only its count is logged then.",
     "phases.explained": "Sum of the phases' `total_J` divided by the epoch's energy (this process's GPUs).",
     "phases.epoch_energy_J": "The epoch's energy on this process's GPUs (J), the denominator of `explained`.",
     "eval.step": "Training steps taken before the evaluation began (checkpoint steps included; a step as in "

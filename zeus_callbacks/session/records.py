@@ -390,11 +390,11 @@ def phase_metrics(stats: Sequence[Any], epoch_energy_J: float) -> tuple[dict[str
     explained = sum(p.total_J for p in resolved) / epoch_energy_J if epoch_energy_J > 0 else math.nan
     values: dict[str, float] = {}
     for p in stats:
+        if p.total_J is not None:  # an unresolved phase (unresolved_reason) logs its count only: no figure
+            values[metric.phase_key(p.name)] = p.energy_J
+            values[metric.phase_key(p.name, "ci_low")] = p.energy_ci_J[0]
+            values[metric.phase_key(p.name, "ci_high")] = p.energy_ci_J[1]
         values[metric.phase_key(p.name, "count")] = float(p.executions)
-    for p in resolved:  # an unresolved phase (unresolved_reason) logs no energy: never a negative figure
-        values[metric.phase_key(p.name)] = p.energy_J
-        values[metric.phase_key(p.name, "ci_low")] = p.energy_ci_J[0]
-        values[metric.phase_key(p.name, "ci_high")] = p.energy_ci_J[1]
     values[metric.PHASES_EXPLAINED] = explained
     return values, explained
 
