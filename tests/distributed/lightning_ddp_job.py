@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -129,7 +130,21 @@ def main() -> None:
     if args.raise_on_rank is not None:
         model.raise_at = (args.raise_on_rank, 12)
     trainer.fit(model)
+    # Rank 0 started rank 1 (Lightning re-ran this script) and does not wait for it: wait here, so
+    # that rank 1's exit status is this job's too and a failure there fails the test.
+    for child in getattr(trainer.strategy.launcher, "procs", []):
+        if (code := child.wait(timeout=120)) != 0:
+            print(f"rank 1 (pid {child.pid}) exited with status {code}", file=sys.stderr)
+            sys.exit(1)
 
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    # Every result is written and closed by now. Skip the interpreter's teardown: on the CPU a
+    # gloo thread sometimes aborts the process there ("terminate called without an active
+    # exception"), which the test would see as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
