@@ -283,7 +283,9 @@ FIELDS: dict[str, str] = {
     "`_s` entries. `warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
     "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
-    "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative.",
+    "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
+    "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
+    "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
     "warmup.steps": "The warm-up steps' indices (the framework's global step when each began).",
     "warmup.energy_J": "Energy of those steps, summed over GPUs and ranks (J).",
     "warmup.time_s": "Their total time, the slowest rank's (s).",

@@ -561,6 +561,12 @@ def _check_ledger(r: dict[str, Any], where: str, out: Outcome) -> None:
         return
     out.ledgers += 1
     for unit, total in (("J", r.get("energy_J")), ("s", r.get("time_s"))):
+        # The split with no estimate in it closes whatever the sampling, wherever the epoch is known.
+        exact = [ledger.get(f"{p}_{unit}") for p in ("warmup", "steps_windowed", "eval", "unwindowed")]
+        if total is not None and (any(p is None or p < 0 for p in exact) or not math.isclose(
+            math.fsum(exact), total, rel_tol=1e-6, abs_tol=1e-9
+        )):  # fmt: skip
+            out.problems.append(f"{where}: exact ledger {unit} {exact} for an epoch of {total}")
         parts = [ledger.get(f"{p}_{unit}") for p in LEDGER_PARTS]
         if parts[-1] is None:
             if not ledger.get("other_reason"):

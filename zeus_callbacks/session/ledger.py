@@ -10,7 +10,9 @@ guess, and the four parts sum to the epoch by construction.
 A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly
 covered by samples when the epoch ended) enters ``steps`` at the epoch's mean measured
 step: an estimate, counted in ``steps_estimated``. When that estimate leaves less than
-nothing for ``other``, ``other`` is unknown (null, with the reason), never negative.
+nothing for ``other``, ``other`` is unknown (null, with the reason), never negative. The
+split with no estimate in it always closes: warm-up + the step windows + evaluations +
+``unwindowed`` (the unmeasured steps and other together, which no mark separates).
 """
 
 from __future__ import annotations
@@ -90,10 +92,15 @@ def close_ledger(epoch_J: float, epoch_s: float, row: list[float], *, steps_take
 
     Returns:
         ``{"warmup_J", "steps_J", "eval_J", "other_J", "warmup_s", "steps_s", "eval_s", "other_s",
-        "steps_estimated", "other_reason"}``: ``warmup + steps + eval + other`` equals the epoch
-        (J and s alike) wherever ``other`` is not None; ``other_reason`` says why it is None.
+        "steps_estimated", "other_reason", "steps_windowed_J", "steps_windowed_s", "unwindowed_J",
+        "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the epoch (J and s alike)
+        wherever ``other`` is not None; ``other_reason`` says why it is None. Always, with no
+        estimate in it: ``warmup + steps_windowed + eval + unwindowed`` equals the epoch, where
+        ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
+        when the epoch's energy is unknown).
     """
     warmup_J, warmup_s, warmup_n, steps_J, steps_s, steps_n, eval_J, eval_s, _ = row
+    windowed_J, windowed_s = steps_J, steps_s
     estimated = max(0, steps_taken - int(warmup_n) - int(steps_n))
     reason = None
     if estimated and steps_n:  # steps with no usable window: the epoch's mean measured step
@@ -113,12 +120,17 @@ def close_ledger(epoch_J: float, epoch_s: float, row: list[float], *, steps_take
         )
     elif reason is None and (other_J is None or other_s is None):
         reason = "the windows hold more than the epoch (they overlap): a defect, please report it"
+    # The exact split, whatever the sampling: what the windows leave (unmeasured steps and other together).
+    unwindowed_J = _rest(epoch_J, warmup_J, windowed_J, eval_J)
+    unwindowed_s = _rest(epoch_s, warmup_s, windowed_s, eval_s)
     return {
         "warmup_J": _finite(warmup_J), "steps_J": _finite(steps_J), "eval_J": _finite(eval_J),
         "other_J": other_J if reason is None else None,
         "warmup_s": warmup_s, "steps_s": _finite(steps_s), "eval_s": eval_s,
         "other_s": other_s if reason is None else None,
         "steps_estimated": estimated, "other_reason": reason,
+        "steps_windowed_J": windowed_J, "steps_windowed_s": windowed_s,
+        "unwindowed_J": unwindowed_J, "unwindowed_s": unwindowed_s,
     }  # fmt: skip
 
 
