@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from zeus_callbacks.backends.base import ManualClock, WallClock
-from zeus_callbacks.backends.virtual import VirtualGPUBackend
+# One compute thread per test process, set before torch is imported (its children inherit it):
+# pytest-xdist runs four workers on the CI's two cores, and each torch process would spin a pool of
+# OpenMP threads per core; oversubscribed, a 96×96 matmul loop once took over the 300 s timeout.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from zeus_callbacks.backends.base import ManualClock, WallClock  # noqa: E402
+from zeus_callbacks.backends.virtual import VirtualGPUBackend  # noqa: E402
 
 MANUAL_START_S = 1_000.0
 """Start time of the manual clock (s); any value works, a non-zero one catches origin bugs."""
