@@ -15,6 +15,7 @@ from transformers.trainer_callback import DefaultFlowCallback
 
 from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
 from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import read_jsonl
 
 BLOCK = 32
@@ -53,6 +54,20 @@ def slow_lm(step_s: float):
         return forward(*args, **kwargs)
 
     model.forward = slow_forward
+    return model
+
+
+def clocked_lm(clock: ManualClock, step_s: float):
+    """The tiny LM, each forward taking ``step_s`` on ``clock`` (a manual one): windows hold counts of forwards."""
+    model = tiny_lm()
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def clocked_forward(*args, **kwargs):
+        clock.advance(step_s)
+        return forward(*args, **kwargs)
+
+    model.forward = clocked_forward
     return model
 
 
