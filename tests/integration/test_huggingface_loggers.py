@@ -9,14 +9,14 @@ flags the energy as simulated, once.
 from __future__ import annotations
 
 import functools
-import time
 
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.helpers import manual_virtual_backend, read_scalars, virtual_config
 from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
 
@@ -219,8 +219,12 @@ def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp
 def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch(tmp_path):
     # An evaluation of one batch: the window used to open at the first on_prediction_step, after
     # that batch, and measured 0.5 ms of a 308 ms evaluation. Attached, it opens as evaluate() begins.
-    eval_s = 0.15
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    # On a manual clock (a training step 30 ms, the evaluation's batch 150 ms, nothing else moves it)
+    # the window's time says exactly what it holds, however loaded the machine.
+    step_s, eval_s = 0.03, 0.15
+    clock = ManualClock(1_000.0)
+    config = virtual_config(tmp_path, interval_steps=2)
+    callback = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
     args = train_args(tmp_path, max_steps=4, logging_steps=2, eval_strategy="steps", eval_steps=2,
                       per_device_eval_batch_size=8)  # fmt: skip
     model = tiny_lm()
@@ -229,12 +233,11 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
     forward = model.forward
 
     @functools.wraps(forward)
-    def slow_in_eval(*a, **kw):
-        if not model.training:  # the one evaluation batch takes eval_s
-            time.sleep(eval_s)
+    def timed_forward(*a, **kw):
+        clock.advance(step_s if model.training else eval_s)  # the one evaluation batch takes eval_s
         return forward(*a, **kw)
 
-    model.forward = slow_in_eval
+    model.forward = timed_forward
     seen = SeenLogs()
     trainer.add_callback(seen)
     trainer.train()
@@ -242,9 +245,9 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
     runtimes = [logs["eval_runtime"] for _, logs in seen.logs if "eval_runtime" in logs]
     assert len(evals) == len(runtimes) == 2
-    for record, runtime in zip(evals, runtimes, strict=True):
-        # The window holds the whole evaluation the Trainer timed (its batch included), and a little more.
-        assert eval_s <= runtime <= record["time_s"] < runtime + 0.05
+    for record in evals:
+        # The window holds the whole evaluation (its batch included) and none of the training steps around it.
+        assert record["time_s"] == pytest.approx(eval_s)
         assert record["energy_J"] > 0
     points = scalars_of(tmp_path)["energy/eval_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
