@@ -14,7 +14,7 @@ import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tests.integration.helpers import manual_virtual_backend, read_scalars, virtual_config
-from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
+from tests.integration.test_huggingface import RandomTokens, clocked_lm, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import is_own_metric, read_jsonl
@@ -29,6 +29,16 @@ def train_args(tmp_path, **kwargs) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
+def clocked_run(config: dict, step_s: float = 0.03):
+    """The callback, measuring the config's virtual GPU on a manual clock, and the tiny LM whose forwards advance it.
+
+    On the wall clock these tests slept 30 ms a step so that the sampler thread covered the steps before
+    each log; how many steps a report held still depended on when a loaded machine ran that thread.
+    """
+    clock = ManualClock(1_000.0)
+    return ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock)), clocked_lm(clock, step_s)
+
+
 def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
     """The TensorBoard scalars, without the Trainer's ``train/`` prefix."""
     return {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
@@ -36,9 +46,9 @@ def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
 
 def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
     # Reports every 3 steps, HF logs every 10: three or four reports fall in each log's interval.
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=3))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=3))
     args = train_args(tmp_path, max_steps=20, logging_steps=10)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     trainer.train()
 
@@ -92,13 +102,13 @@ class SeenLogs(TrainerCallback):
 
 
 def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(
         tmp_path, max_steps=20, logging_steps=4, eval_strategy="steps", eval_steps=8, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
+        model=model, args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
         callbacks=[StopAtFirstEvaluation(), seen],
     )  # fmt: skip
     callback.attach(trainer)
@@ -128,9 +138,9 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
 
 
 def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path):
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     args = train_args(tmp_path, max_steps=12, logging_steps=4)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     calls = {"n": 0}
     original = type(trainer).training_step
@@ -160,10 +170,10 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
     # 3 steps an epoch (12 samples, batch 4), HF logs every 5 steps: epochs end at 3, 6, 9 and 12, logs
     # come at 5, 10 and 12 (the final log). Before, each log carried only the last epoch it had seen.
     steps_per_epoch, epochs, logging_steps = 3, 4, 5
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(tmp_path, num_train_epochs=epochs, logging_steps=logging_steps)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
     callback.attach(trainer)
     trainer.train()
 
@@ -195,13 +205,13 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
 
 def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp_path):
     # eval_steps == logging_steps: at 4, 8 and 12 the periodic log and the evaluation's log share the step.
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(
         tmp_path, max_steps=12, logging_steps=4, eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
+        model=model, args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
     )
     callback.attach(trainer)
     trainer.train()
