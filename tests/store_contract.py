@@ -18,12 +18,14 @@ import os
 import signal
 import socket
 import sqlite3
+import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.errors import StoreValueError
 from zeus_callbacks.store import (
     SCHEMA_VERSION,
@@ -33,7 +35,9 @@ from zeus_callbacks.store import (
     StoreError,
     StoreSchemaError,
 )
+from zeus_callbacks.store import base as store_base
 from zeus_callbacks.store.json import JSONStore
+from zeus_callbacks.store.lease import KEEPER
 from zeus_callbacks.store.sqlite import SQLiteStore
 
 BACKENDS: dict[str, type[Store] | None] = {
@@ -148,14 +152,14 @@ def set_schema_version(kind: str, location: str, version: int) -> None:
         engine.dispose()
 
 
-def _live_trial_of_another_host(kind: str, location: str, grace_s: float, ready, stop) -> None:
-    """Child: pretend to be host node-a, create a trial and keep its lease until killed."""
-    socket.gethostname = lambda: "node-a"  # this child's fake host name (the parent is elsewhere)
-    store = _open(kind, location, lease_grace_s=grace_s)
-    store.create_trial("leased", batch_size=32)
-    store.close()  # the lease keeper renews with a store of its own
-    ready.set()
-    stop.wait(120)
+def _manual_store_time(monkeypatch) -> ManualClock:
+    """The stores' Unix time (their ``now``) on a manual clock, from the real time: leases age only when told."""
+    clock = ManualClock(time.time())
+    for name in ("base", "sqlite", "json", "rdb"):
+        module = sys.modules.get(f"zeus_callbacks.store.{name}")
+        if module is not None and hasattr(module, "now"):
+            monkeypatch.setattr(module, "now", clock.now_s)
+    return clock
 
 
 # How long a concurrent writer in these tests waits for the others (s): longer than the product's
@@ -188,7 +192,7 @@ def _worker(kind: str, path: str, worker: int, n: int) -> None:
     store.close()
 
 
-def _writer_forever(kind: str, path: str, ready) -> None:
+def _writer_forever(kind: str, path: str, ready, written) -> None:
     store = _open(kind, path)
     store.create_trial("victim", batch_size=1)  # left running when this process is killed
     ready.set()
@@ -199,6 +203,8 @@ def _writer_forever(kind: str, path: str, ready) -> None:
         store.put_profile(f"k{i % 3}", {**big, "i": i})
         store.finish_trial(trial.trial_id, status="completed", energy_J=1.0, time_s=1.0, cost=1.0, converged=True)
         i += 1
+        if i == 3:
+            written.set()  # three whole trials committed: from here on the kill lands among the writes
 
 
 class StoreContract:
@@ -450,29 +456,41 @@ class StoreContract:
         with pytest.raises(StoreSchemaError, match=rf"{name}.*version {SCHEMA_VERSION + 1}"):
             _open(kind, path)
 
-    def test_trial_of_another_host_fails_once_its_lease_expires(self, kind: str, path: str) -> None:
-        """Node a runs a trial and heartbeats; node b (this process) sees it run, then fail after a's death."""
-        grace_s = 4.0  # long enough that a loaded machine's kill-then-open still falls inside it
-        _open(kind, path).close()
-        ready, stop = _CTX.Event(), _CTX.Event()
-        proc = _CTX.Process(target=_live_trial_of_another_host, args=(kind, path, grace_s, ready, stop))
-        proc.start()
+    def test_trial_of_another_host_fails_once_its_lease_expires(self, kind: str, path: str, monkeypatch) -> None:
+        """Node a runs a trial and heartbeats; node b (this process) sees it run, then fail after a's death.
+
+        Store time is a manual clock, and node a (this process under another host name) heartbeats by
+        renewing its lease at the keeper's interval of that clock: the lease ages only by what the test
+        advances, not by how a loaded machine schedules a keeper thread and a killed child (the keeper's
+        own renewals are tests/test_store_lease.py's).
+        """
+        grace_s = 4.0
+        _open(kind, path).close()  # imports the backend's module, whose clock is then made manual
+        clock = _manual_store_time(monkeypatch)
+        with monkeypatch.context() as node_a:
+            node_a.setattr(socket, "gethostname", lambda: "node-a")
+            node_a.setattr(store_base, "_OWNER", None)  # node a's owner token, made under its host name
+            node_a.setattr(KEEPER, "hold", lambda store, trial_id: None)  # its heartbeats are the renewals below
+            owner = store_base.lease_owner()
+            a = _open(kind, path, lease_grace_s=grace_s)
+            trial = a.create_trial("leased", batch_size=32)
+            for _ in range(8):  # 1.6 grace periods: only the heartbeats keep it alive
+                clock.advance(store_base.heartbeat_interval_s(grace_s))
+                assert a.renew_leases(owner, {trial.trial_id}) == {trial.trial_id}
         try:
-            assert ready.wait(30)
-            time.sleep(1.5 * grace_s)  # longer than the grace period: only the heartbeats keep it alive
             with _open(kind, path, lease_grace_s=grace_s) as store:
                 (trial,) = store.list_trials("leased")
                 assert (trial.status, trial.host) == ("running", "node-a")
-                assert trial.heartbeat_at > trial.started_at and trial.owner.startswith(f"node-a:{proc.pid}:")
+                assert trial.heartbeat_at > trial.started_at and trial.owner.startswith(f"node-a:{os.getpid()}:")
+            clock.advance(grace_s / 2)  # node a died after its last heartbeat: its lease is still fresh
+            with _open(kind, path, lease_grace_s=grace_s) as store:
+                assert store.list_trials("leased")[0].status == "running"
+            clock.advance(grace_s / 2 + 0.5)
+            with _open(kind, path, lease_grace_s=grace_s) as store:
+                (trial,) = store.list_trials("leased")
+                assert trial.status == "failed" and trial.info["reason"] == "lease expired" and trial.ended_at
         finally:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.join()
-        with _open(kind, path, lease_grace_s=grace_s) as store:  # just died: its lease is still fresh
-            assert store.list_trials("leased")[0].status == "running"
-        time.sleep(grace_s + 0.5)
-        with _open(kind, path, lease_grace_s=grace_s) as store:
-            (trial,) = store.list_trials("leased")
-            assert trial.status == "failed" and trial.info["reason"] == "lease expired" and trial.ended_at
+            a.close()
 
     def test_trial_of_a_dead_process_is_marked_failed_on_open(self, kind: str, store: Store, path: str) -> None:
         proc = _CTX.Process(target=os.getpid)
@@ -512,16 +530,16 @@ class StoreContract:
 
     def test_process_killed_mid_write_leaves_a_readable_store(self, kind: str, path: str) -> None:
         _open(kind, path).close()
-        ready = _CTX.Event()
-        proc = _CTX.Process(target=_writer_forever, args=(kind, path, ready))
+        ready, written = _CTX.Event(), _CTX.Event()
+        proc = _CTX.Process(target=_writer_forever, args=(kind, path, ready, written))
         proc.start()
-        assert ready.wait(20)
-        time.sleep(0.3)
+        # Waited for, not slept: 0.3 s after the first trial assumed the writer had made a second by then.
+        assert ready.wait(60) and written.wait(60)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         store = _open(kind, path)
         trials = store.list_trials("victim")
-        assert len(trials) >= 2
+        assert len(trials) >= 4  # the one left running, and the three committed before the kill
         assert trials[0].status == "failed" and trials[0].info["reason"] == "process died"
         # The last trial may have been caught between create and finish: it is failed, not running.
         assert all(t.status in ("completed", "failed") for t in trials)

@@ -22,7 +22,12 @@ def sampler_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
-def wait_until(predicate, timeout_s: float = 2.0) -> bool:
+HANG_GUARD_S = 30.0
+"""How long a test waits for a background thread (s): a guard against a hang, never the claim. Passed as
+``sensor_timeout_s`` too where a test is not about that timeout, so ``stop()`` waits for the thread to end."""
+
+
+def wait_until(predicate, timeout_s: float = HANG_GUARD_S) -> bool:
     """Wait for a background thread to do something (not a speed assertion)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -131,7 +136,7 @@ def test_sampler_needs_a_gpu(virtual_backend):
 # -- the background thread on the wall clock ---------------------------------------------
 def test_start_and_stop_the_thread(wall_virtual_backend):
     before = len(sampler_threads())
-    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01, sensor_timeout_s=HANG_GUARD_S)
     sampler.start()
     try:
         assert sampler.running
@@ -151,7 +156,7 @@ def test_start_and_stop_the_thread(wall_virtual_backend):
 
 def test_start_is_idempotent(wall_virtual_backend):
     before = len(sampler_threads())
-    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01, sensor_timeout_s=HANG_GUARD_S)
     sampler.start()
     sampler.start()
     try:
@@ -161,17 +166,23 @@ def test_start_is_idempotent(wall_virtual_backend):
     assert len(sampler_threads()) == before
 
 
-def test_a_paused_thread_resumes_without_losing_the_samples_of_the_pause(wall_virtual_backend):
-    """stop(final_drain=False) / start(first_poll=False): the thread only; the device's buffer covers the pause."""
+def test_a_paused_thread_resumes_without_losing_the_samples_of_the_pause(virtual_backend, manual_clock):
+    """stop(final_drain=False) / start(first_poll=False): the thread only; the device's buffer covers the pause.
+
+    The thread is real, the device's clock manual: the pause lasts 0.3 s of it however long the machine
+    takes to restart the thread (on the wall clock a slow restart could outlast the device's 2.4 s buffer).
+    """
     before = len(sampler_threads())
-    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler = PowerSampler(virtual_backend, [0], poll_period_s=0.01, sensor_timeout_s=HANG_GUARD_S)
     sampler.start()
+    manual_clock.advance(0.1)
     assert wait_until(lambda: len(sampler.samples(0)[0]) > 3)
     sampler.stop(final_drain=False)
     assert not sampler.running and sampler.thread_native_id is None
     assert len(sampler_threads()) == before
     paused = len(sampler.samples(0)[0])
-    time.sleep(0.3)  # the device keeps 2.4 s of samples
+    manual_clock.advance(0.3)  # the device keeps 2.4 s of samples
+    time.sleep(0.05)  # time for a thread left running to poll (it would take the new samples)
     assert len(sampler.samples(0)[0]) == paused  # nothing polled while paused
     sampler.start(first_poll=False)
     assert sampler.running and isinstance(sampler.thread_native_id, int)
@@ -180,7 +191,7 @@ def test_a_paused_thread_resumes_without_losing_the_samples_of_the_pause(wall_vi
     finally:
         sampler.stop()
     times = sampler.samples(0)[0]
-    period = wall_virtual_backend.sample_period_s
+    period = virtual_backend.sample_period_s
     assert np.diff(times).max() < 2 * period  # no hole where the pause was
     assert times[-1] - times[0] > 0.3
 
@@ -255,7 +266,7 @@ def test_unexpected_exceptions_are_contained(virtual_backend, manual_clock, monk
 
 
 def test_faults_on_the_thread_do_not_kill_it(wall_virtual_backend):
-    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01)
+    sampler = PowerSampler(wall_virtual_backend, [0], poll_period_s=0.01, sensor_timeout_s=HANG_GUARD_S)
     sampler.start()
     try:
         wall_virtual_backend.inject_fault(reads=3, kind="gpu_lost", sensor="samples")

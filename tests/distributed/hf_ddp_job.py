@@ -5,12 +5,14 @@ Run by tests/distributed/test_ddp.py as
 Each rank measures its own virtual GPU (rank 1's draws 60 W more) and writes ``OUT/rank<r>.json``.
 With ``--store`` the batch-size bandit runs: every rank asks ``suggest_batch_size`` before
 building ``TrainingArguments`` (the main process alone reads the store), and training evaluates
-every 4 steps against the target ``eval_loss <= L``.
+every 4 steps against the target ``eval_loss <= L``. With ``--step-s S`` the virtual GPUs run on a
+manual clock that each training step advances by ``S`` (both ranks' windows then hold the same time).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -21,6 +23,7 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from zeus_callbacks import ZeusTrainerCallback, suggest_batch_size
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 
 OFFSETS_W = [0.0, 60.0]
@@ -54,10 +57,12 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
     parser.add_argument("--target-loss", type=float, default=0.0, help="the bandit's target: eval_loss <= this")
     parser.add_argument("--run-name", default="hf-ddp")
+    parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
     cli = parser.parse_args()
     out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
-    backend = VirtualGPUBackend(num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank)
+    clock = ManualClock(1_000.0) if cli.step_s else None  # None: the wall clock
+    backend = VirtualGPUBackend(num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank, clock=clock)
     config = {"logging": {"interval_steps": 3, "log_dir": str(out / "zeus"), "run_name": cli.run_name}}
     batch_size, extra = 4, {}
     if cli.store:
@@ -84,6 +89,16 @@ def main() -> None:
         **extra,
     )
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2))
+    if clock is not None:
+        forward = model.forward
+
+        @functools.wraps(forward)  # the Trainer reads forward's signature
+        def clocked_forward(*a, **kw):
+            if model.training:
+                clock.advance(cli.step_s)
+            return forward(*a, **kw)
+
+        model.forward = clocked_forward
     trainer = Trainer(
         model=model,
         args=args,
@@ -100,6 +115,7 @@ def main() -> None:
                 "process_group_backend": str(torch.distributed.get_backend()),
                 "pid": os.getpid(),
                 "gpu_indices": zeus.session.gpu_indices,
+                "true_power_W": backend.true_power_W(zeus.session.gpu_indices[0]),
                 "summary": zeus.summary.as_dict(),
                 "suggested_batch_size": batch_size if cli.store else None,
                 "claimed_batch_size": zeus.session.suggest_batch_size(),

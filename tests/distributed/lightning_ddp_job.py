@@ -2,7 +2,9 @@
 
 Run by tests/distributed/test_ddp.py as ``python lightning_ddp_job.py OUT [--faulty-rank R] [--store S]``;
 Lightning's launcher starts the second process by re-running this script. Each rank writes
-``OUT/rank<r>.json`` with what it saw.
+``OUT/rank<r>.json`` with what it saw. With ``--step-s S`` the virtual GPUs run on a manual clock that
+each training step advances by ``S``: both ranks' windows then hold the same steps' time, however
+differently the machine starts and runs the two processes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from zeus_callbacks import ZeusCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 
 OFFSETS_W = [0.0, 60.0]  # the two virtual GPUs draw different power
@@ -31,6 +34,8 @@ class Model(L.LightningModule):
         self.layer = nn.Linear(32, 1)
         self.batch_size = 16  # the batch-size bandit sets this before the loader is built
         self.raise_at: tuple[int, int] | None = None  # (rank, global step): fail there
+        self.clock: ManualClock | None = None  # --step-s: each step advances it by step_s
+        self.step_s = 0.0
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(0)
@@ -40,6 +45,8 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         if self.raise_at == (self.global_rank, self.global_step):
             raise RuntimeError(f"planted failure on rank {self.global_rank}")
+        if self.clock is not None:
+            self.clock.advance(self.step_s)
         for _ in range(10):  # a few ms of work a step
             torch.linalg.matmul(torch.randn(128, 128), torch.randn(128, 128))
         return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
@@ -72,6 +79,7 @@ class Probe(L.Callback):
                     "accelerate_num_processes": PartialState(cpu=True).num_processes,
                     "pid": os.getpid(),
                     "gpu_indices": self.zeus.session.gpu_indices,
+                    "true_power_W": self.zeus.session.backend.true_power_W(self.zeus.session.gpu_indices[0]),
                     "summary": summary.as_dict(),
                     "limits": self.limits,
                     "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
@@ -90,10 +98,12 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
     parser.add_argument("--max-epochs", type=int)
     parser.add_argument("--raise-on-rank", type=int, help="this rank raises in its training step 12 (epoch 1)")
+    parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    clock = ManualClock(1_000.0) if args.step_s else None  # None: the wall clock
     backend = VirtualGPUBackend(
-        gpu="A40", workload="imagenet", num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank
+        gpu="A40", workload="imagenet", num_devices=2, power_offset_W=OFFSETS_W, seed=local_rank, clock=clock
     )
     if args.faulty_rank == local_rank:
         backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
@@ -127,6 +137,7 @@ def main() -> None:
         enable_checkpointing=False,
     )
     model = Model()
+    model.clock, model.step_s = clock, args.step_s or 0.0
     if args.raise_on_rank is not None:
         model.raise_at = (args.raise_on_rank, 12)
     trainer.fit(model)

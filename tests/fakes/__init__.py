@@ -187,6 +187,8 @@ class FakeLibrary:
         self.gpus: list = []
         self._hangs: dict[str, float | None] = {}
         self._release = threading.Event()
+        self._hung = threading.Condition(self._lock)
+        self._hung_calls = 0  # calls that began blocking since the last hang()
 
     # -- hooks -------------------------------------------------------------------------
     def _exc_factory(self, error) -> Callable[[], BaseException]:
@@ -252,6 +254,16 @@ class FakeLibrary:
         with self._lock:
             self._hangs[func] = seconds
             self._release.clear()
+            self._hung_calls = 0
+
+    def wait_hung(self, calls: int = 1, timeout_s: float = 60.0) -> bool:
+        """Wait until ``calls`` calls have begun blocking since :meth:`hang` (``timeout_s`` only guards a hang).
+
+        Returns:
+            True once they have; False when ``timeout_s`` passed first.
+        """
+        with self._hung:
+            return self._hung.wait_for(lambda: self._hung_calls >= calls, timeout_s)
 
     def release(self) -> None:
         """End every hang: blocked calls return (and go on as normal calls), later ones do not block."""
@@ -264,6 +276,9 @@ class FakeLibrary:
         """Count a call, raise a scripted fault, sleep its cost, refuse it before init."""
         self.faults.check(func, index)
         if func in self._hangs:
+            with self._hung:
+                self._hung_calls += 1
+                self._hung.notify_all()
             self._release.wait(self._hangs.get(func))
         cost = self.call_cost_s.get(func, 0.0)
         if cost > 0:

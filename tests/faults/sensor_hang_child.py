@@ -2,7 +2,9 @@
 
 Usage: ``python sensor_hang_child.py LOG_DIR``. The child measures a fake H200 (manual clock), makes
 every ``nvmlDeviceGetSamples`` call block for good at step ``HANG_STEP``, ends an epoch (which must not
-wait on the stuck sensor), prints ``EPOCH_END <seconds>`` and then keeps training until it is killed.
+wait on the stuck sensor), prints ``EPOCH_END <waited_s> <unbounded>`` (the sum of the timeouts of the
+epoch end's waits that ran out, and how many of its waits had no timeout: tests/faults/blocking.py) and
+then keeps training until it is killed.
 The parent sends SIGTERM: the run's SIGTERM cleanup ends the run (bounded too) and the process dies of
 the signal.
 """
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 from tests.fakes import fake_pynvml as fp
+from tests.faults.blocking import BlockingWaits
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.session import EnergySession
@@ -50,10 +53,11 @@ def main(log_dir: Path) -> None:
         session.step_end(step, num_samples=8)
         step += 1
     fake.hang("nvmlDeviceGetSamples")  # never returns (until the process dies)
-    time.sleep(0.3)  # the sampler thread's next poll (every 0.1 s) gets stuck in it
-    began = time.monotonic()
-    session.epoch_end(epoch)
-    print("EPOCH_END", time.monotonic() - began, flush=True)
+    if not fake.wait_hung(1, 60.0):  # the sampler thread's next poll (every 0.1 s) gets stuck in it
+        raise SystemExit("the sampler thread never polled the hung sensor")
+    with BlockingWaits() as waits:
+        session.epoch_end(epoch)
+    print("EPOCH_END", waits.waited_s, len(waits.unbounded), flush=True)
     while True:  # training goes on until the scheduler's SIGTERM
         epoch += 1
         session.epoch_start(epoch)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import ZeusConfig
 
@@ -39,3 +40,11 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
         for tag in acc.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
     return scalars
+
+
+def manual_virtual_backend(config: dict, clock: ManualClock) -> VirtualGPUBackend:
+    """The config's virtual GPU on ``clock``: a window's time is what the test advanced, whatever the load."""
+    cfg = ZeusConfig.model_validate(config).virtual
+    return VirtualGPUBackend(
+        gpu=cfg.gpu, workload=cfg.workload, batch_size=cfg.batch_size, noise_W=cfg.noise_W, clock=clock, read_only=True
+    )

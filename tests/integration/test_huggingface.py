@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from transformers.trainer_callback import DefaultFlowCallback
 
 from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
 from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import read_jsonl
 
 BLOCK = 32
@@ -36,23 +36,22 @@ def tiny_lm() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=BLOCK, n_embd=32, n_layer=1, n_head=2))
 
 
-def slow_lm(step_s: float):
-    """The tiny LM, its forward taking at least ``step_s``.
+def clocked_lm(clock: ManualClock, step_s: float):
+    """The tiny LM, each forward taking ``step_s`` on ``clock`` (a manual one): windows hold counts of forwards.
 
-    A report holds only the steps the power samples already cover, and steps not yet covered
-    wait for a later report: the tiny LM's ~5 ms steps run several report intervals ahead of the
-    sampler (20 ms samples), so the number of reports depended on the machine's load (2 of 20
-    steps seen, against 7 with 30 ms steps).
+    A report holds only the steps the power samples already cover. On the wall clock, with the tiny LM's
+    ~5 ms steps or with 30 ms sleeps, how many steps that was depended on when a loaded machine ran the
+    sampler thread (2 of 20 steps seen, against 7); on this clock the samples cover what the steps advanced.
     """
     model = tiny_lm()
     forward = model.forward
 
     @functools.wraps(forward)  # the Trainer reads forward's signature
-    def slow_forward(*args, **kwargs):
-        time.sleep(step_s)
+    def clocked_forward(*args, **kwargs):
+        clock.advance(step_s)
         return forward(*args, **kwargs)
 
-    model.forward = slow_forward
+    model.forward = clocked_forward
     return model
 
 

@@ -9,14 +9,14 @@ flags the energy as simulated, once.
 from __future__ import annotations
 
 import functools
-import time
 
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from tests.integration.helpers import read_scalars, virtual_config
-from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
+from tests.integration.helpers import manual_virtual_backend, read_scalars, virtual_config
+from tests.integration.test_huggingface import RandomTokens, clocked_lm, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
 
@@ -29,6 +29,16 @@ def train_args(tmp_path, **kwargs) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
+def clocked_run(config: dict, step_s: float = 0.03):
+    """The callback, measuring the config's virtual GPU on a manual clock, and the tiny LM whose forwards advance it.
+
+    On the wall clock these tests slept 30 ms a step so that the sampler thread covered the steps before
+    each log; how many steps a report held still depended on when a loaded machine ran that thread.
+    """
+    clock = ManualClock(1_000.0)
+    return ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock)), clocked_lm(clock, step_s)
+
+
 def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
     """The TensorBoard scalars, without the Trainer's ``train/`` prefix."""
     return {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
@@ -36,9 +46,9 @@ def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
 
 def test_each_log_merges_every_step_report_since_the_last_log(tmp_path):
     # Reports every 3 steps, HF logs every 10: three or four reports fall in each log's interval.
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=3))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=3))
     args = train_args(tmp_path, max_steps=20, logging_steps=10)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     trainer.train()
 
@@ -92,13 +102,13 @@ class SeenLogs(TrainerCallback):
 
 
 def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(
         tmp_path, max_steps=20, logging_steps=4, eval_strategy="steps", eval_steps=8, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
+        model=model, args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
         callbacks=[StopAtFirstEvaluation(), seen],
     )  # fmt: skip
     callback.attach(trainer)
@@ -128,9 +138,9 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
 
 
 def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path):
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     args = train_args(tmp_path, max_steps=12, logging_steps=4)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200))
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(200))
     callback.attach(trainer)
     calls = {"n": 0}
     original = type(trainer).training_step
@@ -160,10 +170,10 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
     # 3 steps an epoch (12 samples, batch 4), HF logs every 5 steps: epochs end at 3, 6, 9 and 12, logs
     # come at 5, 10 and 12 (the final log). Before, each log carried only the last epoch it had seen.
     steps_per_epoch, epochs, logging_steps = 3, 4, 5
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(tmp_path, num_train_epochs=epochs, logging_steps=logging_steps)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4 * steps_per_epoch), callbacks=[seen])
     callback.attach(trainer)
     trainer.train()
 
@@ -195,13 +205,13 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
 
 def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp_path):
     # eval_steps == logging_steps: at 4, 8 and 12 the periodic log and the evaluation's log share the step.
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
     seen = SeenLogs()
     args = train_args(
         tmp_path, max_steps=12, logging_steps=4, eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4
     )
     trainer = Trainer(
-        model=slow_lm(0.03), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
+        model=model, args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8), callbacks=[seen]
     )
     callback.attach(trainer)
     trainer.train()
@@ -219,8 +229,12 @@ def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp
 def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch(tmp_path):
     # An evaluation of one batch: the window used to open at the first on_prediction_step, after
     # that batch, and measured 0.5 ms of a 308 ms evaluation. Attached, it opens as evaluate() begins.
-    eval_s = 0.15
-    callback = ZeusTrainerCallback(virtual_config(tmp_path, interval_steps=2))
+    # On a manual clock (a training step 30 ms, the evaluation's batch 150 ms, nothing else moves it)
+    # the window's time says exactly what it holds, however loaded the machine.
+    step_s, eval_s = 0.03, 0.15
+    clock = ManualClock(1_000.0)
+    config = virtual_config(tmp_path, interval_steps=2)
+    callback = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
     args = train_args(tmp_path, max_steps=4, logging_steps=2, eval_strategy="steps", eval_steps=2,
                       per_device_eval_batch_size=8)  # fmt: skip
     model = tiny_lm()
@@ -229,12 +243,11 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
     forward = model.forward
 
     @functools.wraps(forward)
-    def slow_in_eval(*a, **kw):
-        if not model.training:  # the one evaluation batch takes eval_s
-            time.sleep(eval_s)
+    def timed_forward(*a, **kw):
+        clock.advance(step_s if model.training else eval_s)  # the one evaluation batch takes eval_s
         return forward(*a, **kw)
 
-    model.forward = slow_in_eval
+    model.forward = timed_forward
     seen = SeenLogs()
     trainer.add_callback(seen)
     trainer.train()
@@ -242,9 +255,9 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
     runtimes = [logs["eval_runtime"] for _, logs in seen.logs if "eval_runtime" in logs]
     assert len(evals) == len(runtimes) == 2
-    for record, runtime in zip(evals, runtimes, strict=True):
-        # The window holds the whole evaluation the Trainer timed (its batch included), and a little more.
-        assert eval_s <= runtime <= record["time_s"] < runtime + 0.05
+    for record in evals:
+        # The window holds the whole evaluation (its batch included) and none of the training steps around it.
+        assert record["time_s"] == pytest.approx(eval_s)
         assert record["energy_J"] > 0
     points = scalars_of(tmp_path)["energy/eval_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)

@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from tests.integration.helpers import read_scalars, virtual_config
-from tests.integration.test_huggingface import RandomTokens, slow_lm, tiny_lm
+from tests.integration.helpers import manual_virtual_backend, read_scalars, virtual_config
+from tests.integration.test_huggingface import RandomTokens, clocked_lm, tiny_lm
 from tests.integration.test_huggingface_loggers import SeenLogs
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks import reporting as metric
-from zeus_callbacks.backends.base import WallClock
+from zeus_callbacks.backends.base import ManualClock, WallClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
 from zeus_callbacks.reporting import read_jsonl
@@ -287,20 +287,24 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     steps_per_epoch, saved_at = 10, 7  # RandomTokens(40) at 4 a batch; checkpoint-7 is inside epoch 0
     args = training_args(tmp_path, max_steps=2 * steps_per_epoch, save_strategy="steps", save_steps=saved_at)
     config = virtual_config(tmp_path)  # one config: the checkpoint's entry is keyed by its digest
-    first = ZeusTrainerCallback(config)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
+    step_s = 0.05  # on a manual clock: an epoch's time is its count of steps, however loaded the machine
+    clock = ManualClock(1_000.0)
+    first = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    trainer = Trainer(model=clocked_lm(clock, step_s), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
     first.attach(trainer)
     trainer.train()
     first_epochs = [r for r in read_jsonl(first.summary.jsonl_path) if r["event"] == "epoch"]
     assert [r["resumed_mid_epoch"] for r in first_epochs] == [False, False]  # seen from their starts
     assert all(r["covered_from_step"] is None for r in first_epochs)
+    assert [r["time_s"] for r in first_epochs] == pytest.approx([steps_per_epoch * step_s] * 2)
     checkpoint = tmp_path / "out" / f"checkpoint-{saved_at}"
     saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["ZeusTrainerCallback"]
     (state,) = saved["attributes"]["resume_states"].values()
     assert state["open_epoch"] == 0 and state["steps"] == saved_at
 
-    second = ZeusTrainerCallback(config)
-    trainer = Trainer(model=slow_lm(0.03), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
+    clock = ManualClock(1_000.0)  # a new process
+    second = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    trainer = Trainer(model=clocked_lm(clock, step_s), args=args, train_dataset=RandomTokens(4 * steps_per_epoch))
     second.attach(trainer)
     logs = SeenLogs()
     trainer.add_callback(logs)
@@ -310,8 +314,7 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     # Epoch 0's steps 0-6 ran before the checkpoint: its record covers steps 7-9 only and says so.
     assert resumed["epoch"] == 0 and resumed["resumed_mid_epoch"] and resumed["covered_from_step"] == saved_at
     assert not resumed["complete"] and resumed["energy_J"] > 0
-    # 3 steps of the epoch's 10; 30 ms steps, so the resume's own work cannot close the gap (it did at ~5 ms).
-    assert resumed["time_s"] < first_epochs[0]["time_s"]
+    assert resumed["time_s"] == pytest.approx((steps_per_epoch - saved_at) * step_s)  # 3 steps of the epoch's 10
     assert whole["epoch"] == 1 and not whole["resumed_mid_epoch"] and whole["covered_from_step"] is None
     assert whole["complete"] == first_epochs[1]["complete"]  # the samples' coverage alone decides it
     # This segment's records stand for its own steps only (those before the checkpoint are carried).

@@ -12,8 +12,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
+from tests.integration.helpers import expected_power_W, manual_virtual_backend, read_scalars, virtual_config
 from zeus_callbacks import ConfigError, ZeusCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import read_jsonl
 
 BATCH = 8
@@ -307,26 +308,41 @@ def test_sampled_steps_count_every_batch_through_mid_epoch_evaluations_checkpoin
     assert truth.quiet > 60
 
 
+class ClockedRegressor(TinyRegressor):
+    """Each training step takes ``step_s`` on a manual clock: windows hold counts of steps, on any machine."""
+
+    def __init__(self, clock: ManualClock, step_s: float) -> None:
+        super().__init__()
+        self.clock, self.step_s = clock, step_s
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(self.step_s)
+        return super().training_step(batch, batch_idx)
+
+
 def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_the_checkpoint(tmp_path):
     config = virtual_config(tmp_path)
-    steps_per_epoch = N_TRAIN // BATCH
+    steps_per_epoch, step_s = N_TRAIN // BATCH, 0.05
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1)
-    first = ZeusCallback(config)
+    clock = ManualClock(1_000.0)
+    first = ZeusCallback(config, backend=manual_virtual_backend(config, clock))
     train, _ = loaders()
     trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[first, every], logger=False, max_epochs=2,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(TinyRegressor(), train)
+    trainer.fit(ClockedRegressor(clock, step_s), train)
     first_epochs = [r for r in read_jsonl(first.summary.jsonl_path) if r["event"] == "epoch"]
     assert [r["resumed_mid_epoch"] for r in first_epochs] == [False, False]
+    assert [r["time_s"] for r in first_epochs] == pytest.approx([steps_per_epoch * step_s] * 2)
     ckpt = tmp_path / "ckpt" / "epoch=1-step=28.ckpt"  # 8 batches into epoch 1
 
-    second = ZeusCallback(config)
+    clock = ManualClock(1_000.0)  # a new process
+    second = ZeusCallback(config, backend=manual_virtual_backend(config, clock))
     trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[second], logger=False, max_epochs=2,
                         default_root_dir=tmp_path,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))
+    trainer.fit(ClockedRegressor(clock, step_s), train, ckpt_path=str(ckpt))
     (resumed,) = [r for r in read_jsonl(second.summary.jsonl_path) if r["event"] == "epoch"]
     assert resumed["epoch"] == 1 and resumed["resumed_mid_epoch"] and resumed["covered_from_step"] == 28
     assert not resumed["complete"] and resumed["energy_J"] > 0
-    assert resumed["time_s"] < first_epochs[1]["time_s"]  # 12 of the epoch's 20 steps
+    assert resumed["time_s"] == pytest.approx((steps_per_epoch - 8) * step_s)  # 12 of the epoch's 20 steps
     assert second.summary.steps == 2 * steps_per_epoch
