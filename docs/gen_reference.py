@@ -279,7 +279,8 @@ FIELDS: dict[str, str] = {
     "dropped); null otherwise.",
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry: `warmup_J`, "
     "`steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J` (the rest: the "
-    "loader's start, logging, checkpointing, callbacks, the stretch after the last step), with the same "
+    "stretch after the last step, the wait before an evaluation and its loader's start; work between two steps, a "
+    "checkpoint save or a log, is in the next step's window, which runs from the previous step's end), with the same "
     "`_s` entries. `warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
     "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
@@ -324,7 +325,7 @@ FIELDS: dict[str, str] = {
     "epoch.power_samples": "Power samples inside the epoch (fewest over the GPUs).",
     "phases.epoch": "Epoch index (from 0).",
     "phases.phases": "One object per phase: `name`, `executions` (measured in the epoch), `energy_J` (per "
-    "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions; null ends when too few samples), `time_s` "
+    "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions, its lower end at least 0; null ends when too few samples), `time_s` "
     "(mean duration), `total_J` (energy × executions ÷ `measured_fraction`: the epoch's estimate), `superposed` "
     "(executions behind the estimate) and `measured_fraction` (share of the epoch's steps measured, "
     "`windows.sample_fraction`). `energy_J` and `total_J` are null, with `unresolved_reason`, when the samples "

@@ -86,8 +86,8 @@ METRICS: dict[str, str] = {
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
     EPOCH_MEAN_POWER_W: "W — mean GPU power over the epoch",
-    EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step and evaluation window (logging, "
-    "checkpointing, callbacks, the loader's start): warm-up + steps + evaluations + this = the epoch",
+    EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step and evaluation window (the stretch "
+    "after the last step, the wait before an evaluation): warm-up + steps + evaluations + this = the epoch",
     EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
     "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
     EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",

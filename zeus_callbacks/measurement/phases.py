@@ -123,6 +123,7 @@ class PhaseTracker:
                 stats.append(PhaseStats(n, counts[n], None, ci, times[n], None, used, measured_fraction, reason))
                 continue
             total_J = value * counts[n] / measured_fraction
+            ci = (max(0.0, ci[0]), ci[1]) if math.isfinite(ci[0]) else ci  # energy is never below 0
             stats.append(PhaseStats(n, counts[n], value, ci, times[n], total_J, used, measured_fraction))
         return stats
 

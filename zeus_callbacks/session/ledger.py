@@ -1,8 +1,9 @@
 """The epoch ledger: every stretch of an epoch's timeline in exactly one entry.
 
 An epoch's energy and time split into warm-up steps, steps, evaluations and ``other``
-(what lies between them: the loader's start, logging, checkpointing, callbacks, the wait
-before an evaluation). The windows of the first three are disjoint stretches inside the
+(what no window holds: the stretch after the last step, the wait before an evaluation and its
+loader's start; a checkpoint save or a log between two steps is in the next step's window,
+which runs from the previous step's end). The windows of the first three are disjoint stretches inside the
 epoch window, attributed from the same running integral of the power samples, so
 ``other = epoch − warm-up − steps − evaluations`` is the energy of what they leave, not a
 guess, and the four parts sum to the epoch by construction.
