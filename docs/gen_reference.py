@@ -325,7 +325,8 @@ FIELDS: dict[str, str] = {
     "epoch.power_samples": "Power samples inside the epoch (fewest over the GPUs).",
     "phases.epoch": "Epoch index (from 0).",
     "phases.phases": "One object per phase: `name`, `executions` (measured in the epoch), `energy_J` (per "
-    "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions, its lower end at least 0; null ends when too few samples), `time_s` "
+    "execution, J), `energy_ci_J` (95 % CI, bootstrap over executions, its lower end at least 0; null ends "
+    "when too few samples), `time_s` "
     "(mean duration), `total_J` (energy × executions ÷ `measured_fraction`: the epoch's estimate), `superposed` "
     "(executions behind the estimate) and `measured_fraction` (share of the epoch's steps measured, "
     "`windows.sample_fraction`). `energy_J` and `total_J` are null, with `unresolved_reason`, when the samples "
