@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zeus_callbacks.measurement.windows import WindowBatch
+
 LEDGER_COLUMNS = 9
 """Columns of :meth:`EpochLedger.row`: the cross-rank exchange carries them with the epoch's."""
 
@@ -52,8 +54,9 @@ class EpochLedger:
     step_windows: int = 0
     evals: list[tuple[float, float, float]] = field(default_factory=list)
 
-    def add_steps(self, energy_J: float, time_s: float, count: int, *, warmup: bool) -> None:
-        """Add ``count`` step windows of total ``energy_J`` (J) and ``time_s`` (s)."""
+    def add_steps(self, steps: WindowBatch, *, warmup: bool) -> None:
+        """Add attributed step windows (every one wholly covered by samples)."""
+        energy_J, time_s, count = float(steps.energy_J.sum()), float(steps.time_s.sum()), steps.size
         if warmup:
             self.warmup_J += energy_J
             self.warmup_s += time_s

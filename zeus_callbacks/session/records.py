@@ -203,6 +203,10 @@ def step_metrics(rows: Rows) -> dict[str, float]:
     return values
 
 
+DROPPED_STEPS = "a step window ended before it began or lost its start time (boundary marks out of order)"
+"""``incomplete_reason`` of a ``steps`` record that dropped impossible windows."""
+
+
 def steps_record(
     values: Mapping[str, float],
     batches: Sequence[WindowBatch],
@@ -213,7 +217,6 @@ def steps_record(
     degraded: bool,
     warmup_steps: int = 0,
     dropped_windows: int = 0,
-    dropped_reason: str | None = None,
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
@@ -238,7 +241,7 @@ def steps_record(
         "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
         "complete": all(bool(b.complete.all()) for b in batches) and not dropped_windows,
         "dropped_windows": dropped_windows,
-        "incomplete_reason": dropped_reason,
+        "incomplete_reason": DROPPED_STEPS if dropped_windows else None,
         "power_limit_W": power_limit_W,
         "ranks": ranks,
         "degraded": degraded,

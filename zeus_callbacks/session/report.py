@@ -57,7 +57,6 @@ class StepReports(SessionPart):
         self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
         self._ledger = EpochLedger()  # the open epoch's windows so far (reset when its record is written)
         self._dropped_windows = 0  # impossible step windows dropped since the last steps record
-        self._dropped_reason: str | None = None
 
     def _begin_reports(self) -> None:
         """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
@@ -95,11 +94,10 @@ class StepReports(SessionPart):
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""
         is_step = batch.names == "step"
         steps = batch if is_step.all() else batch.select(is_step)
-        # A window that ends before it starts (marks out of order) is impossible: dropped and counted.
+        # A window that ends before it starts, or whose start time was lost (NaN), is impossible: dropped and counted.
         possible = steps.time_s >= 0
         if not possible.all():
             self._dropped_windows += int((~possible).sum())
-            self._dropped_reason = "a step window ended before it began (its boundary marks are out of order)"
         # A step the samples do not cover wholly has no energy (NaN) or only a part's: neither is in the means.
         covered = possible & np.isfinite(steps.energy_J) & (steps.covered_s >= steps.time_s - 1e-9)
         if not covered.all():
@@ -110,14 +108,14 @@ class StepReports(SessionPart):
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
                 first = steps.select(warmup)
                 self._unreported_warmup.append(first)
-                ledger.add_steps(float(first.energy_J.sum()), float(first.time_s.sum()), first.size, warmup=True)
+                ledger.add_steps(first, warmup=True)
                 if not warmup.all():
                     rest = steps.select(~warmup)
                     self._unreported_steps.append(rest)
-                    ledger.add_steps(float(rest.energy_J.sum()), float(rest.time_s.sum()), rest.size, warmup=False)
+                    ledger.add_steps(rest, warmup=False)
             else:
                 self._unreported_steps.append(steps)
-                ledger.add_steps(float(steps.energy_J.sum()), float(steps.time_s.sum()), steps.size, warmup=False)
+                ledger.add_steps(steps, warmup=False)
             self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self.run.phases
         if phases is not None and steps.size < batch.size:
@@ -128,7 +126,7 @@ class StepReports(SessionPart):
         if record.name == "epoch":
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
-            if record.time_s < 0:  # impossible: its marks are out of order; reported as unknown
+            if not record.time_s >= 0:  # impossible (marks out of order, or a start time lost): unknown
                 self._write(records.eval_record(record, reason="the evaluation window ended before it began"))
                 return
             self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
@@ -206,10 +204,10 @@ class StepReports(SessionPart):
             records.steps_record(
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
-                dropped_windows=self._dropped_windows, dropped_reason=self._dropped_reason,
+                dropped_windows=self._dropped_windows,
             )
         )  # fmt: skip
-        self._dropped_windows, self._dropped_reason = 0, None
+        self._dropped_windows = 0
         return upto - lo - warmup
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
