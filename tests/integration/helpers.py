@@ -48,3 +48,23 @@ def manual_virtual_backend(config: dict, clock: ManualClock) -> VirtualGPUBacken
     return VirtualGPUBackend(
         gpu=cfg.gpu, workload=cfg.workload, batch_size=cfg.batch_size, noise_W=cfg.noise_W, clock=clock, read_only=True
     )
+
+
+class SampledClock(ManualClock):
+    """A manual clock after whose every advance the session's sampler has read the sensor.
+
+    A step report holds the steps the power samples cover. The sampler thread reads on the wall
+    clock, so on a loaded machine how many steps a report held depended on when that thread ran
+    (2 reports of 20 steps instead of 6, in CI). Set ``session`` once the callback exists.
+    """
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        super().__init__(start_s)
+        self.session = None
+
+    def advance(self, dt_s: float) -> float:
+        now_s = super().advance(dt_s)
+        session = self.session
+        if session is not None and session.started:
+            session.run.sampler.poll_bounded(read_counter=False)
+        return now_s

@@ -13,7 +13,7 @@ import functools
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from tests.integration.helpers import manual_virtual_backend, read_scalars, virtual_config
+from tests.integration.helpers import SampledClock, manual_virtual_backend, read_scalars, virtual_config
 from tests.integration.test_huggingface import RandomTokens, clocked_lm, tiny_lm
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks.backends.base import ManualClock
@@ -33,10 +33,13 @@ def clocked_run(config: dict, step_s: float = 0.03):
     """The callback, measuring the config's virtual GPU on a manual clock, and the tiny LM whose forwards advance it.
 
     On the wall clock these tests slept 30 ms a step so that the sampler thread covered the steps before
-    each log; how many steps a report held still depended on when a loaded machine ran that thread.
+    each log; how many steps a report held still depended on when a loaded machine ran that thread. On
+    this clock the sensor is read after every forward: a report holds every step before it.
     """
-    clock = ManualClock(1_000.0)
-    return ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock)), clocked_lm(clock, step_s)
+    clock = SampledClock(1_000.0)
+    callback = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    clock.session = callback.session
+    return callback, clocked_lm(clock, step_s)
 
 
 def scalars_of(tmp_path) -> dict[str, list[tuple[int, float]]]:
