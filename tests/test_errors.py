@@ -15,6 +15,7 @@ OLD_BASES = {
     errors.NothingToPlot: ValueError,
     errors.TraceFormatError: ValueError,
     errors.UnsafeFile: PermissionError,
+    errors.CallOrderError: RuntimeError,
     errors.BackendError: RuntimeError,
     errors.BackendUnavailable: RuntimeError,
     errors.SensorError: RuntimeError,

@@ -21,6 +21,7 @@ PUBLIC: dict[str, dict[str, str]] = {
         "ConfigError": EXCEPTION, "Decision": CLASS, "EnergySession": CLASS, "RunSummary": CLASS,
         "ZeusCallback": CLASS, "ZeusConfig": CLASS, "ZeusTrainerCallback": CLASS,
         "get_backend": FUNCTION, "load_config": FUNCTION, "suggest_batch_size": FUNCTION,
+        "measure": FUNCTION, "Measurement": CLASS, "CallOrderError": EXCEPTION,
     },
     "zeus_callbacks.session": {"EnergySession": CLASS, "Decision": CLASS, "default_gpu_indices": FUNCTION},
     "zeus_callbacks.config": {

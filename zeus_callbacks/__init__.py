@@ -4,6 +4,7 @@ Public API:
     ZeusCallback: PyTorch Lightning callback (needs ``lightning``).
     ZeusTrainerCallback: Hugging Face ``transformers.Trainer`` callback (needs ``transformers``).
     EnergySession: the framework-free controller both use.
+    measure: a raw PyTorch or Fabric loop's energy, as a context manager or a decorator.
     ZeusConfig, load_config: the YAML configuration.
     get_backend: open a GPU backend (``auto``, ``nvml``, ``amdsmi``, ``virtual``).
     suggest_batch_size: the batch-size bandit's choice for this recurrence (before data loaders exist).
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from zeus_callbacks._version import __version__ as __version__
 from zeus_callbacks.backends import get_backend
 from zeus_callbacks.config import ZeusConfig, load_config
-from zeus_callbacks.errors import ConfigError, ZeusCallbacksError
+from zeus_callbacks.errors import CallOrderError, ConfigError, ZeusCallbacksError
+from zeus_callbacks.integrations.loop import Measurement, measure
 from zeus_callbacks.optimizers.batch_size import suggest_batch_size
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import Decision, EnergySession
@@ -28,16 +30,19 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CallOrderError",
     "ConfigError",
     "ZeusCallbacksError",
     "Decision",
     "EnergySession",
+    "Measurement",
     "RunSummary",
     "ZeusCallback",
     "ZeusConfig",
     "ZeusTrainerCallback",
     "get_backend",
     "load_config",
+    "measure",
     "suggest_batch_size",
 ]
 

@@ -15,6 +15,7 @@ Hierarchy::
     ├── NothingToPlot (ValueError)        the input holds no data for the requested plot
     ├── TraceFormatError (ValueError)     a user trace CSV cannot be read or breaks the format
     ├── UnsafeFile (PermissionError)      a file is a symbolic link or another user's: not acted on
+    ├── CallOrderError (RuntimeError)     a measure() call out of order (step_end without step_start)
     ├── BackendError (RuntimeError)       a GPU backend failed
     │   ├── BackendUnavailable, SensorError, NotSupported
     │   └── PermissionDenied
@@ -67,6 +68,13 @@ class UnsafeFile(ZeusCallbacksError, PermissionError):
     """A file in a shared directory is a symbolic link or owned by another user; it is not read or acted on.
 
     See docs/shared-clusters.md#files-in-shared-directories.
+    """
+
+
+class CallOrderError(ZeusCallbacksError, RuntimeError):
+    """A :func:`~zeus_callbacks.measure` call came out of order; the message names the call and what was expected.
+
+    For example ``step_end()`` without ``step_start()``, or ``step()`` outside the ``with`` block.
     """
 
 

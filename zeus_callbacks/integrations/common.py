@@ -69,8 +69,11 @@ class SessionAdapter:
         """
         return cls(load_config(path), **kwargs)
 
-    def _new_session(self, *, is_main_process: bool, device_index: int | None) -> EnergySession:
-        """A fresh session for a run (a checkpoint restore then loads its totals); forgets the last summary."""
+    def _new_session(self, *, is_main_process: bool | None, device_index: int | None) -> EnergySession:
+        """A fresh session for a run (a checkpoint restore then loads its totals); forgets the last summary.
+
+        ``is_main_process`` None: the session decides (``RANK`` is 0).
+        """
         self.session = EnergySession(
             self.config, backend=self._backend, is_main_process=is_main_process, device_index=device_index
         )
