@@ -319,7 +319,7 @@ def measure(
     is_main_process: bool | None = None,
     device_index: int | None = None,
 ) -> Measurement:
-    """Measure GPU energy of a block or a function: ``with measure(cfg) as m:`` or ``@measure(cfg)``.
+    """Measure GPU energy of a block or a function, as a context manager or a decorator.
 
     Args:
         config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).

@@ -1,0 +1,201 @@
+"""``zeus_callbacks.measure``: a raw loop's run as a context manager or a decorator, on a virtual GPU.
+
+The virtual GPU runs on a manual clock without noise, so a window's energy is the GPU's power
+times the time the test advanced; the JSONL log each run writes is read back.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import zeus_callbacks
+from zeus_callbacks import CallOrderError, Decision
+from zeus_callbacks.reporting import read_jsonl
+
+STEP_S = 0.05
+STEPS_PER_EPOCH = 6
+EVAL_S = 0.2
+WINDOW_S = 0.1
+REL = 1e-9  # noise-free constant power: energy = power × time up to float rounding
+
+
+@pytest.fixture
+def config(tmp_path) -> dict:
+    return {
+        "backend": "virtual",
+        "windows": {"sample_fraction": 1.0},  # every step measured: these tests check each one
+        "logging": {"log_dir": str(tmp_path), "run_name": "loop", "interval_steps": 3},
+    }
+
+
+def work(m, clock, seconds: float) -> None:
+    """``seconds`` of manual time pass, and the sampler reads the sensor (as its thread would)."""
+    clock.advance(seconds)
+    m.session.sampler.poll_once()
+
+
+def records(m, event: str) -> list[dict]:
+    return [r for r in read_jsonl(m.summary.jsonl_path) if r["event"] == event]
+
+
+def test_a_with_block_measures_epochs_steps_an_evaluation_and_a_window(config, virtual_backend, manual_clock):
+    power_W = virtual_backend.true_power_W(0)
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        assert m.summary is None  # the run is under way
+        start_s = manual_clock.now_s()
+        for _ in range(2):
+            with m.epoch():
+                for _ in range(STEPS_PER_EPOCH):
+                    with m.step(num_samples=8):
+                        work(m, manual_clock, STEP_S)
+                with m.evaluation() as results:
+                    work(m, manual_clock, EVAL_S)
+                    results["val/acc"] = 0.5
+        with m.window("export"):
+            work(m, manual_clock, WINDOW_S)
+        work(m, manual_clock, 2 * virtual_backend.sample_period_s)  # samples cover the last window
+        run_s = manual_clock.now_s() - start_s
+    summary = m.summary
+    assert summary is not None and summary.status == "completed"
+    assert (summary.steps, summary.epochs) == (2 * STEPS_PER_EPOCH, 2)
+    assert summary.energy_J == pytest.approx(power_W * run_s, rel=REL)
+    assert summary.step_energy_J == pytest.approx(power_W * STEP_S, rel=REL)
+    epochs = records(m, "epoch")
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    for record in epochs:  # six steps and the evaluation
+        assert record["time_s"] == pytest.approx(STEPS_PER_EPOCH * STEP_S + EVAL_S, rel=REL)
+        assert record["energy_J"] == pytest.approx(power_W * record["time_s"], rel=REL)
+    evals = records(m, "eval")
+    assert [r["step"] for r in evals] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert all(r["energy_J"] == pytest.approx(power_W * EVAL_S, rel=REL) for r in evals)
+    assert [r["metrics"] for r in records(m, "evaluate")] == [{"val/acc": 0.5}] * 2
+    (window,) = records(m, "window")
+    assert window["name"] == "export" and window["energy_J"] == pytest.approx(power_W * WINDOW_S, rel=REL)
+    steps = records(m, "steps")
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == 2 * STEPS_PER_EPOCH
+    assert all(r["energy_J_per_sample"] == pytest.approx(power_W * STEP_S / 8, rel=REL) for r in steps if r["count"])
+    (end,) = records(m, "run_end")
+    assert end["energy_J"] == pytest.approx(summary.energy_J, rel=REL)
+
+
+def test_the_decorator_makes_each_call_one_run(config, virtual_backend, manual_clock):
+    meter = zeus_callbacks.measure(config, backend=virtual_backend)
+
+    @meter
+    def train(steps: int) -> str:
+        """Train."""
+        for _ in range(steps):
+            meter.step_start()
+            work(meter, manual_clock, STEP_S)
+            assert meter.step_end() == Decision()
+        return "trained"
+
+    assert train.__name__ == "train" and train.__doc__ == "Train."
+    assert train(3) == "trained"
+    first = meter.summary
+    assert train(5) == "trained"
+    assert first is not None and meter.summary is not None and meter.summary is not first
+    assert (first.steps, meter.summary.steps) == (3, 5)  # a fresh run per call, not a running sum
+    assert meter.summary.status == "completed"
+
+
+def test_steps_with_no_epoch_make_a_run_with_steps_and_no_epoch_record(config, virtual_backend, manual_clock):
+    power_W = virtual_backend.true_power_W(0)
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        for _ in range(7):
+            with m.step():
+                work(m, manual_clock, STEP_S)
+        work(m, manual_clock, 2 * virtual_backend.sample_period_s)
+    assert (m.summary.steps, m.summary.epochs) == (7, 0)
+    assert records(m, "epoch") == []
+    assert m.summary.step_energy_J == pytest.approx(power_W * STEP_S, rel=REL)
+    assert sum(r["steps"] + r["warmup_steps"] for r in records(m, "steps")) == 7
+
+
+def test_an_exception_in_the_block_ends_the_run_writes_the_summary_and_propagates(
+    config, virtual_backend, manual_clock
+):
+    meter = zeus_callbacks.measure(config, backend=virtual_backend)
+    with pytest.raises(ZeroDivisionError), meter as m:
+        with m.epoch():
+            for step in range(4):
+                with m.step():
+                    work(m, manual_clock, STEP_S)
+                    if step == 2:
+                        raise ZeroDivisionError("loss is nan")
+    summary = meter.summary
+    assert summary is not None and summary.status == "failed"
+    assert summary.steps == 2  # the step that raised is no step
+    assert summary.epochs == 1  # the epoch cut short is measured up to the failure
+    assert not meter.session.started and meter.session.sampler is not None
+    assert not meter.session.sampler.running  # sampling stopped
+    (failure,) = records(meter, "exception")
+    assert failure["type"] == "ZeroDivisionError" and failure["message"] == "loss is nan"
+    (end,) = records(meter, "run_end")
+    assert end["status"] == "failed" and end["energy_J"] == pytest.approx(summary.energy_J, rel=REL)
+
+
+def test_a_ctrl_c_in_the_block_is_an_interrupted_run(config, virtual_backend, manual_clock):
+    with pytest.raises(KeyboardInterrupt), zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        raise KeyboardInterrupt
+    assert m.summary is not None and m.summary.status == "interrupted"
+
+
+def test_a_step_that_raised_and_was_caught_lets_the_loop_go_on(config, virtual_backend, manual_clock):
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        for step in range(4):
+            try:
+                with m.step():
+                    work(m, manual_clock, STEP_S)
+                    if step == 1:
+                        raise ValueError("bad batch")
+            except ValueError:
+                continue
+    assert m.summary.status == "completed" and m.summary.steps == 3
+
+
+@pytest.mark.parametrize(
+    ("misuse", "message"),
+    [
+        (lambda m: m.step_end(), r"step_end\(\) without step_start\(\)"),
+        (lambda m: (m.step_start(), m.step_start()), r"step_start\(\): the previous step is still open"),
+        (lambda m: m.epoch_end(), r"epoch_end\(\) without epoch_start\(\)"),
+        (lambda m: (m.epoch_start(), m.epoch_start()), r"epoch_start\(\): epoch 0 is still open"),
+        (lambda m: (m.step_start(), m.epoch_start()), r"epoch_start\(\) inside a step"),
+        (lambda m: (m.step_start(), m.evaluation().__enter__()), r"evaluation\(\) inside a step"),
+        (lambda m: m.__enter__(), "a run is already under way"),
+    ],
+    ids=["step_end-first", "step_start-twice", "epoch_end-first", "epoch_start-twice", "epoch-in-step",
+         "eval-in-step", "nested-with"],
+)  # fmt: skip
+def test_a_mark_out_of_order_is_a_clear_error_and_the_run_still_ends(config, virtual_backend, misuse, message):
+    with pytest.raises(CallOrderError, match=message), zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        misuse(m)
+    assert m.summary is not None and m.summary.status == "failed"  # the error went through the with block
+    assert records(m, "exception")[0]["type"] == "CallOrderError"
+
+
+@pytest.mark.parametrize(
+    "mark", [lambda m: m.step_start(), lambda m: m.step_end(), lambda m: m.epoch_start(), lambda m: m.window("w")]
+)
+def test_a_mark_outside_the_run_is_a_clear_error(config, virtual_backend, mark):
+    meter = zeus_callbacks.measure(config, backend=virtual_backend)
+    with pytest.raises(CallOrderError, match=r"outside a run: call it inside `with measure\(...\)`"):
+        mark(meter)
+    with meter:
+        pass
+    with pytest.raises(CallOrderError, match="outside a run"):  # after it too
+        mark(meter)
+
+
+def test_measure_without_parentheses_says_how_to_decorate():
+    with pytest.raises(TypeError, match=r"decorate with @measure\(config\)"):
+
+        @zeus_callbacks.measure
+        def train() -> None: ...
+
+
+def test_a_reserved_window_name_is_refused(config, virtual_backend):
+    with pytest.raises(ValueError, match="reserved"), zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        with m.window("step"):
+            pass
