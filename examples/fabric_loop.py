@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         meter = zeus_callbacks.measure(
             args.config,
-            run_name="fabric_loop",
             is_main_process=fabric.is_global_zero,  # only the main process writes the log
             device_index=fabric.local_rank if fabric.world_size > 1 else None,
         )

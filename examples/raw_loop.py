@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = digits_cnn().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     try:
-        meter = zeus_callbacks.measure(args.config, run_name="raw_loop")
+        meter = zeus_callbacks.measure(args.config)
     except ConfigError as exc:  # a bad or missing --config: one clear line, not a traceback
         parser.error(f"--config: {exc}")
 
