@@ -67,6 +67,7 @@ def providers(module: str) -> set[str]:
 
 LOCAL = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {p.name for p in (ROOT / "tests").rglob("*") if p.is_dir()}
 LOCAL |= {"tests"} | {p.stem for p in (ROOT / "benchmarks").glob("*.py")}  # the suite's own (and benchmarks')
+LOCAL |= {p.stem for p in (ROOT / "examples").glob("*.py")}  # fabric_loop imports raw_loop
 SUITE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py"))
 
 DOCUMENTED = [
@@ -75,6 +76,8 @@ DOCUMENTED = [
     ("README.md", "dev", "python -m pytest -q", SUITE),
     ("docs/getting-started.md", "examples", "python examples/lightning_digits.py", ["examples/lightning_digits.py"]),
     ("docs/getting-started.md", "examples", "python examples/hf_text.py", ["examples/hf_text.py"]),
+    ("docs/raw_loops.md", "examples", "python examples/raw_loop.py", ["examples/raw_loop.py"]),
+    ("docs/raw_loops.md", "examples", "python examples/fabric_loop.py", ["examples/fabric_loop.py"]),
 ]
 
 
