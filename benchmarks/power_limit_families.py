@@ -22,6 +22,9 @@ power at ``min(L, Pu)``. Families:
 - ``non_unimodal``: ``convex`` plus a second valley in power (a Gaussian dip, 4 % of the range
   wide) placed, for each objective, at the cheapest limit at least a quarter of the range away
   from the first valley, just deep enough to be the global optimum by 1 %;
+- ``rising_energy``: energy per step rising linearly with the limit, +14 % from the minimum to the
+  maximum, while the mean draw (``0.72 lo`` → ``0.54 hi``, 90–135 W on 125–250 W) stays below
+  every limit above ~150 W: the limit clips peaks only (seen on real cards, issue 31);
 - ``V100``, ``A40``: every workload of the bundled Zeus NSDI '23 traces (their own ranges).
 
 Ranges 100–250, 125–250, 100–260, 150–400 and 200–700 W; ``power_limit.step_W`` 25 W (divides
@@ -74,7 +77,8 @@ STEPS_PER_EPOCH = 30
 SWEEP = {"search": "sweep", "warmup_steps": 10, "min_profile_steps": 40, "profile_steps": 40}
 RANGES_W = ((100, 250), (125, 250), (100, 260), (150, 400), (200, 700))
 STEPS_W = (25.0, 35.0)
-SYNTHETIC = ("convex", "steep", "flat_topped", "low_draw", "noisy", "non_unimodal")
+SYNTHETIC = ("convex", "steep", "flat_topped", "low_draw", "noisy", "non_unimodal", "rising_energy")
+RISE = 0.14  # rising_energy: energy per step at the maximum limit over that at the minimum, minus 1
 OBJECTIVES = ("zeus_cost", "energy", "max_slowdown")
 ETA = 0.5
 MAX_SLOWDOWN = 1.1
@@ -106,9 +110,27 @@ def true_cost(objective: str, time_s: np.ndarray, power_W: np.ndarray, max_W: fl
     return np.where(time_s <= MAX_SLOWDOWN * time_s[-1] * (1 + 1e-12), energy_J, np.inf)
 
 
+def _rising_energy(limits_W: np.ndarray, lo: float, hi: float) -> traces.PowerCurve:
+    """A card whose energy per step rises with the limit while its mean draw stays below it.
+
+    Mean draw ``0.72 lo`` at the minimum to ``0.54 hi`` at the maximum, linear in the limit
+    (90–135 W on 125–250 W: below every limit above 135 W); the limit clips short peaks only,
+    so the energy per step still rises, linearly, from its least at the minimum to ``1 + RISE``
+    times that at the maximum; time per step = energy / mean draw (1.32× the time at the maximum
+    on 125–250 W). As measured on real cards (project issue 31).
+    """
+    s = (limits_W - lo) / (hi - lo)
+    power_W = 0.72 * lo + (0.54 * hi - 0.72 * lo) * s
+    energy = (1.0 + RISE * s) / (1.0 + RISE)  # 1 at the maximum limit
+    time_per_epoch_s = 100.0 * energy * power_W[-1] / power_W
+    return traces.PowerCurve(limits_W, time_per_epoch_s, power_W)
+
+
 def synthetic_curve(family: str, lo: float, hi: float, objective: str) -> traces.PowerCurve:
     """The family's curve on ``lo``–``hi`` W at 1 W resolution (time per epoch = time factor × 100 s)."""
     limits = np.arange(lo, hi + 0.5, 1.0)
+    if family == "rising_energy":
+        return _rising_energy(limits, lo, hi)
     base = "convex" if family in ("noisy", "non_unimodal") else family
     factor, power_W = _dvfs(base, limits, lo, hi)
     if family == "non_unimodal":
