@@ -278,7 +278,7 @@ def main() -> None:
     }
     if slowdown:
         summary["max_slowdown"] = {
-            "violation_rate": {k: violations[k] / violations["runs"] for k in ("ours", "sweep")},
+            "violation_rate": {k: round(violations[k] / violations["runs"], 4) for k in ("ours", "sweep")},
             "worst_true_slowdown": {k: round(v, 4) for k, v in worst_slowdown.items()},
         }
     print(json.dumps(summary))
