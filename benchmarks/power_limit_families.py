@@ -22,6 +22,9 @@ power at ``min(L, Pu)``. Families:
 - ``non_unimodal``: ``convex`` plus a second valley in power (a Gaussian dip, 4 % of the range
   wide) placed, for each objective, at the cheapest limit at least a quarter of the range away
   from the first valley, just deep enough to be the global optimum by 1 %;
+- ``rising_energy``: energy per step rising linearly with the limit, +14 % from the minimum to the
+  maximum, while the mean draw (``0.72 lo`` → ``0.54 hi``, 90–135 W on 125–250 W) stays below
+  every limit above ~150 W: the limit clips peaks only (seen on real cards, issue 31);
 - ``V100``, ``A40``: every workload of the bundled Zeus NSDI '23 traces (their own ranges).
 
 Ranges 100–250, 125–250, 100–260, 150–400 and 200–700 W; ``power_limit.step_W`` 25 W (divides
@@ -66,14 +69,16 @@ from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark's training loop
-from power_limit_search import profile_until_decided  # noqa: E402
+from power_limit_regret import JOB_STEPS, job_regret, regret_ratio  # noqa: E402
+from power_limit_search import Decided, profile_until_decided  # noqa: E402
 
 TARGET_STEP_S = 0.25  # per-step time at the maximum limit
 STEPS_PER_EPOCH = 30
 SWEEP = {"search": "sweep", "warmup_steps": 10, "min_profile_steps": 40, "profile_steps": 40}
 RANGES_W = ((100, 250), (125, 250), (100, 260), (150, 400), (200, 700))
 STEPS_W = (25.0, 35.0)
-SYNTHETIC = ("convex", "steep", "flat_topped", "low_draw", "noisy", "non_unimodal")
+SYNTHETIC = ("convex", "steep", "flat_topped", "low_draw", "noisy", "non_unimodal", "rising_energy")
+RISE = 0.14  # rising_energy: energy per step at the maximum limit over that at the minimum, minus 1
 OBJECTIVES = ("zeus_cost", "energy", "max_slowdown")
 ETA = 0.5
 MAX_SLOWDOWN = 1.1
@@ -105,9 +110,27 @@ def true_cost(objective: str, time_s: np.ndarray, power_W: np.ndarray, max_W: fl
     return np.where(time_s <= MAX_SLOWDOWN * time_s[-1] * (1 + 1e-12), energy_J, np.inf)
 
 
+def _rising_energy(limits_W: np.ndarray, lo: float, hi: float) -> traces.PowerCurve:
+    """A card whose energy per step rises with the limit while its mean draw stays below it.
+
+    Mean draw ``0.72 lo`` at the minimum to ``0.54 hi`` at the maximum, linear in the limit
+    (90–135 W on 125–250 W: below every limit above 135 W); the limit clips short peaks only,
+    so the energy per step still rises, linearly, from its least at the minimum to ``1 + RISE``
+    times that at the maximum; time per step = energy / mean draw (1.32× the time at the maximum
+    on 125–250 W). As measured on real cards (project issue 31).
+    """
+    s = (limits_W - lo) / (hi - lo)
+    power_W = 0.72 * lo + (0.54 * hi - 0.72 * lo) * s
+    energy = (1.0 + RISE * s) / (1.0 + RISE)  # 1 at the maximum limit
+    time_per_epoch_s = 100.0 * energy * power_W[-1] / power_W
+    return traces.PowerCurve(limits_W, time_per_epoch_s, power_W)
+
+
 def synthetic_curve(family: str, lo: float, hi: float, objective: str) -> traces.PowerCurve:
     """The family's curve on ``lo``–``hi`` W at 1 W resolution (time per epoch = time factor × 100 s)."""
     limits = np.arange(lo, hi + 0.5, 1.0)
+    if family == "rising_energy":
+        return _rising_energy(limits, lo, hi)
     base = "convex" if family in ("noisy", "non_unimodal") else family
     factor, power_W = _dvfs(base, limits, lo, hi)
     if family == "non_unimodal":
@@ -144,16 +167,37 @@ def dense_costs(curve: traces.PowerCurve, objective: str) -> tuple[np.ndarray, n
     return limits, true_cost(objective, t, p, hi), t
 
 
-def gap_pct(curve: traces.PowerCurve, objective: str, limit_W: float) -> float:
-    """Cost gap (%) of ``limit_W`` to the curve's true optimum (max_slowdown: the slowdown excess if infeasible)."""
-    _, cost, t = dense_costs(curve, objective)
-    best = float(np.min(cost))
+def step_cost(curve: traces.PowerCurve, objective: str, limit_W: float) -> float:
+    """Noise-free cost of one step at ``limit_W`` (``max_slowdown``: its energy, whatever its slowdown)."""
     t_at = float(np.interp(limit_W, curve.power_limit_W, curve.time_per_epoch_s))
     p_at = float(np.interp(limit_W, curve.power_limit_W, curve.average_power_W))
-    if objective == "max_slowdown" and t_at > MAX_SLOWDOWN * t[-1] * (1 + 1e-12):
-        return 100.0 * (t_at / (MAX_SLOWDOWN * t[-1]) - 1.0)
-    here = float(true_cost(objective, np.array([t_at, t[-1]]), np.array([p_at, 1.0]), curve.max_limit_W)[0])
-    return 100.0 * (here - best) / best
+    priced = "energy" if objective == "max_slowdown" else objective
+    return float(true_cost(priced, np.array([t_at]), np.array([p_at]), curve.max_limit_W)[0])
+
+
+def slowdown(curve: traces.PowerCurve, limit_W: float) -> float:
+    """True slowdown at ``limit_W``: time there over the time at the maximum limit."""
+    return float(np.interp(limit_W, curve.power_limit_W, curve.time_per_epoch_s) / curve.time_per_epoch_s[-1])
+
+
+def violates(curve: traces.PowerCurve, limit_W: float) -> bool:
+    """Whether ``limit_W`` is, on the true curve, slower than ``MAX_SLOWDOWN`` allows."""
+    return slowdown(curve, limit_W) > MAX_SLOWDOWN * (1 + 1e-12)
+
+
+def best_cost(curve: traces.PowerCurve, objective: str) -> float:
+    """Noise-free cost per step at the curve's true optimum (``max_slowdown``: the least energy of a feasible limit)."""
+    return float(np.min(dense_costs(curve, objective)[1]))
+
+
+def gap_pct(curve: traces.PowerCurve, objective: str, limit_W: float) -> float:
+    """Cost gap (%) of ``limit_W`` to the curve's true optimum.
+
+    ``max_slowdown``: the energy gap to the least energy of a feasible limit, negative for a limit
+    slower than allowed that uses less (its violation is reported apart, never as a gap).
+    """
+    best = best_cost(curve, objective)
+    return 100.0 * (step_cost(curve, objective, limit_W) - best) / best
 
 
 # -- one simulated training ------------------------------------------------------------
@@ -170,8 +214,8 @@ class Case:
     jitter: float = 0.01
 
 
-def run_search(case: Case, seed: int, overrides: dict) -> tuple[int, float]:
-    """Run one training on the case's curve until the profiler decides: (profiling steps, chosen limit W)."""
+def run_search(case: Case, seed: int, overrides: dict) -> Decided:
+    """Run one training on the case's curve until the profiler decides (steps, chosen limit W, limit of each step)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = write_trace(case.curve, Path(tmp) / "curve.csv", gpu=f"{case.family} {case.label}")
         clock = ManualClock(1000.0)
@@ -194,9 +238,14 @@ def run_search(case: Case, seed: int, overrides: dict) -> tuple[int, float]:
 
 def _job(job: tuple[Case, int, str]) -> dict:
     case, seed, mode = job
-    steps, limit = run_search(case, seed, SWEEP if mode == "sweep" else {})
-    gap = gap_pct(case.curve, case.objective, limit)
-    return {"mode": mode, "seed": seed, "steps": steps, "limit_W": limit, "gap_pct": gap}
+    decided = run_search(case, seed, SWEEP if mode == "sweep" else {})
+    curve, objective, limit = case.curve, case.objective, decided.limit_W
+    cost_at = {x: step_cost(curve, objective, x) for x in {limit, *decided.step_limits_W}}
+    best = best_cost(curve, objective)
+    regret = {n: job_regret([cost_at[x] for x in decided.step_limits_W], cost_at[limit], best, n) for n in JOB_STEPS}
+    return {"mode": mode, "seed": seed, "steps": decided.steps, "limit_W": limit,
+            "gap_pct": gap_pct(curve, objective, limit), "regret": regret,
+            "violates": violates(curve, limit), "slowdown": slowdown(curve, limit)}  # fmt: skip
 
 
 def cases(user_traces: list[traces.GPUTrace]) -> list[Case]:
@@ -216,6 +265,38 @@ def cases(user_traces: list[traces.GPUTrace]) -> list[Case]:
                 for step_W in STEPS_W:
                     out.append(Case(trace.gpu, objective, step_W, curve, workload))
     return out
+
+
+def _family_row() -> dict:
+    """An empty per-family accumulator of the table (the gaps start below any real gap)."""
+    return {
+        "cases": 0, "runs": 0, "steps_ratio_max": 0.0, "cost_gap_pct_max": -1e300, "sweep_gap_pct_max": -1e300,
+        "worst": "", "violations": 0, "sweep_violations": 0, "worst_slowdown": 0.0, "sweep_worst_slowdown": 0.0,
+        "regret": {
+            str(n): {"our_regret_pct_max": -1e300, "sweep_regret_pct_max": -1e300, "regret_ratio_max": None,
+                     "no_ratio": 0}
+            for n in JOB_STEPS
+        },
+    }  # fmt: skip
+
+
+def _regret_worst(rows: list[dict]) -> dict:
+    """Per N, the worst of several per-family regret entries: {N: {our_regret_pct_max, regret_ratio_max, ...}}."""
+    out = {}
+    for n in (str(n) for n in JOB_STEPS):
+        ratios = [r[n]["regret_ratio_max"] for r in rows if r[n]["regret_ratio_max"] is not None]
+        out[n] = {
+            "regret_ratio_max": round(max(ratios), 4) if ratios else None,
+            "our_regret_pct_max": round(max(r[n]["our_regret_pct_max"] for r in rows), 4),
+            "sweep_regret_pct_max": round(max(r[n]["sweep_regret_pct_max"] for r in rows), 4),
+            "no_ratio": sum(r[n]["no_ratio"] for r in rows),
+        }
+    return out
+
+
+def _rounded(f: dict) -> dict:
+    """A family's accumulator with its floats rounded to 4 digits (nested regret entries too)."""
+    return {k: _rounded(v) if isinstance(v, dict) else round(v, 4) if isinstance(v, float) else v for k, v in f.items()}
 
 
 def main() -> None:
@@ -243,36 +324,68 @@ def main() -> None:
         by_case.setdefault(id(case), {"ours": [], "sweep": []})[mode].append(r)
 
     summary: dict = {"by_objective": {}}
-    lines = [
-        "| objective | family | cases | steps ratio (max) | our gap % (max) | worst case | sweep gap % (max) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = (
+        "| objective | family | cases | steps ratio (max) | our gap % (max) | worst case | sweep gap % (max) | "
+        "violations (ours, sweep) | worst true slowdown (ours, sweep) | "
+        + " | ".join(f"regret % N={n} (ours max, sweep max, ratio max)" for n in JOB_STEPS)
+        + " |"
+    )
+    lines = [header, "|" + "---|" * len(header.split(" | "))]
     for objective in objectives:
         fams: dict[str, dict] = {}
         for case in (c for c in chosen if c.objective == objective):
             runs = by_case[id(case)]
-            sweep_steps = runs["sweep"][0]["steps"]
-            ratio = max(r["steps"] for r in runs["ours"]) / sweep_steps
+            sweep = runs["sweep"][0]
+            ratio = max(r["steps"] for r in runs["ours"]) / sweep["steps"]
             worst = max(runs["ours"], key=lambda r: r["gap_pct"])
-            f = fams.setdefault(case.family, {"cases": 0, "steps_ratio_max": 0.0, "cost_gap_pct_max": -1.0,
-                                              "sweep_gap_pct_max": -1.0, "worst": ""})  # fmt: skip
+            f = fams.setdefault(case.family, _family_row())
             f["cases"] += 1
             f["steps_ratio_max"] = max(f["steps_ratio_max"], ratio)
-            f["sweep_gap_pct_max"] = max(f["sweep_gap_pct_max"], runs["sweep"][0]["gap_pct"])
+            f["sweep_gap_pct_max"] = max(f["sweep_gap_pct_max"], sweep["gap_pct"])
             if worst["gap_pct"] > f["cost_gap_pct_max"]:
                 f["cost_gap_pct_max"] = worst["gap_pct"]
                 f["worst"] = f"{case.label} step {case.step_W:g} W: {worst['limit_W']:.1f} W"
+            f["runs"] += len(runs["ours"])
+            f["violations"] += sum(r["violates"] for r in runs["ours"])
+            f["sweep_violations"] += int(sweep["violates"])
+            f["worst_slowdown"] = max(f["worst_slowdown"], *(r["slowdown"] for r in runs["ours"]))
+            f["sweep_worst_slowdown"] = max(f["sweep_worst_slowdown"], sweep["slowdown"])
+            for n in JOB_STEPS:
+                g = f["regret"][str(n)]
+                g["our_regret_pct_max"] = max(g["our_regret_pct_max"], *(100 * r["regret"][n] for r in runs["ours"]))
+                g["sweep_regret_pct_max"] = max(g["sweep_regret_pct_max"], 100 * sweep["regret"][n])
+                for r in runs["ours"]:
+                    q = regret_ratio(r["regret"][n], sweep["regret"][n])
+                    if q is None:
+                        g["no_ratio"] += 1  # the sweep's regret is not > 0: no ratio to take
+                    else:
+                        g["regret_ratio_max"] = q if g["regret_ratio_max"] is None else max(g["regret_ratio_max"], q)
         for name, f in fams.items():
+            if objective == "max_slowdown":
+                viol = f"{f['violations']}/{f['runs']}, {f['sweep_violations']}/{f['cases']}"
+                slow = f"{f['worst_slowdown']:.3f}, {f['sweep_worst_slowdown']:.3f}"
+            else:
+                viol = slow = "n/a"
+            regrets = " | ".join(
+                f"{g['our_regret_pct_max']:.2f}, {g['sweep_regret_pct_max']:.2f}, "
+                + ("—" if g["regret_ratio_max"] is None else f"{g['regret_ratio_max']:.2f}")
+                for g in f["regret"].values()
+            )
             lines.append(
                 f"| {objective} | {name} | {f['cases']} | {f['steps_ratio_max']:.3f} | {f['cost_gap_pct_max']:.2f} | "
-                f"{f['worst']} | {f['sweep_gap_pct_max']:.2f} |"
+                f"{f['worst']} | {f['sweep_gap_pct_max']:.2f} | {viol} | {slow} | {regrets} |"
             )
+            if objective != "max_slowdown":
+                for key in ("violations", "sweep_violations", "worst_slowdown", "sweep_worst_slowdown"):
+                    del f[key]
+            else:
+                f["violation_rate"] = f["violations"] / f["runs"]
+                f["sweep_violation_rate"] = f["sweep_violations"] / f["cases"]
         summary["by_objective"][objective] = {
             "steps_ratio_max": round(max(f["steps_ratio_max"] for f in fams.values()), 4),
             "cost_gap_pct_max": round(max(f["cost_gap_pct_max"] for f in fams.values()), 4),
-            "by_family": {
-                name: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()} for name, f in fams.items()
-            },
+            "regret": _regret_worst([f["regret"] for f in fams.values()]),
+            "by_family": {name: _rounded(f) for name, f in fams.items()},
         }
     print("\n".join(lines))
     per_obj = summary["by_objective"].values()
@@ -280,6 +393,7 @@ def main() -> None:
     summary = {
         "steps_ratio_max": max(o["steps_ratio_max"] for o in per_obj),
         "cost_gap_pct_max": max(o["cost_gap_pct_max"] for o in per_obj),
+        "regret": _regret_worst([o["regret"] for o in per_obj]),
         "by_family": {
             name: {
                 key: max(o["by_family"][name][key] for o in per_obj if name in o["by_family"])

@@ -798,3 +798,55 @@ def test_a_profile_state_outside_the_range_or_from_observe_mode_is_ignored():
     assert not profiler.resume(outside) and not profiler.profiles
     assert not profiler.resume({"observe_only": True, "limits": []})
     assert profiler.phase == Phase.IDLE
+
+
+# ------------------------------------------------------------------ windows the samples do not cover
+def test_a_window_longer_than_the_sensor_history_before_the_first_poll_has_no_energy():
+    # The virtual GPU keeps 2.4 s of samples, like NVML's buffer: a window polled only at its end keeps
+    # its last 2.4 s; read as a whole it was 0.77 (3 s) to 0.29 (8 s) of its energy (issue 31).
+    for duration_s, covered in ((2.0, True), (3.0, False), (8.0, False)):
+        clock = ManualClock(1000.0)
+        backend = VirtualGPUBackend(clock=clock, noise_W=0.0, seed=0)
+        run = open_run(ZeusConfig(), backend, [0], "uncovered", write_log=False)
+        backend.set_power_limit_W(0, 200.0)
+        a = clock.now_s()
+        clock.advance(duration_s)
+        b = clock.now_s()
+        clock.advance(0.1)  # the sensor's delay passed: the samples reach the window's end
+        energy = run.energy_between_J(a, b)
+        assert energy is not None
+        if covered:  # noise-free sensor, constant power: exact but for float rounding
+            assert energy == pytest.approx(backend.average_power_W(200.0) * duration_s, rel=1e-9)
+        else:
+            assert math.isnan(energy)  # never the covered part's energy as the window's
+
+
+def test_a_profiled_step_whose_start_the_samples_lost_never_decides_a_limit(tmp_path, caplog):
+    # 4 s steps from the first (no warm-up) on a manual clock: the first profiled step's start is gone from
+    # the sensor's history when it ends. Before the fix it joined the profile at 0.61 of its energy.
+    clock = ManualClock(1000.0)
+    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", clock=clock, noise_W=0.0, seed=0, read_only=False)
+    power_limit = {"enabled": True, "cache": False, "plot": False, "warmup_steps": 0, "warmup_s": 0}
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "jsonl": False}, "power_limit": power_limit}
+    session = EnergySession(config, backend=backend, is_main_process=True)
+    session.train_start()
+    limiter = session.power_limiter
+    assert limiter is not None
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.optimizers.power_limit.profiler"):
+        for step in range(400):
+            session.step_start(step)
+            clock.advance(4.0 * backend.step_time_factor(backend.power_limit_W(0)))
+            session.step_end(step, num_samples=32)
+            if limiter.result is not None:
+                break
+    session.train_end()
+    assert limiter.result is not None and limiter.result.chosen_limit_W is not None
+    profiler = limiter.profiler
+    assert profiler.dropped_steps == 1  # the first step only: later ones start where the last poll was
+    assert sum("do not cover" in r.getMessage() for r in caplog.records) == 1
+    measured = [
+        (limit, e, t) for limit, p in profiler.profiles.items() for e, t in zip(p.energy_J, p.time_s, strict=True)
+    ]
+    assert len(measured) >= 10
+    for limit, energy_J, time_s in measured:  # noise-free: each profiled step's own energy, float rounding aside
+        assert energy_J == pytest.approx(backend.average_power_W(limit) * time_s, rel=1e-9)

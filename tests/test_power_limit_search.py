@@ -450,7 +450,7 @@ def test_a_late_steps_energy_is_asked_for_the_samples_before_the_switch_only(see
         assert until == (switch if switch is not None and switch < at else None)
     resolved = [until for _, _, until, _ in asked if not (unreachable and until is not None)]
     assert sum(p.n for p in prof.profiles.values()) == len(resolved)
-    assert prof.dropped_late_steps == (len(late) if unreachable else 0)
+    assert prof.dropped_steps == (len(late) if unreachable else 0)
     assert all(math.isfinite(e) for p in prof.profiles.values() for e in p.energy_J)
     assert prof.chosen_limit_W is not None and prof.profiling_steps == step + 1
 

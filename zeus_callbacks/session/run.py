@@ -25,7 +25,6 @@ from zeus_callbacks.measurement.attribution import (
     COUNTER_MIN_PERIODS,
     counter_energy_J,
     covered_energy_J,
-    interval_energy_J,
 )
 from zeus_callbacks.measurement.phases import PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -219,8 +218,10 @@ class StartedRun:
                 the polls always reaches, a gap does not); None: every sample.
 
         Returns:
-            The energy (J); None until samples cover ``end_s``; NaN when the samples before
-            ``samples_until_s`` end more than one sample period before ``end_s`` (never guessed).
+            The energy (J); None until samples cover ``end_s``; NaN (never guessed) when the samples
+            do not cover the whole window: those before ``samples_until_s`` end more than one sample
+            period before ``end_s``, or the oldest sample kept begins more than one sample period
+            after ``start_s`` (a window longer than the sensor's history, polled only at its end).
         """
         latest = self.sampler.latest_sample_s()
         if (latest is None or latest - self.sensor_delay_s < end_s) and self.backend.clock_is_manual:
@@ -233,7 +234,15 @@ class StartedRun:
         for index in self.gpu_indices:
             knots, cumulative = self.sampler.cumulative_energy(index)
             if samples_until_s is None or len(knots) == 0 or knots[-1] <= samples_until_s:
-                total += float(interval_energy_J(knots, cumulative, [start_s], [end_s])[0])
+                # Every sample: the window must still lie inside them. A step longer than the sensor's
+                # history (2.4 s on an H200) before the first poll keeps only its last samples; read as
+                # a whole it would be 0.25-0.77 of its energy (issue 31), so it has none.
+                energy, covered_s = covered_energy_J(
+                    knots, cumulative, [start_s], [end_s], reach_s=self.sampler.reach_s(index)
+                )
+                if not covered_s[0] >= end_s - start_s:
+                    return math.nan
+                total += float(energy[0])
                 continue
             before = int(np.searchsorted(knots, samples_until_s, side="right"))  # knots of samples ended by then
             # The period judged by the straddling sample's own spacing: a regular stream's jitter can make

@@ -188,7 +188,9 @@ class PowerLimitProfiler:
         # a window's last steps may still be here after the next limit began at "switch s" (None until
         # then): their energy is added when it arrives, from the samples before the switch only
         self._pending: list[_Pending] = []
-        self.dropped_late_steps = 0  # late steps whose end the samples before the switch did not reach
+        # profiled steps the power samples do not cover (energy NaN): a late step whose end the samples before
+        # the switch do not reach, or a step longer than the sensor's history whose start they lost
+        self.dropped_steps = 0
         self._wait_steps = 0
         self._last_dt: float | None = None
         self._full_since_s: float | None = None
@@ -393,7 +395,9 @@ class PowerLimitProfiler:
         A step resolved after the next limit began takes only the samples before the switch (a
         sample straddling it averages in the next limit's power: a bias of up to 0.66 % of a
         limit's mean on the noise-free simulator); one whose end those do not reach within a
-        sample period has no energy and stays out of the profile (it was run, ``steps`` counts it).
+        sample period has no energy and stays out of the profile (it was run, ``steps`` counts it), as
+        does one whose start the samples no longer cover (``energy_fn`` says NaN for both; counted in
+        ``dropped_steps``, the first logged as a warning): such a window never decides a limit.
         """
         while self._pending:
             pending = self._pending[0]
@@ -402,7 +406,13 @@ class PowerLimitProfiler:
                 return
             self._pending.pop(0)
             if not math.isfinite(energy):
-                self.dropped_late_steps += 1
+                if self.dropped_steps == 0:
+                    logger.warning(
+                        "power-limit profiling: the power samples do not cover a %.3f s step at %.0f W; it is "
+                        "left out of the profile (later such steps are counted, not logged)",
+                        pending.end_s - pending.start_s, pending.profile.limit_W,
+                    )  # fmt: skip
+                self.dropped_steps += 1
                 continue
             pending.profile.energy_J.append(float(energy))
             pending.profile.time_s.append(pending.end_s - pending.start_s)

@@ -1,0 +1,52 @@
+"""Job-total regret of a power-limit search (benchmarks/power_limit_regret.py) on a hand-made curve."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from power_limit_regret import job_regret, regret_ratio  # noqa: E402
+
+# A hand-made cost per step (J) at four limits: the optimum is 200 W at 80 J.
+CURVE_J = {300.0: 100.0, 250.0: 90.0, 200.0: 80.0, 150.0: 120.0}
+# A search that warmed up 2 steps at 300 W, then profiled 2 steps at each limit, and chose 250 W.
+STEPS_W = [300.0, 300.0, 300.0, 300.0, 250.0, 250.0, 200.0, 200.0, 150.0, 150.0]
+
+
+def test_job_regret_of_a_hand_made_search():
+    costs = [CURVE_J[x] for x in STEPS_W]  # 4·100 + 2·90 + 2·80 + 2·120 = 980 J
+    # Floating-point sums of a few exact decimals: approx, not ==.
+    # N = 100: 980 + 90 · 90 = 9080 J against 100 · 80 = 8000 J.
+    assert job_regret(costs, CURVE_J[250.0], 80.0, 100) == pytest.approx(9080 / 8000 - 1)
+    # N = 10 000: the choice's 12.5 % dominates: (980 + 9990 · 90) / 800 000 − 1.
+    assert job_regret(costs, CURVE_J[250.0], 80.0, 10_000) == pytest.approx((980 + 9990 * 90) / 800_000 - 1)
+    # Choosing the optimum: the regret is the profiling's excess only, 180 J over 1000 steps.
+    assert job_regret(costs, 80.0, 80.0, 1000) == pytest.approx(180 / 80_000)
+
+
+def test_a_job_shorter_than_the_search_pays_only_its_own_steps():
+    costs = [CURVE_J[x] for x in STEPS_W]
+    # 5 steps: 4 · 100 + 90 = 490 J against 5 · 80 = 400 J; the chosen limit is never reached.
+    assert job_regret(costs, 1e9, 80.0, 5) == pytest.approx(490 / 400 - 1)
+
+
+def test_the_regret_goes_to_the_choice_gap_as_the_job_grows():
+    costs = [CURVE_J[x] for x in STEPS_W]
+    regrets = [job_regret(costs, 90.0, 80.0, n) for n in (2_000, 10_000, 50_000)]
+    assert regrets[0] > regrets[1] > regrets[2] > 90 / 80 - 1
+
+
+@pytest.mark.parametrize(("n", "best"), [(0, 80.0), (-1, 80.0), (10, 0.0), (10, float("inf"))])
+def test_job_regret_rejects_meaningless_inputs(n, best):
+    with pytest.raises(ValueError):
+        job_regret([1.0], 1.0, best, n)
+
+
+def test_regret_ratio_is_none_without_a_positive_sweep_regret():
+    assert regret_ratio(0.02, 0.04) == pytest.approx(0.5)  # a quotient of two exact binary fractions
+    assert regret_ratio(0.02, 0.0) is None
+    assert regret_ratio(0.02, -0.01) is None
