@@ -240,7 +240,7 @@ class StartedRun:
                 energy, covered_s = covered_energy_J(
                     knots, cumulative, [start_s], [end_s], reach_s=self.sampler.reach_s(index)
                 )
-                if not covered_s[0] >= end_s - start_s:
+                if not covered_s[0] >= end_s - start_s - 1e-9:  # 1 ns: rounding, not a gap
                     return math.nan
                 total += float(energy[0])
                 continue
