@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.errors import NotAnEnergyLog
+from zeus_callbacks.units import readable_energy, wh_from_J
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,8 @@ class RunSummary:
         energy_source: Where the energy came from: ``"samples"`` (the power stream), or
             ``"samples+counter"`` where a power stream failed and counter differences took over.
         counter_resolution_J: The energy counter's resolution (J), stated when the counter is a source.
+        energy_Wh: ``energy_J`` in watt-hours (Wh; 1 Wh = 3600 J), for people; None when the energy is
+            unknown. Derived from ``energy_J`` when the summary is made.
     """
 
     run_name: str
@@ -227,6 +230,10 @@ class RunSummary:
     counter_resets: int = 0
     energy_source: str = "samples"
     counter_resolution_J: float | None = None
+    energy_Wh: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.energy_Wh = wh_from_J(self.energy_J)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -252,6 +259,7 @@ class RunSummary:
             f"zeus-callbacks run {self.run_name!r} ({self.status}) on {self.backend}"
             + ("   SIMULATED energy (virtual GPU, not measured)" if self.simulated else ""),
             f"  energy        {fmt(self.energy_J, 'J')}"
+            + (f" ({readable_energy(self.energy_J)})" if self.energy_Wh is not None else "")
             + (f"   (energy counter: {fmt(self.counter_energy_J, 'J')})" if self.counter_energy_J else ""),
             f"  time          {fmt(self.time_s, 's')}",
             f"  mean power    {fmt(self.mean_power_W, 'W')}",

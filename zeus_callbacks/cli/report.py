@@ -10,6 +10,7 @@ from pathlib import Path
 
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
+from zeus_callbacks.units import readable_energy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
             )
-            + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
+            + f"\n  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
             f" (mean {fmt(end.get('mean_power_W'))} W)"
             + "\n"
             + textwrap.fill(
@@ -105,3 +106,11 @@ def run(args: argparse.Namespace) -> int:
             row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
             print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     return 0
+
+
+def _readable(energy_J: object) -> str:
+    """`` (0.282 Wh)`` for a known energy (J) of a record, else nothing (a missing or null figure stays ``-``)."""
+    if isinstance(energy_J, bool) or not isinstance(energy_J, (int, float)):
+        return ""
+    text = readable_energy(float(energy_J))
+    return "" if text == "n/a" else f" ({text})"
