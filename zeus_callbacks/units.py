@@ -42,7 +42,7 @@ def kwh_from_J(energy_J: float | None) -> float | None:
     return energy_J / J_PER_KWH
 
 
-def _three_figures(value: float) -> str:
+def three_figures(value: float) -> str:
     """``value`` to three significant figures, with thousands separators, never in e-notation."""
     if value == 0:
         return "0"
@@ -71,5 +71,5 @@ def readable_energy(energy_J: float | None) -> str:
     if wh is None:
         return "n/a"
     if abs(wh) >= 1000.0:
-        return f"{_three_figures(wh / 1000.0)} kWh"
-    return f"{_three_figures(wh)} Wh"
+        return f"{three_figures(wh / 1000.0)} kWh"
+    return f"{three_figures(wh)} Wh"

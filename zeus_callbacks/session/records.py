@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zeus_callbacks import reporting as metric
-from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
+from zeus_callbacks.footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import RunSummary
@@ -454,6 +455,8 @@ def run_summary(
     counter_resets: int = 0,
     energy_source: str = "samples",
     counter_resolution_J: float | None = None,
+    carbon: CarbonConfig | None = None,
+    cost: CostConfig | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -461,6 +464,8 @@ def run_summary(
     from, whether it was applied: False in observe mode), or None when no limit was chosen.
     ``coverage`` is the least over the ranks of the share of the run's time their samples
     cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
+    ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
+    (:mod:`~zeus_callbacks.footprint`) are made from the run's energy with their factors.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
@@ -472,6 +477,7 @@ def run_summary(
     complete = all(row[5] >= row[1] - 1e-9 for row in rows) and measurement != "unavailable"
     if measurement == "unavailable":
         energy_J = math.nan
+    unknown = f"the run's energy is unknown ({measurement_note or 'measurement unavailable'})"
     return RunSummary(
         run_name=run_name,
         status=status,
@@ -503,4 +509,6 @@ def run_summary(
         counter_resets=counter_resets,
         energy_source=energy_source,
         counter_resolution_J=counter_resolution_J,
+        carbon=carbon_estimate(energy_J, carbon, unknown_reason=unknown) if carbon is not None else None,
+        cost=cost_estimate(energy_J, cost, unknown_reason=unknown) if cost is not None else None,
     )

@@ -284,4 +284,6 @@ class StepReports(SessionPart):
             jsonl_path=str(run.log.path) if run.log.path is not None else None,
             degraded=self.degraded,
             rejected_samples=dict(run.sampler.health.rejected),
+            carbon=self.config.carbon,
+            cost=self.config.cost,
         )
