@@ -126,3 +126,24 @@ def test_bad_configuration_names_the_key(data, names):
         parse_config(data)
     for name in names:
         assert name in str(info.value)
+
+
+def test_an_unmeasurable_gpu_gives_null_estimates_with_the_reason(tmp_path):
+    from zeus_callbacks.backends.detect import GPUPresence
+    from zeus_callbacks.backends.unavailable import UnavailableBackend
+    from zeus_callbacks.session import EnergySession
+
+    backend = UnavailableBackend(GPUPresence(nvidia_nodes=("nvidia0",)), "nvmlInit failed", "load the driver")
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path), "run_name": "u"}, "carbon": {"region": "FR"},
+         "cost": {"price_per_kWh": 0.2, "currency": "EUR"}},
+        backend=backend, is_main_process=True,
+    )  # fmt: skip
+    session.train_start()
+    summary = session.train_end()
+    end = [r for r in read_jsonl(tmp_path / "u.jsonl") if r["event"] == "run_end"][-1]
+    assert end["carbon"]["co2_g"] is None and "nvmlInit failed" in end["carbon"]["reason"]
+    assert end["carbon"]["intensity_g_per_kWh"] == 56.0 and end["cost"]["cost"] is None
+    assert end["energy_Wh"] is None
+    assert "energy/co2_g" not in session.totals() and "cost/run" not in session.totals()
+    assert "CO2 (ESTIMATE) unknown" in str(summary)
