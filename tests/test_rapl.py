@@ -102,8 +102,8 @@ def test_a_vanishing_domain_becomes_unknown_with_its_reason(tree, caplog):
         energy = reader.read()
         reader.read()
     assert energy.dram_J is None and energy.domains_J["dram-1"] is None and "vanished" in energy.reasons["dram-1"]
-    assert energy.domains_J["dram-0"] == 0.0  # unchanged twice: not yet stuck
-    assert energy.cpu_J == 0.0
+    assert energy.domains_J["dram-0"] == pytest.approx(0.0)  # unchanged twice: not yet stuck
+    assert energy.cpu_J == pytest.approx(0.0)
     assert len([r for r in caplog.records if "dram-1" in r.getMessage()]) == 1
 
 
@@ -122,6 +122,24 @@ def test_a_stuck_counter_becomes_unknown(tree):
     assert energy.cpu_J is None
     with pytest.raises(ValueError, match="stuck_reads"):
         RaplReader(root, stuck_reads=1)
+
+
+def test_readings_further_apart_than_a_wrap_make_the_domain_unknown(tree):
+    root, zones = tree
+    now = [0.0]
+    reader = RaplReader(root, clock=lambda: now[0])
+    reader.start()
+    limit_s = reader.domains[0].wrap_safe_s
+    assert limit_s == pytest.approx(RANGE_UJ / 1e6 / 1000.0)  # the range at 1 kW; approx: float division
+    now[0] = limit_s * 0.9
+    set_uj(zones["package-0"], 2_000_000)
+    assert reader.read().domains_J["package-0"] == pytest.approx(1.0)
+    reader.read_if_due(period_s=1e9)  # not due: no reading
+    now[0] += limit_s * 1.1  # one wrap or two? it cannot be told
+    set_uj(zones["package-0"], 3_000_000)
+    energy = reader.read()
+    assert energy.domains_J["package-0"] is None and "wraps may be missed" in energy.reasons["package-0"]
+    assert energy.cpu_J is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -147,7 +165,7 @@ def test_energy_from_the_wrapped_counter_equals_the_true_increments(max_range, s
 def test_the_reader_sums_wrapped_increments_from_the_tree(tmp_path_factory, increments):
     root = tmp_path_factory.mktemp("powercap")
     path = zone(root, "intel-rapl:0", "package-0", 900, max_uj=1000)
-    reader = RaplReader(root)
+    reader = RaplReader(root, clock=lambda: 0.0)  # a 1 mJ range wraps in 1 µs at 1 kW: readings at one instant
     reader.start()
     value = 900
     for step in increments:
@@ -158,3 +176,81 @@ def test_the_reader_sums_wrapped_increments_from_the_tree(tmp_path_factory, incr
         sum(increments) / 1e6, rel=1e-15
     )  # approx: J division
     assert os.fspath(reader.domains[0].path) == os.fspath(path)
+
+
+# ------------------------------------------------------------------ in the run record (node.rapl)
+def _session_run(tmp_path, virtual_backend, manual_clock, root, between=None, **extra):
+    from zeus_callbacks.session import EnergySession
+
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "n", "interval_steps": 2},
+         "node": {"rapl": True, "powercap_root": str(root)}, **extra},
+        backend=virtual_backend,
+    )  # fmt: skip
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    if between is not None:
+        between()
+    return session, session.train_end()
+
+
+def test_the_run_record_holds_cpu_dram_and_node_energy(tmp_path, tree, virtual_backend, manual_clock):
+    from zeus_callbacks.reporting import read_jsonl
+
+    root, zones = tree
+
+    def burn():  # what the CPUs drew during the run: package-0 wraps
+        set_uj(zones["package-0"], 400_000)  # +RANGE - 1 J + 0.4 J
+        set_uj(zones["package-1"], 12_000_000)  # +10 J
+        set_uj(zones["dram-0"], 1_005_000)  # +1 J
+        set_uj(zones["dram-1"], 2_007_000)  # +2 J
+
+    set_uj(zones["package-0"], RANGE_UJ - 1_000_000)
+    session, summary = _session_run(tmp_path, virtual_backend, manual_clock, root, between=burn)
+    cpu_J = (1_000_000 + 400_000) / 1e6 + 10.0
+    # approx: µJ -> J divisions and sums of floats
+    assert summary.cpu_energy_J == pytest.approx(cpu_J) and summary.dram_energy_J == pytest.approx(3.0)
+    assert summary.node_energy_J == pytest.approx(summary.energy_J + cpu_J + 3.0)
+    assert summary.node_energy_note == "GPU + CPU package + DRAM"
+    end = [r for r in read_jsonl(tmp_path / "logs" / "n.jsonl") if r["event"] == "run_end"][-1]
+    assert end["cpu_energy_J"] == pytest.approx(cpu_J) and end["node_energy_J"] == pytest.approx(summary.node_energy_J)
+    totals = session.totals()
+    assert totals["energy/cpu_J"] == pytest.approx(cpu_J) and totals["energy/dram_J"] == pytest.approx(3.0)
+    assert totals["energy/node_J"] == pytest.approx(summary.node_energy_J)
+    assert "CPU/DRAM" in str(summary)
+
+
+def test_an_unreadable_counter_leaves_the_node_figure_unknown_and_the_gpu_figures_alone(
+    tmp_path, tree, virtual_backend, manual_clock, monkeypatch, caplog
+):
+    root, _ = tree
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.rapl"):
+        session, summary = _session_run(tmp_path, virtual_backend, manual_clock, root)
+    assert summary.energy_J > 0 and summary.cpu_energy_J is None and summary.node_energy_J is None
+    assert "unknown: package-0" in summary.node_energy_note and "chmod" in summary.node_energy_note
+    assert len([r for r in caplog.records if "CPU/DRAM energy unavailable" in r.getMessage()]) == 1
+    assert "energy/node_J" not in session.totals() and "energy/total_J" in session.totals()
+
+
+def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session import EnergySession
+
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "x"}}, backend=virtual_backend)
+    session.train_start()
+    summary = session.train_end()
+    assert summary.cpu_energy_J is None and summary.node_energy_note is None
+    assert "CPU/DRAM" not in str(summary)

@@ -565,6 +565,21 @@ class CostConfig(_Section):
         return self
 
 
+class NodeConfig(_Section):
+    """CPU package and DRAM energy of the node from the Linux powercap interface (RAPL), beside the GPUs'."""
+
+    rapl: bool = Field(
+        False,
+        description="Read the CPU package and DRAM energy counters (/sys/class/powercap/intel-rapl*) at the run's "
+        "start and end: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM). Recent kernels let "
+        "only root read them (docs/node_energy.md says how to allow it); one process only (not combined under "
+        "DDP yet).",
+    )
+    powercap_root: Path = Field(
+        Path("/sys/class/powercap"), description="The powercap folder (another path where sysfs is mounted elsewhere)."
+    )
+
+
 class ZeusConfig(_Section):
     """The whole zeus-callbacks configuration (one YAML file).
 
@@ -594,6 +609,7 @@ class ZeusConfig(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     carbon: CarbonConfig = Field(default_factory=CarbonConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
+    node: NodeConfig = Field(default_factory=NodeConfig)
 
     @field_validator("gpu_indices")
     @classmethod

@@ -50,6 +50,9 @@ RUN_STEP_TIME_S = "time/run_step_mean_s"
 RUN_MEAN_POWER_W = "power/run_mean_W"
 RUN_STEP_COUNT = "energy/run_step_count"
 CO2_G = "energy/co2_g"
+CPU_ENERGY_J = "energy/cpu_J"
+DRAM_ENERGY_J = "energy/dram_J"
+NODE_ENERGY_J = "energy/node_J"
 RUN_COST = "cost/run"
 SIMULATED = "energy/simulated"
 UNAVAILABLE = "energy/unavailable"
@@ -98,6 +101,13 @@ METRICS: dict[str, str] = {
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
+    CPU_ENERGY_J: "J — CPU package energy of the run, summed over sockets (Linux powercap RAPL, node.rapl), logged "
+    "once at the end",
+    DRAM_ENERGY_J: "J — DRAM energy of the run, summed over sockets (RAPL dram domains, node.rapl), logged once at "
+    "the end",
+    NODE_ENERGY_J: "J — the run's GPU + CPU package + DRAM energy (node.rapl; DRAM where the CPU has a DRAM domain: "
+    "run_end's node_energy_note names the parts), logged once at the end; not the whole machine (fans, disks, "
+    "the power supply's losses)",
     CO2_G: "g — ESTIMATED CO2e of the run's GPU energy: energy/total_J / 3.6e6 × carbon intensity (gCO2e/kWh, "
     "carbon.intensity_g_per_kWh or carbon.region's yearly average), logged once at the end; the run_end record "
     "holds the factor and its source (docs/node_energy.md)",
@@ -135,7 +145,8 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
     included), ``power/run_mean_W`` (W), ``energy/run_step_mean_J`` (J) and
     ``time/run_step_mean_s`` (s): the run's mean step after its warm-up steps
     (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken), and the estimates
-    ``energy/co2_g`` (g CO2e) and ``cost/run`` (the configured currency) when configured. A figure the
+    ``energy/co2_g`` (g CO2e) and ``cost/run`` (the configured currency) when configured, and with
+    ``node.rapl`` ``energy/cpu_J``, ``energy/dram_J`` and ``energy/node_J`` (J). A figure the
     run could not measure (no measured step: NaN in the summary) is left out rather than given
     as a number.
 
@@ -152,6 +163,9 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
         RUN_STEP_ENERGY_J: summary.step_energy_J,
         RUN_STEP_TIME_S: summary.step_time_s,
         RUN_STEP_COUNT: float(summary.steps),
+        CPU_ENERGY_J: summary.cpu_energy_J,
+        DRAM_ENERGY_J: summary.dram_energy_J,
+        NODE_ENERGY_J: summary.node_energy_J,
         CO2_G: summary.carbon.co2_g if summary.carbon is not None else None,
         RUN_COST: summary.cost.cost if summary.cost is not None else None,
     }
@@ -215,6 +229,13 @@ class RunSummary:
         cost: The run's ESTIMATED electricity cost (``cost`` = energy_J / 3.6e6 × ``price_per_kWh``, in
             ``currency``); ``cost`` null with a ``reason`` when the energy is unknown. None when no price is
             configured (``cost`` section).
+        cpu_energy_J: With ``node.rapl``: the CPU packages' energy over the run, summed over sockets (J,
+            Linux powercap RAPL); None when off or unknown (``node_energy_note`` says why).
+        dram_energy_J: With ``node.rapl``: the DRAM domains' energy (J); None when off, unknown, or the CPU
+            has no DRAM domain.
+        node_energy_J: ``energy_J`` + ``cpu_energy_J`` (+ ``dram_energy_J`` where a DRAM domain exists) (J);
+            None when off or any part is unknown.
+        node_energy_note: With ``node.rapl``: the parts ``node_energy_J`` holds, or why a figure is unknown.
     """
 
     run_name: str
@@ -249,6 +270,10 @@ class RunSummary:
     counter_resolution_J: float | None = None
     carbon: CarbonEstimate | None = None
     cost: CostEstimate | None = None
+    cpu_energy_J: float | None = None
+    dram_energy_J: float | None = None
+    node_energy_J: float | None = None
+    node_energy_note: str | None = None
     energy_Wh: float | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -326,6 +351,9 @@ class RunSummary:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
             if self.rejected_samples:
                 lines.append(f"  rejected samples {dict(self.rejected_samples)}")
+        if self.node_energy_note is not None:
+            lines.append(f"  CPU/DRAM      CPU {fmt(self.cpu_energy_J, 'J')}, DRAM {fmt(self.dram_energy_J, 'J')}; "
+                         f"node {fmt(self.node_energy_J, 'J')} ({self.node_energy_note})")  # fmt: skip
         lines += self._estimate_lines()
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")

@@ -13,8 +13,9 @@ only. An unreadable counter gives one warning that names the fix, and that domai
 unknown (None), never 0; the GPU figures go on. A counter that vanishes (a zone removed, a
 driver unloaded) or that stops moving (``stuck_reads`` equal readings in a row: a powered
 package always draws some energy) makes its domain's energy unknown from then on, with the
-reason. The reader must be read more often than a counter wraps (``max_energy_range_uj`` /
-power: about 17 minutes for 262 J·10⁶ at 250 W): two wraps between reads cannot be told from one.
+reason. The reader must be read more often than a counter wraps: two wraps between reads cannot
+be told from one, so readings further apart than the shortest wrap time (``max_energy_range_uj``
+at :data:`MAX_DOMAIN_POWER_W`: 262 s for a 262,143 J range) make the domain unknown, with the reason.
 
 Thread safety: a :class:`RaplReader` is used from one thread.
 """
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -39,6 +42,10 @@ PERMISSION_FIX = (
     "(a udev rule makes it last across reboots)"
 )
 """What the unreadable-counter warning says to do."""
+
+MAX_DOMAIN_POWER_W = 1000.0
+"""The most power (W) one package or DRAM domain is taken to draw: a counter then wraps no sooner than
+``max_energy_range_uj`` / this, and readings further apart than that make the domain unknown."""
 
 DomainKind = Literal["package", "dram"]
 _ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
@@ -59,6 +66,11 @@ class RaplDomain:
     socket: int
     path: Path
     max_energy_range_uj: int
+
+    @property
+    def wrap_safe_s(self) -> float:
+        """The shortest time (s) the counter can take to wrap: its range at :data:`MAX_DOMAIN_POWER_W`."""
+        return self.max_energy_range_uj / UJ_PER_J / MAX_DOMAIN_POWER_W
 
     @property
     def label(self) -> str:
@@ -143,6 +155,7 @@ class NodeEnergy:
 class _Counter:
     domain: RaplDomain
     last_uj: int | None = None
+    last_s: float | None = None
     total_uj: int = 0
     unchanged: int = 0
     reason: str | None = None
@@ -155,16 +168,21 @@ class RaplReader:
         root: The powercap folder.
         stuck_reads: Readings in a row equal to the previous one after which a counter is taken as
             stuck (its energy unknown from then on); ≥ 2.
+        clock: Monotonic time (s) of each reading, to bound the gap between readings (wraps).
 
     Raises:
         ValueError: ``stuck_reads`` < 2.
     """
 
-    def __init__(self, root: Path = POWERCAP_ROOT, *, stuck_reads: int = 3) -> None:
+    def __init__(
+        self, root: Path = POWERCAP_ROOT, *, stuck_reads: int = 3, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if stuck_reads < 2:
             raise ValueError(f"stuck_reads must be at least 2, got {stuck_reads}")
         self._counters = [_Counter(d) for d in discover(root)]
         self._stuck_reads = stuck_reads
+        self._clock = clock
+        self._last_read_s: float | None = None
         self._warned: set[str] = set()
 
     @property
@@ -180,8 +198,15 @@ class RaplReader:
     def start(self) -> None:
         """Take the first reading of every counter (energy counts from here)."""
         for counter in self._counters:
-            counter.last_uj, counter.total_uj, counter.unchanged, counter.reason = None, 0, 0, None
+            counter.last_uj, counter.last_s, counter.total_uj, counter.unchanged, counter.reason = (
+                None,
+                None,
+                0,
+                0,
+                None,
+            )
             self._read(counter)
+        self._last_read_s = self._clock()
 
     def read(self) -> NodeEnergy:
         """Read every counter and return the energy since :meth:`start`.
@@ -192,7 +217,18 @@ class RaplReader:
         for counter in self._counters:
             if counter.reason is None:
                 self._read(counter)
+        self._last_read_s = self._clock()
         return self.energy()
+
+    def read_if_due(self, period_s: float = 10.0) -> None:
+        """Read every counter when the last reading is ``period_s`` (s) old or older (keeps gaps below a wrap).
+
+        Args:
+            period_s: The least time (s) between two readings; far below any counter's
+                :attr:`RaplDomain.wrap_safe_s`, far above the counters' update period (~1 ms).
+        """
+        if self._last_read_s is None or self._clock() - self._last_read_s >= period_s:
+            self.read()
 
     def energy(self) -> NodeEnergy:
         """The energy accumulated so far (no new reading)."""
@@ -213,6 +249,7 @@ class RaplReader:
 
     def _read(self, counter: _Counter) -> None:
         label = counter.domain.label
+        now_s = self._clock()
         try:
             value = _read_int(counter.domain.path / "energy_uj")
         except PermissionError:
@@ -224,7 +261,15 @@ class RaplReader:
             counter.reason = f"the {label} counter vanished or is unreadable ({exc})"
             self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
             return
-        if counter.last_uj is not None:
+        if counter.last_uj is not None and counter.last_s is not None:
+            gap_s = now_s - counter.last_s
+            if gap_s > counter.domain.wrap_safe_s:
+                counter.reason = (
+                    f"{gap_s:.0f} s between two readings of {label}, longer than its counter's "
+                    f"shortest wrap time ({counter.domain.wrap_safe_s:.0f} s): wraps may be missed"
+                )
+                self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
+                return
             if value == counter.last_uj:
                 counter.unchanged += 1
                 if counter.unchanged >= self._stuck_reads:
@@ -234,7 +279,7 @@ class RaplReader:
             else:
                 counter.unchanged = 0
             counter.total_uj += counter_delta_uj(counter.last_uj, value, counter.domain.max_energy_range_uj)
-        counter.last_uj = value
+        counter.last_uj, counter.last_s = value, now_s
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
         if key not in self._warned:
