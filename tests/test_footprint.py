@@ -13,10 +13,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integration.helpers import read_scalars, virtual_config
 from zeus_callbacks import ZeusCallback
+from zeus_callbacks.cli import main
 from zeus_callbacks.config import ConfigError, parse_config
 from zeus_callbacks.footprint import CONFIGURED, carbon_estimate, cost_estimate
 from zeus_callbacks.grid_intensity import grid_intensity, known_regions
 from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.units import three_figures
 
 INTENSITY_G_PER_KWH = 420.0
 PRICE_PER_KWH = 0.31
@@ -48,7 +50,7 @@ def _fit(tmp_path, config: dict):
     return callback.summary
 
 
-def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path):
+def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path, capsys):
     config = virtual_config(tmp_path)
     config["carbon"] = {"intensity_g_per_kWh": INTENSITY_G_PER_KWH}
     config["cost"] = {"price_per_kWh": PRICE_PER_KWH, "currency": "EUR"}
@@ -76,6 +78,12 @@ def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path
     (cost_point,) = scalars["cost/run"]
     assert co2_point[1] == pytest.approx(co2_g, rel=1e-6) and cost_point[1] == pytest.approx(cost, rel=1e-6)
     assert co2_point[0] == scalars["energy/total_J"][-1][0]
+
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "zeus" / "test.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert f"CO2 (ESTIMATE) {three_figures(co2_g)} g CO2e at 420 gCO2e/kWh" in out
+    assert f"cost (ESTIMATE) {three_figures(cost)} EUR at 0.31 EUR/kWh" in out
 
 
 def test_without_a_factor_there_is_no_estimate(tmp_path):
