@@ -458,8 +458,10 @@ def render_metrics() -> str:
         "## Logged metrics",
         "",
         "Every key zeus-callbacks logs to the framework's loggers (TensorBoard, Weights & Biases, ...). "
-        "The keys are stable; the unit is in the name. Energy is GPU energy only (not CPU, memory or "
-        "the rest of the machine), summed over the GPUs this process measures.",
+        "The keys are stable; the unit is in the name. Energy is GPU energy, summed over the GPUs this "
+        "process measures, except `energy/cpu_J`, `energy/dram_J` and `energy/node_J` (`node.rapl`: the CPU "
+        "packages and DRAM from Linux RAPL); no key covers the rest of the machine (fans, disks, the power "
+        "supply's losses). `energy/co2_g` and `cost/run` are estimates (docs/node_energy.md).",
         "",
         "| Key | Unit | Meaning |",
         "| --- | --- | --- |",

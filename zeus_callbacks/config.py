@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from zeus_callbacks.errors import ConfigError
+from zeus_callbacks.grid_intensity import grid_intensity
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
 from zeus_callbacks.yaml_file import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES  # re-exported: it lived here
 from zeus_callbacks.yaml_file import MAX_YAML_ALIASES as MAX_YAML_ALIASES  # re-exported: it lived here
@@ -36,6 +37,7 @@ MAX_BATCH_SIZE = 2**31 - 1  # fits every framework's int and the store's integer
 MAX_SEED = 2**32 - 1  # numpy's seed range
 MAX_VIRTUAL_GPUS = 64
 MAX_BUFFER_S = 86_400.0  # a day of 20 ms samples: ~4.3 M samples
+MAX_INTENSITY_G_PER_KWH = 2000.0  # above any grid's average (coal plants emit ~1000 gCO2e/kWh): a unit mistake
 _ECHO_CHARS = 80  # an error message quotes at most this much of a bad value
 _ECHO = reprlib.Repr()  # keyword arguments need Python 3.12
 _ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxdict, _ECHO.maxstring, _ECHO.maxother = 2, 4, 4, _ECHO_CHARS, _ECHO_CHARS
@@ -505,6 +507,79 @@ class StoreConfig(_Section):
         )
 
 
+class CarbonConfig(_Section):
+    """The grid carbon intensity behind the run's CO2 estimate (``energy/co2_g``); offline, nothing is fetched.
+
+    Give at most one of ``intensity_g_per_kWh`` (your grid's figure) and ``region`` (looked up in the
+    bundled yearly table, :mod:`zeus_callbacks.grid_intensity`); with neither, no CO2 figure is made.
+    """
+
+    intensity_g_per_kWh: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_INTENSITY_G_PER_KWH,
+        description="Carbon intensity of the electricity the run uses (gCO2e/kWh), e.g. your provider's or grid "
+        "operator's figure. The run's CO2 estimate is energy (kWh) x this.",
+    )
+    region: str | None = Field(
+        None,
+        description="ISO 3166-1 alpha-2 country code (DE, FR, IN, ...) whose 2023 yearly average intensity the "
+        "bundled table holds (Our World in Data / Ember, CC BY 4.0; docs/node_energy.md lists the codes). "
+        "Instead of intensity_g_per_kWh.",
+    )
+
+    @field_validator("region")
+    @classmethod
+    def _region_known(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = grid_intensity(value).region  # ValueError: the codes the table has
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CarbonConfig:
+        if self.intensity_g_per_kWh is not None and self.region is not None:
+            raise ValueError("give intensity_g_per_kWh or region, not both")
+        return self
+
+
+class CostConfig(_Section):
+    """The electricity price behind the run's cost estimate (``cost/run``)."""
+
+    price_per_kWh: float | None = Field(
+        None,
+        ge=0,
+        description="Price of a kilowatt-hour in currency; the run's cost estimate is energy (kWh) x this. "
+        "Unset: no cost figure.",
+    )
+    currency: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="Currency of price_per_kWh (EUR, USD, ...), shown with the cost; required with price_per_kWh.",
+    )
+
+    @model_validator(mode="after")
+    def _currency_named(self) -> CostConfig:
+        if self.price_per_kWh is not None and self.currency is None:
+            raise ValueError("price_per_kWh needs its currency: set cost.currency (e.g. EUR)")
+        return self
+
+
+class NodeConfig(_Section):
+    """CPU package and DRAM energy of the node from the Linux powercap interface (RAPL), beside the GPUs'."""
+
+    rapl: bool = Field(
+        False,
+        description="Read the CPU package and DRAM energy counters (/sys/class/powercap/intel-rapl*) at the run's "
+        "start and end: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM). Recent kernels let "
+        "only root read them (docs/node_energy.md says how to allow it); one process only (not combined under "
+        "DDP yet).",
+    )
+    powercap_root: Path = Field(
+        Path("/sys/class/powercap"), description="The powercap folder (another path where sysfs is mounted elsewhere)."
+    )
+
+
 class ZeusConfig(_Section):
     """The whole zeus-callbacks configuration (one YAML file).
 
@@ -532,6 +607,9 @@ class ZeusConfig(_Section):
     power_limit: PowerLimitConfig = Field(default_factory=PowerLimitConfig)
     batch_size: BatchSizeConfig = Field(default_factory=BatchSizeConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    carbon: CarbonConfig = Field(default_factory=CarbonConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    node: NodeConfig = Field(default_factory=NodeConfig)
 
     @field_validator("gpu_indices")
     @classmethod

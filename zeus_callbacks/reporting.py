@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.errors import NotAnEnergyLog
+from zeus_callbacks.footprint import CarbonEstimate, CostEstimate
+from zeus_callbacks.units import readable_energy, three_figures, wh_from_J
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,11 @@ RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"
 RUN_MEAN_POWER_W = "power/run_mean_W"
 RUN_STEP_COUNT = "energy/run_step_count"
+CO2_G = "energy/co2_g"
+CPU_ENERGY_J = "energy/cpu_J"
+DRAM_ENERGY_J = "energy/dram_J"
+NODE_ENERGY_J = "energy/node_J"
+RUN_COST = "cost/run"
 SIMULATED = "energy/simulated"
 UNAVAILABLE = "energy/unavailable"
 
@@ -94,6 +101,18 @@ METRICS: dict[str, str] = {
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
+    CPU_ENERGY_J: "J — CPU package energy of the run, summed over sockets (Linux powercap RAPL, node.rapl), logged "
+    "once at the end",
+    DRAM_ENERGY_J: "J — DRAM energy of the run, summed over sockets (RAPL dram domains, node.rapl), logged once at "
+    "the end",
+    NODE_ENERGY_J: "J — the run's GPU + CPU package + DRAM energy (node.rapl; DRAM where the CPU has a DRAM domain: "
+    "run_end's node_energy_note names the parts), logged once at the end; not the whole machine (fans, disks, "
+    "the power supply's losses)",
+    CO2_G: "g — ESTIMATED CO2e of the run's GPU energy: energy/total_J / 3.6e6 × carbon intensity (gCO2e/kWh, "
+    "carbon.intensity_g_per_kWh or carbon.region's yearly average), logged once at the end; the run_end record "
+    "holds the factor and its source (docs/node_energy.md)",
+    RUN_COST: "currency — ESTIMATED electricity cost of the run's GPU energy: energy/total_J / 3.6e6 × "
+    "cost.price_per_kWh, in cost.currency (the run_end record names it), logged once at the end",
     "energy/window/<name>_J": "J — energy of the last execution of a user-named window",
     "energy/gpu<i>_J": "J — one GPU's energy in the epoch, when several GPUs are measured (ranks in order)",
     "energy/phase/<phase>_J": "J — energy per execution of a step phase (forward, backward, forward_backward, "
@@ -111,7 +130,7 @@ METRICS: dict[str, str] = {
 }
 
 
-_OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/")
+_OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 
 
 def is_own_metric(key: str) -> bool:
@@ -125,7 +144,9 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
     ``energy/total_J`` (J) and ``time/total_s`` (s) of the whole run (every GPU; resumed runs
     included), ``power/run_mean_W`` (W), ``energy/run_step_mean_J`` (J) and
     ``time/run_step_mean_s`` (s): the run's mean step after its warm-up steps
-    (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken). A figure the
+    (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken), and the estimates
+    ``energy/co2_g`` (g CO2e) and ``cost/run`` (the configured currency) when configured, and with
+    ``node.rapl`` ``energy/cpu_J``, ``energy/dram_J`` and ``energy/node_J`` (J). A figure the
     run could not measure (no measured step: NaN in the summary) is left out rather than given
     as a number.
 
@@ -142,6 +163,11 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
         RUN_STEP_ENERGY_J: summary.step_energy_J,
         RUN_STEP_TIME_S: summary.step_time_s,
         RUN_STEP_COUNT: float(summary.steps),
+        CPU_ENERGY_J: summary.cpu_energy_J,
+        DRAM_ENERGY_J: summary.dram_energy_J,
+        NODE_ENERGY_J: summary.node_energy_J,
+        CO2_G: summary.carbon.co2_g if summary.carbon is not None else None,
+        RUN_COST: summary.cost.cost if summary.cost is not None else None,
     }
     return {key: float(v) for key, v in values.items() if v is not None and math.isfinite(v)}
 
@@ -195,6 +221,21 @@ class RunSummary:
         energy_source: Where the energy came from: ``"samples"`` (the power stream), or
             ``"samples+counter"`` where a power stream failed and counter differences took over.
         counter_resolution_J: The energy counter's resolution (J), stated when the counter is a source.
+        energy_Wh: ``energy_J`` in watt-hours (Wh; 1 Wh = 3600 J), for people; None when the energy is
+            unknown. Derived from ``energy_J`` when the summary is made.
+        carbon: The run's ESTIMATED CO2 (``co2_g``, g CO2e = energy_J / 3.6e6 × ``intensity_g_per_kWh``)
+            with the factor and its ``intensity_source``; ``co2_g`` null with a ``reason`` when the energy
+            is unknown. None when no carbon intensity is configured (``carbon`` section).
+        cost: The run's ESTIMATED electricity cost (``cost`` = energy_J / 3.6e6 × ``price_per_kWh``, in
+            ``currency``); ``cost`` null with a ``reason`` when the energy is unknown. None when no price is
+            configured (``cost`` section).
+        cpu_energy_J: With ``node.rapl``: the CPU packages' energy over the run, summed over sockets (J,
+            Linux powercap RAPL); None when off or unknown (``node_energy_note`` says why).
+        dram_energy_J: With ``node.rapl``: the DRAM domains' energy (J); None when off, unknown, or the CPU
+            has no DRAM domain.
+        node_energy_J: ``energy_J`` + ``cpu_energy_J`` (+ ``dram_energy_J`` where a DRAM domain exists) (J);
+            None when off or any part is unknown.
+        node_energy_note: With ``node.rapl``: the parts ``node_energy_J`` holds, or why a figure is unknown.
     """
 
     run_name: str
@@ -227,6 +268,16 @@ class RunSummary:
     counter_resets: int = 0
     energy_source: str = "samples"
     counter_resolution_J: float | None = None
+    carbon: CarbonEstimate | None = None
+    cost: CostEstimate | None = None
+    cpu_energy_J: float | None = None
+    dram_energy_J: float | None = None
+    node_energy_J: float | None = None
+    node_energy_note: str | None = None
+    energy_Wh: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.energy_Wh = wh_from_J(self.energy_J)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -242,6 +293,22 @@ class RunSummary:
         return (f"{fmt(self.chosen_power_limit_W, 'W')} chosen, in force from step {self.power_limit_from_step}"
                 f" (original {fmt(self.power_limit_W, 'W')}, restored at the end)")  # fmt: skip
 
+    def _estimate_lines(self) -> list[str]:
+        """The CO2 and cost estimates, each with the factor it used (or why it is unknown)."""
+        lines = []
+        of = " of simulated energy" if self.simulated else ""
+        if self.carbon is not None:
+            c = self.carbon
+            factor = f"{c.intensity_g_per_kWh:g} gCO2e/kWh, {c.intensity_source}"
+            figure = "unknown" if c.co2_g is None else f"{three_figures(c.co2_g)} g CO2e{of}"
+            lines.append(f"  CO2 (ESTIMATE) {figure} at {factor}" + (f": {c.reason}" if c.reason else ""))
+        if self.cost is not None:
+            k = self.cost
+            figure = "unknown" if k.cost is None else f"{three_figures(k.cost)} {k.currency}{of}"
+            lines.append(f"  cost (ESTIMATE) {figure} at {k.price_per_kWh:g} {k.currency}/kWh"
+                         + (f": {k.reason}" if k.reason else ""))  # fmt: skip
+        return lines
+
     def __str__(self) -> str:
         def fmt(value: float | None, unit: str, scale: float = 1.0) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -252,6 +319,7 @@ class RunSummary:
             f"zeus-callbacks run {self.run_name!r} ({self.status}) on {self.backend}"
             + ("   SIMULATED energy (virtual GPU, not measured)" if self.simulated else ""),
             f"  energy        {fmt(self.energy_J, 'J')}"
+            + (f" ({readable_energy(self.energy_J)})" if self.energy_Wh is not None else "")
             + (f"   (energy counter: {fmt(self.counter_energy_J, 'J')})" if self.counter_energy_J else ""),
             f"  time          {fmt(self.time_s, 's')}",
             f"  mean power    {fmt(self.mean_power_W, 'W')}",
@@ -283,6 +351,10 @@ class RunSummary:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
             if self.rejected_samples:
                 lines.append(f"  rejected samples {dict(self.rejected_samples)}")
+        if self.node_energy_note is not None:
+            lines.append(f"  CPU/DRAM      CPU {fmt(self.cpu_energy_J, 'J')}, DRAM {fmt(self.dram_energy_J, 'J')}; "
+                         f"node {fmt(self.node_energy_J, 'J')} ({self.node_energy_note})")  # fmt: skip
+        lines += self._estimate_lines()
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)

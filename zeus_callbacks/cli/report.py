@@ -10,6 +10,7 @@ from pathlib import Path
 
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
+from zeus_callbacks.units import readable_energy, three_figures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             + textwrap.fill(
                 f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
             )
-            + f"\n  energy {fmt(end.get('energy_J'))} J over {fmt(end.get('time_s'))} s"
+            + f"\n  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
             f" (mean {fmt(end.get('mean_power_W'))} W)"
             + "\n"
             + textwrap.fill(
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
+        for line in _node_and_estimate_lines(end):
+            print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
         print("  epoch   energy_J   counter_J     time_s   power_W")
         for r in epochs:
@@ -105,3 +108,38 @@ def run(args: argparse.Namespace) -> int:
             row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
             print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     return 0
+
+
+def _readable(energy_J: object) -> str:
+    """`` (0.282 Wh)`` for a known energy (J) of a record, else nothing (a missing or null figure stays ``-``)."""
+    if isinstance(energy_J, bool) or not isinstance(energy_J, (int, float)):
+        return ""
+    text = readable_energy(float(energy_J))
+    return "" if text == "n/a" else f" ({text})"
+
+
+def _node_and_estimate_lines(end: dict) -> list[str]:
+    """The run_end record's CPU/DRAM/node energy (``node.rapl``) and CO2 / cost estimates, each with its factor."""
+    lines = []
+    if end.get("node_energy_note"):
+        lines.append(f"CPU {fmt(end.get('cpu_energy_J'))} J, DRAM {fmt(end.get('dram_energy_J'))} J, node "
+                     f"{fmt(end.get('node_energy_J'))} J ({end['node_energy_note']})")  # fmt: skip
+    carbon, cost = end.get("carbon"), end.get("cost")
+    if isinstance(carbon, dict):
+        figure = "unknown" if carbon.get("co2_g") is None else f"{_figure(carbon['co2_g'])} g CO2e"
+        reason = f": {carbon['reason']}" if carbon.get("reason") else ""
+        lines.append(f"CO2 (ESTIMATE) {figure} at {fmt(carbon.get('intensity_g_per_kWh'), 'g')} gCO2e/kWh, "
+                     f"{carbon.get('intensity_source')}{reason}")  # fmt: skip
+    if isinstance(cost, dict):
+        currency = cost.get("currency")
+        figure = "unknown" if cost.get("cost") is None else f"{_figure(cost['cost'])} {currency}"
+        lines.append(f"cost (ESTIMATE) {figure} at {fmt(cost.get('price_per_kWh'), 'g')} {currency}/kWh"
+                     + (f": {cost['reason']}" if cost.get("reason") else ""))  # fmt: skip
+    return lines
+
+
+def _figure(value: object) -> str:
+    """A record's estimate to three significant figures (never in e-notation); as written when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return fmt(value)
+    return three_figures(float(value))

@@ -59,7 +59,8 @@ _FINAL_LOG_KEYS = ("total_flos", "train_loss")
 _RUN_LEVEL_KEYS = frozenset(
     (
         metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S, metric.RUN_MEAN_POWER_W, metric.RUN_STEP_ENERGY_J,
-        metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT, metric.POWER_LIMIT_CHOSEN_W,
+        metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT, metric.POWER_LIMIT_CHOSEN_W, metric.CO2_G, metric.RUN_COST,
+        metric.CPU_ENERGY_J, metric.DRAM_ENERGY_J, metric.NODE_ENERGY_J,
     )
 )  # fmt: skip
 _TOTAL_KEYS = (metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S)

@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zeus_callbacks import reporting as metric
-from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.backends.rapl import NodeEnergy
+from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
+from zeus_callbacks.footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import RunSummary
@@ -454,6 +456,9 @@ def run_summary(
     counter_resets: int = 0,
     energy_source: str = "samples",
     counter_resolution_J: float | None = None,
+    carbon: CarbonConfig | None = None,
+    cost: CostConfig | None = None,
+    node: tuple[NodeEnergy | None, str | None, bool] | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -461,6 +466,10 @@ def run_summary(
     from, whether it was applied: False in observe mode), or None when no limit was chosen.
     ``coverage`` is the least over the ranks of the share of the run's time their samples
     cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
+    ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
+    (:mod:`~zeus_callbacks.footprint`) are made from the run's energy with their factors.
+    ``node``: with ``node.rapl``, (the CPU/DRAM energy read at the end or None, why there is no
+    reader, whether a DRAM domain exists) for :func:`node_figures`.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
@@ -472,6 +481,7 @@ def run_summary(
     complete = all(row[5] >= row[1] - 1e-9 for row in rows) and measurement != "unavailable"
     if measurement == "unavailable":
         energy_J = math.nan
+    unknown = f"the run's energy is unknown ({measurement_note or 'measurement unavailable'})"
     return RunSummary(
         run_name=run_name,
         status=status,
@@ -503,4 +513,47 @@ def run_summary(
         counter_resets=counter_resets,
         energy_source=energy_source,
         counter_resolution_J=counter_resolution_J,
+        carbon=carbon_estimate(energy_J, carbon, unknown_reason=unknown) if carbon is not None else None,
+        cost=cost_estimate(energy_J, cost, unknown_reason=unknown) if cost is not None else None,
+        **(node_figures(energy_J, carried_energy_J, *node) if node is not None else {}),
     )
+
+
+def node_figures(
+    gpu_energy_J: float, carried_energy_J: float, node: NodeEnergy | None, no_reader: str | None, has_dram: bool
+) -> dict[str, Any]:
+    """The summary's CPU, DRAM and node energy (J) and their note, from the RAPL reading at the run's end.
+
+    Args:
+        gpu_energy_J: The run's GPU energy (J; NaN when unknown).
+        carried_energy_J: GPU energy carried from a checkpoint (J): CPU energy before it was not read.
+        node: The reader's figures, or None without a reader.
+        no_reader: Why there is no reader (several processes), or None.
+        has_dram: Whether a DRAM domain exists (else the node figure is GPU + CPU).
+
+    Returns:
+        ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` (J or None) and ``node_energy_note``.
+    """
+    if node is None:
+        return {"node_energy_note": no_reader or "no CPU/DRAM energy reader"}
+    cpu_J, dram_J = node.cpu_J, node.dram_J
+    parts = "GPU + CPU package" + (" + DRAM" if has_dram else " (no DRAM domain on this CPU)")
+    reasons = "; ".join(f"{label}: {why}" for label, why in node.reasons.items())
+    if not node.domains_J:
+        reasons = "no RAPL package domain found"
+    node_J = None
+    if cpu_J is not None and (dram_J is not None or not has_dram) and math.isfinite(gpu_energy_J):
+        node_J = gpu_energy_J + cpu_J + (dram_J or 0.0)  # dram_J None here only when no DRAM domain exists
+    if carried_energy_J > 0:
+        node_J = None
+        reasons = "a resumed run: the CPU/DRAM energy before the checkpoint was not carried" + (
+            f"; {reasons}" if reasons else ""
+        )
+    elif node_J is None and not reasons:
+        reasons = "the GPU energy is unknown"
+    return {
+        "cpu_energy_J": cpu_J,
+        "dram_energy_J": dram_J,
+        "node_energy_J": node_J,
+        "node_energy_note": f"{parts}; unknown: {reasons}" if reasons else parts,
+    }

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from zeus_callbacks import reporting as metric
+from zeus_callbacks.backends.rapl import NodeEnergy
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
@@ -70,6 +71,8 @@ class StepReports(SessionPart):
         per window); the rare others (epoch, eval, run, user windows) one record each.
         """
         self._take_back_quiet_steps()
+        if self.run.node is not None:
+            self.run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
         self._attribute_closed(final=resolve_final)
         if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
@@ -284,4 +287,14 @@ class StepReports(SessionPart):
             jsonl_path=str(run.log.path) if run.log.path is not None else None,
             degraded=self.degraded,
             rejected_samples=dict(run.sampler.health.rejected),
+            carbon=self.config.carbon,
+            cost=self.config.cost,
+            node=self._node_reading() if self.config.node.rapl else None,
         )
+
+    def _node_reading(self) -> tuple[NodeEnergy | None, str | None, bool]:
+        """The CPU/DRAM energy since the run's start (read now), why there is none, and whether DRAM is read."""
+        reader = self.run.node
+        if reader is None:
+            return None, self.run.node_note, False
+        return reader.read(), None, any(d.kind == "dram" for d in reader.domains)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from zeus_callbacks.backends import BackendError, GPUBackend
+from zeus_callbacks.backends.rapl import RaplReader
 from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.measurement.attribution import (
@@ -146,6 +147,8 @@ class StartedRun:
         phases: The per-phase energy tracker (``windows.phases``), else None.
         start_s: The run's start on the backend's clock (s); set by :meth:`start`.
         start_wall: The run's start, ``time.time()``; set by :meth:`start`.
+        node: The CPU package / DRAM energy reader (``node.rapl``), else None.
+        node_note: Why ``node.rapl`` is on but no reader runs (several processes), else None.
     """
 
     backend: GPUBackend
@@ -159,9 +162,13 @@ class StartedRun:
     phases: PhaseTracker | None
     start_s: float = 0.0
     start_wall: float = 0.0
+    node: RaplReader | None = None
+    node_note: str | None = None
 
     def start(self) -> None:
-        """Start sampling and open the run window."""
+        """Start sampling, take the CPU/DRAM counters' first reading and open the run window."""
+        if self.node is not None:
+            self.node.start()
         self.sampler.start()
         self.start_wall = time.time()
         self.start_s = self.backend.clock.now_s()
@@ -353,7 +360,19 @@ def open_run(
     )
     timer = make_timer(backend)
     meter = WindowMeter(sampler, timer)
+    node, node_note = None, None
+    if config.node.rapl:
+        if launcher_world_size() > 1:
+            node_note = "node.rapl is not combined across processes yet: no CPU/DRAM energy under several processes"
+            logger.warning("zeus-callbacks: %s", node_note)
+        else:
+            node = RaplReader(config.node.powercap_root)
+            if not node.available:
+                logger.warning("zeus-callbacks: node.rapl: no RAPL package domain under %s; no CPU/DRAM energy",
+                               config.node.powercap_root)  # fmt: skip
     return StartedRun(
+        node=node,
+        node_note=node_note,
         backend=backend,
         gpu_indices=list(gpu_indices),
         run_name=run_name,

@@ -1,0 +1,256 @@
+"""The powercap (RAPL) reader against a fake /sys/class/powercap tree: wraps, stuck, unreadable, vanishing."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zeus_callbacks.backends.rapl import PERMISSION_FIX, RaplReader, counter_delta_uj, discover
+
+RANGE_UJ = 262_143_328_850  # a real package's max_energy_range_uj
+
+
+def zone(root: Path, name: str, label: str, energy_uj: int, max_uj: int = RANGE_UJ) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "name").write_text(f"{label}\n")
+    (path / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    (path / "energy_uj").write_text(f"{energy_uj}\n")
+    return path
+
+
+def set_uj(path: Path, value: int) -> None:
+    (path / "energy_uj").write_text(f"{value}\n")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """Two sockets, each with a package and a DRAM zone, plus zones the reader leaves out."""
+    root = tmp_path / "powercap"
+    zones = {
+        "package-0": zone(root, "intel-rapl:0", "package-0", 1_000_000),
+        "dram-0": zone(root, "intel-rapl:0:1", "dram", 5_000),
+        "package-1": zone(root, "intel-rapl:1", "package-1", 2_000_000),
+        "dram-1": zone(root, "intel-rapl:1:1", "dram", 7_000),
+    }
+    zone(root, "intel-rapl:0:0", "core", 10)  # not a package or DRAM domain
+    zone(root, "intel-rapl-mmio:0", "package-0", 10)  # another interface's zone
+    return root, zones
+
+
+def test_discovers_package_and_dram_per_socket(tree):
+    root, _ = tree
+    assert [d.label for d in discover(root)] == ["package-0", "dram-0", "package-1", "dram-1"]
+    assert discover(root / "missing") == []  # no RAPL (a VM): nothing, no error
+
+
+def test_energy_across_a_wrap_in_joules(tree):
+    root, zones = tree
+    reader = RaplReader(root)
+    reader.start()
+    set_uj(zones["package-0"], RANGE_UJ - 500_000)  # +RANGE - 1.5 J
+    set_uj(zones["package-1"], 3_000_000)  # +1 J
+    set_uj(zones["dram-0"], 6_000)
+    set_uj(zones["dram-1"], 9_000)
+    reader.read()
+    set_uj(zones["package-0"], 1_500_000)  # wrapped: +0.5 J to the end of the range, +1.5 J after 0
+    energy = reader.read()
+    # approx: µJ -> J is a float division
+    assert energy.domains_J["package-0"] == pytest.approx((RANGE_UJ - 1_500_000 + 2_000_000) / 1e6, rel=1e-15)
+    assert energy.cpu_J == pytest.approx((RANGE_UJ + 500_000) / 1e6 + 1.0)  # approx: the sum of two floats
+    assert energy.dram_J == pytest.approx(0.003)  # approx: µJ -> J division
+    assert energy.reasons == {}
+
+
+def test_unreadable_counter_warns_once_with_the_fix_and_is_unknown_not_0(tree, caplog, monkeypatch):
+    root, zones = tree
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "energy_uj" and self.parent.name.startswith("intel-rapl:0"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)  # as root, chmod cannot make a file unreadable
+    reader = RaplReader(root)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.rapl"):
+        reader.start()
+        set_uj(zones["package-1"], 2_500_000)
+        energy = reader.read()
+        reader.read()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and PERMISSION_FIX in warnings[0].getMessage()
+    assert "chmod" in PERMISSION_FIX and "root" in PERMISSION_FIX
+    assert energy.cpu_J is None and energy.dram_J is None  # a socket unknown: the sum is unknown
+    assert energy.domains_J["package-1"] == pytest.approx(0.5) and energy.domains_J["package-0"] is None
+    assert "not readable" in energy.reasons["package-0"]
+
+
+def test_a_vanishing_domain_becomes_unknown_with_its_reason(tree, caplog):
+    root, zones = tree
+    reader = RaplReader(root)
+    reader.start()
+    set_uj(zones["dram-1"], 8_000)
+    reader.read()
+    (zones["dram-1"] / "energy_uj").unlink()
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.rapl"):
+        energy = reader.read()
+        reader.read()
+    assert energy.dram_J is None and energy.domains_J["dram-1"] is None and "vanished" in energy.reasons["dram-1"]
+    assert energy.domains_J["dram-0"] == pytest.approx(0.0)  # unchanged twice: not yet stuck
+    assert energy.cpu_J == pytest.approx(0.0)
+    assert len([r for r in caplog.records if "dram-1" in r.getMessage()]) == 1
+
+
+def test_a_stuck_counter_becomes_unknown(tree):
+    root, zones = tree
+    reader = RaplReader(root, stuck_reads=3)
+    reader.start()
+    for value in (1_100_000, 1_100_000, 1_100_000):
+        set_uj(zones["package-0"], value)
+        set_uj(zones["package-1"], 2_000_000 + value)
+        energy = reader.read()
+    assert energy.domains_J["package-0"] == pytest.approx(0.1)  # two equal readings after a move: still moving
+    set_uj(zones["package-0"], 1_100_000)
+    energy = reader.read()
+    assert energy.domains_J["package-0"] is None and "stuck" in energy.reasons["package-0"]
+    assert energy.cpu_J is None
+    with pytest.raises(ValueError, match="stuck_reads"):
+        RaplReader(root, stuck_reads=1)
+
+
+def test_readings_further_apart_than_a_wrap_make_the_domain_unknown(tree):
+    root, zones = tree
+    now = [0.0]
+    reader = RaplReader(root, clock=lambda: now[0])
+    reader.start()
+    limit_s = reader.domains[0].wrap_safe_s
+    assert limit_s == pytest.approx(RANGE_UJ / 1e6 / 1000.0)  # the range at 1 kW; approx: float division
+    now[0] = limit_s * 0.9
+    set_uj(zones["package-0"], 2_000_000)
+    assert reader.read().domains_J["package-0"] == pytest.approx(1.0)
+    reader.read_if_due(period_s=1e9)  # not due: no reading
+    now[0] += limit_s * 1.1  # one wrap or two? it cannot be told
+    set_uj(zones["package-0"], 3_000_000)
+    energy = reader.read()
+    assert energy.domains_J["package-0"] is None and "wraps may be missed" in energy.reasons["package-0"]
+    assert energy.cpu_J is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_range=st.integers(min_value=10, max_value=2**40),
+    start_fraction=st.floats(min_value=0, max_value=1, exclude_max=True),
+    increments=st.lists(st.floats(min_value=0, max_value=1, exclude_max=True), min_size=1, max_size=50),
+)
+def test_energy_from_the_wrapped_counter_equals_the_true_increments(max_range, start_fraction, increments):
+    # Each true increment is below the range (the reader is read more often than the counter wraps).
+    true = [int(f * max_range) for f in increments]
+    counter = int(start_fraction * max_range)
+    total = 0
+    for step in true:
+        nxt = (counter + step) % max_range
+        total += counter_delta_uj(counter, nxt, max_range)
+        counter = nxt
+    assert total == sum(true)
+
+
+@settings(max_examples=30, deadline=None)
+@given(increments=st.lists(st.integers(min_value=1, max_value=999), min_size=1, max_size=20))
+def test_the_reader_sums_wrapped_increments_from_the_tree(tmp_path_factory, increments):
+    root = tmp_path_factory.mktemp("powercap")
+    path = zone(root, "intel-rapl:0", "package-0", 900, max_uj=1000)
+    reader = RaplReader(root, clock=lambda: 0.0)  # a 1 mJ range wraps in 1 µs at 1 kW: readings at one instant
+    reader.start()
+    value = 900
+    for step in increments:
+        value = (value + step) % 1000
+        set_uj(path, value)
+        reader.read()
+    assert reader.energy().domains_J["package-0"] == pytest.approx(
+        sum(increments) / 1e6, rel=1e-15
+    )  # approx: J division
+    assert os.fspath(reader.domains[0].path) == os.fspath(path)
+
+
+# ------------------------------------------------------------------ in the run record (node.rapl)
+def _session_run(tmp_path, virtual_backend, manual_clock, root, between=None, **extra):
+    from zeus_callbacks.session import EnergySession
+
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "n", "interval_steps": 2},
+         "node": {"rapl": True, "powercap_root": str(root)}, **extra},
+        backend=virtual_backend,
+    )  # fmt: skip
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    if between is not None:
+        between()
+    return session, session.train_end()
+
+
+def test_the_run_record_holds_cpu_dram_and_node_energy(tmp_path, tree, virtual_backend, manual_clock):
+    from zeus_callbacks.reporting import read_jsonl
+
+    root, zones = tree
+
+    def burn():  # what the CPUs drew during the run: package-0 wraps
+        set_uj(zones["package-0"], 400_000)  # +RANGE - 1 J + 0.4 J
+        set_uj(zones["package-1"], 12_000_000)  # +10 J
+        set_uj(zones["dram-0"], 1_005_000)  # +1 J
+        set_uj(zones["dram-1"], 2_007_000)  # +2 J
+
+    set_uj(zones["package-0"], RANGE_UJ - 1_000_000)
+    session, summary = _session_run(tmp_path, virtual_backend, manual_clock, root, between=burn)
+    cpu_J = (1_000_000 + 400_000) / 1e6 + 10.0
+    # approx: µJ -> J divisions and sums of floats
+    assert summary.cpu_energy_J == pytest.approx(cpu_J) and summary.dram_energy_J == pytest.approx(3.0)
+    assert summary.node_energy_J == pytest.approx(summary.energy_J + cpu_J + 3.0)
+    assert summary.node_energy_note == "GPU + CPU package + DRAM"
+    end = [r for r in read_jsonl(tmp_path / "logs" / "n.jsonl") if r["event"] == "run_end"][-1]
+    assert end["cpu_energy_J"] == pytest.approx(cpu_J) and end["node_energy_J"] == pytest.approx(summary.node_energy_J)
+    totals = session.totals()
+    assert totals["energy/cpu_J"] == pytest.approx(cpu_J) and totals["energy/dram_J"] == pytest.approx(3.0)
+    assert totals["energy/node_J"] == pytest.approx(summary.node_energy_J)
+    assert "CPU/DRAM" in str(summary)
+
+
+def test_an_unreadable_counter_leaves_the_node_figure_unknown_and_the_gpu_figures_alone(
+    tmp_path, tree, virtual_backend, manual_clock, monkeypatch, caplog
+):
+    root, _ = tree
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.rapl"):
+        session, summary = _session_run(tmp_path, virtual_backend, manual_clock, root)
+    assert summary.energy_J > 0 and summary.cpu_energy_J is None and summary.node_energy_J is None
+    assert "unknown: package-0" in summary.node_energy_note and "chmod" in summary.node_energy_note
+    assert len([r for r in caplog.records if "CPU/DRAM energy unavailable" in r.getMessage()]) == 1
+    assert "energy/node_J" not in session.totals() and "energy/total_J" in session.totals()
+
+
+def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session import EnergySession
+
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "x"}}, backend=virtual_backend)
+    session.train_start()
+    summary = session.train_end()
+    assert summary.cpu_energy_J is None and summary.node_energy_note is None
+    assert "CPU/DRAM" not in str(summary)

@@ -1,0 +1,61 @@
+"""Watt-hours beside joules: the summary object, its text and the ``report`` command (issue 29)."""
+
+import math
+
+import pytest
+
+from zeus_callbacks.cli import main
+from zeus_callbacks.session import EnergySession
+from zeus_callbacks.units import J_PER_KWH, J_PER_WH, kwh_from_J, readable_energy, wh_from_J
+
+
+@pytest.mark.parametrize(
+    ("energy_J", "text"),
+    [
+        (1013.8, "0.282 Wh"),  # the README example's run: 1,013.8 J / 3600
+        (3600.0, "1.00 Wh"),
+        (123_456.0, "34.3 Wh"),
+        (3.6e6, "1.00 kWh"),  # from 1 kWh on, kWh
+        (4.5e7, "12.5 kWh"),
+        (3.6e9, "1,000 kWh"),
+        (None, "n/a"),
+        (math.nan, "n/a"),
+    ],
+)
+def test_readable_energy(energy_J, text):
+    assert readable_energy(energy_J) == text
+
+
+def test_conversions_keep_unknown_unknown():
+    assert wh_from_J(7200.0) == pytest.approx(2.0)  # approx: float division
+    assert kwh_from_J(J_PER_KWH) == pytest.approx(1.0)
+    assert J_PER_KWH == 1000 * J_PER_WH
+    assert wh_from_J(None) is None and wh_from_J(math.nan) is None and kwh_from_J(math.inf) is None
+
+
+def _run(tmp_path, virtual_backend, manual_clock):
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path), "run_name": "r1", "interval_steps": 2}}, backend=virtual_backend
+    )
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    return session.train_end()
+
+
+def test_summary_and_report_show_watt_hours(tmp_path, capsys, virtual_backend, manual_clock):
+    summary = _run(tmp_path, virtual_backend, manual_clock)
+    assert summary.energy_J > 0
+    # approx: a float division of the same figure
+    assert summary.energy_Wh == pytest.approx(summary.energy_J / 3600.0)
+    assert summary.as_dict()["energy_Wh"] == summary.energy_Wh
+    (line,) = [line for line in str(summary).splitlines() if line.startswith("  energy ")]
+    assert f"({readable_energy(summary.energy_J)})" in line and " J " in line
+    assert main(["report", str(tmp_path / "r1.jsonl")]) == 0
+    (energy_line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  energy ")]
+    assert f"J ({readable_energy(summary.energy_J)}) over" in energy_line
