@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
@@ -40,7 +41,8 @@ def test_plot_profile_writes_a_readable_png_from_a_subprocess(profile_json, tmp_
     out = tmp_path / "plots" / "profile.png"
     done = subprocess.run(
         [sys.executable, "-m", "zeus_callbacks.cli", "plot", "profile", str(path), "-o", str(out)],
-        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=CHILD_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout and out.stat().st_size > 0

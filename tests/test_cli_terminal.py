@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
@@ -34,7 +35,7 @@ def _command(args: list[str], cwd: Path, *, tty_stderr: bool) -> tuple[int, str,
     """Run ``zeus-callbacks ARGS``; stdout is a pipe, stderr a pseudo-terminal (80x24) or a pipe."""
     cmd = [sys.executable, "-m", "zeus_callbacks.cli", *args]
     if not tty_stderr:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=CHILD_TIMEOUT_S)
         return done.returncode, done.stdout, done.stderr
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, TERMINAL_COLUMNS, 0, 0))
@@ -54,7 +55,7 @@ def _command(args: list[str], cwd: Path, *, tty_stderr: bool) -> tuple[int, str,
     reader.start()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, cwd=cwd, env=ENV, text=True)
     os.close(slave)
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=CHILD_TIMEOUT_S)
     reader.join(timeout=10)
     os.close(master)
     return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace")
@@ -153,5 +154,5 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     first = json.loads(proc.stdout.readline())
     proc.stdout.close()
     err = proc.stderr.read()
-    proc.wait(timeout=120)
+    proc.wait(timeout=CHILD_TIMEOUT_S)
     assert first["index"] == 0 and proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err

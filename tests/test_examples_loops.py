@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import read_scalars
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.reporting import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def run_example(tmp_path: Path, example: str, *extra: str) -> tuple[dict, list[d
     sizes = ["--epochs", str(EPOCHS), "--batch-size", str(BATCH_SIZE)]
     command = [sys.executable, str(script), "--config", str(config), *sizes, "--summary-json", str(out), *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}  # this checkout's package, the CPU
-    done = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=tmp_path, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "(completed)" in done.stdout and f"{example}: {EPOCHS} epochs" in done.stdout  # the summary was printed
     result = json.loads(out.read_text())

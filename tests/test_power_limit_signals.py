@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
@@ -81,7 +82,7 @@ def test_sigterm_restores_the_original_limit_then_dies_by_sigterm(tmp_path):
     proc = start_child(tmp_path)
     assert (tmp_path / MARKER_NAME).exists()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == -signal.SIGTERM  # the default behaviour is kept
+    assert proc.wait(timeout=CHILD_TIMEOUT_S) == -signal.SIGTERM  # the default behaviour is kept
     calls = (tmp_path / "setter_calls.txt").read_text().split()
     assert float(calls[-1]) == ORIGINAL_W  # the last setter call put the original back
     assert not (tmp_path / MARKER_NAME).exists()
@@ -100,7 +101,7 @@ class SpyBackend(VirtualGPUBackend):
 def test_sigkill_leaves_the_marker_and_the_next_start_restores(tmp_path):
     proc = start_child(tmp_path)
     proc.kill()
-    assert proc.wait(timeout=20) == -signal.SIGKILL
+    assert proc.wait(timeout=CHILD_TIMEOUT_S) == -signal.SIGKILL
     marker = json.loads((tmp_path / MARKER_NAME).read_text())
     name = marker["gpus"][0]["name"]
     assert marker["gpus"] == [{"index": 0, "uuid": None, "name": name, "original_limit_W": ORIGINAL_W}]
@@ -172,7 +173,7 @@ def test_hf_exception_in_a_training_step_restores_at_exit(tmp_path):
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=CHILD_TIMEOUT_S,
     )
     assert proc.returncode == 1 and "planted failure in a training step" in proc.stderr, proc.stderr[-2000:]
     calls = [float(x) for x in (tmp_path / "setter_calls.txt").read_text().split()[1::2]]

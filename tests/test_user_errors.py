@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks import ConfigError
 from zeus_callbacks.cli import main as cli
 from zeus_callbacks.config import load_config, parse_config
@@ -76,7 +77,7 @@ def test_callback_import_without_its_framework_says_what_to_install(tmp_path):
             print(exc)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     assert "ZeusCallback needs PyTorch Lightning" in done.stdout
     assert "pip install 'zeus-callbacks[lightning]'" in done.stdout
 
@@ -127,7 +128,7 @@ def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
         time.sleep(0.05)
     assert log.exists(), "the run never started"
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == -signal.SIGTERM  # the default action still happens
+    assert process.wait(timeout=CHILD_TIMEOUT_S) == -signal.SIGTERM  # the default action still happens
     records = read_jsonl(log)
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
     assert records[-1]["steps"] >= 2 and records[-1]["energy_J"] > 0
@@ -213,7 +214,7 @@ def test_lightning_sigterm_exit_status_is_lightnings(tmp_path):
             time.sleep(0.05)
         assert (folder / "training").exists(), f"{mode}: training never started"
         process.send_signal(signal.SIGTERM)
-        statuses[mode] = process.wait(timeout=60)
+        statuses[mode] = process.wait(timeout=CHILD_TIMEOUT_S)
     # Lightning's SIGTERMException is a SystemExit without a code: the callback must not change that
     assert statuses["with"] == statuses["without"] == 0
     records = read_jsonl(tmp_path / "with" / "killed.jsonl")
@@ -242,7 +243,7 @@ def test_the_examples_reject_a_bad_config_in_one_message(tmp_path, example, conf
         path.write_text(config)
     script = Path(__file__).resolve().parents[1] / "examples" / example
     done = subprocess.run([sys.executable, str(script), "--config", str(path)], capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path)  # fmt: skip
+                          timeout=CHILD_TIMEOUT_S, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{example}: error: --config: " in done.stderr and message in done.stderr
     assert "Traceback" not in done.stderr
@@ -266,7 +267,7 @@ def test_the_lightning_example_reports_an_unopenable_store_in_one_line(tmp_path)
         [sys.executable, str(example), "--epochs", "1", "--config", str(config), "--log-dir", str(tmp_path / "runs")],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=CHILD_TIMEOUT_S,
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

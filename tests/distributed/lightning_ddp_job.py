@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks import ZeusCallback
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -144,7 +145,7 @@ def main() -> None:
     # Rank 0 started rank 1 (Lightning re-ran this script) and does not wait for it: wait here, so
     # that rank 1's exit status is this job's too and a failure there fails the test.
     for child in getattr(trainer.strategy.launcher, "procs", []):
-        if (code := child.wait(timeout=120)) != 0:
+        if (code := child.wait(timeout=CHILD_TIMEOUT_S)) != 0:
             print(f"rank 1 (pid {child.pid}) exited with status {code}", file=sys.stderr)
             sys.exit(1)
 

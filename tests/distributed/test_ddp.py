@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import read_scalars
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.reporting import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ HF_JOB = Path(__file__).with_name("hf_ddp_job.py")
 
 def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[dict]:
     command = command or [sys.executable, str(JOB), str(out), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out.parent, env=ENV)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=out.parent, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
@@ -82,7 +83,7 @@ def test_a_failure_on_one_rank_ends_both_and_the_total_says_it_is_one_ranks(tmp_
     out = tmp_path / "run"
     out.mkdir()
     done = subprocess.run([sys.executable, str(JOB), str(out), "--raise-on-rank", "1"], capture_output=True,
-                          text=True, timeout=240, cwd=out.parent, env=ENV)  # fmt: skip
+                          text=True, timeout=CHILD_TIMEOUT_S, cwd=out.parent, env=ENV)  # fmt: skip
     assert done.returncode != 0 and "planted failure on rank 1" in done.stderr
     (log,) = (out / "zeus").glob("*.jsonl")  # still written once, by the main process
     records = read_jsonl(log)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,7 +35,7 @@ def test_examples_run_data_parallel_and_are_measured_once_per_gpu(tmp_path):
         "--work",
         str(tmp_path / "work"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=380, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     report = json.loads((tmp_path / "report" / "example_overhead.json").read_text())
     assert report["gpus"] == 2

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store
 
@@ -228,7 +229,7 @@ def results(tmp_path_factory):
         )
     results = {}
     for case, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         results[case] = (proc.returncode, out, err)
     return results
 

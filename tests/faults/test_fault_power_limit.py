@@ -23,6 +23,7 @@ import pytest
 
 from tests.faults.power_limit_child import ORIGINAL_W
 from tests.test_power_limit_signals import SpyBackend
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
 from zeus_callbacks.reporting import read_jsonl
@@ -94,8 +95,8 @@ def cases(tmp_path_factory) -> dict[str, list[Case]]:
         )
         for c in planned
     ]
-    for case, proc in zip(planned, procs, strict=True):
-        case.stdout, case.stderr = proc.communicate(timeout=600)  # 15 children at once: slow on a loaded machine
+    for case, proc in zip(planned, procs, strict=True):  # 15 children at once: slow on a loaded machine
+        case.stdout, case.stderr = proc.communicate(timeout=CHILD_TIMEOUT_S)
         case.returncode = proc.returncode
     return {mode: [c for c in planned if c.mode == mode] for mode in MODES}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_pynvml import STATE_ENV, FakePyNVML
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ class Host:
     def run(self, log_dir: Path, steps: int = RUN_STEPS) -> dict:
         """Run a whole profiling run; returns its power-limit result (source, observe, observe_reason)."""
         done = subprocess.run([sys.executable, str(CHILD), str(log_dir), "run", str(steps)], cwd=ROOT,
-                              env=self.env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+                              env=self.env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)  # fmt: skip
         assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         return json.loads(line[len("RESULT ") :])
@@ -81,7 +82,8 @@ class Host:
     def restore(self, *args: str, visible: str | None = None) -> subprocess.CompletedProcess:
         """``zeus-callbacks restore ARGS`` on this host."""
         return subprocess.run([sys.executable, str(CHILD), "cli", "restore", *args], cwd=ROOT,
-                              env=self.env(visible), capture_output=True, text=True, timeout=120)  # fmt: skip
+                              env=self.env(visible), capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S)  # fmt: skip
 
     def config(self, log_dir: Path) -> Path:
         path = self.root / f"{log_dir.name}.yaml"
@@ -122,7 +124,7 @@ def test_a_second_profiler_on_the_same_gpu_observes_and_every_gpu_ends_at_its_or
     if host.limits_W()[0] != held_W:
         problems.append(f"the second run changed the first's limit {held_W} W to {host.limits_W()[0]} W")
     first.send_signal(signal.SIGTERM)
-    first.wait(timeout=60)
+    first.wait(timeout=CHILD_TIMEOUT_S)
     if host.limits_W() != ORIGINAL_W[:1]:
         problems.append(f"GPU ends at {host.limits_W()} W, not {ORIGINAL_W[:1]}")
     assert record_fault("restore protocol: two profilers on one GPU", not problems), problems
@@ -132,7 +134,7 @@ def test_a_killed_owner_is_put_back_by_the_next_run_elsewhere_then_its_marker_go
     """SIGKILL leaves the GPU changed; a run on another log dir restores the original before profiling."""
     first = host.hold(host.root / "a")
     first.kill()
-    first.wait(timeout=60)
+    first.wait(timeout=CHILD_TIMEOUT_S)
     assert host.limits_W()[0] != ORIGINAL_W[0] and (host.root / "a" / MARKER_NAME).exists()
     second = host.run(host.root / "b")  # another log dir: it cannot see the marker, only the GPU's record
     problems = []
@@ -169,7 +171,7 @@ def test_a_live_owner_is_refused_by_restore_and_by_a_run_on_its_log_dir(host, re
     if json.loads((log_dir / MARKER_NAME).read_text()) != marker or host.limits_W()[0] != held_W:
         problems.append("the live owner's marker or limit was touched")
     first.kill()  # now the owner dies: the marker is all that is left
-    first.wait(timeout=60)
+    first.wait(timeout=CHILD_TIMEOUT_S)
     done = host.restore("--config", str(host.config(log_dir)))
     if done.returncode != 0 or "power limit restored to 250 W" not in done.stdout:
         problems.append(f"restore after the owner died: rc {done.returncode}, {done.stdout} {done.stderr[-500:]}")
@@ -190,7 +192,7 @@ def test_a_restore_that_sees_fewer_gpus_restores_those_by_uuid_and_keeps_the_res
     log_dir = host2.root / "a"
     first = host2.hold(log_dir)  # changes both GPUs
     first.kill()
-    first.wait(timeout=60)
+    first.wait(timeout=CHILD_TIMEOUT_S)
     left_W = host2.limits_W()
     assert left_W[0] != ORIGINAL_W[0] and left_W[1] != ORIGINAL_W[1]
     problems = []
@@ -236,7 +238,7 @@ def test_the_fake_nvml_limit_outlives_its_process(host):
         "f = fake_nvml(); f.nvmlInit(); "
         "f.nvmlDeviceSetPowerManagementLimit(f.nvmlDeviceGetHandleByIndex(0), 333000)"
     )
-    subprocess.run([sys.executable, "-c", code, str(ROOT)], env=host.env(), check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code, str(ROOT)], env=host.env(), check=True, timeout=CHILD_TIMEOUT_S)
     assert host.limits_W() == [333.0]
     fake = FakePyNVML(state_path=host.state)
     fake.nvmlInit()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_power_limit import simulate_session
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.atomic_io import atomic_output, write_json_atomic
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -42,7 +43,9 @@ needs_second_user = pytest.mark.skipif(
 def as_other_user(*argv: str) -> None:
     """Run ``argv`` as ``nobody`` (no groups), as another user of the shared directory would."""
     subprocess.run(
-        ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", *argv], check=True, timeout=30
+        ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", *argv],
+        check=True,
+        timeout=CHILD_TIMEOUT_S,
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.session import EnergySession
@@ -166,7 +167,7 @@ def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind,
         time.sleep(0.02)
     with _Locked(kind, Path(cfg["store"]["path"])):
         locked.write_text("locked")
-        out, err = child.communicate(timeout=120)
+        out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
         pending = sorted((tmp_path / "logs" / recurring.PENDING_DIR).glob("*.json"))
     assert child.returncode == 0, err[-3000:]
     config = parse_config(cfg)

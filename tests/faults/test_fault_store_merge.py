@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.store_contract import FAULT_KINDS, new_location
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import controller as recurring
 
@@ -89,7 +90,9 @@ def _config(tmp_path: Path, kind: str, location: str) -> dict:
 
 
 def _python(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+    )
 
 
 def _state(config) -> tuple[list, int]:

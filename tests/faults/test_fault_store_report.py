@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.store_contract import FAULT_KINDS, _open, new_location
+from tests.timeouts import CHILD_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "nightly"
@@ -72,7 +73,7 @@ def test_a_report_killed_records_outcome_and_bandit_update_both_or_neither(tmp_p
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=CHILD_TIMEOUT_S,
     )
     lines = child.stdout.strip().splitlines()
     before = json.loads(lines[0]) if lines else {}

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.cli import main as cli
 from zeus_callbacks.config import TargetConfig, ZeusConfig
 from zeus_callbacks.session import EnergySession
@@ -143,7 +144,7 @@ def test_file_level_mistakes_through_the_command(tmp_path, record_fault):
     procs = {path: _command("validate-config", str(path)) for path in expected}
     failures = {}
     for path, proc in procs.items():
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         ok = (
             proc.returncode == 1
             and str(path) in err
@@ -232,7 +233,7 @@ def test_bad_store_file_is_refused_by_the_command(tmp_path, command, kind, what,
     make(kind, path)
     before = path.read_bytes()
     proc = _command(*STORE_COMMANDS[command](path))
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
     ok = (
         proc.returncode not in (0, None)
         and str(path) in err
@@ -289,7 +290,7 @@ def test_restore_refuses_and_keeps_what_is_not_a_marker(tmp_path, name, record_f
         path.write_bytes(NOT_MARKERS[name])
     before = _snapshot(path)
     proc = _command("restore", "--marker", str(path))
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
     messages = [line for line in err.splitlines() if "restore marker" in line]
     ok = (
         proc.returncode == 1
@@ -321,7 +322,7 @@ def test_out_of_range_arguments_are_refused_by_argparse(record_fault):
     procs = {case: _command(*args) for case, args in ARGUMENT_CASES.items()}
     failures = {}
     for case, proc in procs.items():
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         option = next(a for a in ARGUMENT_CASES[case] if a.startswith("--"))
         last = err.strip().splitlines()[-1] if err.strip() else ""
         # argparse's usage error: status 2, the option named on the last line, nothing run
@@ -355,7 +356,7 @@ def test_runtime_input_errors_are_one_message(tmp_path, record_fault):
     procs = {case: _command(*args) for case, (args, _) in cases.items()}
     failures = {}
     for case, proc in procs.items():
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         says = cases[case][1]
         ok = proc.returncode == 1 and says in err and "Traceback" not in err
         if not record_fault("bad input: command input file", ok):
@@ -390,7 +391,7 @@ def test_reading_commands_never_write_the_store(tmp_path, what, command, record_
         else ("plot", "bandit", str(path), "job", "-o", str(tmp_path / "bandit.png"))
     )
     proc = _command(*args)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     # show: 0 on a store; plot bandit: 1 (the trial never finished); both 1 on what is not a store
     expected = (0 if command == "show" else 1) if is_store else 1

@@ -21,6 +21,7 @@ import pytest
 
 from tests.golden.harness import Loop, Rig, check_golden, finish, run_loop, start, store_lines
 from tests.golden.tolerance import scenario_tolerance, solve_conditioning
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks import suggest_batch_size
 
 
@@ -154,7 +155,7 @@ TWO_RANK_JOB = Path(__file__).with_name("two_rank_job.py")
 def test_two_rank_peer_matches_golden(tmp_path):
     """Two real processes (gloo): rank 0's log and what both ranks saw, the peer included."""
     command = [sys.executable, str(TWO_RANK_JOB), str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = []
     for rank in range(2):
