@@ -162,7 +162,7 @@ def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + CHILD_TIMEOUT_S  # a hang guard: start-up is slow under load
     while not started.exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     with _Locked(kind, Path(cfg["store"]["path"])):
