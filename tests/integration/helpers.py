@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import ZeusConfig
@@ -54,17 +55,21 @@ class SampledClock(ManualClock):
     """A manual clock after whose every advance the session's sampler has read the sensor.
 
     A step report holds the steps the power samples cover. The sampler thread reads on the wall
-    clock, so on a loaded machine how many steps a report held depended on when that thread ran
-    (2 reports of 20 steps instead of 6, in CI). Set ``session`` once the callback exists.
+    clock, so how many steps a report held depended on when that thread ran (2 reports of 20 steps
+    instead of 6, in CI). Set ``adapter`` to the callback once it exists: the clock reads its
+    ``session`` at each advance, because the callback makes a new session when training begins
+    (a session taken at construction is never started, and no read happened).
     """
 
     def __init__(self, start_s: float = 0.0) -> None:
         super().__init__(start_s)
-        self.session = None
+        self.adapter = None
+        self.reads = 0  # sensor reads this clock had made: a test can check it drove them
 
     def advance(self, dt_s: float) -> float:
         now_s = super().advance(dt_s)
-        session = self.session
+        session = None if self.adapter is None else self.adapter.session
         if session is not None and session.started:
-            session.run.sampler.poll_bounded(read_counter=False)
+            session.run.sampler.poll_bounded(read_counter=False, timeout_s=CHILD_TIMEOUT_S)
+            self.reads += 1
         return now_s

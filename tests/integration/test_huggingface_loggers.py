@@ -38,7 +38,7 @@ def clocked_run(config: dict, step_s: float = 0.03):
     """
     clock = SampledClock(1_000.0)
     callback = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
-    clock.session = callback.session
+    clock.adapter = callback
     return callback, clocked_lm(clock, step_s)
 
 
