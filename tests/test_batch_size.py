@@ -230,6 +230,20 @@ def test_censored_costs_stay_out_of_the_noise_variance_and_count_at_their_tail_m
     assert bandit.observations(completed_only=True) == {32: [(100.0, 1), (100.0, 2)]}  # ages: 190 is 0
 
 
+def test_an_early_stopped_run_that_reached_the_target_is_an_uncensored_converged_observation(store):
+    # Issue 26: stopped on cost, then its last evaluation reached the target. Its cost is its cost to
+    # the target (not a cut), so it is reported converged and enters the noise variance as is.
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, pruning_rounds=1))
+    s = bandit.suggest()
+    finished = bandit.report(s.trial_id, energy_J=1, time_s=1, cost=150.0, converged=True, status="early_stopped")
+    assert (finished.status, finished.converged) == ("early_stopped", True)
+    assert bandit.observations(completed_only=True) == {32: [(150.0, 0)]}
+    assert bandit.min_cost == 150.0  # a converged cost: the job's best so far
+    t = store.create_trial("job", 64)
+    failed = bandit.report(t.trial_id, energy_J=1, time_s=1, cost=90.0, converged=True, status="failed")
+    assert not failed.converged and bandit.min_cost == 150.0  # a failed run never converged
+
+
 def test_gaussian_tail_mean_by_hand():
     # Half-normal: E[X | X > 0] for N(0, 1) is sqrt(2/pi).
     assert gaussian_tail_mean(0.0, 1.0, 0.0) == pytest.approx(math.sqrt(2 / math.pi))
