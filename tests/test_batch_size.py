@@ -127,8 +127,8 @@ def test_min_cost_only_from_converged_and_early_stop_threshold(store):
     bandit.report(s.trial_id, energy_J=1, time_s=1, cost=300.0, converged=True)
     assert bandit.min_cost == 300.0 and bandit.early_stop_threshold() == 600.0
     s = bandit.suggest()  # 16
-    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=40.0, converged=True, status="early_stopped")
-    assert bandit.min_cost == 300.0  # an early-stopped run never sets min_cost
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=40.0, converged=False, status="early_stopped")
+    assert bandit.min_cost == 300.0  # an early-stopped run that did not reach the target never sets min_cost
     s = bandit.suggest()  # the early stop ended the downward direction: 128
     assert s.batch_size == 128
 
