@@ -179,20 +179,33 @@ def test_the_profiler_measures_until_an_interval_has_its_executions():
     assert res.ci_reason is None and res.energy_ci_J is not None and res.target_met
 
 
-def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_path, capsys):
+def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_path, capsys, monkeypatch):
     # The command end to end on the virtual GPU (real clock): a 0.3 s kernel against --max-time 0.2
     # measures one execution whatever the machine's load (a sleep lasts at least its time).
-    from zeus_callbacks.cli import main
+    from matplotlib.figure import Figure
+    from PIL import Image
 
+    from zeus_callbacks.cli import main
+    from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK
+
+    titles: list[str] = []  # each figure's axes titles as matplotlib saves it (then it is saved)
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (titles.extend(ax.get_title() for ax in fig.axes),
+                                                                  save(fig, *a, **k))[1])  # fmt: skip
     args = ["profile-kernel", "tests.test_profiler:sleepy_kernel", "--backend", "virtual", "--mode", "isolated",
-            "--max-time", "0.2", "--no-progress"]  # fmt: skip
+            "--max-time", "0.2", "--no-progress", "--plot", str(tmp_path / "k.png")]  # fmt: skip
     assert main([*args, "--json", str(tmp_path / "k.json")]) == 0
     out = capsys.readouterr().out
     assert "no 95% CI" in out and "no confidence interval: 1 execution measured" in out
-    assert "SIMULATED (virtual GPU)" in out and "95% CI [" not in out
+    assert "SIMULATED (virtual GPU)" in out and "95% CI [" not in out and "over 1 execution (" in out
     data = json.loads((tmp_path / "k.json").read_text())
     assert data["executions_used"] == 1 and data["energy_ci_J"] is None and data["target_met"] is False
     assert data["simulated"] is True and "at least 4" in data["ci_reason"]
+    # Both plots of a profile without an interval: no band, "no 95 % CI" in the title, marked simulated.
+    assert main(["plot", "profile", str(tmp_path / "k.json"), "-o", str(tmp_path / "again.png")]) == 0
+    for png in ("k.png", "again.png"):
+        assert Image.open(tmp_path / png).text[SIMULATED_KEY] == SIMULATED_MARK
+    assert len(titles) == 2 and all("no 95 % CI" in t and t.endswith(", 1 execution") for t in titles)
 
 
 def sleepy_kernel() -> None:

@@ -195,7 +195,7 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
         interval = f"95 % CI [{lo * 1e3:.3g}, {hi * 1e3:.3g}] mJ"
     ax.set_title(
         f"{result.name} ({result.mode})\n{result.energy_J * 1e3:.3g} mJ/execution, {interval}, "
-        f"{result.executions_used} executions",
+        f"{result.executions_used} execution{'' if result.executions_used == 1 else 's'}",
         fontsize=10,
     )
     ax.set_xlabel("time since execution start (ms)")

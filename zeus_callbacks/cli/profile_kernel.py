@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         f"{result.name} ({result.mode}, {result.timer}) on {result.device}"
         + ("\n  SIMULATED (virtual GPU): power from a trace, not measured" if result.simulated else "")
         + f"\n  energy/execution {result.energy_J * 1e3:.4g} mJ{interval}"
-        f"  over {result.executions_used} executions ({result.executions_dropped} dropped)\n"
+        f"  over {result.executions_used} execution{'' if result.executions_used == 1 else 's'}"
+        f" ({result.executions_dropped} dropped)\n"
         f"  duration {result.duration_s * 1e3:.4g} ms, mean power {result.energy_J / result.duration_s:.1f} W, "
         f"baseline {result.baseline_W if result.baseline_W is None else round(result.baseline_W, 1)} W "
         f"({result.baseline_source})"
