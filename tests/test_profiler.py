@@ -183,8 +183,8 @@ def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_pat
     # The command end to end on the virtual GPU (real clock): a 0.3 s kernel against --max-time 0.2
     # measures one execution whatever the machine's load (a sleep lasts at least its time).
     from matplotlib.figure import Figure
-    from PIL import Image
 
+    from tests.png_text import png_text
     from zeus_callbacks.cli import main
     from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK
 
@@ -204,7 +204,7 @@ def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_pat
     # Both plots of a profile without an interval: no band, "no 95 % CI" in the title, marked simulated.
     assert main(["plot", "profile", str(tmp_path / "k.json"), "-o", str(tmp_path / "again.png")]) == 0
     for png in ("k.png", "again.png"):
-        assert Image.open(tmp_path / png).text[SIMULATED_KEY] == SIMULATED_MARK
+        assert png_text(tmp_path / png)[SIMULATED_KEY] == SIMULATED_MARK
     assert len(titles) == 2 and all("no 95 % CI" in t and t.endswith(", 1 execution") for t in titles)
 
 

@@ -2,7 +2,7 @@
 
 Issue 26 item 3. Each case runs the real :class:`~zeus_callbacks.session.EnergySession`, profiler
 or command on the virtual GPU and reads back what a user gets: the JSONL log, the summary, the
-``report`` text, the PNG's text chunks (``PIL.Image.open(...).text``) and the figure's title and
+``report`` text, the PNG's text chunks (:func:`tests.png_text.png_text`) and the figure's title and
 texts as matplotlib saves them (a spy on ``Figure.savefig`` that records and then saves).
 """
 
@@ -12,8 +12,8 @@ import json
 
 import pytest
 from matplotlib.figure import Figure
-from PIL import Image
 
+from tests.png_text import png_text
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
@@ -105,7 +105,7 @@ def test_power_limit_results_on_the_real_clock_say_time_is_not_simulated(tmp_pat
     assert f"TIME NOT SIMULATED: {note}" in report
     # The PNG written during the run: marked simulated, with the note, on the figure and in its text chunks.
     png = tmp_path / "pl.power_limit.png"
-    chunks = Image.open(png).text
+    chunks = png_text(png)
     assert chunks[SIMULATED_KEY] == SIMULATED_MARK and chunks[TIME_NOTE_KEY] == note
     (texts,) = saved_figures
     assert SIMULATED_MARK in texts
@@ -120,7 +120,7 @@ def test_the_simulator_clock_applies_the_trace_time_and_has_no_note(tmp_path, sa
     (profile_rec,) = [r for r in records if r["event"] == "power_limit_profile"]
     assert summary.time_note is None and profile_rec["time_note"] is None
     assert "TIME NOT SIMULATED" not in str(summary)
-    chunks = Image.open(tmp_path / "pl.power_limit.png").text
+    chunks = png_text(tmp_path / "pl.power_limit.png")
     assert chunks[SIMULATED_KEY] == SIMULATED_MARK and TIME_NOTE_KEY not in chunks
     (texts,) = saved_figures
     assert SIMULATED_MARK in texts and not any("TIME NOT SIMULATED" in t for t in texts)
@@ -130,7 +130,7 @@ def test_plot_power_limit_from_a_log_carries_the_mark_and_the_note(tmp_path, sav
     summary, _ = _profile_run(tmp_path, CpuClock(1_000.0), scale_by_trace=False)
     out = tmp_path / "again.png"
     assert main(["plot", "power-limit", str(summary.jsonl_path), "-o", str(out)]) == 0
-    chunks = Image.open(out).text
+    chunks = png_text(out)
     assert chunks[SIMULATED_KEY] == SIMULATED_MARK and chunks[TIME_NOTE_KEY] == summary.time_note
     assert SIMULATED_MARK in saved_figures[-1]
 
@@ -152,10 +152,10 @@ def test_profile_json_and_both_profile_plots_say_simulated(tmp_path, saved_figur
     result = _virtual_profile(tmp_path, 0.005, mode="isolated", target_ci=0.1, max_time_s=5.0)
     assert result.simulated
     assert json.loads((tmp_path / "k.json").read_text())["simulated"] is True
-    assert Image.open(tmp_path / "k.png").text[SIMULATED_KEY] == SIMULATED_MARK  # profile-kernel --plot
+    assert png_text(tmp_path / "k.png")[SIMULATED_KEY] == SIMULATED_MARK  # profile-kernel --plot
     out = tmp_path / "again.png"
     assert main(["plot", "profile", str(tmp_path / "k.json"), "-o", str(out)]) == 0  # plot profile
-    assert Image.open(out).text[SIMULATED_KEY] == SIMULATED_MARK
+    assert png_text(out)[SIMULATED_KEY] == SIMULATED_MARK
     assert len(saved_figures) == 2 and all(SIMULATED_MARK in texts for texts in saved_figures)
 
 
