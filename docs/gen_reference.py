@@ -356,6 +356,10 @@ FIELDS: dict[str, str] = {
     "run trained at the trial limits, and `limits` holds what was measured (a warning says so too); true "
     "otherwise.",
     "power_limit_profile.message": "The same outcome in words (also in the Python log).",
+    "power_limit_profile.time_note": "On the virtual GPU with the real clock (a training run, not `simulate`): "
+    "power is simulated but time is not, so every limit's steps take this machine's time and a lower limit's "
+    "lower energy is no saving; the note says so and quotes the trace's slowdown. Null otherwise (a real GPU, "
+    "the simulator, observe mode).",
     "trial_id": "Id of the recurrence's trial in the store (`store.path`).",
     "batch_size.batch_size": "Batch size the run uses (the bandit's suggestion unless the run reported another).",
     "batch_size.phase": "Bandit phase when it chose: `pruning` or `thompson` (Zeus NSDI '23, §4.2-4.4).",
@@ -363,7 +367,8 @@ FIELDS: dict[str, str] = {
     "null before any recurrence converged.",
     "trial.batch_size": "Batch size recorded for the trial.",
     "trial.status": "`completed`, `early_stopped` (cost passed the threshold) or `failed` (crashed).",
-    "trial.converged": "Whether the run reached `batch_size.target`.",
+    "trial.converged": "Whether the run reached `batch_size.target`, at any evaluation: an `early_stopped` "
+    "run whose evaluation after the stop reached it converged too.",
     "trial.cost": "ZeusCost of the run: `eta_knob`·E + (1 − `eta_knob`)·MaxPower·T (J-equivalent).",
     "trial.stop_reason": "Why the run was stopped early; null if it was not.",
     "exception.type": "Exception class name (e.g. `RuntimeError`, `KeyboardInterrupt`).",

@@ -127,8 +127,8 @@ def test_min_cost_only_from_converged_and_early_stop_threshold(store):
     bandit.report(s.trial_id, energy_J=1, time_s=1, cost=300.0, converged=True)
     assert bandit.min_cost == 300.0 and bandit.early_stop_threshold() == 600.0
     s = bandit.suggest()  # 16
-    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=40.0, converged=True, status="early_stopped")
-    assert bandit.min_cost == 300.0  # an early-stopped run never sets min_cost
+    bandit.report(s.trial_id, energy_J=1, time_s=1, cost=40.0, converged=False, status="early_stopped")
+    assert bandit.min_cost == 300.0  # an early-stopped run that did not reach the target never sets min_cost
     s = bandit.suggest()  # the early stop ended the downward direction: 128
     assert s.batch_size == 128
 
@@ -228,6 +228,20 @@ def test_censored_costs_stay_out_of_the_noise_variance_and_count_at_their_tail_m
     assert post.noise_var == pytest.approx((0.05 * mean) ** 2)
     assert post.mean == pytest.approx((130 * tau0 + 3 * mean / post.noise_var) / (tau0 + 3 / post.noise_var))
     assert bandit.observations(completed_only=True) == {32: [(100.0, 1), (100.0, 2)]}  # ages: 190 is 0
+
+
+def test_an_early_stopped_run_that_reached_the_target_is_an_uncensored_converged_observation(store):
+    # Issue 26: stopped on cost, then its last evaluation reached the target. Its cost is its cost to
+    # the target (not a cut), so it is reported converged and enters the noise variance as is.
+    bandit = BatchSizeBandit(store, "job", BanditSettings((32, 64), 32, pruning_rounds=1))
+    s = bandit.suggest()
+    finished = bandit.report(s.trial_id, energy_J=1, time_s=1, cost=150.0, converged=True, status="early_stopped")
+    assert (finished.status, finished.converged) == ("early_stopped", True)
+    assert bandit.observations(completed_only=True) == {32: [(150.0, 0)]}
+    assert bandit.min_cost == 150.0  # a converged cost: the job's best so far
+    t = store.create_trial("job", 64)
+    failed = bandit.report(t.trial_id, energy_J=1, time_s=1, cost=90.0, converged=True, status="failed")
+    assert not failed.converged and bandit.min_cost == 150.0  # a failed run never converged
 
 
 def test_gaussian_tail_mean_by_hand():

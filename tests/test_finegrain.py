@@ -315,3 +315,35 @@ def test_regular_pauses_collinear_with_the_executions_stay_bounded():
     assert res.gap_time_s == pytest.approx(1799 * 1e-4)
     assert BASE_W < res.gap_power_W < 600.0
     assert res["all"].energy_J == pytest.approx(500.0 * 1e-3, rel=0.05)
+
+
+@pytest.mark.parametrize("confidence", [0.90, 0.95, 0.99])
+def test_an_interval_needs_the_executions_its_bootstrap_needs(confidence):
+    """Below :func:`min_executions_for_interval` a percentile bootstrap over executions returns the data's range.
+
+    Shown on the bootstrap itself, not on the rule: resample ``n`` distinct values with replacement
+    (seeded, 40 000 replicates) and take the tail quantiles of the replicate means. With one fewer
+    than the minimum, a tail quantile is an extreme replicate (one value ``n`` times, probability
+    ``n**-n`` at least the tail's share): an interval end equals a single execution's value. At the
+    minimum both ends fall strictly inside the data's range, as an interval for a mean should.
+    """
+    from zeus_callbacks.measurement.finegrain import interval_reason, min_executions_for_interval
+
+    need = min_executions_for_interval(confidence)
+    alpha = (1 - confidence) / 2
+    rng = np.random.default_rng(0)
+
+    def ends(n):
+        values = np.arange(1.0, n + 1)  # distinct executions' energies
+        means = values[rng.integers(0, n, (40_000, n))].mean(axis=1)
+        return np.quantile(means, [alpha, 1 - alpha]), values
+
+    (lo, hi), values = ends(need - 1)
+    assert lo == values.min() or hi == values.max()  # an end is one execution's own value
+    (lo, hi), values = ends(need)
+    assert values.min() < lo and hi < values.max()
+    assert interval_reason(need, confidence) is None
+    assert f"at least {need}" in interval_reason(need - 1, confidence)
+    assert min_executions_for_interval(0.95) == 4  # the figure the docs quote
+    with pytest.raises(ValueError, match="confidence"):
+        min_executions_for_interval(1.0)

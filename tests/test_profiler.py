@@ -134,3 +134,82 @@ def test_isolated_gap_leaves_idle_samples_around_each_execution():
     assert isolated_gap_s(0.02) == pytest.approx((0.16, 0.26))
     # A 1 ms sensor keeps the floors of the margins (40 ms, 100 ms).
     assert isolated_gap_s(0.001) == pytest.approx((0.141, 0.146))
+
+
+def test_one_execution_has_no_interval_and_does_not_meet_the_target(tmp_path):
+    # Issue 26: the README's command measured one execution and printed a 95 % CI of width 0 with
+    # target_met true. Here one 2 s execution outlasts max_time_s = 1.5 s: one measured execution.
+    backend, _, _, _ = make()
+    clock = backend.clock
+
+    def long_kernel():
+        backend.set_utilization(1.0)
+        clock.advance(2.0)
+        backend.set_utilization(0.0)
+
+    res = profile(long_kernel, mode="isolated", backend=backend, target_ci=0.5, min_time_s=1.0, max_time_s=1.5,
+                  n_boot=50, json_path=tmp_path / "one.json")  # fmt: skip
+    assert res.executions_used == 1
+    assert res.energy_ci_J is None and res.dynamic_energy_ci_J is None and res.power_ci_W is None
+    assert res.rel_ci_halfwidth is None and not res.target_met
+    assert "1 execution measured" in res.ci_reason and "at least 4" in res.ci_reason
+    data = json.loads((tmp_path / "one.json").read_text())
+    assert data["energy_ci_J"] is None and data["power_ci_W"] is None and data["rel_ci_halfwidth"] is None
+    assert data["target_met"] is False and data["ci_reason"] == res.ci_reason
+    assert res.energy_J > 0  # the point estimate stays: only the interval is not there
+
+
+def test_the_profiler_measures_until_an_interval_has_its_executions():
+    # 0.6 s executions: at min_time_s = 1 s two are measured, and two noise-free-ish executions give a
+    # bootstrap width near 0 that "meets" a 20 % target. The profiler goes on until it has the 4 an
+    # interval needs at 95 % (min_executions_for_interval) before it may stop on the target.
+    from zeus_callbacks.measurement.finegrain import min_executions_for_interval
+
+    backend, _, _, _ = make()
+    clock = backend.clock
+
+    def slow_kernel():
+        backend.set_utilization(1.0)
+        clock.advance(0.6)
+        backend.set_utilization(0.0)
+
+    res = profile(slow_kernel, mode="isolated", backend=backend, target_ci=0.2, min_time_s=1.0, max_time_s=20.0,
+                  n_boot=50)  # fmt: skip
+    assert res.executions_used >= min_executions_for_interval(0.95) == 4
+    assert res.ci_reason is None and res.energy_ci_J is not None and res.target_met
+
+
+def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_path, capsys, monkeypatch):
+    # The command end to end on the virtual GPU (real clock): a 0.3 s kernel against --max-time 0.2
+    # measures one execution whatever the machine's load (a sleep lasts at least its time).
+    from matplotlib.figure import Figure
+
+    from tests.png_text import png_text
+    from zeus_callbacks.cli import main
+    from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK
+
+    titles: list[str] = []  # each figure's axes titles as matplotlib saves it (then it is saved)
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (titles.extend(ax.get_title() for ax in fig.axes),
+                                                                  save(fig, *a, **k))[1])  # fmt: skip
+    args = ["profile-kernel", "tests.test_profiler:sleepy_kernel", "--backend", "virtual", "--mode", "isolated",
+            "--max-time", "0.2", "--no-progress", "--plot", str(tmp_path / "k.png")]  # fmt: skip
+    assert main([*args, "--json", str(tmp_path / "k.json")]) == 0
+    out = capsys.readouterr().out
+    assert "no 95% CI" in out and "no confidence interval: 1 execution measured" in out
+    assert "SIMULATED (virtual GPU)" in out and "95% CI [" not in out and "over 1 execution (" in out
+    data = json.loads((tmp_path / "k.json").read_text())
+    assert data["executions_used"] == 1 and data["energy_ci_J"] is None and data["target_met"] is False
+    assert data["simulated"] is True and "at least 4" in data["ci_reason"]
+    # Both plots of a profile without an interval: no band, "no 95 % CI" in the title, marked simulated.
+    assert main(["plot", "profile", str(tmp_path / "k.json"), "-o", str(tmp_path / "again.png")]) == 0
+    for png in ("k.png", "again.png"):
+        assert png_text(tmp_path / png)[SIMULATED_KEY] == SIMULATED_MARK
+    assert len(titles) == 2 and all("no 95 % CI" in t and t.endswith(", 1 execution") for t in titles)
+
+
+def sleepy_kernel() -> None:
+    """A 0.3 s 'kernel' for the command's test (module:function, no arguments)."""
+    import time
+
+    time.sleep(0.3)

@@ -82,7 +82,7 @@ def test_target_stop_then_step_granular_early_stop(tmp_path):
     first_stop = next(i for i, d in enumerate(decisions) if d.stop_training)
     assert abs(first_stop - expected_stop) <= 1
     assert "exceeds beta_knob 2 x best cost" in decisions[first_stop].reason  # no pruning factor: beta_knob's
-    session.evaluate({"val/acc": 0.95})  # reaching the target after the stop does not make it converged
+    session.evaluate({"val/acc": 0.5})  # the evaluation after the stop misses the target: not converged
     summary = session.train_end()
     with open_store(tmp_path / "zeus_store.sqlite") as store:
         trial = store.list_trials("nightly")[-1]
@@ -95,6 +95,42 @@ def test_target_stop_then_step_granular_early_stop(tmp_path):
     # Third: 32 did not converge, so the downward direction ends; pruning goes up to 128.
     session, _, _ = new_run(tmp_path, "three")
     assert session.suggest_batch_size() == 128
+
+
+def test_cost_stop_then_target_reached_at_the_final_evaluation_counts_as_converged(tmp_path):
+    # Issue 26: a run stopped on cost, then validated once more as the framework ends training
+    # (Lightning validates after should_stop), reaches the target there. It converged: the trial
+    # says so in the SQLite store, with the stop reason kept, and its batch size survives pruning.
+    session, _, clock = new_run(tmp_path, "one")
+    session.train_start(run_name="one")
+    for i in range(10):
+        step(session, clock, i)
+    assert session.evaluate({"val/acc": 0.85}).stop_training  # 64 converges: the best cost
+    session.train_end()
+
+    session, _, clock = new_run(tmp_path, "two", prune_cost_ratio=None)  # beta_knob 2 stops it at ~2x
+    session.train_start(run_name="two")
+    assert session.suggest_batch_size() == 32
+    stopped = next(i for i in range(40) if step(session, clock, i).stop_training)
+    reason = session.evaluate({"val/acc": 0.95})  # after the stop: the target (0.8) is reached
+    assert reason.stop_training and "exceeds beta_knob" in reason.reason  # the cost stop's reason stands
+    session.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        trial = store.list_trials("nightly")[-1]
+        assert (trial.batch_size, trial.status, trial.converged) == (32, "early_stopped", True)
+        assert trial.info["stop_reason"].startswith("cost") and stopped > 10
+
+    # Pruning goes up from the start (no size below 32): 128 converges and ends the round.
+    session, _, clock = new_run(tmp_path, "three", prune_cost_ratio=None)
+    session.train_start(run_name="three")
+    assert session.suggest_batch_size() == 128
+    for i in range(10):
+        step(session, clock, i)
+    session.evaluate({"val/acc": 0.85})
+    session.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        state = store.get_bandit("nightly").state
+    assert 32 in state["survivors"]  # converged after its stop: still a candidate
 
 
 def test_pruning_candidate_stop_names_the_pruning_ratio(tmp_path):

@@ -6,6 +6,7 @@ Needs the ``plot`` extra: ``pip install 'zeus-callbacks[plot]'``.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,13 @@ if TYPE_CHECKING:
 
 
 SIMULATED_MARK = "simulated (virtual GPU)"
-"""Written on every figure drawn from virtual-GPU data."""
+"""Written on every figure drawn from virtual-GPU data, and in its PNG's ``Simulated`` text chunk."""
+
+SIMULATED_KEY = "Simulated"
+"""PNG text chunk (tEXt keyword) that holds :data:`SIMULATED_MARK` in a figure of virtual-GPU data."""
+
+TIME_NOTE_KEY = "Time note"
+"""PNG text chunk that holds a power-limit profile's ``time_note`` (time not simulated on the virtual GPU)."""
 
 
 def _pyplot() -> Any:
@@ -44,6 +51,14 @@ def _mark_simulated(fig: Any) -> None:
     fig.text(0.99, 0.99, SIMULATED_MARK, ha="right", va="top", fontsize=9, color="tab:red", fontweight="bold")
 
 
+def _note_at_bottom(fig: Any, note: str, *, width: int = 90) -> None:
+    """Write ``note`` under the axes, wrapped, in red; the axes move up to make room."""
+    lines = textwrap.fill(note, width, break_on_hyphens=False)
+    line_h = 7 * 1.25 / 72 / fig.get_figheight()  # a 7 pt line, as a share of the figure's height
+    fig.tight_layout(rect=(0, line_h * (lines.count("\n") + 1) + 0.02, 1, 1))
+    fig.text(0.01, 0.01, lines, ha="left", va="bottom", fontsize=7, color="tab:red")
+
+
 def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], keep: set[int]) -> None:
     """Annotate points, dropping a label that would overlap one already placed (those in ``keep`` first)."""
     renderer = ax.figure.canvas.get_renderer()
@@ -60,15 +75,26 @@ def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], 
             text.remove()
 
 
-def _save(fig: Any, path: str | Path, *, dpi: int) -> None:
+def _save(fig: Any, path: str | Path, *, dpi: int, text: dict[str, str] | None = None) -> None:
     """Write ``fig`` to ``path`` atomically, following no link planted there (docs/shared-clusters.md).
 
     The format is the file's suffix where matplotlib knows it (``.png``, ``.pdf``, ``.svg``, ...), else PNG.
+    A PNG gets ``text`` as text chunks (keyword → value, e.g. :data:`SIMULATED_KEY`), so a program can
+    tell a simulated figure without looking at it.
     """
     suffix = Path(path).suffix.lower().lstrip(".")
     fmt = suffix if suffix in fig.canvas.get_supported_filetypes() else "png"
+    metadata = dict(text or {}) if fmt == "png" else None
     with atomic_output(path, "wb") as fh:
-        fig.savefig(fh, format=fmt, dpi=dpi)
+        fig.savefig(fh, format=fmt, dpi=dpi, metadata=metadata)
+
+
+def _text_chunks(simulated: bool, time_note: str | None = None) -> dict[str, str]:
+    """The PNG text chunks of a figure: the simulated mark and a time note, where they apply."""
+    chunks = {SIMULATED_KEY: SIMULATED_MARK} if simulated else {}
+    if time_note:
+        chunks[TIME_NOTE_KEY] = time_note
+    return chunks
 
 
 def plot_profile(
@@ -78,6 +104,7 @@ def plot_profile(
     *,
     partial: bool = False,
     simulated: bool = False,
+    time_note: str | None = None,
 ) -> Path:
     """Plot time vs energy per step of each profiled limit, the chosen one highlighted.
 
@@ -87,7 +114,10 @@ def plot_profile(
         chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
         path: The image file to write (PNG).
         partial: The profile did not finish (said in the title).
-        simulated: The data come from the virtual GPU (marked on the figure).
+        simulated: The data come from the virtual GPU (marked on the figure and in the PNG's
+            :data:`SIMULATED_KEY` text chunk).
+        time_note: Why the times are not simulated (the profile's ``time_note``): written under
+            the axes and in the PNG's :data:`TIME_NOTE_KEY` text chunk; None: nothing to say.
 
     Returns:
         The path written.
@@ -112,12 +142,15 @@ def plot_profile(
         ax.set_title("Power-limit profile" + (" (partial: profiling did not finish)" if partial else ""))
         if chosen_limit_W is not None:
             ax.legend(loc="best")
-        fig.tight_layout()
+        if time_note:  # before the labels: they are placed where the axes end up
+            _note_at_bottom(fig, f"TIME NOT SIMULATED: {time_note}")
+        else:
+            fig.tight_layout()
         _label_without_overlap(ax, [(x, y, f"{r['limit_W']:.0f} W") for r, x, y in zip(rows, xs, ys, strict=True)],
                                chosen)  # fmt: skip
         if simulated:
             _mark_simulated(fig)
-        _save(fig, path, dpi=100)
+        _save(fig, path, dpi=100, text=_text_chunks(simulated, time_note))
     finally:
         plt.close(fig)
     return path
@@ -129,6 +162,10 @@ def _measured(value: Any) -> bool:
 
 def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
     """Save a kernel's power profile over its execution timeline, with its 95 % CI band (FinGraV).
+
+    A profile without a CI (too few executions, ``result.ci_reason``) has no band and says so in
+    the title; one from the virtual GPU is marked simulated (on the figure and in the PNG's
+    :data:`SIMULATED_KEY` text chunk).
 
     Args:
         result: A profile from :func:`zeus_callbacks.measurement.profiler.profile`.
@@ -142,27 +179,34 @@ def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
     """
     plt = _pyplot()
     t_ms = np.asarray(result.time_s) * 1e3
-    band = np.asarray(result.power_ci_W)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.fill_between(t_ms, band[0], band[1], alpha=0.3, step="mid", label="95 % CI")
+    if result.power_ci_W is not None:
+        band = np.asarray(result.power_ci_W)
+        ax.fill_between(t_ms, band[0], band[1], alpha=0.3, step="mid", label="95 % CI")
     ax.step(t_ms, result.power_W, where="mid", label="power profile")
     ax.axvline(0.0, color="k", lw=0.8, ls=":")
     ax.axvline(result.duration_s * 1e3, color="k", lw=0.8, ls=":")
     if result.baseline_W is not None:
         ax.axhline(result.baseline_W, color="grey", lw=0.8, ls="--", label=f"baseline {result.baseline_W:.0f} W")
-    lo, hi = result.energy_ci_J
+    if result.energy_ci_J is None:
+        interval = "no 95 % CI (too few executions)"
+    else:
+        lo, hi = result.energy_ci_J
+        interval = f"95 % CI [{lo * 1e3:.3g}, {hi * 1e3:.3g}] mJ"
     ax.set_title(
-        f"{result.name} ({result.mode})\n{result.energy_J * 1e3:.3g} mJ/execution, 95 % CI [{lo * 1e3:.3g}, "
-        f"{hi * 1e3:.3g}] mJ, {result.executions_used} executions",
+        f"{result.name} ({result.mode})\n{result.energy_J * 1e3:.3g} mJ/execution, {interval}, "
+        f"{result.executions_used} execution{'' if result.executions_used == 1 else 's'}",
         fontsize=10,
     )
     ax.set_xlabel("time since execution start (ms)")
     ax.set_ylabel("power (W)")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
+    if result.simulated:
+        _mark_simulated(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, path, dpi=110)
+    _save(fig, path, dpi=110, text=_text_chunks(result.simulated))
     plt.close(fig)
     return path
 
@@ -206,6 +250,6 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
         _mark_simulated(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, path, dpi=120)
+    _save(fig, path, dpi=120, text=_text_chunks(simulated))
     plt.close(fig)
     return path

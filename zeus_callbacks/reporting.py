@@ -214,6 +214,10 @@ class RunSummary:
             that ended after a failure (each rank ends alone), that the figures are this process's
             GPUs only (`world_size` of them; the summary and `report` print it as `PARTIAL:`). None
             otherwise.
+        time_note: Power-limit profiling on the virtual GPU with the real clock: its power is simulated
+            but its time is not (a lower limit does not slow the steps as the trace says), so the
+            profile compares limits at equal time and a lower limit's lower energy is no saving
+            (the summary and ``report`` print it as ``TIME NOT SIMULATED:``). None otherwise.
         coverage: Share of the run's time the power samples cover, in [0, 1] (the least over ranks).
         complete: True when the samples cover the whole run (coverage 1).
         counter_resets: Times an energy counter went backwards (each leaves one interval out of the
@@ -263,6 +267,7 @@ class RunSummary:
     measurement: str = "measured"
     simulated: bool = False
     measurement_note: str | None = None
+    time_note: str | None = None
     coverage: float | None = None
     complete: bool = True
     counter_resets: int = 0
@@ -341,6 +346,8 @@ class RunSummary:
             lines.append(
                 f"  INCOMPLETE: samples cover {100 * self.coverage:.1f} % of the run; energy is that part's only"
             )
+        if self.time_note:
+            lines.append(f"  TIME NOT SIMULATED: {self.time_note}")
         if self.energy_source != "samples":
             lines.append(
                 f"  energy source {self.energy_source} (counter resolution {fmt(self.counter_resolution_J, 'J')})"

@@ -59,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
             partial = profile.get("finished") is False
             start = next((r for r in records if r.get("event") == "run_start"), {})
             simulated = str(start.get("backend", "")).startswith("virtual")
+            simulated = simulated or bool(profile.get("simulated"))
+            end = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
+            time_note = profile.get("time_note") or end.get("time_note")
             rows, chosen = profile_rows(profile, args.source)
-            plot_profile(rows, chosen, out, partial=partial, simulated=simulated)
+            plot_profile(rows, chosen, out, partial=partial, simulated=simulated,
+                         time_note=time_note if isinstance(time_note, str) else None)  # fmt: skip
             if partial:
                 print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
         elif args.what == "profile":

@@ -127,21 +127,32 @@ def run(args: argparse.Namespace) -> int:
     if to_stdout:
         print(json.dumps(result.as_dict(), indent=1))
         return 0
-    lo, hi = result.energy_ci_J
+    if result.energy_ci_J is None:
+        interval = "  no 95% CI"
+    else:
+        lo, hi = result.energy_ci_J
+        interval = f"  95% CI [{lo * 1e3:.4g}, {hi * 1e3:.4g}] mJ"
     print(
-        f"{result.name} ({result.mode}, {result.timer}) on {result.device}\n"
-        f"  energy/execution {result.energy_J * 1e3:.4g} mJ  95% CI [{lo * 1e3:.4g}, {hi * 1e3:.4g}] mJ"
-        f"  over {result.executions_used} executions ({result.executions_dropped} dropped)\n"
+        f"{result.name} ({result.mode}, {result.timer}) on {result.device}"
+        + ("\n  SIMULATED (virtual GPU): power from a trace, not measured" if result.simulated else "")
+        + f"\n  energy/execution {result.energy_J * 1e3:.4g} mJ{interval}"
+        f"  over {result.executions_used} execution{'' if result.executions_used == 1 else 's'}"
+        f" ({result.executions_dropped} dropped)\n"
         f"  duration {result.duration_s * 1e3:.4g} ms, mean power {result.energy_J / result.duration_s:.1f} W, "
         f"baseline {result.baseline_W if result.baseline_W is None else round(result.baseline_W, 1)} W "
         f"({result.baseline_source})"
     )
-    if not result.target_met:  # also `target_met: false` in --json
+    if result.ci_reason is not None:  # also null CI fields, `ci_reason` and `target_met: false` in --json
+        print(
+            f"  no confidence interval: {result.ci_reason}; the target CI ±{args.target_ci:.1%} is not met: "
+            "raise --max-time, or lower --chain / --size for shorter executions"
+        )
+    elif not result.target_met:  # also `target_met: false` in --json
         print(
             f"  the target CI ±{args.target_ci:.1%} was not reached in {result.measurement_time_s:.1f} s: "
             "raise --max-time, or --chain for a longer execution"
         )
-    if lo < 0:
+    if result.energy_ci_J is not None and result.energy_ci_J[0] < 0:
         print(
             "  the CI's lower end is below 0 J: too few executions for this kernel's energy; it is the "
             "bootstrap's interval, not clipped, so read it as 'not resolved'"

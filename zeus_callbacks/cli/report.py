@@ -49,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
     simulated = any(r.get("simulated") for r in records) or any(
         str(r.get("backend", "")).startswith("virtual") for r in records if r.get("event") in ("run_start", "run_end")
     )
+    profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
         if simulated:
             print("  SIMULATED energy (virtual GPU, not measured)")
+        _print_time_note(None, profile)
     else:
-        profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
         chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
         if chosen is None:
             limits = f"power limit {fmt(end.get('power_limit_W'))} W"
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
+        _print_time_note(end, profile)
         for line in _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
@@ -108,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
             row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
             print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     return 0
+
+
+def _print_time_note(end: dict | None, profile: dict | None) -> None:
+    """Print the run's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
+    note = (end or {}).get("time_note") or (profile or {}).get("time_note")
+    if isinstance(note, str) and note:
+        print(textwrap.fill(f"TIME NOT SIMULATED: {note}", TERMINAL_COLUMNS, initial_indent="  ",
+                            subsequent_indent="    "))  # fmt: skip
 
 
 def _readable(energy_J: object) -> str:

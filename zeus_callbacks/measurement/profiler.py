@@ -30,7 +30,13 @@ import numpy as np
 
 from zeus_callbacks.backends.base import GPUBackend, ManualClock
 from zeus_callbacks.errors import NotAProfile
-from zeus_callbacks.measurement.finegrain import DROPPED, bin_executions, binning_warning, superpose
+from zeus_callbacks.measurement.finegrain import (
+    DROPPED,
+    bin_executions,
+    binning_warning,
+    interval_reason,
+    superpose,
+)
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer
 
@@ -53,9 +59,11 @@ class ProfileResult:
         device: One-line description of the backend and GPU.
         timer: ``"cuda-events"`` or ``"clock"``: how execution boundaries were taken.
         energy_J: Gross energy per execution (J); see :mod:`~zeus_callbacks.measurement.finegrain`.
-        energy_ci_J: Its 95 % CI, bootstrap over executions (J).
+        energy_ci_J: Its 95 % CI, bootstrap over executions (J); None with fewer executions than
+            an interval needs (:func:`~zeus_callbacks.measurement.finegrain.min_executions_for_interval`,
+            4 at 95 %), ``ci_reason`` then says why.
         dynamic_energy_J: ``energy_J − baseline_W × duration_s`` (J); None without a baseline.
-        dynamic_energy_ci_J: Its CI (J).
+        dynamic_energy_ci_J: Its CI (J); None without a baseline or without a CI.
         baseline_W: Idle power (W), or None when it could not be measured.
         baseline_source: Where ``baseline_W`` comes from.
         subtracted: What ``dynamic_energy_J`` subtracts, in words.
@@ -63,7 +71,7 @@ class ProfileResult:
         time_s: Profile bin centres from the start, shape (n_bins,) (s).
         u: Bin centres on the normalised timeline (0 start, 1 end), shape (n_bins,).
         power_W: Power profile, shape (n_bins,) (W).
-        power_ci_W: Its CI band, shape (2, n_bins) (W).
+        power_ci_W: Its CI band, shape (2, n_bins) (W); None without a CI.
         executions_used: Executions behind the estimate.
         executions_dropped: Executions dropped by execution-time binning.
         warmup_executions: Executions before measuring (fitted, not reported).
@@ -71,7 +79,9 @@ class ProfileResult:
         samples_used: Power samples in the fit.
         sensor_delay_s: Sensor delay the samples were shifted by (s).
         target_ci: Relative CI half-width asked for.
-        target_met: Whether the CI reached ``target_ci`` before ``max_time_s``.
+        target_met: Whether the CI reached ``target_ci`` before ``max_time_s`` (False without a CI).
+        ci_reason: Why there is no CI (too few executions), or None when there is one.
+        simulated: The power samples come from the virtual GPU (simulated, not measured).
     """
 
     name: str
@@ -79,7 +89,7 @@ class ProfileResult:
     device: str
     timer: str
     energy_J: float
-    energy_ci_J: tuple[float, float]
+    energy_ci_J: tuple[float, float] | None
     dynamic_energy_J: float | None
     dynamic_energy_ci_J: tuple[float, float] | None
     baseline_W: float | None
@@ -89,7 +99,7 @@ class ProfileResult:
     time_s: list[float]
     u: list[float]
     power_W: list[float]
-    power_ci_W: list[list[float]]
+    power_ci_W: list[list[float]] | None
     executions_used: int
     executions_dropped: int
     warmup_executions: int
@@ -98,11 +108,15 @@ class ProfileResult:
     sensor_delay_s: float
     target_ci: float
     target_met: bool
+    ci_reason: str | None = None
+    simulated: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def rel_ci_halfwidth(self) -> float:
-        """Half the CI width relative to ``energy_J``."""
+    def rel_ci_halfwidth(self) -> float | None:
+        """Half the CI width relative to ``energy_J``; None without a CI (``ci_reason``)."""
+        if self.energy_ci_J is None:
+            return None
         lo, hi = self.energy_ci_J
         return (hi - lo) / 2 / abs(self.energy_J) if self.energy_J else math.inf
 
@@ -157,14 +171,18 @@ class ProfileResult:
             shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
             raise NotAProfile(f"{source} is not {what}: missing {shown}")
         known = {f.name for f in fields(cls)}
+        given = {k: v for k, v in data.items() if k in known}
+        if "simulated" not in given:  # written before the field: the virtual GPU names itself in the device
+            given["simulated"] = str(data.get("device", "")).startswith("virtual")
         try:
-            result = TypeAdapter(cls).validate_python({k: v for k, v in data.items() if k in known})
+            result = TypeAdapter(cls).validate_python(given)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:4])
             raise NotAProfile(f"{source} is not {what}: {problems}") from None
         n = len(result.time_s)
-        band = result.power_ci_W
-        if n == 0 or len(result.power_W) != n or len(band) != 2 or any(len(row) != n for row in band):
+        band = result.power_ci_W or []  # None: no CI, so no band to check
+        bad_band = result.power_ci_W is not None and (len(band) != 2 or any(len(row) != n for row in band))
+        if n == 0 or len(result.power_W) != n or bad_band:
             raise NotAProfile(
                 f"{source} is not {what}: time_s, power_W and the two rows of power_ci_W must have one "
                 f"equal, nonzero length (got {n}, {len(result.power_W)}, {[len(row) for row in band]})"
@@ -233,7 +251,10 @@ def profile(
     so executions do not alias with the 20 ms sampler (docs/hardware.md#sample-semantics). Before
     measuring it idles ``idle_s`` (baseline power) and, in steady mode, runs ``warmup_s`` of
     executions that are fitted but not reported. It stops once the CI half-width is below
-    ``target_ci`` of the estimate (after ``min_time_s``) or at ``max_time_s``.
+    ``target_ci`` of the estimate (after ``min_time_s``, and with at least the executions an interval
+    needs: :func:`~zeus_callbacks.measurement.finegrain.min_executions_for_interval`, 4 at 95 %) or
+    at ``max_time_s``. With fewer executions than that the result has no CI (its CI fields None,
+    ``ci_reason`` saying why) and ``target_met`` is False.
 
     Args:
         fn: The callable; called with no arguments. On a GPU it may return before the
@@ -392,7 +413,7 @@ def _profile(
                 result = _analyse(
                     sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed, begin_s
                 )
-                rel_ci = None if result is None else result[0]["all"].rel_ci_halfwidth
+                rel_ci = None if result is None else _rel_ci(result[0])
                 if rel_ci is not None and rel_ci <= target_ci:
                     if progress is not None:
                         progress(elapsed, rel_ci)
@@ -416,15 +437,17 @@ def _profile(
     if binning.too_many_dropped:  # once per run, on the final analysis (not per progress round)
         binning_warning(binning, 0.2)
     est = sup["all"]
+    ci_reason = interval_reason(est.executions, sup.confidence)
+    has_ci = ci_reason is None
     out = ProfileResult(
         name=name,
         mode=mode,
         device=backend.describe(),
         timer=timer_name,
         energy_J=est.energy_J,
-        energy_ci_J=est.energy_ci_J,
+        energy_ci_J=est.energy_ci_J if has_ci else None,
         dynamic_energy_J=est.dynamic_energy_J,
-        dynamic_energy_ci_J=est.dynamic_energy_ci_J,
+        dynamic_energy_ci_J=est.dynamic_energy_ci_J if has_ci else None,
         baseline_W=sup.baseline_W,
         baseline_source=sup.baseline_source,
         subtracted=sup.subtracted,
@@ -432,7 +455,7 @@ def _profile(
         time_s=est.time_s.tolist(),
         u=est.u.tolist(),
         power_W=est.power_W.tolist(),
-        power_ci_W=est.power_ci_W.tolist(),
+        power_ci_W=est.power_ci_W.tolist() if has_ci else None,
         executions_used=est.executions,
         executions_dropped=binning.dropped,
         warmup_executions=warmup,
@@ -440,7 +463,9 @@ def _profile(
         samples_used=sup.samples_used,
         sensor_delay_s=delay,
         target_ci=target_ci,
-        target_met=est.rel_ci_halfwidth <= target_ci,
+        target_met=has_ci and est.rel_ci_halfwidth <= target_ci,
+        ci_reason=ci_reason,
+        simulated=bool(backend.simulated),
         extra={
             "duration_groups": [list(g) for g in binning.groups],
             "pause_power_W": sup.gap_power_W,
@@ -453,6 +478,12 @@ def _profile(
     if plot_path is not None:
         out.plot(plot_path)
     return out
+
+
+def _rel_ci(sup: Any) -> float | None:
+    """The relative CI half-width of a superposition's ``all`` class; None while too few executions make one."""
+    est = sup["all"]
+    return None if interval_reason(est.executions, sup.confidence) is not None else est.rel_ci_halfwidth
 
 
 def _isolated_margins_s(sample_period_s: float) -> tuple[float, float]:

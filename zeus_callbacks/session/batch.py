@@ -54,8 +54,12 @@ class BatchSizeSteps(SessionPart):
     def _evaluated(self, metrics: dict[str, float]) -> Decision:
         """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several)."""
         target_reason = None
-        if self.batch_size_controller is not None and self._stop_reason is None:
+        if self.batch_size_controller is not None:
+            # Observed after a stop too: the evaluation that follows a cost stop may reach the
+            # target, and the trial then counts as converged (its batch size stays a candidate).
             target_reason = self.batch_size_controller.observe(metrics)
+            if self._stop_reason is not None:
+                target_reason = None  # already stopping: the first reason stands
         if self._stops.active:  # several processes: every rank exchanges here
             self._agree_stop(target_reason)
             return self._decision()

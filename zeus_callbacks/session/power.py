@@ -202,4 +202,9 @@ class PowerLimitSteps(SessionPart):
 
     def _write_power_limit_profile(self, result: pl.PowerLimitResult) -> None:
         assert self.power_limiter is not None
-        self._write(records.power_limit_profile_record(self._totals.steps, result, self.power_limiter.original_W))
+        limiter = self.power_limiter
+        self._write(
+            records.power_limit_profile_record(
+                self._totals.steps, result, limiter.original_W, time_note=limiter.time_note()
+            )
+        )

@@ -126,8 +126,14 @@ def trial_record(t: Any) -> dict[str, Any]:
             "converged": t.converged, "cost": t.cost, "stop_reason": t.info.get("stop_reason")}  # fmt: skip
 
 
-def power_limit_profile_record(step: int, result: pl.PowerLimitResult, original_W: Any) -> dict[str, Any]:
-    """The ``power_limit_profile`` record: the profiler's result (finished or not)."""
+def power_limit_profile_record(
+    step: int, result: pl.PowerLimitResult, original_W: Any, *, time_note: str | None = None
+) -> dict[str, Any]:
+    """The ``power_limit_profile`` record: the profiler's result (finished or not).
+
+    ``time_note``: why its times are not real (the virtual GPU on the real clock,
+    :func:`~zeus_callbacks.optimizers.power_limit.time_note.time_note`), or None.
+    """
     return {
         "event": "power_limit_profile",
         "step": step,
@@ -140,6 +146,7 @@ def power_limit_profile_record(step: int, result: pl.PowerLimitResult, original_
         "limits": result.rows,
         "finished": result.finished,
         "message": result.message,
+        "time_note": time_note,
     }
 
 
@@ -459,6 +466,7 @@ def run_summary(
     carbon: CarbonConfig | None = None,
     cost: CostConfig | None = None,
     node: tuple[NodeEnergy | None, str | None, bool] | None = None,
+    time_note: str | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -470,6 +478,8 @@ def run_summary(
     (:mod:`~zeus_callbacks.footprint`) are made from the run's energy with their factors.
     ``node``: with ``node.rapl``, (the CPU/DRAM energy read at the end or None, why there is no
     reader, whether a DRAM domain exists) for :func:`node_figures`.
+    ``time_note``: why power-limit results do not show the time a limit costs (the virtual GPU on the
+    real clock), or None.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
@@ -508,6 +518,7 @@ def run_summary(
         measurement=measurement,
         simulated=measurement == "simulated",
         measurement_note=measurement_note,
+        time_note=time_note,
         coverage=coverage,
         complete=complete,
         counter_resets=counter_resets,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
 
+if TYPE_CHECKING:
+    from zeus_callbacks.optimizers.power_limit import PowerLimitController
+
 _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
 
 
@@ -36,11 +39,12 @@ class StepReports(SessionPart):
     """The session's reports, what they carry from one report to the next, and the run summary."""
 
     # The session's: the totals a checkpoint carried in, its window_observer (constructor argument);
-    # the power-limit part's: the limit in force and the limit chosen (for the summary).
+    # the power-limit part's: the limit in force, the limit chosen and its controller (for the summary).
     _carried: Totals
     _chosen_power_limit: tuple[float, int, bool] | None
     _window_observer: Callable[[WindowBatch], None] | None
     power_limit_W: float | None
+    power_limiter: PowerLimitController | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -290,6 +294,7 @@ class StepReports(SessionPart):
             carbon=self.config.carbon,
             cost=self.config.cost,
             node=self._node_reading() if self.config.node.rapl else None,
+            time_note=self.power_limiter.time_note() if self.power_limiter is not None else None,
         )
 
     def _node_reading(self) -> tuple[NodeEnergy | None, str | None, bool]:

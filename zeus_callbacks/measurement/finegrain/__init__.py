@@ -71,7 +71,9 @@ Energies reported (per execution, mean over the executions of a class):
 
 Confidence intervals come from a bootstrap over executions (each sample belongs to the
 execution whose extended window holds its midpoint; idle samples are resampled as a
-separate stratum), percentile method, with a seeded :class:`numpy.random.Generator`.
+separate stratum), percentile method, with a seeded :class:`numpy.random.Generator`. Such an
+interval needs at least :func:`min_executions_for_interval` executions (4 at 95 %);
+:func:`interval_reason` says why there is none below that.
 """
 
 from zeus_callbacks.measurement.finegrain.binning import Binning, bin_executions, binning_warning
@@ -87,6 +89,8 @@ from zeus_callbacks.measurement.finegrain.superposition import (
     ProfileEstimate,
     SuperposeSettings,
     Superposition,
+    interval_reason,
+    min_executions_for_interval,
     superpose,
 )
 
@@ -102,6 +106,8 @@ __all__ = [
     "bin_executions",
     "binning_warning",
     "differentiate",
+    "interval_reason",
+    "min_executions_for_interval",
     "position_labels",
     "superpose",
 ]

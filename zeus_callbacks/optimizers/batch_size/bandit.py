@@ -51,8 +51,11 @@ clock seeding; runs are reproducible across processes).
 
 **Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
 is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
-a stopped or failed one). A stopped run's accumulated cost is still an observation of
-its arm (a lower bound of its true cost that keeps the arm unattractive). In the Thompson
+a failed one, nor of a stopped one that did not reach the target). A stopped run's accumulated
+cost is still an observation of its arm (a lower bound of its true cost that keeps the arm
+unattractive). A stopped run whose evaluation after the stop (a framework validates once more
+when training ends) reaches the target converged: its cost is its cost to the target, not
+censored, and its batch size stays a candidate. In the Thompson
 phase, a run of an arm other than the one with the lowest posterior mean also stops once its
 cost passes that arm's ``μn + z·σ`` (``explore_stop_z``,
 :meth:`BatchSizeBandit.explore_stop_threshold`), and counts at its tail mean.
@@ -312,16 +315,17 @@ class BatchSizeBandit:
 
         Completed and early-stopped trials with a finite, positive cost count (:func:`observation_problem`);
         failed and running ones do not.
-        Ages count both kinds. With ``completed_only``, early-stopped trials are left out: their
-        cost is censored (a lower bound of the arm's cost, cut at the threshold), not a draw of
-        the run-to-run noise, so they must not enter the pooled noise variance.
+        Ages count both kinds. With ``completed_only``, early-stopped trials that did not converge are
+        left out: their cost is censored (a lower bound of the arm's cost, cut at the threshold), not
+        a draw of the run-to-run noise, so they must not enter the pooled noise variance. One that
+        reached the target after its stop is kept: its cost is its cost to the target.
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
         done = [t for t in trials if t.status in ("completed", "early_stopped") and is_observable_cost(t.cost)]
         result: dict[int, list[tuple[float, int]]] = {}
         for age, trial in enumerate(reversed(done)):
-            if completed_only and trial.status != "completed":
+            if completed_only and trial.status != "completed" and not trial.converged:
                 continue
             result.setdefault(trial.batch_size, []).append((float(trial.cost), age))  # type: ignore[arg-type]
         return result
@@ -542,9 +546,10 @@ class BatchSizeBandit:
             energy_J: GPU energy of the run (J).
             time_s: Wall time of the run (s).
             cost: Its ZeusCost (J-equivalent).
-            converged: Whether it reached the target.
+            converged: Whether it reached the target; an ``early_stopped`` run whose evaluation after
+                the stop reached it converged too (its cost is then its cost to the target, not censored).
             status: ``completed`` (ran to its end), ``early_stopped`` or ``failed`` (crashed:
-                not an observation, and it does not move the pruning on).
+                not an observation, never converged, and it does not move the pruning on).
             batch_size: The batch size really used, if it differs from the suggestion.
             power_limit_W: Power limit it ran at (W).
             info: Extras stored with the trial.
@@ -555,7 +560,7 @@ class BatchSizeBandit:
         Returns:
             The finished trial.
         """
-        converged = bool(converged) and status == "completed"
+        converged = bool(converged) and status != "failed"  # an early-stopped run may reach the target after its stop
         problem = None if status == "failed" else observation_problem(energy_J, time_s, cost, degraded=degraded)
         if problem is not None:
             logger.warning(

@@ -404,7 +404,7 @@ class BatchSizeController:
 
     Attributes:
         suggestion: The run's suggestion (batch size, trial id) once made.
-        converged: Whether the target was reached.
+        converged: Whether the target was reached, at any evaluation (one after an early stop included).
         stop_reason: Why the run was stopped early, if it was.
         batch_size: The batch size the run really uses (the suggestion unless told otherwise).
     """
@@ -587,7 +587,9 @@ class BatchSizeController:
         else:
             status = "completed"
         cost = self.cost(energy_J, time_s) if math.isfinite(energy_J) and math.isfinite(time_s) else math.nan
-        converged = self.converged and status == "completed"
+        # A run stopped on cost whose evaluation after the stop reached the target converged:
+        # its cost is its cost to the target, and its batch size stays a candidate.
+        converged = self.converged and status != "failed"
         info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
         if self.config.backend == "virtual":
             info["simulated"] = True  # measured on the virtual GPU: plots say so

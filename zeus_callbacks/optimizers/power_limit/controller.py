@@ -30,6 +30,7 @@ from zeus_callbacks.optimizers.power_limit.profiler import (
     ProfileSettings,
 )
 from zeus_callbacks.optimizers.power_limit.search import power_limit_grid_W
+from zeus_callbacks.optimizers.power_limit.time_note import time_note
 from zeus_callbacks.plots import plot_profile
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,17 @@ class PowerLimitController:
         self._warn_observe()
         self.restore()
         self.profiler.restart_observing(self.limit_W)
+
+    def time_note(self) -> str | None:
+        """Why this profile's times are not real (the virtual GPU on the real clock), or None.
+
+        See :mod:`~zeus_callbacks.optimizers.power_limit.time_note`. None in observe mode: only the
+        limit in force is measured, so no two limits are compared.
+        """
+        if self.observe:
+            return None
+        chosen = self.result.chosen_limit_W if self.result is not None else None
+        return time_note(self.backend, chosen if chosen is not None else self.profiler.limits_W[0])
 
     # -- checkpoint state ------------------------------------------------------------------
     def export_state(self) -> dict[str, Any] | None:
@@ -340,7 +352,7 @@ class PowerLimitController:
         )
         if self.plot_path is not None and self.is_main_process:
             try:
-                plot_profile(rows, chosen, self.plot_path)
+                plot_profile(rows, chosen, self.plot_path, simulated=self.backend.simulated, time_note=self.time_note())
             except ImportError as exc:  # the plot extra is not installed: the run goes on, and says so
                 logger.warning(
                     "zeus-callbacks: power_limit.plot is on but %s: install zeus-callbacks[plot] "

@@ -7,8 +7,18 @@ intervals and pauses on the sample clock), :mod:`.intervals` (interval arithmeti
 :mod:`.results` (what is reported), :mod:`.fit` (:func:`superpose`, the pipeline).
 """
 
+from zeus_callbacks.measurement.finegrain.superposition.bootstrap import interval_reason, min_executions_for_interval
 from zeus_callbacks.measurement.finegrain.superposition.fit import superpose
 from zeus_callbacks.measurement.finegrain.superposition.results import ProfileEstimate, Superposition
 from zeus_callbacks.measurement.finegrain.superposition.settings import DROPPED, Mode, SuperposeSettings
 
-__all__ = ["DROPPED", "Mode", "ProfileEstimate", "SuperposeSettings", "Superposition", "superpose"]
+__all__ = [
+    "DROPPED",
+    "Mode",
+    "ProfileEstimate",
+    "SuperposeSettings",
+    "Superposition",
+    "interval_reason",
+    "min_executions_for_interval",
+    "superpose",
+]

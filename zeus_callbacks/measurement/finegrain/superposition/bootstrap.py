@@ -24,6 +24,56 @@ from zeus_callbacks.measurement.finegrain.superposition.timeline import (
     sample_ranges,
 )
 
+
+def min_executions_for_interval(confidence: float) -> int:
+    """Fewest executions for which a percentile-bootstrap interval over executions is an interval.
+
+    A replicate resamples ``n`` executions with replacement; the one that draws a single execution
+    ``n`` times (the most extreme replicate) has probability ``n**-n`` for each execution. While
+    ``n**-n >= (1 - confidence) / 2``, a tail quantile of the replicates is such a replicate: the
+    interval's end is one execution's own value, the data's range rather than an interval for the
+    mean, and with ``n = 1`` every replicate is the same execution (width 0). A t-interval would
+    need ``n >= 2`` too (``n - 1`` degrees of freedom). The answer is the least ``n >= 2`` with
+    ``n**-n < (1 - confidence) / 2``: 4 at 95 % (``3**-3`` = 3.7 % ≥ 2.5 %, ``4**-4`` = 0.39 %
+    < 2.5 %), 3 at 90 % (3.7 % < 5 %), 4 at 99 % (0.39 % < 0.5 %).
+
+    Args:
+        confidence: The interval's level, in (0, 1).
+
+    Returns:
+        The minimum number of executions (≥ 2).
+
+    Raises:
+        ValueError: ``confidence`` is not in (0, 1).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    alpha = (1 - confidence) / 2
+    n = 2
+    while float(n) ** -n >= alpha:
+        n += 1
+    return n
+
+
+def interval_reason(executions: int, confidence: float) -> str | None:
+    """Why there is no interval from ``executions`` executions at ``confidence``, or None when there is one.
+
+    Args:
+        executions: Executions behind the estimate.
+        confidence: The interval's level, in (0, 1).
+
+    Returns:
+        The reason in words (it names the minimum of :func:`min_executions_for_interval`), or None.
+    """
+    need = min_executions_for_interval(confidence)
+    if executions >= need:
+        return None
+    return (
+        f"{executions} execution{'s' if executions != 1 else ''} measured; a {confidence:.0%} interval needs at "
+        f"least {need} (a bootstrap over fewer executions gives the data's range, with 1 a width of 0)"
+    )
+
+
 IDLE = -1
 """Owner of a sample outside every execution's window, pause and tail."""
 PAUSE = -2
