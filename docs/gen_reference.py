@@ -306,8 +306,8 @@ FIELDS: dict[str, str] = {
     "steps.energy_J_per_sample": "Energy per training sample (J); null when a step did not give its sample count.",
     "steps.energy_J_per_token": "Energy per input token (J); null unless every step gave its token count.",
     "steps.power_limit_W": "Power limit in force when the record was written, on this process's first GPU (W): "
-    "during power-limit profiling the trial limit of that moment (the record's first steps may have run at "
-    "the one before); null when it cannot be read.",
+    "during power-limit profiling the trial limit of that moment, which can be a later trial than the one its "
+    "steps ran at (a record is written when its steps' energy is attributed); null when it cannot be read.",
     "steps.power_samples": "Power samples that fell inside those steps (fewest over the GPUs, summed over steps).",
     "complete": "False when the power samples did not cover a window entirely (an edge was extrapolated "
     "from the nearest sample by at most one sample period, or not covered at all).",
