@@ -171,5 +171,6 @@ def test_without_matplotlib_the_command_names_the_extra(profiled_log, tmp_path, 
     out = tmp_path / "run.png"
     assert main(["plot", "run", profiled_log, "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("zeus-callbacks: plotting needs matplotlib: install it with pip install 'zeus-callbacks[plot]'")
+    said = "zeus-callbacks: plotting needs matplotlib: install it with pip install 'zeus-callbacks[plot]'"
+    assert err.startswith(said)
     assert err.count("zeus-callbacks[plot]") == 1 and not out.exists()

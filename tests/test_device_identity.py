@@ -13,6 +13,7 @@ from zeus_callbacks.backends.amdsmi import AMDSMIBackend
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.backends.unavailable import UnavailableBackend
+from zeus_callbacks.cli import main
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 
@@ -69,7 +70,7 @@ def test_the_virtual_id_is_the_same_in_every_run(tmp_path, manual_clock):
     assert ids[0] == ids[1] == ["VIRTUAL-GPU-0", "VIRTUAL-GPU-1"]
 
 
-def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp_path, monkeypatch):
+def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp_path, monkeypatch, capsys):
     clock = ManualClock(T0)
     fake = fp.FakePyNVML(num_gpus=4, time_fn=clock.now_s)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -81,6 +82,9 @@ def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp
         "virtual": False, "note": None,
     }  # fmt: skip
     assert device["uuid"] == fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(3))
+    # `report` says it too.
+    assert main(["report", str(tmp_path / "id.jsonl")]) == 0
+    assert f"  GPU 0: nvml index 3, {fake.gpus[3].uuid}\n" in capsys.readouterr().out
 
 
 def test_nvml_identity_follows_the_visible_order(monkeypatch):

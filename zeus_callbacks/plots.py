@@ -245,12 +245,14 @@ def run_figure(course: RunCourse) -> Any:
     """
     plt = _pyplot()
     fig, (ax_p, ax_e) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5))
-    for ax, value, label in ((ax_p, "power_W", "step-report mean power"), (ax_e, "energy_per_step_J", "step-report mean")):
+    panels = ((ax_p, "power_W", "step-report mean power"), (ax_e, "energy_per_step_J", "step-report mean"))
+    for ax, value, label in panels:
         for warm, colour, name in ((False, "tab:blue", label), (True, "tab:gray", "warm-up steps")):
             spans = [s for s in course.spans if s.warmup is warm and getattr(s, value) is not None]
-            if spans:
-                ax.hlines([getattr(s, value) for s in spans], [s.first_step for s in spans],
-                          [max(s.end_step, s.first_step + 0.5) for s in spans], colors=colour, lw=2.5, label=name)  # fmt: skip
+            if spans:  # a record that stands for no step still gets a visible half-step stroke
+                ends = [max(s.end_step, s.first_step + 0.5) for s in spans]
+                ax.hlines([getattr(s, value) for s in spans], [s.first_step for s in spans], ends, colors=colour,
+                          lw=2.5, label=name)  # fmt: skip
     if course.limits:
         ax_p.hlines([s.limit_W for s in course.limits], [s.first_step for s in course.limits],
                     [s.end_step for s in course.limits], colors="tab:red", linestyles="--", lw=1,
@@ -289,8 +291,13 @@ def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
     end = max((s.end_step for s in course.spans), default=switch.step)
     if switch.trial_limits_W:
         stop = switch.step if switch.finished else end
-        ax.axvspan(switch.profiling_from, stop, color="tab:orange", alpha=0.12,
-                   label=("power-limit profiling" + ("" if switch.finished else " (unfinished)")) if label else None)
+        ax.axvspan(
+            switch.profiling_from,
+            stop,
+            color="tab:orange",
+            alpha=0.12,
+            label=("power-limit profiling" + ("" if switch.finished else " (unfinished)")) if label else None,
+        )
         if label:
             trials = ", ".join(f"{w:.0f}" for w in switch.trial_limits_W)
             ax.text(switch.profiling_from, 0.9, f" trial limits {trials} W", transform=top, fontsize=7,

@@ -256,18 +256,18 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
     """A run's headline figures, from its ``run_end`` record (None for each one it lacks).
 
     ``energy_Wh`` is derived from ``energy_J`` when the record predates it; ``power_limit_W`` is the limit
-    training ran at: the chosen one where profiling applied one, else the one in force. ``status`` is
-    ``no run_end`` for a log without one (still running, or killed), and ``simulated`` says whether the
-    figures are simulated.
+    training ran at after profiling: the chosen one where profiling applied one, else the one in force.
+    A log without ``run_end`` (still running, or killed) has every figure None and ``ended`` False;
+    ``simulated`` says whether the figures are simulated.
 
     Returns:
-        Keys of :data:`COMPARED` plus ``run_name`` and ``simulated``.
+        Keys of :data:`COMPARED` plus ``run_name``, ``ended`` and ``simulated``.
     """
     end = _last(records, "run_end")
     start = _first(records, "run_start") or {}
     if end is None:
         figures: dict[str, Any] = dict.fromkeys(key for key, _ in COMPARED)
-        figures.update(run_name=start.get("run_name"), status="no run_end", power_limit_W=start.get("power_limit_W"))
+        figures.update(run_name=start.get("run_name"), ended=False)
     else:
         chosen = end.get("chosen_power_limit_W")
         applied = chosen is not None and end.get("power_limit_applied") is not False
@@ -281,6 +281,7 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
             "mean_power_W": _number(end.get("mean_power_W")),
             "power_limit_W": _number(chosen if applied else end.get("power_limit_W")),
             "status": end.get("status"),
+            "ended": True,
         }
     figures["simulated"] = is_simulated(records)
     return figures

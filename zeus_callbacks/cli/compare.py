@@ -65,13 +65,19 @@ def comparison_table(logs: Sequence[Log]) -> str:
         lines += [label.ljust(label_w) + "".join("  " + cells[i].rjust(widths[i]) for i in block)
                   for label, cells in rows]  # fmt: skip
         lines.append("")
+    for label, f in zip(labels, figures, strict=True):
+        if not f["ended"]:
+            lines.append(f"{label}: no run_end record (still running, or killed before it ended): shown as -")
     if any(f["simulated"] for f in figures):
         lines.append("SIMULATED energy (virtual GPU, not measured) where simulated says yes")
     return "\n".join(lines).rstrip("\n")
 
 
 def comparison_json(logs: Sequence[Log]) -> str:
-    """The compared figures as JSON: ``{"runs": [{"run", "log", <COMPARED keys>, "simulated"}, ...]}``."""
+    """The compared figures as JSON: ``{"runs": [{"run", "log", "run_name", <COMPARED keys>, "ended", "simulated"}]}``.
+
+    A figure a log lacks is null.
+    """
     runs = [{"run": label, "log": str(path), **run_figures(records)}
             for label, (path, records) in zip(run_labels(logs), logs, strict=True)]  # fmt: skip
     return json.dumps({"runs": runs}, indent=2)

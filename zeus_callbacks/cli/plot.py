@@ -1,5 +1,4 @@
-"""``zeus-callbacks plot``: a run's course or its power-limit profile (a run log), a bandit history (a store) or a
-power profile, to PNG.
+"""``zeus-callbacks plot``: a run's course or power-limit profile (a log), a bandit history or a power profile, to PNG.
 
 The figures themselves are drawn in :mod:`zeus_callbacks.plots`; this module finds what to plot.
 """

@@ -1,5 +1,8 @@
-"""``zeus-callbacks report RUN.jsonl [RUN2.jsonl ...] [--csv DIR]``: a run's energy, time, power limit and
-per-epoch breakdown; several runs side by side (:mod:`zeus_callbacks.cli.compare`), and their records as CSV."""
+"""``zeus-callbacks report RUN.jsonl [RUN2.jsonl ...] [--csv DIR]``: one run in full, several side by side.
+
+One run: its energy, time, power limit and per-epoch breakdown. Several: their figures side by side
+(:mod:`zeus_callbacks.cli.compare`). ``--csv DIR``: their records as CSV files.
+"""
 
 from __future__ import annotations
 
@@ -128,7 +131,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
             )  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
-        for line in _node_and_estimate_lines(end):
+        for line in _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
         print("  epoch   energy_J   counter_J     time_s   power_W")
@@ -144,6 +147,23 @@ def _readable(energy_J: object) -> str:
         return ""
     text = readable_energy(float(energy_J))
     return "" if text == "n/a" else f" ({text})"
+
+
+def _device_lines(records: list[dict]) -> list[str]:
+    """Which device stood behind each measured GPU index (run_start's ``devices``; none in older logs)."""
+    start = next((r for r in records if r.get("event") == "run_start"), {})
+    backend = str(start.get("backend", "")).split(":")[0] or "backend"
+    lines = []
+    for d in start.get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        made_up = " (made up: a virtual GPU)" if d.get("virtual") else ""
+        line = f"GPU {fmt(d.get('index'))}: {backend} index {fmt(d.get('backend_index'))}, {fmt(d.get('uuid'))}"
+        line += made_up
+        if d.get("uuid") is None or d.get("backend_index") is None:
+            line += f" ({d.get('note')})" if d.get("note") else ""
+        lines.append(line)
+    return lines
 
 
 def _node_and_estimate_lines(end: dict) -> list[str]:

@@ -95,8 +95,8 @@ def device_identities(backend: GPUBackend, indices: Sequence[int]) -> list[Devic
         try:
             identities.append(backend.device_identity(index))
         except (BackendError, IndexError) as exc:
-            identities.append(DeviceIdentity(index=index, backend_index=None, uuid=None, name="unknown",
-                                             note=f"the {backend.name} backend could not identify it: {exc}"))  # fmt: skip
+            note = f"the {backend.name} backend could not identify it: {exc}"
+            identities.append(DeviceIdentity(index=index, backend_index=None, uuid=None, name="unknown", note=note))
     return identities
 
 
