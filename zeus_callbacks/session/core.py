@@ -463,7 +463,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             if run.meter.is_open(name):
                 if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
                     self._totals.epochs += 1
-                run.meter.end(name)
+                    run.meter.end(name, end_step=self._totals.steps)
+                else:
+                    run.meter.end(name)
         run.meter.end("run")
         try:
             run.flush_sensor(run.backend.clock.now_s())
