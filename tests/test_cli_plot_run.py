@@ -174,3 +174,24 @@ def test_without_matplotlib_the_command_names_the_extra(profiled_log, tmp_path, 
     said = "zeus-callbacks: plotting needs matplotlib: install it with pip install 'zeus-callbacks[plot]'"
     assert err.startswith(said)
     assert err.count("zeus-callbacks[plot]") == 1 and not out.exists()
+
+
+def test_a_resumed_run_is_laid_on_the_run_s_own_step_count(tmp_path, manual_clock):
+    # A run resumed from a checkpoint counts its steps on from the checkpoint's (eval.step, epoch.end_step):
+    # its step reports must start there too, or the evaluations would sit a checkpoint's steps off.
+    first_backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    config = {"logging": {"log_dir": str(tmp_path), "run_name": "first", "interval_steps": 5},
+              "windows": {"sample_fraction": 1.0}}  # fmt: skip
+    first = EnergySession(config, backend=first_backend)
+    train(first, manual_clock, epochs=1)
+    state = first.state_dict()
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = EnergySession({**config, "logging": {**config["logging"], "run_name": "second"}}, backend=backend)
+    second.load_state_dict(state)
+    records = read_jsonl(train(second, manual_clock, epochs=2))
+    assert records[0]["resumed_steps"] == STEPS_PER_EPOCH
+    course = run_course(records)
+    assert course.spans[0].first_step == STEPS_PER_EPOCH
+    assert course.spans[-1].end_step == 3 * STEPS_PER_EPOCH == records[-1]["steps"]
+    ends = [(e + 1) * STEPS_PER_EPOCH for e in (1, 2)]  # the second run's epochs follow the checkpoint's
+    assert [step for _, step in course.epoch_ends] == [e.step for e in course.evals] == ends
