@@ -195,3 +195,25 @@ def test_a_resumed_run_is_laid_on_the_run_s_own_step_count(tmp_path, manual_cloc
     assert course.spans[-1].end_step == 3 * STEPS_PER_EPOCH == records[-1]["steps"]
     ends = [(e + 1) * STEPS_PER_EPOCH for e in (1, 2)]  # the second run's epochs follow the checkpoint's
     assert [step for _, step in course.epoch_ends] == [e.step for e in course.evals] == ends
+
+
+def test_observe_mode_switches_nothing_and_says_so(tmp_path, manual_clock):
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=3.0, read_only=True, seed=0)  # limits cannot change
+    config = {"logging": {"log_dir": str(tmp_path), "run_name": "observe", "interval_steps": 5},
+              "windows": {"sample_fraction": 1.0},
+              "power_limit": {"enabled": True, "warmup_steps": 0, "cache": False, "plot": False}}  # fmt: skip
+    records = read_jsonl(train(EnergySession(config, backend=backend), manual_clock))
+    (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
+    end = records[-1]
+    assert profile["source"] == "observe" and end["power_limit_applied"] is False
+    out = tmp_path / "observe.png"
+    assert main(["plot", "run", end["jsonl_path"], "-o", str(out)]) == 0
+    said = png_text(out)["Description"].splitlines()
+    assert end["chosen_power_limit_W"] is None  # only the current limit was measured: nothing to choose
+    assert " power-limit profiling (observe): no limit chosen, none changed" in said
+    assert "power-limit switch" not in said and not any("→" in line for line in said)
+    # The dashed limit is the one read at the start, kept for the whole run.
+    course = run_course(records)
+    assert [(s.first_step, s.end_step, s.limit_W) for s in course.limits] == [
+        (0, EPOCHS * STEPS_PER_EPOCH, records[0]["power_limit_W"])
+    ]

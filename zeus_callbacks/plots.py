@@ -299,14 +299,20 @@ def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
             label=("power-limit profiling" + ("" if switch.finished else " (unfinished)")) if label else None,
         )
         if label:
-            trials = ", ".join(f"{w:.0f}" for w in switch.trial_limits_W)
+            limits = switch.trial_limits_W
+            trials = (", ".join(f"{w:.0f}" for w in limits) if len(limits) <= 8
+                      else f"{len(limits)} from {min(limits):.0f} to {max(limits):.0f}")  # fmt: skip
             ax.text(switch.profiling_from, 0.9, f" trial limits {trials} W", transform=top, fontsize=7,
                     color="tab:orange", va="top")  # fmt: skip
-    if switch.limit_W is None:
+    if switch.limit_W is None:  # observe mode without a model, abandoned or unfinished profiling: nothing changed
+        if label and switch.source in ("observe", "abandoned"):
+            ax.text(switch.step, 0.05, f" power-limit profiling ({switch.source}): no limit chosen, none changed",
+                    transform=top, fontsize=8, color="tab:red", va="bottom")  # fmt: skip
         return
     text = f" power limit → {switch.limit_W:.0f} W" if switch.applied else (
         f" observe mode: would choose {switch.limit_W:.0f} W (not applied)")  # fmt: skip
-    ax.axvline(switch.step, color="tab:red", lw=1.2, label="power-limit switch" if label else None)
+    name = "power-limit switch" if switch.applied else "profiling done (observe mode: no switch)"
+    ax.axvline(switch.step, color="tab:red", lw=1.2, ls="-" if switch.applied else "-.", label=name if label else None)
     if label:
         ax.text(switch.step, 0.05, text, transform=top, fontsize=8, color="tab:red", va="bottom")
 

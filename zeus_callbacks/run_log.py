@@ -197,8 +197,10 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
         step = from_step if from_step is not None else _number(profile.get("step")) or resumed
         rows = profile.get("limits") if isinstance(profile.get("limits"), list) else []
         trials = tuple(x for x in (_number(r.get("limit_W")) for r in rows if isinstance(r, dict)) if x is not None)
+        # observe mode writes no chosen_limit_W; run_end keeps what profiling would choose
+        chosen = _number(profile.get("chosen_limit_W")) or _number((end or {}).get("chosen_power_limit_W"))
         course.switch = PowerLimitSwitch(
-            step=step, limit_W=_number(profile.get("chosen_limit_W")),
+            step=step, limit_W=chosen,
             applied=(end or {}).get("power_limit_applied", profile.get("source") != "observe") is not False,
             source=str(profile.get("source")), profiling_from=resumed, finished=profile.get("finished") is not False,
             trial_limits_W=trials if profile.get("source") in ("profile", "unfinished") else (),
