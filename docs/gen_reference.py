@@ -253,6 +253,12 @@ FIELDS: dict[str, str] = {
     "run_start.job_id": "The configuration's `job_id`.",
     "run_start.backend": "One-line description of the backend and its GPUs.",
     "run_start.gpu_indices": "GPUs this process measures (backend device indices).",
+    "run_start.devices": "Which device stands behind each of `gpu_indices`, in that order (this process's GPUs): "
+    "`index` (the process's, `cuda:<index>`), `backend_index` (the vendor library's index, which "
+    "`CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` do not remap: NVML's, amdsmi's), `uuid` "
+    "(`nvmlDeviceGetUUID`'s `GPU-…`, amdsmi's device UUID), `name`, `virtual` and `note` (why a field is "
+    "null). On the virtual GPU `uuid` is a made-up `VIRTUAL-GPU-<index>`, the same in every run, with "
+    "`virtual: true`.",
     "measurement": "What the energy figures are: `measured` (a real GPU), `simulated` (the virtual GPU: "
     "figures come from traces) or `unavailable` (a GPU is present but cannot be measured: every energy "
     "figure is null). See docs/concepts.md#honest-figures.",
@@ -262,6 +268,8 @@ FIELDS: dict[str, str] = {
     "it cannot be read.",
     "run_start.read_only": "Whether the backend refuses hardware changes (`ZEUS_CALLBACKS_READ_ONLY`).",
     "run_start.resumed_energy_J": "Energy carried over from a checkpoint this run resumed from (J).",
+    "run_start.resumed_steps": "Training steps carried over from a checkpoint this run resumed from (0 for a "
+    "fresh run): the run's step counts (`eval.step`, `epoch.end_step`) include them.",
     "run_start.wall_time": "Start time, seconds since the Unix epoch.",
     "run_start.config": "The whole validated configuration, as in the YAML file.",
     "steps.last_step": "Index of the last step in the report: the framework's global step when that step "
@@ -297,6 +305,9 @@ FIELDS: dict[str, str] = {
     "steps.power_W_mean": "Mean power over those steps: their energy / their time (W).",
     "steps.energy_J_per_sample": "Energy per training sample (J); null when a step did not give its sample count.",
     "steps.energy_J_per_token": "Energy per input token (J); null unless every step gave its token count.",
+    "steps.power_limit_W": "Power limit in force when the record was written, on this process's first GPU (W): "
+    "during power-limit profiling the trial limit of that moment, which can be a later trial than the one its "
+    "steps ran at (a record is written when its steps' energy is attributed); null when it cannot be read.",
     "steps.power_samples": "Power samples that fell inside those steps (fewest over the GPUs, summed over steps).",
     "complete": "False when the power samples did not cover a window entirely (an edge was extrapolated "
     "from the nearest sample by at most one sample period, or not covered at all).",
@@ -314,6 +325,8 @@ FIELDS: dict[str, str] = {
     "counter_resets": "Times an energy counter went backwards so far; each drops one interval of the "
     "counter series (filled from the samples in `counter_energy_J`), and the cross-check goes on.",
     "epoch.epoch": "Epoch index (from 0).",
+    "epoch.end_step": "Training steps taken when the epoch ended (checkpoint steps included, counted as "
+    "`eval.step` counts them).",
     "energy_J": "Energy of the window, summed over the measured GPUs, from the power samples (J); null when "
     "no sample covers it (never 0 for unknown).",
     "epoch.counter_energy_J": "The same epoch from the hardware energy counter (J), a cross-check; "

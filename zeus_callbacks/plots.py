@@ -17,6 +17,7 @@ from zeus_callbacks.atomic_io import atomic_output
 
 if TYPE_CHECKING:
     from zeus_callbacks.measurement.profiler import ProfileResult
+    from zeus_callbacks.run_log import RunCourse
     from zeus_callbacks.store.base import TrialRecord
 
 
@@ -95,6 +96,13 @@ def _text_chunks(simulated: bool, time_note: str | None = None) -> dict[str, str
     if time_note:
         chunks[TIME_NOTE_KEY] = time_note
     return chunks
+
+
+def figure_text(fig: Any) -> list[str]:
+    """Every non-empty text drawn on ``fig`` (titles, labels, legend entries, notes, marks), in drawing order."""
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
 def plot_profile(
@@ -252,4 +260,129 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     _save(fig, path, dpi=120, text=_text_chunks(simulated))
     plt.close(fig)
+    return path
+
+
+RUN_TITLE = "{name}: power from the step reports' means (the log holds no power timeline)"
+"""Title of :func:`run_figure`: the log's power figures are means over step windows, not a power trace."""
+
+
+def run_figure(course: RunCourse) -> Any:
+    """Draw a run's course: mean power per step report, and energy per step, over the training steps.
+
+    Top panel: each ``steps`` record's mean power (W, summed over GPUs) across the steps it stands for,
+    the warm-up steps apart, the power limit in force when each record was written (dashed), each
+    evaluation's mean power (diamond). Bottom panel: each record's mean energy per step (J). Both panels
+    mark epoch ends (dotted), evaluations (dashed) and the power-limit switch (red; the profiling
+    stretch shaded). The figure says when it is simulated and what it cannot show (``course.notes``).
+
+    Args:
+        course: From :func:`zeus_callbacks.run_log.run_course`.
+
+    Returns:
+        The matplotlib ``Figure`` (close it with ``matplotlib.pyplot.close``).
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
+    """
+    plt = _pyplot()
+    fig, (ax_p, ax_e) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5))
+    panels = ((ax_p, "power_W", "step-report mean power"), (ax_e, "energy_per_step_J", "step-report mean"))
+    for ax, value, label in panels:
+        for warm, colour, name in ((False, "tab:blue", label), (True, "tab:gray", "warm-up steps")):
+            spans = [s for s in course.spans if s.warmup is warm and getattr(s, value) is not None]
+            if spans:  # a record that stands for no step still gets a visible half-step stroke
+                ends = [max(s.end_step, s.first_step + 0.5) for s in spans]
+                ax.hlines([getattr(s, value) for s in spans], [s.first_step for s in spans], ends, colors=colour,
+                          lw=2.5, label=name)  # fmt: skip
+    if course.limits:
+        ax_p.hlines([s.limit_W for s in course.limits], [s.first_step for s in course.limits],
+                    [s.end_step for s in course.limits], colors="tab:red", linestyles="--", lw=1,
+                    label="power limit")  # fmt: skip
+    evals = [e for e in course.evals if e.power_W is not None]
+    if evals:
+        ax_p.scatter([e.step for e in evals], [e.power_W for e in evals], marker="D", color="tab:green", zorder=3,
+                     label="evaluation (mean power)")  # fmt: skip
+    for ax in (ax_p, ax_e):
+        _mark_course(ax, course, label=ax is ax_p)
+    ax_p.set_ylabel("power (W, all GPUs)")
+    ax_e.set_ylabel("energy per step (J)")
+    ax_e.set_xlabel("training steps taken")
+    ax_p.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
+    fig.suptitle(RUN_TITLE.format(name=course.run_name or "run"), fontsize=10)
+    if course.notes:
+        fig.text(0.01, 0.005, "; ".join(course.notes), fontsize=7, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.97))
+    if course.simulated:
+        _mark_simulated(fig)
+    return fig
+
+
+def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
+    """Epoch ends, evaluations and the power-limit switch as vertical marks (named on the top panel only)."""
+    top = ax.get_xaxis_transform()  # x in steps, y in axes fraction
+    for i, (epoch, step) in enumerate(course.epoch_ends):
+        ax.axvline(step, color="0.4", ls=":", lw=1, label="epoch end" if label and i == 0 else None)
+        if label:
+            ax.text(step, 0.98, f" epoch {epoch}", transform=top, fontsize=7, va="top", ha="right", color="0.3")
+    for i, e in enumerate(course.evals):
+        ax.axvline(e.step, color="tab:green", ls="--", lw=0.8, label="evaluation" if label and i == 0 else None)
+    switch = course.switch
+    if switch is None:
+        return
+    end = max((s.end_step for s in course.spans), default=switch.step)
+    if switch.trial_limits_W:
+        stop = switch.step if switch.finished else end
+        ax.axvspan(
+            switch.profiling_from,
+            stop,
+            color="tab:orange",
+            alpha=0.12,
+            label=("power-limit profiling" + ("" if switch.finished else " (unfinished)")) if label else None,
+        )
+        if label:
+            limits = switch.trial_limits_W
+            trials = (", ".join(f"{w:.0f}" for w in limits) if len(limits) <= 8
+                      else f"{len(limits)} from {min(limits):.0f} to {max(limits):.0f}")  # fmt: skip
+            ax.text(switch.profiling_from, 0.9, f" trial limits {trials} W", transform=top, fontsize=7,
+                    color="tab:orange", va="top")  # fmt: skip
+    if switch.limit_W is None:  # observe mode without a model, abandoned or unfinished profiling: nothing changed
+        if label and switch.source in ("observe", "abandoned"):
+            ax.text(switch.step, 0.05, f" power-limit profiling ({switch.source}): no limit chosen, none changed",
+                    transform=top, fontsize=8, color="tab:red", va="bottom")  # fmt: skip
+        return
+    text = f" power limit → {switch.limit_W:.0f} W" if switch.applied else (
+        f" observe mode: would choose {switch.limit_W:.0f} W (not applied)")  # fmt: skip
+    name = "power-limit switch" if switch.applied else "profiling done (observe mode: no switch)"
+    ax.axvline(switch.step, color="tab:red", lw=1.2, ls="-" if switch.applied else "-.", label=name if label else None)
+    if label:
+        ax.text(switch.step, 0.05, text, transform=top, fontsize=8, color="tab:red", va="bottom")
+
+
+def plot_run(course: RunCourse, path: str | Path) -> Path:
+    """Save :func:`run_figure` of ``course`` to ``path``; a PNG carries the figure's text in its text chunks.
+
+    The PNG's ``Title`` is the figure's title and its ``Description`` every text on it, one per line
+    (``simulated (virtual GPU)`` among them for a simulated run), so a reader or a test can check what
+    it says without looking.
+
+    Args:
+        course: From :func:`zeus_callbacks.run_log.run_course`.
+        path: The image file to write (PNG unless its suffix names another format); its directory is created.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
+    """
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = run_figure(course)
+    try:
+        title = RUN_TITLE.format(name=course.run_name or "run")
+        _save(fig, path, dpi=110, text={"Title": title, "Description": "\n".join(figure_text(fig)), **_text_chunks(course.simulated)})
+    finally:
+        plt.close(fig)
     return path

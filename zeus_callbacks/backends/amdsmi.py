@@ -31,6 +31,7 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
+    DeviceIdentity,
     NotSupported,
     PermissionDenied,
     PowerSample,
@@ -183,6 +184,18 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
     def device_uuid(self, index: int) -> str | None:
         """Return amdsmi's device UUID of GPU ``index`` (None if amdsmi could not say)."""
         return self._device(index).uuid
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return GPU ``index``'s amdsmi index and device UUID, as read at discovery (no amdsmi call).
+
+        Raises:
+            BackendError: The backend is closed.
+            IndexError: ``index`` is out of range.
+        """
+        device = self._device(index)
+        note = None if device.uuid is not None else "amdsmi could not read the device's UUID (see the warning)"
+        return DeviceIdentity(index=index, backend_index=device.amdsmi_index, uuid=device.uuid, name=device.name,
+                              note=note)  # fmt: skip
 
     def amdsmi_index(self, index: int) -> int:
         """Return amdsmi's index of the process's GPU ``index``."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import abc
 import os
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 # The backends' error types live in errors.py; importing them from here keeps working.
 from zeus_callbacks.errors import BackendError as BackendError
@@ -90,6 +90,33 @@ class PowerSample:
     power_W: float
 
 
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """Which device stands behind one of the process's GPU indices (``cuda:0`` after ``CUDA_VISIBLE_DEVICES``).
+
+    Attributes:
+        index: The process's index (``cuda:<index>``; :class:`GPUBackend`'s device index).
+        backend_index: The vendor library's own index of that device (NVML's, amdsmi's), which
+            ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` do not remap; None when the backend does not know it.
+        uuid: The device's UUID (``GPU-…`` from ``nvmlDeviceGetUUID``, amdsmi's device UUID); on the virtual
+            GPU a made-up id that starts with ``VIRTUAL-``; None when unknown (``note`` says why).
+        name: The device's model name.
+        virtual: True for the virtual GPU: no hardware stands behind ``uuid``.
+        note: Why a field is null, or what a made-up one means; None when every field is the device's own.
+    """
+
+    index: int
+    backend_index: int | None
+    uuid: str | None
+    name: str
+    virtual: bool = False
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the JSON-serialisable fields (``run_start``'s ``devices`` entries)."""
+        return asdict(self)
+
+
 class GPUBackend(abc.ABC):
     """A set of GPUs this process may measure, and their power limits.
 
@@ -146,6 +173,22 @@ class GPUBackend(abc.ABC):
         means the device has no identity outside this process: markers then fall back to the index.
         """
         return None
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return which device stands behind GPU ``index``: the vendor's index and UUID, where known.
+
+        Makes no vendor call in the backends here (what discovery read is kept), so it is safe at
+        ``train_start``. This default knows only :meth:`device_uuid`; backends that know more override it.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+        """
+        uuid = self.device_uuid(index)
+        return DeviceIdentity(
+            index=index, backend_index=None, uuid=uuid, name=self.device_name(index),
+            note=f"the {self.name} backend does not say which device index stands behind GPU {index}"
+            + ("" if uuid is not None else " nor its UUID"),
+        )  # fmt: skip
 
     # -- sensors (called from the sampler thread) --------------------------------
     @abc.abstractmethod

@@ -34,6 +34,7 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
+    DeviceIdentity,
     NotSupported,
     PermissionDenied,
     PowerSample,
@@ -217,6 +218,16 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     def device_uuid(self, index: int) -> str:
         """Return the ``GPU-<uuid>`` of GPU ``index``."""
         return self._device(index).uuid
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return GPU ``index``'s NVML index and ``nvmlDeviceGetUUID``, as read at discovery (no NVML call).
+
+        Raises:
+            BackendError: The backend is closed.
+            IndexError: ``index`` is out of range.
+        """
+        device = self._device(index)
+        return DeviceIdentity(index=index, backend_index=device.nvml_index, uuid=device.uuid, name=device.name)
 
     def nvml_index(self, index: int) -> int:
         """Return NVML's index of the process's GPU ``index`` (after ``CUDA_VISIBLE_DEVICES``)."""

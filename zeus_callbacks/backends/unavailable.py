@@ -9,7 +9,7 @@ with the cause. It never invents a number.
 
 from __future__ import annotations
 
-from zeus_callbacks.backends.base import GPUBackend, NotSupported, PowerSample
+from zeus_callbacks.backends.base import DeviceIdentity, GPUBackend, NotSupported, PowerSample
 from zeus_callbacks.backends.detect import GPUPresence
 
 
@@ -43,6 +43,13 @@ class UnavailableBackend(GPUBackend):
     def device_name(self, index: int) -> str:
         """Return ``"unmeasurable GPU"``: the vendor library that would name it failed."""
         return "unmeasurable GPU"
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return the index only: the vendor library that would name the device failed (``note`` says how)."""
+        return DeviceIdentity(
+            index=index, backend_index=None, uuid=None, name=self.device_name(index),
+            note=f"the vendor library that would identify the GPU failed ({self.cause})",
+        )  # fmt: skip
 
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
         """Return no sample: the GPU cannot be measured."""

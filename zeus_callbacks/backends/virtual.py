@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from zeus_callbacks.backends import traces
-from zeus_callbacks.backends.base import Clock, GPUBackend, PowerSample, SensorError
+from zeus_callbacks.backends.base import Clock, DeviceIdentity, GPUBackend, PowerSample, SensorError
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +266,20 @@ class VirtualGPUBackend(GPUBackend):
         self._check_index(index)
         w = self.workload
         return f"Virtual {self.gpu} ({self.trace.label} {w.dataset}/{w.network} bs {self.batch_size})"
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return a made-up identity: ``backend_index`` = ``index``, ``uuid`` ``VIRTUAL-GPU-<index>`` (stable).
+
+        :meth:`device_uuid` stays None: no other process can share a virtual GPU, so no profiling
+        lock or restore marker keys on this id.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+        """
+        return DeviceIdentity(
+            index=index, backend_index=index, uuid=f"VIRTUAL-GPU-{index}", name=self.device_name(index), virtual=True,
+            note="a virtual GPU: the id is made up (the same in every run), no hardware stands behind it",
+        )  # fmt: skip
 
     # -- trace model ----------------------------------------------------------------
     def average_power_W(self, limit_W: float) -> float:

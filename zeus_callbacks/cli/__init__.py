@@ -2,21 +2,23 @@
 
 Subcommands:
     validate-config FILE   check a YAML configuration; exit 1 with the errors if invalid
-    report RUN.jsonl       print a run's energy, time, power limit and per-epoch breakdown
+    report RUN.jsonl ...   print a run's energy, time, power limit and per-epoch breakdown; several runs
+                           side by side; ``--csv DIR`` writes their records as CSV
     restore                put back the power limits a killed run left changed (its marker file)
     simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
     show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
-    plot power-limit RUN.jsonl | plot bandit STORE JOB | plot profile PROFILE.json
-                           the power-limit frontier with the chosen point, the bandit's history, or a
-                           fine-grain power profile (``profile-kernel --json``), to PNG
+    plot run RUN.jsonl | plot power-limit RUN.jsonl | plot bandit STORE JOB | plot profile PROFILE.json
+                           a run's power and energy per step, the power-limit frontier with the chosen
+                           point, the bandit's history, or a fine-grain power profile
+                           (``profile-kernel --json``), to PNG
     profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
 
 Modules: :mod:`.main` (the parser and the one place user errors become exit status 1), one
 module per subcommand (:mod:`.validate_config`, :mod:`.report`, :mod:`.restore`,
 :mod:`.simulate`, :mod:`.show`, :mod:`.plot`, :mod:`.profile_kernel`), each with an
 ``add_parser(subparsers)`` for its options and a ``run(args)`` returning the exit status,
-and two helpers: :mod:`.argtypes` (argparse types with ranges) and :mod:`.terminal`
-(tables, numbers, progress bars).
+and three helpers: :mod:`.argtypes` (argparse types with ranges), :mod:`.terminal`
+(tables, numbers, progress bars) and :mod:`.compare` (several runs side by side, records as CSV).
 """
 
 from zeus_callbacks.cli.main import build_parser, main

@@ -1,4 +1,4 @@
-"""``zeus-callbacks plot``: a power-limit profile (a run log), a bandit history (a store) or a power profile, to PNG.
+"""``zeus-callbacks plot``: a run's course or power-limit profile (a log), a bandit history or a power profile, to PNG.
 
 The figures themselves are drawn in :mod:`zeus_callbacks.plots`; this module finds what to plot.
 """
@@ -18,11 +18,14 @@ from zeus_callbacks.store import open_store
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``plot`` and its options on the command's subparsers."""
     plot = sub.add_parser(
-        "plot", help="plot a power-limit profile (a run log), a bandit history (a store) or a fine-grain power profile"
+        "plot",
+        help="plot a run's power and energy per step or its power-limit profile (a run log), a bandit history "
+        "(a store) or a fine-grain power profile",
     )
-    plot.add_argument("what", choices=["power-limit", "bandit", "profile"])
+    plot.add_argument("what", choices=["run", "power-limit", "bandit", "profile"])
     plot.add_argument(
-        "source", help="power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file"
+        "source",
+        help="run, power-limit: the run's .jsonl; bandit: the store file; profile: the profile-kernel --json file",
     )
     plot.add_argument("job", nargs="?", help="bandit: the job id")
     plot.add_argument(
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
         out = out.with_suffix(".png")
     try:
+        if args.what == "run":
+            return _plot_run(args, out)
         if args.what == "power-limit":
             from zeus_callbacks.plots import plot_profile
 
@@ -102,6 +107,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
+    return 0
+
+
+def _plot_run(args: argparse.Namespace, out: Path) -> int:
+    """``plot run LOG.jsonl``: the run's course (:func:`zeus_callbacks.plots.plot_run`); errors go to :func:`run`."""
+    from zeus_callbacks.plots import plot_run
+    from zeus_callbacks.run_log import run_course
+
+    if args.job:
+        print("zeus-callbacks: plot run takes one file: plot run RUN.jsonl", file=sys.stderr)
+        return 1
+    try:
+        records = read_jsonl(args.source)
+    except FileNotFoundError:
+        print(f"zeus-callbacks: no such energy log: {args.source}", file=sys.stderr)
+        return 1
+    course = run_course(records, args.source)
+    plot_run(course, out)
+    print(f"wrote {out}" + (" (SIMULATED: virtual GPU)" if course.simulated else ""))
+    for note in course.notes:
+        print(f"  note: {note}")
     return 0
 
 

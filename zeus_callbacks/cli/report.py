@@ -1,4 +1,8 @@
-"""``zeus-callbacks report RUN.jsonl``: a run's energy, time, power limit and per-epoch breakdown."""
+"""``zeus-callbacks report RUN.jsonl [RUN2.jsonl ...] [--csv DIR]``: one run in full, several side by side.
+
+One run: its energy, time, power limit and per-epoch breakdown. Several: their figures side by side
+(:mod:`zeus_callbacks.cli.compare`). ``--csv DIR``: their records as CSV files.
+"""
 
 from __future__ import annotations
 
@@ -8,47 +12,75 @@ import sys
 import textwrap
 from pathlib import Path
 
+from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
+from zeus_callbacks.run_log import is_simulated
 from zeus_callbacks.units import readable_energy, three_figures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``report`` and its options on the command's subparsers."""
-    report = sub.add_parser("report", help="summarise a run's JSONL energy log")
-    report.add_argument("run", help="path of the run's .jsonl file")
+    report = sub.add_parser("report", help="summarise a run's JSONL energy log; several logs: compare the runs")
+    report.add_argument("run", nargs="+", metavar="RUN.jsonl", help="path of a run's .jsonl file (several: compared)")
     report.add_argument("--json", action="store_true")
+    report.add_argument(
+        "--csv", metavar="DIR",
+        help="also write DIR/steps.csv, epoch.csv, eval.csv and run_end.csv: every such record of the logs, "
+        "with run and log columns",
+    )  # fmt: skip
     report.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the summary of the run log ``args.run`` (``--json``: its run_end and epoch records).
+    """Print the summary of each run log in ``args.run``: one log in full, several side by side.
+
+    ``--json``: one log's run_end and epoch records, several logs' compared figures. ``--csv DIR``:
+    the logs' records as CSV files too (:func:`zeus_callbacks.cli.compare.write_csv`).
 
     Returns:
-        0, or 1 when the file is missing, not an energy log, or empty.
+        0, or 1 when a file is missing, not an energy log, or empty, or the CSV files cannot be written.
     """
-    path = Path(args.run)
-    try:
-        records = read_jsonl(path)
-    except FileNotFoundError:
-        print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
-        return 1
-    except NotAnEnergyLog as exc:
-        print(f"zeus-callbacks: {exc}", file=sys.stderr)
-        return 1
-    if not records:
-        print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
-        return 1
+    logs = []
+    for name in args.run:
+        path = Path(name)
+        try:
+            records = read_jsonl(path)
+        except FileNotFoundError:
+            print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
+            return 1
+        except NotAnEnergyLog as exc:
+            print(f"zeus-callbacks: {exc}", file=sys.stderr)
+            return 1
+        if not records:
+            print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
+            return 1
+        logs.append((path, records))
+    if len(logs) == 1:
+        _report_one(*logs[0], as_json=args.json)
+    else:
+        print(compare.comparison_json(logs) if args.json else compare.comparison_table(logs))
+    if args.csv:
+        try:
+            written = compare.write_csv(logs, Path(args.csv))
+        except OSError as exc:
+            print(f"zeus-callbacks: cannot write the CSV files in {args.csv}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if not args.json:  # stdout stays one JSON document
+            print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
+    """Print one run's summary (``as_json``: its run_end and epoch records)."""
     end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
     epochs = [r for r in records if r.get("event") == "epoch"]
-    if args.json:
+    if as_json:
         print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
-        return 0
+        return
     # Every record carries ``simulated``; logs older than that flag name the virtual GPU as their
     # backend (what plot power-limit reads too): either way the figures below are simulated.
-    simulated = any(r.get("simulated") for r in records) or any(
-        str(r.get("backend", "")).startswith("virtual") for r in records if r.get("event") in ("run_start", "run_end")
-    )
+    simulated = is_simulated(records)
     profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
@@ -101,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
         _print_time_note(end, profile)
-        for line in _node_and_estimate_lines(end):
+        for line in _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
         print("  epoch   energy_J   counter_J     time_s   power_W")
@@ -109,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
             counter = "n/a" if r.get("counter_energy_J") is None else fmt(r["counter_energy_J"])
             row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
             print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
-    return 0
 
 
 def _print_time_note(end: dict | None, profile: dict | None) -> None:
@@ -126,6 +157,23 @@ def _readable(energy_J: object) -> str:
         return ""
     text = readable_energy(float(energy_J))
     return "" if text == "n/a" else f" ({text})"
+
+
+def _device_lines(records: list[dict]) -> list[str]:
+    """Which device stood behind each measured GPU index (run_start's ``devices``; none in older logs)."""
+    start = next((r for r in records if r.get("event") == "run_start"), {})
+    backend = str(start.get("backend", "")).split(":")[0] or "backend"
+    lines = []
+    for d in start.get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        made_up = " (made up: a virtual GPU)" if d.get("virtual") else ""
+        line = f"GPU {fmt(d.get('index'))}: {backend} index {fmt(d.get('backend_index'))}, {fmt(d.get('uuid'))}"
+        line += made_up
+        if d.get("uuid") is None or d.get("backend_index") is None:
+            line += f" ({d.get('note')})" if d.get("note") else ""
+        lines.append(line)
+    return lines
 
 
 def _node_and_estimate_lines(end: dict) -> list[str]:

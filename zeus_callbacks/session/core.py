@@ -262,6 +262,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 power_limit_W=self.power_limit_W, read_only=backend.read_only,
                 resumed_energy_J=self._carried.energy_J, wall_time=run.start_wall,
                 measurement=measurement, measurement_note=note,
+                devices=records.device_identities(backend, run.gpu_indices), resumed_steps=self._carried.steps,
             )
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
@@ -411,7 +412,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._pause_timing()
         self._discard_phases()
         self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
-        if not run.meter.end("epoch", epoch=epoch):
+        if not run.meter.end("epoch", epoch=epoch, end_step=self._totals.steps):
             self._timed_report()
             return {}
         run.flush_sensor(run.backend.clock.now_s())  # a wait, not work: not charged to the steps
@@ -462,7 +463,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             if run.meter.is_open(name):
                 if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
                     self._totals.epochs += 1
-                run.meter.end(name)
+                    run.meter.end(name, end_step=self._totals.steps)
+                else:
+                    run.meter.end(name)
         run.meter.end("run")
         try:
             run.flush_sensor(run.backend.clock.now_s())

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zeus_callbacks import reporting as metric
+from zeus_callbacks.backends.base import BackendError, DeviceIdentity, GPUBackend
 from zeus_callbacks.backends.rapl import NodeEnergy
 from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
 from zeus_callbacks.footprint import carbon_estimate, cost_estimate
@@ -57,8 +58,13 @@ def run_start_record(
     wall_time: float,
     measurement: str = "measured",
     measurement_note: str | None = None,
+    devices: Sequence[DeviceIdentity] = (),
+    resumed_steps: int = 0,
 ) -> dict[str, Any]:
-    """The ``run_start`` record (``measurement``: ``measured``, ``simulated`` or ``unavailable``)."""
+    """The ``run_start`` record (``measurement``: ``measured``, ``simulated`` or ``unavailable``).
+
+    ``devices`` says which device stands behind each of ``gpu_indices`` (:func:`device_identities`).
+    """
     return {
         "event": "run_start",
         "run_name": run_name,
@@ -68,12 +74,30 @@ def run_start_record(
         "simulated": measurement == "simulated",
         "measurement_note": measurement_note,
         "gpu_indices": gpu_indices,
+        "devices": [d.as_dict() for d in devices],
         "power_limit_W": power_limit_W,
         "read_only": read_only,
         "resumed_energy_J": resumed_energy_J,
+        "resumed_steps": resumed_steps,
         "wall_time": wall_time,
         "config": config.model_dump(mode="json"),
     }
+
+
+def device_identities(backend: GPUBackend, indices: Sequence[int]) -> list[DeviceIdentity]:
+    """Which device stands behind each of ``indices`` (:meth:`GPUBackend.device_identity`).
+
+    A backend that cannot say (its error, a closed backend) gives the index alone, with the reason
+    in ``note``: the run starts all the same.
+    """
+    identities = []
+    for index in indices:
+        try:
+            identities.append(backend.device_identity(index))
+        except (BackendError, IndexError) as exc:
+            note = f"the {backend.name} backend could not identify it: {exc}"
+            identities.append(DeviceIdentity(index=index, backend_index=None, uuid=None, name="unknown", note=note))
+    return identities
 
 
 def exception_record(exc: BaseException) -> dict[str, Any]:
@@ -379,6 +403,7 @@ def epoch_record(
     return {
         "event": "epoch",
         "epoch": epoch,
+        "end_step": record.info.get("end_step"),
         "energy_J": e.energy_J,
         "counter_energy_J": e.counter_J if math.isfinite(e.counter_J) else None,
         "time_s": e.time_s,

@@ -1,0 +1,159 @@
+"""``zeus-callbacks report A.jsonl B.jsonl [--csv DIR]``: runs side by side, records as CSV (issue 26 item 2).
+
+Two real runs on the virtual GPU and a manual clock: one at the limit in force, one that profiled
+power limits and switched to the chosen one, so their figures differ.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.cli import main
+from zeus_callbacks.cli.compare import CSV_RECORDS
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+from zeus_callbacks.units import J_PER_WH
+
+ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "status", "simulated"]
+
+
+def _run(log_dir, name: str, steps: int, step_s: float, **config) -> str:
+    """A real run of two epochs of ``steps`` steps, an evaluation after each; returns its log."""
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=3.0, read_only=False, seed=1)
+    session = EnergySession({"logging": {"log_dir": str(log_dir), "run_name": name, "interval_steps": 5},
+                             "windows": {"sample_fraction": 1.0}, **config}, backend=backend)  # fmt: skip
+    session.train_start()
+    step = 0
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for _ in range(steps):
+            session.step_start(step)
+            clock.advance(step_s)
+            session.sampler.poll_once()
+            session.step_end(step, num_samples=4)
+            step += 1
+        session.epoch_end(epoch)
+        session.eval_start()
+        clock.advance(0.1)
+        session.sampler.poll_once()
+        session.eval_end()
+        session.evaluate({"val/loss": 1.0})
+    log = session.train_end().jsonl_path
+    backend.close()
+    return log
+
+
+@pytest.fixture(scope="module")
+def two_logs(tmp_path_factory) -> tuple[str, str]:
+    logs = tmp_path_factory.mktemp("logs")
+    plain = _run(logs, "plain", steps=12, step_s=0.2)
+    profiled = _run(logs, "profiled", steps=20, step_s=0.25, power_limit={
+        "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3, "step_W": 100.0,
+        "cache": False, "plot": False})  # fmt: skip
+    return plain, profiled
+
+
+def _end(log: str) -> dict:
+    (end,) = [r for r in read_jsonl(log) if r["event"] == "run_end"]
+    return end
+
+
+def parse_table(text: str) -> dict[str, dict[str, str]]:
+    """The comparison table as {row label: {run: cell}} (one block: two runs fit 80 columns)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    runs = lines[0].split()
+    table = {}
+    for line in lines[1:]:
+        label = next((r for r in ROWS if line.startswith(r)), None)
+        if label is not None:
+            table[label] = dict(zip(runs, line[len(label) :].split(), strict=True))
+    return table
+
+
+def test_two_logs_are_compared_one_column_per_run(two_logs, capsys):
+    plain, profiled = two_logs
+    assert main(["report", plain, profiled]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    table = parse_table(out)
+    assert list(table) == ROWS
+    for name, log in (("plain", plain), ("profiled", profiled)):
+        end = _end(log)
+        # Printed to one decimal: within half its last digit of the record.
+        for label, key in (("energy (J)", "energy_J"), ("time (s)", "time_s"), ("mean power (W)", "mean_power_W")):
+            assert abs(float(table[label][name]) - end[key]) <= 0.05, (label, name)
+        # Three significant figures of the record's Wh.
+        assert float(table["energy (Wh)"][name]) == pytest.approx(end["energy_J"] / J_PER_WH, rel=5e-3)
+        assert int(table["steps"][name]) == end["steps"]
+        assert table["status"][name] == end["status"] == "completed"
+        assert table["simulated"][name] == "yes"
+    # The limit training ran at: the one in force, or the one profiling chose and applied.
+    assert float(table["power limit (W)"]["plain"]) == _end(plain)["power_limit_W"]
+    assert _end(profiled)["power_limit_applied"] is True
+    assert float(table["power limit (W)"]["profiled"]) == _end(profiled)["chosen_power_limit_W"]
+    assert "SIMULATED energy (virtual GPU, not measured)" in out
+
+
+def test_a_killed_run_shows_dashes_for_what_it_lacks(two_logs, tmp_path, capsys):
+    plain, profiled = two_logs
+    killed = tmp_path / "killed.jsonl"  # a run killed before its end: no run_end line
+    lines = open(profiled, encoding="utf-8").read().splitlines(keepends=True)
+    killed.write_text("".join(line for line in lines if '"event": "run_end"' not in line))
+    assert main(["report", plain, str(killed)]) == 0
+    out = capsys.readouterr().out
+    table = parse_table(out)
+    assert [table[row]["profiled"] for row in ROWS] == ["-"] * 7 + ["yes"]  # named from its run_start
+    assert table["status"]["plain"] == "completed"
+    assert "profiled: no run_end record (still running, or killed before it ended): shown as -" in out
+    assert main(["report", plain, str(killed), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["run"] for r in runs] == ["plain", "profiled"] and runs[1]["log"] == str(killed)
+    assert runs[1]["ended"] is False and runs[1]["energy_J"] is None and runs[1]["status"] is None
+    assert runs[0]["energy_J"] == _end(plain)["energy_J"] and runs[0]["ended"] is True
+
+
+def test_csv_holds_every_record_of_each_type_with_a_run_column(two_logs, tmp_path, capsys):
+    plain, profiled = two_logs
+    out_dir = tmp_path / "csv"
+    assert main(["report", plain, profiled, "--csv", str(out_dir)]) == 0
+    assert f"wrote {out_dir / 'steps.csv'}" in capsys.readouterr().out
+    records = {name: read_jsonl(log) for name, log in (("plain", plain), ("profiled", profiled))}
+    for kind in CSV_RECORDS:
+        with open(out_dir / f"{kind}.csv", newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        for name, recs in records.items():
+            expected = [r for r in recs if r["event"] == kind]
+            mine = [row for row in rows if row["run"] == name]
+            assert len(mine) == len(expected) > 0, (kind, name)
+        assert [row["run"] for row in rows] == sorted((row["run"] for row in rows), key=["plain", "profiled"].index)
+    with open(out_dir / "epoch.csv", newline="", encoding="utf-8") as fh:
+        epochs = list(csv.DictReader(fh))
+    expected = [r for r in records["profiled"] if r["event"] == "epoch"]
+    mine = [row for row in epochs if row["run"] == "profiled"]
+    # Floats round-trip exactly (repr), a mapping becomes dotted columns, null an empty cell.
+    assert [float(row["energy_J"]) for row in mine] == [r["energy_J"] for r in expected]
+    assert [float(row["ledger.steps_J"]) for row in mine] == [r["ledger"]["steps_J"] for r in expected]
+    assert [json.loads(row["gpu_energy_J"]) for row in mine] == [r["gpu_energy_J"] for r in expected]
+    assert {row["covered_from_step"] for row in mine} == {""}
+
+
+def test_csv_of_one_log_also_prints_its_summary(two_logs, tmp_path, capsys):
+    plain, _ = two_logs
+    assert main(["report", plain, "--csv", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run plain (completed)")
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(f"{k}.csv" for k in CSV_RECORDS)
+
+
+def test_a_missing_log_among_several_is_named(two_logs, tmp_path, capsys):
+    plain, _ = two_logs
+    missing = tmp_path / "nowhere.jsonl"
+    assert main(["report", plain, str(missing), "--csv", str(tmp_path / "c")]) == 1
+    assert capsys.readouterr().err == f"zeus-callbacks: no such energy log: {missing}\n"
+    assert not (tmp_path / "c").exists()

@@ -1,0 +1,132 @@
+"""run_start says which device stands behind cuda:0: the vendor's index and UUID (issue 26, state and identity).
+
+With ``CUDA_VISIBLE_DEVICES=3`` the right GPU was measured, but no record said which NVML device it was.
+The NVML and amdsmi cases run a real EnergySession over the real backends driven by the repository's
+fakes of pynvml and amdsmi (their UUIDs and enumeration are the fakes', not invented here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.nvml import NVMLBackend
+from zeus_callbacks.backends.unavailable import UnavailableBackend
+from zeus_callbacks.cli import main
+from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.session import EnergySession
+
+try:
+    from tests.fakes import fake_amdsmi as fa
+    from tests.fakes import fake_pynvml as fp
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    from fakes import fake_amdsmi as fa
+    from fakes import fake_pynvml as fp
+
+T0 = 1_800_000_000.0  # realtime seconds, on the fakes' 100 ms sensor grid
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for env in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZEUS_CALLBACKS_READ_ONLY"):
+        monkeypatch.delenv(env, raising=False)
+
+
+def _run_start(tmp_path, backend) -> dict:
+    """Start and end a run of one step on ``backend``; return its run_start record."""
+    session = EnergySession(
+        {"backend": backend.name, "logging": {"log_dir": str(tmp_path), "run_name": "id"}},
+        backend=backend, is_main_process=True,
+    )  # fmt: skip
+    session.train_start()
+    session.step_start(0)
+    backend.clock.advance(0.1)
+    session.step_end(0)
+    summary = session.train_end()
+    (start,) = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_start"]
+    return start
+
+
+def test_virtual_gpu_has_a_made_up_id_marked_virtual(tmp_path, virtual_backend):
+    start = _run_start(tmp_path, virtual_backend)
+    (device,) = start["devices"]
+    assert device["index"] == 0 == start["gpu_indices"][0]
+    assert device["backend_index"] == 0
+    assert device["uuid"] == "VIRTUAL-GPU-0" and device["virtual"] is True
+    assert "made up" in device["note"] and device["name"] == virtual_backend.device_name(0)
+    # The made-up id is for people reading the log: locks and restore markers still see no UUID.
+    assert virtual_backend.device_uuid(0) is None
+
+
+def test_the_virtual_id_is_the_same_in_every_run(tmp_path, manual_clock):
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+    ids = []
+    for run in range(2):
+        backend = VirtualGPUBackend(clock=manual_clock, num_devices=2, noise_W=0.0, read_only=True, seed=run)
+        ids.append([backend.device_identity(i).uuid for i in range(2)])
+        backend.close()
+    assert ids[0] == ids[1] == ["VIRTUAL-GPU-0", "VIRTUAL-GPU-1"]
+
+
+def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp_path, monkeypatch, capsys):
+    clock = ManualClock(T0)
+    fake = fp.FakePyNVML(num_gpus=4, time_fn=clock.now_s)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    backend = NVMLBackend(nvml_module=fake, clock=clock, read_only=True)
+    start = _run_start(tmp_path, backend)
+    (device,) = start["devices"]
+    assert device == {
+        "index": 0, "backend_index": 3, "uuid": fake.gpus[3].uuid, "name": fake.gpus[3].name,
+        "virtual": False, "note": None,
+    }  # fmt: skip
+    assert device["uuid"] == fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(3))
+    # `report` says it too.
+    assert main(["report", str(tmp_path / "id.jsonl")]) == 0
+    assert f"  GPU 0: nvml index 3, {fake.gpus[3].uuid}\n" in capsys.readouterr().out
+
+
+def test_nvml_identity_follows_the_visible_order(monkeypatch):
+    clock = ManualClock(T0)
+    fake = fp.FakePyNVML(num_gpus=4, time_fn=clock.now_s)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{fake.gpus[2].uuid},0")
+    backend = NVMLBackend(nvml_module=fake, clock=clock, read_only=True)
+    calls = dict(fake.calls)
+    identities = [backend.device_identity(i) for i in range(2)]
+    assert [(d.index, d.backend_index, d.uuid) for d in identities] == [
+        (0, 2, fake.gpus[2].uuid), (1, 0, fake.gpus[0].uuid)
+    ]  # fmt: skip
+    assert dict(fake.calls) == calls  # no NVML call: what discovery read
+    backend.close()
+
+
+def test_amdsmi_under_hip_visible_devices_names_the_amdsmi_device(tmp_path, monkeypatch):
+    clock = ManualClock(T0)
+    fake = fa.FakeAMDSMI(num_gpus=4, time_fn=clock.now_s)
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2")
+    backend = AMDSMIBackend(amdsmi_module=fake, clock=clock, read_only=True)
+    start = _run_start(tmp_path, backend)
+    (device,) = start["devices"]
+    handle = fake.amdsmi_get_processor_handles()[2]
+    assert device["backend_index"] == 2 and device["uuid"] == fake.amdsmi_get_gpu_device_uuid(handle)
+    assert device["virtual"] is False and device["note"] is None
+
+
+def test_amdsmi_without_a_uuid_says_why(monkeypatch):
+    clock = ManualClock(T0)
+    fake = fa.FakeAMDSMI(num_gpus=1, time_fn=clock.now_s)
+    fake.make_unsupported("amdsmi_get_gpu_device_uuid")
+    backend = AMDSMIBackend(amdsmi_module=fake, clock=clock, read_only=True)
+    identity = backend.device_identity(0)
+    assert identity.uuid is None and identity.backend_index == 0 and "UUID" in identity.note
+    backend.close()
+
+
+def test_an_unmeasurable_gpu_gives_its_index_and_the_reason():
+    from zeus_callbacks.backends.detect import GPUPresence
+
+    backend = UnavailableBackend(GPUPresence(nvidia_nodes=("nvidia0",)), "nvmlInit failed", "fix")
+    identity = backend.device_identity(0)
+    assert (identity.index, identity.backend_index, identity.uuid) == (0, None, None)
+    assert "nvmlInit failed" in identity.note
