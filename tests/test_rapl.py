@@ -254,3 +254,125 @@ def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_cloc
     summary = session.train_end()
     assert summary.cpu_energy_J is None and summary.node_energy_note is None
     assert "CPU/DRAM" not in str(summary)
+
+
+# ------------------------------------------------------------------ per epoch (node.rapl)
+def _epochs_run(tmp_path, backend, manual_clock, root, burns, *, node=None):
+    """Epochs of two 0.5 s steps; ``burns[i]()`` moves the counters inside epoch i (between its readings)."""
+    from zeus_callbacks.session import EnergySession
+
+    node = {"rapl": True, "powercap_root": str(root)} if node is None else node
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "e"}, "node": node}, backend=backend
+    )
+    session.train_start()
+    logged = []
+    for epoch, burn in enumerate(burns):
+        session.epoch_start(epoch)
+        for step in range(2):
+            session.step_start(step)
+            manual_clock.advance(0.5)
+            session.sampler.poll_once()
+            session.step_end(step)
+        burn()
+        logged.append(session.epoch_end(epoch, report=True))
+    return session, session.train_end(), logged
+
+
+def _log_records(tmp_path, event):
+    from zeus_callbacks.reporting import read_jsonl
+
+    return [r for r in read_jsonl(tmp_path / "logs" / "e.jsonl") if r["event"] == event]
+
+
+def _mover(zones):
+    values = {label: int((path / "energy_uj").read_text()) for label, path in zones.items()}
+
+    def move(**uj):
+        def burn():
+            for label, delta in uj.items():
+                values[label] = (values[label] + delta) % RANGE_UJ
+                set_uj(zones[label], values[label])
+
+        return burn
+
+    return move
+
+
+def test_each_epoch_holds_the_cpu_dram_and_node_energy_between_its_readings(
+    tmp_path, tree, virtual_backend, manual_clock
+):
+    root, zones = tree
+    set_uj(zones["package-0"], RANGE_UJ - 1_000_000)  # package-0 wraps in epoch 0
+    move = _mover(zones)
+    burns = [
+        move(**{"package-0": 3_000_000, "package-1": 10_000_000, "dram-0": 1_000_000, "dram-1": 2_000_000}),
+        move(**{"package-0": 4_000_000, "package-1": 6_000_000, "dram-0": 500_000, "dram-1": 250_000}),
+    ]
+    session, summary, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, root, burns)
+    epochs = _log_records(tmp_path, "epoch")
+    expected = [(3.0 + 10.0, 1.0 + 2.0), (4.0 + 6.0, 0.5 + 0.25)]  # (CPU J, DRAM J): the µJ moved above / 1e6
+    for record, metrics, (cpu_J, dram_J) in zip(epochs, logged, expected, strict=True):
+        # approx: µJ -> J divisions and sums of floats
+        assert record["cpu_energy_J"] == pytest.approx(cpu_J) and record["dram_energy_J"] == pytest.approx(dram_J)
+        assert record["energy_J"] > 0  # the GPU part, from the samples
+        assert record["node_energy_J"] == pytest.approx(record["energy_J"] + cpu_J + dram_J)
+        assert record["node_energy_note"] == "GPU + CPU package + DRAM"
+        assert metrics["energy/epoch_cpu_J"] == pytest.approx(cpu_J)
+        assert metrics["energy/epoch_dram_J"] == pytest.approx(dram_J)
+        assert metrics["energy/epoch_node_J"] == pytest.approx(record["node_energy_J"])
+    # Nothing moved outside the epochs: the run's CPU/DRAM energy is the epochs' sum.
+    assert summary.cpu_energy_J == pytest.approx(sum(r["cpu_energy_J"] for r in epochs))
+    assert summary.dram_energy_J == pytest.approx(sum(r["dram_energy_J"] for r in epochs))
+
+
+def test_a_domain_lost_in_an_epoch_leaves_that_epochs_figure_unknown_with_the_reason(
+    tmp_path, tree, virtual_backend, manual_clock
+):
+    root, zones = tree
+    move = _mover(zones)
+    everything = {"package-0": 1_000_000, "package-1": 1_000_000, "dram-0": 1_000_000, "dram-1": 1_000_000}
+
+    def lose_dram_1():
+        move(**{k: v for k, v in everything.items() if k != "dram-1"})()
+        (zones["dram-1"] / "energy_uj").unlink()
+
+    session, summary, logged = _epochs_run(
+        tmp_path, virtual_backend, manual_clock, root, [move(**everything), lose_dram_1]
+    )
+    first, second = _log_records(tmp_path, "epoch")
+    assert first["dram_energy_J"] == pytest.approx(2.0) and first["node_energy_J"] is not None
+    assert second["cpu_energy_J"] == pytest.approx(2.0)  # the packages were read: known
+    assert second["dram_energy_J"] is None and second["node_energy_J"] is None  # never 0 for unknown
+    assert "unknown: dram-1: " in second["node_energy_note"] and "vanished" in second["node_energy_note"]
+    assert "energy/epoch_cpu_J" in logged[1] and "energy/epoch_J" in logged[1]
+    assert "energy/epoch_dram_J" not in logged[1] and "energy/epoch_node_J" not in logged[1]
+
+
+def test_unreadable_counters_give_null_epoch_figures_with_the_fix(
+    tmp_path, tree, virtual_backend, manual_clock, monkeypatch
+):
+    root, _ = tree
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    _, _, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, root, [lambda: None])
+    (record,) = _log_records(tmp_path, "epoch")
+    assert record["cpu_energy_J"] is None and record["node_energy_J"] is None and record["energy_J"] > 0
+    assert "not readable" in record["node_energy_note"] and "chmod" in record["node_energy_note"]
+    assert not any(key.startswith(("energy/epoch_cpu", "energy/epoch_node")) for key in logged[0])
+
+
+def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session.node import NODE_OFF
+
+    _, summary, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, tmp_path, [lambda: None], node={})
+    (record,) = _log_records(tmp_path, "epoch")
+    assert (record["cpu_energy_J"], record["dram_energy_J"], record["node_energy_J"]) == (None, None, None)
+    assert record["node_energy_note"] == NODE_OFF
+    assert "energy/epoch_node_J" not in logged[0] and summary.node_energy_note is None
