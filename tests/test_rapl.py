@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,120 @@ def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, v
     assert (record["cpu_energy_J"], record["dram_energy_J"], record["node_energy_J"]) == (None, None, None)
     assert record["node_energy_note"] == NODE_OFF
     assert "energy/epoch_node_J" not in logged[0] and summary.node_energy_note is None
+
+
+# ------------------------------------------------------------------ the virtual CPU (node.virtual_cpu)
+def test_the_virtual_cpu_is_power_per_core_times_the_process_cpu_time():
+    from zeus_callbacks.backends.virtual_cpu import VirtualCpu
+
+    cpu_s = [40.0]
+    cpu = VirtualCpu(8.0, cpu_time_s=lambda: cpu_s[0])
+    cpu.start()
+    cpu_s[0] += 1.5  # 1.5 s of CPU time (e.g. two threads busy for 0.75 s)
+    energy = cpu.read()
+    assert energy.cpu_J == pytest.approx(8.0 * 1.5) and energy.dram_J is None  # approx: float product
+    assert cpu.simulated and not cpu.has_dram and "SIMULATED" in cpu.parts and "8 W per busy core" in cpu.parts
+    with pytest.raises(ValueError, match="power_per_core_W"):
+        VirtualCpu(0.0)
+
+
+@pytest.fixture
+def fake_cpu_time(monkeypatch):
+    """The process's CPU time as the test moves it (s), and how often it was read."""
+    from zeus_callbacks.backends import virtual_cpu
+
+    state = {"s": 100.0, "reads": 0}
+
+    def cpu_time_s():
+        state["reads"] += 1
+        return state["s"]
+
+    monkeypatch.setattr(virtual_cpu, "process_cpu_time_s", cpu_time_s)
+    return state
+
+
+def test_beside_the_virtual_gpu_without_rapl_the_cpu_is_simulated_and_flagged(
+    tmp_path, wall_virtual_backend, fake_cpu_time
+):
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    node = {"virtual_cpu": True, "virtual_cpu_power_per_core_W": 5.0, "powercap_root": str(tmp_path / "none")}
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "v"}, "node": node}, backend=wall_virtual_backend
+    )
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(3):
+        session.step_start(step)
+        time.sleep(0.03)  # the wall clock: the virtual GPU draws power while it runs
+        session.step_end(step)
+    fake_cpu_time["s"] += 2.0  # the process used 2 s of CPU time in the epoch
+    metrics = session.epoch_end(0, report=True)
+    fake_cpu_time["s"] += 0.5  # and 0.5 s after it
+    summary = session.train_end()
+    records = read_jsonl(tmp_path / "logs" / "v.jsonl")
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert epoch["cpu_energy_J"] == pytest.approx(5.0 * 2.0)  # approx: float product
+    assert epoch["dram_energy_J"] is None  # the virtual CPU simulates no DRAM
+    gpu_J = epoch["energy_J"]  # null only if no sample covered the epoch (a stalled machine): then so is the node's
+    assert epoch["node_energy_J"] == (None if gpu_J is None else pytest.approx(gpu_J + epoch["cpu_energy_J"]))
+    assert metrics["energy/epoch_cpu_J"] == pytest.approx(10.0) and metrics["energy/simulated"] == 1.0
+    assert summary.cpu_energy_J == pytest.approx(5.0 * 2.5) and summary.dram_energy_J is None
+    assert summary.node_energy_J == pytest.approx(summary.energy_J + summary.cpu_energy_J)
+    # Flagged wherever it appears: every record that carries it says simulated, and the notes and summary say so.
+    carrying = [r for r in records if r.get("cpu_energy_J") is not None]
+    assert len(carrying) == 2 and all(r["simulated"] is True for r in carrying)
+    assert all("SIMULATED" in r["node_energy_note"] and "5 W per busy core" in r["node_energy_note"] for r in carrying)
+    assert summary.simulated and "SIMULATED" in str(summary)
+
+
+def test_a_real_gpu_never_gets_the_virtual_cpu(tmp_path, manual_clock, fake_cpu_time, caplog):
+    from tests.fakes import fake_pynvml as fp
+    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    backend = NVMLBackend(nvml_module=fp.FakePyNVML(num_gpus=1, time_fn=manual_clock.now_s), clock=manual_clock,
+                          read_only=True)  # fmt: skip
+    node = {"virtual_cpu": True, "powercap_root": str(tmp_path / "none")}  # no RAPL on this machine
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"}, "node": node}, backend=backend
+    )
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        session.train_start()
+    session.epoch_start(0)
+    for step in range(2):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    fake_cpu_time["s"] += 2.0
+    session.epoch_end(0)
+    summary = session.train_end()
+    backend.close()
+    assert fake_cpu_time["reads"] == 0  # never read: no simulated figure beside a real GPU
+    (epoch,) = [r for r in read_jsonl(tmp_path / "logs" / "r.jsonl") if r["event"] == "epoch"]
+    for figures in (epoch, summary.as_dict()):
+        assert figures["cpu_energy_J"] is None and figures["node_energy_J"] is None
+        assert "only beside the virtual GPU" in figures["node_energy_note"]
+        assert "SIMULATED" not in figures["node_energy_note"]
+    assert summary.energy_J > 0 and not summary.simulated
+    assert any("node.virtual_cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_the_virtual_cpu_stays_off_on_a_manual_clock_and_rapl_comes_first(
+    tmp_path, tree, virtual_backend, wall_virtual_backend, fake_cpu_time
+):
+    from zeus_callbacks.config import NodeConfig
+    from zeus_callbacks.session.node import open_node_reader
+
+    missing = str(tmp_path / "none")
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), virtual_backend)
+    assert reader is None and "manual clock" in note  # the simulator's time is not the process's CPU time
+    root, _ = tree
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=root), wall_virtual_backend)
+    assert note is None and not reader.simulated and reader.parts == "GPU + CPU package + DRAM"
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), wall_virtual_backend)
+    assert note is None and reader.simulated
+    assert open_node_reader(NodeConfig(), wall_virtual_backend) == (None, None)
