@@ -494,3 +494,24 @@ def test_the_virtual_cpu_stays_off_on_a_manual_clock_and_rapl_comes_first(
     reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), wall_virtual_backend)
     assert note is None and reader.simulated
     assert open_node_reader(NodeConfig(), wall_virtual_backend) == (None, None)
+
+
+def test_under_several_processes_rapl_is_read_by_local_rank_0_and_the_virtual_cpu_by_every_process(
+    tmp_path, tree, wall_virtual_backend, monkeypatch, fake_cpu_time
+):
+    from zeus_callbacks.config import NodeConfig
+    from zeus_callbacks.session.node import OTHER_LOCAL_RANK, open_node_reader
+
+    root, _ = tree
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    reader, note = open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend)
+    assert reader is None and "LOCAL_RANK" in note  # which processes share a node is unknown: no guess
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend) == (None, OTHER_LOCAL_RANK)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    reader, note = open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend)
+    assert note is None and not reader.simulated
+    monkeypatch.setenv("LOCAL_RANK", "1")  # the virtual CPU models each process's own CPU time
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=tmp_path / "none"), wall_virtual_backend)
+    assert note is None and reader.simulated

@@ -575,9 +575,10 @@ class NodeConfig(_Section):
     rapl: bool = Field(
         False,
         description="Read the CPU package and DRAM energy counters (/sys/class/powercap/intel-rapl*) at the run's "
-        "start and end: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM). Recent kernels let "
-        "only root read them (docs/node_energy.md says how to allow it); one process only (not combined under "
-        "DDP yet).",
+        "start and end and at each epoch's: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM), "
+        "and per epoch energy/epoch_cpu_J, energy/epoch_dram_J, energy/epoch_node_J. Recent kernels let "
+        "only root read them (docs/node_energy.md says how to allow it). Under several processes each node's "
+        "local rank 0 reads them, so each node is counted once.",
     )
     powercap_root: Path = Field(
         Path("/sys/class/powercap"), description="The powercap folder (another path where sysfs is mounted elsewhere)."

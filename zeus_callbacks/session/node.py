@@ -23,7 +23,7 @@ from zeus_callbacks.backends import GPUBackend
 from zeus_callbacks.backends.rapl import NodeEnergy, NodeReader, RaplReader
 from zeus_callbacks.backends.virtual_cpu import VirtualCpu
 from zeus_callbacks.config import NodeConfig
-from zeus_callbacks.distributed import launcher_world_size
+from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.session.aggregate import Rows
 
 logger = logging.getLogger(__name__)
@@ -34,16 +34,24 @@ NODE_COLUMNS = 4
 NODE_OFF = "node.rapl and node.virtual_cpu are off: no CPU/DRAM energy reader"
 """The note of an epoch record when no node figure was asked for."""
 
+OTHER_LOCAL_RANK = "this node's CPU/DRAM counters are read by its local rank 0 (each node counted once)"
+"""Why a process whose ``LOCAL_RANK`` is not 0 has no RAPL reader under several processes."""
+
 RESUMED = "a resumed run: the CPU/DRAM energy before the checkpoint was not carried"
 """Why a resumed run's node figure is unknown."""
 
 
 def open_node_reader(config: NodeConfig, backend: GPUBackend) -> tuple[NodeReader | None, str | None]:
-    """The run's CPU/DRAM energy reader, or None with why there is none.
+    """The run's CPU/DRAM energy reader in this process, or None with why there is none.
 
     RAPL first (started here once, to learn whether its counters can be read); the virtual CPU where no
     package counter can be read, ``node.virtual_cpu`` is on and the GPU is the virtual GPU on the wall
     clock. A real GPU never gets the simulated CPU: its CPU figure is then unknown, with the reason.
+
+    Under several processes a node's RAPL counters are read by its local rank 0 only (``LOCAL_RANK``),
+    so each node's CPU is counted once in the ranks' sum; the virtual CPU, which models a process's own
+    CPU time, is read by every process. Without ``LOCAL_RANK`` which processes share a node is unknown:
+    no reader, with that reason.
 
     Args:
         config: The ``node`` section.
@@ -54,15 +62,24 @@ def open_node_reader(config: NodeConfig, backend: GPUBackend) -> tuple[NodeReade
     """
     if not (config.rapl or config.virtual_cpu):
         return None, None
+    reads_rapl = True
     if launcher_world_size() > 1:
-        note = "the node figures are not combined across processes yet: no CPU/DRAM energy under several processes"
-        logger.warning("zeus-callbacks: %s", note)
-        return None, note
+        local_rank = launcher_env_int("LOCAL_RANK", -1)
+        if local_rank < 0:
+            note = (
+                "several processes without LOCAL_RANK: which of them share a node is unknown, so no CPU/DRAM "
+                "energy (a node's CPU would be counted once per process)"
+            )
+            logger.warning("zeus-callbacks: %s", note)
+            return None, note
+        reads_rapl = local_rank == 0
+    if not reads_rapl and not config.virtual_cpu:
+        return None, OTHER_LOCAL_RANK
     rapl = RaplReader(config.powercap_root)
     if rapl.available:
         rapl.start()  # the first reading: an unreadable counter (non-root) shows here
         if rapl.readable or not config.virtual_cpu:
-            return rapl, None
+            return (rapl, None) if reads_rapl else (None, OTHER_LOCAL_RANK)
     elif not config.virtual_cpu:
         logger.warning("zeus-callbacks: node.rapl: no RAPL package domain under %s; no CPU/DRAM energy",
                        config.powercap_root)  # fmt: skip
@@ -72,7 +89,7 @@ def open_node_reader(config: NodeConfig, backend: GPUBackend) -> tuple[NodeReade
     if refusal is not None:
         note = f"{no_rapl}, and {refusal}: no CPU/DRAM energy"
         logger.warning("zeus-callbacks: node.virtual_cpu: %s", note)
-        return (rapl, None) if rapl.available else (None, note)
+        return (rapl, None) if rapl.available and reads_rapl else (None, note)
     logger.info("zeus-callbacks: node.virtual_cpu: %s; the CPU package energy is SIMULATED", no_rapl)
     return VirtualCpu(config.virtual_cpu_power_per_core_W), None
 
@@ -159,7 +176,8 @@ def node_figures(gpu_energy_J: float, rows: Rows, local: LocalNode, *, carried_e
     elif node_J is None and not reasons:
         known = cpu_J is not None and (dram_J is not None or not with_dram)
         reasons = "the GPU energy is unknown" if known else "unknown on another node's reader"
-    parts = local.parts or "GPU + CPU package"
+    # A process that reads no counter (not its node's local rank 0) words the parts as the readers' columns say.
+    parts = local.parts or "GPU + CPU package" + (" + DRAM" if with_dram else " (no DRAM domain on this CPU)")
     return {
         "cpu_energy_J": cpu_J,
         "dram_energy_J": dram_J,
