@@ -295,6 +295,16 @@ FIELDS: dict[str, str] = {
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
     "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
+    "epoch.cpu_energy_J": "CPU package energy of the epoch (J), summed over sockets, between readings at its "
+    "start and end (`node.rapl`: Linux powercap RAPL; with `node.virtual_cpu` beside the virtual GPU, SIMULATED: "
+    "`node_energy_note` says so); under several processes the sum over the processes that read a node's counters. "
+    "Null, with the reason in `node_energy_note`, when off or unknown (never 0 for unknown).",
+    "epoch.dram_energy_J": "DRAM energy of the epoch (J, RAPL dram domains); null when off, unknown, or the CPU has "
+    "no DRAM domain.",
+    "epoch.node_energy_J": "`energy_J` + `cpu_energy_J` (+ `dram_energy_J` where a DRAM domain exists) (J); null "
+    "when off or any part is unknown.",
+    "epoch.node_energy_note": "The parts `node_energy_J` holds (a simulated CPU says `SIMULATED` and states its "
+    "model), or why a figure is null.",
     "warmup.steps": "The warm-up steps' indices (the framework's global step when each began).",
     "warmup.energy_J": "Energy of those steps, summed over GPUs and ranks (J).",
     "warmup.time_s": "Their total time, the slowest rank's (s).",
@@ -477,9 +487,11 @@ def render_metrics() -> str:
         "",
         "Every key zeus-callbacks logs to the framework's loggers (TensorBoard, Weights & Biases, ...). "
         "The keys are stable; the unit is in the name. Energy is GPU energy, summed over the GPUs this "
-        "process measures, except `energy/cpu_J`, `energy/dram_J` and `energy/node_J` (`node.rapl`: the CPU "
-        "packages and DRAM from Linux RAPL); no key covers the rest of the machine (fans, disks, the power "
-        "supply's losses). `energy/co2_g` and `cost/run` are estimates (docs/node_energy.md).",
+        "process measures, except `energy/cpu_J`, `energy/dram_J`, `energy/node_J` and their epoch forms "
+        "`energy/epoch_cpu_J`, `energy/epoch_dram_J`, `energy/epoch_node_J` (`node.rapl`: the CPU packages and "
+        "DRAM from Linux RAPL; `node.virtual_cpu`: a SIMULATED CPU beside the virtual GPU); no key covers the "
+        "rest of the machine (fans, disks, the power supply's losses). `energy/co2_g` and `cost/run` are "
+        "estimates (docs/node_energy.md).",
         "",
         "| Key | Unit | Meaning |",
         "| --- | --- | --- |",

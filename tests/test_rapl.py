@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,263 @@ def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_cloc
     summary = session.train_end()
     assert summary.cpu_energy_J is None and summary.node_energy_note is None
     assert "CPU/DRAM" not in str(summary)
+
+
+# ------------------------------------------------------------------ per epoch (node.rapl)
+def _epochs_run(tmp_path, backend, manual_clock, root, burns, *, node=None):
+    """Epochs of two 0.5 s steps; ``burns[i]()`` moves the counters inside epoch i (between its readings)."""
+    from zeus_callbacks.session import EnergySession
+
+    node = {"rapl": True, "powercap_root": str(root)} if node is None else node
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "e"}, "node": node}, backend=backend
+    )
+    session.train_start()
+    logged = []
+    for epoch, burn in enumerate(burns):
+        session.epoch_start(epoch)
+        for step in range(2):
+            session.step_start(step)
+            manual_clock.advance(0.5)
+            session.sampler.poll_once()
+            session.step_end(step)
+        burn()
+        logged.append(session.epoch_end(epoch, report=True))
+    return session, session.train_end(), logged
+
+
+def _log_records(tmp_path, event):
+    from zeus_callbacks.reporting import read_jsonl
+
+    return [r for r in read_jsonl(tmp_path / "logs" / "e.jsonl") if r["event"] == event]
+
+
+def _mover(zones):
+    values = {label: int((path / "energy_uj").read_text()) for label, path in zones.items()}
+
+    def move(**uj):
+        def burn():
+            for label, delta in uj.items():
+                values[label] = (values[label] + delta) % RANGE_UJ
+                set_uj(zones[label], values[label])
+
+        return burn
+
+    return move
+
+
+def test_each_epoch_holds_the_cpu_dram_and_node_energy_between_its_readings(
+    tmp_path, tree, virtual_backend, manual_clock
+):
+    root, zones = tree
+    set_uj(zones["package-0"], RANGE_UJ - 1_000_000)  # package-0 wraps in epoch 0
+    move = _mover(zones)
+    burns = [
+        move(**{"package-0": 3_000_000, "package-1": 10_000_000, "dram-0": 1_000_000, "dram-1": 2_000_000}),
+        move(**{"package-0": 4_000_000, "package-1": 6_000_000, "dram-0": 500_000, "dram-1": 250_000}),
+    ]
+    session, summary, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, root, burns)
+    epochs = _log_records(tmp_path, "epoch")
+    expected = [(3.0 + 10.0, 1.0 + 2.0), (4.0 + 6.0, 0.5 + 0.25)]  # (CPU J, DRAM J): the µJ moved above / 1e6
+    for record, metrics, (cpu_J, dram_J) in zip(epochs, logged, expected, strict=True):
+        # approx: µJ -> J divisions and sums of floats
+        assert record["cpu_energy_J"] == pytest.approx(cpu_J) and record["dram_energy_J"] == pytest.approx(dram_J)
+        assert record["energy_J"] > 0  # the GPU part, from the samples
+        assert record["node_energy_J"] == pytest.approx(record["energy_J"] + cpu_J + dram_J)
+        assert record["node_energy_note"] == "GPU + CPU package + DRAM"
+        assert metrics["energy/epoch_cpu_J"] == pytest.approx(cpu_J)
+        assert metrics["energy/epoch_dram_J"] == pytest.approx(dram_J)
+        assert metrics["energy/epoch_node_J"] == pytest.approx(record["node_energy_J"])
+    # Nothing moved outside the epochs: the run's CPU/DRAM energy is the epochs' sum.
+    assert summary.cpu_energy_J == pytest.approx(sum(r["cpu_energy_J"] for r in epochs))
+    assert summary.dram_energy_J == pytest.approx(sum(r["dram_energy_J"] for r in epochs))
+
+
+def test_a_domain_lost_in_an_epoch_leaves_that_epochs_figure_unknown_with_the_reason(
+    tmp_path, tree, virtual_backend, manual_clock
+):
+    root, zones = tree
+    move = _mover(zones)
+    everything = {"package-0": 1_000_000, "package-1": 1_000_000, "dram-0": 1_000_000, "dram-1": 1_000_000}
+
+    def lose_dram_1():
+        move(**{k: v for k, v in everything.items() if k != "dram-1"})()
+        (zones["dram-1"] / "energy_uj").unlink()
+
+    session, summary, logged = _epochs_run(
+        tmp_path, virtual_backend, manual_clock, root, [move(**everything), lose_dram_1]
+    )
+    first, second = _log_records(tmp_path, "epoch")
+    assert first["dram_energy_J"] == pytest.approx(2.0) and first["node_energy_J"] is not None
+    assert second["cpu_energy_J"] == pytest.approx(2.0)  # the packages were read: known
+    assert second["dram_energy_J"] is None and second["node_energy_J"] is None  # never 0 for unknown
+    assert "unknown: dram-1: " in second["node_energy_note"] and "vanished" in second["node_energy_note"]
+    assert "energy/epoch_cpu_J" in logged[1] and "energy/epoch_J" in logged[1]
+    assert "energy/epoch_dram_J" not in logged[1] and "energy/epoch_node_J" not in logged[1]
+
+
+def test_unreadable_counters_give_null_epoch_figures_with_the_fix(
+    tmp_path, tree, virtual_backend, manual_clock, monkeypatch
+):
+    root, _ = tree
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    _, _, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, root, [lambda: None])
+    (record,) = _log_records(tmp_path, "epoch")
+    assert record["cpu_energy_J"] is None and record["node_energy_J"] is None and record["energy_J"] > 0
+    assert "not readable" in record["node_energy_note"] and "chmod" in record["node_energy_note"]
+    assert not any(key.startswith(("energy/epoch_cpu", "energy/epoch_node")) for key in logged[0])
+
+
+def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session.node import NODE_OFF
+
+    _, summary, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, tmp_path, [lambda: None], node={})
+    (record,) = _log_records(tmp_path, "epoch")
+    assert (record["cpu_energy_J"], record["dram_energy_J"], record["node_energy_J"]) == (None, None, None)
+    assert record["node_energy_note"] == NODE_OFF
+    assert "energy/epoch_node_J" not in logged[0] and summary.node_energy_note is None
+
+
+# ------------------------------------------------------------------ the virtual CPU (node.virtual_cpu)
+def test_the_virtual_cpu_is_power_per_core_times_the_process_cpu_time():
+    from zeus_callbacks.backends.virtual_cpu import VirtualCpu
+
+    cpu_s = [40.0]
+    cpu = VirtualCpu(8.0, cpu_time_s=lambda: cpu_s[0])
+    cpu.start()
+    cpu_s[0] += 1.5  # 1.5 s of CPU time (e.g. two threads busy for 0.75 s)
+    energy = cpu.read()
+    assert energy.cpu_J == pytest.approx(8.0 * 1.5) and energy.dram_J is None  # approx: float product
+    assert cpu.simulated and not cpu.has_dram and "SIMULATED" in cpu.parts and "8 W per busy core" in cpu.parts
+    with pytest.raises(ValueError, match="power_per_core_W"):
+        VirtualCpu(0.0)
+
+
+@pytest.fixture
+def fake_cpu_time(monkeypatch):
+    """The process's CPU time as the test moves it (s), and how often it was read."""
+    from zeus_callbacks.backends import virtual_cpu
+
+    state = {"s": 100.0, "reads": 0}
+
+    def cpu_time_s():
+        state["reads"] += 1
+        return state["s"]
+
+    monkeypatch.setattr(virtual_cpu, "process_cpu_time_s", cpu_time_s)
+    return state
+
+
+def test_beside_the_virtual_gpu_without_rapl_the_cpu_is_simulated_and_flagged(
+    tmp_path, wall_virtual_backend, fake_cpu_time
+):
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    node = {"virtual_cpu": True, "virtual_cpu_power_per_core_W": 5.0, "powercap_root": str(tmp_path / "none")}
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "v"}, "node": node}, backend=wall_virtual_backend
+    )
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(3):
+        session.step_start(step)
+        time.sleep(0.03)  # the wall clock: the virtual GPU draws power while it runs
+        session.step_end(step)
+    fake_cpu_time["s"] += 2.0  # the process used 2 s of CPU time in the epoch
+    metrics = session.epoch_end(0, report=True)
+    fake_cpu_time["s"] += 0.5  # and 0.5 s after it
+    summary = session.train_end()
+    records = read_jsonl(tmp_path / "logs" / "v.jsonl")
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert epoch["cpu_energy_J"] == pytest.approx(5.0 * 2.0)  # approx: float product
+    assert epoch["dram_energy_J"] is None  # the virtual CPU simulates no DRAM
+    gpu_J = epoch["energy_J"]  # null only if no sample covered the epoch (a stalled machine): then so is the node's
+    assert epoch["node_energy_J"] == (None if gpu_J is None else pytest.approx(gpu_J + epoch["cpu_energy_J"]))
+    assert metrics["energy/epoch_cpu_J"] == pytest.approx(10.0) and metrics["energy/simulated"] == 1.0
+    assert summary.cpu_energy_J == pytest.approx(5.0 * 2.5) and summary.dram_energy_J is None
+    assert summary.node_energy_J == pytest.approx(summary.energy_J + summary.cpu_energy_J)
+    # Flagged wherever it appears: every record that carries it says simulated, and the notes and summary say so.
+    carrying = [r for r in records if r.get("cpu_energy_J") is not None]
+    assert len(carrying) == 2 and all(r["simulated"] is True for r in carrying)
+    assert all("SIMULATED" in r["node_energy_note"] and "5 W per busy core" in r["node_energy_note"] for r in carrying)
+    assert summary.simulated and "SIMULATED" in str(summary)
+
+
+def test_a_real_gpu_never_gets_the_virtual_cpu(tmp_path, manual_clock, fake_cpu_time, caplog):
+    from tests.fakes import fake_pynvml as fp
+    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    backend = NVMLBackend(nvml_module=fp.FakePyNVML(num_gpus=1, time_fn=manual_clock.now_s), clock=manual_clock,
+                          read_only=True)  # fmt: skip
+    node = {"virtual_cpu": True, "powercap_root": str(tmp_path / "none")}  # no RAPL on this machine
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"}, "node": node}, backend=backend
+    )
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        session.train_start()
+    session.epoch_start(0)
+    for step in range(2):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    fake_cpu_time["s"] += 2.0
+    session.epoch_end(0)
+    summary = session.train_end()
+    backend.close()
+    assert fake_cpu_time["reads"] == 0  # never read: no simulated figure beside a real GPU
+    (epoch,) = [r for r in read_jsonl(tmp_path / "logs" / "r.jsonl") if r["event"] == "epoch"]
+    for figures in (epoch, summary.as_dict()):
+        assert figures["cpu_energy_J"] is None and figures["node_energy_J"] is None
+        assert "only beside the virtual GPU" in figures["node_energy_note"]
+        assert "SIMULATED" not in figures["node_energy_note"]
+    assert summary.energy_J > 0 and not summary.simulated
+    assert any("node.virtual_cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_the_virtual_cpu_stays_off_on_a_manual_clock_and_rapl_comes_first(
+    tmp_path, tree, virtual_backend, wall_virtual_backend, fake_cpu_time
+):
+    from zeus_callbacks.config import NodeConfig
+    from zeus_callbacks.session.node import open_node_reader
+
+    missing = str(tmp_path / "none")
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), virtual_backend)
+    assert reader is None and "manual clock" in note  # the simulator's time is not the process's CPU time
+    root, _ = tree
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=root), wall_virtual_backend)
+    assert note is None and not reader.simulated and reader.parts == "GPU + CPU package + DRAM"
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), wall_virtual_backend)
+    assert note is None and reader.simulated
+    assert open_node_reader(NodeConfig(), wall_virtual_backend) == (None, None)
+
+
+def test_under_several_processes_rapl_is_read_by_local_rank_0_and_the_virtual_cpu_by_every_process(
+    tmp_path, tree, wall_virtual_backend, monkeypatch, fake_cpu_time
+):
+    from zeus_callbacks.config import NodeConfig
+    from zeus_callbacks.session.node import OTHER_LOCAL_RANK, open_node_reader
+
+    root, _ = tree
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    reader, note = open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend)
+    assert reader is None and "LOCAL_RANK" in note  # which processes share a node is unknown: no guess
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend) == (None, OTHER_LOCAL_RANK)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    reader, note = open_node_reader(NodeConfig(rapl=True, powercap_root=root), wall_virtual_backend)
+    assert note is None and not reader.simulated
+    monkeypatch.setenv("LOCAL_RANK", "1")  # the virtual CPU models each process's own CPU time
+    reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=tmp_path / "none"), wall_virtual_backend)
+    assert note is None and reader.simulated

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from zeus_callbacks.backends.virtual_cpu import DEFAULT_POWER_PER_CORE_W
 from zeus_callbacks.errors import ConfigError
 from zeus_callbacks.grid_intensity import grid_intensity
 from zeus_callbacks.measurement.overhead import MIN_FRACTION
@@ -566,17 +567,35 @@ class CostConfig(_Section):
 
 
 class NodeConfig(_Section):
-    """CPU package and DRAM energy of the node from the Linux powercap interface (RAPL), beside the GPUs'."""
+    """CPU package and DRAM energy of the node from the Linux powercap interface (RAPL), beside the GPUs'.
+
+    Where no RAPL counter can be read, a simulated CPU stands in beside the virtual GPU (``virtual_cpu``).
+    """
 
     rapl: bool = Field(
         False,
         description="Read the CPU package and DRAM energy counters (/sys/class/powercap/intel-rapl*) at the run's "
-        "start and end: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM). Recent kernels let "
-        "only root read them (docs/node_energy.md says how to allow it); one process only (not combined under "
-        "DDP yet).",
+        "start and end and at each epoch's: energy/cpu_J, energy/dram_J and energy/node_J (GPUs + CPU + DRAM), "
+        "and per epoch energy/epoch_cpu_J, energy/epoch_dram_J, energy/epoch_node_J. Recent kernels let "
+        "only root read them (docs/node_energy.md says how to allow it). Under several processes each node's "
+        "local rank 0 reads them, so each node is counted once.",
     )
     powercap_root: Path = Field(
         Path("/sys/class/powercap"), description="The powercap folder (another path where sysfs is mounted elsewhere)."
+    )
+    virtual_cpu: bool = Field(
+        False,
+        description="On the virtual GPU only, where no RAPL package counter can be read: a SIMULATED CPU package "
+        "(this process's CPU time × virtual_cpu_power_per_core_W; no DRAM) gives energy/cpu_J and energy/node_J, "
+        "flagged simulated. Turns the node figures on as node.rapl does (RAPL is tried first). Never used beside "
+        "a real GPU: there the CPU energy is null with the reason (docs/node_energy.md).",
+    )
+    virtual_cpu_power_per_core_W: float = Field(
+        DEFAULT_POWER_PER_CORE_W,
+        gt=0,
+        le=100,
+        description="The virtual CPU's power per busy core (W); default: Intel Xeon Platinum 8480+ TDP 350 W / "
+        "56 cores (a nominal figure, not a measurement).",
     )
 
 

@@ -382,7 +382,8 @@ def plot_run(course: RunCourse, path: str | Path) -> Path:
     fig = run_figure(course)
     try:
         title = RUN_TITLE.format(name=course.run_name or "run")
-        _save(fig, path, dpi=110, text={"Title": title, "Description": "\n".join(figure_text(fig)), **_text_chunks(course.simulated)})
+        chunks = {"Title": title, "Description": "\n".join(figure_text(fig)), **_text_chunks(course.simulated)}
+        _save(fig, path, dpi=110, text=chunks)
     finally:
         plt.close(fig)
     return path

@@ -38,6 +38,9 @@ EPOCH_TIME_S = "time/epoch_s"
 EPOCH_MEAN_POWER_W = "power/epoch_mean_W"
 EPOCH_PARTIAL = "energy/epoch_partial"
 EPOCH_OTHER_J = "energy/epoch_other_J"
+EPOCH_CPU_ENERGY_J = "energy/epoch_cpu_J"
+EPOCH_DRAM_ENERGY_J = "energy/epoch_dram_J"
+EPOCH_NODE_ENERGY_J = "energy/epoch_node_J"
 EVAL_ENERGY_J = "energy/eval_J"
 EVAL_TIME_S = "time/eval_s"
 TOTAL_ENERGY_J = "energy/total_J"
@@ -97,12 +100,17 @@ METRICS: dict[str, str] = {
     "after the last step, the wait before an evaluation): warm-up + steps + evaluations + this = the epoch",
     EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
     "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
+    EPOCH_CPU_ENERGY_J: "J — CPU package energy of the training epoch, summed over sockets, between readings at "
+    "its start and end (node.rapl; SIMULATED with node.virtual_cpu beside the virtual GPU); logged when known",
+    EPOCH_DRAM_ENERGY_J: "J — DRAM energy of the training epoch (RAPL dram domains, node.rapl); logged when known",
+    EPOCH_NODE_ENERGY_J: "J — energy/epoch_J + energy/epoch_cpu_J (+ energy/epoch_dram_J where the CPU has a DRAM "
+    "domain: the epoch record's node_energy_note names the parts); logged when every part is known",
     EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
-    CPU_ENERGY_J: "J — CPU package energy of the run, summed over sockets (Linux powercap RAPL, node.rapl), logged "
-    "once at the end",
+    CPU_ENERGY_J: "J — CPU package energy of the run, summed over sockets (Linux powercap RAPL, node.rapl; "
+    "SIMULATED with node.virtual_cpu beside the virtual GPU), logged once at the end",
     DRAM_ENERGY_J: "J — DRAM energy of the run, summed over sockets (RAPL dram domains, node.rapl), logged once at "
     "the end",
     NODE_ENERGY_J: "J — the run's GPU + CPU package + DRAM energy (node.rapl; DRAM where the CPU has a DRAM domain: "
@@ -146,7 +154,7 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
     ``time/run_step_mean_s`` (s): the run's mean step after its warm-up steps
     (:attr:`RunSummary.step_energy_J`), ``energy/run_step_count`` (steps taken), and the estimates
     ``energy/co2_g`` (g CO2e) and ``cost/run`` (the configured currency) when configured, and with
-    ``node.rapl`` ``energy/cpu_J``, ``energy/dram_J`` and ``energy/node_J`` (J). A figure the
+    ``node.rapl`` (or ``node.virtual_cpu``) ``energy/cpu_J``, ``energy/dram_J`` and ``energy/node_J`` (J). A figure the
     run could not measure (no measured step: NaN in the summary) is left out rather than given
     as a number.
 
@@ -234,12 +242,15 @@ class RunSummary:
             ``currency``); ``cost`` null with a ``reason`` when the energy is unknown. None when no price is
             configured (``cost`` section).
         cpu_energy_J: With ``node.rapl``: the CPU packages' energy over the run, summed over sockets (J,
-            Linux powercap RAPL); None when off or unknown (``node_energy_note`` says why).
+            Linux powercap RAPL); with ``node.virtual_cpu`` beside the virtual GPU where RAPL cannot be read,
+            SIMULATED (``node_energy_note`` says so and states the model); None when off or unknown
+            (``node_energy_note`` says why).
         dram_energy_J: With ``node.rapl``: the DRAM domains' energy (J); None when off, unknown, or the CPU
             has no DRAM domain.
         node_energy_J: ``energy_J`` + ``cpu_energy_J`` (+ ``dram_energy_J`` where a DRAM domain exists) (J);
             None when off or any part is unknown.
-        node_energy_note: With ``node.rapl``: the parts ``node_energy_J`` holds, or why a figure is unknown.
+        node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
+            simulated CPU says ``SIMULATED``), or why a figure is unknown.
     """
 
     run_name: str

@@ -195,7 +195,8 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
     if profile is not None:
         from_step = _number((end or {}).get("power_limit_from_step"))
         step = from_step if from_step is not None else _number(profile.get("step")) or resumed
-        rows = profile.get("limits") if isinstance(profile.get("limits"), list) else []
+        limits = profile.get("limits")
+        rows = limits if isinstance(limits, list) else []
         trials = tuple(x for x in (_number(r.get("limit_W")) for r in rows if isinstance(r, dict)) if x is not None)
         # observe mode writes no chosen_limit_W; run_end keeps what profiling would choose
         chosen = _number(profile.get("chosen_limit_W")) or _number((end or {}).get("chosen_power_limit_W"))

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,63 @@ class NodeEnergy:
     domains_J: dict[str, float | None] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
 
+    def since(self, earlier: NodeEnergy) -> NodeEnergy:
+        """The energy between ``earlier`` and this reading (both totals since the same start), per domain.
+
+        A figure unknown in either reading is unknown in the difference, with the reasons of both readings
+        (a domain's reason stays once it is unknown, so this reading's hold ``earlier``'s).
+
+        Args:
+            earlier: A reading taken before this one, from the same reader and run.
+
+        Returns:
+            The differences (J), None where unknown.
+        """
+
+        def minus(late: float | None, early: float | None) -> float | None:
+            return None if late is None or early is None else late - early
+
+        domains = {label: minus(value, earlier.domains_J.get(label)) for label, value in self.domains_J.items()}
+        return NodeEnergy(
+            minus(self.cpu_J, earlier.cpu_J),
+            minus(self.dram_J, earlier.dram_J),
+            domains,
+            {**earlier.reasons, **self.reasons},
+        )
+
+
+class NodeReader(Protocol):
+    """What the session needs of a CPU/DRAM energy source: :class:`RaplReader`, or the simulated CPU.
+
+    The simulated one is :class:`~zeus_callbacks.backends.virtual_cpu.VirtualCpu`. Used from one thread.
+
+    Attributes:
+        has_dram: Whether a DRAM figure is read (else the node figure is GPUs + CPU).
+        simulated: True when the figures are simulated, never measured.
+        parts: What the node figure holds, in words (``GPU + CPU package + DRAM``), for the records' notes.
+    """
+
+    @property
+    def has_dram(self) -> bool: ...  # read-only members: a class attribute or a property satisfies them
+
+    @property
+    def simulated(self) -> bool: ...
+
+    @property
+    def parts(self) -> str: ...
+
+    def start(self) -> None:
+        """Take the first reading (energy counts from here)."""
+        ...
+
+    def read(self) -> NodeEnergy:
+        """Read now; the energy (J) since :meth:`start`, None where unknown, with the reasons."""
+        ...
+
+    def read_if_due(self, period_s: float = 10.0) -> None:
+        """Read when the last reading is ``period_s`` (s) old or older."""
+        ...
+
 
 @dataclass
 class _Counter:
@@ -194,6 +251,27 @@ class RaplReader:
     def available(self) -> bool:
         """True when at least one package domain was found."""
         return any(c.domain.kind == "package" for c in self._counters)
+
+    @property
+    def readable(self) -> bool:
+        """True when a package domain was found and no package counter is unknown.
+
+        After :meth:`start`: every package counter could be read.
+        """
+        return self.available and all(c.reason is None for c in self._counters if c.domain.kind == "package")
+
+    @property
+    def has_dram(self) -> bool:
+        """True when a DRAM domain was found."""
+        return any(c.domain.kind == "dram" for c in self._counters)
+
+    simulated = False
+    """RAPL figures are the processor's own energy counters, never simulated."""
+
+    @property
+    def parts(self) -> str:
+        """What the node figure holds: ``GPU + CPU package + DRAM`` (or without DRAM, said)."""
+        return "GPU + CPU package" + (" + DRAM" if self.has_dram else " (no DRAM domain on this CPU)")
 
     def start(self) -> None:
         """Take the first reading of every counter (energy counts from here)."""

@@ -51,7 +51,9 @@ def comparison_table(logs: Sequence[Log]) -> str:
     rows.append(("simulated", ["yes" if f["simulated"] else "no" for f in figures]))
     label_w = max(len(label) for label, _ in rows)
     widths = [max(len(labels[i]), *(len(cells[i]) for _, cells in rows)) for i in range(len(labels))]
-    blocks, block, used = [], [], label_w
+    blocks: list[list[int]] = []
+    block: list[int] = []
+    used = label_w
     for i, w in enumerate(widths):
         if block and used + 2 + w > TERMINAL_COLUMNS:
             blocks.append(block)

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             start = next((r for r in records if r.get("event") == "run_start"), {})
             simulated = str(start.get("backend", "")).startswith("virtual")
             simulated = simulated or bool(profile.get("simulated"))
-            end = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
+            end: dict = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
             time_note = profile.get("time_note") or end.get("time_note")
             rows, chosen = profile_rows(profile, args.source)
             plot_profile(rows, chosen, out, partial=partial, simulated=simulated,

@@ -270,6 +270,13 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if cfg.batch_size.enabled:
             self._start_batch_size()
 
+    def _node_end(self) -> dict[str, Any]:
+        """The CPU/DRAM counters at an open epoch's end, for its window's info (nothing without a reader)."""
+        run = self.run
+        if run.node is None or not run.meter.is_open("epoch"):
+            return {}
+        return {"node_end": run.node.read()}
+
     def _end_interrupted(self) -> None:
         self.train_end(status="interrupted")
 
@@ -301,6 +308,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             info: dict[str, Any] = {"epoch": epoch}
             if resumed_inside:
                 info["covered_from_step"] = self._totals.steps
+            if self.run.node is not None:  # the CPU/DRAM counters at the epoch's start (a few sysfs reads)
+                info["node_start"] = self.run.node.read()
             token = self.run.meter.mark()
             self.run.meter.begin_at("epoch", token, info)
         self._open_step_at_boundary(token)
@@ -412,7 +421,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._pause_timing()
         self._discard_phases()
         self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
-        if not run.meter.end("epoch", epoch=epoch, end_step=self._totals.steps):
+        if not run.meter.end("epoch", epoch=epoch, end_step=self._totals.steps, **self._node_end()):
             self._timed_report()
             return {}
         run.flush_sensor(run.backend.clock.now_s())  # a wait, not work: not charged to the steps
@@ -463,7 +472,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             if run.meter.is_open(name):
                 if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
                     self._totals.epochs += 1
-                    run.meter.end(name, end_step=self._totals.steps)
+                    run.meter.end(name, end_step=self._totals.steps, **self._node_end())
                 else:
                     run.meter.end(name)
         run.meter.end("run")

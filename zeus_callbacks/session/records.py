@@ -17,7 +17,6 @@ from typing import Any
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import BackendError, DeviceIdentity, GPUBackend
-from zeus_callbacks.backends.rapl import NodeEnergy
 from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
 from zeus_callbacks.footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
@@ -25,6 +24,7 @@ from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session.aggregate import Rows, joined, least, slowest, total
 from zeus_callbacks.session.ledger import LEDGER_COLUMNS, close_ledger
+from zeus_callbacks.session.node import NODE_COLUMNS, LocalNode, node_figures
 
 logger = logging.getLogger(__name__)
 
@@ -318,13 +318,16 @@ def warmup_record(
 
 
 # ------------------------------------------------------------------------ epochs
-def local_epoch_row(record: WindowRecord, counter_J: float | None, ledger: Sequence[float]) -> list[float]:
-    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), ledger, per GPU (J).
+def local_epoch_row(
+    record: WindowRecord, counter_J: float | None, ledger: Sequence[float], node: Sequence[float]
+) -> list[float]:
+    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), ledger, node, per GPU (J).
 
-    The ledger is :data:`~zeus_callbacks.session.ledger.LEDGER_COLUMNS` columns (``EpochLedger.row``).
+    The ledger is :data:`~zeus_callbacks.session.ledger.LEDGER_COLUMNS` columns (``EpochLedger.row``), the
+    node :data:`~zeus_callbacks.session.node.NODE_COLUMNS` (:attr:`LocalNode.columns`).
     """
     counter = math.nan if counter_J is None else counter_J
-    return [record.energy_J, record.time_s, counter, *ledger, *record.gpu_energy_J]
+    return [record.energy_J, record.time_s, counter, *ledger, *node, *record.gpu_energy_J]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +342,8 @@ class EpochEnergy:
         ranks: Ranks that took part.
         metrics: The epoch metrics to queue.
         ledger: The epoch's ledger (:func:`~zeus_callbacks.session.ledger.close_ledger`).
+        node: ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` and ``node_energy_note``
+            (:func:`~zeus_callbacks.session.node.node_figures`).
     """
 
     energy_J: float
@@ -348,28 +353,36 @@ class EpochEnergy:
     ranks: int
     metrics: dict[str, float]
     ledger: dict[str, Any]
+    node: dict[str, Any]
 
 
-def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int) -> EpochEnergy:
+def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int, node: LocalNode) -> EpochEnergy:
     """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree.
 
     The ledger's energy columns are summed over the ranks; its times and counts are the
-    slowest rank's, the rank whose time is the epoch's.
+    slowest rank's, the rank whose time is the epoch's. The node figures add the CPU and DRAM
+    energy of the processes that read them to the GPUs' (``node``: this process's part).
     """
     energy_J = total(rows, 0)
     time_s = slowest(rows, 1)
     counter_J = total(rows, 2)
-    first_gpu = 3 + LEDGER_COLUMNS
+    first_node = 3 + LEDGER_COLUMNS
+    first_gpu = first_node + NODE_COLUMNS
     gpu_energy_J = joined(rows, first_gpu)
-    slowest_row = max(rows, key=lambda row: row[1])[3:first_gpu]
-    ledger_row = [total([row[3:first_gpu] for row in rows], c) if c in (0, 3, 6) else slowest_row[c]
+    slowest_row = max(rows, key=lambda row: row[1])[3:first_node]
+    ledger_row = [total([row[3:first_node] for row in rows], c) if c in (0, 3, 6) else slowest_row[c]
                   for c in range(LEDGER_COLUMNS)]  # fmt: skip
     ledger = close_ledger(energy_J, time_s, ledger_row, steps_taken=steps_taken)
+    figures = node_figures(energy_J, [row[first_node:first_gpu] for row in rows], node)
     values = {
         metric.EPOCH_ENERGY_J: energy_J,
         metric.EPOCH_TIME_S: time_s,
         metric.EPOCH_MEAN_POWER_W: energy_J / time_s if time_s > 0 else math.nan,
     }
+    for key, field in ((metric.EPOCH_CPU_ENERGY_J, "cpu_energy_J"), (metric.EPOCH_DRAM_ENERGY_J, "dram_energy_J"),
+                       (metric.EPOCH_NODE_ENERGY_J, "node_energy_J")):  # fmt: skip
+        if figures[field] is not None:  # unknown: not logged (the record says why)
+            values[key] = figures[field]
     if ledger["other_J"] is not None:
         values[metric.EPOCH_OTHER_J] = ledger["other_J"]
     if len(gpu_energy_J) > 1:
@@ -386,7 +399,7 @@ def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int) -> EpochEnergy:
                 counter_J,
                 100 * gap,
             )
-    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger)
+    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger, figures)
 
 
 def epoch_record(
@@ -397,7 +410,8 @@ def epoch_record(
     An epoch the run resumed inside (from a checkpoint saved after some of its steps) is not
     ``complete``: ``resumed_mid_epoch`` says why, ``covered_from_step`` where its figures begin.
     ``ledger`` splits the epoch into warm-up, steps, evaluations and other
-    (:mod:`zeus_callbacks.session.ledger`).
+    (:mod:`zeus_callbacks.session.ledger`); the node fields add the CPU and DRAM energy between the
+    epoch's start and end readings (:mod:`zeus_callbacks.session.node`).
     """
     covered_from = record.info.get("covered_from_step")
     return {
@@ -416,6 +430,10 @@ def epoch_record(
         "covered_from_step": covered_from,
         "counter_resets": counter_resets,
         "ledger": e.ledger,
+        "cpu_energy_J": e.node["cpu_energy_J"],
+        "dram_energy_J": e.node["dram_energy_J"],
+        "node_energy_J": e.node["node_energy_J"],
+        "node_energy_note": e.node["node_energy_note"],
         "ranks": e.ranks,
         "degraded": degraded,
     }
@@ -449,8 +467,10 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
-                      step_time_s: float, estimated_steps: int) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, GPUs.
+                      step_time_s: float, estimated_steps: int, node: Sequence[float]) -> list[float]:  # fmt: skip
+    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
+
+    The node columns are :data:`~zeus_callbacks.session.node.NODE_COLUMNS` (:attr:`LocalNode.columns`).
 
     The step means are the estimates over ``estimated_steps`` steps
     (:class:`~zeus_callbacks.session.state.Totals`), NaN when no step was estimated.
@@ -462,8 +482,12 @@ def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_en
         step_energy_J / estimated_steps if estimated_steps else math.nan,
         step_time_s / estimated_steps if estimated_steps else math.nan,
         (run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
+        *node,
         *(run.gpu_energy_J if run else ()),
     ]
+
+
+_FIRST_SUMMARY_GPU = 6 + NODE_COLUMNS
 
 
 def run_summary(
@@ -490,7 +514,7 @@ def run_summary(
     counter_resolution_J: float | None = None,
     carbon: CarbonConfig | None = None,
     cost: CostConfig | None = None,
-    node: tuple[NodeEnergy | None, str | None, bool] | None = None,
+    node: LocalNode | None = None,
     time_note: str | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
@@ -501,8 +525,9 @@ def run_summary(
     cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
     ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
     (:mod:`~zeus_callbacks.footprint`) are made from the run's energy with their factors.
-    ``node``: with ``node.rapl``, (the CPU/DRAM energy read at the end or None, why there is no
-    reader, whether a DRAM domain exists) for :func:`node_figures`.
+    ``node``: with ``node.rapl`` or ``node.virtual_cpu``, this process's part of the node figures
+    (:func:`~zeus_callbacks.session.node.node_figures`; the numbers are the rows' node columns);
+    None: no node figures.
     ``time_note``: why power-limit results do not show the time a limit costs (the virtual GPU on the
     real clock), or None.
     """
@@ -537,7 +562,7 @@ def run_summary(
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),
-        gpu_energy_J=joined(rows, 6),
+        gpu_energy_J=joined(rows, _FIRST_SUMMARY_GPU),
         degraded=degraded,
         rejected_samples=dict(rejected_samples or {}),
         measurement=measurement,
@@ -551,45 +576,9 @@ def run_summary(
         counter_resolution_J=counter_resolution_J,
         carbon=carbon_estimate(energy_J, carbon, unknown_reason=unknown) if carbon is not None else None,
         cost=cost_estimate(energy_J, cost, unknown_reason=unknown) if cost is not None else None,
-        **(node_figures(energy_J, carried_energy_J, *node) if node is not None else {}),
+        **(
+            node_figures(energy_J, [row[6:_FIRST_SUMMARY_GPU] for row in rows], node, carried_energy_J=carried_energy_J)
+            if node is not None
+            else {}
+        ),
     )
-
-
-def node_figures(
-    gpu_energy_J: float, carried_energy_J: float, node: NodeEnergy | None, no_reader: str | None, has_dram: bool
-) -> dict[str, Any]:
-    """The summary's CPU, DRAM and node energy (J) and their note, from the RAPL reading at the run's end.
-
-    Args:
-        gpu_energy_J: The run's GPU energy (J; NaN when unknown).
-        carried_energy_J: GPU energy carried from a checkpoint (J): CPU energy before it was not read.
-        node: The reader's figures, or None without a reader.
-        no_reader: Why there is no reader (several processes), or None.
-        has_dram: Whether a DRAM domain exists (else the node figure is GPU + CPU).
-
-    Returns:
-        ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` (J or None) and ``node_energy_note``.
-    """
-    if node is None:
-        return {"node_energy_note": no_reader or "no CPU/DRAM energy reader"}
-    cpu_J, dram_J = node.cpu_J, node.dram_J
-    parts = "GPU + CPU package" + (" + DRAM" if has_dram else " (no DRAM domain on this CPU)")
-    reasons = "; ".join(f"{label}: {why}" for label, why in node.reasons.items())
-    if not node.domains_J:
-        reasons = "no RAPL package domain found"
-    node_J = None
-    if cpu_J is not None and (dram_J is not None or not has_dram) and math.isfinite(gpu_energy_J):
-        node_J = gpu_energy_J + cpu_J + (dram_J or 0.0)  # dram_J None here only when no DRAM domain exists
-    if carried_energy_J > 0:
-        node_J = None
-        reasons = "a resumed run: the CPU/DRAM energy before the checkpoint was not carried" + (
-            f"; {reasons}" if reasons else ""
-        )
-    elif node_J is None and not reasons:
-        reasons = "the GPU energy is unknown"
-    return {
-        "cpu_energy_J": cpu_J,
-        "dram_energy_J": dram_J,
-        "node_energy_J": node_J,
-        "node_energy_note": f"{parts}; unknown: {reasons}" if reasons else parts,
-    }

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zeus_callbacks import reporting as metric
-from zeus_callbacks.backends.rapl import NodeEnergy
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import Rows, slowest, total
 from zeus_callbacks.session.ledger import EpochLedger
+from zeus_callbacks.session.node import LocalNode, local_node
 from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
@@ -222,9 +222,13 @@ class StepReports(SessionPart):
         counter_J = run.counter_energy_J(record.start_s, record.end_s)
         ledger = self._ledger.row(record.start_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
-        rows = self._ranks.gather(records.local_epoch_row(record, counter_J, ledger), degraded=self.degraded)
+        start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
+        node = local_node(run.node, end.since(start) if start is not None and end is not None else None, run.node_note)
+        rows = self._ranks.gather(
+            records.local_epoch_row(record, counter_J, ledger, node.columns), degraded=self.degraded
+        )
         epoch = record.info.get("epoch")
-        e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0])
+        e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node)
         if record.info.get("covered_from_step") is not None:  # resumed inside it: its figures are a part
             e.metrics[metric.EPOCH_PARTIAL] = 1.0
         self._totals.epoch_energy_J.append(e.energy_J)
@@ -258,10 +262,14 @@ class StepReports(SessionPart):
         record = self._run_record
         t = self._totals
         counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
+        node_cfg = self.config.node
+        node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else None
+        node_columns = node.columns if node is not None else local_node(None, None, None).columns
         rows = self._ranks.gather(
-            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps),
+            records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
+                                      node_columns),
             degraded=self.degraded,
-        )
+        )  # fmt: skip
         measurement, note = measurement_of(run.backend)
         expected = getattr(self._ranks.ranks, "num_processes", len(rows))
         if note is None and len(rows) < expected:
@@ -293,13 +301,11 @@ class StepReports(SessionPart):
             rejected_samples=dict(run.sampler.health.rejected),
             carbon=self.config.carbon,
             cost=self.config.cost,
-            node=self._node_reading() if self.config.node.rapl else None,
+            node=node,
             time_note=self.power_limiter.time_note() if self.power_limiter is not None else None,
         )
 
-    def _node_reading(self) -> tuple[NodeEnergy | None, str | None, bool]:
-        """The CPU/DRAM energy since the run's start (read now), why there is none, and whether DRAM is read."""
+    def _node_local(self) -> LocalNode:
+        """This process's CPU/DRAM energy since the run's start (read now), or why there is none."""
         reader = self.run.node
-        if reader is None:
-            return None, self.run.node_note, False
-        return reader.read(), None, any(d.kind == "dram" for d in reader.domains)
+        return local_node(reader, reader.read() if reader is not None else None, self.run.node_note)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from zeus_callbacks.backends import BackendError, GPUBackend
-from zeus_callbacks.backends.rapl import RaplReader
+from zeus_callbacks.backends.rapl import NodeReader
 from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.measurement.attribution import (
@@ -32,6 +32,7 @@ from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import JsonlWriter
 from zeus_callbacks.session import records
+from zeus_callbacks.session.node import open_node_reader
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +148,9 @@ class StartedRun:
         phases: The per-phase energy tracker (``windows.phases``), else None.
         start_s: The run's start on the backend's clock (s); set by :meth:`start`.
         start_wall: The run's start, ``time.time()``; set by :meth:`start`.
-        node: The CPU package / DRAM energy reader (``node.rapl``), else None.
-        node_note: Why ``node.rapl`` is on but no reader runs (several processes), else None.
+        node: The CPU package / DRAM energy reader (``node.rapl``, ``node.virtual_cpu``), else None.
+        node_note: Why a node figure was asked for but no reader runs (several processes; no RAPL beside a
+            real GPU), else None.
     """
 
     backend: GPUBackend
@@ -162,7 +164,7 @@ class StartedRun:
     phases: PhaseTracker | None
     start_s: float = 0.0
     start_wall: float = 0.0
-    node: RaplReader | None = None
+    node: NodeReader | None = None
     node_note: str | None = None
 
     def start(self) -> None:
@@ -360,16 +362,7 @@ def open_run(
     )
     timer = make_timer(backend)
     meter = WindowMeter(sampler, timer)
-    node, node_note = None, None
-    if config.node.rapl:
-        if launcher_world_size() > 1:
-            node_note = "node.rapl is not combined across processes yet: no CPU/DRAM energy under several processes"
-            logger.warning("zeus-callbacks: %s", node_note)
-        else:
-            node = RaplReader(config.node.powercap_root)
-            if not node.available:
-                logger.warning("zeus-callbacks: node.rapl: no RAPL package domain under %s; no CPU/DRAM energy",
-                               config.node.powercap_root)  # fmt: skip
+    node, node_note = open_node_reader(config.node, backend)
     return StartedRun(
         node=node,
         node_note=node_note,
