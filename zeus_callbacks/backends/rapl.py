@@ -186,14 +186,21 @@ class NodeReader(Protocol):
         parts: What the node figure holds, in words (``GPU + CPU package + DRAM``), for the records' notes.
     """
 
+    # Read-only members: a class attribute or a property satisfies them.
     @property
-    def has_dram(self) -> bool: ...  # read-only members: a class attribute or a property satisfies them
+    def has_dram(self) -> bool:
+        """Whether a DRAM figure is read."""
+        ...
 
     @property
-    def simulated(self) -> bool: ...
+    def simulated(self) -> bool:
+        """True when the figures are simulated."""
+        ...
 
     @property
-    def parts(self) -> str: ...
+    def parts(self) -> str:
+        """What the node figure holds, in words."""
+        ...
 
     def start(self) -> None:
         """Take the first reading (energy counts from here)."""
