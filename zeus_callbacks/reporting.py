@@ -212,7 +212,8 @@ class RunSummary:
         power_limit_applied: Whether the chosen limit was applied (False in observe mode: chosen only).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
         counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter periods,
-            the counter's readings not bracketing it, no counter on this backend); None when it is known.
+            the counter's readings not bracketing it, no counter on this backend; as the epoch record's
+            ``counter_energy_note``); None when it is known.
         faults: Sensor faults counted on this process, by kind.
         jsonl_path: The JSONL log, when written.
         world_size: Processes whose GPUs the figures cover (1 without DDP).
@@ -256,8 +257,8 @@ class RunSummary:
         node_energy_J: ``energy_J`` + ``cpu_energy_J`` (+ ``dram_energy_J`` where a DRAM domain exists) (J);
             None when off or any part is unknown.
         node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
-            simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, :data:`NODE_OFF`
-            (as in each epoch record).
+            simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, ``node.rapl and
+            node.virtual_cpu are off: no CPU/DRAM energy reader``, as in each epoch record.
     """
 
     run_name: str
