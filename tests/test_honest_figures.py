@@ -429,6 +429,15 @@ def test_a_known_counter_figure_has_no_note(tmp_path):
     assert summary.counter_energy_J is not None and summary.counter_energy_note is None
 
 
+def test_a_counter_figure_unknown_on_another_rank_says_so():
+    # The ranks exchange numbers only: a rank whose own counter gave a figure words the sum's NaN itself.
+    from zeus_callbacks.session.records import COUNTER_ON_ANOTHER_RANK, counter_note
+
+    assert counter_note(math.nan, None) == COUNTER_ON_ANOTHER_RANK
+    assert counter_note(math.nan, "no energy counter on the nvml backend") == "no energy counter on the nvml backend"
+    assert counter_note(123.0, None) is None
+
+
 def test_long_span_cross_check_is_within_the_documented_bound(tmp_path):
     """Over N counter periods the counter is off by at most 1/N of the energy at steady power (docs)."""
     clock = ManualClock(T0 + 0.037)  # off the counter's grid
