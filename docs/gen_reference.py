@@ -341,7 +341,16 @@ FIELDS: dict[str, str] = {
     "no sample covers it (never 0 for unknown).",
     "epoch.counter_energy_J": "The same epoch from the hardware energy counter (J), a cross-check; "
     "null when counter readings do not bracket the epoch or it is shorter than 20 counter periods "
-    "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy.",
+    "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy. "
+    "`counter_energy_note` says which.",
+    "epoch.counter_energy_note": "Why `counter_energy_J` is null: the epoch is shorter than 20 energy-counter "
+    "periods (`shorter than 20 energy-counter periods (2 s on nvml)...`), the counter's readings do not bracket "
+    "it (`the energy-counter readings do not bracket it...`; the sampler reads the counter every "
+    "`sampling.energy_counter_period_s` and at each epoch end), fewer than two readings, no counter on the "
+    "backend (`no energy counter on the ... backend`), the power samples do not cover an interval a counter "
+    "reset left out, or another rank's counter gave no figure. Prefixed `GPU <index>: ` when a process measures "
+    "several GPUs. Null when `counter_energy_J` is known. `zeus-callbacks report` shows it as a footnote under "
+    "the epoch table (`n/a (a)`).",
     "time_s": "Duration of the window (s).",
     "epoch.power_W_mean": "Mean power over the epoch (W).",
     "epoch.gpu_energy_J": "Energy of the epoch per measured GPU, in `gpu_indices` order (J).",

@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from zeus_callbacks.measurement.attribution import (
+    COUNTER_NOT_BRACKETED,
+    COUNTER_TOO_FEW_READINGS,
+    counter_energy,
     counter_energy_J,
     cumulative_energy,
     interval_energy_J,
@@ -143,6 +146,17 @@ def test_counter_energy_is_none_without_bracketing_readings(start, end):
 def test_counter_energy_needs_two_readings():
     assert counter_energy_J(np.array([]), np.array([]), 1.0, 2.0) is None
     assert counter_energy_J(np.array([1.0]), np.array([5.0]), 1.0, 1.0) is None
+
+
+def test_a_missing_counter_figure_says_why():
+    times = np.array([10.0, 11.0, 12.0, 13.0])
+    assert counter_energy(times, 100.0 * times, 9.5, 12.0) == (None, COUNTER_NOT_BRACKETED)  # starts too early
+    assert counter_energy(times, 100.0 * times, 10.0, 13.5) == (None, COUNTER_NOT_BRACKETED)  # ends too late
+    assert counter_energy(np.array([1.0]), np.array([5.0]), 1.0, 2.0) == (None, COUNTER_TOO_FEW_READINGS)
+    energy, why = counter_energy(times, 100.0 * times, 10.5, 11.0, min_span_s=2.0)
+    assert energy is None and why is not None and "2 s" in why
+    # Within reach of a period past the last reading the counter is extended: a figure, no reason.
+    assert counter_energy(times, 100.0 * times, 10.0, 13.05, reach_s=0.1) == (pytest.approx(305.0), None)
 
 
 # -- sample counts ----------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     # -o missing_dir/ : a file inside it, the folder created (before: missing_dir.png beside it).
     out = tmp_path / "missing_dir"
     assert cli(["plot", "bandit", str(store), "sim/V100/cifar100", "-o", f"{out}/"]) == 0
-    assert capsys.readouterr().out.strip() == f"wrote {out / 'zeus_bandit.png'}"
+    assert capsys.readouterr().out.strip() == f"wrote {out / 'zeus_bandit.png'} (SIMULATED: virtual GPU)"
     assert (out / "zeus_bandit.png").stat().st_size > 1000 and not (tmp_path / "missing_dir.png").exists()
     (fig,) = kept
     ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 6]

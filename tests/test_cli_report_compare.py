@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,9 @@ from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.units import J_PER_WH
 
-ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "status", "simulated"]
+ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "status", "simulated",
+        "time note"]  # fmt: skip
+CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 
 def _run(log_dir, name: str, steps: int, step_s: float, **config) -> str:
@@ -93,6 +97,7 @@ def test_two_logs_are_compared_one_column_per_run(two_logs, capsys):
         assert int(table["steps"][name]) == end["steps"]
         assert table["status"][name] == end["status"] == "completed"
         assert table["simulated"][name] == "yes"
+        assert table["time note"][name] == "none"  # a manual clock: the simulator's time, nothing to note
     # The limit training ran at: the one in force, or the one profiling chose and applied.
     assert float(table["power limit (W)"]["plain"]) == _end(plain)["power_limit_W"]
     assert _end(profiled)["power_limit_applied"] is True
@@ -108,7 +113,7 @@ def test_a_killed_run_shows_dashes_for_what_it_lacks(two_logs, tmp_path, capsys)
     assert main(["report", plain, str(killed)]) == 0
     out = capsys.readouterr().out
     table = parse_table(out)
-    assert [table[row]["profiled"] for row in ROWS] == ["-"] * 7 + ["yes"]  # named from its run_start
+    assert [table[row]["profiled"] for row in ROWS] == ["-"] * 7 + ["yes", "none"]  # named from its run_start
     assert table["status"]["plain"] == "completed"
     assert "profiled: no run_end record (still running, or killed before it ended): shown as -" in out
     assert main(["report", plain, str(killed), "--json"]) == 0
@@ -157,3 +162,19 @@ def test_a_missing_log_among_several_is_named(two_logs, tmp_path, capsys):
     assert main(["report", plain, str(missing), "--csv", str(tmp_path / "c")]) == 1
     assert capsys.readouterr().err == f"zeus-callbacks: no such energy log: {missing}\n"
     assert not (tmp_path / "c").exists()
+
+
+def test_cli_md_documents_both_report_json_shapes(two_logs, capsys):
+    """One log: ``{"run_end", "epochs"}``; several: ``{"runs": [...]}``; the page lists each one's keys as printed."""
+    plain, profiled = two_logs
+    doc = " ".join(CLI_MD.read_text(encoding="utf-8").split())
+    assert main(["report", "--json", plain]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert set(one) == {"run_end", "epochs"}
+    assert one["run_end"] == _end(plain) and [e["event"] for e in one["epochs"]] == ["epoch", "epoch"]
+    assert '| one | `{"run_end": {...}, "epochs": [{...}, ...]}`' in doc
+    assert main(["report", "--json", plain, profiled]) == 0
+    several = json.loads(capsys.readouterr().out)
+    (documented,) = re.findall(r'\| several \| `\{"runs": \[\{([^}]*)\}, \.\.\.\]\}`', doc)
+    keys = [k.strip().strip('"') for k in documented.split(",")]
+    assert list(several) == ["runs"] and [list(run) for run in several["runs"]] == [keys, keys]

@@ -379,6 +379,65 @@ def test_short_spans_get_no_cross_check_never_a_number_that_means_nothing(tmp_pa
     assert summary.energy_J == pytest.approx(LOAD_W * 1.0, rel=0.01)
 
 
+def test_a_null_counter_figure_says_why_in_the_records_and_the_report(tmp_path, capsys):
+    """The 1 s run and 100 ms epochs of the test above: each null counter figure carries its reason."""
+    from zeus_callbacks.cli import main
+
+    clock = ManualClock(T0 + 0.05)
+    fake, backend = _nvml(clock)
+    fake.set_load(LOAD_W)
+    summary, records, _ = _train(_session(tmp_path, backend), clock, 10, epoch_steps=1)
+    backend.close()
+    min_span_s = COUNTER_MIN_PERIODS * NVML_COUNTER_PERIOD_S
+    short = f"shorter than {COUNTER_MIN_PERIODS} energy-counter periods ({min_span_s:g} s on nvml)"
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(epochs) == 10
+    assert all(r["counter_energy_J"] is None and r["counter_energy_note"].startswith(short) for r in epochs)
+    (end,) = [r for r in records if r["event"] == "run_end"]
+    assert summary.counter_energy_J is None and end["counter_energy_note"] == summary.counter_energy_note
+    assert summary.counter_energy_note.startswith(short)
+    capsys.readouterr()
+    assert main(["report", str(summary.jsonl_path)]) == 0
+    text = capsys.readouterr().out
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in ([str(e)] for e in range(10))]
+    assert len(rows) == 10 and all(row[2:4] == ["n/a", "(a)"] for row in rows)  # one reason: one mark
+    assert f"(a) counter_J n/a: {short}" in " ".join(text.split())
+
+
+def test_a_gpu_without_an_energy_counter_says_so_instead_of_a_figure(tmp_path):
+    clock = ManualClock(T0)
+    fake, backend = _nvml(clock)
+    fake.set_load(LOAD_W)
+    fake.make_unsupported("nvmlDeviceGetTotalEnergyConsumption")
+    steps = 40  # 4 s = 40 counter periods: long enough, were there a counter
+    summary, records, _ = _train(_session(tmp_path, backend), clock, steps)
+    backend.close()
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert epoch["counter_energy_J"] is None and epoch["energy_J"] > 0
+    assert epoch["counter_energy_note"] == "no energy counter on the nvml backend"
+    assert summary.counter_energy_note == "no energy counter on the nvml backend"
+
+
+def test_a_known_counter_figure_has_no_note(tmp_path):
+    clock = ManualClock(T0 + 0.037)
+    fake, backend = _nvml(clock)
+    fake.set_load(LOAD_W)
+    summary, records, _ = _train(_session(tmp_path, backend), clock, 40)
+    backend.close()
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert epoch["counter_energy_J"] is not None and epoch["counter_energy_note"] is None
+    assert summary.counter_energy_J is not None and summary.counter_energy_note is None
+
+
+def test_a_counter_figure_unknown_on_another_rank_says_so():
+    # The ranks exchange numbers only: a rank whose own counter gave a figure words the sum's NaN itself.
+    from zeus_callbacks.session.records import COUNTER_ON_ANOTHER_RANK, counter_note
+
+    assert counter_note(math.nan, None) == COUNTER_ON_ANOTHER_RANK
+    assert counter_note(math.nan, "no energy counter on the nvml backend") == "no energy counter on the nvml backend"
+    assert counter_note(123.0, None) is None
+
+
 def test_long_span_cross_check_is_within_the_documented_bound(tmp_path):
     """Over N counter periods the counter is off by at most 1/N of the energy at steady power (docs)."""
     clock = ManualClock(T0 + 0.037)  # off the counter's grid

@@ -247,14 +247,20 @@ def test_an_unreadable_counter_leaves_the_node_figure_unknown_and_the_gpu_figure
     assert "energy/node_J" not in session.totals() and "energy/total_J" in session.totals()
 
 
-def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_clock):
+def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_clock, capsys):
+    from zeus_callbacks.cli import main
     from zeus_callbacks.session import EnergySession
+    from zeus_callbacks.session.node import NODE_OFF
 
     session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "x"}}, backend=virtual_backend)
     session.train_start()
     summary = session.train_end()
-    assert summary.cpu_energy_J is None and summary.node_energy_note is None
+    # Null figures, with the reason (as each epoch record gives it); nothing printed: nothing was asked for.
+    assert summary.cpu_energy_J is None and summary.node_energy_J is None and summary.node_energy_note == NODE_OFF
     assert "CPU/DRAM" not in str(summary)
+    capsys.readouterr()
+    assert main(["report", str(summary.jsonl_path)]) == 0
+    assert "CPU" not in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ per epoch (node.rapl)
@@ -376,7 +382,11 @@ def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, v
     (record,) = _log_records(tmp_path, "epoch")
     assert (record["cpu_energy_J"], record["dram_energy_J"], record["node_energy_J"]) == (None, None, None)
     assert record["node_energy_note"] == NODE_OFF
-    assert "energy/epoch_node_J" not in logged[0] and summary.node_energy_note is None
+    assert "energy/epoch_node_J" not in logged[0]
+    # run_end says the same as the epoch (it said null before).
+    (end,) = _log_records(tmp_path, "run_end")
+    assert (end["cpu_energy_J"], end["dram_energy_J"], end["node_energy_J"]) == (None, None, None)
+    assert end["node_energy_note"] == summary.node_energy_note == NODE_OFF
 
 
 # ------------------------------------------------------------------ the virtual CPU (node.virtual_cpu)

@@ -57,13 +57,13 @@ def saved_figures(monkeypatch):
     return seen
 
 
-def _profile_run(tmp_path, clock, *, scale_by_trace: bool):
+def _profile_run(tmp_path, clock, *, scale_by_trace: bool, name: str = "pl"):
     """A run with power-limit profiling until the profiler chooses; returns the summary and the backend."""
     backend = VirtualGPUBackend(clock=clock, noise_W=3.0, seed=0)
     config = {
         "backend": "virtual",
         "windows": {"sample_fraction": 1.0},
-        "logging": {"log_dir": str(tmp_path), "run_name": "pl", "interval_steps": 5},
+        "logging": {"log_dir": str(tmp_path), "run_name": name, "interval_steps": 5},
         "power_limit": {"enabled": True, "warmup_steps": 1, "min_profile_steps": 4, "profile_steps": 6},
     }
     session = EnergySession(config, backend=backend, is_main_process=True)
@@ -133,6 +133,66 @@ def test_plot_power_limit_from_a_log_carries_the_mark_and_the_note(tmp_path, sav
     chunks = png_text(out)
     assert chunks[SIMULATED_KEY] == SIMULATED_MARK and chunks[TIME_NOTE_KEY] == summary.time_note
     assert SIMULATED_MARK in saved_figures[-1]
+
+
+def test_plot_run_of_a_power_limit_run_on_the_real_clock_says_time_is_not_simulated(tmp_path, saved_figures, capsys):
+    # The tester's case: plot run left the note out while plot power-limit and report showed it.
+    summary, _ = _profile_run(tmp_path, CpuClock(1_000.0), scale_by_trace=False)
+    note = summary.time_note
+    assert note is not None
+    capsys.readouterr()
+    out = tmp_path / "run.png"
+    assert main(["plot", "run", str(summary.jsonl_path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"wrote {out} (SIMULATED: virtual GPU)\n")
+    assert f"TIME NOT SIMULATED: {note}" in " ".join(printed.split())  # wrapped at 80 columns
+    chunks = png_text(out)
+    assert chunks[SIMULATED_KEY] == SIMULATED_MARK and chunks[TIME_NOTE_KEY] == note
+    assert f"TIME NOT SIMULATED: {note}" in " ".join(chunks["Description"].split())
+    texts = saved_figures[-1]  # the note under the axes, as matplotlib saved the figure
+    assert any(t.startswith("TIME NOT SIMULATED:") and " ".join(t.split()).endswith(note) for t in texts)
+
+
+def test_plot_run_on_the_simulator_clock_has_no_time_note(tmp_path, saved_figures, capsys):
+    summary, _ = _profile_run(tmp_path, ManualClock(1_000.0), scale_by_trace=True)
+    capsys.readouterr()
+    out = tmp_path / "run.png"
+    assert main(["plot", "run", str(summary.jsonl_path), "-o", str(out)]) == 0
+    assert "TIME NOT SIMULATED" not in capsys.readouterr().out
+    chunks = png_text(out)
+    assert chunks[SIMULATED_KEY] == SIMULATED_MARK and TIME_NOTE_KEY not in chunks
+    assert not any("TIME NOT SIMULATED" in t for t in saved_figures[-1])
+
+
+def test_report_of_several_runs_says_which_one_s_time_is_not_simulated(tmp_path, capsys):
+    # 125 W against 300 W on the virtual GPU: the run on the real clock must say its time is not simulated.
+    real, _ = _profile_run(tmp_path / "real", CpuClock(1_000.0), scale_by_trace=False, name="real-clock")
+    sim, _ = _profile_run(tmp_path / "sim", ManualClock(1_000.0), scale_by_trace=True, name="simulator")
+    note = real.time_note
+    assert note is not None and sim.time_note is None
+    capsys.readouterr()
+    assert main(["report", str(real.jsonl_path), str(sim.jsonl_path)]) == 0
+    text = capsys.readouterr().out
+    (row,) = [line for line in text.splitlines() if line.startswith("time note")]
+    assert row.split()[2:] == ["below", "none"]  # one cell per run, in the order given
+    assert f"real-clock: TIME NOT SIMULATED: {note}" in " ".join(text.split())
+    assert "simulator: TIME NOT SIMULATED" not in text
+    assert main(["report", "--json", str(real.jsonl_path), str(sim.jsonl_path)]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["time_note"] for r in runs] == [note, None]
+
+
+def test_every_plot_of_simulated_data_says_so_when_it_writes(tmp_path, capsys):
+    # plot run said "(SIMULATED: virtual GPU)" after "wrote X"; plot power-limit and plot profile did not.
+    summary, _ = _profile_run(tmp_path, CpuClock(1_000.0), scale_by_trace=False)
+    _virtual_profile(tmp_path, 0.005, mode="isolated", target_ci=0.1, max_time_s=5.0)
+    capsys.readouterr()
+    for what, source in (("power-limit", summary.jsonl_path), ("profile", tmp_path / "k.json"),
+                         ("run", summary.jsonl_path)):  # fmt: skip
+        out = tmp_path / f"{what}.png"
+        assert main(["plot", what, str(source), "-o", str(out)]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == f"wrote {out} (SIMULATED: virtual GPU)", what
+        assert png_text(out)[SIMULATED_KEY] == SIMULATED_MARK
 
 
 def _virtual_profile(tmp_path, exec_s: float, **kwargs) -> ProfileResult:

@@ -28,7 +28,7 @@ SIMULATED_KEY = "Simulated"
 """PNG text chunk (tEXt keyword) that holds :data:`SIMULATED_MARK` in a figure of virtual-GPU data."""
 
 TIME_NOTE_KEY = "Time note"
-"""PNG text chunk that holds a power-limit profile's ``time_note`` (time not simulated on the virtual GPU)."""
+"""PNG text chunk that holds a log's ``time_note`` (power-limit results on the virtual GPU: time not simulated)."""
 
 
 def _pyplot() -> Any:
@@ -54,10 +54,22 @@ def _mark_simulated(fig: Any) -> None:
 
 def _note_at_bottom(fig: Any, note: str, *, width: int = 90) -> None:
     """Write ``note`` under the axes, wrapped, in red; the axes move up to make room."""
-    lines = textwrap.fill(note, width, break_on_hyphens=False)
+    _notes_at_bottom(fig, [(note, "tab:red")], width=width)
+
+
+def _notes_at_bottom(fig: Any, notes: Sequence[tuple[str, str]], *, width: int, top: float = 1.0) -> None:
+    """Write each ``(text, colour)`` under the axes, wrapped at ``width`` characters, the first on top.
+
+    The axes move up to make room (``tight_layout`` below the notes and up to ``top``, a share of the
+    figure's height).
+    """
     line_h = 7 * 1.25 / 72 / fig.get_figheight()  # a 7 pt line, as a share of the figure's height
-    fig.tight_layout(rect=(0, line_h * (lines.count("\n") + 1) + 0.02, 1, 1))
-    fig.text(0.01, 0.01, lines, ha="left", va="bottom", fontsize=7, color="tab:red")
+    y = 0.01
+    for note, colour in reversed(notes):
+        lines = textwrap.fill(note, width, break_on_hyphens=False)
+        fig.text(0.01, y, lines, ha="left", va="bottom", fontsize=7, color=colour)
+        y += line_h * (lines.count("\n") + 1)
+    fig.tight_layout(rect=(0, y + 0.01, 1, top))
 
 
 def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], keep: set[int]) -> None:
@@ -274,7 +286,8 @@ def run_figure(course: RunCourse) -> Any:
     the warm-up steps apart, the power limit in force when each record was written (dashed), each
     evaluation's mean power (diamond). Bottom panel: each record's mean energy per step (J). Both panels
     mark epoch ends (dotted), evaluations (dashed) and the power-limit switch (red; the profiling
-    stretch shaded). The figure says when it is simulated and what it cannot show (``course.notes``).
+    stretch shaded). The figure says when it is simulated and what it cannot show (``course.notes``),
+    and, under the axes in red, ``TIME NOT SIMULATED:`` with ``course.time_note`` where the log has one.
 
     Args:
         course: From :func:`zeus_callbacks.run_log.run_course`.
@@ -310,9 +323,13 @@ def run_figure(course: RunCourse) -> Any:
     ax_e.set_xlabel("training steps taken")
     ax_p.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
     fig.suptitle(RUN_TITLE.format(name=course.run_name or "run"), fontsize=10)
+    notes = [(f"TIME NOT SIMULATED: {course.time_note}", "tab:red")] if course.time_note else []
     if course.notes:
-        fig.text(0.01, 0.005, "; ".join(course.notes), fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.97))
+        notes.append(("; ".join(course.notes), "black"))
+    if notes:
+        _notes_at_bottom(fig, notes, width=180, top=0.97)
+    else:
+        fig.tight_layout(rect=(0, 0.03, 1, 0.97))
     if course.simulated:
         _mark_simulated(fig)
     return fig
@@ -364,7 +381,7 @@ def plot_run(course: RunCourse, path: str | Path) -> Path:
 
     The PNG's ``Title`` is the figure's title and its ``Description`` every text on it, one per line
     (``simulated (virtual GPU)`` among them for a simulated run), so a reader or a test can check what
-    it says without looking.
+    it says without looking; a run with a ``time_note`` has it in the :data:`TIME_NOTE_KEY` chunk too.
 
     Args:
         course: From :func:`zeus_callbacks.run_log.run_course`.
@@ -382,7 +399,8 @@ def plot_run(course: RunCourse, path: str | Path) -> Path:
     fig = run_figure(course)
     try:
         title = RUN_TITLE.format(name=course.run_name or "run")
-        chunks = {"Title": title, "Description": "\n".join(figure_text(fig)), **_text_chunks(course.simulated)}
+        chunks = {"Title": title, "Description": "\n".join(figure_text(fig)),
+                  **_text_chunks(course.simulated, course.time_note)}  # fmt: skip
         _save(fig, path, dpi=110, text=chunks)
     finally:
         plt.close(fig)

@@ -61,6 +61,10 @@ SIMULATED = "energy/simulated"
 UNAVAILABLE = "energy/unavailable"
 
 
+NODE_OFF = "node.rapl and node.virtual_cpu are off: no CPU/DRAM energy reader"
+"""``node_energy_note`` of the records (epoch, run_end) when no node figure was asked for."""
+
+
 def window_energy_key(name: str) -> str:
     """Metric key of a user-named window's energy (e.g. ``energy/window/forward_J``)."""
     return f"energy/window/{name}_J"
@@ -207,6 +211,9 @@ class RunSummary:
         power_limit_from_step: The training step (0-based) from which the chosen limit was in force.
         power_limit_applied: Whether the chosen limit was applied (False in observe mode: chosen only).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
+        counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter periods,
+            the counter's readings not bracketing it, no counter on this backend; as the epoch record's
+            ``counter_energy_note``); None when it is known.
         faults: Sensor faults counted on this process, by kind.
         jsonl_path: The JSONL log, when written.
         world_size: Processes whose GPUs the figures cover (1 without DDP).
@@ -250,7 +257,8 @@ class RunSummary:
         node_energy_J: ``energy_J`` + ``cpu_energy_J`` (+ ``dram_energy_J`` where a DRAM domain exists) (J);
             None when off or any part is unknown.
         node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
-            simulated CPU says ``SIMULATED``), or why a figure is unknown.
+            simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, ``node.rapl and
+            node.virtual_cpu are off: no CPU/DRAM energy reader``, as in each epoch record.
     """
 
     run_name: str
@@ -269,6 +277,7 @@ class RunSummary:
     power_limit_from_step: int | None = None
     power_limit_applied: bool = False
     counter_energy_J: float | None = None
+    counter_energy_note: str | None = None
     faults: dict[str, int] = field(default_factory=dict)
     jsonl_path: str | None = None
     world_size: int = 1
@@ -369,7 +378,7 @@ class RunSummary:
             lines.append(f"  DEGRADED: sensor faults {dict(self.faults) or 'on another rank'}")
             if self.rejected_samples:
                 lines.append(f"  rejected samples {dict(self.rejected_samples)}")
-        if self.node_energy_note is not None:
+        if self.node_energy_note is not None and self.node_energy_note != NODE_OFF:  # off: nothing was asked for
             lines.append(f"  CPU/DRAM      CPU {fmt(self.cpu_energy_J, 'J')}, DRAM {fmt(self.dram_energy_J, 'J')}; "
                          f"node {fmt(self.node_energy_J, 'J')} ({self.node_energy_note})")  # fmt: skip
         lines += self._estimate_lines()

@@ -112,6 +112,9 @@ class RunCourse:
         simulated: The figures are simulated (the virtual GPU).
         ended: The log has a ``run_end`` record.
         notes: What a reader of the figure must know (sampled means, incomplete records, missing marks).
+        time_note: Why the run's power-limit results do not show the time a limit costs (the
+            ``time_note`` of its ``power_limit_profile`` or ``run_end`` record: the virtual GPU on the
+            real clock), or None.
     """
 
     run_name: str | None
@@ -124,6 +127,19 @@ class RunCourse:
     simulated: bool = False
     ended: bool = False
     notes: list[str] = field(default_factory=list)
+    time_note: str | None = None
+
+
+def time_note_of(records: Sequence[Record]) -> str | None:
+    """The log's ``time_note`` (power-limit results on the virtual GPU: time not simulated), or None.
+
+    From the last ``run_end`` record, else the last ``power_limit_profile`` (a run killed before its end).
+    """
+    for event in ("run_end", "power_limit_profile"):
+        note = (_last(records, event) or {}).get("time_note")
+        if isinstance(note, str) and note:
+            return note
+    return None
 
 
 def is_simulated(records: Sequence[Record]) -> bool:
@@ -160,7 +176,7 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
     start, end = _first(records, "run_start"), _last(records, "run_end")
     resumed = _number((start or {}).get("resumed_steps")) or 0.0
     course = RunCourse(run_name=(end or start or {}).get("run_name"), simulated=is_simulated(records),
-                       ended=end is not None)  # fmt: skip
+                       ended=end is not None, time_note=time_note_of(records))  # fmt: skip
     at = resumed
     for r in records:
         kind = r.get("event")
@@ -261,10 +277,11 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
     ``energy_Wh`` is derived from ``energy_J`` when the record predates it; ``power_limit_W`` is the limit
     training ran at after profiling: the chosen one where profiling applied one, else the one in force.
     A log without ``run_end`` (still running, or killed) has every figure None and ``ended`` False;
-    ``simulated`` says whether the figures are simulated.
+    ``simulated`` says whether the figures are simulated, ``time_note`` why the run's power-limit
+    results do not show the time a limit costs (:func:`time_note_of`; None when they do).
 
     Returns:
-        Keys of :data:`COMPARED` plus ``run_name``, ``ended`` and ``simulated``.
+        Keys of :data:`COMPARED` plus ``run_name``, ``ended``, ``simulated`` and ``time_note``.
     """
     end = _last(records, "run_end")
     start = _first(records, "run_start") or {}
@@ -287,4 +304,5 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
             "ended": True,
         }
     figures["simulated"] = is_simulated(records)
+    figures["time_note"] = time_note_of(records)
     return figures

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,14 @@ def comparison_table(logs: Sequence[Log]) -> str:
     """The runs side by side: one row per figure of :data:`COMPARED`, one column per run (``-``: missing).
 
     Columns that do not fit an 80-column terminal go to a further block below, the row labels repeated.
+    Below the table, a ``TIME NOT SIMULATED:`` line for each run with a ``time_note`` (power-limit
+    results on the virtual GPU with the real clock), which its ``time note`` row points to.
     """
     labels = run_labels(logs)
     figures = [run_figures(records) for _, records in logs]
     rows = [(label, [_cell(key, f.get(key)) for f in figures]) for key, label in COMPARED]
     rows.append(("simulated", ["yes" if f["simulated"] else "no" for f in figures]))
+    rows.append(("time note", ["below" if f["time_note"] else "none" for f in figures]))
     label_w = max(len(label) for label, _ in rows)
     widths = [max(len(labels[i]), *(len(cells[i]) for _, cells in rows)) for i in range(len(labels))]
     blocks: list[list[int]] = []
@@ -72,13 +76,19 @@ def comparison_table(logs: Sequence[Log]) -> str:
             lines.append(f"{label}: no run_end record (still running, or killed before it ended): shown as -")
     if any(f["simulated"] for f in figures):
         lines.append("SIMULATED energy (virtual GPU, not measured) where simulated says yes")
+    for label, f in zip(labels, figures, strict=True):
+        if f["time_note"]:
+            lines.append(textwrap.fill(f"{label}: TIME NOT SIMULATED: {f['time_note']}", TERMINAL_COLUMNS,
+                                       subsequent_indent="    "))  # fmt: skip
     return "\n".join(lines).rstrip("\n")
 
 
 def comparison_json(logs: Sequence[Log]) -> str:
-    """The compared figures as JSON: ``{"runs": [{"run", "log", "run_name", <COMPARED keys>, "ended", "simulated"}]}``.
+    """The compared figures as JSON, ``{"runs": [...]}``: one object per log, in the order given.
 
-    A figure a log lacks is null.
+    Each object holds ``run``, ``log``, ``run_name``, the :data:`COMPARED` keys, ``ended``, ``simulated``
+    and ``time_note``. A figure a log lacks is null; ``time_note`` is null unless the run's power-limit
+    results come from the virtual GPU on the real clock (time not simulated).
     """
     runs = [{"run": label, "log": str(path), **run_figures(records)}
             for label, (path, records) in zip(run_labels(logs), logs, strict=True)]  # fmt: skip

@@ -8,10 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
+from zeus_callbacks.run_log import is_simulated, run_course, time_note_of
 from zeus_callbacks.store import open_store
 
 
@@ -35,8 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     plot.set_defaults(func=run)
 
 
+SIMULATED_SUFFIX = " (SIMULATED: virtual GPU)"
+"""Added to ``wrote FILE`` by every plot of virtual-GPU data, as the figure itself is marked."""
+
+
 def run(args: argparse.Namespace) -> int:
     """Draw the figure ``args.what`` of ``args.source`` into ``args.out``.
+
+    Prints ``wrote FILE``, with :data:`SIMULATED_SUFFIX` when the data come from the virtual GPU, then
+    what the figure cannot show (``TIME NOT SIMULATED:`` and ``note:`` lines) where that applies.
 
     Returns:
         0 when written, 1 (the reason on stderr) when there is nothing to plot or the source is unreadable.
@@ -47,51 +58,7 @@ def run(args: argparse.Namespace) -> int:
     elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
         out = out.with_suffix(".png")
     try:
-        if args.what == "run":
-            return _plot_run(args, out)
-        if args.what == "power-limit":
-            from zeus_callbacks.plots import plot_profile
-
-            try:
-                records = read_jsonl(args.source)
-            except FileNotFoundError:
-                print(f"zeus-callbacks: no such energy log: {args.source}", file=sys.stderr)
-                return 1
-            profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
-            if profile is None:
-                print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
-                return 1
-            partial = profile.get("finished") is False
-            start = next((r for r in records if r.get("event") == "run_start"), {})
-            simulated = str(start.get("backend", "")).startswith("virtual")
-            simulated = simulated or bool(profile.get("simulated"))
-            end: dict = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
-            time_note = profile.get("time_note") or end.get("time_note")
-            rows, chosen = profile_rows(profile, args.source)
-            plot_profile(rows, chosen, out, partial=partial, simulated=simulated,
-                         time_note=time_note if isinstance(time_note, str) else None)  # fmt: skip
-            if partial:
-                print(f"{args.source}: power-limit profiling did not finish; plotting the limits it measured")
-        elif args.what == "profile":
-            from zeus_callbacks.measurement.profiler import ProfileResult
-
-            if args.job:
-                print("zeus-callbacks: plot profile takes one file: plot profile PROFILE.json", file=sys.stderr)
-                return 1
-            try:
-                result = ProfileResult.read_json(args.source)
-            except FileNotFoundError:
-                print(f"zeus-callbacks: no such profile file: {args.source}", file=sys.stderr)
-                return 1
-            result.plot(out)
-        else:
-            if not args.job:
-                print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
-                return 1
-            if is_energy_log(args.source):
-                print(f"zeus-callbacks: {not_a_store_but_a_log(args.source)}", file=sys.stderr)
-                return 1
-            plot_bandit_history(args.source, args.job, out)
+        drawn = _draw(args, out)
     except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
@@ -106,29 +73,103 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the PNG cannot be written there (-o in a missing or read-only place)
         print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f"wrote {out}")
+    if drawn is None:  # refused; the reason is on stderr
+        return 1
+    print(f"wrote {out}" + (SIMULATED_SUFFIX if drawn.simulated else ""))
+    if drawn.time_note:
+        print(textwrap.fill(f"TIME NOT SIMULATED: {drawn.time_note}", TERMINAL_COLUMNS, initial_indent="  ",
+                            subsequent_indent="    "))  # fmt: skip
+    for line in drawn.lines:
+        print(line)
     return 0
 
 
-def _plot_run(args: argparse.Namespace, out: Path) -> int:
+@dataclass(frozen=True)
+class Drawn:
+    """What a plot command drew, for the lines it prints after ``wrote FILE``.
+
+    Attributes:
+        simulated: The data come from the virtual GPU.
+        time_note: The log's ``time_note`` (time not simulated), or None.
+        lines: Further lines to print (notes, a partial profile).
+    """
+
+    simulated: bool
+    time_note: str | None = None
+    lines: tuple[str, ...] = ()
+
+
+def _draw(args: argparse.Namespace, out: Path) -> Drawn | None:
+    """Draw ``args.what`` into ``out``; None when refused (the reason printed on stderr). Errors go to :func:`run`."""
+    if args.what == "run":
+        return _plot_run(args, out)
+    if args.what == "power-limit":
+        return _plot_power_limit(args, out)
+    if args.what == "profile":
+        from zeus_callbacks.measurement.profiler import ProfileResult
+
+        if args.job:
+            print("zeus-callbacks: plot profile takes one file: plot profile PROFILE.json", file=sys.stderr)
+            return None
+        try:
+            result = ProfileResult.read_json(args.source)
+        except FileNotFoundError:
+            print(f"zeus-callbacks: no such profile file: {args.source}", file=sys.stderr)
+            return None
+        result.plot(out)
+        return Drawn(simulated=result.simulated)
+    if not args.job:
+        print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
+        return None
+    if is_energy_log(args.source):
+        print(f"zeus-callbacks: {not_a_store_but_a_log(args.source)}", file=sys.stderr)
+        return None
+    return Drawn(simulated=plot_bandit_history(args.source, args.job, out)[1])
+
+
+def _read_log(source: str) -> list[dict] | None:
+    """The log's records, or None (the reason on stderr) when there is no such file."""
+    try:
+        return read_jsonl(source)
+    except FileNotFoundError:
+        print(f"zeus-callbacks: no such energy log: {source}", file=sys.stderr)
+        return None
+
+
+def _plot_power_limit(args: argparse.Namespace, out: Path) -> Drawn | None:
+    """``plot power-limit LOG.jsonl``: the log's power-limit profile (:func:`zeus_callbacks.plots.plot_profile`)."""
+    from zeus_callbacks.plots import plot_profile
+
+    records = _read_log(args.source)
+    if records is None:
+        return None
+    profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+    if profile is None:
+        print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
+        return None
+    partial = profile.get("finished") is False
+    simulated = is_simulated(records) or bool(profile.get("simulated"))
+    time_note = time_note_of(records)
+    rows, chosen = profile_rows(profile, args.source)
+    plot_profile(rows, chosen, out, partial=partial, simulated=simulated, time_note=time_note)
+    unfinished = f"{args.source}: power-limit profiling did not finish; plotting the limits it measured"
+    return Drawn(simulated=simulated, time_note=time_note, lines=(unfinished,) if partial else ())
+
+
+def _plot_run(args: argparse.Namespace, out: Path) -> Drawn | None:
     """``plot run LOG.jsonl``: the run's course (:func:`zeus_callbacks.plots.plot_run`); errors go to :func:`run`."""
     from zeus_callbacks.plots import plot_run
-    from zeus_callbacks.run_log import run_course
 
     if args.job:
         print("zeus-callbacks: plot run takes one file: plot run RUN.jsonl", file=sys.stderr)
-        return 1
-    try:
-        records = read_jsonl(args.source)
-    except FileNotFoundError:
-        print(f"zeus-callbacks: no such energy log: {args.source}", file=sys.stderr)
-        return 1
+        return None
+    records = _read_log(args.source)
+    if records is None:
+        return None
     course = run_course(records, args.source)
     plot_run(course, out)
-    print(f"wrote {out}" + (" (SIMULATED: virtual GPU)" if course.simulated else ""))
-    for note in course.notes:
-        print(f"  note: {note}")
-    return 0
+    return Drawn(simulated=course.simulated, time_note=course.time_note,
+                 lines=tuple(f"  note: {note}" for note in course.notes))  # fmt: skip
 
 
 def _number(value: object) -> bool:
@@ -164,8 +205,11 @@ def profile_rows(profile: dict, source: str) -> tuple[list[dict], float | None]:
     return limits, chosen
 
 
-def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> Path:
+def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> tuple[Path, bool]:
     """Plot each recurrence's cost of ``job_id`` in a store (see :func:`zeus_callbacks.plots.plot_bandit_costs`).
+
+    Returns:
+        The path written, and whether any trial ran on the virtual GPU (the figure is then marked simulated).
 
     Raises:
         StoreError: The store cannot be read.
@@ -177,4 +221,5 @@ def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -
         trials = [t for t in store.list_trials(job_id) if t.cost is not None]
     if not trials:
         raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
-    return plot_bandit_costs(trials, job_id, path, simulated=any(t.info.get("simulated") for t in trials))
+    simulated = any(t.info.get("simulated") for t in trials)
+    return plot_bandit_costs(trials, job_id, path, simulated=simulated), simulated

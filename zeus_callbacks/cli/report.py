@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
-from zeus_callbacks.reporting import NotAnEnergyLog, read_jsonl
+from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, read_jsonl
 from zeus_callbacks.run_log import is_simulated
 from zeus_callbacks.units import readable_energy, three_figures
 
@@ -136,11 +136,28 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         for line in _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
-        print("  epoch   energy_J   counter_J     time_s   power_W")
-        for r in epochs:
-            counter = "n/a" if r.get("counter_energy_J") is None else fmt(r["counter_energy_J"])
-            row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
-            print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
+        _print_epochs(epochs)
+
+
+def _print_epochs(epochs: list[dict]) -> None:
+    """The epoch table; a null counter figure is ``n/a`` with a footnote mark, its reason under the table."""
+    print("  epoch   energy_J   counter_J     time_s   power_W")
+    reasons: dict[str, str] = {}  # reason -> its mark, (a), (b), ... in order of first use
+    for r in epochs:
+        if r.get("counter_energy_J") is not None:
+            counter = fmt(r["counter_energy_J"])
+        else:
+            why = r.get("counter_energy_note")
+            if isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
+                mark = reasons.setdefault(why, f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)")
+                counter = f"n/a {mark}"
+            else:
+                counter = "n/a"
+        row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
+        print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
+    for why, mark in reasons.items():
+        print(textwrap.fill(f"{mark} counter_J n/a: {why}", TERMINAL_COLUMNS, initial_indent="  ",
+                            subsequent_indent="      "))  # fmt: skip
 
 
 def _print_time_note(end: dict | None, profile: dict | None) -> None:
@@ -179,7 +196,7 @@ def _device_lines(records: list[dict]) -> list[str]:
 def _node_and_estimate_lines(end: dict) -> list[str]:
     """The run_end record's CPU/DRAM/node energy (``node.rapl``) and CO2 / cost estimates, each with its factor."""
     lines = []
-    if end.get("node_energy_note"):
+    if end.get("node_energy_note") and end["node_energy_note"] != NODE_OFF:  # off: nothing was asked for
         lines.append(f"CPU {fmt(end.get('cpu_energy_J'))} J, DRAM {fmt(end.get('dram_energy_J'))} J, node "
                      f"{fmt(end.get('node_energy_J'))} J ({end['node_energy_note']})")  # fmt: skip
     carbon, cost = end.get("carbon"), end.get("cost")

@@ -165,6 +165,16 @@ off by at most half a counter period ``P``: at power ``p`` the energy of a span 
 (5 % at 20 periods, 2 s on an H200); shorter spans give no cross-check (null)."""
 
 
+COUNTER_TOO_FEW_READINGS = "fewer than two energy-counter readings"
+"""Why a span has no counter figure: the counter was read less than twice (:func:`counter_energy`)."""
+
+COUNTER_NOT_BRACKETED = (
+    "the energy-counter readings do not bracket it (the first is more than one counter period after its "
+    "start, or the last more than one before its end)"
+)
+"""Why a span has no counter figure: no reading near enough to its start or its end (:func:`counter_energy`)."""
+
+
 def counter_energy_J(
     reading_times_s: np.ndarray,
     readings_J: np.ndarray,
@@ -190,14 +200,35 @@ def counter_energy_J(
     Returns:
         The energy (J), or None when the readings do not bracket the window (within
         ``reach_s``) or the span is shorter than ``min_span_s`` (never a 0.0 that only means
-        the counter did not tick).
+        the counter did not tick); :func:`counter_energy` says why.
     """
-    if end_s - start_s < min_span_s or len(reading_times_s) < 2:
-        return None
+    return counter_energy(reading_times_s, readings_J, start_s, end_s, min_span_s=min_span_s, reach_s=reach_s)[0]
+
+
+def counter_energy(
+    reading_times_s: np.ndarray,
+    readings_J: np.ndarray,
+    start_s: float,
+    end_s: float,
+    *,
+    min_span_s: float = 0.0,
+    reach_s: float = 0.0,
+) -> tuple[float | None, str | None]:
+    """:func:`counter_energy_J` with the reason for a missing figure (same arguments).
+
+    Returns:
+        ``(energy_J, None)``, or ``(None, why)``: the span is shorter than ``min_span_s``, the counter
+        was read less than twice (:data:`COUNTER_TOO_FEW_READINGS`), or its readings do not bracket the
+        span within ``reach_s`` (:data:`COUNTER_NOT_BRACKETED`).
+    """
+    if end_s - start_s < min_span_s:
+        return None, f"shorter than {min_span_s:g} s, the shortest span given a counter figure"
+    if len(reading_times_s) < 2:
+        return None, COUNTER_TOO_FEW_READINGS
     times = np.asarray(reading_times_s, dtype=np.float64)
     values = np.asarray(readings_J, dtype=np.float64)
     if times[0] - start_s > reach_s or end_s - times[-1] > reach_s:
-        return None
+        return None, COUNTER_NOT_BRACKETED
 
     def at(t_s: float) -> float:
         if t_s < times[0]:
@@ -208,4 +239,4 @@ def counter_energy_J(
             return float(values[-1] + slope * (t_s - times[-1]))
         return float(np.interp(t_s, times, values))
 
-    return at(end_s) - at(start_s)
+    return at(end_s) - at(start_s), None

@@ -600,6 +600,10 @@ class PowerSampler:
         with self._lock:
             return self._counter[index].arrays()
 
+    def counter_supported(self, index: int) -> bool:
+        """False once GPU ``index``'s energy counter answered "not supported" (no cross-check on it)."""
+        return self._counter_supported[index]
+
     def counter_gaps(self, index: int) -> list[tuple[float, float]]:
         """The ``(start_s, end_s)`` intervals left out of GPU ``index``'s counter series by resets."""
         with self._lock:

@@ -24,6 +24,7 @@ from zeus_callbacks.backends.rapl import NodeEnergy, NodeReader, RaplReader
 from zeus_callbacks.backends.virtual_cpu import VirtualCpu
 from zeus_callbacks.config import NodeConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
+from zeus_callbacks.reporting import NODE_OFF
 from zeus_callbacks.session.aggregate import Rows
 
 logger = logging.getLogger(__name__)
@@ -31,8 +32,6 @@ logger = logging.getLogger(__name__)
 NODE_COLUMNS = 4
 """A process's node columns in a record's row: reads (1 or 0), CPU (J), DRAM (J), has DRAM (1 or 0); NaN unknown."""
 
-NODE_OFF = "node.rapl and node.virtual_cpu are off: no CPU/DRAM energy reader"
-"""The note of an epoch record when no node figure was asked for."""
 
 OTHER_LOCAL_RANK = "this node's CPU/DRAM counters are read by its local rank 0 (each node counted once)"
 """Why a process whose ``LOCAL_RANK`` is not 0 has no RAPL reader under several processes."""

@@ -31,6 +31,22 @@ logger = logging.getLogger(__name__)
 _COUNTER_GAP_WARN = 0.15  # samples and counter differ by more than this share: warn
 _COUNTER_GAP_MIN_S = 5.0  # ... over an epoch at least this long (s)
 
+COUNTER_ON_ANOTHER_RANK = "unknown on another rank's GPUs (its counter gave no figure for the span)"
+"""``counter_energy_note`` when this process's counters gave a figure but another rank's did not."""
+
+
+def counter_note(counter_J: float, local_note: str | None) -> str | None:
+    """Why a record's ``counter_energy_J`` (summed over the ranks) is null; None when it is known.
+
+    Args:
+        counter_J: The counter energy over every rank (J; NaN when a rank had none).
+        local_note: Why this process's counters gave no figure
+            (:meth:`~zeus_callbacks.session.run.StartedRun.counter_energy`), or None.
+    """
+    if math.isfinite(counter_J):
+        return None
+    return local_note or COUNTER_ON_ANOTHER_RANK
+
 
 # ------------------------------------------------------------------ every record
 STAMPED_FIELDS = ("simulated",)
@@ -338,6 +354,7 @@ class EpochEnergy:
         energy_J: Energy of all GPUs (J).
         time_s: The slowest rank's time (s).
         counter_J: Energy from the energy counters (J; NaN when a GPU has none).
+        counter_note: Why ``counter_J`` is NaN (:func:`counter_note`); None when it is known.
         gpu_energy_J: Each GPU's energy, rank order (J).
         ranks: Ranks that took part.
         metrics: The epoch metrics to queue.
@@ -354,14 +371,18 @@ class EpochEnergy:
     metrics: dict[str, float]
     ledger: dict[str, Any]
     node: dict[str, Any]
+    counter_note: str | None = None
 
 
-def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int, node: LocalNode) -> EpochEnergy:
+def epoch_energy(
+    rows: Rows, epoch: Any, *, steps_taken: int, node: LocalNode, counter_note_local: str | None = None
+) -> EpochEnergy:
     """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree.
 
     The ledger's energy columns are summed over the ranks; its times and counts are the
     slowest rank's, the rank whose time is the epoch's. The node figures add the CPU and DRAM
     energy of the processes that read them to the GPUs' (``node``: this process's part).
+    ``counter_note_local``: why this process's counters gave no figure (:func:`counter_note`).
     """
     energy_J = total(rows, 0)
     time_s = slowest(rows, 1)
@@ -399,7 +420,8 @@ def epoch_energy(rows: Rows, epoch: Any, *, steps_taken: int, node: LocalNode) -
                 counter_J,
                 100 * gap,
             )
-    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger, figures)
+    return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger, figures,
+                       counter_note(counter_J, counter_note_local))  # fmt: skip
 
 
 def epoch_record(
@@ -420,6 +442,7 @@ def epoch_record(
         "end_step": record.info.get("end_step"),
         "energy_J": e.energy_J,
         "counter_energy_J": e.counter_J if math.isfinite(e.counter_J) else None,
+        "counter_energy_note": e.counter_note,
         "time_s": e.time_s,
         "power_W_mean": e.metrics[metric.EPOCH_MEAN_POWER_W],
         "gpu_energy_J": e.gpu_energy_J,
@@ -516,6 +539,7 @@ def run_summary(
     cost: CostConfig | None = None,
     node: LocalNode | None = None,
     time_note: str | None = None,
+    counter_note_local: str | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -529,7 +553,8 @@ def run_summary(
     (:func:`~zeus_callbacks.session.node.node_figures`; the numbers are the rows' node columns);
     None: no node figures.
     ``time_note``: why power-limit results do not show the time a limit costs (the virtual GPU on the
-    real clock), or None.
+    real clock), or None. ``counter_note_local``: why this process's counters gave no figure for the
+    run (:func:`counter_note`), or None.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
@@ -559,6 +584,7 @@ def run_summary(
         power_limit_from_step=chosen_step,
         power_limit_applied=applied,
         counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) else None,
+        counter_energy_note=counter_note(counter_J, counter_note_local),
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),

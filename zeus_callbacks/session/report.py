@@ -219,7 +219,7 @@ class StepReports(SessionPart):
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self.run
-        counter_J = run.counter_energy_J(record.start_s, record.end_s)
+        counter_J, counter_why = run.counter_energy(record.start_s, record.end_s)
         ledger = self._ledger.row(record.start_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
@@ -228,7 +228,8 @@ class StepReports(SessionPart):
             records.local_epoch_row(record, counter_J, ledger, node.columns), degraded=self.degraded
         )
         epoch = record.info.get("epoch")
-        e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node)
+        e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node,
+                                 counter_note_local=counter_why)  # fmt: skip
         if record.info.get("covered_from_step") is not None:  # resumed inside it: its figures are a part
             e.metrics[metric.EPOCH_PARTIAL] = 1.0
         self._totals.epoch_energy_J.append(e.energy_J)
@@ -261,10 +262,12 @@ class StepReports(SessionPart):
         run = self.run
         record = self._run_record
         t = self._totals
-        counter_J = run.counter_energy_J(record.start_s, record.end_s) if record else None
+        counter_J, counter_why = (run.counter_energy(record.start_s, record.end_s) if record
+                                  else (None, "the run's window was not measured"))  # fmt: skip
         node_cfg = self.config.node
-        node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else None
-        node_columns = node.columns if node is not None else local_node(None, None, None).columns
+        # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
+        node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
+        node_columns = node.columns
         rows = self._ranks.gather(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
                                       node_columns),
@@ -303,6 +306,7 @@ class StepReports(SessionPart):
             cost=self.config.cost,
             node=node,
             time_note=self.power_limiter.time_note() if self.power_limiter is not None else None,
+            counter_note_local=counter_why,
         )
 
     def _node_local(self) -> LocalNode:

@@ -24,7 +24,7 @@ from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.measurement.attribution import (
     COUNTER_MIN_PERIODS,
-    counter_energy_J,
+    counter_energy,
     covered_energy_J,
 )
 from zeus_callbacks.measurement.phases import PhaseTracker
@@ -266,23 +266,37 @@ class StartedRun:
             total += float(energy[0])
         return total
 
-    def counter_energy_J(self, start_s: float, end_s: float) -> float | None:
+    def counter_energy(self, start_s: float, end_s: float) -> tuple[float | None, str | None]:
         """Energy (J) of the measured GPUs in [start_s, end_s] from their counters, for a cross-check.
 
-        None when a GPU lacks readings bracketing the span, or the span is shorter than
-        :data:`~zeus_callbacks.measurement.attribution.COUNTER_MIN_PERIODS` counter periods
-        (its figure would mean nothing). An interval a counter reset left out
-        (:meth:`PowerSampler.counter_gaps`) takes the power samples' energy, so the figure stays
-        comparable; ``counter_resets`` in the records says it happened.
+        None, with the reason, when the span is shorter than
+        :data:`~zeus_callbacks.measurement.attribution.COUNTER_MIN_PERIODS` counter periods (its
+        figure would mean nothing), a GPU has no energy counter, or a GPU lacks readings bracketing
+        the span. An interval a counter reset left out (:meth:`PowerSampler.counter_gaps`) takes the
+        power samples' energy, so the figure stays comparable; ``counter_resets`` in the records says
+        it happened.
+
+        Returns:
+            ``(energy_J, None)`` or ``(None, why)``: the words go into the records' ``counter_energy_note``.
         """
         period_s = self.backend.energy_counter_period_s or 0.0
         min_span_s = COUNTER_MIN_PERIODS * period_s
+        several = len(self.gpu_indices) > 1
+        for index in self.gpu_indices:  # the first reason: no counter at all, whatever the span
+            if not self.sampler.counter_supported(index):
+                gpu = f"GPU {index}: " if several else ""
+                return None, f"{gpu}no energy counter on the {self.backend.name} backend"
+        if end_s - start_s < min_span_s:
+            return None, (f"shorter than {COUNTER_MIN_PERIODS} energy-counter periods ({min_span_s:g} s on "
+                          f"{self.backend.name}): over fewer the counter's figure can be off by more than "
+                          f"1/{COUNTER_MIN_PERIODS} of the energy")  # fmt: skip
         total = 0.0
         for index in self.gpu_indices:
+            gpu = f"GPU {index}: " if several else ""
             times, readings = self.sampler.counter_readings(index)
-            energy = counter_energy_J(times, readings, start_s, end_s, min_span_s=min_span_s, reach_s=period_s)
+            energy, why = counter_energy(times, readings, start_s, end_s, reach_s=period_s)
             if energy is None:
-                return None
+                return None, gpu + (why or "no counter figure")
             gaps = [(max(a, start_s), min(b, end_s)) for a, b in self.sampler.counter_gaps(index)]
             gaps = [(a, b) for a, b in gaps if b > a]
             if gaps:
@@ -291,10 +305,10 @@ class StartedRun:
                     knots, cumulative, [a for a, _ in gaps], [b for _, b in gaps], reach_s=self.sampler.reach_s(index)
                 )
                 if not np.isfinite(filled).all():
-                    return None
+                    return None, f"{gpu}the power samples do not cover the interval a counter reset left out"
                 energy += float(filled.sum())
             total += energy
-        return total
+        return total, None
 
     def energy_so_far_J(self, carried_J: float = 0.0) -> float:
         """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``."""
