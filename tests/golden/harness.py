@@ -82,6 +82,9 @@ class Rig:
             "windows": {"sample_fraction": 1.0},
             "logging": {"log_dir": str(self.tmp / "logs"), "interval_steps": 5},
             "power_limit": {"plot": False},
+            # The sensor calls are timed on the wall clock: on a loaded machine one took over the default
+            # 0.5 s and the run read as degraded. The longest allowed wait keeps that race out of the goldens.
+            "sampling": {"sensor_timeout_s": 60.0},
         }
         return merge(base, extra)
 
