@@ -9,7 +9,6 @@ from zeus_callbacks.measurement.attribution import (
     COUNTER_NOT_BRACKETED,
     COUNTER_TOO_FEW_READINGS,
     counter_energy,
-    counter_energy_J,
     cumulative_energy,
     interval_energy_J,
     samples_in,
@@ -130,8 +129,8 @@ def test_counter_energy_interpolates_between_bracketing_readings():
     times = np.array([10.0, 11.0, 12.0, 13.0])
     readings = origin_J + rate_W * (times - times[0])
     start, end = 10.25, 12.5
-    assert counter_energy_J(times, readings, start, end) == pytest.approx(rate_W * (end - start))
-    assert counter_energy_J(times, readings, times[0], times[-1]) == pytest.approx(readings[-1] - readings[0])
+    assert counter_energy(times, readings, start, end)[0] == pytest.approx(rate_W * (end - start))
+    assert counter_energy(times, readings, times[0], times[-1])[0] == pytest.approx(readings[-1] - readings[0])
 
 
 @pytest.mark.parametrize(
@@ -140,12 +139,12 @@ def test_counter_energy_interpolates_between_bracketing_readings():
 )
 def test_counter_energy_is_none_without_bracketing_readings(start, end):
     times = np.array([10.0, 11.0, 12.0, 13.0])
-    assert counter_energy_J(times, 100.0 * times, start, end) is None
+    assert counter_energy(times, 100.0 * times, start, end)[0] is None
 
 
 def test_counter_energy_needs_two_readings():
-    assert counter_energy_J(np.array([]), np.array([]), 1.0, 2.0) is None
-    assert counter_energy_J(np.array([1.0]), np.array([5.0]), 1.0, 1.0) is None
+    assert counter_energy(np.array([]), np.array([]), 1.0, 2.0)[0] is None
+    assert counter_energy(np.array([1.0]), np.array([5.0]), 1.0, 1.0)[0] is None
 
 
 def test_a_missing_counter_figure_says_why():

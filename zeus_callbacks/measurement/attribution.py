@@ -175,7 +175,7 @@ COUNTER_NOT_BRACKETED = (
 """Why a span has no counter figure: no reading near enough to its start or its end (:func:`counter_energy`)."""
 
 
-def counter_energy_J(
+def counter_energy(
     reading_times_s: np.ndarray,
     readings_J: np.ndarray,
     start_s: float,
@@ -183,8 +183,8 @@ def counter_energy_J(
     *,
     min_span_s: float = 0.0,
     reach_s: float = 0.0,
-) -> float | None:
-    """Energy between two times from energy-counter readings, linearly interpolated.
+) -> tuple[float | None, str | None]:
+    """Energy between two times from energy-counter readings, linearly interpolated, or why there is none.
 
     Args:
         reading_times_s: Counter change times, shape (n,) (s).
@@ -198,26 +198,8 @@ def counter_energy_J(
             can lie in (a reading stamped at its change is always a little older than its read).
 
     Returns:
-        The energy (J), or None when the readings do not bracket the window (within
-        ``reach_s``) or the span is shorter than ``min_span_s`` (never a 0.0 that only means
-        the counter did not tick); :func:`counter_energy` says why.
-    """
-    return counter_energy(reading_times_s, readings_J, start_s, end_s, min_span_s=min_span_s, reach_s=reach_s)[0]
-
-
-def counter_energy(
-    reading_times_s: np.ndarray,
-    readings_J: np.ndarray,
-    start_s: float,
-    end_s: float,
-    *,
-    min_span_s: float = 0.0,
-    reach_s: float = 0.0,
-) -> tuple[float | None, str | None]:
-    """:func:`counter_energy_J` with the reason for a missing figure (same arguments).
-
-    Returns:
-        ``(energy_J, None)``, or ``(None, why)``: the span is shorter than ``min_span_s``, the counter
+        ``(energy_J, None)``, or ``(None, why)``, never a 0.0 that only means the counter did not
+        tick: the span is shorter than ``min_span_s``, the counter
         was read less than twice (:data:`COUNTER_TOO_FEW_READINGS`), or its readings do not bracket the
         span within ``reach_s`` (:data:`COUNTER_NOT_BRACKETED`).
     """

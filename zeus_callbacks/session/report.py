@@ -267,10 +267,9 @@ class StepReports(SessionPart):
         node_cfg = self.config.node
         # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
         node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
-        node_columns = node.columns
         rows = self._ranks.gather(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
-                                      node_columns),
+                                      node.columns),
             degraded=self.degraded,
         )  # fmt: skip
         measurement, note = measurement_of(run.backend)
