@@ -45,6 +45,7 @@ os.environ["ZEUS_CALLBACKS_READ_ONLY"] = "1"  # before zeus_callbacks is importe
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import logging
@@ -131,6 +132,20 @@ class Driver:
         self.profiler = cProfile.Profile() if args.profile else None
         self.done = False
         self.block_steps = args.block_steps
+        self.gc: dict[str, list[float]] = {m: [] for m in modes}  # per round, s of garbage collection per step
+        self.steps: dict[str, list[list[float]]] = {m: [] for m in modes}  # --step-times: each block's step times (s)
+        self._gc_s = 0.0
+        self._gc_t0 = 0.0
+        self._last_step_t = 0.0
+        self._block_step_times: list[float] = []
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """Sums the time the collector runs (a noise source the ratios share with every mode)."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_t0
 
     def parked(self) -> None:
         """Take every mode's callback out of the list; pause their samplers (once, at the first step)."""
@@ -196,6 +211,10 @@ class Driver:
             self._begin_block()
             return False
         # rounds
+        if self.args.step_times:
+            now = time.perf_counter()
+            self._block_step_times.append(now - self._last_step_t)
+            self._last_step_t = now
         self.block_left -= 1
         if self.block_left > 0:
             return False
@@ -225,8 +244,13 @@ class Driver:
         self.sync()
         if self.profiler is not None and mode == self.args.profile:
             self.profiler.enable()
+        if self.args.gc_freeze:
+            gc.collect()
+            gc.freeze()
+        self._gc_s = 0.0
+        self._block_step_times = []
         self.cpu0 = time.thread_time()
-        self.t0 = time.perf_counter()
+        self.t0 = self._last_step_t = time.perf_counter()
 
     def _end_block(self) -> None:
         self.sync()
@@ -241,6 +265,9 @@ class Driver:
             obj.park(self.callbacks)
         self.wall[mode].append(wall / self.block_steps)
         self.cpu[mode].append(cpu / self.block_steps)
+        self.gc[mode].append(self._gc_s / self.block_steps)
+        if self.args.step_times:
+            self.steps[mode].append(self._block_step_times)
 
 
 PARKED_NONE = object()
@@ -410,6 +437,7 @@ def run_hf(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> D
         dataloader_pin_memory=False,
         remove_unused_columns=False,
         use_cpu=args.device == "cpu",
+        logging_nan_inf_filter=args.hf_nan_filter == "on",  # on (HF's default): a host sync every step
     )
     trainer = Trainer(
         model=model,
@@ -453,11 +481,12 @@ def shapes(args: argparse.Namespace) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------- statistics
 def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
     base = np.array(driver.wall["none"])
-    out: dict[str, Any] = {"step_ms": float(np.median(base) * 1e3), "cpu_us": {}, "rounds": len(base)}
+    out: dict[str, Any] = {"step_ms": float(np.median(base) * 1e3), "cpu_us": {}, "gc_us": {}, "rounds": len(base)}
     detail: dict[str, Any] = {}
     rng = np.random.default_rng(0)
     for mode, wall in driver.wall.items():
         out["cpu_us"][mode] = round(float(np.median(driver.cpu[mode]) * 1e6), 1)
+        out["gc_us"][mode] = round(float(np.mean(driver.gc[mode]) * 1e6), 1)
         if mode == "none":
             continue
         ratios = np.array(wall) / base
@@ -473,6 +502,9 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
             "rounds_above_1": int((ratios > 1).sum()),
         }
     out["_detail"] = detail
+    out["_blocks"] = {m: {"wall": driver.wall[m], "cpu": driver.cpu[m], "gc": driver.gc[m]} for m in driver.wall}
+    if driver.steps["none"]:
+        out["_steps"] = driver.steps
     return out
 
 
@@ -517,6 +549,9 @@ def main() -> None:
     ap.add_argument("--setup-s", type=float, default=12.0, help="time a workload's setup and warm-up take (s)")
     ap.add_argument("--profile", default=None, help="cProfile the training thread in this mode's blocks")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-times", action="store_true", help="keep every step's wall time (in the JSON)")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.collect + gc.freeze before every block")
+    ap.add_argument("--hf-nan-filter", choices=("on", "off"), default="on", help="HF logging_nan_inf_filter")
     ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
     args = ap.parse_args()
     args.modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
@@ -572,7 +607,7 @@ def main() -> None:
                 raise SystemExit(f"POWER LIMIT CHANGED: before {limits_before} W, after {limits_after} W")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gpu_overhead.json").write_text(json.dumps(results, indent=1))
+        (Path(args.out) / "gpu_overhead.json").write_text(json.dumps(results))
     print(f"total wall time {time.perf_counter() - started:.0f} s", file=sys.stderr)
     print(json.dumps({w: {k: v for k, v in r.items() if not k.startswith("_")} for w, r in results.items()}))
 

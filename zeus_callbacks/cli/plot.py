@@ -148,7 +148,7 @@ def _plot_power_limit(args: argparse.Namespace, out: Path) -> Drawn | None:
         print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
         return None
     partial = profile.get("finished") is False
-    simulated = is_simulated(records) or bool(profile.get("simulated"))
+    simulated = is_simulated(records)  # the profile record carries ``simulated`` too
     time_note = time_note_of(records)
     rows, chosen = profile_rows(profile, args.source)
     plot_profile(rows, chosen, out, partial=partial, simulated=simulated, time_note=time_note)

@@ -15,7 +15,7 @@ from pathlib import Path
 from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, read_jsonl
-from zeus_callbacks.run_log import is_simulated
+from zeus_callbacks.run_log import is_simulated, time_note_of
 from zeus_callbacks.units import readable_energy, three_figures
 
 
@@ -86,7 +86,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
         if simulated:
             print("  SIMULATED energy (virtual GPU, not measured)")
-        _print_time_note(None, profile)
+        _print_time_note(records)
     else:
         chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
         if chosen is None:
@@ -132,7 +132,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
             )  # fmt: skip
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
-        _print_time_note(end, profile)
+        _print_time_note(records)
         for line in _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
@@ -160,10 +160,10 @@ def _print_epochs(epochs: list[dict]) -> None:
                             subsequent_indent="      "))  # fmt: skip
 
 
-def _print_time_note(end: dict | None, profile: dict | None) -> None:
+def _print_time_note(records: list[dict]) -> None:
     """Print the run's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
-    note = (end or {}).get("time_note") or (profile or {}).get("time_note")
-    if isinstance(note, str) and note:
+    note = time_note_of(records)
+    if note:
         print(textwrap.fill(f"TIME NOT SIMULATED: {note}", TERMINAL_COLUMNS, initial_indent="  ",
                             subsequent_indent="    "))  # fmt: skip
 
