@@ -22,6 +22,13 @@ of these ratios with a 95 % bootstrap CI of the median, the geometric mean with 
 on the log ratios, and the training thread's CPU time per step (``time.thread_time``: a second
 figure, free of the GPU's and the host's timing noise).
 
+Two direct figures beside the ratios, far less noisy on a shared host (whose CPU speed drifts by
+5-7 % within a fraction of a second, issue 28's notes): ``hook_us``, the time spent inside the mode's
+callback hooks per step (every ``on_*`` method is wrapped with two ``perf_counter`` reads; the
+``noop`` mode shows what the wrapper itself costs), and ``sampler_cpu_us``, the CPU time of the
+sampler thread per step (its thread CPU clock, read at the block's ends). On a loop that
+synchronises every step (HF's default ``logging_nan_inf_filter``) hook time adds to the step 1:1.
+
 The last line printed is JSON: ``{"<workload>": {"<mode>": [median ratio, lo, hi], ...,
 "step_ms": none's median step (ms), "cpu_us": {"<mode>": training-thread CPU µs per step}}}``.
 
@@ -132,6 +139,9 @@ class Driver:
         self.profiler = cProfile.Profile() if args.profile else None
         self.done = False
         self.block_steps = args.block_steps
+        self.hook: dict[str, list[float]] = {m: [] for m in modes}  # per round, s inside the mode's hooks per step
+        self.sampler_cpu: dict[str, list[float]] = {m: [] for m in modes}  # per round, sampler thread CPU s per step
+        self._sampler_cpu0 = 0.0
         self.gc: dict[str, list[float]] = {m: [] for m in modes}  # per round, s of garbage collection per step
         self.steps: dict[str, list[list[float]]] = {m: [] for m in modes}  # --step-times: each block's step times (s)
         self._gc_s = 0.0
@@ -249,6 +259,9 @@ class Driver:
             gc.freeze()
         self._gc_s = 0.0
         self._block_step_times = []
+        self._sampler_cpu0 = obj.sampler_cpu_s() if obj is not None else 0.0
+        if obj is not None:
+            obj.hook_s = 0.0
         self.cpu0 = time.thread_time()
         self.t0 = self._last_step_t = time.perf_counter()
 
@@ -261,8 +274,13 @@ class Driver:
         if self.profiler is not None and mode == self.args.profile:
             self.profiler.disable()
         obj = self.modes[mode]
+        hook_s = sampler_s = 0.0
         if obj is not None:
+            sampler_s = obj.sampler_cpu_s() - self._sampler_cpu0
+            hook_s = obj.hook_s
             obj.park(self.callbacks)
+        self.hook[mode].append(hook_s / self.block_steps)
+        self.sampler_cpu[mode].append(sampler_s / self.block_steps)
         self.wall[mode].append(wall / self.block_steps)
         self.cpu[mode].append(cpu / self.block_steps)
         self.gc[mode].append(self._gc_s / self.block_steps)
@@ -271,6 +289,34 @@ class Driver:
 
 
 PARKED_NONE = object()
+
+
+def thread_cpu_s(thread: Any) -> float:
+    """CPU time (s) a running thread has used, from its own CPU clock; 0 when it is not running."""
+    if thread is None or not thread.is_alive() or thread.ident is None:
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, AttributeError):  # the thread ended in between, or no per-thread clocks here
+        return 0.0
+
+
+def time_hooks(parked: Any) -> None:
+    """Wrap every ``on_*`` method of ``parked.callback`` so the time spent inside adds to ``parked.hook_s``."""
+    callback = parked.callback
+    for name in dir(type(callback)):
+        method = getattr(callback, name, None)
+        if not name.startswith("on_") or not callable(method):
+            continue
+
+        def timed(*a: Any, _method: Any = method, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _method(*a, **k)
+            finally:
+                parked.hook_s += time.perf_counter() - t0
+
+        setattr(callback, name, timed)
 
 
 class ParkedCallback:
@@ -283,9 +329,16 @@ class ParkedCallback:
     def __init__(self, callback: Any) -> None:
         self.callback = callback
         self.index = 1  # where it was in the list (the driver is at 0)
+        self.hook_s = 0.0
+        time_hooks(self)
 
     def _session(self) -> Any:
         return getattr(self.callback, "session", None)
+
+    def sampler_cpu_s(self) -> float:
+        session = self._session()
+        sampler = None if session is None else session.sampler
+        return thread_cpu_s(None if sampler is None else sampler._thread)
 
     def park(self, callbacks: list[Any]) -> None:
         if self.callback in callbacks:
@@ -309,7 +362,11 @@ class ParkedSampler:
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
+        self.hook_s = 0.0
         sampler.start()
+
+    def sampler_cpu_s(self) -> float:
+        return thread_cpu_s(self.sampler._thread)
 
     def park(self, callbacks: list[Any]) -> None:
         self.sampler.stop(final_drain=False)
@@ -481,12 +538,21 @@ def shapes(args: argparse.Namespace) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------- statistics
 def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
     base = np.array(driver.wall["none"])
-    out: dict[str, Any] = {"step_ms": float(np.median(base) * 1e3), "cpu_us": {}, "gc_us": {}, "rounds": len(base)}
+    out: dict[str, Any] = {
+        "step_ms": float(np.median(base) * 1e3),
+        "cpu_us": {},
+        "gc_us": {},
+        "hook_us": {},
+        "sampler_cpu_us": {},
+        "rounds": len(base),
+    }
     detail: dict[str, Any] = {}
     rng = np.random.default_rng(0)
     for mode, wall in driver.wall.items():
         out["cpu_us"][mode] = round(float(np.median(driver.cpu[mode]) * 1e6), 1)
         out["gc_us"][mode] = round(float(np.mean(driver.gc[mode]) * 1e6), 1)
+        out["hook_us"][mode] = round(float(np.mean(driver.hook[mode]) * 1e6), 2)
+        out["sampler_cpu_us"][mode] = round(float(np.mean(driver.sampler_cpu[mode]) * 1e6), 2)
         if mode == "none":
             continue
         ratios = np.array(wall) / base
@@ -502,7 +568,10 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
             "rounds_above_1": int((ratios > 1).sum()),
         }
     out["_detail"] = detail
-    out["_blocks"] = {m: {"wall": driver.wall[m], "cpu": driver.cpu[m], "gc": driver.gc[m]} for m in driver.wall}
+    out["_blocks"] = {
+        m: {"wall": driver.wall[m], "cpu": driver.cpu[m], "gc": driver.gc[m], "hook": driver.hook[m]}
+        for m in driver.wall
+    }
     if driver.steps["none"]:
         out["_steps"] = driver.steps
     return out
@@ -618,17 +687,22 @@ def print_table(workload: str, r: dict[str, Any]) -> None:
         f"{r['block_steps']} steps, {r['wall_s']} s",
         flush=True,
     )
-    print(f"  {'mode':18s} {'median [95% CI]':>26s} {'gmean [paired-t CI]':>26s} {'>1':>4s} {'cpu us/step':>12s}")
+    print(
+        f"  {'mode':18s} {'median [95% CI]':>26s} {'gmean [paired-t CI]':>26s} {'>1':>4s} {'cpu us/step':>12s}"
+        f" {'hook us':>8s} {'hook %':>7s} {'sampler us':>10s}"
+    )
     for mode, cpu in r["cpu_us"].items():
+        hook, sampler = r["hook_us"][mode], r["sampler_cpu_us"][mode]
+        direct = f" {hook:8.2f} {100 * hook / (r['step_ms'] * 1e3):7.3f} {sampler:10.2f}"
         if mode == "none":
-            print(f"  {mode:18s} {'':>26s} {'':>26s} {'':>4s} {cpu:12.1f}")
+            print(f"  {mode:18s} {'':>26s} {'':>26s} {'':>4s} {cpu:12.1f}{direct}")
             continue
         m, lo, hi = r[mode]
         d = r["_detail"][mode]
         g, glo, ghi = d["gmean"], *d["gmean_ci95"]
         print(
             f"  {mode:18s} {m:8.4f} [{lo:.4f}, {hi:.4f}] {g:8.4f} [{glo:.4f}, {ghi:.4f}] "
-            f"{d['rounds_above_1']:4d} {cpu:12.1f}",
+            f"{d['rounds_above_1']:4d} {cpu:12.1f}{direct}",
             flush=True,
         )
 
