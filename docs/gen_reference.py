@@ -544,8 +544,11 @@ def render_metrics() -> str:
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) once per evaluation "
         "loop, at its own step: Lightning hands them to its loggers when validation ends, at the step of the "
         "last training batch (callbacks that monitor `callback_metrics` see them with the next training log, "
-        "as `self.log` is refused there); the Hugging Face Trainer's reporters get them with the evaluation's "
-        "log. An evaluation outside training (a later `trainer.evaluate()`) is not measured.",
+        "as `self.log` is refused there). The Hugging Face Trainer's reporters get them with the evaluation's "
+        f"log, named `{reporting.HF_EVAL_NAMES[reporting.EVAL_ENERGY_J]}` and "
+        f"`{reporting.HF_EVAL_NAMES[reporting.EVAL_TIME_S]}`: the Trainer files keys that begin with `eval_` "
+        "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. An evaluation outside "
+        "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
         "adds the running totals to every periodic log. When `train()` raises, the Hugging Face callback hands "

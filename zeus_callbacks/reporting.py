@@ -43,6 +43,9 @@ EPOCH_DRAM_ENERGY_J = "energy/epoch_dram_J"
 EPOCH_NODE_ENERGY_J = "energy/epoch_node_J"
 EVAL_ENERGY_J = "energy/eval_J"
 EVAL_TIME_S = "time/eval_s"
+# The Hugging Face Trainer's reporters file a key under ``eval/`` only when it starts with ``eval_``
+# (every other key goes under ``train/``): its logs carry the evaluation figures under these names.
+HF_EVAL_NAMES = {EVAL_ENERGY_J: "eval_energy_J", EVAL_TIME_S: "eval_time_s"}
 TOTAL_ENERGY_J = "energy/total_J"
 PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
@@ -145,9 +148,12 @@ METRICS: dict[str, str] = {
 _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 
 
+_HF_EVAL_KEYS = frozenset(HF_EVAL_NAMES.values())
+
+
 def is_own_metric(key: str) -> bool:
     """True for keys this package logs (so they are not mistaken for validation metrics)."""
-    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY
+    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY or key in _HF_EVAL_KEYS
 
 
 def run_metrics(summary: RunSummary) -> dict[str, float]:

@@ -104,7 +104,7 @@ def test_energy_reaches_tensorboard(tmp_path):
         "energy/per_token_J",
         "power_limit/W",
         "time/total_s",
-        "energy/eval_J",
+        "eval/energy_J",  # HF files eval_energy_J under eval/, beside eval/loss
         "energy/epoch_J",
     ):
         assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"

@@ -120,7 +120,7 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
     summary = callback.summary
     assert summary.steps == 8 and summary.status == "completed"
     scalars = scalars_of(tmp_path)
-    for tag in ("energy/total_J", "time/total_s", "energy/step_J", "energy/eval_J"):
+    for tag in ("energy/total_J", "time/total_s", "energy/step_J", "eval/energy_J"):
         steps = [step for step, _ in scalars[tag]]
         assert len(steps) == len(set(steps)), f"{tag}: two points at one step: {scalars[tag]}"
     assert [step for step, _ in scalars["energy/total_J"]] == [4, 8]
@@ -130,8 +130,9 @@ def test_an_early_stop_at_an_evaluation_logs_the_total_once(tmp_path):
     assert scalars["energy/total_J"][-1][1] < summary.energy_J
     # Every step whose logs carry energy flags it as simulated, once: the evaluation's log at 8 follows the
     # periodic log at 8, which has the flag.
-    energy_logs = [(step, logs) for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
-    assert any("energy/eval_J" in logs for _, logs in energy_logs)
+    energy_logs = [(step, logs) for step, logs in seen.logs if any(is_own_metric(k) for k in logs)]
+    # The evaluation's figures under HF's eval_ names: its reporters file them under eval/, beside eval/loss.
+    assert any("eval_energy_J" in logs and "energy/eval_J" not in logs for _, logs in energy_logs)
     flags = [step for step, logs in energy_logs if logs.get("energy/simulated") == 1.0]
     assert flags == sorted({step for step, _ in energy_logs}), energy_logs
     assert scalars["energy/simulated"] == [(step, 1.0) for step in flags]
@@ -166,7 +167,7 @@ def test_a_failing_training_step_still_sends_the_totals_to_tensorboard(tmp_path)
     assert scalars["time/total_s"][-1] == (7, pytest.approx(summary.time_s, rel=1e-6))
     assert scalars["energy/simulated"][-1] == (7, 1.0)
     assert sum(n for _, n in scalars["energy/step_count"]) == 5  # steps 1-6 but the warm-up step
-    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+    assert not any(is_own_metric(k) for entry in trainer.state.log_history for k in entry)
 
 
 def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter_than_logging_steps(tmp_path):
@@ -194,7 +195,7 @@ def test_every_epoch_reaches_tensorboard_at_its_own_step_when_epochs_are_shorter
     # The Trainer's own logs are unchanged: at 5 and 10, then the final one at 12; the epochs that
     # ended where it did not log (3, 6, 9) come as logs of their own, outside log_history.
     assert [e["step"] for e in trainer.state.log_history] == [5, 10, 12]
-    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+    assert not any(is_own_metric(k) for entry in trainer.state.log_history for k in entry)
     own = [step for step, logs in seen.logs if logs and all(is_own_metric(k) for k in logs)]
     assert own == [3, 6, 9]
     assert [step for step, logs in seen.logs if "energy/epoch_J" in logs] == ends  # 12: in the final log
@@ -221,10 +222,11 @@ def test_an_evaluation_at_a_logging_step_leaves_one_simulated_point_per_step(tmp
 
     scalars = scalars_of(tmp_path)
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
-    assert [s for s, _ in scalars["energy/eval_J"]] == [4, 8, 12]
-    assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals])
+    assert [s for s, _ in scalars["eval/energy_J"]] == [4, 8, 12]
+    assert "energy/eval_J" not in scalars and "eval/time_s" in scalars  # not under train/ (issue 26)
+    assert [v for _, v in scalars["eval/energy_J"]] == pytest.approx([r["energy_J"] for r in evals])
     # Two logs carried energy at each of those steps; the flag has one point at each.
-    energy_steps = [step for step, logs in seen.logs if any(k.startswith("energy/") for k in logs)]
+    energy_steps = [step for step, logs in seen.logs if any(is_own_metric(k) for k in logs)]
     assert sorted(energy_steps) == [4, 4, 8, 8, 12, 12]
     assert scalars["energy/simulated"] == [(4, 1.0), (8, 1.0), (12, 1.0)]
 
@@ -262,5 +264,5 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
         # The window holds the whole evaluation (its batch included) and none of the training steps around it.
         assert record["time_s"] == pytest.approx(eval_s)
         assert record["energy_J"] > 0
-    points = scalars_of(tmp_path)["energy/eval_J"]
+    points = scalars_of(tmp_path)["eval/energy_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)

@@ -22,7 +22,7 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import ManualClock, WallClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
 ORIGINAL_W = 275.0  # off the profiling grid (100-300 W, 50 W apart): a restore is told from a trial
 MAX_STEPS = 60
@@ -241,14 +241,14 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
     output = trainer.train()
 
     scalars = {tag.removeprefix("train/"): values for tag, values in read_scalars(tmp_path / "out").items()}
-    for tag in ("energy/step_J", "energy/total_J", "time/total_s", "energy/eval_J", "time/eval_s"):
+    for tag in ("energy/step_J", "energy/total_J", "time/total_s", "eval/energy_J", "eval/time_s"):
         steps = [step for step, _ in scalars[tag]]
         assert len(steps) == len(set(steps)), f"{tag}: two points at one step: {scalars[tag]}"
     # Every evaluation (each logging step here) once, at its own step, with the energy the JSONL records.
     records = read_jsonl(callback.summary.jsonl_path)
     evals = [r for r in records if r["event"] == "eval"]
-    assert [step for step, _ in scalars["energy/eval_J"]] == [4, 8, 12]
-    assert [v for _, v in scalars["energy/eval_J"]] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
+    assert [step for step, _ in scalars["eval/energy_J"]] == [4, 8, 12]
+    assert [v for _, v in scalars["eval/energy_J"]] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
     # Step points: each log merges the JSONL steps records since the last one (in order), weighted by their counts.
     reports = iter((r["count"], r["energy_J_mean"]) for r in records if r["event"] == "steps" and r["count"])
     counts = dict(scalars["energy/step_count"])
@@ -276,7 +276,7 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
 
     # The summary is printed (scripts leave logging at WARNING); log_history never holds energy (documented).
     assert str(summary) in capsys.readouterr().out
-    assert not any(k.startswith("energy/") for entry in trainer.state.log_history for k in entry)
+    assert not any(is_own_metric(k) for entry in trainer.state.log_history for k in entry)
 
     # An evaluation after training is not measured: it shows no energy.
     after = trainer.evaluate()

@@ -353,7 +353,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
           one interval (``energy/step_J``: the mean over its measured steps, ``energy/step_count``:
           how many), and the running totals.
         - An evaluation's log (the Trainer logs before ``on_evaluate``) gets that evaluation's
-          ``energy/eval_J`` / ``time/eval_s`` only, at its own step: no second step report or
+          energy and time only, as ``eval_energy_J`` / ``eval_time_s`` (the reporters show
+          ``eval/energy_J`` beside ``eval/loss``), at its own step: no second step report or
           total at a step the training log already covered.
         - The final log (the Trainer's results) gets the last steps for the reporters and the
           run-level figures (:func:`~zeus_callbacks.reporting.run_metrics`); the interval values
@@ -382,7 +383,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             self._in_eval = False
             ours = session.eval_end(report=True)  # flagged
             ours.update(self._take_epochs(step))
-            logs.update(session.once_per_step(ours, step))
+            logs.update(_hf_names(session.once_per_step(ours, step)))
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
@@ -393,7 +394,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
                 self._results_totals = {k: ours.pop(k) for k in _TOTAL_KEYS if k in ours}
                 ours = {k: v for k, v in ours.items() if k in _RUN_LEVEL_KEYS}
             ours.update(self._take_epochs(step))  # no log had them: no second point
-            logs.update(session.once_per_step(session.flagged(ours), step))
+            logs.update(_hf_names(session.once_per_step(session.flagged(ours), step)))
             self._final_logs = logs
             return
         if control.should_training_stop:  # the final log follows at this same step and carries it all
@@ -401,7 +402,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         ours = session.pop_metrics(flush_steps=True)
         ours.update(session.totals())
         ours.update(self._take_epochs(step))
-        logs.update(session.once_per_step(session.flagged(ours), step))
+        logs.update(_hf_names(session.once_per_step(session.flagged(ours), step)))
         self._logged_step = step
 
     def _take_epochs(self, step: int) -> dict[str, float]:
@@ -471,7 +472,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._print_summary()
         ours = self.session.pop_metrics()
         ours.update(self.session.totals())
-        return self.session.flagged(ours)
+        return _hf_names(self.session.flagged(ours))
 
     def _print_summary(self) -> None:
         """Print the run summary on the main process (scripts often leave logging at WARNING)."""
@@ -488,6 +489,16 @@ def _job_of(key: str) -> str | None:
 def _base_key(callback: ZeusTrainerCallback) -> str:
     digest = hashlib.sha256(json.dumps(callback.config.model_dump(mode="json"), sort_keys=True).encode())
     return f"{type(callback).__name__}[{callback.config.job_id}:{digest.hexdigest()[:12]}]"
+
+
+def _hf_names(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with the evaluation's figures renamed ``eval_energy_J`` / ``eval_time_s``.
+
+    The Trainer's reporters (TensorBoard, W&B) file keys that start with ``eval_`` under ``eval/``
+    and every other key under ``train/``: renamed, an evaluation's energy shows as
+    ``eval/energy_J`` beside ``eval/loss``, not as ``train/energy/eval_J``.
+    """
+    return {metric.HF_EVAL_NAMES.get(key, key): value for key, value in metrics.items()}
 
 
 def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what: str) -> None:
