@@ -364,3 +364,35 @@ def test_auto_sampling_keeps_interval_steps_when_every_step_is_measured_and_anno
     said = [r.getMessage() for r in caplog.records if "reported every" in r.getMessage()]
     assert len(said) == 1 and "not every logging.interval_steps=10" in said[0]
     assert f"every {fast.report_every} steps" in said[0] or "windows.sample_fraction: 1" in said[0]
+
+
+def test_auto_sampling_says_so_again_when_the_share_falls_below_half_of_what_it_said(caplog):
+    # Issue 26: the share fell from 21.5 % to 2.75 % and the one warning still gave 21.5 %.
+    sampling = WindowSampling(None, 0.01, 10, stretch_reports=True)
+
+    def interval(cost_s: float) -> None:  # 100 steps of 1 ms, every one measured at cost_s each
+        sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * cost_s, measured=100, report_s=0.0)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement.overhead"]
+
+    for _ in range(10):
+        interval(40e-6)  # budget 10 us of a 1 ms step: f = 0.25
+    first = sampling.fraction
+    assert len(said()) == 1 and f"{100 * first:.1f}% sample" in said()[0]
+    for _ in range(3):
+        interval(45e-6)  # the share moves, but not below half: nothing more is said
+    assert sampling.fraction > first / 2 and len(said()) == 1
+    for _ in range(20):
+        interval(400e-6)  # ten times the cost: f -> 0.025, below half of what was said
+    assert sampling.fraction < first / 2
+    messages = said()
+    assert len(messages) >= 2
+    assert all("fell from" in m for m in messages[1:])
+    # Each message starts from the share the one before it stated; none is left unsaid at the end.
+    stated_from = [float(m.split("fell from ")[1].split("%")[0]) / 100 for m in messages[1:]]
+    stated_to = [float(m.split(" to ")[1].split("%")[0]) / 100 for m in messages[1:]]
+    assert stated_from[0] == pytest.approx(first, abs=1e-4)
+    assert stated_from[1:] == pytest.approx(stated_to[:-1], abs=1e-4)
+    assert all(to < fro / 2 for fro, to in zip(stated_from, stated_to, strict=True))
+    assert sampling.fraction >= stated_to[-1] / 2

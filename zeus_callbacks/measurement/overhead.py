@@ -43,7 +43,9 @@ class WindowSampling:
       process: under several, reports are collectives and keep the configured cadence on
       every rank), so that a report carries ~16 measured steps and its fixed part stays a
       small share of ``c``; at most 5 s of steps. A longer interval than ``interval_steps`` is
-      announced once (a warning); with every step measured (``f = 1``) reports keep ``interval_steps``.
+      announced (a warning); with every step measured (``f = 1``) reports keep ``interval_steps``.
+      Each time the share then falls below half of the share last announced, a further warning
+      gives the new share and interval (at most ~10 over a run: the share is at least 0.1 %).
 
     Estimates are smoothed over reports. The measured steps are a random subset: the
     gaps between them are geometric draws of a seeded generator, so no periodic pattern
@@ -87,7 +89,8 @@ class WindowSampling:
         self._step_s: float | None = None
         self._cost_s: float | None = None  # per measured step, hooks and report share
         self._unmeasured_s: float | None = None  # per unmeasured step, its calls
-        self._announced = not announce  # the stretched report interval was announced (once)
+        self._announce = announce
+        self._told_fraction: float | None = None  # the share the last warning stated (None: none yet)
 
     def next_skip(self) -> int:
         """Steps to leave unmeasured before the next measured one (0 when every step is measured)."""
@@ -139,8 +142,8 @@ class WindowSampling:
                 return
             most = max(self.interval_steps, int(_MAX_REPORT_SPAN_S / self._step_s))
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
-            if self.report_every > self.interval_steps and not self._announced:
-                self._announced = True
+            if self._announce and self._told_fraction is None and self.report_every > self.interval_steps:
+                self._told_fraction = self.fraction
                 logger.warning(
                     "zeus-callbacks: steps of %.2f ms are measured as a %.1f%% sample (windows.sample_fraction: "
                     "auto), so step energy is reported every %d steps, not every logging.interval_steps=%d "
@@ -148,6 +151,16 @@ class WindowSampling:
                     1e3 * self._step_s, 100 * self.fraction, self.report_every, self.interval_steps,
                     self.interval_steps,
                 )  # fmt: skip
+            elif self._told_fraction is not None and self.fraction < self._told_fraction / 2:
+                logger.warning(
+                    "zeus-callbacks: the measured share of steps fell from %.2f%% to %.2f%% (steps of %.2f ms; "
+                    "measuring one costs %.0f us with its share of the report, against a budget of %.2f%% of a "
+                    "step): step energy is now reported every %d steps, and a short epoch may have no measured "
+                    "step (windows.sample_fraction: 1 measures every step)",
+                    100 * self._told_fraction, 100 * self.fraction, 1e3 * self._step_s, 1e6 * (self._cost_s or 0.0),
+                    100 * self.max_overhead, self.report_every,
+                )  # fmt: skip
+                self._told_fraction = self.fraction
 
 
 def _smooth(old: float | None, new: float) -> float:
