@@ -240,7 +240,11 @@ EVENTS: dict[str, str] = {
     "this recurrence and its trial in the store.",
     "trial": "Written at the end of a run under the batch-size bandit: the trial's outcome as recorded in the store.",
     "exception": "Training failed or was interrupted; a `run_end` record with the status follows.",
-    "run_end": "Written once at the end of the run (completed, failed or interrupted): the run summary.",
+    "run_end": "Written once at the end of the run (completed, failed or interrupted): the run summary. The "
+    "printed summary and `report` add a `parts` line made from `energy_J`, `epoch_energy_J`, `step_energy_J` and "
+    "`steps`: the epochs' energy plus what lies outside every epoch (set-up, an evaluation after an epoch, the end) "
+    "make the total, and the steps are part of the epochs (mean step × steps, an estimate). Each epoch record's "
+    "`ledger` splits the rest of its epoch. The line is left out when a part is unknown.",
 }
 
 # What each field means. Keys are "event.field" for a meaning specific to one record type,

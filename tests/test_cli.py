@@ -230,3 +230,49 @@ def test_plot_of_a_missing_or_folder_log_is_one_line_naming_it(tmp_path, capsys)
     assert capsys.readouterr().err == f"zeus-callbacks: no such energy log: {missing}\n"
     assert main(["plot", "power-limit", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 1
     assert capsys.readouterr().err == f"zeus-callbacks: {tmp_path} is a folder, not a zeus-callbacks energy log\n"
+
+
+def test_summary_and_report_name_the_parts_of_the_total(tmp_path, capsys, virtual_backend, manual_clock):
+    # Issue 26: mean step x steps and the epochs did not add up to the total, and nothing said why.
+    # Here 1.5 s of the run lies outside the epoch (set-up before it, an evaluation after it).
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "parts"}}, backend=virtual_backend)
+    session.train_start()
+    manual_clock.advance(1.0)  # set-up before the first epoch
+    session.sampler.poll_once()
+    session.epoch_start(0)
+    for step in range(4):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    session.eval_start()
+    manual_clock.advance(0.5)
+    session.sampler.poll_once()
+    session.eval_end()
+    summary = session.train_end()
+    (epoch_J,) = summary.epoch_energy_J
+    outside_J = summary.energy_J - epoch_J
+    assert outside_J > 0.2 * summary.energy_J  # 1.5 of 3.5 s, at the trace's power
+    (line,) = [line for line in str(summary).splitlines() if line.startswith("  parts")]
+    assert f"1 epoch(s) {epoch_J:,.1f} J ({100 * epoch_J / summary.energy_J:.1f} %)" in line
+    assert f"outside every epoch {outside_J:,.1f} J ({100 * outside_J / summary.energy_J:.1f} %" in line
+    assert f"the steps about {summary.step_energy_J * 4:,.1f} J (mean step x 4 steps)" in line
+    assert main(["report", str(tmp_path / "parts.jsonl")]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the report wraps its lines
+    assert f"parts: 1 epoch(s) {epoch_J:,.1f} J" in out and f"outside every epoch {outside_J:,.1f} J" in out
+
+
+@pytest.mark.parametrize(
+    ("energy_J", "epochs_J", "why"),
+    [
+        (10.0, [6.0, 5.0], "the epochs hold more than the total: no negative rest"),
+        (10.0, [6.0, float("nan")], "an epoch unknown"),
+        (float("nan"), [6.0], "the total unknown"),
+        (10.0, [], "no epoch ran"),
+    ],
+)
+def test_the_parts_line_is_left_out_rather_than_wrong(energy_J, epochs_J, why):
+    from zeus_callbacks.reporting import energy_parts
+
+    assert energy_parts(energy_J, epochs_J, 1.0, 4) is None, why

@@ -361,6 +361,9 @@ class RunSummary:
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
             f"  power limit   {self._power_limit_line(fmt)}",
         ]
+        parts = energy_parts(self.energy_J, self.epoch_energy_J, self.step_energy_J, self.steps)
+        if parts is not None:
+            lines.insert(6, f"  parts         {parts}")
         if self.world_size > 1 or len(self.gpu_energy_J) > 1:
             per_gpu = ", ".join(fmt(e, "J") for e in self.gpu_energy_J)
             lines.append(f"  GPUs          {len(self.gpu_energy_J)} over {self.world_size} process(es): {per_gpu}")
@@ -391,6 +394,49 @@ class RunSummary:
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)
+
+
+def energy_parts(energy_J: object, epoch_energy_J: object, step_energy_J: object, steps: object) -> str | None:
+    """Which parts make up a run's energy, as one line for the summary and ``report``.
+
+    The epochs' windows and what lies outside every epoch (set-up before the first, an
+    evaluation after an epoch's end, the end of the run) add up to the total; the steps are
+    part of the epochs (mean step × steps, an estimate from the measured steps), and the rest
+    of an epoch is in its record's ``ledger`` (warm-up, evaluations, the stretch after the last step).
+
+    Args:
+        energy_J: The run's energy (J).
+        epoch_energy_J: Each epoch's energy (J), a list.
+        step_energy_J: The mean step's energy (J).
+        steps: Steps taken.
+
+    Returns:
+        The line, or None when no epoch ran, the total or an epoch is unknown, or the epochs
+        hold more than the total (a figure this line must not turn into a negative rest).
+    """
+    if not isinstance(epoch_energy_J, list) or not epoch_energy_J or not _finite_number(energy_J):
+        return None
+    if not all(_finite_number(e) for e in epoch_energy_J):
+        return None
+    total_J, epochs_J = float(energy_J), float(sum(epoch_energy_J))
+    outside_J = total_J - epochs_J
+    if total_J <= 0 or outside_J < -1e-6 * total_J:
+        return None
+    outside_J = max(outside_J, 0.0)
+    line = (
+        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
+        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, evaluations after an epoch, the end)"
+    )
+    if _finite_number(step_energy_J) and isinstance(steps, int) and steps > 0:
+        line += (
+            f"; of the epochs, the steps about {float(step_energy_J) * steps:,.1f} J (mean step x {steps} steps), "
+            "the rest warm-up, evaluations and after the last step (each epoch record's ledger)"
+        )
+    return line
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def file_stem(run_name: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
-from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, read_jsonl
+from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
 from zeus_callbacks.run_log import is_simulated, time_note_of
 from zeus_callbacks.units import readable_energy, three_figures
 
@@ -133,7 +133,8 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
         _print_time_note(records)
-        for line in _device_lines(records) + _node_and_estimate_lines(end):
+        parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"), end.get("step_energy_J"), end.get("steps"))
+        for line in ([f"parts: {parts}"] if parts else []) + _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
         _print_epochs(epochs)
