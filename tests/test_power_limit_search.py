@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -135,6 +135,8 @@ def test_the_sweep_measures_every_grid_limit_highest_first_and_nothing_else():
     curvature=st.floats(0.2, 5.0),
     plateau_frac=st.floats(0, 1),
 )
+# Found in a stressed CI run: a plateau 0.01 % above the best grid limit, a tie under the noise floor.
+@example(low=100.0, width=321.0, step=20.0, opt_frac=0.09375, curvature=0.25, plateau_frac=0.125)
 def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_optimum(
     low, width, step, opt_frac, curvature, plateau_frac
 ):
@@ -154,7 +156,10 @@ def test_on_exact_unimodal_curves_the_choice_is_within_one_percent_of_the_true_o
     assume(min(cost(x) for x in grid) <= best * 1.01)
     choice, measured = drive(SearchPlan(grid), cost)
     assert cost(choice) <= best * 1.01
-    assert cost(choice) <= min(cost(x) for x in grid) + 1e-12  # never worse than the best grid limit
+    # Never worse than the best grid limit by more than the search can tell apart: costs within the
+    # noise floor (0.2 %) are ties by design, even on an exact curve.
+    best_grid = Measured(min(cost(x) for x in grid))
+    assert cost(choice) <= best_grid.cost + tolerance(Measured(cost(choice)), best_grid, SearchSettings().noise_floor)
     assert high in measured and low in measured
 
 
