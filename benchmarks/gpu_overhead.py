@@ -309,12 +309,14 @@ def time_hooks(parked: Any) -> None:
         if not name.startswith("on_") or not callable(method):
             continue
 
-        def timed(*a: Any, _method: Any = method, **k: Any) -> Any:
+        def timed(*a: Any, _method: Any = method, _name: str = name, **k: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return _method(*a, **k)
             finally:
-                parked.hook_s += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                parked.hook_s += spent
+                parked.by_hook[_name] = parked.by_hook.get(_name, 0.0) + spent
 
         setattr(callback, name, timed)
 
@@ -330,6 +332,7 @@ class ParkedCallback:
         self.callback = callback
         self.index = 1  # where it was in the list (the driver is at 0)
         self.hook_s = 0.0
+        self.by_hook: dict[str, float] = {}  # s inside each hook, over the whole fit (warm-up included)
         time_hooks(self)
 
     def _session(self) -> Any:
@@ -488,7 +491,7 @@ def run_hf(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> D
         max_steps=10**8,
         learning_rate=1e-5,
         save_strategy="no",
-        logging_steps=50,
+        logging_steps=args.hf_logging_steps,
         report_to="none",
         disable_tqdm=True,
         dataloader_pin_memory=False,
@@ -620,6 +623,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-times", action="store_true", help="keep every step's wall time (in the JSON)")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.collect + gc.freeze before every block")
+    ap.add_argument("--hf-logging-steps", type=int, default=50, help="HF logging_steps (its own default: 500)")
     ap.add_argument("--hf-nan-filter", choices=("on", "off"), default="on", help="HF logging_nan_inf_filter")
     ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
     args = ap.parse_args()
@@ -652,6 +656,9 @@ def main() -> None:
                     raise SystemExit(f"{workload}: the fit ended before the schedule did")
                 results[workload] = summarise(driver)
                 results[workload]["layers"] = driver.model.active
+                results[workload]["_by_hook_s"] = {
+                    m: getattr(o, "by_hook", {}) for m, o in driver.modes.items() if o is not None
+                }
                 results[workload]["block_steps"] = driver.block_steps
                 results[workload]["wall_s"] = round(time.perf_counter() - t0, 1)
             print_table(workload, results[workload])
