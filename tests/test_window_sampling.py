@@ -396,3 +396,41 @@ def test_auto_sampling_says_so_again_when_the_share_falls_below_half_of_what_it_
     assert stated_from[1:] == pytest.approx(stated_to[:-1], abs=1e-4)
     assert all(to < fro / 2 for fro, to in zip(stated_from, stated_to, strict=True))
     assert sampling.fraction >= stated_to[-1] / 2
+
+
+def test_a_log_flush_keeps_the_spaced_out_report_cadence(tmp_path, virtual_backend, manual_clock):
+    """Issue 28: the HF callback flushed a report at every Trainer log, even after auto sampling had spaced
+    reports out to save that cost (about half of the default mode's hook time on a CPU-bound step)."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    reports_at_logs = []  # reports made inside each simulated Trainer log (counted calls)
+    report = session._report_steps
+
+    def counted(**kwargs):
+        counted.calls += 1
+        return report(**kwargs)
+
+    counted.calls = 0
+    session._report_steps = counted
+    for i in range(3000):
+        session.step_start(i)
+        manual_clock.advance(1e-4)  # empty steps: auto sampling spaces the reports out (as above)
+        session.step_end(i)
+        if i % 50 == 49:  # a Trainer log every 50 steps
+            before = counted.calls
+            spaced_out = session.sampling.report_every > 50
+            session.pop_metrics(flush_steps=True)
+            reports_at_logs.append((spaced_out, counted.calls - before))
+    assert session.sampling.report_every > 50
+    # Until auto sampling spaces reports out, each log reports (the steps since the last report); after, none.
+    assert all(n == 1 for spaced, n in reports_at_logs if not spaced)
+    assert not any(n for spaced, n in reports_at_logs if spaced)
+    assert sum(1 for spaced, _ in reports_at_logs if spaced) > 40
+    session.epoch_end(0)
+    summary = session.train_end()
+    records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+    assert sum(r["steps"] + r["warmup_steps"] for r in records) == 3000  # every step still in one record

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from zeus_callbacks.errors import NotAnEnergyLog
 from zeus_callbacks.footprint import CarbonEstimate, CostEstimate
@@ -435,7 +435,7 @@ def energy_parts(energy_J: object, epoch_energy_J: object, step_energy_J: object
     return line
 
 
-def _finite_number(value: object) -> bool:
+def _finite_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -548,10 +548,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
 
         Args:
             flush_steps: Report the steps since the last report now (HF Trainer calls
-                this at each of its own logging events).
+                this at each of its own logging events). Not while auto sampling has spaced
+                the reports out (``report_every`` above ``logging.interval_steps``, announced):
+                the reports keep that cadence, which exists to save this very cost, and the
+                log carries the reports made since the last one. A flush that runs counts
+                in auto sampling's budget.
         """
-        if flush_steps and self.started:
-            self._report_steps()
+        sampling = self._sampling
+        if flush_steps and self.started and sampling.report_every <= sampling.interval_steps:
+            self._timed_report()
         self._end_interval()
         if not self._pending_metrics:
             return {}  # most steps: nothing queued, nothing to swap
