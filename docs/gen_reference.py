@@ -517,9 +517,13 @@ def render_metrics() -> str:
         "When they are logged:",
         "",
         f"- **Step metrics** (`{reporting.STEP_ENERGY_J}` to `{reporting.POWER_LIMIT_W}` in the table) "
-        "are means over the steps attributed since they were last handed to the loggers. A report is made every "
-        "`logging.interval_steps` steps and at each epoch end; in the Hugging Face Trainer also at each "
-        "of its logging events (`logging_steps`). Lightning's loggers get each report at its own step. The "
+        "are means over the steps attributed since they were last handed to the loggers. The cadence: a report "
+        "is made at the end of every `logging.interval_steps`-th step counted from the previous report, and at "
+        "each epoch end, whose report starts a new count. So with 45-step epochs and an interval of 10, "
+        "reports follow steps 9, 19, 29, 39, 44 (epoch end), 54, 64 and so on (0-based). In the Hugging Face "
+        "Trainer a report is also made at each of its logging events (`logging_steps`), unless auto sampling "
+        "has spaced reports out. A report holds the steps whose power samples have arrived, usually all but "
+        "the newest. Lightning's loggers get each report at its own step. The "
         "Hugging Face Trainer's reporters only read its logs, so each log merges every report since its "
         f"previous log into one interval: `{reporting.STEP_ENERGY_J}` is the mean over all the interval's "
         f"measured steps, `{reporting.STEP_COUNT}` their number, and `{reporting.STEP_TIME_S}`, "

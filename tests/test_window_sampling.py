@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_hot_path import phase_session, run_phase_steps
 
 from tests.integration.helpers import virtual_config
@@ -434,3 +437,59 @@ def test_a_log_flush_keeps_the_spaced_out_report_cadence(tmp_path, virtual_backe
     summary = session.train_end()
     records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
     assert sum(r["steps"] + r["warmup_steps"] for r in records) == 3000  # every step still in one record
+
+
+@settings(max_examples=25, deadline=None)
+@given(interval=st.integers(2, 12), epochs=st.lists(st.integers(1, 30), min_size=1, max_size=3))
+def test_step_reports_follow_the_documented_cadence(interval, epochs):
+    """Issue 26 (reports at steps 19, 29, 45, 54 with interval_steps 10): the rule docs/metrics.md states.
+
+    With every step measured, a report is made at the end of every ``interval_steps``-th step counted
+    from the previous report, and at each epoch end (which starts a new count).
+    """
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    clock = ManualClock(1000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    with tempfile.TemporaryDirectory() as log_dir:
+        cfg = {"backend": "virtual", "windows": {"sample_fraction": 1},
+               "logging": {"log_dir": log_dir, "interval_steps": interval}}  # fmt: skip
+        session = EnergySession(cfg, backend=backend)
+        made: list[tuple[str, int]] = []  # (where, the step it followed)
+        where = ["step", -1]
+        report = session._report_steps
+
+        def counted(**kwargs):
+            made.append((where[0], where[1]))
+            return report(**kwargs)
+
+        session._report_steps = counted
+        session.train_start()
+        step = 0
+        for epoch, length in enumerate(epochs):
+            session.epoch_start(epoch)
+            for _ in range(length):
+                session.step_start(step)
+                clock.advance(0.05)
+                session.sampler.poll_once()
+                where[:] = ["step", step]
+                session.step_end(step)
+                step += 1
+            where[:] = ["epoch end", step - 1]
+            session.epoch_end(epoch)
+        where[:] = ["train end", step - 1]
+        session.train_end()
+        backend.close()
+    expected, since, step = [], 0, 0
+    for length in epochs:
+        for _ in range(length):
+            since += 1
+            if since >= interval:
+                expected.append(("step", step))
+                since = 0
+            step += 1
+        expected.append(("epoch end", step - 1))
+        since = 0
+    assert [m for m in made if m[0] != "train end"] == expected
