@@ -361,3 +361,44 @@ def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_s
         assert "restart from zero" in warnings[0]
         assert not run_start.get("resumed_energy_J")
         assert second.summary.steps == 4
+
+
+@pytest.mark.parametrize("restore_flag", [False, True], ids=["plain-resume", "restore_callback_states"])
+def test_two_instances_resumed_mid_profiling_both_continue(tmp_path, restore_flag):
+    # Issue 26: of two instances resumed from a checkpoint taken mid-profiling, one profiled again from the
+    # maximum and its summary covered only the steps after the checkpoint.
+    configs = [profiling_config(tmp_path, "a"), profiling_config(tmp_path, "b")]
+    configs[1]["job_id"] = "other-job"
+    args = training_args(tmp_path, restore_callback_states_from_checkpoint=restore_flag)
+    first = [ZeusTrainerCallback(c, backend=backend_at_original()) for c in configs]
+    trainer1 = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    for cb in first:
+        cb.attach(trainer1)
+    killer = CheckpointThenKill(first[0])
+    trainer1.add_callback(killer)
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer1.train()
+    checkpoint = tmp_path / "out" / f"checkpoint-{killer.saved_at}"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["ZeusTrainerCallback"]
+    states = saved["attributes"]["resume_states"]
+    assert sorted(states) == sorted(cb.state_key for cb in first)
+    decided = {key: {row["limit_W"] for row in s["power_limit"]["limits"]} for key, s in states.items()}
+    assert all(len(limits) >= 2 for limits in decided.values())
+
+    second = [ZeusTrainerCallback(c, backend=backend_at_original()) for c in configs]
+    trainer2 = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    for cb in second:
+        cb.attach(trainer2)
+    trainer2.train(resume_from_checkpoint=str(checkpoint))
+    resumed = [cb for cb in trainer2.callback_handler.callbacks if isinstance(cb, ZeusTrainerCallback)]
+    assert len(resumed) == 2 and sorted(cb.state_key for cb in resumed) == sorted(states)
+    for zeus in resumed:
+        summary = zeus.summary
+        assert summary.status == "completed" and summary.steps == MAX_STEPS, zeus.state_key  # carried steps
+        records = read_jsonl(summary.jsonl_path)
+        assert records[0]["resumed_steps"] == killer.saved_at, zeus.state_key
+        (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
+        for row in profile["limits"]:  # the decided limits carried, not measured again from the maximum
+            if row["limit_W"] in decided[zeus.state_key]:
+                saved_rows = {r["limit_W"]: r for r in states[zeus.state_key]["power_limit"]["limits"]}
+                assert row["profiled_steps"] == len(saved_rows[row["limit_W"]]["energy_J"]), zeus.state_key

@@ -268,8 +268,6 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         carried = self._checkpoint_state(state)
         if carried is not None:
             self.session.load_state_dict(carried)
-        if state.stateful_callbacks is not None:  # one entry, replaced at each save (never a growing list)
-            state.stateful_callbacks[type(self).__name__] = self.state()
         self._tokens_seen = state.num_input_tokens_seen or 0
         # None unless batch_size.enabled. The main process claims its trial; under a launcher the
         # other processes claim the suggestion suggest_batch_size() received from it.
@@ -280,6 +278,10 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             "recorded at",
         )  # fmt: skip
         self.session.train_start(run_name=self._run_name(Path(args.run_name).name if args.run_name else None))
+        # One entry, replaced at each save (never a growing list). Replaced here only once every instance
+        # has begun, so that none is given the others' fresh states before it read its own (issue 26).
+        if state.stateful_callbacks is not None and all(p.session.started for p in self._peers()):
+            state.stateful_callbacks[type(self).__name__] = self.state()
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the epoch window."""
