@@ -291,6 +291,18 @@ class Driver:
 PARKED_NONE = object()
 
 
+def wrapper_floor_us(driver: Any) -> float | None:
+    """What one wrapped call of an empty hook costs inside the timed interval (µs), from the noop mode.
+
+    Subtract ``floor × the mode's hook calls per step`` from a mode's ``hook_us`` for the time its hooks'
+    bodies take; HF's or Lightning's own dispatch to the callback is outside both (None without noop).
+    """
+    noop = driver.modes.get("noop")
+    if noop is None or not getattr(noop, "calls", 0):
+        return None
+    return round(sum(noop.by_hook.values()) / noop.calls * 1e6, 3)
+
+
 def thread_cpu_s(thread: Any) -> float:
     """CPU time (s) a running thread has used, from its own CPU clock; 0 when it is not running."""
     if thread is None or not thread.is_alive() or thread.ident is None:
@@ -317,6 +329,7 @@ def time_hooks(parked: Any) -> None:
                 spent = time.perf_counter() - t0
                 parked.hook_s += spent
                 parked.by_hook[_name] = parked.by_hook.get(_name, 0.0) + spent
+                parked.calls += 1
 
         setattr(callback, name, timed)
 
@@ -333,6 +346,7 @@ class ParkedCallback:
         self.index = 1  # where it was in the list (the driver is at 0)
         self.hook_s = 0.0
         self.by_hook: dict[str, float] = {}  # s inside each hook, over the whole fit (warm-up included)
+        self.calls = 0  # hook calls, over the whole fit (with hook_s summed: the wrapper's floor per call)
         time_hooks(self)
 
     def _session(self) -> Any:
@@ -656,6 +670,7 @@ def main() -> None:
                     raise SystemExit(f"{workload}: the fit ended before the schedule did")
                 results[workload] = summarise(driver)
                 results[workload]["layers"] = driver.model.active
+                results[workload]["hook_floor_us"] = wrapper_floor_us(driver)
                 results[workload]["_by_hook_s"] = {
                     m: getattr(o, "by_hook", {}) for m, o in driver.modes.items() if o is not None
                 }
