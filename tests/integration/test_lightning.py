@@ -7,6 +7,8 @@ import math
 import lightning.pytorch as L
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
@@ -346,3 +348,35 @@ def test_an_epoch_resumed_mid_way_says_its_figures_cover_only_the_steps_after_th
     assert not resumed["complete"] and resumed["energy_J"] > 0
     assert resumed["time_s"] == pytest.approx((steps_per_epoch - 8) * step_s)  # 12 of the epoch's 20 steps
     assert second.summary.steps == 2 * steps_per_epoch
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["tensor", "tuple", "list", "dict"]),
+    sizes=st.lists(st.integers(0, 5), min_size=1, max_size=4),
+    scalar_first=st.booleans(),
+)
+def test_the_batch_size_fast_path_gives_lightnings_answer(kind, sizes, scalar_first):
+    """``_batch_size``'s fast paths (tensor, tuple, list, dict of tensors) agree with extract_batch_size."""
+    import warnings
+
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from zeus_callbacks.integrations.lightning import _batch_size
+
+    tensors = [torch.zeros(n, 2) for n in sizes]
+    if scalar_first:
+        tensors[0] = torch.tensor(1.0)  # a 0-d tensor first: no fast path
+    batch = {
+        "tensor": tensors[0],
+        "tuple": tuple(tensors),
+        "list": list(tensors),
+        "dict": {f"k{i}": t for i, t in enumerate(tensors)},
+    }[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning warns when the sizes disagree
+        try:
+            expected = int(extract_batch_size(batch))
+        except Exception:
+            expected = None
+    assert _batch_size(batch) == expected

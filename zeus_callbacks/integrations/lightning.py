@@ -348,11 +348,14 @@ def _batch_size(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         if batch.ndim:
             return int(batch.shape[0])
-    elif type(batch) in (tuple, list) and batch:
-        first = batch[0]
+    elif type(batch) in (tuple, list, dict) and batch:
+        # A dict of tensors (a tokenizer's output, {"x": ..., "y": ...}) is as common as a tuple: walking
+        # it with extract_batch_size cost ~15 µs a step, half the callback's time on a 3 ms step (issue 28).
+        items = list(batch.values()) if type(batch) is dict else batch
+        first = items[0]
         if isinstance(first, torch.Tensor) and first.ndim:
             n = first.shape[0]
-            if all(isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == n for x in batch):
+            if all(isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == n for x in items):
                 return int(n)
     try:
         return int(extract_batch_size(batch))
