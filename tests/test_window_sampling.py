@@ -410,24 +410,16 @@ def test_a_log_flush_keeps_the_spaced_out_report_cadence(tmp_path, virtual_backe
     session = EnergySession(cfg, backend=virtual_backend)
     session.train_start()
     session.epoch_start(0)
-    reports_at_logs = []  # reports made inside each simulated Trainer log (counted calls)
-    report = session._report_steps
-
-    def counted(**kwargs):
-        counted.calls += 1
-        return report(**kwargs)
-
-    counted.calls = 0
-    session._report_steps = counted
+    reports_at_logs = []  # reports made inside each simulated Trainer log (counted)
     for i in range(3000):
         session.step_start(i)
         manual_clock.advance(1e-4)  # empty steps: auto sampling spaces the reports out (as above)
         session.step_end(i)
         if i % 50 == 49:  # a Trainer log every 50 steps
-            before = counted.calls
+            before = session.reports_made
             spaced_out = session.sampling.report_every > 50
             session.pop_metrics(flush_steps=True)
-            reports_at_logs.append((spaced_out, counted.calls - before))
+            reports_at_logs.append((spaced_out, session.reports_made - before))
     assert session.sampling.report_every > 50
     # Until auto sampling spaces reports out, each log reports (the steps since the last report); after, none.
     assert all(n == 1 for spaced, n in reports_at_logs if not spaced)
@@ -457,15 +449,7 @@ def test_step_reports_follow_the_documented_cadence(interval, epochs):
         cfg = {"backend": "virtual", "windows": {"sample_fraction": 1},
                "logging": {"log_dir": log_dir, "interval_steps": interval}}  # fmt: skip
         session = EnergySession(cfg, backend=backend)
-        made: list[tuple[str, int]] = []  # (where, the step it followed)
-        where = ["step", -1]
-        report = session._report_steps
-
-        def counted(**kwargs):
-            made.append((where[0], where[1]))
-            return report(**kwargs)
-
-        session._report_steps = counted
+        made: list[tuple[str, int]] = []  # (where, the step it followed), one per report made there
         session.train_start()
         step = 0
         for epoch, length in enumerate(epochs):
@@ -474,12 +458,13 @@ def test_step_reports_follow_the_documented_cadence(interval, epochs):
                 session.step_start(step)
                 clock.advance(0.05)
                 session.sampler.poll_once()
-                where[:] = ["step", step]
+                before = session.reports_made
                 session.step_end(step)
+                made += [("step", step)] * (session.reports_made - before)
                 step += 1
-            where[:] = ["epoch end", step - 1]
+            before = session.reports_made
             session.epoch_end(epoch)
-        where[:] = ["train end", step - 1]
+            made += [("epoch end", step - 1)] * (session.reports_made - before)
         session.train_end()
         backend.close()
     expected, since, step = [], 0, 0
@@ -492,4 +477,4 @@ def test_step_reports_follow_the_documented_cadence(interval, epochs):
             step += 1
         expected.append(("epoch end", step - 1))
         since = 0
-    assert [m for m in made if m[0] != "train end"] == expected
+    assert made == expected

@@ -62,11 +62,18 @@ class StepReports(SessionPart):
         self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
         self._ledger = EpochLedger()  # the open epoch's windows so far (reset when its record is written)
         self._dropped_windows = 0  # impossible step windows dropped since the last steps record
+        self._reports_made = 0  # step reports this run (tests and benchmarks read reports_made)
+
+    @property
+    def reports_made(self) -> int:
+        """Step reports made since this session's run began (every ``interval_steps``, epoch ends, flushes)."""
+        return self._reports_made
 
     def _begin_reports(self) -> None:
         """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
         self._steps_logged_upto = self._carried.steps
         self._ranks_totals = None
+        self._reports_made = 0
 
     def _report_steps(self, *, resolve_final: bool = False) -> None:
         """Attribute closed windows and queue their metrics.
@@ -74,6 +81,7 @@ class StepReports(SessionPart):
         Step and phase windows are attributed and aggregated in bulk (arrays, no object
         per window); the rare others (epoch, eval, run, user windows) one record each.
         """
+        self._reports_made += 1
         self._take_back_quiet_steps()
         if self.run.node is not None:
             self.run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
