@@ -2,9 +2,11 @@
 
 What counts as prose: every line of ``README.md`` and ``docs/*.md`` outside fenced code
 blocks, headings, HTML comments and link definitions. ``docs/results/`` is left out: those
-pages are measurement logs. Table rows count too: each cell is split into sentences like a
-paragraph, except cells without a full stop at a word's end (a key, a unit, a type, a
-default, a number), which are labels, not sentences.
+pages are measurement logs. Table cells count too: a cell is split into sentences like a
+paragraph when it holds a full stop at a word's end or more than ``LABEL_MAX_WORDS`` (12)
+words. Shorter cells without a full stop (a key, a unit, a type, a default, a number) are
+labels, not sentences, and are left out, so they neither pass a long cell nor pull the mean
+down.
 
 How a sentence is found: a paragraph's lines are joined; each list item and each table cell
 is its own block; a block is split after ``.``, ``!`` or ``?`` followed by a space, except
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MEAN_MAX_WORDS = 25
 PROSE_MAX_WORDS = 60
 CELL_MAX_WORDS = 60
+LABEL_MAX_WORDS = 12
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
@@ -107,7 +110,7 @@ def _blocks(markdown: str) -> list[tuple[str, bool]]:
             if re.fullmatch(r"[|:\-\s]+", line):
                 continue
             cells = re.split(r"(?<!\\)\|", _CODE_SPAN.sub("CODE", line))
-            blocks.extend((cell, True) for cell in cells if _STOP.search(cell) and _words(cell) > 1)
+            blocks.extend((cell, True) for cell in cells if _STOP.search(cell) or _words(cell) > LABEL_MAX_WORDS)
             continue
         if _LIST_ITEM.match(raw) or line.startswith((">", "!!!")):
             flush()
