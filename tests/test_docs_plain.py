@@ -46,7 +46,7 @@ _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 _LIST_ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s+")
 _ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "etc.", "cf.", "approx.", "no.", "fig.")
 _STOP = re.compile(r"[.!?](\s|$)")
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]*_]*\s+")
 
 
 @dataclass(frozen=True)
