@@ -293,7 +293,8 @@ FIELDS: dict[str, str] = {
     "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
     "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "
     "loader's start. Work between two steps, a checkpoint save or a log, is in the next step's window, which runs "
-    "from the previous step's end. `warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
+    "from the previous step's end. "
+    "`warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
     "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
@@ -574,8 +575,8 @@ def render_metrics() -> str:
         "the steps it measured (a random share, `count` of `steps`). So the product can exceed the total. "
         "This was seen on the README example on a loaded machine. A record of 5 measured steps of 45, in an "
         "epoch that stalled (6.7 s, ~0.4 s otherwise), had a mean of 42.1 J against the epoch's 35.2 J per step. "
-        "The run's mean step × 449 steps came to 2,599 J against a 2,462 J total. Set `windows.sample_fraction: 1` where the "
-        "per-step figure must be exact rather than cheap.",
+        "The run's mean step × 449 steps came to 2,599 J against a 2,462 J total. "
+        "Set `windows.sample_fraction: 1` where the per-step figure must be exact rather than cheap.",
         f"- **`{reporting.SIMULATED}`** (and `{reporting.UNAVAILABLE}`) once at every logger step that gets our "
         "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
         "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
