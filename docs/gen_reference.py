@@ -241,10 +241,11 @@ EVENTS: dict[str, str] = {
     "trial": "Written at the end of a run under the batch-size bandit: the trial's outcome as recorded in the store.",
     "exception": "Training failed or was interrupted; a `run_end` record with the status follows.",
     "run_end": "Written once at the end of the run (completed, failed or interrupted): the run summary. The "
-    "printed summary and `report` add a `parts` line made from `energy_J`, `epoch_energy_J`, `step_energy_J` and "
-    "`steps`: the epochs' energy plus what lies outside every epoch (set-up, an evaluation after an epoch, the end) "
-    "make the total, and the steps are part of the epochs (mean step × steps, an estimate). Each epoch record's "
-    "`ledger` splits the rest of its epoch. The line is left out when a part is unknown.",
+    "printed summary and `report` add a `parts` line made from `energy_J` and `epoch_energy_J`. The epochs' "
+    "energy plus what lies outside every epoch make the total. Outside means set-up, steps or evaluations after "
+    "an epoch's end, the end of the run, and on a resumed run the resumed epoch's part before the checkpoint. "
+    "Each epoch record's `ledger` splits its epoch into warm-up, steps, evaluations and the rest. The line is "
+    "left out when a part is unknown.",
 }
 
 # What each field means. Keys are "event.field" for a meaning specific to one record type,

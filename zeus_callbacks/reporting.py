@@ -361,7 +361,7 @@ class RunSummary:
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),
             f"  power limit   {self._power_limit_line(fmt)}",
         ]
-        parts = energy_parts(self.energy_J, self.epoch_energy_J, self.step_energy_J, self.steps)
+        parts = energy_parts(self.energy_J, self.epoch_energy_J)
         if parts is not None:
             lines.insert(6, f"  parts         {parts}")
         if self.world_size > 1 or len(self.gpu_energy_J) > 1:
@@ -396,19 +396,18 @@ class RunSummary:
         return "\n".join(lines)
 
 
-def energy_parts(energy_J: object, epoch_energy_J: object, step_energy_J: object, steps: object) -> str | None:
+def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:
     """Which parts make up a run's energy, as one line for the summary and ``report``.
 
-    The epochs' windows and what lies outside every epoch (set-up before the first, an
-    evaluation after an epoch's end, the end of the run) add up to the total; the steps are
-    part of the epochs (mean step × steps, an estimate from the measured steps), and the rest
-    of an epoch is in its record's ``ledger`` (warm-up, evaluations, the stretch after the last step).
+    The epochs' windows and what lies outside every epoch window add up to the total. Outside:
+    set-up before the first epoch, evaluations or steps after an epoch's end, the end of the run,
+    and on a resumed run the part of the resumed epoch before the checkpoint. Inside an epoch,
+    its record's ``ledger`` splits warm-up, steps, evaluations and the rest (no estimate here:
+    a mean step times a step count mixes warm-up and carried steps into the figure).
 
     Args:
         energy_J: The run's energy (J).
         epoch_energy_J: Each epoch's energy (J), a list.
-        step_energy_J: The mean step's energy (J).
-        steps: Steps taken.
 
     Returns:
         The line, or None when no epoch ran, the total or an epoch is unknown, or the epochs
@@ -423,16 +422,11 @@ def energy_parts(energy_J: object, epoch_energy_J: object, step_energy_J: object
     if total_J <= 0 or outside_J < -1e-6 * total_J:
         return None
     outside_J = max(outside_J, 0.0)
-    line = (
+    return (
         f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
-        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, evaluations after an epoch, the end)"
+        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
+        "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
     )
-    if _finite_number(step_energy_J) and isinstance(steps, int) and steps > 0:
-        line += (
-            f"; of the epochs, the steps about {float(step_energy_J) * steps:,.1f} J (mean step x {steps} steps), "
-            "the rest warm-up, evaluations and after the last step (each epoch record's ledger)"
-        )
-    return line
 
 
 def _finite_number(value: object) -> TypeGuard[float]:

@@ -133,7 +133,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
             + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
         )
         _print_time_note(records)
-        parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"), end.get("step_energy_J"), end.get("steps"))
+        parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"))
         for line in ([f"parts: {parts}"] if parts else []) + _device_lines(records) + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
