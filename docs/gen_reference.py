@@ -557,7 +557,8 @@ def render_metrics() -> str:
         "as `self.log` is refused there). The Hugging Face Trainer's reporters get them with the evaluation's "
         f"log, named `{reporting.HF_EVAL_NAMES[reporting.EVAL_ENERGY_J]}` and "
         f"`{reporting.HF_EVAL_NAMES[reporting.EVAL_TIME_S]}`: the Trainer files keys that begin with `eval_` "
-        "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. An evaluation outside "
+        "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. With several evaluation "
+        "datasets each gets its own: `eval_<name>_energy_J`, shown as `eval/<name>_energy_J`. An evaluation outside "
         "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "

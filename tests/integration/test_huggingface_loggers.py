@@ -266,3 +266,26 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
         assert record["energy_J"] > 0
     points = scalars_of(tmp_path)["eval/energy_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
+
+
+def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
+    # An outside tester: with eval_dataset={"a": ..., "b": ...} both datasets' energy landed on eval/energy_J.
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(
+        tmp_path, max_steps=8, logging_steps=4, eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4
+    )
+    datasets = {"a": RandomTokens(8), "b": RandomTokens(16)}
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(200), eval_dataset=datasets)
+    callback.attach(trainer)
+    trainer.train()
+
+    scalars = read_scalars(tmp_path / "out")
+    evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
+    assert len(evals) == 4  # two datasets at steps 4 and 8, in the Trainer's order a, b
+    for i, name in enumerate(datasets):
+        assert f"eval/{name}_loss" in scalars  # the Trainer's own tag, beside which ours must sit
+        points = scalars[f"eval/{name}_energy_J"]
+        assert [s for s, _ in points] == [4, 8]
+        assert [v for _, v in points] == pytest.approx([evals[i]["energy_J"], evals[2 + i]["energy_J"]])
+        assert [s for s, _ in scalars[f"eval/{name}_time_s"]] == [4, 8]
+    assert "eval/energy_J" not in scalars

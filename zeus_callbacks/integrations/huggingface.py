@@ -385,7 +385,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             self._in_eval = False
             ours = session.eval_end(report=True)  # flagged
             ours.update(self._take_epochs(step))
-            logs.update(_hf_names(session.once_per_step(ours, step)))
+            logs.update(_hf_names(session.once_per_step(ours, step), _eval_prefix(logs)))
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
@@ -493,14 +493,24 @@ def _base_key(callback: ZeusTrainerCallback) -> str:
     return f"{type(callback).__name__}[{callback.config.job_id}:{digest.hexdigest()[:12]}]"
 
 
-def _hf_names(metrics: dict[str, float]) -> dict[str, float]:
-    """``metrics`` with the evaluation's figures renamed ``eval_energy_J`` / ``eval_time_s``.
+def _hf_names(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:
+    """``metrics`` with the evaluation's figures renamed ``<prefix>_energy_J`` / ``<prefix>_time_s``.
 
     The Trainer's reporters (TensorBoard, W&B) file keys that start with ``eval_`` under ``eval/``
     and every other key under ``train/``: renamed, an evaluation's energy shows as
-    ``eval/energy_J`` beside ``eval/loss``, not as ``train/energy/eval_J``.
+    ``eval/energy_J`` beside ``eval/loss``, not as ``train/energy/eval_J``. With several
+    evaluation datasets the Trainer's prefix is ``eval_<name>``: ``eval/<name>_energy_J``.
     """
-    return {metric.HF_EVAL_NAMES.get(key, key): value for key, value in metrics.items()}
+    names = {key: prefix + name.removeprefix("eval") for key, name in metric.HF_EVAL_NAMES.items()}
+    return {names.get(key, key): value for key, value in metrics.items()}
+
+
+def _eval_prefix(logs: Mapping[str, Any]) -> str:
+    """The evaluation log's metric prefix (``eval``, or ``eval_<dataset>``), from its ``<prefix>_runtime`` key."""
+    for key in logs:
+        if isinstance(key, str) and key.startswith("eval") and key.endswith("_runtime"):
+            return key.removesuffix("_runtime")
+    return "eval"
 
 
 def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what: str) -> None:
