@@ -571,7 +571,7 @@ def render_metrics() -> str:
         "the run's. The run's mean step (`run_end`'s `step_energy_J`, the results' `energy/run_step_mean_J`) "
         "leaves the warm-up steps out and weighs each `steps` record's mean by the steps it stands for (a "
         "plain mean over the measured steps would favour the stretches auto sampling measures more). With every "
-        "step measured, it times the steps is below the run's total, which also holds the warm-up steps, the "
+        "step measured, this mean times the steps it stands for is below the run's total, which also holds the warm-up steps, the "
         "evaluations, the epoch boundaries and the time before the first epoch and after the last "
         "(docs/results/step_mean_bias.md). Under auto sampling each `steps` record's mean is an estimate from "
         "the steps it measured (a random share, `count` of `steps`). So the product can exceed the total. "
