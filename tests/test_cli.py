@@ -59,6 +59,11 @@ def test_validate_config_reads_the_virtual_trace(tmp_path, capsys, rows, message
 def train_one_epoch(session: EnergySession, clock) -> None:
     """Start ``session`` and run one epoch of four 0.5 s steps on the manual clock."""
     session.train_start()
+    run_epoch(session, clock)
+
+
+def run_epoch(session: EnergySession, clock) -> None:
+    """One epoch (0) of four 0.5 s steps on the manual clock, in a started session."""
     session.epoch_start(0)
     for step in range(4):
         session.step_start(step)
@@ -239,13 +244,7 @@ def test_summary_and_report_name_the_parts_of_the_total(tmp_path, capsys, virtua
     session.train_start()
     manual_clock.advance(1.0)  # set-up before the first epoch
     session.sampler.poll_once()
-    session.epoch_start(0)
-    for step in range(4):
-        session.step_start(step)
-        manual_clock.advance(0.5)
-        session.sampler.poll_once()
-        session.step_end(step)
-    session.epoch_end(0)
+    run_epoch(session, manual_clock)
     session.eval_start()
     manual_clock.advance(0.5)
     session.sampler.poll_once()

@@ -148,13 +148,10 @@ METRICS: dict[str, str] = {
 _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 
 
-_HF_EVAL_KEYS = frozenset(HF_EVAL_NAMES.values())
-
-
 def is_own_metric(key: str) -> bool:
     """True for keys this package logs (so they are not mistaken for validation metrics)."""
-    hf_eval = key.startswith("eval") and key.endswith(("_energy_J", "_time_s"))  # eval_<dataset>_energy_J too
-    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY or key in _HF_EVAL_KEYS or hf_eval
+    hf_eval = key.startswith("eval") and key.endswith(("_energy_J", "_time_s"))  # HF_EVAL_NAMES, per dataset too
+    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY or hf_eval
 
 
 def run_metrics(summary: RunSummary) -> dict[str, float]:
