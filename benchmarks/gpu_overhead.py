@@ -668,6 +668,7 @@ def main() -> None:
                 driver = (run_lightning if fw == "lightning" else run_hf)(args, TARGET_MS[size], tmp, sync)
                 if not driver.done:
                     raise SystemExit(f"{workload}: the fit ended before the schedule did")
+                gc.callbacks.remove(driver._on_gc)  # the next workload's driver adds its own
                 results[workload] = summarise(driver)
                 results[workload]["layers"] = driver.model.active
                 results[workload]["hook_floor_us"] = wrapper_floor_us(driver)
