@@ -375,6 +375,11 @@ FIELDS: dict[str, str] = {
     "docs/concepts.md, with Lightning a training batch, so `accumulate_grad_batches=k` counts k per optimizer "
     "step, unlike `last_step`): with Lightning, its `energy/eval_J` point is at `trainer.global_step` minus 1, "
     "where Lightning logs the validation metrics (this step minus 1 without gradient accumulation).",
+    "eval.dataset": "The evaluation dataset's name where the framework names it: with the Hugging Face Trainer's "
+    "`eval_dataset={\"a\": ..., \"b\": ...}`, `\"a\"` or `\"b\"` (the `<name>` of `eval_<name>_energy_J`). Null "
+    "for a single unnamed dataset (the Trainer's `eval_energy_J`) and for a Lightning validation loop, whose one "
+    "window holds all its dataloaders. `report --csv` writes it as the `dataset` column of `eval.csv` (empty: "
+    "null).",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
     "zeus-callbacks' own keys dropped).",
@@ -558,7 +563,8 @@ def render_metrics() -> str:
         f"log, named `{reporting.HF_EVAL_NAMES[reporting.EVAL_ENERGY_J]}` and "
         f"`{reporting.HF_EVAL_NAMES[reporting.EVAL_TIME_S]}`: the Trainer files keys that begin with `eval_` "
         "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. With several evaluation "
-        "datasets each gets its own: `eval_<name>_energy_J`, shown as `eval/<name>_energy_J`. An evaluation outside "
+        "datasets each gets its own: `eval_<name>_energy_J`, shown as `eval/<name>_energy_J`, and its JSONL `eval` "
+        "record names it in `dataset`. An evaluation outside "
         "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "

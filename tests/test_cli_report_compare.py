@@ -146,6 +146,9 @@ def test_csv_holds_every_record_of_each_type_with_a_run_column(two_logs, tmp_pat
     assert [float(row["ledger.steps_J"]) for row in mine] == [r["ledger"]["steps_J"] for r in expected]
     assert [json.loads(row["gpu_energy_J"]) for row in mine] == [r["gpu_energy_J"] for r in expected]
     assert {row["covered_from_step"] for row in mine} == {""}
+    with open(out_dir / "eval.csv", newline="", encoding="utf-8") as fh:
+        evals = list(csv.DictReader(fh))
+    assert {row["dataset"] for row in evals} == {""}  # the eval records' dataset: null (one unnamed dataset)
 
 
 def test_csv_of_one_log_also_prints_its_summary(two_logs, tmp_path, capsys):

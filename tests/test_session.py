@@ -286,6 +286,20 @@ def test_eval_window(new_session, virtual_backend, manual_clock):
     assert metrics[metric.EVAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * eval_s, rel=REL)
 
 
+def test_each_eval_record_names_its_dataset_or_null(new_session, virtual_backend, manual_clock):
+    # An outside tester (issue 26): two evaluation datasets gave two eval records that did not say which was which.
+    session = new_session(virtual_backend)
+    session.train_start()
+    for dataset in ("a", "b", None):  # None: the framework named no dataset (one default dataset)
+        session.eval_start()
+        manual_clock.advance(0.2)
+        session.sampler.poll_once()
+        session.eval_end(report=True, dataset=dataset)
+    log = session.train_end().jsonl_path
+    evals = [r for r in read_jsonl(log) if r["event"] == "eval"]
+    assert [r["dataset"] for r in evals] == ["a", "b", None]
+
+
 def test_step_windows_can_be_switched_off(new_session, virtual_backend, manual_clock):
     session = new_session(virtual_backend, windows={"step": False})
     session.train_start()

@@ -264,6 +264,7 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
         # The window holds the whole evaluation (its batch included) and none of the training steps around it.
         assert record["time_s"] == pytest.approx(eval_s)
         assert record["energy_J"] > 0
+        assert record["dataset"] is None  # one unnamed evaluation dataset
     points = scalars_of(tmp_path)["eval/energy_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
 
@@ -282,6 +283,7 @@ def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
     scalars = read_scalars(tmp_path / "out")
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
     assert len(evals) == 4  # two datasets at steps 4 and 8, in the Trainer's order a, b
+    assert [r["dataset"] for r in evals] == ["a", "b", "a", "b"]  # each JSONL record names its dataset
     for i, name in enumerate(datasets):
         assert f"eval/{name}_loss" in scalars  # the Trainer's own tag, beside which ours must sit
         points = scalars[f"eval/{name}_energy_J"]

@@ -383,9 +383,11 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._hand_epochs(before=step)
         if self._in_eval:
             self._in_eval = False
-            ours = session.eval_end(report=True)  # flagged
+            prefix = _eval_prefix(logs)
+            dataset = prefix.removeprefix("eval_") if prefix != "eval" else None  # eval_dataset={"a": ...}: "a"
+            ours = session.eval_end(report=True, dataset=dataset)  # flagged
             ours.update(self._take_epochs(step))
-            logs.update(_hf_names(session.once_per_step(ours, step), _eval_prefix(logs)))
+            logs.update(_hf_names(session.once_per_step(ours, step), prefix))
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()

@@ -330,7 +330,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
-    def eval_end(self, *, report: bool = False) -> dict[str, float]:
+    def eval_end(self, *, report: bool = False, dataset: str | None = None) -> dict[str, float]:
         """Close the evaluation window; its energy is reported once attributed.
 
         Args:
@@ -338,6 +338,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 :meth:`epoch_end`) and return its metrics instead of queueing them, so that
                 they are logged at the evaluation's own step. Steps attributed on the way stay
                 queued for the next :meth:`pop_metrics`.
+            dataset: The evaluation dataset's name, for the ``eval`` record (None: the single
+                default dataset, or one the framework does not name).
 
         Returns:
             With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), flagged as
@@ -350,7 +352,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         token = None
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
-            run.meter.end_at("eval", token)
+            run.meter.end_at("eval", token, {"dataset": dataset} if dataset is not None else None)
         if not self._measuring:
             # The next step's window begins where the evaluation ends. Opened before the attribution below:
             # that reads the marks the GPU has reached and the timer forgets those no open window holds, so
