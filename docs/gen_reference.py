@@ -590,7 +590,9 @@ def render_metrics() -> str:
         "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
         "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
         "flag.",
-        f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`).",
+        f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`). "
+        f"On the virtual GPU the bar shows `{reporting.PROGRESS_BAR_SIMULATED_ENERGY}` instead: the bar has no "
+        f"`{reporting.SIMULATED}` flag beside it, so the name says the figure is simulated.",
         "",
         "In the Hugging Face Trainer, its TensorBoard and W&B integrations prefix every training log key "
         "with `train/`, so `energy/step_J` appears as `train/energy/step_J` there.",

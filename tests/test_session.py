@@ -421,7 +421,7 @@ def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_cl
     assert totals[metric.TOTAL_TIME_S] == pytest.approx(elapsed_s, rel=REL)
     # Samples lag the present; the latest (constant) power stands in for the gap.
     assert totals[metric.TOTAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * elapsed_s, rel=REL)
-    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_ENERGY]
+    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_SIMULATED_ENERGY]  # the virtual GPU
     assert shown_kJ == pytest.approx(totals[metric.TOTAL_ENERGY_J] / 1e3, abs=5e-4)  # rounded to 1 J
 
 

@@ -50,6 +50,8 @@ TOTAL_ENERGY_J = "energy/total_J"
 PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
 PROGRESS_BAR_ENERGY = "energy_kJ"
+# On the virtual GPU the bar's figure is simulated: its own name says so (the bar shows no energy/simulated flag).
+PROGRESS_BAR_SIMULATED_ENERGY = "simulated_energy_kJ"
 # Run-level figures (a framework's results: the HF Trainer's train_results.json), from the RunSummary.
 RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"
@@ -138,6 +140,8 @@ METRICS: dict[str, str] = {
     PHASES_EXPLAINED: "fraction — share of the epoch's energy the phase windows explain (sum of phase "
     "energies / epoch energy)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
+    PROGRESS_BAR_SIMULATED_ENERGY: "kJ — SIMULATED run energy so far on the virtual GPU, in place of energy_kJ "
+    "(progress bar only)",
     SIMULATED: "flag — 1 at every logged step with metrics when the virtual GPU is in use: the energy figures are "
     "simulated from traces, not measured",
     UNAVAILABLE: "flag — 1 at every logged step with metrics when a GPU is present but cannot be measured: no "
@@ -151,7 +155,7 @@ _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 def is_own_metric(key: str) -> bool:
     """True for keys this package logs (so they are not mistaken for validation metrics)."""
     hf_eval = key.startswith("eval") and key.endswith(("_energy_J", "_time_s"))  # HF_EVAL_NAMES, per dataset too
-    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY or hf_eval
+    return key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY) or hf_eval
 
 
 def run_metrics(summary: RunSummary) -> dict[str, float]:

@@ -643,11 +643,17 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
 
     def progress_bar_metrics(self) -> dict[str, float]:
-        """The short metrics shown on a progress bar (run energy in kJ)."""
+        """The short metrics shown on a progress bar: the run's energy so far (kJ, rounded to 1 J).
+
+        ``energy_kJ``; on the virtual GPU ``simulated_energy_kJ`` instead (a progress bar shows no
+        ``energy/simulated`` flag beside it). Empty before the run and on a GPU that cannot be measured.
+        """
         totals = self.totals()
         if metric.TOTAL_ENERGY_J not in totals:
             return {}
-        return {metric.PROGRESS_BAR_ENERGY: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
+        simulated = self.backend is not None and self.backend.simulated
+        key = metric.PROGRESS_BAR_SIMULATED_ENERGY if simulated else metric.PROGRESS_BAR_ENERGY
+        return {key: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
 
     @property
     def summary(self) -> RunSummary | None:
