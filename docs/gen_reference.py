@@ -346,13 +346,14 @@ FIELDS: dict[str, str] = {
     "energy_J": "Energy of the window, summed over the measured GPUs, from the power samples (J); null when "
     "no sample covers it (never 0 for unknown).",
     "epoch.counter_energy_J": "The same epoch from the hardware energy counter (J), a cross-check; "
-    "null when counter readings do not bracket the epoch or it is shorter than 20 counter periods "
+    "null when counter readings do not bracket the epoch or it is shorter than 20 counter update periods "
     "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy. "
     "`counter_energy_note` says which.",
     "epoch.counter_energy_note": "Why `counter_energy_J` is null. The reasons: the epoch is shorter than 20 "
-    "energy-counter periods (`shorter than 20 energy-counter periods (2 s on nvml)...`); the counter's readings "
-    "do not bracket it (`the energy-counter readings do not bracket it...`). (The sampler reads the counter every "
-    "`sampling.energy_counter_period_s` and at each epoch end.) Other reasons: fewer than two readings; no counter "
+    "counter update periods, the period at which the counter changes (`shorter than 20 counter update periods "
+    "(0.1 s each, 2 s on nvml)...`); the counter's readings do not bracket it (`the energy-counter readings do not "
+    "bracket it...`). (The sampler reads the counter every `sampling.energy_counter_period_s`, 1 s by default, a "
+    "read interval, and at each epoch end.) Other reasons: fewer than two readings; no counter "
     "on the backend (`no energy counter on the ... backend`); the power samples do not cover an interval a counter "
     "reset left out; or another rank's counter gave no figure. Prefixed `GPU <index>: ` when a process measures "
     "several GPUs. Null when `counter_energy_J` is known. `zeus-callbacks report` shows it as a footnote under "
@@ -376,7 +377,7 @@ FIELDS: dict[str, str] = {
     "step, unlike `last_step`): with Lightning, its `energy/eval_J` point is at `trainer.global_step` minus 1, "
     "where Lightning logs the validation metrics (this step minus 1 without gradient accumulation).",
     "eval.dataset": "The evaluation dataset's name where the framework names it: with the Hugging Face Trainer's "
-    "`eval_dataset={\"a\": ..., \"b\": ...}`, `\"a\"` or `\"b\"` (the `<name>` of `eval_<name>_energy_J`). Null "
+    '`eval_dataset={"a": ..., "b": ...}`, `"a"` or `"b"` (the `<name>` of `eval_<name>_energy_J`). Null '
     "for a single unnamed dataset (the Trainer's `eval_energy_J`) and for a Lightning validation loop, whose one "
     "window holds all its dataloaders. `report --csv` writes it as the `dataset` column of `eval.csv` (empty: "
     "null).",

@@ -219,7 +219,7 @@ class RunSummary:
         power_limit_from_step: The training step (0-based) from which the chosen limit was in force.
         power_limit_applied: Whether the chosen limit was applied (False in observe mode: chosen only).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
-        counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter periods,
+        counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter update periods,
             the counter's readings not bracketing it, no counter on this backend; as the epoch record's
             ``counter_energy_note``); None when it is known.
         faults: Sensor faults counted on this process, by kind.
