@@ -415,20 +415,39 @@ def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:
         The line, or None when no epoch ran, the total or an epoch is unknown, or the epochs
         hold more than the total (a figure this line must not turn into a negative rest).
     """
+    split = energy_split(energy_J, epoch_energy_J)
+    if split is None:
+        return None
+    epochs_J, outside_J = split
+    total_J = epochs_J + outside_J
+    assert isinstance(epoch_energy_J, list)  # energy_split returned figures: a list of epochs
+    return (
+        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
+        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
+        "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
+    )
+
+
+def energy_split(energy_J: object, epoch_energy_J: object) -> tuple[float, float] | None:
+    """A run's energy split into its epochs' sum and what lies outside every epoch (the :func:`energy_parts` line).
+
+    Args:
+        energy_J: The run's energy (J), ``run_end``'s ``energy_J``.
+        epoch_energy_J: Each epoch's energy (J), a list, ``run_end``'s ``epoch_energy_J``.
+
+    Returns:
+        ``(epochs_J, outside_J)``, which add up to ``energy_J`` (J); None when no epoch ran, the
+        total or an epoch is unknown, or the epochs hold more than the total (never a negative rest).
+    """
     if not isinstance(epoch_energy_J, list) or not epoch_energy_J or not _finite_number(energy_J):
         return None
     if not all(_finite_number(e) for e in epoch_energy_J):
         return None
     total_J, epochs_J = float(energy_J), float(sum(epoch_energy_J))
     outside_J = total_J - epochs_J
-    if total_J <= 0 or outside_J < -1e-6 * total_J:
+    if total_J <= 0 or outside_J < -1e-6 * total_J:  # more than rounding: the figures disagree
         return None
-    outside_J = max(outside_J, 0.0)
-    return (
-        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
-        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
-        "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
-    )
+    return epochs_J, max(outside_J, 0.0)
 
 
 def _finite_number(value: object) -> TypeGuard[float]:
