@@ -230,6 +230,21 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
     assert end["simulated"] is True and end["coverage"] == 1.0 and end["complete"] is True
 
 
+def test_an_epochs_last_steps_record_comes_before_its_epoch_record(finished_run):
+    # An outside tester (issue 26): the steps record of an epoch's last steps (STEPS_PER_EPOCH is no multiple of
+    # INTERVAL_STEPS, so epoch_end reports them) was written after the epoch record.
+    assert STEPS_PER_EPOCH % INTERVAL_STEPS
+    stood_for = 0  # steps the steps records so far stand for (warm-up steps included)
+    epochs = 0
+    for record in finished_run.records:
+        if record["event"] == "steps":
+            stood_for += record["steps"] + record["warmup_steps"]
+        elif record["event"] == "epoch":
+            epochs += 1
+            assert stood_for == record["end_step"] == epochs * STEPS_PER_EPOCH
+    assert epochs == EPOCHS
+
+
 def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_virtual_backend):
     # A real sampler thread: epoch_end waits for its read of the samples that cover the epoch's end. Not
     # the 0.5 s default but 30 s, a hang guard: a loaded machine may schedule the thread late, and this
