@@ -9,6 +9,7 @@ flags the energy as simulated, once.
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -291,3 +292,31 @@ def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
         assert [v for _, v in points] == pytest.approx([evals[i]["energy_J"], evals[2 + i]["energy_J"]])
         assert [s for s, _ in scalars[f"eval/{name}_time_s"]] == [4, 8]
     assert "eval/energy_J" not in scalars
+
+
+def test_evaluation_at_each_epoch_end_opens_no_step_window_twice(tmp_path, caplog):
+    # An outside tester (issue 26): eval_strategy="epoch" warned "window 'step' opened again before it was closed".
+    # The evaluation comes after on_epoch_end; its end opened the next step's window, which the next epoch's start
+    # opened again.
+    epochs, steps_per_epoch, batch = 2, 4, 4
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(tmp_path, num_train_epochs=epochs, eval_strategy="epoch", per_device_train_batch_size=batch,
+                      per_device_eval_batch_size=batch, logging_steps=2)  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(steps_per_epoch * batch),
+                      eval_dataset=RandomTokens(batch))  # fmt: skip
+    callback.attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        trainer.train()
+
+    assert not [r.getMessage() for r in caplog.records if "opened again" in r.getMessage()]
+    records = read_jsonl(callback.summary.jsonl_path)
+    total_steps = epochs * steps_per_epoch
+    assert callback.summary.steps == total_steps
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == total_steps
+    # Every step measured (sample_fraction 1): warm-up steps in their record, the rest counted in the steps records.
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")
+    assert sum(r["count"] for r in steps) + warmup == total_steps
+    ends = [(steps_per_epoch * (i + 1)) for i in range(epochs)]
+    assert [r["end_step"] for r in records if r["event"] == "epoch"] == ends
+    assert [r["step"] for r in records if r["event"] == "eval"] == ends  # after each epoch's last step

@@ -317,7 +317,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     def eval_start(self) -> None:
         """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
 
-        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`.
+        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`,
+        where one was dropped here. An evaluation after the epoch's end (none was open: :meth:`epoch_end`
+        dropped it) leaves it to the next :meth:`epoch_start` or :meth:`step_start`.
         """
         self._take_back_quiet_steps()
         if not self.started:
@@ -325,7 +327,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         run = self.run
         self._pause_timing()
         if not self._measuring:  # the window would otherwise hold the whole evaluation
-            self._close_open_step()
+            self._reopen_after_eval = self._close_open_step()
         self._power_limit_eval_start()
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
@@ -353,11 +355,14 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
             run.meter.end_at("eval", token, {"dataset": dataset} if dataset is not None else None)
-        if not self._measuring:
-            # The next step's window begins where the evaluation ends. Opened before the attribution below:
-            # that reads the marks the GPU has reached and the timer forgets those no open window holds, so
-            # a step opened at the end mark afterwards would take another mark's time (issue 27).
+        if not self._measuring and self._reopen_after_eval:
+            # The next step's window begins where the evaluation ends; after the epoch's end none was open and
+            # the next epoch_start opens it (opened here too, it was restarted there, with a warning: issue 26).
+            # Opened before the attribution below: that reads the marks the GPU has reached and the timer
+            # forgets those no open window holds, so a step opened at the end mark afterwards would take
+            # another mark's time (issue 27).
             self._open_step_at_boundary(token)
+        self._reopen_after_eval = False
         if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
