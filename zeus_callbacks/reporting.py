@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -152,10 +153,20 @@ METRICS: dict[str, str] = {
 _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 
 
-def is_own_metric(key: str) -> bool:
-    """True for keys this package logs (so they are not mistaken for validation metrics)."""
-    hf_eval = key.startswith("eval") and key.endswith(("_energy_J", "_time_s"))  # HF_EVAL_NAMES, per dataset too
-    return key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY) or hf_eval
+def is_own_metric(key: str, eval_prefixes: Collection[str] = ("eval",)) -> bool:
+    """True for keys this package logs (so they are not mistaken for validation metrics).
+
+    Args:
+        key: A metric name.
+        eval_prefixes: The Hugging Face Trainer's evaluation prefixes whose ``<prefix>_energy_J`` and
+            ``<prefix>_time_s`` are ours (:data:`HF_EVAL_NAMES` renamed): ``eval`` (one dataset) by default;
+            the Trainer callback adds each ``eval_<name>`` it produced in the run, so a user's validation
+            metric of such a form (``eval_x_energy_J``) stays the user's, a possible ``batch_size.target``.
+    """
+    if key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY):
+        return True
+    suffixes = [name.removeprefix("eval") for name in HF_EVAL_NAMES.values()]  # "_energy_J", "_time_s"
+    return any(key == prefix + suffix for prefix in eval_prefixes for suffix in suffixes)
 
 
 def run_metrics(summary: RunSummary) -> dict[str, float]:

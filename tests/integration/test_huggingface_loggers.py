@@ -285,6 +285,9 @@ def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
     assert len(evals) == 4  # two datasets at steps 4 and 8, in the Trainer's order a, b
     assert [r["dataset"] for r in evals] == ["a", "b", "a", "b"]  # each JSONL record names its dataset
+    # The evaluate records hold the Trainer's metrics (eval_a_loss...), not our eval_<name> figures.
+    for record in (r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "evaluate"):
+        assert not [k for k in record["metrics"] if k.endswith(("_energy_J", "_time_s"))], record
     for i, name in enumerate(datasets):
         assert f"eval/{name}_loss" in scalars  # the Trainer's own tag, beside which ours must sit
         points = scalars[f"eval/{name}_energy_J"]
@@ -320,3 +323,26 @@ def test_evaluation_at_each_epoch_end_opens_no_step_window_twice(tmp_path, caplo
     ends = [(steps_per_epoch * (i + 1)) for i in range(epochs)]
     assert [r["end_step"] for r in records if r["event"] == "epoch"] == ends
     assert [r["step"] for r in records if r["event"] == "eval"] == ends  # after each epoch's last step
+
+
+def test_a_user_metric_named_like_an_evaluation_energy_stays_the_users(tmp_path):
+    # An outside tester (issue 26): every eval*_energy_J key counted as ours, so a user's validation metric named
+    # so (eval_x_energy_J, from compute_metrics' x_energy_J) never reached the evaluate record or batch_size.target.
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(tmp_path, max_steps=4, logging_steps=4, eval_strategy="steps", eval_steps=4,
+                      per_device_eval_batch_size=4)  # fmt: skip
+    user_J = 1.5  # the user's own figure, whatever it means to them
+
+    def compute_metrics(_prediction) -> dict[str, float]:
+        return {"x_energy_J": user_J}
+
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(16), eval_dataset=RandomTokens(4),
+                      compute_metrics=compute_metrics)  # fmt: skip
+    callback.attach(trainer)
+    trainer.train()
+
+    records = read_jsonl(callback.summary.jsonl_path)
+    (evaluate,) = [r for r in records if r["event"] == "evaluate"]
+    assert evaluate["metrics"]["eval_x_energy_J"] == user_J
+    assert "eval_energy_J" not in evaluate["metrics"] and "eval_time_s" not in evaluate["metrics"]  # ours
+    assert [r["dataset"] for r in records if r["event"] == "eval"] == [None]
