@@ -346,13 +346,14 @@ FIELDS: dict[str, str] = {
     "energy_J": "Energy of the window, summed over the measured GPUs, from the power samples (J); null when "
     "no sample covers it (never 0 for unknown).",
     "epoch.counter_energy_J": "The same epoch from the hardware energy counter (J), a cross-check; "
-    "null when counter readings do not bracket the epoch or it is shorter than 20 counter periods "
+    "null when counter readings do not bracket the epoch or it is shorter than 20 counter update periods "
     "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy. "
     "`counter_energy_note` says which.",
     "epoch.counter_energy_note": "Why `counter_energy_J` is null. The reasons: the epoch is shorter than 20 "
-    "energy-counter periods (`shorter than 20 energy-counter periods (2 s on nvml)...`); the counter's readings "
-    "do not bracket it (`the energy-counter readings do not bracket it...`). (The sampler reads the counter every "
-    "`sampling.energy_counter_period_s` and at each epoch end.) Other reasons: fewer than two readings; no counter "
+    "counter update periods, the period at which the counter changes (`shorter than 20 counter update periods "
+    "(0.1 s each, 2 s on nvml)...`); the counter's readings do not bracket it (`the energy-counter readings do not "
+    "bracket it...`). (The sampler reads the counter every `sampling.energy_counter_period_s`, 1 s by default, a "
+    "read interval, and at each epoch end.) Other reasons: fewer than two readings; no counter "
     "on the backend (`no energy counter on the ... backend`); the power samples do not cover an interval a counter "
     "reset left out; or another rank's counter gave no figure. Prefixed `GPU <index>: ` when a process measures "
     "several GPUs. Null when `counter_energy_J` is known. `zeus-callbacks report` shows it as a footnote under "
@@ -375,9 +376,17 @@ FIELDS: dict[str, str] = {
     "docs/concepts.md, with Lightning a training batch, so `accumulate_grad_batches=k` counts k per optimizer "
     "step, unlike `last_step`): with Lightning, its `energy/eval_J` point is at `trainer.global_step` minus 1, "
     "where Lightning logs the validation metrics (this step minus 1 without gradient accumulation).",
+    "eval.dataset": "The evaluation dataset's name where the framework names it: with the Hugging Face Trainer's "
+    '`eval_dataset={"a": ..., "b": ...}`, `"a"` or `"b"` (the `<name>` of `eval_<name>_energy_J`). Null '
+    "for a single unnamed dataset (the Trainer's `eval_energy_J`) and for a Lightning validation loop, whose one "
+    "window holds all its dataloaders. `report --csv` writes it as the `dataset` column of `eval.csv` (empty: "
+    "null).",
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
-    "evaluate.metrics": "Metric name → value, as the framework reported them (non-numbers and "
-    "zeus-callbacks' own keys dropped).",
+    "evaluate.metrics": "Metric name → value, as the framework reported them. Non-numbers and zeus-callbacks' own "
+    "keys are dropped. Ours are those under `energy/`, `power/`, `time/`, `power_limit/` and `cost/`, and the "
+    "progress bar's `energy_kJ` / `simulated_energy_kJ`. In the Hugging Face Trainer they are also the "
+    "`eval_energy_J` / `eval_time_s` and `eval_<name>_energy_J` / `eval_<name>_time_s` its logs carried in this "
+    "run. A user's metric of another such name (`eval_x_energy_J`) stays, and can be a `batch_size.target`.",
     "window.name": "The window's name; its energy is also logged as `energy/window/<name>_J`.",
     "power_limit_profile.step": "Steps executed when the choice was made.",
     "power_limit_profile.source": "`profile` (profiled now), `cache` (stored profile reused, no profiling) or "
@@ -558,7 +567,8 @@ def render_metrics() -> str:
         f"log, named `{reporting.HF_EVAL_NAMES[reporting.EVAL_ENERGY_J]}` and "
         f"`{reporting.HF_EVAL_NAMES[reporting.EVAL_TIME_S]}`: the Trainer files keys that begin with `eval_` "
         "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. With several evaluation "
-        "datasets each gets its own: `eval_<name>_energy_J`, shown as `eval/<name>_energy_J`. An evaluation outside "
+        "datasets each gets its own: `eval_<name>_energy_J`, shown as `eval/<name>_energy_J`, and its JSONL `eval` "
+        "record names it in `dataset`. An evaluation outside "
         "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
@@ -584,7 +594,9 @@ def render_metrics() -> str:
         "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
         "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
         "flag.",
-        f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`).",
+        f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`). "
+        f"On the virtual GPU the bar shows `{reporting.PROGRESS_BAR_SIMULATED_ENERGY}` instead: the bar has no "
+        f"`{reporting.SIMULATED}` flag beside it, so the name says the figure is simulated.",
         "",
         "In the Hugging Face Trainer, its TensorBoard and W&B integrations prefix every training log key "
         "with `train/`, so `energy/step_J` appears as `train/energy/step_J` there.",

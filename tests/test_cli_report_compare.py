@@ -21,8 +21,8 @@ from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.units import J_PER_WH
 
-ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "status", "simulated",
-        "time note"]  # fmt: skip
+ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "parts: epochs (J)",
+        "parts: outside (J)", "status", "simulated", "time note"]  # fmt: skip
 CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 
@@ -95,6 +95,10 @@ def test_two_logs_are_compared_one_column_per_run(two_logs, capsys):
         # Three significant figures of the record's Wh.
         assert float(table["energy (Wh)"][name]) == pytest.approx(end["energy_J"] / J_PER_WH, rel=5e-3)
         assert int(table["steps"][name]) == end["steps"]
+        # The parts of the single-run parts line: the epochs' sum and the rest, which add up to the total.
+        epochs_J = sum(end["epoch_energy_J"])
+        assert abs(float(table["parts: epochs (J)"][name]) - epochs_J) <= 0.05
+        assert abs(float(table["parts: outside (J)"][name]) - (end["energy_J"] - epochs_J)) <= 0.05
         assert table["status"][name] == end["status"] == "completed"
         assert table["simulated"][name] == "yes"
         assert table["time note"][name] == "none"  # a manual clock: the simulator's time, nothing to note
@@ -113,7 +117,8 @@ def test_a_killed_run_shows_dashes_for_what_it_lacks(two_logs, tmp_path, capsys)
     assert main(["report", plain, str(killed)]) == 0
     out = capsys.readouterr().out
     table = parse_table(out)
-    assert [table[row]["profiled"] for row in ROWS] == ["-"] * 7 + ["yes", "none"]  # named from its run_start
+    # Named from its run_start; every figure "-", the two rows that need no run_end given.
+    assert [table[row]["profiled"] for row in ROWS] == ["-"] * (len(ROWS) - 2) + ["yes", "none"]
     assert table["status"]["plain"] == "completed"
     assert "profiled: no run_end record (still running, or killed before it ended): shown as -" in out
     assert main(["report", plain, str(killed), "--json"]) == 0
@@ -146,6 +151,9 @@ def test_csv_holds_every_record_of_each_type_with_a_run_column(two_logs, tmp_pat
     assert [float(row["ledger.steps_J"]) for row in mine] == [r["ledger"]["steps_J"] for r in expected]
     assert [json.loads(row["gpu_energy_J"]) for row in mine] == [r["gpu_energy_J"] for r in expected]
     assert {row["covered_from_step"] for row in mine} == {""}
+    with open(out_dir / "eval.csv", newline="", encoding="utf-8") as fh:
+        evals = list(csv.DictReader(fh))
+    assert {row["dataset"] for row in evals} == {""}  # the eval records' dataset: null (one unnamed dataset)
 
 
 def test_csv_of_one_log_also_prints_its_summary(two_logs, tmp_path, capsys):

@@ -271,6 +271,31 @@ def test_a_measured_gpu_writes_every_record_as_not_simulated(tmp_path):
     assert not [m for m in metrics if metric.SIMULATED in m]
 
 
+@pytest.mark.parametrize("simulated", [True, False], ids=["virtual", "nvml"])
+def test_the_progress_bar_names_simulated_energy_as_simulated(tmp_path, simulated):
+    # An outside tester (issue 26): the bar showed energy_kJ on the virtual GPU, unmarked.
+    clock = ManualClock(T0)
+    if simulated:
+        backend = VirtualGPUBackend(clock=clock, noise_W=0.0)
+    else:
+        fake, backend = _nvml(clock)
+        fake.set_load(LOAD_W)
+    session = _session(tmp_path, backend)
+    session.train_start()
+    for step in range(3):
+        session.step_start(step)
+        clock.advance(STEP_S)
+        session.sampler.poll_once()
+        session.step_end(step)
+    bar = session.progress_bar_metrics()
+    total_J = session.totals()[metric.TOTAL_ENERGY_J]
+    session.train_end()
+    backend.close()
+    shown = metric.PROGRESS_BAR_SIMULATED_ENERGY if simulated else metric.PROGRESS_BAR_ENERGY
+    assert bar == {shown: pytest.approx(total_J / 1e3, abs=5e-4)}  # the run so far in kJ, rounded to 1 J
+    assert metric.is_own_metric(shown)
+
+
 # ---------------------------------------------------------------- item 2: faults never invent energy
 def test_gpu_lost_mid_run_reports_only_the_covered_half_and_flags_it(tmp_path):
     """100 steps at 300 W losing the GPU at step 50: not the whole 3,000 J, and run_end says incomplete."""
@@ -389,7 +414,9 @@ def test_a_null_counter_figure_says_why_in_the_records_and_the_report(tmp_path, 
     summary, records, _ = _train(_session(tmp_path, backend), clock, 10, epoch_steps=1)
     backend.close()
     min_span_s = COUNTER_MIN_PERIODS * NVML_COUNTER_PERIOD_S
-    short = f"shorter than {COUNTER_MIN_PERIODS} energy-counter periods ({min_span_s:g} s on nvml)"
+    # "update periods" (0.1 s, how often the counter changes), not sampling.energy_counter_period_s (the 1 s reads).
+    short = (f"shorter than {COUNTER_MIN_PERIODS} counter update periods ({NVML_COUNTER_PERIOD_S:g} s each, "
+             f"{min_span_s:g} s on nvml)")  # fmt: skip
     epochs = [r for r in records if r["event"] == "epoch"]
     assert len(epochs) == 10
     assert all(r["counter_energy_J"] is None and r["counter_energy_note"].startswith(short) for r in epochs)

@@ -230,6 +230,21 @@ def test_jsonl_log_tells_the_same_story(finished_run, virtual_backend):
     assert end["simulated"] is True and end["coverage"] == 1.0 and end["complete"] is True
 
 
+def test_an_epochs_last_steps_record_comes_before_its_epoch_record(finished_run):
+    # An outside tester (issue 26): the steps record of an epoch's last steps (STEPS_PER_EPOCH is no multiple of
+    # INTERVAL_STEPS, so epoch_end reports them) was written after the epoch record.
+    assert STEPS_PER_EPOCH % INTERVAL_STEPS
+    stood_for = 0  # steps the steps records so far stand for (warm-up steps included)
+    epochs = 0
+    for record in finished_run.records:
+        if record["event"] == "steps":
+            stood_for += record["steps"] + record["warmup_steps"]
+        elif record["event"] == "epoch":
+            epochs += 1
+            assert stood_for == record["end_step"] == epochs * STEPS_PER_EPOCH
+    assert epochs == EPOCHS
+
+
 def test_epoch_end_returns_epoch_metrics_on_the_wall_clock(new_session, wall_virtual_backend):
     # A real sampler thread: epoch_end waits for its read of the samples that cover the epoch's end. Not
     # the 0.5 s default but 30 s, a hang guard: a loaded machine may schedule the thread late, and this
@@ -284,6 +299,20 @@ def test_eval_window(new_session, virtual_backend, manual_clock):
     metrics = session.pop_metrics(flush_steps=True)
     assert metrics[metric.EVAL_TIME_S] == pytest.approx(eval_s, rel=REL)
     assert metrics[metric.EVAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * eval_s, rel=REL)
+
+
+def test_each_eval_record_names_its_dataset_or_null(new_session, virtual_backend, manual_clock):
+    # An outside tester (issue 26): two evaluation datasets gave two eval records that did not say which was which.
+    session = new_session(virtual_backend)
+    session.train_start()
+    for dataset in ("a", "b", None):  # None: the framework named no dataset (one default dataset)
+        session.eval_start()
+        manual_clock.advance(0.2)
+        session.sampler.poll_once()
+        session.eval_end(report=True, dataset=dataset)
+    log = session.train_end().jsonl_path
+    evals = [r for r in read_jsonl(log) if r["event"] == "eval"]
+    assert [r["dataset"] for r in evals] == ["a", "b", None]
 
 
 def test_step_windows_can_be_switched_off(new_session, virtual_backend, manual_clock):
@@ -407,7 +436,7 @@ def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_cl
     assert totals[metric.TOTAL_TIME_S] == pytest.approx(elapsed_s, rel=REL)
     # Samples lag the present; the latest (constant) power stands in for the gap.
     assert totals[metric.TOTAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * elapsed_s, rel=REL)
-    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_ENERGY]
+    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_SIMULATED_ENERGY]  # the virtual GPU
     assert shown_kJ == pytest.approx(totals[metric.TOTAL_ENERGY_J] / 1e3, abs=5e-4)  # rounded to 1 J
 
 

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -50,6 +51,8 @@ TOTAL_ENERGY_J = "energy/total_J"
 PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
 PROGRESS_BAR_ENERGY = "energy_kJ"
+# On the virtual GPU the bar's figure is simulated: its own name says so (the bar shows no energy/simulated flag).
+PROGRESS_BAR_SIMULATED_ENERGY = "simulated_energy_kJ"
 # Run-level figures (a framework's results: the HF Trainer's train_results.json), from the RunSummary.
 RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"
@@ -138,6 +141,8 @@ METRICS: dict[str, str] = {
     PHASES_EXPLAINED: "fraction — share of the epoch's energy the phase windows explain (sum of phase "
     "energies / epoch energy)",
     PROGRESS_BAR_ENERGY: "kJ — run energy so far (progress bar only)",
+    PROGRESS_BAR_SIMULATED_ENERGY: "kJ — SIMULATED run energy so far on the virtual GPU, in place of energy_kJ "
+    "(progress bar only)",
     SIMULATED: "flag — 1 at every logged step with metrics when the virtual GPU is in use: the energy figures are "
     "simulated from traces, not measured",
     UNAVAILABLE: "flag — 1 at every logged step with metrics when a GPU is present but cannot be measured: no "
@@ -148,10 +153,20 @@ METRICS: dict[str, str] = {
 _OWN_PREFIXES = ("energy/", "power/", "time/", "power_limit/", "cost/")
 
 
-def is_own_metric(key: str) -> bool:
-    """True for keys this package logs (so they are not mistaken for validation metrics)."""
-    hf_eval = key.startswith("eval") and key.endswith(("_energy_J", "_time_s"))  # HF_EVAL_NAMES, per dataset too
-    return key.startswith(_OWN_PREFIXES) or key == PROGRESS_BAR_ENERGY or hf_eval
+def is_own_metric(key: str, eval_prefixes: Collection[str] = ("eval",)) -> bool:
+    """True for keys this package logs (so they are not mistaken for validation metrics).
+
+    Args:
+        key: A metric name.
+        eval_prefixes: The Hugging Face Trainer's evaluation prefixes whose ``<prefix>_energy_J`` and
+            ``<prefix>_time_s`` are ours (:data:`HF_EVAL_NAMES` renamed): ``eval`` (one dataset) by default;
+            the Trainer callback adds each ``eval_<name>`` it produced in the run, so a user's validation
+            metric of such a form (``eval_x_energy_J``) stays the user's, a possible ``batch_size.target``.
+    """
+    if key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY):
+        return True
+    suffixes = [name.removeprefix("eval") for name in HF_EVAL_NAMES.values()]  # "_energy_J", "_time_s"
+    return any(key == prefix + suffix for prefix in eval_prefixes for suffix in suffixes)
 
 
 def run_metrics(summary: RunSummary) -> dict[str, float]:
@@ -215,7 +230,7 @@ class RunSummary:
         power_limit_from_step: The training step (0-based) from which the chosen limit was in force.
         power_limit_applied: Whether the chosen limit was applied (False in observe mode: chosen only).
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
-        counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter periods,
+        counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter update periods,
             the counter's readings not bracketing it, no counter on this backend; as the epoch record's
             ``counter_energy_note``); None when it is known.
         faults: Sensor faults counted on this process, by kind.
@@ -411,20 +426,39 @@ def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:
         The line, or None when no epoch ran, the total or an epoch is unknown, or the epochs
         hold more than the total (a figure this line must not turn into a negative rest).
     """
+    split = energy_split(energy_J, epoch_energy_J)
+    if split is None:
+        return None
+    epochs_J, outside_J = split
+    total_J = epochs_J + outside_J
+    assert isinstance(epoch_energy_J, list)  # energy_split returned figures: a list of epochs
+    return (
+        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
+        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
+        "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
+    )
+
+
+def energy_split(energy_J: object, epoch_energy_J: object) -> tuple[float, float] | None:
+    """A run's energy split into its epochs' sum and what lies outside every epoch (the :func:`energy_parts` line).
+
+    Args:
+        energy_J: The run's energy (J), ``run_end``'s ``energy_J``.
+        epoch_energy_J: Each epoch's energy (J), a list, ``run_end``'s ``epoch_energy_J``.
+
+    Returns:
+        ``(epochs_J, outside_J)``, which add up to ``energy_J`` (J); None when no epoch ran, the
+        total or an epoch is unknown, or the epochs hold more than the total (never a negative rest).
+    """
     if not isinstance(epoch_energy_J, list) or not epoch_energy_J or not _finite_number(energy_J):
         return None
     if not all(_finite_number(e) for e in epoch_energy_J):
         return None
     total_J, epochs_J = float(energy_J), float(sum(epoch_energy_J))
     outside_J = total_J - epochs_J
-    if total_J <= 0 or outside_J < -1e-6 * total_J:
+    if total_J <= 0 or outside_J < -1e-6 * total_J:  # more than rounding: the figures disagree
         return None
-    outside_J = max(outside_J, 0.0)
-    return (
-        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
-        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
-        "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
-    )
+    return epochs_J, max(outside_J, 0.0)
 
 
 def _finite_number(value: object) -> TypeGuard[float]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeus_callbacks.errors import NothingToPlot
+from zeus_callbacks.reporting import energy_split
 from zeus_callbacks.units import wh_from_J
 
 Record = dict[str, Any]
@@ -266,6 +267,8 @@ COMPARED = (
     ("steps", "steps"),
     ("mean_power_W", "mean power (W)"),
     ("power_limit_W", "power limit (W)"),
+    ("epochs_energy_J", "parts: epochs (J)"),
+    ("outside_energy_J", "parts: outside (J)"),
     ("status", "status"),
 )
 """The figures ``zeus-callbacks report A.jsonl B.jsonl`` compares: (key of :func:`run_figures`, row label)."""
@@ -276,6 +279,8 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
 
     ``energy_Wh`` is derived from ``energy_J`` when the record predates it; ``power_limit_W`` is the limit
     training ran at after profiling: the chosen one where profiling applied one, else the one in force.
+    ``epochs_energy_J`` and ``outside_energy_J`` are the run's parts (J; the single-run ``parts`` line,
+    :func:`~zeus_callbacks.reporting.energy_split`): its epochs' energy and the rest, outside every epoch.
     A log without ``run_end`` (still running, or killed) has every figure None and ``ended`` False;
     ``simulated`` says whether the figures are simulated, ``time_note`` why the run's power-limit
     results do not show the time a limit costs (:func:`time_note_of`; None when they do).
@@ -292,6 +297,7 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
         chosen = end.get("chosen_power_limit_W")
         applied = chosen is not None and end.get("power_limit_applied") is not False
         energy = _number(end.get("energy_J"))
+        parts = energy_split(end.get("energy_J"), end.get("epoch_energy_J"))
         figures = {
             "run_name": end.get("run_name", start.get("run_name")),
             "energy_J": energy,
@@ -300,6 +306,8 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
             "steps": end.get("steps"),
             "mean_power_W": _number(end.get("mean_power_W")),
             "power_limit_W": _number(chosen if applied else end.get("power_limit_W")),
+            "epochs_energy_J": parts[0] if parts else None,
+            "outside_energy_J": parts[1] if parts else None,
             "status": end.get("status"),
             "ended": True,
         }

@@ -9,6 +9,7 @@ flags the energy as simulated, once.
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -264,6 +265,7 @@ def test_an_attached_callback_measures_the_whole_evaluation_from_its_first_batch
         # The window holds the whole evaluation (its batch included) and none of the training steps around it.
         assert record["time_s"] == pytest.approx(eval_s)
         assert record["energy_J"] > 0
+        assert record["dataset"] is None  # one unnamed evaluation dataset
     points = scalars_of(tmp_path)["eval/energy_J"]
     assert [v for _, v in points] == pytest.approx([r["energy_J"] for r in evals], rel=1e-6)
 
@@ -282,6 +284,10 @@ def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
     scalars = read_scalars(tmp_path / "out")
     evals = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "eval"]
     assert len(evals) == 4  # two datasets at steps 4 and 8, in the Trainer's order a, b
+    assert [r["dataset"] for r in evals] == ["a", "b", "a", "b"]  # each JSONL record names its dataset
+    # The evaluate records hold the Trainer's metrics (eval_a_loss...), not our eval_<name> figures.
+    for record in (r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "evaluate"):
+        assert not [k for k in record["metrics"] if k.endswith(("_energy_J", "_time_s"))], record
     for i, name in enumerate(datasets):
         assert f"eval/{name}_loss" in scalars  # the Trainer's own tag, beside which ours must sit
         points = scalars[f"eval/{name}_energy_J"]
@@ -289,3 +295,54 @@ def test_several_evaluation_datasets_each_get_their_own_energy_tag(tmp_path):
         assert [v for _, v in points] == pytest.approx([evals[i]["energy_J"], evals[2 + i]["energy_J"]])
         assert [s for s, _ in scalars[f"eval/{name}_time_s"]] == [4, 8]
     assert "eval/energy_J" not in scalars
+
+
+def test_evaluation_at_each_epoch_end_opens_no_step_window_twice(tmp_path, caplog):
+    # An outside tester (issue 26): eval_strategy="epoch" warned "window 'step' opened again before it was closed".
+    # The evaluation comes after on_epoch_end; its end opened the next step's window, which the next epoch's start
+    # opened again.
+    epochs, steps_per_epoch, batch = 2, 4, 4
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(tmp_path, num_train_epochs=epochs, eval_strategy="epoch", per_device_train_batch_size=batch,
+                      per_device_eval_batch_size=batch, logging_steps=2)  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(steps_per_epoch * batch),
+                      eval_dataset=RandomTokens(batch))  # fmt: skip
+    callback.attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        trainer.train()
+
+    assert not [r.getMessage() for r in caplog.records if "opened again" in r.getMessage()]
+    records = read_jsonl(callback.summary.jsonl_path)
+    total_steps = epochs * steps_per_epoch
+    assert callback.summary.steps == total_steps
+    steps = [r for r in records if r["event"] == "steps"]
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == total_steps
+    # Every step measured (sample_fraction 1): warm-up steps in their record, the rest counted in the steps records.
+    warmup = sum(len(r["steps"]) for r in records if r["event"] == "warmup")
+    assert sum(r["count"] for r in steps) + warmup == total_steps
+    ends = [(steps_per_epoch * (i + 1)) for i in range(epochs)]
+    assert [r["end_step"] for r in records if r["event"] == "epoch"] == ends
+    assert [r["step"] for r in records if r["event"] == "eval"] == ends  # after each epoch's last step
+
+
+def test_a_user_metric_named_like_an_evaluation_energy_stays_the_users(tmp_path):
+    # An outside tester (issue 26): every eval*_energy_J key counted as ours, so a user's validation metric named
+    # so (eval_x_energy_J, from compute_metrics' x_energy_J) never reached the evaluate record or batch_size.target.
+    callback, model = clocked_run(virtual_config(tmp_path, interval_steps=2))
+    args = train_args(tmp_path, max_steps=4, logging_steps=4, eval_strategy="steps", eval_steps=4,
+                      per_device_eval_batch_size=4)  # fmt: skip
+    user_J = 1.5  # the user's own figure, whatever it means to them
+
+    def compute_metrics(_prediction) -> dict[str, float]:
+        return {"x_energy_J": user_J}
+
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(16), eval_dataset=RandomTokens(4),
+                      compute_metrics=compute_metrics)  # fmt: skip
+    callback.attach(trainer)
+    trainer.train()
+
+    records = read_jsonl(callback.summary.jsonl_path)
+    (evaluate,) = [r for r in records if r["event"] == "evaluate"]
+    assert evaluate["metrics"]["eval_x_energy_J"] == user_J
+    assert "eval_energy_J" not in evaluate["metrics"] and "eval_time_s" not in evaluate["metrics"]  # ours
+    assert [r["dataset"] for r in records if r["event"] == "eval"] == [None]

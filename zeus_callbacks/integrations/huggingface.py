@@ -116,6 +116,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._logged_step = -1  # the global step of the last periodic log that carried energy
         self._results_totals: dict[str, float] = {}  # run totals for the results only (their step was logged)
         self._epoch_reports: list[tuple[int, dict[str, float]]] = []  # (end step, metrics) of epochs not yet logged
+        self._eval_prefixes: set[str] = {"eval"}  # the evaluation prefixes its logs carried energy under (eval_<name>)
 
     # -- attaching -----------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> ZeusTrainerCallback:
@@ -261,6 +262,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._logged_step = -1
         self._results_totals = {}
         self._epoch_reports = []
+        self._eval_prefixes = {"eval"}
         self._new_session(
             is_main_process=state.is_world_process_zero,
             device_index=args.local_process_index if args.world_size > 1 else None,
@@ -344,7 +346,9 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if self._in_eval:
             self._in_eval = False
             self.session.eval_end()
-        decision = self.session.evaluate(metrics or {})
+        # The Trainer's metrics are the evaluation's log, which carries our figures: the user's keys only.
+        mine = {k: v for k, v in (metrics or {}).items() if not metric.is_own_metric(str(k), self._eval_prefixes)}
+        decision = self.session.evaluate(mine)
         if decision.stop_training:
             control.should_training_stop = True
 
@@ -383,9 +387,12 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._hand_epochs(before=step)
         if self._in_eval:
             self._in_eval = False
-            ours = session.eval_end(report=True)  # flagged
+            prefix = _eval_prefix(logs)
+            self._eval_prefixes.add(prefix)
+            dataset = prefix.removeprefix("eval_") if prefix != "eval" else None  # eval_dataset={"a": ...}: "a"
+            ours = session.eval_end(report=True, dataset=dataset)  # flagged
             ours.update(self._take_epochs(step))
-            logs.update(_hf_names(session.once_per_step(ours, step), _eval_prefix(logs)))
+            logs.update(_hf_names(session.once_per_step(ours, step), prefix))
             return
         if all(key in logs for key in _FINAL_LOG_KEYS):
             self._finish()
@@ -447,7 +454,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             self._finish()
         self._hand_epochs(before=None)  # any epoch no log carried (the final log carries those at its step)
         if self._final_logs is not None:  # the reporters have read it: results keep run-level figures only
-            for key in [k for k in self._final_logs if metric.is_own_metric(str(k)) and k not in _RUN_LEVEL_KEYS]:
+            own = [k for k in self._final_logs if metric.is_own_metric(str(k), self._eval_prefixes)]
+            for key in [k for k in own if k not in _RUN_LEVEL_KEYS]:
                 del self._final_logs[key]
             self._final_logs.update(self._results_totals)  # the totals kept from the reporters, if any
             self._final_logs = None

@@ -157,10 +157,10 @@ def samples_in(timestamps_s: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarra
 
 
 COUNTER_MIN_PERIODS = 20
-"""A counter cross-check needs a span of at least this many counter periods.
+"""A counter cross-check needs a span of at least this many counter update periods (how often it changes).
 
 Each reading is stamped at the middle of the span its change can lie in, so a stamp is
-off by at most half a counter period ``P``: at power ``p`` the energy of a span of
+off by at most half a counter update period ``P``: at power ``p`` the energy of a span of
 ``N`` periods is off by at most ``p·P`` (both ends), a share of at most ``1/N``
 (5 % at 20 periods, 2 s on an H200); shorter spans give no cross-check (null)."""
 
@@ -169,7 +169,7 @@ COUNTER_TOO_FEW_READINGS = "fewer than two energy-counter readings"
 """Why a span has no counter figure: the counter was read less than twice (:func:`counter_energy`)."""
 
 COUNTER_NOT_BRACKETED = (
-    "the energy-counter readings do not bracket it (the first is more than one counter period after its "
+    "the energy-counter readings do not bracket it (the first is more than one counter update period after its "
     "start, or the last more than one before its end)"
 )
 """Why a span has no counter figure: no reading near enough to its start or its end (:func:`counter_energy`)."""
@@ -194,7 +194,7 @@ def counter_energy(
         min_span_s: Shortest span given a figure (s): :data:`COUNTER_MIN_PERIODS` counter
             periods in the session.
         reach_s: How far before the first stamp or after the last the counter may be
-            extended at its nearest slope (s): one counter period, the span a stamp's change
+            extended at its nearest slope (s): one counter update period, the span a stamp's change
             can lie in (a reading stamped at its change is always a little older than its read).
 
     Returns:

@@ -22,8 +22,8 @@ above :data:`MAX_POWER_FACTOR` × the device's maximum power limit, a timestamp 
 Energy-counter readings are stamped at the counter's change, not at the read: a reading
 that shows the value of the previous one is no reading (the counter has not ticked), and
 a new value is stamped at the middle of the span it can have changed in, ``(max(last read
-that still showed the old value, read - counter period), read]``. A stamp is then off by
-at most half a counter period. A counter that goes backwards (a reset) drops only the
+that still showed the old value, read - counter update period), read]``. A stamp is then off by
+at most half a counter update period. A counter that goes backwards (a reset) drops only the
 interval between the last reading and the first after the reset; the readings after it
 continue the series (``SamplerHealth.counter_resets``), so cross-checks go on.
 

@@ -317,7 +317,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     def eval_start(self) -> None:
         """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
 
-        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`.
+        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`,
+        where one was dropped here. An evaluation after the epoch's end (none was open: :meth:`epoch_end`
+        dropped it) leaves it to the next :meth:`epoch_start` or :meth:`step_start`.
         """
         self._take_back_quiet_steps()
         if not self.started:
@@ -325,12 +327,12 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         run = self.run
         self._pause_timing()
         if not self._measuring:  # the window would otherwise hold the whole evaluation
-            self._close_open_step()
+            self._reopen_after_eval = self._close_open_step()
         self._power_limit_eval_start()
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
-    def eval_end(self, *, report: bool = False) -> dict[str, float]:
+    def eval_end(self, *, report: bool = False, dataset: str | None = None) -> dict[str, float]:
         """Close the evaluation window; its energy is reported once attributed.
 
         Args:
@@ -338,6 +340,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 :meth:`epoch_end`) and return its metrics instead of queueing them, so that
                 they are logged at the evaluation's own step. Steps attributed on the way stay
                 queued for the next :meth:`pop_metrics`.
+            dataset: The evaluation dataset's name, for the ``eval`` record (None: the single
+                default dataset, or one the framework does not name).
 
         Returns:
             With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), flagged as
@@ -350,12 +354,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         token = None
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
-            run.meter.end_at("eval", token)
-        if not self._measuring:
-            # The next step's window begins where the evaluation ends. Opened before the attribution below:
-            # that reads the marks the GPU has reached and the timer forgets those no open window holds, so
-            # a step opened at the end mark afterwards would take another mark's time (issue 27).
+            run.meter.end_at("eval", token, {"dataset": dataset} if dataset is not None else None)
+        if not self._measuring and self._reopen_after_eval:
+            # The next step's window begins where the evaluation ends; after the epoch's end none was open and
+            # the next epoch_start opens it (opened here too, it was restarted there, with a warning: issue 26).
+            # Opened before the attribution below: that reads the marks the GPU has reached and the timer
+            # forgets those no open window holds, so a step opened at the end mark afterwards would take
+            # another mark's time (issue 27).
             self._open_step_at_boundary(token)
+        self._reopen_after_eval = False
         if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
@@ -641,11 +648,17 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
 
     def progress_bar_metrics(self) -> dict[str, float]:
-        """The short metrics shown on a progress bar (run energy in kJ)."""
+        """The short metrics shown on a progress bar: the run's energy so far (kJ, rounded to 1 J).
+
+        ``energy_kJ``; on the virtual GPU ``simulated_energy_kJ`` instead (a progress bar shows no
+        ``energy/simulated`` flag beside it). Empty before the run and on a GPU that cannot be measured.
+        """
         totals = self.totals()
         if metric.TOTAL_ENERGY_J not in totals:
             return {}
-        return {metric.PROGRESS_BAR_ENERGY: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
+        simulated = self.backend is not None and self.backend.simulated
+        key = metric.PROGRESS_BAR_SIMULATED_ENERGY if simulated else metric.PROGRESS_BAR_ENERGY
+        return {key: round(totals[metric.TOTAL_ENERGY_J] / 1e3, 3)}
 
     @property
     def summary(self) -> RunSummary | None:

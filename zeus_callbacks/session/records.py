@@ -134,12 +134,16 @@ def evaluate_record(step: int, metrics: dict[str, float]) -> dict[str, Any]:
 def eval_record(record: WindowRecord, *, reason: str | None = None) -> dict[str, Any]:
     """The ``eval`` record of one evaluation window; ``step``: training steps taken before it began.
 
-    With ``reason`` (an impossible window) its figures are null and it is not ``complete``.
+    ``dataset`` names the evaluation dataset when the framework named it (the HF Trainer's
+    ``eval_dataset={"a": ...}``: ``"a"``); null for a single unnamed dataset (the HF default, a
+    Lightning validation loop with all its dataloaders). With ``reason`` (an impossible window)
+    its figures are null and it is not ``complete``.
     """
     known = reason is None
     return {
         "event": "eval",
         "step": record.info.get("step"),
+        "dataset": record.info.get("dataset"),
         "energy_J": record.energy_J if known else None,
         "time_s": record.time_s if known else None,
         "complete": bool(record.complete) and known,

@@ -85,7 +85,10 @@ class StepReports(SessionPart):
         self._take_back_quiet_steps()
         if self.run.node is not None:
             self.run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
-        self._attribute_closed(final=resolve_final)
+        # An epoch's record waits for its steps: the steps record of the epoch's last steps, written
+        # below, comes before the epoch record in the log (the epoch's ledger has its steps already).
+        epochs: list[WindowRecord] = []
+        self._attribute_closed(final=resolve_final, hold_epochs=epochs)
         if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
@@ -94,16 +97,25 @@ class StepReports(SessionPart):
             self._queue_step_metrics(final=resolve_final)
         if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
             self._write_steps_record({}, [], self.ranks.num_processes, final=True)
+        for record in epochs:
+            self._absorb(record)
 
-    def _attribute_closed(self, *, final: bool = False) -> None:
-        """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics."""
+    def _attribute_closed(self, *, final: bool = False, hold_epochs: list[WindowRecord] | None = None) -> None:
+        """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics.
+
+        With ``hold_epochs``, epoch windows are appended there instead of being absorbed (the caller
+        absorbs them once the steps before their end are written).
+        """
         windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
         if batch is not None:
             if self._window_observer is not None:
                 self._window_observer(batch)
             self._absorb_bulk(batch)
         for record in windows:
-            self._absorb(record)
+            if hold_epochs is not None and record.name == "epoch":
+                hold_epochs.append(record)
+            else:
+                self._absorb(record)
 
     def _absorb_bulk(self, batch: WindowBatch) -> None:
         """Take one report's step and phase windows (close order) into the totals and the phase tracker."""

@@ -270,7 +270,7 @@ class StartedRun:
         """Energy (J) of the measured GPUs in [start_s, end_s] from their counters, for a cross-check.
 
         None, with the reason, when the span is shorter than
-        :data:`~zeus_callbacks.measurement.attribution.COUNTER_MIN_PERIODS` counter periods (its
+        :data:`~zeus_callbacks.measurement.attribution.COUNTER_MIN_PERIODS` counter update periods (its
         figure would mean nothing), a GPU has no energy counter, or a GPU lacks readings bracketing
         the span. An interval a counter reset left out (:meth:`PowerSampler.counter_gaps`) takes the
         power samples' energy, so the figure stays comparable; ``counter_resets`` in the records says
@@ -287,9 +287,11 @@ class StartedRun:
                 gpu = f"GPU {index}: " if several else ""
                 return None, f"{gpu}no energy counter on the {self.backend.name} backend"
         if end_s - start_s < min_span_s:
-            return None, (f"shorter than {COUNTER_MIN_PERIODS} energy-counter periods ({min_span_s:g} s on "
-                          f"{self.backend.name}): over fewer the counter's figure can be off by more than "
-                          f"1/{COUNTER_MIN_PERIODS} of the energy")  # fmt: skip
+            # "update period": how often the counter changes, not how often the sampler reads it
+            # (sampling.energy_counter_period_s).
+            return None, (f"shorter than {COUNTER_MIN_PERIODS} counter update periods ({period_s:g} s each, "
+                          f"{min_span_s:g} s on {self.backend.name}): over fewer the counter's figure can be off by "
+                          f"more than 1/{COUNTER_MIN_PERIODS} of the energy")  # fmt: skip
         total = 0.0
         for index in self.gpu_indices:
             gpu = f"GPU {index}: " if several else ""

@@ -130,6 +130,7 @@ class StepScheduler:
         self._measuring = False  # the current step has windows
         self._time_unmeasured = False  # an unmeasured step whose step_end times itself
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
+        self._reopen_after_eval = False  # an evaluation dropped the next step's window opened ahead
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._phase_windows = False  # windows.phases
         self._step_windows = True  # windows.step
@@ -216,7 +217,7 @@ class StepScheduler:
         # The first step after warm-up is drawn like any other.
         self._skip = 0 if self._warmup_left else sampling.next_skip()
         self._quiet_left = 0
-        self._measuring = self._dataloader_open = False
+        self._measuring = self._dataloader_open = self._reopen_after_eval = False
         self._new_timing_interval(time.perf_counter())
         self._phase_open = None
 
@@ -409,12 +410,17 @@ class StepScheduler:
             return
         self._open_step_at(self._mark() if token is None else token)
 
-    def _close_open_step(self) -> None:
-        """Drop the next step's window opened ahead (an evaluation, the epoch's or the run's end comes first)."""
-        self._meter.discard("step")
+    def _close_open_step(self) -> bool:
+        """Drop the next step's window opened ahead (an evaluation, the epoch's or the run's end comes first).
+
+        Returns:
+            Whether one was open (its step or ``dataloader`` window).
+        """
+        dropped = self._meter.discard("step")
         if self._phase_windows:
-            self._meter.discard("dataloader")
+            dropped = self._meter.discard("dataloader") or dropped
             self._dataloader_open = False
+        return dropped
 
     def _maybe_reanchor(self) -> None:
         # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
