@@ -243,9 +243,9 @@ class RaplReader:
 
     Args:
         root: The powercap folder.
-        stuck_reads: Readings in a row equal to the previous one, each :data:`STILL_AFTER_S` or more after
-            the counter last moved, after which a counter is taken as stuck (its energy unknown from then
-            on); ≥ 2. Each such reading is unknown already (known again if the counter moves).
+        stuck_reads: Readings in a row equal to the previous one, :data:`STILL_AFTER_S` or more after the
+            counter last moved and after each other, after which a counter is taken as stuck (its energy
+            unknown from then on); ≥ 2. Each such reading is unknown already (known again if it moves).
         clock: Monotonic time (s) of each reading, to bound the gap between readings (wraps).
 
     Raises:
@@ -373,7 +373,8 @@ class RaplReader:
             still_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
             if value == counter.last_uj and still_s >= STILL_AFTER_S:
                 # Not moved for STILL_AFTER_S: frozen or not, this reading cannot vouch for the energy since.
-                counter.unchanged += 1
+                # Readings closer together than that (an epoch's end and its report) are one observation.
+                counter.unchanged += now_s - counter.last_s >= STILL_AFTER_S or not counter.unchanged
                 counter.still = f"the {label} counter has not moved in {still_s:.3g} s (stuck?)"
                 if counter.unchanged >= self._stuck_reads:
                     counter.reason = f"the {label} counter is stuck at {value} µJ ({counter.unchanged} equal readings)"
