@@ -362,10 +362,11 @@ class RaplReader:
             self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
             return
         if counter.last_uj is not None and counter.last_s is not None:
-            gap_s = now_s - counter.last_s
+            # Since it was last seen moving: a counter that stalls and then jumps may have wrapped meanwhile.
+            gap_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
             if gap_s > counter.domain.wrap_safe_s:
                 counter.reason = (
-                    f"{gap_s:.0f} s between two readings of {label}, longer than its counter's "
+                    f"{gap_s:.0f} s between two readings of {label} that saw it move, longer than its counter's "
                     f"shortest wrap time ({counter.domain.wrap_safe_s:.0f} s): wraps may be missed"
                 )
                 self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
