@@ -146,7 +146,7 @@ class NodeSpans:
         """
         count = int(min(row[0] for row in rows))
         if count == 0:
-            fields = {"cpu_energy_J": None, "dram_energy_J": None, "node_energy_J": None,
+            fields: dict[str, Any] = {"cpu_energy_J": None, "dram_energy_J": None, "node_energy_J": None,
                       "node_energy_note": NO_SPAN, "node_steps": 0, "node_time_s": None}  # fmt: skip
             return SpanFigures(0, fields)
         gpu_J, steps, time_s = 0.0, 0, 0.0
@@ -193,7 +193,7 @@ class NodeSpans:
         self._interval = _Interval()
 
     def _ready(self) -> list[_Span]:
-        spans = []
+        spans: list[_Span] = []
         number = self._published
         while number in self._done and len(spans) < MAX_SPANS:
             spans.append(self._done[number])
