@@ -325,6 +325,24 @@ FIELDS: dict[str, str] = {
     "during power-limit profiling the trial limit of that moment, which can be a later trial than the one its "
     "steps ran at (a record is written when its steps' energy is attributed); null when it cannot be read.",
     "steps.power_samples": "Power samples that fell inside those steps (fewest over the GPUs, summed over steps).",
+    "steps.cpu_energy_J": "CPU package energy (J), summed over sockets, of the spans between CPU/DRAM readings "
+    "that the record holds (`node.rapl`; SIMULATED with `node.virtual_cpu` beside the virtual GPU). The counters "
+    "are read at the run's start, at each step report and at its end; a span runs from one reading to the next and "
+    "holds all its time (evaluations, an epoch's turn). A record holds the spans whose power samples have arrived "
+    "since the previous record, usually up to the previous report: not its own steps (`node_steps` says how many "
+    "steps the spans hold). Under several processes the sum over the processes that read a node's counters. Null, "
+    "with the reason in `node_energy_note`, when off or unknown (never 0 for unknown).",
+    "steps.dram_energy_J": "DRAM energy of the same spans (J, RAPL dram domains); null when off, unknown, or the "
+    "CPU has no DRAM domain.",
+    "steps.node_energy_J": "The spans' GPU energy (from the power samples, between the same two marks; not "
+    "`energy_J_mean × steps`) + `cpu_energy_J` (+ `dram_energy_J` where a DRAM domain exists) (J); null when off, "
+    "when no span is in the record, or when any part is unknown.",
+    "steps.node_energy_note": "The parts `node_energy_J` holds (a simulated CPU says `SIMULATED`), or why a "
+    "figure is null (no node option on; no span attributed since the previous record; a counter unreadable, "
+    "vanished, stuck or read too seldom; the samples do not cover the span).",
+    "steps.node_steps": "Training steps taken in the record's spans (0: no span): `energy/step_cpu_J` and its "
+    "kin are the spans' figures over these steps.",
+    "steps.node_time_s": "Time of the record's spans, the slowest rank's (s); null when it holds none.",
     "complete": "False when the power samples did not cover a window entirely (an edge was extrapolated "
     "from the nearest sample by at most one sample period, or not covered at all).",
     "epoch.covered_s": "Time of the epoch the power samples cover (s); `energy_J` is that part's energy, "
@@ -511,8 +529,9 @@ def render_metrics() -> str:
         "",
         "Every key zeus-callbacks logs to the framework's loggers (TensorBoard, Weights & Biases, ...). "
         "The keys are stable; the unit is in the name. Energy is GPU energy, summed over the GPUs this "
-        "process measures, except `energy/cpu_J`, `energy/dram_J`, `energy/node_J` and their epoch forms "
-        "`energy/epoch_cpu_J`, `energy/epoch_dram_J`, `energy/epoch_node_J` (`node.rapl`: the CPU packages and "
+        "process measures, except `energy/cpu_J`, `energy/dram_J`, `energy/node_J`, their epoch forms "
+        "`energy/epoch_cpu_J`, `energy/epoch_dram_J`, `energy/epoch_node_J` and their per-step forms "
+        "`energy/step_cpu_J`, `energy/step_dram_J`, `energy/step_node_J` (`node.rapl`: the CPU packages and "
         "DRAM from Linux RAPL; `node.virtual_cpu`: a SIMULATED CPU beside the virtual GPU); no key covers the "
         "rest of the machine (fans, disks, the power supply's losses). `energy/co2_g` and `cost/run` are "
         "estimates (docs/node_energy.md).",

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zeus_callbacks.backends.rapl import PERMISSION_FIX, RaplReader, counter_delta_uj, discover
+from zeus_callbacks.backends.rapl import PERMISSION_FIX, STILL_AFTER_S, RaplReader, counter_delta_uj, discover
 
 RANGE_UJ = 262_143_328_850  # a real package's max_energy_range_uj
 
@@ -52,7 +52,7 @@ def test_discovers_package_and_dram_per_socket(tree):
 
 def test_energy_across_a_wrap_in_joules(tree):
     root, zones = tree
-    reader = RaplReader(root)
+    reader = RaplReader(root, clock=lambda: 0.0)  # one instant: a static fake counter is not "still"
     reader.start()
     set_uj(zones["package-0"], RANGE_UJ - 500_000)  # +RANGE - 1.5 J
     set_uj(zones["package-1"], 3_000_000)  # +1 J
@@ -78,7 +78,7 @@ def test_unreadable_counter_warns_once_with_the_fix_and_is_unknown_not_0(tree, c
         return real_read_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", read_text)  # as root, chmod cannot make a file unreadable
-    reader = RaplReader(root)
+    reader = RaplReader(root, clock=lambda: 0.0)
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.rapl"):
         reader.start()
         set_uj(zones["package-1"], 2_500_000)
@@ -94,7 +94,7 @@ def test_unreadable_counter_warns_once_with_the_fix_and_is_unknown_not_0(tree, c
 
 def test_a_vanishing_domain_becomes_unknown_with_its_reason(tree, caplog):
     root, zones = tree
-    reader = RaplReader(root)
+    reader = RaplReader(root, clock=lambda: 0.0)
     reader.start()
     set_uj(zones["dram-1"], 8_000)
     reader.read()
@@ -110,17 +110,40 @@ def test_a_vanishing_domain_becomes_unknown_with_its_reason(tree, caplog):
 
 def test_a_stuck_counter_becomes_unknown(tree):
     root, zones = tree
-    reader = RaplReader(root, stuck_reads=3)
+    now = [0.0]
+    reader = RaplReader(root, stuck_reads=3, clock=lambda: now[0])
     reader.start()
     for value in (1_100_000, 1_100_000, 1_100_000):
+        now[0] += 1.0
         set_uj(zones["package-0"], value)
         set_uj(zones["package-1"], 2_000_000 + value)
         energy = reader.read()
-    assert energy.domains_J["package-0"] == pytest.approx(0.1)  # two equal readings after a move: still moving
+    # Two equal readings a second apart after a move: unknown in that reading (not moved), not yet stuck.
+    assert energy.domains_J["package-0"] is None and "not moved" in energy.reasons["package-0"]
+    now[0] += 1.0
     set_uj(zones["package-0"], 1_100_000)
     energy = reader.read()
     assert energy.domains_J["package-0"] is None and "stuck" in energy.reasons["package-0"]
     assert energy.cpu_J is None
+
+
+def test_a_counter_that_moves_again_is_known_again_and_quick_equal_readings_are_left_alone(tree):
+    root, zones = tree
+    now = [0.0]
+    reader = RaplReader(root, stuck_reads=3, clock=lambda: now[0])
+    reader.start()
+    now[0] += 1.0
+    set_uj(zones["package-0"], 1_500_000)  # +0.5 J
+    assert reader.read().domains_J["package-0"] == pytest.approx(0.5)  # approx: µJ -> J division
+    for _ in range(5):  # an epoch's end, its report, the next epoch's start: µs apart, equal
+        now[0] += STILL_AFTER_S / 10
+        assert reader.read().domains_J["package-0"] == pytest.approx(0.5)
+    now[0] += 1.0
+    assert reader.read().domains_J["package-0"] is None  # a second without a move: this reading is unknown
+    now[0] += 1.0
+    set_uj(zones["package-0"], 3_500_000)  # it moves again (+2 J since the last move): known, not stuck
+    energy = reader.read()
+    assert energy.domains_J["package-0"] == pytest.approx(2.5) and "package-0" not in energy.reasons
     with pytest.raises(ValueError, match="stuck_reads"):
         RaplReader(root, stuck_reads=1)
 
@@ -450,7 +473,10 @@ def test_beside_the_virtual_gpu_without_rapl_the_cpu_is_simulated_and_flagged(
     assert summary.node_energy_J == pytest.approx(summary.energy_J + summary.cpu_energy_J)
     # Flagged wherever it appears: every record that carries it says simulated, and the notes and summary say so.
     carrying = [r for r in records if r.get("cpu_energy_J") is not None]
-    assert len(carrying) == 2 and all(r["simulated"] is True for r in carrying)
+    assert [r["event"] for r in carrying] == ["epoch", "steps", "run_end"]
+    assert all(r["simulated"] is True for r in carrying)
+    # The steps record's span: the run's start to the epoch end's report, which holds the 2 s of CPU time.
+    assert carrying[1]["cpu_energy_J"] == pytest.approx(5.0 * 2.0) and carrying[1]["node_steps"] == 3
     assert all("SIMULATED" in r["node_energy_note"] and "5 W per busy core" in r["node_energy_note"] for r in carrying)
     assert summary.simulated and "SIMULATED" in str(summary)
 

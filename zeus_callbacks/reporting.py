@@ -25,6 +25,9 @@ STEP_ENERGY_J = "energy/step_J"
 STEP_COUNT = "energy/step_count"
 STEP_POWER_SAMPLES = "energy/step_power_samples"
 STEP_TIME_S = "time/step_s"
+STEP_CPU_ENERGY_J = "energy/step_cpu_J"
+STEP_DRAM_ENERGY_J = "energy/step_dram_J"
+STEP_NODE_ENERGY_J = "energy/step_node_J"
 WARMUP_ENERGY_J = "energy/warmup_J"
 WARMUP_TIME_S = "time/warmup_s"
 MEAN_POWER_W = "power/mean_W"
@@ -96,6 +99,14 @@ METRICS: dict[str, str] = {
     MEAN_POWER_W: "W — mean GPU power during the interval's steps",
     ENERGY_PER_SAMPLE_J: "J — GPU energy per training sample over the interval",
     ENERGY_PER_TOKEN_J: "J — GPU energy per input token (HF Trainer with include_num_input_tokens_seen)",
+    STEP_CPU_ENERGY_J: "J — CPU package energy per training step, summed over sockets, over the spans between "
+    "CPU/DRAM readings at step reports that the interval's steps records hold (their cpu_energy_J / node_steps; a "
+    "span holds all its time: evaluations, an epoch's turn); node.rapl, SIMULATED with node.virtual_cpu beside the "
+    "virtual GPU; logged when known",
+    STEP_DRAM_ENERGY_J: "J — DRAM energy per training step over the same spans (RAPL dram domains, node.rapl); "
+    "logged when known",
+    STEP_NODE_ENERGY_J: "J — GPU + CPU package (+ DRAM) energy per training step over the same spans (the GPU part "
+    "is the spans' energy from the power samples, not energy/step_J); logged when every part is known",
     POWER_LIMIT_W: "W — power limit in force (mean over the measured GPUs)",
     POWER_LIMIT_CHOSEN_W: "W — power limit the profiler chose (or took from the cache), logged once",
     POWER_LIMIT_PROFILING_STEPS: "steps — training steps spent profiling power limits, logged once",

@@ -44,3 +44,9 @@ def test_each_nodes_cpu_is_counted_once(tmp_path, layout, nodes):
         assert figures["cpu_energy_J"] == pytest.approx(cpu_J) and figures["dram_energy_J"] == pytest.approx(dram_J)
         assert figures["node_energy_J"] == pytest.approx(figures["energy_J"] + cpu_J + dram_J)
         assert figures["node_energy_note"] == "GPU + CPU package + DRAM"
+    # The steps record at the epoch's end holds the span from the run's start to that report: both ranks'
+    # GPUs over it (the epoch's, on these manual clocks) and each node's CPU and DRAM once.
+    (steps,) = [r for r in read_jsonl(tmp_path / "logs" / f"{layout}.jsonl") if r["event"] == "steps"]
+    assert steps["node_steps"] == 2 and steps["node_energy_note"] == "GPU + CPU package + DRAM"
+    assert steps["cpu_energy_J"] == pytest.approx(cpu_J) and steps["dram_energy_J"] == pytest.approx(dram_J)
+    assert steps["node_energy_J"] == pytest.approx(epoch["energy_J"] + cpu_J + dram_J)

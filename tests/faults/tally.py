@@ -29,6 +29,10 @@ CUDA: dict[str, int] = {
 """The fake-CUDA truth-or-flag suite's counts (tests/faults/fake_cuda_schedules.py): schedules by timer and
 hook order, those with a violation, and the epoch records that carried a ledger."""
 
+RAPL: dict[str, int] = {"schedules": 0, "violations": 0, "checked": 0, "null": 0}
+"""The RAPL truth-or-flag suite's counts (tests/faults/rapl_schedules.py): schedules, those with a violation,
+figures checked against the fake's true energy and figures null with a reason."""
+
 WORKER_OUTPUT_KEY = "zeus_callbacks_tally"
 
 
@@ -42,7 +46,8 @@ def record_fault(category: str, survived: bool) -> bool:
 
 def snapshot() -> dict[str, Any]:
     """Both tallies as plain JSON-able data (what a worker sends the controller)."""
-    return {"faults": {k: list(v) for k, v in FAULTS.items()}, "truth": dict(TRUTH), "cuda": dict(CUDA)}
+    return {"faults": {k: list(v) for k, v in FAULTS.items()}, "truth": dict(TRUTH), "cuda": dict(CUDA),
+            "rapl": dict(RAPL)}  # fmt: skip
 
 
 def merge(data: dict[str, Any]) -> None:
@@ -54,6 +59,8 @@ def merge(data: dict[str, Any]) -> None:
         TRUTH[key] = TRUTH.get(key, 0) + value
     for key, value in data.get("cuda", {}).items():
         CUDA[key] = CUDA.get(key, 0) + value
+    for key, value in data.get("rapl", {}).items():
+        RAPL[key] = RAPL.get(key, 0) + value
 
 
 def write_summary(terminalreporter) -> None:
@@ -70,6 +77,12 @@ def write_summary(terminalreporter) -> None:
             f"fake-cuda truth-or-flag: {c['schedules']} schedules (clock: {c['clock']}, cuda: {c['cuda']}; "
             f"lightning-order: {c['lightning']}, hf-order: {c['hf']}), {c['violations']} violations "
             f"({c['ledgers']} epoch ledgers checked; {c['known']} negative phase estimates kept out)"
+        )
+    if RAPL["schedules"]:
+        r = RAPL
+        terminalreporter.write_line(
+            f"rapl truth-or-flag: {r['schedules']} schedules, {r['violations']} violations "
+            f"({r['checked']} figures checked against the truth, {r['null']} null with a reason)"
         )
     if not FAULTS:
         return

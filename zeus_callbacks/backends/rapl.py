@@ -13,7 +13,9 @@ only. An unreadable counter gives one warning that names the fix, and that domai
 unknown (None), never 0; the GPU figures go on. A counter that vanishes (a zone removed, a
 driver unloaded) or that stops moving (``stuck_reads`` equal readings in a row: a powered
 package always draws some energy) makes its domain's energy unknown from then on, with the
-reason. The reader must be read more often than a counter wraps: two wraps between reads cannot
+reason. A counter that has not moved for :data:`STILL_AFTER_S` or longer is unknown in that reading
+already (a frozen counter's next figure would otherwise be short), and known again once it moves.
+The reader must be read more often than a counter wraps: two wraps between reads cannot
 be told from one, so readings further apart than the shortest wrap time (``max_energy_range_uj``
 at :data:`MAX_DOMAIN_POWER_W`: 262 s for a 262,143 J range) make the domain unknown, with the reason.
 
@@ -46,6 +48,15 @@ PERMISSION_FIX = (
 MAX_DOMAIN_POWER_W = 1000.0
 """The most power (W) one package or DRAM domain is taken to draw: a counter then wraps no sooner than
 ``max_energy_range_uj`` / this, and readings further apart than that make the domain unknown."""
+
+STILL_AFTER_S = 0.02
+"""A counter that has not moved for this long (s) is unknown in that reading (known again once it moves).
+
+RAPL counters update about every millisecond in units of about 61 µJ; a powered package or DRAM draws
+well over 0.1 W, so in 20 ms it moves by far more than one unit. Equal readings closer together than
+this (an epoch's end and the report right after it) are left alone: neither unknown nor counted as stuck.
+A counter that froze less than this before a reading can make that one figure short by at most its power
+× this time (20 J at :data:`MAX_DOMAIN_POWER_W`)."""
 
 DomainKind = Literal["package", "dram"]
 _ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
@@ -223,6 +234,8 @@ class _Counter:
     total_uj: int = 0
     unchanged: int = 0
     reason: str | None = None
+    moved_s: float | None = None  # when a reading last saw it move (or the first reading)
+    still: str | None = None  # why this reading's figure is unknown: it has not moved for STILL_AFTER_S
 
 
 class RaplReader:
@@ -230,8 +243,9 @@ class RaplReader:
 
     Args:
         root: The powercap folder.
-        stuck_reads: Readings in a row equal to the previous one after which a counter is taken as
-            stuck (its energy unknown from then on); ≥ 2.
+        stuck_reads: Readings in a row equal to the previous one, :data:`STILL_AFTER_S` or more after the
+            counter last moved and after each other, after which a counter is taken as stuck (its energy
+            unknown from then on); ≥ 2. Each such reading is unknown already (known again if it moves).
         clock: Monotonic time (s) of each reading, to bound the gap between readings (wraps).
 
     Raises:
@@ -290,6 +304,7 @@ class RaplReader:
                 0,
                 None,
             )
+            counter.moved_s = counter.still = None
             self._read(counter)
         self._last_read_s = self._clock()
 
@@ -320,10 +335,10 @@ class RaplReader:
         domains: dict[str, float | None] = {}
         reasons: dict[str, str] = {}
         for c in self._counters:
-            known = c.reason is None and c.last_uj is not None
+            known = c.reason is None and c.still is None and c.last_uj is not None
             domains[c.domain.label] = c.total_uj / UJ_PER_J if known else None
             if not known:
-                reasons[c.domain.label] = c.reason or "never read"
+                reasons[c.domain.label] = c.reason or c.still or "never read"
         return NodeEnergy(self._sum(domains, "package"), self._sum(domains, "dram"), domains, reasons)
 
     def _sum(self, domains: dict[str, float | None], kind: DomainKind) -> float | None:
@@ -347,23 +362,30 @@ class RaplReader:
             self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
             return
         if counter.last_uj is not None and counter.last_s is not None:
-            gap_s = now_s - counter.last_s
+            # Since it was last seen moving: a counter that stalls and then jumps may have wrapped meanwhile.
+            gap_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
             if gap_s > counter.domain.wrap_safe_s:
                 counter.reason = (
-                    f"{gap_s:.0f} s between two readings of {label}, longer than its counter's "
+                    f"{gap_s:.0f} s between two readings of {label} that saw it move, longer than its counter's "
                     f"shortest wrap time ({counter.domain.wrap_safe_s:.0f} s): wraps may be missed"
                 )
                 self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
                 return
-            if value == counter.last_uj:
-                counter.unchanged += 1
+            still_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
+            if value == counter.last_uj and still_s >= STILL_AFTER_S:
+                # Not moved for STILL_AFTER_S: frozen or not, this reading cannot vouch for the energy since.
+                # Readings closer together than that (an epoch's end and its report) are one observation.
+                counter.unchanged += now_s - counter.last_s >= STILL_AFTER_S or not counter.unchanged
+                counter.still = f"the {label} counter has not moved in {still_s:.3g} s (stuck?)"
                 if counter.unchanged >= self._stuck_reads:
                     counter.reason = f"the {label} counter is stuck at {value} µJ ({counter.unchanged} equal readings)"
                     self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
                     return
-            else:
-                counter.unchanged = 0
+            elif value != counter.last_uj:
+                counter.unchanged, counter.still, counter.moved_s = 0, None, now_s
             counter.total_uj += counter_delta_uj(counter.last_uj, value, counter.domain.max_energy_range_uj)
+        else:
+            counter.moved_s = now_s
         counter.last_uj, counter.last_s = value, now_s
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:

@@ -49,6 +49,7 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.batch import BatchSizeSteps
+from zeus_callbacks.session.node_spans import SPAN_WINDOW
 from zeus_callbacks.session.power import PowerLimitSteps
 from zeus_callbacks.session.report import StepReports
 from zeus_callbacks.session.run import (
@@ -251,6 +252,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             warmup_steps=cfg.windows.warmup_steps,
         )  # fmt: skip
         self._active = True
+        self._node_span_boundary()  # the first node span opens with the run
         # A scheduler's kill skips atexit: end the run (and restore limits) first.
         self._cleanup = CLEANUPS.register(
             self._end_interrupted, what="ending the energy log", order=CleanupOrder.END_RUN, at_exit=True
@@ -482,6 +484,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                     run.meter.end(name, end_step=self._totals.steps, **self._node_end())
                 else:
                     run.meter.end(name)
+        self._node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:
             run.flush_sensor(run.backend.clock.now_s())
@@ -533,7 +536,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             >>> with session.window("generate"):  # doctest: +SKIP
             ...     model.generate(**inputs)
         """
-        if name in ("run", "step", "epoch", "eval", *PHASES):
+        if name in ("run", "step", "epoch", "eval", SPAN_WINDOW, *PHASES):
             raise ValueError(f"window name {name!r} is reserved")
         if not self.started:
             yield

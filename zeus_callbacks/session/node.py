@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,8 @@ def open_node_reader(config: NodeConfig, backend: GPUBackend) -> tuple[NodeReade
         reads_rapl = local_rank == 0
     if not reads_rapl and not config.virtual_cpu:
         return None, OTHER_LOCAL_RANK
-    rapl = RaplReader(config.powercap_root)
+    # The simulator's manual clock is the run's time; otherwise the monotonic clock (the wall clock can jump).
+    rapl = RaplReader(config.powercap_root, clock=backend.clock.now_s if backend.clock_is_manual else time.monotonic)
     if rapl.available:
         rapl.start()  # the first reading: an unreadable counter (non-root) shows here
         if rapl.readable or not config.virtual_cpu:

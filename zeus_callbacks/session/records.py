@@ -21,7 +21,7 @@ from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
 from zeus_callbacks.footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
-from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.reporting import NODE_OFF, RunSummary
 from zeus_callbacks.session.aggregate import Rows, joined, least, slowest, total
 from zeus_callbacks.session.ledger import LEDGER_COLUMNS, close_ledger
 from zeus_callbacks.session.node import NODE_COLUMNS, LocalNode, node_figures
@@ -270,6 +270,7 @@ def steps_record(
     degraded: bool,
     warmup_steps: int = 0,
     dropped_windows: int = 0,
+    node: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
@@ -279,7 +280,10 @@ def steps_record(
     measured (no step's energy is scaled to steps it does not stand for).
     ``dropped_windows`` impossible windows (ending before they began) are in no mean; the
     record is then not ``complete`` and ``incomplete_reason`` says why.
+    ``node``: the node figures of the spans between CPU/DRAM readings the record holds
+    (:class:`~zeus_callbacks.session.node_spans.SpanFigures` fields); None: no node option is on.
     """
+    node = node or {"node_energy_note": NODE_OFF}
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
@@ -296,6 +300,12 @@ def steps_record(
         "dropped_windows": dropped_windows,
         "incomplete_reason": DROPPED_STEPS if dropped_windows else None,
         "power_limit_W": power_limit_W,
+        "cpu_energy_J": node.get("cpu_energy_J"),
+        "dram_energy_J": node.get("dram_energy_J"),
+        "node_energy_J": node.get("node_energy_J"),
+        "node_energy_note": node.get("node_energy_note"),
+        "node_steps": node.get("node_steps", 0),
+        "node_time_s": node.get("node_time_s"),
         "ranks": ranks,
         "degraded": degraded,
     }

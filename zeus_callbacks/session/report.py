@@ -25,6 +25,7 @@ from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import Rows, slowest, total
 from zeus_callbacks.session.ledger import EpochLedger
 from zeus_callbacks.session.node import LocalNode, local_node
+from zeus_callbacks.session.node_spans import SPAN_COLUMNS, SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
 from zeus_callbacks.session.part import SessionPart
 from zeus_callbacks.session.run import measurement_of
 from zeus_callbacks.session.state import Totals
@@ -63,6 +64,8 @@ class StepReports(SessionPart):
         self._ledger = EpochLedger()  # the open epoch's windows so far (reset when its record is written)
         self._dropped_windows = 0  # impossible step windows dropped since the last steps record
         self._reports_made = 0  # step reports this run (tests and benchmarks read reports_made)
+        self._node_spans: NodeSpans | None = None  # node.rapl / node.virtual_cpu: spans between readings
+        self._node_unwritten: SpanFigures | None = None  # spans a report combined but wrote in no record
 
     @property
     def reports_made(self) -> int:
@@ -74,6 +77,14 @@ class StepReports(SessionPart):
         self._steps_logged_upto = self._carried.steps
         self._ranks_totals = None
         self._reports_made = 0
+        node = self.config.node
+        self._node_spans = NodeSpans() if node.rapl or node.virtual_cpu else None
+        self._node_unwritten = None
+
+    def _node_span_boundary(self, *, last: bool = False) -> None:
+        """Read the CPU/DRAM counters and mark a node span boundary (run start, each report, run end)."""
+        if self._node_spans is not None:
+            self._node_spans.boundary(self.run.meter, self.run.node, self._totals.steps, last=last)
 
     def _report_steps(self, *, resolve_final: bool = False) -> None:
         """Attribute closed windows and queue their metrics.
@@ -83,7 +94,9 @@ class StepReports(SessionPart):
         """
         self._reports_made += 1
         self._take_back_quiet_steps()
-        if self.run.node is not None:
+        if self._active:  # a span boundary: the CPU/DRAM counters read once per report, never per step
+            self._node_span_boundary()
+        elif self.run.node is not None:
             self.run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
         # An epoch's record waits for its steps: the steps record of the epoch's last steps, written
         # below, comes before the epoch record in the log (the epoch's ledger has its steps already).
@@ -163,6 +176,9 @@ class StepReports(SessionPart):
             self._write(records.eval_record(record))
         elif record.name == "run":
             self._run_record = record
+        elif record.name == SPAN_WINDOW:
+            if self._node_spans is not None:
+                self._node_spans.absorb(record, self.run.node, self.run.node_note)
         else:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._write(records.window_record(record))
@@ -176,7 +192,12 @@ class StepReports(SessionPart):
         collective = self._ranks.collective
         if collective:  # the running totals travel with the report: every rank shows the run's
             local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
+        spans = self._node_spans
+        if spans is not None:  # last: the node spans attributed since the last record
+            local += spans.local_row()
         gathered = self._ranks.gather(local, degraded=self.degraded)
+        if spans is not None:
+            self._node_unwritten = spans.combine([row[-SPAN_COLUMNS:] for row in gathered])
         if collective:
             self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
         warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
@@ -202,6 +223,8 @@ class StepReports(SessionPart):
     def _end_interval(self) -> None:
         """The loggers took the queued metrics: the next interval's means start from nothing."""
         self._interval_rows = self._interval_warmup = None
+        if self._node_spans is not None:
+            self._node_spans.end_interval()
 
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
@@ -227,15 +250,34 @@ class StepReports(SessionPart):
         self._steps_logged_upto = upto
         first_warmup = self._carried.steps  # warm-up steps are the run's first ones
         warmup = max(0, min(upto, first_warmup + self._warmup_done) - max(lo, first_warmup))
+        node = self._node_figures()
         self._write(
             records.steps_record(
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
-                dropped_windows=self._dropped_windows,
+                dropped_windows=self._dropped_windows, node=node.fields if node is not None else None,
             )
         )  # fmt: skip
         self._dropped_windows = 0
+        if node is not None and self._node_spans is not None:
+            for key in STEP_METRICS:  # an earlier report's value in this interval: replaced, or gone if now unknown
+                self._pending_metrics.pop(key, None)
+            self._pending_metrics.update(self._node_spans.publish(node))
         return upto - lo - warmup
+
+    def _node_figures(self) -> SpanFigures | None:
+        """The node spans for the record being written: those the last exchange combined (None: no node option).
+
+        With one process the spans attributed so far; under several, a record written without an exchange
+        (the run's last, no step measured) takes those of the report's exchange, if it wrote no record.
+        """
+        spans = self._node_spans
+        if spans is None:
+            return None
+        figures, self._node_unwritten = self._node_unwritten, None
+        if figures is None and not self._ranks.collective:
+            figures = spans.combine([spans.local_row()])
+        return figures if figures is not None else spans.combine([[0.0]])
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self.run
