@@ -473,10 +473,10 @@ def test_beside_the_virtual_gpu_without_rapl_the_cpu_is_simulated_and_flagged(
     assert summary.node_energy_J == pytest.approx(summary.energy_J + summary.cpu_energy_J)
     # Flagged wherever it appears: every record that carries it says simulated, and the notes and summary say so.
     carrying = [r for r in records if r.get("cpu_energy_J") is not None]
-    assert [r["event"] for r in carrying] == ["epoch", "steps", "run_end"]
+    assert [r["event"] for r in carrying] == ["steps", "epoch", "run_end"]  # an epoch's steps come before it
     assert all(r["simulated"] is True for r in carrying)
     # The steps record's span: the run's start to the epoch end's report, which holds the 2 s of CPU time.
-    assert carrying[1]["cpu_energy_J"] == pytest.approx(5.0 * 2.0) and carrying[1]["node_steps"] == 3
+    assert carrying[0]["cpu_energy_J"] == pytest.approx(5.0 * 2.0) and carrying[0]["node_steps"] == 3
     assert all("SIMULATED" in r["node_energy_note"] and "5 W per busy core" in r["node_energy_note"] for r in carrying)
     assert summary.simulated and "SIMULATED" in str(summary)
 
