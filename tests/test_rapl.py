@@ -551,3 +551,36 @@ def test_under_several_processes_rapl_is_read_by_local_rank_0_and_the_virtual_cp
     monkeypatch.setenv("LOCAL_RANK", "1")  # the virtual CPU models each process's own CPU time
     reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=tmp_path / "none"), wall_virtual_backend)
     assert note is None and reader.simulated
+
+
+def test_on_a_machine_without_rapl_the_note_says_nothing_of_the_cpu_was_measured(tmp_path, manual_clock, caplog):
+    """The H100 host of 2026-12-05 has no /sys/class/powercap: the note named 'GPU + CPU package' parts anyway."""
+    from tests.fakes import fake_pynvml as fp
+    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    backend = NVMLBackend(nvml_module=fp.FakePyNVML(num_gpus=1, time_fn=manual_clock.now_s), clock=manual_clock,
+                          read_only=True)  # fmt: skip
+    root = tmp_path / "no-powercap"
+    node = {"rapl": True, "powercap_root": str(root)}
+    session = EnergySession(
+        {"logging": {"log_dir": str(tmp_path / "logs"), "run_name": "r"}, "node": node}, backend=backend
+    )
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        session.train_start()
+    session.epoch_start(0)
+    for step in range(2):
+        session.step_start(step)
+        manual_clock.advance(0.5)
+        session.sampler.poll_once()
+        session.step_end(step)
+    session.epoch_end(0)
+    summary = session.train_end()
+    backend.close()
+    (epoch,) = [r for r in read_jsonl(tmp_path / "logs" / "r.jsonl") if r["event"] == "epoch"]
+    for figures in (epoch, summary.as_dict()):
+        assert figures["cpu_energy_J"] is None and figures["dram_energy_J"] is None and figures["node_energy_J"] is None
+        note = figures["node_energy_note"]
+        assert "not measured" in note and str(root) in note and "GPU + CPU package" not in note, note
+    assert any("no RAPL package domain" in r.getMessage() for r in caplog.records)

@@ -257,6 +257,7 @@ class RaplReader:
     ) -> None:
         if stuck_reads < 2:
             raise ValueError(f"stuck_reads must be at least 2, got {stuck_reads}")
+        self._root = root
         self._counters = [_Counter(d) for d in discover(root)]
         self._stuck_reads = stuck_reads
         self._clock = clock
@@ -291,7 +292,13 @@ class RaplReader:
 
     @property
     def parts(self) -> str:
-        """What the node figure holds: ``GPU + CPU package + DRAM`` (or without DRAM, said)."""
+        """What the node figure holds: ``GPU + CPU package + DRAM`` (or without DRAM, said).
+
+        With no package domain at all (a VM without RAPL, as on the project's H100/H200 hosts) nothing of
+        the CPU is measured, and the words say that rather than name parts no figure holds.
+        """
+        if not self.available:
+            return f"CPU and DRAM not measured (no RAPL package domain under {self._root})"
         return "GPU + CPU package" + (" + DRAM" if self.has_dram else " (no DRAM domain on this CPU)")
 
     def start(self) -> None:

@@ -136,7 +136,7 @@ def local_node(reader: NodeReader | None, energy: NodeEnergy | None, no_reader: 
         return LocalNode([1.0, math.nan, math.nan, has_dram], reader.parts, "no reading at the window's start or end")
     reasons = "; ".join(f"{label}: {why}" for label, why in energy.reasons.items())
     if not energy.domains_J:
-        reasons = "no RAPL package domain found"
+        reasons = "this machine exposes no CPU energy counter"
     columns = [1.0, _number(energy.cpu_J), _number(energy.dram_J), has_dram]
     return LocalNode(columns, reader.parts, reasons)
 
