@@ -25,7 +25,8 @@ figure, free of the GPU's and the host's timing noise).
 Two direct figures beside the ratios, far less noisy on a shared host (whose CPU speed drifts by
 5-7 % within a fraction of a second, issue 28's notes): ``hook_us``, the time spent inside the mode's
 callback hooks per step (every ``on_*`` method is wrapped with two ``perf_counter`` reads; the
-``noop`` mode shows what the wrapper itself costs), and ``sampler_cpu_us``, the CPU time of the
+``noop`` mode shows what the wrapper itself costs; ``--hook-clock cpu``: two reads of the thread's CPU
+clock instead, free of the preemptions of a loaded host), and ``sampler_cpu_us``, the CPU time of the
 sampler thread per step (its thread CPU clock, read at the block's ends). On a loop that
 synchronises every step (HF's default ``logging_nan_inf_filter``) hook time adds to the step 1:1.
 
@@ -321,20 +322,27 @@ def thread_cpu_s(thread: Any) -> float:
         return 0.0
 
 
+HOOK_CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+"""``--hook-clock``: what the hook wrapper reads. ``cpu``: the training thread's CPU time, which a
+loaded host's preemptions (the wall clock runs on while the thread waits for a core) do not inflate."""
+hook_clock = HOOK_CLOCKS["wall"]
+
+
 def time_hooks(parked: Any) -> None:
     """Wrap every ``on_*`` method of ``parked.callback`` so the time spent inside adds to ``parked.hook_s``."""
     callback = parked.callback
+    clock = hook_clock
     for name in dir(type(callback)):
         method = getattr(callback, name, None)
         if not name.startswith("on_") or not callable(method):
             continue
 
         def timed(*a: Any, _method: Any = method, _name: str = name, **k: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return _method(*a, **k)
             finally:
-                spent = time.perf_counter() - t0
+                spent = clock() - t0
                 parked.hook_s += spent
                 parked.by_hook[_name] = parked.by_hook.get(_name, 0.0) + spent
                 parked.calls += 1
@@ -619,6 +627,18 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
             "gmean_ci95": [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))],
             "rounds_above_1": int((ratios > 1).sum()),
         }
+    # --baseline: per round, this checkout's hook time minus the baseline's (the same round's blocks)
+    for mode in driver.wall:
+        if mode.endswith(BASE) or mode + BASE not in driver.wall:
+            continue
+        new_us, old_us = np.array(driver.hook[mode]) * 1e6, np.array(driver.hook[mode + BASE]) * 1e6
+        diff = new_us - old_us
+        idx = rng.integers(0, len(diff), size=(n_boot, len(diff)))
+        lo, hi = np.percentile(np.median(diff[idx], axis=1), [2.5, 97.5])
+        out.setdefault("hook_paired_us", {})[mode] = {
+            "base_median": round(float(np.median(old_us)), 2), "median": round(float(np.median(new_us)), 2),
+            "diff_median": round(float(np.median(diff)), 2), "diff_ci95": [round(float(lo), 2), round(float(hi), 2)],
+        }  # fmt: skip
     out["_detail"] = detail
     out["_blocks"] = {
         m: {"wall": driver.wall[m], "cpu": driver.cpu[m], "gc": driver.gc[m], "hook": driver.hook[m]}
@@ -676,7 +696,11 @@ def main() -> None:
     ap.add_argument("--hf-nan-filter", choices=("on", "off"), default="on", help="HF logging_nan_inf_filter")
     ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
     ap.add_argument("--baseline", default=None, help="another checkout: each callback mode also runs as <mode>@base")
+    ap.add_argument("--hook-clock", choices=tuple(HOOK_CLOCKS), default="wall",
+                    help="hook_us from the wall clock or the training thread's CPU time (a loaded host)")  # fmt: skip
     args = ap.parse_args()
+    global hook_clock
+    hook_clock = HOOK_CLOCKS[args.hook_clock]
     args.modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
     args.baseline_pkg = None
     if args.baseline:
@@ -766,6 +790,13 @@ def print_table(workload: str, r: dict[str, Any]) -> None:
         print(
             f"  {mode:24s} {m:8.4f} [{lo:.4f}, {hi:.4f}] {g:8.4f} [{glo:.4f}, {ghi:.4f}] "
             f"{d['rounds_above_1']:4d} {cpu:12.1f}{direct}",
+            flush=True,
+        )
+    for mode, p in r.get("hook_paired_us", {}).items():
+        lo, hi = p["diff_ci95"]
+        print(
+            f"  hook us/step, median of rounds: {mode} {p['median']:.2f} vs {mode}{BASE} {p['base_median']:.2f}; "
+            f"paired difference {p['diff_median']:+.2f} [{lo:+.2f}, {hi:+.2f}]",
             flush=True,
         )
 
