@@ -13,8 +13,9 @@ No compute between the hooks, so the figure is the hooks alone (the session's st
 reports every ``logging.interval_steps`` amortised, the adapter's own work); not the step-time
 overhead of a training run (``gpu_overhead.py``). Each configuration (``default``, every step
 measured, every step with phases) runs for this checkout and for ``--baseline`` (imported as a
-renamed copy, ``zeus_callbacks_base``: see ``gpu_overhead.load_baseline``), alternating, in
-``--repeats`` rounds of ``--steps`` steps; the figure is the fastest round (µs per step): on a
+renamed copy, ``zeus_callbacks_base``: see ``gpu_overhead.load_baseline``), in
+``--repeats`` rounds of ``--steps`` steps, in a fresh random order each round (a fixed order
+showed ~1 µs of position bias); the figure is the fastest round (µs per step): on a
 loaded host the slower rounds are the ones other processes interrupted. With ``--clock cpu`` the
 rounds are timed on the thread's CPU clock instead.
 
@@ -27,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -46,6 +48,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "every_step": {"windows": {"sample_fraction": 1}},
     "every_step_phases": {"windows": {"sample_fraction": 1, "phases": True}},
 }
+
+
+_RNG = random.Random(0)
+
+
+def shuffled(callbacks: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The callbacks in a fresh random order: no configuration or package always runs in the same slot."""
+    items = list(callbacks.items())
+    _RNG.shuffle(items)
+    return items
 
 
 def _cfg(name: str, log_dir: str, tag: str) -> dict[str, Any]:
@@ -81,7 +93,7 @@ def lightning_costs(pkgs: dict[str, Any], args: argparse.Namespace, log_dir: str
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             optimizer = trainer.optimizers[0]
             for _ in range(args.repeats):
-                for key, cb in callbacks.items():
+                for key, cb in shuffled(callbacks):
                     start, before_bw, after_bw, before_opt, end = (
                         cb.on_train_batch_start, cb.on_before_backward, cb.on_after_backward,
                         cb.on_before_optimizer_step, cb.on_train_batch_end,
@@ -134,7 +146,7 @@ def hf_costs(pkgs: dict[str, Any], args: argparse.Namespace, log_dir: str) -> di
             if state.global_step != 5:
                 return
             for _ in range(args.repeats):
-                for key, cb in callbacks.items():
+                for key, cb in shuffled(callbacks):
                     begin, pre_opt, opt, end = (
                         cb.on_step_begin,
                         cb.on_pre_optimizer_step,
