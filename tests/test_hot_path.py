@@ -246,6 +246,9 @@ def test_ring_reads_from_a_time_on_match_the_whole_buffer():
         [torch.zeros(4, 2), torch.zeros(4, 1)],
         (torch.zeros(5, 2), torch.zeros(3)),  # ambiguous: Lightning's first size
         {"x": torch.zeros(6, 2)},
+        {"x": torch.zeros(6, 2), "y": torch.zeros(4)},  # ambiguous: Lightning's first size
+        {"x": torch.zeros(3, 2), "ids": [1, 2, 3]},  # not all tensors: Lightning's walk
+        [torch.zeros(4, 2), torch.tensor(1.0)],  # a 0-d tensor among them: Lightning's walk
         (torch.zeros(2, 2), "label"),
         torch.tensor(3.0),
     ],

@@ -353,20 +353,28 @@ def _device_index(trainer: pl.Trainer) -> int | None:
 
 def _batch_size(batch: Any) -> int | None:
     """Samples in ``batch``, as Lightning's ``extract_batch_size`` finds them (its answer for exotic batches)."""
-    # Fast path for the common batches (a tensor; a tuple or list of tensors of one length),
-    # the same answer as extract_batch_size without its generator walk every step.
+    # Fast path for the common batches (a tensor; a tuple, list or dict of tensors of one length),
+    # the same answer as extract_batch_size without its generator walk every step. A dict of tensors
+    # (a tokenizer's output, {"x": ..., "y": ...}) is as common as a tuple: walking it with
+    # extract_batch_size cost ~15 µs a step, half the callback's time on a 3 ms step (issue 28).
+    # One plain loop, shape[0] (len() of a tensor is a Python-level call, ~6x slower): ~1 µs.
     if isinstance(batch, torch.Tensor):
         if batch.ndim:
             return int(batch.shape[0])
     elif type(batch) in (tuple, list, dict) and batch:
-        # A dict of tensors (a tokenizer's output, {"x": ..., "y": ...}) is as common as a tuple: walking
-        # it with extract_batch_size cost ~15 µs a step, half the callback's time on a 3 ms step (issue 28).
-        items = list(batch.values()) if type(batch) is dict else batch
-        first = items[0]
-        if isinstance(first, torch.Tensor) and first.ndim:
-            n = first.shape[0]
-            if all(isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == n for x in items):
-                return int(n)
+        n = -1
+        for x in batch.values() if type(batch) is dict else batch:
+            if not isinstance(x, torch.Tensor) or not x.ndim:
+                n = -1
+                break
+            size = x.shape[0]
+            if n == -1:
+                n = size
+            elif size != n:
+                n = -1
+                break
+        if n != -1:
+            return int(n)
     try:
         return int(extract_batch_size(batch))
     except Exception:  # an exotic batch: energy per sample is simply not reported
