@@ -14,6 +14,8 @@ callbacks' start are in no timed block. Modes:
 
 * ``none``: no callback; ``noop``: a callback with empty methods on the same hooks;
 * ``default``: ``ZeusCallback`` / ``ZeusTrainerCallback`` with the default config;
+* ``sampled``: ``windows.sample_fraction: 0.05``, a share like the one auto settles at, but fixed (two
+  auto sessions settle at different shares, from their own noisy timings: not comparable);
 * ``every_step``: ``windows.sample_fraction: 1``; ``every_step_phases``: and ``windows.phases: true``;
 * ``sampler``: the package's ``PowerSampler`` thread alone (default sampling config), no callback.
 
@@ -81,6 +83,7 @@ from torch import nn
 MODES = ("none", "noop", "default", "every_step", "every_step_phases", "sampler")
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
+    "sampled": {"windows": {"sample_fraction": 0.05}},  # default's kind of share, fixed: comparable across runs
     "every_step": {"windows": {"sample_fraction": 1}},
     "every_step_phases": {"windows": {"sample_fraction": 1, "phases": True}},
 }
