@@ -14,6 +14,8 @@ callbacks' start are in no timed block. Modes:
 
 * ``none``: no callback; ``noop``: a callback with empty methods on the same hooks;
 * ``default``: ``ZeusCallback`` / ``ZeusTrainerCallback`` with the default config;
+* ``sampled``: ``windows.sample_fraction: 0.05``, a share like the one auto settles at, but fixed (two
+  auto sessions settle at different shares, from their own noisy timings: not comparable);
 * ``every_step``: ``windows.sample_fraction: 1``; ``every_step_phases``: and ``windows.phases: true``;
 * ``sampler``: the package's ``PowerSampler`` thread alone (default sampling config), no callback.
 
@@ -25,7 +27,8 @@ figure, free of the GPU's and the host's timing noise).
 Two direct figures beside the ratios, far less noisy on a shared host (whose CPU speed drifts by
 5-7 % within a fraction of a second, issue 28's notes): ``hook_us``, the time spent inside the mode's
 callback hooks per step (every ``on_*`` method is wrapped with two ``perf_counter`` reads; the
-``noop`` mode shows what the wrapper itself costs), and ``sampler_cpu_us``, the CPU time of the
+``noop`` mode shows what the wrapper itself costs; ``--hook-clock cpu``: two reads of the thread's CPU
+clock instead, free of the preemptions of a loaded host), and ``sampler_cpu_us``, the CPU time of the
 sampler thread per step (its thread CPU clock, read at the block's ends). On a loop that
 synchronises every step (HF's default ``logging_nan_inf_filter``) hook time adds to the step 1:1.
 
@@ -42,6 +45,13 @@ and after, and the script fails when one differs.
     python benchmarks/gpu_overhead.py --device cpu --budget-s 60 --workloads lightning_small,hf_small
     # where the training thread's time goes, one mode (cProfile of the timed blocks only)
     python benchmarks/gpu_overhead.py --device cpu --profile every_step_phases --workloads lightning_small
+    # old and new code side by side in one fit: every ZeusCallback mode also runs as <mode>@base
+    python benchmarks/gpu_overhead.py --device cpu --baseline /path/to/other/checkout --modes default,every_step
+
+``--baseline DIR``: a copy of ``DIR/zeus_callbacks`` is imported as ``zeus_callbacks_base`` (every
+``zeus_callbacks`` name in its sources renamed, so its own imports, lazy ones included, stay inside
+the copy) and each callback mode ``m`` gets a twin ``m@base`` built from it. Both run in the same
+Trainer, in the same rounds, in a shuffled order: the paired hook times are the before/after figure.
 """
 
 from __future__ import annotations
@@ -73,9 +83,11 @@ from torch import nn
 MODES = ("none", "noop", "default", "every_step", "every_step_phases", "sampler")
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
+    "sampled": {"windows": {"sample_fraction": 0.05}},  # default's kind of share, fixed: comparable across runs
     "every_step": {"windows": {"sample_fraction": 1}},
     "every_step_phases": {"windows": {"sample_fraction": 1, "phases": True}},
 }
+BASE = "@base"  # suffix of the modes built from the --baseline copy
 TARGET_MS = {"small": 1.5, "mid": 4.0, "large": 12.0}
 WORKLOADS = tuple(f"{fw}_{size}" for fw in ("lightning", "hf") for size in TARGET_MS)
 
@@ -313,20 +325,27 @@ def thread_cpu_s(thread: Any) -> float:
         return 0.0
 
 
+HOOK_CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+"""``--hook-clock``: what the hook wrapper reads. ``cpu``: the training thread's CPU time, which a
+loaded host's preemptions (the wall clock runs on while the thread waits for a core) do not inflate."""
+hook_clock = HOOK_CLOCKS["wall"]
+
+
 def time_hooks(parked: Any) -> None:
     """Wrap every ``on_*`` method of ``parked.callback`` so the time spent inside adds to ``parked.hook_s``."""
     callback = parked.callback
+    clock = hook_clock
     for name in dir(type(callback)):
         method = getattr(callback, name, None)
         if not name.startswith("on_") or not callable(method):
             continue
 
         def timed(*a: Any, _method: Any = method, _name: str = name, **k: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return _method(*a, **k)
             finally:
-                spent = time.perf_counter() - t0
+                spent = clock() - t0
                 parked.hook_s += spent
                 parked.by_hook[_name] = parked.by_hook.get(_name, 0.0) + spent
                 parked.calls += 1
@@ -413,8 +432,27 @@ def sampler_alone() -> ParkedSampler:
     return ParkedSampler(sampler)
 
 
+def load_baseline(checkout: str, into: str) -> Any:
+    """Import ``checkout``'s ``zeus_callbacks`` as ``zeus_callbacks_base`` (a renamed copy under ``into``)."""
+    import importlib
+    import re
+    import shutil
+
+    src = Path(checkout).resolve() / "zeus_callbacks"
+    dst = Path(into) / "zeus_callbacks_base"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in dst.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        path.write_text(re.sub(r"\bzeus_callbacks\b", "zeus_callbacks_base", text), encoding="utf-8")
+    sys.path.insert(0, str(Path(into)))
+    try:
+        return importlib.import_module("zeus_callbacks_base")
+    finally:
+        sys.path.remove(str(Path(into)))
+
+
 def zeus_config(mode: str, log_dir: str) -> dict[str, Any]:
-    cfg = json.loads(json.dumps(CONFIGS[mode]))
+    cfg = json.loads(json.dumps(CONFIGS[mode.removesuffix(BASE)]))
     cfg.setdefault("logging", {})["log_dir"] = log_dir
     cfg["logging"]["run_name"] = mode
     cfg["job_id"] = f"gpu_overhead_{mode}"  # Lightning: one state_key per callback
@@ -454,7 +492,11 @@ def run_lightning(args: argparse.Namespace, target_ms: float, tmp: str, sync: An
             if driver.on_step():
                 trainer.should_stop = True
 
-    modes = build_modes(args, lambda m: ZeusCallback(zeus_config(m, tmp)), Noop)
+    def zeus(m: str) -> Any:
+        cls = args.baseline_pkg.ZeusCallback if m.endswith(BASE) else ZeusCallback
+        return cls(zeus_config(m, tmp))
+
+    modes = build_modes(args, zeus, Noop)
     driver = Driver(args, model, target_ms, sync, modes)
     driver.deadline = time.perf_counter() + args.workload_s
     callbacks: list[Any] = [DriverCallback()] + [o.callback for o in modes.values() if isinstance(o, ParkedCallback)]
@@ -496,7 +538,11 @@ def run_hf(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> D
             if driver.on_step():
                 control.should_training_stop = True
 
-    modes = build_modes(args, lambda m: ZeusTrainerCallback(zeus_config(m, tmp)), Noop)
+    def zeus(m: str) -> Any:
+        cls = args.baseline_pkg.ZeusTrainerCallback if m.endswith(BASE) else ZeusTrainerCallback
+        return cls(zeus_config(m, tmp))
+
+    modes = build_modes(args, zeus, Noop)
     driver = Driver(args, model, target_ms, sync, modes)
     driver.deadline = time.perf_counter() + args.workload_s
     targs = TrainingArguments(
@@ -522,7 +568,7 @@ def run_hf(args: argparse.Namespace, target_ms: float, tmp: str, sync: Any) -> D
     trainer.callback_handler.callbacks.insert(0, DriverCallback())
     for obj in modes.values():
         if isinstance(obj, ParkedCallback):
-            if isinstance(obj.callback, ZeusTrainerCallback):
+            if hasattr(obj.callback, "attach"):  # a ZeusTrainerCallback, this checkout's or the baseline's
                 obj.callback.attach(trainer)
             else:
                 trainer.callback_handler.add_callback(obj.callback)
@@ -584,6 +630,18 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
             "gmean_ci95": [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))],
             "rounds_above_1": int((ratios > 1).sum()),
         }
+    # --baseline: per round, this checkout's hook time minus the baseline's (the same round's blocks)
+    for mode in driver.wall:
+        if mode.endswith(BASE) or mode + BASE not in driver.wall:
+            continue
+        new_us, old_us = np.array(driver.hook[mode]) * 1e6, np.array(driver.hook[mode + BASE]) * 1e6
+        diff = new_us - old_us
+        idx = rng.integers(0, len(diff), size=(n_boot, len(diff)))
+        lo, hi = np.percentile(np.median(diff[idx], axis=1), [2.5, 97.5])
+        out.setdefault("hook_paired_us", {})[mode] = {
+            "base_median": round(float(np.median(old_us)), 2), "median": round(float(np.median(new_us)), 2),
+            "diff_median": round(float(np.median(diff)), 2), "diff_ci95": [round(float(lo), 2), round(float(hi), 2)],
+        }  # fmt: skip
     out["_detail"] = detail
     out["_blocks"] = {
         m: {"wall": driver.wall[m], "cpu": driver.cpu[m], "gc": driver.gc[m], "hook": driver.hook[m]}
@@ -640,8 +698,17 @@ def main() -> None:
     ap.add_argument("--hf-logging-steps", type=int, default=50, help="HF logging_steps (its own default: 500)")
     ap.add_argument("--hf-nan-filter", choices=("on", "off"), default="on", help="HF logging_nan_inf_filter")
     ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
+    ap.add_argument("--baseline", default=None, help="another checkout: each callback mode also runs as <mode>@base")
+    ap.add_argument("--hook-clock", choices=tuple(HOOK_CLOCKS), default="wall",
+                    help="hook_us from the wall clock or the training thread's CPU time (a loaded host)")  # fmt: skip
     args = ap.parse_args()
+    global hook_clock
+    hook_clock = HOOK_CLOCKS[args.hook_clock]
     args.modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
+    args.baseline_pkg = None
+    if args.baseline:
+        args.baseline_pkg = load_baseline(args.baseline, tempfile.mkdtemp(prefix="gpu_overhead_base_"))
+        args.modes += [m + BASE for m in args.modes if m in CONFIGS and m + BASE not in args.modes]
     workloads = [w for w in args.workloads.split(",") if w]
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
@@ -711,21 +778,28 @@ def print_table(workload: str, r: dict[str, Any]) -> None:
         flush=True,
     )
     print(
-        f"  {'mode':18s} {'median [95% CI]':>26s} {'gmean [paired-t CI]':>26s} {'>1':>4s} {'cpu us/step':>12s}"
+        f"  {'mode':24s} {'median [95% CI]':>26s} {'gmean [paired-t CI]':>26s} {'>1':>4s} {'cpu us/step':>12s}"
         f" {'hook us':>8s} {'hook %':>7s} {'sampler us':>10s}"
     )
     for mode, cpu in r["cpu_us"].items():
         hook, sampler = r["hook_us"][mode], r["sampler_cpu_us"][mode]
         direct = f" {hook:8.2f} {100 * hook / (r['step_ms'] * 1e3):7.3f} {sampler:10.2f}"
         if mode == "none":
-            print(f"  {mode:18s} {'':>26s} {'':>26s} {'':>4s} {cpu:12.1f}{direct}")
+            print(f"  {mode:24s} {'':>26s} {'':>26s} {'':>4s} {cpu:12.1f}{direct}")
             continue
         m, lo, hi = r[mode]
         d = r["_detail"][mode]
         g, glo, ghi = d["gmean"], *d["gmean_ci95"]
         print(
-            f"  {mode:18s} {m:8.4f} [{lo:.4f}, {hi:.4f}] {g:8.4f} [{glo:.4f}, {ghi:.4f}] "
+            f"  {mode:24s} {m:8.4f} [{lo:.4f}, {hi:.4f}] {g:8.4f} [{glo:.4f}, {ghi:.4f}] "
             f"{d['rounds_above_1']:4d} {cpu:12.1f}{direct}",
+            flush=True,
+        )
+    for mode, p in r.get("hook_paired_us", {}).items():
+        lo, hi = p["diff_ci95"]
+        print(
+            f"  hook us/step, median of rounds: {mode} {p['median']:.2f} vs {mode}{BASE} {p['base_median']:.2f}; "
+            f"paired difference {p['diff_median']:+.2f} [{lo:+.2f}, {hi:+.2f}]",
             flush=True,
         )
 

@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from zeus_callbacks import ZeusCallback
+from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.integrations.lightning import _batch_size
 from zeus_callbacks.measurement.ring import TimeSeriesRing
@@ -245,6 +246,9 @@ def test_ring_reads_from_a_time_on_match_the_whole_buffer():
         [torch.zeros(4, 2), torch.zeros(4, 1)],
         (torch.zeros(5, 2), torch.zeros(3)),  # ambiguous: Lightning's first size
         {"x": torch.zeros(6, 2)},
+        {"x": torch.zeros(6, 2), "y": torch.zeros(4)},  # ambiguous: Lightning's first size
+        {"x": torch.zeros(3, 2), "ids": [1, 2, 3]},  # not all tensors: Lightning's walk
+        [torch.zeros(4, 2), torch.tensor(1.0)],  # a 0-d tensor among them: Lightning's walk
         (torch.zeros(2, 2), "label"),
         torch.tensor(3.0),
     ],
@@ -378,3 +382,40 @@ def test_a_window_opened_at_a_mark_already_read_keeps_its_start(manual_clock):
     assert steps[0].energy_J == pytest.approx(backend.true_power_W(0) * step_s, rel=1e-6)
     assert gpu.violations == []
     backend.close()
+
+
+def _steps_records(tmp_path, *, lean: bool, fraction: float) -> list[dict]:
+    """The ``steps`` records of a sampled run; ``lean``: step_end gets a wrong step and no counts where
+    :attr:`EnergySession.step_end_reads_arguments` says it reads none (as the adapters call it)."""
+    clock = ManualClock(1_000.0)  # any start: both runs see the same times
+    absorbed: list = []
+    session, backend, gpu = _step_session(tmp_path, clock, fraction, window_observer=collect(absorbed))
+    session.train_start()
+    session.epoch_start(0)
+    reads = 0
+    for i in range(300):
+        clock.advance(0.002)
+        session.step_start(i)
+        clock.advance(0.008)
+        if not lean or session.step_end_reads_arguments:
+            reads += 1
+            session.step_end(i, num_samples=32, num_tokens=32 * (i % 7 + 1))
+        else:
+            session.step_end(-1)
+        if i % 10 == 9:
+            session.sampler.poll_once(read_counter=False)
+            gpu.reached = gpu.recorded
+    session.epoch_end(0)
+    summary = session.train_end()
+    backend.close()
+    measured = sum(1 for r in absorbed if r.name == "step")
+    assert 0 < measured and reads == (measured if lean else 300)  # lean: a measured step's end reads them
+    return [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_step_end_reads_its_arguments_only_where_the_session_says(tmp_path, fraction):
+    """The adapters skip the batch walk (Lightning) where ``step_end_reads_arguments`` is False: same records."""
+    full = _steps_records(tmp_path / "full", lean=False, fraction=fraction)
+    lean = _steps_records(tmp_path / "lean", lean=True, fraction=fraction)
+    assert full and lean == full

@@ -311,9 +311,13 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if state.num_input_tokens_seen:
             tokens = state.num_input_tokens_seen - self._tokens_seen
             self._tokens_seen = state.num_input_tokens_seen
-        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        session = self.session
         # step_end closes the optimizer phase at the step's end mark.
-        decision = self.session.step_end(state.global_step, num_samples=samples, num_tokens=tokens or None)
+        if session.step_end_reads_arguments:
+            samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            decision = session.step_end(state.global_step, num_samples=samples, num_tokens=tokens or None)
+        else:  # an unmeasured step (windows.sample_fraction): the session reads no counts
+            decision = session.step_end(state.global_step)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             control.should_training_stop = True

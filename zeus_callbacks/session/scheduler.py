@@ -167,6 +167,17 @@ class StepScheduler:
         return self._measuring
 
     @property
+    def step_end_reads_arguments(self) -> bool:
+        """Whether the coming :meth:`step_end` reads its ``step``, ``num_samples`` and ``num_tokens``.
+
+        True for a measured step and while the power-limit profiler takes its step boundaries;
+        False for the other steps (most of them under ``windows.sample_fraction``): an adapter
+        whose values cost something to compute (Lightning walks the batch for its size) may
+        then pass the step it has and no counts. Read it right before :meth:`step_end`.
+        """
+        return self._measuring or self._power_step_end is not None
+
+    @property
     def quiet_steps_left(self) -> int:
         """Steps counted ahead whose calls have not come yet (their calls return at once)."""
         return self._quiet_left
