@@ -348,3 +348,71 @@ def test_memory_stays_bounded(virtual_backend, manual_clock, monkeypatch):
     assert lengths[-1] == expected_capacity
     assert sampler.health.dropped_samples == len(set(seen)) - expected_capacity
     np.testing.assert_array_equal(times, sorted(seen)[-expected_capacity:])  # the newest are kept
+
+
+# -- a manual clock's long advance (issue 31) ------------------------------------------------------
+def test_a_manual_clock_alarm_runs_at_each_due_time_inside_one_advance(manual_clock):
+    origin = manual_clock.now_s()
+    last = [origin]
+    calls: list[float] = []
+
+    def drain() -> None:
+        calls.append(manual_clock.now_s())
+        last[0] = manual_clock.now_s()
+
+    token = manual_clock.add_alarm(lambda: last[0] + 1.0, drain)
+    assert manual_clock.advance(3.5) == origin + 3.5
+    assert calls == [origin + 1.0, origin + 2.0, origin + 3.0]  # stops where due, moves on to the end
+    manual_clock.advance(0.5)  # due at origin + 4.0, not before the new time (origin + 4.0)
+    assert len(calls) == 3
+    manual_clock.remove_alarm(token)
+    manual_clock.remove_alarm(token)  # idempotent
+    manual_clock.advance(5.0)
+    assert len(calls) == 3
+    stuck: list[float] = []
+    manual_clock.add_alarm(lambda: origin, lambda: stuck.append(manual_clock.now_s()))
+    manual_clock.advance(1.0)  # an alarm that does not move its due time on runs once per advance, not forever
+    assert stuck == [origin + 9.0]
+
+
+def test_a_running_sampler_keeps_every_sample_of_a_manual_advance_longer_than_the_sensor_history(
+    virtual_backend, manual_clock
+):
+    # Its thread runs on the wall clock and cannot drain inside one advance: before the clock's alarm, a 4 s
+    # advance kept only the sensor's last 2.4 s (the first profiled 4 s step read 0.61 of its energy).
+    history_s = virtual_backend.sample_history_s
+    sampler = PowerSampler(virtual_backend, [0], sensor_timeout_s=HANG_GUARD_S)
+    sampler.start()
+    start_s = manual_clock.now_s()
+    try:
+        manual_clock.advance(history_s + 1.6)
+        sampler.poll_once(read_counter=False)
+    finally:
+        sampler.stop()
+    times = sampler.samples(0)[0]
+    period = virtual_backend.sample_period_s
+    assert times[0] - start_s < 2 * period  # from the advance's start ...
+    assert np.diff(times).max() < 2 * period  # ... with no hole
+    assert sampler.health.lost_sample_gaps == 0 and sampler.sample_gaps(0) == []
+
+
+def test_samples_lost_before_a_drain_are_a_gap_no_window_gets_energy_from(virtual_backend, manual_clock, caplog):
+    # Not started (as a stalled thread): a drain later than the sensor's history finds its oldest samples gone.
+    history_s = virtual_backend.sample_history_s
+    sampler = PowerSampler(virtual_backend, [0], sensor_timeout_s=HANG_GUARD_S)
+    manual_clock.advance(0.5)
+    sampler.poll_once(read_counter=False)
+    kept_s = sampler.samples(0)[0][-1]
+    manual_clock.advance(history_s + 1.6)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        sampler.poll_once(read_counter=False)
+        manual_clock.advance(history_s + 1.6)
+        sampler.poll_once(read_counter=False)
+    times = sampler.samples(0)[0]
+    first_s = times[times > kept_s][0]
+    period = virtual_backend.sample_period_s
+    assert first_s - kept_s > 1.6 - period  # the buffer held only its last 2.4 s
+    gaps = sampler.sample_gaps(0)
+    assert len(gaps) == 2 and sampler.health.lost_sample_gaps == 2
+    assert gaps[0] == pytest.approx((kept_s, first_s - period))  # sensor_delay_s 0: knots at the samples' times
+    assert sum("were lost" in m for m in warnings_in(caplog)) == 1  # once, then counted

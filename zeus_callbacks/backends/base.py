@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -59,20 +61,63 @@ class WallClock:
 
 
 class ManualClock:
-    """A virtual clock that only moves when told to; used by the simulator and tests."""
+    """A virtual clock that only moves when told to; used by the simulator and tests.
+
+    A background poller cannot run inside one :meth:`advance`: a thread on the wall clock sees
+    virtual time only before and after the jump. What must happen at points of virtual time
+    (the power sampler's drains, which keep a sensor's short buffer from overflowing) registers
+    an alarm (:meth:`add_alarm`); :meth:`advance` stops at each alarm's due time on the way and
+    calls it there. Alarms run on the thread that advances the clock.
+    """
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now_s = float(start_s)
+        self._alarms: list[tuple[Callable[[], float], Callable[[], None]]] = []
+        self._alarms_lock = threading.Lock()
 
     def now_s(self) -> float:
         """Return the current virtual time in seconds."""
         return self._now_s
 
+    def add_alarm(self, due_s: Callable[[], float], callback: Callable[[], None]) -> object:
+        """Call ``callback`` whenever an :meth:`advance` passes ``due_s()`` (s, virtual time).
+
+        ``due_s`` is asked again after each call (it must then lie later, or the alarm rests
+        until the next :meth:`advance`). Returns a token for :meth:`remove_alarm`.
+        """
+        alarm = (due_s, callback)
+        with self._alarms_lock:
+            self._alarms.append(alarm)
+        return alarm
+
+    def remove_alarm(self, token: object) -> None:
+        """Remove an alarm added by :meth:`add_alarm` (idempotent)."""
+        with self._alarms_lock:
+            self._alarms = [a for a in self._alarms if a is not token]
+
     def advance(self, dt_s: float) -> float:
-        """Move time forward by ``dt_s`` seconds (must be ≥ 0) and return the new time."""
+        """Move time forward by ``dt_s`` seconds (must be ≥ 0) and return the new time.
+
+        Time stops at every alarm due before the new time, and the alarm runs there.
+        """
         if dt_s < 0:
             raise ValueError(f"cannot move a clock backwards (dt_s={dt_s})")
-        self._now_s += dt_s
+        target_s = self._now_s + dt_s
+        with self._alarms_lock:
+            alarms = list(self._alarms)
+        resting: set[int] = set()
+        while alarms:
+            due = [(alarm[0](), i) for i, alarm in enumerate(alarms) if i not in resting]
+            if not due:
+                break
+            at_s, i = min(due)
+            if not at_s < target_s:
+                break
+            self._now_s = max(self._now_s, at_s)
+            alarms[i][1]()
+            if not alarms[i][0]() > self._now_s:
+                resting.add(i)  # it did not move its due time on: no loop at one instant
+        self._now_s = target_s
         return self._now_s
 
 
@@ -131,11 +176,15 @@ class GPUBackend(abc.ABC):
         sensor_delay_s: How long after a power change the first sample showing it
             arrives (s); 0.016 on an H200 (docs/hardware.md#sample-semantics). Window attribution shifts
             samples back by this much.
+        sample_history_s: How far back :meth:`power_samples_since` still returns samples (s): a
+            buffered stream drained less often than this loses the oldest (NVML ~2.4 s); None when
+            not known or not bounded.
     """
 
     name: str = "abstract"
     sample_period_s: float = 0.02
     sensor_delay_s: float = 0.0
+    sample_history_s: float | None = None
     times_with_gpu_events: bool = False
     """Whether window boundaries are timed with CUDA/HIP events (real GPUs running queued work)."""
     energy_counter_period_s: float | None = None

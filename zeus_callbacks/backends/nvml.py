@@ -124,6 +124,8 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     # later, is already ~90 % busy, so a sample covers roughly the preceding 20 ms with
     # only a few ms of lag.
     sensor_delay_s = 0.004
+    # nvmlDeviceGetSamples keeps ~2.4 s of power samples on an H200 (docs/hardware.md): older ones are lost
+    sample_history_s = 2.4
     # nvmlDeviceGetTotalEnergyConsumption counts mJ and changes every ~100 ms (docs/hardware.md).
     energy_counter_period_s = 0.1
     energy_counter_resolution_J = 1.0 / MJ_PER_J

@@ -21,7 +21,8 @@ Sensors imitate NVML (docs/hardware.md#h200-sensors):
 
 - ``power_samples_since``: one sample every ``sample_period_s`` (±1 ms jitter), each the
   mean true power over the preceding sample interval plus Gaussian noise
-  (``noise_W``); only the last 2.4 s are kept. Sample ``k`` of device ``d`` depends only
+  (``noise_W``); only the last :data:`HISTORY_SAMPLES` are kept (2.4 s at 20 ms, never less; ``sample_history_s``).
+  Sample ``k`` of device ``d`` depends only
   on ``(seed, d, k)`` and the power history, never on how often the buffer is polled.
 - ``energy_counter_J``: the exact integral of true power (no noise), taken at the last
   100 ms boundary and floored to 1 mJ, like the H200 counter.
@@ -87,7 +88,12 @@ def resolve_idle_power_W(curve: traces.PowerCurve, gpu: str, configured_W: float
 
 
 HISTORY_S = 2.4
-"""Seconds of power-sample history kept, like NVML's buffer (docs/hardware.md#h200-sensors)."""
+"""Seconds of power-sample history kept at the default 20 ms period, like NVML's buffer.
+
+docs/hardware.md#h200-sensors."""
+HISTORY_SAMPLES = 120
+"""Power samples the sensor's buffer holds (NVML's ~2.4 s of 20 ms samples): a slower stream (the simulator's
+coarse samples) reaches further back, so draining it costs no more polls; never less than ``HISTORY_S``."""
 COUNTER_PERIOD_S = 0.1
 """Update period of the energy counter (s), as measured on the H200."""
 COUNTER_RESOLUTION_J = 1e-3
@@ -96,7 +102,7 @@ JITTER_S = 0.001
 """Half-width of the uniform jitter on sample timestamps (s); at most a quarter period."""
 _BLOCK = 1024  # samples per pre-drawn block of noise and jitter
 _PRUNE_AT = 512  # prune a device's power history once it holds this many changes
-_PRUNE_MARGIN_S = 1.0  # history kept beyond HISTORY_S when pruning (s)
+_PRUNE_MARGIN_S = 1.0  # history kept beyond sample_history_s when pruning (s)
 
 SensorKind = Literal["any", "samples", "energy"]
 
@@ -242,6 +248,7 @@ class VirtualGPUBackend(GPUBackend):
         self.num_devices = int(num_devices)
         self.noise_W = float(noise_W)
         self.sample_period_s = float(sample_period_s)
+        self.sample_history_s: float | None = max(HISTORY_S, HISTORY_SAMPLES * self.sample_period_s)
         self.seed = int(seed)
         self._jitter_s = min(JITTER_S, self.sample_period_s / 4)
         self.idle_power_W = resolve_idle_power_W(self.curve, self.gpu, idle_power_W)
@@ -255,6 +262,10 @@ class VirtualGPUBackend(GPUBackend):
         self._blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._faults: list[list] = []  # [remaining, kind, index | None, sensor]
         logger.debug("virtual backend: %s", self.describe())
+
+    @property
+    def _history_s(self) -> float:
+        return self.sample_history_s if self.sample_history_s is not None else HISTORY_S
 
     # -- identity -------------------------------------------------------------------
     def device_count(self) -> int:
@@ -313,7 +324,7 @@ class VirtualGPUBackend(GPUBackend):
             at_s: When the change happens on the backend clock (default: now). It may
                 lie in the future (a schedule) or in the past (power already reported
                 after it is then rewritten), but not before the kept history (the
-                backend's creation, or ~3.4 s ago once many changes have piled up).
+                backend's creation, or ``sample_history_s`` + 1 s ago once many changes have piled up).
             index: Device index, or None for every device.
 
         Raises:
@@ -326,7 +337,7 @@ class VirtualGPUBackend(GPUBackend):
             t_s = self.clock.now_s() if at_s is None else float(at_s)
             for d in indices:
                 self._timelines[d].change(t_s, util=float(utilization))
-                self._timelines[d].prune(self.clock.now_s() - HISTORY_S - _PRUNE_MARGIN_S)
+                self._timelines[d].prune(self.clock.now_s() - self._history_s - _PRUNE_MARGIN_S)
 
     # -- faults ---------------------------------------------------------------------
     def inject_fault(
@@ -354,7 +365,7 @@ class VirtualGPUBackend(GPUBackend):
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
         """Return the buffered samples of GPU ``index`` newer than ``since_s``.
 
-        Samples of the last 2.4 s only; see the module docstring for their model.
+        Samples of the last ``sample_history_s`` only; see the module docstring for their model.
 
         Raises:
             SensorError: An injected fault.
@@ -365,7 +376,7 @@ class VirtualGPUBackend(GPUBackend):
             self._maybe_fault(index, "samples")
             now_s = self.clock.now_s()
             timeline = self._timelines[index]
-            lower_s = since_s if since_s > now_s - HISTORY_S else now_s - HISTORY_S  # NaN: all
+            lower_s = since_s if since_s > now_s - self._history_s else now_s - self._history_s  # NaN: all
             period = self.sample_period_s
             k = max(1, math.floor((lower_s - self._start_s - self._jitter_s) / period))
             samples = []
@@ -378,7 +389,7 @@ class VirtualGPUBackend(GPUBackend):
                     mean_W = (timeline.energy_J(t_s) - timeline.energy_J(prev_t)) / (t_s - prev_t)
                     samples.append(PowerSample(t_s, mean_W + self._noise(index, k)))
                 prev_t, k = t_s, k + 1
-            timeline.prune(now_s - HISTORY_S - _PRUNE_MARGIN_S)
+            timeline.prune(now_s - self._history_s - _PRUNE_MARGIN_S)
             return samples
 
     def energy_counter_J(self, index: int) -> float:
@@ -415,7 +426,7 @@ class VirtualGPUBackend(GPUBackend):
         with self._lock:
             now_s = self.clock.now_s()
             self._timelines[index].change(now_s, limit_W=float(limit_W))
-            self._timelines[index].prune(now_s - HISTORY_S - _PRUNE_MARGIN_S)
+            self._timelines[index].prune(now_s - self._history_s - _PRUNE_MARGIN_S)
         logger.debug("virtual GPU %d: power limit set to %.0f W", index, limit_W)
 
     # -- internals ------------------------------------------------------------------

@@ -46,14 +46,14 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
 
-from zeus_callbacks.backends.base import BackendError, GPUBackend, NotSupported, PowerSample, SensorError
+from zeus_callbacks.backends.base import BackendError, GPUBackend, ManualClock, NotSupported, PowerSample, SensorError
 from zeus_callbacks.measurement.attribution import cumulative_energy
 from zeus_callbacks.measurement.ring import TimeSeriesRing
 
@@ -73,6 +73,15 @@ the limit leaves room for that and for the few percent the sample stream reads a
 FALLBACK_MAX_POWER_W = 10_000.0
 """Upper bound of a plausible sample (W) when the device's power-limit range cannot be read: the largest
 accelerators sold in 2026 are rated at ~1.2 kW, so 10 kW is far above any one device."""
+
+MANUAL_DRAIN_PERIOD_S = 1.0
+"""On a :class:`ManualClock`, the longest stretch of virtual time the running sampler leaves undrained (s),
+for a backend whose ``sample_history_s`` is unknown; else half that history (1.2 s for NVML's 2.4 s).
+
+Its thread runs on the wall clock and cannot drain inside one ``advance`` of virtual time: a step
+advanced past the sensor's buffer lost its first samples (issue 31: the first profiled 4 s step read
+0.61 of its energy). A clock alarm drains instead, well before the buffer overflows; the session's
+own reads drain on demand, so most short steps never see one."""
 
 REJECT_REASONS = ("non_finite", "negative", "above_max", "future_timestamp", "timestamp_backwards")
 """The reasons a sample is rejected, as counted in :attr:`SamplerHealth.rejected`."""
@@ -101,6 +110,8 @@ class SamplerHealth:
             the counter series; not a fault: the power samples are unaffected).
         counter_fallback: GPUs whose energy came, for part of the run, from counter
             differences because their power stream failed.
+        lost_sample_gaps: Stretches whose power samples left the sensor's buffer before a
+            drain (:meth:`PowerSampler.sample_gaps`); windows over them have no energy.
     """
 
     faults: Counter = field(default_factory=Counter)
@@ -108,6 +119,7 @@ class SamplerHealth:
     rejected: Counter = field(default_factory=Counter)
     counter_resets: int = 0
     counter_fallback: set[int] = field(default_factory=set)
+    lost_sample_gaps: int = 0
 
     @property
     def degraded(self) -> bool:
@@ -178,6 +190,10 @@ class PowerSampler:
         self._stream_failing = {i: False for i in self.gpu_indices}
         self._counter_gaps: dict[int, list[tuple[float, float]]] = {i: [] for i in self.gpu_indices}
         self._spacing_s = {i: backend.sample_period_s for i in self.gpu_indices}  # last gap between samples
+        self._drained_s = {i: -math.inf for i in self.gpu_indices}  # clock time of the last drain
+        # (start_s, end_s) in knot time whose samples were lost before a drain (bounded: old ones are long closed)
+        self._sample_gaps: dict[int, deque[tuple[float, float]]] = {i: deque(maxlen=4096) for i in self.gpu_indices}
+        self._alarm: object | None = None  # the ManualClock alarm that drains while the sampler runs
         self._last_counter_read_s = -math.inf
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
@@ -212,6 +228,9 @@ class PowerSampler:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="zeus-power-sampler", daemon=True)
         self._thread.start()
+        clock = self.backend.clock
+        if isinstance(clock, ManualClock):  # the thread cannot drain inside a jump of virtual time
+            self._alarm = clock.add_alarm(self._manual_drain_due_s, self.poll_once)
 
     def stop(self, *, final_drain: bool = True) -> None:
         """Stop the thread, then drain once more so nothing recorded is lost (idempotent).
@@ -222,6 +241,10 @@ class PowerSampler:
                 ``start(first_poll=False)`` resumes it.
         """
         thread, self._thread = self._thread, None
+        alarm, self._alarm = self._alarm, None
+        clock = self.backend.clock
+        if alarm is not None and isinstance(clock, ManualClock):
+            clock.remove_alarm(alarm)
         if thread is not None:
             self._stop.set()
             self._wake.set()
@@ -243,6 +266,12 @@ class PowerSampler:
         """The OS id of the background thread (None when stopped), for per-thread CPU accounting."""
         thread = self._thread
         return None if thread is None else thread.native_id
+
+    def _manual_drain_due_s(self) -> float:
+        """When the :class:`ManualClock` alarm drains next: half the sensor's history after the oldest last drain."""
+        history_s = self.backend.sample_history_s
+        period_s = MANUAL_DRAIN_PERIOD_S if history_s is None else history_s / 2
+        return min(self._drained_s.values()) + period_s
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -388,8 +417,10 @@ class PowerSampler:
         future_s = now_s + future_tolerance_s(self.backend.sample_period_s)
         if samples:
             self._stream_failing[index] = False
+        drained_s, self._drained_s[index] = self._drained_s[index], now_s
         with self._lock:
             last = ring.last_time()
+            kept_s = last
             fresh = []
             for sample in samples:  # keep plausible, strictly newer samples, in order
                 reason = _reject_reason(sample, max_W, future_s, last)
@@ -400,8 +431,29 @@ class PowerSampler:
                 fresh.append(sample)
                 last = sample.timestamp_s
             if fresh:
+                self._note_lost(index, kept_s, fresh[0].timestamp_s, now_s - drained_s)
                 self._integrate(index, fresh)
             self.health.dropped_samples = sum(r.dropped for r in self._power.values())
+
+    def _note_lost(self, index: int, kept_s: float | None, first_s: float, undrained_s: float) -> None:
+        """Record the stretch whose samples left the sensor's buffer before this drain (the lock is held).
+
+        Lost when the drain came later than the buffer reaches back (``sample_history_s``) and the first
+        new sample is more than 1.5 periods after the last one kept. The running integral still bridges the
+        stretch with the first new sample's power (the run total keeps a figure); windows over it have none.
+        """
+        history_s = self.backend.sample_history_s
+        period_s = self.backend.sample_period_s
+        if kept_s is None or history_s is None or not undrained_s > history_s or not first_s - kept_s > 1.5 * period_s:
+            return
+        delay_s = self.sensor_delay_s
+        self._sample_gaps[index].append((kept_s - delay_s, first_s - delay_s - period_s))
+        self.health.lost_sample_gaps += 1
+        self._warn_once(
+            "lost_samples",
+            f"GPU {index}'s power samples of {first_s - kept_s:.2f} s were lost (not drained within the sensor's "
+            f"{history_s:g} s history); windows over that stretch have no energy",
+        )
 
     def _integrate(self, index: int, samples: list[PowerSample]) -> None:
         """Extend the raw ring and the running integral F by new, strictly newer samples."""
@@ -482,6 +534,7 @@ class PowerSampler:
                 at_J = float(np.interp(last_s, times, values))
             energy_J = self._energy_J[index] + max(new_J - at_J, 0.0)
             self._append_knot(index, new_s, energy_J)
+            self._drained_s[index] = max(self._drained_s[index], new_s)  # covered up to here: nothing lost before
             # A stand-in sample, so that readers of the newest sample see the counter's progress;
             # shifted by the sensor delay like a real one, so a recovered stream continues F at new_s.
             self._power[index].append(new_s + self.sensor_delay_s, (new_J - at_J) / max(new_s - last_s, 1e-9))
@@ -603,6 +656,14 @@ class PowerSampler:
     def counter_supported(self, index: int) -> bool:
         """False once GPU ``index``'s energy counter answered "not supported" (no cross-check on it)."""
         return self._counter_supported[index]
+
+    def sample_gaps(self, index: int) -> list[tuple[float, float]]:
+        """The ``(start_s, end_s)`` stretches of GPU ``index`` whose power samples were lost before a drain.
+
+        On the knots' time base (sample times less ``sensor_delay_s``); see :attr:`SamplerHealth.lost_sample_gaps`.
+        """
+        with self._lock:
+            return list(self._sample_gaps[index])
 
     def counter_gaps(self, index: int) -> list[tuple[float, float]]:
         """The ``(start_s, end_s)`` intervals left out of GPU ``index``'s counter series by resets."""

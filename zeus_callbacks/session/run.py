@@ -229,8 +229,9 @@ class StartedRun:
         Returns:
             The energy (J); None until samples cover ``end_s``; NaN (never guessed) when the samples
             do not cover the whole window: those before ``samples_until_s`` end more than one sample
-            period before ``end_s``, or the oldest sample kept begins more than one sample period
-            after ``start_s`` (a window longer than the sensor's history, polled only at its end).
+            period before ``end_s``, the oldest sample kept begins more than one sample period
+            after ``start_s`` (a window longer than the sensor's history, polled only at its end), or
+            samples inside it were lost before a drain (:meth:`PowerSampler.sample_gaps`).
         """
         latest = self.sampler.latest_sample_s()
         if (latest is None or latest - self.sensor_delay_s < end_s) and self.backend.clock_is_manual:
@@ -241,6 +242,8 @@ class StartedRun:
             return None
         total = 0.0
         for index in self.gpu_indices:
+            if any(a < end_s and b > start_s for a, b in self.sampler.sample_gaps(index)):
+                return math.nan  # the integral bridges lost samples with one sample's power: a guess
             knots, cumulative = self.sampler.cumulative_energy(index)
             if samples_until_s is None or len(knots) == 0 or knots[-1] <= samples_until_s:
                 # Every sample: the window must still lie inside them. A step longer than the sensor's

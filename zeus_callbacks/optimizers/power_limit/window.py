@@ -29,6 +29,22 @@ def t_quantile_975(dof: int) -> float:
     return float(student_t.ppf(0.975, dof))
 
 
+@functools.lru_cache(maxsize=256)
+def t_quantile_95(dof: int) -> float:
+    """The 95 % quantile of Student's t with ``dof`` ≥ 1 degrees of freedom (a one-sided 95 % bound).
+
+    6.31 at 1 dof, 2.35 at 3, 1.83 at 9 (scipy); the normal's 1.645 in the limit.
+
+    Raises:
+        ValueError: ``dof`` < 1.
+    """
+    if dof < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.95, dof))
+
+
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
     """Two-sided 95 % interval (low, high) of the mean of ``values``: mean ± t(0.975, n−1)·s/√n.
 
