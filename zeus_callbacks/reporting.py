@@ -155,9 +155,10 @@ METRICS: dict[str, str] = {
     PROGRESS_BAR_SIMULATED_ENERGY: "kJ — SIMULATED run energy so far on the virtual GPU, in place of energy_kJ "
     "(progress bar only)",
     SIMULATED: "flag — 1 at every logged step with metrics when the virtual GPU is in use: the energy figures are "
-    "simulated from traces, not measured",
+    "simulated from traces, not measured; also in the HF Trainer's results (TrainOutput.metrics)",
     UNAVAILABLE: "flag — 1 at every logged step with metrics when a GPU is present but cannot be measured: no "
-    "energy or power figure is logged (see the warning and run_start's measurement_note)",
+    "energy or power figure is logged (see the warning and run_start's measurement_note); also in the HF "
+    "Trainer's results",
 }
 
 
@@ -190,7 +191,8 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
     ``energy/co2_g`` (g CO2e) and ``cost/run`` (the configured currency) when configured, and with
     ``node.rapl`` (or ``node.virtual_cpu``) ``energy/cpu_J``, ``energy/dram_J`` and ``energy/node_J`` (J). A figure the
     run could not measure (no measured step: NaN in the summary) is left out rather than given
-    as a number.
+    as a number. On the virtual GPU the flag ``energy/simulated`` (1) comes with them, and on a GPU that
+    cannot be measured ``energy/unavailable`` (1): results read apart from the logs still say what they are.
 
     Args:
         summary: The ended run's summary.
@@ -211,7 +213,12 @@ def run_metrics(summary: RunSummary) -> dict[str, float]:
         CO2_G: summary.carbon.co2_g if summary.carbon is not None else None,
         RUN_COST: summary.cost.cost if summary.cost is not None else None,
     }
-    return {key: float(v) for key, v in values.items() if v is not None and math.isfinite(v)}
+    figures = {key: float(v) for key, v in values.items() if v is not None and math.isfinite(v)}
+    if summary.simulated:
+        figures[SIMULATED] = 1.0
+    elif summary.measurement == "unavailable":
+        figures[UNAVAILABLE] = 1.0
+    return figures
 
 
 @dataclass

@@ -268,11 +268,14 @@ def test_loggers_get_one_point_per_step_and_evaluation_and_results_get_run_figur
     assert results["energy/run_step_mean_J"] == pytest.approx(summary.step_energy_J)
     assert results["time/run_step_mean_s"] == pytest.approx(summary.step_time_s)
     assert results["energy/run_step_count"] == 12
+    # Simulated figures say so where they are read apart from the logs (an outside tester found them unmarked).
+    assert summary.simulated and results["energy/simulated"] == 1.0
     for interval_key in ("energy/step_J", "energy/step_count", "time/step_s", "power/mean_W", "energy/epoch_J"):
         assert interval_key not in results
     trainer.save_metrics("train", output.metrics)
     saved = json.loads((tmp_path / "out" / "train_results.json").read_text())
     assert saved["energy/run_step_mean_J"] == pytest.approx(summary.step_energy_J) and "energy/step_J" not in saved
+    assert saved["energy/simulated"] == 1.0
 
     # The summary is printed (scripts leave logging at WARNING); log_history never holds energy (documented).
     assert str(summary) in capsys.readouterr().out

@@ -60,9 +60,11 @@ _RUN_LEVEL_KEYS = frozenset(
     (
         metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S, metric.RUN_MEAN_POWER_W, metric.RUN_STEP_ENERGY_J,
         metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT, metric.POWER_LIMIT_CHOSEN_W, metric.CO2_G, metric.RUN_COST,
-        metric.CPU_ENERGY_J, metric.DRAM_ENERGY_J, metric.NODE_ENERGY_J,
+        metric.CPU_ENERGY_J, metric.DRAM_ENERGY_J, metric.NODE_ENERGY_J, metric.SIMULATED, metric.UNAVAILABLE,
     )
 )  # fmt: skip
+# The flags go once a step to the reporters, but the results always keep them: they say what the figures are.
+_FLAG_KEYS = (metric.SIMULATED, metric.UNAVAILABLE)
 _TOTAL_KEYS = (metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S)
 
 _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus_callbacks_trainer", default=None)
@@ -462,6 +464,9 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             for key in [k for k in own if k not in _RUN_LEVEL_KEYS]:
                 del self._final_logs[key]
             self._final_logs.update(self._results_totals)  # the totals kept from the reporters, if any
+            if self.summary is not None:
+                run = metric.run_metrics(self.summary)
+                self._final_logs.update({k: run[k] for k in _FLAG_KEYS if k in run})
             self._final_logs = None
         self._results_totals = {}
         self._print_summary()
