@@ -253,3 +253,33 @@ def test_pending_windows_do_not_pile_up_with_a_dead_sensor(virtual_backend, manu
     assert most_pending <= math.ceil(stale_after_s / window_s) + 1
     assert len(resolved) + meter.pending_count == closed
     assert all(not r.complete for r in resolved)
+
+
+def test_a_window_over_lost_samples_counts_only_what_the_samples_cover(virtual_backend, manual_clock):
+    # A drain later than the sensor's history loses its oldest samples (issue 31): the integral bridges the
+    # stretch with one straight line. A window over it keeps only its other parts; one inside it is unknown.
+    sampler, meter = make_meter(virtual_backend)
+    run_for(manual_clock, sampler, 0.5)
+    history_s = virtual_backend.sample_history_s
+    meter.begin("across")  # begins while samples are drained: its first part is covered
+    run_for(manual_clock, sampler, 0.4)
+    manual_clock.advance(0.3)
+    meter.begin("inside")  # wholly in the stretch the drain below misses
+    manual_clock.advance(0.2)
+    meter.end("inside")
+    manual_clock.advance(history_s + 0.5)  # no drain: the oldest samples leave the sensor's buffer
+    sampler.poll_once()
+    run_for(manual_clock, sampler, 0.4)
+    meter.end("across")
+    settle(virtual_backend, manual_clock, sampler)
+    records = {r.name: r for r in meter.resolve()}
+    (gap,) = sampler.sample_gaps(0)
+    across, inside = records["across"], records["inside"]
+    lost_s = min(gap[1], across.end_s) - max(gap[0], across.start_s)
+    assert lost_s > 0.5  # the stretch is a real part of the window
+    assert across.covered_s == pytest.approx(across.time_s - lost_s, rel=1e-9)
+    assert not across.complete
+    # Its energy is its covered time at the true power (the virtual GPU's load is steady here).
+    power_W = virtual_backend.true_power_W(0)
+    assert across.energy_J == pytest.approx(power_W * across.covered_s, rel=0.05)
+    assert math.isnan(inside.energy_J) and inside.covered_s == 0 and not inside.complete

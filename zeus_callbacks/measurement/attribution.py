@@ -150,6 +150,51 @@ def covered_energy_J(
     return energy, covered_s
 
 
+def excluding_gaps(
+    knot_times_s: np.ndarray,
+    cumulative_J: np.ndarray,
+    starts_s: np.ndarray,
+    ends_s: np.ndarray,
+    energy_J: np.ndarray,
+    covered_s: np.ndarray,
+    gaps_s: list[tuple[float, float]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Take stretches whose samples were lost out of the windows' energy and covered time.
+
+    Across a lost stretch the running integral joins the samples either side with one straight line:
+    one sample's power, a guess. A window over such a stretch keeps the energy and time of its other
+    parts only (the stretch's share of the line is subtracted), so it reads as partly covered, never
+    as measured over the stretch (issue 31; :meth:`PowerSampler.sample_gaps`).
+
+    Args:
+        knot_times_s: Running-integral knots, shape (n,), n ≥ 2 (s).
+        cumulative_J: Integral at the knots, shape (n,) (J).
+        starts_s: Window starts, shape (m,) (s).
+        ends_s: Window ends, shape (m,) (s).
+        energy_J: The windows' energy from :func:`covered_energy_J`, shape (m,) (J).
+        covered_s: Their covered time from it, shape (m,) (s).
+        gaps_s: Lost stretches ``(start_s, end_s)`` on the knots' time base.
+
+    Returns:
+        ``(energy_J, covered_s, touched)``, shapes (m,): new arrays; ``touched`` marks the windows a
+        stretch overlaps.
+    """
+    energy_J, covered_s = energy_J.copy(), covered_s.copy()
+    touched = np.zeros(len(starts_s), dtype=bool)
+    for gap_start_s, gap_end_s in gaps_s:
+        lo = np.maximum(starts_s, max(gap_start_s, knot_times_s[0]))
+        hi = np.minimum(ends_s, min(gap_end_s, knot_times_s[-1]))
+        overlap = hi > lo
+        if not overlap.any():
+            continue
+        bridged = interval_energy_J(knot_times_s, cumulative_J, lo[overlap], hi[overlap])
+        energy_J[overlap] -= bridged
+        covered_s[overlap] = np.maximum(covered_s[overlap] - (hi - lo)[overlap], 0.0)
+        touched |= overlap
+    energy_J = np.where(touched & (covered_s <= 0), np.nan, energy_J)  # nothing of it measured: unknown
+    return energy_J, covered_s, touched
+
+
 def samples_in(timestamps_s: np.ndarray, starts_s: np.ndarray, ends_s: np.ndarray, delay_s: float) -> np.ndarray:
     """Count samples whose (shifted) time falls inside each interval; shape (m,)."""
     shifted = np.asarray(timestamps_s) - delay_s

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from zeus_callbacks.backends.base import Clock
-from zeus_callbacks.measurement.attribution import covered_energy_J, samples_in
+from zeus_callbacks.measurement.attribution import covered_energy_J, excluding_gaps, samples_in
 from zeus_callbacks.measurement.sampler import PowerSampler
 
 logger = logging.getLogger(__name__)
@@ -559,7 +559,8 @@ class WindowMeter:
 
         No power is extrapolated more than one sample period past the samples
         (:meth:`PowerSampler.reach_s`): a window past that is partial (its covered time
-        says how much) or, with nothing covered, NaN.
+        says how much) or, with nothing covered, NaN. A stretch whose samples were lost
+        (:meth:`PowerSampler.sample_gaps`) counts as not covered either.
         """
         knots, cumulative = self.sampler.cumulative_energy(index, since_s)
         if len(knots) < 2:
@@ -568,6 +569,11 @@ class WindowMeter:
         energy, covered = covered_energy_J(knots, cumulative, starts, ends, reach_s=self.sampler.reach_s(index))
         # knots[0] is at or before since_s, or (since_s older than every knot) the first knot there is.
         is_complete = (starts >= knots[0]) & (ends <= knots[-1])
+        first_s, last_s = float(starts.min()), float(ends.max())
+        gaps = [gap for gap in self.sampler.sample_gaps(index) if gap[1] > first_s and gap[0] < last_s]
+        if gaps:  # lost samples: the integral bridges them with a guess, which no window may count
+            energy, covered, touched = excluding_gaps(knots, cumulative, starts, ends, energy, covered, gaps)
+            is_complete &= ~touched
         times, _ = self.sampler.samples(index, since_s)
         counts = samples_in(times, starts, ends, self.sampler.sensor_delay_s)
         return energy, counts, is_complete, covered
