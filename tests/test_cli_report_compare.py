@@ -22,7 +22,7 @@ from zeus_callbacks.session import EnergySession
 from zeus_callbacks.units import J_PER_WH
 
 ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "parts: epochs (J)",
-        "parts: outside (J)", "status", "simulated", "time note"]  # fmt: skip
+        "parts: outside (J)", "CPU (J)", "DRAM (J)", "node (J)", "status", "simulated", "time note"]  # fmt: skip
 CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 
@@ -107,6 +107,30 @@ def test_two_logs_are_compared_one_column_per_run(two_logs, capsys):
     assert _end(profiled)["power_limit_applied"] is True
     assert float(table["power limit (W)"]["profiled"]) == _end(profiled)["chosen_power_limit_W"]
     assert "SIMULATED energy (virtual GPU, not measured)" in out
+    # No node figure measured (node.rapl and node.virtual_cpu off): "-", never 0.
+    for row in ("CPU (J)", "DRAM (J)", "node (J)"):
+        assert table[row] == {"plain": "-", "profiled": "-"}
+
+
+def test_node_figures_are_compared_where_a_run_has_them(two_logs, tmp_path, capsys):
+    plain, _ = two_logs
+    records = read_jsonl(plain)
+    end_line = next(i for i, r in enumerate(records) if r["event"] == "run_end")
+    # As a run on a RAPL machine writes them (the measurement itself: tests/test_rapl.py, test_node_steps.py).
+    node = {"cpu_energy_J": 41.3, "dram_energy_J": 7.5, "node_energy_J": records[end_line]["energy_J"] + 48.8}
+    lines = open(plain, encoding="utf-8").read().splitlines()
+    lines[end_line] = json.dumps(dict(records[end_line], run_name="rapl", **node))
+    with_node = tmp_path / "rapl.jsonl"
+    with_node.write_text("\n".join(lines) + "\n")
+    assert main(["report", plain, str(with_node)]) == 0
+    table = parse_table(capsys.readouterr().out)
+    assert table["CPU (J)"] == {"plain": "-", "rapl": "41.3"}
+    assert table["DRAM (J)"] == {"plain": "-", "rapl": "7.5"}
+    assert table["node (J)"]["plain"] == "-"
+    assert abs(float(table["node (J)"]["rapl"]) - node["node_energy_J"]) <= 0.05
+    assert main(["report", plain, str(with_node), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["cpu_energy_J"] for r in runs] == [None, 41.3] and runs[1]["node_energy_J"] == node["node_energy_J"]
 
 
 def test_a_killed_run_shows_dashes_for_what_it_lacks(two_logs, tmp_path, capsys):

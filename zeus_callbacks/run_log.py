@@ -269,6 +269,9 @@ COMPARED = (
     ("power_limit_W", "power limit (W)"),
     ("epochs_energy_J", "parts: epochs (J)"),
     ("outside_energy_J", "parts: outside (J)"),
+    ("cpu_energy_J", "CPU (J)"),
+    ("dram_energy_J", "DRAM (J)"),
+    ("node_energy_J", "node (J)"),
     ("status", "status"),
 )
 """The figures ``zeus-callbacks report A.jsonl B.jsonl`` compares: (key of :func:`run_figures`, row label)."""
@@ -281,6 +284,8 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
     training ran at after profiling: the chosen one where profiling applied one, else the one in force.
     ``epochs_energy_J`` and ``outside_energy_J`` are the run's parts (J; the single-run ``parts`` line,
     :func:`~zeus_callbacks.reporting.energy_split`): its epochs' energy and the rest, outside every epoch.
+    ``cpu_energy_J``, ``dram_energy_J`` and ``node_energy_J`` are the run's node figures (J; None where the
+    run measured none: ``node.rapl`` and ``node.virtual_cpu`` off, or the reason in its ``node_energy_note``).
     A log without ``run_end`` (still running, or killed) has every figure None and ``ended`` False;
     ``simulated`` says whether the figures are simulated, ``time_note`` why the run's power-limit
     results do not show the time a limit costs (:func:`time_note_of`; None when they do).
@@ -308,6 +313,9 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
             "power_limit_W": _number(chosen if applied else end.get("power_limit_W")),
             "epochs_energy_J": parts[0] if parts else None,
             "outside_energy_J": parts[1] if parts else None,
+            "cpu_energy_J": _number(end.get("cpu_energy_J")),
+            "dram_energy_J": _number(end.get("dram_energy_J")),
+            "node_energy_J": _number(end.get("node_energy_J")),
             "status": end.get("status"),
             "ended": True,
         }
