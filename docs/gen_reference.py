@@ -368,14 +368,14 @@ FIELDS: dict[str, str] = {
     "(2 s on NVIDIA): over N periods the figure can be off by up to 1/N of the energy. "
     "`counter_energy_note` says which.",
     "epoch.counter_energy_note": "Why `counter_energy_J` is null. The reasons: the epoch is shorter than 20 "
-    "counter update periods, the period at which the counter changes (`shorter than 20 counter update periods "
-    "(0.1 s each, 2 s on nvml)...`); the counter's readings do not bracket it (`the energy-counter readings do not "
-    "bracket it...`). (The sampler reads the counter every `sampling.energy_counter_period_s`, 1 s by default, a "
-    "read interval, and at each epoch end.) Other reasons: fewer than two readings; no counter "
-    "on the backend (`no energy counter on the ... backend`); the power samples do not cover an interval a counter "
-    "reset left out; or another rank's counter gave no figure. Prefixed `GPU <index>: ` when a process measures "
-    "several GPUs. Null when `counter_energy_J` is known. `zeus-callbacks report` shows it as a footnote under "
-    "the epoch table (`n/a (a)`).",
+    "counter update periods, the period at which the counter changes (`shorter than 2 s on nvml (20 counter update "
+    "periods of 0.1 s)...`); the counter's readings do not bracket it (`the energy-counter readings do not bracket "
+    "it...`). (The sampler reads the counter every `sampling.energy_counter_period_s`, 1 s by default, a read "
+    "interval, and at each epoch end.) Other reasons: fewer than two readings; no counter on the backend (`no "
+    "energy counter on the ... backend`); the power samples do not cover an interval a counter reset left out; or "
+    "another rank's counter gave no figure. Prefixed `GPU <index>: ` when a process measures several GPUs. Null "
+    "when `counter_energy_J` is known. `zeus-callbacks report` shows it as a footnote under the epoch table (`n/a "
+    "(a)`).",
     "time_s": "Duration of the window (s).",
     "epoch.power_W_mean": "Mean power over the epoch (W).",
     "epoch.gpu_energy_J": "Energy of the epoch per measured GPU, in `gpu_indices` order (J).",

@@ -415,8 +415,8 @@ def test_a_null_counter_figure_says_why_in_the_records_and_the_report(tmp_path, 
     backend.close()
     min_span_s = COUNTER_MIN_PERIODS * NVML_COUNTER_PERIOD_S
     # "update periods" (0.1 s, how often the counter changes), not sampling.energy_counter_period_s (the 1 s reads).
-    short = (f"shorter than {COUNTER_MIN_PERIODS} counter update periods ({NVML_COUNTER_PERIOD_S:g} s each, "
-             f"{min_span_s:g} s on nvml)")  # fmt: skip
+    short = (f"shorter than {min_span_s:g} s on nvml ({COUNTER_MIN_PERIODS} counter update periods of "
+             f"{NVML_COUNTER_PERIOD_S:g} s)")  # fmt: skip
     epochs = [r for r in records if r["event"] == "epoch"]
     assert len(epochs) == 10
     assert all(r["counter_energy_J"] is None and r["counter_energy_note"].startswith(short) for r in epochs)

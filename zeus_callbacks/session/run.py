@@ -292,8 +292,8 @@ class StartedRun:
         if end_s - start_s < min_span_s:
             # "update period": how often the counter changes, not how often the sampler reads it
             # (sampling.energy_counter_period_s).
-            return None, (f"shorter than {COUNTER_MIN_PERIODS} counter update periods ({period_s:g} s each, "
-                          f"{min_span_s:g} s on {self.backend.name}): over fewer the counter's figure can be off by "
+            return None, (f"shorter than {min_span_s:g} s on {self.backend.name} ({COUNTER_MIN_PERIODS} counter "
+                          f"update periods of {period_s:g} s): over fewer the counter's figure can be off by "
                           f"more than 1/{COUNTER_MIN_PERIODS} of the energy")  # fmt: skip
         total = 0.0
         for index in self.gpu_indices:
