@@ -217,3 +217,48 @@ def test_observe_mode_switches_nothing_and_says_so(tmp_path, manual_clock):
     assert [(s.first_step, s.end_step, s.limit_W) for s in course.limits] == [
         (0, EPOCHS * STEPS_PER_EPOCH, records[0]["power_limit_W"])
     ]
+
+
+def test_evaluations_of_named_datasets_each_get_their_own_marker_and_legend_entry(tmp_path, manual_clock):
+    # The HF Trainer's eval_dataset={"a": ..., "b": ...}: two evaluations at each step (an outside tester
+    # found their diamonds on top of one another, unlabelled).
+    from zeus_callbacks.plots import run_figure
+
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=3.0, read_only=False, seed=0)
+    session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "two_sets"},
+                             "windows": {"sample_fraction": 1.0}}, backend=backend)  # fmt: skip
+    session.train_start()
+    for step in range(2 * STEPS_PER_EPOCH):
+        session.step_start(step)
+        manual_clock.advance(STEP_S)
+        session.sampler.poll_once()
+        session.step_end(step, num_samples=8)
+        if (step + 1) % STEPS_PER_EPOCH == 0:
+            for dataset, seconds in (("a", 0.2), ("b", 0.6)):
+                session.eval_start()
+                manual_clock.advance(seconds)
+                session.sampler.poll_once()
+                session.eval_end(dataset=dataset)
+    log = session.train_end().jsonl_path
+    backend.close()
+    records = read_jsonl(log)
+    course = run_course(records)
+    assert [e.dataset for e in course.evals] == ["a", "b", "a", "b"]
+    fig = run_figure(course)
+    try:
+        power_axis = fig.axes[0]
+        marks = {c.get_label(): c for c in power_axis.collections if c.get_label().startswith("evaluation ")}
+        assert set(marks) == {"evaluation a (mean power)", "evaluation b (mean power)"}
+        for dataset in ("a", "b"):
+            mine = [r for r in records if r["event"] == "eval" and r["dataset"] == dataset]
+            offsets = marks[f"evaluation {dataset} (mean power)"].get_offsets()
+            assert list(offsets[:, 0]) == [r["step"] for r in mine]
+            assert list(offsets[:, 1]) == pytest.approx([r["energy_J"] / r["time_s"] for r in mine], rel=1e-9)
+        paths = [tuple(map(tuple, c.get_paths()[0].vertices.round(6))) for c in marks.values()]
+        assert paths[0] != paths[1]  # two marker shapes
+        legend = [t.get_text() for t in power_axis.get_legend().get_texts()]
+        assert "evaluation a (mean power)" in legend and "evaluation b (mean power)" in legend
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -279,15 +279,20 @@ RUN_TITLE = "{name}: power from the step reports' means (the log holds no power 
 """Title of :func:`run_figure`: the log's power figures are means over step windows, not a power trace."""
 
 
+_EVAL_MARKERS = ("D", "^", "s", "v", "P", "X")
+_EVAL_COLOURS = ("tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")
+
+
 def run_figure(course: RunCourse) -> Any:
     """Draw a run's course: mean power per step report, and energy per step, over the training steps.
 
-    Top panel: each ``steps`` record's mean power (W, summed over GPUs) across the steps it stands for,
-    the warm-up steps apart, the power limit in force when each record was written (dashed), each
-    evaluation's mean power (diamond). Bottom panel: each record's mean energy per step (J). Both panels
-    mark epoch ends (dotted), evaluations (dashed) and the power-limit switch (red; the profiling
-    stretch shaded). The figure says when it is simulated and what it cannot show (``course.notes``),
-    and, under the axes in red, ``TIME NOT SIMULATED:`` with ``course.time_note`` where the log has one.
+    Top panel: each ``steps`` record's mean power (W, summed over GPUs) across the steps it stands for, the
+    warm-up steps apart, the power limit in force when each record was written (dashed), each evaluation's mean
+    power (a diamond; one marker and legend entry per named evaluation dataset). Bottom panel: each record's
+    mean energy per step (J). Both panels mark epoch ends (dotted), evaluations (dashed) and the power-limit
+    switch (red; the profiling stretch shaded). The figure says when it is simulated and what it cannot show
+    (``course.notes``), and, under the axes in red, ``TIME NOT SIMULATED:`` with ``course.time_note`` where the
+    log has one.
 
     Args:
         course: From :func:`zeus_callbacks.run_log.run_course`.
@@ -313,9 +318,13 @@ def run_figure(course: RunCourse) -> Any:
                     [s.end_step for s in course.limits], colors="tab:red", linestyles="--", lw=1,
                     label="power limit")  # fmt: skip
     evals = [e for e in course.evals if e.power_W is not None]
-    if evals:
-        ax_p.scatter([e.step for e in evals], [e.power_W for e in evals], marker="D", color="tab:green", zorder=3,
-                     label="evaluation (mean power)")  # fmt: skip
+    # Several named datasets evaluate at one step: each gets its own marker and legend entry, so none hides another.
+    datasets = list(dict.fromkeys(e.dataset for e in evals))
+    for k, dataset in enumerate(datasets):
+        mine = [e for e in evals if e.dataset == dataset]
+        name = "evaluation (mean power)" if dataset is None else f"evaluation {dataset} (mean power)"
+        ax_p.scatter([e.step for e in mine], [e.power_W for e in mine], marker=_EVAL_MARKERS[k % len(_EVAL_MARKERS)],
+                     color=_EVAL_COLOURS[k % len(_EVAL_COLOURS)], zorder=3, label=name)  # fmt: skip
     for ax in (ax_p, ax_e):
         _mark_course(ax, course, label=ax is ax_p)
     ax_p.set_ylabel("power (W, all GPUs)")

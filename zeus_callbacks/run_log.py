@@ -55,12 +55,17 @@ class StepSpan:
 
 @dataclass(frozen=True)
 class EvalMark:
-    """One evaluation (``eval`` record): at ``step`` steps taken, its energy (J), time (s) and mean power (W)."""
+    """One evaluation (``eval`` record): at ``step`` steps taken, its energy (J), time (s) and mean power (W).
+
+    ``dataset`` names its dataset where the framework named it (the HF Trainer's ``eval_dataset={"a": ...}``),
+    else None.
+    """
 
     step: float
     energy_J: float | None
     time_s: float | None
     power_W: float | None
+    dataset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,10 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
         elif kind == "eval" and _number(r.get("step")) is not None:
             energy, time = _number(r.get("energy_J")), _number(r.get("time_s"))
             power = energy / time if energy is not None and time else None
-            course.evals.append(EvalMark(float(r["step"]), energy, time, power))
+            dataset = r.get("dataset")
+            course.evals.append(
+                EvalMark(float(r["step"]), energy, time, power, dataset if isinstance(dataset, str) else None)
+            )
         elif kind == "epoch":
             end_step = _number(r.get("end_step"))
             if end_step is None:
