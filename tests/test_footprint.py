@@ -15,7 +15,7 @@ from tests.integration.helpers import read_scalars, virtual_config
 from zeus_callbacks import ZeusCallback
 from zeus_callbacks.cli import main
 from zeus_callbacks.config import ConfigError, parse_config
-from zeus_callbacks.footprint import CONFIGURED, carbon_estimate, cost_estimate
+from zeus_callbacks.footprint import CONFIGURED, ENERGY_BASES, carbon_estimate, cost_estimate
 from zeus_callbacks.grid_intensity import grid_intensity, known_regions
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.units import three_figures
@@ -50,27 +50,34 @@ def _fit(tmp_path, config: dict):
     return callback.summary
 
 
-def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path, capsys):
+@pytest.mark.parametrize("node", [False, True], ids=["gpu-only", "node"])
+def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path, capsys, node):
     config = virtual_config(tmp_path)
     config["carbon"] = {"intensity_g_per_kWh": INTENSITY_G_PER_KWH}
     config["cost"] = {"price_per_kWh": PRICE_PER_KWH, "currency": "EUR"}
+    if node:  # the whole node measured (here the virtual CPU beside the virtual GPU): the estimates are of it
+        config["node"] = {"virtual_cpu": True, "powercap_root": str(tmp_path / "no-powercap")}
     summary = _fit(tmp_path, config)
 
     end = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "run_end"][-1]
-    energy_J = end["energy_J"]
-    assert energy_J > 0
+    energy_J = end["node_energy_J"] if node else end["energy_J"]
+    basis = "node" if node else "gpu"
+    assert energy_J > 0 and (not node or energy_J > end["energy_J"])
     # The hand calculation: J -> kWh (3.6e6 J) times the factor. approx: one float product in another order.
     co2_g = energy_J / 3.6e6 * INTENSITY_G_PER_KWH
     cost = energy_J / 3.6e6 * PRICE_PER_KWH
     assert end["carbon"] == {"co2_g": pytest.approx(co2_g, rel=1e-12), "intensity_g_per_kWh": INTENSITY_G_PER_KWH,
-                             "intensity_source": CONFIGURED, "estimate": True, "reason": None}  # fmt: skip
+                             "intensity_source": CONFIGURED, "estimate": True, "reason": None,
+                             "energy_basis": basis}  # fmt: skip
     assert end["cost"] == {"cost": pytest.approx(cost, rel=1e-12), "price_per_kWh": PRICE_PER_KWH,
-                           "currency": "EUR", "estimate": True, "reason": None}  # fmt: skip
+                           "currency": "EUR", "estimate": True, "reason": None, "energy_basis": basis}  # fmt: skip
     assert end["simulated"] is True  # the virtual GPU's energy: so are the estimates
 
     assert summary.carbon.co2_g == pytest.approx(co2_g, rel=1e-12) and summary.cost.cost == pytest.approx(cost)
     text = str(summary)
     assert "CO2 (ESTIMATE)" in text and "420 gCO2e/kWh" in text and "0.31 EUR/kWh" in text
+    said = f"on {ENERGY_BASES[basis]}"
+    assert text.count(said) == 2  # CO2 and cost each say whose energy they are of
 
     scalars = read_scalars(tmp_path / "tb")
     # One point each, at the end; approx: TensorBoard stores float32.
@@ -81,9 +88,9 @@ def test_a_lightning_run_logs_co2_and_cost_estimates_with_their_factors(tmp_path
 
     capsys.readouterr()
     assert main(["report", str(tmp_path / "zeus" / "test.jsonl")]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # report wraps long lines
     assert f"CO2 (ESTIMATE) {three_figures(co2_g)} g CO2e at 420 gCO2e/kWh" in out
-    assert f"cost (ESTIMATE) {three_figures(cost)} EUR at 0.31 EUR/kWh" in out
+    assert f"cost (ESTIMATE) {three_figures(cost)} EUR at 0.31 EUR/kWh, {said}" in out
 
 
 def test_without_a_factor_there_is_no_estimate(tmp_path):

@@ -1,10 +1,11 @@
 """The run's CO2 and electricity-cost estimates: energy (kWh) times a factor the user gives.
 
 ``co2_g = energy_J / 3.6e6 * intensity_g_per_kWh`` and ``cost = energy_J / 3.6e6 * price_per_kWh``.
-Both are estimates: the factor is a yearly or tariff average, not the grid at the run's hours,
-and the energy is the measured GPUs' only (not the CPU, memory, cooling or the power supply's
-losses). Each estimate carries the factor and where it came from, so a reader can redo it; an
-unknown energy gives a null figure with its reason, never 0.
+Both are estimates: the factor is a yearly or tariff average, not the grid at the run's hours. The
+energy is the node's (GPUs + CPU package + DRAM, ``energy_basis`` ``"node"``) where the run measured it
+(``node.rapl``, ``node.virtual_cpu``), else the measured GPUs' only (``"gpu"``); never cooling or the power
+supply's losses. Each estimate carries the factor, where it came from and its energy basis, so a reader can
+redo it; an unknown energy gives a null figure with its reason, never 0.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from zeus_callbacks.units import kwh_from_J
 CONFIGURED = "carbon.intensity_g_per_kWh (configured)"
 """``intensity_source`` of an intensity the configuration gives directly."""
 
+ENERGY_BASES = {"node": "the node's energy (GPU + CPU + DRAM as measured)", "gpu": "the GPUs' energy only"}
+"""What an estimate's ``energy_basis`` means, as the summary and ``report`` print it."""
+
 
 @dataclass(frozen=True)
 class CarbonEstimate:
@@ -30,6 +34,8 @@ class CarbonEstimate:
             source, country and year).
         estimate: Always True: the figure is an estimate, not a measurement.
         reason: Why ``co2_g`` is None; None when it is known.
+        energy_basis: ``"node"`` (GPUs + CPU + DRAM as measured) or ``"gpu"`` (the GPUs only):
+            :data:`ENERGY_BASES`.
     """
 
     co2_g: float | None
@@ -37,6 +43,7 @@ class CarbonEstimate:
     intensity_source: str
     estimate: bool = True
     reason: str | None = None
+    energy_basis: str = "gpu"
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class CostEstimate:
         currency: The price's currency, as configured.
         estimate: Always True: the figure is an estimate, not a bill.
         reason: Why ``cost`` is None; None when it is known.
+        energy_basis: ``"node"`` or ``"gpu"``, as :attr:`CarbonEstimate.energy_basis`.
     """
 
     cost: float | None
@@ -56,6 +64,7 @@ class CostEstimate:
     currency: str
     estimate: bool = True
     reason: str | None = None
+    energy_basis: str = "gpu"
 
 
 def intensity_of(config: CarbonConfig) -> tuple[float, str] | None:
@@ -75,13 +84,16 @@ def intensity_of(config: CarbonConfig) -> tuple[float, str] | None:
     return None
 
 
-def carbon_estimate(energy_J: float | None, config: CarbonConfig, *, unknown_reason: str) -> CarbonEstimate | None:
+def carbon_estimate(
+    energy_J: float | None, config: CarbonConfig, *, unknown_reason: str, basis: str = "gpu"
+) -> CarbonEstimate | None:
     """``energy_J`` in kWh times the configured grid intensity (g CO2e); None when no intensity is configured.
 
     Args:
         energy_J: The run's energy (J); None or NaN when unknown.
         config: The ``carbon`` section.
         unknown_reason: What to say when the energy is unknown (the measurement's note).
+        basis: Whose energy ``energy_J`` is: ``"node"`` or ``"gpu"`` (:data:`ENERGY_BASES`).
 
     Returns:
         The estimate (``co2_g`` None with ``reason`` when the energy is unknown), or None.
@@ -92,17 +104,20 @@ def carbon_estimate(energy_J: float | None, config: CarbonConfig, *, unknown_rea
     intensity, source = factor
     kwh = kwh_from_J(energy_J)
     if kwh is None:
-        return CarbonEstimate(None, intensity, source, reason=unknown_reason)
-    return CarbonEstimate(kwh * intensity, intensity, source)
+        return CarbonEstimate(None, intensity, source, reason=unknown_reason, energy_basis=basis)
+    return CarbonEstimate(kwh * intensity, intensity, source, energy_basis=basis)
 
 
-def cost_estimate(energy_J: float | None, config: CostConfig, *, unknown_reason: str) -> CostEstimate | None:
+def cost_estimate(
+    energy_J: float | None, config: CostConfig, *, unknown_reason: str, basis: str = "gpu"
+) -> CostEstimate | None:
     """``energy_J`` in kWh times the configured price; None when no price is configured.
 
     Args:
         energy_J: The run's energy (J); None or NaN when unknown.
         config: The ``cost`` section.
         unknown_reason: What to say when the energy is unknown.
+        basis: Whose energy ``energy_J`` is: ``"node"`` or ``"gpu"`` (:data:`ENERGY_BASES`).
 
     Returns:
         The estimate (``cost`` None with ``reason`` when the energy is unknown), or None.
@@ -111,5 +126,5 @@ def cost_estimate(energy_J: float | None, config: CostConfig, *, unknown_reason:
         return None
     kwh = kwh_from_J(energy_J)
     if kwh is None:
-        return CostEstimate(None, config.price_per_kWh, config.currency, reason=unknown_reason)
-    return CostEstimate(kwh * config.price_per_kWh, config.price_per_kWh, config.currency)
+        return CostEstimate(None, config.price_per_kWh, config.currency, reason=unknown_reason, energy_basis=basis)
+    return CostEstimate(kwh * config.price_per_kWh, config.price_per_kWh, config.currency, energy_basis=basis)

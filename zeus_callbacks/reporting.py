@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from zeus_callbacks.errors import NotAnEnergyLog
-from zeus_callbacks.footprint import CarbonEstimate, CostEstimate
+from zeus_callbacks.footprint import ENERGY_BASES, CarbonEstimate, CostEstimate
 from zeus_callbacks.units import readable_energy, three_figures, wh_from_J
 
 logger = logging.getLogger(__name__)
@@ -137,11 +137,13 @@ METRICS: dict[str, str] = {
     NODE_ENERGY_J: "J — the run's GPU + CPU package + DRAM energy (node.rapl; DRAM where the CPU has a DRAM domain: "
     "run_end's node_energy_note names the parts), logged once at the end; not the whole machine (fans, disks, "
     "the power supply's losses)",
-    CO2_G: "g — ESTIMATED CO2e of the run's GPU energy: energy/total_J / 3.6e6 × carbon intensity (gCO2e/kWh, "
-    "carbon.intensity_g_per_kWh or carbon.region's yearly average), logged once at the end; the run_end record "
-    "holds the factor and its source (docs/node_energy.md)",
-    RUN_COST: "currency — ESTIMATED electricity cost of the run's GPU energy: energy/total_J / 3.6e6 × "
-    "cost.price_per_kWh, in cost.currency (the run_end record names it), logged once at the end",
+    CO2_G: "g — ESTIMATED CO2e of the run's energy: energy/node_J where the node was measured, else "
+    "energy/total_J (the GPUs), / 3.6e6 × carbon intensity (gCO2e/kWh, carbon.intensity_g_per_kWh or "
+    "carbon.region's yearly average), logged once at the end; the run_end record holds the factor, its source "
+    "and the energy_basis (docs/node_energy.md)",
+    RUN_COST: "currency — ESTIMATED electricity cost of the run's energy (energy/node_J where measured, else "
+    "energy/total_J) / 3.6e6 × cost.price_per_kWh, in cost.currency (the run_end record names it and the "
+    "energy_basis), logged once at the end",
     "energy/window/<name>_J": "J — energy of the last execution of a user-named window",
     "energy/gpu<i>_J": "J — one GPU's energy in the epoch, when several GPUs are measured (ranks in order)",
     "energy/phase/<phase>_J": "J — energy per execution of a step phase (forward, backward, forward_backward, "
@@ -279,12 +281,13 @@ class RunSummary:
         counter_resolution_J: The energy counter's resolution (J), stated when the counter is a source.
         energy_Wh: ``energy_J`` in watt-hours (Wh; 1 Wh = 3600 J), for people; None when the energy is
             unknown. Derived from ``energy_J`` when the summary is made.
-        carbon: The run's ESTIMATED CO2 (``co2_g``, g CO2e = energy_J / 3.6e6 × ``intensity_g_per_kWh``)
-            with the factor and its ``intensity_source``; ``co2_g`` null with a ``reason`` when the energy
-            is unknown. None when no carbon intensity is configured (``carbon`` section).
-        cost: The run's ESTIMATED electricity cost (``cost`` = energy_J / 3.6e6 × ``price_per_kWh``, in
-            ``currency``); ``cost`` null with a ``reason`` when the energy is unknown. None when no price is
-            configured (``cost`` section).
+        carbon: The run's ESTIMATED CO2 (``co2_g``, g CO2e = energy (J) / 3.6e6 × ``intensity_g_per_kWh``)
+            with the factor and its ``intensity_source``; the energy is the node's where it was measured,
+            else the GPUs' (``energy_basis``: ``node`` or ``gpu``); ``co2_g`` null with a ``reason`` when the
+            energy is unknown. None when no carbon intensity is configured (``carbon`` section).
+        cost: The run's ESTIMATED electricity cost (``cost`` = energy (J) / 3.6e6 × ``price_per_kWh``, in
+            ``currency``), on the same ``energy_basis``; ``cost`` null with a ``reason`` when the energy is
+            unknown. None when no price is configured (``cost`` section).
         cpu_energy_J: With ``node.rapl``: the CPU packages' energy over the run, summed over sockets (J,
             Linux powercap RAPL); with ``node.virtual_cpu`` beside the virtual GPU where RAPL cannot be read,
             SIMULATED (``node_energy_note`` says so and states the model); None when off or unknown
@@ -363,12 +366,13 @@ class RunSummary:
             c = self.carbon
             factor = f"{c.intensity_g_per_kWh:g} gCO2e/kWh, {c.intensity_source}"
             figure = "unknown" if c.co2_g is None else f"{three_figures(c.co2_g)} g CO2e{of}"
-            lines.append(f"  CO2 (ESTIMATE) {figure} at {factor}" + (f": {c.reason}" if c.reason else ""))
+            lines.append(f"  CO2 (ESTIMATE) {figure} at {factor}, on {ENERGY_BASES[c.energy_basis]}"
+                         + (f": {c.reason}" if c.reason else ""))  # fmt: skip
         if self.cost is not None:
             k = self.cost
             figure = "unknown" if k.cost is None else f"{three_figures(k.cost)} {k.currency}{of}"
-            lines.append(f"  cost (ESTIMATE) {figure} at {k.price_per_kWh:g} {k.currency}/kWh"
-                         + (f": {k.reason}" if k.reason else ""))  # fmt: skip
+            lines.append(f"  cost (ESTIMATE) {figure} at {k.price_per_kWh:g} {k.currency}/kWh, on "
+                         f"{ENERGY_BASES[k.energy_basis]}" + (f": {k.reason}" if k.reason else ""))  # fmt: skip
         return lines
 
     def __str__(self) -> str:

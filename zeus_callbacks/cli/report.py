@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
+from zeus_callbacks.footprint import ENERGY_BASES
 from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
 from zeus_callbacks.run_log import is_simulated, time_note_of
 from zeus_callbacks.units import readable_energy, three_figures
@@ -229,13 +230,19 @@ def _node_and_estimate_lines(end: dict) -> list[str]:
         figure = "unknown" if carbon.get("co2_g") is None else f"{_figure(carbon['co2_g'])} g CO2e"
         reason = f": {carbon['reason']}" if carbon.get("reason") else ""
         lines.append(f"CO2 (ESTIMATE) {figure} at {fmt(carbon.get('intensity_g_per_kWh'), 'g')} gCO2e/kWh, "
-                     f"{carbon.get('intensity_source')}{reason}")  # fmt: skip
+                     f"{carbon.get('intensity_source')}{_basis(carbon)}{reason}")  # fmt: skip
     if isinstance(cost, dict):
         currency = cost.get("currency")
         figure = "unknown" if cost.get("cost") is None else f"{_figure(cost['cost'])} {currency}"
         lines.append(f"cost (ESTIMATE) {figure} at {fmt(cost.get('price_per_kWh'), 'g')} {currency}/kWh"
-                     + (f": {cost['reason']}" if cost.get("reason") else ""))  # fmt: skip
+                     + _basis(cost) + (f": {cost['reason']}" if cost.get("reason") else ""))  # fmt: skip
     return lines
+
+
+def _basis(estimate: dict) -> str:
+    """``, on the node's energy ...`` for an estimate that names its energy basis (logs before it did: nothing)."""
+    basis = estimate.get("energy_basis")
+    return f", on {ENERGY_BASES[basis]}" if basis in ENERGY_BASES else ""
 
 
 def _figure(value: object) -> str:

@@ -562,7 +562,8 @@ def run_summary(
     ``coverage`` is the least over the ranks of the share of the run's time their samples
     cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
     ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
-    (:mod:`~zeus_callbacks.footprint`) are made from the run's energy with their factors.
+    (:mod:`~zeus_callbacks.footprint`) are made with their factors from the node's energy where it is known,
+    else from the GPUs' (the estimates' ``energy_basis`` says which).
     ``node``: with ``node.rapl`` or ``node.virtual_cpu``, this process's part of the node figures
     (:func:`~zeus_callbacks.session.node.node_figures`; the numbers are the rows' node columns);
     None: no node figures.
@@ -581,6 +582,14 @@ def run_summary(
     if measurement == "unavailable":
         energy_J = math.nan
     unknown = f"the run's energy is unknown ({measurement_note or 'measurement unavailable'})"
+    node_fields = (
+        node_figures(energy_J, [row[6:_FIRST_SUMMARY_GPU] for row in rows], node, carried_energy_J=carried_energy_J)
+        if node is not None
+        else {}
+    )
+    # CO2 and cost of the whole node where it was measured; else of the GPUs, and the estimate says which.
+    node_J = node_fields.get("node_energy_J")
+    basis, basis_J = ("node", node_J) if node_J is not None and math.isfinite(node_J) else ("gpu", energy_J)
     return RunSummary(
         run_name=run_name,
         status=status,
@@ -614,11 +623,7 @@ def run_summary(
         counter_resets=counter_resets,
         energy_source=energy_source,
         counter_resolution_J=counter_resolution_J,
-        carbon=carbon_estimate(energy_J, carbon, unknown_reason=unknown) if carbon is not None else None,
-        cost=cost_estimate(energy_J, cost, unknown_reason=unknown) if cost is not None else None,
-        **(
-            node_figures(energy_J, [row[6:_FIRST_SUMMARY_GPU] for row in rows], node, carried_energy_J=carried_energy_J)
-            if node is not None
-            else {}
-        ),
+        carbon=carbon_estimate(basis_J, carbon, unknown_reason=unknown, basis=basis) if carbon is not None else None,
+        cost=cost_estimate(basis_J, cost, unknown_reason=unknown, basis=basis) if cost is not None else None,
+        **node_fields,
     )
