@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -262,3 +263,26 @@ def test_evaluations_of_named_datasets_each_get_their_own_marker_and_legend_entr
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+def test_a_log_with_impossible_figures_is_drawn_then_named_and_exits_1(profiled_log, tmp_path, capsys):
+    # An outside tester's hand edit: a steps record at -50 J a step and -300 W; `report` refused it, `plot run`
+    # drew a -300 W bar and exited 0.
+    records = read_jsonl(profiled_log)
+    k = next(i for i, r in enumerate(records) if r["event"] == "steps" and r["energy_J_mean"] is not None)
+    records[k] = dict(records[k], energy_J_mean=-50.0, power_W_mean=-300.0)
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["plot", "run", str(edited), "-o", str(tmp_path / "p.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"record {k + 1} (steps)'s energy_J_mean (-50) is negative" in err
+    assert f"record {k + 1} (steps)'s power_W_mean (-300) is negative" in err
+    assert main(["plot", "run", profiled_log, "-o", str(tmp_path / "ok.png")]) == 0  # as written: fine
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
+def test_an_output_that_cannot_be_written_is_named_not_its_temp_file(profiled_log, capsys):
+    # /proc refuses new files even to root (an outside tester's case): the message named ".x.png.<random>.tmp".
+    assert main(["plot", "run", profiled_log, "-o", "/proc/x.png"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write /proc/x.png" in err and ".tmp" not in err

@@ -212,17 +212,19 @@ def test_cli_md_documents_both_report_json_shapes(two_logs, capsys):
     assert list(several) == ["runs"] and [list(run) for run in several["runs"]] == [keys, keys]
 
 
-def test_a_negative_energy_in_a_log_is_named_and_fails_the_report(two_logs, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("value", "said"), [(-5.0, "energy_J (-5) is negative"), ("lots", 'energy_J ("lots") is not a number')]
+)
+def test_an_impossible_energy_in_a_log_is_named_and_fails_the_report(two_logs, tmp_path, capsys, value, said):
     plain, _ = two_logs
-    edited = tmp_path / "edited.jsonl"  # a hand edit (an outside tester's case): run_end energy_J -5
+    edited = tmp_path / "edited.jsonl"  # hand edits an outside tester made: run_end energy_J -5, or "lots"
     records = read_jsonl(plain)
     lines = open(plain, encoding="utf-8").read().splitlines()
     end_line = next(i for i, r in enumerate(records) if r["event"] == "run_end")
-    end = dict(records[end_line], energy_J=-5.0)
-    lines[end_line] = json.dumps(end)
+    lines[end_line] = json.dumps(dict(records[end_line], energy_J=value))
     edited.write_text("\n".join(lines) + "\n")
-    assert main(["report", str(edited)]) == 1
-    err = capsys.readouterr().err
-    assert f"record {end_line + 1} (run_end)'s energy_J (-5 J) is negative" in err and "not to be trusted" in err
-    assert main(["report", plain, str(edited)]) == 1  # side by side too
+    for args in ([str(edited)], [plain, str(edited)], [str(edited), "--csv", str(tmp_path / "csv")]):
+        assert main(["report", *args]) == 1, args  # alone, side by side, and with the CSV files
+        err = capsys.readouterr().err
+        assert f"record {end_line + 1} (run_end)'s {said}" in err and "not to be trusted" in err
     assert main(["report", plain]) == 0  # the log as written passes

@@ -15,6 +15,7 @@ OLD_BASES = {
     errors.NothingToPlot: ValueError,
     errors.TraceFormatError: ValueError,
     errors.UnsafeFile: PermissionError,
+    errors.EnergyLogError: OSError,  # JsonlWriter raised a plain OSError before it
     errors.CallOrderError: RuntimeError,
     errors.BackendError: RuntimeError,
     errors.BackendUnavailable: RuntimeError,

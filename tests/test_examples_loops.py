@@ -92,3 +92,21 @@ def test_the_fabric_example_logs_its_run_and_hands_energy_to_fabrics_logger(tmp_
     logged = [value for _, value in sorted(scalars["energy/epoch_J"])]
     assert logged == pytest.approx([r["energy_J"] for r in epochs], rel=1e-6)  # TensorBoard keeps float32
     assert scalars["energy/step_J"]  # the step reports reached the logger too
+
+
+@pytest.mark.timeout(300)
+def test_a_log_dir_that_cannot_be_a_folder_is_one_line_before_training(tmp_path):
+    # An outside tester's case: logging.log_dir under a file gave 8 frames of traceback in every example,
+    # and validate-config called the file valid.
+    (tmp_path / "afile").write_text("a file, not a folder")
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging: {{log_dir: {tmp_path / 'afile' / 'sub'}}}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, str(ROOT / "examples" / "raw_loop.py"), "--config", str(config), "--epochs", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=tmp_path, env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"cannot write the zeus-callbacks energy log in {tmp_path / 'afile' / 'sub'}" in done.stderr
+    assert "raw_loop: 1 epochs" not in done.stdout  # it stopped before training
+    from zeus_callbacks.cli import main
+
+    assert main(["validate-config", str(config)]) == 1

@@ -60,7 +60,10 @@ def atomic_output(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file asked for, not the random temp name a user never chose
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:

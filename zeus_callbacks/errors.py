@@ -15,6 +15,7 @@ Hierarchy::
     ├── NothingToPlot (ValueError)        the input holds no data for the requested plot
     ├── TraceFormatError (ValueError)     a user trace CSV cannot be read or breaks the format
     ├── UnsafeFile (PermissionError)      a file is a symbolic link or another user's: not acted on
+    ├── EnergyLogError (OSError)          the run's JSONL energy log cannot be created (logging.log_dir)
     ├── CallOrderError (RuntimeError)     a measure() call out of order (step_end without step_start)
     ├── BackendError (RuntimeError)       a GPU backend failed
     │   ├── BackendUnavailable, SensorError, NotSupported
@@ -68,6 +69,13 @@ class UnsafeFile(ZeusCallbacksError, PermissionError):
     """A file in a shared directory is a symbolic link or owned by another user; it is not read or acted on.
 
     See docs/shared-clusters.md#files-in-shared-directories.
+    """
+
+
+class EnergyLogError(ZeusCallbacksError, OSError):
+    """The run's JSONL energy log cannot be created (``logging.log_dir`` not a writable directory).
+
+    Raised at the run's start, before training; the message names the directory and why.
     """
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from zeus_callbacks.errors import NotAnEnergyLog
+from zeus_callbacks.errors import EnergyLogError, NotAnEnergyLog
 from zeus_callbacks.footprint import ENERGY_BASES, CarbonEstimate, CostEstimate
 from zeus_callbacks.units import readable_energy, three_figures, wh_from_J
 
@@ -509,8 +509,8 @@ class JsonlWriter:
     Every run gets a new file: ``<log_dir>/<run_name>.jsonl``, or ``<run_name>-1.jsonl``,
     ``-2``, ... when that name is taken (created exclusively, so two runs started at
     once never share a file). Records are flushed one by one, so a crash loses at most
-    the record being written. An unwritable directory raises a clear ``OSError`` at
-    construction, before training starts.
+    the record being written. An unwritable directory raises :class:`EnergyLogError` (an
+    ``OSError``) at construction, before training starts.
 
     Args:
         log_dir: Directory of the log (created if missing).
@@ -538,7 +538,7 @@ class JsonlWriter:
             else:
                 raise FileExistsError(f"too many runs named {run_name!r} in {log_dir}")
         except OSError as exc:
-            raise OSError(
+            raise EnergyLogError(
                 exc.errno, f"cannot write the zeus-callbacks energy log in {log_dir}: {exc.strerror or exc}"
             ) from exc
 

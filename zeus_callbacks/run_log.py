@@ -9,6 +9,7 @@ A ``steps`` record stands for the ``warmup_steps + steps`` steps after the previ
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -330,3 +331,34 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
     figures["simulated"] = is_simulated(records)
     figures["time_note"] = time_note_of(records)
     return figures
+
+
+# The figures of the records a report or a plot reads that the library writes as a number >= 0 or null.
+_NON_NEGATIVE_FIELDS = (
+    "energy_J", "energy_J_mean", "counter_energy_J", "cpu_energy_J", "dram_energy_J", "node_energy_J",
+    "power_W_mean", "mean_power_W",
+)  # fmt: skip
+
+
+def impossible_figures(records: Sequence[Record]) -> list[str]:
+    """Energy and power figures no run writes: negative, or not a number (an edited or foreign log), in log order.
+
+    Args:
+        records: The log's records (:func:`~zeus_callbacks.reporting.read_jsonl`).
+
+    Returns:
+        One ``"record <n> (<event>)'s <field> (<value>) is negative"`` (or ``is not a number``) per such
+        figure; n counts from 1. Empty for a log as the library writes it.
+    """
+    found = []
+    for number, record in enumerate(records, start=1):
+        for key in _NON_NEGATIVE_FIELDS:
+            if key not in record or record[key] is None:
+                continue
+            value = record[key]
+            where = f"record {number} ({record.get('event')})'s {key}"
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                found.append(f"{where} ({json.dumps(value)}) is not a number")
+            elif value < 0:
+                found.append(f"{where} ({value:g}) is negative")
+    return found

@@ -15,7 +15,7 @@ from pathlib import Path
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
-from zeus_callbacks.run_log import is_simulated, run_course, time_note_of
+from zeus_callbacks.run_log import impossible_figures, is_simulated, run_course, time_note_of
 from zeus_callbacks.store import open_store
 
 
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     what the figure cannot show (``TIME NOT SIMULATED:`` and ``note:`` lines) where that applies.
 
     Returns:
-        0 when written, 1 (the reason on stderr) when there is nothing to plot or the source is unreadable.
+        0 when written, 1 (the reason on stderr) when there is nothing to plot or the source is unreadable,
+        or when the log holds figures no run writes (drawn, then named on stderr).
     """
     out = Path(args.out)
     if out.is_dir() or args.out.endswith(("/", os.sep)):  # -o DIR/: a file in it (created), named after the plot
@@ -60,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         drawn = _draw(args, out)
     except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot
-        print(f"zeus-callbacks: {exc}", file=sys.stderr)
+        if isinstance(exc, FileNotFoundError) and exc.filename == str(out):  # -o in a folder that cannot hold it
+            print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        else:
+            print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
     except ImportError as exc:  # matplotlib missing: the extra to install, not a traceback
         if "matplotlib" not in str(exc):
@@ -81,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
                             subsequent_indent="    "))  # fmt: skip
     for line in drawn.lines:
         print(line)
-    return 0
+    for what in drawn.impossible:
+        print(f"zeus-callbacks: {args.source}: {what}: no run writes that; the log was edited or not written by "
+              "zeus-callbacks, so the figure drawn from it is not to be trusted", file=sys.stderr)  # fmt: skip
+    return 1 if drawn.impossible else 0
 
 
 @dataclass(frozen=True)
@@ -92,11 +99,14 @@ class Drawn:
         simulated: The data come from the virtual GPU.
         time_note: The log's ``time_note`` (time not simulated), or None.
         lines: Further lines to print (notes, a partial profile).
+        impossible: The log's figures that no run writes (negative, not a number); each is named on
+            stderr and the command exits 1.
     """
 
     simulated: bool
     time_note: str | None = None
     lines: tuple[str, ...] = ()
+    impossible: tuple[str, ...] = ()  # figures no run writes (:func:`run_log.impossible_figures`): exit 1
 
 
 def _draw(args: argparse.Namespace, out: Path) -> Drawn | None:
@@ -169,7 +179,8 @@ def _plot_run(args: argparse.Namespace, out: Path) -> Drawn | None:
     course = run_course(records, args.source)
     plot_run(course, out)
     return Drawn(simulated=course.simulated, time_note=course.time_note,
-                 lines=tuple(f"  note: {note}" for note in course.notes))  # fmt: skip
+                 lines=tuple(f"  note: {note}" for note in course.notes),
+                 impossible=tuple(impossible_figures(records)))  # fmt: skip
 
 
 def _number(value: object) -> bool:

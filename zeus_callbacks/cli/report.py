@@ -16,7 +16,7 @@ from zeus_callbacks.cli import compare
 from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.footprint import ENERGY_BASES
 from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
-from zeus_callbacks.run_log import is_simulated, time_note_of
+from zeus_callbacks.run_log import impossible_figures, is_simulated, time_note_of
 from zeus_callbacks.units import readable_energy, three_figures
 
 
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         0, or 1 when a file is missing, not an energy log, or empty, or the CSV files cannot be written,
-        or a log holds a negative energy figure (never written by the library: an edited or foreign log).
+        or a log holds a negative or non-numeric energy or power figure (never written by the library: an
+        edited or foreign log; :func:`~zeus_callbacks.run_log.impossible_figures`).
     """
     logs = []
     for name in args.run:
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
             return 1
         logs.append((path, records))
-    impossible = [(path, where) for path, records in logs for where in negative_energies(records)]
+    impossible = [(path, what) for path, records in logs for what in impossible_figures(records)]
     if len(logs) == 1:
         _report_one(*logs[0], as_json=args.json)
     else:
@@ -71,29 +72,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if not args.json:  # stdout stays one JSON document
             print("wrote " + ", ".join(str(p) for p in written))
-    for path, where in impossible:
-        print(f"zeus-callbacks: {path}: {where} is negative: energy cannot be; the log was edited or not written "
-              "by zeus-callbacks, so its figures above are not to be trusted", file=sys.stderr)  # fmt: skip
+    for path, what in impossible:
+        print(f"zeus-callbacks: {path}: {what}: no run writes that; the log was edited or not written by "
+              "zeus-callbacks, so its figures above are not to be trusted", file=sys.stderr)  # fmt: skip
     return 1 if impossible else 0
-
-
-# The energy figures of the records a report reads: the library writes each as a number >= 0 or null.
-_ENERGY_FIELDS = ("energy_J", "energy_J_mean", "counter_energy_J", "cpu_energy_J", "dram_energy_J", "node_energy_J")
-
-
-def negative_energies(records: list[dict]) -> list[str]:
-    """Where ``records`` hold a negative energy figure (J), in log order.
-
-    Returns:
-        One ``"record <n> (<event>)'s <field> (<value> J)"`` per negative figure (n counts from 1).
-    """
-    found = []
-    for number, record in enumerate(records, start=1):
-        for field in _ENERGY_FIELDS:
-            value = record.get(field)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                found.append(f"record {number} ({record.get('event')})'s {field} ({value:g} J)")
-    return found
 
 
 def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:

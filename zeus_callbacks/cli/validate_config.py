@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from zeus_callbacks.config import ConfigError, load_config
 from zeus_callbacks.errors import TraceFormatError
@@ -18,11 +19,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=run)
 
 
+def _blocking_file(folder: Path) -> Path | None:
+    """The existing non-folder at ``folder`` or above it that keeps it from being a folder, or None."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate ``args.file``; print a one-line verdict (or the configuration as JSON).
 
     With ``virtual.trace`` (and ``backend`` ``auto`` or ``virtual``), the sweep and its
-    training paths are read and checked too.
+    training paths are read and checked too; a ``logging.log_dir`` that a file keeps from being a
+    folder is an error (the run would fail at its start).
 
     Returns:
         0 when valid, 1 (the errors on stderr) when not.
@@ -38,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         except TraceFormatError as exc:
             print(f"invalid zeus-callbacks configuration in {args.file}:\n  virtual.trace: {exc}", file=sys.stderr)
             return 1
+    blocked = _blocking_file(Path(config.logging.log_dir))
+    if blocked is not None:  # the run would fail at its start: say so now
+        print(f"invalid zeus-callbacks configuration in {args.file}:\n  logging.log_dir: {config.logging.log_dir} "
+              f"cannot be a folder: {blocked} is a file", file=sys.stderr)  # fmt: skip
+        return 1
     if args.json:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
     else:
