@@ -277,8 +277,9 @@ FIELDS: dict[str, str] = {
     "fresh run): the run's step counts (`eval.step`, `epoch.end_step`) include them.",
     "run_start.wall_time": "Start time, seconds since the Unix epoch.",
     "run_start.config": "The whole validated configuration, as in the YAML file.",
-    "steps.last_step": "Index of the last step in the report: the framework's global step when that step "
-    "began (0 for the first).",
+    "steps.last_step": "Index of the last measured step in the report: the framework's global step when that "
+    "step began (0 for the first). With sampled steps a record at an epoch's end also stands for the unmeasured "
+    "steps after it (`steps`), so the epoch's last step can lie past `last_step`.",
     "steps.count": "Number of measured steps the report's means cover.",
     "steps.steps": "Steps the means stand for, measured or not, warm-up steps left out: the steps after the "
     "previous `steps` record's up to this record's last measured step (to the last step taken at an epoch's "
