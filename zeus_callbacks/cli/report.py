@@ -205,8 +205,8 @@ def _node_and_estimate_lines(end: dict) -> list[str]:
     """The run_end record's CPU/DRAM/node energy (``node.rapl``) and CO2 / cost estimates, each with its factor."""
     lines = []
     if end.get("node_energy_note") and end["node_energy_note"] != NODE_OFF:  # off: nothing was asked for
-        lines.append(f"CPU {fmt(end.get('cpu_energy_J'))} J, DRAM {fmt(end.get('dram_energy_J'))} J, node "
-                     f"{fmt(end.get('node_energy_J'))} J ({end['node_energy_note']})")  # fmt: skip
+        lines.append(f"CPU {_joules(end.get('cpu_energy_J'))}, DRAM {_joules(end.get('dram_energy_J'))}, node "
+                     f"{_joules(end.get('node_energy_J'))} ({end['node_energy_note']})")  # fmt: skip
     carbon, cost = end.get("carbon"), end.get("cost")
     if isinstance(carbon, dict):
         figure = "unknown" if carbon.get("co2_g") is None else f"{_figure(carbon['co2_g'])} g CO2e"
@@ -225,6 +225,11 @@ def _basis(estimate: dict) -> str:
     """``, on the node's energy ...`` for an estimate that names its energy basis (logs before it did: nothing)."""
     basis = estimate.get("energy_basis")
     return f", on {ENERGY_BASES[basis]}" if basis in ENERGY_BASES else ""
+
+
+def _joules(value: object) -> str:
+    """``12.345 J``, or ``n/a`` for an unknown figure (as the summary prints it)."""
+    return "n/a" if value is None else f"{fmt(value)} J"
 
 
 def _figure(value: object) -> str:
