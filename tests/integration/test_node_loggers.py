@@ -114,3 +114,46 @@ def test_hf_trainer_logs_node_figures_and_its_results_hold_the_run_s(tmp_path):
     assert results[metric.CPU_ENERGY_J] == pytest.approx(end["cpu_energy_J"])
     assert results[metric.NODE_ENERGY_J] == pytest.approx(end["node_energy_J"])
     assert metric.DRAM_ENERGY_J not in results and results[metric.SIMULATED] == 1.0
+
+
+def test_hf_trainer_sends_node_figures_to_wandb(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[dict] = []
+    real_init = wandb.init
+
+    def spying_init(*args, **kwargs):
+        run = real_init(*args, **kwargs)
+        real_log = run.log
+
+        def log(data, *a, **k):
+            logged.append(dict(data))
+            return real_log(data, *a, **k)
+
+        # wandb.init binds the module-level wandb.log (which the HF callback calls) to run.log.
+        monkeypatch.setattr(run, "log", log)
+        monkeypatch.setattr(wandb, "log", log)
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    callback = ZeusTrainerCallback(_node_config(tmp_path))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4, logging_steps=4,
+        report_to=["wandb"], save_strategy="no", disable_tqdm=True, use_cpu=True,
+    )  # fmt: skip
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(48))
+    callback.attach(trainer)
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()
+    end = read_jsonl(callback.summary.jsonl_path)[-1]
+    epochs = _epochs(callback.summary.jsonl_path)
+    series: dict[str, list[tuple[int, float]]] = {}
+    for entry in logged:  # the W&B integration prefixes training logs with "train/"
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(key, []).append((int(entry.get("train/global_step", -1)), float(value)))
+    _check(series, epochs, end, prefix="train/")
