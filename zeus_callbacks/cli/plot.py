@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, name_impossible_figures
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.run_log import impossible_figures, is_simulated, run_course, time_note_of
@@ -85,10 +85,7 @@ def run(args: argparse.Namespace) -> int:
                             subsequent_indent="    "))  # fmt: skip
     for line in drawn.lines:
         print(line)
-    for what in drawn.impossible:
-        print(f"zeus-callbacks: {args.source}: {what}: no run writes that; the log was edited or not written by "
-              "zeus-callbacks, so the figure drawn from it is not to be trusted", file=sys.stderr)  # fmt: skip
-    return 1 if drawn.impossible else 0
+    return 1 if name_impossible_figures(args.source, drawn.impossible) else 0
 
 
 @dataclass(frozen=True)

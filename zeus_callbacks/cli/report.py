@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from zeus_callbacks.cli import compare
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
+from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
 from zeus_callbacks.footprint import ENERGY_BASES
 from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
 from zeus_callbacks.run_log import impossible_figures, is_simulated, time_note_of
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
             return 1
         logs.append((path, records))
-    impossible = [(path, what) for path, records in logs for what in impossible_figures(records)]
+    impossible = [(path, impossible_figures(records)) for path, records in logs]
     if len(logs) == 1:
         _report_one(*logs[0], as_json=args.json)
     else:
@@ -72,10 +72,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if not args.json:  # stdout stays one JSON document
             print("wrote " + ", ".join(str(p) for p in written))
-    for path, what in impossible:
-        print(f"zeus-callbacks: {path}: {what}: no run writes that; the log was edited or not written by "
-              "zeus-callbacks, so its figures above are not to be trusted", file=sys.stderr)  # fmt: skip
-    return 1 if impossible else 0
+    named = [name_impossible_figures(path, figures) for path, figures in impossible]
+    return 1 if any(named) else 0
 
 
 def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:

@@ -54,3 +54,16 @@ def progress_bar(total: float | None, desc: str, *, enabled: bool = True, unit: 
 
     show = enabled and sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not show, leave=False, dynamic_ncols=True)
+
+
+def name_impossible_figures(source: object, figures: list[str] | tuple[str, ...]) -> bool:
+    """Name on stderr each figure of the log ``source`` that no run writes; True when there was one.
+
+    Args:
+        source: The log (its path), as the user named it.
+        figures: From :func:`zeus_callbacks.run_log.impossible_figures`.
+    """
+    for what in figures:
+        print(f"zeus-callbacks: {source}: {what}: no run writes that; the log was edited or not written by "
+              "zeus-callbacks, so what is shown from it is not to be trusted", file=sys.stderr)  # fmt: skip
+    return bool(figures)
