@@ -73,3 +73,35 @@ class SampledClock(ManualClock):
             session.run.sampler.poll_bounded(read_counter=False, timeout_s=CHILD_TIMEOUT_S)
             self.reads += 1
         return now_s
+
+
+def spy_wandb(monkeypatch, tmp_path: Path) -> list[dict]:
+    """Run W&B offline under ``tmp_path`` and keep every dict a run is given to log, as it is given.
+
+    Offline runs cannot be read back, so ``wandb.init`` is wrapped: the run's ``log`` (what Lightning's
+    WandbLogger calls) and the module-level ``wandb.log`` that ``init`` binds to it (what the HF
+    integration calls) both append to the returned list, then log for real.
+    """
+    import pytest
+
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[dict] = []
+    real_init = wandb.init
+
+    def spying_init(*args, **kwargs):
+        run = real_init(*args, **kwargs)
+        real_log = run.log
+
+        def log(data, *a, **k):
+            logged.append(dict(data))
+            return real_log(data, *a, **k)
+
+        monkeypatch.setattr(run, "log", log)
+        monkeypatch.setattr(wandb, "log", log)
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    return logged

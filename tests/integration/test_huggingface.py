@@ -12,7 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import DefaultFlowCallback
 
-from tests.integration.helpers import expected_power_W, read_scalars, virtual_config
+from tests.integration.helpers import expected_power_W, read_scalars, spy_wandb, virtual_config
 from zeus_callbacks import ZeusTrainerCallback
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.reporting import read_jsonl
@@ -140,27 +140,9 @@ def test_gradient_accumulation_makes_one_window_per_optimizer_step(tmp_path):
 
 
 def test_energy_reaches_wandb(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    real_init = wandb.init
+    logged = spy_wandb(monkeypatch, tmp_path)
+    import wandb
 
-    def spying_init(*args, **kwargs):
-        run = real_init(*args, **kwargs)
-        real_log = run.log
-
-        def log(data, *a, **k):
-            logged.append(dict(data))
-            return real_log(data, *a, **k)
-
-        # wandb.init binds the module-level wandb.log (which the HF callback calls) to run.log.
-        monkeypatch.setattr(run, "log", log)
-        monkeypatch.setattr(wandb, "log", log)
-        return run
-
-    monkeypatch.setattr(wandb, "init", spying_init)
     callback = ZeusTrainerCallback(virtual_config(tmp_path))
     trainer = make_trainer(tmp_path, callback, report_to=["wandb"])
     trainer.train()

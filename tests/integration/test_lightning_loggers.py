@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.helpers import read_scalars, spy_wandb, virtual_config
 from zeus_callbacks import ZeusCallback
 from zeus_callbacks.reporting import is_own_metric, read_jsonl
 
@@ -235,22 +235,10 @@ def test_every_ending_reaches_the_loggers_and_prints_the_summary(tmp_path, caplo
 
 
 def test_wandb_logger_name_names_the_jsonl_and_its_points_keep_every_step(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+    logged = spy_wandb(monkeypatch, tmp_path)
+    import wandb
     from lightning.pytorch.loggers import WandbLogger
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    real_init = wandb.init
-
-    def spying_init(*args, **kwargs):  # offline runs cannot be read back: spy on the run's log
-        run = real_init(*args, **kwargs)
-        real_log = run.log
-        monkeypatch.setattr(run, "log", lambda data, *a, **k: (logged.append(dict(data)), real_log(data, *a, **k)))
-        return run
-
-    monkeypatch.setattr(wandb, "init", spying_init)
     config = virtual_config(tmp_path, interval_steps=5)
     del config["logging"]["run_name"]  # the name comes from the logger
     callback = ZeusCallback(config)

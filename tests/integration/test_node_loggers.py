@@ -15,7 +15,7 @@ import math
 import pytest
 from transformers import Trainer, TrainingArguments
 
-from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.helpers import read_scalars, spy_wandb, virtual_config
 from tests.integration.test_huggingface import RandomTokens, tiny_lm
 from tests.integration.test_lightning_loggers import Regressor, loaders, trainer_for
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
@@ -53,24 +53,11 @@ def _check(series: dict[str, list[tuple[int, float]]], epochs: list[dict], end: 
 
 
 def test_lightning_logs_node_figures_to_tensorboard_and_wandb(tmp_path, monkeypatch):
-    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-    wandb = pytest.importorskip("wandb")
-    from lightning.pytorch.loggers import WandbLogger
+    logged = spy_wandb(monkeypatch, tmp_path)
+    import wandb
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    real_init = wandb.init
-
-    def spying_init(*args, **kwargs):  # offline runs cannot be read back: keep what the run is given
-        run = real_init(*args, **kwargs)
-        real_log = run.log
-        monkeypatch.setattr(run, "log", lambda data, *a, **k: (logged.append(dict(data)), real_log(data, *a, **k)))
-        return run
-
-    monkeypatch.setattr(wandb, "init", spying_init)
     callback = ZeusCallback(_node_config(tmp_path))
     tb = TensorBoardLogger(str(tmp_path / "tb"), name="", version="")
     trainer = trainer_for(tmp_path, callback, tb, WandbLogger(name="node", project="zeus", save_dir=str(tmp_path)),
@@ -117,27 +104,9 @@ def test_hf_trainer_logs_node_figures_and_its_results_hold_the_run_s(tmp_path):
 
 
 def test_hf_trainer_sends_node_figures_to_wandb(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    real_init = wandb.init
+    logged = spy_wandb(monkeypatch, tmp_path)
+    import wandb
 
-    def spying_init(*args, **kwargs):
-        run = real_init(*args, **kwargs)
-        real_log = run.log
-
-        def log(data, *a, **k):
-            logged.append(dict(data))
-            return real_log(data, *a, **k)
-
-        # wandb.init binds the module-level wandb.log (which the HF callback calls) to run.log.
-        monkeypatch.setattr(run, "log", log)
-        monkeypatch.setattr(wandb, "log", log)
-        return run
-
-    monkeypatch.setattr(wandb, "init", spying_init)
     callback = ZeusTrainerCallback(_node_config(tmp_path))
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4, logging_steps=4,
