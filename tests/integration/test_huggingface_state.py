@@ -73,9 +73,11 @@ def decided_limits(callback: ZeusTrainerCallback) -> list[float]:
 
 
 class CheckpointThenKill(TrainerCallback):
-    """Save a checkpoint once two limits are decided and another is under test, then fail the next step."""
+    """Save a checkpoint once every given instance has two limits decided and another under test, then fail
+    the next step. Each instance decides when its power samples arrive (the sampler thread, on the wall
+    clock), so with several instances one may lag the other: the checkpoint waits for all of them."""
 
-    def __init__(self, zeus: ZeusTrainerCallback) -> None:
+    def __init__(self, *zeus: ZeusTrainerCallback) -> None:
         self.zeus = zeus
         self.saved_at: int | None = None
 
@@ -84,8 +86,8 @@ class CheckpointThenKill(TrainerCallback):
             raise RuntimeError("killed after the checkpoint")
 
     def on_step_end(self, args, state, control, **kwargs):
-        profile = self.zeus.session.power_limiter.export_state()
-        if len(profile["limits"]) >= 2 and profile["current_limit_W"] is not None:
+        profiles = [zeus.session.power_limiter.export_state() for zeus in self.zeus]
+        if all(len(p["limits"]) >= 2 and p["current_limit_W"] is not None for p in profiles):
             control.should_save = True
             self.saved_at = state.global_step
 
@@ -377,7 +379,7 @@ def test_two_instances_resumed_mid_profiling_both_continue(tmp_path, restore_fla
     trainer1 = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
     for cb in first:
         cb.attach(trainer1)
-    killer = CheckpointThenKill(first[0])
+    killer = CheckpointThenKill(*first)
     trainer1.add_callback(killer)
     with pytest.raises(RuntimeError, match="killed"):
         trainer1.train()
