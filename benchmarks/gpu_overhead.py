@@ -140,8 +140,10 @@ class Driver:
         self.callbacks: list[Any] = []
         self.step = 0
         self.phase = "warmup"
-        self.plan: list[tuple[int, str]] = []  # (round, mode) blocks still to run
-        self.current: tuple[int, str] | None = None
+        self.plan: list[tuple[int, str, str | None]] = []  # (round, mode, partner) blocks still to run
+        self.current: tuple[int, str, str | None] | None = None
+        self.pairs = args.design == "pairs"
+        self.pair_none: dict[str, list[float]] = {m: [] for m in modes}  # --design pairs: the partner none block
         self.block_left = 0
         self.t0 = self.cpu0 = 0.0
         self.wall: dict[str, list[float]] = {m: [] for m in modes}  # per round, s per step
@@ -220,15 +222,24 @@ class Driver:
             if self.block_steps is None:
                 self.block_steps = max(20, round(self.args.block_s / step_s))
             budget_s = self.deadline - time.perf_counter()
-            n_modes = len(self.modes)
-            rounds = max(self.args.min_rounds, int(budget_s / (n_modes * self.block_steps * step_s * 1.15)))
+            blocks = 2 * (len(self.modes) - 1) if self.pairs else len(self.modes)
+            rounds = max(self.args.min_rounds, int(budget_s / (blocks * self.block_steps * step_s * 1.15)))
             if self.args.rounds:
                 rounds = self.args.rounds
             rng = random.Random(self.args.seed)
             for r in range(rounds):
-                order = list(self.modes)
+                if not self.pairs:
+                    order = list(self.modes)
+                    rng.shuffle(order)
+                    self.plan += [(r, m, None) for m in order]
+                    continue
+                # each mode beside its own none block, the two in random order
+                order = [m for m in self.modes if m != "none"]
                 rng.shuffle(order)
-                self.plan += [(r, m) for m in order]
+                for m in order:
+                    pair = [(r, "none", m), (r, m, None)]
+                    rng.shuffle(pair)
+                    self.plan += pair
             self.phase = "rounds"
             self._begin_block()
             return False
@@ -257,11 +268,11 @@ class Driver:
         self.block_left = self.calib_steps
 
     def _begin_block(self) -> None:
-        r, mode = self.plan.pop(0)
+        r, mode, partner = self.plan.pop(0)
         obj = self.modes[mode]
         if obj is not None:
             obj.unpark(self.callbacks)  # its hooks run from this very step on
-        self.current = (r, mode)
+        self.current = (r, mode, partner)
         self.block_left = self.block_steps
         self.sync()
         if self.profiler is not None and mode == self.args.profile:
@@ -282,7 +293,7 @@ class Driver:
         wall = time.perf_counter() - self.t0
         cpu = time.thread_time() - self.cpu0
         assert self.current is not None
-        r, mode = self.current
+        r, mode, partner = self.current
         if self.profiler is not None and mode == self.args.profile:
             self.profiler.disable()
         obj = self.modes[mode]
@@ -294,6 +305,8 @@ class Driver:
         self.hook[mode].append(hook_s / self.block_steps)
         self.sampler_cpu[mode].append(sampler_s / self.block_steps)
         self.wall[mode].append(wall / self.block_steps)
+        if partner is not None:
+            self.pair_none[partner].append(wall / self.block_steps)
         self.cpu[mode].append(cpu / self.block_steps)
         self.gc[mode].append(self._gc_s / self.block_steps)
         if self.args.step_times:
@@ -607,7 +620,8 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
         "gc_us": {},
         "hook_us": {},
         "sampler_cpu_us": {},
-        "rounds": len(base),
+        "rounds": max(len(w) for m, w in driver.wall.items() if m != "none") if driver.pairs else len(base),
+        "design": "pairs" if driver.pairs else "rounds",
     }
     detail: dict[str, Any] = {}
     rng = np.random.default_rng(0)
@@ -618,7 +632,7 @@ def summarise(driver: Driver, n_boot: int = 5000) -> dict[str, Any]:
         out["sampler_cpu_us"][mode] = round(float(np.mean(driver.sampler_cpu[mode]) * 1e6), 2)
         if mode == "none":
             continue
-        ratios = np.array(wall) / base
+        ratios = np.array(wall) / (np.array(driver.pair_none[mode]) if driver.pairs else base)
         idx = rng.integers(0, len(ratios), size=(n_boot, len(ratios)))
         lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
         out[mode] = [round(float(np.median(ratios)), 4), round(float(lo), 4), round(float(hi), 4)]
@@ -687,6 +701,11 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated; 'none' is always run")
     ap.add_argument("--block-s", type=float, default=0.4, help="target length of one block (s)")
     ap.add_argument("--block-steps", type=int, default=None, help="steps a block (default: from --block-s)")
+    design_help = (
+        "rounds: every mode once a round, shuffled, each over the round's none block; pairs: each mode's block "
+        "beside a none block of its own (the host's drift cancels between neighbours)"
+    )
+    ap.add_argument("--design", choices=("rounds", "pairs"), default="rounds", help=design_help)
     ap.add_argument("--rounds", type=int, default=0, help="rounds (default: as many as the budget allows)")
     ap.add_argument("--min-rounds", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=100)
