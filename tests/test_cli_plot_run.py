@@ -286,3 +286,25 @@ def test_an_output_that_cannot_be_written_is_named_not_its_temp_file(profiled_lo
     assert main(["plot", "run", profiled_log, "-o", "/proc/x.png"]) == 1
     err = capsys.readouterr().err
     assert "cannot write /proc/x.png" in err and ".tmp" not in err
+
+
+def test_an_evaluation_at_an_epoch_end_stays_visible_beside_the_epoch_line(profiled_log):
+    # Issue 26's tester: the evaluation's dashed line lay on the epoch end's dotted line at the same step,
+    # so only one of the two could be seen. Each evaluation also gets a triangle at the panel's top edge.
+    from zeus_callbacks.plots import run_figure
+
+    course = run_course(read_jsonl(profiled_log))
+    epoch_steps = {step for _, step in course.epoch_ends}
+    assert {e.step for e in course.evals} <= epoch_steps  # the case: every evaluation at an epoch's end
+    fig = run_figure(course)
+    try:
+        for ax in fig.axes:
+            triangles = [line for line in ax.get_lines() if line.get_marker() == "v"]
+            assert sorted(float(t.get_xdata()[0]) for t in triangles) == sorted(e.step for e in course.evals)
+            assert all(t.get_zorder() > 2 and t.get_color() == "tab:green" for t in triangles)
+            dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+            assert {float(line.get_xdata()[0]) for line in dotted} >= epoch_steps  # the epoch lines are still drawn
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

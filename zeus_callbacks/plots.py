@@ -353,6 +353,8 @@ def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
             ax.text(step, 0.98, f" epoch {epoch}", transform=top, fontsize=7, va="top", ha="right", color="0.3")
     for i, e in enumerate(course.evals):
         ax.axvline(e.step, color="tab:green", ls="--", lw=0.8, label="evaluation" if label and i == 0 else None)
+        # a triangle at the top edge as well: an evaluation at an epoch's end step would hide behind its line
+        ax.plot([e.step], [1.0], marker="v", ms=5, color="tab:green", transform=top, clip_on=False, zorder=5)
     switch = course.switch
     if switch is None:
         return

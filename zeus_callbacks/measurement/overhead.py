@@ -146,8 +146,9 @@ class WindowSampling:
                 self._told_fraction = self.fraction
                 logger.warning(
                     "zeus-callbacks: steps of %.2f ms are measured as a %.1f%% sample (windows.sample_fraction: "
-                    "auto), so step energy is reported every %d steps, not every logging.interval_steps=%d "
-                    "(set windows.sample_fraction: 1 to measure every step and report every %d)",
+                    "auto), so step energy is reported every %d steps for now, not every logging.interval_steps=%d; "
+                    "the share and this interval are re-estimated at each report (set windows.sample_fraction: 1 to "
+                    "measure every step and report every %d)",
                     1e3 * self._step_s, 100 * self.fraction, self.report_every, self.interval_steps,
                     self.interval_steps,
                 )  # fmt: skip
@@ -155,8 +156,8 @@ class WindowSampling:
                 logger.warning(
                     "zeus-callbacks: the measured share of steps fell from %.2f%% to %.2f%% (steps of %.2f ms; "
                     "measuring one costs %.0f us with its share of the report, against a budget of %.2f%% of a "
-                    "step): step energy is now reported every %d steps, and a short epoch may have no measured "
-                    "step (windows.sample_fraction: 1 measures every step)",
+                    "step): step energy is now reported every %d steps (re-estimated at each report), and a short "
+                    "epoch may have no measured step (windows.sample_fraction: 1 measures every step)",
                     100 * self._told_fraction, 100 * self.fraction, 1e3 * self._step_s, 1e6 * (self._cost_s or 0.0),
                     100 * self.max_overhead, self.report_every,
                 )  # fmt: skip
