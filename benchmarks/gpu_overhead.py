@@ -338,9 +338,10 @@ def thread_cpu_s(thread: Any) -> float:
         return 0.0
 
 
-HOOK_CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+HOOK_CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time, "none": None}
 """``--hook-clock``: what the hook wrapper reads. ``cpu``: the training thread's CPU time, which a
-loaded host's preemptions (the wall clock runs on while the thread waits for a core) do not inflate."""
+loaded host's preemptions (the wall clock runs on while the thread waits for a core) do not inflate.
+``none``: no wrapper at all, so the wall ratios carry none of its cost (a few µs a call); no hook_us then."""
 hook_clock = HOOK_CLOCKS["wall"]
 
 
@@ -348,6 +349,8 @@ def time_hooks(parked: Any) -> None:
     """Wrap every ``on_*`` method of ``parked.callback`` so the time spent inside adds to ``parked.hook_s``."""
     callback = parked.callback
     clock = hook_clock
+    if clock is None:  # --hook-clock none: the callback's own methods, unwrapped
+        return
     for name in dir(type(callback)):
         method = getattr(callback, name, None)
         if not name.startswith("on_") or not callable(method):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zeus_callbacks.measurement.attribution import (
     COUNTER_NOT_BRACKETED,
     COUNTER_TOO_FEW_READINGS,
     counter_energy,
     cumulative_energy,
+    extrapolated_energy_J,
     interval_energy_J,
     samples_in,
 )
@@ -200,3 +203,27 @@ def test_extrapolated_energy_uses_the_nearest_segment_outside_the_span():
     assert inside == pytest.approx(0.5 * 100.0 + 0.5 * 200.0)
     assert before == pytest.approx(1.0 * 100.0 + 0.5 * 100.0)  # the first segment's power before the span
     assert after == pytest.approx(0.5 * 200.0 + 1.0 * 200.0)  # the last segment's power after it
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    powers=st.lists(st.floats(0.0, 800.0), min_size=2, max_size=30),
+    gaps=st.lists(st.floats(0.001, 0.5), min_size=30, max_size=30),
+    ends=st.tuples(st.floats(-1.0, 1.0), st.floats(0.0, 1.0)),
+    reach_s=st.floats(0.0, 0.2),
+)
+def test_the_extended_integral_differences_are_the_extrapolated_energy(powers, gaps, ends, reach_s):
+    """The run's total so far keeps F at the start and reads F now (issue 28: a call no longer walks the
+    whole run's knots). F(e) − F(s) must be the extrapolated energy of [s, e] for any s ≤ e."""
+    from zeus_callbacks.measurement.attribution import extended_integral_J
+
+    times = 100.0 + np.cumsum(gaps[: len(powers)])
+    knots, cumulative = cumulative_energy(times, np.array(powers), sample_period_s=0.02, sensor_delay_s=0.0)
+    span = knots[-1] - knots[0]
+    start = knots[0] + ends[0] * span  # from before the knots to inside them
+    end = start + ends[1] * (knots[-1] + 1.0 - start)  # up to past the last knot
+    want = extrapolated_energy_J(knots, cumulative, [start], [end], reach_s=reach_s)[0]
+    got = extended_integral_J(knots, cumulative, end, reach_s=reach_s) - extended_integral_J(
+        knots, cumulative, start, reach_s=reach_s
+    )
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-6 * (1.0 + abs(cumulative[-1])))

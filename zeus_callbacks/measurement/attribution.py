@@ -112,6 +112,34 @@ def extrapolated_energy_J(
     return energy
 
 
+def extended_integral_J(knot_times_s: np.ndarray, cumulative_J: np.ndarray, time_s: float, *, reach_s: float) -> float:
+    """The running integral at one time, extended past the knots as :func:`extrapolated_energy_J` does.
+
+    Within the knots F is interpolated; up to ``reach_s`` before the first knot or after the last it
+    takes the nearest segment's power; further out it stays at its value ``reach_s`` out. So
+    ``F(e) − F(s)`` is :func:`extrapolated_energy_J` over ``[s, e]``, and a caller that keeps ``F(s)``
+    needs only the newest knots for ``F(e)``.
+
+    Args:
+        knot_times_s: Running-integral knots, shape (n,), n ≥ 2 (s).
+        cumulative_J: Integral at the knots, shape (n,) (J).
+        time_s: Where to read it (s).
+        reach_s: How far past the knots power is extrapolated (s).
+
+    Returns:
+        The integral's value (J).
+    """
+    first, last = knot_times_s[0], knot_times_s[-1]
+    t = min(max(time_s, first - reach_s), last + reach_s)
+    if t < first:
+        first_W = (cumulative_J[1] - cumulative_J[0]) / max(knot_times_s[1] - first, 1e-12)
+        return float(cumulative_J[0] - (first - t) * first_W)
+    if t > last:
+        last_W = (cumulative_J[-1] - cumulative_J[-2]) / max(last - knot_times_s[-2], 1e-12)
+        return float(cumulative_J[-1] + (t - last) * last_W)
+    return float(np.interp(t, knot_times_s, cumulative_J))
+
+
 def covered_energy_J(
     knot_times_s: np.ndarray,
     cumulative_J: np.ndarray,

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from zeus_callbacks.measurement.attribution import (
     COUNTER_MIN_PERIODS,
     counter_energy,
     covered_energy_J,
+    extended_integral_J,
 )
 from zeus_callbacks.measurement.phases import PhaseTracker
 from zeus_callbacks.measurement.sampler import PowerSampler
@@ -37,6 +38,7 @@ from zeus_callbacks.session.node import open_node_reader
 logger = logging.getLogger(__name__)
 
 EPOCH_FLUSH_TIMEOUT_S = 0.25
+_TAIL_S = 1.0  # the run's total so far reads the knots of this last stretch only (s), past the reach
 """Wall time an epoch end may wait for the sensor to catch up (s)."""
 
 
@@ -166,6 +168,7 @@ class StartedRun:
     start_wall: float = 0.0
     node: NodeReader | None = None
     node_note: str | None = None
+    _integral_at_start_J: dict[int, float] = field(default_factory=dict)  # per GPU, once the samples reach it
 
     def start(self) -> None:
         """Start sampling, take the CPU/DRAM counters' first reading and open the run window."""
@@ -174,6 +177,7 @@ class StartedRun:
         self.sampler.start()
         self.start_wall = time.time()
         self.start_s = self.backend.clock.now_s()
+        self._integral_at_start_J.clear()
         self.meter.begin("run")
 
     def read_power_limit_W(self) -> float | None:
@@ -316,7 +320,11 @@ class StartedRun:
         return total, None
 
     def energy_so_far_J(self, carried_J: float = 0.0) -> float:
-        """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``."""
+        """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``.
+
+        The running integral's value at the start is kept once the samples reach it, so each call
+        reads only the newest knots (a call a log or report: its cost does not grow with the run).
+        """
         if self.sampler.latest_sample_s() is None:
             self.sampler.poll_bounded(read_counter=False)  # early in the run: read once, off the step path
         now_s = self.backend.clock.now_s()
@@ -324,15 +332,20 @@ class StartedRun:
             return math.nan
         total = 0.0
         for index in self.gpu_indices:
-            knots, cumulative = self.sampler.cumulative_energy(index)
-            if len(knots) >= 2:
-                # Samples lag the present: at most one sample period past them is extrapolated,
-                # as in the run window that gives the final total.
-                energy, _ = covered_energy_J(
-                    knots, cumulative, [self.start_s], [now_s], reach_s=self.sampler.reach_s(index)
-                )
-                if np.isfinite(energy[0]):
-                    total += float(energy[0])
+            reach_s = self.sampler.reach_s(index)
+            at_start_J = self._integral_at_start_J.get(index)
+            if at_start_J is None:
+                knots, cumulative = self.sampler.cumulative_energy(index)
+                if len(knots) < 2 or knots[-1] + reach_s < self.start_s:
+                    continue  # no samples reach the start yet: nothing is covered
+                at_start_J = extended_integral_J(knots, cumulative, self.start_s, reach_s=reach_s)
+                self._integral_at_start_J[index] = at_start_J
+            # Samples lag the present: at most one sample period past them is extrapolated,
+            # as in the run window that gives the final total.
+            knots, cumulative = self.sampler.cumulative_energy(index, since_s=now_s - reach_s - _TAIL_S)
+            if len(knots) < 2:
+                knots, cumulative = self.sampler.cumulative_energy(index)
+            total += extended_integral_J(knots, cumulative, now_s, reach_s=reach_s) - at_start_J
         return carried_J + total
 
     def time_so_far_s(self, carried_s: float = 0.0) -> float:
