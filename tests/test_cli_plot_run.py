@@ -304,6 +304,8 @@ def test_an_evaluation_at_an_epoch_end_stays_visible_beside_the_epoch_line(profi
             assert all(t.get_zorder() > 2 and t.get_color() == "tab:green" for t in triangles)
             dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
             assert {float(line.get_xdata()[0]) for line in dotted} >= epoch_steps  # the epoch lines are still drawn
+            dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and ln.get_color() == "tab:green"]
+            assert dashed and min(d.get_zorder() for d in dotted) > max(d.get_zorder() for d in dashed)  # on top
     finally:
         import matplotlib.pyplot as plt
 

@@ -6,6 +6,8 @@ times the time the test advanced; the JSONL log each run writes is read back.
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 import zeus_callbacks
@@ -199,3 +201,28 @@ def test_a_reserved_window_name_is_refused(config, virtual_backend):
     with pytest.raises(ValueError, match="reserved"), zeus_callbacks.measure(config, backend=virtual_backend) as m:
         with m.window("step"):
             pass
+
+
+@pytest.mark.parametrize("kind", ["generator", "async", "async generator"])
+def test_a_generator_or_async_function_cannot_be_decorated(config, virtual_backend, kind):
+    # An outside tester (issue 26): the decorated generator's run ended before its body ran, and its steps then
+    # said "outside a run: call it inside the decorated function", which they were.
+    m = zeus_callbacks.measure(config, backend=virtual_backend)
+    if kind == "generator":
+
+        def func():
+            yield m.step_start()
+
+    elif kind == "async":
+
+        async def func():
+            m.step_start()
+
+    else:
+
+        async def func():
+            yield m.step_start()
+
+    with pytest.raises(TypeError, match="cannot decorate a(n async)? .*with measure"):
+        m(func)
+    assert not list(pathlib.Path(config["logging"]["log_dir"]).glob("*.jsonl"))  # no empty run was written

@@ -348,9 +348,11 @@ def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
     """Epoch ends, evaluations and the power-limit switch as vertical marks (named on the top panel only)."""
     top = ax.get_xaxis_transform()  # x in steps, y in axes fraction
     for i, (epoch, step) in enumerate(course.epoch_ends):
-        ax.axvline(step, color="0.4", ls=":", lw=1, label="epoch end" if label and i == 0 else None)
-        if label:
-            ax.text(step, 0.98, f" epoch {epoch}", transform=top, fontsize=7, va="top", ha="right", color="0.3")
+        # above an evaluation's dashed line at the same step (drawn below), so both stay visible
+        ax.axvline(step, color="0.4", ls=":", lw=1, zorder=3, label="epoch end" if label and i == 0 else None)
+        if label:  # on a white ground: the power-limit line may cross the label
+            ax.text(step, 0.98, f" epoch {epoch}", transform=top, fontsize=7, va="top", ha="right", color="0.3",
+                    zorder=6, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5})  # fmt: skip
     for i, e in enumerate(course.evals):
         ax.axvline(e.step, color="tab:green", ls="--", lw=0.8, label="evaluation" if label and i == 0 else None)
         # a triangle at the top edge as well: an evaluation at an epoch's end step would hide behind its line

@@ -23,6 +23,7 @@ raises :class:`~zeus_callbacks.errors.CallOrderError`.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -139,7 +140,18 @@ class Measurement(SessionAdapter):
 
         Returns:
             The wrapped function; :attr:`summary` holds the last call's summary.
+
+        Raises:
+            TypeError: ``func`` is a generator or ``async`` function: its body runs after the call has
+                returned, so the run would end before its first step (use a ``with`` block inside it).
         """
+        if inspect.isgeneratorfunction(func) or inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            kind = "a generator" if inspect.isgeneratorfunction(func) else "an async"
+            raise TypeError(
+                f"measure() cannot decorate {kind} function ({getattr(func, '__qualname__', func)!r}): its body runs "
+                "after the call returns, so the run would end before its first step; put `with measure(...) as m:` "
+                "inside it instead"
+            )
 
         @functools.wraps(func)
         def measured(*args: P.args, **kwargs: P.kwargs) -> R:

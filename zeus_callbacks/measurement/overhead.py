@@ -148,7 +148,7 @@ class WindowSampling:
                     "zeus-callbacks: steps of %.2f ms are measured as a %.1f%% sample (windows.sample_fraction: "
                     "auto), so step energy is reported every %d steps for now, not every logging.interval_steps=%d; "
                     "the share and this interval are re-estimated at each report (set windows.sample_fraction: 1 to "
-                    "measure every step and report every %d)",
+                    "measure every step and report every %d, each report with the steps whose samples have arrived)",
                     1e3 * self._step_s, 100 * self.fraction, self.report_every, self.interval_steps,
                     self.interval_steps,
                 )  # fmt: skip
