@@ -165,7 +165,12 @@ def _manual_store_time(monkeypatch) -> ManualClock:
 # 30 s default, because on a loaded CI machine eight writers' turns can add up past it; these tests
 # are about losing nothing, the lock timeout has tests of its own.
 PATIENT_S = 300.0
-_WAIT_OPTION = {"sqlite": "lock_timeout_s", "json": "lock_timeout_s", "rdb-sqlite": "lock_timeout_s", "postgresql": "lock_timeout_s"}
+_WAIT_OPTION = {
+    "sqlite": "lock_timeout_s",
+    "json": "lock_timeout_s",
+    "rdb-sqlite": "lock_timeout_s",
+    "postgresql": "lock_timeout_s",
+}
 
 
 def open_patient(kind: str, location: str) -> Store:

@@ -61,7 +61,7 @@ def _pg_store(location: str, version: int) -> None:
                 conn.execute(sa.text(statement))
         # The records of the SQLite dumps, as PostgreSQL takes them (true/false for converged).
         for line in (DUMPS / f"rdb_v{version}.sql").read_text().splitlines():
-            if line.startswith("INSERT INTO") and "sqlite_sequence" not in line:
+            if line.startswith("INSERT INTO") and "sqlite_sequence" not in line and "schema_version" not in line:
                 if '"zeus_trials"' in line:
                     head, values = line.split(" VALUES(", 1)
                     fields = values.split(",")

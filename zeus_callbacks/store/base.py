@@ -548,8 +548,9 @@ def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Call
     """``attempt()``, called again after a transient error with jittered exponential backoff (tenacity).
 
     The one retry policy of the stores: a database that is unreachable, deadlocked or restarting,
-    a SQLite file another process holds. Waits from 5 ms, doubling up to 1 s, never sleeping past
-    ``limit_s`` from the first try.
+    a SQLite file another process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter
+    (so that processes that collided do not collide again), never sleeping past ``limit_s`` from the
+    first try.
 
     Args:
         attempt: The operation; re-run from its start (it must be safe to repeat: one transaction).
@@ -567,7 +568,7 @@ def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Call
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         stop=tenacity.stop_before_delay(limit_s),
-        wait=tenacity.wait_random_exponential(multiplier=0.005, max=1.0),
+        wait=tenacity.wait_exponential_jitter(initial=0.02, max=1.0, jitter=0.02),
         reraise=True,
     )
     return retrying(attempt)

@@ -212,7 +212,8 @@ class SQLStore(Store):
             self.file = Path(sqlite_url_file(url)) if url is not None else Path(location)
             url = None
         self.url = url
-        super().__init__(self.file if self.file is not None else mask_url(str(url)), lease_grace_s=lease_grace_s)
+        self._location = str(self.file) if self.file is not None else mask_url(str(url))
+        super().__init__(self._location, lease_grace_s=lease_grace_s)
         self.lock_timeout_s = float(lock_timeout_s)
         self.read_only = read_only
         self.network_fs = False
@@ -244,7 +245,7 @@ class SQLStore(Store):
     @property
     def location(self) -> str:
         """The store's file, or its URL with the password masked."""
-        return str(self.path)
+        return self._location
 
     # -- plumbing -----------------------------------------------------------------------
     def _check_file(self) -> None:
