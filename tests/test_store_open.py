@@ -15,7 +15,7 @@ from filelock import FileLock, SoftFileLock
 
 from tests.store_contract import DB_URL_ENV, require
 from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.store import StoreError, netfs, open_store
+from zeus_callbacks.store import StoreError, netfs, open_configured_store, open_store
 from zeus_callbacks.store.base import mask_url
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sql import SQLStore
@@ -37,7 +37,7 @@ def test_sqlite_url_is_the_builtin_sqlite_store(tmp_path):
 
 def test_config_url_opens_that_store(tmp_path):
     cfg = ZeusConfig.model_validate({"store": {"url": f"sqlite:///{tmp_path}/c.sqlite", "lease_grace_s": 60}})
-    with cfg.store.open(tmp_path / "logs") as store:
+    with open_configured_store(cfg.store, tmp_path / "logs") as store:
         assert isinstance(store, SQLStore) and store.lease_grace_s == 60
     with pytest.raises(ValueError, match="either store.url or store.path"):
         ZeusConfig.model_validate({"store": {"url": "postgresql://h/db", "path": "x.sqlite"}})

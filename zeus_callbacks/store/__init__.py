@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
@@ -35,7 +35,9 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "TrialRecord",
+    "copy_store",
     "is_url",
+    "open_configured_store",
     "open_store",
     "store_location",
 ]
@@ -122,3 +124,59 @@ def open_store(
 
         return JSONStore(path, **options)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")
+
+
+class StoreSettings(Protocol):
+    """What :func:`open_configured_store` reads of a store section (``zeus_callbacks.config.StoreConfig``)."""
+
+    backend: Literal["sqlite", "json"]
+    lease_grace_s: float
+    lock_timeout_s: float
+
+    def location(self, log_dir: Path) -> str | Path:
+        """The store file or URL."""
+        ...
+
+
+def open_configured_store(settings: StoreSettings, log_dir: str | Path, *, read_only: bool = False) -> Store:
+    """Open the store a configuration's ``store`` section names (default ``<log_dir>/zeus_store.<backend>``).
+
+    Called where a run (or a command) starts; the configuration itself opens nothing.
+
+    Raises:
+        StoreError: The store cannot be opened (see :func:`open_store`).
+    """
+    return open_store(
+        settings.location(Path(log_dir)),
+        settings.backend,
+        read_only=read_only,
+        lease_grace_s=settings.lease_grace_s,
+        lock_timeout_s=settings.lock_timeout_s,
+    )
+
+
+def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, int, int]:
+    """Copy every record of one store into a new, empty one: between any two stores (SQLite, JSON, a database).
+
+    The source is opened read-only; the destination (created when missing; its kind from its
+    suffix or URL, as :func:`open_store` picks it) takes everything in one write: trial ids,
+    times, leases and bandit versions are kept.
+
+    Args:
+        source: The store to read (a file or a database URL).
+        destination: The store to write; it must hold no job yet.
+
+    Returns:
+        How many jobs, trials, bandit states and profiles were copied.
+
+    Raises:
+        StoreError: Either store cannot be opened, or the destination holds jobs already
+            (nothing was written).
+    """
+    from zeus_callbacks.store.records import snapshot
+
+    with open_store(source, read_only=True) as src:
+        records = snapshot(src)
+    with open_store(destination) as dst:
+        dst.import_records(records)
+    return len(records.jobs), len(records.trials), len(records.bandits), len(records.profiles)
