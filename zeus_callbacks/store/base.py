@@ -497,11 +497,6 @@ def check_finish_status(status: str) -> None:
         raise ValueError(f"a finished trial's status must be completed, failed or early_stopped, got {status!r}")
 
 
-def is_orphan(trial: Mapping[str, Any], host: str) -> bool:
-    """True for a ``running`` trial of this host whose process is gone."""
-    return trial["status"] == "running" and trial.get("host") == host and not process_is_alive(int(trial["pid"]))
-
-
 def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
     """Why a ``running`` trial is dead, or None while it may still run.
 

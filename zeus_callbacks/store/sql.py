@@ -33,6 +33,7 @@ Design:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -112,25 +113,7 @@ _AUTH_WORDS = (
     'role "',
     "no pg_hba.conf entry",
 )
-_TRIAL_FIELDS = (
-    "trial_id",
-    "job_id",
-    "batch_size",
-    "power_limit_W",
-    "status",
-    "energy_J",
-    "time_s",
-    "cost",
-    "converged",
-    "started_at",
-    "ended_at",
-    "pid",
-    "host",
-    "info",
-    "owner",
-    "heartbeat_at",
-    "pending_id",
-)
+_TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
 
 
 def _tables(sa: Any, prefix: str) -> dict[str, Any]:
