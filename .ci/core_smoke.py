@@ -1,7 +1,8 @@
 """CI: a plain install (core dependencies only) imports the package and runs a session.
 
 With `pip install .` alone (no extras, no torch) import the package and every public name, and
-run a short EnergySession on the virtual GPU.
+run a short EnergySession on the virtual GPU, and create a SQLite store (its Alembic migrations
+are package data: a wheel without them cannot create one).
 """
 
 import importlib.util
@@ -51,6 +52,17 @@ with tempfile.TemporaryDirectory() as tmp:
     assert len(logs) == 1, logs
     events = [json.loads(line)["event"] for line in logs[0].read_text().splitlines()]
     assert events[0] == "run_start" and events[-1] == "run_end", events
+    from zeus_callbacks.store import SCHEMA_VERSION, open_store
+
+    with open_store(Path(tmp) / "zeus_store.sqlite") as store:
+        store.create_trial("smoke", 8)
+    with open_store(Path(tmp) / "zeus_store.sqlite", read_only=True) as store:
+        assert [t.batch_size for t in store.list_trials("smoke")] == [8]
+    import sqlite3
+
+    conn = sqlite3.connect(Path(tmp) / "zeus_store.sqlite")
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == f"{SCHEMA_VERSION:04d}"
+    conn.close()
 print(
     f"core smoke: zeus-callbacks {zeus_callbacks.__version__} imported and ran {summary.steps} steps "
     f"({summary.energy_J:.1f} J, simulated) with the core dependencies only"

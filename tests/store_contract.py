@@ -1,8 +1,9 @@
 """The Store contract suite: every store backend must pass these (tests/test_store.py runs them).
 
-Backends (``kind``): ``sqlite`` and ``json`` (files), ``rdb-sqlite`` (``RDBStore`` on a SQLite
-file through SQLAlchemy: the SQL store's code without a server) and ``postgresql``
-(``RDBStore`` on the server ``ZEUS_CALLBACKS_TEST_DB_URL`` names; a fresh database per store).
+Backends (``kind``): ``sqlite`` and ``json`` (files), ``rdb-sqlite`` (``SQLStore`` on a SQLite
+file named by a ``sqlite:///`` URL, its tables prefixed ``zeus_`` as in a server database: the server
+layout without a server) and ``postgresql`` (``SQLStore`` on the server ``ZEUS_CALLBACKS_TEST_DB_URL``
+names; a fresh database per store).
 A backend that cannot run here is skipped with the reason, except under ``ZEUS_CALLBACKS_CI=1``,
 where it fails (.ci/run starts a PostgreSQL for them).
 """
@@ -38,13 +39,13 @@ from zeus_callbacks.store import (
 from zeus_callbacks.store import base as store_base
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.lease import KEEPER
-from zeus_callbacks.store.sqlite import SQLiteStore
+from zeus_callbacks.store.sql import SQLStore
 
 BACKENDS: dict[str, type[Store] | None] = {
-    "sqlite": SQLiteStore,
+    "sqlite": SQLStore,
     "json": JSONStore,
-    "rdb-sqlite": None,  # RDBStore, imported when used (SQLAlchemy is optional)
-    "postgresql": None,
+    "rdb-sqlite": None,  # SQLStore with the server's table prefix
+    "postgresql": SQLStore,
 }
 FILE_KINDS = ("sqlite", "json", "rdb-sqlite")
 FAULT_KINDS = ("json", "postgresql", "sqlite")
@@ -76,7 +77,7 @@ def db_engine(url: str, **options):
     """A SQLAlchemy engine on ``url`` with the installed driver, holding no idle connection."""
     import sqlalchemy as sa
 
-    from zeus_callbacks.store.rdb import _with_installed_driver
+    from zeus_callbacks.store.sql import _with_installed_driver
 
     return sa.create_engine(_with_installed_driver(sa.engine.make_url(url)), poolclass=sa.pool.NullPool, **options)
 
@@ -116,9 +117,7 @@ def _drop_test_databases() -> None:
 
 def _open(kind: str, location: str, **options) -> Store:
     if BACKENDS[kind] is None:
-        from zeus_callbacks.store.rdb import RDBStore
-
-        return RDBStore(location, **options)
+        return SQLStore(location, table_prefix="zeus_", **options)
     return BACKENDS[kind](location, **options)
 
 
@@ -155,7 +154,7 @@ def set_schema_version(kind: str, location: str, version: int) -> None:
 def _manual_store_time(monkeypatch) -> ManualClock:
     """The stores' Unix time (their ``now``) on a manual clock, from the real time: leases age only when told."""
     clock = ManualClock(time.time())
-    for name in ("base", "sqlite", "json", "rdb"):
+    for name in ("base", "sql", "json"):
         module = sys.modules.get(f"zeus_callbacks.store.{name}")
         if module is not None and hasattr(module, "now"):
             monkeypatch.setattr(module, "now", clock.now_s)
@@ -166,7 +165,12 @@ def _manual_store_time(monkeypatch) -> ManualClock:
 # 30 s default, because on a loaded CI machine eight writers' turns can add up past it; these tests
 # are about losing nothing, the lock timeout has tests of its own.
 PATIENT_S = 300.0
-_WAIT_OPTION = {"sqlite": "busy_timeout_s", "json": "lock_timeout_s", "rdb-sqlite": "retry_s", "postgresql": "retry_s"}
+_WAIT_OPTION = {
+    "sqlite": "lock_timeout_s",
+    "json": "lock_timeout_s",
+    "rdb-sqlite": "lock_timeout_s",
+    "postgresql": "lock_timeout_s",
+}
 
 
 def open_patient(kind: str, location: str) -> Store:

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from zeus_callbacks.config import ConfigError, ZeusConfig, load_config, parse_config
+from zeus_callbacks.store import open_configured_store
 
 # Every nested section of the config, found from the model itself so a new section is covered too.
 SECTIONS = sorted(
@@ -264,7 +265,7 @@ def test_a_json_store_path_opens_a_json_store(tmp_path, capsys):
     from zeus_callbacks.cli import main as cli
 
     config = parse_config({"store": {"path": str(tmp_path / "s.json")}})
-    with config.store.open(tmp_path) as store:
+    with open_configured_store(config.store, tmp_path) as store:
         store.ensure_job("j")
     assert json.loads((tmp_path / "s.json").read_text())  # the file is JSON, readable by eye
     assert cli(["show", str(tmp_path / "s.json")]) == 0 and "job j" in capsys.readouterr().out

@@ -1,17 +1,18 @@
-"""Both store backends against the Store contract, plus backend-specific checks."""
+"""Both stores against the Store contract, plus store-specific checks and the migration matrix."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
-from pathlib import Path
 
 import pytest
 
-from tests.store_contract import BACKENDS, StoreContract, _open, db_engine, new_location, require
-from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, open_store
+from tests.store_contract import BACKENDS, StoreContract, _open, new_location, require
+from tests.store_legacy import legacy_store, schema_of
+from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, migrations, open_store
 from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.sqlite import SQLiteStore
+from zeus_callbacks.store.sql import SQLStore
 
 
 class TestStoreContract(StoreContract):
@@ -23,7 +24,7 @@ class TestStoreContract(StoreContract):
 
 def test_open_store_picks_the_backend_from_the_suffix(tmp_path):
     with open_store(tmp_path / "a.json") as a, open_store(tmp_path / "a.db") as b:
-        assert isinstance(a, JSONStore) and isinstance(b, SQLiteStore)
+        assert isinstance(a, JSONStore) and isinstance(b, SQLStore)
     with open_store(tmp_path / "c.store", backend="json") as c:
         assert isinstance(c, JSONStore)
     with pytest.raises(ValueError, match="unknown store backend"):
@@ -32,7 +33,7 @@ def test_open_store_picks_the_backend_from_the_suffix(tmp_path):
 
 def test_sqlite_uses_wal_and_refuses_a_foreign_database(tmp_path):
     path = tmp_path / "s.sqlite"
-    SQLiteStore(path).close()
+    SQLStore(path).close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
@@ -42,7 +43,7 @@ def test_sqlite_uses_wal_and_refuses_a_foreign_database(tmp_path):
     conn.commit()
     conn.close()
     with pytest.raises(StoreCorruptError, match="not a zeus-callbacks store"):
-        SQLiteStore(other)
+        SQLStore(other)
 
 
 def test_json_refuses_other_json(tmp_path):
@@ -55,22 +56,31 @@ def test_json_refuses_other_json(tmp_path):
 
 def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
     from zeus_callbacks.store import json as json_store
-    from zeus_callbacks.store import sqlite as sqlite_store
+    from zeus_callbacks.store import sql as sql_store
 
     sq, js = tmp_path / "s.sqlite", tmp_path / "s.json"
     for path in (sq, js):
         with open_store(path) as store:
             store.create_trial("j", 8)
-    # Pretend the code is one schema ahead, with a migration from today's version.
+    # Pretend the code is one schema ahead, with a migration from today's version: one more Alembic revision.
     ahead = SCHEMA_VERSION + 1
-    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", ahead)
-    monkeypatch.setitem(
-        sqlite_store.MIGRATIONS, SCHEMA_VERSION, lambda conn: conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrations.HERE, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / f"v{ahead}_test.py").write_text(
+        "from alembic import op\nimport sqlalchemy as sa\n"
+        f"revision = {migrations.revision(ahead)!r}\ndown_revision = {migrations.revision(SCHEMA_VERSION)!r}\n"
+        "def upgrade():\n    op.add_column('jobs', sa.Column('owner', sa.Text))\n"
     )
+    migrations._script.cache_clear()
+    monkeypatch.setattr(migrations, "HERE", scripts)
+    monkeypatch.setattr(sql_store, "SCHEMA_VERSION", ahead)
     monkeypatch.setattr(json_store, "SCHEMA_VERSION", ahead)
     monkeypatch.setitem(json_store.MIGRATIONS, SCHEMA_VERSION, lambda doc: doc.setdefault("owners", {}))
-    with open_store(sq) as store, open_store(js) as store2:
-        assert len(store.list_trials("j")) == 1 and len(store2.list_trials("j")) == 1
+    try:
+        with open_store(sq) as store, open_store(js) as store2:
+            assert len(store.list_trials("j")) == 1 and len(store2.list_trials("j")) == 1
+    finally:
+        migrations._script.cache_clear()
     conn = sqlite3.connect(sq)
     assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == ahead
     assert "owner" in [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
@@ -81,25 +91,13 @@ def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
 
 def test_a_schema_1_store_gains_leases_and_reads_read_only_unmigrated(tmp_path):
     """A store written before leases (schema 1) opens read-only as it is, and migrates on a writing open."""
-    from zeus_callbacks.store import sqlite as sqlite_store
-
     path = tmp_path / "v1.sqlite"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO schema_version VALUES (1)")
-    sqlite_store.MIGRATIONS[0](conn)
-    conn.execute("INSERT INTO jobs VALUES ('j', 1.0, '{}')")
-    conn.execute(
-        "INSERT INTO trials (job_id, batch_size, status, converged, started_at, pid, host, info) "
-        "VALUES ('j', 8, 'running', 0, 1.0, 1, 'elsewhere', '{}')"
-    )
-    conn.commit()
-    conn.close()
+    legacy_store("sqlite", str(path), 1)  # as store/sqlite.py wrote it: trial 2 runs on another host
     with open_store(path, read_only=True) as reader:
-        (trial,) = reader.list_trials("j")
+        (trial,) = reader.list_trials("j", status="running")
         assert (trial.owner, trial.heartbeat_at, trial.status) == ("", None, "running")
     with open_store(path) as store:
-        (trial,) = store.list_trials("j")
+        (trial,) = store.list_trials("j", status="running")
         # Another host's trial without a heartbeat (schema 1) never expires: only its own host can tell.
         assert (trial.owner, trial.heartbeat_at, trial.status) == ("", None, "running")
     conn = sqlite3.connect(path)
@@ -158,7 +156,7 @@ def test_read_only_open_sees_a_live_writer_and_creates_nothing(tmp_path):
 def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path):
     """sqlite3 rejects a parameter it cannot bind: that names the call, and the file is not called corrupt."""
     path = tmp_path / "s.sqlite"
-    with SQLiteStore(path) as store:
+    with SQLStore(path) as store:
         store.list_trials("job")  # a well-formed call reads the (empty) store
         with pytest.raises(sqlite3.ProgrammingError) as info:
             store.list_trials(object())  # type: ignore[arg-type]  # e.g. a JobRecord instead of its job_id
@@ -166,116 +164,43 @@ def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path
         assert store.list_trials("job") == []  # the store is still fine
 
 
-def _schema_2_store(kind: str, location: str) -> None:
-    """A store as zeus-callbacks wrote it before pending ids (schema 2), built with that version's migrations,
-    holding job ``j`` and one finished trial."""
-    trial = (
-        "INSERT INTO {p}trials (job_id, batch_size, status, converged, started_at, ended_at, pid, host, info, "
-        "owner, heartbeat_at) VALUES ('j', 8, 'completed', {false}, 1.0, 2.0, 1, 'elsewhere', '{{}}', '', 1.0)"
-    )
-    if kind == "json":
-        Path(location).write_text(
-            json.dumps(
-                {
-                    "format": "zeus-callbacks-store",
-                    "schema_version": 2,
-                    "next_trial_id": 2,
-                    "jobs": {"j": {"created_at": 1.0, "info": {}}},
-                    "trials": [
-                        {
-                            "trial_id": 1,
-                            "job_id": "j",
-                            "batch_size": 8,
-                            "power_limit_W": None,
-                            "status": "completed",
-                            "energy_J": None,
-                            "time_s": None,
-                            "cost": None,
-                            "converged": False,
-                            "started_at": 1.0,
-                            "ended_at": 2.0,
-                            "pid": 1,
-                            "host": "elsewhere",
-                            "info": {},
-                            "owner": "",
-                            "heartbeat_at": 1.0,
-                        }
-                    ],
-                    "bandits": {},
-                    "profiles": {},
-                }
-            )
-        )
-    elif kind == "sqlite":
-        from zeus_callbacks.store import sqlite as sqlite_store
-
-        conn = sqlite3.connect(location)
-        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        conn.execute("INSERT INTO schema_version VALUES (2)")
-        for version in (0, 1):
-            sqlite_store.MIGRATIONS[version](conn)
-        conn.execute("INSERT INTO jobs VALUES ('j', 1.0, '{}')")
-        conn.execute(trial.format(p="", false=0))
-        conn.commit()
-        conn.close()
-    else:
-        import sqlalchemy as sa
-
-        from zeus_callbacks.store import rdb
-
-        _, tables = rdb._tables(sa)
-        engine = db_engine(location)
-        with engine.begin() as conn:
-            tables["schema_version"].create(conn)
-            conn.execute(tables["schema_version"].insert().values(version=2))
-            for version in (0, 1):
-                rdb.MIGRATIONS[version](conn, sa, tables)
-            conn.execute(sa.text("INSERT INTO zeus_jobs VALUES ('j', 1.0, '{}')"))
-            conn.execute(sa.text(trial.format(p="zeus_", false="false")))
-        engine.dispose()
-
-
-def _has_pending_column(kind: str, location: str) -> tuple[int, bool]:
-    """(the stored schema version, whether trials have a unique pending_id), read behind the store's back."""
-    if kind == "json":
-        doc = json.loads(Path(location).read_text())
-        return doc["schema_version"], all("pending_id" in t for t in doc["trials"])
-    if kind == "sqlite":
-        conn = sqlite3.connect(location)
-        version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
-        columns = [row[1] for row in conn.execute("PRAGMA table_info(trials)")]
-        unique = any(
-            row[2] and [c[2] for c in conn.execute(f"PRAGMA index_info({row[1]})")] == ["pending_id"]
-            for row in conn.execute("PRAGMA index_list(trials)")
-        )
-        conn.close()
-        return version, "pending_id" in columns and unique
-    import sqlalchemy as sa
-
-    engine = db_engine(location)
-    with engine.connect() as conn:
-        version = conn.execute(sa.text("SELECT version FROM zeus_schema_version")).scalar_one()
-        inspector = sa.inspect(conn)
-        columns = [c["name"] for c in inspector.get_columns("zeus_trials")]
-        unique = any(i["unique"] and i["column_names"] == ["pending_id"] for i in inspector.get_indexes("zeus_trials"))
-    engine.dispose()
-    return version, "pending_id" in columns and unique
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["sqlite", "json", "rdb-sqlite", "postgresql"])
+def test_an_older_store_reads_read_only_as_it_is_and_migrates_on_a_writing_open(tmp_path, kind, version):
+    """The migration matrix: each layout older code wrote (store/sqlite.py's file, store/rdb.py's tables on SQLite
+    and PostgreSQL, the JSON document) at each schema version. Read-only: its records as they are, nothing changed.
+    Writing open: every record kept, the newest schema (a unique pending_id, Alembic's revision), and it takes new
+    records (trial ids go on after the old ones)."""
+    location = new_location(kind, tmp_path)
+    legacy_store(kind, location, version)
+    revision = None  # older code wrote no Alembic table
+    assert schema_of(kind, location) == (version, version >= 3, revision)
+    with _open(kind, location, read_only=True) as reader:
+        trials = reader.list_trials("j")
+        assert [(t.trial_id, t.status, t.batch_size) for t in trials] == [(1, "completed", 8), (2, "running", 16)]
+        assert trials[0].cost == 7.0 and trials[0].converged and trials[0].info == {"round": 0}
+        assert [t.heartbeat_at for t in trials] == ([5.0, 5.0] if version >= 2 else [None, None])
+        assert [t.pending_id for t in trials] == (["p-1", None] if version >= 3 else [None, None])
+    assert schema_of(kind, location) == (version, version >= 3, revision)  # read-only: not migrated
+    with _open(kind, location) as store:
+        # Trial 2's heartbeat (schema 2 on) is decades old: its lease expired; without one (schema 1) it never does.
+        running = "running" if version == 1 else "failed"
+        assert [(t.trial_id, t.status) for t in store.list_trials("j")] == [(1, "completed"), (2, running)]
+        assert store.get_job("j").info == {"w": 1}
+        bandit = store.get_bandit("j")
+        assert (bandit.state["min_cost"], bandit.arms, bandit.version) == (7.0, {8: {"n": 1}, 16: {"n": 0}}, 2)
+        assert store.get_profile("A40/bs8") == {"limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]}
+        first = store.create_trial("j", 32, pid=1, pending_id="p")
+        assert first.trial_id == 3 and store.create_trial("j", 32, pid=1, pending_id="p") == first
+        assert [t.pending_id for t in store.list_trials("j")][2:] == ["p"]
+    # A store at the newest version opens with no migration: Alembic's table comes with the next one.
+    expected = None if kind == "json" or version == SCHEMA_VERSION else migrations.revision(SCHEMA_VERSION)
+    assert schema_of(kind, location) == (SCHEMA_VERSION, True, expected)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "json", "rdb-sqlite", "postgresql"])
-def test_a_schema_2_store_opens_and_gains_the_pending_id(tmp_path, kind):
-    """A store from before pending ids (schema 2) reads as it is read-only, and gains a unique pending_id on a
-    writing open; its trials read pending_id None and a pending trial is then recorded once."""
+def test_a_new_store_is_created_at_the_newest_schema(tmp_path, kind):
     location = new_location(kind, tmp_path)
-    _schema_2_store(kind, location)
-    assert _has_pending_column(kind, location) == (2, False)
-    if kind in ("sqlite", "json"):  # a database store of an older schema is refused read-only: open it to migrate
-        with open_store(location, read_only=True) as reader:
-            assert [(t.trial_id, t.status, t.pending_id) for t in reader.list_trials("j")] == [(1, "completed", None)]
-        assert _has_pending_column(kind, location) == (2, False)  # read-only: not migrated
-    with _open(kind, location) as store:
-        assert [(t.trial_id, t.status, t.pending_id) for t in store.list_trials("j")] == [(1, "completed", None)]
-        first = store.create_trial("j", 32, pid=1, pending_id="p")
-        assert store.create_trial("j", 32, pid=1, pending_id="p") == first
-        assert [t.pending_id for t in store.list_trials("j")] == [None, "p"]
-    assert _has_pending_column(kind, location) == (SCHEMA_VERSION, True)
+    _open(kind, location).close()
+    expected = None if kind == "json" else migrations.revision(SCHEMA_VERSION)
+    assert schema_of(kind, location) == (SCHEMA_VERSION, True, expected)

@@ -114,8 +114,7 @@ def _locked(kind: str, location: str):
 @pytest.mark.parametrize("kind", ["sqlite", "json"])
 def test_a_failed_renewal_closes_its_handle_and_the_next_opens_a_fresh_one(tmp_path, monkeypatch, kind, caplog):
     location = new_location(kind, tmp_path)
-    wait = {"sqlite": {"busy_timeout_s": 0.1}, "json": {"lock_timeout_s": 0.1}}[kind]
-    store = _open(kind, location, lease_grace_s=GRACE_S, **wait)
+    store = _open(kind, location, lease_grace_s=GRACE_S, lock_timeout_s=0.1)
     try:
         handles = _Handles(monkeypatch, store)
         trial = store.create_trial("j", 8)

@@ -8,16 +8,17 @@ import os
 import socket
 import sqlite3
 import sys
+from types import SimpleNamespace
 
 import pytest
 from filelock import FileLock, SoftFileLock
 
 from tests.store_contract import DB_URL_ENV, require
 from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.store import StoreError, netfs, open_store
+from zeus_callbacks.store import StoreError, netfs, open_configured_store, open_store
 from zeus_callbacks.store.base import mask_url
 from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.sqlite import SQLiteStore
+from zeus_callbacks.store.sql import SQLStore
 
 
 def test_mask_url_hides_the_password_only():
@@ -29,15 +30,15 @@ def test_mask_url_hides_the_password_only():
 
 def test_sqlite_url_is_the_builtin_sqlite_store(tmp_path):
     with open_store(f"sqlite:///{tmp_path}/a.sqlite") as store:
-        assert isinstance(store, SQLiteStore) and store.path == tmp_path / "a.sqlite"
+        assert isinstance(store, SQLStore) and store.path == tmp_path / "a.sqlite"
     with pytest.raises(ValueError, match="sqlite:///"):
         open_store("sqlite://")
 
 
 def test_config_url_opens_that_store(tmp_path):
     cfg = ZeusConfig.model_validate({"store": {"url": f"sqlite:///{tmp_path}/c.sqlite", "lease_grace_s": 60}})
-    with cfg.store.open(tmp_path / "logs") as store:
-        assert isinstance(store, SQLiteStore) and store.lease_grace_s == 60
+    with open_configured_store(cfg.store, tmp_path / "logs") as store:
+        assert isinstance(store, SQLStore) and store.lease_grace_s == 60
     with pytest.raises(ValueError, match="either store.url or store.path"):
         ZeusConfig.model_validate({"store": {"url": "postgresql://h/db", "path": "x.sqlite"}})
     with pytest.raises(ValueError, match="must be a URL"):
@@ -54,14 +55,12 @@ def test_a_database_url_without_sqlalchemy_names_the_extra(monkeypatch):
 def test_an_unreachable_server_is_retried_then_named_with_the_password_masked():
     require("rdb-sqlite")  # SQLAlchemy
     pytest.importorskip("psycopg")
-    from zeus_callbacks.store.rdb import RDBStore
-
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
     with pytest.raises(StoreError, match=r"still failing after \d+\.\d s and [2-9]\d* tries") as info:
-        RDBStore(f"postgresql://zeus:s3cret@127.0.0.1:{port}/runs", retry_s=1.0)
+        SQLStore(f"postgresql://zeus:s3cret@127.0.0.1:{port}/runs", lock_timeout_s=1.0)
     assert "s3cret" not in str(info.value) and f"zeus:***@127.0.0.1:{port}/runs" in str(info.value)
 
 
@@ -69,24 +68,22 @@ def test_refused_credentials_fail_at_once_with_the_password_masked():
     require("postgresql")
     import sqlalchemy as sa
 
-    from zeus_callbacks.store.rdb import RDBStore
-
     url = sa.engine.make_url(os.environ[DB_URL_ENV]).set(password="wrong-password")
     if url.host in (None, "", "localhost") and not url.password:
         pytest.skip("the test server must check passwords over TCP")
     with pytest.raises(StoreError, match="refused the credentials") as info:
-        RDBStore(url.render_as_string(hide_password=False), retry_s=30.0)
+        SQLStore(url.render_as_string(hide_password=False), lock_timeout_s=30.0)
     assert "wrong-password" not in str(info.value) and ":***@" in str(info.value)
 
 
 def test_opening_an_up_to_date_store_takes_no_write_lock(tmp_path):
     """A writer holds the lock: opening still works, and names the real wait once there is work to do."""
     path = tmp_path / "s.sqlite"
-    SQLiteStore(path).close()
+    SQLStore(path).close()
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     try:
-        with SQLiteStore(path, busy_timeout_s=0.3) as store:  # reads only
+        with SQLStore(path, lock_timeout_s=0.3) as store:  # reads only
             assert store.list_trials() == []
             with pytest.raises(StoreError, match=r"stayed locked for 0\.[3-9] s \(limit 0\.3 s; write"):
                 store.create_trial("j", 8)
@@ -105,7 +102,7 @@ def test_opening_an_up_to_date_store_takes_no_write_lock(tmp_path):
 def _open_new_store(path: str, barrier, errors) -> None:
     try:
         barrier.wait(30)
-        SQLiteStore(path).close()
+        SQLStore(path).close()
     except BaseException as exc:
         errors.put(f"{type(exc).__name__}: {exc}")
         raise
@@ -135,12 +132,12 @@ def test_sixteen_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_pa
         conn.close()
 
 
-MOUNTS = """\
-/dev/sda1 / ext4 rw,relatime 0 0
-server:/export/home /mnt/shared nfs4 rw,vers=4.2 0 0
-//nas/share /mnt/my\\040smb cifs rw 0 0
-lustre@tcp:/scratch /scratch lustre rw 0 0
-"""
+MOUNTS = [  # as psutil.disk_partitions(all=True) gives the mount table (an escaped space already read as one)
+    SimpleNamespace(mountpoint="/", fstype="ext4"),
+    SimpleNamespace(mountpoint="/mnt/shared", fstype="nfs4"),
+    SimpleNamespace(mountpoint="/mnt/my smb", fstype="cifs"),
+    SimpleNamespace(mountpoint="/scratch", fstype="lustre"),
+]
 
 
 def test_network_filesystems_are_told_from_the_mount_table():
@@ -155,7 +152,7 @@ def test_a_store_on_a_network_filesystem_avoids_wal_and_fcntl_locks(tmp_path, mo
     monkeypatch.setattr(netfs, "is_network_filesystem", lambda path, mounts=None: True)
     monkeypatch.setattr(netfs, "filesystem_type", lambda path, mounts=None: "nfs4")
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks.store.netfs"):
-        with SQLiteStore(tmp_path / "n.sqlite") as store:
+        with SQLStore(tmp_path / "n.sqlite") as store:
             store.create_trial("j", 8, pid=1)
         with JSONStore(tmp_path / "n.json") as store:
             store.create_trial("j", 8, pid=1)

@@ -25,7 +25,7 @@ from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.sqlite import SQLiteStore
+from zeus_callbacks.store.sql import SQLStore
 
 
 @pytest.fixture(autouse=True)
@@ -65,12 +65,7 @@ class _Opens:
 @pytest.mark.parametrize("kind", ["sqlite", "json", "postgresql"])
 def test_each_run_opens_its_store_once_for_the_bandit_and_the_profile_cache(tmp_path, monkeypatch, kind):
     store_path = new_location(kind, tmp_path)
-    if kind == "postgresql":
-        from zeus_callbacks.store.rdb import RDBStore
-
-        opens = _Opens(monkeypatch, RDBStore)
-    else:
-        opens = _Opens(monkeypatch, SQLiteStore, JSONStore)
+    opens = _Opens(monkeypatch, SQLStore, JSONStore)
     first, second = sim.simulate("A40", "squad", 2, power_limit="jit", batch_sizes=[32], store_path=store_path)
     # Recurrence 0 profiles and puts its profile; recurrence 1 reads it back: both through the run's store.
     assert (first.power_limit_source, second.power_limit_source) == ("profile", "cache")
@@ -84,16 +79,14 @@ def test_each_run_opens_its_store_once_for_the_bandit_and_the_profile_cache(tmp_
 def test_a_database_down_at_run_start_trains_at_the_default_and_keeps_the_trial(tmp_path, monkeypatch, caplog):
     require("rdb-sqlite")  # SQLAlchemy
     pytest.importorskip("psycopg")
-    from zeus_callbacks.store.rdb import RDBStore
-
     attempts = []
-    init = RDBStore.__init__
+    init = SQLStore.__init__
 
     def counting_init(store, *args, **kwargs):
         attempts.append(args[0] if args else kwargs["url"])
         init(store, *args, **kwargs)
 
-    monkeypatch.setattr(RDBStore, "__init__", counting_init)
+    monkeypatch.setattr(SQLStore, "__init__", counting_init)
     url = "postgresql://user:pw@127.0.0.1:1/db"  # nothing listens on port 1
     cfg = {
         "backend": "virtual",

@@ -491,22 +491,6 @@ class StoreConfig(_Section):
         """What :func:`~zeus_callbacks.store.open_store` opens: ``url`` if set, else :meth:`resolved_path`."""
         return self.url if self.url is not None else self.resolved_path(log_dir)
 
-    def open(self, log_dir: Path, *, read_only: bool = False):
-        """Open the store this section names (a :class:`~zeus_callbacks.store.Store`).
-
-        Raises:
-            StoreError: The store cannot be opened (see :func:`~zeus_callbacks.store.open_store`).
-        """
-        from zeus_callbacks.store import open_store
-
-        return open_store(
-            self.location(log_dir),
-            self.backend,
-            read_only=read_only,
-            lease_grace_s=self.lease_grace_s,
-            lock_timeout_s=self.lock_timeout_s,
-        )
-
 
 class CarbonConfig(_Section):
     """The grid carbon intensity behind the run's CO2 estimate (``energy/co2_g``); offline, nothing is fetched.

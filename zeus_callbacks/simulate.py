@@ -57,7 +57,7 @@ from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.batch_size import suggest_batch_size
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.store import is_url
+from zeus_callbacks.store import is_url, open_configured_store
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def _one_recurrence(
     summary = session.train_end()
     controller = session.batch_size_controller
     assert controller is not None and controller.trial_id is not None
-    store = session.config.store.open(session.config.logging.log_dir, read_only=True)
+    store = open_configured_store(session.config.store, session.config.logging.log_dir, read_only=True)
     try:
         trial = store.get_trial(controller.trial_id)
     finally:

@@ -69,6 +69,7 @@ def _files(tmp: Path) -> dict[str, Path]:
     f["marker_nvml"].write_text(
         json.dumps({"pid": 2**22 + 12345, "backend": "nvml", "gpus": [{"index": 0, "original_limit_W": 250.0}]})
     )
+    f["good_store"] = _store(tmp / "good.json")
     f["json_edited"] = _store(tmp / "edited.json")
     doc = json.loads(f["json_edited"].read_text())
     doc["trials"][0]["batch_size"] = "sixteen"
@@ -103,6 +104,7 @@ ROWS: dict[str, Row] = {  # case -> (arguments, exit status, what the message sa
     "simulate --recurrences 0": (lambda f, t: ("simulate", "--recurrences", "0"), 2, "must be ≥ 1"),
     "profile-kernel --size 0": (lambda f, t: ("profile-kernel", "--size", "0"), 2, "--size"),
     "profile-kernel --dtype fp64": (lambda f, t: ("profile-kernel", "--dtype", "fp64"), 2, "invalid choice"),
+    "store copy without a destination": (lambda f, t: ("store", "copy", "x.sqlite"), 2, "required: dst"),
     # bad input files and impossible actions: one message, status 1
     # A marker limit outside the device's range is no user error: it is clamped with a warning and
     # the GPU restored (tests/faults/test_fault_restore.py, marker limits of 900 W and 50 W).
@@ -177,6 +179,21 @@ ROWS: dict[str, Row] = {  # case -> (arguments, exit status, what the message sa
         "missing_marker.json",
     ),
     "show an energy log": (lambda f, t: ("show", str(f["good_profile_log"])), 1, "zeus-callbacks report"),
+    "store copy of a hand-edited store": (
+        lambda f, t: ("store", "copy", str(f["json_edited"]), str(t / "copy.sqlite")),
+        1,
+        "field batch_size",
+    ),
+    "store copy of a missing store": (
+        lambda f, t: ("store", "copy", str(t / "missing.sqlite"), str(t / "copy.json")),
+        1,
+        "no such store",
+    ),
+    "store copy into a store with jobs": (
+        lambda f, t: ("store", "copy", str(f["good_store"]), str(f["good_store"])),
+        1,
+        "good.json holds jobs already",
+    ),
     "validate-config of a missing file": (lambda f, t: ("validate-config", str(t / "missing.yaml")), 1, "missing.yaml"),
 }
 OWNED_BY_RESTORE: set[str] = set()
@@ -200,6 +217,7 @@ _STUB: dict[str, Path] = {
         "kernels",
         "marker_out_of_range",
         "marker_nvml",
+        "good_store",
         "json_edited",
         "sqlite_edited",
         "sqlite_flipped",

@@ -15,6 +15,7 @@ import errno
 import os
 
 import pytest
+import sqlalchemy
 
 from zeus_callbacks import atomic_io
 from zeus_callbacks.errors import StoreError, StoreFullError, StorePermissionError
@@ -26,13 +27,21 @@ def test_sqlite_disk_full_is_named_and_rolled_back(tmp_path, record_fault):
     path = tmp_path / "s.sqlite"
     with open_store(path) as store:
         store.create_trial("job", 8)
-        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]  # noqa: SLF001 - the real SQLite limit
-        store._conn.execute(f"PRAGMA max_page_count = {pages}")  # noqa: SLF001 - no page more: SQLITE_FULL
+        engine = store._engine  # noqa: SLF001 - the real SQLite limit, on every connection of the store
+        with engine.connect() as conn:
+            pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+
+        def no_page_more(dbapi_conn, _record) -> None:  # SQLITE_FULL at the next page
+            dbapi_conn.execute(f"PRAGMA max_page_count = {pages}")
+
+        sqlalchemy.event.listen(engine, "connect", no_page_more)
+        engine.dispose()  # the pooled connections go: the next ones are limited
         with pytest.raises(StoreFullError, match="full") as info:
             for i in range(2000):
                 store.put_profile(f"k{i}", {"limits_W": list(range(200))})
         full_at = i
-        store._conn.execute("PRAGMA max_page_count = 1073741823")  # noqa: SLF001
+        sqlalchemy.event.remove(engine, "connect", no_page_more)
+        engine.dispose()
         kept = store.list_profiles()
     ok = str(path) in str(info.value) and len(kept) == full_at and "corrupt" not in str(info.value)
     record_fault("store: disk full", ok)

@@ -34,6 +34,7 @@ from tests.store_contract import FAULT_KINDS, new_location
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import controller as recurring
+from zeus_callbacks.store import open_configured_store
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "nightly"
@@ -97,7 +98,7 @@ def _python(script: str, *args: str) -> subprocess.CompletedProcess:
 
 def _state(config) -> tuple[list, int]:
     """The job's trials and its bandit's version, read with a plain open (which merges nothing)."""
-    with config.store.open(config.logging.log_dir) as store:
+    with open_configured_store(config.store, config.logging.log_dir) as store:
         state = store.get_bandit(JOB)
         return store.list_trials(JOB), 0 if state is None else state.version
 

@@ -10,11 +10,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from zeus_callbacks.cli import plot, profile_kernel, report, restore, show, simulate, validate_config
+from zeus_callbacks.cli import plot, profile_kernel, report, restore, show, simulate, store, validate_config
 from zeus_callbacks.config import ConfigError
 from zeus_callbacks.errors import ZeusCallbacksError
 
-COMMANDS = (validate_config, report, restore, simulate, show, plot, profile_kernel)
+COMMANDS = (validate_config, report, restore, simulate, show, plot, profile_kernel, store)
 """The subcommand modules, in the order ``zeus-callbacks --help`` lists them."""
 
 

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from zeus_callbacks.store.base import (
     DEFAULT_LEASE_GRACE_S,
@@ -35,7 +35,9 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "TrialRecord",
+    "copy_store",
     "is_url",
+    "open_configured_store",
     "open_store",
     "store_location",
 ]
@@ -44,14 +46,6 @@ __all__ = [
 def is_url(location: str | Path) -> bool:
     """True when ``location`` is a database URL (``scheme://…``) rather than a store file."""
     return isinstance(location, str) and "://" in location
-
-
-def _sqlite_url_file(url: str) -> str:
-    """The file of a ``sqlite:///relative`` / ``sqlite:////absolute`` URL."""
-    file = url.split("://", 1)[1]
-    if not file.startswith("/") or file in ("/", "/:memory:"):
-        raise ValueError(f"store URL {url!r}: use sqlite:///relative/path or sqlite:////absolute/path")
-    return file[1:]
 
 
 def store_location(path: str | Path) -> str:
@@ -66,7 +60,9 @@ def store_location(path: str | Path) -> str:
     if is_url(path):
         url = str(path)
         if url.split("://", 1)[0].lower() == "sqlite":
-            return str(Path(_sqlite_url_file(url)))
+            from zeus_callbacks.store.sql import sqlite_url_file
+
+            return str(Path(sqlite_url_file(url)))
         return mask_url(url)
     return str(Path(path))
 
@@ -85,7 +81,8 @@ def open_store(
         path: The store file, or a database URL: ``sqlite:///path`` (the built-in SQLite
             store on ``path``: ``sqlite:////abs/path`` for an absolute one),
             ``postgresql://user:password@host/db``, ``mysql://…`` or any SQLAlchemy URL
-            (:class:`~zeus_callbacks.store.rdb.RDBStore`; needs ``zeus-callbacks[postgres]``).
+            (:class:`~zeus_callbacks.store.sql.SQLStore`; PostgreSQL's driver comes with
+            ``zeus-callbacks[postgres]``).
         backend: For a file: ``"sqlite"`` or ``"json"``; None: ``json`` for a ``.json`` file,
             else ``sqlite``. Ignored for a URL.
         read_only: Read an existing store without creating or changing any file (``show``,
@@ -102,27 +99,84 @@ def open_store(
         StoreCorruptError: The file exists but is not a readable store.
         StoreSchemaError: The file was written by a newer zeus-callbacks.
         StoreError: The file cannot be opened (a directory; read-only: missing); a database
-            URL without SQLAlchemy installed, refused credentials, an unreachable server.
+            URL without its driver installed, refused credentials, an unreachable server.
         ValueError: Unknown backend.
     """
     if is_url(path):
         url = str(path)
-        scheme = url.split("://", 1)[0].lower()
-        if scheme == "sqlite":
-            path, backend = _sqlite_url_file(url), "sqlite"
+        if url.split("://", 1)[0].lower() != "sqlite":  # a server database: the SQL store
+            backend = "sqlite"
         else:
-            from zeus_callbacks.store.rdb import RDBStore
+            from zeus_callbacks.store.sql import sqlite_url_file
 
-            return RDBStore(url, read_only=read_only, lease_grace_s=lease_grace_s, retry_s=lock_timeout_s)
-    path = Path(path)
-    if backend is None:
-        backend = "json" if path.suffix.lower() == ".json" else "sqlite"
+            path, backend = sqlite_url_file(url), "sqlite"
+    else:
+        path = Path(path)
+        if backend is None:
+            backend = "json" if path.suffix.lower() == ".json" else "sqlite"
+    options: dict[str, Any] = {"read_only": read_only, "lease_grace_s": lease_grace_s, "lock_timeout_s": lock_timeout_s}
     if backend == "sqlite":
-        from zeus_callbacks.store.sqlite import SQLiteStore
+        from zeus_callbacks.store.sql import SQLStore
 
-        return SQLiteStore(path, read_only=read_only, lease_grace_s=lease_grace_s, busy_timeout_s=lock_timeout_s)
+        return SQLStore(path, **options)
     if backend == "json":
         from zeus_callbacks.store.json import JSONStore
 
-        return JSONStore(path, read_only=read_only, lease_grace_s=lease_grace_s, lock_timeout_s=lock_timeout_s)
+        return JSONStore(path, **options)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")
+
+
+class StoreSettings(Protocol):
+    """What :func:`open_configured_store` reads of a store section (``zeus_callbacks.config.StoreConfig``)."""
+
+    backend: Literal["sqlite", "json"]
+    lease_grace_s: float
+    lock_timeout_s: float
+
+    def location(self, log_dir: Path) -> str | Path:
+        """The store file or URL."""
+        ...
+
+
+def open_configured_store(settings: StoreSettings, log_dir: str | Path, *, read_only: bool = False) -> Store:
+    """Open the store a configuration's ``store`` section names (default ``<log_dir>/zeus_store.<backend>``).
+
+    Called where a run (or a command) starts; the configuration itself opens nothing.
+
+    Raises:
+        StoreError: The store cannot be opened (see :func:`open_store`).
+    """
+    return open_store(
+        settings.location(Path(log_dir)),
+        settings.backend,
+        read_only=read_only,
+        lease_grace_s=settings.lease_grace_s,
+        lock_timeout_s=settings.lock_timeout_s,
+    )
+
+
+def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, int, int]:
+    """Copy every record of one store into a new, empty one: between any two stores (SQLite, JSON, a database).
+
+    The source is opened read-only; the destination (created when missing; its kind from its
+    suffix or URL, as :func:`open_store` picks it) takes everything in one write: trial ids,
+    times, leases and bandit versions are kept.
+
+    Args:
+        source: The store to read (a file or a database URL).
+        destination: The store to write; it must hold no job yet.
+
+    Returns:
+        How many jobs, trials, bandit states and profiles were copied.
+
+    Raises:
+        StoreError: Either store cannot be opened, or the destination holds jobs already
+            (nothing was written).
+    """
+    from zeus_callbacks.store.records import snapshot
+
+    with open_store(source, read_only=True) as src:
+        records = snapshot(src)
+    with open_store(destination) as dst:
+        dst.import_records(records)
+    return len(records.jobs), len(records.trials), len(records.bandits), len(records.profiles)

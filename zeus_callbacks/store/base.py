@@ -5,19 +5,19 @@ A *job* is a recurring training job (``ZeusConfig.job_id``); each recurrence of 
 it reached its target). The batch-size bandit keeps its state (arms, pruning progress,
 random-generator state) per job, and the power-limit profiler caches its profiles by key.
 
-Backends: :class:`~zeus_callbacks.store.sqlite.SQLiteStore` (default),
-:class:`~zeus_callbacks.store.json.JSONStore` and, for a store many nodes share,
-:class:`~zeus_callbacks.store.rdb.RDBStore` (PostgreSQL, MySQL or any SQLAlchemy database);
-:func:`open_store` picks one. Every backend passes the same contract suite (``tests/store_contract.py``).
+Implementations: :class:`~zeus_callbacks.store.sql.SQLStore` (a SQLite file, the default, or a
+PostgreSQL, MySQL or any SQLAlchemy database many nodes share) and
+:class:`~zeus_callbacks.store.json.JSONStore` (one human-readable file for a single user), both over
+the records of :mod:`~zeus_callbacks.store.records`; :func:`open_store` picks one. Both pass the same
+contract suite (``tests/store_contract.py``).
 """
 
 from __future__ import annotations
 
 import abc
-
-# The store's error types live in errors.py; importing them from here keeps working.
 import errno as _errno
 import json
+import logging
 import math
 import os
 import socket
@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 # The store's error types live in errors.py; importing them from here keeps working.
 from zeus_callbacks.atomic_io import ownership_problem
@@ -36,6 +36,12 @@ from zeus_callbacks.errors import StoreError as StoreError
 from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermissionError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
+
+if TYPE_CHECKING:
+    from zeus_callbacks.store.records import Snapshot
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMA_VERSION = 3
 """Version of the store layout this code writes; a newer one is refused.
@@ -143,18 +149,10 @@ the finished one included, the job's current bandit state) → the job's new ban
 
 
 def process_is_alive(pid: int) -> bool:
-    """True when a process with id ``pid`` exists on this host (signal 0 probe)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
+    """True when a process with id ``pid`` exists on this host (``psutil.pid_exists``; another user's counts)."""
+    import psutil
+
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 def this_host() -> str:
@@ -377,6 +375,17 @@ class Store(abc.ABC):
     def list_profiles(self) -> list[str]:
         """Return the stored profile keys, sorted."""
 
+    # -- copies ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def import_records(self, snapshot: Snapshot) -> None:
+        """Write every record of ``snapshot`` (another store's, read by ``records.snapshot``) into this empty store.
+
+        Trial ids, times and bandit versions are kept; it is one write (all or nothing).
+
+        Raises:
+            StoreError: This store holds jobs already (nothing was written).
+        """
+
     # -- leases ------------------------------------------------------------------------
     @abc.abstractmethod
     def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
@@ -407,29 +416,6 @@ class Store(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
-
-
-def trial_from_dict(d: Mapping[str, Any]) -> TrialRecord:
-    """Build a :class:`TrialRecord` from its dict form (JSON backend, SQLite rows)."""
-    return TrialRecord(
-        trial_id=int(d["trial_id"]),
-        job_id=str(d["job_id"]),
-        batch_size=int(d["batch_size"]),
-        power_limit_W=None if d.get("power_limit_W") is None else float(d["power_limit_W"]),
-        status=d["status"],
-        energy_J=None if d.get("energy_J") is None else float(d["energy_J"]),
-        time_s=None if d.get("time_s") is None else float(d["time_s"]),
-        cost=None if d.get("cost") is None else float(d["cost"]),
-        converged=bool(d.get("converged", False)),
-        started_at=float(d["started_at"]),
-        ended_at=None if d.get("ended_at") is None else float(d["ended_at"]),
-        pid=int(d.get("pid", 0)),
-        host=str(d.get("host", "")),
-        info=dict(d.get("info") or {}),
-        owner=str(d.get("owner") or ""),
-        heartbeat_at=None if d.get("heartbeat_at") is None else float(d["heartbeat_at"]),
-        pending_id=None if d.get("pending_id") is None else str(d["pending_id"]),
-    )
 
 
 def check_finite(location: str, what: str, **values: float | None) -> None:
@@ -511,11 +497,6 @@ def check_finish_status(status: str) -> None:
         raise ValueError(f"a finished trial's status must be completed, failed or early_stopped, got {status!r}")
 
 
-def is_orphan(trial: Mapping[str, Any], host: str) -> bool:
-    """True for a ``running`` trial of this host whose process is gone."""
-    return trial["status"] == "running" and trial.get("host") == host and not process_is_alive(int(trial["pid"]))
-
-
 def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
     """Why a ``running`` trial is dead, or None while it may still run.
 
@@ -556,3 +537,54 @@ def refuse_foreign_store(path: Path) -> None:
         raise StoreError(
             f"store {path}: {problem}; it is not opened for writing (use a store of your own, or open it read-only)"
         )
+
+
+def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Callable[[BaseException], bool]) -> T:
+    """``attempt()``, called again after a transient error with jittered exponential backoff (tenacity).
+
+    The one retry policy of the stores: a database that is unreachable, deadlocked or restarting,
+    a SQLite file another process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter
+    (so that processes that collided do not collide again), never sleeping past ``limit_s`` from the
+    first try.
+
+    Args:
+        attempt: The operation; re-run from its start (it must be safe to repeat: one transaction).
+        limit_s: How long (s) to keep retrying.
+        is_transient: Whether an error is worth another try; any other error is raised at once.
+
+    Returns:
+        What ``attempt`` returned.
+
+    Raises:
+        BaseException: The last error, once it is not transient or ``limit_s`` would pass.
+    """
+    import tenacity
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        stop=tenacity.stop_before_delay(limit_s),
+        wait=tenacity.wait_exponential_jitter(initial=0.02, max=1.0, jitter=0.02),
+        reraise=True,
+    )
+    return retrying(attempt)
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """The file's identity (device, inode); None when there is no file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def log_orphan(trial: Mapping[str, Any], reason: str, lease_grace_s: float) -> None:
+    """Warn that a dead trial (``orphan_reason``) was marked failed on open."""
+    logger.warning(
+        "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
+        trial["trial_id"],
+        trial["job_id"],
+        trial["pid"],
+        trial.get("host"),
+        "died" if reason == "process died" else f"sent no heartbeat for {lease_grace_s:g} s",
+    )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,17 +38,13 @@ from zeus_callbacks.store.base import (
     StoreSchemaError,
     TrialRecord,
     TrialStatus,
-    check_finish_status,
-    check_finite,
-    dumps_strict,
-    lease_owner,
     locked_error,
+    log_orphan,
     now,
     orphan_reason,
     os_error,
     refuse_foreign_store,
     this_host,
-    trial_from_dict,
 )
 from zeus_callbacks.store.lease import KEEPER
 
@@ -208,16 +203,8 @@ class JSONStore(Store):
             MIGRATIONS[doc["schema_version"]](doc)
             doc["schema_version"] += 1
         for trial, reason in self._orphans(doc):
-            trial.update(status="failed", ended_at=now())
-            trial["info"] = {**trial.get("info", {}), "reason": reason}
-            logger.warning(
-                "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
-                trial["trial_id"],
-                trial["job_id"],
-                trial["pid"],
-                trial.get("host"),
-                "died" if reason == "process died" else f"sent no heartbeat for {self.lease_grace_s:g} s",
-            )
+            trial.update(records.orphan_fields(self._record(trial), reason, now()))
+            log_orphan(trial, reason, self.lease_grace_s)
 
     # -- jobs ---------------------------------------------------------------------------
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
@@ -251,9 +238,9 @@ class JSONStore(Store):
         pending_id: str | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.create_trial`."""
-        check_finite(self.location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
-        info_json = dumps_strict(dict(info or {}), self.location, f"the info of a new trial of job {job_id}")
-        mine = pid is None or int(pid) == os.getpid()
+        fields = records.new_trial(
+            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
+        )
         created = True
 
         def change(doc: Document) -> TrialRecord:
@@ -262,33 +249,15 @@ class JSONStore(Store):
                 existing = next((t for t in doc["trials"] if t.get("pending_id") == pending_id), None)
                 if existing is not None:
                     created = False
-                    return trial_from_dict(copy.deepcopy(existing))
+                    return self._record(existing)
             _ensure_job(doc, job_id, None)
-            trial = {
-                "trial_id": doc["next_trial_id"],
-                "job_id": job_id,
-                "batch_size": int(batch_size),
-                "power_limit_W": None if power_limit_W is None else float(power_limit_W),
-                "status": "running",
-                "energy_J": None,
-                "time_s": None,
-                "cost": None,
-                "converged": False,
-                "started_at": now(),
-                "ended_at": None,
-                "pid": os.getpid() if pid is None else int(pid),
-                "host": this_host(),
-                "info": json.loads(info_json),
-                "owner": lease_owner() if mine else "",
-                "pending_id": pending_id,
-            }
-            trial["heartbeat_at"] = trial["started_at"]
+            trial = {"trial_id": doc["next_trial_id"], **copy.deepcopy(fields)}
             doc["next_trial_id"] += 1
             doc["trials"].append(trial)
-            return trial_from_dict(copy.deepcopy(trial))
+            return self._record(trial)
 
         record = self._mutate(change, always_write=pending_id is None)  # an existing one: no rewrite
-        if mine and created:
+        if fields["owner"] and created:
             KEEPER.hold(self, record.trial_id)
         return record
 
@@ -308,50 +277,39 @@ class JSONStore(Store):
         bandit_update: OutcomeUpdate | None = None,
     ) -> TrialRecord:
         """See :meth:`Store.finish_trial` (with ``bandit_update``: one locked read-modify-write of the file)."""
-        check_finish_status(status)
-        check_finite(
+        outcome = records.outcome(
             self.location,
-            f"finish trial {trial_id}",
+            trial_id,
+            status=status,
             energy_J=energy_J,
             time_s=time_s,
             cost=cost,
+            converged=converged,
+            batch_size=batch_size,
             power_limit_W=power_limit_W,
+            info=info,
+            pending_id=pending_id,
         )
-        dumps_strict(dict(info or {}), self.location, f"the info of trial {trial_id}")
 
         def change(doc: Document) -> TrialRecord:
             trial = next((t for t in doc["trials"] if t["trial_id"] == trial_id), None)
             if trial is None:
                 raise KeyError(f"no trial {trial_id} in store {self.path}")
-            trial.update(
-                status=status,
-                energy_J=energy_J,
-                time_s=time_s,
-                cost=cost,
-                converged=bool(converged),
-                ended_at=now(),
-            )
-            if batch_size is not None:
-                trial["batch_size"] = int(batch_size)
-            if power_limit_W is not None:
-                trial["power_limit_W"] = float(power_limit_W)
-            trial["info"] = {**trial.get("info", {}), **dict(info or {})}
-            if pending_id is not None:
-                if any(t.get("pending_id") == pending_id and t is not trial for t in doc["trials"]):
-                    raise StoreError(
-                        f"store {self.path}: pending trial {pending_id} is already recorded as "
-                        "another trial; nothing was written"
-                    )
-                trial["pending_id"] = pending_id
-            finished = trial_from_dict(copy.deepcopy(trial))
+            if pending_id is not None and any(
+                t.get("pending_id") == pending_id and t is not trial for t in doc["trials"]
+            ):
+                raise StoreError(
+                    f"store {self.path}: pending trial {pending_id} is already recorded as another trial; nothing "
+                    "was written"
+                )
+            trial.update(copy.deepcopy(records.finished_fields(self._record(trial), outcome, now())))
+            finished = self._record(trial)
             if bandit_update is not None:  # on the same document: one file replace writes both, or none
                 job_id = finished.job_id
                 trials = [
-                    trial_from_dict(copy.deepcopy(t))
-                    for t in sorted(doc["trials"], key=lambda t: t["trial_id"])
-                    if t["job_id"] == job_id
+                    self._record(t) for t in sorted(doc["trials"], key=lambda t: t["trial_id"]) if t["job_id"] == job_id
                 ]
-                current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
+                current = self._bandit(job_id, doc) or BanditState(job_id)
                 self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
             return finished
 
@@ -362,12 +320,12 @@ class JSONStore(Store):
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""
         trial = next((t for t in self._load()["trials"] if t["trial_id"] == trial_id), None)
-        return None if trial is None else trial_from_dict(trial)
+        return None if trial is None else self._record(trial)
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
         return [
-            trial_from_dict(t)
+            self._record(t)
             for t in sorted(self._load()["trials"], key=lambda t: t["trial_id"])
             if (job_id is None or t["job_id"] == job_id) and (status is None or t["status"] == status)
         ]
@@ -375,14 +333,14 @@ class JSONStore(Store):
     # -- bandit -------------------------------------------------------------------------
     def get_bandit(self, job_id: str) -> BanditState | None:
         """See :meth:`Store.get_bandit`."""
-        return _bandit_from(job_id, self._load()["bandits"].get(job_id))
+        return self._bandit(job_id, self._load())
 
     def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
         """See :meth:`Store.update_bandit`."""
 
         def change(doc: Document) -> Any:
             _ensure_job(doc, job_id, None)
-            current = _bandit_from(job_id, doc["bandits"].get(job_id)) or BanditState(job_id)
+            current = self._bandit(job_id, doc) or BanditState(job_id)
             new, result = update(current)
             self._put_bandit(doc, job_id, current, new)
             return result
@@ -391,16 +349,17 @@ class JSONStore(Store):
 
     def _put_bandit(self, doc: Document, job_id: str, current: BanditState, new: BanditState) -> None:
         """Replace, in ``doc``, the job's bandit state read as ``current`` by ``new`` (refused if not JSON-safe)."""
-        dumps_strict(
-            {"state": new.state, "arms": {str(b): a for b, a in new.arms.items()}},
-            self.location,
-            f"the bandit state of job {job_id}",
-        )
-        doc["bandits"][job_id] = {
-            "state": copy.deepcopy(new.state),
-            "arms": {str(int(b)): copy.deepcopy(s) for b, s in new.arms.items()},
-            "version": current.version + 1,
-        }
+        doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
+
+    def _bandit(self, job_id: str, doc: Document) -> BanditState | None:
+        entry = doc["bandits"].get(job_id)
+        if entry is None:
+            return None
+        return records.bandit(job_id, entry["state"], entry["version"], entry["arms"].items(), self.location)
+
+    def _record(self, trial: Mapping[str, Any]) -> TrialRecord:
+        """A trial of the (validated) document as a record: a copy, never the document's own dicts."""
+        return records.trial(copy.deepcopy(trial), self.location)
 
     # -- profiles -----------------------------------------------------------------------
     def put_profile(self, key: str, table: Mapping[str, Any]) -> None:
@@ -418,6 +377,23 @@ class JSONStore(Store):
     def list_profiles(self) -> list[str]:
         """See :meth:`Store.list_profiles`."""
         return sorted(self._load()["profiles"])
+
+    # -- copies -------------------------------------------------------------------------
+    def import_records(self, snapshot: records.Snapshot) -> None:
+        """See :meth:`Store.import_records` (one locked replace of the file)."""
+
+        def change(doc: Document) -> None:
+            if doc["jobs"]:
+                raise StoreError(f"store {self.path} holds jobs already: copy into a new, empty store")
+            for job in snapshot.jobs:
+                doc["jobs"][job.job_id] = {"created_at": job.created_at, "info": copy.deepcopy(job.info)}
+            doc["trials"] = [{**copy.deepcopy(t.__dict__)} for t in snapshot.trials]
+            doc["next_trial_id"] = max((t.trial_id for t in snapshot.trials), default=0) + 1
+            for state in snapshot.bandits:
+                doc["bandits"][state.job_id] = _bandit_entry(state, state.version, self.location)
+            doc["profiles"] = copy.deepcopy(snapshot.profiles)
+
+        self._mutate(change)
 
     # -- leases -------------------------------------------------------------------------
     def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
@@ -449,8 +425,11 @@ def _ensure_job(doc: Document, job_id: str, info: Mapping[str, Any] | None) -> d
     return doc["jobs"][job_id]
 
 
-def _bandit_from(job_id: str, entry: Mapping[str, Any] | None) -> BanditState | None:
-    if entry is None:
-        return None
-    arms = {int(b): copy.deepcopy(s) for b, s in entry.get("arms", {}).items()}
-    return BanditState(job_id, copy.deepcopy(entry["state"]), dict(sorted(arms.items())), int(entry["version"]))
+def _bandit_entry(state: BanditState, version: int, location: str) -> dict[str, Any]:
+    """A bandit state as the document keeps it (arms keyed by the batch size as text); refused if not JSON-safe."""
+    state_json, arms_json = records.bandit_json(state, location)
+    return {
+        "state": json.loads(state_json),
+        "arms": {str(b): json.loads(a) for b, a in arms_json.items()},
+        "version": version,
+    }

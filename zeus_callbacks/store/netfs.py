@@ -3,7 +3,7 @@
 SQLite's WAL journal needs shared memory that only one host sees, and ``fcntl``/``flock``
 locks are unreliable on many NFS set-ups: a file store there uses SQLite's rollback
 journal and an ``O_EXCL`` lock file instead (see ``docs/stores.md``). ``os.statvfs`` has
-no filesystem type, so this reads the mount table (``/proc/self/mounts``) and takes the
+no filesystem type, so this reads the mount table (``psutil.disk_partitions``) and takes the
 longest mount point above the path.
 """
 
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -39,46 +41,38 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 """Filesystem types (``/proc/mounts`` third column) treated as network filesystems."""
 
-_MOUNTS = Path("/proc/self/mounts")
 _warned: set[str] = set()
 
 
-def _unescape(field: str) -> str:
-    """Mount points in ``/proc/mounts`` escape space, tab, newline and backslash as octal."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def filesystem_type(path: str | Path, mounts: str | None = None) -> str | None:
+def filesystem_type(path: str | Path, mounts: Iterable[Any] | None = None) -> str | None:
     """The type of the filesystem holding ``path`` (an existing file, or the directory it will be in).
 
     Args:
         path: A file or directory (it need not exist yet).
-        mounts: The mount table's text (default: read ``/proc/self/mounts``).
+        mounts: The mount table: items with ``mountpoint`` and ``fstype`` (default:
+            ``psutil.disk_partitions(all=True)``, this process's ``/proc/self/mounts`` on Linux).
 
     Returns:
         The type (``"ext4"``, ``"nfs4"``, ...), or None when the mount table cannot be read.
     """
     if mounts is None:
+        import psutil
+
         try:
-            mounts = _MOUNTS.read_text()
-        except OSError:
+            mounts = psutil.disk_partitions(all=True)
+        except (OSError, RuntimeError):
             return None
     target_s = os.path.realpath(path)  # a missing tail is fine: the longest mount point above it counts
     best, best_type = "", None
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        mount_point = _unescape(fields[1])
+    for part in mounts:
+        mount_point = part.mountpoint
         inside = target_s == mount_point or target_s.startswith(mount_point.rstrip("/") + "/")
         if inside and len(mount_point) >= len(best):
-            best, best_type = mount_point, fields[2]
+            best, best_type = mount_point, part.fstype
     return best_type
 
 
-def is_network_filesystem(path: str | Path, mounts: str | None = None) -> bool:
+def is_network_filesystem(path: str | Path, mounts: Iterable[Any] | None = None) -> bool:
     """True when ``path`` is on one of :data:`NETWORK_FILESYSTEMS` (see :func:`filesystem_type`)."""
     return (filesystem_type(path, mounts) or "").lower() in NETWORK_FILESYSTEMS
 

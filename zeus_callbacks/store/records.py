@@ -1,6 +1,6 @@
-"""The shape of every stored record, checked on load (pydantic): a hand edit or a flipped bit is named, never a crash.
+"""The store's records: one schema for both stores, checked on load (pydantic), and built here on write.
 
-Each backend reads its rows or its document through these models before it returns a record
+Reading: each store reads its rows or its document through these models before it returns a record
 or writes anything back. A record that does not fit raises
 :class:`~zeus_callbacks.errors.StoreCorruptError` naming the store and the record (``trial 7``,
 ``job 'nightly'``, ``the bandit of job 'nightly'``) and the field; the store is left untouched.
@@ -8,19 +8,38 @@ or writes anything back. A record that does not fit raises
 The models are lax in the ways a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for
 8) and strict in the rest. A stored energy, time, cost or power limit that is not a finite number
 (a NaN an older version let through) reads as None: unknown, which is what it is.
+
+Writing: both stores build a new trial (:func:`new_trial`), a finished one (:func:`outcome`,
+:func:`finished_fields`), a trial marked dead (:func:`orphan_fields`) and a bandit state's JSON
+(:func:`bandit_json`) here, so the SQL rows and the JSON document hold the same fields, refused
+and accepted by the same checks. :class:`Snapshot` carries a whole store from one to another.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from typing import Any, Literal
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.errors import StoreCorruptError
-from zeus_callbacks.store.base import JobRecord, TrialRecord
+from zeus_callbacks.store.base import (
+    BanditState,
+    JobRecord,
+    TrialRecord,
+    check_finish_status,
+    check_finite,
+    dumps_strict,
+    lease_owner,
+    this_host,
+)
+
+if TYPE_CHECKING:
+    from zeus_callbacks.store.base import Store
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -266,3 +285,153 @@ def version(value: Any, location: str, record: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise corrupt(location, record, f"version {value!r} is not a whole number ≥ 0")
     return value
+
+
+def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any, Any]], location: str) -> BanditState:
+    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes as integers or text), checked.
+
+    Raises:
+        StoreCorruptError: A part does not fit.
+    """
+    name = f"the bandit of job {job_id!r}"
+    decoded = {
+        batch_size_key(b, location, f"{name}, arm {b!r}"): (
+            dict(s) if isinstance(s, Mapping) else mapping_column(s, location, f"{name}, arm {b!r}")
+        )
+        for b, s in arms
+    }
+    return BanditState(
+        job_id=job_id,
+        state=dict(state) if isinstance(state, Mapping) else mapping_column(state, location, name),
+        arms=dict(sorted(decoded.items())),
+        version=version(version_value, location, name),
+    )
+
+
+def bandit_json(state: BanditState, location: str) -> tuple[str, dict[int, str]]:
+    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON).
+
+    Raises:
+        StoreValueError: A value is not a finite number (nothing was written).
+    """
+    job_id = state.job_id
+    return dumps_strict(state.state, location, f"the bandit state of job {job_id}"), {
+        int(b): dumps_strict(s, location, f"arm {b} of job {job_id}") for b, s in state.arms.items()
+    }
+
+
+def new_trial(
+    location: str,
+    job_id: str,
+    batch_size: int,
+    power_limit_W: float | None,
+    *,
+    info: Mapping[str, Any] | None,
+    pid: int | None,
+    pending_id: str | None,
+    now_s: float,
+) -> dict[str, Any]:
+    """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
+
+    A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
+    recorded for another process carries none.
+
+    Raises:
+        StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
+    """
+    check_finite(location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+    info_json = dumps_strict(dict(info or {}), location, f"the info of a new trial of job {job_id}")
+    mine = pid is None or int(pid) == os.getpid()
+    return {
+        "job_id": job_id,
+        "batch_size": int(batch_size),
+        "power_limit_W": None if power_limit_W is None else float(power_limit_W),
+        "status": "running",
+        "energy_J": None,
+        "time_s": None,
+        "cost": None,
+        "converged": False,
+        "started_at": now_s,
+        "ended_at": None,
+        "pid": os.getpid() if pid is None else int(pid),
+        "host": this_host(),
+        "info": json.loads(info_json),
+        "owner": lease_owner() if mine else "",
+        "heartbeat_at": now_s,
+        "pending_id": pending_id,
+    }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trial's outcome as :meth:`~zeus_callbacks.store.base.Store.finish_trial` is given it, checked."""
+
+    status: str
+    energy_J: float | None
+    time_s: float | None
+    cost: float | None
+    converged: bool
+    batch_size: int | None
+    power_limit_W: float | None
+    info: dict[str, Any]
+    pending_id: str | None
+
+
+def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
+    """The outcome ``finish_trial`` was given (its keyword arguments but ``bandit_update``), checked before any write.
+
+    Raises:
+        ValueError: ``status`` is ``running`` or unknown.
+        StoreValueError: A number (or a value of ``info``) is not finite.
+    """
+    result = Outcome(**{**given, "info": dict(given.get("info") or {})})
+    check_finish_status(result.status)
+    check_finite(
+        location,
+        f"finish trial {trial_id}",
+        energy_J=result.energy_J,
+        time_s=result.time_s,
+        cost=result.cost,
+        power_limit_W=result.power_limit_W,
+    )
+    dumps_strict(result.info, location, f"the info of trial {trial_id}")
+    return result
+
+
+def finished_fields(old: TrialRecord, done: Outcome, now_s: float) -> dict[str, Any]:
+    """The stored fields a finished trial changes: its outcome, ``info`` merged, the rest kept unless given."""
+    return {
+        "status": done.status,
+        "energy_J": done.energy_J,
+        "time_s": done.time_s,
+        "cost": done.cost,
+        "converged": bool(done.converged),
+        "ended_at": now_s,
+        "batch_size": old.batch_size if done.batch_size is None else int(done.batch_size),
+        "power_limit_W": old.power_limit_W if done.power_limit_W is None else float(done.power_limit_W),
+        "info": {**old.info, **done.info},
+        "pending_id": old.pending_id if done.pending_id is None else done.pending_id,
+    }
+
+
+def orphan_fields(trial: TrialRecord, reason: str, now_s: float) -> dict[str, Any]:
+    """The stored fields of a dead trial marked failed on open (``reason``: see ``base.orphan_reason``)."""
+    return {"status": "failed", "ended_at": now_s, "info": {**trial.info, "reason": reason}}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every record of a store, as :func:`snapshot` reads it and ``Store.import_records`` writes it."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    bandits: list[BanditState] = field(default_factory=list)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def snapshot(store: Store) -> Snapshot:
+    """Read every record of ``store`` (jobs, trials in creation order, bandit states, profiles)."""
+    jobs = store.list_jobs()
+    bandits = [b for b in (store.get_bandit(j.job_id) for j in jobs) if b is not None]
+    profiles = {key: store.get_profile(key) or {} for key in store.list_profiles()}
+    return Snapshot(jobs, store.list_trials(), bandits, profiles)

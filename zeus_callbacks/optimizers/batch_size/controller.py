@@ -40,7 +40,7 @@ from zeus_callbacks.errors import StoreError, StoreUnavailableError
 from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.store import Store, TrialRecord, store_location
+from zeus_callbacks.store import Store, TrialRecord, open_configured_store, store_location
 from zeus_callbacks.store.base import this_host
 from zeus_callbacks.store.run_store import RunStore
 
@@ -86,7 +86,7 @@ def open_job_store(config: ZeusConfig) -> Store:
         StoreUnavailableError: The store cannot be reached now (locked, a database down).
         StoreError: The store cannot be opened (corrupt, newer schema, refused credentials).
     """
-    store = config.store.open(config.logging.log_dir)
+    store = open_configured_store(config.store, config.logging.log_dir)
     if config.batch_size.enabled:  # pending files are bandit trials: merging them needs its settings
         merge_pending_trials(store, config)
     return store

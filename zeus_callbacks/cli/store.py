@@ -1,0 +1,33 @@
+"""``zeus-callbacks store copy``: copy a store's records into a new store of any kind (SQLite, JSON, a database)."""
+
+from __future__ import annotations
+
+import argparse
+
+from zeus_callbacks.store import copy_store, store_location
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``store`` (and its ``copy``) on the command's subparsers."""
+    store = sub.add_parser("store", help="copy a store into another (SQLite, JSON or a database)")
+    actions = store.add_subparsers(dest="store_command", required=True)
+    copy = actions.add_parser(
+        "copy",
+        help="copy every job, trial, bandit state and profile of SRC into DST, a new empty store",
+        description="Copy every record of SRC into DST, which must hold no job yet; SRC is only read. "
+        "Each is a store file (.sqlite, .db: SQLite; .json: JSON) or a database URL (postgresql://...). "
+        "Trial ids, times and bandit versions are kept.",
+    )
+    copy.add_argument("src", help="the store to read (a file or a database URL)")
+    copy.add_argument("dst", help="the store to write: a new file, or a database with no zeus-callbacks job")
+    copy.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Copy ``args.src`` into ``args.dst`` and say what was copied; returns 0."""
+    jobs, trials, bandits, profiles = copy_store(args.src, args.dst)
+    print(
+        f"copied {jobs} job(s), {trials} trial(s), {bandits} bandit state(s) and {profiles} profile(s) "
+        f"from {store_location(args.src)} to {store_location(args.dst)}"
+    )
+    return 0
