@@ -254,12 +254,12 @@ def test_summary_and_report_name_the_parts_of_the_total(tmp_path, capsys, virtua
     outside_J = summary.energy_J - epoch_J
     assert outside_J > 0.2 * summary.energy_J  # 1.5 of 3.5 s, at the trace's power
     (line,) = [line for line in str(summary).splitlines() if line.startswith("  parts")]
-    assert f"1 epoch(s) {epoch_J:,.1f} J ({100 * epoch_J / summary.energy_J:.1f} %)" in line
-    assert f"outside every epoch {outside_J:,.1f} J ({100 * outside_J / summary.energy_J:.1f} %" in line
+    assert f"1 epoch(s) {epoch_J:,.3f} J ({100 * epoch_J / summary.energy_J:.1f} %)" in line
+    assert f"outside every epoch {outside_J:,.3f} J ({100 * outside_J / summary.energy_J:.1f} %" in line
     assert "about" not in line and "ledger" in line  # no mean-step estimate (it mixed in warm-up steps)
     assert main(["report", str(tmp_path / "parts.jsonl")]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the report wraps its lines
-    assert f"parts: 1 epoch(s) {epoch_J:,.1f} J" in out and f"outside every epoch {outside_J:,.1f} J" in out
+    assert f"parts: 1 epoch(s) {epoch_J:,.3f} J" in out and f"outside every epoch {outside_J:,.3f} J" in out
 
 
 @pytest.mark.parametrize(

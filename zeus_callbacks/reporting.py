@@ -455,8 +455,8 @@ def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:
     total_J = epochs_J + outside_J
     assert isinstance(epoch_energy_J, list)  # energy_split returned figures: a list of epochs
     return (
-        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.1f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
-        f"{outside_J:,.1f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
+        f"{len(epoch_energy_J)} epoch(s) {epochs_J:,.3f} J ({100 * epochs_J / total_J:.1f} %) + outside every epoch "
+        f"{outside_J:,.3f} J ({100 * outside_J / total_J:.1f} %: set-up, steps or evaluations after an epoch, the "
         "end, a resumed epoch's part before the checkpoint); each epoch record's ledger splits its epoch"
     )
 
