@@ -18,11 +18,11 @@ import pytest
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS
 from zeus_callbacks.optimizers.power_limit import ProfileKey
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store.profile_cache import StoreProfileCache
+from zeus_callbacks.terminal import TERMINAL_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

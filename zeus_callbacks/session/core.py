@@ -289,7 +289,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             BackendUnavailable: The configured backend cannot be used here.
         """
         if self.backend is None:
-            self.backend = get_backend(self.config.backend, virtual=self.config.virtual)
+            self.backend = get_backend(self.config.backend, virtual=self.config.virtual.backend_kwargs)
         return self.backend
 
     def epoch_start(self, epoch: int) -> None:
