@@ -60,7 +60,7 @@ def test_optimisers_and_the_store_do_not_import_the_session():
             assert "from zeus_callbacks.session" not in text and "import zeus_callbacks.session" not in text, path
 
 
-SESSION_PARTS = ("power", "batch", "report", "part", "scheduler")
+SESSION_PARTS = ("power", "batch", "report", "scheduler")
 
 
 def test_the_session_parts_are_imported_by_the_session_only():
@@ -109,3 +109,13 @@ def _modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
     return found
+
+
+def test_the_session_inherits_from_no_part_and_no_part_imports_another():
+    from zeus_callbacks.session import EnergySession
+
+    assert EnergySession.__mro__ == (EnergySession, object)  # composed: the parts are objects it owns
+    for part in SESSION_PARTS:
+        imported = _modules(ROOT / "zeus_callbacks" / "session" / f"{part}.py")
+        others = {f"zeus_callbacks.session.{p}" for p in SESSION_PARTS if p not in (part, "scheduler")}
+        assert not imported & others, part  # the scheduler's Decision is the one shared type
