@@ -156,3 +156,16 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     err = proc.stderr.read()
     proc.wait(timeout=CHILD_TIMEOUT_S)
     assert first["index"] == 0 and proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_a_table_is_plain_ascii_right_aligned_with_a_rule_under_its_headers():
+    from zeus_callbacks.terminal import table
+
+    text = table(["batch", "cost", "alive"], [[256, 1234.5, True], [8, None, False]])
+    assert text.splitlines() == [
+        "batch    cost  alive",
+        "----- ------- ------",
+        "  256  1234.5   True",
+        "    8       -  False",
+    ]
+    assert text.isascii()  # no box-drawing characters, no colour codes
