@@ -25,10 +25,18 @@ from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
-from zeus_callbacks.session.aggregate import RankAggregator, Rows, slowest, total
+from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.ledger import EpochLedger
 from zeus_callbacks.session.node import LocalNode, local_node
-from zeus_callbacks.session.node_spans import SPAN_COLUMNS, SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
+from zeus_callbacks.session.node_spans import SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
+from zeus_callbacks.session.rank_records import (
+    EpochRow,
+    RunSoFar,
+    StepColumns,
+    StepReportRow,
+    SummaryRow,
+    WarmupColumns,
+)
 from zeus_callbacks.session.run import StartedRun, measurement_of
 from zeus_callbacks.session.state import Totals
 
@@ -73,8 +81,8 @@ class StepReports:
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
         # metrics queued are the means over that whole interval, however many reports it held.
-        self._interval_rows: Rows | None = None
-        self._interval_warmup: Rows | None = None
+        self._interval_rows: list[StepColumns] | None = None
+        self._interval_warmup: list[WarmupColumns] | None = None
         self._run_record: WindowRecord | None = None
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
@@ -237,36 +245,42 @@ class StepReports:
         batches, warmup = self._unreported_steps, self._unreported_warmup
         self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
-        # The warm-up steps' columns travel with the step columns: one exchange per report.
-        local = records.local_step_row(batches) + records.local_warmup_row(warmup)
         collective = self._ranks.collective
-        if collective:  # the running totals travel with the report: every rank shows the run's
-            run = self._run
-            local += [run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)]
+        run = self._run
         spans = self._node_spans
-        if spans is not None:  # last: the node spans attributed since the last record
-            local += spans.local_row()
-        gathered = self._ranks.gather(local, degraded=self._degraded())
+        # The warm-up steps, the run so far (several processes: every rank shows the run's) and the node
+        # spans travel with the steps: one exchange per report.
+        local = StepReportRow(
+            records.local_step_row(batches),
+            records.local_warmup_row(warmup),
+            RunSoFar(run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
+            if collective else None,
+            tuple(spans.local_row()) if spans is not None else (),
+        )  # fmt: skip
+        gathered = self._ranks.exchange(
+            local, lambda row: StepReportRow.of(row, so_far=collective), degraded=self._degraded()
+        )
         if spans is not None:
-            self._node_unwritten = spans.combine([row[-SPAN_COLUMNS:] for row in gathered])
+            self._node_unwritten = spans.combine([list(row.spans) for row in gathered])
         if collective:
-            self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
-        warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
-        if warmup_rows:
-            values = records.warmup_metrics(warmup_rows)
-            self._interval_warmup = records.merged_rows(self._interval_warmup, [row[6:9] for row in gathered])
-            self._pending_metrics.update(records.warmup_metrics([r for r in self._interval_warmup if r[2] > 0]))
-            self._run.log.write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self._degraded()))
-        gathered = [row[:6] for row in gathered]
-        rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
+            so_far = RunSoFar.reduce([row.so_far for row in gathered if row.so_far is not None])
+            self._ranks_totals = (so_far.energy_J, so_far.time_s)
+        warmups = [row.warmup for row in gathered]
+        if any(w.steps > 0 for w in warmups):
+            values = records.warmup_metrics([w for w in warmups if w.steps > 0])
+            self._interval_warmup = records.merged_rows(self._interval_warmup, warmups)
+            self._pending_metrics.update(records.warmup_metrics([w for w in self._interval_warmup if w.steps > 0]))
+            run.log.write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self._degraded()))
+        steps = [row.steps for row in gathered]
+        rows = [s for s in steps if s.steps > 0]  # ranks with steps attributed this time
         if not rows:
             return
         values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
-        self._interval_rows = records.merged_rows(self._interval_rows, gathered)
-        self._pending_metrics.update(records.step_metrics([r for r in self._interval_rows if r[2] > 0]))
+        self._interval_rows = records.merged_rows(self._interval_rows, steps)
+        self._pending_metrics.update(records.step_metrics([s for s in self._interval_rows if s.steps > 0]))
         stood_for = self._write_steps_record(values, batches if count else [], len(gathered), final=final)
         if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
-            energy_J, time_s = local[0], local[1]
+            energy_J, time_s = local.steps.energy_J, local.steps.time_s
             self._totals.step_energy_J += energy_J / count * stood_for
             self._totals.step_time_s += time_s / count * stood_for
             self._totals.estimated_steps += stood_for
@@ -337,8 +351,8 @@ class StepReports:
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
         node = local_node(run.node, end.since(start) if start is not None and end is not None else None, run.node_note)
-        rows = self._ranks.gather(
-            records.local_epoch_row(record, counter_J, ledger, node.columns), degraded=self._degraded()
+        rows = self._ranks.exchange(
+            records.local_epoch_row(record, counter_J, ledger, node.columns), EpochRow.of, degraded=self._degraded()
         )
         epoch = record.info.get("epoch")
         e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node,
@@ -388,9 +402,10 @@ class StepReports:
         node_cfg = self._config.node
         # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
         node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
-        rows = self._ranks.gather(
+        rows = self._ranks.exchange(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
                                       node.columns),
+            SummaryRow.of,
             degraded=self._degraded(),
         )  # fmt: skip
         measurement, note = measurement_of(run.backend)
