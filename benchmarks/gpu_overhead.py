@@ -399,13 +399,13 @@ class ParkedCallback:
         session = self._session()
         if session is not None and session.sampler is not None:
             session.sampler.stop(final_drain=False)
-            session._pause_timing()
+            session._steps.pause_timing()
 
     def unpark(self, callbacks: list[Any]) -> None:
         session = self._session()
         if session is not None and session.sampler is not None:
             session.sampler.start(first_poll=False)
-            session._resume_timing()
+            session._steps.resume_timing()
         callbacks.insert(self.index, self.callback)
 
 

@@ -1,4 +1,4 @@
-"""Cost of one periodic step report (``_report_steps``) on a manual clock, old and new code (CPU only).
+"""Cost of one periodic step report (``StepScheduler.report``) on a manual clock, old and new code (CPU only).
 
 The virtual GPU runs on a :class:`~zeus_callbacks.backends.base.ManualClock` that advances
 80 µs a step (20 + 40 + 10 µs of forward, backward, optimizer and 10 µs of data loading
@@ -69,7 +69,7 @@ def _worker(pkg: str, mode: str, timer: str, steps: int) -> dict:
         if i % 50 == 49:
             session.sampler.poll_once(read_counter=False)
             t0 = cpu()
-            session._report_steps()
+            session._steps.report()
             reports.append(cpu() - t0)
     reports = reports[20:]  # past the first samples
     windows_per_step = 5 if mode == "phases" else 1

@@ -246,11 +246,11 @@ class Parked:
         self.sampler.stop(final_drain=False)
         if not first:
             self.active_s += time.perf_counter() - self._t0
-        self.session._pause_timing()  # the other modes' blocks are no step of this session's
+        self.session._steps.pause_timing()  # the other modes' blocks are no step of this session's
 
     def unpark(self) -> None:
         self.sampler.start(first_poll=False)
-        self.session._resume_timing()
+        self.session._steps.resume_timing()
         self._t0 = time.perf_counter()
 
 
@@ -323,7 +323,7 @@ def main() -> None:
                 if first_of_epoch:
                     for session in sessions.values():
                         session.epoch_start(epoch)
-                        session._pause_timing()
+                        session._steps.pause_timing()
                 order = list(modes)
                 rng.shuffle(order)
                 for mode in order:
@@ -339,13 +339,13 @@ def main() -> None:
                         parked[mode].park()
                 if last_of_epoch:
                     for session in sessions.values():
-                        session._resume_timing()
+                        session._steps.resume_timing()
                         session.epoch_end(epoch)
                     epoch += 1
             hook_us = {m: HOOK_NS[m] / 1e3 / HOOK_STEPS[m] for m in modes}
             for mode in sessions:
                 parked[mode].unpark()  # running again, as train_end and the accuracy epochs expect
-            sampling = {m: {"fraction": s._sampling.fraction, "report_every": s._sampling.report_every,
+            sampling = {m: {"fraction": s.sampling.fraction, "report_every": s.sampling.report_every,
                             "sampler_user_cpu_pct": 100 * parked[m].user_s / max(parked[m].active_s, 1e-9),
                             "sampler_sys_cpu_pct": 100 * parked[m].sys_s / max(parked[m].active_s, 1e-9)}
                         for m, s in sessions.items()}  # fmt: skip

@@ -4,6 +4,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
 
@@ -58,7 +60,7 @@ def test_optimisers_and_the_store_do_not_import_the_session():
             assert "from zeus_callbacks.session" not in text and "import zeus_callbacks.session" not in text, path
 
 
-SESSION_PARTS = ("power", "batch", "report", "part", "scheduler")
+SESSION_PARTS = ("power", "batch", "report", "scheduler")
 
 
 def test_the_session_parts_are_imported_by_the_session_only():
@@ -81,3 +83,39 @@ def test_no_test_swaps_a_private_attribute_of_a_session():
         if swap.search(line)
     ]
     assert not offenders, offenders
+
+
+def test_the_import_contracts_hold():
+    # docs/architecture.md's layers and rules as import-linter contracts ([tool.importlinter] in pyproject.toml).
+    pytest.importorskip("importlinter")
+    from importlinter.cli import lint_imports
+
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
+
+
+def test_no_optimiser_imports_a_backend_and_no_backend_imports_the_config():
+    for path in (ROOT / "zeus_callbacks" / "optimizers").rglob("*.py"):
+        assert not {m for m in _modules(path) if m.startswith("zeus_callbacks.backends")}, path
+    for path in (ROOT / "zeus_callbacks" / "backends").rglob("*.py"):
+        assert "zeus_callbacks.config" not in _modules(path), path
+
+
+def _modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, by its full name (imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_session_inherits_from_no_part_and_no_part_imports_another():
+    from zeus_callbacks.session import EnergySession
+
+    assert EnergySession.__mro__ == (EnergySession, object)  # composed: the parts are objects it owns
+    for part in SESSION_PARTS:
+        imported = _modules(ROOT / "zeus_callbacks" / "session" / f"{part}.py")
+        others = {f"zeus_callbacks.session.{p}" for p in SESSION_PARTS if p not in (part, "scheduler")}
+        assert not imported & others, part  # the scheduler's Decision is the one shared type

@@ -486,13 +486,13 @@ def test_tolerance_tells_a_changed_fit_from_a_reordered_sum(caplog, monkeypatch)
     """
     data = stream(5, n=50, dur_s=0.03, gap_s=(0.18, 0.3), shape="step", tail_W=120.0, noise_W=4.0)
     options = dict(mode="isolated", sensor_delay_s=0.004, n_bins=8, pre_s=0.03, post_s=0.08, n_pre=3, n_post=5)
-    original = solve_module.normal_equations
+    original = solve_module.augmented_system
 
     def reversed_rows(prob, weights):
         flipped = dataclasses.replace(prob, matrix=prob.matrix[::-1], energy_J=prob.energy_J[::-1])
         return original(flipped, weights[::-1])
 
-    monkeypatch.setattr(solve_module, "normal_equations", reversed_rows)
+    monkeypatch.setattr(solve_module, "augmented_system", reversed_rows)
     with solve_conditioning() as seen:
         record = capture(lambda: superposition_record(superpose(*_xy(data), **options, n_boot=50, seed=3)), caplog)
     check_golden("isolated_step_tail", record, fit_tolerance(seen))

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zeus_callbacks.session.ledger import close_ledger
+from zeus_callbacks.session.rank_records import LedgerColumns
 
 energy = st.floats(min_value=0.0, max_value=1e5, allow_nan=False)
 count = st.integers(min_value=0, max_value=500)
@@ -18,7 +19,7 @@ def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, gap_
     """Windows that lie inside the epoch (the epoch holds them plus a gap): both splits close, no part < 0."""
     epoch_J = warmup_J + steps_J + eval_J + gap_J
     epoch_s = epoch_J / 250.0  # a constant 250 W, so times follow energies
-    row = [warmup_J, warmup_J / 250, warmup_n, steps_J, steps_J / 250, steps_n, eval_J, eval_J / 250, 1.0]
+    row = LedgerColumns(warmup_J, warmup_J / 250, warmup_n, steps_J, steps_J / 250, steps_n, eval_J, eval_J / 250, 1.0)
     ledger = close_ledger(epoch_J, epoch_s, row, steps_taken=warmup_n + steps_n + extra)
     exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
     assert all(v is not None and v >= 0 for v in exact)
@@ -38,11 +39,11 @@ def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, gap_
 
 
 def test_an_unknown_epoch_gives_no_rest():
-    ledger = close_ledger(math.nan, 1.0, [1.0, 0.1, 1, 2.0, 0.2, 2, 0.0, 0.0, 0], steps_taken=3)
+    ledger = close_ledger(math.nan, 1.0, LedgerColumns(1.0, 0.1, 1, 2.0, 0.2, 2, 0.0, 0.0, 0), steps_taken=3)
     assert ledger["other_J"] is None and ledger["unwindowed_J"] is None
     assert ledger["other_reason"] == "no power sample covers the epoch"
 
 
 def test_windows_that_hold_more_than_the_epoch_are_a_reported_defect():
-    ledger = close_ledger(10.0, 1.0, [0.0, 0.0, 0, 12.0, 1.2, 3, 0.0, 0.0, 0], steps_taken=3)
+    ledger = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 12.0, 1.2, 3, 0.0, 0.0, 0), steps_taken=3)
     assert ledger["other_J"] is None and "overlap" in ledger["other_reason"]

@@ -10,8 +10,9 @@ import pytest
 from zeus_callbacks.optimizers.batch_size import EarlyStopRule
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import agreement
-from zeus_callbacks.session.aggregate import RankAggregator, joined, least, slowest, total
+from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.lifecycle import CleanupOrder, CleanupRegistry
+from zeus_callbacks.session.rank_records import PowerLimitVote, StopVote
 
 
 class TwoRanks:
@@ -78,8 +79,12 @@ def test_energy_sums_time_is_the_slowest_and_a_peer_fault_degrades_every_rank():
     agg = RankAggregator(ranks)
     rows = agg.gather([10.0, 3.0, 7.0], degraded=False)
     assert rows == [[10.0, 3.0, 7.0], [20.0, 4.0, 5.0]]  # the flag is not part of the rows
-    assert (total(rows, 0), slowest(rows, 1), least(rows, 2), joined(rows, 1)) == (30.0, 4.0, 5.0, [3.0, 7.0, 4.0, 5.0])
     assert agg.peer_degraded
+    # Named records: packed, gathered, unpacked, and each field reduced as it declares.
+    peer = TwoRanks(lambda row: [2 * row[0], row[1] + 1.0, 1.0, 0.0, 0.0])  # twice the energy, slower, saw the target
+    votes = RankAggregator(peer).exchange(StopVote(10.0, 3.0, 0.0, 0.0), StopVote.of, degraded=False)
+    assert votes == [StopVote(10.0, 3.0, 0.0, 0.0), StopVote(20.0, 4.0, 1.0, 0.0)]
+    assert StopVote.reduce(votes) == StopVote(energy_J=30.0, time_s=4.0, target=1.0, converged=0.0)
 
 
 def test_after_a_failure_the_exchange_stays_local():
@@ -93,10 +98,11 @@ def test_after_a_failure_the_exchange_stays_local():
 
 # -- agreements --------------------------------------------------------------------------------
 def test_power_limit_verdict_follows_the_main_rank_and_observe_anywhere_wins():
-    assert agreement.decide_power_limit([[250.0, 0.0, 0.0], [300.0, 0.0, 0.0]]) == agreement.PowerLimitVerdict(
+    votes = [PowerLimitVote(250.0, 0.0, 0.0), PowerLimitVote(300.0, 0.0, 0.0)]
+    assert agreement.decide_power_limit(votes) == agreement.PowerLimitVerdict(
         observe_everywhere=False, target_W=250.0, settled=False
     )
-    verdict = agreement.decide_power_limit([[250.0, 1.0, 0.0], [300.0, 0.0, 1.0]])
+    verdict = agreement.decide_power_limit([PowerLimitVote(250.0, 1.0, 0.0), PowerLimitVote(300.0, 0.0, 1.0)])
     assert verdict.observe_everywhere and verdict.settled
 
 
@@ -109,8 +115,8 @@ def test_stop_on_the_summed_energy_and_the_slowest_time():
     alone = rule.reason(energy_J, time_s)
     both = rule.reason(energy_J + 3 * energy_J, time_s + 2.0)
     assert alone is None and both is not None  # only the ranks together cost too much
-    rows = [[energy_J, time_s, 0.0, 0.0], [3 * energy_J, time_s + 2.0, 0.0, 0.0]]
-    verdict = agreement.decide_stop(rows, None, state, stop_at_target=True)
+    votes = [StopVote(energy_J, time_s, 0.0, 0.0), StopVote(3 * energy_J, time_s + 2.0, 0.0, 0.0)]
+    verdict = agreement.decide_stop(votes, None, state, stop_at_target=True)
     assert verdict == agreement.StopVerdict(both, on_cost=True)
     assert not state.active and not state.cost  # nothing left to agree on
 
@@ -119,9 +125,30 @@ def test_a_target_seen_by_the_main_rank_stops_every_rank_and_convergence_ends_co
     rule = EarlyStopRule(ZeusCost(0.5, 600.0), threshold_cost=4000.0)
     state = agreement.StopAgreement()
     state.start(rule, target_set=True, stop_at_target=True)
-    follower = agreement.decide_stop([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], None, state, stop_at_target=True)
+    seen = [StopVote(1.0, 1.0, 1.0, 0.0), StopVote(1.0, 1.0, 0.0, 0.0)]
+    follower = agreement.decide_stop(seen, None, state, stop_at_target=True)
     assert follower.reason == agreement.TARGET_BY_MAIN and not follower.on_cost
     state = agreement.StopAgreement()
     state.start(rule, target_set=True, stop_at_target=False)
-    verdict = agreement.decide_stop([[1e9, 1e9, 0.0, 1.0], [1e9, 1e9, 0.0, 0.0]], None, state, stop_at_target=False)
+    converged = [StopVote(1e9, 1e9, 0.0, 1.0), StopVote(1e9, 1e9, 0.0, 0.0)]
+    verdict = agreement.decide_stop(converged, None, state, stop_at_target=False)
     assert verdict.reason is None and state.converged and not state.active  # converged: never stopped on cost
+
+
+# -- named cross-rank records ------------------------------------------------------------------
+def test_a_step_report_row_packs_and_unpacks_by_name_and_each_field_reduces_as_declared():
+    from zeus_callbacks.session.rank_records import RunSoFar, StepColumns, StepReportRow, WarmupColumns
+
+    mine = StepReportRow(StepColumns(10.0, 2.0, 4.0, 128.0, 0.0, 100.0), WarmupColumns(1.0, 0.5, 1.0),
+                         RunSoFar(50.0, 9.0), (1.0, 2.0, 3.0))  # fmt: skip
+    peer = StepReportRow(StepColumns(30.0, 3.0, 3.0, 96.0, 0.0, 90.0), WarmupColumns(), RunSoFar(70.0, 8.0), (4.0,) * 3)
+    assert StepReportRow.of(mine.values(), so_far=True) == mine
+    alone = StepReportRow(mine.steps, mine.warmup)
+    assert StepReportRow.of(alone.values(), so_far=False) == alone  # one process: no run so far on the wire
+    steps = StepColumns.reduce([mine.steps, peer.steps])
+    assert (steps.energy_J, steps.time_s, steps.steps, steps.power_samples) == (40.0, 3.0, 3.0, 190.0)
+    assert RunSoFar.reduce([mine.so_far, peer.so_far]) == RunSoFar(120.0, 9.0)  # energy sums, time the slowest
+    assert mine.steps.plus(StepColumns()) == mine.steps  # a report without steps adds nothing
+    assert mine.warmup.plus(peer.warmup) == mine.warmup
+    with pytest.raises(ValueError):
+        RunSoFar.reduce([])

@@ -165,11 +165,11 @@ def test_config_virtual_trace_builds_the_backend(tmp_path):
     path = write_trace(tmp_path / "card.csv", idle_W=20.0)
     cfg = parse_config({"backend": "virtual", "virtual": {"trace": str(path), "gpu": "RTX  6000", "batch_size": 64}})
     assert cfg.virtual.gpu == "RTX 6000"
-    backend = get_backend("virtual", virtual=cfg.virtual)
+    backend = get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
     assert backend.device_name(0).startswith("Virtual RTX 6000 (card.csv mydata/mynet bs 64")
     assert backend.idle_power_W == 20.0
     cfg = parse_config({"virtual": {"trace": str(path), "idle_power_W": 25.0}})
-    backend = get_backend("virtual", virtual=cfg.virtual)
+    backend = get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
     assert (backend.gpu, backend.workload.dataset, backend.idle_power_W) == ("RTX 6000", "mydata", 25.0)
 
 
@@ -180,7 +180,7 @@ def test_config_refuses_an_unbundled_gpu_without_trace_and_names_a_bad_file(tmp_
     bad.write_text("power_limit,time_per_epoch\n100,1\n")
     cfg = parse_config({"virtual": {"trace": str(bad)}})
     with pytest.raises(traces.TraceFormatError, match=r"bad\.csv: no column 'dataset', 'network'"):
-        get_backend("virtual", virtual=cfg.virtual)
+        get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
 
 
 def test_a_session_runs_end_to_end_on_a_user_trace(tmp_path):

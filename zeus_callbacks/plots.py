@@ -9,14 +9,13 @@ import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from zeus_callbacks.atomic_io import atomic_output
 
 if TYPE_CHECKING:
-    from zeus_callbacks.measurement.profiler import ProfileResult
     from zeus_callbacks.run_log import RunCourse
     from zeus_callbacks.store.base import TrialRecord
 
@@ -29,6 +28,36 @@ SIMULATED_KEY = "Simulated"
 
 TIME_NOTE_KEY = "Time note"
 """PNG text chunk that holds a log's ``time_note`` (power-limit results on the virtual GPU: time not simulated)."""
+
+
+class PowerProfile(Protocol):
+    """The figures :func:`plot_power_profile` draws (a ``profile-kernel`` result has them).
+
+    Attributes:
+        name: The profiled callable's name.
+        mode: ``"steady"`` or ``"isolated"``.
+        energy_J: Energy per execution (J).
+        energy_ci_J: Its 95 % CI (J), or None.
+        executions_used: Executions behind the estimate.
+        baseline_W: Idle power (W), or None.
+        duration_s: Mean execution time (s).
+        time_s: Bin centres from the start, shape (n_bins,) (s).
+        power_W: Power profile, shape (n_bins,) (W).
+        power_ci_W: Its CI band, shape (2, n_bins) (W), or None.
+        simulated: The samples come from the virtual GPU.
+    """
+
+    name: str
+    mode: str
+    energy_J: float
+    energy_ci_J: tuple[float, float] | None
+    executions_used: int
+    baseline_W: float | None
+    duration_s: float
+    time_s: Any
+    power_W: Any
+    power_ci_W: Any
+    simulated: bool
 
 
 def _pyplot() -> Any:
@@ -180,7 +209,7 @@ def _measured(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def plot_power_profile(result: ProfileResult, path: str | Path) -> Path:
+def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
     """Save a kernel's power profile over its execution timeline, with its 95 % CI band (FinGraV).
 
     A profile without a CI (too few executions, ``result.ci_reason``) has no band and says so in

@@ -397,7 +397,7 @@ def format_recurrences(runs: Sequence[Recurrence]) -> str:
 
     ``result`` is ``converged`` (target reached), ``early_stopped`` or ``not_converged``.
     """
-    from zeus_callbacks.cli.terminal import table
+    from zeus_callbacks.terminal import table
 
     rows = [
         [r.index, r.batch_size, r.power_limit_W, r.energy_J, r.time_s, r.cost, r.epochs,
@@ -423,8 +423,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
         argv: The options (default: the command line's).
         prog: The command's name in usage and error messages.
     """
-    from zeus_callbacks.cli.argtypes import float_in, int_at_least
-    from zeus_callbacks.cli.terminal import progress_bar
+    from zeus_callbacks.argtypes import float_in, int_at_least
+    from zeus_callbacks.terminal import progress_bar
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument(

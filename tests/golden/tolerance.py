@@ -21,25 +21,27 @@ EPS = float(np.finfo(float).eps)
 
 @contextmanager
 def solve_conditioning() -> Iterator[list[tuple[float, int]]]:
-    """Record ``(cond(M), m)`` of every penalised normal-equation solve inside the block.
+    """Record ``(cond(M), m)`` of every penalised solve inside the block.
 
-    The point fit and each bootstrap replicate solve ``M θ = r`` (``M`` of shape (p, p), built
-    from ``m`` weighted sample rows); their conditioning bounds how far another summation order
-    can move the result.
+    The point fit and each bootstrap replicate solve the least-squares system ``Ã θ ≈ b̃``
+    (``solve.augmented_system``, from ``m`` weighted sample rows); ``M = ÃᵀÃ`` is its normal
+    matrix, shape (p, p). ``cond(M) = cond(Ã)²`` bounds how far another summation order can move
+    the result, with room to spare: the solve itself works on ``Ã`` (a QR-type solve, not the
+    normal equations), and the goldens were recorded from the normal equations.
     """
     seen: list[tuple[float, int]] = []
-    original = solve_module.normal_equations
+    original = solve_module.augmented_system
 
     def observed(prob, weights):
-        M, rhs = original(prob, weights)
-        seen.append((float(np.linalg.cond(M)), int(prob.matrix.shape[0])))
-        return M, rhs
+        rows, rhs = original(prob, weights)
+        seen.append((float(np.linalg.cond(rows.T @ rows)), int(prob.matrix.shape[0])))
+        return rows, rhs
 
-    solve_module.normal_equations = observed
+    solve_module.augmented_system = observed
     try:
         yield seen
     finally:
-        solve_module.normal_equations = original
+        solve_module.augmented_system = original
 
 
 def fit_tolerance(seen: list[tuple[float, int]]) -> float:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from zeus_callbacks.backends.base import (
     BackendError,
@@ -21,9 +21,6 @@ from zeus_callbacks.backends.base import (
     read_only_from_env,
 )
 from zeus_callbacks.backends.detect import GPUPresence, detect_gpus
-
-if TYPE_CHECKING:
-    from zeus_callbacks.config import VirtualGPUConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +43,15 @@ __all__ = [
 ]
 
 
-def _virtual(config: VirtualGPUConfig | None, clock: Clock | None, read_only: bool | None) -> GPUBackend:
-    from zeus_callbacks.backends.virtual import VirtualGPUBackend
-    from zeus_callbacks.config import VirtualGPUConfig
+VirtualSettings = Callable[[], Mapping[str, Any]]
+"""Returns the virtual GPU's keyword arguments; called only when the virtual GPU is opened (it may read a trace)."""
 
-    cfg = config if config is not None else VirtualGPUConfig()
-    return VirtualGPUBackend(**cfg.backend_kwargs(), clock=clock, read_only=read_only)
+
+def _virtual(settings: VirtualSettings | None, clock: Clock | None, read_only: bool | None) -> GPUBackend:
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+
+    kwargs = settings() if settings is not None else {}  # none: the backend's defaults (the config's too)
+    return VirtualGPUBackend(**kwargs, clock=clock, read_only=read_only)
 
 
 def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:
@@ -67,7 +67,7 @@ def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:
 def get_backend(
     name: str = "auto",
     *,
-    virtual: VirtualGPUConfig | None = None,
+    virtual: VirtualSettings | None = None,
     clock: Clock | None = None,
     read_only: bool | None = None,
     detect: Callable[[], GPUPresence] | None = None,
@@ -83,7 +83,10 @@ def get_backend(
 
     Args:
         name: ``"auto"``, ``"nvml"``, ``"amdsmi"`` or ``"virtual"``.
-        virtual: Settings of the virtual GPU.
+        virtual: Returns the virtual GPU's keyword arguments
+            (:class:`~zeus_callbacks.backends.virtual.VirtualGPUBackend`), e.g. a
+            ``VirtualGPUConfig``'s ``backend_kwargs``; called only if the virtual GPU is opened.
+            None: its defaults.
         clock: Clock for the virtual GPU (real backends use the CPU realtime clock).
         read_only: Force read-only mode; default from ``ZEUS_CALLBACKS_READ_ONLY``.
         detect: Finds GPUs without the vendor libraries; default :func:`detect_gpus` (looked up

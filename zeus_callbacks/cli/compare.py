@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.atomic_io import atomic_output
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.run_log import COMPARED, run_figures
+from zeus_callbacks.terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks.units import three_figures
 
 Log = tuple[Path, list[dict[str, Any]]]

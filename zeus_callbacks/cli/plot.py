@@ -12,11 +12,11 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, name_impossible_figures
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.run_log import impossible_figures, is_simulated, run_course, time_note_of
 from zeus_callbacks.store import open_store
+from zeus_callbacks.terminal import TERMINAL_COLUMNS, name_impossible_figures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from zeus_callbacks.cli.argtypes import float_in, int_at_least
-from zeus_callbacks.cli.terminal import progress_bar
+from zeus_callbacks.argtypes import float_in, int_at_least
+from zeus_callbacks.terminal import progress_bar
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -13,10 +13,10 @@ import textwrap
 from pathlib import Path
 
 from zeus_callbacks.cli import compare
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
 from zeus_callbacks.footprint import ENERGY_BASES
 from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
 from zeus_callbacks.run_log import impossible_figures, is_simulated, time_note_of
+from zeus_callbacks.terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
 from zeus_callbacks.units import readable_energy, three_figures
 
 

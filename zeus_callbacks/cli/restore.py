@@ -67,7 +67,7 @@ def restore_command(
     if not paths:
         print(json.dumps(report) if as_json else "no power-limit restore marker found: nothing to restore")
         return 0
-    backend = get_backend(cfg.backend, virtual=cfg.virtual)
+    backend = get_backend(cfg.backend, virtual=cfg.virtual.backend_kwargs)
     try:
         for path in paths:
             try:

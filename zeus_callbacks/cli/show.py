@@ -9,12 +9,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks.cli.terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.optimizers.batch_size.state import validated_state
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
+from zeus_callbacks.terminal import TERMINAL_COLUMNS, fmt, table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -2,17 +2,18 @@
 
 Under several processes each rank measures its own GPUs. Every cross-rank record (step
 means, an epoch, the run summary, the running totals) gathers one row of numbers per
-rank, with this rank's degraded flag appended, and reduces each column the way its
-quantity combines: energy and power **sum** over ranks (each GPU counted once), time is
-the **slowest** rank's (the run lasts as long as it does). One rank's sensor fault puts
+rank, with this rank's degraded flag appended (:meth:`RankAggregator.exchange` packs and
+unpacks the named records of :mod:`~zeus_callbacks.session.rank_records`, whose fields
+declare how each quantity combines: energy and power **sum** over ranks, each GPU counted
+once; time is the **slowest** rank's, the run lasts as long as it does). One rank's sensor fault puts
 every rank in the same degraded mode. After a failure the ranks may no longer meet at
 the same collective, so :class:`RankAggregator` then stays local.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 
 class Collectives(Protocol):
@@ -42,25 +43,15 @@ class Collectives(Protocol):
 Rows = list[list[float]]
 """One row of numbers per rank, ordered by rank."""
 
-
-def total(rows: Rows, column: int) -> float:
-    """Sum of ``column`` over the ranks (energy, power, counts)."""
-    return sum(row[column] for row in rows)
+T = TypeVar("T")
 
 
-def slowest(rows: Rows, column: int) -> float:
-    """The largest ``column`` over the ranks (time: the run waits for its slowest rank)."""
-    return max(row[column] for row in rows)
+class Packed(Protocol):
+    """A record a rank sends (:mod:`~zeus_callbacks.session.rank_records`): it packs into row values."""
 
-
-def least(rows: Rows, column: int) -> float:
-    """The smallest ``column`` over the ranks (a count every rank reached)."""
-    return min(row[column] for row in rows)
-
-
-def joined(rows: Rows, start: int) -> list[float]:
-    """Each rank's columns from ``start`` on, one after the other (per-GPU values, rank order)."""
-    return [value for row in rows for value in row[start:]]
+    def values(self) -> list[float]:
+        """The record as row values."""
+        ...
 
 
 class RankAggregator:
@@ -101,3 +92,16 @@ class RankAggregator:
         if any(row[-1] for row in rows) and not degraded:
             self.peer_degraded = True  # one rank's fault: the same degraded mode everywhere
         return [row[:-1] for row in rows]
+
+    def exchange(self, local: Packed, unpack: Callable[[list[float]], T], *, degraded: bool) -> list[T]:
+        """Every rank's record: ``local`` packed, gathered (:meth:`gather`) and each row unpacked with ``unpack``.
+
+        Args:
+            local: This rank's record.
+            unpack: Builds a record from a rank's row (e.g. ``EpochRow.of``).
+            degraded: Whether this rank's measurement is degraded (a sensor fault).
+
+        Returns:
+            One record per rank, rank order.
+        """
+        return [unpack(row) for row in self.gather(local.values(), degraded=degraded)]

@@ -1,7 +1,8 @@
 """The optimisers' agreements across ranks: a decision that changes hardware or stops training is taken together.
 
-Each agreement is one collective exchange of a few numbers (:meth:`Collectives.gather`)
-followed by a pure decision from the gathered rows, so every rank, seeing the same rows,
+Each agreement is one collective exchange of a named record (:mod:`~zeus_callbacks.session.rank_records`:
+:class:`PowerLimitVote`, :class:`StopVote`; each field declares how it combines over the ranks)
+followed by a pure decision from the gathered records, so every rank, seeing the same records,
 decides alike. The decisions are the pure functions here (:func:`decide_power_limit`,
 :func:`decide_stop`); the exchanges are the functions that take ``ranks``.
 
@@ -14,10 +15,12 @@ rule is applied to the run's energy (summed over GPUs) and time (the slowest ran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zeus_callbacks.optimizers.batch_size import EarlyStopRule
-from zeus_callbacks.session.aggregate import Collectives, Rows, slowest, total
+from zeus_callbacks.session.aggregate import Collectives
+from zeus_callbacks.session.rank_records import MaxPower, PowerLimitVote, Ready, StopVote, gathered
 
 TARGET_BY_MAIN = "target reached (decided by the main process)"
 """The stop reason on a rank that did not see the target itself."""
@@ -34,8 +37,7 @@ def every_rank_ready(ranks: Collectives, ready: bool) -> bool:
     Returns:
         True if every rank is ready.
     """
-    rows = ranks.gather([1.0 if ready else 0.0])
-    return all(row[0] for row in rows)
+    return bool(Ready.reduce(gathered(ranks, Ready(1.0 if ready else 0.0))).ready)
 
 
 @dataclass(frozen=True)
@@ -53,18 +55,19 @@ class PowerLimitVerdict:
     settled: bool
 
 
-def decide_power_limit(rows: Rows) -> PowerLimitVerdict:
-    """The agreed power limit from the gathered rows ``[limit_W, done, observe]`` (rank order; pure).
+def decide_power_limit(votes: Sequence[PowerLimitVote]) -> PowerLimitVerdict:
+    """The agreed power limit from the ranks' votes (rank order; pure): the main rank's limit, observe anywhere wins.
 
     Args:
-        rows: One row per rank: its limit in force (W), 1.0 if its profiling is over, 1.0
-            if it is in observe mode.
+        votes: One per rank: its limit in force (W), whether its profiling is over, whether it observes only.
 
     Returns:
         The verdict every rank applies.
     """
-    target_W, main_done, _ = rows[0]
-    return PowerLimitVerdict(observe_everywhere=any(row[2] for row in rows), target_W=target_W, settled=bool(main_done))
+    agreed = PowerLimitVote.reduce(votes)
+    return PowerLimitVerdict(
+        observe_everywhere=bool(agreed.observe), target_W=agreed.limit_W, settled=bool(agreed.done)
+    )
 
 
 def exchange_power_limit(ranks: Collectives, limit_W: float, *, done: bool, observe: bool) -> PowerLimitVerdict:
@@ -79,13 +82,13 @@ def exchange_power_limit(ranks: Collectives, limit_W: float, *, done: bool, obse
     Returns:
         The verdict of :func:`decide_power_limit`.
     """
-    return decide_power_limit(ranks.gather([limit_W, 1.0 if done else 0.0, 1.0 if observe else 0.0]))
+    return decide_power_limit(gathered(ranks, PowerLimitVote(limit_W, 1.0 if done else 0.0, 1.0 if observe else 0.0)))
 
 
 # ------------------------------------------------------------------- early stopping
 def agree_max_power_W(ranks: Collectives, max_power_W: float) -> float:
     """The sum of every rank's GPUs' maximum power (the cost's ``MaxPower``; collective)."""
-    return total(ranks.gather([max_power_W]), 0)
+    return MaxPower.reduce(gathered(ranks, MaxPower(max_power_W))).max_power_W
 
 
 def share_stop_rule(
@@ -140,16 +143,16 @@ class StopVerdict:
 
 
 def decide_stop(
-    rows: Rows, target_reason: str | None, agreement: StopAgreement, *, stop_at_target: bool
+    votes: Sequence[StopVote], target_reason: str | None, agreement: StopAgreement, *, stop_at_target: bool
 ) -> StopVerdict:
-    """Decide early stopping from the gathered rows ``[energy_J, time_s, target, converged]``; update ``agreement``.
+    """Decide early stopping from the ranks' votes; update ``agreement``.
 
     Pure but for ``agreement``'s fields (converged, cost, active), which every rank
     updates alike from the same rows.
 
     Args:
-        rows: One row per rank: its run energy so far (J), its run time so far (s), 1.0 if
-            it saw the target, 1.0 if its bandit converged.
+        votes: One per rank: its run energy so far (J), its run time so far (s), whether it
+            saw the target, whether its bandit converged.
         target_reason: This rank's reason to stop at the target (the main rank's), or None.
         agreement: The agreement's state.
         stop_at_target: ``batch_size.stop_at_target``.
@@ -158,13 +161,14 @@ def decide_stop(
         The verdict.
     """
     verdict = StopVerdict(None)
-    if any(row[2] for row in rows):
+    agreed = StopVote.reduce(votes)  # energy summed, the slowest time, a target or convergence anywhere
+    if agreed.target:
         verdict = StopVerdict(target_reason or TARGET_BY_MAIN)
-    elif any(row[3] for row in rows):
+    elif agreed.converged:
         agreement.converged = True  # a converged run is not stopped on cost (Zeus §4.4)
         agreement.cost = False
     elif agreement.cost and agreement.rule is not None:
-        verdict = StopVerdict(agreement.rule.reason(total(rows, 0), slowest(rows, 1)), on_cost=True)
+        verdict = StopVerdict(agreement.rule.reason(agreed.energy_J, agreed.time_s), on_cost=True)
     if verdict.reason is not None or (agreement.converged and not stop_at_target):
         agreement.active = agreement.cost = False  # nothing left to agree on
     return verdict
@@ -197,5 +201,5 @@ def exchange_stop(
     Returns:
         The verdict of :func:`decide_stop`.
     """
-    rows = ranks.gather([energy_J, time_s, 1.0 if target_reason else 0.0, 1.0 if converged else 0.0])
-    return decide_stop(rows, target_reason, agreement, stop_at_target=stop_at_target)
+    vote = StopVote(energy_J, time_s, 1.0 if target_reason else 0.0, 1.0 if converged else 0.0)
+    return decide_stop(gathered(ranks, vote), target_reason, agreement, stop_at_target=stop_at_target)

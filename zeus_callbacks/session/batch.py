@@ -3,44 +3,70 @@
 :class:`BatchSizeSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
 that talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
 recurrence's trial (under several processes, sharing the main rank's early-stop rule),
-suggests the batch size, sets the :class:`~zeus_callbacks.session.scheduler.StepScheduler`
-per-step stop decision, decides early stopping (with the other ranks, when there are
-several) and records the trial at the end. Only the main process talks to the store.
+suggests the batch size, hands the :class:`~zeus_callbacks.session.scheduler.StepScheduler`
+its per-step stop decision, decides early stopping (with the other ranks, when there are
+several) and records the trial at the end. Only the main process talks to the store. It is an
+object the session owns: the run and the rank exchanges come in at :meth:`BatchSizeSteps.start`,
+the run's energy and time so far through the functions it is built with.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from zeus_callbacks.backends import BackendError
+from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
-from zeus_callbacks.session.part import SessionPart
+from zeus_callbacks.session.aggregate import RankAggregator
+from zeus_callbacks.session.run import StartedRun
 from zeus_callbacks.session.scheduler import CONTINUE, Decision
+from zeus_callbacks.store.run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
 
-class BatchSizeSteps(SessionPart):
+class BatchSizeSteps:
     """The session's batch-size part: the bandit's controller and the stop decision.
+
+    Args:
+        config: The session's configuration.
+        is_main_process: Only the main process talks to the store.
+        run_store: The run's store (the bandit's trials).
+        on_step_decision: Called with the per-step stop decision whenever it changes (None:
+            nothing can stop the run); the session hands it to the step scheduler.
+        so_far: The run's (energy in J, time in s) so far, on this process.
+        steps_this_run: Steps since train start.
 
     Attributes:
         batch_size_controller: The controller of the recurrence's trial (None:
             ``batch_size.enabled`` is false, or not the main process).
     """
 
-    # The power-limit part's: the limit in force when the trial starts.
-    power_limit_W: float | None
-
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        config: ZeusConfig,
+        *,
+        is_main_process: bool,
+        run_store: RunStore,
+        on_step_decision: Callable[[Callable[[], Decision] | None], None],
+        so_far: Callable[[], tuple[float, float]],
+        steps_this_run: Callable[[], int],
+    ) -> None:
+        self._config = config
+        self._on_step_decision = on_step_decision
+        self._so_far = so_far
+        self._steps_this_run = steps_this_run
+        self._run: StartedRun | None = None  # the started run (its log)
+        self._running = False  # between start and the trial's record at the end
+        self._ranks: RankAggregator
         # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
         self.batch_size_controller = (
-            BatchSizeController(self.config, self.run_store)
-            if self.config.batch_size.enabled and self.is_main_process else None
-        )  # fmt: skip
+            BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
+        )
         self._stop_reason: str | None = None
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
         self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
@@ -51,7 +77,12 @@ class BatchSizeSteps(SessionPart):
         """The early-stop rule in force (the main rank's, on every rank under several processes)."""
         return self._stops.rule
 
-    def _evaluated(self, metrics: dict[str, float]) -> Decision:
+    def record_power_limit(self, limit_W: float) -> None:
+        """The power-limit profiler chose ``limit_W`` (W): the trial records the limit it trained at."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.record_power_limit(limit_W)
+
+    def evaluated(self, metrics: dict[str, float]) -> Decision:
         """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several)."""
         target_reason = None
         if self.batch_size_controller is not None:
@@ -65,10 +96,11 @@ class BatchSizeSteps(SessionPart):
             return self._decision()
         self._stop_reason = self._stop_reason or target_reason
         self._refresh_step_decision()
-        return self._decide()
+        return self.decide()
 
-    def _record_trial(self, summary: RunSummary) -> None:
+    def record_trial(self, summary: RunSummary) -> None:
         """At the end: record the recurrence's trial in the store (and the log), unless its energy is unknown."""
+        self._running = False
         if self.batch_size_controller is not None and not math.isfinite(summary.energy_J):
             logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
         elif self.batch_size_controller is not None:
@@ -76,49 +108,57 @@ class BatchSizeSteps(SessionPart):
                 t = self.batch_size_controller.finish(
                     summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded
                 )
-                if t is not None:
-                    self._write(records.trial_record(t))
+                if t is not None and self._run is not None:
+                    self._run.log.write(records.trial_record(t))
             except Exception as exc:  # the run is over: a store fault must not hide its summary
                 logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
 
-    def _start_batch_size(self) -> None:
+    def start(self, run: StartedRun, ranks: RankAggregator, power_limit_W: float | None) -> BaseException | None:
         """Start the bandit's side of the run; under several processes, share its stop rule.
 
         Every rank takes part in the same two collectives (when distributed): the sum of
         the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
         rule, or the error that kept it from starting, so that no rank waits alone.
+
+        Args:
+            run: The started run.
+            ranks: The run's rank exchanges.
+            power_limit_W: The limit in force (W; None where unreadable).
+
+        Returns:
+            The error that kept the bandit from starting (e.g. a corrupt store): the session
+            ends the run cleanly, then raises it. None when it started.
         """
-        run = self.run
+        self._run, self._ranks = run, ranks
+        self._running = True
         try:
             max_power_W = sum(run.backend.power_limit_constraints_W(i)[1] for i in run.gpu_indices)
         except BackendError:  # no limit range: the limit in force stands in for the maximum
-            max_power_W = (self.power_limit_W or 1.0) * len(run.gpu_indices)
+            max_power_W = (power_limit_W or 1.0) * len(run.gpu_indices)
         agreed = self._ranks.collective
         self._stops = agreement.StopAgreement()
         if agreed:
-            max_power_W = agreement.agree_max_power_W(self.ranks, max_power_W)  # MaxPower of all GPUs
+            max_power_W = agreement.agree_max_power_W(ranks.ranks, max_power_W)  # MaxPower of all GPUs
         c = self.batch_size_controller
         failure: BaseException | None = None
         if c is not None:
             try:
-                c.start(max_power_W, self.power_limit_W)
+                c.start(max_power_W, power_limit_W)
             except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
                 failure = exc
         rule = c.rule if c is not None and failure is None else None
         self._stops.rule = rule
         if agreed:
             try:
-                rule = agreement.share_stop_rule(self.ranks, rule, failure)
+                rule = agreement.share_stop_rule(ranks.ranks, rule, failure)
             except BaseException as exc:
                 failure = exc
-            bs_cfg = self.config.batch_size
+            bs_cfg = self._config.batch_size
             self._stops.start(rule, target_set=bs_cfg.target is not None, stop_at_target=bs_cfg.stop_at_target)
         self._refresh_step_decision()
-        if failure is not None:
-            self.exception(failure)
-            raise failure
-        if c is not None:
-            self._write(records.batch_size_record(c))
+        if failure is None and c is not None:
+            run.log.write(records.batch_size_record(c))
+        return failure
 
     def suggest_batch_size(self) -> int | None:
         """The batch size the bandit picks for this recurrence (call before data loaders are built).
@@ -137,8 +177,8 @@ class BatchSizeSteps(SessionPart):
         """
         if self.batch_size_controller is not None:
             return self.batch_size_controller.suggest()
-        if self.config.batch_size.enabled and self._followed_batch_size is None:
-            followed = claim_pending(self.config.job_id)
+        if self._config.batch_size.enabled and self._followed_batch_size is None:
+            followed = claim_pending(self._config.job_id)
             self._followed_batch_size = None if followed is None else followed.batch_size
         return self._followed_batch_size
 
@@ -150,22 +190,23 @@ class BatchSizeSteps(SessionPart):
     def _refresh_step_decision(self) -> None:
         """Set the per-step stop decision hook from the stop state (None: nothing can stop the run)."""
         if self._stops.active:
-            self._step_decision = self._agreed_step_decision
+            self._on_step_decision(self._agreed_step_decision)
         elif self.batch_size_controller is None and self._stop_reason is None:
-            self._step_decision = None
+            self._on_step_decision(None)
         else:
-            self._step_decision = self._decide
+            self._on_step_decision(self.decide)
 
     def _agreed_step_decision(self) -> Decision:
-        if self._stops.cost and self.steps_this_run % self.config.batch_size.stop_agreement_steps == 0:
+        if self._stops.cost and self._steps_this_run() % self._config.batch_size.stop_agreement_steps == 0:
             self._agree_stop(None)
         return self._decision()
 
-    def _decide(self) -> Decision:
-        # Optimiser hook: early stopping (cost > beta_knob x best cost) answers here.
+    def decide(self) -> Decision:
+        """The stop decision now (early stopping: cost > beta_knob x best cost, checked while the run goes on)."""
         controller = self.batch_size_controller
-        if self._stop_reason is None and controller is not None and controller.threshold is not None and self.started:
-            self._stop_reason = controller.check(self._run_energy_so_far_J(), self._run_time_so_far_s())
+        running = self._running
+        if self._stop_reason is None and controller is not None and controller.threshold is not None and running:
+            self._stop_reason = controller.check(*self._so_far())
         return self._decision()
 
     def _decision(self) -> Decision:
@@ -180,14 +221,15 @@ class BatchSizeSteps(SessionPart):
             target_reason: The main rank's reason to stop at the target (None elsewhere).
         """
         c = self.batch_size_controller
+        energy_J, time_s = self._so_far()
         verdict = agreement.exchange_stop(
-            self.ranks,
+            self._ranks.ranks,
             self._stops,
-            energy_J=self._run_energy_so_far_J(),
-            time_s=self._run_time_so_far_s(),
+            energy_J=energy_J,
+            time_s=time_s,
             target_reason=target_reason,
             converged=c is not None and c.converged,
-            stop_at_target=self.config.batch_size.stop_at_target,
+            stop_at_target=self._config.batch_size.stop_at_target,
         )
         if verdict.reason is not None:
             self._stop_reason = verdict.reason

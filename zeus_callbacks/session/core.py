@@ -13,8 +13,8 @@ Event order::
     train_start → (epoch_start → (step_start → step_end)* → [eval_start → eval_end → evaluate]
                    → epoch_end)* → train_end          (exception() at any point)
 
-The per-step calls (``step_start``, ``step_end``, the phase calls) are the
-:class:`~zeus_callbacks.session.scheduler.StepScheduler`'s; the session's own events
+The per-step calls (``step_start``, ``step_end``, the phase calls) are the bound methods of
+the session's :class:`~zeus_callbacks.session.scheduler.StepScheduler`; the session's own events
 delegate to the run, the reports (:class:`~zeus_callbacks.session.report.StepReports`),
 the records (:mod:`~zeus_callbacks.session.records`), the rank exchanges
 (:mod:`~zeus_callbacks.session.aggregate`, :mod:`~zeus_callbacks.session.agreement`) and
@@ -44,7 +44,8 @@ from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter
-from zeus_callbacks.optimizers.batch_size import run_store
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, run_store
+from zeus_callbacks.optimizers.power_limit import PowerLimitController
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
 from zeus_callbacks.session.aggregate import RankAggregator
@@ -60,7 +61,7 @@ from zeus_callbacks.session.run import (
     open_run,
     select_gpu_indices,
 )  # fmt: skip
-from zeus_callbacks.session.scheduler import Decision
+from zeus_callbacks.session.scheduler import Decision, StepScheduler
 from zeus_callbacks.session.state import Totals, carried_open_epoch, carried_totals, resume_state
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
@@ -72,7 +73,7 @@ def _is_main_process() -> bool:
     return launcher_env_int("RANK", 0) == 0
 
 
-class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
+class EnergySession:
     """Measure GPU energy of a training run and report it as metrics.
 
     Args:
@@ -97,6 +98,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     Raises:
         ConfigError: ``config`` is invalid.
 
+    The session is composed of parts it owns, each with its own state: the step scheduler
+    (:class:`~zeus_callbacks.session.scheduler.StepScheduler`), the power-limit steps
+    (:class:`~zeus_callbacks.session.power.PowerLimitSteps`), the batch-size steps
+    (:class:`~zeus_callbacks.session.batch.BatchSizeSteps`) and the reports
+    (:class:`~zeus_callbacks.session.report.StepReports`). The per-step calls
+    (:meth:`~zeus_callbacks.session.scheduler.StepScheduler.step_start`, ``step_end``,
+    ``phase_begin``, ``phase_end``, ``phase_switch``, ``phase_discard``) are the scheduler's
+    bound methods, set on the session so that a step costs no extra call.
+
     Example:
         >>> session = EnergySession({"backend": "virtual"})
         >>> session.train_start()
@@ -104,6 +114,14 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         Decision(stop_training=False, reason=None)
         >>> summary = session.train_end()  # doctest: +SKIP
     """
+
+    # The step calls: the scheduler's bound methods (documented there), set in __init__.
+    step_start: Callable[..., None]
+    step_end: Callable[..., Decision]
+    phase_begin: Callable[[str], None]
+    phase_end: Callable[[str], None]
+    phase_switch: Callable[[str, str], None]
+    phase_discard: Callable[[str], None]
 
     def __init__(
         self,
@@ -115,13 +133,31 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         timer_factory: Callable[[GPUBackend], BoundaryTimer] = make_timer,
         window_observer: Callable[[WindowBatch], None] | None = None,
     ) -> None:
-        # The parts' __init__ read the configuration: it is parsed first.
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
         self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
-        self._window_observer = window_observer
         # The store, opened once per run: shared by the bandit and the profile cache, closed at train end.
         self.run_store = run_store(self.config)
-        super().__init__()
+        self._pending_metrics: dict[str, float] = {}  # queued for the loggers (the parts add to it)
+        self._totals = Totals()  # the run's (a copy of the carried totals at train start)
+        self._reports = StepReports(
+            self.config, self._pending_metrics, window_observer=window_observer,
+            degraded=lambda: self.degraded, power_limit_W=lambda: self._power.power_limit_W,
+            warmup_done=lambda: self._steps.warmup_done,
+        )  # fmt: skip
+        steps = self._steps = StepScheduler(self._reports.report)
+        self._batch = BatchSizeSteps(
+            self.config, is_main_process=self.is_main_process, run_store=self.run_store,
+            on_step_decision=self._set_step_decision, so_far=self._so_far,
+            steps_this_run=lambda: self.steps_this_run,
+        )  # fmt: skip
+        self._power = PowerLimitSteps(
+            self.config, is_main_process=self.is_main_process, run_store=self.run_store,
+            pending_metrics=self._pending_metrics, on_chosen=self._batch.record_power_limit,
+        )  # fmt: skip
+        # The hot path: the scheduler's own bound methods, so a step call reads its state directly.
+        self.step_start, self.step_end = steps.step_start, steps.step_end
+        self.phase_begin, self.phase_end = steps.phase_begin, steps.phase_end
+        self.phase_switch, self.phase_discard = steps.phase_switch, steps.phase_discard
         self.timer_factory = timer_factory
         self._given_backend = backend
         self.backend: GPUBackend | None = backend
@@ -130,7 +166,6 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._carried = Totals()
         self._carried_open_epoch: Any = None  # the epoch the checkpoint was saved inside (None: between epochs)
         self._open_epoch: Any = None  # the epoch under way (None: between epochs)
-        self._pending_metrics: dict[str, float] = {}
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
         self._last_eval_metrics: dict[str, float] = {}
         self._started = False
@@ -140,6 +175,95 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._rank_group = RankGroup()
         self._ranks = RankAggregator(self._rank_group)
         self._cleanup: Registration | None = None  # SIGTERM / exit: end the run (and restore limits) first
+
+    def _set_step_decision(self, decide: Callable[[], Decision] | None) -> None:
+        """The batch-size steps changed the per-step stop decision: the scheduler takes it."""
+        self._steps.step_decision = decide
+
+    def _so_far(self) -> tuple[float, float]:
+        """The run's (energy in J, time in s) so far on this process."""
+        return self._run_energy_so_far_J(), self._run_time_so_far_s()
+
+    # ------------------------------------------------------------------ the parts' figures
+    @property
+    def sampling(self) -> WindowSampling:
+        """Which steps get windows and how often steps are reported (``windows.sample_fraction``)."""
+        return self._steps.sampling
+
+    @property
+    def measuring(self) -> bool:
+        """True between the start and end of a measured step."""
+        return self._steps.measuring
+
+    @property
+    def step_end_reads_arguments(self) -> bool:
+        """Whether the coming ``step_end`` reads its arguments (see :class:`StepScheduler`)."""
+        return self._steps.step_end_reads_arguments
+
+    @property
+    def quiet_steps_left(self) -> int:
+        """Steps counted ahead whose calls have not come yet (their calls return at once)."""
+        return self._steps.quiet_steps_left
+
+    @property
+    def steps_to_skip(self) -> int:
+        """Unmeasured steps before the next measured one (quiet steps counted ahead included)."""
+        return self._steps.steps_to_skip
+
+    @property
+    def plans_quiet_steps(self) -> bool:
+        """Whether steps that need nothing from the session are counted ahead (True by default).
+
+        Set False for the reference path, where every step's calls take the whole path: the
+        quiet steps must measure, count and report exactly what it does (tests compare the two).
+        """
+        return self._steps.plans_quiet_steps
+
+    @plans_quiet_steps.setter
+    def plans_quiet_steps(self, plans: bool) -> None:
+        self._steps.plans_quiet_steps = plans
+
+    @property
+    def epoch_steps(self) -> int:
+        """Steps of the current epoch (quiet steps counted ahead included)."""
+        return self._steps.epoch_steps
+
+    @property
+    def reports_made(self) -> int:
+        """Step reports made since this session's run began (every ``interval_steps``, epoch ends, flushes)."""
+        return self._reports.reports_made
+
+    @property
+    def power_limiter(self) -> PowerLimitController | None:
+        """The power-limit controller of the run (None: off, unreadable limits, or another rank cannot profile)."""
+        return self._power.power_limiter
+
+    @property
+    def power_limit_W(self) -> float | None:
+        """The limit in force on this process's first GPU (W; None before :meth:`train_start` or unreadable)."""
+        return self._power.power_limit_W
+
+    @property
+    def batch_size_controller(self) -> BatchSizeController | None:
+        """The controller of the recurrence's trial (None: ``batch_size.enabled`` is false, or not the main process)."""
+        return self._batch.batch_size_controller
+
+    @property
+    def stop_rule(self) -> EarlyStopRule | None:
+        """The early-stop rule in force (the main rank's, on every rank under several processes)."""
+        return self._batch.stop_rule
+
+    def suggest_batch_size(self) -> int | None:
+        """The batch size the bandit picks for this recurrence (see :meth:`BatchSizeSteps.suggest_batch_size`).
+
+        Raises:
+            StoreError: The store cannot be opened (corrupt, newer schema).
+        """
+        return self._batch.suggest_batch_size()
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
+        self._batch.use_batch_size(batch_size)
 
     # ------------------------------------------------------------------ the run's parts
     @property
@@ -196,7 +320,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     @property
     def last_epoch_sampling(self) -> tuple[int, int]:
         """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
-        return self._epoch_sampled
+        return self._reports.epoch_sampled
 
     def _write(self, record: dict[str, Any]) -> None:
         self.run.log.write(record)
@@ -224,7 +348,6 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         self._finished = None
         self._status = "completed"
         self._totals = self._carried.copy()
-        self._begin_reports()
         backend = self.open_backend()
         gpu_indices = select_gpu_indices(cfg, backend, self._device_index)
         self._rank_group = RankGroup.detect()
@@ -235,7 +358,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             write_log=self.is_main_process and cfg.logging.jsonl, make_timer=self.timer_factory,
         )  # fmt: skip
         self._run = run
-        self._open_power_limits()
+        self._reports.begin(run, self._totals, self._carried, self._ranks)
+        self._power.open(run)
         run.start()
         self._started = True
         fraction = cfg.windows.sample_fraction
@@ -246,13 +370,12 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
             announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
         )
-        self._begin_steps(
-            run.meter, run.timer, backend.clock, sampling,
+        self._steps.begin(
+            self._totals, run.meter, run.timer, backend.clock, sampling,
             step_windows=cfg.windows.step, phase_windows=run.phases is not None,
             warmup_steps=cfg.windows.warmup_steps,
         )  # fmt: skip
-        self._active = True
-        self._node_span_boundary()  # the first node span opens with the run
+        self._reports.node_span_boundary()  # the first node span opens with the run
         # A scheduler's kill skips atexit: end the run (and restore limits) first.
         self._cleanup = CLEANUPS.register(
             self._end_interrupted, what="ending the energy log", order=CleanupOrder.END_RUN, at_exit=True
@@ -268,9 +391,13 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             )
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
-        self._start_power_limiter()
+        steps = self._steps
+        steps.power_step_start, steps.power_step_end = self._power.start(self._ranks, self._totals)
         if cfg.batch_size.enabled:
-            self._start_batch_size()
+            failure = self._batch.start(run, self._ranks, self._power.power_limit_W)
+            if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise
+                self.exception(failure)
+                raise failure
 
     def _node_end(self) -> dict[str, Any]:
         """The CPU/DRAM counters at an open epoch's end, for its window's info (nothing without a reader)."""
@@ -289,7 +416,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             BackendUnavailable: The configured backend cannot be used here.
         """
         if self.backend is None:
-            self.backend = get_backend(self.config.backend, virtual=self.config.virtual)
+            self.backend = get_backend(self.config.backend, virtual=self.config.virtual.backend_kwargs)
         return self.backend
 
     def epoch_start(self, epoch: int) -> None:
@@ -304,7 +431,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         resumed_inside = self.steps_this_run == 0 and self._carried_open_epoch is not None
         resumed_inside = resumed_inside and epoch == self._carried_open_epoch
         self._open_epoch = epoch
-        self._begin_epoch()
+        self._steps.begin_epoch()
         token = None
         if self.config.windows.epoch:
             info: dict[str, Any] = {"epoch": epoch}
@@ -314,7 +441,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 info["node_start"] = self.run.node.read()
             token = self.run.meter.mark()
             self.run.meter.begin_at("epoch", token, info)
-        self._open_step_at_boundary(token)
+        self._steps.open_step_at_boundary(token)
 
     def eval_start(self) -> None:
         """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
@@ -323,14 +450,12 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         where one was dropped here. An evaluation after the epoch's end (none was open: :meth:`epoch_end`
         dropped it) leaves it to the next :meth:`epoch_start` or :meth:`step_start`.
         """
-        self._take_back_quiet_steps()
+        self._steps.take_back_quiet_steps()
         if not self.started:
             return
         run = self.run
-        self._pause_timing()
-        if not self._measuring:  # the window would otherwise hold the whole evaluation
-            self._reopen_after_eval = self._close_open_step()
-        self._power_limit_eval_start()
+        self._steps.eval_begins()
+        self._power.eval_start()
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
@@ -357,25 +482,18 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
             run.meter.end_at("eval", token, {"dataset": dataset} if dataset is not None else None)
-        if not self._measuring and self._reopen_after_eval:
-            # The next step's window begins where the evaluation ends; after the epoch's end none was open and
-            # the next epoch_start opens it (opened here too, it was restarted there, with a warning: issue 26).
-            # Opened before the attribution below: that reads the marks the GPU has reached and the timer
-            # forgets those no open window holds, so a step opened at the end mark afterwards would take
-            # another mark's time (issue 27).
-            self._open_step_at_boundary(token)
-        self._reopen_after_eval = False
+        self._steps.eval_ends(token)  # before the attribution below (issue 27)
         if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
-            self._attribute_closed()
-        self._power_limit_eval_end()
-        self._resume_timing()
+            self._reports.attribute_closed()
+        self._power.eval_end()
+        self._steps.resume_timing()
         if not report or not self.config.windows.eval:
             return {}
         run.flush_sensor(run.backend.clock.now_s())
-        self._report_steps(resolve_final=True)
+        self._steps.report(resolve_final=True)
         keys = (metric.EVAL_ENERGY_J, metric.EVAL_TIME_S)
         return self._flagged({key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics})
 
@@ -397,11 +515,11 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             except (TypeError, ValueError):
                 continue
         self._last_eval_metrics = numeric
-        self._take_back_quiet_steps()
+        self._steps.take_back_quiet_steps()
         if self.started:
             self._write(records.evaluate_record(self._totals.steps, numeric))
-            return self._evaluated(numeric)
-        return self._decide()
+            return self._batch.evaluated(numeric)
+        return self._batch.decide()
 
     def epoch_end(self, epoch: int, *, report: bool = False) -> dict[str, float]:
         """Close the epoch window and attribute its energy (waits ≤ 0.25 s for the sensor).
@@ -424,25 +542,23 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         if not self.started:
             return {}
         run = self.run
-        self._take_back_quiet_steps()
+        steps = self._steps
+        self._reports.epoch_ended(steps.epoch_counts)
         self._totals.epochs += 1
         self._open_epoch = None
-        self._pause_timing()
-        self._discard_phases()
-        self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
+        steps.pause_timing()
+        steps.discard_phases()
         if not run.meter.end("epoch", epoch=epoch, end_step=self._totals.steps, **self._node_end()):
-            self._timed_report()
+            steps.timed_report()
             return {}
         run.flush_sensor(run.backend.clock.now_s())  # a wait, not work: not charged to the steps
         # Attribute everything now (edges past the samples, if the sensor is late, are
         # extrapolated and marked incomplete): every rank then aggregates this epoch here.
         reported = time.perf_counter()
-        self._phase_summary_s = 0.0
-        self._last_epoch_metrics = {}
-        self._report_steps(resolve_final=True)
+        steps.report(resolve_final=True)
         # The steps' attribution is charged to them; the once-an-epoch phase summary is not.
-        self._governor.report_s += time.perf_counter() - reported - self._phase_summary_s
-        values = self._last_epoch_metrics
+        steps.charge_report_s(time.perf_counter() - reported - self._reports.phase_summary_s)
+        values = self._reports.last_epoch_metrics
         if report:
             for key in values:
                 self._pending_metrics.pop(key, None)
@@ -463,8 +579,10 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             return self._finished
         if not self._started:
             raise RuntimeError("train_end() called before train_start()")
-        self._active = False
-        self._take_back_quiet_steps()
+        steps = self._steps
+        steps.take_back_quiet_steps()
+        counts = steps.epoch_counts
+        steps.end()
         run = self.run
         if status is not None:
             self._status = status
@@ -473,10 +591,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.
         run.meter.discard("step")
-        self._measuring = False
         self._open_epoch = None
-        self._discard_phases()
-        self._epoch_sampled = (self._epoch_steps, self._epoch_measured)
+        self._reports.epoch_ended(counts)
         for name in ("eval", "epoch"):
             if run.meter.is_open(name):
                 if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
@@ -484,17 +600,21 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                     run.meter.end(name, end_step=self._totals.steps, **self._node_end())
                 else:
                     run.meter.end(name)
-        self._node_span_boundary(last=True)  # the last node span closes with the run
+        self._reports.node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:
             run.flush_sensor(run.backend.clock.now_s())
         finally:
             run.sampler.stop()
-            self._stop_power_limiter()
-        self._report_steps(resolve_final=True)
-        summary = self._summary(self._status)
+            self._power.stop()
+        steps.report(resolve_final=True)
+        limiter = self._power.power_limiter
+        summary = self._reports.summary(
+            self._status, chosen_power_limit=self._power.chosen,
+            time_note=limiter.time_note() if limiter is not None else None,
+        )  # fmt: skip
         self._finished = summary
-        self._record_trial(summary)
+        self._batch.record_trial(summary)
         self.run_store.close()
         if self._exception_record is not None:
             self._write(self._exception_record)
@@ -564,13 +684,15 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
                 log carries the reports made since the last one. A flush that runs counts
                 in auto sampling's budget.
         """
-        sampling = self._sampling
+        sampling = self._steps.sampling
         if flush_steps and self.started and sampling.report_every <= sampling.interval_steps:
-            self._timed_report()
-        self._end_interval()
-        if not self._pending_metrics:
-            return {}  # most steps: nothing queued, nothing to swap
-        metrics, self._pending_metrics = self._pending_metrics, {}
+            self._steps.timed_report()
+        self._reports.end_interval()
+        pending = self._pending_metrics
+        if not pending:
+            return {}  # most steps: nothing queued, nothing to copy
+        metrics = dict(pending)
+        pending.clear()  # the parts hold this queue: emptied, not replaced
         return self._flagged(metrics)
 
     def flagged(self, metrics: Mapping[str, float]) -> dict[str, float]:
@@ -640,8 +762,8 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             values.update({k: estimates[k] for k in once if k in estimates})
         elif not self.started:
             return {}
-        elif self._ranks_totals is not None:
-            energy_J, time_s = self._ranks_totals
+        elif self._reports.ranks_totals is not None:
+            energy_J, time_s = self._reports.ranks_totals
             values = {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
         else:
             values = self._local_totals()
@@ -676,7 +798,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
     # ------------------------------------------------------------- resume support
     def state_dict(self) -> dict[str, Any]:
         """Totals to carry across a checkpoint resume."""
-        self._take_back_quiet_steps()
+        self._steps.take_back_quiet_steps()
         measured = self.started or self._finished is not None
         t = self._totals if measured else self._carried
         # This rank's own totals while running (a resume adds the ranks' figures again).
@@ -687,9 +809,9 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
             time_s=totals.get(metric.TOTAL_TIME_S, t.time_s),
             run_name=self.run_name,
             # Saved inside an epoch (after some of its steps): a run resumed from here starts mid-epoch.
-            open_epoch=self._open_epoch if self.started and self._epoch_steps > 0 else None,
+            open_epoch=self._open_epoch if self.started and self._steps.epoch_steps > 0 else None,
         )
-        profile = self._power_limit_state(measured=measured)
+        profile = self._power.state(measured=measured)
         if profile is not None:
             state["power_limit"] = profile
         return state
@@ -703,7 +825,7 @@ class EnergySession(PowerLimitSteps, BatchSizeSteps, StepReports):
         """
         self._carried = carried_totals(state)
         self._carried_open_epoch = carried_open_epoch(state)
-        self._carry_power_limit(state)
+        self._power.carry(state)
 
     def _run_energy_so_far_J(self) -> float:
         return self.run.energy_so_far_J(self._carried.energy_J)

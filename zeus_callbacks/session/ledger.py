@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeus_callbacks.measurement.windows import WindowBatch
-
-LEDGER_COLUMNS = 9
-"""Columns of :meth:`EpochLedger.row`: the cross-rank exchange carries them with the epoch's."""
+from zeus_callbacks.session.rank_records import LedgerColumns
 
 ROUNDING = 1e-9
 """A part below zero by less than this share of the epoch is rounding: it is 0 (sums of the same integral)."""
@@ -70,28 +68,24 @@ class EpochLedger:
         """Add one evaluation window that starts at ``start_s`` (s on the backend clock)."""
         self.evals.append((start_s, energy_J, time_s))
 
-    def row(self, epoch_start_s: float) -> list[float]:
-        """This rank's ledger columns for the epoch that began at ``epoch_start_s`` (s).
-
-        Returns:
-            ``[warmup_J, warmup_s, warmup_windows, steps_J, steps_s, step_windows, eval_J, eval_s, evals]``.
-        """
+    def row(self, epoch_start_s: float) -> LedgerColumns:
+        """This rank's ledger for the epoch that began at ``epoch_start_s`` (s), sent with the epoch's figures."""
         inside = [(e, t) for s, e, t in self.evals if s >= epoch_start_s]
-        return [
-            self.warmup_J, self.warmup_s, float(self.warmup_windows),
-            self.steps_J, self.steps_s, float(self.step_windows),
-            math.fsum(e for e, _ in inside), math.fsum(t for _, t in inside), float(len(inside)),
-        ]  # fmt: skip
+        return LedgerColumns(
+            warmup_J=self.warmup_J, warmup_s=self.warmup_s, warmup_windows=float(self.warmup_windows),
+            steps_J=self.steps_J, steps_s=self.steps_s, step_windows=float(self.step_windows),
+            eval_J=math.fsum(e for e, _ in inside), eval_s=math.fsum(t for _, t in inside), evals=float(len(inside)),
+        )  # fmt: skip
 
 
-def close_ledger(epoch_J: float, epoch_s: float, row: list[float], *, steps_taken: int) -> dict[str, Any]:
+def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_taken: int) -> dict[str, Any]:
     """The ledger of one epoch: warm-up, steps, evaluations and ``other``, in J and s.
 
     Args:
         epoch_J: The epoch's energy (J; NaN when no sample covers it).
         epoch_s: The epoch's time (s).
-        row: The ledger columns (:meth:`EpochLedger.row`), energy summed over ranks, time and
-            counts the slowest rank's.
+        row: The ledger (:meth:`EpochLedger.row`), combined over the ranks (energy summed, time and
+            counts the slowest rank's: :meth:`~zeus_callbacks.session.rank_records.RankRecord.reduce`).
         steps_taken: Steps taken in the epoch (warm-up steps included).
 
     Returns:
@@ -103,7 +97,9 @@ def close_ledger(epoch_J: float, epoch_s: float, row: list[float], *, steps_take
         ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
         when the epoch's energy is unknown).
     """
-    warmup_J, warmup_s, warmup_n, steps_J, steps_s, steps_n, eval_J, eval_s, _ = row
+    warmup_J, warmup_s, warmup_n = row.warmup_J, row.warmup_s, row.warmup_windows
+    steps_J, steps_s, steps_n = row.steps_J, row.steps_s, row.step_windows
+    eval_J, eval_s = row.eval_J, row.eval_s
     windowed_J, windowed_s = steps_J, steps_s
     estimated = max(0, steps_taken - int(warmup_n) - int(steps_n))
     reason = None

@@ -6,10 +6,10 @@ else, beside the virtual GPU only and with ``node.virtual_cpu``, the simulated
 :class:`~zeus_callbacks.backends.virtual_cpu.VirtualCpu`. An epoch's figures are the difference of
 two readings (its start and its end), the run's the reading at its end.
 
-Each process contributes :data:`NODE_COLUMNS` numbers to a record's row (:func:`local_node`); the
-figures are combined over the processes that read a node's counters (:func:`node_figures`), so a
-node's CPU counted once is counted once in the sum. A figure is a number or None with the reason in
-``node_energy_note``, never 0 for unknown.
+Each process contributes its :class:`~zeus_callbacks.session.rank_records.NodeColumns` to a record's
+row (:func:`local_node`); the figures are combined over the processes that read a node's counters
+(:func:`node_figures`), so a node's CPU counted once is counted once in the sum. A figure is a
+number or None with the reason in ``node_energy_note``, never 0 for unknown.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,12 @@ from zeus_callbacks.backends.virtual_cpu import VirtualCpu
 from zeus_callbacks.config import NodeConfig
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.reporting import NODE_OFF
-from zeus_callbacks.session.aggregate import Rows
+from zeus_callbacks.session.rank_records import NodeColumns
 
 logger = logging.getLogger(__name__)
 
-NODE_COLUMNS = 4
-"""A process's node columns in a record's row: reads (1 or 0), CPU (J), DRAM (J), has DRAM (1 or 0); NaN unknown."""
+NODE_COLUMNS = NodeColumns.width
+"""How many numbers a process's node figures take in a record's row (:class:`NodeColumns`)."""
 
 
 OTHER_LOCAL_RANK = "this node's CPU/DRAM counters are read by its local rank 0 (each node counted once)"
@@ -109,13 +110,13 @@ class LocalNode:
     """This process's part of a record's node figures.
 
     Attributes:
-        columns: :data:`NODE_COLUMNS` numbers for the record's row.
+        columns: The figures for the record's row.
         parts: What the node figure holds (the reader's :attr:`~zeus_callbacks.backends.rapl.NodeReader.parts`).
         reasons: Why this process's figures are unknown ("" when known).
         no_reader: Why this process has no reader (None when it has one).
     """
 
-    columns: list[float]
+    columns: NodeColumns
     parts: str = ""
     reasons: str = ""
     no_reader: str | None = None
@@ -130,14 +131,15 @@ def local_node(reader: NodeReader | None, energy: NodeEnergy | None, no_reader: 
         no_reader: Why there is no reader (None: :data:`NODE_OFF`).
     """
     if reader is None:
-        return LocalNode([0.0, math.nan, math.nan, 0.0], no_reader=no_reader or NODE_OFF)
+        return LocalNode(NodeColumns(0.0, math.nan, math.nan, 0.0), no_reader=no_reader or NODE_OFF)
     has_dram = 1.0 if reader.has_dram else 0.0
     if energy is None:
-        return LocalNode([1.0, math.nan, math.nan, has_dram], reader.parts, "no reading at the window's start or end")
+        unread = NodeColumns(1.0, math.nan, math.nan, has_dram)
+        return LocalNode(unread, reader.parts, "no reading at the window's start or end")
     reasons = "; ".join(f"{label}: {why}" for label, why in energy.reasons.items())
     if not energy.domains_J:
         reasons = "this machine exposes no CPU energy counter"
-    columns = [1.0, _number(energy.cpu_J), _number(energy.dram_J), has_dram]
+    columns = NodeColumns(1.0, _number(energy.cpu_J), _number(energy.dram_J), has_dram)
     return LocalNode(columns, reader.parts, reasons)
 
 
@@ -145,7 +147,9 @@ def _number(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def node_figures(gpu_energy_J: float, rows: Rows, local: LocalNode, *, carried_energy_J: float = 0.0) -> dict[str, Any]:
+def node_figures(
+    gpu_energy_J: float, rows: Sequence[NodeColumns], local: LocalNode, *, carried_energy_J: float = 0.0
+) -> dict[str, Any]:
     """The CPU, DRAM and node energy (J) of a record and their note, combined over the ranks.
 
     Sums over the processes that read a node's counters (each node's CPU once); a figure unknown on
@@ -153,20 +157,21 @@ def node_figures(gpu_energy_J: float, rows: Rows, local: LocalNode, *, carried_e
 
     Args:
         gpu_energy_J: The record's GPU energy over every rank (J; NaN when unknown).
-        rows: Each rank's :data:`NODE_COLUMNS` columns (one row on one process).
+        rows: Each rank's node figures (one on one process).
         local: This process's part (its words go into the note).
         carried_energy_J: GPU energy carried from a checkpoint (J; a run's): its CPU energy was not read.
 
     Returns:
         ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` (J or None) and ``node_energy_note``.
     """
-    readers = [row for row in rows if row[0] > 0]
+    readers = [row for row in rows if row.reads > 0]
     if not readers:
         note = local.no_reader or "no process read a node's CPU/DRAM counters"
         return {"cpu_energy_J": None, "dram_energy_J": None, "node_energy_J": None, "node_energy_note": note}
-    cpu_J = sum(row[1] for row in readers) if all(math.isfinite(row[1]) for row in readers) else None
-    with_dram = [row for row in readers if row[3] > 0]
-    dram_J = sum(row[2] for row in with_dram) if with_dram and all(math.isfinite(r[2]) for r in with_dram) else None
+    cpu_J = sum(row.cpu_J for row in readers) if all(math.isfinite(row.cpu_J) for row in readers) else None
+    with_dram = [row for row in readers if row.has_dram > 0]
+    dram_known = with_dram and all(math.isfinite(r.dram_J) for r in with_dram)
+    dram_J = sum(row.dram_J for row in with_dram) if dram_known else None
     node_J = None
     if cpu_J is not None and (dram_J is not None or not with_dram) and math.isfinite(gpu_energy_J):
         node_J = gpu_energy_J + cpu_J + (dram_J or 0.0)  # dram_J None here only when no DRAM domain exists

@@ -24,6 +24,7 @@ Figures are right or null with the reason in ``node_energy_note``, never 0 for u
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from zeus_callbacks.backends.rapl import NodeReader
 from zeus_callbacks.measurement.windows import WindowMeter, WindowRecord
 from zeus_callbacks.session.aggregate import Rows
 from zeus_callbacks.session.node import NODE_COLUMNS, LocalNode, local_node, node_figures
+from zeus_callbacks.session.rank_records import NodeColumns
 
 SPAN_WINDOW = "node_span"
 """The window between two node readings (a reserved window name)."""
@@ -39,7 +41,34 @@ SPAN_WINDOW = "node_span"
 MAX_SPANS = 4
 """Spans one rank sends per report (more wait for the next): usually one is attributed per report."""
 
-_BLOCK = 1 + NODE_COLUMNS + 2  # GPU energy (J, NaN unknown), the node columns, steps, time (s)
+
+@dataclass(frozen=True)
+class SpanColumns:
+    """One span in a report's row: the GPUs' energy, the node figures, the steps and the time it holds.
+
+    Attributes:
+        gpu_J: This rank's GPU energy over the span (J; NaN unknown).
+        node: This process's CPU/DRAM energy over it.
+        steps: Steps in it.
+        time_s: Its time (s).
+    """
+
+    gpu_J: float
+    node: NodeColumns
+    steps: float
+    time_s: float
+
+    def values(self) -> list[float]:
+        """The span's block of the row."""
+        return [self.gpu_J, *self.node.values(), self.steps, self.time_s]
+
+    @classmethod
+    def of(cls, block: Sequence[float]) -> SpanColumns:
+        """A span's block unpacked."""
+        return cls(block[0], NodeColumns.of(block[1:]), block[1 + NODE_COLUMNS], block[2 + NODE_COLUMNS])
+
+
+_BLOCK = 1 + NODE_COLUMNS + 2  # a SpanColumns block
 SPAN_COLUMNS = 1 + MAX_SPANS * _BLOCK
 """A rank's span columns in a report's row: how many spans it sends, then one block per span."""
 
@@ -135,7 +164,7 @@ class NodeSpans:
         spans = self._ready()
         row = [float(len(spans))]
         for span in spans:
-            row += [span.gpu_J, *span.node.columns, float(span.steps), span.time_s]
+            row += SpanColumns(span.gpu_J, span.node.columns, float(span.steps), span.time_s).values()
         return row + [math.nan] * (SPAN_COLUMNS - len(row))
 
     def combine(self, rows: Rows) -> SpanFigures:
@@ -152,12 +181,13 @@ class NodeSpans:
         gpu_J, steps, time_s = 0.0, 0, 0.0
         node_rows = []
         for row in rows:
-            blocks = [row[1 + k * _BLOCK : 1 + (k + 1) * _BLOCK] for k in range(count)]
-            gpu_J += sum(b[0] for b in blocks)  # NaN (unknown) on any rank: unknown
-            columns = [b[1 : 1 + NODE_COLUMNS] for b in blocks]
-            node_rows.append([columns[0][0], sum(c[1] for c in columns), sum(c[2] for c in columns), columns[0][3]])
-            steps = max(steps, int(sum(b[-2] for b in blocks)))
-            time_s = max(time_s, sum(b[-1] for b in blocks))
+            blocks = [SpanColumns.of(row[1 + k * _BLOCK : 1 + (k + 1) * _BLOCK]) for k in range(count)]
+            gpu_J += sum(b.gpu_J for b in blocks)  # NaN (unknown) on any rank: unknown
+            nodes = [b.node for b in blocks]  # a rank's spans: its reader's, one after another
+            node_rows.append(NodeColumns(nodes[0].reads, sum(c.cpu_J for c in nodes), sum(c.dram_J for c in nodes),
+                                         nodes[0].has_dram))  # fmt: skip
+            steps = max(steps, int(sum(b.steps for b in blocks)))
+            time_s = max(time_s, sum(b.time_s for b in blocks))
         fields = node_figures(gpu_J, node_rows, self._local(count))
         fields.update(node_steps=steps, node_time_s=time_s)
         return SpanFigures(count, fields)

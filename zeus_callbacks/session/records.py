@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import BackendError, DeviceIdentity, GPUBackend
@@ -22,9 +22,18 @@ from zeus_callbacks.footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import NODE_OFF, RunSummary
-from zeus_callbacks.session.aggregate import Rows, joined, least, slowest, total
-from zeus_callbacks.session.ledger import LEDGER_COLUMNS, close_ledger
-from zeus_callbacks.session.node import NODE_COLUMNS, LocalNode, node_figures
+from zeus_callbacks.session.ledger import close_ledger
+from zeus_callbacks.session.node import LocalNode, node_figures
+from zeus_callbacks.session.rank_records import (
+    EpochColumns,
+    EpochRow,
+    LedgerColumns,
+    NodeColumns,
+    StepColumns,
+    SummaryColumns,
+    SummaryRow,
+    WarmupColumns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -195,59 +204,55 @@ def power_limit_profile_record(
 
 
 # ------------------------------------------------------------------------ steps
-def local_step_row(batches: Sequence[WindowBatch]) -> list[float]:
-    """This rank's step columns: energy (J), time (s), count, samples, tokens, power samples.
+def local_step_row(batches: Sequence[WindowBatch]) -> StepColumns:
+    """This rank's measured steps: energy (J), time (s), count, samples, tokens, power samples.
 
     Samples (tokens) are NaN unless every step reported them.
     """
     count = sum(b.size for b in batches)
     samples = [v for b in batches for v in b.info_values("num_samples")]
     tokens = [v for b in batches for v in b.info_values("num_tokens")]
-    return [
-        sum(float(b.energy_J.sum()) for b in batches),
-        sum(float(b.time_s.sum()) for b in batches),
-        float(count),
-        float(sum(samples)) if count and all(samples) else math.nan,
-        float(sum(tokens)) if count and all(tokens) else math.nan,
-        float(sum(int(b.num_power_samples.sum()) for b in batches)),
-    ]
+    return StepColumns(
+        energy_J=sum(float(b.energy_J.sum()) for b in batches),
+        time_s=sum(float(b.time_s.sum()) for b in batches),
+        steps=float(count),
+        samples=float(sum(samples)) if count and all(samples) else math.nan,
+        tokens=float(sum(tokens)) if count and all(tokens) else math.nan,
+        power_samples=float(sum(int(b.num_power_samples.sum()) for b in batches)),
+    )
 
 
-def merged_rows(earlier: Rows | None, rows: Rows, *, count_column: int = 2) -> Rows:
-    """One interval's rows from two reports' (:func:`local_step_row`, :func:`local_warmup_row`): summed per rank.
+C = TypeVar("C", StepColumns, WarmupColumns)
 
-    A rank with no step in one of the reports takes the other's row as it is (its NaN sample
+
+def merged_rows(earlier: list[C] | None, rows: list[C]) -> list[C]:
+    """One interval's records from two reports' (:func:`local_step_row`, :func:`local_warmup_row`): summed per rank.
+
+    A rank with no step in one of the reports takes the other's record as it is (its NaN sample
     count is no part of the sum). ``earlier`` None, or of another rank count (the ranks stopped
     exchanging after a failure): the interval starts with ``rows``.
     """
     if earlier is None or len(earlier) != len(rows):
-        return [list(row) for row in rows]
-    merged = []
-    for old, new in zip(earlier, rows, strict=True):
-        if not old[count_column]:
-            merged.append(list(new))
-        elif not new[count_column]:
-            merged.append(list(old))
-        else:
-            merged.append([a + b for a, b in zip(old, new, strict=True)])
-    return merged
+        return list(rows)
+    return [old.plus(new) for old, new in zip(earlier, rows, strict=True)]
 
 
-def step_metrics(rows: Rows) -> dict[str, float]:
-    """Per-step means from the ranks' step columns (:func:`local_step_row`), ranks with steps only.
+def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
+    """Per-step means from the ranks' measured steps (:func:`local_step_row`), ranks with steps only.
 
-    One rank's row per GPU group; combined per step: energy and power sum over ranks,
+    One rank's record per GPU group; combined per step: energy and power sum over ranks,
     time is the slowest rank's.
     """
-    step_J = sum(E / n for E, _, n, *_ in rows)
-    samples_per_step = sum(S / n for _, _, n, S, *_ in rows)
-    tokens_per_step = sum(K / n for _, _, n, _, K, _ in rows)
+    step_J = sum(r.energy_J / r.steps for r in rows)
+    samples_per_step = sum(r.samples / r.steps for r in rows)
+    tokens_per_step = sum(r.tokens / r.steps for r in rows)
+    combined = StepColumns.reduce(rows)
     values = {
         metric.STEP_ENERGY_J: step_J,
-        metric.STEP_COUNT: least(rows, 2),
-        metric.STEP_POWER_SAMPLES: total(rows, 5),
-        metric.STEP_TIME_S: max(T / n for _, T, n, *_ in rows),
-        metric.MEAN_POWER_W: sum(E / T for E, T, *_ in rows if T > 0),
+        metric.STEP_COUNT: combined.steps,
+        metric.STEP_POWER_SAMPLES: combined.power_samples,
+        metric.STEP_TIME_S: max(r.time_s / r.steps for r in rows),
+        metric.MEAN_POWER_W: sum(r.energy_J / r.time_s for r in rows if r.time_s > 0),
     }
     if math.isfinite(samples_per_step) and samples_per_step > 0:
         values[metric.ENERGY_PER_SAMPLE_J] = step_J / samples_per_step
@@ -311,18 +316,19 @@ def steps_record(
     }
 
 
-def local_warmup_row(batches: Sequence[WindowBatch]) -> list[float]:
-    """This rank's warm-up step columns: energy (J), time (s), count."""
-    return [
-        sum(float(b.energy_J.sum()) for b in batches),
-        sum(float(b.time_s.sum()) for b in batches),
-        float(sum(b.size for b in batches)),
-    ]
+def local_warmup_row(batches: Sequence[WindowBatch]) -> WarmupColumns:
+    """This rank's warm-up steps: energy (J), time (s), count."""
+    return WarmupColumns(
+        energy_J=sum(float(b.energy_J.sum()) for b in batches),
+        time_s=sum(float(b.time_s.sum()) for b in batches),
+        steps=float(sum(b.size for b in batches)),
+    )
 
 
-def warmup_metrics(rows: Rows) -> dict[str, float]:
+def warmup_metrics(rows: Sequence[WarmupColumns]) -> dict[str, float]:
     """The warm-up steps over the ranks that had some (:func:`local_warmup_row`): energy summed, time the slowest."""
-    return {metric.WARMUP_ENERGY_J: total(rows, 0), metric.WARMUP_TIME_S: slowest(rows, 1)}
+    combined = WarmupColumns.reduce(rows)
+    return {metric.WARMUP_ENERGY_J: combined.energy_J, metric.WARMUP_TIME_S: combined.time_s}
 
 
 def warmup_record(
@@ -349,15 +355,15 @@ def warmup_record(
 
 # ------------------------------------------------------------------------ epochs
 def local_epoch_row(
-    record: WindowRecord, counter_J: float | None, ledger: Sequence[float], node: Sequence[float]
-) -> list[float]:
-    """This rank's epoch columns: energy (J), time (s), counter energy (J, NaN if none), ledger, node, per GPU (J).
+    record: WindowRecord, counter_J: float | None, ledger: LedgerColumns, node: NodeColumns
+) -> EpochRow:
+    """This rank's epoch: energy (J), time (s), counter energy (J, NaN if none), ledger, node, per GPU (J).
 
-    The ledger is :data:`~zeus_callbacks.session.ledger.LEDGER_COLUMNS` columns (``EpochLedger.row``), the
-    node :data:`~zeus_callbacks.session.node.NODE_COLUMNS` (:attr:`LocalNode.columns`).
+    The ledger is ``EpochLedger.row``'s, the node figures :attr:`LocalNode.columns`.
     """
     counter = math.nan if counter_J is None else counter_J
-    return [record.energy_J, record.time_s, counter, *ledger, *node, *record.gpu_energy_J]
+    epoch = EpochColumns(record.energy_J, record.time_s, counter)
+    return EpochRow(epoch, ledger, node, tuple(record.gpu_energy_J))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,26 +395,22 @@ class EpochEnergy:
 
 
 def epoch_energy(
-    rows: Rows, epoch: Any, *, steps_taken: int, node: LocalNode, counter_note_local: str | None = None
+    rows: Sequence[EpochRow], epoch: Any, *, steps_taken: int, node: LocalNode, counter_note_local: str | None = None
 ) -> EpochEnergy:
-    """Combine the ranks' epoch columns (:func:`local_epoch_row`); warn when samples and counter disagree.
+    """Combine the ranks' epochs (:func:`local_epoch_row`); warn when samples and counter disagree.
 
     The ledger's energy columns are summed over the ranks; its times and counts are the
     slowest rank's, the rank whose time is the epoch's. The node figures add the CPU and DRAM
     energy of the processes that read them to the GPUs' (``node``: this process's part).
     ``counter_note_local``: why this process's counters gave no figure (:func:`counter_note`).
     """
-    energy_J = total(rows, 0)
-    time_s = slowest(rows, 1)
-    counter_J = total(rows, 2)
-    first_node = 3 + LEDGER_COLUMNS
-    first_gpu = first_node + NODE_COLUMNS
-    gpu_energy_J = joined(rows, first_gpu)
-    slowest_row = max(rows, key=lambda row: row[1])[3:first_node]
-    ledger_row = [total([row[3:first_node] for row in rows], c) if c in (0, 3, 6) else slowest_row[c]
-                  for c in range(LEDGER_COLUMNS)]  # fmt: skip
+    combined = EpochColumns.reduce([row.epoch for row in rows])
+    energy_J, time_s, counter_J = combined.energy_J, combined.time_s, combined.counter_J
+    gpu_energy_J = [e for row in rows for e in row.gpu_energy_J]
+    slowest = max(range(len(rows)), key=lambda i: rows[i].epoch.time_s)  # the ledger's times are its
+    ledger_row = LedgerColumns.reduce([row.ledger for row in rows], slowest=slowest)
     ledger = close_ledger(energy_J, time_s, ledger_row, steps_taken=steps_taken)
-    figures = node_figures(energy_J, [row[first_node:first_gpu] for row in rows], node)
+    figures = node_figures(energy_J, [row.node for row in rows], node)
     values = {
         metric.EPOCH_ENERGY_J: energy_J,
         metric.EPOCH_TIME_S: time_s,
@@ -504,31 +506,27 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
-                      step_time_s: float, estimated_steps: int, node: Sequence[float]) -> list[float]:  # fmt: skip
-    """This rank's summary columns: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
+                      step_time_s: float, estimated_steps: int, node: NodeColumns) -> SummaryRow:  # fmt: skip
+    """This rank's summary: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
 
-    The node columns are :data:`~zeus_callbacks.session.node.NODE_COLUMNS` (:attr:`LocalNode.columns`).
+    The node figures are :attr:`LocalNode.columns`.
 
     The step means are the estimates over ``estimated_steps`` steps
     (:class:`~zeus_callbacks.session.state.Totals`), NaN when no step was estimated.
     """
-    return [
-        run.energy_J if run else 0.0,
-        run.time_s if run else 0.0,
-        math.nan if counter_J is None else counter_J,
-        step_energy_J / estimated_steps if estimated_steps else math.nan,
-        step_time_s / estimated_steps if estimated_steps else math.nan,
-        (run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
-        *node,
-        *(run.gpu_energy_J if run else ()),
-    ]
-
-
-_FIRST_SUMMARY_GPU = 6 + NODE_COLUMNS
+    figures = SummaryColumns(
+        energy_J=run.energy_J if run else 0.0,
+        time_s=run.time_s if run else 0.0,
+        counter_J=math.nan if counter_J is None else counter_J,
+        step_energy_J=step_energy_J / estimated_steps if estimated_steps else math.nan,
+        step_time_s=step_time_s / estimated_steps if estimated_steps else math.nan,
+        covered_s=(run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
+    )
+    return SummaryRow(figures, node, tuple(run.gpu_energy_J) if run else ())
 
 
 def run_summary(
-    rows: Rows,
+    rows: Sequence[SummaryRow],
     *,
     carried_energy_J: float,
     carried_time_s: float,
@@ -573,17 +571,19 @@ def run_summary(
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     # Energy sums over GPUs (ranks); time is the slowest rank's.
-    energy_J = carried_energy_J + total(rows, 0)
-    time_s = carried_time_s + slowest(rows, 1)
-    counter_J = total(rows, 2)
-    shares = [row[5] / row[1] if row[1] > 0 else 1.0 for row in rows]
-    coverage = min(1.0, min(shares)) if rows and measurement != "unavailable" else 0.0
-    complete = all(row[5] >= row[1] - 1e-9 for row in rows) and measurement != "unavailable"
+    runs = [row.run for row in rows]
+    combined = SummaryColumns.reduce(runs) if runs else SummaryColumns()
+    energy_J = carried_energy_J + combined.energy_J
+    time_s = carried_time_s + combined.time_s
+    counter_J = combined.counter_J
+    shares = [r.covered_s / r.time_s if r.time_s > 0 else 1.0 for r in runs]
+    coverage = min(1.0, min(shares)) if runs and measurement != "unavailable" else 0.0
+    complete = all(r.covered_s >= r.time_s - 1e-9 for r in runs) and measurement != "unavailable"
     if measurement == "unavailable":
         energy_J = math.nan
     unknown = f"the run's energy is unknown ({measurement_note or 'measurement unavailable'})"
     node_fields = (
-        node_figures(energy_J, [row[6:_FIRST_SUMMARY_GPU] for row in rows], node, carried_energy_J=carried_energy_J)
+        node_figures(energy_J, [row.node for row in rows], node, carried_energy_J=carried_energy_J)
         if node is not None
         else {}
     )
@@ -599,8 +599,8 @@ def run_summary(
         steps=steps,
         epochs=epochs,
         mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
-        step_energy_J=total(rows, 3),
-        step_time_s=slowest(rows, 4),
+        step_energy_J=combined.step_energy_J,
+        step_time_s=combined.step_time_s,
         epoch_energy_J=epoch_energy_J,
         power_limit_W=power_limit_W,
         chosen_power_limit_W=chosen_W,
@@ -611,7 +611,7 @@ def run_summary(
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),
-        gpu_energy_J=joined(rows, _FIRST_SUMMARY_GPU),
+        gpu_energy_J=[e for row in rows for e in row.gpu_energy_J],
         degraded=degraded,
         rejected_samples=dict(rejected_samples or {}),
         measurement=measurement,

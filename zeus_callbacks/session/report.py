@@ -1,11 +1,13 @@
 """The session's reports: closed windows attributed, their metrics queued, their JSONL records written.
 
 :class:`StepReports` is the part of :class:`~zeus_callbacks.session.EnergySession`
-behind :meth:`~zeus_callbacks.session.scheduler.StepScheduler._report_steps`: at each
+behind :meth:`~zeus_callbacks.session.scheduler.StepScheduler.report`: at each
 report it attributes the closed windows the samples cover (step and phase windows in
 bulk, as arrays; the rare others one record each), exchanges the per-rank rows
 (:mod:`~zeus_callbacks.session.aggregate`) and turns them into metrics and records
-(:mod:`~zeus_callbacks.session.records`).
+(:mod:`~zeus_callbacks.session.records`). It is an object the session owns: what it reads of
+the run comes in through :meth:`StepReports.begin` and its constructor, and what it produces
+goes to the run's log and the metrics queue it was given.
 """
 
 from __future__ import annotations
@@ -13,49 +15,74 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from zeus_callbacks import reporting as metric
+from zeus_callbacks.config import ZeusConfig
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
-from zeus_callbacks.session.aggregate import Rows, slowest, total
+from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.ledger import EpochLedger
 from zeus_callbacks.session.node import LocalNode, local_node
-from zeus_callbacks.session.node_spans import SPAN_COLUMNS, SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
-from zeus_callbacks.session.part import SessionPart
-from zeus_callbacks.session.run import measurement_of
+from zeus_callbacks.session.node_spans import SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
+from zeus_callbacks.session.rank_records import (
+    EpochRow,
+    RunSoFar,
+    StepColumns,
+    StepReportRow,
+    SummaryRow,
+    WarmupColumns,
+)
+from zeus_callbacks.session.run import StartedRun, measurement_of
 from zeus_callbacks.session.state import Totals
-
-if TYPE_CHECKING:
-    from zeus_callbacks.optimizers.power_limit import PowerLimitController
 
 _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
 
 
-class StepReports(SessionPart):
-    """The session's reports, what they carry from one report to the next, and the run summary."""
+class StepReports:
+    """The session's reports, what they carry from one report to the next, and the run summary.
 
-    # The session's: the totals a checkpoint carried in, its window_observer (constructor argument);
-    # the power-limit part's: the limit in force, the limit chosen and its controller (for the summary).
-    _carried: Totals
-    _chosen_power_limit: tuple[float, int, bool] | None
-    _window_observer: Callable[[WindowBatch], None] | None
-    power_limit_W: float | None
-    power_limiter: PowerLimitController | None
+    Args:
+        config: The session's configuration.
+        pending_metrics: The session's queue of metrics for the loggers (this part adds to it).
+        window_observer: Called with each report's step and phase windows (the session's seam).
+        degraded: Whether the measurement is degraded now (a sensor fault here or on a peer).
+        power_limit_W: The limit in force now (W; None where unreadable).
+        warmup_done: Warm-up steps taken so far in the run.
+    """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        config: ZeusConfig,
+        pending_metrics: dict[str, float],
+        *,
+        window_observer: Callable[[WindowBatch], None] | None,
+        degraded: Callable[[], bool],
+        power_limit_W: Callable[[], float | None],
+        warmup_done: Callable[[], int],
+    ) -> None:
+        self._config = config
+        self._pending_metrics = pending_metrics
+        self._window_observer = window_observer
+        self._degraded = degraded
+        self._power_limit_W = power_limit_W
+        self._warmup_done = warmup_done
+        # The run's, from begin(): its parts, totals, the totals a checkpoint carried in, the rank exchanges.
+        self._run: StartedRun
+        self._totals = Totals()
+        self._carried = Totals()
+        self._ranks: RankAggregator
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
         # metrics queued are the means over that whole interval, however many reports it held.
-        self._interval_rows: Rows | None = None
-        self._interval_warmup: Rows | None = None
+        self._interval_rows: list[StepColumns] | None = None
+        self._interval_warmup: list[WarmupColumns] | None = None
         self._run_record: WindowRecord | None = None
         self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
@@ -72,54 +99,85 @@ class StepReports(SessionPart):
         """Step reports made since this session's run began (every ``interval_steps``, epoch ends, flushes)."""
         return self._reports_made
 
-    def _begin_reports(self) -> None:
+    @property
+    def ranks_totals(self) -> tuple[float, float] | None:
+        """Several processes: (J, s) of all ranks as of the last report; None before it, or with one process."""
+        return self._ranks_totals
+
+    @property
+    def epoch_sampled(self) -> tuple[int, int]:
+        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
+        return self._epoch_sampled
+
+    @property
+    def last_epoch_metrics(self) -> dict[str, float]:
+        """What the last attributed epoch queued (its phases too)."""
+        return self._last_epoch_metrics
+
+    @property
+    def phase_summary_s(self) -> float:
+        """Time of the last epoch's phase superposition (s): not a step's cost."""
+        return self._phase_summary_s
+
+    def begin(self, run: StartedRun, totals: Totals, carried: Totals, ranks: RankAggregator) -> None:
         """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
+        self._run, self._totals, self._carried, self._ranks = run, totals, carried, ranks
         self._steps_logged_upto = self._carried.steps
         self._ranks_totals = None
         self._reports_made = 0
-        node = self.config.node
+        node = self._config.node
         self._node_spans = NodeSpans() if node.rapl or node.virtual_cpu else None
         self._node_unwritten = None
 
-    def _node_span_boundary(self, *, last: bool = False) -> None:
+    def epoch_ended(self, counts: tuple[int, int]) -> None:
+        """An epoch ended with ``counts`` (steps, measured steps); its report comes next."""
+        self._epoch_sampled = counts
+        self._phase_summary_s = 0.0
+        self._last_epoch_metrics = {}
+
+    def node_span_boundary(self, *, last: bool = False) -> None:
         """Read the CPU/DRAM counters and mark a node span boundary (run start, each report, run end)."""
         if self._node_spans is not None:
-            self._node_spans.boundary(self.run.meter, self.run.node, self._totals.steps, last=last)
+            self._node_spans.boundary(self._run.meter, self._run.node, self._totals.steps, last=last)
 
-    def _report_steps(self, *, resolve_final: bool = False) -> None:
-        """Attribute closed windows and queue their metrics.
+    def report(self, resolve_final: bool, stepped: bool, active: bool) -> None:
+        """Attribute closed windows and queue their metrics (the scheduler's report hook).
 
         Step and phase windows are attributed and aggregated in bulk (arrays, no object
         per window); the rare others (epoch, eval, run, user windows) one record each.
+
+        Args:
+            resolve_final: Attribute every closed window, even those the samples do not cover yet.
+            stepped: Steps were taken since the last report.
+            active: The run goes on (False at its end).
         """
         self._reports_made += 1
-        self._take_back_quiet_steps()
-        if self._active:  # a span boundary: the CPU/DRAM counters read once per report, never per step
-            self._node_span_boundary()
-        elif self.run.node is not None:
-            self.run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
+        if active:  # a span boundary: the CPU/DRAM counters read once per report, never per step
+            self.node_span_boundary()
+        elif self._run.node is not None:
+            self._run.node.read_if_due()  # CPU/DRAM counters: often enough that no wrap is missed
         # An epoch's record waits for its steps: the steps record of the epoch's last steps, written
         # below, comes before the epoch record in the log (the epoch's ledger has its steps already).
         epochs: list[WindowRecord] = []
-        self._attribute_closed(final=resolve_final, hold_epochs=epochs)
-        if (self._steps_since_report or self._unreported_steps) and self.power_limit_W is not None:
+        self.attribute_closed(final=resolve_final, hold_epochs=epochs)
+        power_limit_W = self._power_limit_W()
+        if (stepped or self._unreported_steps) and power_limit_W is not None:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
-            self._pending_metrics[metric.POWER_LIMIT_W] = self.power_limit_W
-        self._steps_since_report = 0
+            self._pending_metrics[metric.POWER_LIMIT_W] = power_limit_W
         if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
             self._queue_step_metrics(final=resolve_final)
         if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
-            self._write_steps_record({}, [], self.ranks.num_processes, final=True)
+            self._write_steps_record({}, [], self._ranks.ranks.num_processes, final=True)
         for record in epochs:
             self._absorb(record)
 
-    def _attribute_closed(self, *, final: bool = False, hold_epochs: list[WindowRecord] | None = None) -> None:
+    def attribute_closed(self, *, final: bool = False, hold_epochs: list[WindowRecord] | None = None) -> None:
         """Attribute the closed windows the samples cover (all of them if ``final``); queue no step metrics.
 
         With ``hold_epochs``, epoch windows are appended there instead of being absorbed (the caller
         absorbs them once the steps before their end are written).
         """
-        windows, batch = self.run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
+        windows, batch = self._run.meter.resolve_bulk(_BULK_WINDOWS, final=final)
         if batch is not None:
             if self._window_observer is not None:
                 self._window_observer(batch)
@@ -157,7 +215,7 @@ class StepReports(SessionPart):
                 self._unreported_steps.append(steps)
                 ledger.add_steps(steps, warmup=False)
             self._totals.measured_steps += steps.size - int(warmup.sum())
-        phases = self.run.phases
+        phases = self._run.phases
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
 
@@ -167,60 +225,67 @@ class StepReports(SessionPart):
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
             if not record.time_s >= 0:  # impossible (marks out of order, or a start time lost): unknown
-                self._write(records.eval_record(record, reason="the evaluation window ended before it began"))
+                self._run.log.write(records.eval_record(record, reason="the evaluation window ended before it began"))
                 return
             self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
             self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
             if math.isfinite(record.energy_J):
                 self._ledger.add_eval(record.start_s, record.energy_J, record.time_s)
-            self._write(records.eval_record(record))
+            self._run.log.write(records.eval_record(record))
         elif record.name == "run":
             self._run_record = record
         elif record.name == SPAN_WINDOW:
             if self._node_spans is not None:
-                self._node_spans.absorb(record, self.run.node, self.run.node_note)
+                self._node_spans.absorb(record, self._run.node, self._run.node_note)
         else:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
-            self._write(records.window_record(record))
+            self._run.log.write(records.window_record(record))
 
     def _queue_step_metrics(self, *, final: bool = False) -> None:
         batches, warmup = self._unreported_steps, self._unreported_warmup
         self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
-        # The warm-up steps' columns travel with the step columns: one exchange per report.
-        local = records.local_step_row(batches) + records.local_warmup_row(warmup)
         collective = self._ranks.collective
-        if collective:  # the running totals travel with the report: every rank shows the run's
-            local += [self._run_energy_so_far_J(), self._run_time_so_far_s()]
+        run = self._run
         spans = self._node_spans
-        if spans is not None:  # last: the node spans attributed since the last record
-            local += spans.local_row()
-        gathered = self._ranks.gather(local, degraded=self.degraded)
+        # The warm-up steps, the run so far (several processes: every rank shows the run's) and the node
+        # spans travel with the steps: one exchange per report.
+        local = StepReportRow(
+            records.local_step_row(batches),
+            records.local_warmup_row(warmup),
+            RunSoFar(run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
+            if collective else None,
+            tuple(spans.local_row()) if spans is not None else (),
+        )  # fmt: skip
+        gathered = self._ranks.exchange(
+            local, lambda row: StepReportRow.of(row, so_far=collective), degraded=self._degraded()
+        )
         if spans is not None:
-            self._node_unwritten = spans.combine([row[-SPAN_COLUMNS:] for row in gathered])
+            self._node_unwritten = spans.combine([list(row.spans) for row in gathered])
         if collective:
-            self._ranks_totals = (total(gathered, 9), slowest(gathered, 10))
-        warmup_rows = [row[6:9] for row in gathered if row[8] > 0]
-        if warmup_rows:
-            values = records.warmup_metrics(warmup_rows)
-            self._interval_warmup = records.merged_rows(self._interval_warmup, [row[6:9] for row in gathered])
-            self._pending_metrics.update(records.warmup_metrics([r for r in self._interval_warmup if r[2] > 0]))
-            self._write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self.degraded))
-        gathered = [row[:6] for row in gathered]
-        rows = [row for row in gathered if row[2] > 0]  # ranks with steps attributed this time
+            so_far = RunSoFar.reduce([row.so_far for row in gathered if row.so_far is not None])
+            self._ranks_totals = (so_far.energy_J, so_far.time_s)
+        warmups = [row.warmup for row in gathered]
+        if any(w.steps > 0 for w in warmups):
+            values = records.warmup_metrics([w for w in warmups if w.steps > 0])
+            self._interval_warmup = records.merged_rows(self._interval_warmup, warmups)
+            self._pending_metrics.update(records.warmup_metrics([w for w in self._interval_warmup if w.steps > 0]))
+            run.log.write(records.warmup_record(values, warmup, ranks=len(gathered), degraded=self._degraded()))
+        steps = [row.steps for row in gathered]
+        rows = [s for s in steps if s.steps > 0]  # ranks with steps attributed this time
         if not rows:
             return
         values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
-        self._interval_rows = records.merged_rows(self._interval_rows, gathered)
-        self._pending_metrics.update(records.step_metrics([r for r in self._interval_rows if r[2] > 0]))
+        self._interval_rows = records.merged_rows(self._interval_rows, steps)
+        self._pending_metrics.update(records.step_metrics([s for s in self._interval_rows if s.steps > 0]))
         stood_for = self._write_steps_record(values, batches if count else [], len(gathered), final=final)
         if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
-            energy_J, time_s = local[0], local[1]
+            energy_J, time_s = local.steps.energy_J, local.steps.time_s
             self._totals.step_energy_J += energy_J / count * stood_for
             self._totals.step_time_s += time_s / count * stood_for
             self._totals.estimated_steps += stood_for
 
-    def _end_interval(self) -> None:
+    def end_interval(self) -> None:
         """The loggers took the queued metrics: the next interval's means start from nothing."""
         self._interval_rows = self._interval_warmup = None
         if self._node_spans is not None:
@@ -249,12 +314,12 @@ class StepReports(SessionPart):
         upto = max(upto, lo)
         self._steps_logged_upto = upto
         first_warmup = self._carried.steps  # warm-up steps are the run's first ones
-        warmup = max(0, min(upto, first_warmup + self._warmup_done) - max(lo, first_warmup))
+        warmup = max(0, min(upto, first_warmup + self._warmup_done()) - max(lo, first_warmup))
         node = self._node_figures()
-        self._write(
+        self._run.log.write(
             records.steps_record(
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
-                power_limit_W=self.power_limit_W, ranks=ranks, degraded=self.degraded,
+                power_limit_W=self._power_limit_W(), ranks=ranks, degraded=self._degraded(),
                 dropped_windows=self._dropped_windows, node=node.fields if node is not None else None,
             )
         )  # fmt: skip
@@ -280,14 +345,14 @@ class StepReports(SessionPart):
         return figures if figures is not None else spans.combine([[0.0]])
 
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
-        run = self.run
+        run = self._run
         counter_J, counter_why = run.counter_energy(record.start_s, record.end_s)
         ledger = self._ledger.row(record.start_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
         node = local_node(run.node, end.since(start) if start is not None and end is not None else None, run.node_note)
-        rows = self._ranks.gather(
-            records.local_epoch_row(record, counter_J, ledger, node.columns), degraded=self.degraded
+        rows = self._ranks.exchange(
+            records.local_epoch_row(record, counter_J, ledger, node.columns), EpochRow.of, degraded=self._degraded()
         )
         epoch = record.info.get("epoch")
         e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node,
@@ -299,14 +364,14 @@ class StepReports(SessionPart):
         self._last_epoch_metrics = dict(e.metrics)
         if run.phases is not None:
             self._queue_phase_metrics(epoch, record.energy_J)
-        self._write(
-            records.epoch_record(epoch, e, record, degraded=self.degraded,
+        self._run.log.write(
+            records.epoch_record(epoch, e, record, degraded=self._degraded(),
                                  counter_resets=run.sampler.health.counter_resets)
         )  # fmt: skip
 
     def _queue_phase_metrics(self, epoch: Any, epoch_energy_J: float) -> None:
         """Per-phase energy of the epoch (this process's GPUs), from the superposed phase windows."""
-        phases = self.run.phases
+        phases = self._run.phases
         assert phases is not None
         steps, measured = self._epoch_sampled
         started = time.perf_counter()
@@ -317,22 +382,31 @@ class StepReports(SessionPart):
         values, explained = records.phase_metrics(stats, epoch_energy_J)
         self._pending_metrics.update(values)
         self._last_epoch_metrics.update(values)
-        self._write(records.phases_record(epoch, stats, explained, epoch_energy_J))
+        self._run.log.write(records.phases_record(epoch, stats, explained, epoch_energy_J))
 
-    def _summary(self, status: str) -> RunSummary:
-        """The run summary from the run window and the totals, gathered over the ranks (``status``: the run's)."""
-        run = self.run
+    def summary(
+        self, status: str, *, chosen_power_limit: tuple[float, int, bool] | None, time_note: str | None
+    ) -> RunSummary:
+        """The run summary from the run window and the totals, gathered over the ranks.
+
+        Args:
+            status: The run's (``completed``, ``failed``, ``interrupted``, ``early_stopped``).
+            chosen_power_limit: (W, from step, applied) of the power-limit profiler's choice, or None.
+            time_note: Why the power-limit results do not show time (the virtual GPU), or None.
+        """
+        run = self._run
         record = self._run_record
         t = self._totals
         counter_J, counter_why = (run.counter_energy(record.start_s, record.end_s) if record
                                   else (None, "the run's window was not measured"))  # fmt: skip
-        node_cfg = self.config.node
+        node_cfg = self._config.node
         # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
         node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
-        rows = self._ranks.gather(
+        rows = self._ranks.exchange(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
                                       node.columns),
-            degraded=self.degraded,
+            SummaryRow.of,
+            degraded=self._degraded(),
         )  # fmt: skip
         measurement, note = measurement_of(run.backend)
         expected = getattr(self._ranks.ranks, "num_processes", len(rows))
@@ -357,20 +431,20 @@ class StepReports(SessionPart):
             steps=t.steps,
             epochs=t.epochs,
             epoch_energy_J=list(t.epoch_energy_J),
-            power_limit_W=self.power_limit_W,
-            chosen_power_limit=self._chosen_power_limit,
+            power_limit_W=self._power_limit_W(),
+            chosen_power_limit=chosen_power_limit,
             faults=dict(run.sampler.health.faults),
             jsonl_path=str(run.log.path) if run.log.path is not None else None,
-            degraded=self.degraded,
+            degraded=self._degraded(),
             rejected_samples=dict(run.sampler.health.rejected),
-            carbon=self.config.carbon,
-            cost=self.config.cost,
+            carbon=self._config.carbon,
+            cost=self._config.cost,
             node=node,
-            time_note=self.power_limiter.time_note() if self.power_limiter is not None else None,
+            time_note=time_note,
             counter_note_local=counter_why,
         )
 
     def _node_local(self) -> LocalNode:
         """This process's CPU/DRAM energy since the run's start (read now), or why there is none."""
-        reader = self.run.node
-        return local_node(reader, reader.read() if reader is not None else None, self.run.node_note)
+        reader = self._run.node
+        return local_node(reader, reader.read() if reader is not None else None, self._run.node_note)

@@ -4,10 +4,11 @@
 ``step_end``, the phase calls) and nothing else: the sampling of measured steps
 (``windows.sample_fraction``), the quiet steps counted ahead, the phase windows that tile
 a measured step, and the step counters. :class:`~zeus_callbacks.session.EnergySession`
-is a StepScheduler, so these calls read their state from the object they are called
-on: no attribute chain, no extra call on the hot path (``benchmarks/hook_cost.py``).
-The rest of the session plugs in through the hooks :class:`StepScheduler` declares
-(the power-limit profiler's step boundaries, the per-step stop decision, the report).
+owns one and hands out its bound methods as its own step calls, so a step reads its state
+from the object it is called on: no attribute chain, no extra call on the hot path
+(``benchmarks/hook_cost.py``). The rest of the session plugs in through the hooks the
+scheduler holds (the power-limit profiler's step boundaries, the per-step stop decision,
+the report).
 
 :class:`OverheadGovernor` times what the session costs over an interval of steps for
 auto sampling (:class:`~zeus_callbacks.measurement.overhead.WindowSampling`).
@@ -105,25 +106,36 @@ class OverheadGovernor:
         self.restart(now if running else None)
 
 
+ReportHook = Callable[[bool, bool, bool], None]
+"""``report(resolve_final, stepped, active)``: attribute the closed windows and queue their metrics;
+``stepped``: steps were taken since the last report; ``active``: the run goes on (not its end)."""
+
+
 class StepScheduler:
     """The per-step calls and their state (the session's step path).
 
-    Before :meth:`_begin_steps` (and after the run ends) every call returns at once.
+    Before :meth:`begin` (and after the run ends) every call returns at once.
 
-    Hooks a subclass sets (None: nothing to do at each step):
+    Args:
+        report: Called at each report (:data:`ReportHook`): the session's
+            :class:`~zeus_callbacks.session.report.StepReports` attribute the closed windows.
 
-    - ``_power_step_start(step)`` / ``_power_step_end(step, num_samples)``: the power-limit
-      profiler's step boundaries (before the start mark, after the end mark);
-    - ``_step_decision()``: the per-step stop decision, when something may stop the run;
-    - :meth:`_report_steps`: attribute the closed windows and queue their metrics.
+    Attributes:
+        active: True between :meth:`begin` and :meth:`end`.
+        power_step_start: ``(step)``: the power-limit profiler's step start (before the start
+            mark); None: no profiler.
+        power_step_end: ``(step, num_samples)``: its step end (after the end mark); None: none.
+        step_decision: ``()`` → :class:`Decision`: the per-step stop decision, when something may
+            stop the run; None: nothing can.
 
     A step needs nothing from the session when it is unmeasured, untimed, before the next
     report and timing interval, and no hook is set: such steps are counted ahead in one go
     (:meth:`_plan_quiet_steps`) and their calls read one attribute.
     """
 
-    def __init__(self) -> None:
-        self._active = False  # started and not finished
+    def __init__(self, report: ReportHook) -> None:
+        self._report = report
+        self.active = False  # started and not finished
         self._quiet_left = 0  # planned steps with nothing to do, not yet taken (see _plan_quiet_steps)
         self._plans_quiet_steps = True  # False: every step takes the whole path (plans_quiet_steps)
         self._skip = 0  # steps to leave unmeasured before the next measured one
@@ -151,9 +163,9 @@ class StepScheduler:
         self._epoch_measured = 0  # steps of this epoch that got windows
         self._steps_since_report = 0
         self._interval_steps = 0  # steps of the governor's interval (counted here: the hot path bumps it)
-        self._power_step_start: Callable[[int], None] | None = None
-        self._power_step_end: Callable[[int, int | None], None] | None = None
-        self._step_decision: Callable[[], Decision] | None = None
+        self.power_step_start: Callable[[int], None] | None = None
+        self.power_step_end: Callable[[int, int | None], None] | None = None
+        self.step_decision: Callable[[], Decision] | None = None
 
     # ------------------------------------------------------------------ seams
     @property
@@ -175,7 +187,7 @@ class StepScheduler:
         whose values cost something to compute (Lightning walks the batch for its size) may
         then pass the step it has and no counts. Read it right before :meth:`step_end`.
         """
-        return self._measuring or self._power_step_end is not None
+        return self._measuring or self.power_step_end is not None
 
     @property
     def quiet_steps_left(self) -> int:
@@ -200,7 +212,7 @@ class StepScheduler:
     @plans_quiet_steps.setter
     def plans_quiet_steps(self, plans: bool) -> None:
         if not plans:
-            self._take_back_quiet_steps()
+            self.take_back_quiet_steps()
         self._plans_quiet_steps = plans
 
     @property
@@ -208,16 +220,28 @@ class StepScheduler:
         """Steps of the current epoch (quiet steps counted ahead included)."""
         return self._epoch_steps
 
+    @property
+    def epoch_counts(self) -> tuple[int, int]:
+        """(steps, measured steps) of the current epoch (quiet steps counted ahead taken back first)."""
+        self.take_back_quiet_steps()
+        return self._epoch_steps, self._epoch_measured
+
+    @property
+    def warmup_done(self) -> int:
+        """Warm-up steps taken in this run (``windows.warmup_steps``)."""
+        return self._warmup_done
+
     # ------------------------------------------------------------------ start
-    def _begin_steps(
-        self, meter: WindowMeter, timer: BoundaryTimer, clock: Clock, sampling: WindowSampling,
+    def begin(
+        self, totals: Totals, meter: WindowMeter, timer: BoundaryTimer, clock: Clock, sampling: WindowSampling,
         *, step_windows: bool, phase_windows: bool, warmup_steps: int = 0,
     ) -> None:  # fmt: skip
-        """Start the step path of a run (its totals are in ``self._totals`` already).
+        """Start the step path of a run; ``totals`` (the session's, the carried steps in it) counts its steps.
 
         The first ``warmup_steps`` steps are measured whatever the sampling draws, and
         reported apart from the others (their ends carry ``warmup``).
         """
+        self._totals = totals
         self._meter, self._timer, self._clock = meter, timer, clock
         self._mark = meter.mark
         self._step_windows = step_windows
@@ -231,10 +255,21 @@ class StepScheduler:
         self._measuring = self._dataloader_open = self._reopen_after_eval = False
         self._new_timing_interval(time.perf_counter())
         self._phase_open = None
+        self.active = True
 
-    def _report_steps(self, *, resolve_final: bool = False) -> None:
-        """Attribute closed windows and queue their metrics (the session's)."""
-        raise NotImplementedError
+    def end(self) -> None:
+        """The run ends: no more steps; a step cut short is not measured."""
+        self.active = False
+        self.take_back_quiet_steps()
+        self._measuring = False
+        self.discard_phases()
+
+    def report(self, *, resolve_final: bool = False) -> None:
+        """Report now: the steps counted ahead are taken back, and the report hook runs."""
+        self.take_back_quiet_steps()
+        stepped = self._steps_since_report > 0
+        self._steps_since_report = 0
+        self._report(resolve_final, stepped, self.active)
 
     # -------------------------------------------------------------- hot path
     def step_start(self, step: int, *, phase: str | None = None) -> None:
@@ -246,12 +281,12 @@ class StepScheduler:
                 (``"forward"``, ``"forward_backward"``), opened at the same mark; the
                 ``dataloader`` phase closes there too.
         """
-        if self._quiet_left or not self._active:
+        if self._quiet_left or not self.active:
             return
         # Optimiser hook: the power-limit profiler switches limits at step boundaries
         # (before the compute; in a tiled step window it falls with the fetch; the profiler times its own steps).
-        if self._power_step_start is not None:
-            self._power_step_start(step)
+        if self.power_step_start is not None:
+            self.power_step_start(step)
         if self._skip:  # not a measured step (windows.sample_fraction)
             self._skip -= 1
             if not self._skip & UNMEASURED_TIMING_MASK:
@@ -300,7 +335,7 @@ class StepScheduler:
         if self._quiet_left:  # counted ahead by _plan_quiet_steps
             self._quiet_left -= 1
             return CONTINUE
-        if not self._active:
+        if not self.active:
             return CONTINUE
         timed = None  # perf_counter at entry when this unmeasured step is timed (auto's budget)
         if self._measuring:
@@ -311,19 +346,19 @@ class StepScheduler:
             self._governor.hook_s += time.perf_counter() - t0
         elif self._time_unmeasured:
             timed = time.perf_counter()
-        if self._power_step_end is not None:
-            self._power_step_end(step, num_samples)
+        if self.power_step_end is not None:
+            self.power_step_end(step, num_samples)
         self._epoch_steps += 1
         self._totals.steps += 1
         self._steps_since_report += 1
         self._interval_steps += 1
         if self._steps_since_report >= self._sampling.report_every:
-            self._timed_report()
+            self.timed_report()
             timed, self._time_unmeasured = None, False  # a report is timed on its own
         if self._interval_steps >= self._sampling.report_every:
             self._observe_timing()
             timed, self._time_unmeasured = None, False  # the interval it would count in has ended
-        decide = self._step_decision
+        decide = self.step_decision
         decision = CONTINUE if decide is None else decide()
         if timed is not None:
             governor = self._governor
@@ -343,10 +378,10 @@ class StepScheduler:
         timing interval, with no power limiter or stop decision to serve, are counted here
         in one go (step counters and skips); their ``step_start`` and ``step_end`` then
         read one attribute. Any other call takes back the steps not yet taken
-        (:meth:`_take_back_quiet_steps`) before it reads a counter.
+        (:meth:`take_back_quiet_steps`) before it reads a counter.
         """
         skip = self._skip
-        if not skip or self._dataloader_open or self._power_step_start is not None or self._step_decision is not None:
+        if not skip or self._dataloader_open or self.power_step_start is not None or self.step_decision is not None:
             return
         if not self._plans_quiet_steps:  # the reference path (plans_quiet_steps)
             return
@@ -358,7 +393,7 @@ class StepScheduler:
         self._count_steps_ahead(count)
         self._quiet_left = count
 
-    def _take_back_quiet_steps(self) -> None:
+    def take_back_quiet_steps(self) -> None:
         """Uncount the planned quiet steps not yet taken: the counters then hold the steps run so far."""
         left = self._quiet_left
         if left:
@@ -410,13 +445,13 @@ class StepScheduler:
             self._meter.begin_at("dataloader", token)  # the batch fetch until the step's compute begins
             self._dataloader_open = True
 
-    def _open_step_at_boundary(self, token: Any | None) -> None:
+    def open_step_at_boundary(self, token: Any | None) -> None:
         """At an epoch start or after an evaluation: open the next step's windows if it is measured.
 
         Args:
             token: A mark already taken at this boundary (shared), or None to take one if needed.
         """
-        self._take_back_quiet_steps()
+        self.take_back_quiet_steps()
         if self._skip or not (self._step_windows or self._phase_windows):
             return
         self._open_step_at(self._mark() if token is None else token)
@@ -489,7 +524,8 @@ class StepScheduler:
             if self._phase_open == name:
                 self._phase_open = None
 
-    def _discard_phases(self) -> None:
+    def discard_phases(self) -> None:
+        """Drop the open step and phase windows (an epoch's or the run's end)."""
         self._meter.discard("step")  # a step window opened ahead of a step that did not come
         if self._phase_windows:
             for name in PHASES:
@@ -498,23 +534,45 @@ class StepScheduler:
             self._dataloader_open = False
 
     # ----------------------------------------------------- epochs and pauses
-    def _begin_epoch(self) -> None:
+    def begin_epoch(self) -> None:
         """A new epoch: re-anchor CUDA event timing once, reset the epoch's counters, resume timing."""
-        self._take_back_quiet_steps()
+        self.take_back_quiet_steps()
         self._timer.anchor()
         self._anchored_s = self._clock.now_s()
         self._epoch_steps = 0
         self._epoch_measured = 0
         self._governor.resume()
 
-    def _timed_report(self) -> None:
+    def timed_report(self) -> None:
+        """Report now, its time charged to auto sampling's budget."""
         t0 = time.perf_counter()
-        self._report_steps()
+        self.report()
         self._governor.report_s += time.perf_counter() - t0
+
+    def charge_report_s(self, report_s: float) -> None:
+        """Charge ``report_s`` (s) of a report made elsewhere (an epoch's end) to auto sampling's budget."""
+        self._governor.report_s += report_s
+
+    def eval_begins(self) -> None:
+        """An evaluation begins: timing pauses; a step window opened ahead is dropped (reopened at its end)."""
+        self.pause_timing()
+        if not self._measuring:  # the window would otherwise hold the whole evaluation
+            self._reopen_after_eval = self._close_open_step()
+
+    def eval_ends(self, token: Any | None) -> None:
+        """The evaluation ended at mark ``token`` (None: none taken): the next step's window reopens there."""
+        if not self._measuring and self._reopen_after_eval:
+            # The next step's window begins where the evaluation ends; after the epoch's end none was open and
+            # the next epoch_start opens it (opened here too, it was restarted there, with a warning: issue 26).
+            # Opened before the attribution that follows: that reads the marks the GPU has reached and the timer
+            # forgets those no open window holds, so a step opened at the end mark afterwards would take
+            # another mark's time (issue 27).
+            self.open_step_at_boundary(token)
+        self._reopen_after_eval = False
 
     def _observe_timing(self) -> None:
         """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
-        self._take_back_quiet_steps()
+        self.take_back_quiet_steps()
         self._governor.observe(self._sampling, self._interval_steps)
         self._interval_steps = 0
 
@@ -523,10 +581,10 @@ class StepScheduler:
         self._interval_steps = 0
         self._governor.restart(t0)
 
-    def _pause_timing(self) -> None:
+    def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
         self._governor.pause()
 
-    def _resume_timing(self) -> None:
+    def resume_timing(self) -> None:
         """Training resumes after a pause."""
         self._governor.resume()

@@ -76,7 +76,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     ArmPosterior,
     eliminate_arms,
     gaussian_posterior,
-    gaussian_tail_mean,
+    gaussian_tail_means,
     observation_weights,
     pooled_relative_variance,
     prior_from_costs,
@@ -415,8 +415,8 @@ class BatchSizeBandit:
         )
         std = math.sqrt(var + 1.0 / precision)
         out = list(costs)
-        for i in censored:
-            out[i] = gaussian_tail_mean(mean, std, costs[i])
+        for i, tail in zip(censored, gaussian_tail_means(mean, std, [costs[i] for i in censored]), strict=True):
+            out[i] = float(tail)
         return out
 
     # -- the two calls of a recurrence -----------------------------------------------------

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 
 @dataclass(frozen=True)
@@ -112,9 +111,9 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
     run's full cost is only known to exceed its cost at the stop; replacing a censored value
     by its conditional expectation is the imputation of Schmee & Hahn ("A simple method for
     regression analysis with censored data", Technometrics 21(4), 1979), unbiased when
-    ``N(μ, s²)`` is the run's predictive distribution.
-    ``λ`` is computed in log space (``scipy.special.log_ndtr``), so a far tail stays finite;
-    the result is always ≥ ``threshold``.
+    ``N(μ, s²)`` is the run's predictive distribution. The mean is
+    ``scipy.stats.truncnorm``'s (computed in log space, so a far tail stays finite); the result
+    is always ≥ ``threshold``. :func:`gaussian_tail_means` takes many thresholds at once.
 
     Args:
         mean: ``μ`` (J-equivalent).
@@ -131,12 +130,32 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
         >>> round(gaussian_tail_mean(0.0, 1.0, 0.0), 6)   # half-normal: sqrt(2/pi)
         0.797885
     """
+    return float(gaussian_tail_means(mean, std, [threshold])[0])
+
+
+def gaussian_tail_means(mean: float, std: float, thresholds: Sequence[float]) -> np.ndarray:
+    """:func:`gaussian_tail_mean` at each of ``thresholds`` (one ``scipy.stats.truncnorm`` call).
+
+    Args:
+        mean: ``μ`` (J-equivalent).
+        std: ``s`` > 0 (J-equivalent).
+        thresholds: The censoring points ``c`` (J-equivalent), shape (n,).
+
+    Returns:
+        ``E[X | X > c]`` for each ``c``, shape (n,), each ≥ its ``c``.
+
+    Raises:
+        ValueError: ``std`` is not positive.
+    """
+    from scipy.stats import truncnorm  # scipy.stats takes a while to import: only when a run was censored
+
     if not std > 0:
         raise ValueError(f"std must be positive, got {std}")
-    alpha = (threshold - mean) / std
-    log_pdf = -0.5 * alpha * alpha - 0.5 * math.log(2.0 * math.pi)
-    mills = math.exp(log_pdf - float(special.log_ndtr(-alpha)))
-    return max(mean + std * mills, threshold)
+    c = np.asarray(thresholds, dtype=float)
+    # truncnorm also computes the skew, which a far tail rounds to nan (a warning): the mean is unaffected.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        tail = truncnorm.stats((c - mean) / std, np.inf, loc=mean, scale=std, moments="m")
+    return np.maximum(np.asarray(tail, dtype=float), c)
 
 
 def pooled_relative_variance(

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks.backends.base import BackendError, GPUBackend, PermissionDenied
 from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.optimizers.cost import ZeusCost
+from zeus_callbacks.optimizers.power_limit.actuator import ActuatorError, ActuatorPermissionDenied, PowerLimitActuator
 from zeus_callbacks.optimizers.power_limit.cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
 from zeus_callbacks.optimizers.power_limit.gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit.marker import (
@@ -70,7 +70,7 @@ class PowerLimitController:
     def __init__(
         self,
         config: Any,
-        backend: GPUBackend,
+        backend: PowerLimitActuator,
         gpu_indices: Sequence[int],
         energy_fn: EnergyFn,
         *,
@@ -396,7 +396,7 @@ class PowerLimitController:
                 try:
                     low, high = self.backend.power_limit_constraints_W(i)
                     self.backend.set_power_limit_W(i, min(max(limit, low), high))
-                except (BackendError, ValueError) as exc:
+                except (ActuatorError, ValueError) as exc:
                     self._release_locks()
                     return f"cannot put back GPU {i}'s original limit {limit:.0f} W left by {owner.describe()}: {exc}"
                 lock.clear_record()
@@ -435,7 +435,7 @@ class PowerLimitController:
             try:
                 for i in self.gpu_indices:
                     self.backend.set_power_limit_W(i, limit_W)
-            except PermissionDenied as exc:
+            except ActuatorPermissionDenied as exc:
                 self._enter_observe(f"no permission to change the power limit: {exc}")
                 return
             self.applied_W = limit_W
@@ -451,7 +451,7 @@ class PowerLimitController:
                 try:
                     if self.backend.power_limit_W(i) != limit:
                         self.backend.set_power_limit_W(i, limit)
-                except BackendError as exc:
+                except ActuatorError as exc:
                     failed = True
                     logger.error("zeus-callbacks: cannot restore GPU %d to %.0f W (%s)", i, limit, exc)
             self.applied_W = None

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from zeus_callbacks.atomic_io import read_owned_text, write_json_atomic
-from zeus_callbacks.backends.base import BackendError, GPUBackend
 from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.errors import NotAMarker, UnsafeFile
+from zeus_callbacks.optimizers.power_limit.actuator import ActuatorError, PowerLimitActuator
 from zeus_callbacks.optimizers.power_limit.gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit.owner import Owner
 
@@ -52,13 +52,13 @@ class MarkerGpu:
     name: str | None = None
 
 
-def device_uuids(backend: GPUBackend, indices: list[int] | range) -> dict[int, str | None]:
+def device_uuids(backend: PowerLimitActuator, indices: list[int] | range) -> dict[int, str | None]:
     """Device index → UUID (None where the backend has none) for ``indices``."""
     return {i: backend.device_uuid(i) for i in indices}
 
 
 def write_marker(
-    path: str | Path, backend: GPUBackend, original_W: dict[int, float], *, owner: Owner | None = None
+    path: str | Path, backend: PowerLimitActuator, original_W: dict[int, float], *, owner: Owner | None = None
 ) -> None:
     """Write the restore marker (atomic, following no link): each GPU's index, UUID, name and original limit (W).
 
@@ -289,7 +289,7 @@ def _local_index(gpu: MarkerGpu, uuids: dict[int, str | None]) -> int | None:
     return gpu.index if gpu.index in uuids and uuids[gpu.index] is None else None
 
 
-def _restore_one(backend: GPUBackend, gpu: MarkerGpu, index: int, owner: Owner, force: bool) -> GpuRestore:
+def _restore_one(backend: PowerLimitActuator, gpu: MarkerGpu, index: int, owner: Owner, force: bool) -> GpuRestore:
     lock = None
     if gpu.uuid is not None:
         try:
@@ -321,14 +321,14 @@ def _restore_one(backend: GPUBackend, gpu: MarkerGpu, index: int, owner: Owner, 
             if record is not None and record[1].same_process(owner):
                 lock.clear_record()
         return GpuRestore(gpu, index, action, target, detail)
-    except BackendError as exc:
+    except ActuatorError as exc:
         return GpuRestore(gpu, index, "failed", detail=str(exc))
     finally:
         if lock is not None:
             lock.release()
 
 
-def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = False) -> RestoreOutcome | None:
+def restore_from_marker(path: str | Path, backend: PowerLimitActuator, *, force: bool = False) -> RestoreOutcome | None:
     """Put back the limits a run left changed (SIGKILL, power loss); delete the marker once every GPU is back.
 
     The protocol (docs/reliability.md#the-restore-protocol): a marker whose owner is alive is not
@@ -359,7 +359,7 @@ def restore_from_marker(path: str | Path, backend: GPUBackend, *, force: bool = 
         return None
     if backend.simulated and marker.backend not in (None, backend.name):
         vendor = {"nvml": "NVIDIA (NVML)", "amdsmi": "AMD (amdsmi)"}.get(marker.backend, marker.backend)
-        raise BackendError(
+        raise ActuatorError(
             f"{path} holds the original limits of {vendor} GPUs, but no {vendor} driver is reachable here "
             "(only the virtual GPU); run `zeus-callbacks restore` on the machine with those GPUs"
         )

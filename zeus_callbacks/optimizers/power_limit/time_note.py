@@ -10,10 +10,10 @@ trace's time per step (the simulator, ``zeus-callbacks simulate``) simulates tim
 
 from __future__ import annotations
 
-from zeus_callbacks.backends.base import GPUBackend
+from zeus_callbacks.optimizers.power_limit.actuator import PowerLimitActuator
 
 
-def time_note(backend: GPUBackend, limit_W: float) -> str | None:
+def time_note(backend: PowerLimitActuator, limit_W: float) -> str | None:
     """Why power-limit results on ``backend`` do not show the time a limit costs, or None when they do.
 
     Args:

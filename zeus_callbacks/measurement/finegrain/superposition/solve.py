@@ -7,6 +7,10 @@ shape of a 1 ms execution under a 20 ms sensor, while its level and energy stay 
 the data) and weak ties for steady mode's pause and tail levels; the prior ``ω`` on the
 baseline ``c`` is weak when idle samples determine it, strong when it was given. Least-squares
 superposition after Lang & Rünger (Euro-Par 2013), as used by FinGraV (arXiv 2412.12426, C1).
+
+The fit is solved as one ordinary least-squares problem on the augmented system
+(``scipy.linalg.lstsq``): the penalty and the prior become extra rows, so the solve works on
+``A``'s conditioning, not on the normal equations' (which square it).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import linalg
 
 from zeus_callbacks.measurement.finegrain.superposition.design import Columns, Design
 from zeus_callbacks.measurement.finegrain.superposition.settings import SuperposeSettings
@@ -28,11 +33,11 @@ UNKNOWN_BASELINE_WEIGHT = 1.0
 IDLE_INTERVALS_FOR_BASELINE = 2
 """Idle time, in median sample intervals, from which the baseline counts as known."""
 RIDGE = 1e-9
-"""Relative ridge that keeps the normal equations regular (e.g. steady mode's unused pause column)."""
+"""Relative ridge that keeps the problem regular (e.g. steady mode's unused pause column)."""
 
 
-def penalty_matrix(cols: Columns) -> np.ndarray:
-    """``DᵀD`` of the smoothness penalty and the weak ties, shape (p, p).
+def penalty_rows(cols: Columns) -> np.ndarray:
+    """``D``, the rows of the smoothness penalty and the weak ties, shape (k, p).
 
     Rows of ``D``: first differences within each class's bins; the pause level minus the mean
     of every profile bin (a GPU cannot change power in a few ms; this matters when pauses are so
@@ -43,7 +48,7 @@ def penalty_matrix(cols: Columns) -> np.ndarray:
         cols: The column layout.
 
     Returns:
-        The penalty matrix, shape (cols.size, cols.size).
+        The penalty rows, shape (k, cols.size).
     """
     p, gap, tail = cols.size, cols.gap, cols.tail
     rows = []
@@ -60,8 +65,7 @@ def penalty_matrix(cols: Columns) -> np.ndarray:
         r = np.zeros(p)
         r[tail + j], r[tail + j + 1 if j + 1 < cols.n_tail else -1] = -1.0, 1.0
         rows.append(r)
-    Dm = np.array(rows)
-    return Dm.T @ Dm
+    return np.array(rows)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class Problem:
     Attributes:
         matrix: ``A``, shape (m, p) (s).
         energy_J: ``y``, shape (m,) (J).
-        penalty: ``DᵀD``, shape (p, p).
+        penalty: ``D``, the penalty rows, shape (k, p).
         smoothing: ``λ`` relative to the mean diagonal of ``AᵀWA``.
         prior_weight: ``ω`` relative to the same scale.
         prior_power_W: ``c₀``, the baseline the prior pulls to (W).
@@ -110,7 +114,7 @@ def problem(design: Design, samples: SampleIntervals, settings: SuperposeSetting
     return Problem(
         matrix=design.matrix,
         energy_J=samples.energy_J,
-        penalty=penalty_matrix(design.columns),
+        penalty=penalty_rows(design.columns),
         smoothing=settings.smoothing,
         prior_weight=weight,
         prior_power_W=given if given is not None else float(np.median(samples.power_W)),
@@ -118,31 +122,45 @@ def problem(design: Design, samples: SampleIntervals, settings: SuperposeSetting
     )
 
 
-def normal_equations(prob: Problem, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The penalised normal equations ``M θ = r`` of a fit with sample weights.
+def augmented_system(prob: Problem, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fit with sample weights as one least-squares system ``min ‖Ã θ − b̃‖²``.
+
+    ``Ã`` stacks ``√W A``, ``√λ D``, ``√ω eᵀ`` and ``√ridge I``; ``b̃`` stacks ``√W y``, zeros,
+    ``√ω c₀`` and zeros. Its normal equations are the penalised ones,
+    ``(AᵀWA + λDᵀD + ω e eᵀ + ridge·I) θ = AᵀWy + ω c₀ e`` (``e`` selects the baseline, the last
+    column), with ``λ``, ``ω`` and the ridge relative to the mean diagonal of ``AᵀWA``.
 
     Args:
         prob: The problem.
         weights: Weight of each sample interval, shape (m,) (bootstrap counts, or ones).
 
     Returns:
-        ``(M, r)``: ``M = AᵀWA + λDᵀD + ω e eᵀ + ridge·I``, shape (p, p), and
-        ``r = AᵀWy + ω c₀ e``, shape (p,) (``e`` selects the baseline, the last column).
+        ``(Ã, b̃)``, shapes (m + k + 1 + p, p) and (m + k + 1 + p,).
     """
     A, p = prob.matrix, prob.matrix.shape[1]
-    Aw = A * weights[:, None]
-    G = Aw.T @ A
-    rhs = Aw.T @ prob.energy_J
-    scale = max(np.trace(G) / p, 1e-30)
-    lam = prob.smoothing * scale
-    prior = np.zeros(p)
-    prior[-1] = 1.0
-    M = G + lam * prob.penalty + prob.prior_weight * scale * np.diag(prior) + RIDGE * scale * np.eye(p)
-    return M, rhs + prob.prior_weight * scale * prior * prob.prior_power_W
+    root_w = np.sqrt(weights)
+    weighted = A * root_w[:, None]
+    # The mean diagonal of AᵀWA: the squared column norms of √W A.
+    scale = max(float(np.einsum("ij,ij->", weighted, weighted)) / p, 1e-30)
+    prior = np.zeros((1, p))
+    prior[0, -1] = 1.0
+    rows = np.vstack([
+        weighted,
+        np.sqrt(prob.smoothing * scale) * prob.penalty,
+        np.sqrt(prob.prior_weight * scale) * prior,
+        np.sqrt(RIDGE * scale) * np.eye(p),
+    ])  # fmt: skip
+    rhs = np.concatenate([
+        root_w * prob.energy_J,
+        np.zeros(prob.penalty.shape[0]),
+        [np.sqrt(prob.prior_weight * scale) * prob.prior_power_W],
+        np.zeros(p),
+    ])  # fmt: skip
+    return rows, rhs
 
 
 def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
-    """Solve the penalised normal equations with sample weights.
+    """Solve the penalised fit with sample weights (``scipy.linalg.lstsq`` on :func:`augmented_system`).
 
     Args:
         prob: The problem.
@@ -152,7 +170,8 @@ def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
         θ, shape (p,): profile bin powers (W), the pause level, the tail bins, the baseline (last).
 
     Raises:
-        numpy.linalg.LinAlgError: The normal equations are singular.
+        scipy.linalg.LinAlgError: The least-squares solve did not converge.
     """
-    M, rhs = normal_equations(prob, weights)
-    return np.linalg.solve(M, rhs)
+    rows, rhs = augmented_system(prob, weights)
+    theta, *_ = linalg.lstsq(rows, rhs)
+    return np.asarray(theta)

@@ -1,13 +1,14 @@
-"""Terminal output of the ``zeus-callbacks`` command: numbers, tables and progress bars.
+"""Terminal output of the ``zeus-callbacks`` command and the simulator: numbers, tables and progress bars.
 
-Tables are sized to their content and kept within an 80-column terminal by the callers'
-choice of columns; numbers are short (integers as integers, large floats without
-decimals). Progress bars (tqdm) go to stderr, and only when stderr is a terminal, so
+Tables are laid out by ``rich``, sized to their content (plain ASCII, no colour) and kept
+within an 80-column terminal by the callers' choice of columns; numbers are short (integers as
+integers, large floats without decimals). Progress bars (tqdm) go to stderr, and only when stderr is a terminal, so
 pipes, log files and ``--json`` output never see them.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from typing import Any
@@ -30,12 +31,25 @@ def fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """Right-aligned columns sized to their widest cell, a dashed rule under the headers."""
-    cells = [headers] + [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    """Right-aligned columns sized to their widest cell, two spaces apart, a dashed rule under the headers.
+
+    Laid out by ``rich`` in plain ASCII without colour, never wrapped (the callers keep within
+    :data:`TERMINAL_COLUMNS`); cells go through :func:`fmt`.
+    """
+    from rich.box import Box
+    from rich.console import Console
+    from rich.table import Table
+
+    # Only a dashed rule under the headers: no edges, no column lines (a space stands between columns).
+    rule_under_headers = Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+    grid = Table(box=rule_under_headers, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), header_style=None)
+    for header in headers:
+        grid.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        grid.add_row(*(fmt(c) for c in row))
+    out = io.StringIO()
+    Console(file=out, width=10_000, color_system=None, force_terminal=False, highlight=False).print(grid)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def progress_bar(total: float | None, desc: str, *, enabled: bool = True, unit: str = "it"):
