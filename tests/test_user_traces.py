@@ -165,11 +165,11 @@ def test_config_virtual_trace_builds_the_backend(tmp_path):
     path = write_trace(tmp_path / "card.csv", idle_W=20.0)
     cfg = parse_config({"backend": "virtual", "virtual": {"trace": str(path), "gpu": "RTX  6000", "batch_size": 64}})
     assert cfg.virtual.gpu == "RTX 6000"
-    backend = get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
+    backend = get_backend("virtual", virtual=lambda: virtual_kwargs(cfg))
     assert backend.device_name(0).startswith("Virtual RTX 6000 (card.csv mydata/mynet bs 64")
     assert backend.idle_power_W == 20.0
     cfg = parse_config({"virtual": {"trace": str(path), "idle_power_W": 25.0}})
-    backend = get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
+    backend = get_backend("virtual", virtual=lambda: virtual_kwargs(cfg))
     assert (backend.gpu, backend.workload.dataset, backend.idle_power_W) == ("RTX 6000", "mydata", 25.0)
 
 
@@ -180,7 +180,7 @@ def test_config_refuses_an_unbundled_gpu_without_trace_and_names_a_bad_file(tmp_
     bad.write_text("power_limit,time_per_epoch\n100,1\n")
     cfg = parse_config({"virtual": {"trace": str(bad)}})
     with pytest.raises(traces.TraceFormatError, match=r"bad\.csv: no column 'dataset', 'network'"):
-        get_backend("virtual", virtual=cfg.virtual.backend_kwargs)
+        get_backend("virtual", virtual=lambda: virtual_kwargs(cfg))
 
 
 def test_a_session_runs_end_to_end_on_a_user_trace(tmp_path):
@@ -188,7 +188,7 @@ def test_a_session_runs_end_to_end_on_a_user_trace(tmp_path):
     clock = ManualClock(0.0)
     cfg = parse_config({"backend": "virtual", "virtual": {"trace": str(path), "noise_W": 0.0, "batch_size": 64},
                         "logging": {"log_dir": str(tmp_path / "logs"), "jsonl": False}})  # fmt: skip
-    backend = VirtualGPUBackend(**cfg.virtual.backend_kwargs(), clock=clock)
+    backend = VirtualGPUBackend(**virtual_kwargs(cfg), clock=clock)
     session = EnergySession(cfg, backend=backend, is_main_process=True)
     session.train_start()
     for step in range(20):
@@ -274,3 +274,10 @@ def test_the_simulate_command_names_a_bad_gpu_or_file(args, message, capsys, tmp
         main(["simulate", *args, "--recurrences", "1"])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def virtual_kwargs(cfg):
+    """The virtual GPU's keyword arguments for a parsed configuration (the trace read here, not in the config)."""
+    from zeus_callbacks.backends.virtual import virtual_backend_kwargs
+
+    return virtual_backend_kwargs(cfg.virtual.model_dump(), given=cfg.virtual.model_fields_set)

@@ -88,10 +88,10 @@ class VirtualGPUConfig(_Section):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str, info: ValidationInfo) -> str:
-        from zeus_callbacks.backends.traces import bundled_trace, normalize_gpu
+        from zeus_callbacks.backends.traces import known_bundled_gpu, normalize_gpu
 
         if info.data.get("trace") is None:
-            bundled_trace(value)  # raises, naming the bundled GPUs and virtual.trace
+            known_bundled_gpu(value)  # raises, naming the bundled GPUs and virtual.trace (reads no file)
         return normalize_gpu(value)
 
     @field_validator("workload")
@@ -102,34 +102,6 @@ class VirtualGPUConfig(_Section):
         if info.data.get("trace") is None and value not in WORKLOADS:
             raise ValueError(f"unknown workload {value!r}; choose one of {', '.join(sorted(WORKLOADS))}")
         return value
-
-    def backend_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~zeus_callbacks.backends.virtual.VirtualGPUBackend` for these settings.
-
-        With ``trace``, an unset ``gpu``/``workload`` is left to the trace (its name, its first workload).
-
-        Raises:
-            TraceFormatError: ``trace`` or ``train_trace`` cannot be read or breaks the format.
-        """
-        from zeus_callbacks.backends.traces import read_trace
-
-        kwargs: dict[str, Any] = {
-            "gpu": self.gpu,
-            "workload": self.workload,
-            "batch_size": self.batch_size,
-            "idle_power_W": self.idle_power_W,
-            "num_devices": self.num_devices,
-            "noise_W": self.noise_W,
-            "sample_period_s": self.sample_period_s,
-            "seed": self.seed,
-            "power_offset_W": self.power_offset_W,
-        }
-        if self.trace is not None:
-            for name in ("gpu", "workload"):
-                if name not in self.model_fields_set:
-                    kwargs[name] = None
-            kwargs["trace"] = read_trace(self.trace, train_path=self.train_trace, gpu=kwargs["gpu"])
-        return kwargs
 
     power_offset_W: float | list[float] = Field(
         0.0, description="Power added to every (or, as a list, to each) virtual GPU (W): makes GPUs differ."

@@ -438,13 +438,22 @@ def bundled_trace(gpu: str) -> GPUTrace:
         ValueError: No bundled trace for that GPU; the message lists the bundled ones.
 
     """
+    return _bundled_trace(known_bundled_gpu(gpu))
+
+
+def known_bundled_gpu(gpu: str) -> str:
+    """The bundled trace's name for ``gpu`` (case-insensitive), checked without reading a file.
+
+    Raises:
+        ValueError: No bundled trace for that GPU; the message lists the bundled ones.
+    """
     name = normalize_gpu(gpu)
     if name not in _POWER_FILES:
         raise ValueError(
             f"unknown GPU {gpu!r}: the bundled Zeus traces cover {', '.join(GPUS)}; for another GPU give "
             "its own power-limit sweep (virtual.trace, or --trace; format in docs/backends.md)"
         )
-    return _bundled_trace(name)
+    return name
 
 
 def load_power_trace(gpu: TraceLike) -> dict[WorkloadKey, PowerCurve]:

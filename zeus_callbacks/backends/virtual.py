@@ -34,10 +34,10 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -477,3 +477,34 @@ class VirtualGPUBackend(GPUBackend):
 def _check_utilization(utilization: float) -> None:
     if not 0.0 <= utilization <= 1.0:
         raise ValueError(f"utilization must be in [0, 1], got {utilization}")
+
+
+_KWARG_NAMES = ("gpu", "workload", "batch_size", "idle_power_W", "num_devices", "noise_W", "sample_period_s", "seed",
+                "power_offset_W")  # fmt: skip
+
+
+def virtual_backend_kwargs(settings: Mapping[str, Any], *, given: Collection[str] = ()) -> dict[str, Any]:
+    """Keyword arguments of :class:`VirtualGPUBackend` for the virtual GPU's settings, reading a user trace.
+
+    The configuration is data: the trace file is read here, when the virtual GPU opens, not when the
+    configuration is parsed. With ``trace``, a ``gpu``/``workload`` the user did not set is left to the
+    trace (its name, its first workload).
+
+    Args:
+        settings: The ``virtual`` section as plain data (``VirtualGPUConfig.model_dump()``).
+        given: The names of the settings the user set (``model_fields_set``).
+
+    Returns:
+        The keyword arguments (``trace`` a :class:`~zeus_callbacks.backends.traces.GPUTrace` when set).
+
+    Raises:
+        TraceFormatError: ``trace`` or ``train_trace`` cannot be read or breaks the format.
+    """
+    kwargs: dict[str, Any] = {name: settings[name] for name in _KWARG_NAMES}
+    trace = settings.get("trace")
+    if trace is not None:
+        for name in ("gpu", "workload"):
+            if name not in given:
+                kwargs[name] = None
+        kwargs["trace"] = traces.read_trace(trace, train_path=settings.get("train_trace"), gpu=kwargs["gpu"])
+    return kwargs

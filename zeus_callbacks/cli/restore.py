@@ -67,7 +67,12 @@ def restore_command(
     if not paths:
         print(json.dumps(report) if as_json else "no power-limit restore marker found: nothing to restore")
         return 0
-    backend = get_backend(cfg.backend, virtual=cfg.virtual.backend_kwargs)
+    from zeus_callbacks.backends.virtual import virtual_backend_kwargs
+
+    backend = get_backend(
+        cfg.backend,
+        virtual=lambda: virtual_backend_kwargs(cfg.virtual.model_dump(), given=cfg.virtual.model_fields_set),
+    )
     try:
         for path in paths:
             try:

@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     if config.virtual.trace is not None and config.backend in ("auto", "virtual"):
+        from zeus_callbacks.backends.virtual import virtual_backend_kwargs
+
         try:  # read now, as the virtual GPU would at train start: a bad sweep is caught before training
-            config.virtual.backend_kwargs()
+            virtual_backend_kwargs(config.virtual.model_dump(), given=config.virtual.model_fields_set)
         except TraceFormatError as exc:
             print(f"invalid zeus-callbacks configuration in {args.file}:\n  virtual.trace: {exc}", file=sys.stderr)
             return 1

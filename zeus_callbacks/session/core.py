@@ -416,7 +416,13 @@ class EnergySession:
             BackendUnavailable: The configured backend cannot be used here.
         """
         if self.backend is None:
-            self.backend = get_backend(self.config.backend, virtual=self.config.virtual.backend_kwargs)
+            from zeus_callbacks.backends.virtual import virtual_backend_kwargs
+
+            virtual = self.config.virtual
+            self.backend = get_backend(
+                self.config.backend,
+                virtual=lambda: virtual_backend_kwargs(virtual.model_dump(), given=virtual.model_fields_set),
+            )
         return self.backend
 
     def epoch_start(self, epoch: int) -> None:
