@@ -74,6 +74,7 @@ from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_quantil
 
 logger = logging.getLogger(__name__)
 
+_REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of the (dear) time reference
 _TIE_APART_W = 2.5  # polish: a tie this close (W) to the best is not measured again (a wrong pick costs little)
 
 
@@ -204,6 +205,7 @@ class PowerLimitProfiler:
         self._revisit_until_n: int | None = None  # a revisit's window ends at this many measured steps
         self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
+        self.polishes = 0  # polish windows run (see _polish)
         self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
@@ -659,6 +661,7 @@ class PowerLimitProfiler:
             self._enter_limit(polish[0])
             self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
             self._polishing = True
+            self.polishes += 1
             return False
         costs = self.costs()
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
@@ -746,9 +749,9 @@ class PowerLimitProfiler:
         over the best limit; a polish window runs while that, plus the window's own excess, stays under
         ``polish_budget × job_steps``. It measures, in order:
 
-        1. max_slowdown: a limit cheaper than the best whose mean slowdown is within the allowed factor
-           but whose one-sided bound is not, or the maximum limit (the time reference), whichever has
-           fewer steps: both narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown.
+        1. max_slowdown: a limit below the best that may be within the allowed factor though its one-sided
+           bound is not, or the maximum limit (the time reference; see :meth:`_boundary_to_polish`): both
+           narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown unused.
         2. The best and the cheapest limit it cannot be told from, the wider of the two, while their
            combined 95 % half-widths exceed ``polish_ci`` of the best cost.
 
@@ -787,9 +790,11 @@ class PowerLimitProfiler:
     def _boundary_to_polish(self, best_x: float) -> float | None:
         """max_slowdown: the limit whose further steps narrow the slowdown bound that keeps a cheaper limit out.
 
-        The highest limit below the best whose energy is not clearly higher and whose mean slowdown is within the
-        factor, while its bound's margin over the mean is wider than ``polish_ci``; that limit or the
-        maximum limit, whichever has fewer steps. None: no such limit.
+        The highest limit below the best whose energy is not clearly higher and whose slowdown is not clearly
+        over the factor (its two-sided interval reaches below it) though its bound is, while the bound's margin
+        over the mean is wider than ``polish_ci``; else the best itself where a cheaper limit below it is too
+        slow and its margin is that wide. That limit, or the maximum limit (the time reference) while it has
+        under a third of that limit's steps. None: no such limit.
         """
         ref = self.profiles[self.limits_W[-1]]
         factor = self.objective.max_slowdown
@@ -800,7 +805,9 @@ class PowerLimitProfiler:
                 continue
             ratio = p.time_per_step_s / ref.time_per_step_s
             upper = self.slowdown_upper(p)
-            if ratio <= factor < (upper or math.inf) and (upper or math.inf) / ratio - 1 > self.settings.polish_ci:
+            # not clearly too slow (its two-sided interval reaches below the factor), not yet judged within it
+            low = self._slowdown_interval(p)[0]
+            if low <= factor < (upper or math.inf) and (upper or math.inf) / ratio - 1 > self.settings.polish_ci:
                 candidates.append(x)
         if candidates:
             x = max(candidates)
@@ -816,7 +823,8 @@ class PowerLimitProfiler:
             if upper / ratio - 1 <= self.settings.polish_ci:
                 return None
             x = best_x
-        return self.limits_W[-1] if ref.n < self.profiles[x].n else x
+        # the reference costs the most energy a step: it gets a third of the boundary limit's steps
+        return self.limits_W[-1] if _REF_SHARE * ref.n < self.profiles[x].n else x
 
     def _search(self) -> float | None:
         was_sweeping = self._plan.fallback_sweep
