@@ -587,14 +587,13 @@ def _boundary_card(low: float, width: float, power: float):
     return time_of, energy_of
 
 
-@settings(max_examples=12, deadline=None)
-@given(low=MIN_LIMITS_W, width=st.floats(125, 500), step=st.sampled_from([25.0, 35.0]), power=st.floats(1.2, 2.5))
+@pytest.mark.parametrize(("low", "width", "step", "power"), [(100.0, 300.0, 25.0, 1.66), (200.0, 500.0, 35.0, 1.5)])
 def test_max_slowdown_with_a_known_long_job_chooses_closer_to_the_boundary_and_keeps_the_bound(
     low, width, step, power
 ):
-    # Over 10 seeds of 1 % step jitter: told the job lasts 10 000 steps, the search measures the boundary
-    # and the time reference again, so its choice wastes less of the allowed slowdown, still over the bound
-    # in at most 5 % of seeds; the profiling's excess over the best limit stays within the polish budget.
+    # Over 15 fixed seeds of 1 % step jitter: told the job lasts 10 000 steps, the search measures the
+    # boundary and the time reference again, so its choice wastes less of the allowed slowdown, and is over
+    # the bound in at most 1 seed; the profiling's excess over the best limit stays within the polish budget.
     time_of, energy_of = _boundary_card(low, width, power)
     grid = power_limit_grid_W(low, low + width, step)
     limit = 1.1 * time_of(low + width)
@@ -603,17 +602,18 @@ def test_max_slowdown_with_a_known_long_job_chooses_closer_to_the_boundary_and_k
     gaps: dict[int | None, list[float]] = {None: [], 10_000: []}
     over = 0
     for job_steps in gaps:
-        for seed in range(10):
+        for seed in range(15):
             prof = _profiler(grid, "max_slowdown", job_steps=job_steps)
             chosen = _train_timed(prof, energy_of, time_of, 0.01, seed)
-            over += time_of(chosen) > limit * (1 + 1e-12)
             gaps[job_steps].append(energy_of(chosen) / best - 1)
             if job_steps is None:
                 assert prof.polishes == 0  # unknown length: the search of before, no polish
-            elif prof.polishes:
-                assert prof.excess_steps(chosen) <= 1.25 * prof.settings.polish_budget * job_steps
-    assert over <= 1  # of 20 choices
-    assert np.mean(gaps[10_000]) < np.mean(gaps[None])
+                continue
+            over += time_of(chosen) > limit * (1 + 1e-12)
+            assert prof.polishes > 0
+            assert prof.excess_steps(chosen) <= 1.25 * prof.settings.polish_budget * job_steps
+    assert over <= 1
+    assert np.mean(gaps[10_000]) < 0.7 * np.mean(gaps[None])
 
 
 @settings(max_examples=20, deadline=None)

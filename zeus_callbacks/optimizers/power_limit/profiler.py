@@ -68,6 +68,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
 from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
 from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, tolerance
 from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_quantile_95, t_quantile_975
@@ -659,9 +661,10 @@ class PowerLimitProfiler:
         polish = self._polish()
         if polish is not None:
             self._enter_limit(polish[0])
-            self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
-            self._polishing = True
             self.polishes += 1
+            if polish[1]:  # a revisit of a fixed length; 0: a grid limit's first window, decided as any
+                self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
+                self._polishing = True
             return False
         costs = self.costs()
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
@@ -749,6 +752,9 @@ class PowerLimitProfiler:
         over the best limit; a polish window runs while that, plus the window's own excess, stays under
         ``polish_budget × job_steps``. It measures, in order:
 
+        0. A grid limit the search left out, the cheapest guess first (:meth:`_unmeasured_grid_limit`):
+           on a long job, sweeping more repays itself (a second valley between the probes).
+
         1. max_slowdown: a limit below the best that may be within the allowed factor though its one-sided
            bound is not, or the maximum limit (the time reference; see :meth:`_boundary_to_polish`): both
            narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown unused.
@@ -766,6 +772,13 @@ class PowerLimitProfiler:
             return None
         best_x = min(feasible, key=lambda x: (feasible[x].cost, -x))
         best = feasible[best_x]
+        best_price = self._price(best_x)
+        if not best_price > 0:
+            return None
+        spent, budget = self.excess_steps(best_x), s.polish_budget * s.job_steps
+        grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
+        if grid_x is not None:
+            return grid_x, 0
         target = None
         if self.objective.name == "max_slowdown":
             target = self._boundary_to_polish(best_x)
@@ -781,11 +794,38 @@ class PowerLimitProfiler:
             return None
         n = self._measured_steps(target)
         extra = min(max(n, s.min_profile_steps, 2), max(s.profile_steps, 2))
-        best_price = self._price(best_x)
-        excess = max(self._price(target) / best_price - 1.0, 0.0) if best_price > 0 else math.inf
-        if self.excess_steps(best_x) + (extra + s.warmup_steps) * excess > s.polish_budget * s.job_steps:
+        excess = max(self._price(target) / best_price - 1.0, 0.0)
+        if spent + (extra + s.warmup_steps) * excess > budget:
             return None
         return target, extra
+
+    def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
+        """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
+
+        Its price is guessed by linear interpolation between the nearest measured limits on either side
+        (the nearest one at an end), its window as warm-up + ``min_profile_steps`` steps; the cheapest
+        guess first. With max_slowdown, none below a limit measured clearly too slow.
+        """
+        s = self.settings
+        known = sorted(x for x, p in self.profiles.items() if p.n >= 2)
+        if len(known) < 2:
+            return None
+        floor = -math.inf
+        if self.objective.name == "max_slowdown":
+            slow = [x for x in known if self._slowdown_interval(self.profiles[x])[0] > self.objective.max_slowdown]
+            floor = max(slow, default=-math.inf)
+        prices = [self._price(x) for x in known]
+        window = s.warmup_steps + max(s.min_profile_steps, 2)
+        guesses = []
+        for x in self.limits_W:
+            if x in self.profiles or x <= floor:
+                continue
+            guess = float(np.interp(x, known, prices))
+            guesses.append((max(guess / best_price - 1.0, 0.0), -x))
+        if not guesses:
+            return None
+        excess, neg_x = min(guesses)
+        return -neg_x if window * excess <= budget_left else None
 
     def _boundary_to_polish(self, best_x: float) -> float | None:
         """max_slowdown: the limit whose further steps narrow the slowdown bound that keeps a cheaper limit out.
