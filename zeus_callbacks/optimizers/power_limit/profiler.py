@@ -131,7 +131,7 @@ class ProfileSettings:
     max_revisits: int = 2  # at most this many extra windows at limits already measured (ties with the best)
     job_steps: int | None = None  # training steps the job is expected to run (None: unknown, no polish)
     polish_budget: float = 0.004  # polish while profiling's excess cost stays under this × job_steps steps
-    polish_ci: float = 0.0025  # ... and a tie or a boundary margin is wider than this fraction of the cost
+    polish_ci: float = 0.001  # ... and a tie or a boundary margin is wider than this fraction of the cost
 
 
 @dataclass
@@ -187,8 +187,9 @@ class PowerLimitProfiler:
                 kind=self.settings.search,
                 noise_floor=self.settings.unimodal_tolerance,
                 max_slowdown=objective.max_slowdown if objective.name == "max_slowdown" else None,
-                # a job whose length is known may repay more limits off the grid (see _polish)
-                refine_probes=8 if self.settings.job_steps else 4,
+                # a job whose length is known repays more limits off the grid, and smaller gains (see _polish)
+                refine_probes=12 if self.settings.job_steps else 4,
+                refine_gain=0.001 if self.settings.job_steps else 0.005,
             ),
         )
         self._step_start_s: float | None = None
