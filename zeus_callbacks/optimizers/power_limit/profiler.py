@@ -132,6 +132,7 @@ class ProfileSettings:
     job_steps: int | None = None  # training steps the job is expected to run (None: unknown, no polish)
     polish_budget: float = 0.004  # polish while profiling's excess cost stays under this × job_steps steps
     polish_ci: float = 0.001  # ... and a tie or a boundary margin is wider than this fraction of the cost
+    polish_max_share: float = 0.1  # ... and profiling stays within this share of job_steps (steps)
 
 
 @dataclass
@@ -751,7 +752,8 @@ class PowerLimitProfiler:
 
         Only with ``job_steps`` known. Profiling has already cost the job ``excess_steps`` step-equivalents
         over the best limit; a polish window runs while that, plus the window's own excess, stays under
-        ``polish_budget × job_steps``. It measures, in order:
+        ``polish_budget × job_steps``, and profiling's steps under ``polish_max_share × job_steps``. It
+        measures, in order:
 
         0. A grid limit the search left out, the cheapest guess first (:meth:`_unmeasured_grid_limit`):
            on a long job, sweeping more repays itself (a second valley between the probes).
@@ -777,6 +779,8 @@ class PowerLimitProfiler:
         if not best_price > 0:
             return None
         spent, budget = self.excess_steps(best_x), s.polish_budget * s.job_steps
+        if self.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * s.job_steps:
+            return None  # near-free steps (ties at the optimum) are bounded in number too
         grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
         if grid_x is not None:
             return grid_x, 0
