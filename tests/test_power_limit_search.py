@@ -588,9 +588,7 @@ def _boundary_card(low: float, width: float, power: float):
 
 
 @pytest.mark.parametrize(("low", "width", "step", "power"), [(100.0, 300.0, 25.0, 1.66), (200.0, 500.0, 35.0, 1.5)])
-def test_max_slowdown_with_a_known_long_job_chooses_closer_to_the_boundary_and_keeps_the_bound(
-    low, width, step, power
-):
+def test_max_slowdown_with_a_known_long_job_chooses_closer_to_the_boundary_and_keeps_the_bound(low, width, step, power):
     # Over 15 fixed seeds of 1 % step jitter: told the job lasts 10 000 steps, the search measures the
     # boundary and the time reference again, so its choice wastes less of the allowed slowdown, and is over
     # the bound in at most 1 seed; the profiling's excess over the best limit stays within the polish budget.

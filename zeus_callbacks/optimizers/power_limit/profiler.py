@@ -57,6 +57,12 @@ best. Intervals are floored by the card's noise pooled over every window (:meth:
 and before the choice the best and a runner-up it cannot be told from are measured again
 (a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
 ``search: sweep`` measures every grid limit, highest first, and nothing else.
+
+With the job's length known (``job_steps``), the search then *polishes* before choosing, while the rest
+of the job repays it (:meth:`PowerLimitProfiler._polish`): grid limits it left out, the
+``max_slowdown`` boundary and its time reference, and ties with the best are measured again. Profiling's
+cost over the best limit stays within ``polish_budget × job_steps`` step-equivalents, so a longer job
+profiles more (issue 31: the job-total regret).
 """
 
 from __future__ import annotations
