@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.optimizers.power_limit import power_limit_grid_W
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark's training loop
 from power_limit_regret import JOB_STEPS, job_regret, regret_ratio  # noqa: E402
@@ -236,16 +237,50 @@ def run_search(case: Case, seed: int, overrides: dict) -> Decided:
         )
 
 
-def _job(job: tuple[Case, int, str]) -> dict:
-    case, seed, mode = job
-    decided = run_search(case, seed, SWEEP if mode == "sweep" else {})
-    curve, objective, limit = case.curve, case.objective, decided.limit_W
-    cost_at = {x: step_cost(curve, objective, x) for x in {limit, *decided.step_limits_W}}
+def shrunk_sweep(case: Case, steps: float) -> dict:
+    """The Zeus sweep's settings with its windows shrunk so that it runs about ``steps`` steps in all.
+
+    Every grid limit gets ``steps / len(grid)`` steps, a fifth of them warm-up (Zeus: 10 of 50), at
+    least 2 profiled.
+    """
+    lo, hi = case.curve.min_limit_W, case.curve.max_limit_W
+    per_limit = steps / len(power_limit_grid_W(lo, hi, case.step_W))
+    warmup = round(per_limit / 5)
+    profile = max(2, round(per_limit) - warmup)
+    return {"search": "sweep", "warmup_steps": warmup, "min_profile_steps": profile, "profile_steps": profile}
+
+
+def _job(job: tuple[Case, int, str, bool, dict | None]) -> dict:
+    """One case and seed: the sweep, the shrunk sweep (``shrink``: its steps per N) or our search.
+
+    With ``known`` our search runs once per job length N, told N (``power_limit.job_steps``); the
+    shrunk sweep runs once per N too.
+    """
+    case, seed, mode, known, shrink = job
+    curve, objective = case.curve, case.objective
     best = best_cost(curve, objective)
-    regret = {n: job_regret([cost_at[x] for x in decided.step_limits_W], cost_at[limit], best, n) for n in JOB_STEPS}
-    return {"mode": mode, "seed": seed, "steps": decided.steps, "limit_W": limit,
-            "gap_pct": gap_pct(curve, objective, limit), "regret": regret,
-            "violates": violates(curve, limit), "slowdown": slowdown(curve, limit)}  # fmt: skip
+    if mode == "sweep":
+        runs = {None: run_search(case, seed, SWEEP)}
+    elif mode == "shrunk":
+        assert shrink is not None
+        runs = {n: run_search(case, seed, shrunk_sweep(case, steps)) for n, steps in shrink.items()}
+    elif known:
+        runs = {n: run_search(case, seed, {"job_steps": n}) for n in JOB_STEPS}
+    else:
+        runs = {None: run_search(case, seed, {})}
+    regret, gap_by_n, steps_by_n = {}, {}, {}
+    for n in JOB_STEPS:
+        d = runs[n] if n in runs else next(iter(runs.values()))  # one run for every N when N is not known
+        cost_at = {x: step_cost(curve, objective, x) for x in {d.limit_W, *d.step_limits_W}}
+        regret[n] = job_regret([cost_at[x] for x in d.step_limits_W], cost_at[d.limit_W], best, n)
+        gap_by_n[n], steps_by_n[n] = gap_pct(curve, objective, d.limit_W), d.steps
+    # the table's steps, gap and slowdown: the worst over the runs (with known N, the longest job profiles most)
+    limits = [d.limit_W for d in runs.values()]
+    return {"mode": mode, "seed": seed, "steps": max(d.steps for d in runs.values()),
+            "limit_W": max(limits, key=lambda x: gap_pct(curve, objective, x)),
+            "gap_pct": max(gap_by_n.values()), "regret": regret, "gap_by_n": gap_by_n, "steps_by_n": steps_by_n,
+            "violates": any(violates(curve, x) for x in limits),
+            "slowdown": max(slowdown(curve, x) for x in limits)}  # fmt: skip
 
 
 def cases(user_traces: list[traces.GPUTrace]) -> list[Case]:
@@ -307,7 +342,14 @@ def main() -> None:
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
     parser.add_argument("--trace", type=Path, action="append", default=[], help="a user trace CSV (repeatable)")
+    parser.add_argument(
+        "--job-steps",
+        choices=("known", "unknown"),
+        default="known",
+        help="known: our search runs once per job length N with power_limit.job_steps = N; unknown: once, untold",
+    )
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON summary here")
+    parser.add_argument("--runs-out", type=Path, default=None, help="also write every run's result here (JSON lines)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -316,12 +358,32 @@ def main() -> None:
     chosen = [c for c in cases([traces.read_trace(p) for p in args.trace]) if c.objective in objectives]
     if args.families:
         chosen = [c for c in chosen if c.family in args.families.split(",")]
-    jobs = [(c, s, "ours") for c in chosen for s in range(args.seeds)] + [(c, 0, "sweep") for c in chosen]
+    known = args.job_steps == "known"
+    jobs: list = [(c, s, "ours", known, None) for c in chosen for s in range(args.seeds)]
+    jobs += [(c, 0, "sweep", known, None) for c in chosen]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_job, jobs, chunksize=4))
+        # the sweep shrunk to our mean step count per case (and job length), seed 0: the equal-budget baseline
+        ours_steps: dict[int, list[dict]] = {}
+        for (case, _, mode, _, _), r in zip(jobs, results, strict=True):
+            if mode == "ours":
+                ours_steps.setdefault(id(case), []).append(r["steps_by_n"])
+        shrunk_jobs = []
+        for c in chosen:
+            by_n = ours_steps[id(c)]
+            shrink = {n: float(np.mean([r[n] for r in by_n])) for n in (JOB_STEPS if known else JOB_STEPS[:1])}
+            shrunk_jobs.append((c, 0, "shrunk", known, shrink))
+        shrunk = list(pool.map(_job, shrunk_jobs, chunksize=4))
+    jobs += shrunk_jobs
+    results += shrunk
+    if args.runs_out is not None:
+        with args.runs_out.open("w", encoding="utf-8") as f:
+            for (case, _, _, _, _), r in zip(jobs, results, strict=True):
+                row = {"objective": case.objective, "family": case.family, "case": f"{case.label} step {case.step_W:g}"}
+                f.write(json.dumps({**row, **r}) + "\n")
     by_case: dict[int, dict[str, list[dict]]] = {}
-    for (case, _, mode), r in zip(jobs, results, strict=True):
-        by_case.setdefault(id(case), {"ours": [], "sweep": []})[mode].append(r)
+    for (case, _, mode, _, _), r in zip(jobs, results, strict=True):
+        by_case.setdefault(id(case), {"ours": [], "sweep": [], "shrunk": []})[mode].append(r)
 
     summary: dict = {"by_objective": {}}
     header = (
@@ -331,6 +393,7 @@ def main() -> None:
         + " |"
     )
     lines = [header, "|" + "---|" * len(header.split(" | "))]
+    gaps_line: list[str] = []  # mean gap per objective and N: ours, the shrunk sweep's, the full sweep's
     for objective in objectives:
         fams: dict[str, dict] = {}
         for case in (c for c in chosen if c.objective == objective):
@@ -381,12 +444,26 @@ def main() -> None:
             else:
                 f["violation_rate"] = f["violations"] / f["runs"]
                 f["sweep_violation_rate"] = f["sweep_violations"] / f["cases"]
+        runs_of = [by_case[id(c)] for c in chosen if c.objective == objective]
+        mean_gap = {
+            str(n): {
+                mode: round(float(np.mean([r["gap_by_n"][n] for runs in runs_of for r in runs[mode]])), 4)
+                for mode in ("ours", "shrunk", "sweep")
+            }
+            for n in JOB_STEPS
+        }
+        gaps_line.append(f"{objective}: " + "; ".join(
+            f"N={n} ours {g['ours']:.2f} %, shrunk sweep {g['shrunk']:.2f} %, sweep {g['sweep']:.2f} %"
+            for n, g in mean_gap.items()
+        ))  # fmt: skip
         summary["by_objective"][objective] = {
+            "mean_gap_pct": mean_gap,
             "steps_ratio_max": round(max(f["steps_ratio_max"] for f in fams.values()), 4),
             "cost_gap_pct_max": round(max(f["cost_gap_pct_max"] for f in fams.values()), 4),
             "regret": _regret_worst([f["regret"] for f in fams.values()]),
             "by_family": {name: _rounded(f) for name, f in fams.items()},
         }
+    lines += ["", "Mean gap to the true optimum (all runs):", *gaps_line]
     print("\n".join(lines))
     per_obj = summary["by_objective"].values()
     families = {name for o in per_obj for name in o["by_family"]}

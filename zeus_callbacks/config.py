@@ -267,6 +267,13 @@ class PowerLimitConfig(_Section):
         description="Stop a limit's window once its 95% Student-t interval is within this fraction "
         "(or it measures no cheaper than the best so far).",
     )
+    job_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10**9,
+        description="Training steps the job is expected to run; when set, the search measures the best limits "
+        "again while the rest of the job repays it (a longer job profiles more); none: unknown.",
+    )
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")
     cache_path: Path | None = Field(None, description="Profile cache file; default: <log_dir>/power_limit_cache.json.")

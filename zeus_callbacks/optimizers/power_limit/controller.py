@@ -118,6 +118,7 @@ class PowerLimitController:
             profile_s=config.profile_s,
             rel_ci=config.rel_ci,
             search=config.search,
+            job_steps=config.job_steps,
         )
         self.profiler = PowerLimitProfiler(
             power_limit_grid_W(low, high, config.step_W), objective, energy_fn, settings, observe_only=self.observe

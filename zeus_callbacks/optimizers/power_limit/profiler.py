@@ -57,6 +57,12 @@ best. Intervals are floored by the card's noise pooled over every window (:meth:
 and before the choice the best and a runner-up it cannot be told from are measured again
 (a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
 ``search: sweep`` measures every grid limit, highest first, and nothing else.
+
+With the job's length known (``job_steps``), the search then *polishes* before choosing, while the rest
+of the job repays it (:meth:`PowerLimitProfiler._polish`): grid limits it left out, the
+``max_slowdown`` boundary and its time reference, and ties with the best are measured again. Profiling's
+cost over the best limit stays within ``polish_budget × job_steps`` step-equivalents, so a longer job
+profiles more (issue 31: the job-total regret).
 """
 
 from __future__ import annotations
@@ -68,11 +74,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
 from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
 from zeus_callbacks.optimizers.power_limit.search import Measured, SearchPlan, SearchSettings, tolerance
 from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_quantile_95, t_quantile_975
 
 logger = logging.getLogger(__name__)
+
+_REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of the (dear) time reference
+_TIE_APART_W = 2.5  # polish: a tie this close (W) to the best is not measured again (a wrong pick costs little)
 
 
 class EnergyFn(Protocol):
@@ -124,6 +135,10 @@ class ProfileSettings:
     max_wait_steps: int = 20  # a full window waits this many steps ...
     max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
     max_revisits: int = 2  # at most this many extra windows at limits already measured (ties with the best)
+    job_steps: int | None = None  # training steps the job is expected to run (None: unknown, no polish)
+    polish_budget: float = 0.004  # polish while profiling's excess cost stays under this × job_steps steps
+    polish_ci: float = 0.001  # ... and a tie or a boundary margin is wider than this fraction of the cost
+    polish_max_share: float = 0.1  # ... and profiling stays within this share of job_steps (steps)
 
 
 @dataclass
@@ -179,6 +194,9 @@ class PowerLimitProfiler:
                 kind=self.settings.search,
                 noise_floor=self.settings.unimodal_tolerance,
                 max_slowdown=objective.max_slowdown if objective.name == "max_slowdown" else None,
+                # a job whose length is known repays more limits off the grid, and smaller gains (see _polish)
+                refine_probes=12 if self.settings.job_steps else 4,
+                refine_gain=0.001 if self.settings.job_steps else 0.005,
             ),
         )
         self._step_start_s: float | None = None
@@ -195,7 +213,9 @@ class PowerLimitProfiler:
         self._last_dt: float | None = None
         self._full_since_s: float | None = None
         self._revisit_until_n: int | None = None  # a revisit's window ends at this many measured steps
+        self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
+        self.polishes = 0  # polish windows run (see _polish)
         self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
@@ -385,6 +405,7 @@ class PowerLimitProfiler:
         self._wait_steps = 0
         self._full_since_s = None
         self._revisit_until_n = None
+        self._polishing = False
         s = self.settings
         phase = Phase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else Phase.PROFILING
         self.state = ProfilerState(phase, float(limit_W))
@@ -516,6 +537,8 @@ class PowerLimitProfiler:
         # interval already lies above the best's is done, even before min_profile_steps (not in a
         # sweep, whose windows are Zeus's fixed ones).
         known_noise = s.search != "sweep" and any(p.n >= 2 for p in self.profiles.values() if p is not profile)
+        if self._polishing and self._revisit_until_n is not None:
+            return measured >= self._revisit_until_n
         if measured < max(s.min_profile_steps, 2):
             return known_noise and self._clearly_out(profile, low)
         if self._clearly_out(profile, low):
@@ -643,6 +666,14 @@ class PowerLimitProfiler:
             self._revisit_until_n = self._measured_steps(again) + max(self.settings.min_profile_steps, 2)
             self.revisits += 1
             return False
+        polish = self._polish()
+        if polish is not None:
+            self._enter_limit(polish[0])
+            self.polishes += 1
+            if polish[1]:  # a revisit of a fixed length; 0: a grid limit's first window, decided as any
+                self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
+                self._polishing = True
+            return False
         costs = self.costs()
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(Phase.DONE, self.chosen_limit_W)
@@ -707,6 +738,144 @@ class PowerLimitProfiler:
             if self.profiles[x].n + extra <= s.profile_steps:
                 return x
         return None
+
+    def _price(self, limit_W: float) -> float:
+        """What a step at ``limit_W`` costs the job: its objective value (max_slowdown: its energy, J)."""
+        p = self.profiles[limit_W]
+        if self.objective.name == "max_slowdown":
+            return p.energy_per_step_J
+        return self.objective.step_value(p.energy_per_step_J, p.time_per_step_s)
+
+    def excess_steps(self, best_W: float) -> float:
+        """Step-equivalents of cost profiling spent above ``best_W``'s: Σ steps × max(price / best's − 1, 0)."""
+        best = self._price(best_W)
+        if not best > 0:
+            return math.inf
+        return sum(p.steps * max(self._price(x) / best - 1.0, 0.0) for x, p in self.profiles.items() if p.n)
+
+    def _polish(self) -> tuple[float, int] | None:
+        """(limit, steps) to measure again before choosing, where the remaining job repays it; None: choose now.
+
+        Only with ``job_steps`` known. Profiling has already cost the job ``excess_steps`` step-equivalents
+        over the best limit; a polish window runs while that, plus the window's own excess, stays under
+        ``polish_budget × job_steps``, and profiling's steps under ``polish_max_share × job_steps``. It
+        measures, in order:
+
+        0. A grid limit the search left out, the cheapest guess first (:meth:`_unmeasured_grid_limit`):
+           on a long job, sweeping more repays itself (a second valley between the probes).
+
+        1. max_slowdown: a limit below the best that may be within the allowed factor though its one-sided
+           bound is not, or the maximum limit (the time reference; see :meth:`_boundary_to_polish`): both
+           narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown unused.
+        2. The best and the cheapest limit it cannot be told from, the wider of the two, while their
+           combined 95 % half-widths exceed ``polish_ci`` of the best cost.
+
+        Each window doubles the limit's steps (at least ``min_profile_steps``, at most ``profile_steps``).
+        """
+        s = self.settings
+        if s.search == "sweep" or not s.job_steps or self.observe_only:
+            return None
+        measured = self.measured()
+        feasible = {x: m for x, m in measured.items() if m.cost < INFEASIBLE_COST and self.profiles[x].n >= 2}
+        if not feasible:
+            return None
+        best_x = min(feasible, key=lambda x: (feasible[x].cost, -x))
+        best = feasible[best_x]
+        best_price = self._price(best_x)
+        if not best_price > 0:
+            return None
+        spent, budget = self.excess_steps(best_x), s.polish_budget * s.job_steps
+        if self.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * s.job_steps:
+            return None  # near-free steps (ties at the optimum) are bounded in number too
+        grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
+        if grid_x is not None:
+            return grid_x, 0
+        target = None
+        if self.objective.name == "max_slowdown":
+            target = self._boundary_to_polish(best_x)
+        if target is None:
+            floor = s.unimodal_tolerance
+            tied = [x for x, m in feasible.items()
+                    if abs(x - best_x) > _TIE_APART_W and m.cost - best.cost <= tolerance(m, best, floor)]  # fmt: skip
+            if tied:
+                runner = min(tied, key=lambda x: (feasible[x].cost, -x))
+                if math.hypot(feasible[runner].half_width, best.half_width) > s.polish_ci * abs(best.cost):
+                    target = max((runner, best_x), key=lambda x: feasible[x].half_width)
+        if target is None:
+            return None
+        n = self._measured_steps(target)
+        extra = min(max(n, s.min_profile_steps, 2), max(s.profile_steps, 2))
+        excess = max(self._price(target) / best_price - 1.0, 0.0)
+        if spent + (extra + s.warmup_steps) * excess > budget:
+            return None
+        return target, extra
+
+    def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
+        """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
+
+        Its price is guessed by linear interpolation between the nearest measured limits on either side
+        (the nearest one at an end), its window as warm-up + ``min_profile_steps`` steps; the cheapest
+        guess first. With max_slowdown, none below a limit measured clearly too slow.
+        """
+        s = self.settings
+        known = sorted(x for x, p in self.profiles.items() if p.n >= 2)
+        if len(known) < 2:
+            return None
+        floor = -math.inf
+        if self.objective.name == "max_slowdown":
+            slow = [x for x in known if self._slowdown_interval(self.profiles[x])[0] > self.objective.max_slowdown]
+            floor = max(slow, default=-math.inf)
+        prices = [self._price(x) for x in known]
+        window = s.warmup_steps + max(s.min_profile_steps, 2)
+        guesses = []
+        for x in self.limits_W:
+            if x in self.profiles or x <= floor:
+                continue
+            guess = float(np.interp(x, known, prices))
+            guesses.append((max(guess / best_price - 1.0, 0.0), -x))
+        if not guesses:
+            return None
+        excess, neg_x = min(guesses)
+        return -neg_x if window * excess <= budget_left else None
+
+    def _boundary_to_polish(self, best_x: float) -> float | None:
+        """max_slowdown: the limit whose further steps narrow the slowdown bound that keeps a cheaper limit out.
+
+        The highest limit below the best whose energy is not clearly higher and whose slowdown is not clearly
+        over the factor (its two-sided interval reaches below it) though its bound is, while the bound's margin
+        over the mean is wider than ``polish_ci``; else the best itself where a cheaper limit below it is too
+        slow and its margin is that wide. That limit, or the maximum limit (the time reference) while it has
+        under a third of that limit's steps. None: no such limit.
+        """
+        ref = self.profiles[self.limits_W[-1]]
+        factor = self.objective.max_slowdown
+        best_low, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd(lambda p: p.energy_J))
+        candidates = []
+        for x, p in self.profiles.items():
+            if x >= best_x or p.n < 2 or p.energy_per_step_J >= best_high:  # clearly dearer: no gain
+                continue
+            ratio = p.time_per_step_s / ref.time_per_step_s
+            upper = self.slowdown_upper(p)
+            # not clearly too slow (its two-sided interval reaches below the factor), not yet judged within it
+            low = self._slowdown_interval(p)[0]
+            if low <= factor < (upper or math.inf) and (upper or math.inf) / ratio - 1 > self.settings.polish_ci:
+                candidates.append(x)
+        if candidates:
+            x = max(candidates)
+        else:
+            # the best on the boundary (a cheaper limit below it is too slow): its own margin
+            best = self.profiles[best_x]
+            ratio = best.time_per_step_s / ref.time_per_step_s
+            upper = self.slowdown_upper(best)
+            below = [x for x in self.profiles if x < best_x and self.profiles[x].n >= 2]
+            cheaper_below = any(self.profiles[x].energy_per_step_J < best.energy_per_step_J for x in below)
+            if best_x == self.limits_W[-1] or not cheaper_below or upper is None:
+                return None
+            if upper / ratio - 1 <= self.settings.polish_ci:
+                return None
+            x = best_x
+        # the reference costs the most energy a step: it gets a third of the boundary limit's steps
+        return self.limits_W[-1] if _REF_SHARE * ref.n < self.profiles[x].n else x
 
     def _search(self) -> float | None:
         was_sweeping = self._plan.fallback_sweep
