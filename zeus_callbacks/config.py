@@ -272,7 +272,8 @@ class PowerLimitConfig(_Section):
         ge=1,
         le=10**9,
         description="Training steps the job is expected to run; when set, the search measures the best limits "
-        "again while the rest of the job repays it (a longer job profiles more); none: unknown.",
+        "again while the rest of the job repays it (a longer job profiles more); none: the steps the fit has left, "
+        "from Lightning or the HF Trainer (unknown for an endless fit).",
     )
     plot: bool = Field(True, description="Plot time vs energy per limit to <log_dir>/<run_name>.power_limit.png.")
     cache: bool = Field(True, description="Reuse a profile stored for the same job, GPU, batch size, world size.")

@@ -56,6 +56,8 @@ def test_lightning_profiles_applies_and_restores(tmp_path):
     train, val = loaders()
     trainer.fit(TinyRegressor(), train, val)
     check_run(tmp_path, backend)
+    # The fit's length reached the search (issue 31): 3 epochs of 20 steps, power_limit.job_steps unset.
+    assert job_steps_of(callback) == 60 == trainer.estimated_stepping_batches
     scalars = read_scalars(tmp_path / "tb")
     assert "power_limit/chosen_W" in scalars and "power_limit/profiling_steps" in scalars
     assert len({v for _, v in scalars["power_limit/W"]}) >= 2  # the limit in force changed
@@ -67,3 +69,21 @@ def test_huggingface_profiles_applies_and_restores(tmp_path):
     trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=60, eval_steps=10)
     trainer.train()
     check_run(tmp_path, backend)
+    assert job_steps_of(callback) == 60  # the Trainer's max_steps reached the search (issue 31)
+
+
+def job_steps_of(callback) -> int | None:
+    """The job length the power-limit search was given (its profiler's settings)."""
+    limiter = callback.session._power.power_limiter
+    assert limiter is not None
+    return limiter.profiler.settings.job_steps
+
+
+def test_a_configured_job_length_wins_over_the_framework_s(tmp_path):
+    backend = backend_at_original()
+    config = profiling_config(tmp_path)
+    config["power_limit"]["job_steps"] = 5000
+    callback = ZeusTrainerCallback(config, backend=backend)
+    trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=30)
+    trainer.train()
+    assert job_steps_of(callback) == 5000

@@ -281,7 +281,10 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             "; call zeus_callbacks.suggest_batch_size(config) before building TrainingArguments. The trial is "
             "recorded at",
         )  # fmt: skip
-        self.session.train_start(run_name=self._run_name(Path(args.run_name).name if args.run_name else None))
+        self.session.train_start(
+            run_name=self._run_name(Path(args.run_name).name if args.run_name else None),
+            job_steps=state.max_steps - state.global_step if state.max_steps else None,  # what the fit has left
+        )
         # One entry, replaced at each save (never a growing list). Replaced here only once every instance
         # has begun, so that none is given the others' fresh states before it read its own (issue 26).
         if state.stateful_callbacks is not None and all(p.session.started for p in self._peers()):

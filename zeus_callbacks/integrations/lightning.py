@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import warnings
 from typing import Any
 
@@ -156,7 +157,7 @@ class ZeusCallback(SessionAdapter, Callback):
                 suggested, used, "the train loader's batch size",
                 " (data loaders passed to fit() directly cannot be changed); the trial is recorded at",
             )  # fmt: skip
-        self.session.train_start(run_name=self._run_name(_logger_run_name(trainer)))
+        self.session.train_start(run_name=self._run_name(_logger_run_name(trainer)), job_steps=_steps_left(trainer))
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -379,3 +380,15 @@ def _batch_size(batch: Any) -> int | None:
         return int(extract_batch_size(batch))
     except Exception:  # an exotic batch: energy per sample is simply not reported
         return None
+
+
+def _steps_left(trainer: pl.Trainer) -> int | None:
+    """The optimizer steps the fit has left (``max_steps``, or epochs × batches), None when unknown or endless."""
+    try:
+        total = trainer.estimated_stepping_batches
+    except Exception:  # e.g. a loader without a length and no max_steps: the length is unknown
+        return None
+    if not isinstance(total, (int, float)) or not math.isfinite(total):
+        return None
+    left = int(total) - int(trainer.global_step)
+    return left if left > 0 else None

@@ -331,12 +331,16 @@ class EnergySession:
         """True between :meth:`train_start` and :meth:`train_end`."""
         return self._started and self._finished is None
 
-    def train_start(self, *, run_name: str | None = None) -> None:
+    def train_start(self, *, run_name: str | None = None, job_steps: int | None = None) -> None:
         """Open the backend, start sampling and open the run window.
 
         Args:
             run_name: Name of the run's JSONL file; default ``config.logging.run_name``
                 or a timestamp.
+            job_steps: Training steps the job is expected to run (the framework's ``max_steps``, or
+                epochs × steps per epoch), for power-limit profiling when ``power_limit.job_steps`` is
+                unset: a known job length lets the search polish before choosing (docs/power_limit.md).
+                None or a non-positive value: unknown.
 
         Raises:
             BackendUnavailable: ``config.backend`` names a backend that cannot be used.
@@ -392,7 +396,7 @@ class EnergySession:
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         steps = self._steps
-        steps.power_step_start, steps.power_step_end = self._power.start(self._ranks, self._totals)
+        steps.power_step_start, steps.power_step_end = self._power.start(self._ranks, self._totals, job_steps=job_steps)
         if cfg.batch_size.enabled:
             failure = self._batch.start(run, self._ranks, self._power.power_limit_W)
             if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise

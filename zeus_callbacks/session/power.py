@@ -69,6 +69,7 @@ class PowerLimitSteps:
         self._run: StartedRun
         self._ranks: RankAggregator
         self._totals = Totals()
+        self._job_steps: int | None = None  # the job's expected steps from the framework (train_start)
         self.power_limiter: pl.PowerLimitController | None = None
         self.power_limit_W: float | None = None
         self.chosen: tuple[float, int, bool] | None = None  # (W, from step, applied)
@@ -124,17 +125,20 @@ class PowerLimitSteps:
                 exc,
             )
 
-    def start(self, ranks: RankAggregator, totals: Totals) -> StepHooks:
+    def start(self, ranks: RankAggregator, totals: Totals, *, job_steps: int | None = None) -> StepHooks:
         """Start the controller (after :meth:`open`); under several processes, every rank or none profiles.
 
         Args:
             ranks: The run's rank exchanges.
             totals: The run's totals (their step count dates the records).
+            job_steps: The job's expected training steps from the framework, used when
+                ``power_limit.job_steps`` is unset (None: unknown).
 
         Returns:
             The scheduler's (step start, step end) hooks.
         """
         self._ranks, self._totals = ranks, totals
+        self._job_steps = job_steps if job_steps is not None and job_steps > 0 else None
         cfg = self._config
         self._power_limit_agreement = self._power_limit_follower = False
         if cfg.power_limit.enabled:
@@ -198,8 +202,11 @@ class PowerLimitSteps:
     def _make_power_limiter(self) -> pl.PowerLimitController:
         cfg = self._config
         run = self._run
+        settings = cfg.power_limit
+        if settings.job_steps is None and self._job_steps is not None:  # the configured length wins
+            settings = settings.model_copy(update={"job_steps": self._job_steps})
         return pl.PowerLimitController(
-            cfg.power_limit,
+            settings,
             run.backend,
             run.gpu_indices,
             run.energy_between_J,
