@@ -68,9 +68,13 @@ def test_the_handler_goes_with_the_last_registration_and_exit_runs_only_at_exit_
     second.cancel()  # idempotent
     assert signal.getsignal(signal.SIGTERM) == before
     registry.register(lambda: ran.append("c"), what="c", order=1, at_exit=True)
-    registry.register(lambda: ran.append("d"), what="d", order=2)
+    last = registry.register(lambda: ran.append("d"), what="d", order=2)
     registry.run_at_exit()
     assert ran == ["c"]
+    # "d" still holds the handler: cancelled here, or a later test in this worker that sends itself SIGTERM
+    # (Lightning's sigterm ending) reaches this test's handler, whose previous action kills the worker.
+    last.cancel()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 # -- aggregation -------------------------------------------------------------------------------
