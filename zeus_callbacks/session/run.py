@@ -38,8 +38,8 @@ from zeus_callbacks.session.node import open_node_reader
 logger = logging.getLogger(__name__)
 
 EPOCH_FLUSH_TIMEOUT_S = 0.25
-_TAIL_S = 1.0  # the run's total so far reads the knots of this last stretch only (s), past the reach
 """Wall time an epoch end may wait for the sensor to catch up (s)."""
+_TAIL_S = 1.0  # the run's total so far reads the knots of this last stretch only (s), past the reach
 
 
 def default_gpu_indices(backend: GPUBackend) -> list[int]:
