@@ -280,4 +280,4 @@ def virtual_kwargs(cfg):
     """The virtual GPU's keyword arguments for a parsed configuration (the trace read here, not in the config)."""
     from zeus_callbacks.backends.virtual import virtual_backend_kwargs
 
-    return virtual_backend_kwargs(cfg.virtual.model_dump(), given=cfg.virtual.model_fields_set)
+    return virtual_backend_kwargs(cfg.virtual)

@@ -34,12 +34,13 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel
 
 from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import Clock, DeviceIdentity, GPUBackend, PowerSample, SensorError
@@ -479,11 +480,10 @@ def _check_utilization(utilization: float) -> None:
         raise ValueError(f"utilization must be in [0, 1], got {utilization}")
 
 
-_KWARG_NAMES = ("gpu", "workload", "batch_size", "idle_power_W", "num_devices", "noise_W", "sample_period_s", "seed",
-                "power_offset_W")  # fmt: skip
+_FILES = ("trace", "train_trace")  # the settings that name files: read here, not passed on
 
 
-def virtual_backend_kwargs(settings: Mapping[str, Any], *, given: Collection[str] = ()) -> dict[str, Any]:
+def virtual_backend_kwargs(settings: BaseModel) -> dict[str, Any]:
     """Keyword arguments of :class:`VirtualGPUBackend` for the virtual GPU's settings, reading a user trace.
 
     The configuration is data: the trace file is read here, when the virtual GPU opens, not when the
@@ -491,8 +491,7 @@ def virtual_backend_kwargs(settings: Mapping[str, Any], *, given: Collection[str
     trace (its name, its first workload).
 
     Args:
-        settings: The ``virtual`` section as plain data (``VirtualGPUConfig.model_dump()``).
-        given: The names of the settings the user set (``model_fields_set``).
+        settings: The ``virtual`` section (``VirtualGPUConfig``): every field but the files is a keyword.
 
     Returns:
         The keyword arguments (``trace`` a :class:`~zeus_callbacks.backends.traces.GPUTrace` when set).
@@ -500,11 +499,11 @@ def virtual_backend_kwargs(settings: Mapping[str, Any], *, given: Collection[str
     Raises:
         TraceFormatError: ``trace`` or ``train_trace`` cannot be read or breaks the format.
     """
-    kwargs: dict[str, Any] = {name: settings[name] for name in _KWARG_NAMES}
-    trace = settings.get("trace")
-    if trace is not None:
+    values = settings.model_dump()
+    kwargs: dict[str, Any] = {name: value for name, value in values.items() if name not in _FILES}
+    if values["trace"] is not None:
         for name in ("gpu", "workload"):
-            if name not in given:
+            if name not in settings.model_fields_set:
                 kwargs[name] = None
-        kwargs["trace"] = traces.read_trace(trace, train_path=settings.get("train_trace"), gpu=kwargs["gpu"])
+        kwargs["trace"] = traces.read_trace(values["trace"], train_path=values["train_trace"], gpu=kwargs["gpu"])
     return kwargs

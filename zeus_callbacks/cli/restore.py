@@ -71,7 +71,7 @@ def restore_command(
 
     backend = get_backend(
         cfg.backend,
-        virtual=lambda: virtual_backend_kwargs(cfg.virtual.model_dump(), given=cfg.virtual.model_fields_set),
+        virtual=lambda: virtual_backend_kwargs(cfg.virtual),
     )
     try:
         for path in paths:

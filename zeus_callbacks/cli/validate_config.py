@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         from zeus_callbacks.backends.virtual import virtual_backend_kwargs
 
         try:  # read now, as the virtual GPU would at train start: a bad sweep is caught before training
-            virtual_backend_kwargs(config.virtual.model_dump(), given=config.virtual.model_fields_set)
+            virtual_backend_kwargs(config.virtual)
         except TraceFormatError as exc:
             print(f"invalid zeus-callbacks configuration in {args.file}:\n  virtual.trace: {exc}", file=sys.stderr)
             return 1

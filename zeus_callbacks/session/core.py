@@ -425,7 +425,7 @@ class EnergySession:
             virtual = self.config.virtual
             self.backend = get_backend(
                 self.config.backend,
-                virtual=lambda: virtual_backend_kwargs(virtual.model_dump(), given=virtual.model_fields_set),
+                virtual=lambda: virtual_backend_kwargs(virtual),
             )
         return self.backend
 
