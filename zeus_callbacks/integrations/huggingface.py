@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -110,6 +111,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
     def __init__(self, config: ConfigArg = None, backend: GPUBackend | None = None) -> None:
         super().__init__(config, backend)
         self._tokens_seen = 0
+        self._samples_per_step = 0  # per_device_train_batch_size × gradient_accumulation_steps, set at train begin
+        self._phases = False  # windows.phases: the optimizer-step hook has work
         self._in_eval = False
         self._epoch = 0
         self._trainer: weakref.ReferenceType[Trainer] | None = None
@@ -273,6 +276,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if carried is not None:
             self.session.load_state_dict(carried)
         self._tokens_seen = state.num_input_tokens_seen or 0
+        self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self._phases = self.config.windows.phases
         # None unless batch_size.enabled. The main process claims its trial; under a launcher the
         # other processes claim the suggestion suggest_batch_size() received from it.
         self._use_batch_size(
@@ -308,21 +313,20 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         The Trainer has no hook between forward and backward; gradient clipping belongs to
         ``forward_backward``, the scheduler step and ``zero_grad`` to ``optimizer``.
         """
-        self.session.phase_switch("forward_backward", "optimizer")  # one shared mark
+        if self._phases:  # else nothing to mark: no call into the session at all
+            self.session.phase_switch("forward_backward", "optimizer")  # one shared mark
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Close the step window; stop training if the session says so."""
+        # Hot path, after a step of training (cold caches): one call into the session; the counts are
+        # kept at train begin, so an unmeasured step reads nothing it does not need.
         tokens = None
-        if state.num_input_tokens_seen:
-            tokens = state.num_input_tokens_seen - self._tokens_seen
-            self._tokens_seen = state.num_input_tokens_seen
-        session = self.session
+        seen = state.num_input_tokens_seen
+        if seen:
+            tokens = (seen - self._tokens_seen) or None
+            self._tokens_seen = seen
         # step_end closes the optimizer phase at the step's end mark.
-        if session.step_end_reads_arguments:
-            samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
-            decision = session.step_end(state.global_step, num_samples=samples, num_tokens=tokens or None)
-        else:  # an unmeasured step (windows.sample_fraction): the session reads no counts
-            decision = session.step_end(state.global_step)
+        decision = self.session.step_end(state.global_step, num_samples=self._samples_per_step, num_tokens=tokens)
         if decision.stop_training:
             logger.info("zeus-callbacks: stopping training (%s)", decision.reason)
             control.should_training_stop = True
@@ -417,11 +421,13 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             return
         if control.should_training_stop:  # the final log follows at this same step and carries it all
             return
-        ours = session.pop_metrics(flush_steps=True)
+        ours = session.pop_metrics(flush_steps=True)  # a flush that reports is charged by the session
+        assembled = time.perf_counter()
         ours.update(session.totals())
         ours.update(self._take_epochs(step))
         logs.update(_hf_names(session.once_per_step(session.flagged(ours), step)))
         self._logged_step = step
+        session.charge_overhead_s(time.perf_counter() - assembled)  # a log every few steps: in the budget too
 
     def _take_epochs(self, step: int) -> dict[str, float]:
         """The metrics of the epochs that ended at ``step`` (now the log's to carry); empty if none.

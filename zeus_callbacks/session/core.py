@@ -705,6 +705,16 @@ class EnergySession:
         pending.clear()  # the parts hold this queue: emptied, not replaced
         return self._flagged(metrics)
 
+    def charge_overhead_s(self, time_s: float) -> None:
+        """Charge ``time_s`` (s) an adapter spent for the session outside its calls to auto sampling's budget.
+
+        For work on the training thread that no session call times, such as assembling a
+        framework's log from :meth:`totals` (``windows.max_overhead`` covers it too). No-op
+        outside a run.
+        """
+        if self.started:
+            self._steps.charge_report_s(time_s)
+
     def flagged(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """``metrics`` as this run's loggers get them (adapters flag what they log beside ``pop_metrics``).
 
