@@ -17,6 +17,7 @@ callbacks' start are in no timed block. Modes:
 * ``sampled``: ``windows.sample_fraction: 0.05``, a share like the one auto settles at, but fixed (two
   auto sessions settle at different shares, from their own noisy timings: not comparable);
 * ``every_step``: ``windows.sample_fraction: 1``; ``every_step_phases``: and ``windows.phases: true``;
+* ``half_budget``: auto sampling with ``windows.max_overhead: 0.001`` (half the default);
 * ``sampler``: the package's ``PowerSampler`` thread alone (default sampling config), no callback.
 
 Per round, each mode's block time over the same round's ``none`` block; reported: the median
@@ -86,6 +87,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "sampled": {"windows": {"sample_fraction": 0.05}},  # default's kind of share, fixed: comparable across runs
     "every_step": {"windows": {"sample_fraction": 1}},
     "every_step_phases": {"windows": {"sample_fraction": 1, "phases": True}},
+    # auto sampling with half the default budget: how the governed part of the cost scales
+    "half_budget": {"windows": {"max_overhead": 0.001}},
 }
 BASE = "@base"  # suffix of the modes built from the --baseline copy
 TARGET_MS = {"small": 1.5, "mid": 4.0, "large": 12.0}
@@ -721,6 +724,9 @@ def main() -> None:
     ap.add_argument("--hf-nan-filter", choices=("on", "off"), default="on", help="HF logging_nan_inf_filter")
     ap.add_argument("--out", default=None, help="directory for gpu_overhead.json")
     ap.add_argument("--baseline", default=None, help="another checkout: each callback mode also runs as <mode>@base")
+    ap.add_argument(
+        "--baseline-modes", default=None, help="comma-separated: the modes that get an @base twin (default all)"
+    )
     ap.add_argument("--hook-clock", choices=tuple(HOOK_CLOCKS), default="wall",
                     help="hook_us from the wall clock or the training thread's CPU time (a loaded host)")  # fmt: skip
     args = ap.parse_args()
@@ -730,7 +736,8 @@ def main() -> None:
     args.baseline_pkg = None
     if args.baseline:
         args.baseline_pkg = load_baseline(args.baseline, tempfile.mkdtemp(prefix="gpu_overhead_base_"))
-        args.modes += [m + BASE for m in args.modes if m in CONFIGS and m + BASE not in args.modes]
+        twins = args.baseline_modes.split(",") if args.baseline_modes else list(CONFIGS)
+        args.modes += [m + BASE for m in args.modes if m in CONFIGS and m in twins and m + BASE not in args.modes]
     workloads = [w for w in args.workloads.split(",") if w]
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
