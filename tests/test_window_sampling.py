@@ -107,6 +107,34 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
     assert session.sampling._unmeasured_s is not None
 
 
+def test_overhead_an_adapter_charges_reaches_autos_budget(tmp_path, virtual_backend, manual_clock):
+    """Time charged with charge_overhead_s (an HF log's assembly) counts in auto's budget like a report's."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.charge_overhead_s(1.0)  # before the run: nothing to charge, no error
+    session.train_start()
+    session.epoch_start(0)
+    seen = []
+    observe = session.sampling.observe
+
+    def recording(**timings):
+        seen.append(timings)
+        observe(**timings)
+
+    session.sampling.observe = recording
+    for i in range(200):
+        session.step_start(i)
+        manual_clock.advance(0.001)
+        session.step_end(i)
+        session.charge_overhead_s(0.5)  # far more than any report: it must be in what auto observes
+    session.epoch_end(0)
+    session.train_end()
+    assert seen and min(t["report_s"] for t in seen) >= 0.5 * 25  # every interval (>= 25 steps) carries it
+    assert session.sampling.fraction == MIN_FRACTION  # a cost that large leaves the smallest share
+
+
 def test_auto_measures_every_long_step_and_keeps_the_cadence():
     sampling = WindowSampling(None, 0.002, 50, stretch_reports=True)
     sampling.observe(steps=50, elapsed_s=50 * 0.04, hook_s=50 * 25e-6, measured=50, report_s=1e-3)

@@ -157,8 +157,8 @@ class WindowsConfig(_Section):
         gt=0,
         lt=0.5,
         description="Auto sample_fraction's budget: the fraction of the step time the windows may cost the "
-        "training thread (hooks of measured steps, reports, and the calls of unmeasured steps as timed from "
-        "inside; with one process, reports are spaced out to fit).",
+        "training thread (hooks of measured steps, reports and the HF Trainer's logs built from them, and the "
+        "calls of unmeasured steps as timed from inside; with one process, reports are spaced out to fit).",
     )
     warmup_steps: int = Field(
         1,
