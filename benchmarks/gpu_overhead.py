@@ -372,6 +372,15 @@ def time_hooks(parked: Any) -> None:
         setattr(callback, name, timed)
 
 
+def _timing(session: Any, action: str) -> None:
+    """Pause or resume the session's step timing (auto sampling); a baseline before 228e9ff kept it on the session."""
+    steps = getattr(session, "_steps", None)
+    if steps is not None:
+        getattr(steps, f"{action}_timing")()
+    else:
+        getattr(session, f"_{action}_timing")()
+
+
 class ParkedCallback:
     """A mode's callback, in the framework's list only during its own blocks; its sampler thread likewise.
 
@@ -402,13 +411,13 @@ class ParkedCallback:
         session = self._session()
         if session is not None and session.sampler is not None:
             session.sampler.stop(final_drain=False)
-            session._steps.pause_timing()
+            _timing(session, "pause")
 
     def unpark(self, callbacks: list[Any]) -> None:
         session = self._session()
         if session is not None and session.sampler is not None:
             session.sampler.start(first_poll=False)
-            session._steps.resume_timing()
+            _timing(session, "resume")
         callbacks.insert(self.index, self.callback)
 
 
