@@ -185,10 +185,7 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
                 continue
             # A file written before pending ids existed has none: its name (pid and a random part) is as stable.
             pending_id = str(pending.get("pending_id") or path.stem)
-            if pending.get("trial_id") is None:
-                merged += _record_detached(store, config, path, pending, pending_id)
-            else:
-                merged += _record_late(store, config, path, pending, pending_id)
+            merged += _merge_one(store, config, path, pending, pending_id)
             if _after_merge_hook is not None:
                 _after_merge_hook(path)
             path.unlink()
@@ -202,17 +199,37 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     return merged
 
 
-def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
-    """Report the outcome kept in ``path`` into its existing trial; False when there is nothing to merge."""
-    trial = store.get_trial(int(pending["trial_id"]))
-    if trial is None:
-        logger.warning(
-            "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
-            path,
-            pending["trial_id"],
-            store.location,
+def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
+    """Record the outcome kept in ``path`` (see :func:`merge_pending_trials`); False: nothing to merge."""
+    detached = pending.get("trial_id") is None  # trained without the store: no trial yet
+    outcome = dict(pending["report"])
+    late = "be reached at train start" if detached else "take it at train end"
+    outcome["info"] = {
+        **(outcome.get("info") or {}),
+        "reason": f"recorded late from {path.name}: the store could not {late}",
+    }
+    if detached:
+        info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
+        # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
+        trial = store.create_trial(
+            config.job_id,
+            int(pending["batch_size"]),
+            outcome.get("power_limit_W"),
+            info=info,
+            pid=int(pending["pid"]),
+            pending_id=pending_id,
         )
-        return False
+    else:
+        found = store.get_trial(int(pending["trial_id"]))
+        if found is None:
+            logger.warning(
+                "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
+                path,
+                pending["trial_id"],
+                store.location,
+            )
+            return False
+        trial = found
     if _merged(trial, pending_id):
         logger.info(
             "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
@@ -222,54 +239,11 @@ def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str
             path,
         )
         return False
-    if trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
+    if not detached and trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
         return False  # finished with its real outcome after all (the failing write had committed)
-    outcome = dict(pending["report"])
-    late = f"recorded late from {path.name}: the store could not take it at train end"
-    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
     bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
     bandit.report(trial.trial_id, **outcome, pending_id=pending_id)
     logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
-    return True
-
-
-def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
-    """Record the trial of a run that trained without the store (see :func:`merge_pending_trials`).
-
-    Returns:
-        False when the store held that trial's outcome already (an earlier merge of the same file).
-    """
-    outcome = dict(pending["report"])
-    late = f"recorded late from {path.name}: the store could not be reached at train start"
-    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
-    info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
-    # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
-    trial = store.create_trial(
-        config.job_id,
-        int(pending["batch_size"]),
-        outcome.get("power_limit_W"),
-        info=info,
-        pid=int(pending["pid"]),
-        pending_id=pending_id,
-    )
-    if _merged(trial, pending_id):
-        logger.info(
-            "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
-            "the file is removed",
-            trial.trial_id,
-            config.job_id,
-            path,
-        )
-        return False
-    BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size)).report(
-        trial.trial_id, **outcome, pending_id=pending_id
-    )
-    logger.info(
-        "zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s",
-        trial.trial_id,
-        config.job_id,
-        path,
-    )
     return True
 
 
