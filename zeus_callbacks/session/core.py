@@ -167,7 +167,6 @@ class EnergySession:
         self._carried_open_epoch: Any = None  # the epoch the checkpoint was saved inside (None: between epochs)
         self._open_epoch: Any = None  # the epoch under way (None: between epochs)
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
-        self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
         self._status = "completed"
@@ -527,7 +526,6 @@ class EnergySession:
                 numeric[str(key)] = float(value)
             except (TypeError, ValueError):
                 continue
-        self._last_eval_metrics = numeric
         self._steps.take_back_quiet_steps()
         if self.started:
             self._write(records.evaluate_record(self._totals.steps, numeric))
