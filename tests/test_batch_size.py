@@ -412,3 +412,20 @@ def test_satisficing_choice_by_hand():
     assert satisficing_choice(draws, means, 0.02) == 64
     # Plain Thompson sampling: the lowest draw.
     assert satisficing_choice(draws, means, None) == 16 and satisficing_choice(draws, means, 0.0) == 16
+
+
+def test_the_typed_state_is_frozen_and_stores_only_the_keys_it_was_read_with(store):
+    import pydantic
+
+    from zeus_callbacks.optimizers.batch_size.state import read_state
+
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    report(bandit, 64, 200.0)
+    stored = {k: v for k, v in bandit.state().items() if k != "descending"}
+    stored["written_by_a_newer_version"] = 1
+    state = read_state(stored, "here", "job")
+    assert (state.phase, state.candidate, state.descending) == ("pruning", 32, False)
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        state.candidate = 16  # type: ignore[misc]
+    moved = state.replace(candidate=16)
+    assert moved.to_stored() == {**stored, "candidate": 16} and state.to_stored() == stored

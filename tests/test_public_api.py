@@ -77,6 +77,7 @@ PUBLIC: dict[str, dict[str, str]] = {
         "gaussian_tail_mean": FUNCTION, "pooled_relative_variance": FUNCTION, "eliminate_arms": FUNCTION,
         "satisficing_choice": FUNCTION, "observation_weights": FUNCTION, "scaled_learning_rate": FUNCTION,
         "suggest_batch_size": FUNCTION, "BatchSizeController": CLASS, "EarlyStopRule": CLASS,
+        "SuggestedBatchSize": CLASS,
     },
     "zeus_callbacks.yaml_file": {
         "read_yaml_file": FUNCTION, "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,
@@ -92,7 +93,7 @@ PUBLIC: dict[str, dict[str, str]] = {
     },
     "zeus_callbacks.optimizers.batch_size.state": {"StoredState": CLASS, "validated_state": FUNCTION},
     "zeus_callbacks.optimizers.batch_size.controller": {
-        "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "claim_pending": FUNCTION,
+        "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "SuggestedBatchSize": CLASS,
         "EarlyStopRule": CLASS, "BatchSizeController": CLASS, "run_store": FUNCTION,
     },
     "zeus_callbacks.optimizers.power_limit": {

@@ -31,13 +31,6 @@ def config(tmp_path, **bs) -> dict:
     }
 
 
-@pytest.fixture(autouse=True)
-def no_pending():
-    recurring._PENDING.clear()
-    yield
-    recurring._PENDING.clear()
-
-
 def new_run(tmp_path, name: str, **bs):
     clock = ManualClock(1000.0)
     backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True, sample_period_s=0.1)
@@ -159,11 +152,11 @@ def test_pruning_candidate_stop_names_the_pruning_ratio(tmp_path):
 
 def test_failed_run_records_a_failed_trial_and_module_suggestion_is_claimed(tmp_path):
     cfg = config(tmp_path)
-    assert suggest_batch_size(cfg) == 64
-    assert suggest_batch_size(cfg) == 64  # still pending: the same suggestion
+    suggested = suggest_batch_size(cfg)
+    assert suggested == 64
     session, _, clock = new_run(tmp_path, "x")
+    assert session.suggest_batch_size(suggested) == 64  # before train_start, which would suggest anew
     session.train_start(run_name="x")
-    assert session.suggest_batch_size() == 64
     step(session, clock, 0)
     session.use_batch_size(128)
     session.exception(RuntimeError("boom"))
@@ -207,8 +200,9 @@ def test_exploring_thompson_run_stops_at_the_best_arms_bound_and_is_censored(tmp
         bound = bandit.explore_stop_threshold(128)  # 64 has the lowest posterior mean: 128 explores
         assert bound is not None and bandit.explore_stop_threshold(64) is None
         trial = store.create_trial("nightly", 128, info={"phase": "thompson", "round": 1})
-    recurring._PENDING["nightly"] = recurring._Made(128, Suggestion(128, trial.trial_id, "thompson", 1))
+    made = recurring._Made("nightly", 128, Suggestion(128, trial.trial_id, "thompson", 1))
     controller = recurring.BatchSizeController(cfg)
+    assert controller.suggest(recurring.SuggestedBatchSize(made)) == 128
     controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
     # The explore bound is below beta_knob x the best converged cost (2 x 100): it is the one in force.
     assert controller.threshold == pytest.approx(bound) and bound < 200.0 and controller.rule.explore

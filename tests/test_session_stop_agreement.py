@@ -14,7 +14,6 @@ from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.distributed import RankGroup
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit, EarlyStopRule, Suggestion
-from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
@@ -74,13 +73,6 @@ def settings(tmp_path, **bs) -> dict:
             "target": {"metric": "val/acc", "value": 0.8, "direction": "max"}, **bs,
         },
     }  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def no_pending():
-    recurring._PENDING.clear()
-    yield
-    recurring._PENDING.clear()
 
 
 def plant_converged_trial(tmp_path) -> None:
@@ -208,11 +200,12 @@ def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_pat
     main_suggestion = Suggestion(batch_size=128, trial_id=7, phase="pruning", round=0)
     ranks = FakeRanks(1, main_broadcast=((128, main_suggestion, None), None))
     monkeypatch.setattr("zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: ranks)
-    assert suggest_batch_size(settings(tmp_path)) == 128
+    suggested = suggest_batch_size(settings(tmp_path))
+    assert suggested == 128
     assert not (tmp_path / "zeus_store.sqlite").exists()  # only the main process touches the store
     # The callback's session claims it on this rank too (no second exchange).
     session = EnergySession(settings(tmp_path), is_main_process=False)
-    assert session.suggest_batch_size() == 128 and recurring._PENDING == {}
+    assert session.suggest_batch_size(suggested) == 128 and suggested.claim("nightly") is None
     assert [kind for kind, *_ in ranks.calls] == ["broadcast"]
 
 
@@ -235,7 +228,6 @@ def test_a_store_the_main_cannot_reach_gives_every_rank_the_default_batch_size(t
     ((kind, _, shared),) = main.calls
     assert kind == "broadcast" and shared[0][:2] == (64, None) and "stayed locked" in shared[0][2]
     assert "without the bandit's suggestion" in caplog.text
-    recurring._PENDING.clear()
     follower = FakeRanks(1, main_broadcast=shared)
     monkeypatch.setattr(
         "zeus_callbacks.optimizers.batch_size.controller.RankGroup.from_launcher", lambda **kw: follower

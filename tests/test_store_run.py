@@ -28,13 +28,6 @@ from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sql import SQLStore
 
 
-@pytest.fixture(autouse=True)
-def _no_pending_suggestion():
-    recurring._PENDING.clear()
-    yield
-    recurring._PENDING.clear()
-
-
 class _Opens:
     """Counts the writable store objects made, less the lease keeper's own (``reopen``: its handle per store)."""
 

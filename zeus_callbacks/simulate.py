@@ -321,7 +321,7 @@ def _one_recurrence(
         sample_period_s=min(1.0, epoch_max_s * (min(coarse_step, real_step) if profiling else coarse_step) / 4),
     )
     session = EnergySession(config, backend=backend, is_main_process=True)
-    session.suggest_batch_size()  # claims the suggestion made above
+    session.suggest_batch_size(batch_size)  # claims the suggestion made above
     session.train_start(run_name=f"recurrence-{index}")
     sampler = session.sampler
     assert sampler is not None

@@ -71,13 +71,6 @@ class _Locked:
             self.lock.release()
 
 
-@pytest.fixture(autouse=True)
-def _no_pending_suggestion():
-    recurring._PENDING.clear()
-    yield
-    recurring._PENDING.clear()
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "json"])
 def test_a_store_locked_at_run_start_does_not_stop_training(tmp_path, kind, virtual_backend, record_fault, caplog):
     cfg = _config(tmp_path, kind)

@@ -103,7 +103,8 @@ def scenario_batch_size(tmp_path) -> list[dict]:
         batch_size = suggest_batch_size(config)
         rig = Rig.create(tmp_path, workload="cifar100", batch_size=batch_size)
         session = rig.session(config)
-        rig.observe("suggested", recurrence=recurrence, top_level=batch_size, session=session.suggest_batch_size())
+        suggested = session.suggest_batch_size(batch_size)
+        rig.observe("suggested", recurrence=recurrence, top_level=batch_size, session=suggested)
         start(session, f"recurrence-{recurrence}")
         target = epochs_to_target[batch_size]
 

@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integration.helpers import virtual_config
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback, suggest_batch_size
-from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.store import open_store
 
@@ -31,13 +30,6 @@ def bandit_config(tmp_path, metric: str, **extra) -> dict:
         **extra,
     }
     return config
-
-
-@pytest.fixture(autouse=True)
-def no_pending():
-    recurring._PENDING.clear()
-    yield
-    recurring._PENDING.clear()
 
 
 class HParamRegressor(L.LightningModule):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
-from zeus_callbacks.optimizers.batch_size.state import validated_state
+from zeus_callbacks.optimizers.batch_size.state import StoredState, read_state
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store.base import Store
@@ -47,22 +47,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state(store: Store, job_id: str) -> StoredState | None:
+    """The job's bandit state, checked (None before its first suggestion)."""
+    stored = store.get_bandit(job_id)
+    return read_state(stored.state, store.location, job_id) if stored is not None and stored.state else None
+
+
 def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     """Each arm's posterior mean and spread of cost for one job (empty before any observation)."""
-    bandit_state = store.get_bandit(job_id)
-    if bandit_state is None or not bandit_state.state:
+    state = _state(store, job_id)
+    if state is None:
         return []
-    state = validated_state(bandit_state.state, store.location, job_id)
-    sizes = tuple(state.get("batch_sizes") or ())
-    if not sizes:
-        return []
-    bandit = BatchSizeBandit(store, job_id, BanditSettings(sizes, int(state.get("start", sizes[0]))))
+    sizes = tuple(state.batch_sizes)
+    bandit = BatchSizeBandit(store, job_id, BanditSettings(sizes, state.start))
     try:
         posteriors = bandit.posteriors(arms=sizes)
     except ValueError:  # no observation yet: no prior
         return []
-    survivors = set(state.get("survivors") or sizes)
-    failed = state.get("failed_arms") or {}
+    survivors = set(state.survivors)
+    failed = state.failed_arms
     return [
         {
             "batch_size": b,
@@ -78,10 +81,8 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
 
 def failed_arms(store: Store, job_id: str) -> dict[int, str]:
     """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
-    bandit_state = store.get_bandit(job_id)
-    if bandit_state is None or not bandit_state.state:
-        return {}
-    failed = validated_state(bandit_state.state, store.location, job_id).get("failed_arms") or {}
+    state = _state(store, job_id)
+    failed = {} if state is None else state.failed_arms
     return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
 
 
@@ -107,13 +108,12 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                 raise KeyError(f"no job {job_id!r} in {store_path} (its jobs: {names})")
             jobs = chosen
         for job in jobs:
-            stored = store.get_bandit(job.job_id)
-            state = validated_state(stored.state, store.location, job.job_id) if stored and stored.state else None
+            state = _state(store, job.job_id)
             report["jobs"].append(
                 {
                     "job_id": job.job_id,
-                    "phase": (state.get("phase") if state else None),
-                    "min_cost": (state.get("min_cost") if state else None),
+                    "phase": state and state.phase,
+                    "min_cost": state and state.min_cost,
                     "arms": arm_summaries(store, job.job_id),
                     "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
                     "trials": [

@@ -49,6 +49,7 @@ from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
+from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 
 logger = logging.getLogger(__name__)
 
@@ -278,13 +279,14 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._tokens_seen = state.num_input_tokens_seen or 0
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self._phases = self.config.windows.phases
-        # None unless batch_size.enabled. The main process claims its trial; under a launcher the
-        # other processes claim the suggestion suggest_batch_size() received from it.
+        # None unless batch_size.enabled. What suggest_batch_size() returned reaches us as the Trainer's
+        # batch size: the main process claims its trial; under a launcher the others, the main's suggestion.
+        handed = args.per_device_train_batch_size
         self._use_batch_size(
-            self.session.suggest_batch_size(), args.per_device_train_batch_size,
-            "the Trainer's per_device_train_batch_size",
-            "; call zeus_callbacks.suggest_batch_size(config) before building TrainingArguments. The trial is "
-            "recorded at",
+            self.session.suggest_batch_size(handed if isinstance(handed, SuggestedBatchSize) else None),
+            args.per_device_train_batch_size, "the Trainer's per_device_train_batch_size",
+            "; pass what zeus_callbacks.suggest_batch_size(config) returns as per_device_train_batch_size. "
+            "The trial is recorded at",
         )  # fmt: skip
         self.session.train_start(
             run_name=self._run_name(Path(args.run_name).name if args.run_name else None),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from zeus_callbacks.backends import BackendError
 from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, claim_pending
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, SuggestedBatchSize
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import agreement, records
 from zeus_callbacks.session.aggregate import RankAggregator
@@ -160,26 +160,29 @@ class BatchSizeSteps:
             run.log.write(records.batch_size_record(c))
         return failure
 
-    def suggest_batch_size(self) -> int | None:
+    def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
         """The batch size the bandit picks for this recurrence (call before data loaders are built).
 
         Made once per session (the recurrence's trial is recorded in the store); later
-        calls return the same value.
+        calls return the same value. ``suggested``: what
+        :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size` returned for this
+        run, whose trial is claimed instead.
 
         Returns:
             The batch size, or None when ``batch_size.enabled`` is false. A process other
             than the main one never touches the store: it returns the main process's
-            suggestion that :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size`
-            received under a launcher (claiming it), or None if there was none.
+            suggestion that ``suggested`` received under a launcher, or None if there was none.
 
         Raises:
             StoreError: The store cannot be opened (corrupt, newer schema).
         """
         if self.batch_size_controller is not None:
-            return self.batch_size_controller.suggest()
-        if self._config.batch_size.enabled and self._followed_batch_size is None:
-            followed = claim_pending(self._config.job_id)
-            self._followed_batch_size = None if followed is None else followed.batch_size
+            return self.batch_size_controller.suggest(suggested)
+        made = (
+            None if suggested is None or not self._config.batch_size.enabled else suggested.claim(self._config.job_id)
+        )
+        if made is not None and self._followed_batch_size is None:
+            self._followed_batch_size = None if made.suggestion is None else made.suggestion.batch_size
         return self._followed_batch_size
 
     def use_batch_size(self, batch_size: int) -> None:

@@ -44,7 +44,7 @@ from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.sampler import PowerSampler
 from zeus_callbacks.measurement.windows import BoundaryTimer, WindowBatch, WindowMeter
-from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, run_store
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, SuggestedBatchSize, run_store
 from zeus_callbacks.optimizers.power_limit import PowerLimitController
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import records
@@ -167,7 +167,6 @@ class EnergySession:
         self._carried_open_epoch: Any = None  # the epoch the checkpoint was saved inside (None: between epochs)
         self._open_epoch: Any = None  # the epoch under way (None: between epochs)
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
-        self._last_eval_metrics: dict[str, float] = {}
         self._started = False
         self._finished: RunSummary | None = None
         self._status = "completed"
@@ -253,13 +252,16 @@ class EnergySession:
         """The early-stop rule in force (the main rank's, on every rank under several processes)."""
         return self._batch.stop_rule
 
-    def suggest_batch_size(self) -> int | None:
+    def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
         """The batch size the bandit picks for this recurrence (see :meth:`BatchSizeSteps.suggest_batch_size`).
+
+        ``suggested``: what :func:`~zeus_callbacks.suggest_batch_size` returned for this run
+        (its trial is claimed, not a new one made).
 
         Raises:
             StoreError: The store cannot be opened (corrupt, newer schema).
         """
-        return self._batch.suggest_batch_size()
+        return self._batch.suggest_batch_size(suggested)
 
     def use_batch_size(self, batch_size: int) -> None:
         """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
@@ -524,7 +526,6 @@ class EnergySession:
                 numeric[str(key)] = float(value)
             except (TypeError, ValueError):
                 continue
-        self._last_eval_metrics = numeric
         self._steps.take_back_quiet_steps()
         if self.started:
             self._write(records.evaluate_record(self._totals.steps, numeric))

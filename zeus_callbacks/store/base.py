@@ -38,7 +38,7 @@ from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
 
 if TYPE_CHECKING:
-    from zeus_callbacks.store.records import Snapshot
+    from zeus_callbacks.store.records import Outcome, Snapshot
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -263,7 +263,6 @@ class Store(abc.ABC):
         """Return every job, ordered by ``job_id``."""
 
     # -- trials ---------------------------------------------------------------------
-    @abc.abstractmethod
     def create_trial(
         self,
         job_id: str,
@@ -290,8 +289,21 @@ class Store(abc.ABC):
         Returns:
             The new trial, with its ``trial_id`` (or the existing one of ``pending_id``).
         """
+        from zeus_callbacks.store import records
+        from zeus_callbacks.store.lease import KEEPER
+
+        fields = records.new_trial(
+            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
+        )
+        trial, created = self._insert_trial(job_id, fields, pending_id)
+        if fields["owner"] and created:
+            KEEPER.hold(self, trial.trial_id)
+        return trial
 
     @abc.abstractmethod
+    def _insert_trial(self, job_id: str, fields: dict[str, Any], pending_id: str | None) -> tuple[TrialRecord, bool]:
+        """Insert a trial of ``fields`` (``records.new_trial``), or find ``pending_id``'s; True when inserted."""
+
     def finish_trial(
         self,
         trial_id: int,
@@ -334,6 +346,31 @@ class Store(abc.ABC):
             StoreValueError: A value (or the new bandit state) holds a non-finite number;
                 nothing was written.
         """
+        from zeus_callbacks.store import records
+        from zeus_callbacks.store.lease import KEEPER
+
+        outcome = records.outcome(
+            self.location,
+            trial_id,
+            status=status,
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            converged=converged,
+            batch_size=batch_size,
+            power_limit_W=power_limit_W,
+            info=info,
+            pending_id=pending_id,
+        )
+        finished = self._finish_trial(trial_id, outcome, pending_id, bandit_update)
+        KEEPER.release(self, trial_id)
+        return finished
+
+    @abc.abstractmethod
+    def _finish_trial(
+        self, trial_id: int, outcome: Outcome, pending_id: str | None, bandit_update: OutcomeUpdate | None
+    ) -> TrialRecord:
+        """Write ``outcome`` (``records.outcome``) and ``bandit_update``'s state in one transaction."""
 
     @abc.abstractmethod
     def get_trial(self, trial_id: int) -> TrialRecord | None:

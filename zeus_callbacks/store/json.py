@@ -37,7 +37,6 @@ from zeus_callbacks.store.base import (
     StoreError,
     StoreSchemaError,
     TrialRecord,
-    TrialStatus,
     locked_error,
     log_orphan,
     now,
@@ -46,7 +45,6 @@ from zeus_callbacks.store.base import (
     refuse_foreign_store,
     this_host,
 )
-from zeus_callbacks.store.lease import KEEPER
 
 logger = logging.getLogger(__name__)
 
@@ -227,20 +225,7 @@ class JSONStore(Store):
         return [JobRecord(k, jobs[k]["created_at"], jobs[k]["info"]) for k in sorted(jobs)]
 
     # -- trials -------------------------------------------------------------------------
-    def create_trial(
-        self,
-        job_id: str,
-        batch_size: int,
-        power_limit_W: float | None = None,
-        *,
-        info: Mapping[str, Any] | None = None,
-        pid: int | None = None,
-        pending_id: str | None = None,
-    ) -> TrialRecord:
-        """See :meth:`Store.create_trial`."""
-        fields = records.new_trial(
-            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
-        )
+    def _insert_trial(self, job_id: str, fields: dict[str, Any], pending_id: str | None) -> tuple[TrialRecord, bool]:
         created = True
 
         def change(doc: Document) -> TrialRecord:
@@ -256,40 +241,12 @@ class JSONStore(Store):
             doc["trials"].append(trial)
             return self._record(trial)
 
-        record = self._mutate(change, always_write=pending_id is None)  # an existing one: no rewrite
-        if fields["owner"] and created:
-            KEEPER.hold(self, record.trial_id)
-        return record
+        return self._mutate(change, always_write=pending_id is None), created  # an existing one: no rewrite
 
-    def finish_trial(
-        self,
-        trial_id: int,
-        *,
-        status: TrialStatus,
-        energy_J: float | None,
-        time_s: float | None,
-        cost: float | None,
-        converged: bool,
-        batch_size: int | None = None,
-        power_limit_W: float | None = None,
-        info: Mapping[str, Any] | None = None,
-        pending_id: str | None = None,
-        bandit_update: OutcomeUpdate | None = None,
+    def _finish_trial(
+        self, trial_id: int, outcome: records.Outcome, pending_id: str | None, bandit_update: OutcomeUpdate | None
     ) -> TrialRecord:
-        """See :meth:`Store.finish_trial` (with ``bandit_update``: one locked read-modify-write of the file)."""
-        outcome = records.outcome(
-            self.location,
-            trial_id,
-            status=status,
-            energy_J=energy_J,
-            time_s=time_s,
-            cost=cost,
-            converged=converged,
-            batch_size=batch_size,
-            power_limit_W=power_limit_W,
-            info=info,
-            pending_id=pending_id,
-        )
+        """With ``bandit_update``: one locked read-modify-write of the file."""
 
         def change(doc: Document) -> TrialRecord:
             trial = next((t for t in doc["trials"] if t["trial_id"] == trial_id), None)
@@ -313,9 +270,7 @@ class JSONStore(Store):
                 self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
             return finished
 
-        finished = self._mutate(change)
-        KEEPER.release(self, trial_id)
-        return finished
+        return self._mutate(change)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""

@@ -58,7 +58,6 @@ from zeus_callbacks.store.base import (
     StoreError,
     StoreSchemaError,
     TrialRecord,
-    TrialStatus,
     file_identity,
     locked_error,
     log_orphan,
@@ -70,7 +69,6 @@ from zeus_callbacks.store.base import (
     retry_transient,
     this_host,
 )
-from zeus_callbacks.store.lease import KEEPER
 
 logger = logging.getLogger(__name__)
 
@@ -552,20 +550,7 @@ class SQLStore(Store):
         return [records.job(r["job_id"], r["created_at"], r["info"], self.location) for r in rows]
 
     # -- trials -------------------------------------------------------------------------
-    def create_trial(
-        self,
-        job_id: str,
-        batch_size: int,
-        power_limit_W: float | None = None,
-        *,
-        info: Mapping[str, Any] | None = None,
-        pid: int | None = None,
-        pending_id: str | None = None,
-    ) -> TrialRecord:
-        """See :meth:`Store.create_trial`."""
-        fields = records.new_trial(
-            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
-        )
+    def _insert_trial(self, job_id: str, fields: dict[str, Any], pending_id: str | None) -> tuple[TrialRecord, bool]:
         sa, t = self._sa, self._t["trials"]
 
         def recorded(conn: Any) -> TrialRecord | None:
@@ -591,43 +576,15 @@ class SQLStore(Store):
             assert trial is not None
             return trial, True
 
-        trial, created = self._run("write", body)
-        if fields["owner"] and created:
-            KEEPER.hold(self, trial.trial_id)
-        return trial
+        return self._run("write", body)
 
-    def finish_trial(
-        self,
-        trial_id: int,
-        *,
-        status: TrialStatus,
-        energy_J: float | None,
-        time_s: float | None,
-        cost: float | None,
-        converged: bool,
-        batch_size: int | None = None,
-        power_limit_W: float | None = None,
-        info: Mapping[str, Any] | None = None,
-        pending_id: str | None = None,
-        bandit_update: OutcomeUpdate | None = None,
+    def _finish_trial(
+        self, trial_id: int, outcome: records.Outcome, pending_id: str | None, bandit_update: OutcomeUpdate | None
     ) -> TrialRecord:
-        """See :meth:`Store.finish_trial`; with ``bandit_update``, one transaction locks the trial, then the bandit.
+        """With ``bandit_update``, one transaction locks the trial, then the bandit.
 
         A transient error re-runs the whole transaction, ``bandit_update`` included, on what it reads again.
         """
-        outcome = records.outcome(
-            self.location,
-            trial_id,
-            status=status,
-            energy_J=energy_J,
-            time_s=time_s,
-            cost=cost,
-            converged=converged,
-            batch_size=batch_size,
-            power_limit_W=power_limit_W,
-            info=info,
-            pending_id=pending_id,
-        )
         t = self._t["trials"]
 
         def body(conn: Any) -> TrialRecord:
@@ -650,9 +607,7 @@ class SQLStore(Store):
                 self._write_bandit(conn, job_id, current, bandit_update(finished, trials, _visible(current)))
             return finished
 
-        finished = self._run("write", body)
-        KEEPER.release(self, trial_id)
-        return finished
+        return self._run("write", body)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """See :meth:`Store.get_trial`."""

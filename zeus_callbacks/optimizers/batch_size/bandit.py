@@ -90,7 +90,7 @@ from zeus_callbacks.optimizers.batch_size.observations import (
     observation_problem,
 )
 from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
-from zeus_callbacks.optimizers.batch_size.state import StoredState, validated_state
+from zeus_callbacks.optimizers.batch_size.state import StoredState, read_state, validated_state
 from zeus_callbacks.store.base import BanditState, OutcomeUpdate, Store, TrialRecord
 
 # Re-exported: these lived here before settings.py, observations.py and state.py held them.
@@ -165,47 +165,48 @@ class BatchSizeBandit:
         self.settings = settings
 
     # -- state -------------------------------------------------------------------------
-    def _initial_state(self) -> dict[str, Any]:
+    def _initial_state(self) -> StoredState:
         s = self.settings
-        return {
-            "phase": Phase.PRUNING.value,
-            "round": 0,
-            "direction": "start",
-            "start": s.default_batch_size,
-            "candidate": s.default_batch_size,
-            "survivors": list(s.batch_sizes),
-            "round_results": {},
-            "descending": False,
-            "min_cost": None,
-            "rng": np.random.Generator(np.random.PCG64(s.seed)).bit_generator.state,
-            "batch_sizes": list(s.batch_sizes),
-        }
+        return StoredState(
+            phase=Phase.PRUNING.value,
+            round=0,
+            direction="start",
+            start=s.default_batch_size,
+            candidate=s.default_batch_size,
+            survivors=list(s.batch_sizes),
+            round_results={},
+            descending=False,
+            min_cost=None,
+            rng=np.random.Generator(np.random.PCG64(s.seed)).bit_generator.state,
+            batch_sizes=list(s.batch_sizes),
+        )
 
-    def _state(self, current: BanditState) -> dict[str, Any]:
+    def _state(self, current: BanditState) -> StoredState:
         if not current.state:
             return self._initial_state()
-        state = validated_state(dict(current.state), self.store.location, self.job_id)
-        min_cost = state.get("min_cost")
-        if min_cost is not None and not (isinstance(min_cost, (int, float)) and is_observable_cost(min_cost)):
-            state["min_cost"] = None  # written by an older version from a bad run: not a cost
-        if state.get("batch_sizes") != list(self.settings.batch_sizes):
+        state = read_state(current.state, self.store.location, self.job_id)
+        if state.min_cost is not None and not is_observable_cost(state.min_cost):
+            state = state.replace(min_cost=None)  # written by an older version from a bad run: not a cost
+        if state.batch_sizes != list(self.settings.batch_sizes):
             logger.warning(
                 "zeus-callbacks: job %s's stored batch sizes %s differ from the configured %s; keeping the stored ones",
                 self.job_id,
-                state.get("batch_sizes"),
+                state.batch_sizes,
                 list(self.settings.batch_sizes),
             )
         return state
 
+    def _current(self) -> StoredState:
+        return self._state(self.store.get_bandit(self.job_id) or BanditState(self.job_id))
+
     def state(self) -> dict[str, Any]:
-        """The job's bandit state as stored (initial state if none yet)."""
-        current = self.store.get_bandit(self.job_id)
-        return self._state(current or BanditState(self.job_id))
+        """The job's bandit state as stored (initial state if none yet); typed: :class:`StoredState`."""
+        return self._current().to_stored()
 
     @property
     def min_cost(self) -> float | None:
         """Lowest cost of a converged trial of the job, or None."""
-        return self.state().get("min_cost")
+        return self._current().min_cost
 
     def early_stop_threshold(self) -> float | None:
         """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet.
@@ -232,17 +233,17 @@ class BatchSizeBandit:
             The setting's name, its value and the best converged cost (J-equivalent); None
             while there is no threshold (no converged run yet, or ``beta_knob`` None).
         """
-        state = self.state()
-        min_cost = state.get("min_cost")
+        state = self._current()
+        min_cost = state.min_cost
         beta = self.settings.beta_knob
         if min_cost is None or beta is None:
             return None
         prune = self._prune_factor(state)
-        if state["phase"] == Phase.PRUNING.value and prune is not None and prune[1] < beta:
+        if state.phase == Phase.PRUNING.value and prune is not None and prune[1] < beta:
             return prune[0], prune[1], float(min_cost)
         return "beta_knob", beta, float(min_cost)
 
-    def prune_ratio(self, state: dict[str, Any] | None = None) -> float | None:
+    def prune_ratio(self, state: StoredState | None = None) -> float | None:
         """The pruning factor of the current candidate: ``prune_cost_ratio`` or ``…_no_descent``.
 
         A direction is *descending* when its last size lowered the round's cheapest converged
@@ -262,15 +263,15 @@ class BatchSizeBandit:
         Returns:
             The factor, or None when ``prune_cost_ratio`` is None.
         """
-        factor = self._prune_factor(self.state() if state is None else state)
+        factor = self._prune_factor(self._current() if state is None else state)
         return None if factor is None else factor[1]
 
-    def _prune_factor(self, state: dict[str, Any]) -> tuple[str, float] | None:
+    def _prune_factor(self, state: StoredState) -> tuple[str, float] | None:
         """:meth:`prune_ratio` with the name of the setting it comes from."""
         s = self.settings
         if s.prune_cost_ratio is None:
             return None
-        if state.get("descending", False) or s.prune_cost_ratio_no_descent is None:
+        if state.descending or s.prune_cost_ratio_no_descent is None:
             return "prune_cost_ratio", s.prune_cost_ratio
         return "prune_cost_ratio_no_descent", s.prune_cost_ratio_no_descent
 
@@ -293,14 +294,14 @@ class BatchSizeBandit:
             batch_size: The arm the run trains with.
         """
         z = self.settings.explore_stop_z
-        state = self.state()
-        if z is None or state["phase"] != Phase.THOMPSON.value or batch_size not in state["survivors"]:
+        state = self._current()
+        if z is None or state.phase != Phase.THOMPSON.value or batch_size not in state.survivors:
             return None
         trials = self.store.list_trials(self.job_id)
         obs = self.observations(trials)
-        if not any(obs.get(b) for b in state["survivors"]):
+        if not any(obs.get(b) for b in state.survivors):
             return None
-        posts = self.posteriors(state["survivors"], obs, self.observations(trials, completed_only=True))
+        posts = self.posteriors(state.survivors, obs, self.observations(trials, completed_only=True))
         eligible = eliminate_arms(posts, self.settings.elimination_z)
         best = min(eligible, key=lambda b: (posts[b].mean, b))
         if best == batch_size or not math.isfinite(posts[best].noise_var):
@@ -358,7 +359,7 @@ class BatchSizeBandit:
             obs = observations
         pool = obs if noise_observations is None else noise_observations
         if arms is None:
-            arms = self.state()["survivors"]
+            arms = self._current().survivors
         all_costs = [c for arm in obs.values() for c, _ in arm]
         prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
         costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
@@ -436,20 +437,16 @@ class BatchSizeBandit:
         failures = arm_failures(trials)
 
         def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
-            state = self._state(current)
-            self._prune_failed(state, failures)
-            if state["phase"] == Phase.PRUNING.value:
-                choice = int(state["candidate"])
+            state = self._prune_failed(self._state(current), failures)
+            if state.phase == Phase.PRUNING.value:
+                choice = int(state.candidate)  # type: ignore[arg-type]  # a pruning state has one
             else:
                 rng = np.random.Generator(np.random.PCG64())
-                rng.bit_generator.state = state["rng"]
-                choice = self._thompson(rng, state["survivors"], obs, noise_obs)
-                state["rng"] = rng.bit_generator.state
-            return BanditState(current.job_id, state, self._arm_snapshot(state, obs)), (
-                choice,
-                state["phase"],
-                int(state["round"]),
-            )
+                rng.bit_generator.state = state.rng
+                choice = self._thompson(rng, state.survivors, obs, noise_obs)
+                state = state.replace(rng=rng.bit_generator.state)
+            snapshot = BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, obs))
+            return snapshot, (choice, state.phase, state.round)
 
         batch_size, phase, round_ = self.store.update_bandit(self.job_id, choose)
         trial = self.store.create_trial(
@@ -463,26 +460,26 @@ class BatchSizeBandit:
         )
         return Suggestion(batch_size, trial.trial_id, phase, round_)
 
-    def _prune_failed(self, state: dict[str, Any], failures: dict[int, tuple[int, str]]) -> None:
-        """Prune the arms that failed ``max_failures`` times in a row (:func:`arm_failures`).
+    def _prune_failed(self, state: StoredState, failures: dict[int, tuple[int, str]]) -> StoredState:
+        """``state`` with the arms pruned that failed ``max_failures`` times in a row (:func:`arm_failures`).
 
         Such an arm leaves the survivors (never the last one) and its reason is kept in
-        ``state["failed_arms"]``; while pruning, a failing candidate counts as not converged
+        ``failed_arms``; while pruning, a failing candidate counts as not converged
         and the pruning moves on (Zeus §4.4's rule for a size that does not reach the target).
         """
         limit = self.settings.max_failures
         if limit is None:
-            return
-        failed = dict(state.get("failed_arms") or {})
-        for _ in range(len(state["batch_sizes"]) + 1):  # each pass prunes one arm or ends
+            return state
+        failed = dict(state.failed_arms)
+        for _ in range(len(state.batch_sizes) + 1):  # each pass prunes one arm or ends
             due = sorted(
-                b for b, (n, _) in failures.items() if n >= limit and str(b) not in failed and b in state["survivors"]
+                b for b, (n, _) in failures.items() if n >= limit and str(b) not in failed and b in state.survivors
             )
             if not due:
                 break
             b = due[0]
             count, last = failures[b]
-            if len(state["survivors"]) <= 1:
+            if len(state.survivors) <= 1:
                 logger.warning(
                     "zeus-callbacks: job %s: batch size %d failed %d times in a row (%s) but is the "
                     "last surviving arm; kept",
@@ -493,12 +490,11 @@ class BatchSizeBandit:
                 )
                 break
             failed[str(b)] = f"failed {count} times in a row (last: {last})"
-            state["survivors"] = [x for x in state["survivors"] if x != b]
+            state = state.replace(survivors=[x for x in state.survivors if x != b])
             logger.warning("zeus-callbacks: job %s: batch size %d pruned: %s", self.job_id, b, failed[str(b)])
-            if state["phase"] == Phase.PRUNING.value and state.get("candidate") == b:
-                self._advance(state, b, False, None)
-        if failed:
-            state["failed_arms"] = failed
+            if state.phase == Phase.PRUNING.value and state.candidate == b:
+                state = self._advance(state, b, False, None)
+        return state.replace(failed_arms=failed) if failed else state
 
     def _thompson(
         self,
@@ -609,19 +605,19 @@ class BatchSizeBandit:
                 _bandit_update_hook()
             obs = self.observations(trials)
             state = self._state(current)
-            if converged and (state["min_cost"] is None or cost < state["min_cost"]):
-                state["min_cost"] = cost
+            if converged and (state.min_cost is None or cost < state.min_cost):
+                state = state.replace(min_cost=cost)
             if (
-                state["phase"] == Phase.PRUNING.value
-                and trial.batch_size == state["candidate"]
-                and trial.info.get("round", state["round"]) == state["round"]
+                state.phase == Phase.PRUNING.value
+                and trial.batch_size == state.candidate
+                and trial.info.get("round", state.round) == state.round
             ):
-                self._advance(state, trial.batch_size, converged, cost)
-            return BanditState(current.job_id, state, self._arm_snapshot(state, obs))
+                state = self._advance(state, trial.batch_size, converged, cost)
+            return BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, obs))
 
         return update
 
-    def _advance(self, state: dict[str, Any], batch_size: int, converged: bool, cost: float | None) -> None:
+    def _advance(self, state: StoredState, batch_size: int, converged: bool, cost: float | None) -> StoredState:
         """Pruning transition after the candidate's outcome (module docstring, §4.4).
 
         ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
@@ -633,68 +629,61 @@ class BatchSizeBandit:
         (the next candidate's factor depends on it).
         """
         ratio = self.prune_ratio(state)
-        before = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
-        state["round_results"] = {**state["round_results"], str(batch_size): [cost, converged]}
-        survivors = sorted(state["survivors"])
-        direction = state["direction"]
-        best = min((c for c, ok in state["round_results"].values() if ok), default=math.inf)
-        state["descending"] = False
+        before = min((c for c, ok in state.round_results.values() if ok), default=math.inf)
+        results = {**state.round_results, str(batch_size): [cost, converged]}
+        survivors = sorted(state.survivors)
+        direction = state.direction
+        best = min((c for c, ok in results.values() if ok), default=math.inf)
+        descending = False
         if direction == "start":
-            direction, pivot = "down", state["start"]
+            direction, pivot = "down", state.start
         elif converged and cost is not None and (ratio is None or cost <= ratio * best):
             pivot = batch_size
-            state["descending"] = cost < before
+            descending = cost < before
         elif direction == "down":
-            direction, pivot = "up", state["start"]
+            direction, pivot = "up", state.start
         else:
             direction = "done"
         if direction == "down":
             smaller = [b for b in survivors if b < pivot][::-1]
             if smaller:
-                state.update(direction="down", candidate=smaller[0])
-                return
-            direction, pivot = "up", state["start"]
-            state["descending"] = False  # the first size above the start
+                return state.replace(
+                    round_results=results, descending=descending, direction="down", candidate=smaller[0]
+                )
+            direction, pivot = "up", state.start
+            descending = False  # the first size above the start
         if direction == "up":
             larger = [b for b in survivors if b > pivot]
             if larger:
-                state.update(direction="up", candidate=larger[0])
-                return
-        self._end_round(state)
+                return state.replace(round_results=results, descending=descending, direction="up", candidate=larger[0])
+        return self._end_round(state.replace(round_results=results))
 
-    def _end_round(self, state: dict[str, Any]) -> None:
-        results = {int(b): (c, ok) for b, (c, ok) in state["round_results"].items()}
+    def _end_round(self, state: StoredState) -> StoredState:
+        results = {int(b): (c, ok) for b, (c, ok) in state.round_results.items()}
         converged = sorted(b for b, (_, ok) in results.items() if ok)
-        if converged:
-            state["survivors"] = converged
-        else:
+        if not converged:
             logger.warning(
                 "zeus-callbacks: job %s: no batch size reached the target in pruning round %d; keeping %s",
                 self.job_id,
-                state["round"],
-                state["survivors"],
+                state.round,
+                state.survivors,
             )
-        state["round"] += 1
-        state["round_results"] = {}
-        state["descending"] = False
-        if state["round"] >= self.settings.pruning_rounds:
-            state.update(phase=Phase.THOMPSON.value, direction="done", candidate=None)
-            logger.info(
-                "zeus-callbacks: job %s: pruning done; Thompson sampling over %s", self.job_id, state["survivors"]
-            )
-            return
-        best = min(converged, key=lambda b: (results[b][0], b)) if converged else state["start"]
-        state.update(direction="start", start=best, candidate=best)
+        state = state.replace(
+            survivors=converged or state.survivors, round=state.round + 1, round_results={}, descending=False
+        )
+        if state.round >= self.settings.pruning_rounds:
+            logger.info("zeus-callbacks: job %s: pruning done; Thompson sampling over %s", self.job_id, state.survivors)
+            return state.replace(phase=Phase.THOMPSON.value, direction="done", candidate=None)
+        best = min(converged, key=lambda b: (results[b][0], b)) if converged else state.start
+        return state.replace(direction="start", start=best, candidate=best)
 
-    def _arm_snapshot(
-        self, state: dict[str, Any], obs: dict[int, list[tuple[float, int]]]
-    ) -> dict[int, dict[str, Any]]:
+    def _arm_snapshot(self, state: StoredState, obs: dict[int, list[tuple[float, int]]]) -> dict[int, dict[str, Any]]:
         """Per-arm view stored in the ``arms`` table (for people and dashboards; the trials are the truth)."""
-        survivors = set(state["survivors"])
-        failed = state.get("failed_arms") or {}
+        survivors = set(state.survivors)
+        failed = state.failed_arms
         arms: dict[int, dict[str, Any]] = {}
-        posts = self.posteriors(list(state["batch_sizes"]), obs) if obs else {}
-        for b in state["batch_sizes"]:
+        posts = self.posteriors(list(state.batch_sizes), obs) if obs else {}
+        for b in state.batch_sizes:
             entry: dict[str, Any] = {"pruned": b not in survivors, "observations": len(obs.get(b, []))}
             if str(b) in failed:
                 entry["pruned_reason"] = failed[str(b)]

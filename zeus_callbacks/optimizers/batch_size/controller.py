@@ -12,9 +12,10 @@ Hugging Face users ask before they build ``TrainingArguments``::
     >>> bs = suggest_batch_size("zeus.yaml")                    # doctest: +SKIP
     >>> args = TrainingArguments("out", per_device_train_batch_size=bs)  # doctest: +SKIP
 
-and the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` of the same
-process picks that suggestion (its trial, and the store it was made in, still open) up when
-training begins: a run opens its store once (:class:`~zeus_callbacks.store.run_store.RunStore`). Under a launcher
+The value returned (a :class:`SuggestedBatchSize`) carries the trial, and the store it was
+made in, still open: the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback`
+claims it from ``per_device_train_batch_size`` when training begins (a run opens its store
+once: :class:`~zeus_callbacks.store.run_store.RunStore`). Under a launcher
 (``torchrun``, ``accelerate launch``) every process calls it: the main process alone reads
 the store and makes the suggestion, and the others receive it through the launcher's
 process group.
@@ -26,8 +27,8 @@ import json
 import logging
 import math
 import os
-import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,16 +54,52 @@ so a step-granular check every step of a fast loop would buy nothing but overhea
 
 @dataclass
 class _Made:
-    """What :func:`suggest_batch_size` made for a job in this process, until the run claims it."""
+    """What :func:`suggest_batch_size` made for a job, until the run claims it."""
 
+    job_id: str
     batch_size: int
     suggestion: Suggestion | None = None  # None: made without the store (it could not be reached)
     store: Store | None = None  # the store the suggestion was made in, still open: the run goes on with it
     detached: str | None = None  # why there is no suggestion
 
+    def __post_init__(self) -> None:
+        # Never claimed (the object dropped, the process ending): the store it holds is closed.
+        self._closer = None if self.store is None else weakref.finalize(self, self.store.close)
 
-_PENDING: dict[str, _Made] = {}  # job_id → what suggest_batch_size() made, not yet claimed
-_PENDING_LOCK = threading.Lock()
+    def claimed(self) -> _Made:
+        if self._closer is not None:
+            self._closer.detach()  # the run closes the store now
+        return self
+
+
+class SuggestedBatchSize(int):
+    """The batch size :func:`suggest_batch_size` returns: an ``int`` that carries its trial to the run.
+
+    Pass it on as ``TrainingArguments(per_device_train_batch_size=...)``: the
+    :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` claims the trial
+    (and the store it was made in, still open) from there when training begins, or give it
+    to :meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`. It is claimed once.
+    Copies and pickles are plain ints. One that no run claims closes its store when it is
+    garbage-collected (or at exit).
+    """
+
+    _made: _Made | None
+
+    def __new__(cls, made: _Made) -> SuggestedBatchSize:  # noqa: D102
+        self = super().__new__(cls, made.batch_size)
+        self._made = made
+        return self
+
+    def __reduce__(self) -> tuple[type[int], tuple[int]]:
+        return (int, (int(self),))  # the trial stays with this object
+
+    def claim(self, job_id: str) -> _Made | None:
+        """Take the trial for a run of ``job_id`` (None: claimed before, or made for another job)."""
+        made = self._made
+        if made is None or made.job_id != job_id:
+            return None
+        self._made = None
+        return made.claimed()
 
 
 PENDING_DIR = "zeus_pending_trials"
@@ -148,10 +185,7 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
                 continue
             # A file written before pending ids existed has none: its name (pid and a random part) is as stable.
             pending_id = str(pending.get("pending_id") or path.stem)
-            if pending.get("trial_id") is None:
-                merged += _record_detached(store, config, path, pending, pending_id)
-            else:
-                merged += _record_late(store, config, path, pending, pending_id)
+            merged += _merge_one(store, config, path, pending, pending_id)
             if _after_merge_hook is not None:
                 _after_merge_hook(path)
             path.unlink()
@@ -165,17 +199,37 @@ def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     return merged
 
 
-def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
-    """Report the outcome kept in ``path`` into its existing trial; False when there is nothing to merge."""
-    trial = store.get_trial(int(pending["trial_id"]))
-    if trial is None:
-        logger.warning(
-            "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
-            path,
-            pending["trial_id"],
-            store.location,
+def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
+    """Record the outcome kept in ``path`` (see :func:`merge_pending_trials`); False: nothing to merge."""
+    detached = pending.get("trial_id") is None  # trained without the store: no trial yet
+    outcome = dict(pending["report"])
+    late = "be reached at train start" if detached else "take it at train end"
+    outcome["info"] = {
+        **(outcome.get("info") or {}),
+        "reason": f"recorded late from {path.name}: the store could not {late}",
+    }
+    if detached:
+        info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
+        # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
+        trial = store.create_trial(
+            config.job_id,
+            int(pending["batch_size"]),
+            outcome.get("power_limit_W"),
+            info=info,
+            pid=int(pending["pid"]),
+            pending_id=pending_id,
         )
-        return False
+    else:
+        found = store.get_trial(int(pending["trial_id"]))
+        if found is None:
+            logger.warning(
+                "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
+                path,
+                pending["trial_id"],
+                store.location,
+            )
+            return False
+        trial = found
     if _merged(trial, pending_id):
         logger.info(
             "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
@@ -185,54 +239,11 @@ def _record_late(store: Store, config: ZeusConfig, path: Path, pending: dict[str
             path,
         )
         return False
-    if trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
+    if not detached and trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
         return False  # finished with its real outcome after all (the failing write had committed)
-    outcome = dict(pending["report"])
-    late = f"recorded late from {path.name}: the store could not take it at train end"
-    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
     bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
     bandit.report(trial.trial_id, **outcome, pending_id=pending_id)
     logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
-    return True
-
-
-def _record_detached(store: Store, config: ZeusConfig, path: Path, pending: dict[str, Any], pending_id: str) -> bool:
-    """Record the trial of a run that trained without the store (see :func:`merge_pending_trials`).
-
-    Returns:
-        False when the store held that trial's outcome already (an earlier merge of the same file).
-    """
-    outcome = dict(pending["report"])
-    late = f"recorded late from {path.name}: the store could not be reached at train start"
-    outcome["info"] = {**(outcome.get("info") or {}), "reason": late}
-    info = {"round": None, "detached": str(pending.get("detached") or ""), "host": str(pending.get("host") or "")}
-    # Created with the file's id: a second merge of the file gets this same trial back, not a new one.
-    trial = store.create_trial(
-        config.job_id,
-        int(pending["batch_size"]),
-        outcome.get("power_limit_W"),
-        info=info,
-        pid=int(pending["pid"]),
-        pending_id=pending_id,
-    )
-    if _merged(trial, pending_id):
-        logger.info(
-            "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
-            "the file is removed",
-            trial.trial_id,
-            config.job_id,
-            path,
-        )
-        return False
-    BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size)).report(
-        trial.trial_id, **outcome, pending_id=pending_id
-    )
-    logger.info(
-        "zeus-callbacks: recorded trial %d of job %s (trained without the store) from %s",
-        trial.trial_id,
-        config.job_id,
-        path,
-    )
     return True
 
 
@@ -252,12 +263,13 @@ def suggest_batch_size(
     cpu: bool | None = None,
     ddp_backend: str | None = None,
     ddp_timeout_s: float | None = None,
-) -> int:
+) -> SuggestedBatchSize:
     """Batch size for this recurrence of ``config.job_id`` (call before building data loaders).
 
-    Records the recurrence's trial in the store; the energy callback of the same process
-    claims it when training starts (with the store, kept open for it) and reports the
-    outcome into it. A store that cannot be reached (locked, a database down: after
+    Records the recurrence's trial in the store. The value returned carries that trial (and
+    the store, kept open): pass it on as ``TrainingArguments(per_device_train_batch_size=...)``
+    and the energy callback claims it when training starts and reports the outcome into it
+    (:class:`SuggestedBatchSize`). A store that cannot be reached (locked, a database down: after
     ``store.lock_timeout_s``) does not stop the run: every process gets
     ``batch_size.default_batch_size`` (one warning) and the run's trial is recorded when the
     store is next opened.
@@ -277,7 +289,7 @@ def suggest_batch_size(
         ddp_timeout_s: As ``TrainingArguments(ddp_timeout=...)`` (s); default 1800.
 
     Returns:
-        The batch size; ``batch_size.default_batch_size`` when the bandit is disabled.
+        The batch size; ``batch_size.default_batch_size`` (carrying no trial) when the bandit is disabled.
 
     Raises:
         ConfigError: Invalid configuration.
@@ -291,31 +303,27 @@ def suggest_batch_size(
     if not bs_cfg.enabled:
         if bs_cfg.default_batch_size is None:
             raise ValueError("batch_size.enabled is false and no batch_size.default_batch_size is set")
-        return bs_cfg.default_batch_size
-    with _PENDING_LOCK:
-        made = _PENDING.get(cfg.job_id)
-        if made is not None:
-            return made.batch_size
-        ranks = RankGroup.from_launcher(cpu=cpu, backend=ddp_backend, timeout_s=ddp_timeout_s)
-        failure: BaseException | None = None
-        if ranks.process_index == 0:
-            try:
-                made = _suggest_from_store(cfg)
-            except StoreUnavailableError as exc:  # an unreachable store must not keep the run from training
-                _detached_warning(exc, cfg)
-                made = _Made(int(bs_cfg.default_batch_size), detached=str(exc))  # type: ignore[arg-type]  # enabled
-            except Exception as exc:
-                if not ranks.is_distributed:
-                    raise
-                failure = exc  # raised after the broadcast, which the other ranks are waiting in
-        if ranks.is_distributed:  # the open store stays on the main process
-            shared = None if made is None else (made.batch_size, made.suggestion, made.detached)
-            batch_size, suggestion, detached = ranks.broadcast_outcome(shared, failure, "suggest a batch size")
-            if made is None:
-                made = _Made(batch_size, suggestion, detached=detached)
-        assert made is not None
-        _PENDING[cfg.job_id] = made
-        return made.batch_size
+        return SuggestedBatchSize(_Made(cfg.job_id, bs_cfg.default_batch_size))
+    ranks = RankGroup.from_launcher(cpu=cpu, backend=ddp_backend, timeout_s=ddp_timeout_s)
+    made: _Made | None = None
+    failure: BaseException | None = None
+    if ranks.process_index == 0:
+        try:
+            made = _suggest_from_store(cfg)
+        except StoreUnavailableError as exc:  # an unreachable store must not keep the run from training
+            _detached_warning(exc, cfg)
+            made = _Made(cfg.job_id, int(bs_cfg.default_batch_size), detached=str(exc))  # type: ignore[arg-type]
+        except Exception as exc:
+            if not ranks.is_distributed:
+                raise
+            failure = exc  # raised after the broadcast, which the other ranks are waiting in
+    if ranks.is_distributed:  # the open store stays on the main process
+        shared = None if made is None else (made.batch_size, made.suggestion, made.detached)
+        batch_size, suggestion, detached = ranks.broadcast_outcome(shared, failure, "suggest a batch size")
+        if made is None:
+            made = _Made(cfg.job_id, batch_size, suggestion, detached=detached)
+    assert made is not None
+    return SuggestedBatchSize(made)
 
 
 def _suggest_from_store(cfg: ZeusConfig) -> _Made:
@@ -325,25 +333,7 @@ def _suggest_from_store(cfg: ZeusConfig) -> _Made:
     except BaseException:
         store.close()
         raise
-    return _Made(suggestion.batch_size, suggestion, store)
-
-
-def _claim(job_id: str) -> _Made | None:
-    with _PENDING_LOCK:
-        return _PENDING.pop(job_id, None)
-
-
-def claim_pending(job_id: str) -> Suggestion | None:
-    """Take the suggestion :func:`suggest_batch_size` made for ``job_id`` in this process, if any.
-
-    None also when it was made without the store (unreachable); a store it kept open is closed.
-    """
-    made = _claim(job_id)
-    if made is None:
-        return None
-    if made.store is not None:
-        made.store.close()
-    return made.suggestion
+    return _Made(cfg.job_id, suggestion.batch_size, suggestion, store)
 
 
 @dataclass(frozen=True)
@@ -433,8 +423,11 @@ class BatchSizeController:
         self._store_location = store.location  # names the store in a pending file
         return fn(BatchSizeBandit(store, self.config.job_id, self.settings))
 
-    def suggest(self) -> int:
+    def suggest(self, suggested: SuggestedBatchSize | None = None) -> int:
         """The run's batch size (made once: later calls return the same).
+
+        ``suggested``: what :func:`suggest_batch_size` returned for this run: its trial (and
+        store) is claimed, not a new one made.
 
         A store that cannot be reached (:class:`~zeus_callbacks.errors.StoreUnavailableError`:
         locked, a database down, after ``store.lock_timeout_s``) does not stop the run: it
@@ -444,7 +437,7 @@ class BatchSizeController:
         if self.detached is not None:
             return int(self.batch_size)  # type: ignore[arg-type]  # set with detached
         if self.suggestion is None:
-            made = _claim(self.config.job_id)
+            made = None if suggested is None else suggested.claim(self.config.job_id)
             if made is not None and made.store is not None:
                 self.run_store.adopt(made.store)  # suggest_batch_size() opened it: the run goes on with it
             if made is not None and made.suggestion is None:  # it already waited for the store, and warned

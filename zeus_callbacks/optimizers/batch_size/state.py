@@ -1,7 +1,8 @@
-"""The bandit's state as the store keeps it: its shape (:class:`StoredState`), checked on every read."""
+"""The bandit's state (:class:`StoredState`): typed and frozen, checked on every read from the store."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -11,9 +12,14 @@ from zeus_callbacks.store.records import corrupt
 
 
 class StoredState(BaseModel):
-    """The shape of the bandit's state as the store keeps it; checked on every read (:func:`validated_state`)."""
+    """The batch-size bandit's state of one job; checked on every read from the store (:func:`read_state`).
 
-    model_config = ConfigDict(extra="allow")
+    Frozen: a transition makes a new state (:meth:`replace`). What the store keeps is
+    :meth:`to_stored`: the fields that were set, so a state written by an older version gains
+    no key it did not have; keys this version does not know are kept.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     phase: Literal["pruning", "thompson"]
     round: int = Field(ge=0)
@@ -59,9 +65,22 @@ class StoredState(BaseModel):
             raise ValueError("a pruning state's candidate must be one of batch_sizes")
         return self
 
+    def replace(self, **changes: Any) -> StoredState:
+        """A copy with ``changes`` (not checked again: transitions keep the shape)."""
+        return self.model_copy(update=changes)
 
-def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[str, Any]:
-    """The job's stored bandit state, its shape checked (:class:`StoredState`), as a plain dict.
+    def to_stored(self) -> dict[str, Any]:
+        """The JSON-safe mapping the store keeps (the fields set, no default added)."""
+        return self.model_dump(exclude_unset=True)
+
+
+def validated_state(state: Mapping[str, Any], location: str, job_id: str) -> dict[str, Any]:
+    """The job's stored bandit state, its shape checked (:func:`read_state`), as the store keeps it."""
+    return read_state(state, location, job_id).to_stored()
+
+
+def read_state(state: Mapping[str, Any], location: str, job_id: str) -> StoredState:
+    """The job's bandit state as read from the store, its shape checked.
 
     Args:
         state: The state as read from the store.
@@ -72,7 +91,7 @@ def validated_state(state: dict[str, Any], location: str, job_id: str) -> dict[s
         StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
     """
     try:
-        return StoredState.model_validate(state).model_dump(exclude_unset=True)  # no key added to a stored state
+        return StoredState.model_validate(dict(state))
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(p) for p in error["loc"]) or "the state"
