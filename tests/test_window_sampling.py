@@ -75,16 +75,18 @@ def test_auto_budget_counts_the_unmeasured_steps_calls_by_hand():
     assert cheap.fraction == 1.0
 
 
-def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_backend, manual_clock):
-    """The unmeasured steps' own calls reach auto's budget: timed on some steps, never on a report's."""
+def _auto_session_observed(tmp_path, backend, *, charge_before_s: float | None = None):
+    """A started auto-sampling session on ``backend`` and the list its sampling's observe() calls fill."""
     from zeus_callbacks.session import EnergySession
 
     cfg = {"backend": "virtual", "windows": {"sample_fraction": "auto"},
            "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
-    session = EnergySession(cfg, backend=virtual_backend)
+    session = EnergySession(cfg, backend=backend)
+    if charge_before_s is not None:
+        session.charge_overhead_s(charge_before_s)  # before the run: nothing to charge, no error
     session.train_start()
     session.epoch_start(0)
-    seen = []
+    seen: list[dict] = []
     observe = session.sampling.observe
 
     def recording(**timings):
@@ -92,6 +94,13 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
         observe(**timings)
 
     session.sampling.observe = recording
+    return session, seen
+
+
+def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_backend, manual_clock):
+    """The unmeasured steps' own calls reach auto's budget: timed on some steps, never on a report's."""
+
+    session, seen = _auto_session_observed(tmp_path, virtual_backend)
     for i in range(4000):
         session.step_start(i)
         manual_clock.advance(0.001)
@@ -109,21 +118,8 @@ def test_the_session_times_some_unmeasured_steps_for_auto(tmp_path, virtual_back
 
 def test_overhead_an_adapter_charges_reaches_autos_budget(tmp_path, virtual_backend, manual_clock):
     """Time charged with charge_overhead_s (an HF log's assembly) counts in auto's budget like a report's."""
-    from zeus_callbacks.session import EnergySession
 
-    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.charge_overhead_s(1.0)  # before the run: nothing to charge, no error
-    session.train_start()
-    session.epoch_start(0)
-    seen = []
-    observe = session.sampling.observe
-
-    def recording(**timings):
-        seen.append(timings)
-        observe(**timings)
-
-    session.sampling.observe = recording
+    session, seen = _auto_session_observed(tmp_path, virtual_backend, charge_before_s=1.0)
     for i in range(200):
         session.step_start(i)
         manual_clock.advance(0.001)
