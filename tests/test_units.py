@@ -6,7 +6,16 @@ import pytest
 
 from zeus_callbacks.cli import main
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.units import J_PER_KWH, J_PER_WH, kwh_from_J, readable_energy, wh_from_J
+from zeus_callbacks.units import (
+    J_PER_KWH,
+    J_PER_WH,
+    joule_unit,
+    kwh_from_J,
+    readable_energy,
+    readable_joules,
+    significant_figures,
+    wh_from_J,
+)
 
 
 @pytest.mark.parametrize(
@@ -24,6 +33,36 @@ from zeus_callbacks.units import J_PER_KWH, J_PER_WH, kwh_from_J, readable_energ
 )
 def test_readable_energy(energy_J, text):
     assert readable_energy(energy_J) == text
+
+
+@pytest.mark.parametrize(
+    ("energy_J", "figures", "text"),
+    [
+        (1534.9, 4, "1.535 kJ"),  # profile-kernel printed this as 1.535e+06 mJ
+        (534.9, 4, "534.9 J"),
+        (1.5349e6, 4, "1,535 kJ"),
+        (2.5e9, 3, "2,500,000 kJ"),  # kJ is the largest unit: all the digits, no exponent
+        (0.0123, 3, "12.3 mJ"),
+        (0.5, 3, "500 mJ"),
+        (1.0, 3, "1.00 J"),
+        (999.4, 3, "999 J"),
+        (2e-7, 3, "0.000200 mJ"),  # below 1 mJ: still mJ, still plain digits
+        (-0.25, 3, "-250 mJ"),  # a CI's lower end may be negative
+        (0.0, 3, "0 mJ"),
+    ],
+)
+def test_readable_joules(energy_J, figures, text):
+    assert readable_joules(energy_J, figures=figures) == text
+    assert "e+" not in text and "e-" not in text
+
+
+def test_readable_joules_in_a_given_unit():
+    # An interval's ends are printed in the estimate's unit, so they compare at a glance.
+    unit = joule_unit(534.9)
+    assert unit == (1.0, "J")
+    assert readable_joules(998.0, figures=4, unit=unit) == "998.0 J"
+    assert readable_joules(1_002_000.0, figures=4, unit=unit) == "1,002,000 J"
+    assert significant_figures(12_345.678, 3) == "12,346"
 
 
 def test_conversions_keep_unknown_unknown():
