@@ -12,6 +12,7 @@ from zeus_callbacks.units import (
     joule_unit,
     kwh_from_J,
     readable_energy,
+    readable_interval_J,
     readable_joules,
     significant_figures,
     wh_from_J,
@@ -56,12 +57,11 @@ def test_readable_joules(energy_J, figures, text):
     assert "e+" not in text and "e-" not in text
 
 
-def test_readable_joules_in_a_given_unit():
-    # An interval's ends are printed in the estimate's unit, so they compare at a glance.
-    unit = joule_unit(534.9)
-    assert unit == (1.0, "J")
-    assert readable_joules(998.0, figures=4, unit=unit) == "998.0 J"
-    assert readable_joules(1_002_000.0, figures=4, unit=unit) == "1,002,000 J"
+def test_an_interval_takes_its_estimates_unit():
+    # Both ends in the estimate's unit, so they compare at a glance (1,002 kJ would read as smaller).
+    assert joule_unit(534.9) == (1.0, "J")
+    assert readable_interval_J(998.0, 1_002_000.0, 534.9, figures=4) == "[998.0, 1,002,000] J"
+    assert readable_interval_J(-0.002, 0.0791, 0.0400) == "[-2.00, 79.1] mJ"
     assert significant_figures(12_345.678, 3) == "12,346"
 
 

@@ -78,14 +78,12 @@ def joule_unit(energy_J: float) -> tuple[float, str]:
     return _JOULE_SCALES[-1]
 
 
-def readable_joules(energy_J: float, figures: int = 3, unit: tuple[float, str] | None = None) -> str:
+def readable_joules(energy_J: float, figures: int = 3) -> str:
     """``energy_J`` in mJ, J or kJ by its size, in plain digits: ``"1.535 kJ"``, never ``"1.535e+06 mJ"``.
 
     Args:
         energy_J: Energy (J).
         figures: Significant figures.
-        unit: A ``joule_unit`` result to print in, e.g. the point estimate's for the ends of its
-            interval; default: ``energy_J``'s own.
 
     Returns:
         The figure with its unit.
@@ -96,7 +94,7 @@ def readable_joules(energy_J: float, figures: int = 3, unit: tuple[float, str] |
         >>> readable_joules(0.0123)
         '12.3 mJ'
     """
-    scale, name = unit if unit is not None else joule_unit(energy_J)
+    scale, name = joule_unit(energy_J)
     return f"{significant_figures(energy_J / scale, figures)} {name}"
 
 
@@ -123,3 +121,19 @@ def readable_energy(energy_J: float | None) -> str:
     if abs(wh) >= 1000.0:
         return f"{three_figures(wh / 1000.0)} kWh"
     return f"{three_figures(wh)} Wh"
+
+
+def readable_interval_J(low_J: float, high_J: float, estimate_J: float, figures: int = 3) -> str:
+    """An interval's ends in the unit of its estimate, so they compare at a glance: ``"[79.3, 80.8] mJ"``.
+
+    Args:
+        low_J: Lower end (J); may be negative (a bootstrap interval is not clipped).
+        high_J: Upper end (J).
+        estimate_J: The point estimate (J) whose unit (mJ, J or kJ) both ends take.
+        figures: Significant figures of each end.
+
+    Returns:
+        ``"[low, high] unit"`` in plain digits.
+    """
+    scale, unit = joule_unit(estimate_J)
+    return f"[{significant_figures(low_J / scale, figures)}, {significant_figures(high_J / scale, figures)}] {unit}"

@@ -8,7 +8,7 @@ import sys
 
 from zeus_callbacks.argtypes import float_in, int_at_least
 from zeus_callbacks.terminal import progress_bar
-from zeus_callbacks.units import joule_unit, readable_joules, significant_figures
+from zeus_callbacks.units import readable_interval_J, readable_joules, significant_figures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -132,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
         interval = "  no 95% CI"
     else:
         lo, hi = result.energy_ci_J
-        scale, unit = joule_unit(result.energy_J)  # both ends in the estimate's unit
-        interval = f"  95% CI [{significant_figures(lo / scale, 4)}, {significant_figures(hi / scale, 4)}] {unit}"
+        interval = f"  95% CI {readable_interval_J(lo, hi, result.energy_J, figures=4)}"
     print(
         f"{result.name} ({result.mode}, {result.timer}) on {result.device}"
         + ("\n  SIMULATED (virtual GPU): power from a trace, not measured" if result.simulated else "")
