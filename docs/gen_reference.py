@@ -298,7 +298,10 @@ FIELDS: dict[str, str] = {
     "from the previous step's end. "
     "`warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
-    "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
+    "epoch's mean measured step, counted in `steps_estimated`. `steps_measured` counts the step windows. "
+    '`steps_basis` then says so in words ("estimated from N of M steps after warm-up"); it is null when '
+    "every step was measured. Such an estimate may exceed what the epoch holds. "
+    "`other_J` is null, with `other_reason`, when "
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
     "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
