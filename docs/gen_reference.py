@@ -406,7 +406,7 @@ FIELDS: dict[str, str] = {
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them. Non-numbers and zeus-callbacks' own "
     "keys are dropped. Ours are those under `energy/`, `power/`, `time/`, `power_limit/` and `cost/`, and the "
-    "progress bar's `energy_kJ` / `simulated_energy_kJ`. In the Hugging Face Trainer they are also the "
+    "progress bar's `energy_kJ` / `sim_energy_kJ`. In the Hugging Face Trainer they are also the "
     "`eval_energy_J` / `eval_time_s` and `eval_<name>_energy_J` / `eval_<name>_time_s` its logs carried in this "
     "run. A user's metric of another such name (`eval_x_energy_J`) stays, and can be a `batch_size.target`.",
     "window.name": "The window's name; its energy is also logged as `energy/window/<name>_J`.",
