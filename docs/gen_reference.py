@@ -169,8 +169,9 @@ def render_configuration() -> str:
         "",
         "The file is read with PyYAML's safe loader and validated by the pydantic model "
         "`zeus_callbacks.config.ZeusConfig`. Unknown keys are rejected, and the error names each bad "
-        "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted`), "
-        "before training starts. A key given twice in one mapping (two `logging:` sections, say) is an "
+        "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted (got 5); "
+        "did you mean 'interval_steps'?`), before training starts. A key close to a real one gets that "
+        "suggestion. A key given twice in one mapping (two `logging:` sections, say) is an "
         "error that names the key and its line. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
         "and pydantic converts them.",
         "",
