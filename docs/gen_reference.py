@@ -169,8 +169,9 @@ def render_configuration() -> str:
         "",
         "The file is read with PyYAML's safe loader and validated by the pydantic model "
         "`zeus_callbacks.config.ZeusConfig`. Unknown keys are rejected, and the error names each bad "
-        "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted`), "
-        "before training starts. A key given twice in one mapping (two `logging:` sections, say) is an "
+        "field by its dotted path (for example `logging.interval_step: Extra inputs are not permitted (got 5); "
+        "did you mean 'interval_steps'?`), before training starts. A key close to a real one gets that "
+        "suggestion. A key given twice in one mapping (two `logging:` sections, say) is an "
         "error that names the key and its line. Numbers written as `1e-5` are accepted: PyYAML reads them as strings "
         "and pydantic converts them.",
         "",
@@ -298,7 +299,10 @@ FIELDS: dict[str, str] = {
     "from the previous step's end. "
     "`warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
-    "epoch's mean measured step, counted in `steps_estimated`. `other_J` is null, with `other_reason`, when "
+    "epoch's mean measured step, counted in `steps_estimated`. `steps_measured` counts the step windows. "
+    '`steps_basis` then says so in words ("estimated from N of M steps after warm-up"); it is null when '
+    "every step was measured. Such an estimate may exceed what the epoch holds. "
+    "`other_J` is null, with `other_reason`, when "
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
     "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
@@ -403,7 +407,7 @@ FIELDS: dict[str, str] = {
     "evaluate.step": "Steps attributed so far in the run (including steps carried over from a checkpoint).",
     "evaluate.metrics": "Metric name → value, as the framework reported them. Non-numbers and zeus-callbacks' own "
     "keys are dropped. Ours are those under `energy/`, `power/`, `time/`, `power_limit/` and `cost/`, and the "
-    "progress bar's `energy_kJ` / `simulated_energy_kJ`. In the Hugging Face Trainer they are also the "
+    "progress bar's `energy_kJ` / `sim_energy_kJ`. In the Hugging Face Trainer they are also the "
     "`eval_energy_J` / `eval_time_s` and `eval_<name>_energy_J` / `eval_<name>_time_s` its logs carried in this "
     "run. A user's metric of another such name (`eval_x_energy_J`) stays, and can be a `batch_size.target`.",
     "window.name": "The window's name; its energy is also logged as `energy/window/<name>_J`.",

@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,6 +32,47 @@ def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"{path}: line 3: duplicate key 'logging' (already given at line 1); give each key once\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_validate_config_refuses_a_log_dir_that_cannot_be_created(tmp_path, capsys):
+    # It said "valid" for log_dir /proc/nope; the run then failed at its start. Root passes
+    # os.access there, so this also covers the probe.
+    path = tmp_path / "zeus.yaml"
+    path.write_text("backend: virtual\nlogging: {log_dir: /proc/nope/logs}\n")
+    assert main(["validate-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "logging.log_dir: /proc/nope/logs cannot be created: /proc is not writable" in err
+
+
+def test_validate_config_refuses_a_log_dir_without_write_permission(tmp_path, capsys, monkeypatch):
+    # The permission check, as a user other than root sees a folder of mode 0o555.
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == shut else real_access(p, mode))
+    path = tmp_path / "zeus.yaml"
+    path.write_text(f"backend: virtual\nlogging: {{log_dir: {shut}}}\n")
+    assert main(["validate-config", str(path)]) == 1
+    assert f"logging.log_dir: {shut} is not writable" in capsys.readouterr().err
+
+
+def test_validate_config_creates_nothing_for_a_log_dir_to_come(tmp_path, capsys):
+    # A writable parent is enough; the check leaves the parent as it found it.
+    parent = tmp_path / "runs"
+    parent.mkdir()
+    path = tmp_path / "zeus.yaml"
+    path.write_text(f"backend: virtual\nlogging: {{log_dir: {parent / 'a' / 'b'}}}\n")
+    assert main(["validate-config", str(path)]) == 0
+    assert list(parent.iterdir()) == []
+
+
+def test_validate_config_refuses_a_log_dir_under_a_file(tmp_path, capsys):
+    (tmp_path / "plain").write_text("x")
+    path = tmp_path / "zeus.yaml"
+    path.write_text(f"backend: virtual\nlogging: {{log_dir: {tmp_path / 'plain' / 'logs'}}}\n")
+    assert main(["validate-config", str(path)]) == 1
+    assert f"{tmp_path / 'plain'} is a file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,30 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     assert SIMULATED_MARK in [t.get_text() for t in fig.texts]
 
 
+@pytest.mark.parametrize("time_note", [None, "the virtual GPU simulates power, not time: " + "words " * 40])
+def test_the_power_limit_png_keeps_every_label_on_the_canvas(tmp_path, monkeypatch, time_note):
+    # Lower limits are slower: the lowest ("125 W") is the right-most point, and its label ran off the image.
+    import struct
+
+    from zeus_callbacks.plots import plot_profile
+
+    rows = [{"limit_W": w, "time_per_step_s": 30.0 / w, "energy_per_step_J": 24.0 + w / 100}
+            for w in range(125, 325, 25)]  # fmt: skip
+    kept = _keep_figures(monkeypatch)
+    png = plot_profile(rows, 200.0, tmp_path / "pl.png", simulated=True, time_note=time_note)
+    (fig,) = kept
+    renderer = fig.canvas.get_renderer()  # the one savefig drew with
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG's IHDR chunk
+    assert (width, height) == (round(fig.bbox.width), round(fig.bbox.height))  # the canvas is the saved image
+    canvas = fig.bbox
+    labels = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert "125 W" in labels and "200 W" in labels
+    drawn = [fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans), *labels.values()]  # ticks, titles, notes
+    for box in drawn:
+        assert canvas.x0 - 0.5 <= box.x0 and box.x1 <= canvas.x1 + 0.5, (box, canvas)
+        assert canvas.y0 - 0.5 <= box.y0 and box.y1 <= canvas.y1 + 0.5, (box, canvas)
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
     import sys
 

@@ -50,6 +50,31 @@ def test_unknown_top_level_key_is_named():
     assert "no_such_setting" in str(config_error({"no_such_setting": True}))
 
 
+def test_a_typo_of_a_real_key_suggests_the_field(tmp_path):
+    path = write_yaml(tmp_path, "windows:\n  sample_fracton: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "windows.sample_fracton" in str(info.value)
+    assert "did you mean 'sample_fraction'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "suggestion"),
+    [
+        ({"loging": {}}, "did you mean 'logging'"),  # a top-level section
+        ({"batch_size": {"target": {"metrc": "acc", "value": 1}}}, "did you mean 'metric'"),  # behind "| None"
+    ],
+)
+def test_suggestions_look_in_the_right_section(data, suggestion):
+    assert suggestion in str(config_error(data))
+
+
+def test_no_suggestion_for_a_key_like_no_field():
+    message = str(config_error({"windows": {"zzzz": 1}}))
+    assert "windows.zzzz" in message
+    assert "did you mean" not in message
+
+
 def test_typo_of_a_real_key_is_reported_not_ignored():
     message = str(config_error({"logging": {"interval_step": 5}}))
     assert "logging.interval_step" in message

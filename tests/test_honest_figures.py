@@ -294,6 +294,7 @@ def test_the_progress_bar_names_simulated_energy_as_simulated(tmp_path, simulate
     shown = metric.PROGRESS_BAR_SIMULATED_ENERGY if simulated else metric.PROGRESS_BAR_ENERGY
     assert bar == {shown: pytest.approx(total_J / 1e3, abs=5e-4)}  # the run so far in kJ, rounded to 1 J
     assert metric.is_own_metric(shown)
+    assert metric.is_own_metric("simulated_energy_kJ")  # the bar's longer name before: still ours, never a target
 
 
 # ---------------------------------------------------------------- item 2: faults never invent energy

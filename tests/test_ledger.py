@@ -24,7 +24,8 @@ def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, gap_
     exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
     assert all(v is not None and v >= 0 for v in exact)
     assert math.isclose(math.fsum(exact), epoch_J, rel_tol=1e-9, abs_tol=1e-9)
-    assert ledger["steps_estimated"] == extra
+    assert ledger["steps_estimated"] == extra and ledger["steps_measured"] == steps_n
+    assert (ledger["steps_basis"] is None) == (extra == 0)  # an estimate is always said
     if ledger["other_J"] is None:
         assert ledger["other_reason"]  # never null without saying why
         if steps_n == 0 and extra:
@@ -47,3 +48,54 @@ def test_an_unknown_epoch_gives_no_rest():
 def test_windows_that_hold_more_than_the_epoch_are_a_reported_defect():
     ledger = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 12.0, 1.2, 3, 0.0, 0.0, 0), steps_taken=3)
     assert ledger["other_J"] is None and "overlap" in ledger["other_reason"]
+
+
+def test_the_basis_of_steps_j_is_said_in_words():
+    measured = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.6, 3, 0.0, 0.0, 0), steps_taken=3)
+    assert measured["steps_basis"] is None and measured["steps_measured"] == 3 and measured["steps_estimated"] == 0
+    # 2 of 8 steps measured at 3 J each: the other 6 at 3 J make steps_J 24 J, more than the 10 J epoch.
+    over = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.1, 2, 0.0, 0.0, 0), steps_taken=8)
+    assert over["steps_J"] == 24.0 and over["steps_measured"] == 2 and over["steps_estimated"] == 6
+    assert over["steps_basis"].startswith("estimated from 2 of 8 steps after warm-up")
+    assert over["other_J"] is None and "exceed" in over["other_reason"]  # never a negative rest
+    assert over["unwindowed_J"] == 4.0  # the exact split still closes: 6 + 4 = 10
+    none = close_ledger(10.0, 1.0, LedgerColumns(1.0, 0.1, 1, 0.0, 0.0, 0, 0.0, 0.0, 0), steps_taken=5)
+    assert none["steps_J"] is None and none["steps_basis"] == (
+        "unknown: none of the 4 steps after warm-up has a measured window"
+    )
+
+
+def test_a_sampled_run_on_the_virtual_gpu_marks_its_steps_as_estimated(tmp_path, virtual_backend, manual_clock):
+    """Under sample_fraction < 1 each epoch record's ledger says steps_J is estimated, and from how many steps."""
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.25, "warmup_steps": 2},
+           "logging": {"log_dir": str(tmp_path), "run_name": "sampled", "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    steps_per_epoch = 200
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for i in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + i
+            session.step_start(step)
+            manual_clock.advance(0.01 + 0.005 * (step % 3))  # steps of unequal length: a mean is an estimate
+            session.sampler.poll_once()
+            session.step_end(step)
+        session.epoch_end(epoch)
+    session.train_end()
+    epochs = [r for r in read_jsonl(tmp_path / "sampled.jsonl") if r["event"] == "epoch"]
+    assert len(epochs) == 2
+    for record in epochs:
+        ledger = record["ledger"]
+        measured, estimated = ledger["steps_measured"], ledger["steps_estimated"]
+        assert 0 < measured < steps_per_epoch and estimated > 0
+        total = measured + estimated
+        assert total == steps_per_epoch - (2 if record["epoch"] == 0 else 0)  # warm-up: the run's first 2 steps
+        assert ledger["steps_basis"].startswith(f"estimated from {measured} of {total} steps after warm-up")
+        # The estimate is flagged; what is presented as a rest is never negative.
+        assert ledger["other_J"] is None or ledger["other_J"] >= 0
+        assert ledger["other_J"] is not None or ledger["other_reason"]
+        exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
+        assert math.isclose(math.fsum(exact), record["energy_J"], rel_tol=1e-9)

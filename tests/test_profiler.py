@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -75,6 +76,7 @@ def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "energy/execution" in out and "95% CI" in out
+    assert re.search(r"95% CI \[-?[\d,.]+, -?[\d,.]+\] (mJ|J|kJ) ", out) and "e+" not in out and "e-" not in out, out
     data = json.loads((tmp_path / "k.json").read_text())
     assert data["executions_used"] > 0 and len(data["power_W"]) == len(data["time_s"])
     assert (tmp_path / "k.png").exists()
@@ -198,6 +200,8 @@ def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_pat
     out = capsys.readouterr().out
     assert "no 95% CI" in out and "no confidence interval: 1 execution measured" in out
     assert "SIMULATED (virtual GPU)" in out and "95% CI [" not in out and "over 1 execution (" in out
+    # ~0.3 s at ~100-300 W: tens of joules, printed as such (it was "9.21e+04 mJ")
+    assert re.search(r"energy/execution [\d,.]+ J ", out) and "e+" not in out, out
     data = json.loads((tmp_path / "k.json").read_text())
     assert data["executions_used"] == 1 and data["energy_ci_J"] is None and data["target_met"] is False
     assert data["simulated"] is True and "at least 4" in data["ci_reason"]

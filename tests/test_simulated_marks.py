@@ -18,6 +18,7 @@ from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.measurement.profiler import ProfileResult, profile
+from zeus_callbacks.optimizers.power_limit.time_note import slowdown_words, time_note
 from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK, TIME_NOTE_KEY
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
@@ -96,7 +97,7 @@ def test_power_limit_results_on_the_real_clock_say_time_is_not_simulated(tmp_pat
     assert max(times) == pytest.approx(min(times), rel=1e-6) and len(profile_rec["limits"]) > 1
     slowdown = backend.step_time_factor(chosen)
     note = summary.time_note
-    assert note is not None and "not a saving" in note and f"{slowdown:.2f}x slower" in note
+    assert note is not None and "not a saving" in note and f"makes the job {slowdown_words(slowdown)})" in note
     end = next(r for r in records if r["event"] == "run_end")
     assert end["time_note"] == note == profile_rec["time_note"]
     assert f"TIME NOT SIMULATED: {note}" in str(summary)
@@ -110,6 +111,24 @@ def test_power_limit_results_on_the_real_clock_say_time_is_not_simulated(tmp_pat
     (texts,) = saved_figures
     assert SIMULATED_MARK in texts
     assert any(t.startswith("TIME NOT SIMULATED:") and " ".join(t.split()).endswith(note) for t in texts)
+
+
+@pytest.mark.parametrize(
+    ("factor", "words"),
+    [(2.761, "2.76x slower"), (1.0, "no slower"), (1.004, "no slower"), (0.996, "no slower"), (1.02, "1.02x slower"),
+     (0.8, "1.25x faster")],
+)  # fmt: skip
+def test_slowdown_words(factor, words):
+    assert slowdown_words(factor) == words
+
+
+def test_the_note_at_the_maximum_limit_says_no_slower():
+    # It said "makes the job 1.00x slower" when the chosen limit was the maximum.
+    backend = VirtualGPUBackend(clock=CpuClock(0.0), noise_W=0.0, seed=0)
+    max_W = backend.power_limit_constraints_W(0)[1]
+    assert backend.step_time_factor(max_W) == pytest.approx(1.0, abs=1e-9)
+    note = time_note(backend, max_W)
+    assert note is not None and f"{max_W:.0f} W makes the job no slower)" in note and "1.00x" not in note
 
 
 def test_the_simulator_clock_applies_the_trace_time_and_has_no_note(tmp_path, saved_figures):

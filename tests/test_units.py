@@ -6,7 +6,17 @@ import pytest
 
 from zeus_callbacks.cli import main
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.units import J_PER_KWH, J_PER_WH, kwh_from_J, readable_energy, wh_from_J
+from zeus_callbacks.units import (
+    J_PER_KWH,
+    J_PER_WH,
+    joule_unit,
+    kwh_from_J,
+    readable_energy,
+    readable_interval_J,
+    readable_joules,
+    significant_figures,
+    wh_from_J,
+)
 
 
 @pytest.mark.parametrize(
@@ -24,6 +34,35 @@ from zeus_callbacks.units import J_PER_KWH, J_PER_WH, kwh_from_J, readable_energ
 )
 def test_readable_energy(energy_J, text):
     assert readable_energy(energy_J) == text
+
+
+@pytest.mark.parametrize(
+    ("energy_J", "figures", "text"),
+    [
+        (1534.9, 4, "1.535 kJ"),  # profile-kernel printed this as 1.535e+06 mJ
+        (534.9, 4, "534.9 J"),
+        (1.5349e6, 4, "1,535 kJ"),
+        (2.5e9, 3, "2,500,000 kJ"),  # kJ is the largest unit: all the digits, no exponent
+        (0.0123, 3, "12.3 mJ"),
+        (0.5, 3, "500 mJ"),
+        (1.0, 3, "1.00 J"),
+        (999.4, 3, "999 J"),
+        (2e-7, 3, "0.000200 mJ"),  # below 1 mJ: still mJ, still plain digits
+        (-0.25, 3, "-250 mJ"),  # a CI's lower end may be negative
+        (0.0, 3, "0 mJ"),
+    ],
+)
+def test_readable_joules(energy_J, figures, text):
+    assert readable_joules(energy_J, figures=figures) == text
+    assert "e+" not in text and "e-" not in text
+
+
+def test_an_interval_takes_its_estimates_unit():
+    # Both ends in the estimate's unit, so they compare at a glance (1,002 kJ would read as smaller).
+    assert joule_unit(534.9) == (1.0, "J")
+    assert readable_interval_J(998.0, 1_002_000.0, 534.9, figures=4) == "[998.0, 1,002,000] J"
+    assert readable_interval_J(-0.002, 0.0791, 0.0400) == "[-2.00, 79.1] mJ"
+    assert significant_figures(12_345.678, 3) == "12,346"
 
 
 def test_conversions_keep_unknown_unknown():

@@ -10,7 +10,10 @@ size cap) is :mod:`zeus_callbacks.yaml_file`'s job.
 from __future__ import annotations
 
 import datetime
+import difflib
 import reprlib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -635,12 +638,51 @@ def _as_written(value: Any) -> str:
     return text if len(text) <= _ECHO_CHARS else text[: _ECHO_CHARS - 3] + "..."
 
 
+def _section_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The section model that holds the field at ``loc`` (``None`` where none does)."""
+    model: type[BaseModel] = ZeusConfig
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            continue  # a list index: the list's item type was found with its field
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        found = _model_in(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The first pydantic model inside an annotation (``X | None``, ``list[X]`` ...), else ``None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, tuple, dict):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """``"; did you mean 'x'?"`` for an unknown key close to one of its section's fields, else ``""``."""
+    section = _section_at(loc)
+    if section is None or not isinstance(loc[-1], str):
+        return ""
+    matches = difflib.get_close_matches(loc[-1], list(section.model_fields), n=1)
+    return f"; did you mean {matches[0]!r}?" if matches else ""
+
+
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid zeus-callbacks configuration in {source}:"]
     for error in exc.errors():
         path = ".".join(str(part) for part in error["loc"]) or "<root>"
         value = error.get("input")
         line = f"  {path}: {error['msg']} (got {_as_written(value)})"
+        if error.get("type") == "extra_forbidden" and error["loc"]:
+            line += _did_you_mean(error["loc"])
         if error.get("type") == "string_type" and isinstance(value, (int, float, datetime.date, datetime.time)):
             # YAML read a number, a date or a boolean where text was meant
             line += f'; quote it in the YAML file: {error["loc"][-1]}: "{_as_written(value)}"'

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from zeus_callbacks.atomic_io import atomic_output
+from zeus_callbacks.units import readable_interval_J, readable_joules
 
 if TYPE_CHECKING:
     from zeus_callbacks.run_log import RunCourse
@@ -101,20 +102,40 @@ def _notes_at_bottom(fig: Any, notes: Sequence[tuple[str, str]], *, width: int, 
     fig.tight_layout(rect=(0, y + 0.01, 1, top))
 
 
+_LABEL_PLACES = ((4, 4, "left"), (4, -12, "left"), (-4, 4, "right"), (-4, -12, "right"))
+"""Where a point's label may go, in the order tried: (x offset pt, y offset pt, alignment); right, then left."""
+
+
 def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], keep: set[int]) -> None:
-    """Annotate points, dropping a label that would overlap one already placed (those in ``keep`` first)."""
+    """Annotate points, dropping a label that would overlap one already placed (those in ``keep`` first).
+
+    A label goes right of its point, above then below, else left of it: the first place inside the
+    axes, else the first inside the figure, that overlaps no placed label. A label at the right edge
+    ("125 W" of the slowest limit) so goes left instead of running off the saved image.
+    """
     renderer = ax.figure.canvas.get_renderer()
+    inside_axes, inside_figure = ax.get_window_extent(renderer), ax.figure.bbox
     placed: list[Any] = []
     order = sorted(range(len(points)), key=lambda i: (i not in keep, points[i][0]))
     for i in order:
         x, y, label = points[i]
-        for dy in (4, -12):  # above, else below
-            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, dy), fontsize=8)
-            box = text.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in placed):
-                placed.append(box)
+        box = None
+        for bounds in (inside_axes, inside_figure):
+            for dx, dy, align in _LABEL_PLACES:
+                text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), ha=align, fontsize=8)
+                box = text.get_window_extent(renderer)
+                if _contains(bounds, box) and not any(box.overlaps(other) for other in placed):
+                    placed.append(box)
+                    break
+                text.remove()
+                box = None
+            if box is not None:
                 break
-            text.remove()
+
+
+def _contains(outer: Any, inner: Any) -> bool:
+    """Whether bounding box ``inner`` lies within ``outer`` (display units)."""
+    return bool(outer.x0 <= inner.x0 and inner.x1 <= outer.x1 and outer.y0 <= inner.y0 and inner.y1 <= outer.y1)
 
 
 def _save(fig: Any, path: str | Path, *, dpi: int, text: dict[str, str] | None = None) -> None:
@@ -241,9 +262,9 @@ def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
         interval = "no 95 % CI (too few executions)"
     else:
         lo, hi = result.energy_ci_J
-        interval = f"95 % CI [{lo * 1e3:.3g}, {hi * 1e3:.3g}] mJ"
+        interval = f"95 % CI {readable_interval_J(lo, hi, result.energy_J)}"
     ax.set_title(
-        f"{result.name} ({result.mode})\n{result.energy_J * 1e3:.3g} mJ/execution, {interval}, "
+        f"{result.name} ({result.mode})\n{readable_joules(result.energy_J)}/execution, {interval}, "
         f"{result.executions_used} execution{'' if result.executions_used == 1 else 's'}",
         fontsize=10,
     )

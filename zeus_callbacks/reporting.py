@@ -55,7 +55,9 @@ PHASES_EXPLAINED = "energy/phases_explained"
 TOTAL_TIME_S = "time/total_s"
 PROGRESS_BAR_ENERGY = "energy_kJ"
 # On the virtual GPU the bar's figure is simulated: its own name says so (the bar shows no energy/simulated flag).
-PROGRESS_BAR_SIMULATED_ENERGY = "simulated_energy_kJ"
+# Short: the bar puts it after the user's metrics, and an 80-column terminal cuts the line's end.
+PROGRESS_BAR_SIMULATED_ENERGY = "sim_energy_kJ"
+_OLD_BAR_KEYS = ("simulated_energy_kJ",)  # the bar's name for it until issue 26: still ours in a framework's metrics
 # Run-level figures (a framework's results: the HF Trainer's train_results.json), from the RunSummary.
 RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"
@@ -177,7 +179,7 @@ def is_own_metric(key: str, eval_prefixes: Collection[str] = ("eval",)) -> bool:
             the Trainer callback adds each ``eval_<name>`` it produced in the run, so a user's validation
             metric of such a form (``eval_x_energy_J``) stays the user's, a possible ``batch_size.target``.
     """
-    if key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY):
+    if key.startswith(_OWN_PREFIXES) or key in (PROGRESS_BAR_ENERGY, PROGRESS_BAR_SIMULATED_ENERGY, *_OLD_BAR_KEYS):
         return True
     suffixes = [name.removeprefix("eval") for name in HF_EVAL_NAMES.values()]  # "_energy_J", "_time_s"
     return any(key == prefix + suffix for prefix in eval_prefixes for suffix in suffixes)

@@ -1,7 +1,8 @@
-"""Energy units people read: watt-hours and kilowatt-hours beside joules.
+"""Energy units people read: watt-hours and kilowatt-hours beside joules, and joules at a readable scale.
 
 Every figure is kept and logged in joules (``energy_J``); these helpers only add the
-equivalent a person reads on an electricity bill. 1 Wh = 3600 J, 1 kWh = 3.6e6 J (SI).
+equivalent a person reads on an electricity bill, or pick mJ, J or kJ for a printed figure.
+1 Wh = 3600 J, 1 kWh = 3.6e6 J (SI).
 """
 
 from __future__ import annotations
@@ -44,10 +45,57 @@ def kwh_from_J(energy_J: float | None) -> float | None:
 
 def three_figures(value: float) -> str:
     """``value`` to three significant figures, with thousands separators, never in e-notation."""
-    if value == 0:
-        return "0"
-    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return significant_figures(value, 3)
+
+
+def significant_figures(value: float, figures: int) -> str:
+    """``value`` to ``figures`` significant figures, with thousands separators, never in e-notation.
+
+    Large values keep all their integer digits (``12,345`` at three figures).
+    """
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    decimals = max(0, figures - 1 - math.floor(math.log10(abs(value))))
     return f"{value:,.{decimals}f}"
+
+
+_JOULE_SCALES = ((1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"))  # largest first; mJ below 1 J
+
+
+def joule_unit(energy_J: float) -> tuple[float, str]:
+    """The scale and unit that print ``energy_J`` with 1 to 999 before the point: mJ below 1 J, kJ from 1 kJ.
+
+    Args:
+        energy_J: Energy (J).
+
+    Returns:
+        ``(joules per unit, unit name)``, e.g. ``(1e-3, "mJ")``.
+    """
+    size = abs(energy_J) if math.isfinite(energy_J) else 0.0
+    for scale, unit in _JOULE_SCALES:
+        if size >= scale:
+            return scale, unit
+    return _JOULE_SCALES[-1]
+
+
+def readable_joules(energy_J: float, figures: int = 3) -> str:
+    """``energy_J`` in mJ, J or kJ by its size, in plain digits: ``"1.535 kJ"``, never ``"1.535e+06 mJ"``.
+
+    Args:
+        energy_J: Energy (J).
+        figures: Significant figures.
+
+    Returns:
+        The figure with its unit.
+
+    Example:
+        >>> readable_joules(1534.9, figures=4)
+        '1.535 kJ'
+        >>> readable_joules(0.0123)
+        '12.3 mJ'
+    """
+    scale, name = joule_unit(energy_J)
+    return f"{significant_figures(energy_J / scale, figures)} {name}"
 
 
 def readable_energy(energy_J: float | None) -> str:
@@ -73,3 +121,19 @@ def readable_energy(energy_J: float | None) -> str:
     if abs(wh) >= 1000.0:
         return f"{three_figures(wh / 1000.0)} kWh"
     return f"{three_figures(wh)} Wh"
+
+
+def readable_interval_J(low_J: float, high_J: float, estimate_J: float, figures: int = 3) -> str:
+    """An interval's ends in the unit of its estimate, so they compare at a glance: ``"[79.3, 80.8] mJ"``.
+
+    Args:
+        low_J: Lower end (J); may be negative (a bootstrap interval is not clipped).
+        high_J: Upper end (J).
+        estimate_J: The point estimate (J) whose unit (mJ, J or kJ) both ends take.
+        figures: Significant figures of each end.
+
+    Returns:
+        ``"[low, high] unit"`` in plain digits.
+    """
+    scale, unit = joule_unit(estimate_J)
+    return f"[{significant_figures(low_J / scale, figures)}, {significant_figures(high_J / scale, figures)}] {unit}"

@@ -126,8 +126,20 @@ def test_progress_bar_shows_run_energy(tmp_path):
     trainer = make_trainer(tmp_path, callback, max_epochs=1)
     train, _ = loaders()
     trainer.fit(TinyRegressor(), train)
-    assert trainer.progress_bar_metrics["simulated_energy_kJ"] > 0  # the virtual GPU: named simulated
+    assert trainer.progress_bar_metrics["sim_energy_kJ"] > 0  # the virtual GPU: named simulated
     assert "energy_kJ" not in trainer.progress_bar_metrics
+    # What Lightning's TQDM bar shows at the epoch's end in an 80-column terminal: our item comes after
+    # v_num, and "simulated_energy_kJ=0.001" (its name until issue 26) ran past the line's end.
+    from lightning.pytorch.callbacks import TQDMProgressBar
+    from tqdm import tqdm
+
+    items = TQDMProgressBar().get_metrics(trainer, trainer.lightning_module)
+    assert list(items) == ["v_num", "sim_energy_kJ"]
+    shown = {k: tqdm.format_num(v) if isinstance(v, float) else str(v) for k, v in items.items()}  # as set_postfix
+    postfix = ", ".join(f"{k}={v}" for k, v in shown.items())
+    steps = trainer.num_training_batches
+    line = tqdm.format_meter(steps, steps, 2.0, ncols=80, prefix="Epoch 0", postfix=postfix)
+    assert line.endswith(f"sim_energy_kJ={shown['sim_energy_kJ']}]"), line
 
 
 def test_exception_ends_the_run_and_keeps_the_log(tmp_path):

@@ -8,6 +8,7 @@ import sys
 
 from zeus_callbacks.argtypes import float_in, int_at_least
 from zeus_callbacks.terminal import progress_bar
+from zeus_callbacks.units import readable_interval_J, readable_joules, significant_figures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -131,14 +132,15 @@ def run(args: argparse.Namespace) -> int:
         interval = "  no 95% CI"
     else:
         lo, hi = result.energy_ci_J
-        interval = f"  95% CI [{lo * 1e3:.4g}, {hi * 1e3:.4g}] mJ"
+        interval = f"  95% CI {readable_interval_J(lo, hi, result.energy_J, figures=4)}"
     print(
         f"{result.name} ({result.mode}, {result.timer}) on {result.device}"
         + ("\n  SIMULATED (virtual GPU): power from a trace, not measured" if result.simulated else "")
-        + f"\n  energy/execution {result.energy_J * 1e3:.4g} mJ{interval}"
+        + f"\n  energy/execution {readable_joules(result.energy_J, figures=4)}{interval}"
         f"  over {result.executions_used} execution{'' if result.executions_used == 1 else 's'}"
         f" ({result.executions_dropped} dropped)\n"
-        f"  duration {result.duration_s * 1e3:.4g} ms, mean power {result.energy_J / result.duration_s:.1f} W, "
+        f"  duration {significant_figures(result.duration_s * 1e3, 4)} ms, "
+        f"mean power {result.energy_J / result.duration_s:.1f} W, "
         f"baseline {result.baseline_W if result.baseline_W is None else round(result.baseline_W, 1)} W "
         f"({result.baseline_source})"
     )

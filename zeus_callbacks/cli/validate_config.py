@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from zeus_callbacks.config import ConfigError, load_config
@@ -19,11 +21,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=run)
 
 
-def _blocking_file(folder: Path) -> Path | None:
-    """The existing non-folder at ``folder`` or above it that keeps it from being a folder, or None."""
+def _log_dir_problem(folder: Path) -> str | None:
+    """Why a run could not write its log in ``folder``, or None when it could.
+
+    The nearest existing path at or above ``folder`` must be a folder the process may write in. A
+    permission check comes first; root passes it almost everywhere (even in /proc), so a temporary
+    folder is then made and removed there: the check leaves nothing behind.
+    """
     for path in (folder, *folder.parents):
         if path.exists():
-            return None if path.is_dir() else path
+            break
+    else:
+        return None
+    if not path.is_dir():
+        return f"{folder} cannot be a folder: {path} is a file"
+    what = "is not writable" if path == folder else f"cannot be created: {path} is not writable"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{folder} {what}"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zeus-callbacks-check-", dir=path))
+    except OSError as exc:
+        return f"{folder} {what} ({exc.strerror})"
     return None
 
 
@@ -32,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     With ``virtual.trace`` (and ``backend`` ``auto`` or ``virtual``), the sweep and its
     training paths are read and checked too; a ``logging.log_dir`` that a file keeps from being a
-    folder is an error (the run would fail at its start).
+    folder, or that cannot be created or written, is an error (the run would fail at its start).
 
     Returns:
         0 when valid, 1 (the errors on stderr) when not.
@@ -50,10 +68,9 @@ def run(args: argparse.Namespace) -> int:
         except TraceFormatError as exc:
             print(f"invalid zeus-callbacks configuration in {args.file}:\n  virtual.trace: {exc}", file=sys.stderr)
             return 1
-    blocked = _blocking_file(Path(config.logging.log_dir))
-    if blocked is not None:  # the run would fail at its start: say so now
-        print(f"invalid zeus-callbacks configuration in {args.file}:\n  logging.log_dir: {config.logging.log_dir} "
-              f"cannot be a folder: {blocked} is a file", file=sys.stderr)  # fmt: skip
+    problem = _log_dir_problem(Path(config.logging.log_dir))
+    if problem is not None:  # the run would fail at its start: say so now
+        print(f"invalid zeus-callbacks configuration in {args.file}:\n  logging.log_dir: {problem}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(config.model_dump(mode="json"), indent=2))

@@ -796,7 +796,7 @@ class EnergySession:
     def progress_bar_metrics(self) -> dict[str, float]:
         """The short metrics shown on a progress bar: the run's energy so far (kJ, rounded to 1 J).
 
-        ``energy_kJ``; on the virtual GPU ``simulated_energy_kJ`` instead (a progress bar shows no
+        ``energy_kJ``; on the virtual GPU ``sim_energy_kJ`` instead (a progress bar shows no
         ``energy/simulated`` flag beside it). Empty before the run and on a GPU that cannot be measured.
         """
         totals = self.totals()

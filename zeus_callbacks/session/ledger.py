@@ -10,7 +10,8 @@ guess, and the four parts sum to the epoch by construction.
 
 A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly
 covered by samples when the epoch ended) enters ``steps`` at the epoch's mean measured
-step: an estimate, counted in ``steps_estimated``. When that estimate leaves less than
+step: an estimate, counted in ``steps_estimated`` and said in words in ``steps_basis``
+("estimated from N of M steps"). An estimate can exceed what the epoch holds. When it leaves less than
 nothing for ``other``, ``other`` is unknown (null, with the reason), never negative. The
 split with no estimate in it always closes: warm-up + the step windows + evaluations +
 ``unwindowed`` (the unmeasured steps and other together, which no mark separates).
@@ -90,8 +91,9 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
 
     Returns:
         ``{"warmup_J", "steps_J", "eval_J", "other_J", "warmup_s", "steps_s", "eval_s", "other_s",
-        "steps_estimated", "other_reason", "steps_windowed_J", "steps_windowed_s", "unwindowed_J",
-        "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the epoch (J and s alike)
+        "steps_estimated", "steps_measured", "steps_basis", "other_reason", "steps_windowed_J",
+        "steps_windowed_s", "unwindowed_J", "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the
+        epoch (J and s alike)
         wherever ``other`` is not None; ``other_reason`` says why it is None. Always, with no
         estimate in it: ``warmup + steps_windowed + eval + unwindowed`` equals the epoch, where
         ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
@@ -128,10 +130,24 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
         "other_J": other_J if reason is None else None,
         "warmup_s": warmup_s, "steps_s": _finite(steps_s), "eval_s": eval_s,
         "other_s": other_s if reason is None else None,
-        "steps_estimated": estimated, "other_reason": reason,
+        "steps_estimated": estimated, "steps_measured": int(steps_n),
+        "steps_basis": _steps_basis(int(steps_n), estimated), "other_reason": reason,
         "steps_windowed_J": windowed_J, "steps_windowed_s": windowed_s,
         "unwindowed_J": unwindowed_J, "unwindowed_s": unwindowed_s,
     }  # fmt: skip
+
+
+def _steps_basis(measured: int, estimated: int) -> str | None:
+    """Where ``steps_J`` comes from when not every step after warm-up has a window, else None (all measured)."""
+    if not estimated:
+        return None
+    total = measured + estimated
+    if not measured:
+        return f"unknown: none of the {total} steps after warm-up has a measured window"
+    return (
+        f"estimated from {measured} of {total} steps after warm-up: the other {estimated} count at the "
+        "epoch's mean measured step; steps_windowed_J holds the measured steps only"
+    )
 
 
 def _rest(whole: float, *parts: float) -> float | None:

@@ -12,6 +12,30 @@ from __future__ import annotations
 
 from zeus_callbacks.optimizers.power_limit.actuator import PowerLimitActuator
 
+SAME_SPEED_REL = 0.005
+"""A time factor within this of 1 reads "no slower": ``1.00x slower`` says nothing true."""
+
+
+def slowdown_words(factor: float) -> str:
+    """A time factor (time at a limit / time at the maximum) in words.
+
+    Args:
+        factor: The ratio of times (dimensionless, > 0).
+
+    Returns:
+        ``"no slower"`` within :data:`SAME_SPEED_REL` of 1, ``"2.76x slower"`` above it, and
+        ``"1.05x faster"`` (the inverse ratio) below it.
+
+    Example:
+        >>> slowdown_words(2.761), slowdown_words(1.001), slowdown_words(0.95)
+        ('2.76x slower', 'no slower', '1.05x faster')
+    """
+    if abs(factor - 1.0) <= SAME_SPEED_REL:
+        return "no slower"
+    if factor > 1.0:
+        return f"{factor:.2f}x slower"
+    return f"{1.0 / factor:.2f}x faster"
+
 
 def time_note(backend: PowerLimitActuator, limit_W: float) -> str | None:
     """Why power-limit results on ``backend`` do not show the time a limit costs, or None when they do.
@@ -29,7 +53,9 @@ def time_note(backend: PowerLimitActuator, limit_W: float) -> str | None:
         return None
     slowdown = getattr(backend, "step_time_factor", None)  # the virtual GPU's trace
     trace = (
-        f" (its trace says {limit_W:.0f} W makes the job {slowdown(limit_W):.2f}x slower)" if callable(slowdown) else ""
+        f" (its trace says {limit_W:.0f} W makes the job {slowdown_words(slowdown(limit_W))})"
+        if callable(slowdown)
+        else ""
     )
     return (
         "the virtual GPU simulates power, not time: step times are this machine's clock, which no power "
