@@ -229,3 +229,35 @@ def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tm
     assert "exceeds prune_cost_ratio_no_descent 1.3 x best cost" in trial2.info["stop_reason"]
     assert trial2.batch_size != trial1.batch_size  # pruning moved on to another size
     assert 0 < step2 < 60 and step2 % 2 == 0  # early, at an agreement step (stop_agreement_steps = 2)
+
+
+def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_same_steps(tmp_path, capsys):
+    # Issue 26. Each rank's eval record held its own GPU only (about half the ledger's eval_J on 2 ranks);
+    # under auto sampling each rank settled its own share, so the ranks measured different steps; and
+    # `report` printed "1 GPU(s)" for the 2-GPU job. Here the ranks' budgets differ 400-fold.
+    from zeus_callbacks.cli import main as cli
+
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--step-s", "0.05", "--validate", "--overheads", "0.4", "0.001")
+    assert len({r["pid"] for r in ranks}) == 2 and all(r["trainer_world_size"] == 2 for r in ranks)
+    measured = [r["measured_steps"] for r in ranks]
+    assert measured[0] == measured[1]  # one agreed share, one seed: the same steps on both GPUs
+    assert 0 < len(measured[0]) < ranks[0]["summary"]["steps"]  # the least budget's share: not every step
+    records = read_jsonl(out / "zeus" / "ddp.jsonl")
+    evals = [r for r in records if r["event"] == "eval"]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(evals) == len(epochs) == 2
+    for ev, epoch in zip(evals, epochs, strict=True):
+        assert ev["ranks"] == 2 and ev["ranks_note"] is None and ev["energy_J"] > 0
+        # The ledger sums each rank's evaluation at the epoch's end: the eval record holds the same sum.
+        assert ev["energy_J"] == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)
+        assert ev["time_s"] == pytest.approx(0.1, rel=0.05)  # 2 validation batches of 50 ms on each rank
+    for steps in (r for r in records if r["event"] == "steps" and r["energy_J_mean"] is not None):
+        assert steps["ranks"] == 2
+    scalars = read_scalars(out / "tb")
+    logged = [value for _, value in scalars["energy/eval_J"]]
+    assert logged == pytest.approx([ev["energy_J"] for ev in evals], rel=1e-6)
+    assert cli(["report", str(out / "zeus" / "ddp.jsonl")]) == 0
+    header = capsys.readouterr().out.split("\n  energy ")[0]
+    assert "2 GPU(s) over 2 processes" in header and "1 GPU(s)" not in header
