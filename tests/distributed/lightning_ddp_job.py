@@ -157,7 +157,8 @@ def main() -> None:
         model.raise_at = (args.raise_on_rank, 12)
     if args.validate:
         g = torch.Generator().manual_seed(1)
-        val = DataLoader(TensorDataset(torch.randn(64, 32, generator=g), torch.randn(64, 1, generator=g)), batch_size=16)
+        data = TensorDataset(torch.randn(64, 32, generator=g), torch.randn(64, 1, generator=g))
+        val = DataLoader(data, batch_size=16)
         trainer.fit(model, val_dataloaders=val)
     else:
         trainer.fit(model)
