@@ -261,3 +261,19 @@ def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_sam
     assert cli(["report", str(out / "zeus" / "ddp.jsonl")]) == 0
     header = capsys.readouterr().out.split("\n  energy ")[0]
     assert "2 GPU(s) over 2 processes" in header and "1 GPU(s)" not in header
+
+
+def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(tmp_path):
+    # Issue 26: the Trainer's own evaluations run on every process; their energy is summed over the ranks.
+    out = tmp_path / "run"
+    out.mkdir()
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    ranks = run_job(out, command=[*launcher, str(HF_JOB), str(out), "--evaluate"])
+    assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
+    records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    assert all(r["ranks"] == 2 and r["ranks_note"] is None and r["energy_J"] > 0 for r in evals)
+    # The run's one (cut-short) epoch: its ledger sums each rank's evaluations at the epoch's end.
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert sum(r["energy_J"] for r in evals) == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)
