@@ -140,18 +140,29 @@ def test_a_shared_sampling_changes_its_share_only_when_the_ranks_agree():
     assert [a.next_skip() for _ in range(50)] == [b.next_skip() for _ in range(50)]
 
 
-def test_a_report_where_only_some_ranks_measured_steps_has_null_means_and_says_why(tmp_path, monkeypatch):
-    def peer(row):  # the peer attributed no step in this report (its samples lag)
-        if len(row) == SHARE_AT + 2:
+def test_a_report_where_only_some_ranks_measured_steps_waits_for_the_next_or_ends_null_and_says_why(
+    tmp_path, monkeypatch
+):
+    lagging = {"reports": 1}  # the peer's samples lag at this many step reports
+
+    def peer(row):  # the peer has attributed no step yet in this report
+        if len(row) == SHARE_AT + 2 and lagging["reports"]:
+            lagging["reports"] -= 1
             row[: StepColumns.width] = list(StepColumns().values())
         return row
 
     session, clock = start(tmp_path, monkeypatch, MirrorRanks(peer), sample_fraction=1)
     session.epoch_start(0)
     run_steps(session, clock, 4)
-    metrics = session.pop_metrics()
-    assert metric.STEP_ENERGY_J not in metrics  # one GPU's mean is not the job's
+    assert metric.STEP_ENERGY_J not in session.pop_metrics()  # one GPU's mean is not the job's
+    # The next report: both ranks have steps, and this rank's carried ones are in it (the newest step's
+    # samples have not arrived: it waits, as with one process).
+    run_steps(session, clock, 4)
+    assert session.pop_metrics()[metric.STEP_COUNT] == 7
+    lagging["reports"] = 10  # from here the peer has none: at the run's end every window is attributed
+    run_steps(session, clock, 2)
     session.train_end()
     steps = [r for r in read_jsonl(tmp_path / "r.jsonl") if r["event"] == "steps"]
-    assert steps and steps[0]["count"] == 0 and steps[0]["energy_J_mean"] is None
-    assert "only 1 of 2 ranks had measured steps" in steps[0]["incomplete_reason"] and not steps[0]["complete"]
+    assert [(r["count"], r["steps"]) for r in steps] == [(7, 7), (0, 3)]  # a record per report with all ranks
+    assert steps[0]["energy_J_mean"] > 0 and steps[1]["energy_J_mean"] is None
+    assert "only 1 of 2 ranks had measured steps" in steps[1]["incomplete_reason"] and not steps[1]["complete"]

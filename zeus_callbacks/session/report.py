@@ -315,8 +315,14 @@ class StepReports:
         rows = [s for s in steps if s.steps > 0]  # ranks with steps attributed this time
         if not rows:
             return
-        # A rank without a measured step here: a figure of the others' GPUs only is not the job's (null, and why).
+        # A rank without a measured step here (its samples lag): a figure of the others' GPUs only is not the
+        # job's. Every rank sees the same rows: each keeps its steps for the next report, which then has them
+        # all. At an epoch's or the run's end every window is attributed: a rank without steps measured none
+        # of them, and the means are null, with the reason.
         partial = None if len(rows) == len(steps) else records.partial_ranks_reason(len(rows), len(steps))
+        if partial and not final:
+            self._unreported_steps[:0] = batches
+            return
         values = {} if partial else records.step_metrics(rows)  # this report's (the JSONL record)
         self._interval_rows = records.merged_rows(self._interval_rows, steps)
         interval = [s for s in self._interval_rows if s.steps > 0]  # queued: the interval's, once every rank has steps
