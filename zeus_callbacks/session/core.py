@@ -168,6 +168,7 @@ class EnergySession:
         self._open_epoch: Any = None  # the epoch under way (None: between epochs)
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
         self._last_eval_metrics: dict[str, float] = {}
+        self._eval_every_rank = True  # the last evaluation ran on every rank (eval_end's every_rank)
         self._started = False
         self._finished: RunSummary | None = None
         self._status = "completed"
@@ -499,6 +500,7 @@ class EnergySession:
         token = None
         # Whether the ranks meet here: from the configuration and the caller only, the same on every rank.
         together = every_rank and self.config.windows.eval and self._ranks.collective
+        self._eval_every_rank = every_rank  # evaluate() then exchanges the stop decision only if every rank is here
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
             info: dict[str, Any] = {"every_rank": together}
@@ -545,7 +547,8 @@ class EnergySession:
         self._steps.take_back_quiet_steps()
         if self.started:
             self._write(records.evaluate_record(self._totals.steps, numeric))
-            return self._batch.evaluated(numeric)
+            every_rank, self._eval_every_rank = self._eval_every_rank, True  # the next evaluate() without eval_end
+            return self._batch.evaluated(numeric, every_rank=every_rank)
         return self._batch.decide()
 
     def epoch_end(self, epoch: int, *, report: bool = False) -> dict[str, float]:
