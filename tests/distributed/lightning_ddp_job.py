@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
     parser.add_argument("--validate", action="store_true", help="validate at each epoch's end")
     parser.add_argument("--overheads", type=float, nargs=2, help="windows.max_overhead of rank 0 and of rank 1")
+    parser.add_argument("--sample-fraction", type=float, help="windows.sample_fraction (default: auto)")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     clock = ManualClock(1_000.0) if args.step_s else None  # None: the wall clock
@@ -122,6 +123,8 @@ def main() -> None:
     config = {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}
     if args.overheads:  # the ranks' budgets differ: alone, each would settle its own share of measured steps
         config["windows"] = {"max_overhead": args.overheads[local_rank]}
+    if args.sample_fraction:
+        config["windows"] = {"sample_fraction": args.sample_fraction}
     if args.power_limit:
         config["power_limit"] = {
             "enabled": True,

@@ -255,7 +255,13 @@ def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_sam
         assert ev["time_s"] == pytest.approx(0.1, rel=0.05)  # 2 validation batches of 50 ms on each rank
     for steps in (r for r in records if r["event"] == "steps" and r["energy_J_mean"] is not None):
         assert steps["ranks"] == 2
+    # The documented cadence on both ranks (logging.interval_steps 4, 8 steps an epoch): reports after batches 3 and
+    # 7, at each epoch's end (logged at its global step, 8 and 16), after 11 and 15. A point needs every
+    # rank's samples; the steps of a report without them go into the next one, and the records hold every step.
     scalars = read_scalars(out / "tb")
+    assert {step for step, _ in scalars["energy/step_J"]} <= {3, 7, 8, 11, 15, 16}
+    steps_records = [r for r in records if r["event"] == "steps"]
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps_records) == ranks[0]["summary"]["steps"] == 16
     logged = [value for _, value in scalars["energy/eval_J"]]
     assert logged == pytest.approx([ev["energy_J"] for ev in evals], rel=1e-6)
     assert cli(["report", str(out / "zeus" / "ddp.jsonl")]) == 0
