@@ -292,6 +292,10 @@ FIELDS: dict[str, str] = {
     "order) dropped since the previous `steps` record: in no mean; the record is then not `complete`.",
     "incomplete_reason": "Why the record is not `complete` beyond sample coverage (an impossible window "
     "dropped); null otherwise.",
+    "steps.incomplete_reason": "Why the record is not `complete` beyond sample coverage: impossible windows "
+    "dropped, or, under several processes, only some ranks had measured steps by an epoch's or the run's end (its "
+    "means are then null: a mean of part of the job's GPUs is not the job's). At other reports such steps wait for "
+    "the next report, which then holds every rank's. Null otherwise.",
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry. The entries are "
     "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
     "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "
@@ -399,6 +403,13 @@ FIELDS: dict[str, str] = {
     "docs/concepts.md, with Lightning a training batch, so `accumulate_grad_batches=k` counts k per optimizer "
     "step, unlike `last_step`): with Lightning, its `energy/eval_J` point is at `trainer.global_step` minus 1, "
     "where Lightning logs the validation metrics (this step minus 1 without gradient accumulation).",
+    "eval.ranks": "Processes whose GPUs `energy_J` and `time_s` combine. An evaluation every rank runs (a "
+    "Lightning fit's validation, the Hugging Face Trainer's own evaluations, `measure().evaluation(every_rank=True)`) "
+    "is summed over the ranks at its end: energy summed, time of the slowest rank. Any other evaluation under "
+    "several processes has 1 here and a `ranks_note`: the session cannot know that every rank runs it, and waiting "
+    "on the other ranks could hang.",
+    "eval.ranks_note": "Why the figures are this process's GPUs only (several processes, an evaluation not known "
+    "to run on every rank; then no `energy/eval_J` is logged); null otherwise.",
     "eval.dataset": "The evaluation dataset's name where the framework names it: with the Hugging Face Trainer's "
     '`eval_dataset={"a": ..., "b": ...}`, `"a"` or `"b"` (the `<name>` of `eval_<name>_energy_J`). Null '
     "for a single unnamed dataset (the Trainer's `eval_energy_J`) and for a Lightning validation loop, whose one "

@@ -141,17 +141,19 @@ def test_a_target_seen_by_the_main_rank_stops_every_rank_and_convergence_ends_co
 
 # -- named cross-rank records ------------------------------------------------------------------
 def test_a_step_report_row_packs_and_unpacks_by_name_and_each_field_reduces_as_declared():
-    from zeus_callbacks.session.rank_records import RunSoFar, StepColumns, StepReportRow, WarmupColumns
+    from zeus_callbacks.session.rank_records import RunSoFar, ShareVote, StepColumns, StepReportRow, WarmupColumns
 
     mine = StepReportRow(StepColumns(10.0, 2.0, 4.0, 128.0, 0.0, 100.0), WarmupColumns(1.0, 0.5, 1.0),
-                         RunSoFar(50.0, 9.0), (1.0, 2.0, 3.0))  # fmt: skip
-    peer = StepReportRow(StepColumns(30.0, 3.0, 3.0, 96.0, 0.0, 90.0), WarmupColumns(), RunSoFar(70.0, 8.0), (4.0,) * 3)
+                         RunSoFar(50.0, 9.0), ShareVote(0.25), (1.0, 2.0, 3.0))  # fmt: skip
+    peer = StepReportRow(StepColumns(30.0, 3.0, 3.0, 96.0, 0.0, 90.0), WarmupColumns(), RunSoFar(70.0, 8.0),
+                         ShareVote(0.5), (4.0,) * 3)  # fmt: skip
     assert StepReportRow.of(mine.values(), so_far=True) == mine
     alone = StepReportRow(mine.steps, mine.warmup)
     assert StepReportRow.of(alone.values(), so_far=False) == alone  # one process: no run so far on the wire
     steps = StepColumns.reduce([mine.steps, peer.steps])
     assert (steps.energy_J, steps.time_s, steps.steps, steps.power_samples) == (40.0, 3.0, 3.0, 190.0)
     assert RunSoFar.reduce([mine.so_far, peer.so_far]) == RunSoFar(120.0, 9.0)  # energy sums, time the slowest
+    assert ShareVote.reduce([mine.share, peer.share]) == ShareVote(0.25)  # every rank draws at the least share
     assert mine.steps.plus(StepColumns()) == mine.steps  # a report without steps adds nothing
     assert mine.warmup.plus(peer.warmup) == mine.warmup
     with pytest.raises(ValueError):

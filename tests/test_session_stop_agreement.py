@@ -160,6 +160,25 @@ def test_target_reached_on_the_main_rank_stops_the_follower_at_that_evaluation(t
     session.train_end()
 
 
+def test_a_target_reached_at_an_evaluation_of_the_main_rank_alone_waits_on_no_rank_and_goes_with_the_next_exchange(
+    tmp_path, monkeypatch
+):
+    # Issue 26: a user's evaluation on rank 0 only (eval_end without every_rank) must not enter a collective.
+    plant_converged_trial(tmp_path)
+    ranks = FakeRanks(0)
+    session, clock = start(tmp_path, monkeypatch, ranks, main=True)
+    before = len(ranks.stop_exchanges())
+    session.eval_start()
+    session.eval_end()  # not known to run on every rank
+    decision = session.evaluate({"val/acc": 0.9})  # the target, seen here alone
+    assert not decision.stop_training and len(ranks.stop_exchanges()) == before
+    for i in range(1, N + 1):  # the next step exchange carries it: every rank stops there
+        decision = step(session, clock, i)
+    assert decision.stop_training and "target" in decision.reason
+    assert ranks.stop_exchanges()[-1][1][2] == 1.0 and len(ranks.stop_exchanges()) == before + 1
+    session.train_end()
+
+
 def test_nothing_to_stop_on_means_no_exchange(tmp_path, monkeypatch):
     ranks = FakeRanks(0)
     # First recurrence (no best cost yet) and no target: nothing can stop the run.

@@ -128,7 +128,7 @@ METRICS: dict[str, str] = {
     EPOCH_DRAM_ENERGY_J: "J — DRAM energy of the training epoch (RAPL dram domains, node.rapl); logged when known",
     EPOCH_NODE_ENERGY_J: "J — energy/epoch_J + energy/epoch_cpu_J (+ energy/epoch_dram_J where the CPU has a DRAM "
     "domain: the epoch record's node_energy_note names the parts); logged when every part is known",
-    EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop",
+    EVAL_ENERGY_J: "J — GPU energy of the last evaluation loop (every rank's GPUs under DDP)",
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",

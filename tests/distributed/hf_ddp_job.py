@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--target-loss", type=float, default=0.0, help="the bandit's target: eval_loss <= this")
     parser.add_argument("--run-name", default="hf-ddp")
     parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
+    parser.add_argument("--evaluate", action="store_true", help="the Trainer evaluates every 4 steps")
     cli = parser.parse_args()
     out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -74,6 +75,8 @@ def main() -> None:
         }  # fmt: skip
         # Before TrainingArguments, with the same device and backend: the group made here is the Trainer's.
         batch_size = suggest_batch_size(config, cpu=True, ddp_backend="gloo")
+        extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+    if cli.evaluate:
         extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
     zeus = ZeusTrainerCallback(config, backend=backend)
     args = TrainingArguments(
@@ -103,7 +106,7 @@ def main() -> None:
         model=model,
         args=args,
         train_dataset=Tokens(256),
-        eval_dataset=Tokens(16) if cli.store else None,
+        eval_dataset=Tokens(16) if cli.store or cli.evaluate else None,
         callbacks=[zeus, probe := LogProbe()],
     )
     trainer.train()

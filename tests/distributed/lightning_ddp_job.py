@@ -52,6 +52,11 @@ class Model(L.LightningModule):
             torch.linalg.matmul(torch.randn(128, 128), torch.randn(128, 128))
         return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
+    def validation_step(self, batch, batch_idx):
+        if self.clock is not None:
+            self.clock.advance(self.step_s)  # the evaluation takes time on the manual clock too
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -62,11 +67,14 @@ class Probe(L.Callback):
     def __init__(self, out: Path, zeus: ZeusCallback) -> None:
         self.out, self.zeus = out, zeus
         self.limits: list[tuple[int, float]] = []  # (global step, limit in force) at each step start
+        self.measured: list[int] = []  # the global steps this rank measured (a step window open at its start)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         # Runs after the ZeusCallback's hook, which applied this step's limit.
         backend = self.zeus.session.backend
         self.limits.append((trainer.global_step, backend.power_limit_W(self.zeus.session.gpu_indices[0])))
+        if self.zeus.session.measuring:
+            self.measured.append(trainer.global_step)
 
     def on_fit_end(self, trainer, pl_module):
         from accelerate import PartialState
@@ -86,6 +94,7 @@ class Probe(L.Callback):
                     "limit_after_W": self.zeus.session.backend.power_limit_W(self.zeus.session.gpu_indices[0]),
                     "batch_size_used": pl_module.batch_size,
                     "stopped_at_step": trainer.global_step,
+                    "measured_steps": self.measured,
                 }
             )
         )
@@ -100,6 +109,9 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int)
     parser.add_argument("--raise-on-rank", type=int, help="this rank raises in its training step 12 (epoch 1)")
     parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
+    parser.add_argument("--validate", action="store_true", help="validate at each epoch's end")
+    parser.add_argument("--overheads", type=float, nargs=2, help="windows.max_overhead of rank 0 and of rank 1")
+    parser.add_argument("--sample-fraction", type=float, help="windows.sample_fraction (default: auto)")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     clock = ManualClock(1_000.0) if args.step_s else None  # None: the wall clock
@@ -109,6 +121,10 @@ def main() -> None:
     if args.faulty_rank == local_rank:
         backend.inject_fault(reads=10**6, kind="gpu_lost", sensor="samples")
     config = {"logging": {"interval_steps": 4, "log_dir": str(args.out / "zeus"), "run_name": "ddp"}}
+    if args.overheads:  # the ranks' budgets differ: alone, each would settle its own share of measured steps
+        config["windows"] = {"max_overhead": args.overheads[local_rank]}
+    if args.sample_fraction:
+        config["windows"] = {"sample_fraction": args.sample_fraction}
     if args.power_limit:
         config["power_limit"] = {
             "enabled": True,
@@ -132,6 +148,7 @@ def main() -> None:
         strategy="ddp",
         max_epochs=args.max_epochs or (4 if args.power_limit else 2),
         callbacks=[zeus, Probe(args.out, zeus)],
+        num_sanity_val_steps=0,
         logger=TensorBoardLogger(str(args.out / "tb"), name="ddp"),
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -141,7 +158,13 @@ def main() -> None:
     model.clock, model.step_s = clock, args.step_s or 0.0
     if args.raise_on_rank is not None:
         model.raise_at = (args.raise_on_rank, 12)
-    trainer.fit(model)
+    if args.validate:
+        g = torch.Generator().manual_seed(1)
+        data = TensorDataset(torch.randn(64, 32, generator=g), torch.randn(64, 1, generator=g))
+        val = DataLoader(data, batch_size=16)
+        trainer.fit(model, val_dataloaders=val)
+    else:
+        trainer.fit(model)
     # Rank 0 started rank 1 (Lightning re-ran this script) and does not wait for it: wait here, so
     # that rank 1's exit status is this job's too and a failure there fails the test.
     for child in getattr(trainer.strategy.launcher, "procs", []):

@@ -229,3 +229,57 @@ def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tm
     assert "exceeds prune_cost_ratio_no_descent 1.3 x best cost" in trial2.info["stop_reason"]
     assert trial2.batch_size != trial1.batch_size  # pruning moved on to another size
     assert 0 < step2 < 60 and step2 % 2 == 0  # early, at an agreement step (stop_agreement_steps = 2)
+
+
+def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_same_steps(tmp_path, capsys):
+    # Issue 26. Each rank's eval record held its own GPU only (about half the ledger's eval_J on 2 ranks);
+    # under auto sampling each rank settled its own share, so the ranks measured different steps; and
+    # `report` printed "1 GPU(s)" for the 2-GPU job. Here the ranks' budgets differ 400-fold.
+    from zeus_callbacks.cli import main as cli
+
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--step-s", "0.05", "--validate", "--overheads", "0.4", "0.001")
+    assert len({r["pid"] for r in ranks}) == 2 and all(r["trainer_world_size"] == 2 for r in ranks)
+    measured = [r["measured_steps"] for r in ranks]
+    assert measured[0] == measured[1]  # one agreed share, one seed: the same steps on both GPUs
+    assert 0 < len(measured[0]) < ranks[0]["summary"]["steps"]  # the least budget's share: not every step
+    records = read_jsonl(out / "zeus" / "ddp.jsonl")
+    evals = [r for r in records if r["event"] == "eval"]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(evals) == len(epochs) == 2
+    for ev, epoch in zip(evals, epochs, strict=True):
+        assert ev["ranks"] == 2 and ev["ranks_note"] is None and ev["energy_J"] > 0
+        # The ledger sums each rank's evaluation at the epoch's end: the eval record holds the same sum.
+        assert ev["energy_J"] == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)
+        assert ev["time_s"] == pytest.approx(0.1, rel=0.05)  # 2 validation batches of 50 ms on each rank
+    for steps in (r for r in records if r["event"] == "steps" and r["energy_J_mean"] is not None):
+        assert steps["ranks"] == 2
+    # The documented cadence on both ranks (logging.interval_steps 4, 8 steps an epoch): reports after batches 3 and
+    # 7, at each epoch's end (logged at its global step, 8 and 16), after 11 and 15. A point needs every
+    # rank's samples; the steps of a report without them go into the next one, and the records hold every step.
+    scalars = read_scalars(out / "tb")
+    assert {step for step, _ in scalars["energy/step_J"]} <= {3, 7, 8, 11, 15, 16}
+    steps_records = [r for r in records if r["event"] == "steps"]
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps_records) == ranks[0]["summary"]["steps"] == 16
+    logged = [value for _, value in scalars["energy/eval_J"]]
+    assert logged == pytest.approx([ev["energy_J"] for ev in evals], rel=1e-6)
+    assert cli(["report", str(out / "zeus" / "ddp.jsonl")]) == 0
+    header = capsys.readouterr().out.split("\n  energy ")[0]
+    assert "2 GPU(s) over 2 processes" in header and "1 GPU(s)" not in header
+
+
+def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(tmp_path):
+    # Issue 26: the Trainer's own evaluations run on every process; their energy is summed over the ranks.
+    out = tmp_path / "run"
+    out.mkdir()
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    ranks = run_job(out, command=[*launcher, str(HF_JOB), str(out), "--evaluate"])
+    assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
+    records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    assert all(r["ranks"] == 2 and r["ranks_note"] is None and r["energy_J"] > 0 for r in evals)
+    # The run's one (cut-short) epoch: its ledger sums each rank's evaluations at the epoch's end.
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert sum(r["energy_J"] for r in evals) == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)

@@ -180,7 +180,7 @@ def run_loop(rig: Rig, session: EnergySession, loop: Loop, *, first_step: int = 
         if loop.eval_s > 0:
             session.eval_start()
             clock.advance(loop.eval_s)
-            session.eval_end()
+            session.eval_end(every_rank=True)  # a trainer's own evaluation: every rank runs it
             metrics = loop.eval_metrics(epoch) if loop.eval_metrics else {"val/loss": 1.0 / (epoch + 1)}
             if after("evaluate", session.evaluate(metrics)):
                 break

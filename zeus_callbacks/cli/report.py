@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from zeus_callbacks.cli import compare
 from zeus_callbacks.footprint import ENERGY_BASES
@@ -123,9 +125,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
                 else ""
             )  # fmt: skip
             + "\n"
-            + textwrap.fill(
-                f"on {fmt(end.get('backend'))}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "
-            )
+            + textwrap.fill(f"on {_job_backend(end)}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     ")
             + f"\n  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
             f" (mean {fmt(end.get('mean_power_W'))} W)"
             + "\n"
@@ -235,3 +235,17 @@ def _figure(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return fmt(value)
     return three_figures(float(value))
+
+
+def _job_backend(end: dict[str, Any]) -> str:
+    """The run_end record's backend line, with the job's GPU count under several processes.
+
+    Logs written before the summary counted every rank's GPUs there name the main process's count
+    (``1 GPU(s)`` on a 2-rank run): the count is then taken from ``gpu_energy_J`` (one per GPU, every rank).
+    """
+    text = fmt(end.get("backend"))
+    world = end.get("world_size")
+    gpus = len(end.get("gpu_energy_J") or [])
+    if isinstance(world, int) and world > 1 and gpus and " processes" not in text:
+        text = re.sub(r"\d+ GPU\(s\)", f"{gpus} GPU(s) over {world} processes", text, count=1)
+    return text

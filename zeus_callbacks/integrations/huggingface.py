@@ -115,6 +115,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._samples_per_step = 0  # per_device_train_batch_size × gradient_accumulation_steps, set at train begin
         self._phases = False  # windows.phases: the optimizer-step hook has work
         self._in_eval = False
+        self._eval_every_rank = False  # the evaluation open is the Trainer's own (every process runs it)
         self._epoch = 0
         self._trainer: weakref.ReferenceType[Trainer] | None = None
         self._final_logs: dict[str, Any] | None = None  # the final log (TrainOutput.metrics): results
@@ -339,10 +340,16 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if metrics:
             self._epoch_reports.append((state.global_step, metrics))
 
-    def _eval_begin(self) -> None:
-        """Open the evaluation window (once per evaluation; only while the run is open)."""
+    def _eval_begin(self, control: TrainerControl | None) -> None:
+        """Open the evaluation window (once per evaluation; only while the run is open).
+
+        ``control``: the Trainer's; its ``should_evaluate`` is set while the Trainer runs its own
+        evaluation, which every process runs (its energy is then summed over them). Another
+        (``trainer.evaluate()`` called by the user, perhaps on one process) stays this process's.
+        """
         if not self._in_eval and self.session.started:
             self._in_eval = True
+            self._eval_every_rank = bool(control is not None and control.should_evaluate)
             self.session.eval_start()
 
     def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
@@ -352,7 +359,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         ``trainer.evaluate`` is entered (:meth:`attach`); this is the fallback, which misses
         the evaluation's set-up and its first batch.
         """
-        self._eval_begin()
+        self._eval_begin(control)
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics=None, **kwargs: Any
@@ -360,7 +367,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         """Close the evaluation window (if its log did not) and hand the metrics to the session."""
         if self._in_eval:
             self._in_eval = False
-            self.session.eval_end()
+            self.session.eval_end(every_rank=self._eval_every_rank)
         # The Trainer's metrics are the evaluation's log, which carries our figures: the user's keys only.
         mine = {k: v for k, v in (metrics or {}).items() if not metric.is_own_metric(str(k), self._eval_prefixes)}
         decision = self.session.evaluate(mine)
@@ -405,7 +412,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             prefix = _eval_prefix(logs)
             self._eval_prefixes.add(prefix)
             dataset = prefix.removeprefix("eval_") if prefix != "eval" else None  # eval_dataset={"a": ...}: "a"
-            ours = session.eval_end(report=True, dataset=dataset)  # flagged
+            ours = session.eval_end(report=True, dataset=dataset, every_rank=self._eval_every_rank)  # flagged
             ours.update(self._take_epochs(step))
             logs.update(_hf_names(session.once_per_step(ours, step), prefix))
             return
@@ -612,7 +619,7 @@ def _guard_evaluate(trainer: Trainer) -> None:
     def evaluate(*args: Any, **kwargs: Any) -> Any:
         for cb in trainer.callback_handler.callbacks:
             if isinstance(cb, ZeusTrainerCallback):
-                cb._eval_begin()
+                cb._eval_begin(trainer.control)
         return original(*args, **kwargs)
 
     trainer.evaluate = evaluate

@@ -224,7 +224,8 @@ class ZeusCallback(SessionAdapter, Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        self.session.eval_end()  # attributes the evaluation's energy now
+        # Lightning runs a fit's validation on every rank: its energy is summed over them here.
+        self.session.eval_end(every_rank=True)  # attributes the evaluation's energy now
         metrics = self.session.pop_metrics()
         if metrics:
             # One point per evaluation, at the step Lightning logs its validation metrics at (the last

@@ -262,11 +262,17 @@ class Measurement(SessionAdapter):
 
     # ------------------------------------------------------------------ evaluations and windows
     @contextmanager
-    def evaluation(self, metrics: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def evaluation(
+        self, metrics: Mapping[str, Any] | None = None, *, every_rank: bool = False
+    ) -> Iterator[dict[str, Any]]:
         """An evaluation window (``energy/eval_J``); no step's window holds it.
 
         Args:
             metrics: Validation metrics known before the block; more can be put in the dict it yields.
+            every_rank: Under several processes, every rank runs this evaluation: its energy is
+                summed over the ranks at its end (a collective every rank must reach). False
+                (default): the ``eval`` record holds this process's figures, marked so, and no
+                ``energy/eval_J`` is logged (an evaluation on rank 0 alone must not wait on the others).
 
         Yields:
             A dict for the evaluation's metrics (name → number, e.g. ``{"val/acc": 0.93}``); on exit
@@ -286,7 +292,7 @@ class Measurement(SessionAdapter):
             yield results
         finally:
             self._in_eval = False
-            self.session.eval_end()
+            self.session.eval_end(every_rank=every_rank)
         decision = self.session.evaluate(results)
         self.should_stop = self.should_stop or decision.stop_training
 

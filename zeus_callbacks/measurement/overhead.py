@@ -57,7 +57,10 @@ class WindowSampling:
         max_overhead: Auto mode's budget, a fraction of the step time, in (0, 1).
         interval_steps: The configured steps between reports (the least interval).
         stretch_reports: Whether auto mode may lengthen the report interval.
-        seed: Seed of the generator that draws the gaps.
+        seed: Seed of the generator that draws the gaps (the same on every rank).
+        shared: Several processes draw together: :meth:`observe` only proposes a share
+            (:attr:`wanted`); the share in force changes when :meth:`agree` is called with the one every
+            rank takes (the least proposed, at each report), so the ranks measure the same steps.
         announce: Warn (once) when reports come less often than ``interval_steps`` (off: no step
             energy is reported, e.g. ``windows.step`` off).
 
@@ -74,6 +77,7 @@ class WindowSampling:
         stretch_reports: bool,
         seed: int = 0,
         announce: bool = True,
+        shared: bool = False,
     ) -> None:
         if fraction is not None and not MIN_FRACTION <= fraction <= 1:
             raise ValueError(f"fraction must be in [{MIN_FRACTION:g}, 1], got {fraction}")
@@ -81,6 +85,8 @@ class WindowSampling:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead}")
         self.auto = fraction is None
         self.fraction = 1.0 if fraction is None else float(fraction)
+        self.wanted = self.fraction  # the share this process's budget allows (== fraction unless shared)
+        self.shared = shared
         self.max_overhead = max_overhead
         self.interval_steps = interval_steps
         self.report_every = interval_steps
@@ -99,6 +105,15 @@ class WindowSampling:
             return 0
         # Geometric on {0, 1, ...} with success probability f: mean (1 - f) / f.
         return int(math.log(1.0 - self._rng.random()) / math.log1p(-f))
+
+    def agree(self, fraction: float) -> None:
+        """Several processes: take ``fraction``, the share every rank agreed on (the least :attr:`wanted`).
+
+        Called at the same report on every rank with the same value: the gaps drawn from then on
+        (one seed everywhere) are the same on every rank.
+        """
+        if self.auto:
+            self.fraction = min(1.0, max(MIN_FRACTION, fraction))
 
     def observe(
         self,
@@ -135,7 +150,9 @@ class WindowSampling:
                 wanted = 1.0  # measuring a step costs no more than skipping it
             else:
                 wanted = (budget_s - floor_s) / (self._cost_s - floor_s)
-            self.fraction = min(1.0, max(MIN_FRACTION, wanted))
+            self.wanted = min(1.0, max(MIN_FRACTION, wanted))
+            if not self.shared:
+                self.fraction = self.wanted
         if self.stretch_reports:
             if self.fraction >= 1.0:  # every step measured: a report of interval_steps steps fits the budget
                 self.report_every = self.interval_steps

@@ -68,6 +68,7 @@ class BatchSizeSteps:
             BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
         )
         self._stop_reason: str | None = None
+        self._target_pending: str | None = None  # a target reached at an evaluation not every rank ran
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
         self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
         self._refresh_step_decision()
@@ -82,8 +83,12 @@ class BatchSizeSteps:
         if self.batch_size_controller is not None:
             self.batch_size_controller.record_power_limit(limit_W)
 
-    def evaluated(self, metrics: dict[str, float]) -> Decision:
-        """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several)."""
+    def evaluated(self, metrics: dict[str, float], *, every_rank: bool = True) -> Decision:
+        """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several).
+
+        ``every_rank``: every rank ran this evaluation and calls this (the stop exchange is a collective).
+        Otherwise no rank is waited on: a target reached here goes with the next exchange every rank makes.
+        """
         target_reason = None
         if self.batch_size_controller is not None:
             # Observed after a stop too: the evaluation that follows a cost stop may reach the
@@ -91,8 +96,11 @@ class BatchSizeSteps:
             target_reason = self.batch_size_controller.observe(metrics)
             if self._stop_reason is not None:
                 target_reason = None  # already stopping: the first reason stands
+        if self._stops.active and not every_rank:  # the other ranks may not be here: no exchange
+            self._target_pending = self._target_pending or target_reason
+            return self._decision()
         if self._stops.active:  # several processes: every rank exchanges here
-            self._agree_stop(target_reason)
+            self._agree_stop(target_reason or self._target_pending)
             return self._decision()
         self._stop_reason = self._stop_reason or target_reason
         self._refresh_step_decision()
@@ -201,7 +209,7 @@ class BatchSizeSteps:
 
     def _agreed_step_decision(self) -> Decision:
         if self._stops.cost and self._steps_this_run() % self._config.batch_size.stop_agreement_steps == 0:
-            self._agree_stop(None)
+            self._agree_stop(self._target_pending)
         return self._decision()
 
     def decide(self) -> Decision:
@@ -223,6 +231,7 @@ class BatchSizeSteps:
         Args:
             target_reason: The main rank's reason to stop at the target (None elsewhere).
         """
+        self._target_pending = None  # a target seen at an evaluation of this rank alone goes with this exchange
         c = self.batch_size_controller
         energy_J, time_s = self._so_far()
         verdict = agreement.exchange_stop(

@@ -142,7 +142,7 @@ class EnergySession:
         self._reports = StepReports(
             self.config, self._pending_metrics, window_observer=window_observer,
             degraded=lambda: self.degraded, power_limit_W=lambda: self._power.power_limit_W,
-            warmup_done=lambda: self._steps.warmup_done,
+            warmup_done=lambda: self._steps.warmup_done, sampling=lambda: self._steps.sampling,
         )  # fmt: skip
         steps = self._steps = StepScheduler(self._reports.report)
         self._batch = BatchSizeSteps(
@@ -167,6 +167,7 @@ class EnergySession:
         self._carried_open_epoch: Any = None  # the epoch the checkpoint was saved inside (None: between epochs)
         self._open_epoch: Any = None  # the epoch under way (None: between epochs)
         self._flag_step: int | None = None  # the logger step the flags were last handed at (once_per_step)
+        self._eval_every_rank = True  # the last evaluation ran on every rank (eval_end's every_rank)
         self._started = False
         self._finished: RunSummary | None = None
         self._status = "completed"
@@ -374,6 +375,7 @@ class EnergySession:
             cfg.windows.max_overhead,
             cfg.logging.interval_steps,
             stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
+            shared=self.ranks.is_distributed,  # the ranks agree the share at each report: they measure the same steps
             announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
         )
         self._steps.begin(
@@ -471,7 +473,9 @@ class EnergySession:
         if self.config.windows.eval:
             run.meter.begin("eval", step=self._totals.steps)
 
-    def eval_end(self, *, report: bool = False, dataset: str | None = None) -> dict[str, float]:
+    def eval_end(
+        self, *, report: bool = False, dataset: str | None = None, every_rank: bool = False
+    ) -> dict[str, float]:
         """Close the evaluation window; its energy is reported once attributed.
 
         Args:
@@ -481,6 +485,11 @@ class EnergySession:
                 queued for the next :meth:`pop_metrics`.
             dataset: The evaluation dataset's name, for the ``eval`` record (None: the single
                 default dataset, or one the framework does not name).
+            every_rank: Every rank runs this evaluation and calls this at its end (a trainer's own
+                evaluation). Under several processes its energy is then summed over the ranks here
+                (a collective). False (default): under several processes the ``eval`` record holds this
+                process's figures with a ``ranks_note``, no metric is queued and nothing waits on
+                the other ranks (an evaluation on one rank must not hang).
 
         Returns:
             With ``report``: ``energy/eval_J`` (J) and ``time/eval_s`` (s), flagged as
@@ -491,21 +500,31 @@ class EnergySession:
             return {}
         run = self.run
         token = None
+        # Whether the ranks meet here: from the configuration and the caller only, the same on every rank.
+        together = every_rank and self.config.windows.eval and self._ranks.collective
+        self._eval_every_rank = every_rank  # evaluate() then exchanges the stop decision only if every rank is here
         if self.config.windows.eval and run.meter.is_open("eval"):
             token = run.meter.mark()
-            run.meter.end_at("eval", token, {"dataset": dataset} if dataset is not None else None)
+            info: dict[str, Any] = {"every_rank": together}
+            if dataset is not None:
+                info["dataset"] = dataset
+            run.meter.end_at("eval", token, info)
         self._steps.eval_ends(token)  # before the attribution below (issue 27)
         if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
-            self._reports.attribute_closed()
+            # Every rank's window must be in before the exchange: attributed now even where the samples lag.
+            self._reports.attribute_closed(final=together)
+        if together:
+            self._reports.eval_exchange()
         self._power.eval_end()
         self._steps.resume_timing()
         if not report or not self.config.windows.eval:
             return {}
-        run.flush_sensor(run.backend.clock.now_s())
-        self._steps.report(resolve_final=True)
+        if together or not self._ranks.collective:  # a report is a collective under several processes
+            run.flush_sensor(run.backend.clock.now_s())
+            self._steps.report(resolve_final=True)
         keys = (metric.EVAL_ENERGY_J, metric.EVAL_TIME_S)
         return self._flagged({key: self._pending_metrics.pop(key) for key in keys if key in self._pending_metrics})
 
@@ -529,7 +548,8 @@ class EnergySession:
         self._steps.take_back_quiet_steps()
         if self.started:
             self._write(records.evaluate_record(self._totals.steps, numeric))
-            return self._batch.evaluated(numeric)
+            every_rank, self._eval_every_rank = self._eval_every_rank, True  # the next evaluate() without eval_end
+            return self._batch.evaluated(numeric, every_rank=every_rank)
         return self._batch.decide()
 
     def epoch_end(self, epoch: int, *, report: bool = False) -> dict[str, float]:

@@ -154,6 +154,20 @@ class RunSoFar(RankRecord):
 
 
 @dataclass(frozen=True)
+class ShareVote(RankRecord):
+    """The share of steps a rank's overhead budget allows (``windows.sample_fraction: auto``), sent with each report.
+
+    Every rank measures the least share from the report on: the ranks draw the same steps (one seed)
+    only while they draw them at the same share.
+
+    Attributes:
+        fraction: The share this rank's budget allows, in [0.001, 1].
+    """
+
+    fraction: float = reduced("min")
+
+
+@dataclass(frozen=True)
 class StepReportRow:
     """What one rank sends at a step report: its steps, its warm-up steps, its run so far, its node spans.
 
@@ -161,6 +175,7 @@ class StepReportRow:
         steps: The measured steps attributed since the last report.
         warmup: The warm-up steps attributed since then.
         so_far: The run so far (None with one process: nothing to agree on).
+        share: The share of steps this rank's budget allows (None with one process).
         spans: The node spans' columns (:meth:`~zeus_callbacks.session.node_spans.NodeSpans.local_row`;
             empty without ``node.rapl`` / ``node.virtual_cpu``).
     """
@@ -168,22 +183,26 @@ class StepReportRow:
     steps: StepColumns
     warmup: WarmupColumns
     so_far: RunSoFar | None = None
+    share: ShareVote | None = None
     spans: tuple[float, ...] = ()
 
     def values(self) -> list[float]:
         """The row this rank sends (every rank sends the same layout)."""
         so_far = self.so_far.values() if self.so_far is not None else []
-        return [*self.steps.values(), *self.warmup.values(), *so_far, *self.spans]
+        share = self.share.values() if self.share is not None else []
+        return [*self.steps.values(), *self.warmup.values(), *so_far, *share, *self.spans]
 
     @classmethod
     def of(cls, row: Sequence[float], *, so_far: bool) -> StepReportRow:
-        """A rank's row unpacked; ``so_far``: the row carries :class:`RunSoFar` (several processes)."""
+        """A rank's row unpacked; ``so_far``: it carries :class:`RunSoFar` and :class:`ShareVote` (several ranks)."""
         at = StepColumns.width
         steps, warmup = StepColumns.of(row), WarmupColumns.of(row[at:])
         at += WarmupColumns.width
         carried = RunSoFar.of(row[at:]) if so_far else None
         at += RunSoFar.width if so_far else 0
-        return cls(steps, warmup, carried, tuple(row[at:]))
+        share = ShareVote.of(row[at:]) if so_far else None
+        at += ShareVote.width if so_far else 0
+        return cls(steps, warmup, carried, share, tuple(row[at:]))
 
 
 @dataclass(frozen=True)
@@ -230,6 +249,23 @@ class LedgerColumns(RankRecord):
     eval_J: float = reduced("sum")
     eval_s: float = reduced("slowest")
     evals: float = reduced("slowest")
+
+
+@dataclass(frozen=True)
+class EvalColumns(RankRecord):
+    """One rank's evaluation window, exchanged at the evaluation's end when every rank evaluates.
+
+    Attributes:
+        energy_J: Its energy (J; 0 when not measured).
+        time_s: Its time (s).
+        measured: 1 when this rank has the evaluation's energy (a possible window, a finite figure), else 0.
+        complete: 1 when the samples cover the whole window, else 0.
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    measured: float = reduced("min")
+    complete: float = reduced("min")
 
 
 @dataclass(frozen=True)

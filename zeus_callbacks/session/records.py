@@ -27,6 +27,7 @@ from zeus_callbacks.session.node import LocalNode, node_figures
 from zeus_callbacks.session.rank_records import (
     EpochColumns,
     EpochRow,
+    EvalColumns,
     LedgerColumns,
     NodeColumns,
     StepColumns,
@@ -140,24 +141,58 @@ def evaluate_record(step: int, metrics: dict[str, float]) -> dict[str, Any]:
     return {"event": "evaluate", "step": step, "metrics": metrics}
 
 
-def eval_record(record: WindowRecord, *, reason: str | None = None) -> dict[str, Any]:
+EVAL_LOCAL_NOTE = (
+    "this process's GPUs only: the session cannot know that every rank ran this evaluation (only the "
+    "Lightning and Hugging Face trainers' own evaluations are known to), so its energy is not summed over the ranks"
+)
+"""``ranks_note`` of an ``eval`` record under several processes whose figures are this process's only."""
+
+
+def eval_record(
+    record: WindowRecord,
+    *,
+    reason: str | None = None,
+    ranks: EvalColumns | None = None,
+    processes: int = 1,
+    local_note: str | None = None,
+) -> dict[str, Any]:
     """The ``eval`` record of one evaluation window; ``step``: training steps taken before it began.
 
     ``dataset`` names the evaluation dataset when the framework named it (the HF Trainer's
     ``eval_dataset={"a": ...}``: ``"a"``); null for a single unnamed dataset (the HF default, a
     Lightning validation loop with all its dataloaders). With ``reason`` (an impossible window)
     its figures are null and it is not ``complete``.
+
+    ``ranks``: the ranks' windows combined (:class:`~zeus_callbacks.session.rank_records.EvalColumns`
+    reduced over ``processes`` ranks): energy summed over every GPU, time the slowest rank's; null figures
+    when a rank has none. None: this process's window alone; under several processes ``local_note`` then
+    says why (``ranks`` is 1 in the record).
     """
     known = reason is None
+    energy_J, time_s, complete = record.energy_J, record.time_s, bool(record.complete)
+    if ranks is not None:
+        known = known and bool(ranks.measured)
+        if reason is None and not known:
+            reason = "a rank has no figure for this evaluation (its window was impossible or not measured)"
+        energy_J, time_s, complete = ranks.energy_J, ranks.time_s, bool(ranks.complete)
     return {
         "event": "eval",
         "step": record.info.get("step"),
         "dataset": record.info.get("dataset"),
-        "energy_J": record.energy_J if known else None,
-        "time_s": record.time_s if known else None,
-        "complete": bool(record.complete) and known,
+        "energy_J": energy_J if known else None,
+        "time_s": time_s if known else None,
+        "complete": complete and known,
         "incomplete_reason": reason,
+        "ranks": processes if ranks is not None else 1,
+        "ranks_note": local_note if ranks is None else None,
     }
+
+
+def local_eval_row(record: WindowRecord | None) -> EvalColumns:
+    """This rank's evaluation window as the columns every rank sends (:class:`EvalColumns`; None: none measured)."""
+    if record is None or not record.time_s >= 0 or not math.isfinite(record.energy_J):
+        return EvalColumns(0.0, 0.0, 0.0, 0.0)  # nothing this rank can add: the sum is unknown
+    return EvalColumns(record.energy_J, record.time_s, 1.0, 1.0 if record.complete else 0.0)
 
 
 def window_record(record: WindowRecord) -> dict[str, Any]:
@@ -261,6 +296,12 @@ def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
     return values
 
 
+def partial_ranks_reason(with_steps: int, ranks: int) -> str:
+    """``incomplete_reason`` of a ``steps`` record whose means are null: only some ranks measured steps."""
+    return (f"only {with_steps} of {ranks} ranks had measured steps in this report: their mean would be "
+            "a figure of part of the job's GPUs, so it is left out")  # fmt: skip
+
+
 DROPPED_STEPS = "a step window ended before it began or lost its start time (boundary marks out of order)"
 """``incomplete_reason`` of a ``steps`` record that dropped impossible windows."""
 
@@ -276,6 +317,7 @@ def steps_record(
     warmup_steps: int = 0,
     dropped_windows: int = 0,
     node: Mapping[str, Any] | None = None,
+    partial_reason: str | None = None,
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
@@ -287,8 +329,10 @@ def steps_record(
     record is then not ``complete`` and ``incomplete_reason`` says why.
     ``node``: the node figures of the spans between CPU/DRAM readings the record holds
     (:class:`~zeus_callbacks.session.node_spans.SpanFigures` fields); None: no node option is on.
+    ``partial_reason``: why the means are null though some rank measured steps (:func:`partial_ranks_reason`).
     """
     node = node or {"node_energy_note": NODE_OFF}
+    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None)
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
@@ -301,9 +345,9 @@ def steps_record(
         "energy_J_per_sample": values.get(metric.ENERGY_PER_SAMPLE_J),
         "energy_J_per_token": values.get(metric.ENERGY_PER_TOKEN_J),
         "power_samples": int(values.get(metric.STEP_POWER_SAMPLES, 0)),
-        "complete": all(bool(b.complete.all()) for b in batches) and not dropped_windows,
+        "complete": all(bool(b.complete.all()) for b in batches) and reason is None,
         "dropped_windows": dropped_windows,
-        "incomplete_reason": DROPPED_STEPS if dropped_windows else None,
+        "incomplete_reason": reason,
         "power_limit_W": power_limit_W,
         "cpu_energy_J": node.get("cpu_energy_J"),
         "dram_energy_J": node.get("dram_energy_J"),
@@ -523,6 +567,18 @@ def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_en
         covered_s=(run.covered_s if run.covered_s is not None else run.time_s) if run else 0.0,
     )
     return SummaryRow(figures, node, tuple(run.gpu_energy_J) if run else ())
+
+
+def job_backend(backend: GPUBackend, *, gpus: int, processes: int) -> str:
+    """The backend line of a run's summary: the job's GPUs (every rank's measured ones) under several processes.
+
+    ``backend.describe()`` counts the GPUs this process sees; the job's count is ``gpus``, those
+    whose energy the summary holds (``gpu_energy_J``), over ``processes`` ranks.
+    """
+    if processes <= 1:
+        return backend.describe()
+    names = sorted({backend.device_name(i) for i in range(backend.device_count())})
+    return f"{backend.name}: {gpus} GPU(s) over {processes} processes (this process's: {', '.join(names)})"
 
 
 def run_summary(

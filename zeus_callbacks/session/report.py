@@ -21,6 +21,7 @@ import numpy as np
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.measurement.overhead import WindowSampling
 from zeus_callbacks.measurement.phases import PHASES
 from zeus_callbacks.measurement.windows import WindowBatch, WindowRecord
 from zeus_callbacks.reporting import RunSummary
@@ -31,7 +32,9 @@ from zeus_callbacks.session.node import LocalNode, local_node
 from zeus_callbacks.session.node_spans import SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
 from zeus_callbacks.session.rank_records import (
     EpochRow,
+    EvalColumns,
     RunSoFar,
+    ShareVote,
     StepColumns,
     StepReportRow,
     SummaryRow,
@@ -53,6 +56,8 @@ class StepReports:
         degraded: Whether the measurement is degraded now (a sensor fault here or on a peer).
         power_limit_W: The limit in force now (W; None where unreadable).
         warmup_done: Warm-up steps taken so far in the run.
+        sampling: Which steps the scheduler measures: under several processes each report carries this
+            rank's wanted share and sets the agreed one (None: no agreement, e.g. tests of this part alone).
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class StepReports:
         degraded: Callable[[], bool],
         power_limit_W: Callable[[], float | None],
         warmup_done: Callable[[], int],
+        sampling: Callable[[], WindowSampling] | None = None,
     ) -> None:
         self._config = config
         self._pending_metrics = pending_metrics
@@ -71,6 +77,7 @@ class StepReports:
         self._degraded = degraded
         self._power_limit_W = power_limit_W
         self._warmup_done = warmup_done
+        self._sampling = sampling
         # The run's, from begin(): its parts, totals, the totals a checkpoint carried in, the rank exchanges.
         self._run: StartedRun
         self._totals = Totals()
@@ -93,6 +100,7 @@ class StepReports:
         self._reports_made = 0  # step reports this run (tests and benchmarks read reports_made)
         self._node_spans: NodeSpans | None = None  # node.rapl / node.virtual_cpu: spans between readings
         self._node_unwritten: SpanFigures | None = None  # spans a report combined but wrote in no record
+        self._held_eval: WindowRecord | None = None  # an evaluation every rank ran, until eval_exchange()
 
     @property
     def reports_made(self) -> int:
@@ -128,6 +136,7 @@ class StepReports:
         node = self._config.node
         self._node_spans = NodeSpans() if node.rapl or node.virtual_cpu else None
         self._node_unwritten = None
+        self._held_eval = None
 
     def epoch_ended(self, counts: tuple[int, int]) -> None:
         """An epoch ended with ``counts`` (steps, measured steps); its report comes next."""
@@ -224,14 +233,7 @@ class StepReports:
         if record.name == "epoch":
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
-            if not record.time_s >= 0:  # impossible (marks out of order, or a start time lost): unknown
-                self._run.log.write(records.eval_record(record, reason="the evaluation window ended before it began"))
-                return
-            self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
-            self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
-            if math.isfinite(record.energy_J):
-                self._ledger.add_eval(record.start_s, record.energy_J, record.time_s)
-            self._run.log.write(records.eval_record(record))
+            self._absorb_eval(record)
         elif record.name == "run":
             self._run_record = record
         elif record.name == SPAN_WINDOW:
@@ -241,11 +243,46 @@ class StepReports:
             self._pending_metrics[metric.window_energy_key(record.name)] = record.energy_J
             self._run.log.write(records.window_record(record))
 
+    def _absorb_eval(self, record: WindowRecord) -> None:
+        """Take an evaluation window: held for the ranks' exchange, or written as this process's figures."""
+        possible = record.time_s >= 0  # False: marks out of order, or a start time lost
+        if possible and math.isfinite(record.energy_J):
+            self._ledger.add_eval(record.start_s, record.energy_J, record.time_s)  # the ledger sums ranks at epoch end
+        if record.info.get("every_rank"):
+            self._held_eval = record  # eval_exchange() sums it over the ranks at the evaluation's end
+            return
+        reason = None if possible else "the evaluation window ended before it began"
+        processes = self._ranks.ranks.num_processes
+        if possible and processes == 1:
+            self._pending_metrics[metric.EVAL_ENERGY_J] = record.energy_J
+            self._pending_metrics[metric.EVAL_TIME_S] = record.time_s
+        # Several processes and not known to be every rank's evaluation: in the log as this process's, no metric.
+        note = records.EVAL_LOCAL_NOTE if processes > 1 else None
+        self._run.log.write(records.eval_record(record, reason=reason, local_note=note))
+
+    def eval_exchange(self) -> None:
+        """At the end of an evaluation every rank ran (collective): its energy summed over the ranks, then written.
+
+        Every rank calls it at the same evaluation's end, after attributing its window
+        (``final``): a rank without a figure makes the sum unknown (null, with a reason).
+        """
+        held, self._held_eval = self._held_eval, None
+        rows = self._ranks.exchange(records.local_eval_row(held), EvalColumns.of, degraded=self._degraded())
+        combined = EvalColumns.reduce(rows)
+        if held is None:
+            return  # this rank had no window (windows.eval off): nothing to write
+        if combined.measured:
+            self._pending_metrics[metric.EVAL_ENERGY_J] = combined.energy_J
+            self._pending_metrics[metric.EVAL_TIME_S] = combined.time_s
+        reason = None if held.time_s >= 0 else "the evaluation window ended before it began"
+        self._run.log.write(records.eval_record(held, reason=reason, ranks=combined, processes=len(rows)))
+
     def _queue_step_metrics(self, *, final: bool = False) -> None:
         batches, warmup = self._unreported_steps, self._unreported_warmup
         self._unreported_steps, self._unreported_warmup = [], []
         count = sum(b.size for b in batches)
         collective = self._ranks.collective
+        sampling = self._sampling() if self._sampling is not None else None
         run = self._run
         spans = self._node_spans
         # The warm-up steps, the run so far (several processes: every rank shows the run's) and the node
@@ -255,6 +292,7 @@ class StepReports:
             records.local_warmup_row(warmup),
             RunSoFar(run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
             if collective else None,
+            ShareVote(sampling.wanted if sampling is not None else 1.0) if collective else None,
             tuple(spans.local_row()) if spans is not None else (),
         )  # fmt: skip
         gathered = self._ranks.exchange(
@@ -265,6 +303,8 @@ class StepReports:
         if collective:
             so_far = RunSoFar.reduce([row.so_far for row in gathered if row.so_far is not None])
             self._ranks_totals = (so_far.energy_J, so_far.time_s)
+            if sampling is not None:  # the same share on every rank from here: the same steps measured
+                sampling.agree(ShareVote.reduce([row.share for row in gathered if row.share is not None]).fraction)
         warmups = [row.warmup for row in gathered]
         if any(w.steps > 0 for w in warmups):
             values = records.warmup_metrics([w for w in warmups if w.steps > 0])
@@ -275,10 +315,22 @@ class StepReports:
         rows = [s for s in steps if s.steps > 0]  # ranks with steps attributed this time
         if not rows:
             return
-        values = records.step_metrics(rows)  # this report's (the JSONL record); queued: the interval's
+        # A rank without a measured step here (its samples lag): a figure of the others' GPUs only is not the
+        # job's. Every rank sees the same rows: each keeps its steps for the next report, which then has them
+        # all. At an epoch's or the run's end every window is attributed: a rank without steps measured none
+        # of them, and the means are null, with the reason.
+        partial = None if len(rows) == len(steps) else records.partial_ranks_reason(len(rows), len(steps))
+        if partial and not final:
+            self._unreported_steps[:0] = batches
+            return
+        values = {} if partial else records.step_metrics(rows)  # this report's (the JSONL record)
         self._interval_rows = records.merged_rows(self._interval_rows, steps)
-        self._pending_metrics.update(records.step_metrics([s for s in self._interval_rows if s.steps > 0]))
-        stood_for = self._write_steps_record(values, batches if count else [], len(gathered), final=final)
+        interval = [s for s in self._interval_rows if s.steps > 0]  # queued: the interval's, once every rank has steps
+        if len(interval) == len(self._interval_rows):
+            self._pending_metrics.update(records.step_metrics(interval))
+        stood_for = self._write_steps_record(
+            values, batches if count else [], len(gathered), final=final, partial=partial
+        )
         if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
             energy_J, time_s = local.steps.energy_J, local.steps.time_s
             self._totals.step_energy_J += energy_J / count * stood_for
@@ -292,14 +344,16 @@ class StepReports:
             self._node_spans.end_interval()
 
     def _write_steps_record(
-        self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool
-    ) -> int:
+        self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool,
+        partial: str | None = None,
+    ) -> int:  # fmt: skip
         """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
+        ``partial``: why the means are null although some rank measured steps (not every rank did).
 
         Returns:
             The steps the record stands for (its ``steps``: warm-up steps left out).
@@ -321,6 +375,7 @@ class StepReports:
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self._power_limit_W(), ranks=ranks, degraded=self._degraded(),
                 dropped_windows=self._dropped_windows, node=node.fields if node is not None else None,
+                partial_reason=partial,
             )
         )  # fmt: skip
         self._dropped_windows = 0
@@ -427,7 +482,9 @@ class StepReports:
             carried_time_s=self._carried.time_s,
             run_name=run.run_name or "",
             status=status,
-            backend=run.backend.describe(),
+            backend=records.job_backend(
+                run.backend, gpus=sum(len(row.gpu_energy_J) for row in rows), processes=len(rows)
+            ),
             steps=t.steps,
             epochs=t.epochs,
             epoch_energy_J=list(t.epoch_energy_J),
