@@ -138,26 +138,34 @@ def _contains(outer: Any, inner: Any) -> bool:
     return bool(outer.x0 <= inner.x0 and inner.x1 <= outer.x1 and outer.y0 <= inner.y0 and inner.y1 <= outer.y1)
 
 
-def _save(fig: Any, path: str | Path, *, dpi: int, text: dict[str, str] | None = None) -> None:
-    """Write ``fig`` to ``path`` atomically, following no link planted there (docs/shared-clusters.md).
+def _save(
+    fig: Any,
+    path: str | Path,
+    *,
+    dpi: int,
+    simulated: bool,
+    time_note: str | None = None,
+    text: dict[str, str] | None = None,
+) -> Path:
+    """Write ``fig`` to ``path`` atomically, following no link planted there (docs/shared-clusters.md), and close it.
 
-    The format is the file's suffix where matplotlib knows it (``.png``, ``.pdf``, ``.svg``, ...), else PNG.
-    A PNG gets ``text`` as text chunks (keyword → value, e.g. :data:`SIMULATED_KEY`), so a program can
-    tell a simulated figure without looking at it.
+    The directory is created. The format is the file's suffix where matplotlib knows it (``.png``, ``.pdf``,
+    ``.svg``, ...), else PNG. A PNG gets ``text`` as text chunks (keyword → value), then :data:`SIMULATED_KEY`
+    and :data:`TIME_NOTE_KEY` where they apply, so a program can tell a simulated figure without looking at it.
     """
-    suffix = Path(path).suffix.lower().lstrip(".")
-    fmt = suffix if suffix in fig.canvas.get_supported_filetypes() else "png"
-    metadata = dict(text or {}) if fmt == "png" else None
-    with atomic_output(path, "wb") as fh:
-        fig.savefig(fh, format=fmt, dpi=dpi, metadata=metadata)
-
-
-def _text_chunks(simulated: bool, time_note: str | None = None) -> dict[str, str]:
-    """The PNG text chunks of a figure: the simulated mark and a time note, where they apply."""
-    chunks = {SIMULATED_KEY: SIMULATED_MARK} if simulated else {}
-    if time_note:
-        chunks[TIME_NOTE_KEY] = time_note
-    return chunks
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        suffix = path.suffix.lower().lstrip(".")
+        fmt = suffix if suffix in fig.canvas.get_supported_filetypes() else "png"
+        chunks = {**(text or {}), **({SIMULATED_KEY: SIMULATED_MARK} if simulated else {})}
+        if time_note:
+            chunks[TIME_NOTE_KEY] = time_note
+        with atomic_output(path, "wb") as fh:
+            fig.savefig(fh, format=fmt, dpi=dpi, metadata=chunks if fmt == "png" else None)
+    finally:
+        _pyplot().close(fig)
+    return path
 
 
 def figure_text(fig: Any) -> list[str]:
@@ -196,8 +204,6 @@ def plot_profile(
         ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
     plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5, 4))
     rows = [r for r in rows if _measured(r.get("time_per_step_s")) and _measured(r.get("energy_per_step_J"))]
     try:
@@ -220,10 +226,10 @@ def plot_profile(
                                chosen)  # fmt: skip
         if simulated:
             _mark_simulated(fig)
-        _save(fig, path, dpi=100, text=_text_chunks(simulated, time_note))
-    finally:
-        plt.close(fig)
-    return path
+    except BaseException:
+        plt.close(fig)  # drawing failed; otherwise _save closes it
+        raise
+    return _save(fig, path, dpi=100, simulated=simulated, time_note=time_note)
 
 
 def _measured(value: Any) -> bool:
@@ -274,11 +280,7 @@ def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
     fig.tight_layout()
     if result.simulated:
         _mark_simulated(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, path, dpi=110, text=_text_chunks(result.simulated))
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110, simulated=result.simulated)
 
 
 def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Path, *, simulated: bool = False) -> Path:
@@ -318,11 +320,7 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
     fig.tight_layout()
     if simulated:
         _mark_simulated(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, path, dpi=120, text=_text_chunks(simulated))
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=120, simulated=simulated)
 
 
 RUN_TITLE = "{name}: power from the step reports' means (the log holds no power timeline)"
@@ -456,15 +454,6 @@ def plot_run(course: RunCourse, path: str | Path) -> Path:
     Raises:
         ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
-    plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = run_figure(course)
-    try:
-        title = RUN_TITLE.format(name=course.run_name or "run")
-        chunks = {"Title": title, "Description": "\n".join(figure_text(fig)),
-                  **_text_chunks(course.simulated, course.time_note)}  # fmt: skip
-        _save(fig, path, dpi=110, text=chunks)
-    finally:
-        plt.close(fig)
-    return path
+    text = {"Title": RUN_TITLE.format(name=course.run_name or "run"), "Description": "\n".join(figure_text(fig))}
+    return _save(fig, path, dpi=110, simulated=course.simulated, time_note=course.time_note, text=text)

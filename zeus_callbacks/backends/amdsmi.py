@@ -31,13 +31,12 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
-    DeviceIdentity,
     NotSupported,
     PermissionDenied,
     PowerSample,
     SensorError,
 )
-from zeus_callbacks.backends.vendor import VendorBackend, parse_visible_list
+from zeus_callbacks.backends.vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +70,9 @@ VISIBLE_DEVICE_ENVS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 @dataclass
-class _DeviceState:
+class _DeviceState(VendorDevice):
     """Per-device state; ``lock`` guards the poll and counter fields."""
 
-    amdsmi_index: int
-    handle: Any
-    name: str
-    lock: threading.Lock
-    uuid: str | None = None
     last_poll: tuple[float, float] | None = None  # (time_s, energy_J)
     power_checked: bool = False
     last_energy_J: float | None = None
@@ -130,9 +124,9 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         amdsmi_module: ModuleType | Any | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
-        self._smi = amdsmi_module if amdsmi_module is not None else _import_amdsmi()
+        self._smi = amdsmi_module if amdsmi_module is not None else import_vendor_module("amdsmi", "AMD", _ADVICE)
         self._error_cls = getattr(self._smi, "AmdSmiException", Exception)
-        self._start(self._smi.amdsmi_init, "amdsmi_init", self._discover_devices)
+        self._start(self._smi.amdsmi_init, self._smi.amdsmi_shut_down, self._discover_devices)
 
     def _discover_devices(self) -> list[_DeviceState]:
         try:
@@ -161,7 +155,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             except (self._error_cls, AttributeError) as exc:  # an older amdsmi, or the query failed
                 logger.warning("amdsmi: cannot read the UUID of GPU %d: %s", amdsmi_index, exc)
                 uuid = None
-            devices.append(_DeviceState(amdsmi_index, handle, name, threading.Lock(), uuid))
+            devices.append(_DeviceState(backend_index=amdsmi_index, handle=handle, name=name, uuid=uuid))
         return devices
 
     # -- error translation: the one place amdsmi exceptions become ours ----------------
@@ -181,25 +175,9 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         return SensorError(message, kind="unknown")
 
     # -- identity ----------------------------------------------------------------------
-    def device_uuid(self, index: int) -> str | None:
-        """Return amdsmi's device UUID of GPU ``index`` (None if amdsmi could not say)."""
-        return self._device(index).uuid
-
-    def device_identity(self, index: int) -> DeviceIdentity:
-        """Return GPU ``index``'s amdsmi index and device UUID, as read at discovery (no amdsmi call).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
-        device = self._device(index)
-        note = None if device.uuid is not None else "amdsmi could not read the device's UUID (see the warning)"
-        return DeviceIdentity(index=index, backend_index=device.amdsmi_index, uuid=device.uuid, name=device.name,
-                              note=note)  # fmt: skip
-
     def amdsmi_index(self, index: int) -> int:
         """Return amdsmi's index of the process's GPU ``index``."""
-        return self._device(index).amdsmi_index
+        return self._device(index).backend_index
 
     # -- sensors -----------------------------------------------------------------------
     def _read_energy_J(self, device: _DeviceState, index: int, *, sensor: bool) -> float:
@@ -246,10 +224,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             then_s, then_J = previous
             span_s = now_s - then_s
             if energy_J < then_J:
-                raise SensorError(
-                    f"amdsmi: GPU {index} energy counter went backwards ({then_J:.3f} J -> {energy_J:.3f} J)",
-                    kind="counter_backwards",
-                )
+                raise self._counter_backwards(index, f"{then_J:.3f} J", f"{energy_J:.3f} J")
             if span_s < MIN_POLL_INTERVAL_S:
                 # Too short for a power figure; but a doubt the last poll left is settled by a counter that
                 # has not moved over several refresh periods since (a window's close reads soon after a poll).
@@ -411,10 +386,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         with device.lock:
             previous_J, device.last_energy_J = device.last_energy_J, energy_J
         if previous_J is not None and energy_J < previous_J:
-            raise SensorError(
-                f"amdsmi: GPU {index} energy counter went backwards ({previous_J:.3f} J -> {energy_J:.3f} J)",
-                kind="counter_backwards",
-            )
+            raise self._counter_backwards(index, f"{previous_J:.3f} J", f"{energy_J:.3f} J")
         return energy_J
 
     # -- power cap ---------------------------------------------------------------------
@@ -449,23 +421,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             self._smi.amdsmi_set_power_cap(device.handle, 0, cap_uW)
         logger.info("amdsmi: GPU %d power cap set to %.0f W", index, limit_W)
 
-    # -- lifecycle ---------------------------------------------------------------------
-    def _shutdown(self) -> None:
-        """Shut amdsmi down; a failure is logged at debug level, never raised."""
-        try:
-            self._smi.amdsmi_shut_down()
-        except self._error_cls as exc:
-            logger.debug("amdsmi: amdsmi_shut_down failed: %s", exc)
 
-
-def _import_amdsmi() -> ModuleType:
-    try:
-        import amdsmi
-    except (ImportError, OSError) as exc:  # OSError: libamd_smi.so missing or unloadable
-        raise BackendUnavailable(
-            f"AMD backend unavailable: cannot import amdsmi ({exc}); install ROCm's amdsmi package"
-        ) from exc
-    return amdsmi
+_ADVICE = "install ROCm's amdsmi package"
 
 
 def _apply_visible_list(env: str, spec: str | None, visible: list[int]) -> list[int]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -34,13 +33,12 @@ from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
     Clock,
-    DeviceIdentity,
     NotSupported,
     PermissionDenied,
     PowerSample,
     SensorError,
 )
-from zeus_callbacks.backends.vendor import VendorBackend, parse_visible_list
+from zeus_callbacks.backends.vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +61,9 @@ _FALLBACK_ORDER: tuple[PowerSource, ...] = ("samples", "field", "power_usage")
 
 
 @dataclass
-class _DeviceState:
+class _DeviceState(VendorDevice):
     """Per-device state of the sensor stream; guarded by ``lock``."""
 
-    nvml_index: int
-    handle: Any
-    name: str
-    uuid: str
-    lock: threading.Lock
     power_source: PowerSource = "samples"
     last_field_us: int = -1
     last_energy_mJ: int | None = None
@@ -138,9 +131,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         nvml_module: ModuleType | Any | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
-        self._nvml = nvml_module if nvml_module is not None else _import_pynvml()
+        self._nvml = nvml_module if nvml_module is not None else import_vendor_module("pynvml", "NVIDIA", _ADVICE)
         self._error_cls = self._nvml.NVMLError
-        self._start(self._nvml.nvmlInit, "nvmlInit", self._discover_devices)
+        self._start(self._nvml.nvmlInit, self._nvml.nvmlShutdown, self._discover_devices)
 
     # -- discovery ---------------------------------------------------------------------
     def _discover_devices(self) -> list[_DeviceState]:
@@ -173,11 +166,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
                     f"NVIDIA backend unavailable: GPU {process_index} (NVML index {nvml_index}, {name}, "
                     f"{uuids[nvml_index]}) is in MIG mode; NVML cannot measure or cap a MIG instance"
                 )
-            devices.append(
-                _DeviceState(
-                    nvml_index=nvml_index, handle=handle, name=name, uuid=uuids[nvml_index], lock=threading.Lock()
-                )
-            )
+            devices.append(_DeviceState(backend_index=nvml_index, handle=handle, name=name, uuid=uuids[nvml_index]))
         return devices
 
     def _mig_enabled(self, handle: Any) -> bool:
@@ -217,23 +206,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         return cls is not None and isinstance(exc, cls)
 
     # -- identity ----------------------------------------------------------------------
-    def device_uuid(self, index: int) -> str:
-        """Return the ``GPU-<uuid>`` of GPU ``index``."""
-        return self._device(index).uuid
-
-    def device_identity(self, index: int) -> DeviceIdentity:
-        """Return GPU ``index``'s NVML index and ``nvmlDeviceGetUUID``, as read at discovery (no NVML call).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
-        device = self._device(index)
-        return DeviceIdentity(index=index, backend_index=device.nvml_index, uuid=device.uuid, name=device.name)
-
     def nvml_index(self, index: int) -> int:
         """Return NVML's index of the process's GPU ``index`` (after ``CUDA_VISIBLE_DEVICES``)."""
-        return self._device(index).nvml_index
+        return self._device(index).backend_index
 
     def power_source(self, index: int) -> PowerSource:
         """Return which NVML stream :meth:`power_samples_since` reads for GPU ``index``.
@@ -349,10 +324,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
             previous_mJ, device.last_energy_mJ = device.last_energy_mJ, energy_mJ
         if previous_mJ is not None and energy_mJ < previous_mJ:
             # No warning here: the sampler warns once per kind of fault.
-            raise SensorError(
-                f"nvml: GPU {index} energy counter went backwards ({previous_mJ} mJ -> {energy_mJ} mJ)",
-                kind="counter_backwards",
-            )
+            raise self._counter_backwards(index, f"{previous_mJ} mJ", f"{energy_mJ} mJ")
         return energy_mJ / MJ_PER_J
 
     # -- power limit -------------------------------------------------------------------
@@ -388,24 +360,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
             self._nvml.nvmlDeviceSetPowerManagementLimit(device.handle, limit_mW)
         logger.info("nvml: GPU %d power limit set to %.0f W", index, limit_W)
 
-    # -- lifecycle ---------------------------------------------------------------------
-    def _shutdown(self) -> None:
-        """Shut NVML down; a failure is logged at debug level, never raised."""
-        try:
-            self._nvml.nvmlShutdown()
-        except self._error_cls as exc:
-            logger.debug("nvml: nvmlShutdown failed: %s", exc)
-
 
 # -- helpers -------------------------------------------------------------------------------
-def _import_pynvml() -> ModuleType:
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"NVIDIA backend unavailable: cannot import pynvml ({exc}); install nvidia-ml-py"
-        ) from exc
-    return pynvml
+_ADVICE = "install nvidia-ml-py"
 
 
 def _text(value: str | bytes) -> str:

@@ -6,8 +6,9 @@ discovery fails), an idempotent :meth:`~VendorBackend.close`, the closed/range c
 of a device index, per-``(kind, index)`` warn-once logging, and one context manager
 that translates the vendor's exceptions into the
 :mod:`zeus_callbacks.backends.base` hierarchy. Subclasses supply the vendor parts
-through two hooks, :meth:`~VendorBackend._shutdown` and
-:meth:`~VendorBackend._translate`.
+through :meth:`~VendorBackend._start` (the library's init and shut-down calls) and one
+hook, :meth:`~VendorBackend._translate`. :class:`VendorDevice` is the per-device state
+every vendor keeps, and :func:`import_vendor_module` imports the vendor's Python module.
 
 :func:`parse_visible_list` walks one ``*_VISIBLE_DEVICES`` list the way the CUDA and
 HIP runtimes do; each backend supplies its own rule for what an entry names.
@@ -20,24 +21,48 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
-from zeus_callbacks.backends.base import BackendError, BackendUnavailable, Clock, GPUBackend
+from zeus_callbacks.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Clock,
+    DeviceIdentity,
+    GPUBackend,
+    SensorError,
+)
 
 
-class _NamedDevice(Protocol):
+@dataclass
+class VendorDevice:
+    """What discovery reads of one visible device; vendors subclass it to add their sensor state.
+
+    Attributes:
+        backend_index: The library's own index of the device (not remapped by ``*_VISIBLE_DEVICES``).
+        handle: The library's device handle.
+        name: Model name.
+        uuid: The library's device UUID; None where it could not be read.
+        lock: Guards the subclass's sensor state.
+    """
+
+    backend_index: int
+    handle: Any
     name: str
+    uuid: str | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-DeviceT = TypeVar("DeviceT", bound=_NamedDevice)
+DeviceT = TypeVar("DeviceT", bound=VendorDevice)
 
 
 class VendorBackend(GPUBackend, Generic[DeviceT]):
     """A :class:`GPUBackend` over a vendor library, with per-device state ``DeviceT``.
 
     Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
-    class), call :meth:`_start` from ``__init__``, and implement :meth:`_shutdown`
-    and :meth:`_translate`. Messages are prefixed with the backend's :attr:`name`.
+    class), call :meth:`_start` from ``__init__``, and implement :meth:`_translate`.
+    Messages are prefixed with the backend's :attr:`name`.
 
     Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
     device state is the subclass's to guard.
@@ -61,21 +86,28 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         self._warned: set[tuple[str, int]] = set()
         self._warned_lock = threading.Lock()
 
-    def _start(self, init: Callable[[], object], init_name: str, discover: Callable[[], list[DeviceT]]) -> None:
+    def _start(
+        self,
+        init: Callable[[], object],
+        shutdown: Callable[[], object],
+        discover: Callable[[], list[DeviceT]],
+    ) -> None:
         """Initialise the library, then discover the devices (shutting down if that fails).
 
         Args:
-            init: The library's initialisation function.
-            init_name: Its name, for the message (e.g. ``"nvmlInit"``).
+            init: The library's initialisation function (its ``__name__`` goes in the message).
+            shutdown: The library's shut-down function, called by :meth:`close`.
             discover: Returns the visible devices in process order.
 
         Raises:
             BackendUnavailable: ``init`` raised the vendor's error (chained), or
                 ``discover`` raised it.
         """
+        self._shutdown_call = shutdown
         try:
             init()
         except self._error_cls as exc:
+            init_name = getattr(init, "__name__", "init")
             raise BackendUnavailable(f"{self.vendor} backend unavailable: {init_name} failed ({exc})") from exc
         try:
             self._devices = discover()
@@ -83,11 +115,14 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
             self._shutdown()
             raise
 
-    # -- hooks -------------------------------------------------------------------------
-    @abc.abstractmethod
     def _shutdown(self) -> None:
-        """Shut the vendor library down; log, never raise, the vendor's error."""
+        """Shut the vendor library down; its error is logged at debug level, never raised."""
+        try:
+            self._shutdown_call()
+        except self._error_cls as exc:
+            self._log.debug("%s: %s failed: %s", self.name, getattr(self._shutdown_call, "__name__", "shutdown"), exc)
 
+    # -- hook --------------------------------------------------------------------------
     @abc.abstractmethod
     def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
         """Return the :class:`BackendError` for vendor error ``exc``.
@@ -129,6 +164,12 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
             raise IndexError(f"{self.name}: GPU index {index} is out of range (0..{len(self._devices) - 1})")
         return self._devices[index]
 
+    def _counter_backwards(self, index: int, before: str, after: str) -> SensorError:
+        """The error for GPU ``index``'s energy counter going from ``before`` to a lower ``after``."""
+        return SensorError(
+            f"{self.name}: GPU {index} energy counter went backwards ({before} -> {after})", kind="counter_backwards"
+        )
+
     def _warn_once(self, kind: str, index: int, message: str, *args: object) -> None:
         """Log ``message % args`` as a warning the first time ``(kind, index)`` occurs."""
         with self._warned_lock:
@@ -150,6 +191,23 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
             IndexError: ``index`` is out of range.
         """
         return self._device(index).name
+
+    def device_uuid(self, index: int) -> str | None:
+        """Return the library's UUID of GPU ``index`` (``GPU-<uuid>`` on NVIDIA), None if it could not say."""
+        return self._device(index).uuid
+
+    def device_identity(self, index: int) -> DeviceIdentity:
+        """Return GPU ``index``'s library index and UUID, as read at discovery (no library call).
+
+        Raises:
+            BackendError: The backend is closed.
+            IndexError: ``index`` is out of range.
+        """
+        device = self._device(index)
+        note = None if device.uuid is not None else f"{self.name} could not read the device's UUID (see the warning)"
+        return DeviceIdentity(
+            index=index, backend_index=device.backend_index, uuid=device.uuid, name=device.name, note=note
+        )
 
     def close(self) -> None:
         """Shut the vendor library down (once); later calls on this backend raise :class:`BackendError`."""
@@ -196,3 +254,17 @@ def parse_visible_list(
             break
         selected.append(found)
     return selected
+
+
+def import_vendor_module(name: str, vendor: str, advice: str) -> ModuleType:
+    """Import the vendor's Python module ``name``.
+
+    Raises:
+        BackendUnavailable: The import failed (``ImportError``, or ``OSError`` from a missing
+            shared library); ``advice`` ends the message (e.g. which package to install).
+    """
+    try:
+        module: ModuleType = __import__(name)  # through builtins.__import__, which tests replace
+    except (ImportError, OSError) as exc:
+        raise BackendUnavailable(f"{vendor} backend unavailable: cannot import {name} ({exc}); {advice}") from exc
+    return module

@@ -284,14 +284,6 @@ def counter_energy(
     values = np.asarray(readings_J, dtype=np.float64)
     if times[0] - start_s > reach_s or end_s - times[-1] > reach_s:
         return None, COUNTER_NOT_BRACKETED
-
-    def at(t_s: float) -> float:
-        if t_s < times[0]:
-            slope = (values[1] - values[0]) / max(times[1] - times[0], 1e-12)
-            return float(values[0] - slope * (times[0] - t_s))
-        if t_s > times[-1]:
-            slope = (values[-1] - values[-2]) / max(times[-1] - times[-2], 1e-12)
-            return float(values[-1] + slope * (t_s - times[-1]))
-        return float(np.interp(t_s, times, values))
-
-    return at(end_s) - at(start_s), None
+    # Bracketed within reach_s: the readings extended at their end slopes, as the sampler's integral is.
+    at_end_J = extended_integral_J(times, values, end_s, reach_s=reach_s)
+    return at_end_J - extended_integral_J(times, values, start_s, reach_s=reach_s), None

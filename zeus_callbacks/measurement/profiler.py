@@ -362,6 +362,15 @@ def _profile(
         if manual and clock.now_s() <= before:
             raise ValueError("on a ManualClock the profiled callable must advance the clock")
 
+    def call_until(t_end: float, run_id: int, measured: bool) -> None:
+        """Call back to back until ``t_end``, marking each execution (steady mode)."""
+        prev = timer.mark()
+        while clock.now_s() < t_end:
+            call()
+            token = timer.mark()
+            marks.append((prev, token, run_id, measured))
+            prev = token
+
     sampler.start() if not manual else sampler.poll_once(read_counter=False)
     # The sensor hands back its buffered history (~2.4 s on an H200): samples of whatever ran
     # before this call must not count as this profile's idle time.
@@ -371,26 +380,15 @@ def _profile(
         idle(idle_s)
         run_id = 0
         if mode == "steady" and warmup_s > 0:
-            t_end = clock.now_s() + warmup_s
-            prev = timer.mark()
-            while clock.now_s() < t_end:
-                call()
-                token = timer.mark()
-                marks.append((prev, token, run_id, False))
-                prev = token
+            call_until(clock.now_s() + warmup_s, run_id, measured=False)
         measure_start = clock.now_s()
         last_check = measure_start
         result = None
         rel_ci: float | None = None
         while True:
             if mode == "steady":
-                t_end = clock.now_s() + min(chunk_s, max(max_time_s - (clock.now_s() - measure_start), 0.0))
-                prev = timer.mark()
-                while clock.now_s() < t_end:
-                    call()
-                    token = timer.mark()
-                    marks.append((prev, token, run_id, True))
-                    prev = token
+                left_s = max(max_time_s - (clock.now_s() - measure_start), 0.0)
+                call_until(clock.now_s() + min(chunk_s, left_s), run_id, measured=True)
                 sync()
                 timer.anchor()
             else:

@@ -24,7 +24,7 @@ import socket
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -558,6 +558,13 @@ def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace
     if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
         return "lease expired"
     return None
+
+
+def dead_trials(trials: Iterable[T], lease_grace_s: float) -> list[tuple[T, str]]:
+    """The dead ones among ``trials`` (records, or a document's dicts), each with its :func:`orphan_reason`."""
+    host, now_s = this_host(), now()
+    found = ((t, orphan_reason(t if isinstance(t, Mapping) else vars(t), host, now_s, lease_grace_s)) for t in trials)
+    return [(trial, reason) for trial, reason in found if reason is not None]
 
 
 def refuse_foreign_store(path: Path) -> None:

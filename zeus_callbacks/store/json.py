@@ -37,13 +37,12 @@ from zeus_callbacks.store.base import (
     StoreError,
     StoreSchemaError,
     TrialRecord,
+    dead_trials,
     locked_error,
     log_orphan,
     now,
-    orphan_reason,
     os_error,
     refuse_foreign_store,
-    this_host,
 )
 
 logger = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ class JSONStore(Store):
             raise os_error(exc, str(self.path), "create the directory of") from exc
         if self.path.exists():  # a read first: the common open (current schema, no dead trial) takes no lock
             doc = self._load()
-            if doc["schema_version"] == SCHEMA_VERSION and not self._orphans(doc):
+            if doc["schema_version"] == SCHEMA_VERSION and not dead_trials(doc["trials"], self.lease_grace_s):
                 return
         self._mutate(self._migrate_and_recover, always_write=not self.path.exists())
 
@@ -187,20 +186,11 @@ class JSONStore(Store):
         except OSError as exc:  # the lock file or the new document could not be written: nothing changed
             raise os_error(exc, str(self.path), "write") from exc
 
-    def _orphans(self, doc: Document) -> list[tuple[dict[str, Any], str]]:
-        host, now_s = this_host(), now()
-        found = []
-        for trial in doc["trials"]:
-            reason = orphan_reason(trial, host, now_s, self.lease_grace_s)
-            if reason is not None:
-                found.append((trial, reason))
-        return found
-
     def _migrate_and_recover(self, doc: Document) -> None:
         while doc["schema_version"] < SCHEMA_VERSION:
             MIGRATIONS[doc["schema_version"]](doc)
             doc["schema_version"] += 1
-        for trial, reason in self._orphans(doc):
+        for trial, reason in dead_trials(doc["trials"], self.lease_grace_s):
             trial.update(records.orphan_fields(self._record(trial), reason, now()))
             log_orphan(trial, reason, self.lease_grace_s)
 

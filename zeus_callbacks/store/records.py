@@ -17,6 +17,7 @@ and accepted by the same checks. :class:`Snapshot` carries a whole store from on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -46,6 +47,10 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
+"""The fields of :class:`~zeus_callbacks.store.base.TrialRecord`, in order (the trials table's columns)."""
 
 
 class _Record(BaseModel):
@@ -210,25 +215,7 @@ def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
         m = TrialModel.model_validate(fields)
     except ValidationError as exc:
         raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
-    return TrialRecord(
-        trial_id=m.trial_id,
-        job_id=m.job_id,
-        batch_size=m.batch_size,
-        power_limit_W=m.power_limit_W,
-        status=m.status,
-        energy_J=m.energy_J,
-        time_s=m.time_s,
-        cost=m.cost,
-        converged=m.converged,
-        started_at=m.started_at,
-        ended_at=m.ended_at,
-        pid=m.pid,
-        host=m.host,
-        info=dict(m.info),
-        owner=m.owner,
-        heartbeat_at=m.heartbeat_at,
-        pending_id=m.pending_id,
-    )
+    return TrialRecord(**{**{key: getattr(m, key) for key in TRIAL_FIELDS}, "info": dict(m.info)})
 
 
 def job(job_id: Any, created_at: Any, info: Any, location: str) -> JobRecord:

@@ -33,7 +33,6 @@ Design:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -58,16 +57,15 @@ from zeus_callbacks.store.base import (
     StoreError,
     StoreSchemaError,
     TrialRecord,
+    dead_trials,
     file_identity,
     locked_error,
     log_orphan,
     mask_url,
     now,
-    orphan_reason,
     os_error,
     refuse_foreign_store,
     retry_transient,
-    this_host,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,7 +109,6 @@ _AUTH_WORDS = (
     'role "',
     "no pg_hba.conf entry",
 )
-_TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
 
 
 def _tables(sa: Any, prefix: str) -> dict[str, Any]:
@@ -129,7 +126,7 @@ def _tables(sa: Any, prefix: str) -> dict[str, Any]:
             sa.Column("trial_id", sa.Integer, primary_key=True, autoincrement=True),
             *(
                 sa.Column(name, sa.String if name in ("job_id", "status", "owner") else raw)
-                for name in _TRIAL_FIELDS[1:]
+                for name in records.TRIAL_FIELDS[1:]
             ),
         ],
         "bandits": [
@@ -451,13 +448,7 @@ class SQLStore(Store):
     def _orphans(self, conn: Any) -> list[tuple[TrialRecord, str]]:
         t = self._t["trials"]
         rows = conn.execute(self._select_trials().where(t.c.status == "running")).mappings().all()
-        host, now_s = this_host(), now()
-        found = []
-        for trial in (self._trial(r) for r in rows):
-            reason = orphan_reason(trial.__dict__, host, now_s, self.lease_grace_s)
-            if reason is not None:
-                found.append((trial, reason))
-        return found
+        return dead_trials([self._trial(r) for r in rows], self.lease_grace_s)
 
     def _migrate_and_recover(self, conn: Any) -> None:
         sa = self._sa
@@ -713,7 +704,7 @@ class SQLStore(Store):
                     t["jobs"].insert().values(job_id=job.job_id, created_at=job.created_at, info=json.dumps(job.info))
                 )
             for trial in snapshot.trials:
-                row = {k: getattr(trial, k) for k in _TRIAL_FIELDS}
+                row = {k: getattr(trial, k) for k in records.TRIAL_FIELDS}
                 conn.execute(t["trials"].insert().values(**{**row, "info": json.dumps(trial.info)}))
             for state in snapshot.bandits:
                 state_json, arms_json = records.bandit_json(state, self.location)

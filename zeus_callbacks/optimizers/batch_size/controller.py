@@ -490,7 +490,6 @@ class BatchSizeController:
         self.explore_stop = explore is not None and (beta is None or explore < beta)
         self.threshold = explore if self.explore_stop else beta
         self.threshold_factor = None if factor is None else (factor[0], factor[1])
-        self.power_limit_W = power_limit_W
 
     def use_batch_size(self, batch_size: int) -> None:
         """Record the batch size the run really uses, when it differs from the suggestion.

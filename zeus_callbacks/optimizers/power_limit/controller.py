@@ -196,10 +196,7 @@ class PowerLimitController:
         p = self.profiler
         if p.phase == Phase.DONE and p.chosen_limit_W is not None:
             message = f"continued the checkpoint's power-limit choice {p.chosen_limit_W:.0f} W without profiling"
-            self.result = PowerLimitResult(
-                "checkpoint", p.chosen_limit_W, p.profiling_steps, p.objective.key(), self._rows(),
-                p.fallback_sweep, message,
-            )  # fmt: skip
+            self._conclude("checkpoint", p.chosen_limit_W, message)
         decided = sorted(p.profiles)
         logger.info(
             "zeus-callbacks: continuing the checkpoint's power-limit profile (%d limits decided: %s W)",
@@ -259,10 +256,30 @@ class PowerLimitController:
         self.profiler.finish_with(limit)
         self._apply(limit)
         message = f"applied the cached power limit {limit:.0f} W for {self.key.as_str()} without profiling"
-        logger.info("zeus-callbacks: %s", message)
-        self.result = PowerLimitResult(
-            "cache", limit, 0, self.profiler.objective.key(), list(entry.get("limits", [])), False, message
+        return self._conclude(
+            "cache", limit, message, logging.INFO, rows=list(entry.get("limits", [])), profiling_steps=0, sweep=False
         )
+
+    def _conclude(
+        self,
+        source: str,
+        chosen_W: float | None,
+        message: str,
+        level: int | None = None,
+        *,
+        rows: list[dict[str, float]] | None = None,
+        profiling_steps: int | None = None,
+        sweep: bool | None = None,
+        finished: bool = True,
+    ) -> PowerLimitResult:
+        """Keep (and log at ``level``) the outcome; what is not given comes from the profiler."""
+        p = self.profiler
+        if level is not None:
+            logger.log(level, "zeus-callbacks: %s", message)
+        steps = p.profiling_steps if profiling_steps is None else profiling_steps
+        rows = self._rows() if rows is None else rows
+        sweep = p.fallback_sweep if sweep is None else sweep
+        self.result = PowerLimitResult(source, chosen_W, steps, p.objective.key(), rows, sweep, message, finished)
         return self.result
 
     def _rows(self) -> list[dict[str, float]]:
@@ -306,21 +323,13 @@ class PowerLimitController:
                 f"observe mode ({self.observe_reason}): measured the limit in force ({trained}) until the run "
                 f"ended after {steps} steps; nothing was chosen or changed"
             )
-            logger.info("zeus-callbacks: %s", message)
-            self.result = PowerLimitResult(
-                "observe", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
-            )
-            return self.result
+            return self._conclude("observe", None, message, logging.INFO, rows=rows, finished=False)
         message = (
             f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
             f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
             "lower power_limit.profile_steps / warmup_steps so profiling ends within the run"
         )
-        logger.warning("zeus-callbacks: %s", message)
-        self.result = PowerLimitResult(
-            "unfinished", None, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message, finished=False
-        )
-        return self.result
+        return self._conclude("unfinished", None, message, logging.WARNING, rows=rows, finished=False)
 
     def _finish(self) -> PowerLimitResult:
         p = self.profiler
@@ -331,26 +340,18 @@ class PowerLimitController:
                 f"observe mode ({self.observe_reason}): measured only the current limit "
                 f"{current:.0f} W; cannot profile other limits, so no limit is chosen or changed"
             )
-            logger.warning("zeus-callbacks: %s", message)
-            self.result = PowerLimitResult("observe", None, p.profiling_steps, p.objective.key(), rows, False, message)
-            return self.result
+            return self._conclude("observe", None, message, logging.WARNING, rows=rows, sweep=False)
         chosen = p.chosen_limit_W
         if chosen is None:  # abandoned: no power samples
             self.restore()
             message = "profiling abandoned (no power samples arrived); the original limits are kept"
-            self.result = PowerLimitResult(
-                "abandoned", None, p.profiling_steps, p.objective.key(), rows, False, message
-            )
-            return self.result
+            return self._conclude("abandoned", None, message, rows=rows, sweep=False)
         self._apply(chosen)
         message = (
             f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
             f"steps over {len(rows)} limits{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
         )
-        logger.info("zeus-callbacks: %s", message)
-        self.result = PowerLimitResult(
-            "profile", chosen, p.profiling_steps, p.objective.key(), rows, p.fallback_sweep, message
-        )
+        result = self._conclude("profile", chosen, message, logging.INFO, rows=rows)
         if self.plot_path is not None and self.is_main_process:
             try:
                 plot_profile(rows, chosen, self.plot_path, simulated=self.backend.simulated, time_note=self.time_note())
@@ -366,7 +367,7 @@ class PowerLimitController:
                 self.cache.put(self.key, {"chosen_limit_W": chosen, "limits": rows, "time": time.time()})
             except OSError as exc:
                 logger.warning("zeus-callbacks: cannot write the power-limit cache (%s)", exc)
-        return self.result
+        return result
 
     # -- hardware --------------------------------------------------------------------------
     def _lock_gpus(self) -> str:
