@@ -3,13 +3,16 @@
 6 workloads x {V100, A40} x 5 seeds, eta_knob 0.5, beta_knob 2.0, 2·|batch sizes|·|power limits|
 recurrences each, through zeus_callbacks.simulate: the real EnergySession, bandit and store and,
 with --power-limit jit (the default), the session's own power-limit profiler, on a virtual clock.
-Baseline: the workload's default batch size at the maximum power limit.
+Baseline: the workload's default batch size at the maximum power limit. As an integration does, the
+simulator tells the profiler each job's length (max_epochs × real steps an epoch); --job-steps unknown
+does not (the profiler before issue 31 was never told).
 
 Per row (mean over seeds): oracle ETA saving (the expected-cost-optimal batch size and power
 limit), ETA saving over the last 10 and over all recurrences, TTA change over the last 10,
 and cumulative regret Σ(cost_i − cost_opt)/cost_opt. The last line printed is one JSON object.
 
     python benchmarks/recurring_jobs.py [--seeds 5] [--seed-start 0] [--power-limit jit|max] [--workers 2]
+                                        [--job-steps known|unknown]
                                         [--only squad,movielens-1m] [--bandit '{"prune_cost_ratio": 1.3}']
 """
 
@@ -72,7 +75,7 @@ def baseline_and_oracle(gpu: str, workload: str) -> dict:
 
 
 def one(job: tuple) -> dict:
-    gpu, workload, seed, power_limit, rounds, bandit = job
+    gpu, workload, seed, power_limit, rounds, bandit, job_steps = job
     sizes = traces.available_batch_sizes(gpu, workload)
     limits = traces.power_curve(gpu, workload).power_limit_W
     n = 2 * len(sizes) * len(limits)
@@ -86,6 +89,7 @@ def one(job: tuple) -> dict:
         power_limit=power_limit,
         pruning_rounds=rounds,
         bandit=bandit,
+        tell_job_steps=job_steps == "known",
     )
     return {"gpu": gpu, "workload": workload, "seed": seed, "runs": [(r.energy_J, r.time_s, r.cost) for r in runs]}
 
@@ -96,6 +100,12 @@ def main() -> None:
     parser.add_argument("--seed-start", type=int, default=0, help="first seed (default 0: seeds 0-4)")
     parser.add_argument("--power-limit", choices=["jit", "max"], default="jit")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--job-steps",
+        choices=["known", "unknown"],
+        default="known",
+        help="known: each recurrence tells the profiler its length, as an integration does; unknown: untold",
+    )
     parser.add_argument("--pruning-rounds", type=int, default=1)
     parser.add_argument("--only", default=None, help="comma-separated workloads (default: all six)")
     parser.add_argument(
@@ -105,7 +115,7 @@ def main() -> None:
     start = time.monotonic()
     rows_keys = [k for k in REFERENCE if args.only is None or k[1] in args.only.split(",")]
     jobs = [
-        (g, w, s, args.power_limit, args.pruning_rounds, args.bandit)
+        (g, w, s, args.power_limit, args.pruning_rounds, args.bandit, args.job_steps)
         for g, w in rows_keys
         for s in range(args.seed_start, args.seed_start + args.seeds)
     ]
@@ -157,7 +167,7 @@ def main() -> None:
         )
     print(
         f"# {len(jobs)} simulations, {sum(len(r['runs']) for r in results)} recurrences in "
-        f"{time.monotonic() - start:.0f} s (power limit: {args.power_limit})"
+        f"{time.monotonic() - start:.0f} s (power limit: {args.power_limit}, job steps: {args.job_steps})"
     )
     print(
         json.dumps(

@@ -430,6 +430,11 @@ FIELDS: dict[str, str] = {
     "power_limit_profile.chosen_limit_W": "The limit applied for the rest of the run (W); null in observe mode.",
     "power_limit_profile.original_limit_W": "GPU index → the limit found at the start (W), restored at the end.",
     "power_limit_profile.profiling_steps": "Training steps spent at trial limits (warm-up and profile).",
+    "power_limit_profile.job_steps": "The job length in training steps the search was told (it profiles more on a "
+    "longer job); null when unknown.",
+    "power_limit_profile.job_steps_source": "Where `job_steps` came from: `config` (`power_limit.job_steps`), "
+    "`trainer` (the steps the Lightning or Hugging Face fit had left) or `train_start` (a raw loop's "
+    "`train_start(job_steps=...)`); null when unknown.",
     "power_limit_profile.fallback_sweep": "True when the cost curve was not unimodal and every limit was measured.",
     "power_limit_profile.limits": "The per-limit table: `limit_W`, `energy_per_step_J`, `time_per_step_s`, "
     "`cost`, `profiled_steps`, `steps`.",

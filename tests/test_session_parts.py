@@ -12,6 +12,7 @@ from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import agreement
 from zeus_callbacks.session.aggregate import RankAggregator
 from zeus_callbacks.session.lifecycle import CleanupOrder, CleanupRegistry
+from zeus_callbacks.session.power import job_length
 from zeus_callbacks.session.rank_records import PowerLimitVote, StopVote
 
 
@@ -158,3 +159,17 @@ def test_a_step_report_row_packs_and_unpacks_by_name_and_each_field_reduces_as_d
     assert mine.warmup.plus(peer.warmup) == mine.warmup
     with pytest.raises(ValueError):
         RunSoFar.reduce([])
+
+
+@pytest.mark.parametrize(
+    ("configured", "given", "given_by", "expected"),
+    [
+        (5000, 60, "trainer", (5000, "config")),  # a configured length wins over the framework's
+        (None, 60, "trainer", (60, "trainer")),
+        (None, 60, "train_start", (60, "train_start")),
+        (None, 0, "trainer", (None, None)),  # nothing left, or an endless fit: unknown
+        (None, None, "train_start", (None, None)),
+    ],
+)
+def test_job_length_says_where_it_came_from(configured, given, given_by, expected):
+    assert job_length(configured, given, given_by) == expected

@@ -18,6 +18,7 @@ from zeus_callbacks.optimizers.power_limit import (
     ProfileSettings,
     power_limit_grid_W,
 )
+from zeus_callbacks.session import records
 from zeus_callbacks.store import open_store
 
 GPU, WORKLOAD, SIZES, SEED = "V100", "squad", [16, 32, 48], 3
@@ -120,13 +121,13 @@ def test_jit_power_limit_trains_at_the_cheapest_limit():
     assert r.power_limit_W == sim.best_power_limit_W(curve, ZeusCost(0.5, curve.max_limit_W)) < curve.max_limit_W
 
 
-def _replay_search(curve: traces.PowerCurve, dt_max_s: float) -> list[float]:
+def _replay_search(curve: traces.PowerCurve, dt_max_s: float, job_steps: int | None = None) -> list[float]:
     """The limits the profiler visits, in order, fed the trace's exact per-step time and energy."""
     objective = Objective("zeus_cost", 0.5, max_power_W=curve.max_limit_W)
     power = {}
     profiler = PowerLimitProfiler(
         power_limit_grid_W(curve.min_limit_W, curve.max_limit_W), objective,
-        lambda a, b, **_: power[a] * (b - a), ProfileSettings(),
+        lambda a, b, **_: power[a] * (b - a), ProfileSettings(job_steps=job_steps),
     )  # fmt: skip
     now, visited = 0.0, []
     while not profiler.finished:
@@ -161,10 +162,12 @@ def test_jit_drives_the_real_profiler_and_its_store_cache(tmp_path, monkeypatch)
     assert profile is not None and first.power_limit_source == "profile"
     assert profile["chosen_limit_W"] == first.power_limit_W == trial0.power_limit_W
     rows = {row["limit_W"]: row for row in profile["limits"]}
-    # It visited the limits its golden-section search visits on the trace's exact costs: fewer
-    # than the whole 25 W grid, the maximum first.
-    visited = _replay_search(curve, traces.time_per_epoch_s_at(curve, max_W) / n)
-    assert set(rows) == set(visited) and len(rows) < len(power_limit_grid_W(curve.min_limit_W, max_W))
+    # It visited the limits its search visits on the trace's exact costs, told the job's length as an
+    # integration tells it (max_epochs × real steps an epoch, issue 31): on this long job it polishes.
+    job_steps = traces.get_workload(workload).max_epochs * n
+    visited = _replay_search(curve, traces.time_per_epoch_s_at(curve, max_W) / n, job_steps)
+    assert set(rows) == set(visited)
+    assert len(set(_replay_search(curve, traces.time_per_epoch_s_at(curve, max_W) / n))) < len(rows)
     assert first.power_limit_W == min(rows, key=lambda x: rows[x]["cost"])
     # Each limit's steps ran at that limit's traced time and power: the virtual GPU followed the limit.
     for limit, row in rows.items():
@@ -195,6 +198,29 @@ def test_jit_drives_the_real_profiler_and_its_store_cache(tmp_path, monkeypatch)
         curve, second.power_limit_W, cost
     )
     assert second.cost == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_jit_tells_the_profiler_the_job_length_as_an_integration_does(monkeypatch):
+    written: list[dict] = []
+    record = records.power_limit_profile_record
+
+    def spy(*args, **kwargs):  # the power_limit_profile record the session writes (the simulator logs no JSONL)
+        written.append(record(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(records, "power_limit_profile_record", spy)
+    (told,) = sim.simulate("A40", "squad", 1, power_limit="jit", batch_sizes=[32])
+    curve = traces.power_curve("A40", "squad", 32)
+    job_steps = traces.get_workload("squad").max_epochs * sim.real_steps_per_epoch(curve)
+    (profile,) = written
+    assert (profile["job_steps"], profile["job_steps_source"]) == (job_steps, "train_start")
+    assert profile["profiling_steps"] == told.profiling_steps < job_steps
+
+    written.clear()
+    (untold,) = sim.simulate("A40", "squad", 1, power_limit="jit", batch_sizes=[32], tell_job_steps=False)
+    (profile,) = written
+    assert (profile["job_steps"], profile["job_steps_source"]) == (None, None)
+    assert untold.profiling_steps < told.profiling_steps  # told a long job, the search polished
 
 
 def test_max_power_limit_never_profiles(tmp_path):

@@ -25,7 +25,10 @@ limit through the virtual GPU's setter, and the virtual GPU's power and the step
 follow the limit in force. While the profiler runs, a simulated step is one *real* training
 step (:func:`real_steps_per_epoch` of them per epoch), so profiling costs what it costs a real
 job, and that cost counts in the run's energy, time and bandit cost like any other step;
-once it has chosen, steps are coarse again. The profiler's objective is the bandit's cost
+once it has chosen, steps are coarse again. Like a framework integration, the simulator tells the
+profiler the job's length through ``train_start(job_steps=...)``: ``max_epochs`` × the real steps
+of an epoch, what Lightning's ``estimated_stepping_batches`` gives a fit of ``max_epochs`` (a run
+that reaches its target stops sooner). The profiler's objective is the bandit's cost
 (``zeus_cost`` with the same ``eta_knob``), and its profiles live in the store
 (``power_limit.cache_in: store``), keyed as the profiler keys them (job, GPU model, batch
 size, world size, objective): a later recurrence at the same batch size applies the cached
@@ -206,6 +209,7 @@ def simulate(
     bandit: dict | None = None,
     profiler: dict | None = None,
     on_recurrence: Callable[[Recurrence], None] | None = None,
+    tell_job_steps: bool = True,
 ) -> list[Recurrence]:
     """Replay ``recurrences`` recurrences of one workload through the real session, bandit and store.
 
@@ -228,6 +232,8 @@ def simulate(
         bandit: Further ``batch_size`` settings (e.g. ``{"noise_floor_rel": 0.1}``).
         profiler: With ``"jit"``: further ``power_limit`` settings (e.g. ``{"search": "sweep"}``).
         on_recurrence: Called with each :class:`Recurrence` as soon as it ends (progress, streaming).
+        tell_job_steps: Pass the job's length in real steps to ``train_start(job_steps=...)``, as an
+            integration does (see the module docstring); False: the profiler is not told.
 
     Returns:
         One :class:`Recurrence` per recurrence, in order.
@@ -286,7 +292,7 @@ def simulate(
         }
         out = []
         for index in range(recurrences):
-            out.append(_one_recurrence(index, trace, w, config, world, steps_per_epoch))
+            out.append(_one_recurrence(index, trace, w, config, world, steps_per_epoch, tell_job_steps))
             if on_recurrence is not None:
                 on_recurrence(out[-1])
         return out
@@ -299,6 +305,7 @@ def _one_recurrence(
     config: dict,
     world: np.random.Generator,
     steps_per_epoch: int,
+    tell_job_steps: bool,
 ) -> Recurrence:
     batch_size = suggest_batch_size(config)
     paths = training_paths(trace, w, batch_size)
@@ -306,7 +313,8 @@ def _one_recurrence(
     curve = traces.power_curve(trace, w, batch_size)
     max_W = curve.max_limit_W
     epoch_max_s = traces.time_per_epoch_s_at(curve, max_W)
-    real_step = 1.0 / real_steps_per_epoch(curve)  # epochs per real (profiling) step
+    real_steps = real_steps_per_epoch(curve)
+    real_step = 1.0 / real_steps  # epochs per real (profiling) step
     coarse_step = 1.0 / steps_per_epoch
     profiling = bool(config["power_limit"]["enabled"])
     clock = ManualClock(0.0)
@@ -322,7 +330,9 @@ def _one_recurrence(
     )
     session = EnergySession(config, backend=backend, is_main_process=True)
     session.suggest_batch_size(batch_size)  # claims the suggestion made above
-    session.train_start(run_name=f"recurrence-{index}")
+    # The fit's length in real steps, as an integration would pass it (max_epochs × steps an epoch).
+    job_steps = w.max_epochs * real_steps if tell_job_steps else None
+    session.train_start(run_name=f"recurrence-{index}", job_steps=job_steps)
     sampler = session.sampler
     assert sampler is not None
     limiter = session.power_limiter  # None with power_limit "max"

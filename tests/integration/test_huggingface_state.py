@@ -132,6 +132,9 @@ def test_a_resumed_run_continues_the_profile_and_the_totals(tmp_path, restore_fl
     assert records[0]["event"] == "run_start" and records[0]["resumed_energy_J"] == pytest.approx(state["energy_J"])
     (profile,) = [r for r in records if r["event"] == "power_limit_profile"]
     assert profile["source"] == "profile" and profile["finished"]
+    # The search was told what the resumed fit had left: max_steps − global_step (issue 31).
+    assert (profile["job_steps"], profile["job_steps_source"]) == (MAX_STEPS - killer.saved_at, "trainer")
+    assert 0 < profile["job_steps"] < MAX_STEPS
     rows = {row["limit_W"]: row for row in profile["limits"]}
     assert set(rows) == {100.0, 150.0, 200.0, 250.0, 300.0}  # the sweep measured every grid limit once
     for limit, row in decided.items():  # carried as checkpointed, not measured again

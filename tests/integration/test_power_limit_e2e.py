@@ -55,9 +55,10 @@ def test_lightning_profiles_applies_and_restores(tmp_path):
     trainer = make_pl_trainer(tmp_path, callback, max_epochs=3, val_check_interval=7)
     train, val = loaders()
     trainer.fit(TinyRegressor(), train, val)
-    check_run(tmp_path, backend)
+    profile = check_run(tmp_path, backend)
     # The fit's length reached the search (issue 31): 3 epochs of 20 steps, power_limit.job_steps unset.
     assert job_steps_of(callback) == 60 == trainer.estimated_stepping_batches
+    assert (profile["job_steps"], profile["job_steps_source"]) == (60, "trainer")  # and its record says so
     scalars = read_scalars(tmp_path / "tb")
     assert "power_limit/chosen_W" in scalars and "power_limit/profiling_steps" in scalars
     assert len({v for _, v in scalars["power_limit/W"]}) >= 2  # the limit in force changed
@@ -68,8 +69,27 @@ def test_huggingface_profiles_applies_and_restores(tmp_path):
     callback = ZeusTrainerCallback(profiling_config(tmp_path), backend=backend)
     trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=60, eval_steps=10)
     trainer.train()
-    check_run(tmp_path, backend)
+    profile = check_run(tmp_path, backend)
     assert job_steps_of(callback) == 60  # the Trainer's max_steps reached the search (issue 31)
+    assert (profile["job_steps"], profile["job_steps_source"]) == (60, "trainer")  # max_steps − global_step 0
+
+
+def test_a_resumed_lightning_fit_records_the_steps_it_has_left(tmp_path):
+    train, val = loaders()
+    first = make_pl_trainer(tmp_path / "first", ZeusCallback(virtual_config(tmp_path / "first")), max_epochs=1)
+    first.fit(TinyRegressor(), train)
+    ckpt = tmp_path / "one_epoch.ckpt"
+    first.save_checkpoint(ckpt)
+    assert first.global_step == 20
+
+    backend = backend_at_original()
+    callback = ZeusCallback(profiling_config(tmp_path), backend=backend)
+    trainer = make_pl_trainer(tmp_path, callback, max_steps=70)
+    trainer.fit(TinyRegressor(), train, val, ckpt_path=str(ckpt))
+    profile = check_run(tmp_path, backend)
+    # max_steps 70, 20 of them done before the checkpoint: the search was told the 50 left (issue 31).
+    assert (profile["job_steps"], profile["job_steps_source"]) == (50, "trainer")
+    assert job_steps_of(callback) == 50
 
 
 def job_steps_of(callback) -> int | None:
@@ -87,3 +107,5 @@ def test_a_configured_job_length_wins_over_the_framework_s(tmp_path):
     trainer = make_hf_trainer(tmp_path, callback, report_to="none", max_steps=30)
     trainer.train()
     assert job_steps_of(callback) == 5000
+    (profile,) = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "power_limit_profile"]
+    assert (profile["job_steps"], profile["job_steps_source"]) == (5000, "config")  # not the Trainer's 30

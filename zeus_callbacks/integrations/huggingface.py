@@ -292,6 +292,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self.session.train_start(
             run_name=self._run_name(Path(args.run_name).name if args.run_name else None),
             job_steps=state.max_steps - state.global_step if state.max_steps else None,  # what the fit has left
+            job_steps_source="trainer",
         )
         # One entry, replaced at each save (never a growing list). Replaced here only once every instance
         # has begun, so that none is given the others' fresh states before it read its own (issue 26).

@@ -157,7 +157,11 @@ class ZeusCallback(SessionAdapter, Callback):
                 suggested, used, "the train loader's batch size",
                 " (data loaders passed to fit() directly cannot be changed); the trial is recorded at",
             )  # fmt: skip
-        self.session.train_start(run_name=self._run_name(_logger_run_name(trainer)), job_steps=_steps_left(trainer))
+        self.session.train_start(
+            run_name=self._run_name(_logger_run_name(trainer)),
+            job_steps=_steps_left(trainer),
+            job_steps_source="trainer",
+        )
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import GPUBackend, get_backend
@@ -334,7 +334,13 @@ class EnergySession:
         """True between :meth:`train_start` and :meth:`train_end`."""
         return self._started and self._finished is None
 
-    def train_start(self, *, run_name: str | None = None, job_steps: int | None = None) -> None:
+    def train_start(
+        self,
+        *,
+        run_name: str | None = None,
+        job_steps: int | None = None,
+        job_steps_source: Literal["trainer", "train_start"] = "train_start",
+    ) -> None:
         """Open the backend, start sampling and open the run window.
 
         Args:
@@ -344,6 +350,8 @@ class EnergySession:
                 epochs × steps per epoch), for power-limit profiling when ``power_limit.job_steps`` is
                 unset: a known job length lets the search polish before choosing (docs/power_limit.md).
                 None or a non-positive value: unknown.
+            job_steps_source: Who worked out ``job_steps``: ``trainer`` (a framework integration) or
+                ``train_start`` (the caller's own loop); the ``power_limit_profile`` record says so.
 
         Raises:
             BackendUnavailable: ``config.backend`` names a backend that cannot be used.
@@ -400,7 +408,9 @@ class EnergySession:
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
         steps = self._steps
-        steps.power_step_start, steps.power_step_end = self._power.start(self._ranks, self._totals, job_steps=job_steps)
+        steps.power_step_start, steps.power_step_end = self._power.start(
+            self._ranks, self._totals, job_steps=job_steps, job_steps_source=job_steps_source
+        )
         if cfg.batch_size.enabled:
             failure = self._batch.start(run, self._ranks, self._power.power_limit_W)
             if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise

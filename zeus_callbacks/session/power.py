@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import BackendError
@@ -30,6 +30,31 @@ from zeus_callbacks.store.run_store import RunStore
 
 StepHooks = tuple[Callable[[int], None] | None, Callable[[int, int | None], None] | None]
 """(step start, step end) hooks for the step scheduler; None where there is nothing to do."""
+
+JobStepsSource = Literal["config", "trainer", "train_start"]
+"""Where the job length given to the search came from: ``power_limit.job_steps``, a framework
+integration (Lightning, the HF Trainer), or the caller of ``train_start(job_steps=...)``."""
+
+
+def job_length(
+    configured: int | None, given: int | None, given_by: JobStepsSource
+) -> tuple[int | None, JobStepsSource | None]:
+    """The job length (training steps) the power-limit search uses, and where it came from.
+
+    Args:
+        configured: ``power_limit.job_steps`` (None: unset); it wins over ``given``.
+        given: The steps left from ``train_start`` (None or ≤ 0: unknown).
+        given_by: Who passed ``given``: ``trainer`` (an integration) or ``train_start``.
+
+    Returns:
+        (steps, source), or (None, None) when the length is unknown.
+    """
+    if configured is not None:
+        return configured, "config"
+    if given is not None and given > 0:
+        return given, given_by
+    return None, None
+
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +94,8 @@ class PowerLimitSteps:
         self._run: StartedRun
         self._ranks: RankAggregator
         self._totals = Totals()
-        self._job_steps: int | None = None  # the job's expected steps from the framework (train_start)
+        self._job_steps: int | None = None  # the job length the search uses (None: unknown)
+        self._job_steps_source: JobStepsSource | None = None  # where it came from (for the record)
         self.power_limiter: pl.PowerLimitController | None = None
         self.power_limit_W: float | None = None
         self.chosen: tuple[float, int, bool] | None = None  # (W, from step, applied)
@@ -125,7 +151,14 @@ class PowerLimitSteps:
                 exc,
             )
 
-    def start(self, ranks: RankAggregator, totals: Totals, *, job_steps: int | None = None) -> StepHooks:
+    def start(
+        self,
+        ranks: RankAggregator,
+        totals: Totals,
+        *,
+        job_steps: int | None = None,
+        job_steps_source: JobStepsSource = "train_start",
+    ) -> StepHooks:
         """Start the controller (after :meth:`open`); under several processes, every rank or none profiles.
 
         Args:
@@ -133,13 +166,14 @@ class PowerLimitSteps:
             totals: The run's totals (their step count dates the records).
             job_steps: The job's expected training steps from the framework, used when
                 ``power_limit.job_steps`` is unset (None: unknown).
+            job_steps_source: Who gave ``job_steps`` (``trainer``: an integration), for the records.
 
         Returns:
             The scheduler's (step start, step end) hooks.
         """
         self._ranks, self._totals = ranks, totals
-        self._job_steps = job_steps if job_steps is not None and job_steps > 0 else None
         cfg = self._config
+        self._job_steps, self._job_steps_source = job_length(cfg.power_limit.job_steps, job_steps, job_steps_source)
         self._power_limit_agreement = self._power_limit_follower = False
         if cfg.power_limit.enabled:
             try:
@@ -203,7 +237,7 @@ class PowerLimitSteps:
         cfg = self._config
         run = self._run
         settings = cfg.power_limit
-        if settings.job_steps is None and self._job_steps is not None:  # the configured length wins
+        if settings.job_steps != self._job_steps:  # the framework's length (a configured one wins)
             settings = settings.model_copy(update={"job_steps": self._job_steps})
         return pl.PowerLimitController(
             settings,
@@ -254,6 +288,11 @@ class PowerLimitSteps:
         limiter = self.power_limiter
         self._run.log.write(
             records.power_limit_profile_record(
-                self._totals.steps, result, limiter.original_W, time_note=limiter.time_note()
+                self._totals.steps,
+                result,
+                limiter.original_W,
+                time_note=limiter.time_note(),
+                job_steps=self._job_steps,
+                job_steps_source=self._job_steps_source,
             )
         )

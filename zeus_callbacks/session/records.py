@@ -215,12 +215,20 @@ def trial_record(t: Any) -> dict[str, Any]:
 
 
 def power_limit_profile_record(
-    step: int, result: pl.PowerLimitResult, original_W: Any, *, time_note: str | None = None
+    step: int,
+    result: pl.PowerLimitResult,
+    original_W: Any,
+    *,
+    time_note: str | None = None,
+    job_steps: int | None = None,
+    job_steps_source: str | None = None,
 ) -> dict[str, Any]:
     """The ``power_limit_profile`` record: the profiler's result (finished or not).
 
     ``time_note``: why its times are not real (the virtual GPU on the real clock,
     :func:`~zeus_callbacks.optimizers.power_limit.time_note.time_note`), or None.
+    ``job_steps``: the job length (training steps) the search was told, and ``job_steps_source``
+    where it came from (``config``, ``trainer`` or ``train_start``); both None when unknown.
     """
     return {
         "event": "power_limit_profile",
@@ -230,6 +238,8 @@ def power_limit_profile_record(
         "chosen_limit_W": result.chosen_limit_W,
         "original_limit_W": original_W,
         "profiling_steps": result.profiling_steps,
+        "job_steps": job_steps,
+        "job_steps_source": job_steps_source,
         "fallback_sweep": result.fallback_sweep,
         "limits": result.rows,
         "finished": result.finished,
