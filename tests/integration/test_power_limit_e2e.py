@@ -86,7 +86,11 @@ def test_a_resumed_lightning_fit_records_the_steps_it_has_left(tmp_path):
     callback = ZeusCallback(profiling_config(tmp_path), backend=backend)
     trainer = make_pl_trainer(tmp_path, callback, max_steps=70)
     trainer.fit(TinyRegressor(), train, val, ckpt_path=str(ckpt))
-    profile = check_run(tmp_path, backend)
+    # Whether the search ends within the 50 steps depends on the wall-clock step times (the virtual GPU
+    # simulates power, not time): this test is about the length it was told, not where it ended.
+    assert backend.power_limit_W(0) == ORIGINAL_W  # restored at the end
+    (profile,) = [r for r in read_jsonl(tmp_path / "zeus" / "test.jsonl") if r["event"] == "power_limit_profile"]
+    assert profile["source"] in ("profile", "unfinished") and profile["profiling_steps"] > 0
     # max_steps 70, 20 of them done before the checkpoint: the search was told the 50 left (issue 31).
     assert (profile["job_steps"], profile["job_steps_source"]) == (50, "trainer")
     assert job_steps_of(callback) == 50
