@@ -121,7 +121,10 @@ def test_huggingface_suggestion_before_training_arguments_and_mismatch_warning(t
     bs = suggest_batch_size(config)  # before TrainingArguments
     assert bs == 8
     trainer = hf_trainer(tmp_path, ZeusTrainerCallback(config), bs)
-    trainer.train()
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        trainer.train()
+    assert "carries no suggestion" not in caplog.text  # the suggestion itself was handed on
+    caplog.clear()
     assert trainer.state.global_step == 3  # stopped at the first evaluation: target reached
 
     # Second recurrence: the bandit wants 4 but the Trainer is built with 8 -> a warning, trial recorded at 8.
@@ -129,6 +132,7 @@ def test_huggingface_suggestion_before_training_arguments_and_mismatch_warning(t
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
         trainer.train()
     assert "not the suggested 4" in caplog.text
+    assert "carries no suggestion" in caplog.text  # a plain 8, not what suggest_batch_size() returned
     with open_store(tmp_path / "zeus" / "zeus_store.sqlite") as store:
         trials = store.list_trials("recurring")
     assert [(t.batch_size, t.status, t.converged) for t in trials] == [(8, "completed", True), (8, "completed", True)]

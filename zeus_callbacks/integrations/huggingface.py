@@ -283,6 +283,13 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         # None unless batch_size.enabled. What suggest_batch_size() returned reaches us as the Trainer's
         # batch size: the main process claims its trial; under a launcher the others, the main's suggestion.
         handed = args.per_device_train_batch_size
+        if self.config.batch_size.enabled and self._is_main and not isinstance(handed, SuggestedBatchSize):
+            logger.warning(
+                "zeus-callbacks: per_device_train_batch_size (%d) carries no suggestion of the bandit (it is a "
+                "number of its own, a copy or a pickle of what suggest_batch_size() returned): this run draws "
+                "and records a trial of its own, and a suggestion made earlier in this process and never "
+                "claimed stays in the store as a running trial", handed,
+            )  # fmt: skip
         self._use_batch_size(
             self.session.suggest_batch_size(handed if isinstance(handed, SuggestedBatchSize) else None),
             args.per_device_train_batch_size, "the Trainer's per_device_train_batch_size",
