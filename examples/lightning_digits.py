@@ -5,7 +5,7 @@ TensorBoard logging, and the ZeusCallback configured from ``examples/zeus.yaml``
 Runs on the GPU when there is one (NVIDIA/AMD backend), else on the CPU with the
 virtual GPU reporting power.
 
-    python examples/lightning_digits.py [--epochs 5] [--config examples/zeus.yaml] [--no-callback]
+    python examples/lightning_digits.py [--epochs 10] [--config examples/zeus.yaml] [--no-callback]
     python examples/lightning_digits.py --devices 2      # DDP: one process per GPU (gloo on the CPU)
 
 Then: ``tensorboard --logdir runs`` (scalars under energy/, power/, time/).

@@ -132,6 +132,12 @@ METRICS: dict[str, str] = {
     EVAL_TIME_S: "s — time of the last evaluation loop",
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
+    RUN_MEAN_POWER_W: "W — mean GPU power of the whole run (energy/total_J / time/total_s), logged once at the end",
+    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each steps record weighed by the "
+    "steps it stands for; logged once at the end",
+    RUN_STEP_TIME_S: "s — the run's mean step time after its warm-up steps, weighed the same way; logged once at "
+    "the end",
+    RUN_STEP_COUNT: "steps — the training steps the run took, logged once at the end",
     CPU_ENERGY_J: "J — CPU package energy of the run, summed over sockets (Linux powercap RAPL, node.rapl; "
     "SIMULATED with node.virtual_cpu beside the virtual GPU), logged once at the end",
     DRAM_ENERGY_J: "J — DRAM energy of the run, summed over sockets (RAPL dram domains, node.rapl), logged once at "
