@@ -593,8 +593,9 @@ def render_metrics() -> str:
         "made at the first step at which the steps since the previous report (or the epoch's start) reach the R "
         "then in force, and at each epoch end. So a report carries ~16 measured steps on average, fewer where the "
         "5 s cap or an epoch end cuts it short. The number varies, because the measured steps are a random draw. "
-        "The first R above `logging.interval_steps` is announced as a warning, and again each time the share "
-        "falls below half of the share last announced. "
+        "The first R above `logging.interval_steps` is announced as a one-line warning (the share and R), and "
+        "again each time the share falls below half of the share last announced. "
+        "`windows.sample_fraction: 1` measures every step and keeps `logging.interval_steps`. "
         "A step's window holds its batch fetch: it runs from the previous step's end to its own "
         "(docs/concepts.md, *What a step window covers*), and the run's warm-up steps "
         "(`windows.warmup_steps`) are left out of these means.",

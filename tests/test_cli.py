@@ -25,6 +25,18 @@ def test_validate_config_accepts_a_good_file_and_names_bad_fields(tmp_path, caps
     assert "logging.interval_step" in err and "Traceback" not in err
 
 
+def test_validate_config_prints_a_setting_without_effect_on_stderr_and_stays_valid(tmp_path, capsys, caplog):
+    # Issue 26: windows.max_overhead beside a numeric windows.sample_fraction was called valid, silently.
+    path = tmp_path / "fixed.yaml"
+    path.write_text("backend: virtual\nwindows: {sample_fraction: 0.5, max_overhead: 0.01}\n")
+    assert main(["validate-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "valid" in captured.out
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"{path}: warning: windows.max_overhead has no effect")
+    assert not caplog.records  # printed once, not logged as well
+
+
 def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
     path = tmp_path / "twice.yaml"
     path.write_text("logging: {interval_steps: 7}\nbackend: virtual\nlogging: {jsonl: false}\n")

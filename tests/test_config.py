@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from zeus_callbacks.config import ConfigError, ZeusConfig, load_config, parse_config
+from zeus_callbacks.config import ConfigError, ZeusConfig, load_config, parse_config, setting_warnings
 from zeus_callbacks.store import open_configured_store
 
 # Every nested section of the config, found from the model itself so a new section is covered too.
@@ -299,3 +300,21 @@ def test_a_json_store_path_opens_a_json_store(tmp_path, capsys):
     assert parse_config({"store": {"path": "s.db"}}).store.backend == "sqlite"
     # The choice survives a dump and reload (a checkpoint's saved configuration).
     assert parse_config(config.model_dump(mode="json")).store.backend == "json"
+
+
+def test_max_overhead_beside_a_numeric_sample_fraction_is_a_setting_warning(tmp_path, caplog):
+    # Issue 26: windows.max_overhead is auto sampling's budget; beside sample_fraction: 0.5 it did nothing, silently.
+    path = write_yaml(tmp_path, "windows: {sample_fraction: 0.5, max_overhead: 0.01}\n")
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.config"):
+        config = load_config(path)
+    (message,) = setting_warnings(config)
+    assert "windows.max_overhead has no effect" in message and "windows.sample_fraction is 0.5" in message
+    assert [r.getMessage() for r in caplog.records] == [f"zeus-callbacks: {path}: {message}"]
+    caplog.clear()
+    # Either key alone does what it says, and a dump read back (the HF callback's saved state) adds nothing.
+    fraction_only = parse_config({"windows": {"sample_fraction": 0.5}})
+    assert (
+        setting_warnings(fraction_only) == setting_warnings(parse_config(fraction_only.model_dump(mode="json"))) == []
+    )
+    assert setting_warnings(parse_config({"windows": {"max_overhead": 0.01}})) == []
+    assert not caplog.records

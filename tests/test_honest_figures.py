@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 
 import pytest
@@ -163,6 +164,21 @@ def test_auto_without_any_gpu_is_the_virtual_gpu_and_says_so(monkeypatch, caplog
     assert isinstance(backend, VirtualGPUBackend) and backend.simulated
     (warning,) = _warnings(caplog)
     assert "no GPU on this machine" in warning and "SIMULATED" in warning
+
+
+def test_no_page_says_auto_gives_the_virtual_gpu_to_a_gpu_it_cannot_measure():
+    # Issue 26: docs/getting-started.md said auto falls back to the virtual GPU where a GPU exists but cannot be
+    # measured (MIG); get_backend gives such a GPU an UnavailableBackend (the test above), never simulated figures.
+    from tests.test_docs_plain import pages, sentences
+
+    wrong = [
+        f"{page.name}: {sentence.text}"
+        for page in pages()
+        for sentence in sentences(page.read_text(encoding="utf-8"))
+        if re.search(r"falls? back to the virtual GPU", sentence.text)
+        and re.search(r"cannot be measured|MIG|usable", sentence.text)
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_unmeasurable_gpu_run_trains_on_with_every_energy_figure_null(tmp_path, broken_machine, caplog, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zeus_callbacks import suggest_batch_size
+from zeus_callbacks import ConfigError, suggest_batch_size
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.batch_size import controller as recurring
@@ -171,6 +171,18 @@ def test_disabled_bandit_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match="default_batch_size"):
         suggest_batch_size({"backend": "virtual"})
     assert suggest_batch_size({"batch_size": {"default_batch_size": 16}}) == 16
+
+
+def test_suggest_batch_size_with_the_bandit_off_names_the_file_and_the_keys_to_set(tmp_path):
+    # Issue 26: a plain ValueError that named neither the file nor what to write in it.
+    path = tmp_path / "zeus.yaml"
+    path.write_text("backend: virtual\njob_id: nightly\n")
+    with pytest.raises(ConfigError) as caught:
+        suggest_batch_size(path)
+    message = str(caught.value)
+    assert str(path) in message
+    for key in ("batch_size.enabled: true", "batch_size.batch_sizes", "batch_size.default_batch_size"):
+        assert key in message
 
 
 def test_corrupt_store_fails_before_training_and_stops_the_sampler(tmp_path):

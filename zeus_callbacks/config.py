@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import logging
 import reprlib
 import types
 import typing
@@ -44,6 +45,7 @@ MAX_BUFFER_S = 86_400.0  # a day of 20 ms samples: ~4.3 M samples
 MAX_INTENSITY_G_PER_KWH = 2000.0  # above any grid's average (coal plants emit ~1000 gCO2e/kWh): a unit mistake
 _ECHO_CHARS = 80  # an error message quotes at most this much of a bad value
 _ECHO = reprlib.Repr()  # keyword arguments need Python 3.12
+logger = logging.getLogger(__name__)
 _ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxdict, _ECHO.maxstring, _ECHO.maxother = 2, 4, 4, _ECHO_CHARS, _ECHO_CHARS
 
 
@@ -161,7 +163,8 @@ class WindowsConfig(_Section):
         lt=0.5,
         description="Auto sample_fraction's budget: the fraction of the step time the windows may cost the "
         "training thread (hooks of measured steps, reports and the HF Trainer's logs built from them, and the "
-        "calls of unmeasured steps as timed from inside; with one process, reports are spaced out to fit).",
+        "calls of unmeasured steps as timed from inside; with one process, reports are spaced out to fit). "
+        "No effect beside a numeric sample_fraction (a setting warning says so).",
     )
     warmup_steps: int = Field(
         1,
@@ -690,12 +693,36 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
+def setting_warnings(config: ZeusConfig) -> list[str]:
+    """Settings that are valid but have no effect beside the others, one line each.
+
+    Only values other than the defaults count, so a configuration dumped and read back (the HF
+    callback's checkpointed state) warns as the one written did.
+
+    Args:
+        config: A validated configuration.
+
+    Returns:
+        One message per setting without effect, naming its dotted key and why (empty when none).
+    """
+    found = []
+    windows = config.windows
+    default_overhead = WindowsConfig.model_fields["max_overhead"].default
+    if windows.sample_fraction != "auto" and windows.max_overhead != default_overhead:
+        found.append(
+            "windows.max_overhead has no effect: it is the budget of windows.sample_fraction: auto, "
+            f"and windows.sample_fraction is {windows.sample_fraction:g}"
+        )
+    return found
+
+
+def parse_config(data: Any, source: str = "<dict>", *, warn: bool = True) -> ZeusConfig:
     """Validate a mapping (e.g. parsed YAML) into a :class:`ZeusConfig`.
 
     Args:
         data: A mapping, ``None`` (all defaults) or an existing ``ZeusConfig``.
-        source: Where the data came from, for error messages.
+        source: Where the data came from, for error and warning messages.
+        warn: Log each of :func:`setting_warnings` as a warning naming ``source``.
 
     Returns:
         The validated configuration.
@@ -714,16 +741,21 @@ def parse_config(data: Any, source: str = "<dict>") -> ZeusConfig:
             f"got {type(data).__name__}"
         )
     try:
-        return ZeusConfig.model_validate(data)
+        config = ZeusConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from None
+    if warn:
+        for message in setting_warnings(config):
+            logger.warning("zeus-callbacks: %s: %s", source, message)
+    return config
 
 
-def load_config(path: str | Path) -> ZeusConfig:
+def load_config(path: str | Path, *, warn: bool = True) -> ZeusConfig:
     """Read and validate a YAML configuration file (PyYAML's safe loader; repeated keys refused).
 
     Args:
         path: The YAML file.
+        warn: Log each of :func:`setting_warnings` as a warning naming the file.
 
     Returns:
         The validated configuration.
@@ -732,4 +764,4 @@ def load_config(path: str | Path) -> ZeusConfig:
         ConfigError: The file is missing, unreadable, not YAML, repeats a key, or invalid; the
             message names the file (and the field, for invalid values).
     """
-    return parse_config(read_yaml_file(path), source=str(path))
+    return parse_config(read_yaml_file(path), source=str(path), warn=warn)

@@ -161,22 +161,14 @@ class WindowSampling:
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
             if self._announce and self._told_fraction is None and self.report_every > self.interval_steps:
                 self._told_fraction = self.fraction
-                logger.warning(
-                    "zeus-callbacks: steps of %.2f ms are measured as a %.1f%% sample (windows.sample_fraction: "
-                    "auto), so step energy is reported every %d steps for now, not every logging.interval_steps=%d; "
-                    "the share and this interval are re-estimated at each report (set windows.sample_fraction: 1 to "
-                    "measure every step and report every %d, each report with the steps whose samples have arrived)",
-                    1e3 * self._step_s, 100 * self.fraction, self.report_every, self.interval_steps,
-                    self.interval_steps,
+                logger.warning(  # one short line: a progress bar wraps a long one into several
+                    "zeus-callbacks: sample_fraction auto measures %.1f%% of steps: step energy every %d steps, not %d",
+                    100 * self.fraction, self.report_every, self.interval_steps,
                 )  # fmt: skip
             elif self._told_fraction is not None and self.fraction < self._told_fraction / 2:
                 logger.warning(
-                    "zeus-callbacks: the measured share of steps fell from %.2f%% to %.2f%% (steps of %.2f ms; "
-                    "measuring one costs %.0f us with its share of the report, against a budget of %.2f%% of a "
-                    "step): step energy is now reported every %d steps (re-estimated at each report), and a short "
-                    "epoch may have no measured step (windows.sample_fraction: 1 measures every step)",
-                    100 * self._told_fraction, 100 * self.fraction, 1e3 * self._step_s, 1e6 * (self._cost_s or 0.0),
-                    100 * self.max_overhead, self.report_every,
+                    "zeus-callbacks: measured share fell from %.2f%% to %.2f%% of steps: step energy every %d steps",
+                    100 * self._told_fraction, 100 * self.fraction, self.report_every,
                 )  # fmt: skip
                 self._told_fraction = self.fraction
 

@@ -37,7 +37,7 @@ from typing import Any
 from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.errors import StoreError, StoreUnavailableError
+from zeus_callbacks.errors import ConfigError, StoreError, StoreUnavailableError
 from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Suggestion
 from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
@@ -292,7 +292,8 @@ def suggest_batch_size(
         The batch size; ``batch_size.default_batch_size`` (carrying no trial) when the bandit is disabled.
 
     Raises:
-        ConfigError: Invalid configuration.
+        ConfigError: Invalid configuration, or the bandit off (``batch_size.enabled`` false) and no
+            ``batch_size.default_batch_size``: the message names the file and the keys to set.
         StoreError: The store cannot be opened (on the main process): corrupt, newer schema,
             refused credentials.
         RuntimeError: Under a launcher, on the other processes, when the main process
@@ -302,7 +303,12 @@ def suggest_batch_size(
     bs_cfg = cfg.batch_size
     if not bs_cfg.enabled:
         if bs_cfg.default_batch_size is None:
-            raise ValueError("batch_size.enabled is false and no batch_size.default_batch_size is set")
+            source = config if isinstance(config, (str, Path)) else "the configuration given"
+            raise ConfigError(
+                f"suggest_batch_size() has no batch size in {source}: the bandit is off (batch_size.enabled is "
+                "false). Set batch_size.enabled: true with batch_size.batch_sizes and batch_size.default_batch_size "
+                "(docs/batch_size.md), or batch_size.default_batch_size alone to train at that size"
+            )
         return SuggestedBatchSize(_Made(cfg.job_id, bs_cfg.default_batch_size))
     ranks = RankGroup.from_launcher(cpu=cpu, backend=ddp_backend, timeout_s=ddp_timeout_s)
     made: _Made | None = None
