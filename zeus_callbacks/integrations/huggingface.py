@@ -43,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tqdm.auto import tqdm
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 
@@ -527,9 +528,15 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         return _hf_names(self.session.flagged(ours))
 
     def _print_summary(self) -> None:
-        """Print the run summary on the main process (scripts often leave logging at WARNING)."""
+        """Print the run summary on the main process (scripts often leave logging at WARNING).
+
+        Through ``tqdm.write``, as the Trainer prints its own logs: the Trainer's progress bar is
+        still open here (its callback ends after this one), and a plain ``print`` would land on the
+        bar's line and leave a second bar below it (issue 26). With no bar open it is a plain print.
+        """
         if self.summary is not None and self._is_main:
-            print(self.summary, flush=True)
+            tqdm.write(str(self.summary))
+            sys.stdout.flush()
 
 
 def _job_of(key: str) -> str | None:
