@@ -41,6 +41,7 @@ from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import Objective, power_limit_grid_W
 from zeus_callbacks.session import EnergySession
+from zeus_callbacks.simulate import SENSOR_TIMEOUT_S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling regret module
 from power_limit_regret import JOB_STEPS, job_regret, regret_ratio  # noqa: E402
@@ -89,6 +90,7 @@ def profile_until_decided(
     config = {
         "backend": "virtual",
         "logging": {"log_dir": log_dir, "jsonl": False},
+        "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},  # a virtual sensor: slow under load, never stuck
         "power_limit": {"enabled": True, "cache": False, "plot": False, **power_limit},
     }
     session = EnergySession(config, backend=backend, is_main_process=True)

@@ -3,8 +3,9 @@
 Real text: the Python standard library's own source files, byte-level tokenised
 (vocabulary of 256 bytes, so no tokenizer download is needed). The ZeusTrainerCallback
 is configured from ``examples/zeus.yaml``; energy goes to TensorBoard (and W&B with
-``--report-to tensorboard wandb``) and to the JSONL log. Uses the GPU when present,
-else the CPU with the virtual GPU reporting power.
+``--report-to tensorboard wandb``) and to the JSONL log, every key; the console shows
+the Trainer's own figures and a few energy ones of each log (:data:`CONSOLE_ENERGY_KEYS`).
+Uses the GPU when present, else the CPU with the virtual GPU reporting power.
 
     python examples/hf_text.py [--max-steps 120] [--report-to tensorboard] [--no-callback]
     torchrun --standalone --nproc_per_node 2 examples/hf_text.py   # DDP, one process per GPU
@@ -24,11 +25,22 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
 from zeus_callbacks import ConfigError, ZeusCallbacksError, ZeusTrainerCallback
+from zeus_callbacks import reporting as metric
 
 HERE = Path(__file__).resolve().parent
+
+CONSOLE_ENERGY_KEYS = (
+    metric.STEP_ENERGY_J,  # the mean step since the last log (J)
+    metric.MEAN_POWER_W,  # its mean power (W)
+    metric.TOTAL_ENERGY_J,  # the run so far (J)
+    metric.SIMULATED,  # 1 on the virtual GPU: the figures are simulated
+    "eval_energy_J",  # an evaluation's energy (J), beside eval_loss
+)
+"""The energy figures the console shows of each log; TensorBoard, W&B and the JSONL log get every key."""
 
 
 def stdlib_text(max_bytes: int) -> bytes:
@@ -78,6 +90,18 @@ class StepClock(TrainerCallback):
     @property
     def median_step_s(self) -> float:
         return statistics.median(self.gaps_s) if self.gaps_s else float("nan")
+
+
+class BriefProgressCallback(ProgressCallback):
+    """The Trainer's progress bar, printing each log with only :data:`CONSOLE_ENERGY_KEYS` of the energy keys.
+
+    The Trainer prints every key of a log above its bar: some twenty energy keys a log would bury the
+    loss. The reporters have read the whole log before this callback (the Trainer calls it last).
+    """
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        shown = {k: v for k, v in (logs or {}).items() if k in CONSOLE_ENERGY_KEYS or not metric.is_own_metric(k)}
+        super().on_log(args, state, control, logs=shown, **kwargs)
 
 
 def exit_skipping_gloo_teardown() -> None:
@@ -147,6 +171,8 @@ def main() -> None:
     trainer = Trainer(
         model=model, args=training_args, train_dataset=train_set, eval_dataset=eval_set, callbacks=[step_clock]
     )
+    if trainer.pop_callback(ProgressCallback) is not None:  # None in a notebook (a table there, not a bar)
+        trainer.add_callback(BriefProgressCallback)
     if zeus is not None:
         zeus.attach(trainer)  # before the reporters; a failure anywhere in train() ends the run
     start = time.perf_counter()

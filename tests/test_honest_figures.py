@@ -181,6 +181,37 @@ def test_no_page_says_auto_gives_the_virtual_gpu_to_a_gpu_it_cannot_measure():
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.parametrize("machine", ["no GPU", "a GPU NVML cannot measure"])
+@pytest.mark.parametrize(("rank", "local_rank", "warns"), [(0, 0, True), (1, 1, False), (2, 0, True)])
+def test_the_fallback_is_announced_once_a_machine_not_by_every_rank(
+    broken_machine, caplog, monkeypatch, machine, rank, local_rank, warns
+):
+    # Issue 26: under torchrun every rank opened backend: auto and printed the same warning. This process
+    # mirrors rank `rank` of a 4-process, 2-node job (the session reads RANK and LOCAL_RANK, as under torchrun):
+    # rank 0 and the other node's local rank 0 say it; rank 1 logs it at INFO only.
+    import zeus_callbacks.backends as backends
+
+    if machine == "no GPU":
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+        monkeypatch.setitem(sys.modules, "amdsmi", None)
+        presence = GPUPresence()
+    else:
+        presence = broken_machine("nvmlInit fails")
+    monkeypatch.setattr(backends, "detect_gpus", lambda: presence)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    caplog.set_level(logging.INFO, logger="zeus_callbacks")
+    backend = EnergySession({"backend": "auto"}).open_backend()
+    try:
+        said = [r.getMessage() for r in caplog.records if "no GPU on this machine" in r.getMessage()
+                or "cannot be measured" in r.getMessage()]  # fmt: skip
+        assert len(said) == 1  # the message is there on every rank (at INFO on the quiet ones)
+        assert len(_warnings(caplog)) == (1 if warns else 0)
+    finally:
+        backend.close()
+
+
 def test_unmeasurable_gpu_run_trains_on_with_every_energy_figure_null(tmp_path, broken_machine, caplog, monkeypatch):
     presence = broken_machine("nvmlInit fails")
     import zeus_callbacks.backends as backends

@@ -245,3 +245,42 @@ def test_a_database_url_store_continues_the_job_like_a_file(tmp_path):
     # The world's random stream restarts with each call, so compare what the bandit decided from the store:
     # the third recurrence's batch size follows the first two trials (pruning goes on where it stopped).
     assert second[0].phase == whole[2].phase and second[0].batch_size == whole[2].batch_size
+
+
+def test_the_simulators_sessions_wait_for_the_virtual_sensor(monkeypatch):
+    # Issue 26: under heavy CPU load a read of the virtual sensor outlasted the default 0.5 s timeout and the
+    # simulated run was marked degraded for a fault no GPU had. The simulator's sessions wait up to 60 s.
+    made: list[sim.EnergySession] = []
+
+    class Kept(sim.EnergySession):
+        def train_start(self, *args, **kwargs):
+            made.append(self)
+            return super().train_start(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "EnergySession", Kept)
+    sim.simulate("A40", "squad", 2, power_limit="jit", batch_sizes=[32])
+    assert len(made) == 2
+    for session in made:
+        assert session.config.sampling.sensor_timeout_s == 60.0
+        assert session.sampler is not None and session.sampler.sensor_timeout_s == 60.0  # the sampler it ran
+
+
+def test_the_power_limit_benchmarks_sessions_wait_for_the_virtual_sensor(monkeypatch):
+    # The same for benchmarks/power_limit_search.py (and power_limit_families.py, which trains through it).
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import power_limit_search as bench
+
+    made: list[sim.EnergySession] = []
+
+    class Kept(bench.EnergySession):
+        def train_start(self, *args, **kwargs):
+            made.append(self)
+            return super().train_start(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "EnergySession", Kept)
+    bench.simulate("A40", "squad", 0, {})
+    (session,) = made
+    assert session.config.sampling.sensor_timeout_s == 60.0
+    assert session.sampler is not None and session.sampler.sensor_timeout_s == 60.0

@@ -67,6 +67,14 @@ logger = logging.getLogger(__name__)
 METRIC = "target"
 """Name of the validation metric the simulator reports."""
 
+SENSOR_TIMEOUT_S = 60.0
+"""``sampling.sensor_timeout_s`` of the simulator's sessions (s; the most the setting allows).
+
+A read of the virtual sensor never hangs: it only computes, and under heavy CPU load that can take
+longer than the default 0.5 s meant for a real sensor. Cut short, it would mark the run degraded
+for a fault no GPU had; a simulated run waits for it instead.
+"""
+
 
 @dataclass(frozen=True)
 class Recurrence:
@@ -263,6 +271,7 @@ def simulate(
             "backend": "virtual",
             "logging": {"jsonl": False, "log_dir": tmp, "interval_steps": max(steps_per_epoch, 1)},
             "windows": {"step": False, "eval": False},
+            "sampling": {"sensor_timeout_s": SENSOR_TIMEOUT_S},
             "store": store,
             "batch_size": {
                 "enabled": True,

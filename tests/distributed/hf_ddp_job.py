@@ -6,7 +6,9 @@ Each rank measures its own virtual GPU (rank 1's draws 60 W more) and writes ``O
 With ``--store`` the batch-size bandit runs: every rank asks ``suggest_batch_size`` before
 building ``TrainingArguments`` (the main process alone reads the store), and training evaluates
 every 4 steps against the target ``eval_loss <= L``. With ``--step-s S`` the virtual GPUs run on a
-manual clock that each training step advances by ``S`` (both ranks' windows then hold the same time).
+manual clock that each training step advances by ``S`` (both ranks' windows then hold the same time);
+``--eval-s E`` makes each evaluation batch advance it by ``E`` too. ``--eval-on-start`` sets the
+Trainer's ``eval_on_start`` (an evaluation before the first step).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def main() -> None:
     parser.add_argument("--run-name", default="hf-ddp")
     parser.add_argument("--step-s", type=float, help="each training step takes this long on a manual clock")
     parser.add_argument("--evaluate", action="store_true", help="the Trainer evaluates every 4 steps")
+    parser.add_argument("--eval-on-start", action="store_true", help="and once before training (eval_on_start)")
+    parser.add_argument("--eval-s", type=float, help="each evaluation batch takes this long on the manual clock")
     cli = parser.parse_args()
     out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -78,6 +82,7 @@ def main() -> None:
         extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
     if cli.evaluate:
         extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+        extra["eval_on_start"] = cli.eval_on_start
     zeus = ZeusTrainerCallback(config, backend=backend)
     args = TrainingArguments(
         output_dir=str(out / "hf"),
@@ -99,6 +104,8 @@ def main() -> None:
         def clocked_forward(*a, **kw):
             if model.training:
                 clock.advance(cli.step_s)
+            elif cli.eval_s:
+                clock.advance(cli.eval_s)
             return forward(*a, **kw)
 
         model.forward = clocked_forward
@@ -119,6 +126,7 @@ def main() -> None:
                 "pid": os.getpid(),
                 "gpu_indices": zeus.session.gpu_indices,
                 "true_power_W": backend.true_power_W(zeus.session.gpu_indices[0]),
+                "eval_on_start": args.eval_on_start,
                 "summary": zeus.summary.as_dict(),
                 "suggested_batch_size": batch_size if cli.store else None,
                 "claimed_batch_size": zeus.session.suggest_batch_size(),

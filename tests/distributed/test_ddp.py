@@ -283,3 +283,25 @@ def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(tmp_path):
     # The run's one (cut-short) epoch: its ledger sums each rank's evaluations at the epoch's end.
     (epoch,) = [r for r in records if r["event"] == "epoch"]
     assert sum(r["energy_J"] for r in evals) == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)
+
+
+def test_hf_eval_on_start_energy_sums_the_ranks_under_torchrun(tmp_path):
+    # Issue 26: the Trainer's eval_on_start evaluation (before the first step) sets no should_evaluate flag;
+    # its eval record held rank 0's GPU alone ("ranks": 1, a ranks_note) while later evaluations summed both.
+    out = tmp_path / "run"
+    out.mkdir()
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    # A manual clock: 50 ms a training step and a evaluation batch (2 batches of 4 of 16 samples on each rank).
+    job = [str(HF_JOB), str(out), "--evaluate", "--eval-on-start", "--step-s", "0.05", "--eval-s", "0.05"]
+    ranks = run_job(out, command=[*launcher, *job])
+    assert all(r["trainer_world_size"] == 2 and r["eval_on_start"] for r in ranks)
+    assert len({r["pid"] for r in ranks}) == 2  # two processes
+    records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 4, 8, 12]
+    assert all(r["ranks"] == 2 and r["ranks_note"] is None for r in evals)
+    start = evals[0]
+    assert start["time_s"] == pytest.approx(0.1, rel=0.05)
+    # Both GPUs' power over the evaluation's 0.1 s; one rank's alone would be under 45 % of it (GPU 1 draws 60 W more).
+    both_W = sum(r["true_power_W"] for r in ranks)
+    assert start["energy_J"] == pytest.approx(both_W * start["time_s"], rel=0.1)

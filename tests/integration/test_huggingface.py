@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import io
 import math
+import sys
 
 import pytest
 import torch
@@ -67,9 +69,8 @@ def make_trainer(tmp_path, callback, *, report_to, max_steps=12, grad_accum=1, e
         eval_strategy="steps" if eval_steps else "no",
         eval_steps=eval_steps,
         include_num_input_tokens_seen=True,
-        disable_tqdm=True,
         use_cpu=True,
-        **kwargs,
+        **{"disable_tqdm": True, **kwargs},
     )
     return Trainer(
         model=tiny_lm(),
@@ -174,3 +175,20 @@ def test_a_failing_training_step_ends_the_run_with_its_log(tmp_path):
     assert callback.summary.steps == 4 and not callback.session.started
     events = [r["event"] for r in read_jsonl(tmp_path / "zeus" / "test.jsonl")]
     assert events[-2:] == ["exception", "run_end"]
+
+
+def test_the_summary_prints_above_the_trainers_progress_bar(tmp_path, monkeypatch):
+    # Issue 26: the summary was print()ed while the Trainer's tqdm bar was still open (its callback ends after
+    # this one): on a terminal, where stdout and stderr share the screen, it began on the bar's own line.
+    screen = io.StringIO()  # one screen for both streams, as a terminal shows them
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    callback = ZeusTrainerCallback(virtual_config(tmp_path))
+    make_trainer(tmp_path, callback, report_to="none", max_steps=6, disable_tqdm=False).train()
+    text = screen.getvalue()
+    first_line = str(callback.summary).splitlines()[0]
+    at = text.index(first_line)
+    assert "6/6" in text  # the Trainer's bar was drawn on this screen
+    # The bar was cleared before the summary: what stands on the summary's line before it is blank.
+    line_start = max(text.rfind("\n", 0, at), text.rfind("\r", 0, at)) + 1
+    assert text[line_start:at].strip() == "", repr(text[max(0, at - 120) : at + 40])

@@ -71,6 +71,7 @@ def get_backend(
     clock: Clock | None = None,
     read_only: bool | None = None,
     detect: Callable[[], GPUPresence] | None = None,
+    announce: bool = True,
 ) -> GPUBackend:
     """Open a GPU backend by name.
 
@@ -79,7 +80,8 @@ def get_backend(
     falls back to the virtual GPU (simulated energy, said so in every record); where a
     GPU is present but cannot be measured it returns an
     :class:`~zeus_callbacks.backends.unavailable.UnavailableBackend` (every energy figure
-    null). Either way it logs one warning naming the cause and the fix.
+    null). Either way it logs one warning naming the cause and the fix (with ``announce``; else at
+    INFO: under several processes one of them says it, not every rank).
 
     Args:
         name: ``"auto"``, ``"nvml"``, ``"amdsmi"`` or ``"virtual"``.
@@ -91,6 +93,8 @@ def get_backend(
         read_only: Force read-only mode; default from ``ZEUS_CALLBACKS_READ_ONLY``.
         detect: Finds GPUs without the vendor libraries; default :func:`detect_gpus` (looked up
             at the call, so a test may replace ``zeus_callbacks.backends.detect_gpus``).
+        announce: Warn when ``auto`` falls back (True: this process speaks for the job, e.g. rank 0);
+            False logs the same message at INFO, so a 2-process job does not print it twice.
 
     Returns:
         An open backend; the caller closes it.
@@ -122,6 +126,7 @@ def get_backend(
         logger.info("zeus-callbacks: using the %s backend (%s)", candidate, backend.describe())
         return backend
     presence = (detect or globals()["detect_gpus"])()
+    level = logging.WARNING if announce else logging.INFO  # the fallback is said once per job, not per rank
     if presence.any_gpu:
         from zeus_callbacks.backends.unavailable import UnavailableBackend
 
@@ -133,7 +138,8 @@ def get_backend(
         ]
         cause = "; ".join(relevant or reasons.values())
         fix = unmeasurable_fix(cause)
-        logger.warning(
+        logger.log(
+            level,
             "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
             "energy figure of this run is null (measurement unavailable). Fix: %s",
             presence.describe(),
@@ -142,7 +148,8 @@ def get_backend(
         )
         return UnavailableBackend(presence, cause, fix)
     backend = _virtual(virtual, clock, read_only)
-    logger.warning(
+    logger.log(
+        level,
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
         "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; run_start, run_end, the summary "
         "and the logged metrics say so. [%s]",

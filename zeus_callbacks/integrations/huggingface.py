@@ -43,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tqdm.auto import tqdm
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 
@@ -116,6 +117,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._phases = False  # windows.phases: the optimizer-step hook has work
         self._in_eval = False
         self._eval_every_rank = False  # the evaluation open is the Trainer's own (every process runs it)
+        self._eval_on_start = False  # eval_on_start: the Trainer's evaluation before the first epoch is still due
         self._epoch = 0
         self._trainer: weakref.ReferenceType[Trainer] | None = None
         self._final_logs: dict[str, Any] | None = None  # the final log (TrainOutput.metrics): results
@@ -278,6 +280,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if carried is not None:
             self.session.load_state_dict(carried)
         self._tokens_seen = state.num_input_tokens_seen or 0
+        self._eval_on_start = bool(args.eval_on_start)
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self._phases = self.config.windows.phases
         # None unless batch_size.enabled. What suggest_batch_size() returned reaches us as the Trainer's
@@ -308,6 +311,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the epoch window."""
+        self._eval_on_start = False  # training has begun: no evaluation from here on is the one before it
         self._epoch = int(state.epoch or 0)
         self.session.epoch_start(self._epoch)
 
@@ -352,12 +356,16 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         """Open the evaluation window (once per evaluation; only while the run is open).
 
         ``control``: the Trainer's; its ``should_evaluate`` is set while the Trainer runs its own
-        evaluation, which every process runs (its energy is then summed over them). Another
-        (``trainer.evaluate()`` called by the user, perhaps on one process) stays this process's.
+        evaluation, which every process runs (its energy is then summed over them). The Trainer's
+        ``eval_on_start`` evaluation (between ``on_train_begin`` and the first epoch) sets no flag but
+        runs on every process too (issue 26). Another (``trainer.evaluate()`` called by the user,
+        perhaps on one process) stays this process's.
         """
         if not self._in_eval and self.session.started:
             self._in_eval = True
-            self._eval_every_rank = bool(control is not None and control.should_evaluate)
+            trainers_own = control is not None and control.should_evaluate
+            self._eval_every_rank = bool(trainers_own or self._eval_on_start)
+            self._eval_on_start = False  # one evaluation before training
             self.session.eval_start()
 
     def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
@@ -520,9 +528,15 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         return _hf_names(self.session.flagged(ours))
 
     def _print_summary(self) -> None:
-        """Print the run summary on the main process (scripts often leave logging at WARNING)."""
+        """Print the run summary on the main process (scripts often leave logging at WARNING).
+
+        Through ``tqdm.write``, as the Trainer prints its own logs: the Trainer's progress bar is
+        still open here (its callback ends after this one), and a plain ``print`` would land on the
+        bar's line and leave a second bar below it (issue 26). With no bar open it is a plain print.
+        """
         if self.summary is not None and self._is_main:
-            print(self.summary, flush=True)
+            tqdm.write(str(self.summary))
+            sys.stdout.flush()
 
 
 def _job_of(key: str) -> str | None:

@@ -440,8 +440,17 @@ class EnergySession:
             self.backend = get_backend(
                 self.config.backend,
                 virtual=lambda: virtual_backend_kwargs(virtual),
+                announce=self._speaks_for_machine(),
             )
         return self.backend
+
+    def _speaks_for_machine(self) -> bool:
+        """Whether this process warns about the machine's GPUs: the main process, or another node's local rank 0.
+
+        Under a launcher every rank opens a backend; the fallback's warning (no GPU: the virtual GPU; a
+        GPU that cannot be measured) is the same on each, so one process a machine says it (issue 26).
+        """
+        return self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0
 
     def epoch_start(self, epoch: int) -> None:
         """Open the epoch window (and re-anchor CUDA event timing once).
