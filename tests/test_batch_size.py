@@ -20,6 +20,7 @@ from zeus_callbacks.optimizers.batch_size import (
     satisficing_choice,
     scaled_learning_rate,
 )
+from zeus_callbacks.optimizers.batch_size.observations import arm_failures
 from zeus_callbacks.store import open_store
 
 SIZES = (8, 16, 32, 64, 128, 256)
@@ -115,6 +116,27 @@ def test_failed_trials_neither_count_nor_move_pruning(store):
     s = bandit.suggest()
     bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed")
     assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
+
+
+def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
+    """Issue 30: a suggestion no run claimed (withdrawn) is not a failure of its batch size: failed, withdrawn, failed
+    is two failures in a row (max_failures 2), and a withdrawn pruning candidate is suggested again."""
+    from zeus_callbacks.optimizers.batch_size.controller import withdraw_suggestion
+
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    s = bandit.suggest()
+    assert withdraw_suggestion(store, s.trial_id, "not claimed").status == "withdrawn"
+    assert withdraw_suggestion(store, s.trial_id, "again") is None  # not running any more: left as it is
+    assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
+    for trial in store.list_trials("job", status="running"):
+        store.finish_trial(trial.trial_id, status="failed", energy_J=None, time_s=None, cost=None, converged=False)
+    withdraw_suggestion(store, bandit.suggest().trial_id, "not claimed")
+    assert arm_failures(store.list_trials("job")) == {64: (1, "the run failed")}  # the withdrawn one is skipped
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed")
+    assert arm_failures(store.list_trials("job")) == {64: (2, "the run failed")}
+    assert bandit.suggest().batch_size == 32  # 64 pruned after two failures in a row: the pruning moved on
+    assert "64" in bandit.state()["failed_arms"]
 
 
 def test_min_cost_only_from_converged_and_early_stop_threshold(store):

@@ -68,7 +68,8 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     A ``failed`` trial (the run raised, e.g. out of memory; or its process was killed and the
     store marked it failed: ``info["reason"]``) counts; an interrupted run (``info["run_status"]
     == "interrupted"``: a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial of the
-    arm resets its count. Running trials are skipped.
+    arm resets its count. Running and withdrawn trials (a suggestion no run claimed: nothing ran)
+    are skipped.
 
     Args:
         trials: The job's trials in creation order.
@@ -78,7 +79,7 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     """
     out: dict[int, tuple[int, str]] = {}
     for trial in trials:
-        if trial.status == "running":
+        if trial.status in ("running", "withdrawn"):
             continue
         if trial.status != "failed":
             out.pop(trial.batch_size, None)
