@@ -504,6 +504,7 @@ class BatchSizeController:
         self.suggestion: Suggestion | None = None
         self.batch_size: int | None = None
         self.converged = False
+        self.best_target_value: float | None = None  # the best value of the target metric an evaluation gave
         self.stop_reason: str | None = None
         self.cost: ZeusCost | None = None
         self.threshold: float | None = None
@@ -628,6 +629,8 @@ class BatchSizeController:
         if target is None or target.metric not in metrics:
             return None
         value = metrics[target.metric]
+        if math.isfinite(value) and (self.best_target_value is None or target.better(value, self.best_target_value)):
+            self.best_target_value = float(value)
         if target.reached(value):
             if not self.converged:
                 logger.info("zeus-callbacks: target %s=%s reached (%s)", target.metric, value, target.direction)
@@ -688,6 +691,8 @@ class BatchSizeController:
         # its cost is its cost to the target, and its batch size stays a candidate.
         converged = self.converged and status != "failed"
         info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        if self.best_target_value is not None:  # how close it came: named while no run reaches the target
+            info["best_target_value"] = self.best_target_value
         if self.config.backend == "virtual":
             info["simulated"] = True  # measured on the virtual GPU: plots say so
         if run_status != "completed":

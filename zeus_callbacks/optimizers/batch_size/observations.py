@@ -94,3 +94,20 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
 def finite_or_none(value: float | None) -> float | None:
     """``value`` when it is a finite number, else None (unknown)."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def best_target_value(trials: Sequence[TrialRecord], direction: str) -> float | None:
+    """The best value of the target metric any of ``trials`` saw (``info["best_target_value"]``), or None.
+
+    Args:
+        trials: The job's trials.
+        direction: ``max`` (higher is better) or ``min``.
+
+    Returns:
+        The highest (``max``) or lowest (``min``) finite value recorded; None when no trial recorded one.
+    """
+    values = (t.info.get("best_target_value") for t in trials)
+    seen = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not seen:
+        return None
+    return max(seen) if direction == "max" else min(seen)
