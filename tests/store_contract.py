@@ -510,6 +510,23 @@ class StoreContract:
         assert reopened.get_trial(alive.trial_id).status == "running"
         reopened.close()
 
+    def test_a_withdrawn_trial_is_not_a_dead_trial(self, kind: str, store: Store, path: str) -> None:
+        """A suggestion no run claimed is withdrawn: its process gone, the open's scan passes it by (issue 30)."""
+        proc = _CTX.Process(target=os.getpid)
+        proc.start()
+        proc.join()
+        trial = store.create_trial("j", 64, pid=proc.pid)
+        store.finish_trial(
+            trial.trial_id, status="withdrawn", energy_J=None, time_s=None, cost=None, converged=False,
+            info={"reason": "not claimed"},
+        )  # fmt: skip
+        store.close()
+        reopened = _open(kind, path)
+        got = reopened.get_trial(trial.trial_id)
+        assert (got.status, got.info, got.ended_at is not None) == ("withdrawn", {"reason": "not claimed"}, True)
+        assert [t.trial_id for t in reopened.list_trials("j", status="withdrawn")] == [trial.trial_id]
+        reopened.close()
+
     def test_concurrent_processes_lose_nothing(self, kind: str, path: str) -> None:
         _open(kind, path).close()
         procs = [_CTX.Process(target=_worker, args=(kind, path, w, TRIALS_PER_WORKER)) for w in range(WORKERS)]

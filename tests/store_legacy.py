@@ -1,9 +1,12 @@
-"""Stores as zeus-callbacks wrote them before the Alembic store: schema versions 1, 2 and 3, in each layout.
+"""Stores as older zeus-callbacks wrote them: schema versions 1, 2 and 3, in each layout.
 
 - ``sqlite``: the file ``store/sqlite.py`` wrote (tables without a prefix);
 - ``rdb-sqlite``: the tables ``store/rdb.py`` wrote (prefixed ``zeus_``) on a SQLite file;
 - ``postgresql``: the same on a PostgreSQL server;
 - ``json``: the JSON document.
+
+- ``alembic``: the Alembic chain's store at schema 3 (the release before schema 4), on a SQLite file (no prefix) or
+  PostgreSQL (``zeus_``): that chain's own revisions up to ``0003``, a named status CHECK, Alembic's table.
 
 The SQLite files are loaded from the dumps in ``tests/data/legacy_stores`` (written by that release's own
 code: ``make_legacy_stores.py``). PostgreSQL gets the DDL ``store/rdb.py`` emitted there, written out below,
@@ -59,16 +62,41 @@ def _pg_store(location: str, version: int) -> None:
         for v in range(1, version + 1):
             for statement in _PG_DDL[v]:
                 conn.execute(sa.text(statement))
-        # The records of the SQLite dumps, as PostgreSQL takes them (true/false for converged).
-        for line in (DUMPS / f"rdb_v{version}.sql").read_text().splitlines():
-            if line.startswith("INSERT INTO") and "sqlite_sequence" not in line and "schema_version" not in line:
-                if '"zeus_trials"' in line:
-                    head, values = line.split(" VALUES(", 1)
-                    fields = values.split(",")
-                    fields[8] = "true" if fields[8] == "1" else "false"
-                    line = f"{head} VALUES({','.join(fields)}"
-                conn.execute(sa.text(line.replace("\\", "\\\\").replace(":", "\\:")))
+        _insert_records(conn, "zeus_", version)
         conn.execute(sa.text("SELECT setval('zeus_trials_trial_id_seq', 2)"))
+    engine.dispose()
+
+
+def _insert_records(conn, prefix: str, version: int) -> None:
+    """The records of the dumps, into tables of ``prefix``, as the database takes them (PostgreSQL: true/false)."""
+    import sqlalchemy as sa
+
+    for line in (DUMPS / f"rdb_v{version}.sql").read_text().splitlines():
+        if line.startswith("INSERT INTO") and "sqlite_sequence" not in line and "schema_version" not in line:
+            if '"zeus_trials"' in line and conn.dialect.name == "postgresql":
+                head, values = line.split(" VALUES(", 1)
+                fields = values.split(",")
+                fields[8] = "true" if fields[8] == "1" else "false"
+                line = f"{head} VALUES({','.join(fields)}"
+            line = line.replace('INTO "zeus_', f'INTO "{prefix}')
+            conn.execute(sa.text(line.replace("\\", "\\\\").replace(":", "\\:")))
+
+
+def _alembic_store(location: str, prefix: str, version: int) -> None:
+    """The store the Alembic chain wrote at schema ``version``: its revisions up to that one, and the records."""
+    import sqlalchemy as sa
+
+    from tests.store_contract import db_engine
+    from zeus_callbacks.store import migrations
+
+    engine = db_engine(location)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {prefix}schema_version (version INTEGER NOT NULL)"))
+        conn.execute(sa.text(f"INSERT INTO {prefix}schema_version VALUES (:v)"), {"v": version})
+        migrations.upgrade(conn, prefix, 0, to_version=version)
+        _insert_records(conn, prefix, version)
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text(f"SELECT setval('{prefix}trials_trial_id_seq', 2)"))
     engine.dispose()
 
 
@@ -127,9 +155,16 @@ def _json_store(path: str, version: int) -> None:
     Path(path).write_text(json.dumps(doc))
 
 
-def legacy_store(kind: str, location: str, version: int) -> None:
-    """Write, at ``location`` (empty), the store of schema ``version`` that ``kind``'s older code wrote."""
-    if kind == "json":
+def legacy_store(kind: str, location: str, version: int, writer: str = "pre-alembic") -> None:
+    """Write, at ``location`` (empty), the store of schema ``version`` that ``kind``'s older code wrote.
+
+    ``writer``: ``"pre-alembic"`` (``store/sqlite.py``, ``store/rdb.py``, the JSON store) or ``"alembic"`` (the
+    Alembic chain, for ``sqlite`` and ``postgresql``).
+    """
+    if writer == "alembic":
+        prefix = "" if kind == "sqlite" else "zeus_"
+        _alembic_store(location if "://" in location else f"sqlite:///{location}", prefix, version)
+    elif kind == "json":
         _json_store(location, version)
     elif kind == "postgresql":
         _pg_store(location, version)
@@ -166,3 +201,29 @@ def schema_of(kind: str, location: str) -> tuple[int, bool, str | None]:
             revision = conn.execute(sa.text(f"SELECT version_num FROM {prefix}alembic_version")).scalar_one()
     engine.dispose()
     return version, "pending_id" in columns and unique, revision
+
+
+def status_check(kind: str, location: str) -> tuple[bool, bool]:
+    """(whether a trial row of status ``withdrawn`` is admitted, whether one of status ``bogus`` is refused), tried
+    behind the store's back in a transaction that is rolled back."""
+    import sqlalchemy as sa
+
+    from tests.store_contract import db_engine
+
+    prefix = "" if kind == "sqlite" else "zeus_"
+    engine = db_engine(location if "://" in location else f"sqlite:///{location}")
+    insert = sa.text(
+        f"INSERT INTO {prefix}trials (job_id, batch_size, status, converged, started_at, pid, host, info) "
+        "VALUES ('j', 1, :status, false, 0, 0, 'h', '{}')"
+    )
+    admitted = {}
+    for status in ("withdrawn", "bogus"):
+        with engine.connect() as conn, conn.begin() as transaction:
+            try:
+                conn.execute(insert, {"status": status})
+                admitted[status] = True
+            except sa.exc.IntegrityError:
+                admitted[status] = False
+            transaction.rollback()
+    engine.dispose()
+    return admitted["withdrawn"], not admitted["bogus"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -20,6 +21,7 @@ from zeus_callbacks.optimizers.batch_size import (
     satisficing_choice,
     scaled_learning_rate,
 )
+from zeus_callbacks.optimizers.batch_size.observations import arm_failures
 from zeus_callbacks.store import open_store
 
 SIZES = (8, 16, 32, 64, 128, 256)
@@ -115,6 +117,53 @@ def test_failed_trials_neither_count_nor_move_pruning(store):
     s = bandit.suggest()
     bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed")
     assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
+
+
+def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
+    """Issue 30: a suggestion no run claimed (withdrawn) is not a failure of its batch size: failed, withdrawn, failed
+    is two failures in a row (max_failures 2), and a withdrawn pruning candidate is suggested again."""
+    from zeus_callbacks.optimizers.batch_size.controller import withdraw_suggestion
+
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    s = bandit.suggest()
+    assert withdraw_suggestion(store, s.trial_id, "not claimed").status == "withdrawn"
+    assert withdraw_suggestion(store, s.trial_id, "again") is None  # not running any more: left as it is
+    assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
+    for trial in store.list_trials("job", status="running"):
+        store.finish_trial(trial.trial_id, status="failed", energy_J=None, time_s=None, cost=None, converged=False)
+    withdraw_suggestion(store, bandit.suggest().trial_id, "not claimed")
+    assert arm_failures(store.list_trials("job")) == {64: (1, "the run failed")}  # the withdrawn one is skipped
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed")
+    assert arm_failures(store.list_trials("job")) == {64: (2, "the run failed")}
+    assert bandit.suggest().batch_size == 32  # 64 pruned after two failures in a row: the pruning moved on
+    assert "64" in bandit.state()["failed_arms"]
+
+
+def test_while_no_run_ever_reached_the_target_pruning_holds_its_start(store, caplog):
+    """Issue 30: with a target no run reaches, every candidate failed to converge, every direction ended at once,
+    and Thompson sampling settled on the cheapest size that never converged. The pruning holds its start now,
+    warning at each suggestion; without a target (no run ever converges) the pruning moves on as before."""
+    target = {"target_metric": "val/loss", "target_value": 0.1, "target_direction": "min"}
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, **target))
+    assert bandit.settings.has_target and not BanditSettings(SIZES, 64).has_target
+    for loss in (0.5, 0.3, 0.4, 0.35):
+        with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+            s = bandit.suggest()
+        assert (s.batch_size, s.phase) == (64, "pruning")
+        bandit.report(
+            s.trial_id, energy_J=1.0, time_s=1.0, cost=cost_of(64), converged=False, info={"best_target_value": loss}
+        )
+    warnings = [r.getMessage() for r in caplog.records if "no run has reached the target" in r.getMessage()]
+    assert len(warnings) == 3  # once per suggestion after the first run, none before it
+    assert "val/loss <= 0.1 yet; the best value seen is 0.3 " in warnings[-1]  # the lowest: a loss
+    assert bandit.state()["round_results"] == {}  # nothing recorded: no direction ended
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=1.0, time_s=1.0, cost=cost_of(64), converged=True)
+    assert bandit.suggest().batch_size == 32  # a run reached the target: the pruning goes down from the start
+
+    untargeted = BatchSizeBandit(store, "other", BanditSettings(SIZES, 64))
+    assert [run(untargeted, converges=lambda b: False) for _ in range(3)] == [64, 32, 128]
 
 
 def test_min_cost_only_from_converged_and_early_stop_threshold(store):

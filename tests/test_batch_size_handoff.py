@@ -1,16 +1,25 @@
-"""The hand-off from ``suggest_batch_size()`` to the run: carried by the value returned, no module state."""
+"""The hand-off from ``suggest_batch_size()`` to the run: carried by the value returned (a weak registry of the
+unclaimed ones only lets a later suggestion of the job withdraw them), and what becomes of one no run claims."""
 
 from __future__ import annotations
 
 import copy
 import gc
+import json
+import logging
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 from zeus_callbacks import suggest_batch_size
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 from zeus_callbacks.optimizers.batch_size import controller as recurring
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def config(tmp_path, job_id: str = "nightly") -> dict:
@@ -64,26 +73,63 @@ def test_two_jobs_in_one_process_claim_only_their_own_trial(tmp_path):
         run.train_end()
 
 
-def test_two_suggestions_of_one_job_are_two_trials_each_claimed_by_its_run(tmp_path):
-    one, two = suggest_batch_size(config(tmp_path)), suggest_batch_size(config(tmp_path))
-    runs = [EnergySession(config(tmp_path), is_main_process=True) for _ in range(2)]
-    runs[1].suggest_batch_size(two)
-    runs[0].suggest_batch_size(one)
+def test_a_second_suggestion_of_a_job_withdraws_the_earlier_unclaimed_one(tmp_path, caplog):
+    """Issue 30: suggest_batch_size() called twice in one process left the first trial running, later marked failed
+    ("process died") and counted against its batch size. The earlier one is withdrawn, with a warning."""
+    one = suggest_batch_size(config(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        two = suggest_batch_size(config(tmp_path))
+    assert "called again for job nightly" in caplog.text and "trial 1" in caplog.text
+    assert one.withdrawn and not two.withdrawn
     with open_store(tmp_path / "zeus_store.sqlite") as store:
-        ids = [t.trial_id for t in store.list_trials("nightly")]
-    assert len(ids) == 2 and [r.batch_size_controller.trial_id for r in runs] == ids
+        first = store.get_trial(1)
+    assert (first.status, first.info["reason"]) == ("withdrawn", recurring.REPLACED_REASON)
+    caplog.clear()
+    runs = [EnergySession(config(tmp_path), is_main_process=True) for _ in range(2)]
+    runs[1].suggest_batch_size(two)  # claimed: the run reports into trial 2
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        runs[0].suggest_batch_size(one)  # withdrawn: a trial of its own
+    assert "suggestion that was withdrawn" in caplog.text
+    assert [r.batch_size_controller.trial_id for r in runs] == [3, 2]
     for run in runs:
         run.train_start()
         run.train_end()
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        assert [t.status for t in store.list_trials("nightly")] == ["withdrawn", "completed", "completed"]
 
 
-def test_a_suggestion_no_run_claims_closes_its_store(tmp_path, monkeypatch):
+def test_a_suggestion_no_run_claims_is_withdrawn_and_its_store_closed_when_dropped(tmp_path, monkeypatch):
     closed = closes_counted(monkeypatch)
     suggested = suggest_batch_size(config(tmp_path))
     assert suggested == 64 and closed == []  # kept open for the run
     del suggested
     gc.collect()
     assert len(closed) == 1
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        (trial,) = store.list_trials("nightly")
+    assert (trial.status, trial.info["reason"]) == ("withdrawn", recurring.UNCLAIMED_REASON)
+
+
+def test_a_suggestion_no_run_claims_is_withdrawn_when_the_process_ends(tmp_path):
+    """The process ends before training (or trains with a number of its own): its trial is withdrawn at exit, not
+    left running to be marked failed ("process died") by the next open, which counted against the batch size."""
+    script = (
+        "import json, sys\n"
+        "from zeus_callbacks import suggest_batch_size\n"
+        "kept = suggest_batch_size(json.loads(sys.argv[1]))\n"  # held until the interpreter exits
+        "print(int(kept))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(config(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's package
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "64", done.stderr[-2000:]
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        (trial,) = store.list_trials("nightly")
+    assert (trial.status, trial.info["reason"]) == ("withdrawn", recurring.UNCLAIMED_REASON)
 
 
 def test_a_claimed_suggestion_hands_its_open_store_to_the_run_which_closes_it_once(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from zeus_callbacks import ConfigError, suggest_batch_size
@@ -148,6 +150,37 @@ def test_pruning_candidate_stop_names_the_pruning_ratio(tmp_path):
     with open_store(tmp_path / "zeus_store.sqlite") as store:
         trial = store.list_trials("nightly")[-1]
     assert (trial.batch_size, trial.status) == (32, "early_stopped") and trial.info["stop_reason"] == reason
+
+
+def test_a_target_no_run_reaches_holds_the_default_and_says_how_close_runs_came(tmp_path, caplog):
+    """Issue 30: no run had ever reached the target, yet each non-converged run moved the pruning on, and Thompson
+    sampling then settled on the cheapest size that never converged. Now the default is held, with a warning at
+    each suggestion naming the metric, the target and the best value seen (kept in info.best_target_value)."""
+
+    def recurrence(name: str, values: list[float], expected: int) -> str:
+        session, _, clock = new_run(tmp_path, name)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+            assert session.suggest_batch_size() == expected
+        session.train_start(run_name=name)
+        for i, value in enumerate(values):
+            step(session, clock, i)
+            session.evaluate({"val/acc": value})
+        session.train_end()
+        return caplog.text
+
+    assert "no run has reached the target" not in recurrence("one", [0.6, 0.7, 0.65], 64)  # nothing to say yet
+    said = recurrence("two", [0.75], 64)  # held: not 32, the next size down
+    assert "no run has reached the target val/acc >= 0.8 yet; the best value seen is 0.7 " in said
+    assert "holds batch size 64 (pruning)" in said
+    said = recurrence("three", [0.75, 0.85], 64)  # reached at its second evaluation
+    assert "the best value seen is 0.75 " in said
+    assert "no run has reached the target" not in recurrence("four", [0.9], 32)  # the pruning goes on, down
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        trials = store.list_trials("nightly")
+    assert [(t.batch_size, t.converged, t.info["best_target_value"]) for t in trials] == [
+        (64, False, 0.7), (64, False, 0.75), (64, True, 0.85), (32, True, 0.9),
+    ]  # fmt: skip
 
 
 def test_failed_run_records_a_failed_trial_and_module_suggestion_is_claimed(tmp_path):

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from tests.store_contract import BACKENDS, StoreContract, _open, new_location, require
-from tests.store_legacy import legacy_store, schema_of
+from tests.store_legacy import legacy_store, schema_of, status_check
 from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, migrations, open_store
 from zeus_callbacks.store.json import JSONStore
 from zeus_callbacks.store.sql import SQLStore
@@ -164,16 +164,28 @@ def test_a_wrong_argument_type_is_the_callers_error_not_a_corrupt_store(tmp_path
         assert store.list_trials("job") == []  # the store is still fine
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
-@pytest.mark.parametrize("kind", ["sqlite", "json", "rdb-sqlite", "postgresql"])
-def test_an_older_store_reads_read_only_as_it_is_and_migrates_on_a_writing_open(tmp_path, kind, version):
+MIGRATION_MATRIX = [
+    *(
+        (kind, version, "pre-alembic")
+        for kind in ("sqlite", "json", "rdb-sqlite", "postgresql")
+        for version in (1, 2, 3)
+    ),
+    ("sqlite", 3, "alembic"),
+    ("postgresql", 3, "alembic"),
+]
+"""Every layout older code wrote: (kind, schema version, writer; see ``tests/store_legacy.py``)."""
+
+
+@pytest.mark.parametrize(("kind", "version", "writer"), MIGRATION_MATRIX)
+def test_an_older_store_reads_read_only_as_it_is_and_migrates_on_a_writing_open(tmp_path, kind, version, writer):
     """The migration matrix: each layout older code wrote (store/sqlite.py's file, store/rdb.py's tables on SQLite
-    and PostgreSQL, the JSON document) at each schema version. Read-only: its records as they are, nothing changed.
-    Writing open: every record kept, the newest schema (a unique pending_id, Alembic's revision), and it takes new
-    records (trial ids go on after the old ones)."""
+    and PostgreSQL, the JSON document, the Alembic chain's store at schema 3) at each schema version. Read-only: its
+    records as they are, nothing changed. Writing open: every record kept, the newest schema (a unique pending_id,
+    Alembic's revision, a status CHECK that admits withdrawn and refuses what is no status), and it takes new
+    records (trial ids go on after the old ones), a withdrawn trial among them."""
     location = new_location(kind, tmp_path)
-    legacy_store(kind, location, version)
-    revision = None  # older code wrote no Alembic table
+    legacy_store(kind, location, version, writer)
+    revision = migrations.revision(version) if writer == "alembic" else None  # older code wrote no Alembic table
     assert schema_of(kind, location) == (version, version >= 3, revision)
     with _open(kind, location, read_only=True) as reader:
         trials = reader.list_trials("j")
@@ -193,9 +205,17 @@ def test_an_older_store_reads_read_only_as_it_is_and_migrates_on_a_writing_open(
         first = store.create_trial("j", 32, pid=1, pending_id="p")
         assert first.trial_id == 3 and store.create_trial("j", 32, pid=1, pending_id="p") == first
         assert [t.pending_id for t in store.list_trials("j")][2:] == ["p"]
-    # A store at the newest version opens with no migration: Alembic's table comes with the next one.
-    expected = None if kind == "json" or version == SCHEMA_VERSION else migrations.revision(SCHEMA_VERSION)
-    assert schema_of(kind, location) == (SCHEMA_VERSION, True, expected)
+        unclaimed = store.create_trial("j", 64)
+        assert unclaimed.trial_id == 4
+        store.finish_trial(4, status="withdrawn", energy_J=None, time_s=None, cost=None, converged=False)
+        assert store.get_trial(4).status == "withdrawn"
+    assert schema_of(kind, location) == (
+        SCHEMA_VERSION,
+        True,
+        migrations.revision(SCHEMA_VERSION) if kind != "json" else None,
+    )
+    if kind != "json":
+        assert status_check(kind, location) == (True, True)  # withdrawn admitted, any other word refused
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "json", "rdb-sqlite", "postgresql"])

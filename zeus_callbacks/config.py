@@ -307,6 +307,10 @@ class TargetConfig(_Section):
         """True when ``metric_value`` meets the target."""
         return metric_value >= self.value if self.direction == "max" else metric_value <= self.value
 
+    def better(self, metric_value: float, than: float) -> bool:
+        """True when ``metric_value`` is closer to (or further past) the target than ``than``."""
+        return metric_value > than if self.direction == "max" else metric_value < than
+
 
 class BatchSizeConfig(_Section):
     """Batch-size optimisation across recurrences of ``job_id`` (Zeus NSDI '23, §4.2–4.4)."""

@@ -290,8 +290,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             logger.warning(
                 "zeus-callbacks: per_device_train_batch_size (%d) carries no suggestion of the bandit (it is a "
                 "number of its own, a copy or a pickle of what suggest_batch_size() returned): this run draws "
-                "and records a trial of its own, and a suggestion made earlier in this process and never "
-                "claimed stays in the store as a running trial", handed,
+                "and records a trial of its own; a suggestion made earlier in this process that no run claims is "
+                "withdrawn when it is dropped or the process ends", handed,
             )  # fmt: skip
         self._use_batch_size(
             self.session.suggest_batch_size(handed if isinstance(handed, SuggestedBatchSize) else None),

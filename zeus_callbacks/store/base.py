@@ -43,11 +43,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the store layout this code writes; a newer one is refused.
 
 1: jobs, trials, bandits, arms, profiles. 2: trials carry a lease (``owner``, ``heartbeat_at``).
 3: trials carry the id of the pending-trial file they were recorded from (``pending_id``, unique).
+4: a trial may be ``withdrawn`` (a suggestion no run claimed; the status CHECK admits it).
 """
 
 DEFAULT_LEASE_GRACE_S = 300.0
@@ -56,8 +57,8 @@ DEFAULT_LEASE_GRACE_S = 300.0
 MAX_HEARTBEAT_INTERVAL_S = 30.0
 """The owner renews its leases at least this often (s), and at least five times per grace period."""
 
-TrialStatus = Literal["running", "completed", "failed", "early_stopped"]
-TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped")
+TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class TrialRecord:
         job_id: The job it belongs to.
         batch_size: Batch size it ran at.
         power_limit_W: Power limit it ran at (W); None if unknown.
-        status: ``running``, ``completed``, ``failed`` (crashed, or its process died) or
-            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost).
+        status: ``running``, ``completed``, ``failed`` (crashed, or its process died),
+            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost) or ``withdrawn`` (a
+            suggestion no run claimed: neither an observation nor a failure of its batch size).
         energy_J: GPU energy of the run (J); None while running or when unknown.
         time_s: Wall time of the run (s); None while running or when unknown.
         cost: ZeusCost of the run (J-equivalent); None while running or when unknown.
@@ -531,7 +533,9 @@ def locked_error(location: str, waited_s: float, limit_s: float, detail: str) ->
 def check_finish_status(status: str) -> None:
     """Raise ValueError unless ``status`` is a final trial status."""
     if status not in TRIAL_STATUSES or status == "running":
-        raise ValueError(f"a finished trial's status must be completed, failed or early_stopped, got {status!r}")
+        raise ValueError(
+            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {status!r}"
+        )
 
 
 def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:

@@ -64,7 +64,11 @@ def _migrate_2_to_3(doc: Document) -> None:
         trial.setdefault("pending_id", None)
 
 
-MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+def _migrate_3_to_4(doc: Document) -> None:
+    """Schema 4 admits the status ``withdrawn``: no record changes, the version tells older code to keep off."""
+
+
+MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 """``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
 
 

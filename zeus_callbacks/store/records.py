@@ -64,7 +64,7 @@ class TrialModel(_Record):
     job_id: str
     batch_size: int
     power_limit_W: float | None = None
-    status: Literal["running", "completed", "failed", "early_stopped"]
+    status: Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
     energy_J: float | None = None
     time_s: float | None = None
     cost: float | None = None

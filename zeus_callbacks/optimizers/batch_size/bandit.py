@@ -21,7 +21,9 @@ optimum may lie further on, and one run that took more epochs than usual must no
 direction (:meth:`BatchSizeBandit.prune_ratio`). During pruning the same factor stops a
 candidate early at that multiple of the best converged cost. The sizes that converged in
 the round survive into the next; after ``pruning_rounds`` rounds, Thompson sampling runs
-on the survivors.
+on the survivors. Beyond Zeus, while no run of a job with a target has ever reached it, a
+candidate that does not converge does not move the pruning: it holds the round's start (and warns
+at each suggestion, naming the target and the best value seen) until a run reaches the target.
 
 **Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
 with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
@@ -85,6 +87,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
 from zeus_callbacks.optimizers.batch_size.observations import (
     OBSERVATION_BOUNDS,
     arm_failures,
+    best_target_value,
     finite_or_none,
     is_observable_cost,
     observation_problem,
@@ -436,19 +439,23 @@ class BatchSizeBandit:
         noise_obs = self.observations(trials, completed_only=True)
         failures = arm_failures(trials)
 
-        def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int]]:
+        def choose(current: BanditState) -> tuple[BanditState, tuple[int, str, int, bool]]:
             state = self._prune_failed(self._state(current), failures)
+            holding = False
             if state.phase == Phase.PRUNING.value:
                 choice = int(state.candidate)  # type: ignore[arg-type]  # a pruning state has one
+                holding = self._target_never_reached(state, trials)
             else:
                 rng = np.random.Generator(np.random.PCG64())
                 rng.bit_generator.state = state.rng
                 choice = self._thompson(rng, state.survivors, obs, noise_obs)
                 state = state.replace(rng=rng.bit_generator.state)
             snapshot = BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, obs))
-            return snapshot, (choice, state.phase, state.round)
+            return snapshot, (choice, state.phase, state.round, holding)
 
-        batch_size, phase, round_ = self.store.update_bandit(self.job_id, choose)
+        batch_size, phase, round_, holding = self.store.update_bandit(self.job_id, choose)
+        if holding and any(t.status not in ("running", "withdrawn") for t in trials):
+            self._warn_target_never_reached(trials, batch_size)
         trial = self.store.create_trial(
             self.job_id,
             batch_size,
@@ -459,6 +466,36 @@ class BatchSizeBandit:
             "zeus-callbacks: job %s trial %d: batch size %d (%s)", self.job_id, trial.trial_id, batch_size, phase
         )
         return Suggestion(batch_size, trial.trial_id, phase, round_)
+
+    def _target_never_reached(self, state: StoredState, trials: Sequence[TrialRecord]) -> bool:
+        """Whether the job has a target (:attr:`BanditSettings.has_target`) and no run of it has ever reached it.
+
+        Then a run that does not converge says nothing about its batch size: the target may be out of
+        every size's reach (a misnamed metric, a value no run attains), and moving on would end every
+        pruning direction at once and leave Thompson sampling to settle on the cheapest size that never
+        converged. So the pruning holds its candidate, the round's start, until a run reaches the target.
+        """
+        return self.settings.has_target and state.min_cost is None and not any(t.converged for t in trials)
+
+    def _warn_target_never_reached(self, trials: Sequence[TrialRecord], batch_size: int) -> None:
+        """Say, at each suggestion while it lasts, that no run reached the target and what came closest."""
+        s = self.settings
+        best = best_target_value(trials, s.target_direction)
+        seen = (
+            f"the best value seen is {best:g} (info.best_target_value)"
+            if best is not None
+            else "no run reported the metric at all: check its name"
+        )
+        logger.warning(
+            "zeus-callbacks: job %s: no run has reached the target %s %s %g yet; %s. The bandit holds batch "
+            "size %d (pruning) until one does",
+            self.job_id,
+            s.target_metric,
+            ">=" if s.target_direction == "max" else "<=",
+            s.target_value,
+            seen,
+            batch_size,
+        )
 
     def _prune_failed(self, state: StoredState, failures: dict[int, tuple[int, str]]) -> StoredState:
         """``state`` with the arms pruned that failed ``max_failures`` times in a row (:func:`arm_failures`).
@@ -611,6 +648,7 @@ class BatchSizeBandit:
                 state.phase == Phase.PRUNING.value
                 and trial.batch_size == state.candidate
                 and trial.info.get("round", state.round) == state.round
+                and (converged or not self._target_never_reached(state, trials))  # else it holds the candidate
             ):
                 state = self._advance(state, trial.batch_size, converged, cost)
             return BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, obs))

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from zeus_callbacks.atomic_io import write_json_atomic
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
@@ -52,24 +52,95 @@ MIN_CHECK_INTERVAL_S = 0.5
 so a step-granular check every step of a fast loop would buy nothing but overhead."""
 
 
+UNCLAIMED_REASON = "withdrawn: no run claimed the suggestion (it was dropped, or its process ended first)"
+REPLACED_REASON = "withdrawn: a later suggest_batch_size() of the job in the same process replaced it"
+
+
+def withdraw_suggestion(store: Store, trial_id: int, reason: str) -> TrialRecord | None:
+    """Withdraw the ``running`` trial of a suggestion no run claimed: status ``withdrawn``, ``info["reason"]``.
+
+    A withdrawn trial is neither an observation of its batch size nor a failure of it: the bandit does
+    not move (a pruning candidate is suggested again), ``max_failures`` does not count it, and the
+    store's scan for dead trials passes it by. Left ``running``, it would be marked failed ("process
+    died") once its process ended, and count against its batch size.
+
+    Args:
+        store: The store the trial was made in.
+        trial_id: The suggestion's trial.
+        reason: Why, kept in ``info["reason"]``.
+
+    Returns:
+        The withdrawn trial; None when it is not running any more (or not in the store).
+    """
+    trial = store.get_trial(trial_id)
+    if trial is None or trial.status != "running":
+        return None
+    return store.finish_trial(
+        trial_id, status="withdrawn", energy_J=None, time_s=None, cost=None, converged=False, info={"reason": reason}
+    )
+
+
+def _withdraw_and_close(store: Store, trial_id: int, pid: int, reason: str) -> TrialRecord | None:
+    """Withdraw an unclaimed suggestion's trial and close its store (a finalizer: never raises a store error)."""
+    if os.getpid() != pid:  # a forked child's copy: the trial and the store are its parent's
+        return None
+    try:
+        withdrawn = withdraw_suggestion(store, trial_id, reason)
+        if withdrawn is not None:
+            logger.info("zeus-callbacks: trial %d of job %s %s", trial_id, withdrawn.job_id, reason)
+        return withdrawn
+    except StoreError as exc:
+        logger.warning(
+            "zeus-callbacks: cannot withdraw trial %d, a suggestion no run claimed (%s); the store marks it "
+            "failed once its process has ended",
+            trial_id,
+            exc,
+        )
+        return None
+    finally:
+        store.close()
+
+
 @dataclass
 class _Made:
-    """What :func:`suggest_batch_size` made for a job, until the run claims it."""
+    """What :func:`suggest_batch_size` made for a job, until the run claims it (or it is withdrawn)."""
 
     job_id: str
     batch_size: int
     suggestion: Suggestion | None = None  # None: made without the store (it could not be reached)
     store: Store | None = None  # the store the suggestion was made in, still open: the run goes on with it
     detached: str | None = None  # why there is no suggestion
+    state: Literal["unclaimed", "claimed", "withdrawn"] = "unclaimed"
 
     def __post_init__(self) -> None:
-        # Never claimed (the object dropped, the process ending): the store it holds is closed.
-        self._closer = None if self.store is None else weakref.finalize(self, self.store.close)
+        # Never claimed (the object dropped, the process ending): its trial is withdrawn, its store closed.
+        self._finalizer: weakref.finalize | None = None
+        if self.store is not None and self.suggestion is not None:
+            args = (self.store, self.suggestion.trial_id, os.getpid(), UNCLAIMED_REASON)
+            self._finalizer = weakref.finalize(self, _withdraw_and_close, *args)
+        elif self.store is not None:
+            self._finalizer = weakref.finalize(self, self.store.close)
 
     def claimed(self) -> _Made:
-        if self._closer is not None:
-            self._closer.detach()  # the run closes the store now
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the run reports into the trial and closes the store
+        self.state = "claimed"
         return self
+
+    def withdraw(self, reason: str) -> TrialRecord | None:
+        """Withdraw the unclaimed trial now (what the finalizer does at exit), with ``reason``."""
+        self.state = "withdrawn"
+        detached = None if self._finalizer is None else self._finalizer.detach()
+        if detached is None or detached[1] is not _withdraw_and_close:
+            return None
+        store, trial_id, pid, _ = detached[2]
+        return _withdraw_and_close(store, trial_id, pid, reason)
+
+
+_UNCLAIMED: weakref.WeakValueDictionary[str, _Made] = weakref.WeakValueDictionary()
+"""The latest suggestion of each job in this process while no run has claimed it: a later
+:func:`suggest_batch_size` of the job withdraws it. Weak: it holds nothing alive and hands nothing
+over (the value returned carries the trial to its run)."""
 
 
 class SuggestedBatchSize(int):
@@ -79,8 +150,10 @@ class SuggestedBatchSize(int):
     :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` claims the trial
     (and the store it was made in, still open) from there when training begins, or give it
     to :meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`. It is claimed once.
-    Copies and pickles are plain ints. One that no run claims closes its store when it is
-    garbage-collected (or at exit).
+    Copies and pickles are plain ints. One that no run claims is withdrawn (its trial's status
+    becomes ``withdrawn``, which counts neither as an observation nor as a failure) and its store
+    closed when it is garbage-collected or the process ends, or when a later
+    :func:`suggest_batch_size` of the same job in this process replaces it (:attr:`withdrawn`).
     """
 
     _made: _Made | None
@@ -93,13 +166,34 @@ class SuggestedBatchSize(int):
     def __reduce__(self) -> tuple[type[int], tuple[int]]:
         return (int, (int(self),))  # the trial stays with this object
 
+    @property
+    def withdrawn(self) -> bool:
+        """Whether its trial was withdrawn (a later suggestion of its job replaced it): a run given it makes its own."""
+        return self._made is not None and self._made.state == "withdrawn"
+
     def claim(self, job_id: str) -> _Made | None:
-        """Take the trial for a run of ``job_id`` (None: claimed before, or made for another job)."""
+        """Take the trial for a run of ``job_id`` (None: claimed before, withdrawn, or made for another job)."""
         made = self._made
-        if made is None or made.job_id != job_id:
+        if made is None or made.job_id != job_id or made.state != "unclaimed":
             return None
         self._made = None
         return made.claimed()
+
+
+def _withdraw_earlier(job_id: str) -> None:
+    """Withdraw this process's unclaimed suggestion of ``job_id``, if any, with a warning (a new one replaces it)."""
+    earlier = _UNCLAIMED.pop(job_id, None)
+    if earlier is None or earlier.state != "unclaimed" or earlier.suggestion is None:
+        return
+    logger.warning(
+        "zeus-callbacks: suggest_batch_size() was called again for job %s in this process; its earlier "
+        "suggestion (batch size %d, trial %d), which no run claimed, is withdrawn: pass the value the latest "
+        "call returns as per_device_train_batch_size",
+        job_id,
+        earlier.batch_size,
+        earlier.suggestion.trial_id,
+    )
+    earlier.withdraw(REPLACED_REASON)
 
 
 PENDING_DIR = "zeus_pending_trials"
@@ -315,7 +409,10 @@ def suggest_batch_size(
     failure: BaseException | None = None
     if ranks.process_index == 0:
         try:
+            _withdraw_earlier(cfg.job_id)
             made = _suggest_from_store(cfg)
+            if made.suggestion is not None:
+                _UNCLAIMED[cfg.job_id] = made
         except StoreUnavailableError as exc:  # an unreachable store must not keep the run from training
             _detached_warning(exc, cfg)
             made = _Made(cfg.job_id, int(bs_cfg.default_batch_size), detached=str(exc))  # type: ignore[arg-type]
@@ -413,6 +510,7 @@ class BatchSizeController:
         self.suggestion: Suggestion | None = None
         self.batch_size: int | None = None
         self.converged = False
+        self.best_target_value: float | None = None  # the best value of the target metric an evaluation gave
         self.stop_reason: str | None = None
         self.cost: ZeusCost | None = None
         self.threshold: float | None = None
@@ -443,6 +541,14 @@ class BatchSizeController:
         if self.detached is not None:
             return int(self.batch_size)  # type: ignore[arg-type]  # set with detached
         if self.suggestion is None:
+            if suggested is not None and suggested.withdrawn:
+                logger.warning(
+                    "zeus-callbacks: the batch size handed to this run (%d) is a suggestion that was withdrawn "
+                    "(a later suggest_batch_size() of job %s replaced it): this run draws and records a trial "
+                    "of its own",
+                    suggested,
+                    self.config.job_id,
+                )
             made = None if suggested is None else suggested.claim(self.config.job_id)
             if made is not None and made.store is not None:
                 self.run_store.adopt(made.store)  # suggest_batch_size() opened it: the run goes on with it
@@ -529,6 +635,8 @@ class BatchSizeController:
         if target is None or target.metric not in metrics:
             return None
         value = metrics[target.metric]
+        if math.isfinite(value) and (self.best_target_value is None or target.better(value, self.best_target_value)):
+            self.best_target_value = float(value)
         if target.reached(value):
             if not self.converged:
                 logger.info("zeus-callbacks: target %s=%s reached (%s)", target.metric, value, target.direction)
@@ -589,6 +697,8 @@ class BatchSizeController:
         # its cost is its cost to the target, and its batch size stays a candidate.
         converged = self.converged and status != "failed"
         info: dict[str, Any] = {"stop_reason": self.stop_reason} if self.stop_reason else {}
+        if self.best_target_value is not None:  # how close it came: named while no run reaches the target
+            info["best_target_value"] = self.best_target_value
         if self.config.backend == "virtual":
             info["simulated"] = True  # measured on the virtual GPU: plots say so
         if run_status != "completed":

@@ -68,7 +68,8 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     A ``failed`` trial (the run raised, e.g. out of memory; or its process was killed and the
     store marked it failed: ``info["reason"]``) counts; an interrupted run (``info["run_status"]
     == "interrupted"``: a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial of the
-    arm resets its count. Running trials are skipped.
+    arm resets its count. Running and withdrawn trials (a suggestion no run claimed: nothing ran)
+    are skipped.
 
     Args:
         trials: The job's trials in creation order.
@@ -78,7 +79,7 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     """
     out: dict[int, tuple[int, str]] = {}
     for trial in trials:
-        if trial.status == "running":
+        if trial.status in ("running", "withdrawn"):
             continue
         if trial.status != "failed":
             out.pop(trial.batch_size, None)
@@ -93,3 +94,20 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
 def finite_or_none(value: float | None) -> float | None:
     """``value`` when it is a finite number, else None (unknown)."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def best_target_value(trials: Sequence[TrialRecord], direction: str) -> float | None:
+    """The best value of the target metric any of ``trials`` saw (``info["best_target_value"]``), or None.
+
+    Args:
+        trials: The job's trials.
+        direction: ``max`` (higher is better) or ``min``.
+
+    Returns:
+        The highest (``max``) or lowest (``min``) finite value recorded; None when no trial recorded one.
+    """
+    values = (t.info.get("best_target_value") for t in trials)
+    seen = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not seen:
+        return None
+    return max(seen) if direction == "max" else min(seen)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class BanditSettings:
             an out-of-memory error, a process killed; not an interruption) is pruned, and the
             reason is kept in the state (``failed_arms``) and shown by ``zeus-callbacks show``;
             None: failures never prune an arm.
+        target_metric: The validation metric a run must reach (``batch_size.target.metric``); None: no
+            target, and no run counts as converged.
+        target_value: The value it must reach (``batch_size.target.value``).
+        target_direction: ``max``: reached at or above ``target_value``; ``min``: at or below.
     """
 
     batch_sizes: tuple[int, ...]
@@ -60,6 +65,19 @@ class BanditSettings:
     satisficing_rel: float | None = 0.01
     explore_stop_z: float | None = 2.0
     max_failures: int | None = 2
+    target_metric: str | None = None
+    target_value: float | None = None
+    target_direction: Literal["max", "min"] = "max"
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the job has a target: a run converges by reaching it.
+
+        With one, while no run of the job has ever reached it the pruning holds its candidate (the
+        round's start) instead of moving on (:meth:`~.bandit.BatchSizeBandit.suggest`): a target no
+        run reaches says nothing about which batch size reaches it first.
+        """
+        return self.target_metric is not None and self.target_value is not None
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
@@ -92,6 +110,12 @@ class BanditSettings:
             raise ValueError(f"max_failures must be ≥ 1 (or None), got {self.max_failures}")
         if self.discount is not None and not 0.0 < self.discount <= 1.0:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
+        if (self.target_metric is None) != (self.target_value is None):
+            raise ValueError("target_metric and target_value are set together (or neither)")
+        if self.target_value is not None and not math.isfinite(self.target_value):
+            raise ValueError(f"target_value must be a finite number, got {self.target_value}")
+        if self.target_direction not in ("max", "min"):
+            raise ValueError(f"target_direction must be max or min, got {self.target_direction!r}")
 
     @classmethod
     def from_config(cls, config: Any) -> BanditSettings:
@@ -118,4 +142,7 @@ class BanditSettings:
             satisficing_rel=config.satisficing_rel,
             explore_stop_z=config.explore_stop_z,
             max_failures=config.max_failures,
+            target_metric=None if config.target is None else config.target.metric,
+            target_value=None if config.target is None else config.target.value,
+            target_direction="max" if config.target is None else config.target.direction,
         )

@@ -33,23 +33,25 @@ def _script() -> Any:
     return ScriptDirectory(str(HERE))
 
 
-def upgrade(conn: Any, prefix: str, from_version: int) -> None:
+def upgrade(conn: Any, prefix: str, from_version: int, to_version: int | None = None) -> None:
     """Bring the store on ``conn`` from schema ``from_version`` to the newest (inside the caller's transaction).
 
     Args:
         conn: A SQLAlchemy connection in a transaction (the caller commits or rolls back).
         prefix: The store's table prefix.
         from_version: The version its ``schema_version`` table holds (0: a new store).
+        to_version: Stop at this version instead (the tests write the stores older releases wrote).
     """
     from alembic.config import Config
     from alembic.runtime.environment import EnvironmentContext
 
     script = _script()
+    target = "head" if to_version is None else revision(to_version)
 
-    def to_head(current: Any, context: Any) -> Any:
-        return script._upgrade_revs("head", current)
+    def to_target(current: Any, context: Any) -> Any:
+        return script._upgrade_revs(target, current)
 
-    with EnvironmentContext(Config(), script, fn=to_head) as env:
+    with EnvironmentContext(Config(), script, fn=to_target) as env:
         env.configure(connection=conn, version_table=f"{prefix}alembic_version", table_prefix=prefix)
         if from_version > 0:  # a store older than Alembic's table, or at the version it names already
             env.get_context().stamp(script, revision(from_version))
