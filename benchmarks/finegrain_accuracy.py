@@ -11,7 +11,7 @@ about 1, 10 and 100 ms:
   trial reports that bound as a relative error. The mean power of the NVML samples over
   the same interval is reported beside it.
 * naive: one begin/end counter read around each single execution (``--naive`` trials).
-* ours, steady mode: :func:`zeus_callbacks.measurement.profiler.profile` given 2 s.
+* ours, steady mode: :func:`zeus_callbacks.measurement.kernel_profiler.profile` given 2 s.
 * ours, isolated mode (1 and 10 ms): random idle gaps, ``--isolated-s`` seconds; its
   reference is the same train measured by the counter minus the idle power × the idle
   time. Idle power: slope of counter energy over the ticks of ``--idle-s`` before and
@@ -58,9 +58,9 @@ from fg_common import (
     write_json,
 )
 
-from zeus_callbacks.measurement.profiler import isolated_gap_s, profile
-from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.sensor import characterise_sensor
+from zeus_callbacks.measurement._sampler import PowerSampler
+from zeus_callbacks.measurement._sensor import characterise_sensor
+from zeus_callbacks.measurement.kernel_profiler import isolated_gap_s, profile
 
 
 def keep_busy(dev, fn, seconds: float) -> tuple[int, float]:
@@ -137,8 +137,8 @@ def naive(dev, fn, trials: int) -> list[float]:
 
 def bursts(dev, fn, sampler: PowerSampler, delay: float, n_bursts: int, per_burst: int, idle_s: float) -> dict:
     """Bursts of back-to-back executions after idle: first / warming / steady profiles (FinGraV challenge C4)."""
+    from zeus_callbacks.measurement._windows import ClockTimer, CudaEventTimer
     from zeus_callbacks.measurement.finegrain import differentiate
-    from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer
 
     timer = CudaEventTimer(dev.backend.clock) if dev.torch_device == "cuda" else ClockTimer(dev.backend.clock)
     marks = []

@@ -441,9 +441,9 @@ class ParkedSampler:
 
 def sampler_alone() -> ParkedSampler:
     """A PowerSampler as a default session builds it (its backend, GPU and sampling settings)."""
-    from zeus_callbacks.measurement.sampler import PowerSampler
+    from zeus_callbacks.measurement._sampler import PowerSampler
     from zeus_callbacks.session import EnergySession
-    from zeus_callbacks.session.run import select_gpu_indices
+    from zeus_callbacks.session._run import select_gpu_indices
 
     session = EnergySession({})
     cfg = session.config

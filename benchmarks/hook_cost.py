@@ -111,7 +111,7 @@ def _session_us(mode: str, timer_kind: str, steps: int, rounds: int, log_dir: st
     """Microseconds per step of each round, and the garbage collections during the timed loops."""
     import gc
 
-    from zeus_callbacks.measurement import windows as windows_mod
+    from zeus_callbacks.measurement import _windows as windows_mod
     from zeus_callbacks.session import EnergySession
 
     cfg = {"backend": "virtual", "windows": {"phases": mode == "phases"},

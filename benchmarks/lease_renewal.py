@@ -1,6 +1,6 @@
 """What one lease renewal costs: a store opened per renewal, or one handle kept for them all.
 
-The lease keeper (``zeus_callbacks/store/lease.py``) renews the heartbeats of a process's running
+The lease keeper (``zeus_callbacks/store/_lease.py``) renews the heartbeats of a process's running
 trials every ``min(30 s, lease_grace_s / 5)``. Two ways to do one renewal, timed on the same store
 holding ``--trials`` running trials of this process:
 
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from zeus_callbacks.store import Store, open_store
-from zeus_callbacks.store.base import lease_owner
-from zeus_callbacks.store.lease import KEEPER
+from zeus_callbacks.store._base import lease_owner
+from zeus_callbacks.store._lease import KEEPER
 
 
 def _percentiles_ms(samples_s: list[float]) -> dict[str, float]:

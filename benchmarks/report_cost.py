@@ -35,7 +35,7 @@ def _worker(pkg: str, mode: str, timer: str, steps: int) -> dict:
 
     from zeus_callbacks.backends.base import ManualClock
     from zeus_callbacks.backends.virtual import VirtualGPUBackend
-    from zeus_callbacks.measurement import windows as windows_mod
+    from zeus_callbacks.measurement import _windows as windows_mod
     from zeus_callbacks.session import EnergySession
 
     clock = ManualClock(1000.0)

@@ -135,7 +135,7 @@ class CountingTimer:
 
 def instrument(callback: Any) -> dict[str, Any]:
     """Count the marks of the callback's session and time its step calls (each run's session, as made)."""
-    from zeus_callbacks.session.run import make_timer
+    from zeus_callbacks.session._run import make_timer
 
     probe: dict[str, Any] = {"timer": None, "hook_s": 0.0, "steps": 0}
     clock = time.perf_counter

@@ -95,7 +95,7 @@ def _fresh_location(backend: str, workdir: Path, db_url: str | None, tag: str) -
         raise SystemExit("postgresql needs --db-url or ZEUS_CALLBACKS_TEST_DB_URL (. .ci/postgres.sh starts one)")
     import sqlalchemy as sa
 
-    from zeus_callbacks.store.sql import _with_installed_driver
+    from zeus_callbacks.store._sql_store import _with_installed_driver
 
     url = _with_installed_driver(sa.engine.make_url(db_url))
     database = f"zc_bench_{tag}_{uuid.uuid4().hex[:8]}"

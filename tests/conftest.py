@@ -48,7 +48,7 @@ def _no_lease_left_renewing():
     Later tests fork (the SIGKILL suite): a child forked while that thread is inside SQLite can hang.
     """
     yield
-    from zeus_callbacks.store.lease import KEEPER
+    from zeus_callbacks.store._lease import KEEPER
 
     KEEPER.release_all()
 

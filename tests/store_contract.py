@@ -36,10 +36,10 @@ from zeus_callbacks.store import (
     StoreError,
     StoreSchemaError,
 )
-from zeus_callbacks.store import base as store_base
-from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.lease import KEEPER
-from zeus_callbacks.store.sql import SQLStore
+from zeus_callbacks.store import _base as store_base
+from zeus_callbacks.store._json_store import JSONStore
+from zeus_callbacks.store._lease import KEEPER
+from zeus_callbacks.store._sql_store import SQLStore
 
 BACKENDS: dict[str, type[Store] | None] = {
     "sqlite": SQLStore,
@@ -77,7 +77,7 @@ def db_engine(url: str, **options):
     """A SQLAlchemy engine on ``url`` with the installed driver, holding no idle connection."""
     import sqlalchemy as sa
 
-    from zeus_callbacks.store.sql import _with_installed_driver
+    from zeus_callbacks.store._sql_store import _with_installed_driver
 
     return sa.create_engine(_with_installed_driver(sa.engine.make_url(url)), poolclass=sa.pool.NullPool, **options)
 
@@ -154,7 +154,7 @@ def set_schema_version(kind: str, location: str, version: int) -> None:
 def _manual_store_time(monkeypatch) -> ManualClock:
     """The stores' Unix time (their ``now``) on a manual clock, from the real time: leases age only when told."""
     clock = ManualClock(time.time())
-    for name in ("base", "sql", "json"):
+    for name in ("_base", "_sql_store", "_json_store"):
         module = sys.modules.get(f"zeus_callbacks.store.{name}")
         if module is not None and hasattr(module, "now"):
             monkeypatch.setattr(module, "now", clock.now_s)

@@ -87,7 +87,7 @@ def _alembic_store(location: str, prefix: str, version: int) -> None:
     import sqlalchemy as sa
 
     from tests.store_contract import db_engine
-    from zeus_callbacks.store import migrations
+    from zeus_callbacks.store import _migrations as migrations
 
     engine = db_engine(location)
     with engine.begin() as conn:

@@ -17,7 +17,7 @@ def test_every_module_the_page_names_exists():
     named |= {
         f"zeus_callbacks/{m}"
         for m in re.findall(
-            r"`((?:cli/\w+|backends/base|store/base|"
+            r"`((?:cli/\w+|backends/base|store/_base|"
             r"store/__init__|backends/__init__)\.py)`",
             DOC,
         )
@@ -50,9 +50,9 @@ def test_vendor_libraries_stay_in_their_backend():
     for path in (ROOT / "zeus_callbacks").rglob("*.py"):
         imported = _imports(path)
         if "pynvml" in imported:
-            assert path.name in ("nvml.py", "vendor.py"), path
+            assert path.name in ("_nvml.py", "_vendor.py"), path
         if "amdsmi" in imported:
-            assert path.name in ("amdsmi.py", "vendor.py"), path
+            assert path.name in ("_amdsmi.py", "_vendor.py"), path
 
 
 def test_optimisers_and_the_store_do_not_import_the_session():
@@ -62,7 +62,7 @@ def test_optimisers_and_the_store_do_not_import_the_session():
             assert "from zeus_callbacks.session" not in text and "import zeus_callbacks.session" not in text, path
 
 
-SESSION_PARTS = ("power", "batch", "report", "scheduler")
+SESSION_PARTS = ("_power_limit_steps", "_batch_size_steps", "_step_reports", "_scheduler")
 
 
 def test_the_session_parts_are_imported_by_the_session_only():
@@ -125,5 +125,5 @@ def test_the_session_inherits_from_no_part_and_no_part_imports_another():
     assert EnergySession.__mro__ == (EnergySession, object)  # composed: the parts are objects it owns
     for part in SESSION_PARTS:
         imported = _modules(ROOT / "zeus_callbacks" / "session" / f"{part}.py")
-        others = {f"zeus_callbacks.session.{p}" for p in SESSION_PARTS if p not in (part, "scheduler")}
+        others = {f"zeus_callbacks.session.{p}" for p in SESSION_PARTS if p not in (part, "_scheduler")}
         assert not imported & others, part  # the scheduler's Decision is the one shared type

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zeus_callbacks.atomic_io import write_json_atomic
+from zeus_callbacks._atomic_io import write_json_atomic
 
 
 def test_writes_and_replaces(tmp_path):
@@ -31,7 +31,7 @@ def test_a_failed_rename_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, mo
     def refuse(src, dst):  # a full disk or a vanished directory at the last moment
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("zeus_callbacks.atomic_io.os.replace", refuse)
+    monkeypatch.setattr("zeus_callbacks._atomic_io.os.replace", refuse)
     with pytest.raises(OSError):
         write_json_atomic(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1}
@@ -47,7 +47,7 @@ def test_sort_keys_orders_the_written_object(tmp_path):
 
 
 def test_the_json_store_writes_through_the_shared_writer(tmp_path, monkeypatch):
-    from zeus_callbacks import atomic_io
+    from zeus_callbacks import _atomic_io as atomic_io
     from zeus_callbacks.store import open_store
 
     writes = []
@@ -57,7 +57,7 @@ def test_the_json_store_writes_through_the_shared_writer(tmp_path, monkeypatch):
         writes.append((path, kw))
         real(path, data, **kw)
 
-    monkeypatch.setattr("zeus_callbacks.store.json.write_json_atomic", spy)
+    monkeypatch.setattr("zeus_callbacks.store._json_store.write_json_atomic", spy)
     with open_store(tmp_path / "zeus_store.json") as store:
         store.create_trial("job", 32, None)
     assert writes and all(kw == {"sort_keys": True} for _, kw in writes)

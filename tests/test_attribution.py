@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zeus_callbacks.measurement.attribution import (
+from zeus_callbacks.measurement._attribution import (
     COUNTER_NOT_BRACKETED,
     COUNTER_TOO_FEW_READINGS,
     counter_energy,
@@ -181,7 +181,7 @@ def test_samples_in_window_shorter_than_a_period_may_hold_none():
 
 
 def test_extending_the_integral_in_batches_equals_building_it_at_once():
-    from zeus_callbacks.measurement.attribution import cumulative_energy as ce
+    from zeus_callbacks.measurement._attribution import cumulative_energy as ce
 
     rng = np.random.default_rng(3)
     times = np.cumsum(rng.uniform(0.015, 0.025, 40)) + 100.0
@@ -195,7 +195,7 @@ def test_extending_the_integral_in_batches_equals_building_it_at_once():
 
 
 def test_extrapolated_energy_uses_the_nearest_segment_outside_the_span():
-    from zeus_callbacks.measurement.attribution import extrapolated_energy_J
+    from zeus_callbacks.measurement._attribution import extrapolated_energy_J
 
     knots = np.array([10.0, 11.0, 12.0])
     cumulative = np.array([0.0, 100.0, 300.0])  # 100 W, then 200 W
@@ -215,7 +215,7 @@ def test_extrapolated_energy_uses_the_nearest_segment_outside_the_span():
 def test_the_extended_integral_differences_are_the_extrapolated_energy(powers, gaps, ends, reach_s):
     """The run's total so far keeps F at the start and reads F now (issue 28: a call no longer walks the
     whole run's knots). F(e) − F(s) must be the extrapolated energy of [s, e] for any s ≤ e."""
-    from zeus_callbacks.measurement.attribution import extended_integral_J
+    from zeus_callbacks.measurement._attribution import extended_integral_J
 
     times = 100.0 + np.cumsum(gaps[: len(powers)])
     knots, cumulative = cumulative_energy(times, np.array(powers), sample_period_s=0.02, sensor_delay_s=0.0)

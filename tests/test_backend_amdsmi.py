@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from zeus_callbacks.backends.amdsmi import MIN_POLL_INTERVAL_S, AMDSMIBackend
+from zeus_callbacks.backends._amdsmi import MIN_POLL_INTERVAL_S, AMDSMIBackend
 from zeus_callbacks.backends.base import (
     BackendUnavailable,
     ManualClock,
@@ -26,7 +26,7 @@ except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.
     from fakes import fake_amdsmi as fa
 
 T0 = 1_800_000_000.0
-LOGGER = "zeus_callbacks.backends.amdsmi"
+LOGGER = "zeus_callbacks.backends._amdsmi"
 
 
 @pytest.fixture(autouse=True)

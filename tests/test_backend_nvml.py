@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import (
     BackendUnavailable,
     ManualClock,
@@ -18,7 +19,6 @@ from zeus_callbacks.backends.base import (
     SensorError,
     WallClock,
 )
-from zeus_callbacks.backends.nvml import NVMLBackend
 
 try:
     from tests.backend_contract import BackendContract, VendorBackendTests, backend_factory
@@ -235,7 +235,7 @@ def test_cuda_visible_devices_uuid_prefix(monkeypatch, fake4, clock):
 )
 def test_cuda_visible_devices_stops_at_invalid_entry(monkeypatch, fake4, clock, caplog, spec, expected):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.nvml"):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends._nvml"):
         backend = NVMLBackend(nvml_module=fake4, clock=clock)
     assert [backend.nvml_index(i) for i in range(backend.device_count())] == expected
     assert ("names no" in caplog.text) == (len(expected) < len(spec.split(",")))
@@ -282,7 +282,7 @@ def test_fallback_to_field_186_warns_once(backend, fake, clock, caplog):
     fake.make_unsupported("nvmlDeviceGetSamples", index=0)
     fake.set_load(450.0)
     got = []
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.nvml"):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends._nvml"):
         for _ in range(30):
             clock.advance(0.02)
             got += backend.power_samples_since(0, T0)
@@ -299,7 +299,7 @@ def test_fallback_to_field_186_warns_once(backend, fake, clock, caplog):
 def test_fallback_to_power_usage_when_field_unsupported_too(backend, fake, clock, caplog):
     fake.make_unsupported("nvmlDeviceGetSamples")
     fake.make_field_unsupported(fp.NVML_FI_DEV_POWER_INSTANT)
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.nvml"):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends._nvml"):
         for _ in range(5):
             clock.advance(0.2)
             samples = backend.power_samples_since(0, T0)
@@ -386,7 +386,7 @@ def test_power_limit_errors_are_translated(backend, fake, func, call, error, exp
 
 def test_counter_going_backwards(backend, fake, clock, caplog):
     backend.energy_counter_J(0)
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends.nvml"):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.backends._nvml"):
         for _ in range(2):
             fake.counter_backwards(0, by_mJ=5_000)
             with pytest.raises(SensorError) as info:

@@ -14,10 +14,10 @@ import pytest
 from test_hot_path import LaggingGPU, phase_session
 
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement import phases as phases_mod
-from zeus_callbacks.measurement.attribution import extrapolated_energy_J, samples_in
-from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer, WindowMeter
+from zeus_callbacks.measurement import _step_phases as phases_mod
+from zeus_callbacks.measurement._attribution import extrapolated_energy_J, samples_in
+from zeus_callbacks.measurement._sampler import PowerSampler
+from zeus_callbacks.measurement._windows import ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import read_jsonl
 
 PHASE_NAMES = ("forward", "backward", "optimizer")

@@ -14,7 +14,7 @@ from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
-from zeus_callbacks.measurement.profiler import NotAProfile, ProfileResult, profile
+from zeus_callbacks.measurement.kernel_profiler import NotAProfile, ProfileResult, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,8 +135,8 @@ def _keep_figures(monkeypatch) -> list:
 def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurrences_readable(
     tmp_path, capsys, monkeypatch
 ):
+    from zeus_callbacks._plots import SIMULATED_MARK
     from zeus_callbacks.cli import main as cli
-    from zeus_callbacks.plots import SIMULATED_MARK
 
     store = tmp_path / "store.sqlite"
     assert cli(["simulate", "--gpu", "V100", "--workload", "cifar100", "--recurrences", "7", "--store", str(store),
@@ -190,7 +190,7 @@ def test_the_power_limit_png_keeps_every_label_on_the_canvas(tmp_path, monkeypat
     # Lower limits are slower: the lowest ("125 W") is the right-most point, and its label ran off the image.
     import struct
 
-    from zeus_callbacks.plots import plot_profile
+    from zeus_callbacks._plots import plot_profile
 
     rows = [{"limit_W": w, "time_per_step_s": 30.0 / w, "energy_per_step_J": 24.0 + w / 100}
             for w in range(125, 325, 25)]  # fmt: skip

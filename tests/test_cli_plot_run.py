@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from zeus_callbacks._run_log import run_course
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.reporting import read_jsonl
-from zeus_callbacks.run_log import run_course
 from zeus_callbacks.session import EnergySession
 
 try:
@@ -97,7 +97,7 @@ def test_plot_run_draws_a_real_run_and_says_what_it_shows(profiled_log, tmp_path
 
 
 def test_the_course_places_every_record_on_the_step_axis(profiled_log):
-    from zeus_callbacks.plots import figure_text, run_figure
+    from zeus_callbacks._plots import figure_text, run_figure
 
     records = read_jsonl(profiled_log)
     course = run_course(records)
@@ -223,7 +223,7 @@ def test_observe_mode_switches_nothing_and_says_so(tmp_path, manual_clock):
 def test_evaluations_of_named_datasets_each_get_their_own_marker_and_legend_entry(tmp_path, manual_clock):
     # The HF Trainer's eval_dataset={"a": ..., "b": ...}: two evaluations at each step (an outside tester
     # found their diamonds on top of one another, unlabelled).
-    from zeus_callbacks.plots import run_figure
+    from zeus_callbacks._plots import run_figure
 
     backend = VirtualGPUBackend(clock=manual_clock, noise_W=3.0, read_only=False, seed=0)
     session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "two_sets"},
@@ -291,7 +291,7 @@ def test_an_output_that_cannot_be_written_is_named_not_its_temp_file(profiled_lo
 def test_an_evaluation_at_an_epoch_end_stays_visible_beside_the_epoch_line(profiled_log):
     # Issue 26's tester: the evaluation's dashed line lay on the epoch end's dotted line at the same step,
     # so only one of the two could be seen. Each evaluation also gets a triangle at the panel's top edge.
-    from zeus_callbacks.plots import run_figure
+    from zeus_callbacks._plots import run_figure
 
     course = run_course(read_jsonl(profiled_log))
     epoch_steps = {step for _, step in course.epoch_ends}

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from zeus_callbacks._units import J_PER_WH
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
-from zeus_callbacks.cli.compare import CSV_RECORDS
+from zeus_callbacks.cli._compare import CSV_RECORDS
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.units import J_PER_WH
 
 ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "parts: epochs (J)",
         "parts: outside (J)", "CPU (J)", "DRAM (J)", "node (J)", "status", "simulated", "time note"]  # fmt: skip

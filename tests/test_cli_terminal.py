@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from tests.timeouts import CHILD_TIMEOUT_S
+from zeus_callbacks._terminal import TERMINAL_COLUMNS
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.optimizers.power_limit import ProfileKey
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store.profile_cache import StoreProfileCache
-from zeus_callbacks.terminal import TERMINAL_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -159,7 +159,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
 
 
 def test_a_table_is_plain_ascii_right_aligned_with_a_rule_under_its_headers():
-    from zeus_callbacks.terminal import table
+    from zeus_callbacks._terminal import table
 
     text = table(["batch", "cost", "alive"], [[256, 1234.5, True], [8, None, False]])
     assert text.splitlines() == [

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from zeus_callbacks import config as cfg
+from zeus_callbacks._distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.config import ConfigError, load_config, parse_config
-from zeus_callbacks.distributed import launcher_env_int, launcher_world_size
 from zeus_callbacks.reporting import JsonlWriter, file_stem
 
 # (dotted field, bad value, a word the message must contain)

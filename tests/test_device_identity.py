@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._nvml import NVMLBackend
+from zeus_callbacks.backends._unavailable import UnavailableBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
-from zeus_callbacks.backends.unavailable import UnavailableBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
@@ -124,7 +124,7 @@ def test_amdsmi_without_a_uuid_says_why(monkeypatch):
 
 
 def test_an_unmeasurable_gpu_gives_its_index_and_the_reason():
-    from zeus_callbacks.backends.detect import GPUPresence
+    from zeus_callbacks.backends._detect import GPUPresence
 
     backend = UnavailableBackend(GPUPresence(nvidia_nodes=("nvidia0",)), "nvmlInit failed", "fix")
     identity = backend.device_identity(0)

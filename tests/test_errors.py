@@ -5,7 +5,7 @@ import pytest
 from zeus_callbacks import errors
 from zeus_callbacks.backends import base as backend_base
 from zeus_callbacks.config import ConfigError, load_config
-from zeus_callbacks.store import base as store_base
+from zeus_callbacks.store import _base as store_base
 
 OLD_BASES = {
     errors.ConfigError: ValueError,
@@ -46,7 +46,7 @@ def test_every_error_class_in_the_module_is_listed():
 
 
 def test_old_import_paths_are_the_same_classes():
-    from zeus_callbacks.measurement.profiler import NotAProfile
+    from zeus_callbacks.measurement.kernel_profiler import NotAProfile
     from zeus_callbacks.optimizers.power_limit import NotAMarker
     from zeus_callbacks.reporting import NotAnEnergyLog
 

@@ -38,7 +38,7 @@ from zeus_callbacks.measurement.finegrain import (
     position_labels,
     superpose,
 )
-from zeus_callbacks.measurement.finegrain.superposition import solve as solve_module
+from zeus_callbacks.measurement.finegrain._superposition import solve as solve_module
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "data"
 REGEN = os.environ.get("ZEUS_CALLBACKS_REGEN_GOLDEN") == "1"

@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integration.helpers import read_scalars, virtual_config
 from zeus_callbacks import ZeusCallback
+from zeus_callbacks._footprint import CONFIGURED, ENERGY_BASES, carbon_estimate, cost_estimate
+from zeus_callbacks._grid_intensity import grid_intensity, known_regions
+from zeus_callbacks._units import three_figures
 from zeus_callbacks.cli import main
 from zeus_callbacks.config import ConfigError, parse_config
-from zeus_callbacks.footprint import CONFIGURED, ENERGY_BASES, carbon_estimate, cost_estimate
-from zeus_callbacks.grid_intensity import grid_intensity, known_regions
 from zeus_callbacks.reporting import read_jsonl
-from zeus_callbacks.units import three_figures
 
 INTENSITY_G_PER_KWH = 420.0
 PRICE_PER_KWH = 0.31
@@ -144,8 +144,8 @@ def test_bad_configuration_names_the_key(data, names):
 
 
 def test_an_unmeasurable_gpu_gives_null_estimates_with_the_reason(tmp_path):
-    from zeus_callbacks.backends.detect import GPUPresence
-    from zeus_callbacks.backends.unavailable import UnavailableBackend
+    from zeus_callbacks.backends._detect import GPUPresence
+    from zeus_callbacks.backends._unavailable import UnavailableBackend
     from zeus_callbacks.session import EnergySession
 
     backend = UnavailableBackend(GPUPresence(nvidia_nodes=("nvidia0",)), "nvmlInit failed", "load the driver")

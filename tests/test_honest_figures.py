@@ -19,12 +19,12 @@ from tests.fakes import fake_amdsmi as fa
 from tests.fakes import fake_pynvml as fp
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends import GPUPresence, detect_gpus, get_backend
-from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._nvml import NVMLBackend
+from zeus_callbacks.backends._unavailable import UnavailableBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
-from zeus_callbacks.backends.unavailable import UnavailableBackend
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.attribution import COUNTER_MIN_PERIODS
+from zeus_callbacks.measurement._attribution import COUNTER_MIN_PERIODS
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 
@@ -506,7 +506,7 @@ def test_a_known_counter_figure_has_no_note(tmp_path):
 
 def test_a_counter_figure_unknown_on_another_rank_says_so():
     # The ranks exchange numbers only: a rank whose own counter gave a figure words the sum's NaN itself.
-    from zeus_callbacks.session.records import COUNTER_ON_ANOTHER_RANK, counter_note
+    from zeus_callbacks.session._log_records import COUNTER_ON_ANOTHER_RANK, counter_note
 
     assert counter_note(math.nan, None) == COUNTER_ON_ANOTHER_RANK
     assert counter_note(math.nan, "no energy counter on the nvml backend") == "no energy counter on the nvml backend"

@@ -11,9 +11,9 @@ from zeus_callbacks import ZeusCallback
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.integrations.lightning import _batch_size
-from zeus_callbacks.measurement.ring import TimeSeriesRing
-from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer, WindowMeter
+from zeus_callbacks.measurement._ring import TimeSeriesRing
+from zeus_callbacks.measurement._sampler import PowerSampler
+from zeus_callbacks.measurement._windows import ClockTimer, CudaEventTimer, WindowMeter
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 

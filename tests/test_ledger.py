@@ -1,4 +1,4 @@
-"""The epoch ledger's arithmetic (``zeus_callbacks.session.ledger.close_ledger``), over random epochs."""
+"""The epoch ledger's arithmetic (``zeus_callbacks.session._ledger.close_ledger``), over random epochs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zeus_callbacks.session.ledger import close_ledger
-from zeus_callbacks.session.rank_records import LedgerColumns
+from zeus_callbacks.session._ledger import close_ledger
+from zeus_callbacks.session._rank_records import LedgerColumns
 
 energy = st.floats(min_value=0.0, max_value=1e5, allow_nan=False)
 count = st.integers(min_value=0, max_value=500)

@@ -21,10 +21,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import fake_pynvml as fp
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
-from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import ClockTimer, WindowMeter
+from zeus_callbacks.measurement._sampler import PowerSampler
+from zeus_callbacks.measurement._windows import ClockTimer, WindowMeter
 
 T0 = 1_800_000_000.0  # on the fake's 100 ms grid
 EDGE_S = 0.06  # a power change smears over at most 20 + 15 + 16 ms (tests/faults/truth_or_flag.py)

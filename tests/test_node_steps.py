@@ -15,11 +15,11 @@ import pytest
 from tests.test_rapl import RANGE_UJ, set_uj, zone
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.rapl import NodeEnergy
-from zeus_callbacks.measurement.windows import WindowRecord
+from zeus_callbacks.measurement._windows import WindowRecord
 from zeus_callbacks.reporting import NODE_OFF, read_jsonl
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.session.node import OTHER_LOCAL_RANK
-from zeus_callbacks.session.node_spans import NO_SPAN, SPAN_WINDOW, NodeSpans
+from zeus_callbacks.session._node import OTHER_LOCAL_RANK
+from zeus_callbacks.session._node_spans import NO_SPAN, SPAN_WINDOW, NodeSpans
 
 START_UJ = {"package-0": RANGE_UJ - 1_500_000, "dram-0": 5_000}  # the package wraps in the second step
 PACKAGE_UJ_PER_STEP = 1_000_000  # what the fake package draws in each step: 1 J

@@ -20,9 +20,9 @@ from zeus_callbacks.optimizers.power_limit import (
     MARKER_NAME,
     JsonProfileCache,
     Objective,
-    Phase,
     PowerLimitProfiler,
     ProfileKey,
+    ProfilerPhase,
     ProfileSettings,
     is_unimodal,
     power_limit_grid_W,
@@ -30,7 +30,7 @@ from zeus_callbacks.optimizers.power_limit import (
 )
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.session.run import open_run
+from zeus_callbacks.session._run import open_run
 from zeus_callbacks.store import open_store
 
 STEP_S = 0.2
@@ -118,7 +118,7 @@ def test_each_objective_picks_the_hand_computed_limit(objective, search, workloa
     world = TraceWorld("A40", workload)
     profiler = PowerLimitProfiler(grid_of(world), objective, world.energy_fn, ProfileSettings(search=search))
     world.run(profiler)
-    assert profiler.phase == Phase.DONE
+    assert profiler.phase == ProfilerPhase.DONE
     hand = hand_choice(world, objective)
     if search == "sweep":
         assert profiler.chosen_limit_W == hand
@@ -156,9 +156,9 @@ def test_warmup_zero_profiles_from_the_first_step():
     settings = ProfileSettings(warmup_steps=0, min_profile_steps=2)
     profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn, settings)
     profiler.on_step_start(0, 0.0)
-    assert profiler.phase == Phase.PROFILING
+    assert profiler.phase == ProfilerPhase.PROFILING
     world.run(profiler)
-    assert profiler.phase == Phase.DONE
+    assert profiler.phase == ProfilerPhase.DONE
     assert all(p.steps == p.n for p in profiler.profiles.values())  # no warm-up step anywhere
 
 
@@ -192,13 +192,13 @@ def test_restart_observing_drops_what_was_measured_and_observes_the_given_limit(
         world.now_s += world.time_s(limit)
         world.energy[(start, world.now_s)] = world.energy_J(limit)
         profiler.on_step_end(step, world.now_s)
-    assert profiler.profiles and profiler.phase == Phase.PROFILING
+    assert profiler.profiles and profiler.phase == ProfilerPhase.PROFILING
     current_W = grid[len(grid) // 2]
     profiler.restart_observing(current_W)
-    assert profiler.phase == Phase.IDLE and profiler.profiles == {} and profiler.target_limit_W is None
+    assert profiler.phase == ProfilerPhase.IDLE and profiler.profiles == {} and profiler.target_limit_W is None
     assert profiler.on_step_start(5, world.now_s) == current_W  # the warm-up of the given limit, not the maximum
     world.run(profiler)
-    assert profiler.phase == Phase.OBSERVE and profiler.chosen_limit_W is None
+    assert profiler.phase == ProfilerPhase.OBSERVE and profiler.chosen_limit_W is None
     assert set(profiler.profiles) == {current_W}
 
 
@@ -782,12 +782,12 @@ def test_a_profile_resumed_from_its_checkpoint_state_measures_nothing_twice_and_
         if second.finished:
             break
         limit = second.on_step_start(step, world.now_s)
-        if second.phase != Phase.DONE:
+        if second.phase != ProfilerPhase.DONE:
             entered.append(limit)
         start, world.now_s = world.now_s, world.now_s + world.time_s(limit)
         world.energy[(start, world.now_s)] = world.energy_J(limit)
         second.on_step_end(step, world.now_s)
-    assert second.phase == Phase.DONE
+    assert second.phase == ProfilerPhase.DONE
     assert not decided & set(entered)  # nothing already decided is measured again
     assert second.chosen_limit_W == whole.chosen_limit_W
     assert set(second.profiles) == set(whole.profiles)
@@ -799,7 +799,7 @@ def test_a_profile_state_outside_the_range_or_from_observe_mode_is_ignored():
     outside = {"phase": "warmup", "current_limit_W": 300.0, "limits": [{"limit_W": 900.0, "energy_J": [1.0]}]}
     assert not profiler.resume(outside) and not profiler.profiles
     assert not profiler.resume({"observe_only": True, "limits": []})
-    assert profiler.phase == Phase.IDLE
+    assert profiler.phase == ProfilerPhase.IDLE
 
 
 # ------------------------------------------------------------------ windows the samples do not cover

@@ -10,16 +10,16 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from zeus_callbacks.optimizers.power_limit.objective import INFEASIBLE_COST, Objective
-from zeus_callbacks.optimizers.power_limit.profiler import PowerLimitProfiler, ProfileSettings
-from zeus_callbacks.optimizers.power_limit.search import (
+from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_interval, t_quantile_975
+from zeus_callbacks.optimizers.power_limit._limit_profiler import PowerLimitProfiler, ProfileSettings
+from zeus_callbacks.optimizers.power_limit._objective import INFEASIBLE_COST, Objective
+from zeus_callbacks.optimizers.power_limit._search import (
     Measured,
     SearchPlan,
     SearchSettings,
     power_limit_grid_W,
     tolerance,
 )
-from zeus_callbacks.optimizers.power_limit.window import LimitProfile, t_interval, t_quantile_975
 
 # Two-sided 95 % Student-t quantiles from the printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

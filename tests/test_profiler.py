@@ -9,7 +9,7 @@ import pytest
 
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.profiler import profile
+from zeus_callbacks.measurement.kernel_profiler import profile
 
 EXEC_S = 0.005
 
@@ -130,7 +130,7 @@ def test_work_before_the_profile_stays_out_of_it(mode):
 
 
 def test_isolated_gap_leaves_idle_samples_around_each_execution():
-    from zeus_callbacks.measurement.profiler import isolated_gap_s
+    from zeus_callbacks.measurement.kernel_profiler import isolated_gap_s
 
     # 20 ms sensor: 40 ms before + 100 ms after the execution, plus 1 to 6 sample periods of idle.
     assert isolated_gap_s(0.02) == pytest.approx((0.16, 0.26))
@@ -187,8 +187,8 @@ def test_profile_kernel_cli_says_there_is_no_interval_from_one_execution(tmp_pat
     from matplotlib.figure import Figure
 
     from tests.png_text import png_text
+    from zeus_callbacks._plots import SIMULATED_KEY, SIMULATED_MARK
     from zeus_callbacks.cli import main
-    from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK
 
     titles: list[str] = []  # each figure's axes titles as matplotlib saves it (then it is saved)
     save = Figure.savefig

@@ -1,4 +1,4 @@
-"""Every public name imports from where users (docs, examples, benchmarks) import it, as the same kind.
+"""Every public name imports from where users (docs, examples) import it, as the same kind.
 
 The list is explicit on purpose: moving code between modules must keep these import paths
 working (a re-export is enough), and a move that drops one fails here. New public names may
@@ -49,7 +49,6 @@ PUBLIC: dict[str, dict[str, str]] = {
         "TrialRecord": CLASS, "open_store": FUNCTION, "store_location": FUNCTION,
     },
     "zeus_callbacks.store.profile_cache": {"StoreProfileCache": CLASS},
-    "zeus_callbacks.store.run_store": {"RunStore": CLASS},
     "zeus_callbacks.reporting": {
         "RunSummary": CLASS, "JsonlWriter": CLASS, "NotAnEnergyLog": EXCEPTION, "read_jsonl": FUNCTION,
         "window_energy_key": FUNCTION, "phase_key": FUNCTION, "gpu_energy_key": FUNCTION, "is_own_metric": FUNCTION,
@@ -60,59 +59,30 @@ PUBLIC: dict[str, dict[str, str]] = {
         "best_power_limit_W": FUNCTION, "real_steps_per_epoch": FUNCTION, "format_recurrences": FUNCTION,
         "main": FUNCTION,
     },
-    "zeus_callbacks.distributed": {"RankGroup": CLASS, "launcher_world_size": FUNCTION},
-    "zeus_callbacks.signals": {"ChainedSigterm": CLASS},
-    "zeus_callbacks.measurement.windows": {
-        "BoundaryTimer": CLASS, "ClockTimer": CLASS, "CudaEventTimer": CLASS, "WindowRecord": CLASS,
-        "WindowBatch": CLASS, "WindowMeter": CLASS,
-    },
-    "zeus_callbacks.measurement.sampler": {"PowerSampler": CLASS},
-    "zeus_callbacks.measurement.sensor": {"characterise_sensor": FUNCTION},
-    "zeus_callbacks.measurement.profiler": {"profile": FUNCTION, "isolated_gap_s": FUNCTION},
+    "zeus_callbacks.measurement.kernel_profiler": {"profile": FUNCTION, "isolated_gap_s": FUNCTION},
     "zeus_callbacks.measurement.finegrain": {"differentiate": FUNCTION, "superpose": FUNCTION},
     "zeus_callbacks.optimizers.cost": {"ZeusCost": CLASS},
     "zeus_callbacks.optimizers.batch_size": {
-        "Phase": CLASS, "BanditSettings": CLASS, "ArmPosterior": CLASS, "Suggestion": CLASS,
+        "BanditPhase": CLASS, "BanditSettings": CLASS, "ArmPosterior": CLASS, "Suggestion": CLASS,
         "BatchSizeBandit": CLASS, "prior_from_costs": FUNCTION, "gaussian_posterior": FUNCTION,
         "gaussian_tail_mean": FUNCTION, "pooled_relative_variance": FUNCTION, "eliminate_arms": FUNCTION,
         "satisficing_choice": FUNCTION, "observation_weights": FUNCTION, "scaled_learning_rate": FUNCTION,
         "suggest_batch_size": FUNCTION, "BatchSizeController": CLASS, "EarlyStopRule": CLASS,
         "SuggestedBatchSize": CLASS,
     },
-    "zeus_callbacks.yaml_file": {
-        "read_yaml_file": FUNCTION, "MAX_CONFIG_BYTES": CONSTANT, "MAX_YAML_ALIASES": CONSTANT,
-    },
-    "zeus_callbacks.optimizers.batch_size.bandit": {  # where these lived before settings/observations/state
-        "BatchSizeBandit": CLASS, "BanditSettings": CLASS, "Suggestion": CLASS, "Phase": CLASS,
-        "StoredState": CLASS, "validated_state": FUNCTION, "observation_problem": FUNCTION,
-        "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
-    },
-    "zeus_callbacks.optimizers.batch_size.settings": {"BanditSettings": CLASS},
-    "zeus_callbacks.optimizers.batch_size.observations": {
-        "observation_problem": FUNCTION, "arm_failures": FUNCTION, "OBSERVATION_BOUNDS": CONSTANT,
-    },
-    "zeus_callbacks.optimizers.batch_size.state": {"StoredState": CLASS, "validated_state": FUNCTION},
-    "zeus_callbacks.optimizers.batch_size.controller": {
-        "suggest_batch_size": FUNCTION, "open_job_store": FUNCTION, "SuggestedBatchSize": CLASS,
-        "EarlyStopRule": CLASS, "BatchSizeController": CLASS, "run_store": FUNCTION,
-    },
     "zeus_callbacks.optimizers.power_limit": {
-        "Objective": CLASS, "LimitProfile": CLASS, "Phase": CLASS, "ProfilerState": CLASS, "ProfileSettings": CLASS,
+        "Objective": CLASS, "LimitProfile": CLASS, "ProfilerPhase": CLASS, "ProfilerState": CLASS,
+        "ProfileSettings": CLASS,
         "PowerLimitProfiler": CLASS, "ProfileKey": CLASS, "ProfileCache": CLASS, "JsonProfileCache": CLASS,
         "NotAMarker": EXCEPTION, "RestoreMarker": CLASS, "PowerLimitResult": CLASS, "PowerLimitController": CLASS,
         "power_limit_grid_W": FUNCTION, "is_unimodal": FUNCTION, "write_marker": FUNCTION, "marker_path": FUNCTION,
         "read_marker": FUNCTION, "restore_from_marker": FUNCTION, "RestoreOutcome": CLASS, "GpuRestore": CLASS,
         "MarkerGpu": CLASS, "GpuLock": CLASS, "Owner": CLASS,
     },
-    "zeus_callbacks.cli.restore": {"restore_command": FUNCTION},
-    "zeus_callbacks.plots": {"plot_profile": FUNCTION, "plot_power_profile": FUNCTION, "plot_bandit_costs": FUNCTION},
     "zeus_callbacks.errors": {
         "ZeusCallbacksError": EXCEPTION, "NothingToPlot": EXCEPTION, "TraceFormatError": EXCEPTION,
         "UnsafeFile": EXCEPTION, "StoreUnavailableError": EXCEPTION,
     },  # fmt: skip
-    "zeus_callbacks.atomic_io": {"write_json_atomic": FUNCTION, "atomic_output": FUNCTION, "read_owned_text": FUNCTION,
-                                 "ownership_problem": FUNCTION},
-    "zeus_callbacks.lifecycle": {"CleanupRegistry": CLASS, "CleanupOrder": CLASS},
     "zeus_callbacks.integrations.lightning": {"ZeusCallback": CLASS},
     "zeus_callbacks.integrations.huggingface": {"ZeusTrainerCallback": CLASS},
     "zeus_callbacks.cli": {"main": FUNCTION},

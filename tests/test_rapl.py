@@ -273,7 +273,7 @@ def test_an_unreadable_counter_leaves_the_node_figure_unknown_and_the_gpu_figure
 def test_without_node_rapl_no_cpu_figures(tmp_path, virtual_backend, manual_clock, capsys):
     from zeus_callbacks.cli import main
     from zeus_callbacks.session import EnergySession
-    from zeus_callbacks.session.node import NODE_OFF
+    from zeus_callbacks.session._node import NODE_OFF
 
     session = EnergySession({"logging": {"log_dir": str(tmp_path), "run_name": "x"}}, backend=virtual_backend)
     session.train_start()
@@ -399,7 +399,7 @@ def test_unreadable_counters_give_null_epoch_figures_with_the_fix(
 
 
 def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, virtual_backend, manual_clock):
-    from zeus_callbacks.session.node import NODE_OFF
+    from zeus_callbacks.session._node import NODE_OFF
 
     _, summary, logged = _epochs_run(tmp_path, virtual_backend, manual_clock, tmp_path, [lambda: None], node={})
     (record,) = _log_records(tmp_path, "epoch")
@@ -414,7 +414,7 @@ def test_without_a_node_option_the_epoch_figures_are_null_and_say_so(tmp_path, v
 
 # ------------------------------------------------------------------ the virtual CPU (node.virtual_cpu)
 def test_the_virtual_cpu_is_power_per_core_times_the_process_cpu_time():
-    from zeus_callbacks.backends.virtual_cpu import VirtualCpu
+    from zeus_callbacks.backends._virtual_cpu import VirtualCpu
 
     cpu_s = [40.0]
     cpu = VirtualCpu(8.0, cpu_time_s=lambda: cpu_s[0])
@@ -430,7 +430,7 @@ def test_the_virtual_cpu_is_power_per_core_times_the_process_cpu_time():
 @pytest.fixture
 def fake_cpu_time(monkeypatch):
     """The process's CPU time as the test moves it (s), and how often it was read."""
-    from zeus_callbacks.backends import virtual_cpu
+    from zeus_callbacks.backends import _virtual_cpu as virtual_cpu
 
     state = {"s": 100.0, "reads": 0}
 
@@ -483,7 +483,7 @@ def test_beside_the_virtual_gpu_without_rapl_the_cpu_is_simulated_and_flagged(
 
 def test_a_real_gpu_never_gets_the_virtual_cpu(tmp_path, manual_clock, fake_cpu_time, caplog):
     from tests.fakes import fake_pynvml as fp
-    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.backends._nvml import NVMLBackend
     from zeus_callbacks.reporting import read_jsonl
     from zeus_callbacks.session import EnergySession
 
@@ -519,7 +519,7 @@ def test_the_virtual_cpu_stays_off_on_a_manual_clock_and_rapl_comes_first(
     tmp_path, tree, virtual_backend, wall_virtual_backend, fake_cpu_time
 ):
     from zeus_callbacks.config import NodeConfig
-    from zeus_callbacks.session.node import open_node_reader
+    from zeus_callbacks.session._node import open_node_reader
 
     missing = str(tmp_path / "none")
     reader, note = open_node_reader(NodeConfig(virtual_cpu=True, powercap_root=missing), virtual_backend)
@@ -536,7 +536,7 @@ def test_under_several_processes_rapl_is_read_by_local_rank_0_and_the_virtual_cp
     tmp_path, tree, wall_virtual_backend, monkeypatch, fake_cpu_time
 ):
     from zeus_callbacks.config import NodeConfig
-    from zeus_callbacks.session.node import OTHER_LOCAL_RANK, open_node_reader
+    from zeus_callbacks.session._node import OTHER_LOCAL_RANK, open_node_reader
 
     root, _ = tree
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -556,7 +556,7 @@ def test_under_several_processes_rapl_is_read_by_local_rank_0_and_the_virtual_cp
 def test_on_a_machine_without_rapl_the_note_says_nothing_of_the_cpu_was_measured(tmp_path, manual_clock, caplog):
     """The H100 host of 2026-12-05 has no /sys/class/powercap: the note named 'GPU + CPU package' parts anyway."""
     from tests.fakes import fake_pynvml as fp
-    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.backends._nvml import NVMLBackend
     from zeus_callbacks.reporting import read_jsonl
     from zeus_callbacks.session import EnergySession
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_pynvml import FakePyNVML
+from zeus_callbacks._lifecycle import CLEANUPS, CleanupOrder
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.config import parse_config
-from zeus_callbacks.lifecycle import CLEANUPS, CleanupOrder
 from zeus_callbacks.optimizers.power_limit import GpuLock, Owner, PowerLimitController, read_marker, write_marker
-from zeus_callbacks.optimizers.power_limit.owner import boot_id, process_start_ticks
+from zeus_callbacks.optimizers.power_limit._owner import boot_id, process_start_ticks
 
 T0 = 1_800_000_000.0
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from zeus_callbacks.backends.base import NotSupported
-from zeus_callbacks.measurement.ring import TimeSeriesRing
-from zeus_callbacks.measurement.sampler import PowerSampler
+from zeus_callbacks.measurement._ring import TimeSeriesRing
+from zeus_callbacks.measurement._sampler import PowerSampler
 
 THREAD_NAME = "zeus-power-sampler"
 LOGGER = "zeus_callbacks"

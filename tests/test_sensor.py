@@ -7,7 +7,7 @@ import pytest
 
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.sensor import characterise_sensor, fit_sensor_delay
+from zeus_callbacks.measurement._sensor import characterise_sensor, fit_sensor_delay
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.006, 0.016])

@@ -11,7 +11,7 @@ import pytest
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, VirtualGPUBackend
-from zeus_callbacks.measurement.attribution import COUNTER_MIN_PERIODS
+from zeus_callbacks.measurement._attribution import COUNTER_MIN_PERIODS
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
 

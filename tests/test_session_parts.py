@@ -9,11 +9,11 @@ import pytest
 
 from zeus_callbacks.optimizers.batch_size import EarlyStopRule
 from zeus_callbacks.optimizers.cost import ZeusCost
-from zeus_callbacks.session import agreement
-from zeus_callbacks.session.aggregate import RankAggregator
-from zeus_callbacks.session.lifecycle import CleanupOrder, CleanupRegistry
-from zeus_callbacks.session.power import job_length
-from zeus_callbacks.session.rank_records import PowerLimitVote, StopVote
+from zeus_callbacks.session import _agreement as agreement
+from zeus_callbacks.session._aggregate import RankAggregator
+from zeus_callbacks.session._lifecycle import CleanupOrder, CleanupRegistry
+from zeus_callbacks.session._power_limit_steps import job_length
+from zeus_callbacks.session._rank_records import PowerLimitVote, StopVote
 
 
 class TwoRanks:
@@ -142,7 +142,7 @@ def test_a_target_seen_by_the_main_rank_stops_every_rank_and_convergence_ends_co
 
 # -- named cross-rank records ------------------------------------------------------------------
 def test_a_step_report_row_packs_and_unpacks_by_name_and_each_field_reduces_as_declared():
-    from zeus_callbacks.session.rank_records import RunSoFar, ShareVote, StepColumns, StepReportRow, WarmupColumns
+    from zeus_callbacks.session._rank_records import RunSoFar, ShareVote, StepColumns, StepReportRow, WarmupColumns
 
     mine = StepReportRow(StepColumns(10.0, 2.0, 4.0, 128.0, 0.0, 100.0), WarmupColumns(1.0, 0.5, 1.0),
                          RunSoFar(50.0, 9.0), ShareVote(0.25), (1.0, 2.0, 3.0))  # fmt: skip

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from zeus_callbacks import reporting as metric
+from zeus_callbacks._distributed import RankGroup
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.distributed import RankGroup
-from zeus_callbacks.measurement.overhead import WindowSampling
+from zeus_callbacks.measurement._overhead import WindowSampling
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.session.rank_records import RunSoFar, StepColumns, WarmupColumns
+from zeus_callbacks.session._rank_records import RunSoFar, StepColumns, WarmupColumns
 
 SHARE_AT = StepColumns.width + WarmupColumns.width + RunSoFar.width  # a step report row's ShareVote column
 
@@ -49,7 +49,7 @@ def start(tmp_path, monkeypatch, ranks, **windows):
         "windows": {"warmup_steps": 0, **windows},
     }
     session = EnergySession(config, backend=backend, is_main_process=True)
-    monkeypatch.setattr("zeus_callbacks.distributed.RankGroup.detect", lambda: ranks)
+    monkeypatch.setattr("zeus_callbacks._distributed.RankGroup.detect", lambda: ranks)
     session.train_start(run_name="r")
     return session, clock
 

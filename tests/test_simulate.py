@@ -18,7 +18,7 @@ from zeus_callbacks.optimizers.power_limit import (
     ProfileSettings,
     power_limit_grid_W,
 )
-from zeus_callbacks.session import records
+from zeus_callbacks.session import _log_records as records
 from zeus_callbacks.store import open_store
 
 GPU, WORKLOAD, SIZES, SEED = "V100", "squad", [16, 32, 48], 3

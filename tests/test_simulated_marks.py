@@ -14,12 +14,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from tests.png_text import png_text
+from zeus_callbacks._plots import SIMULATED_KEY, SIMULATED_MARK, TIME_NOTE_KEY
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
-from zeus_callbacks.measurement.profiler import ProfileResult, profile
-from zeus_callbacks.optimizers.power_limit.time_note import slowdown_words, time_note
-from zeus_callbacks.plots import SIMULATED_KEY, SIMULATED_MARK, TIME_NOTE_KEY
+from zeus_callbacks.measurement.kernel_profiler import ProfileResult, profile
+from zeus_callbacks.optimizers.power_limit._time_note import slowdown_words, time_note
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 

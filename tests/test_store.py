@@ -10,9 +10,10 @@ import pytest
 
 from tests.store_contract import BACKENDS, StoreContract, _open, new_location, require
 from tests.store_legacy import legacy_store, schema_of, status_check
-from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, migrations, open_store
-from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.sql import SQLStore
+from zeus_callbacks.store import SCHEMA_VERSION, StoreCorruptError, StoreError, open_store
+from zeus_callbacks.store import _migrations as migrations
+from zeus_callbacks.store._json_store import JSONStore
+from zeus_callbacks.store._sql_store import SQLStore
 
 
 class TestStoreContract(StoreContract):
@@ -55,8 +56,8 @@ def test_json_refuses_other_json(tmp_path):
 
 
 def test_migration_hooks_upgrade_an_older_store(tmp_path, monkeypatch):
-    from zeus_callbacks.store import json as json_store
-    from zeus_callbacks.store import sql as sql_store
+    from zeus_callbacks.store import _json_store as json_store
+    from zeus_callbacks.store import _sql_store as sql_store
 
     sq, js = tmp_path / "s.sqlite", tmp_path / "s.json"
     for path in (sq, js):

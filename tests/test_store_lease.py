@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from tests.store_contract import _open, new_location
 from zeus_callbacks.store import Store
-from zeus_callbacks.store.lease import KEEPER
+from zeus_callbacks.store._lease import KEEPER
 
 GRACE_S = 0.25  # renewals every 0.05 s
 
@@ -119,7 +119,7 @@ def test_a_failed_renewal_closes_its_handle_and_the_next_opens_a_fresh_one(tmp_p
         handles = _Handles(monkeypatch, store)
         trial = store.create_trial("j", 8)
         assert _renewed(store, trial.trial_id, 2) and len(handles.opened) == 1
-        with caplog.at_level(logging.WARNING, logger="zeus_callbacks.store.lease"):
+        with caplog.at_level(logging.WARNING, logger="zeus_callbacks.store._lease"):
             unlock = _locked(kind, location)
             try:  # each renewal waits 0.1 s for the lock, fails, and closes its handle
                 assert _wait_for(lambda: len(handles.opened) >= 3, 20.0)

@@ -15,10 +15,11 @@ from filelock import FileLock, SoftFileLock
 
 from tests.store_contract import DB_URL_ENV, require
 from zeus_callbacks.config import ZeusConfig
-from zeus_callbacks.store import StoreError, netfs, open_configured_store, open_store
-from zeus_callbacks.store.base import mask_url
-from zeus_callbacks.store.json import JSONStore
-from zeus_callbacks.store.sql import SQLStore
+from zeus_callbacks.store import StoreError, open_configured_store, open_store
+from zeus_callbacks.store import _netfs as netfs
+from zeus_callbacks.store._base import mask_url
+from zeus_callbacks.store._json_store import JSONStore
+from zeus_callbacks.store._sql_store import SQLStore
 
 
 def test_mask_url_hides_the_password_only():
@@ -151,7 +152,7 @@ def test_network_filesystems_are_told_from_the_mount_table():
 def test_a_store_on_a_network_filesystem_avoids_wal_and_fcntl_locks(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(netfs, "is_network_filesystem", lambda path, mounts=None: True)
     monkeypatch.setattr(netfs, "filesystem_type", lambda path, mounts=None: "nfs4")
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.store.netfs"):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks.store._netfs"):
         with SQLStore(tmp_path / "n.sqlite") as store:
             store.create_trial("j", 8, pid=1)
         with JSONStore(tmp_path / "n.json") as store:

@@ -4,9 +4,7 @@ import math
 
 import pytest
 
-from zeus_callbacks.cli import main
-from zeus_callbacks.session import EnergySession
-from zeus_callbacks.units import (
+from zeus_callbacks._units import (
     J_PER_KWH,
     J_PER_WH,
     joule_unit,
@@ -17,6 +15,8 @@ from zeus_callbacks.units import (
     significant_figures,
     wh_from_J,
 )
+from zeus_callbacks.cli import main
+from zeus_callbacks.session import EnergySession
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from tests.integration.helpers import virtual_config
 from tests.integration.test_lightning import TinyRegressor, loaders, make_trainer
 from zeus_callbacks import ZeusCallback
 from zeus_callbacks.config import parse_config
-from zeus_callbacks.measurement.overhead import MIN_FRACTION, WINDOWS_PER_REPORT, WindowSampling
+from zeus_callbacks.measurement._overhead import MIN_FRACTION, WINDOWS_PER_REPORT, WindowSampling
 from zeus_callbacks.reporting import read_jsonl
 
 
@@ -381,14 +381,14 @@ def test_auto_sampling_keeps_interval_steps_when_every_step_is_measured_and_anno
     for _ in range(3):  # 10 steps of 200 ms; hooks and report 0.11 ms in all: far inside 0.2 % of a step
         slow.observe(steps=10, elapsed_s=2.0, hook_s=1e-5, measured=10, report_s=1e-4)
     assert slow.fraction == 1.0 and slow.report_every == 10
-    assert not [r for r in caplog.records if r.name == "zeus_callbacks.measurement.overhead"]
+    assert not [r for r in caplog.records if r.name == "zeus_callbacks.measurement._overhead"]
     # 0.1 ms steps: measuring costs 20 us a step against a 0.2 us budget, so f = 0.01 and a report
     # waits for ~16 measured steps: ceil(16 / f) steps, said once.
     fast = WindowSampling(None, 0.002, 10, stretch_reports=True)
     for _ in range(3):
         fast.observe(steps=100, elapsed_s=0.01, hook_s=1e-3, measured=100, report_s=1e-3)
     assert fast.fraction < 1 and fast.report_every == math.ceil(WINDOWS_PER_REPORT / fast.fraction) > 10
-    said = [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement.overhead"]
+    said = [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement._overhead"]
     assert len(said) == 1 and f"every {fast.report_every} steps, not 10" in said[0]
 
 
@@ -400,7 +400,7 @@ def test_auto_sampling_says_so_again_when_the_share_falls_below_half_of_what_it_
         sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * cost_s, measured=100, report_s=0.0)
 
     def said() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement.overhead"]
+        return [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement._overhead"]
 
     for _ in range(10):
         interval(40e-6)  # budget 10 us of a 1 ms step: f = 0.25
@@ -430,7 +430,7 @@ def test_each_sampling_warning_is_one_line_that_fits_a_100_column_console(caplog
     sampling = WindowSampling(None, 0.01, 10, stretch_reports=True)
     for cost_s in [40e-6] * 10 + [400e-6] * 20:  # 1 ms steps: f = 0.25 is announced, then falls to ~0.025
         sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * cost_s, measured=100, report_s=0.0)
-    said = [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement.overhead"]
+    said = [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement._overhead"]
     assert len(said) >= 2 and "fell from" in said[-1]
     assert all("\n" not in m and len(m) <= 100 for m in said), said
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.sampler import PowerSampler
-from zeus_callbacks.measurement.windows import ClockTimer, WindowMeter
+from zeus_callbacks.measurement._sampler import PowerSampler
+from zeus_callbacks.measurement._windows import ClockTimer, WindowMeter
 
 POLL_S = 0.1  # manual seconds between sampler drains (well inside the backend's 2.4 s history)
 

@@ -19,7 +19,7 @@ from zeus_callbacks._version import __version__ as __version__
 from zeus_callbacks.backends import get_backend
 from zeus_callbacks.config import ZeusConfig, load_config
 from zeus_callbacks.errors import CallOrderError, ConfigError, ZeusCallbacksError
-from zeus_callbacks.integrations.loop import Measurement, measure
+from zeus_callbacks.integrations._loop import Measurement, measure
 from zeus_callbacks.optimizers.batch_size import suggest_batch_size
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import Decision, EnergySession

@@ -4,7 +4,7 @@ Every section forbids unknown keys, so a typo fails loudly with the field's path
 (``logging.interval_step: Extra inputs are not permitted``) instead of being ignored.
 The sections ``power_limit``, ``batch_size`` and ``store`` are reserved for the
 optimisers and the persistent store. Reading the file itself (safe loader, repeated keys,
-size cap) is :mod:`zeus_callbacks.yaml_file`'s job.
+size cap) is :mod:`zeus_callbacks._yaml_file`'s job.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from pydantic import (
     model_validator,
 )
 
-from zeus_callbacks.backends.virtual_cpu import DEFAULT_POWER_PER_CORE_W
+from zeus_callbacks._grid_intensity import grid_intensity
+from zeus_callbacks._yaml_file import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES  # re-exported: it lived here
+from zeus_callbacks._yaml_file import MAX_YAML_ALIASES as MAX_YAML_ALIASES  # re-exported: it lived here
+from zeus_callbacks._yaml_file import read_yaml_file
+from zeus_callbacks.backends._virtual_cpu import DEFAULT_POWER_PER_CORE_W
 from zeus_callbacks.errors import ConfigError
-from zeus_callbacks.grid_intensity import grid_intensity
-from zeus_callbacks.measurement.overhead import MIN_FRACTION
-from zeus_callbacks.yaml_file import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES  # re-exported: it lived here
-from zeus_callbacks.yaml_file import MAX_YAML_ALIASES as MAX_YAML_ALIASES  # re-exported: it lived here
-from zeus_callbacks.yaml_file import read_yaml_file
+from zeus_callbacks.measurement._overhead import MIN_FRACTION
 
 # Bounds that keep a run physical: a value outside them is a typo or a unit mistake, and some
 # (a 1e-12 W grid step, a 1e12 s sample buffer) would exhaust memory or hang the run.
@@ -486,7 +486,7 @@ class CarbonConfig(_Section):
     """The grid carbon intensity behind the run's CO2 estimate (``energy/co2_g``); offline, nothing is fetched.
 
     Give at most one of ``intensity_g_per_kWh`` (your grid's figure) and ``region`` (looked up in the
-    bundled yearly table, :mod:`zeus_callbacks.grid_intensity`); with neither, no CO2 figure is made.
+    bundled yearly table, :mod:`zeus_callbacks._grid_intensity`); with neither, no CO2 figure is made.
     """
 
     intensity_g_per_kWh: float | None = Field(

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from zeus_callbacks._footprint import ENERGY_BASES, CarbonEstimate, CostEstimate
+from zeus_callbacks._units import readable_energy, three_figures, wh_from_J
 from zeus_callbacks.errors import EnergyLogError, NotAnEnergyLog
-from zeus_callbacks.footprint import ENERGY_BASES, CarbonEstimate, CostEstimate
-from zeus_callbacks.units import readable_energy, three_figures, wh_from_J
 
 logger = logging.getLogger(__name__)
 

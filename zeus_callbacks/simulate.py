@@ -416,7 +416,7 @@ def format_recurrences(runs: Sequence[Recurrence]) -> str:
 
     ``result`` is ``converged`` (target reached), ``early_stopped`` or ``not_converged``.
     """
-    from zeus_callbacks.terminal import table
+    from zeus_callbacks._terminal import table
 
     rows = [
         [r.index, r.batch_size, r.power_limit_W, r.energy_J, r.time_s, r.cost, r.epochs,
@@ -442,8 +442,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate
         argv: The options (default: the command line's).
         prog: The command's name in usage and error messages.
     """
-    from zeus_callbacks.argtypes import float_in, int_at_least
-    from zeus_callbacks.terminal import progress_bar
+    from zeus_callbacks._argtypes import float_in, int_at_least
+    from zeus_callbacks._terminal import progress_bar
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument(

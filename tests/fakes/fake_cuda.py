@@ -1,7 +1,7 @@
 """A fake ``torch.cuda`` whose one stream runs behind the host, as a GPU does (issue 27 item 3).
 
 :class:`FakeCuda` stands in for the ``torch.cuda`` module that
-:class:`~zeus_callbacks.measurement.windows.CudaEventTimer` takes (``cuda=``): ``Event``,
+:class:`~zeus_callbacks.measurement._windows.CudaEventTimer` takes (``cuda=``): ``Event``,
 ``synchronize``, ``current_stream``, ``is_available``. Time is a
 :class:`~zeus_callbacks.backends.base.ManualClock`, the host's; the GPU has its own timeline on
 the same clock:

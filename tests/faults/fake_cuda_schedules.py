@@ -6,8 +6,8 @@ epoch, logging that synchronises (``.item()``), checkpoint saves between steps, 
 resume (the run is interrupted after a checkpoint and a new session continues from its state).
 :func:`play` drives :class:`~zeus_callbacks.session.EnergySession` with the hook order of one adapter
 (``"lightning"``: ``ZeusCallback``; ``"hf"``: ``ZeusTrainerCallback``, attached or not) and one timer
-(``"clock"``: :class:`~zeus_callbacks.measurement.windows.ClockTimer`; ``"cuda"``:
-:class:`~zeus_callbacks.measurement.windows.CudaEventTimer` on :class:`tests.fakes.fake_cuda.FakeCuda`,
+(``"clock"``: :class:`~zeus_callbacks.measurement._windows.ClockTimer`; ``"cuda"``:
+:class:`~zeus_callbacks.measurement._windows.CudaEventTimer` on :class:`tests.fakes.fake_cuda.FakeCuda`,
 through the session's ``timer_factory`` seam). The power is the virtual GPU's, busy exactly while
 the fake GPU runs a kernel.
 
@@ -34,7 +34,7 @@ import numpy as np
 from tests.fakes.fake_cuda import FakeCuda
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.windows import ClockTimer, CudaEventTimer, WindowBatch
+from zeus_callbacks.measurement._windows import ClockTimer, CudaEventTimer, WindowBatch
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 

@@ -38,7 +38,7 @@ def fake_nvml(clock_fn=time.time) -> FakePyNVML:
 
 
 def run(log_dir: Path, mode: str, steps: int) -> None:
-    from zeus_callbacks.backends.nvml import NVMLBackend
+    from zeus_callbacks.backends._nvml import NVMLBackend
     from zeus_callbacks.session import EnergySession
 
     clock = ManualClock(T0)

@@ -13,7 +13,7 @@ effect, and each counter file is written: the true energy, floored to a µJ, mod
 Then :meth:`RaplReader.read` runs, timed on the fake clock. The figures checked: between every two
 readings (the start included), each domain's energy and the sums by kind
 (:meth:`~zeus_callbacks.backends.rapl.NodeEnergy.since`), and from the start the record layer's
-(:func:`~zeus_callbacks.session.node.node_figures`). Each must be right within :func:`tolerance_J` of the
+(:func:`~zeus_callbacks.session._node.node_figures`). Each must be right within :func:`tolerance_J` of the
 fake's true energy, or null with a reason; never negative, never 0 for unknown.
 """
 
@@ -28,7 +28,7 @@ import pytest
 
 from tests.faults import tally as tallies
 from zeus_callbacks.backends.rapl import STILL_AFTER_S, UJ_PER_J, NodeEnergy, RaplReader
-from zeus_callbacks.session.node import local_node, node_figures
+from zeus_callbacks.session._node import local_node, node_figures
 
 FAULT_KINDS = ("stuck", "thaw", "deny", "vanish")
 GPU_J = 100.0  # the GPU part given to the record layer: node = GPU + CPU (+ DRAM)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tests.fakes import fake_pynvml as fp
 from tests.faults.blocking import BlockingWaits
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.session import EnergySession
 
 T0 = 1_800_000_000.0

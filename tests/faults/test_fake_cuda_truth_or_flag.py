@@ -20,7 +20,7 @@ from tests.faults import tally
 from tests.faults.fake_cuda_schedules import Plan, draw_plan, play
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.measurement.windows import CudaEventTimer
+from zeus_callbacks.measurement._windows import CudaEventTimer
 
 SCHEDULES_PER_CASE = 520  # x 2 timers x 2 orders: > 2,000 schedules per CI run (issue 27 "Done when")
 CASES = [(timer, order) for timer in ("clock", "cuda") for order in ("lightning", "hf")]

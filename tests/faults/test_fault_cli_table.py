@@ -200,7 +200,7 @@ OWNED_BY_RESTORE: set[str] = set()
 
 
 def test_every_row_names_a_subcommand():
-    from zeus_callbacks.cli.main import build_parser
+    from zeus_callbacks.cli._main import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     covered = {args(_STUB, Path("/tmp"))[0] for args, _, _ in ROWS.values() if args(_STUB, Path("/tmp"))}

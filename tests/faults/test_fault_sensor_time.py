@@ -25,12 +25,12 @@ import pytest
 
 from tests.fakes import fake_pynvml as fp
 from tests.faults.blocking import BlockingWaits
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import GPUBackend, ManualClock, PowerSample
-from zeus_callbacks.backends.nvml import NVMLBackend
-from zeus_callbacks.measurement.sampler import FALLBACK_MAX_POWER_W, MAX_POWER_FACTOR, PowerSampler
+from zeus_callbacks.measurement._sampler import FALLBACK_MAX_POWER_W, MAX_POWER_FACTOR, PowerSampler
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
-from zeus_callbacks.session.run import EPOCH_FLUSH_TIMEOUT_S
+from zeus_callbacks.session._run import EPOCH_FLUSH_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("sensor_hang_child.py")

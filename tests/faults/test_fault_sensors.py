@@ -17,9 +17,9 @@ import pytest
 
 from tests.fakes import fake_amdsmi as fa
 from tests.fakes import fake_pynvml as fp
-from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._amdsmi import AMDSMIBackend
+from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
-from zeus_callbacks.backends.nvml import NVMLBackend
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.test_power_limit import simulate_session
 from tests.timeouts import CHILD_TIMEOUT_S
-from zeus_callbacks.atomic_io import atomic_output, write_json_atomic
+from zeus_callbacks._atomic_io import atomic_output, write_json_atomic
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.errors import StoreError

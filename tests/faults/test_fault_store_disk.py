@@ -17,10 +17,10 @@ import os
 import pytest
 import sqlalchemy
 
-from zeus_callbacks import atomic_io
+from zeus_callbacks import _atomic_io as atomic_io
 from zeus_callbacks.errors import StoreError, StoreFullError, StorePermissionError
 from zeus_callbacks.store import open_store
-from zeus_callbacks.store.base import os_error
+from zeus_callbacks.store._base import os_error
 
 
 def test_sqlite_disk_full_is_named_and_rolled_back(tmp_path, record_fault):

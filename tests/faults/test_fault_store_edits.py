@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from zeus_callbacks.cli.show import show
+from zeus_callbacks.cli._cmd_show import show
 from zeus_callbacks.errors import StoreCorruptError, StoreError
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store

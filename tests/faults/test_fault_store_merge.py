@@ -33,7 +33,7 @@ import pytest
 from tests.store_contract import FAULT_KINDS, new_location
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
-from zeus_callbacks.optimizers.batch_size import controller as recurring
+from zeus_callbacks.optimizers.batch_size import _controller as recurring
 from zeus_callbacks.store import open_configured_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ RUN = textwrap.dedent("""
     from zeus_callbacks.config import parse_config
     from zeus_callbacks.errors import StoreUnavailableError
     from zeus_callbacks.optimizers.batch_size import controller as recurring
-    from zeus_callbacks.store.run_store import RunStore
+    from zeus_callbacks.store._run_store import RunStore
 
     config, up = parse_config(json.loads(sys.argv[1])), int(sys.argv[2])
     opens = []

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from zeus_callbacks.measurement.finegrain.superposition import solve as solve_module
+from zeus_callbacks.measurement.finegrain._superposition import solve as solve_module
 
 EPS = float(np.finfo(float).eps)
 

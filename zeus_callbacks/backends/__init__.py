@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from zeus_callbacks.backends._detect import GPUPresence, detect_gpus
 from zeus_callbacks.backends.base import (
     BackendError,
     BackendUnavailable,
@@ -20,7 +21,6 @@ from zeus_callbacks.backends.base import (
     WallClock,
     read_only_from_env,
 )
-from zeus_callbacks.backends.detect import GPUPresence, detect_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +56,10 @@ def _virtual(settings: VirtualSettings | None, clock: Clock | None, read_only: b
 
 def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:
     if name == "nvml":
-        from zeus_callbacks.backends.nvml import NVMLBackend
+        from zeus_callbacks.backends._nvml import NVMLBackend
 
         return NVMLBackend(read_only=read_only)
-    from zeus_callbacks.backends.amdsmi import AMDSMIBackend
+    from zeus_callbacks.backends._amdsmi import AMDSMIBackend
 
     return AMDSMIBackend(read_only=read_only)
 
@@ -76,10 +76,10 @@ def get_backend(
     """Open a GPU backend by name.
 
     ``auto`` tries NVIDIA (pynvml), then AMD (amdsmi). When neither opens it looks for
-    a GPU without them (``detect``: device nodes, CUDA devices): where there is none it
+    a GPU without them (``_detect``: device nodes, CUDA devices): where there is none it
     falls back to the virtual GPU (simulated energy, said so in every record); where a
     GPU is present but cannot be measured it returns an
-    :class:`~zeus_callbacks.backends.unavailable.UnavailableBackend` (every energy figure
+    :class:`~zeus_callbacks.backends._unavailable.UnavailableBackend` (every energy figure
     null). Either way it logs one warning naming the cause and the fix (with ``announce``; else at
     INFO: under several processes one of them says it, not every rank).
 
@@ -128,7 +128,7 @@ def get_backend(
     presence = (detect or globals()["detect_gpus"])()
     level = logging.WARNING if announce else logging.INFO  # the fallback is said once per job, not per rank
     if presence.any_gpu:
-        from zeus_callbacks.backends.unavailable import UnavailableBackend
+        from zeus_callbacks.backends._unavailable import UnavailableBackend
 
         # The cause is the library of the GPU found: NVML for NVIDIA nodes / CUDA devices, amdsmi for /dev/kfd.
         relevant = [

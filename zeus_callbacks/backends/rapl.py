@@ -189,7 +189,7 @@ class NodeEnergy:
 class NodeReader(Protocol):
     """What the session needs of a CPU/DRAM energy source: :class:`RaplReader`, or the simulated CPU.
 
-    The simulated one is :class:`~zeus_callbacks.backends.virtual_cpu.VirtualCpu`. Used from one thread.
+    The simulated one is :class:`~zeus_callbacks.backends._virtual_cpu.VirtualCpu`. Used from one thread.
 
     Attributes:
         has_dram: Whether a DRAM figure is read (else the node figure is GPUs + CPU).

@@ -13,14 +13,14 @@ Subcommands:
                            (``profile-kernel --json``), to PNG
     profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
 
-Modules: :mod:`.main` (the parser and the one place user errors become exit status 1), one
-module per subcommand (:mod:`.validate_config`, :mod:`.report`, :mod:`.restore`,
-:mod:`.simulate`, :mod:`.show`, :mod:`.plot`, :mod:`.profile_kernel`), each with an
+Modules: :mod:`._main` (the parser and the one place user errors become exit status 1), one
+module per subcommand (:mod:`._cmd_validate_config`, :mod:`._cmd_report`, :mod:`._cmd_restore`,
+:mod:`._cmd_simulate`, :mod:`._cmd_show`, :mod:`._cmd_plot`, :mod:`._cmd_profile_kernel`), each with an
 ``add_parser(subparsers)`` for its options and a ``run(args)`` returning the exit status,
-and three helpers: :mod:`.argtypes` (argparse types with ranges), :mod:`.terminal`
-(tables, numbers, progress bars) and :mod:`.compare` (several runs side by side, records as CSV).
+and three helpers: :mod:`zeus_callbacks._argtypes` (argparse types with ranges), :mod:`zeus_callbacks._terminal`
+(tables, numbers, progress bars) and :mod:`._compare` (several runs side by side, records as CSV).
 """
 
-from zeus_callbacks.cli.main import build_parser, main
+from zeus_callbacks.cli._main import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -49,7 +49,7 @@ from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
+from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 from typing_extensions import override
 
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.integrations.common import ConfigArg, SessionAdapter
+from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
 from zeus_callbacks.reporting import RunSummary
 

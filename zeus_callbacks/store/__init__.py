@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from zeus_callbacks.store.base import (
+from zeus_callbacks.store._base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
     BanditState,
@@ -60,7 +60,7 @@ def store_location(path: str | Path) -> str:
     if is_url(path):
         url = str(path)
         if url.split("://", 1)[0].lower() == "sqlite":
-            from zeus_callbacks.store.sql import sqlite_url_file
+            from zeus_callbacks.store._sql_store import sqlite_url_file
 
             return str(Path(sqlite_url_file(url)))
         return mask_url(url)
@@ -81,9 +81,9 @@ def open_store(
         path: The store file, or a database URL: ``sqlite:///path`` (the built-in SQLite
             store on ``path``: ``sqlite:////abs/path`` for an absolute one),
             ``postgresql://user:password@host/db``, ``mysql://…`` or any SQLAlchemy URL
-            (:class:`~zeus_callbacks.store.sql.SQLStore`; PostgreSQL's driver comes with
+            (:class:`~zeus_callbacks.store._sql_store.SQLStore`; PostgreSQL's driver comes with
             ``zeus-callbacks[postgres]``).
-        backend: For a file: ``"sqlite"`` or ``"json"``; None: ``json`` for a ``.json`` file,
+        backend: For a file: ``"sqlite"`` or ``"json"``; None: ``_json_store`` for a ``.json`` file,
             else ``sqlite``. Ignored for a URL.
         read_only: Read an existing store without creating or changing any file (``show``,
             ``plot bandit``); a missing, empty or non-store file raises :class:`StoreError`.
@@ -107,7 +107,7 @@ def open_store(
         if url.split("://", 1)[0].lower() != "sqlite":  # a server database: the SQL store
             backend = "sqlite"
         else:
-            from zeus_callbacks.store.sql import sqlite_url_file
+            from zeus_callbacks.store._sql_store import sqlite_url_file
 
             path, backend = sqlite_url_file(url), "sqlite"
     else:
@@ -116,11 +116,11 @@ def open_store(
             backend = "json" if path.suffix.lower() == ".json" else "sqlite"
     options: dict[str, Any] = {"read_only": read_only, "lease_grace_s": lease_grace_s, "lock_timeout_s": lock_timeout_s}
     if backend == "sqlite":
-        from zeus_callbacks.store.sql import SQLStore
+        from zeus_callbacks.store._sql_store import SQLStore
 
         return SQLStore(path, **options)
     if backend == "json":
-        from zeus_callbacks.store.json import JSONStore
+        from zeus_callbacks.store._json_store import JSONStore
 
         return JSONStore(path, **options)
     raise ValueError(f"unknown store backend {backend!r}; use 'sqlite' or 'json'")
@@ -173,7 +173,7 @@ def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, i
         StoreError: Either store cannot be opened, or the destination holds jobs already
             (nothing was written).
     """
-    from zeus_callbacks.store.records import snapshot
+    from zeus_callbacks.store._stored_records import snapshot
 
     with open_store(source, read_only=True) as src:
         records = snapshot(src)

@@ -3,7 +3,7 @@
 The just-in-time power-limit profiler (``zeus_callbacks.optimizers.power_limit``) caches
 its per-limit profiles behind a small ``get(key)`` / ``put(key, profile)`` protocol keyed
 by a ``ProfileKey`` (anything with ``as_str()``). :class:`StoreProfileCache` implements
-that protocol on a :class:`~zeus_callbacks.store.base.Store` file, so profiles live next to
+that protocol on a :class:`~zeus_callbacks.store._base.Store` file, so profiles live next to
 the batch-size bandit's trials, with the store's locking, crash safety and errors.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from zeus_callbacks.errors import StoreUnavailableError
 from zeus_callbacks.store import DEFAULT_LEASE_GRACE_S, is_url, open_store
-from zeus_callbacks.store.base import Store
-from zeus_callbacks.store.run_store import RunStore
+from zeus_callbacks.store._base import Store
+from zeus_callbacks.store._run_store import RunStore
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class StoreProfileCache:
     kept on :meth:`put`, each with a warning: the cache must never stop training.
 
     Args:
-        path: The run's :class:`~zeus_callbacks.store.run_store.RunStore` (the session passes
+        path: The run's :class:`~zeus_callbacks.store._run_store.RunStore` (the session passes
             its own: one open per run), or a store file or database URL, opened and closed
             at each call (see :func:`~zeus_callbacks.store.open_store`).
         backend: For a file: ``"sqlite"`` or ``"json"``; None: from the file's suffix.

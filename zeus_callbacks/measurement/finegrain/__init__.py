@@ -5,27 +5,27 @@ methodology (Singhania, Aga, Ibrahim: *FinGraV: Methodology for Fine-Grain GPU P
 Visibility and Insights*, AMD, arXiv 2412.12426, 2024):
 
 - **Execution-time binning** (FinGraV's answer to its challenge C3, execution-time
-  variation; :mod:`.binning`): :func:`bin_executions` groups executions by duration and keeps the
+  variation; :mod:`._binning`): :func:`bin_executions` groups executions by duration and keeps the
   dominant group; throttled or contended executions are dropped, counted, and warned about when too many.
 - **CPU–GPU time synchronisation** is the caller's: window boundaries are put on the sample
-  clock by :class:`~zeus_callbacks.measurement.windows.CudaEventTimer`, and ``sensor_delay_s``
+  clock by :class:`~zeus_callbacks.measurement._windows.CudaEventTimer`, and ``sensor_delay_s``
   shifts the samples onto them.
 - **Superposition** (FinGraV, challenge C1, low sampling rate; after Lang & Rünger,
-  Euro-Par 2013; :mod:`.superposition`): the samples of many executions, each mapped onto its
+  Euro-Par 2013; :mod:`._superposition`): the samples of many executions, each mapped onto its
   execution's timeline, are combined into one power profile. :func:`superpose` writes every
   sample as a linear measurement of that profile and solves for it by least squares, so windows
   much shorter than the sensor's 20 ms averaging are resolved when executions fall at random
   phases of the sampler.
 - **Power-profile differentiation** (FinGraV, challenge C4, power variance across
-  executions; :mod:`.differentiate`): :func:`differentiate` separates first-execution, warming
+  executions; :mod:`._differentiate`): :func:`differentiate` separates first-execution, warming
   and steady-state profiles and warns when their energies differ by more than 10 % (misreading
   them cost up to ~80 % in FinGraV's measurements).
 
 Time base and units: every time is in seconds on the *sample clock* (NVML sample
 timestamps are the CPU realtime clock; window boundaries are put on it by
-:class:`~zeus_callbacks.measurement.windows.CudaEventTimer`). Powers are W, energies J.
+:class:`~zeus_callbacks.measurement._windows.CudaEventTimer`). Powers are W, energies J.
 
-Sample model (as in :mod:`~zeus_callbacks.measurement.attribution`): sample ``k`` with
+Sample model (as in :mod:`~zeus_callbacks.measurement._attribution`): sample ``k`` with
 timestamp ``t_k`` and value ``p_k`` is the mean power over ``(t_{k-1} - d, t_k - d]`` where
 ``d`` is the sensor delay. Its energy ``p_k (t_k - t_{k-1})`` is therefore the integral of
 the true power over that interval, a linear function of the profile:
@@ -76,14 +76,14 @@ interval needs at least :func:`min_executions_for_interval` executions (4 at 95 
 :func:`interval_reason` says why there is none below that.
 """
 
-from zeus_callbacks.measurement.finegrain.binning import Binning, bin_executions, binning_warning
-from zeus_callbacks.measurement.finegrain.differentiate import (
+from zeus_callbacks.measurement.finegrain._binning import Binning, bin_executions, binning_warning
+from zeus_callbacks.measurement.finegrain._differentiate import (
     DIFFERENCE_WARNING,
     Differentiation,
     differentiate,
     position_labels,
 )
-from zeus_callbacks.measurement.finegrain.superposition import (
+from zeus_callbacks.measurement.finegrain._superposition import (
     DROPPED,
     Mode,
     ProfileEstimate,

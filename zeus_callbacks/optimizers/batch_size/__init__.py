@@ -2,18 +2,18 @@
 
 The package reads top-down:
 
-- :mod:`.controller`: one recurrence of a job (suggest, watch the target, stop early, record the trial);
+- :mod:`._controller`: one recurrence of a job (suggest, watch the target, stop early, record the trial);
   what the session delegates to.
-- :mod:`.bandit`: :class:`BatchSizeBandit`, pruning then Gaussian Thompson sampling, persisted in a store
+- :mod:`._bandit`: :class:`BatchSizeBandit`, pruning then Gaussian Thompson sampling, persisted in a store
   (the method and its fixes to Zeus's version are described there).
-- :mod:`.settings`: :class:`BanditSettings`, checked when built.
-- :mod:`.observations`: which trials are observations of their arm, and which count against it.
-- :mod:`.state`: the shape of the bandit's stored state, checked on every read.
-- :mod:`.maths`: the pure functions the bandit uses.
+- :mod:`._settings`: :class:`BanditSettings`, checked when built.
+- :mod:`._observations`: which trials are observations of their arm, and which count against it.
+- :mod:`._state`: the shape of the bandit's stored state, checked on every read.
+- :mod:`._maths`: the pure functions the bandit uses.
 """
 
-from zeus_callbacks.optimizers.batch_size.bandit import BatchSizeBandit, Phase, Suggestion
-from zeus_callbacks.optimizers.batch_size.controller import (
+from zeus_callbacks.optimizers.batch_size._bandit import BanditPhase, BatchSizeBandit, Suggestion
+from zeus_callbacks.optimizers.batch_size._controller import (
     MIN_CHECK_INTERVAL_S,
     BatchSizeController,
     EarlyStopRule,
@@ -22,7 +22,7 @@ from zeus_callbacks.optimizers.batch_size.controller import (
     run_store,
     suggest_batch_size,
 )
-from zeus_callbacks.optimizers.batch_size.maths import (
+from zeus_callbacks.optimizers.batch_size._maths import (
     ArmPosterior,
     eliminate_arms,
     gaussian_posterior,
@@ -33,7 +33,7 @@ from zeus_callbacks.optimizers.batch_size.maths import (
     satisficing_choice,
     scaled_learning_rate,
 )
-from zeus_callbacks.optimizers.batch_size.settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size._settings import BanditSettings
 
 __all__ = [
     "ArmPosterior",
@@ -42,7 +42,7 @@ __all__ = [
     "BatchSizeController",
     "EarlyStopRule",
     "MIN_CHECK_INTERVAL_S",
-    "Phase",
+    "BanditPhase",
     "Suggestion",
     "SuggestedBatchSize",
     "eliminate_arms",

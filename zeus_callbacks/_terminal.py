@@ -1,0 +1,83 @@
+"""Terminal output of the ``zeus-callbacks`` command and the simulator: numbers, tables and progress bars.
+
+Tables are laid out by ``rich``, sized to their content (plain ASCII, no colour) and kept
+within an 80-column terminal by the callers' choice of columns; numbers are short (integers as
+integers, large floats without decimals). Progress bars (tqdm) go to stderr, and only when stderr is a terminal, so
+pipes, log files and ``--json`` output never see them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from typing import Any
+
+TERMINAL_COLUMNS = 80
+"""Width every table and summary line of the command is kept within."""
+
+
+def fmt(value: Any, spec: str = ".1f") -> str:
+    """One table cell: ``-`` for None/NaN, integers as integers, floats ≥ 10⁴ without decimals."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if spec == ".1f" and abs(value) >= 1e4:
+        return f"{value:.0f}"
+    return format(value, spec)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Right-aligned columns sized to their widest cell, two spaces apart, a dashed rule under the headers.
+
+    Laid out by ``rich`` in plain ASCII without colour, never wrapped (the callers keep within
+    :data:`TERMINAL_COLUMNS`); cells go through :func:`fmt`.
+    """
+    from rich.box import Box
+    from rich.console import Console
+    from rich.table import Table
+
+    # Only a dashed rule under the headers: no edges, no column lines (a space stands between columns).
+    rule_under_headers = Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+    grid = Table(box=rule_under_headers, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), header_style=None)
+    for header in headers:
+        grid.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        grid.add_row(*(fmt(c) for c in row))
+    out = io.StringIO()
+    Console(file=out, width=10_000, color_system=None, force_terminal=False, highlight=False).print(grid)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def progress_bar(total: float | None, desc: str, *, enabled: bool = True, unit: str = "it"):
+    """A tqdm bar on stderr, disabled unless ``enabled`` and stderr is a terminal.
+
+    Args:
+        total: The count (or seconds) at 100 %; None for an open-ended count.
+        desc: Label in front of the bar.
+        enabled: False for ``--no-progress`` and ``--json``.
+        unit: Unit of ``total`` (``"it"``, ``"s"``, ``"recurrence"``).
+
+    Returns:
+        A ``tqdm`` instance (a no-op one when disabled); use it as a context manager.
+    """
+    from tqdm import tqdm
+
+    show = enabled and sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not show, leave=False, dynamic_ncols=True)
+
+
+def name_impossible_figures(source: object, figures: list[str] | tuple[str, ...]) -> bool:
+    """Name on stderr each figure of the log ``source`` that no run writes; True when there was one.
+
+    Args:
+        source: The log (its path), as the user named it.
+        figures: From :func:`zeus_callbacks._run_log.impossible_figures`.
+    """
+    for what in figures:
+        print(f"zeus-callbacks: {source}: {what}: no run writes that; the log was edited or not written by "
+              "zeus-callbacks, so what is shown from it is not to be trusted", file=sys.stderr)  # fmt: skip
+    return bool(figures)

@@ -1,0 +1,251 @@
+"""``zeus-callbacks report RUN.jsonl [RUN2.jsonl ...] [--csv DIR]``: one run in full, several side by side.
+
+One run: its energy, time, power limit and per-epoch breakdown. Several: their figures side by side
+(:mod:`zeus_callbacks.cli._compare`). ``--csv DIR``: their records as CSV files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks._footprint import ENERGY_BASES
+from zeus_callbacks._run_log import impossible_figures, is_simulated, time_note_of
+from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
+from zeus_callbacks._units import readable_energy, three_figures
+from zeus_callbacks.cli import _compare as compare
+from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``report`` and its options on the command's subparsers."""
+    report = sub.add_parser("report", help="summarise a run's JSONL energy log; several logs: compare the runs")
+    report.add_argument("run", nargs="+", metavar="RUN.jsonl", help="path of a run's .jsonl file (several: compared)")
+    report.add_argument("--json", action="store_true")
+    report.add_argument(
+        "--csv", metavar="DIR",
+        help="also write DIR/steps.csv, epoch.csv, eval.csv and run_end.csv: every such record of the logs, "
+        "with run and log columns",
+    )  # fmt: skip
+    report.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the summary of each run log in ``args.run``: one log in full, several side by side.
+
+    ``--json``: one log's run_end and epoch records, several logs' compared figures. ``--csv DIR``:
+    the logs' records as CSV files too (:func:`zeus_callbacks.cli._compare.write_csv`).
+
+    Returns:
+        0, or 1 when a file is missing, not an energy log, or empty, or the CSV files cannot be written,
+        or a log holds a negative or non-numeric energy or power figure (never written by the library: an
+        edited or foreign log; :func:`~zeus_callbacks._run_log.impossible_figures`).
+    """
+    logs = []
+    for name in args.run:
+        path = Path(name)
+        try:
+            records = read_jsonl(path)
+        except FileNotFoundError:
+            print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
+            return 1
+        except NotAnEnergyLog as exc:
+            print(f"zeus-callbacks: {exc}", file=sys.stderr)
+            return 1
+        if not records:
+            print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
+            return 1
+        logs.append((path, records))
+    impossible = [(path, impossible_figures(records)) for path, records in logs]
+    if len(logs) == 1:
+        _report_one(*logs[0], as_json=args.json)
+    else:
+        print(compare.comparison_json(logs) if args.json else compare.comparison_table(logs))
+    if args.csv:
+        try:
+            written = compare.write_csv(logs, Path(args.csv))
+        except OSError as exc:
+            print(f"zeus-callbacks: cannot write the CSV files in {args.csv}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if not args.json:  # stdout stays one JSON document
+            print("wrote " + ", ".join(str(p) for p in written))
+    named = [name_impossible_figures(path, figures) for path, figures in impossible]
+    return 1 if any(named) else 0
+
+
+def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
+    """Print one run's summary (``as_json``: its run_end and epoch records)."""
+    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    if as_json:
+        print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
+        return
+    # Every record carries ``simulated``; logs older than that flag name the virtual GPU as their
+    # backend (what plot power-limit reads too): either way the figures below are simulated.
+    simulated = is_simulated(records)
+    profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+    if end is None:
+        print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
+        if simulated:
+            print("  SIMULATED energy (virtual GPU, not measured)")
+        _print_time_note(records)
+    else:
+        chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
+        if chosen is None:
+            limits = f"power limit {fmt(end.get('power_limit_W'))} W"
+        elif end.get("power_limit_applied") is False and "power_limit_from_step" in end:
+            limits = (f"power limit {fmt(end.get('power_limit_W'))} W (observe mode: profiling would choose "
+                      f"{fmt(chosen)} W; nothing was changed)")  # fmt: skip
+        else:
+            from_step = end.get("power_limit_from_step")
+            limits = (f"power limit {fmt(chosen)} W chosen by profiling"
+                      + ("" if from_step is None else f", in force from step {from_step}")
+                      + f" (original {fmt(end.get('power_limit_W'))} W, restored at the end)")  # fmt: skip
+        if profile is not None and profile.get("finished") is False:
+            limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
+        missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
+        print(
+            f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
+            + ("\n  SIMULATED energy (virtual GPU, not measured)" if simulated else "")
+            + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
+            + (
+                "\n"
+                + textwrap.fill(
+                    f"PARTIAL: {end['measurement_note']}",
+                    TERMINAL_COLUMNS,
+                    initial_indent="  ",
+                    subsequent_indent="    ",
+                )
+                if end.get("measurement_note") and end.get("measurement") != "unavailable"
+                else ""
+            )  # fmt: skip
+            + "\n"
+            + textwrap.fill(f"on {_job_backend(end)}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     ")
+            + f"\n  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
+            f" (mean {fmt(end.get('mean_power_W'))} W)"
+            + "\n"
+            + textwrap.fill(
+                f"{fmt(end.get('steps'))} steps, {limits}",
+                TERMINAL_COLUMNS,
+                initial_indent="  ",
+                subsequent_indent="     ",
+            )  # fmt: skip
+            + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
+        )
+        _print_time_note(records)
+        parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"))
+        for line in ([f"parts: {parts}"] if parts else []) + _device_lines(records) + _node_and_estimate_lines(end):
+            print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
+    if epochs:
+        _print_epochs(epochs)
+
+
+def _print_epochs(epochs: list[dict]) -> None:
+    """The epoch table; a null counter figure is ``n/a`` with a footnote mark, its reason under the table."""
+    print("  epoch   energy_J   counter_J     time_s   power_W")
+    reasons: dict[str, str] = {}  # reason -> its mark, (a), (b), ... in order of first use
+    for r in epochs:
+        if r.get("counter_energy_J") is not None:
+            counter = fmt(r["counter_energy_J"])
+        else:
+            why = r.get("counter_energy_note")
+            if isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
+                mark = reasons.setdefault(why, f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)")
+                counter = f"n/a {mark}"
+            else:
+                counter = "n/a"
+        row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
+        print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
+    for why, mark in reasons.items():
+        print(textwrap.fill(f"{mark} counter_J n/a: {why}", TERMINAL_COLUMNS, initial_indent="  ",
+                            subsequent_indent="      "))  # fmt: skip
+
+
+def _print_time_note(records: list[dict]) -> None:
+    """Print the run's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
+    note = time_note_of(records)
+    if note:
+        print(textwrap.fill(f"TIME NOT SIMULATED: {note}", TERMINAL_COLUMNS, initial_indent="  ",
+                            subsequent_indent="    "))  # fmt: skip
+
+
+def _readable(energy_J: object) -> str:
+    """`` (0.282 Wh)`` for a known energy (J) of a record, else nothing (a missing or null figure stays ``-``)."""
+    if isinstance(energy_J, bool) or not isinstance(energy_J, (int, float)):
+        return ""
+    text = readable_energy(float(energy_J))
+    return "" if text == "n/a" else f" ({text})"
+
+
+def _device_lines(records: list[dict]) -> list[str]:
+    """Which device stood behind each measured GPU index (run_start's ``devices``; none in older logs)."""
+    start = next((r for r in records if r.get("event") == "run_start"), {})
+    backend = str(start.get("backend", "")).split(":")[0] or "backend"
+    lines = []
+    for d in start.get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        made_up = " (made up: a virtual GPU)" if d.get("virtual") else ""
+        line = f"GPU {fmt(d.get('index'))}: {backend} index {fmt(d.get('backend_index'))}, {fmt(d.get('uuid'))}"
+        line += made_up
+        if d.get("uuid") is None or d.get("backend_index") is None:
+            line += f" ({d.get('note')})" if d.get("note") else ""
+        lines.append(line)
+    return lines
+
+
+def _node_and_estimate_lines(end: dict) -> list[str]:
+    """The run_end record's CPU/DRAM/node energy (``node.rapl``) and CO2 / cost estimates, each with its factor."""
+    lines = []
+    if end.get("node_energy_note") and end["node_energy_note"] != NODE_OFF:  # off: nothing was asked for
+        lines.append(f"CPU {_joules(end.get('cpu_energy_J'))}, DRAM {_joules(end.get('dram_energy_J'))}, node "
+                     f"{_joules(end.get('node_energy_J'))} ({end['node_energy_note']})")  # fmt: skip
+    carbon, cost = end.get("carbon"), end.get("cost")
+    if isinstance(carbon, dict):
+        figure = "unknown" if carbon.get("co2_g") is None else f"{_figure(carbon['co2_g'])} g CO2e"
+        reason = f": {carbon['reason']}" if carbon.get("reason") else ""
+        lines.append(f"CO2 (ESTIMATE) {figure} at {fmt(carbon.get('intensity_g_per_kWh'), 'g')} gCO2e/kWh, "
+                     f"{carbon.get('intensity_source')}{_basis(carbon)}{reason}")  # fmt: skip
+    if isinstance(cost, dict):
+        currency = cost.get("currency")
+        figure = "unknown" if cost.get("cost") is None else f"{_figure(cost['cost'])} {currency}"
+        lines.append(f"cost (ESTIMATE) {figure} at {fmt(cost.get('price_per_kWh'), 'g')} {currency}/kWh"
+                     + _basis(cost) + (f": {cost['reason']}" if cost.get("reason") else ""))  # fmt: skip
+    return lines
+
+
+def _basis(estimate: dict) -> str:
+    """``, on the node's energy ...`` for an estimate that names its energy basis (logs before it did: nothing)."""
+    basis = estimate.get("energy_basis")
+    return f", on {ENERGY_BASES[basis]}" if basis in ENERGY_BASES else ""
+
+
+def _joules(value: object) -> str:
+    """``12.345 J``, or ``n/a`` for an unknown figure (as the summary prints it)."""
+    return "n/a" if value is None else f"{fmt(value)} J"
+
+
+def _figure(value: object) -> str:
+    """A record's estimate to three significant figures (never in e-notation); as written when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return fmt(value)
+    return three_figures(float(value))
+
+
+def _job_backend(end: dict[str, Any]) -> str:
+    """The run_end record's backend line, with the job's GPU count under several processes.
+
+    Logs written before the summary counted every rank's GPUs there name the main process's count
+    (``1 GPU(s)`` on a 2-rank run): the count is then taken from ``gpu_energy_J`` (one per GPU, every rank).
+    """
+    text = fmt(end.get("backend"))
+    world = end.get("world_size")
+    gpus = len(end.get("gpu_energy_J") or [])
+    if isinstance(world, int) and world > 1 and gpus and " processes" not in text:
+        text = re.sub(r"\d+ GPU\(s\)", f"{gpus} GPU(s) over {world} processes", text, count=1)
+    return text

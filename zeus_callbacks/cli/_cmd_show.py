@@ -1,0 +1,201 @@
+"""``zeus-callbacks show STORE``: jobs, arms (posterior mean and spread), trials and profiles of a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, table
+from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
+from zeus_callbacks.optimizers.batch_size._state import StoredState, read_state
+from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
+from zeus_callbacks.store import open_store
+from zeus_callbacks.store._base import Store
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``show`` and its options on the command's subparsers."""
+    show = sub.add_parser("show", help="jobs, arms, trials and power-limit profiles of a store")
+    show.add_argument("store", help="the SQLite or JSON store file, or a database URL (store.url)")
+    show.add_argument("job", nargs="?", help="show this job only (as in plot bandit STORE JOB)")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print what the store ``args.store`` holds (``--json``: as one JSON object).
+
+    Returns:
+        0, or 1 when there is no such file, it is a JSONL energy log (``report`` reads those), or
+        the store has no job ``args.job``.
+    """
+    if "://" not in args.store and not Path(args.store).exists():  # a database URL is opened, not stat'ed
+        print(f"zeus-callbacks: no such store: {args.store}", file=sys.stderr)
+        return 1
+    if "://" not in args.store and is_energy_log(args.store):  # not a damaged store: nothing to move away
+        print(f"zeus-callbacks: {not_a_store_but_a_log(args.store)}", file=sys.stderr)
+        return 1
+    try:
+        print(show(args.store, as_json=args.json, job_id=args.job))  # a StoreError is reported by main()
+    except KeyError as exc:
+        print(f"zeus-callbacks: {exc.args[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _state(store: Store, job_id: str) -> StoredState | None:
+    """The job's bandit state, checked (None before its first suggestion)."""
+    stored = store.get_bandit(job_id)
+    return read_state(stored.state, store.location, job_id) if stored is not None and stored.state else None
+
+
+def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
+    """Each arm's posterior mean and spread of cost for one job (empty before any observation)."""
+    state = _state(store, job_id)
+    if state is None:
+        return []
+    sizes = tuple(state.batch_sizes)
+    bandit = BatchSizeBandit(store, job_id, BanditSettings(sizes, state.start))
+    try:
+        posteriors = bandit.posteriors(arms=sizes)
+    except ValueError:  # no observation yet: no prior
+        return []
+    survivors = set(state.survivors)
+    failed = state.failed_arms
+    return [
+        {
+            "batch_size": b,
+            "mean_cost": p.mean,
+            "std_cost": p.std,
+            "observations": p.n,
+            "survivor": b in survivors,
+            "pruned_reason": failed.get(str(b)),
+        }
+        for b, p in sorted(posteriors.items())
+    ]
+
+
+def failed_arms(store: Store, job_id: str) -> dict[int, str]:
+    """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
+    state = _state(store, job_id)
+    failed = {} if state is None else state.failed_arms
+    return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
+
+
+def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = None) -> str:
+    """Describe a store: jobs, the bandit's arms, trials and power-limit profiles.
+
+    Args:
+        store_path: The store file or database URL.
+        as_json: One JSON object instead of tables.
+        job_id: Only this job (and the power-limit profiles keyed by it); None: everything.
+
+    Raises:
+        StoreError: The file is not a store, is corrupt or is from a newer version.
+        KeyError: ``job_id`` is not a job of the store (the message lists the jobs).
+    """
+    with open_store(store_path, read_only=True) as store:
+        report: dict[str, Any] = {"store": str(store_path), "jobs": [], "profiles": {}}
+        jobs = store.list_jobs()
+        if job_id is not None:
+            chosen = [job for job in jobs if job.job_id == job_id]
+            if not chosen:
+                names = ", ".join(job.job_id for job in jobs) or "none"
+                raise KeyError(f"no job {job_id!r} in {store_path} (its jobs: {names})")
+            jobs = chosen
+        for job in jobs:
+            state = _state(store, job.job_id)
+            report["jobs"].append(
+                {
+                    "job_id": job.job_id,
+                    "phase": state and state.phase,
+                    "min_cost": state and state.min_cost,
+                    "arms": arm_summaries(store, job.job_id),
+                    "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
+                    "trials": [
+                        {
+                            "trial_id": t.trial_id,
+                            "batch_size": t.batch_size,
+                            "power_limit_W": t.power_limit_W,
+                            "status": t.status,
+                            "converged": t.converged,
+                            "energy_J": t.energy_J,
+                            "time_s": t.time_s,
+                            "cost": t.cost,
+                        }
+                        for t in store.list_trials(job.job_id)
+                    ],
+                }
+            )
+        for key in store.list_profiles():
+            if job_id is None or _profile_job(key) == job_id:
+                report["profiles"][key] = store.get_profile(key)
+    if as_json:
+        return json.dumps(report, indent=2)
+    out = [f"store {store_path}", f"{len(report['jobs'])} job(s), {len(report['profiles'])} power-limit profile(s)"]
+    for job in report["jobs"]:
+        out.append(f"\njob {job['job_id']}  phase {fmt(job['phase'])}  best converged cost {fmt(job['min_cost'])}")
+        if job["arms"]:
+            keys = ["batch_size", "mean_cost", "std_cost", "observations", "survivor"]
+            arm_rows = [[a[k] for k in keys] for a in job["arms"]]
+            for row in arm_rows:  # observations are a float in the posterior; whole counts read better
+                row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
+            out.append(table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+        for batch_size, reason in job["failed_arms"].items():
+            out.append(f"batch size {batch_size} pruned: {reason}")
+        trials = job["trials"]
+        out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
+        rows = [
+            [t["trial_id"], t["batch_size"], t["power_limit_W"], t["status"], t["converged"], t["energy_J"],
+             t["time_s"], t["cost"]]
+            for t in trials[-10:]
+        ]  # fmt: skip
+        if rows:
+            out.append(table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
+    if report["profiles"]:
+        out.append("\npower-limit profiles:")
+    for key, profile in report["profiles"].items():
+        key_text = _profile_key_text(key)
+        out.append(textwrap.fill(key_text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    "))
+        out.append(f"    {_profile_text(profile)}")
+    return "\n".join(out)
+
+
+def _profile_job(key: str) -> str | None:
+    """The job a profile's key names (the profiler's JSON keys carry ``job_id``), or None."""
+    try:
+        fields = json.loads(key)
+    except ValueError:
+        return None
+    return fields.get("job_id") if isinstance(fields, dict) else None
+
+
+def _profile_key_text(key: str) -> str:
+    """A profile's key in words: the power-limit profiler's keys are JSON objects, the simulator's plain strings."""
+    try:
+        fields = json.loads(key)
+    except ValueError:
+        return key
+    if not isinstance(fields, dict):
+        return key
+    return ", ".join(f"{name} {value}" for name, value in fields.items())
+
+
+def _profile_text(profile: Any) -> str:
+    """How many limits a cached power-limit profile holds, their range and the chosen one (W)."""
+    if not isinstance(profile, dict):
+        return f"({type(profile).__name__})"
+    limits = profile.get("limits_W")  # the simulator's profiles
+    if limits is None and isinstance(profile.get("limits"), list):  # the power-limit profiler's
+        limits = [r.get("limit_W") for r in profile["limits"] if isinstance(r, dict)]
+    chosen = profile.get("chosen_limit_W", profile.get("best_W"))
+    parts = []
+    values = [float(v) for v in limits or [] if isinstance(v, (int, float))]
+    if values:
+        parts.append(f"{len(values)} limits, {min(values):g}–{max(values):g} W")
+    parts.append("chosen " + (f"{chosen:g} W" if isinstance(chosen, (int, float)) else "none (observe only)"))
+    return ", ".join(parts)

@@ -1,0 +1,359 @@
+"""``measure()``: GPU energy of a raw PyTorch or Lightning Fabric loop, as a context manager or a decorator.
+
+Example:
+    >>> import zeus_callbacks
+    >>> with zeus_callbacks.measure("zeus.yaml") as m:  # doctest: +SKIP
+    ...     for epoch in range(3):
+    ...         with m.epoch():
+    ...             for x, y in loader:
+    ...                 with m.step(num_samples=len(x)):
+    ...                     train_step(x, y)
+    ...             with m.evaluation():
+    ...                 val_loss = evaluate(model)
+    >>> print(m.summary)  # doctest: +SKIP
+
+The adapter drives :class:`~zeus_callbacks.session.EnergySession` in the order the Lightning
+and Hugging Face callbacks do: ``train_start`` when the block is entered, ``epoch_start`` /
+``step_start`` / ``step_end`` / ``eval_start`` / ``eval_end`` / ``epoch_end`` as marked, and
+``train_end`` on exit (``exception`` when the block raises). It keeps the order of the marks
+itself, since the session's step path checks nothing (it is the hot path): a mark out of order
+raises :class:`~zeus_callbacks.errors.CallOrderError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from zeus_callbacks.backends.base import GPUBackend
+from zeus_callbacks.errors import CallOrderError
+from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
+from zeus_callbacks.session import Decision
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Measurement(SessionAdapter):
+    """One measured run per ``with`` block (or per call of the decorated function).
+
+    Build it with :func:`measure`. Inside the run, mark steps (:meth:`step`, or
+    :meth:`step_start` and :meth:`step_end`), epochs (:meth:`epoch`, optional: without them
+    the run has steps and a total but no epoch records), evaluations (:meth:`evaluation`) and
+    named windows (:meth:`window`). Steps and epochs are numbered from 0 in the order they end.
+
+    Args:
+        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
+        backend: An open GPU backend to use instead of the configured one (tests); the caller closes it.
+        run_name: Name of the JSONL log (``<log_dir>/<run_name>.jsonl``); default
+            ``logging.run_name``, else a timestamp.
+        is_main_process: Whether this process writes the log; default: ``RANK`` is 0. Under
+            Fabric pass ``fabric.is_global_zero``.
+        device_index: The GPU this process trains on (its local rank); default: the session's
+            choice. Under Fabric pass ``fabric.local_rank`` when it runs several processes.
+
+    Raises:
+        ConfigError: The configuration is invalid (raised here, before training).
+
+    Attributes:
+        config: The resolved configuration.
+        session: The :class:`~zeus_callbacks.session.EnergySession` of the current (or last) run.
+        summary: The :class:`~zeus_callbacks.reporting.RunSummary` of the last run once it ended
+            (None before and during a run).
+        should_stop: A step or evaluation of this run asked to stop training (the batch-size
+            optimiser's early stop); the loop decides whether to obey.
+    """
+
+    def __init__(
+        self,
+        config: ConfigArg = None,
+        *,
+        backend: GPUBackend | None = None,
+        run_name: str | None = None,
+        is_main_process: bool | None = None,
+        device_index: int | None = None,
+    ) -> None:
+        if callable(config):
+            raise TypeError("measure() takes a configuration, not a function: decorate with @measure(config)")
+        super().__init__(config, backend)
+        self._run_name_arg = run_name
+        self._is_main_arg = is_main_process
+        self._device_index = device_index
+        self._running = False
+        self._in_step = False
+        self._in_eval = False
+        self._epoch: int | None = None  # the epoch under way (None: between epochs)
+        self._steps = 0  # steps ended in this run
+        self._epochs = 0  # epochs ended in this run
+        self.should_stop = False
+
+    # ------------------------------------------------------------------ the run
+    def __enter__(self) -> Measurement:
+        """Start a run: a fresh session, its backend opened and sampling started.
+
+        Returns:
+            This object, for the marks.
+
+        Raises:
+            CallOrderError: A run of this object is already under way (blocks do not nest).
+            BackendUnavailable: The configured backend cannot be used here.
+        """
+        if self._running:
+            raise CallOrderError("measure(): a run is already under way; a with block of it cannot nest")
+        self._new_session(is_main_process=self._is_main_arg, device_index=self._device_index)
+        self._in_step = self._in_eval = False
+        self._epoch = None
+        self._steps = self._epochs = 0
+        self.should_stop = False
+        self.session.train_start(run_name=self._run_name_arg)
+        self._running = True
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """End the run and write its summary; an exception from the block is recorded and propagates.
+
+        A step still open is not a step (its energy stays in the run's total); an epoch or
+        evaluation still open is measured up to here.
+        """
+        self._running = False
+        if exc is not None:
+            self.summary = self.session.exception(exc)
+            return
+        if self._in_step:
+            logger.warning("zeus-callbacks: the run ended inside a step (step_start without step_end); not counted")
+        self.summary = self.session.train_end()
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        """Decorate ``func``: each call is one measured run (as if its body were in a ``with`` block).
+
+        Args:
+            func: The training function; it marks steps on this object if it wants step figures.
+
+        Returns:
+            The wrapped function; :attr:`summary` holds the last call's summary.
+
+        Raises:
+            TypeError: ``func`` is a generator or ``async`` function: its body runs after the call has
+                returned, so the run would end before its first step (use a ``with`` block inside it).
+        """
+        if inspect.isgeneratorfunction(func) or inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            kind = "a generator" if inspect.isgeneratorfunction(func) else "an async"
+            raise TypeError(
+                f"measure() cannot decorate {kind} function ({getattr(func, '__qualname__', func)!r}): its body runs "
+                "after the call returns, so the run would end before its first step; put `with measure(...) as m:` "
+                "inside it instead"
+            )
+
+        @functools.wraps(func)
+        def measured(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self:
+                return func(*args, **kwargs)
+
+        return measured
+
+    # ------------------------------------------------------------------ steps
+    def step_start(self) -> None:
+        """Open a step window (one clock read, or one CUDA event on a GPU).
+
+        Raises:
+            CallOrderError: Outside the run, or a step is already open.
+        """
+        self._need_run("step_start()")
+        if self._in_step:
+            raise CallOrderError("step_start(): the previous step is still open (call step_end() first)")
+        self._in_step = True
+        self.session.step_start(self._steps)
+
+    def step_end(self, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
+        """Close the step window opened by :meth:`step_start`.
+
+        Args:
+            num_samples: Training samples in the step (this process's), for energy per sample.
+            num_tokens: Input tokens in the step, for energy per token.
+
+        Returns:
+            Whether to stop training (also kept in :attr:`should_stop`).
+
+        Raises:
+            CallOrderError: Outside the run, or no step is open.
+        """
+        self._need_run("step_end()")
+        if not self._in_step:
+            raise CallOrderError("step_end() without step_start(): no step is open")
+        self._in_step = False
+        decision = self.session.step_end(self._steps, num_samples=num_samples, num_tokens=num_tokens)
+        self._steps += 1
+        self.should_stop = self.should_stop or decision.stop_training
+        return decision
+
+    @contextmanager
+    def step(self, *, num_samples: int | None = None, num_tokens: int | None = None) -> Iterator[None]:
+        """One step: :meth:`step_start` on entry, :meth:`step_end` on exit.
+
+        A step whose body raises is not ended: it is no step, and its time falls in the next
+        step's window if the loop goes on.
+
+        Args:
+            num_samples: Training samples in the step, for energy per sample.
+            num_tokens: Input tokens in the step, for energy per token.
+
+        Raises:
+            CallOrderError: Outside the run, or inside another step.
+        """
+        self.step_start()
+        try:
+            yield
+        except BaseException:
+            self._in_step = False
+            raise
+        self.step_end(num_samples=num_samples, num_tokens=num_tokens)
+
+    # ------------------------------------------------------------------ epochs
+    def epoch_start(self) -> None:
+        """Open an epoch window; its first step's window opens at the same mark.
+
+        Raises:
+            CallOrderError: Outside the run, inside a step, or an epoch is already open.
+        """
+        self._need_run("epoch_start()", outside_step=True)
+        if self._epoch is not None:
+            raise CallOrderError(f"epoch_start(): epoch {self._epoch} is still open (call epoch_end() first)")
+        self._epoch = self._epochs
+        self.session.epoch_start(self._epoch)
+
+    def epoch_end(self) -> dict[str, float]:
+        """Close the epoch window and attribute its energy (waits at most 0.25 s for the sensor).
+
+        Returns:
+            The epoch's metrics (``energy/epoch_J`` in J, ``time/epoch_s`` in s, and the rest of
+            docs/metrics.md); empty when epoch windows are off (``windows.epoch: false``).
+
+        Raises:
+            CallOrderError: Outside the run, inside a step, or no epoch is open.
+        """
+        self._need_run("epoch_end()", outside_step=True)
+        if self._epoch is None:
+            raise CallOrderError("epoch_end() without epoch_start(): no epoch is open")
+        epoch, self._epoch = self._epoch, None
+        self._epochs += 1
+        return self.session.epoch_end(epoch)
+
+    @contextmanager
+    def epoch(self) -> Iterator[None]:
+        """One epoch: :meth:`epoch_start` on entry, :meth:`epoch_end` on exit.
+
+        An epoch whose body raises stays open; the run's end measures it up to there.
+
+        Raises:
+            CallOrderError: As :meth:`epoch_start` and :meth:`epoch_end`.
+        """
+        self.epoch_start()
+        yield
+        self.epoch_end()
+
+    # ------------------------------------------------------------------ evaluations and windows
+    @contextmanager
+    def evaluation(
+        self, metrics: Mapping[str, Any] | None = None, *, every_rank: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """An evaluation window (``energy/eval_J``); no step's window holds it.
+
+        Args:
+            metrics: Validation metrics known before the block; more can be put in the dict it yields.
+            every_rank: Under several processes, every rank runs this evaluation: its energy is
+                summed over the ranks at its end (a collective every rank must reach). False
+                (default): the ``eval`` record holds this process's figures, marked so, and no
+                ``energy/eval_J`` is logged (an evaluation on rank 0 alone must not wait on the others).
+
+        Yields:
+            A dict for the evaluation's metrics (name → number, e.g. ``{"val/acc": 0.93}``); on exit
+            they are recorded (the JSONL ``evaluate`` record, the batch-size target) and may set
+            :attr:`should_stop`.
+
+        Raises:
+            CallOrderError: Outside the run, inside a step, or inside another evaluation.
+        """
+        self._need_run("evaluation()", outside_step=True)
+        if self._in_eval:
+            raise CallOrderError("evaluation(): an evaluation is already open")
+        results: dict[str, Any] = dict(metrics or {})
+        self._in_eval = True
+        self.session.eval_start()
+        try:
+            yield results
+        finally:
+            self._in_eval = False
+            self.session.eval_end(every_rank=every_rank)
+        decision = self.session.evaluate(results)
+        self.should_stop = self.should_stop or decision.stop_training
+
+    def window(self, name: str, **info: Any) -> AbstractContextManager[None]:
+        """A named window; its energy is written to the JSONL log (a ``window`` record, J and s).
+
+        Args:
+            name: The window's name (not ``run``, ``step``, ``epoch``, ``eval`` or a phase's).
+            **info: Extra fields kept with the window.
+
+        Returns:
+            A context manager around the measured code.
+
+        Raises:
+            CallOrderError: Outside the run.
+            ValueError: ``name`` is reserved.
+        """
+        self._need_run("window()")
+        return self.session.window(name, **info)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The metrics queued since the last call (step reports, epochs, evaluations), for a logger.
+
+        Returns:
+            Metric name → value (docs/metrics.md), e.g. for ``fabric.log_dict``; empty most steps.
+        """
+        return self.session.pop_metrics()
+
+    # ------------------------------------------------------------------ helpers
+    def _need_run(self, call: str, *, outside_step: bool = False) -> None:
+        if not self._running:
+            raise CallOrderError(f"{call} outside a run: call it inside `with measure(...)` or the decorated function")
+        if outside_step and self._in_step:
+            raise CallOrderError(f"{call} inside a step: end the step first")
+
+
+def measure(
+    config: ConfigArg = None,
+    *,
+    backend: GPUBackend | None = None,
+    run_name: str | None = None,
+    is_main_process: bool | None = None,
+    device_index: int | None = None,
+) -> Measurement:
+    """Measure GPU energy of a block or a function, as a context manager or a decorator.
+
+    Args:
+        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
+        backend: An open GPU backend to use instead of the configured one (tests); the caller closes it.
+        run_name: Name of the JSONL log; default ``logging.run_name``, else a timestamp.
+        is_main_process: Whether this process writes the log; default: ``RANK`` is 0.
+        device_index: The GPU this process trains on; default: the session's choice.
+
+    Returns:
+        A :class:`Measurement`: a context manager, a decorator, and the marks for steps,
+        epochs, evaluations and windows. Its ``summary`` holds the run's figures after the run.
+
+    Raises:
+        ConfigError: The configuration is invalid.
+        TypeError: Used as ``@measure`` without parentheses.
+    """
+    return Measurement(
+        config, backend=backend, run_name=run_name, is_main_process=is_main_process, device_index=device_index
+    )

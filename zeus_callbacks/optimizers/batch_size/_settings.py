@@ -1,0 +1,148 @@
+"""The bandit's settings: :class:`BanditSettings`, checked once when built (from ``BatchSizeConfig`` or by hand)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class BanditSettings:
+    """Settings of :class:`~._bandit.BatchSizeBandit` (``BatchSizeConfig`` carries the same fields).
+
+    Attributes:
+        batch_sizes: Candidate batch sizes (arms), any order; duplicates are dropped.
+        default_batch_size: Where pruning starts; must be one of ``batch_sizes``.
+        beta_knob: Early-stopping factor (> 1); None disables early stopping.
+        pruning_rounds: Pruning rounds before Thompson sampling (≥ 1).
+        seed: Seed of the generator (used once, when the job's state is created).
+        prior_std_rel: Prior standard deviation as a fraction of the prior mean (κ).
+        noise_floor_rel: Floor of an arm's cost standard deviation as a fraction of its mean (ρ).
+        window: Use only the last ``window`` observations of each arm; None: all.
+        discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
+        prune_cost_ratio: Also end a pruning direction at a size costing more than this
+            times the cheapest converged size of the round (cost is close to unimodal in
+            the batch size); None: only non-convergence ends a direction (Zeus). During
+            pruning it is also the early-stopping factor when smaller than ``beta_knob``.
+            With ``prune_cost_ratio_no_descent`` set, it applies only to a candidate whose
+            direction is descending (:meth:`~._bandit.BatchSizeBandit.prune_ratio`).
+        prune_cost_ratio_no_descent: The factor that replaces ``prune_cost_ratio`` for a
+            candidate whose direction is not descending: the first size away from the start,
+            or a size after one that did not lower the round's cheapest converged cost; None:
+            ``prune_cost_ratio`` for every candidate. Ignored when ``prune_cost_ratio`` is None.
+        elimination_z: Thompson sampling draws only from arms whose lower confidence bound
+            ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
+        satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
+            fraction of the lowest draw, play the one with the lowest posterior mean; None:
+            plain Thompson sampling (the lowest draw).
+        explore_stop_z: Stop a Thompson-phase run of an arm other than the one with the lowest
+            posterior mean once its cost passes that arm's ``μn + z·σ`` (σ its noise sd); the
+            stopped cost is a censored observation, counted at its tail mean
+            (:func:`~._maths.gaussian_tail_mean`); None: only ``beta_knob`` stops such runs.
+        max_failures: An arm whose last ``max_failures`` finished trials all failed (a crash,
+            an out-of-memory error, a process killed; not an interruption) is pruned, and the
+            reason is kept in the state (``failed_arms``) and shown by ``zeus-callbacks show``;
+            None: failures never prune an arm.
+        target_metric: The validation metric a run must reach (``batch_size.target.metric``); None: no
+            target, and no run counts as converged.
+        target_value: The value it must reach (``batch_size.target.value``).
+        target_direction: ``max``: reached at or above ``target_value``; ``min``: at or below.
+    """
+
+    batch_sizes: tuple[int, ...]
+    default_batch_size: int
+    beta_knob: float | None = 2.0
+    pruning_rounds: int = 1
+    seed: int = 0
+    prior_std_rel: float = 1.0
+    noise_floor_rel: float = 0.05
+    window: int | None = None
+    discount: float | None = None
+    prune_cost_ratio: float | None = 1.5
+    prune_cost_ratio_no_descent: float | None = 1.3
+    elimination_z: float | None = 2.0
+    satisficing_rel: float | None = 0.01
+    explore_stop_z: float | None = 2.0
+    max_failures: int | None = 2
+    target_metric: str | None = None
+    target_value: float | None = None
+    target_direction: Literal["max", "min"] = "max"
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the job has a target: a run converges by reaching it.
+
+        With one, while no run of the job has ever reached it the pruning holds its candidate (the
+        round's start) instead of moving on (:meth:`~._bandit.BatchSizeBandit.suggest`): a target no
+        run reaches says nothing about which batch size reaches it first.
+        """
+        return self.target_metric is not None and self.target_value is not None
+
+    def __post_init__(self) -> None:
+        sizes = tuple(sorted({int(b) for b in self.batch_sizes}))
+        if not sizes or sizes[0] <= 0:
+            raise ValueError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
+        object.__setattr__(self, "batch_sizes", sizes)
+        if self.default_batch_size not in sizes:
+            raise ValueError(f"default_batch_size {self.default_batch_size} is not one of batch_sizes {list(sizes)}")
+        if self.beta_knob is not None and not self.beta_knob > 1.0:
+            raise ValueError(f"beta_knob must be > 1 (or None), got {self.beta_knob}")
+        if self.pruning_rounds < 1:
+            raise ValueError(f"pruning_rounds must be ≥ 1, got {self.pruning_rounds}")
+        if not (self.prior_std_rel > 0 and self.noise_floor_rel > 0):
+            raise ValueError("prior_std_rel and noise_floor_rel must be positive")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if self.prune_cost_ratio is not None and not self.prune_cost_ratio >= 1.0:
+            raise ValueError(f"prune_cost_ratio must be ≥ 1 (or None), got {self.prune_cost_ratio}")
+        if self.prune_cost_ratio_no_descent is not None and not self.prune_cost_ratio_no_descent >= 1.0:
+            raise ValueError(
+                f"prune_cost_ratio_no_descent must be ≥ 1 (or None), got {self.prune_cost_ratio_no_descent}"
+            )
+        if self.elimination_z is not None and not self.elimination_z > 0:
+            raise ValueError(f"elimination_z must be > 0 (or None), got {self.elimination_z}")
+        if self.satisficing_rel is not None and not 0.0 <= self.satisficing_rel < 1.0:
+            raise ValueError(f"satisficing_rel must be in [0, 1) (or None), got {self.satisficing_rel}")
+        if self.explore_stop_z is not None and not self.explore_stop_z > 0:
+            raise ValueError(f"explore_stop_z must be > 0 (or None), got {self.explore_stop_z}")
+        if self.max_failures is not None and self.max_failures < 1:
+            raise ValueError(f"max_failures must be ≥ 1 (or None), got {self.max_failures}")
+        if self.discount is not None and not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {self.discount}")
+        if (self.target_metric is None) != (self.target_value is None):
+            raise ValueError("target_metric and target_value are set together (or neither)")
+        if self.target_value is not None and not math.isfinite(self.target_value):
+            raise ValueError(f"target_value must be a finite number, got {self.target_value}")
+        if self.target_direction not in ("max", "min"):
+            raise ValueError(f"target_direction must be max or min, got {self.target_direction!r}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> BanditSettings:
+        """Build from a :class:`~zeus_callbacks.config.BatchSizeConfig`.
+
+        Raises:
+            ValueError: ``batch_sizes`` or ``default_batch_size`` is missing or inconsistent.
+        """
+        if not config.batch_sizes or config.default_batch_size is None:
+            raise ValueError("batch_size.batch_sizes and batch_size.default_batch_size must be set")
+        return cls(
+            batch_sizes=tuple(config.batch_sizes),
+            default_batch_size=config.default_batch_size,
+            beta_knob=config.beta_knob,
+            pruning_rounds=config.pruning_rounds,
+            seed=config.seed,
+            prior_std_rel=config.prior_std_rel,
+            noise_floor_rel=config.noise_floor_rel,
+            window=config.window,
+            discount=config.discount,
+            prune_cost_ratio=config.prune_cost_ratio,
+            prune_cost_ratio_no_descent=config.prune_cost_ratio_no_descent,
+            elimination_z=config.elimination_z,
+            satisficing_rel=config.satisficing_rel,
+            explore_stop_z=config.explore_stop_z,
+            max_failures=config.max_failures,
+            target_metric=None if config.target is None else config.target.metric,
+            target_value=None if config.target is None else config.target.value,
+            target_direction="max" if config.target is None else config.target.direction,
+        )

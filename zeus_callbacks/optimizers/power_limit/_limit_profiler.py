@@ -1,0 +1,886 @@
+"""The power-limit profiling state machine (Zeus, NSDI '23, §4.3), framework- and hardware-free.
+
+:class:`PowerLimitProfiler` is fed with step boundaries and an energy function. It decides
+which limit each step should run at and, at the end, the limit that minimises the
+:class:`~zeus_callbacks.optimizers.power_limit._objective.Objective`. It never touches a GPU:
+:class:`~zeus_callbacks.optimizers.power_limit._controller.PowerLimitController` applies its
+limits.
+
+States (:class:`ProfilerPhase`) and transitions; each happens at a step boundary or at one of the
+three calls named below::
+
+    IDLE ──first step_start──> WARMUP(limit) ──warm-up done (step_end)──> PROFILING(limit)
+      │                          ▲   (warmup_steps = 0 and warmup_s = 0: straight to PROFILING)
+      │                          └────── window decided, the search picks another limit ──┐
+      │                                                                                    │
+      │   PROFILING(limit) ──window decided (step_end)──> WARMUP(next) ────────────────────┘
+      │                     └──────────────────────────> DONE(best)     (search finished)
+      │                     └──────────────────────────> DONE(None)     (abandoned: no power
+      │                                                                  samples arrived)
+      │                     └──────────────────────────> OBSERVE        (observe mode: only
+      │                                                                  the current limit)
+      └──finish_with(limit), a cache hit──> DONE(cached)
+
+    any phase ──restart_observing(limit)──> IDLE   (observe mode from now on: the measurements
+                                                    so far are dropped, the next step_start
+                                                    warms up at ``limit``, the window ends in OBSERVE)
+
+- IDLE: nothing measured yet; :attr:`~PowerLimitProfiler.target_limit_W` is None (leave the GPU alone).
+- WARMUP(limit): steps run at ``limit`` until ``warmup_steps`` steps and ``warmup_s`` seconds passed;
+  they are not measured.
+- PROFILING(limit): each step's energy and time at ``limit`` is measured.
+- DONE(limit): the choice is made; every later step runs at it (None: keep the original limit).
+- OBSERVE: observe mode measured the current limit; nothing is chosen or changed.
+
+A limit's window spans steps, not epochs: epoch boundaries are invisible to the
+profiler, so epochs shorter than a window never restart it. A step during which an
+evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
+``profile_s``. A window is decided on its resolved steps (power samples cover the step's
+end; the last step, whose samples arrive during the next one, counts towards
+``min_profile_steps`` and joins its limit's profile when its energy arrives, after the switch,
+from the samples before the switch only)
+once either its 95 % Student-t interval is narrow (``rel_ci``), it separates from the best
+limit so far (from 2 resolved steps once other windows give the card's noise), it measures
+no cheaper than the best at ``min_profile_steps``, it is the first window at
+``min_profile_steps`` (judged again with the pooled noise later; not ``max_slowdown``), or it
+reached ``profile_steps``/``profile_s`` (``search: sweep`` keeps Zeus's fixed windows). With
+``max_slowdown``, a limit clearly slower than allowed is decided too, and one whose
+slowdown interval straddles the allowed factor measures a little longer (up to twice
+``min_profile_steps``): the choice lies on that boundary.
+
+Search (``search: unimodal``, :class:`~zeus_callbacks.optimizers.power_limit._search.SearchPlan`):
+both ends of the device's range first (the maximum is the time reference of
+``max_slowdown``; a plateau hides an optimum near the minimum), a golden-section search
+over the grid whose comparisons respect the measured noise, shape checks (not unimodal
+within the noise: every grid limit is measured), then a few limits off the grid near the
+best. Intervals are floored by the card's noise pooled over every window (:meth:`PowerLimitProfiler.interval`),
+and before the choice the best and a runner-up it cannot be told from are measured again
+(a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
+``search: sweep`` measures every grid limit, highest first, and nothing else.
+
+With the job's length known (``job_steps``), the search then *polishes* before choosing, while the rest
+of the job repays it (:meth:`PowerLimitProfiler._polish`): grid limits it left out, the
+``max_slowdown`` boundary and its time reference, and ties with the best are measured again. Profiling's
+cost over the best limit stays within ``polish_budget × job_steps`` step-equivalents, so a longer job
+profiles more (issue 31: the job-total regret).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_quantile_95, t_quantile_975
+from zeus_callbacks.optimizers.power_limit._objective import INFEASIBLE_COST, Objective
+from zeus_callbacks.optimizers.power_limit._search import Measured, SearchPlan, SearchSettings, tolerance
+
+logger = logging.getLogger(__name__)
+
+_REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of the (dear) time reference
+_TIE_APART_W = 2.5  # polish: a tie this close (W) to the best is not measured again (a wrong pick costs little)
+
+
+class EnergyFn(Protocol):
+    """``energy_fn(start_s, end_s, samples_until_s=None)``: energy (J, summed over GPUs) in the interval."""
+
+    def __call__(self, start_s: float, end_s: float, /, *, samples_until_s: float | None = None) -> float | None:
+        """Energy (J, summed over GPUs) in ``[start_s, end_s]`` (s); None until the power samples cover ``end_s``.
+
+        ``samples_until_s`` (s, after ``end_s``): use only the samples whose interval ends by
+        then, the end past the last of them extrapolated by at most one sample period; NaN
+        when that does not reach ``end_s``. The profiler passes the time the next limit was
+        applied: a sample straddling it averages in the next limit's power.
+        """
+        ...
+
+
+class ProfilerPhase(enum.Enum):
+    """Phases of the profiler (see the module docstring for the transitions)."""
+
+    IDLE = "idle"
+    WARMUP = "warmup"
+    PROFILING = "profiling"
+    DONE = "done"
+    OBSERVE = "observe"
+
+
+@dataclass(frozen=True)
+class ProfilerState:
+    """Where the profiler stands: phase, limit under test, and when the phase began."""
+
+    phase: ProfilerPhase
+    limit_W: float | None = None
+    steps: int = 0  # steps completed in this phase
+    active_s: float = 0.0  # step time spent in this phase, evaluations excluded (s)
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Window lengths and stopping rule (see :class:`~zeus_callbacks.config.PowerLimitConfig`)."""
+
+    warmup_steps: int = 2
+    warmup_s: float = 0.0
+    min_profile_steps: int = 4
+    profile_steps: int = 40
+    profile_s: float | None = None
+    rel_ci: float = 0.01
+    search: Literal["unimodal", "sweep"] = "unimodal"
+    unimodal_tolerance: float = 0.002  # smallest relative cost difference taken as real; intervals widen it
+    max_wait_steps: int = 20  # a full window waits this many steps ...
+    max_wait_s: float = 5.0  # ... and this long for power samples, then decides or gives up
+    max_revisits: int = 2  # at most this many extra windows at limits already measured (ties with the best)
+    job_steps: int | None = None  # training steps the job is expected to run (None: unknown, no polish)
+    polish_budget: float = 0.004  # polish while profiling's excess cost stays under this × job_steps steps
+    polish_ci: float = 0.001  # ... and a tie or a boundary margin is wider than this fraction of the cost
+    polish_max_share: float = 0.1  # ... and profiling stays within this share of job_steps (steps)
+
+
+@dataclass
+class _Pending:
+    """A profiled step awaiting its energy: its limit's profile, its span (s), when another limit began (s)."""
+
+    profile: LimitProfile
+    start_s: float
+    end_s: float
+    switch_s: float | None = None
+
+
+class PowerLimitProfiler:
+    """The profiling state machine; framework- and hardware-free.
+
+    Args:
+        limits_W: Limits to consider, shape (n,) (W), any order; the maximum is measured first.
+        objective: What to minimise.
+        energy_fn: ``energy_fn(start_s, end_s)`` → energy (J) summed over GPUs, None until
+            the samples cover ``end_s``.
+        settings: Window lengths and stopping rule.
+        observe_only: Measure the first limit only (observe mode) and change nothing.
+
+    The caller applies :attr:`target_limit_W` before each step and reports every step
+    through :meth:`on_step_start`/:meth:`on_step_end`.
+    """
+
+    def __init__(
+        self,
+        limits_W: Sequence[float],
+        objective: Objective,
+        energy_fn: EnergyFn,
+        settings: ProfileSettings | None = None,
+        *,
+        observe_only: bool = False,
+    ) -> None:
+        if not limits_W:
+            raise ValueError("no power limits to profile")
+        self.limits_W = sorted({float(x) for x in limits_W})  # ascending
+        self.objective = objective
+        self.energy_fn = energy_fn
+        self.settings = settings or ProfileSettings()
+        self.observe_only = observe_only
+        self.state = ProfilerState(ProfilerPhase.IDLE)
+        self._first_limit_W: float | None = None  # where IDLE goes on the first step (None: the maximum)
+        self.profiles: dict[float, LimitProfile] = {}
+        self.chosen_limit_W: float | None = None
+        self.profiling_steps = 0
+        self.fallback_sweep = False
+        self._plan = SearchPlan(
+            self.limits_W,
+            SearchSettings(
+                kind=self.settings.search,
+                noise_floor=self.settings.unimodal_tolerance,
+                max_slowdown=objective.max_slowdown if objective.name == "max_slowdown" else None,
+                # a job whose length is known repays more limits off the grid, and smaller gains (see _polish)
+                refine_probes=12 if self.settings.job_steps else 4,
+                refine_gain=0.001 if self.settings.job_steps else 0.005,
+            ),
+        )
+        self._step_start_s: float | None = None
+        self._eval_in_step = False
+        self._eval_start_s: float | None = None
+        # profiled steps awaiting energy, oldest first: [their limit's profile, start s, end s, switch s];
+        # a window's last steps may still be here after the next limit began at "switch s" (None until
+        # then): their energy is added when it arrives, from the samples before the switch only
+        self._pending: list[_Pending] = []
+        # profiled steps the power samples do not cover (energy NaN): a late step whose end the samples before
+        # the switch do not reach, or a step longer than the sensor's history whose start they lost
+        self.dropped_steps = 0
+        self._wait_steps = 0
+        self._last_dt: float | None = None
+        self._full_since_s: float | None = None
+        self._revisit_until_n: int | None = None  # a revisit's window ends at this many measured steps
+        self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
+        self.revisits = 0
+        self.polishes = 0  # polish windows run (see _polish)
+        self.abandoned = False
+
+    # -- public view -----------------------------------------------------------------
+    @property
+    def phase(self) -> ProfilerPhase:
+        """The current phase."""
+        return self.state.phase
+
+    @property
+    def finished(self) -> bool:
+        """True once a choice is made (DONE) or observe mode measured the current limit."""
+        return self.state.phase in (ProfilerPhase.DONE, ProfilerPhase.OBSERVE)
+
+    @property
+    def target_limit_W(self) -> float | None:
+        """The limit the next step should run at (None: leave the GPU alone)."""
+        if self.state.phase in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING):
+            return self.state.limit_W
+        if self.state.phase == ProfilerPhase.DONE:
+            return self.chosen_limit_W
+        return None
+
+    def start_at(self, limit_W: float) -> None:
+        """Begin with ``limit_W`` (observe mode: the current limit) instead of the maximum."""
+        self._first_limit_W = float(limit_W)
+
+    def finish_with(self, limit_W: float) -> None:
+        """Skip profiling and run at ``limit_W`` (a cache hit): IDLE → DONE."""
+        self.chosen_limit_W = float(limit_W)
+        self.state = ProfilerState(ProfilerPhase.DONE, float(limit_W))
+
+    def restart_observing(self, limit_W: float) -> None:
+        """Switch to observe mode and start over at ``limit_W``: any phase → IDLE.
+
+        The limits measured so far are dropped (the run no longer changes limits, so they
+        cannot be compared with what follows); the next :meth:`on_step_start` warms up at
+        ``limit_W`` and its window ends in OBSERVE.
+
+        Args:
+            limit_W: The limit the GPUs are back at (W), the one observe mode measures.
+        """
+        self.observe_only = True
+        self.profiles.clear()
+        self._pending = []
+        self.start_at(limit_W)
+        self.state = ProfilerState(ProfilerPhase.IDLE)
+
+    # -- checkpoint state ------------------------------------------------------------
+    def export_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the profile: every limit whose window was decided, and where it stood.
+
+        The limit under test when the checkpoint is taken is kept as ``current_limit_W`` without
+        its partial window: a resumed run warms up at it again and measures it afresh (its GPU
+        state and timing after a restart are not those of the steps measured before).
+
+        Returns:
+            Plain numbers and lists (``json`` serialisable): ``phase``, ``chosen_limit_W``,
+            ``current_limit_W``, ``profiling_steps``, ``fallback_sweep``, ``refine_probes`` and
+            ``limits`` (per decided limit: ``limit_W``, ``energy_J`` and ``time_s`` per profiled
+            step, in J and s, and ``steps`` spent at it).
+        """
+        st = self.state
+        in_window = st.phase in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING)
+        current = st.limit_W if in_window else None
+        return {
+            "phase": st.phase.value,
+            "chosen_limit_W": self.chosen_limit_W,
+            "current_limit_W": current,
+            "profiling_steps": self.profiling_steps,
+            "fallback_sweep": self._plan.fallback_sweep,
+            "refine_probes": self._plan.refine_probes,
+            "observe_only": self.observe_only,
+            "limits": [
+                {"limit_W": limit, "energy_J": list(p.energy_J), "time_s": list(p.time_s), "steps": p.steps}
+                for limit, p in sorted(self.profiles.items())
+                if limit != current
+            ],
+        }
+
+    def resume(self, state: Mapping[str, Any]) -> bool:
+        """Continue the profile a checkpoint kept (:meth:`export_state`), before the first step: IDLE → IDLE or DONE.
+
+        Decided limits are not measured again; the limit that was under test warms up and is
+        measured again from its start; a finished profile goes straight to DONE at its choice.
+        A state from observe mode, or one whose limits lie outside this profiler's range, is
+        ignored (profiling starts over).
+
+        Args:
+            state: What :meth:`export_state` returned (missing keys take their defaults).
+
+        Returns:
+            True when the state was taken, False when it was ignored.
+        """
+        if self.state.phase != ProfilerPhase.IDLE or state.get("observe_only") or self.observe_only:
+            return False
+        low, high = self.limits_W[0], self.limits_W[-1]
+        limits = list(state.get("limits", []))
+        if any(not low <= float(row["limit_W"]) <= high for row in limits):
+            logger.warning("zeus-callbacks: the checkpoint's power-limit profile is outside %.0f-%.0f W; "
+                           "profiling starts over", low, high)  # fmt: skip
+            return False
+        chosen = state.get("chosen_limit_W")
+        if state.get("phase") == ProfilerPhase.DONE.value and chosen is not None and low <= float(chosen) <= high:
+            self.finish_with(float(chosen))
+        for row in limits:
+            limit = float(row["limit_W"])
+            self.profiles[limit] = LimitProfile(
+                limit, [float(e) for e in row.get("energy_J", [])], [float(t) for t in row.get("time_s", [])],
+                int(row.get("steps", 0)),
+            )  # fmt: skip
+        self.profiling_steps = int(state.get("profiling_steps", 0))
+        self._plan.fallback_sweep = self.fallback_sweep = bool(state.get("fallback_sweep", False))
+        self._plan.refine_probes = int(state.get("refine_probes", 0))
+        if self.state.phase == ProfilerPhase.DONE:
+            return True
+        current = state.get("current_limit_W")
+        if current is not None and low <= float(current) <= high:
+            self._first_limit_W = float(current)
+        elif self.profiles:  # between two windows: the search names the next limit
+            following = self._search()
+            if following is None:  # every limit decided already: choose now, at the first step
+                costs = self.costs()
+                self.finish_with(min(costs, key=lambda k: (costs[k], -k)))
+                return True
+            self._first_limit_W = following
+        return True
+
+    # -- events ----------------------------------------------------------------------
+    def on_step_start(self, step: int, now_s: float) -> float | None:
+        """A step begins at ``now_s``; returns the limit it must run at (W), or None."""
+        del step
+        if self.state.phase == ProfilerPhase.IDLE:
+            first = self._first_limit_W
+            self._enter_limit(self.limits_W[-1] if first is None else first)
+        self._step_start_s = now_s
+        self._eval_in_step = False
+        target = self.target_limit_W
+        for pending in self._pending:  # steps of another limit still awaiting energy: the switch is now
+            if pending.switch_s is None and target is not None and target != pending.profile.limit_W:
+                pending.switch_s = now_s
+        return target
+
+    def on_eval_start(self, now_s: float) -> None:
+        """An evaluation begins: it is excluded from warm-up and profile windows."""
+        self._eval_start_s = now_s
+        self._eval_in_step = self._step_start_s is not None
+
+    def on_eval_end(self, now_s: float) -> None:
+        """The evaluation ended."""
+        self._eval_start_s = None
+
+    def on_step_end(self, step: int, now_s: float) -> bool:
+        """A step ended at ``now_s``; advance the state machine.
+
+        Returns:
+            True when this step finished the profile (the choice is made).
+        """
+        del step
+        start_s, self._step_start_s = self._step_start_s, None
+        phase = self.state.phase
+        if phase not in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING) or start_s is None:
+            return False
+        self.profiling_steps += 1
+        limit = self.state.limit_W
+        assert limit is not None
+        profile = self.profiles.setdefault(limit, LimitProfile(limit))
+        profile.steps += 1
+        dt = max(now_s - start_s, 0.0)
+        valid = not self._eval_in_step
+        self._last_dt = dt if valid else 0.0
+        st = self.state
+        self.state = ProfilerState(phase, limit, st.steps + 1, st.active_s + (dt if valid else 0.0))
+        if phase == ProfilerPhase.WARMUP:
+            s = self.settings
+            if self.state.steps >= s.warmup_steps and self.state.active_s >= s.warmup_s:
+                self.state = ProfilerState(ProfilerPhase.PROFILING, limit)
+            return False
+        if valid and not self._window_full(self.state):
+            self._pending.append(_Pending(profile, start_s, now_s))
+        self._resolve()
+        if self._window_decided(profile, now_s):
+            return self._next_limit()
+        return False
+
+    # -- internals --------------------------------------------------------------------
+    def _enter_limit(self, limit_W: float) -> None:
+        self._wait_steps = 0
+        self._full_since_s = None
+        self._revisit_until_n = None
+        self._polishing = False
+        s = self.settings
+        phase = ProfilerPhase.WARMUP if (s.warmup_steps > 0 or s.warmup_s > 0) else ProfilerPhase.PROFILING
+        self.state = ProfilerState(phase, float(limit_W))
+
+    def _resolve(self) -> None:
+        """Move the measured steps whose power samples have arrived, oldest first, into their limit's profile.
+
+        A step resolved after the next limit began takes only the samples before the switch (a
+        sample straddling it averages in the next limit's power: a bias of up to 0.66 % of a
+        limit's mean on the noise-free simulator); one whose end those do not reach within a
+        sample period has no energy and stays out of the profile (it was run, ``steps`` counts it), as
+        does one whose start the samples no longer cover (``energy_fn`` says NaN for both; counted in
+        ``dropped_steps``, the first logged as a warning): such a window never decides a limit.
+        """
+        while self._pending:
+            pending = self._pending[0]
+            energy = self.energy_fn(pending.start_s, pending.end_s, samples_until_s=pending.switch_s)
+            if energy is None:
+                return
+            self._pending.pop(0)
+            if not math.isfinite(energy):
+                if self.dropped_steps == 0:
+                    logger.warning(
+                        "power-limit profiling: the power samples do not cover a %.3f s step at %.0f W; it is "
+                        "left out of the profile (later such steps are counted, not logged)",
+                        pending.end_s - pending.start_s, pending.profile.limit_W,
+                    )  # fmt: skip
+                self.dropped_steps += 1
+                continue
+            pending.profile.energy_J.append(float(energy))
+            pending.profile.time_s.append(pending.end_s - pending.start_s)
+
+    def _pooled_rel_sd(self, values_of: Callable[[LimitProfile], list[float]]) -> tuple[float, int]:
+        """The card's measured noise: the relative sd of a per-step value pooled over every window, and its dof.
+
+        Step-time jitter and sensor noise are (roughly) relative, so each window's deviations
+        are taken over its own mean and their squares pooled: sqrt(Σ Σ ((v − m_i)/m_i)² / Σ (n_i − 1)).
+        """
+        ss, dof = 0.0, 0
+        for p in self.profiles.values():
+            values = values_of(p)
+            if len(values) < 2:
+                continue
+            mean = sum(values) / len(values)
+            if mean == 0 or not math.isfinite(mean):
+                continue
+            ss += sum(((v - mean) / mean) ** 2 for v in values)
+            dof += len(values) - 1
+        return (math.sqrt(ss / dof), dof) if dof else (0.0, 0)
+
+    def _widened(self, values: list[float], rel_sd: float, dof: int) -> tuple[float, float]:
+        """95 % interval of the mean of ``values`` that a lucky, too-quiet small window cannot make narrow.
+
+        Its own Student-t interval while the pool holds no other window; else
+        t(0.975, pooled dof) × max(own relative sd, pooled relative sd) × |mean| / √n: the sd
+        is the larger of the window's and the card's, the quantile that of the pooled estimate.
+        """
+        n = len(values)
+        if n < 2:
+            return -math.inf, math.inf
+        mean = sum(values) / n
+        own = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        if dof <= n - 1:
+            half = t_quantile_975(n - 1) * own / math.sqrt(n)
+        else:
+            half = t_quantile_975(dof) * max(own, rel_sd * abs(mean)) / math.sqrt(n)
+        return mean - half, mean + half
+
+    def _values(self, profile: LimitProfile) -> list[float]:
+        return [self.objective.step_value(e, t) for e, t in zip(profile.energy_J, profile.time_s, strict=True)]
+
+    def interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """95 % interval (low, high) of the limit's mean per-step objective value, floored by the card's noise."""
+        return self._widened(self._values(profile), *self._pooled_rel_sd(self._values))
+
+    def time_interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """95 % interval (low, high) of the limit's mean time per step (s), floored by the pooled time noise."""
+        return self._widened(profile.time_s, *self._pooled_rel_sd(lambda p: p.time_s))
+
+    def _best_upper(self, exclude: float) -> float:
+        best = math.inf
+        costs = self.costs()
+        for limit, p in self.profiles.items():
+            if limit != exclude and p.n >= 2 and costs.get(limit, math.inf) < INFEASIBLE_COST:
+                best = min(best, self.interval(p)[1])
+        return best
+
+    def _best_mean(self, exclude: float) -> float:
+        """The lowest mean cost of the feasible limits measured so far, ``exclude`` aside (inf: none)."""
+        costs = self.costs()
+        feasible = [c for x, c in costs.items() if x != exclude and self.profiles[x].n >= 2 and c < INFEASIBLE_COST]
+        return min(feasible, default=math.inf)
+
+    def _window_full(self, st: ProfilerState) -> bool:
+        """Whether the steps before this one already filled the window (later steps only wait)."""
+        s = self.settings
+        before_s = st.active_s - (self._last_dt or 0.0)
+        return st.steps - 1 >= s.profile_steps or (s.profile_s is not None and before_s >= s.profile_s)
+
+    def _window_decided(self, profile: LimitProfile, now_s: float) -> bool:
+        s = self.settings
+        st = self.state
+        steps_up = st.steps >= s.profile_steps or (s.profile_s is not None and st.active_s >= s.profile_s)
+        if steps_up:
+            self._wait_steps += 1
+            if self._full_since_s is None:
+                self._full_since_s = now_s
+            if profile.n >= 1:  # steps still awaiting energy join the profile when it arrives
+                return True
+            if self._wait_steps > s.max_wait_steps and now_s - self._full_since_s > s.max_wait_s:
+                if profile.n == 0:  # no power samples at all: give up rather than stay at a trial limit
+                    self.abandoned = True
+                    logger.warning(
+                        "zeus-callbacks: no power samples arrived for %.0f s at %.0f W; power-limit "
+                        "profiling is abandoned and the original limit is kept",
+                        now_s - self._full_since_s,
+                        profile.limit_W,
+                    )
+                return True
+        if profile.n < 2:
+            return False
+        # Decisions use the steps whose energy arrived; the window's last step, still awaiting its
+        # samples, counts towards min_profile_steps and joins the profile during the next limit's
+        # warm-up (waiting for it here would spend one step per window at a decided limit).
+        measured = self._measured_steps(profile.limit_W)
+        low, high = self.interval(profile)
+        mean = 0.5 * (low + high)
+        # Sequential rejection: once the card's noise is known from other windows, a limit whose
+        # interval already lies above the best's is done, even before min_profile_steps (not in a
+        # sweep, whose windows are Zeus's fixed ones).
+        known_noise = s.search != "sweep" and any(p.n >= 2 for p in self.profiles.values() if p is not profile)
+        if self._polishing and self._revisit_until_n is not None:
+            return measured >= self._revisit_until_n
+        if measured < max(s.min_profile_steps, 2):
+            return known_noise and self._clearly_out(profile, low)
+        if self._clearly_out(profile, low):
+            return True
+        if self._revisit_until_n is not None:  # a revisit measures a fixed number of further steps
+            return measured >= self._revisit_until_n
+        if not known_noise and s.search != "sweep" and self.objective.name != "max_slowdown":
+            # The first window: its own t-interval at n − 1 dof is wide (3.18 at n = 4) only because
+            # the card's noise is unknown; it is judged again with the pooled noise once other windows
+            # exist, and measured again if it ties with the best. (max_slowdown's time reference is kept.)
+            return True
+        if self._feasibility_unclear(profile):
+            return False
+        if high - mean > s.rel_ci * abs(mean):
+            # Not narrow yet: a limit that, at min_profile_steps, measures no cheaper than the best so
+            # far cannot displace it on this evidence; it is done (a tie with the best is measured again
+            # before the choice, see _contender), the rest measure on.
+            return s.search != "sweep" and mean >= self._best_mean(profile.limit_W)
+        return True
+
+    def _clearly_out(self, profile: LimitProfile, low: float) -> bool:
+        """Whether the limit cannot be the best: its interval lies above the best's, or (max_slowdown) too slow."""
+        if low > self._best_upper(profile.limit_W):
+            return True
+        return self._slowdown_interval(profile)[0] > self.objective.max_slowdown
+
+    def _slowdown_interval(self, profile: LimitProfile) -> tuple[float, float]:
+        """max_slowdown: an approximate 95 % interval of the limit's time over the maximum limit's, else (-inf, inf).
+
+        The two means' relative half-widths combine in quadrature (the delta method for a ratio).
+        """
+        ref = self.profiles.get(self.limits_W[-1])
+        if self.objective.name != "max_slowdown" or ref is None or ref is profile or ref.n < 2 or profile.n < 2:
+            return -math.inf, math.inf
+        t_low, t_high = self.time_interval(profile)
+        r_low, r_high = self.time_interval(ref)
+        t_mean, r_mean = 0.5 * (t_low + t_high), 0.5 * (r_low + r_high)
+        ratio = t_mean / r_mean
+        half = ratio * math.hypot((t_high - t_mean) / t_mean, (r_high - r_mean) / r_mean)
+        return ratio - half, ratio + half
+
+    def slowdown_upper(self, profile: LimitProfile) -> float | None:
+        """max_slowdown: a one-sided 95 % upper bound of the limit's slowdown (its time over the maximum limit's).
+
+        The slowdown of the means, ``T/R``, times ``1 + t(0.95, dof) × hypot(sT, sR)``, where ``sT`` and
+        ``sR`` are the relative standard errors of the two mean step times, each from the larger of the
+        window's own sd and the card's pooled time noise (as :meth:`time_interval`), and ``dof`` that of
+        the pooled estimate (the delta method for a ratio). A limit is chosen only where this bound is
+        within ``max_slowdown``: the mean alone put half the choices at the boundary over it (issue 31:
+        9 of 20 seeds on convex). 1 for the maximum itself; None while there is no noise estimate.
+        """
+        ref = self.profiles.get(self.limits_W[-1])
+        if ref is None or ref.n == 0 or profile.n == 0:
+            return None
+        if ref is profile:
+            return 1.0
+        rel_sd, dof = self._pooled_rel_sd(lambda p: p.time_s)
+        if dof < 1:
+            return None
+        rel_se = []
+        for p in (profile, ref):
+            mean = p.time_per_step_s
+            own = math.sqrt(sum((t - mean) ** 2 for t in p.time_s) / (p.n - 1)) / mean if p.n >= 2 else 0.0
+            rel_se.append(max(own, rel_sd) / math.sqrt(p.n))
+        ratio = profile.time_per_step_s / ref.time_per_step_s
+        return ratio * (1.0 + t_quantile_95(dof) * math.hypot(*rel_se))
+
+    def _feasibility_unclear(self, profile: LimitProfile) -> bool:
+        """max_slowdown: whether the limit's slowdown interval straddles the allowed factor and is still wide.
+
+        Wide: its half-width is over ``rel_ci`` / 2 of the ratio; the window then runs on, up to
+        twice ``min_profile_steps``. A limit whose mean slowdown is within the factor but whose
+        one-sided bound (:meth:`slowdown_upper`) is not runs on up to ``profile_steps``: more steps
+        narrow the margin the choice keeps from the boundary, and such limits cost about the optimum.
+        """
+        low, high = self._slowdown_interval(profile)
+        factor = self.objective.max_slowdown
+        if not low < factor < high:
+            return False
+        s = self.settings
+        wide = 0.5 * (high - low) > 0.25 * s.rel_ci * (low + high)
+        if wide and profile.n < 2 * max(s.min_profile_steps, 2):
+            return True
+        upper = self.slowdown_upper(profile)
+        return 0.5 * (low + high) < factor < (upper or math.inf) and profile.n < 4 * max(s.min_profile_steps, 2)
+
+    def costs(self) -> dict[float, float]:
+        """Cost of every measured limit (W → cost), per :attr:`objective`.
+
+        With ``max_slowdown`` a limit is within the allowed slowdown when its one-sided 95 % upper
+        bound is (:meth:`slowdown_upper`), not its mean; the maximum limit always is.
+        """
+        ref = self.profiles.get(self.limits_W[-1])
+        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        return {
+            limit: self.objective.cost(p.energy_per_step_J, self._judged_time_s(p, ref_t), ref_t)
+            for limit, p in self.profiles.items()
+            if p.n
+        }
+
+    def _judged_time_s(self, profile: LimitProfile, ref_t: float | None) -> float:
+        """The time per step feasibility is judged on: max_slowdown's upper bound × the reference, else the mean."""
+        if self.objective.name != "max_slowdown" or not ref_t:
+            return profile.time_per_step_s
+        upper = self.slowdown_upper(profile)
+        if upper is None:
+            return profile.time_per_step_s
+        return max(profile.time_per_step_s, upper * ref_t)
+
+    def _next_limit(self) -> bool:
+        if self.abandoned:
+            self.chosen_limit_W = None
+            self.state = ProfilerState(ProfilerPhase.DONE, None)
+            return True
+        if self.observe_only:
+            self.state = ProfilerState(ProfilerPhase.OBSERVE, self.state.limit_W)
+            return True
+        following = self._search()
+        if following is not None:
+            self._enter_limit(following)
+            return False
+        again = self._contender()
+        if again is not None:
+            self._enter_limit(again)
+            self._revisit_until_n = self._measured_steps(again) + max(self.settings.min_profile_steps, 2)
+            self.revisits += 1
+            return False
+        polish = self._polish()
+        if polish is not None:
+            self._enter_limit(polish[0])
+            self.polishes += 1
+            if polish[1]:  # a revisit of a fixed length; 0: a grid limit's first window, decided as any
+                self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
+                self._polishing = True
+            return False
+        costs = self.costs()
+        self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
+        self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
+        return True
+
+    def _measured_steps(self, limit_W: float) -> int:
+        """Profiled steps at ``limit_W``: those with energy and those still awaiting it."""
+        profile = self.profiles[limit_W]
+        return profile.n + sum(1 for pending in self._pending if pending.profile is profile)
+
+    def measured(self) -> dict[float, Measured]:
+        """Every measured limit's cost, its 95 % interval's half-width and its slowdown (max_slowdown: its bound)."""
+        costs = self.costs()
+        ref = self.profiles.get(self.limits_W[-1])
+        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        out = {}
+        for limit, cost in costs.items():
+            prof = self.profiles[limit]
+            low, high = self.interval(prof) if prof.n >= 2 else (cost, cost)
+            # the slowdown the search sees is the one judged: its upper bound with max_slowdown
+            slowdown = self._judged_time_s(prof, ref_t) / ref_t if ref_t else None
+            out[limit] = Measured(cost, 0.5 * (high - low), slowdown)
+        return out
+
+    def _contender(self) -> float | None:
+        """A measured limit to measure again before choosing, or None: the best and its runner-up are resolved.
+
+        The runner-up is the cheapest limit whose cost the best's cannot be told apart from
+        (:func:`~zeus_callbacks.optimizers.power_limit._search.tolerance`). While their combined
+        95 % half-widths exceed ``rel_ci`` of the best cost, picking either may be more than
+        ``rel_ci`` off, so the wider of the two (one with room under ``profile_steps``) gets
+        ``min_profile_steps`` more steps, up to ``max_revisits`` times in all. Not when every
+        measured limit ties with the best or lies within 2 ``rel_ci`` of it (a curve flat within
+        the noise: more steps cannot find a better limit), nor for ``sweep``, nor with
+        ``max_slowdown`` once each of the two is within ``rel_ci`` on its own.
+        """
+        s = self.settings
+        if s.search == "sweep" or self.revisits >= s.max_revisits:
+            return None
+        feasible = {x: m for x, m in self.measured().items() if m.cost < INFEASIBLE_COST}
+        if len(feasible) < 2:
+            return None
+        best_x = min(feasible, key=lambda x: (feasible[x].cost, -x))
+        best = feasible[best_x]
+        floor = s.unimodal_tolerance
+        tied = [x for x, m in feasible.items() if x != best_x and m.cost - best.cost <= tolerance(m, best, floor)]
+        spread = max(m.cost for m in feasible.values()) - best.cost
+        if not tied or len(tied) == len(feasible) - 1 or spread <= 2 * s.rel_ci * abs(best.cost):
+            return None
+        runner = min(tied, key=lambda x: (feasible[x].cost, -x))
+        if math.hypot(feasible[runner].half_width, best.half_width) <= s.rel_ci * abs(best.cost):
+            return None
+        each_resolved = max(feasible[runner].half_width, best.half_width) <= s.rel_ci * abs(best.cost)
+        if self.objective.name == "max_slowdown" and each_resolved:
+            # max_slowdown: the pair sits at the slowdown boundary, whose windows already ran on while
+            # they straddled it; each within rel_ci on its own, the boundary narrowing (not more energy
+            # steps) decides between them (measured: every family as good or better, flat_topped
+            # 0.396 → 0.348 of the sweep; for energy the same rule costs up to 1.4 pt of gap)
+            return None
+        extra = max(s.min_profile_steps, 2)
+        for x in sorted((runner, best_x), key=lambda x: -feasible[x].half_width):
+            if self.profiles[x].n + extra <= s.profile_steps:
+                return x
+        return None
+
+    def _price(self, limit_W: float) -> float:
+        """What a step at ``limit_W`` costs the job: its objective value (max_slowdown: its energy, J)."""
+        p = self.profiles[limit_W]
+        if self.objective.name == "max_slowdown":
+            return p.energy_per_step_J
+        return self.objective.step_value(p.energy_per_step_J, p.time_per_step_s)
+
+    def excess_steps(self, best_W: float) -> float:
+        """Step-equivalents of cost profiling spent above ``best_W``'s: Σ steps × max(price / best's − 1, 0)."""
+        best = self._price(best_W)
+        if not best > 0:
+            return math.inf
+        return sum(p.steps * max(self._price(x) / best - 1.0, 0.0) for x, p in self.profiles.items() if p.n)
+
+    def _polish(self) -> tuple[float, int] | None:
+        """(limit, steps) to measure again before choosing, where the remaining job repays it; None: choose now.
+
+        Only with ``job_steps`` known. Profiling has already cost the job ``excess_steps`` step-equivalents
+        over the best limit; a polish window runs while that, plus the window's own excess, stays under
+        ``polish_budget × job_steps``, and profiling's steps under ``polish_max_share × job_steps``. It
+        measures, in order:
+
+        0. A grid limit the search left out, the cheapest guess first (:meth:`_unmeasured_grid_limit`):
+           on a long job, sweeping more repays itself (a second valley between the probes).
+
+        1. max_slowdown: a limit below the best that may be within the allowed factor though its one-sided
+           bound is not, or the maximum limit (the time reference; see :meth:`_boundary_to_polish`): both
+           narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown unused.
+        2. The best and the cheapest limit it cannot be told from, the wider of the two, while their
+           combined 95 % half-widths exceed ``polish_ci`` of the best cost.
+
+        Each window doubles the limit's steps (at least ``min_profile_steps``, at most ``profile_steps``).
+        """
+        s = self.settings
+        if s.search == "sweep" or not s.job_steps or self.observe_only:
+            return None
+        measured = self.measured()
+        feasible = {x: m for x, m in measured.items() if m.cost < INFEASIBLE_COST and self.profiles[x].n >= 2}
+        if not feasible:
+            return None
+        best_x = min(feasible, key=lambda x: (feasible[x].cost, -x))
+        best = feasible[best_x]
+        best_price = self._price(best_x)
+        if not best_price > 0:
+            return None
+        spent, budget = self.excess_steps(best_x), s.polish_budget * s.job_steps
+        if self.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * s.job_steps:
+            return None  # near-free steps (ties at the optimum) are bounded in number too
+        grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
+        if grid_x is not None:
+            return grid_x, 0
+        target = None
+        if self.objective.name == "max_slowdown":
+            target = self._boundary_to_polish(best_x)
+        if target is None:
+            floor = s.unimodal_tolerance
+            tied = [x for x, m in feasible.items()
+                    if abs(x - best_x) > _TIE_APART_W and m.cost - best.cost <= tolerance(m, best, floor)]  # fmt: skip
+            if tied:
+                runner = min(tied, key=lambda x: (feasible[x].cost, -x))
+                if math.hypot(feasible[runner].half_width, best.half_width) > s.polish_ci * abs(best.cost):
+                    target = max((runner, best_x), key=lambda x: feasible[x].half_width)
+        if target is None:
+            return None
+        n = self._measured_steps(target)
+        extra = min(max(n, s.min_profile_steps, 2), max(s.profile_steps, 2))
+        excess = max(self._price(target) / best_price - 1.0, 0.0)
+        if spent + (extra + s.warmup_steps) * excess > budget:
+            return None
+        return target, extra
+
+    def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
+        """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
+
+        Its price is guessed by linear interpolation between the nearest measured limits on either side
+        (the nearest one at an end), its window as warm-up + ``min_profile_steps`` steps; the cheapest
+        guess first. With max_slowdown, none below a limit measured clearly too slow.
+        """
+        s = self.settings
+        known = sorted(x for x, p in self.profiles.items() if p.n >= 2)
+        if len(known) < 2:
+            return None
+        floor = -math.inf
+        if self.objective.name == "max_slowdown":
+            slow = [x for x in known if self._slowdown_interval(self.profiles[x])[0] > self.objective.max_slowdown]
+            floor = max(slow, default=-math.inf)
+        prices = [self._price(x) for x in known]
+        window = s.warmup_steps + max(s.min_profile_steps, 2)
+        guesses = []
+        for x in self.limits_W:
+            if x in self.profiles or x <= floor:
+                continue
+            guess = float(np.interp(x, known, prices))
+            guesses.append((max(guess / best_price - 1.0, 0.0), -x))
+        if not guesses:
+            return None
+        excess, neg_x = min(guesses)
+        return -neg_x if window * excess <= budget_left else None
+
+    def _boundary_to_polish(self, best_x: float) -> float | None:
+        """max_slowdown: the limit whose further steps narrow the slowdown bound that keeps a cheaper limit out.
+
+        The highest limit below the best whose energy is not clearly higher and whose slowdown is not clearly
+        over the factor (its two-sided interval reaches below it) though its bound is, while the bound's margin
+        over the mean is wider than ``polish_ci``; else the best itself where a cheaper limit below it is too
+        slow and its margin is that wide. That limit, or the maximum limit (the time reference) while it has
+        under a third of that limit's steps. None: no such limit.
+        """
+        ref = self.profiles[self.limits_W[-1]]
+        factor = self.objective.max_slowdown
+        best_low, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd(lambda p: p.energy_J))
+        candidates = []
+        for x, p in self.profiles.items():
+            if x >= best_x or p.n < 2 or p.energy_per_step_J >= best_high:  # clearly dearer: no gain
+                continue
+            ratio = p.time_per_step_s / ref.time_per_step_s
+            upper = self.slowdown_upper(p)
+            # not clearly too slow (its two-sided interval reaches below the factor), not yet judged within it
+            low = self._slowdown_interval(p)[0]
+            if low <= factor < (upper or math.inf) and (upper or math.inf) / ratio - 1 > self.settings.polish_ci:
+                candidates.append(x)
+        if candidates:
+            x = max(candidates)
+        else:
+            # the best on the boundary (a cheaper limit below it is too slow): its own margin
+            best = self.profiles[best_x]
+            ratio = best.time_per_step_s / ref.time_per_step_s
+            upper = self.slowdown_upper(best)
+            below = [x for x in self.profiles if x < best_x and self.profiles[x].n >= 2]
+            cheaper_below = any(self.profiles[x].energy_per_step_J < best.energy_per_step_J for x in below)
+            if best_x == self.limits_W[-1] or not cheaper_below or upper is None:
+                return None
+            if upper / ratio - 1 <= self.settings.polish_ci:
+                return None
+            x = best_x
+        # the reference costs the most energy a step: it gets a third of the boundary limit's steps
+        return self.limits_W[-1] if _REF_SHARE * ref.n < self.profiles[x].n else x
+
+    def _search(self) -> float | None:
+        was_sweeping = self._plan.fallback_sweep
+        following = self._plan.next_limit(self.measured())
+        self.fallback_sweep = self._plan.fallback_sweep
+        if self.fallback_sweep and not was_sweeping:
+            logger.info("zeus-callbacks: the measured cost curve is not unimodal; sweeping every limit")
+        return following

@@ -1,0 +1,369 @@
+"""Which power limit to measure next: candidates from the device's range and a search robust to curve shape.
+
+Pure functions of what was measured: the profiler's state machine
+(:class:`~zeus_callbacks.optimizers.power_limit._limit_profiler.PowerLimitProfiler`) asks
+:meth:`SearchPlan.next_limit` after every decided window and measures what it returns
+(None: choose now). A limit's window and its interval are in
+:mod:`~zeus_callbacks.optimizers.power_limit._limit_profile`.
+
+Search (``unimodal``), on the grid of :func:`power_limit_grid_W` (both ends of the device's
+range always on it, evenly spaced at most ``step_W`` apart):
+
+1. **Ends first**: the maximum limit (the time reference of ``max_slowdown``), then the
+   minimum (a plateau over the upper limits hides an optimum near the minimum).
+2. **Golden-section search over the grid** with noise-aware comparisons: two probes whose
+   costs differ by less than their combined 95 % intervals (:func:`tolerance`) are *flat*;
+   then the bracket keeps the side whose measured end is clearly below the flat level, or
+   the stretch between the probes when neither is.
+3. **Shape checks**: every grid point of the closed bracket is measured; if the measured
+   costs are not unimodal within the noise, every grid limit is measured (a sweep; with
+   ``max_slowdown`` the limits slower than allowed are left out of this check, their order is
+   that of their noisy slowdowns, and the sweep skips the limits below one too slow); the
+   unmeasured grid neighbours of any limit within the noise of the best are measured (flat
+   stretches can hide a dip); where every measured limit is level, the grid limit next to the
+   minimum is (a valley between the minimum and a plateau level with it).
+4. **Refinement off the grid**: steps between the best limit's measured neighbours where a
+   local model promises more than ``refine_gain`` (a parabola, or a V-shaped bound), until they
+   are less than ``refine_W`` apart or ``refine_probes`` limits were added, so the choice is near
+   the optimum of the curve, not of the grid. With ``max_slowdown`` a feasibility boundary is
+   narrowed to 1 W while the best leaves slowdown unused (that unused fraction is the promised
+   gain), also from the lowest point of a plateau that ends at an infeasible limit.
+
+The intervals the comparisons use are floored by the card's pooled noise and ties with the best
+are measured again before the choice (both in the profiler, which owns the windows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+_GOLDEN = (3.0 - math.sqrt(5.0)) / 2.0  # 0.382: the golden-section fraction
+
+
+def power_limit_grid_W(min_W: float, max_W: float, step_W: float = 25.0) -> list[float]:
+    """Limits to profile: both ends of the device's range and evenly spaced limits between, at most ``step_W`` apart.
+
+    The range is cut into ``ceil((max_W - min_W) / step_W)`` equal parts (limits rounded to
+    1 mW), so that neither end is skipped whatever the range and ``step_W``; where ``step_W``
+    divides the range this is the Zeus grid, from the maximum down in ``step_W`` steps.
+
+    Args:
+        min_W: Lowest limit the device accepts (W).
+        max_W: Highest limit the device accepts (W).
+        step_W: Largest spacing of the limits (W), > 0.
+
+    Returns:
+        The limits, highest first, shape (n,), W; ``[max_W]`` when the range is one point
+        (under 1 mW wide).
+
+    Raises:
+        ValueError: ``step_W`` ≤ 0, a bound is not finite, or ``min_W`` > ``max_W``.
+
+    Example:
+        >>> power_limit_grid_W(100, 260, 25)
+        [260.0, 237.143, 214.286, 191.429, 168.571, 145.714, 122.857, 100.0]
+    """
+    if not (step_W > 0 and math.isfinite(min_W) and math.isfinite(max_W)) or min_W > max_W:
+        raise ValueError(f"bad grid: [{min_W}, {max_W}] W by {step_W} W")
+    parts = math.ceil((max_W - min_W) / step_W - 1e-9)
+    if parts <= 0 or max_W - min_W < 1e-3:  # one point, to the device's 1 mW resolution
+        return [float(max_W)]
+    spacing = (max_W - min_W) / parts
+    inner = [round(max_W - k * spacing, 3) for k in range(1, parts)]
+    return [float(max_W), *inner, float(min_W)]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The cost of one measured limit: its mean and the half-width of its 95 % interval (same unit)."""
+
+    cost: float
+    half_width: float = 0.0
+    slowdown: float | None = None  # time per step over the maximum limit's (max_slowdown only)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How the search proceeds (see the module docstring).
+
+    Attributes:
+        kind: ``unimodal`` (the search above) or ``sweep`` (every grid limit, highest first).
+        noise_floor: Smallest relative cost difference taken as real (the intervals' widths
+            count above it).
+        refine_W: Refinement stops once the best limit's neighbours are this close (W).
+        refine_probes: At most this many limits off the grid.
+    """
+
+    kind: Literal["unimodal", "sweep"] = "unimodal"
+    noise_floor: float = 0.002
+    refine_W: float = 5.0
+    refine_probes: int = 4
+    refine_gain: float = 0.005
+    max_slowdown: float | None = None
+
+
+def tolerance(a: Measured, b: Measured, noise_floor: float) -> float:
+    """The cost difference below which ``a`` and ``b`` cannot be told apart: their intervals combined."""
+    scale = noise_floor * min(abs(a.cost), abs(b.cost))
+    return max(math.hypot(a.half_width, b.half_width), scale)
+
+
+def is_unimodal(costs: Sequence[float], tolerance: float | Sequence[float] = 0.01) -> bool:
+    """Whether ``costs`` (ordered by limit) falls to one minimum and rises after it.
+
+    A dip smaller than ``tolerance`` × the minimum cost is noise, not a second valley; a
+    sequence of tolerances gives each point its own absolute tolerance instead.
+    """
+    if len(costs) < 3:
+        return True
+    k = min(range(len(costs)), key=costs.__getitem__)
+    if isinstance(tolerance, (int, float)):
+        tols = [tolerance * abs(costs[k])] * len(costs)
+    else:
+        tols = list(tolerance)
+    for side, side_tols in ((costs[k::-1], tols[k::-1]), (costs[k:], tols[k:])):
+        running, running_tol = side[0], side_tols[0]
+        for value, tol in zip(side[1:], side_tols[1:], strict=True):
+            if value < running - math.hypot(tol, running_tol):  # the two points' intervals combined
+                return False
+            if value > running:
+                running, running_tol = value, tol
+    return True
+
+
+class SearchPlan:
+    """The search's memory between calls: whether it fell back to a sweep, how many off-grid probes it made."""
+
+    def __init__(self, grid_W: Sequence[float], settings: SearchSettings | None = None) -> None:
+        self.grid_W = sorted({float(x) for x in grid_W})  # ascending
+        self.settings = settings or SearchSettings()
+        self.fallback_sweep = False
+        self.refine_probes = 0
+
+    def next_limit(self, measured: Mapping[float, Measured]) -> float | None:
+        """The next limit to measure, or None when the choice can be made from ``measured``."""
+        grid = self.grid_W
+        s = self.settings
+        unmeasured_desc = [x for x in reversed(grid) if x not in measured]
+        if s.kind == "sweep":
+            return unmeasured_desc[0] if unmeasured_desc else None
+        # max_slowdown: a lower limit is slower still, so none below a limit measured too slow is worth a sweep
+        too_slow = [x for x in measured if measured[x].cost > _INFEASIBLE_AT * max(_lowest_cost(measured), 1e-30)]
+        sweep_desc = [x for x in unmeasured_desc if not too_slow or x > max(too_slow)]
+        if self.fallback_sweep and sweep_desc:
+            return sweep_desc[0]
+        for end in (grid[-1], grid[0]):
+            if end not in measured:
+                return end
+        nxt = self._golden(measured)
+        if nxt is not None:
+            return nxt
+        points = sorted(measured)
+        # max_slowdown: the limits slower than allowed are one infeasible stretch, ordered by their
+        # noisy slowdown; their order says nothing of a second valley, so the shape check leaves them out
+        lowest = _lowest_cost(measured)
+        feasible = [x for x in points if abs(measured[x].cost) <= _INFEASIBLE_AT * max(lowest, 1e-30)]
+        costs = [measured[x].cost for x in feasible]
+        tols = [max(measured[x].half_width, s.noise_floor * abs(measured[x].cost)) for x in feasible]
+        if sweep_desc and not is_unimodal(costs, tols):
+            self.fallback_sweep = True
+            return sweep_desc[0]
+        best_x = min(points, key=lambda x: (measured[x].cost, -x))
+        best = measured[best_x]
+        index = {x: i for i, x in enumerate(grid)}
+        all_flat = all(measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor) for x in points)
+        if all_flat and len(grid) > 2 and grid[1] not in measured:
+            return grid[1]  # a valley between the minimum and a plateau level with it shows only next to the minimum
+        for x in [] if all_flat else sorted(points, reverse=True):  # flat stretches next to the best can hide a dip
+            if x in index and measured[x].cost <= best.cost + tolerance(measured[x], best, s.noise_floor):
+                for j in (index[x] + 1, index[x] - 1):
+                    if 0 <= j < len(grid) and grid[j] not in measured:
+                        return grid[j]
+        return self._refine(measured, best_x)
+
+    def _golden(self, measured: Mapping[float, Measured]) -> float | None:
+        grid = self.grid_W
+        floor = self.settings.noise_floor
+        lo, hi = 0, len(grid) - 1
+        while hi - lo > 2:
+            d = max(1, round(_GOLDEN * (hi - lo)))
+            m1, m2 = lo + d, hi - d
+            if m1 >= m2:
+                m2 = m1 + 1
+            for m in (m1, m2):
+                if grid[m] not in measured:
+                    return grid[m]
+            a, b = measured[grid[m1]], measured[grid[m2]]
+            if a.cost < b.cost - tolerance(a, b, floor):
+                hi = m2
+            elif b.cost < a.cost - tolerance(a, b, floor):
+                lo = m1
+            else:
+                lo, hi = self._flat_bracket(measured, lo, hi, m1, m2)
+        for m in range(lo, hi + 1):
+            if grid[m] not in measured:
+                return grid[m]
+        return None
+
+    def _flat_bracket(self, measured: Mapping[float, Measured], lo: int, hi: int, m1: int, m2: int) -> tuple[int, int]:
+        """The new bracket when the probes ``m1`` < ``m2`` cannot be told apart (a flat stretch).
+
+        A bracket end clearly below the flat level holds the valley; an end level with the
+        probes means a plateau reaching that end, so the valley is on the other side; ends
+        above the level put it between the probes (or everything is flat).
+        """
+        grid, floor = self.grid_W, self.settings.noise_floor
+        a, b = measured[grid[m1]], measured[grid[m2]]
+        level = a if a.cost <= b.cost else b
+        left, right = measured[grid[lo]], measured[grid[hi]]
+        left_low = left.cost < level.cost - tolerance(left, level, floor)
+        right_low = right.cost < level.cost - tolerance(right, level, floor)
+        left_flat = not left_low and left.cost <= level.cost + tolerance(left, level, floor)
+        right_flat = not right_low and right.cost <= level.cost + tolerance(right, level, floor)
+        if left_low and (not right_low or left.cost <= right.cost):
+            return lo, m1
+        if right_low:
+            return m2, hi
+        if right_flat and not left_flat:
+            return lo, m1
+        if left_flat and not right_flat:
+            return m2, hi
+        return m1, m2
+
+    def _refine(self, measured: Mapping[float, Measured], best_x: float) -> float | None:
+        """A limit off the grid near the best, where a local model of the cost promises a gain; None: none does."""
+        s = self.settings
+        if self.refine_probes >= s.refine_probes:
+            return None
+        points = sorted(measured)
+        anchors = [best_x]
+        # max_slowdown: a plateau level with the best that ends at an infeasible limit hides the
+        # boundary below its lowest point (the best, by its tie-break, sits at the plateau's top)
+        top = measured[best_x]
+        for k in range(1, len(points)):
+            x, below = points[k], measured[points[k - 1]]
+            if below.cost > _INFEASIBLE_AT * max(abs(top.cost), 1e-30) >= measured[x].cost:
+                if x != best_x and measured[x].cost <= top.cost + tolerance(measured[x], top, s.noise_floor):
+                    anchors.append(x)
+        candidates = []  # (predicted gain, limit)
+        for anchor in anchors:
+            candidates += self._refine_around(measured, points, points.index(anchor))
+        if not candidates:
+            return None
+        _, x = max(candidates)
+        x = round(x, 3)
+        if x in measured:
+            return None
+        self.refine_probes += 1
+        return x
+
+    def _refine_around(
+        self, measured: Mapping[float, Measured], points: Sequence[float], i: int
+    ) -> list[tuple[float, float]]:
+        """(predicted gain, limit) of the steps from ``points[i]`` towards its measured neighbours that promise one."""
+        s = self.settings
+        best_x = points[i]
+        best = measured[best_x].cost
+        candidates = []
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(points):
+                continue
+            other = points[j]
+            boundary = measured[other].cost > _INFEASIBLE_AT * max(abs(best), 1e-30)
+            # a feasibility boundary is narrowed to 1 W: the energy can fall ~1 % per W just above it
+            if abs(other - best_x) <= (_BOUNDARY_W if boundary else s.refine_W):
+                continue
+            far = 2 * i - j  # the best's neighbour on the other side, if any
+            outer = points[far] if 0 <= far < len(points) else None
+            if boundary:
+                # max_slowdown: the limit is on a feasibility boundary; the energy slope on the
+                # feasible side bounds what halving the gap can gain
+                if outer is None:
+                    continue
+                slope = (measured[outer].cost - best) / abs(outer - best_x)
+                gain, x = max(slope, 0.0) * abs(other - best_x) / 2, 0.5 * (best_x + other)
+                # the slope above a kink (a plateau's edge) understates the fall: the slowdown the
+                # best leaves unused bounds it from below (energy falls at least as fast as time
+                # rises where the limit binds)
+                sd = measured[best_x].slowdown
+                if s.max_slowdown is not None and sd is not None and sd > 0:
+                    gain = max(gain, (s.max_slowdown / sd - 1.0) * abs(best))
+                x = _secant_boundary(best_x, other, measured, s.max_slowdown) or x
+            else:
+                x, gain = _parabola_step(points, measured, i, j)
+                # a kinked curve (a trace's straight pieces, a plateau's edge) beats any parabola:
+                # a quarter of the smaller rise next to the best bounds what a V-shaped valley hides;
+                # not beside a feasibility boundary (max_slowdown), whose rise says nothing of the valley
+                rises = [measured[points[k]].cost - best for k in (i - 1, i + 1) if 0 <= k < len(points)]
+                if max(rises) <= _INFEASIBLE_AT * max(abs(best), 1e-30):
+                    gain = max(gain, 0.25 * min(rises))
+            if gain > s.refine_gain * abs(best):
+                candidates.append((gain, x))
+        return candidates
+
+
+_BOUNDARY_W = 1.0  # max_slowdown: the bracket of the feasibility boundary is narrowed down to this (W)
+_INFEASIBLE_AT = 1e6  # a cost this many times the best's marks an infeasible limit (max_slowdown's 1e12 scale)
+
+
+def _lowest_cost(measured: Mapping[float, Measured]) -> float:
+    return min((abs(m.cost) for m in measured.values()), default=0.0)
+
+
+def _secant_boundary(
+    feasible_x: float, infeasible_x: float, measured: Mapping[float, Measured], max_slowdown: float | None
+) -> float | None:
+    """Where the slowdown, linear between two measured limits, reaches ``max_slowdown`` (None: unknown).
+
+    Kept a fifth of the gap away from both limits, so that one probe narrows the bracket
+    even where the time curve bends.
+    """
+    a, b = measured[feasible_x].slowdown, measured[infeasible_x].slowdown
+    if max_slowdown is None or a is None or b is None or not a < max_slowdown < b:
+        return None
+    x = feasible_x + (max_slowdown - a) / (b - a) * (infeasible_x - feasible_x)
+    lo, hi = sorted((feasible_x, infeasible_x))
+    margin = 0.2 * (hi - lo)
+    return min(max(x, lo + margin), hi - margin)
+
+
+def _parabola_step(points: Sequence[float], measured: Mapping[float, Measured], i: int, j: int) -> tuple[float, float]:
+    """(limit, predicted gain) of a step from the best ``points[i]`` towards its neighbour ``points[j]``.
+
+    A parabola through the best and the nearest measured limit on each side (or the two
+    nearest on one side, at an end of the measured range) gives the predicted minimum; the
+    step goes to the vertex when it falls between the best and that neighbour, else to the
+    golden-section point of that gap.
+    """
+    b, o = points[i], points[j]
+    k = 2 * i - j if 0 <= 2 * i - j < len(points) else (j + (j - i) if 0 <= j + (j - i) < len(points) else None)
+    golden_x = b + _GOLDEN * (o - b)
+    cb, co = measured[b].cost, measured[o].cost
+    if k is None:
+        return golden_x, 0.0
+    xs = (b, o, points[k])
+    cs = (cb, co, measured[points[k]].cost)
+    if max(cs) > _INFEASIBLE_AT * max(abs(min(cs)), 1e-30):
+        return golden_x, 0.0  # an infeasible limit (max_slowdown) in the fit: no parabola
+    x1, x2, x3 = xs
+    y1, y2, y3 = cs
+    denom = (x1 - x2) * (x1 - x3) * (x2 - x3)
+    a = (x3 * (y2 - y1) + x2 * (y1 - y3) + x1 * (y3 - y2)) / denom
+    if a <= 0:  # not convex here: no vertex to trust; a golden step, gain bounded by the gap's rise
+        return golden_x, 0.0
+    bb = (x3 * x3 * (y1 - y2) + x2 * x2 * (y3 - y1) + x1 * x1 * (y2 - y3)) / denom
+    vertex = -bb / (2 * a)
+    lo_x, hi_x = min(b, o), max(b, o)
+    if not lo_x < vertex < hi_x:
+        return golden_x, 0.0
+    c = y1 - a * x1 * x1 - bb * x1
+    predicted = a * vertex * vertex + bb * vertex + c
+    # keep the probe off the two ends of the gap: a probe next to a measured limit teaches little
+    margin = 0.15 * (hi_x - lo_x)
+    return min(max(vertex, lo_x + margin), hi_x - margin), cb - predicted
+
+
+__all__ = ["Measured", "SearchPlan", "SearchSettings", "is_unimodal", "power_limit_grid_W", "tolerance"]

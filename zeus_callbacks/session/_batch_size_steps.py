@@ -1,0 +1,251 @@
+"""The batch-size glue of the session: the bandit's start, its suggestion, early stopping and the trial.
+
+:class:`BatchSizeSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
+that talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
+recurrence's trial (under several processes, sharing the main rank's early-stop rule),
+suggests the batch size, hands the :class:`~zeus_callbacks.session._scheduler.StepScheduler`
+its per-step stop decision, decides early stopping (with the other ranks, when there are
+several) and records the trial at the end. Only the main process talks to the store. It is an
+object the session owns: the run and the rank exchanges come in at :meth:`BatchSizeSteps.start`,
+the run's energy and time so far through the functions it is built with.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from zeus_callbacks.backends import BackendError
+from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, SuggestedBatchSize
+from zeus_callbacks.reporting import RunSummary
+from zeus_callbacks.session import _agreement as agreement
+from zeus_callbacks.session import _log_records as records
+from zeus_callbacks.session._aggregate import RankAggregator
+from zeus_callbacks.session._run import StartedRun
+from zeus_callbacks.session._scheduler import CONTINUE, Decision
+from zeus_callbacks.store._run_store import RunStore
+
+logger = logging.getLogger(__name__)
+
+
+class BatchSizeSteps:
+    """The session's batch-size part: the bandit's controller and the stop decision.
+
+    Args:
+        config: The session's configuration.
+        is_main_process: Only the main process talks to the store.
+        run_store: The run's store (the bandit's trials).
+        on_step_decision: Called with the per-step stop decision whenever it changes (None:
+            nothing can stop the run); the session hands it to the step scheduler.
+        so_far: The run's (energy in J, time in s) so far, on this process.
+        steps_this_run: Steps since train start.
+
+    Attributes:
+        batch_size_controller: The controller of the recurrence's trial (None:
+            ``batch_size.enabled`` is false, or not the main process).
+    """
+
+    def __init__(
+        self,
+        config: ZeusConfig,
+        *,
+        is_main_process: bool,
+        run_store: RunStore,
+        on_step_decision: Callable[[Callable[[], Decision] | None], None],
+        so_far: Callable[[], tuple[float, float]],
+        steps_this_run: Callable[[], int],
+    ) -> None:
+        self._config = config
+        self._on_step_decision = on_step_decision
+        self._so_far = so_far
+        self._steps_this_run = steps_this_run
+        self._run: StartedRun | None = None  # the started run (its log)
+        self._running = False  # between start and the trial's record at the end
+        self._ranks: RankAggregator
+        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
+        self.batch_size_controller = (
+            BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
+        )
+        self._stop_reason: str | None = None
+        self._target_pending: str | None = None  # a target reached at an evaluation not every rank ran
+        self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
+        self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
+        self._refresh_step_decision()
+
+    @property
+    def stop_rule(self) -> EarlyStopRule | None:
+        """The early-stop rule in force (the main rank's, on every rank under several processes)."""
+        return self._stops.rule
+
+    def record_power_limit(self, limit_W: float) -> None:
+        """The power-limit profiler chose ``limit_W`` (W): the trial records the limit it trained at."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.record_power_limit(limit_W)
+
+    def evaluated(self, metrics: dict[str, float], *, every_rank: bool = True) -> Decision:
+        """After an evaluation of a started run: the batch-size target is checked (with the ranks, if several).
+
+        ``every_rank``: every rank ran this evaluation and calls this (the stop exchange is a collective).
+        Otherwise no rank is waited on: a target reached here goes with the next exchange every rank makes.
+        """
+        target_reason = None
+        if self.batch_size_controller is not None:
+            # Observed after a stop too: the evaluation that follows a cost stop may reach the
+            # target, and the trial then counts as converged (its batch size stays a candidate).
+            target_reason = self.batch_size_controller.observe(metrics)
+            if self._stop_reason is not None:
+                target_reason = None  # already stopping: the first reason stands
+        if self._stops.active and not every_rank:  # the other ranks may not be here: no exchange
+            self._target_pending = self._target_pending or target_reason
+            return self._decision()
+        if self._stops.active:  # several processes: every rank exchanges here
+            self._agree_stop(target_reason or self._target_pending)
+            return self._decision()
+        self._stop_reason = self._stop_reason or target_reason
+        self._refresh_step_decision()
+        return self.decide()
+
+    def record_trial(self, summary: RunSummary) -> None:
+        """At the end: record the recurrence's trial in the store (and the log), unless its energy is unknown."""
+        self._running = False
+        if self.batch_size_controller is not None and not math.isfinite(summary.energy_J):
+            logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
+        elif self.batch_size_controller is not None:
+            try:
+                t = self.batch_size_controller.finish(
+                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded
+                )
+                if t is not None and self._run is not None:
+                    self._run.log.write(records.trial_record(t))
+            except Exception as exc:  # the run is over: a store fault must not hide its summary
+                logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
+
+    def start(self, run: StartedRun, ranks: RankAggregator, power_limit_W: float | None) -> BaseException | None:
+        """Start the bandit's side of the run; under several processes, share its stop rule.
+
+        Every rank takes part in the same two collectives (when distributed): the sum of
+        the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
+        rule, or the error that kept it from starting, so that no rank waits alone.
+
+        Args:
+            run: The started run.
+            ranks: The run's rank exchanges.
+            power_limit_W: The limit in force (W; None where unreadable).
+
+        Returns:
+            The error that kept the bandit from starting (e.g. a corrupt store): the session
+            ends the run cleanly, then raises it. None when it started.
+        """
+        self._run, self._ranks = run, ranks
+        self._running = True
+        try:
+            max_power_W = sum(run.backend.power_limit_constraints_W(i)[1] for i in run.gpu_indices)
+        except BackendError:  # no limit range: the limit in force stands in for the maximum
+            max_power_W = (power_limit_W or 1.0) * len(run.gpu_indices)
+        agreed = self._ranks.collective
+        self._stops = agreement.StopAgreement()
+        if agreed:
+            max_power_W = agreement.agree_max_power_W(ranks.ranks, max_power_W)  # MaxPower of all GPUs
+        c = self.batch_size_controller
+        failure: BaseException | None = None
+        if c is not None:
+            try:
+                c.start(max_power_W, power_limit_W)
+            except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
+                failure = exc
+        rule = c.rule if c is not None and failure is None else None
+        self._stops.rule = rule
+        if agreed:
+            try:
+                rule = agreement.share_stop_rule(ranks.ranks, rule, failure)
+            except BaseException as exc:
+                failure = exc
+            bs_cfg = self._config.batch_size
+            self._stops.start(rule, target_set=bs_cfg.target is not None, stop_at_target=bs_cfg.stop_at_target)
+        self._refresh_step_decision()
+        if failure is None and c is not None:
+            run.log.write(records.batch_size_record(c))
+        return failure
+
+    def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
+
+        Made once per session (the recurrence's trial is recorded in the store); later
+        calls return the same value. ``suggested``: what
+        :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size` returned for this
+        run, whose trial is claimed instead.
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false. A process other
+            than the main one never touches the store: it returns the main process's
+            suggestion that ``suggested`` received under a launcher, or None if there was none.
+
+        Raises:
+            StoreError: The store cannot be opened (corrupt, newer schema).
+        """
+        if self.batch_size_controller is not None:
+            return self.batch_size_controller.suggest(suggested)
+        made = (
+            None if suggested is None or not self._config.batch_size.enabled else suggested.claim(self._config.job_id)
+        )
+        if made is not None and self._followed_batch_size is None:
+            self._followed_batch_size = None if made.suggestion is None else made.suggestion.batch_size
+        return self._followed_batch_size
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.use_batch_size(batch_size)
+
+    def _refresh_step_decision(self) -> None:
+        """Set the per-step stop decision hook from the stop state (None: nothing can stop the run)."""
+        if self._stops.active:
+            self._on_step_decision(self._agreed_step_decision)
+        elif self.batch_size_controller is None and self._stop_reason is None:
+            self._on_step_decision(None)
+        else:
+            self._on_step_decision(self.decide)
+
+    def _agreed_step_decision(self) -> Decision:
+        if self._stops.cost and self._steps_this_run() % self._config.batch_size.stop_agreement_steps == 0:
+            self._agree_stop(self._target_pending)
+        return self._decision()
+
+    def decide(self) -> Decision:
+        """The stop decision now (early stopping: cost > beta_knob x best cost, checked while the run goes on)."""
+        controller = self.batch_size_controller
+        running = self._running
+        if self._stop_reason is None and controller is not None and controller.threshold is not None and running:
+            self._stop_reason = controller.check(*self._so_far())
+        return self._decision()
+
+    def _decision(self) -> Decision:
+        if self._stop_reason is not None:
+            return Decision(stop_training=True, reason=self._stop_reason)
+        return CONTINUE
+
+    def _agree_stop(self, target_reason: str | None) -> None:
+        """Several processes: decide early stopping together (:func:`~._agreement.exchange_stop`).
+
+        Args:
+            target_reason: The main rank's reason to stop at the target (None elsewhere).
+        """
+        self._target_pending = None  # a target seen at an evaluation of this rank alone goes with this exchange
+        c = self.batch_size_controller
+        energy_J, time_s = self._so_far()
+        verdict = agreement.exchange_stop(
+            self._ranks.ranks,
+            self._stops,
+            energy_J=energy_J,
+            time_s=time_s,
+            target_reason=target_reason,
+            converged=c is not None and c.converged,
+            stop_at_target=self._config.batch_size.stop_at_target,
+        )
+        if verdict.reason is not None:
+            self._stop_reason = verdict.reason
+            if verdict.on_cost and c is not None and self._stop_reason is not None:
+                c.stop_agreed(self._stop_reason)
+        self._refresh_step_decision()

@@ -1,0 +1,164 @@
+"""The epoch ledger: every stretch of an epoch's timeline in exactly one entry.
+
+An epoch's energy and time split into warm-up steps, steps, evaluations and ``other``
+(what no window holds: the stretch after the last step, the wait before an evaluation and its
+loader's start; a checkpoint save or a log between two steps is in the next step's window,
+which runs from the previous step's end). The windows of the first three are disjoint stretches inside the
+epoch window, attributed from the same running integral of the power samples, so
+``other = epoch − warm-up − steps − evaluations`` is the energy of what they leave, not a
+guess, and the four parts sum to the epoch by construction.
+
+A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly
+covered by samples when the epoch ended) enters ``steps`` at the epoch's mean measured
+step: an estimate, counted in ``steps_estimated`` and said in words in ``steps_basis``
+("estimated from N of M steps"). An estimate can exceed what the epoch holds. When it leaves less than
+nothing for ``other``, ``other`` is unknown (null, with the reason), never negative. The
+split with no estimate in it always closes: warm-up + the step windows + evaluations +
+``unwindowed`` (the unmeasured steps and other together, which no mark separates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeus_callbacks.measurement._windows import WindowBatch
+from zeus_callbacks.session._rank_records import LedgerColumns
+
+ROUNDING = 1e-9
+"""A part below zero by less than this share of the epoch is rounding: it is 0 (sums of the same integral)."""
+
+
+@dataclass
+class EpochLedger:
+    """What one epoch's windows hold on this rank, as they are attributed.
+
+    Attributes:
+        warmup_J: Energy of the warm-up step windows (J).
+        warmup_s: Their time (s).
+        warmup_windows: Their count.
+        steps_J: Energy of the other step windows wholly covered by samples (J).
+        steps_s: Their time (s).
+        step_windows: Their count.
+        evals: ``(start_s, energy_J, time_s)`` of each evaluation window; only those that begin
+            inside the epoch count (a Trainer may evaluate after the epoch's end).
+    """
+
+    warmup_J: float = 0.0
+    warmup_s: float = 0.0
+    warmup_windows: int = 0
+    steps_J: float = 0.0
+    steps_s: float = 0.0
+    step_windows: int = 0
+    evals: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def add_steps(self, steps: WindowBatch, *, warmup: bool) -> None:
+        """Add attributed step windows (every one wholly covered by samples)."""
+        energy_J, time_s, count = float(steps.energy_J.sum()), float(steps.time_s.sum()), steps.size
+        if warmup:
+            self.warmup_J += energy_J
+            self.warmup_s += time_s
+            self.warmup_windows += count
+        else:
+            self.steps_J += energy_J
+            self.steps_s += time_s
+            self.step_windows += count
+
+    def add_eval(self, start_s: float, energy_J: float, time_s: float) -> None:
+        """Add one evaluation window that starts at ``start_s`` (s on the backend clock)."""
+        self.evals.append((start_s, energy_J, time_s))
+
+    def row(self, epoch_start_s: float) -> LedgerColumns:
+        """This rank's ledger for the epoch that began at ``epoch_start_s`` (s), sent with the epoch's figures."""
+        inside = [(e, t) for s, e, t in self.evals if s >= epoch_start_s]
+        return LedgerColumns(
+            warmup_J=self.warmup_J, warmup_s=self.warmup_s, warmup_windows=float(self.warmup_windows),
+            steps_J=self.steps_J, steps_s=self.steps_s, step_windows=float(self.step_windows),
+            eval_J=math.fsum(e for e, _ in inside), eval_s=math.fsum(t for _, t in inside), evals=float(len(inside)),
+        )  # fmt: skip
+
+
+def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_taken: int) -> dict[str, Any]:
+    """The ledger of one epoch: warm-up, steps, evaluations and ``other``, in J and s.
+
+    Args:
+        epoch_J: The epoch's energy (J; NaN when no sample covers it).
+        epoch_s: The epoch's time (s).
+        row: The ledger (:meth:`EpochLedger.row`), combined over the ranks (energy summed, time and
+            counts the slowest rank's: :meth:`~zeus_callbacks.session._rank_records.RankRecord.reduce`).
+        steps_taken: Steps taken in the epoch (warm-up steps included).
+
+    Returns:
+        ``{"warmup_J", "steps_J", "eval_J", "other_J", "warmup_s", "steps_s", "eval_s", "other_s",
+        "steps_estimated", "steps_measured", "steps_basis", "other_reason", "steps_windowed_J",
+        "steps_windowed_s", "unwindowed_J", "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the
+        epoch (J and s alike)
+        wherever ``other`` is not None; ``other_reason`` says why it is None. Always, with no
+        estimate in it: ``warmup + steps_windowed + eval + unwindowed`` equals the epoch, where
+        ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
+        when the epoch's energy is unknown).
+    """
+    warmup_J, warmup_s, warmup_n = row.warmup_J, row.warmup_s, row.warmup_windows
+    steps_J, steps_s, steps_n = row.steps_J, row.steps_s, row.step_windows
+    eval_J, eval_s = row.eval_J, row.eval_s
+    windowed_J, windowed_s = steps_J, steps_s
+    estimated = max(0, steps_taken - int(warmup_n) - int(steps_n))
+    reason = None
+    if estimated and steps_n:  # steps with no usable window: the epoch's mean measured step
+        steps_J += estimated * steps_J / steps_n
+        steps_s += estimated * steps_s / steps_n
+    elif estimated:
+        steps_J = steps_s = math.nan
+        reason = f"none of the epoch's {estimated} steps after warm-up has a measured window"
+    other_J = _rest(epoch_J, warmup_J, steps_J, eval_J)
+    other_s = _rest(epoch_s, warmup_s, steps_s, eval_s)
+    if reason is None and not math.isfinite(epoch_J):
+        reason = "no power sample covers the epoch"
+    elif reason is None and (other_J is None or other_s is None) and estimated:
+        reason = (
+            f"the {estimated} steps without a window, estimated at the epoch's mean measured step, "
+            "exceed what the measured windows leave of the epoch (sampling error)"
+        )
+    elif reason is None and (other_J is None or other_s is None):
+        reason = "the windows hold more than the epoch (they overlap): a defect, please report it"
+    # The exact split, whatever the sampling: what the windows leave (unmeasured steps and other together).
+    unwindowed_J = _rest(epoch_J, warmup_J, windowed_J, eval_J)
+    unwindowed_s = _rest(epoch_s, warmup_s, windowed_s, eval_s)
+    return {
+        "warmup_J": _finite(warmup_J), "steps_J": _finite(steps_J), "eval_J": _finite(eval_J),
+        "other_J": other_J if reason is None else None,
+        "warmup_s": warmup_s, "steps_s": _finite(steps_s), "eval_s": eval_s,
+        "other_s": other_s if reason is None else None,
+        "steps_estimated": estimated, "steps_measured": int(steps_n),
+        "steps_basis": _steps_basis(int(steps_n), estimated), "other_reason": reason,
+        "steps_windowed_J": windowed_J, "steps_windowed_s": windowed_s,
+        "unwindowed_J": unwindowed_J, "unwindowed_s": unwindowed_s,
+    }  # fmt: skip
+
+
+def _steps_basis(measured: int, estimated: int) -> str | None:
+    """Where ``steps_J`` comes from when not every step after warm-up has a window, else None (all measured)."""
+    if not estimated:
+        return None
+    total = measured + estimated
+    if not measured:
+        return f"unknown: none of the {total} steps after warm-up has a measured window"
+    return (
+        f"estimated from {measured} of {total} steps after warm-up: the other {estimated} count at the "
+        "epoch's mean measured step; steps_windowed_J holds the measured steps only"
+    )
+
+
+def _rest(whole: float, *parts: float) -> float | None:
+    """``whole − Σ parts``, 0 where it is below zero by rounding only, None when unknown or below zero."""
+    if not all(math.isfinite(v) for v in (whole, *parts)):
+        return None
+    rest = whole - math.fsum(parts)
+    if rest >= 0:
+        return rest
+    return 0.0 if -rest <= ROUNDING * max(abs(whole), 1e-12) else None
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

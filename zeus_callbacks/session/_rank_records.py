@@ -1,0 +1,424 @@
+"""Named records that cross ranks: each field declares how it combines over the ranks.
+
+A report exchanges one row of numbers per rank (:class:`~zeus_callbacks.session._aggregate.RankAggregator`).
+The records here give those numbers names: a frozen dataclass per record, each field with its
+reduction beside it (``sum``, ``max``, ``min``, ``any``, ``slowest``: the value of the rank
+whose time is the record's, or ``main``: rank 0's), as torchmetrics declares a state's ``dist_reduce_fx``.
+:meth:`RankRecord.values` packs a record into the row, :meth:`RankRecord.of` unpacks it, and
+:meth:`RankRecord.reduce` combines the ranks' records field by field. The rows a report sends
+(:class:`StepReportRow`, :class:`EpochRow`, :class:`SummaryRow`) are such records side by side,
+with this rank's per-GPU energies last; :meth:`~zeus_callbacks.session._aggregate.RankAggregator.exchange`
+packs, gathers and unpacks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeVar
+
+Reduction = Literal["sum", "max", "min", "any", "slowest", "main"]
+"""How a field combines over the ranks: energy and counts sum, time is the longest, flags any; ``slowest``:
+the value of the slowest rank (the one whose time is the record's), for figures that belong with that time;
+``main``: the main rank's (rank 0), for what it decides for every rank."""
+
+_REDUCE: dict[str, Callable[[list[float]], float]] = {
+    "sum": sum,
+    "max": max,
+    "min": min,
+    "any": lambda values: 1.0 if any(values) else 0.0,
+}
+
+R = TypeVar("R", bound="RankRecord")
+
+
+def reduced(how: Reduction) -> Any:
+    """A field of a :class:`RankRecord` that combines over the ranks by ``how`` (default 0.0)."""
+    return field(default=0.0, metadata={"reduce": how})
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """A record one rank sends; its fields are floats, each declared with :func:`reduced`."""
+
+    width: ClassVar[int]
+    count_field: ClassVar[str | None] = None
+    """A field that counts what the record holds: :meth:`plus` keeps the other record where it is 0."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.width = sum(1 for kind in cls.__annotations__.values() if "ClassVar" not in str(kind))
+
+    def values(self) -> list[float]:
+        """The record as row values, in field order."""
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def of(cls: type[R], row: Sequence[float]) -> R:
+        """The record from ``row``'s first :attr:`width` values (field order).
+
+        Raises:
+            ValueError: ``row`` is shorter than the record (another layout was sent).
+        """
+        if len(row) < cls.width:
+            raise ValueError(f"a {cls.__name__} needs {cls.width} values, the row has {len(row)}")
+        return cls(*row[: cls.width])
+
+    @classmethod
+    def reduce(cls: type[R], records: Sequence[R], *, slowest: int = 0) -> R:
+        """The ranks' records combined field by field, each by its declared reduction.
+
+        Args:
+            records: One record per rank, rank order.
+            slowest: Index of the slowest rank in ``records`` (its values stand for the ``slowest`` fields).
+
+        Raises:
+            ValueError: ``records`` is empty.
+        """
+        if not records:
+            raise ValueError(f"no {cls.__name__} to reduce")
+
+        def combined(f: Any) -> float:
+            values = [getattr(r, f.name) for r in records]
+            how = f.metadata["reduce"]
+            if how in ("slowest", "main"):
+                return values[slowest if how == "slowest" else 0]
+            return _REDUCE[how](values)
+
+        return cls(*(combined(f) for f in fields(cls)))
+
+    def plus(self: R, other: R) -> R:
+        """This rank's record of two reports, summed field by field (one interval of this rank).
+
+        A record whose :attr:`count_field` is 0 holds nothing: the other is returned as it is.
+        """
+        count = self.count_field
+        if count is not None and not getattr(self, count):
+            return other
+        if count is not None and not getattr(other, count):
+            return self
+        return type(self)(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class StepColumns(RankRecord):
+    """One rank's measured steps of one report (or of an interval of reports).
+
+    Attributes:
+        energy_J: Energy of the steps (J).
+        time_s: Their time (s).
+        steps: How many (each rank's own; the ranks' least is the count every rank reached).
+        samples: Training samples in them (NaN unless every step reported them).
+        tokens: Input tokens in them (NaN unless every step reported them).
+        power_samples: Power samples behind them.
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    steps: float = reduced("min")
+    samples: float = reduced("sum")
+    tokens: float = reduced("sum")
+    power_samples: float = reduced("sum")
+
+    count_field = "steps"  # a report without steps adds nothing to an interval (its NaN counts neither)
+
+
+@dataclass(frozen=True)
+class WarmupColumns(RankRecord):
+    """One rank's warm-up steps of one report (``windows.warmup_steps``).
+
+    Attributes:
+        energy_J: Their energy (J).
+        time_s: Their time (s).
+        steps: How many.
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    steps: float = reduced("sum")
+
+    count_field = "steps"
+
+
+@dataclass(frozen=True)
+class RunSoFar(RankRecord):
+    """One rank's run so far, sent with each report under several processes (every rank shows the run's).
+
+    Attributes:
+        energy_J: This rank's energy since the run began (J).
+        time_s: Its time since the run began (s).
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+
+
+@dataclass(frozen=True)
+class ShareVote(RankRecord):
+    """The share of steps a rank's overhead budget allows (``windows.sample_fraction: auto``), sent with each report.
+
+    Every rank measures the least share from the report on: the ranks draw the same steps (one seed)
+    only while they draw them at the same share.
+
+    Attributes:
+        fraction: The share this rank's budget allows, in [0.001, 1].
+    """
+
+    fraction: float = reduced("min")
+
+
+@dataclass(frozen=True)
+class StepReportRow:
+    """What one rank sends at a step report: its steps, its warm-up steps, its run so far, its node spans.
+
+    Attributes:
+        steps: The measured steps attributed since the last report.
+        warmup: The warm-up steps attributed since then.
+        so_far: The run so far (None with one process: nothing to agree on).
+        share: The share of steps this rank's budget allows (None with one process).
+        spans: The node spans' columns (:meth:`~zeus_callbacks.session._node_spans.NodeSpans.local_row`;
+            empty without ``node.rapl`` / ``node.virtual_cpu``).
+    """
+
+    steps: StepColumns
+    warmup: WarmupColumns
+    so_far: RunSoFar | None = None
+    share: ShareVote | None = None
+    spans: tuple[float, ...] = ()
+
+    def values(self) -> list[float]:
+        """The row this rank sends (every rank sends the same layout)."""
+        so_far = self.so_far.values() if self.so_far is not None else []
+        share = self.share.values() if self.share is not None else []
+        return [*self.steps.values(), *self.warmup.values(), *so_far, *share, *self.spans]
+
+    @classmethod
+    def of(cls, row: Sequence[float], *, so_far: bool) -> StepReportRow:
+        """A rank's row unpacked; ``so_far``: it carries :class:`RunSoFar` and :class:`ShareVote` (several ranks)."""
+        at = StepColumns.width
+        steps, warmup = StepColumns.of(row), WarmupColumns.of(row[at:])
+        at += WarmupColumns.width
+        carried = RunSoFar.of(row[at:]) if so_far else None
+        at += RunSoFar.width if so_far else 0
+        share = ShareVote.of(row[at:]) if so_far else None
+        at += ShareVote.width if so_far else 0
+        return cls(steps, warmup, carried, share, tuple(row[at:]))
+
+
+@dataclass(frozen=True)
+class NodeColumns(RankRecord):
+    """One process's CPU/DRAM energy of a record (:func:`~zeus_callbacks.session._node.local_node`).
+
+    Attributes:
+        reads: 1 when this process reads its node's counters, else 0.
+        cpu_J: CPU package energy (J; NaN unknown).
+        dram_J: DRAM energy (J; NaN unknown or no DRAM domain).
+        has_dram: 1 when the node has a DRAM domain, else 0.
+    """
+
+    reads: float = reduced("sum")
+    cpu_J: float = reduced("sum")
+    dram_J: float = reduced("sum")
+    has_dram: float = reduced("any")
+
+
+@dataclass(frozen=True)
+class LedgerColumns(RankRecord):
+    """One rank's epoch ledger (:meth:`~zeus_callbacks.session._ledger.EpochLedger.row`).
+
+    Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
+
+    Attributes:
+        warmup_J: Energy of the warm-up step windows (J).
+        warmup_s: Their time (s).
+        warmup_windows: Their count.
+        steps_J: Energy of the other step windows wholly covered by samples (J).
+        steps_s: Their time (s).
+        step_windows: Their count.
+        eval_J: Energy of the evaluations that began inside the epoch (J).
+        eval_s: Their time (s).
+        evals: Their count.
+    """
+
+    warmup_J: float = reduced("sum")
+    warmup_s: float = reduced("slowest")
+    warmup_windows: float = reduced("slowest")
+    steps_J: float = reduced("sum")
+    steps_s: float = reduced("slowest")
+    step_windows: float = reduced("slowest")
+    eval_J: float = reduced("sum")
+    eval_s: float = reduced("slowest")
+    evals: float = reduced("slowest")
+
+
+@dataclass(frozen=True)
+class EvalColumns(RankRecord):
+    """One rank's evaluation window, exchanged at the evaluation's end when every rank evaluates.
+
+    Attributes:
+        energy_J: Its energy (J; 0 when not measured).
+        time_s: Its time (s).
+        measured: 1 when this rank has the evaluation's energy (a possible window, a finite figure), else 0.
+        complete: 1 when the samples cover the whole window, else 0.
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    measured: float = reduced("min")
+    complete: float = reduced("min")
+
+
+@dataclass(frozen=True)
+class EpochColumns(RankRecord):
+    """One rank's epoch window.
+
+    Attributes:
+        energy_J: Its energy from the power samples (J).
+        time_s: Its time (s).
+        counter_J: Its energy from the energy counters (J; NaN when a GPU has none).
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    counter_J: float = reduced("sum")
+
+
+@dataclass(frozen=True)
+class EpochRow:
+    """What one rank sends at an epoch's end: the epoch, its ledger, its node figures, then each GPU's energy.
+
+    Attributes:
+        epoch: The epoch window's figures.
+        ledger: What the epoch's windows hold.
+        node: This process's CPU/DRAM energy of the epoch.
+        gpu_energy_J: Each of this rank's GPUs' energy (J).
+    """
+
+    epoch: EpochColumns
+    ledger: LedgerColumns
+    node: NodeColumns
+    gpu_energy_J: tuple[float, ...] = ()
+
+    def values(self) -> list[float]:
+        """The row this rank sends."""
+        return [*self.epoch.values(), *self.ledger.values(), *self.node.values(), *self.gpu_energy_J]
+
+    @classmethod
+    def of(cls, row: Sequence[float]) -> EpochRow:
+        """A rank's row unpacked."""
+        (epoch, ledger, node), rest = _split(row, EpochColumns, LedgerColumns, NodeColumns)
+        return cls(epoch, ledger, node, rest)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SummaryColumns(RankRecord):
+    """One rank's run window and step means, for the run summary.
+
+    Attributes:
+        energy_J: The run window's energy (J).
+        time_s: Its time (s).
+        counter_J: Its energy from the energy counters (J; NaN when a GPU has none).
+        step_energy_J: The mean step's energy (J; NaN when no step was estimated).
+        step_time_s: The mean step's time (s; NaN likewise).
+        covered_s: The part of the run window the samples cover (s).
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    counter_J: float = reduced("sum")
+    step_energy_J: float = reduced("sum")
+    step_time_s: float = reduced("max")
+    covered_s: float = reduced("min")
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """What one rank sends at the run's end: its run figures, its node figures, then each GPU's energy.
+
+    Attributes:
+        run: The run window and step means.
+        node: This process's CPU/DRAM energy of the run.
+        gpu_energy_J: Each of this rank's GPUs' energy (J).
+    """
+
+    run: SummaryColumns
+    node: NodeColumns
+    gpu_energy_J: tuple[float, ...] = ()
+
+    def values(self) -> list[float]:
+        """The row this rank sends."""
+        return [*self.run.values(), *self.node.values(), *self.gpu_energy_J]
+
+    @classmethod
+    def of(cls, row: Sequence[float]) -> SummaryRow:
+        """A rank's row unpacked."""
+        (run, node), rest = _split(row, SummaryColumns, NodeColumns)
+        return cls(run, node, rest)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PowerLimitVote(RankRecord):
+    """One rank's state at a power-limit exchange (every step while the main rank profiles).
+
+    Attributes:
+        limit_W: Its limit in force (W); the main rank's is the one every rank runs.
+        done: 1 when its profiling is over (or it observes only); the main rank's settles the exchanges.
+        observe: 1 when it cannot change its limit (observe mode): one such rank puts every rank there.
+    """
+
+    limit_W: float = reduced("main")
+    done: float = reduced("main")
+    observe: float = reduced("any")
+
+
+@dataclass(frozen=True)
+class StopVote(RankRecord):
+    """One rank's part of an early-stop exchange.
+
+    Attributes:
+        energy_J: Its run energy so far (J).
+        time_s: Its run time so far (s).
+        target: 1 when it saw the batch-size target (the main rank only).
+        converged: 1 when its bandit converged (the main rank only).
+    """
+
+    energy_J: float = reduced("sum")
+    time_s: float = reduced("max")
+    target: float = reduced("any")
+    converged: float = reduced("any")
+
+
+@dataclass(frozen=True)
+class Ready(RankRecord):
+    """Whether a rank can take part (e.g. it has a power-limit controller): every rank must, or none does.
+
+    Attributes:
+        ready: 1 when it can.
+    """
+
+    ready: float = reduced("min")
+
+
+@dataclass(frozen=True)
+class MaxPower(RankRecord):
+    """A rank's GPUs' maximum power (W): the cost's ``MaxPower`` is their sum over the ranks.
+
+    Attributes:
+        max_power_W: The sum of this rank's GPUs' maximum limits (W).
+    """
+
+    max_power_W: float = reduced("sum")
+
+
+def gathered(ranks: Any, local: R) -> list[R]:
+    """Every rank's ``local`` record (a collective over ``ranks``' ``gather``), rank order."""
+    return [type(local).of(row) for row in ranks.gather(local.values())]
+
+
+def _split(row: Sequence[float], *kinds: type[RankRecord]) -> tuple[list[RankRecord], tuple[float, ...]]:
+    """``row`` cut into one record of each of ``kinds``, in order, and the values after them."""
+    out, at = [], 0
+    for kind in kinds:
+        out.append(kind.of(row[at:]))
+        at += kind.width
+    return out, tuple(row[at:])

@@ -1,0 +1,638 @@
+"""The persistent store of recurring jobs: one interface, several file backends.
+
+A *job* is a recurring training job (``ZeusConfig.job_id``); each recurrence of it is a
+*trial* (the batch size and power limit it ran at, the energy and time it took, whether
+it reached its target). The batch-size bandit keeps its state (arms, pruning progress,
+random-generator state) per job, and the power-limit profiler caches its profiles by key.
+
+Implementations: :class:`~zeus_callbacks.store._sql_store.SQLStore` (a SQLite file, the default, or a
+PostgreSQL, MySQL or any SQLAlchemy database many nodes share) and
+:class:`~zeus_callbacks.store._json_store.JSONStore` (one human-readable file for a single user), both over
+the records of :mod:`~zeus_callbacks.store._stored_records`; :func:`open_store` picks one. Both pass the same
+contract suite (``tests/store_contract.py``).
+"""
+
+from __future__ import annotations
+
+import abc
+import errno as _errno
+import json
+import logging
+import math
+import os
+import socket
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+# The store's error types live in errors.py; importing them from here keeps working.
+from zeus_callbacks._atomic_io import ownership_problem
+from zeus_callbacks.errors import StoreCorruptError as StoreCorruptError
+from zeus_callbacks.errors import StoreError as StoreError
+from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermissionError
+from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
+from zeus_callbacks.errors import StoreValueError as StoreValueError
+
+if TYPE_CHECKING:
+    from zeus_callbacks.store._stored_records import Outcome, Snapshot
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SCHEMA_VERSION = 4
+"""Version of the store layout this code writes; a newer one is refused.
+
+1: jobs, trials, bandits, arms, profiles. 2: trials carry a lease (``owner``, ``heartbeat_at``).
+3: trials carry the id of the pending-trial file they were recorded from (``pending_id``, unique).
+4: a trial may be ``withdrawn`` (a suggestion no run claimed; the status CHECK admits it).
+"""
+
+DEFAULT_LEASE_GRACE_S = 300.0
+"""A running trial of another host whose heartbeat is older than this (s) is marked failed on open."""
+
+MAX_HEARTBEAT_INTERVAL_S = 30.0
+"""The owner renews its leases at least this often (s), and at least five times per grace period."""
+
+TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One recurring job.
+
+    Attributes:
+        job_id: The job's name (``ZeusConfig.job_id``).
+        created_at: Unix time (s) of the job's first record.
+        info: Free-form JSON-safe description (workload, GPU, ...).
+    """
+
+    job_id: str
+    created_at: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One recurrence of a job.
+
+    Attributes:
+        trial_id: Unique within the store, increasing in creation order.
+        job_id: The job it belongs to.
+        batch_size: Batch size it ran at.
+        power_limit_W: Power limit it ran at (W); None if unknown.
+        status: ``running``, ``completed``, ``failed`` (crashed, or its process died),
+            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost) or ``withdrawn`` (a
+            suggestion no run claimed: neither an observation nor a failure of its batch size).
+        energy_J: GPU energy of the run (J); None while running or when unknown.
+        time_s: Wall time of the run (s); None while running or when unknown.
+        cost: ZeusCost of the run (J-equivalent); None while running or when unknown.
+        converged: True when the run reached its target metric.
+        started_at: Unix time (s) the trial was created.
+        ended_at: Unix time (s) it finished; None while running.
+        pid: Process id that runs it.
+        host: Host name of that process (a dead process is recognised on its own host at once).
+        info: Free-form JSON-safe extras (phase of the bandit, reason of a stop, ...).
+        owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
+            trial was recorded for another process, or by a schema-1 store.
+        heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
+        pending_id: The id of the pending-trial file it was recorded from (a run that could not
+            reach the store at its start or end; docs/stores.md): set when the trial is created
+            from that file or its outcome merged from it; None otherwise. Unique within the store,
+            so merging the same file again records nothing new.
+    """
+
+    trial_id: int
+    job_id: str
+    batch_size: int
+    power_limit_W: float | None
+    status: TrialStatus
+    energy_J: float | None
+    time_s: float | None
+    cost: float | None
+    converged: bool
+    started_at: float
+    ended_at: float | None
+    pid: int
+    host: str
+    info: dict[str, Any] = field(default_factory=dict)
+    owner: str = ""
+    heartbeat_at: float | None = None
+    pending_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BanditState:
+    """The batch-size bandit's persisted state of one job.
+
+    Attributes:
+        job_id: The job.
+        state: JSON-safe optimiser state (phase, pruning progress, RNG state, min cost).
+        arms: Batch size → JSON-safe per-arm state (e.g. pruned, last posterior).
+        version: Incremented by every update (optimistic readers can compare).
+    """
+
+    job_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+    arms: dict[int, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
+
+
+BanditUpdate = Callable[[BanditState], "tuple[BanditState, Any]"]
+"""``update_bandit``'s callback: the current state → (new state, a value returned to the caller)."""
+
+OutcomeUpdate = Callable[[TrialRecord, "list[TrialRecord]", BanditState], BanditState]
+"""``finish_trial``'s bandit callback: (the finished trial, every trial of its job in creation order,
+the finished one included, the job's current bandit state) → the job's new bandit state."""
+
+
+def process_is_alive(pid: int) -> bool:
+    """True when a process with id ``pid`` exists on this host (``psutil.pid_exists``; another user's counts)."""
+    import psutil
+
+    return pid > 0 and psutil.pid_exists(pid)
+
+
+def this_host() -> str:
+    """This machine's host name, as trials record it."""
+    return socket.gethostname()
+
+
+def now() -> float:
+    """Unix time (s) used for record timestamps."""
+    return time.time()
+
+
+_OWNER: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
+
+
+def lease_owner() -> str:
+    """This process's lease owner token, ``host:pid:random`` (new in a forked child)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:
+        _OWNER = (pid, f"{this_host()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _OWNER[1]
+
+
+def heartbeat_interval_s(lease_grace_s: float) -> float:
+    """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
+    return min(MAX_HEARTBEAT_INTERVAL_S, float(lease_grace_s) / 5.0)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (``user:password@`` or ``?password=``) replaced by ``***``, for messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable store url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostinfo = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    query = "&".join(
+        f"{k}=***" if k.lower() in ("password", "passwd") else f"{k}={v}" if v else k
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+class Store(abc.ABC):
+    """Persistent store of jobs, trials, bandit state and power-limit profiles.
+
+    Contract (every backend, checked by ``tests/store_contract.py``):
+
+    - **Concurrency.** A store object may be shared by threads of one process, and
+      several processes on one machine may open the same file at once: every write is
+      one atomic transaction (SQLite transaction, or lock + atomic file replace), so
+      concurrent writers never lose each other's records. :meth:`update_bandit` is an
+      atomic read-modify-write: the callback runs while the store is locked, so keep
+      it short and free of I/O. :meth:`finish_trial` given a ``bandit_update`` writes the
+      trial's outcome and the update of its job's bandit in one transaction: both or
+      neither, whatever raises or kills the process.
+    - **Crash safety.** A process killed at any point leaves the store readable, with
+      every write that returned intact. On open, trials left ``running`` by a process
+      that no longer exists on this host are marked ``failed`` (``info["reason"] =
+      "process died"``), never left dangling.
+    - **Leases.** A trial created for this process carries its owner token
+      (:func:`lease_owner`), and a background thread of the process renews its
+      ``heartbeat_at`` every :func:`heartbeat_interval_s` until it is finished. A running
+      trial of *another* host whose heartbeat is older than ``lease_grace_s`` is marked
+      ``failed`` (``info["reason"] = "lease expired"``) by whichever process opens the
+      store next, on any node; every process sharing a store should use the same grace.
+    - **Errors.** A file that is not a readable store raises :class:`StoreCorruptError`
+      naming the file; it is never reset or overwritten. A store written with a newer
+      schema raises :class:`StoreSchemaError`. Older schemas are migrated on open.
+    - **Return values.** Records are frozen dataclasses (:class:`JobRecord`,
+      :class:`TrialRecord`, :class:`BanditState`) or plain JSON-safe dicts; they are
+      copies, so mutating them never changes the store. Lists of trials are in
+      creation order (``trial_id`` increasing). Missing records read as ``None``.
+    - **Ownership.** A trial is owned by the process that created it (``pid``, ``owner``);
+      only that process should finish it. The store is written by the main process only.
+
+    Args:
+        path: The store file; created (with its parent directory) when missing.
+        lease_grace_s: Grace period (s) of a running trial's lease (see *Leases*).
+    """
+
+    def __init__(self, path: str | Path, *, lease_grace_s: float = DEFAULT_LEASE_GRACE_S) -> None:
+        self.path = Path(path)
+        if not lease_grace_s > 0:
+            raise ValueError(f"lease_grace_s must be > 0, got {lease_grace_s!r}")
+        self.lease_grace_s = float(lease_grace_s)
+
+    @property
+    def location(self) -> str:
+        """The store's file or (password-masked) URL, as messages name it."""
+        return str(self.path)
+
+    # -- jobs -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
+        """Return the job, creating it (with ``info``) if missing; an existing job's info is kept."""
+
+    @abc.abstractmethod
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """Return the job, or None."""
+
+    @abc.abstractmethod
+    def list_jobs(self) -> list[JobRecord]:
+        """Return every job, ordered by ``job_id``."""
+
+    # -- trials ---------------------------------------------------------------------
+    def create_trial(
+        self,
+        job_id: str,
+        batch_size: int,
+        power_limit_W: float | None = None,
+        *,
+        info: Mapping[str, Any] | None = None,
+        pid: int | None = None,
+        pending_id: str | None = None,
+    ) -> TrialRecord:
+        """Record a new ``running`` trial of ``job_id`` (the job is created if missing).
+
+        Args:
+            job_id: The job.
+            batch_size: Batch size the trial runs at.
+            power_limit_W: Power limit (W), if known.
+            info: JSON-safe extras.
+            pid: Owning process; default this one.
+            pending_id: The pending-trial file the trial is recorded from (a run that trained
+                without the store). When a trial with this id exists already, that trial is
+                returned and nothing is written, in the same transaction: merging a file twice
+                never makes a second trial.
+
+        Returns:
+            The new trial, with its ``trial_id`` (or the existing one of ``pending_id``).
+        """
+        from zeus_callbacks.store import _stored_records as records
+        from zeus_callbacks.store._lease import KEEPER
+
+        fields = records.new_trial(
+            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
+        )
+        trial, created = self._insert_trial(job_id, fields, pending_id)
+        if fields["owner"] and created:
+            KEEPER.hold(self, trial.trial_id)
+        return trial
+
+    @abc.abstractmethod
+    def _insert_trial(self, job_id: str, fields: dict[str, Any], pending_id: str | None) -> tuple[TrialRecord, bool]:
+        """Insert a trial of ``fields`` (``records.new_trial``), or find ``pending_id``'s; True when inserted."""
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        *,
+        status: TrialStatus,
+        energy_J: float | None,
+        time_s: float | None,
+        cost: float | None,
+        converged: bool,
+        batch_size: int | None = None,
+        power_limit_W: float | None = None,
+        info: Mapping[str, Any] | None = None,
+        pending_id: str | None = None,
+        bandit_update: OutcomeUpdate | None = None,
+    ) -> TrialRecord:
+        """Record a trial's outcome (status other than ``running``); ``info`` is merged in.
+
+        ``batch_size`` / ``power_limit_W`` overwrite the recorded ones when given (the run
+        used another value than it was created with). ``pending_id`` (the pending-trial file
+        the outcome comes from) is recorded with the outcome, in the same transaction, so a
+        merge that died before removing its file is recognised when the file is merged again.
+
+        ``bandit_update`` (the batch-size bandit absorbing the outcome) is called, in the same
+        transaction and after the outcome is written, with the finished trial, every trial of
+        its job (creation order, the finished one included) and the job's bandit state (an empty
+        ``BanditState`` the first time); the state it returns replaces the job's bandit state
+        (version + 1). The outcome and the bandit update are one atomic write: when the callback
+        raises, a new state is refused (:class:`StoreValueError`) or the process dies before
+        the commit, neither is written and the trial stays ``running``; there is never an
+        outcome recorded without its bandit update. Like :meth:`update_bandit`'s callback, it
+        runs under the store's lock, must not call the store, and may be run again (a database
+        retrying a transient error): keep it a pure function of its arguments.
+
+        Returns:
+            The finished trial.
+
+        Raises:
+            KeyError: No trial with that id.
+            ValueError: ``status`` is ``running`` or unknown.
+            StoreValueError: A value (or the new bandit state) holds a non-finite number;
+                nothing was written.
+        """
+        from zeus_callbacks.store import _stored_records as records
+        from zeus_callbacks.store._lease import KEEPER
+
+        outcome = records.outcome(
+            self.location,
+            trial_id,
+            status=status,
+            energy_J=energy_J,
+            time_s=time_s,
+            cost=cost,
+            converged=converged,
+            batch_size=batch_size,
+            power_limit_W=power_limit_W,
+            info=info,
+            pending_id=pending_id,
+        )
+        finished = self._finish_trial(trial_id, outcome, pending_id, bandit_update)
+        KEEPER.release(self, trial_id)
+        return finished
+
+    @abc.abstractmethod
+    def _finish_trial(
+        self, trial_id: int, outcome: Outcome, pending_id: str | None, bandit_update: OutcomeUpdate | None
+    ) -> TrialRecord:
+        """Write ``outcome`` (``records.outcome``) and ``bandit_update``'s state in one transaction."""
+
+    @abc.abstractmethod
+    def get_trial(self, trial_id: int) -> TrialRecord | None:
+        """Return the trial, or None."""
+
+    @abc.abstractmethod
+    def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
+        """Return the trials of ``job_id`` (None: all), optionally of one status, in creation order."""
+
+    # -- batch-size bandit -------------------------------------------------------------
+    @abc.abstractmethod
+    def get_bandit(self, job_id: str) -> BanditState | None:
+        """Return the bandit state of ``job_id``, or None if it never had one."""
+
+    @abc.abstractmethod
+    def update_bandit(self, job_id: str, update: BanditUpdate) -> Any:
+        """Atomically read, transform and write the bandit state of ``job_id``.
+
+        Args:
+            job_id: The job (created if missing).
+            update: Called with the current state (an empty ``BanditState`` the first
+                time); returns ``(new_state, result)``. It runs under the store's lock:
+                it must not call the store itself.
+
+        Returns:
+            The ``result`` the callback returned.
+        """
+
+    # -- power-limit profiles ----------------------------------------------------------
+    @abc.abstractmethod
+    def put_profile(self, key: str, table: Mapping[str, Any]) -> None:
+        """Store (replace) the power-limit profile ``key`` → ``table`` (JSON-safe mapping)."""
+
+    @abc.abstractmethod
+    def get_profile(self, key: str) -> dict[str, Any] | None:
+        """Return the profile stored under ``key``, or None."""
+
+    @abc.abstractmethod
+    def list_profiles(self) -> list[str]:
+        """Return the stored profile keys, sorted."""
+
+    # -- copies ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def import_records(self, snapshot: Snapshot) -> None:
+        """Write every record of ``snapshot`` (another store's, read by ``records.snapshot``) into this empty store.
+
+        Trial ids, times and bandit versions are kept; it is one write (all or nothing).
+
+        Raises:
+            StoreError: This store holds jobs already (nothing was written).
+        """
+
+    # -- leases ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]:
+        """Set ``heartbeat_at`` to now on those of ``trial_ids`` still running under ``owner``.
+
+        Returns:
+            The trial ids whose lease is still held (the others were finished, or marked
+            failed by another process after their lease expired).
+        """
+
+    @abc.abstractmethod
+    def reopen(self) -> Store | None:
+        """A new, independent store object on the same file or database (for the lease keeper).
+
+        Returns:
+            The new store; None when a store file no longer exists (it is not re-created).
+        """
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the file (idempotent)."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location!r})"
+
+
+def check_finite(location: str, what: str, **values: float | None) -> None:
+    """Refuse a non-finite number before it reaches a store (every backend calls this first).
+
+    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
+    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
+
+    Args:
+        location: The store's file or masked URL, for the message.
+        what: What is being written (``"finish trial 3"``), for the message.
+        **values: Name → value; None (unknown) is accepted.
+
+    Raises:
+        StoreValueError: A value is NaN or ±infinity (nothing was written).
+    """
+    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise StoreValueError(
+            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
+            "was written"
+        )
+
+
+def dumps_strict(value: Any, location: str, what: str) -> str:
+    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
+
+    Raises:
+        StoreValueError: ``value`` holds a non-finite number (nothing was written).
+        TypeError: ``value`` is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise StoreValueError(
+            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
+        ) from exc
+
+
+_FULL_ERRNOS = {_errno.ENOSPC, _errno.EDQUOT}
+_PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
+
+
+def os_error(exc: OSError, location: str, what: str) -> StoreError:
+    """The store error for an operating-system error on the store's files, named as what it is.
+
+    Args:
+        exc: The error (its ``errno`` decides the class).
+        location: The store's file, for the message.
+        what: What was being done (``"write"``, ``"open"``).
+
+    Returns:
+        :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
+        ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
+    """
+    if exc.errno in _FULL_ERRNOS:
+        return StoreFullError(
+            f"store {location}: no space left on its device ({what}: {exc.strerror}); nothing was changed — free "
+            "some space or set store.path to another filesystem"
+        )
+    if exc.errno in _PERMISSION_ERRNOS or isinstance(exc, PermissionError):
+        return StorePermissionError(
+            f"store {location}: permission denied ({what}: {exc.strerror}{': ' + exc.filename if exc.filename else ''}"
+            "); make the file and its directory readable and writable by this user, or set store.path to another "
+            "file; nothing was changed"
+        )
+    return StoreError(f"cannot {what} store {location}: {exc}")
+
+
+def locked_error(location: str, waited_s: float, limit_s: float, detail: str) -> StoreLockedError:
+    """The error for a store another process kept locked past the limit (the wait is the real one)."""
+    return StoreLockedError(f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})")
+
+
+def check_finish_status(status: str) -> None:
+    """Raise ValueError unless ``status`` is a final trial status."""
+    if status not in TRIAL_STATUSES or status == "running":
+        raise ValueError(
+            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {status!r}"
+        )
+
+
+def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
+    """Why a ``running`` trial is dead, or None while it may still run.
+
+    On its own host a trial is dead when its process is gone (``"process died"``); on
+    another host, when its lease's heartbeat is older than ``lease_grace_s``
+    (``"lease expired"``; a trial without a heartbeat, from a schema-1 store, never expires).
+
+    Args:
+        trial: The trial's dict form (``status``, ``host``, ``pid``, ``heartbeat_at``).
+        host: This host's name.
+        now_s: The current Unix time (s).
+        lease_grace_s: The grace period (s).
+
+    Returns:
+        ``"process died"``, ``"lease expired"`` or None.
+    """
+    if trial["status"] != "running":
+        return None
+    if trial.get("host") == host:
+        return None if process_is_alive(int(trial["pid"])) else "process died"
+    heartbeat_at = trial.get("heartbeat_at")
+    if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
+        return "lease expired"
+    return None
+
+
+def dead_trials(trials: Iterable[T], lease_grace_s: float) -> list[tuple[T, str]]:
+    """The dead ones among ``trials`` (records, or a document's dicts), each with its :func:`orphan_reason`."""
+    host, now_s = this_host(), now()
+    found = ((t, orphan_reason(t if isinstance(t, Mapping) else vars(t), host, now_s, lease_grace_s)) for t in trials)
+    return [(trial, reason) for trial, reason in found if reason is not None]
+
+
+def refuse_foreign_store(path: Path) -> None:
+    """Refuse to write a store file that is a symbolic link or another user's (docs/shared-clusters.md).
+
+    Another user's store could feed this run's bandit the batch sizes it tries, and a link could
+    make this run write through it; reading one (``show``, ``simulate``) stays allowed.
+
+    Raises:
+        StoreError: ``path`` is a link or owned by another user; nothing was written.
+    """
+    problem = ownership_problem(path)
+    if problem is not None:
+        raise StoreError(
+            f"store {path}: {problem}; it is not opened for writing (use a store of your own, or open it read-only)"
+        )
+
+
+def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Callable[[BaseException], bool]) -> T:
+    """``attempt()``, called again after a transient error with jittered exponential backoff (tenacity).
+
+    The one retry policy of the stores: a database that is unreachable, deadlocked or restarting,
+    a SQLite file another process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter
+    (so that processes that collided do not collide again), never sleeping past ``limit_s`` from the
+    first try.
+
+    Args:
+        attempt: The operation; re-run from its start (it must be safe to repeat: one transaction).
+        limit_s: How long (s) to keep retrying.
+        is_transient: Whether an error is worth another try; any other error is raised at once.
+
+    Returns:
+        What ``attempt`` returned.
+
+    Raises:
+        BaseException: The last error, once it is not transient or ``limit_s`` would pass.
+    """
+    import tenacity
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        stop=tenacity.stop_before_delay(limit_s),
+        wait=tenacity.wait_exponential_jitter(initial=0.02, max=1.0, jitter=0.02),
+        reraise=True,
+    )
+    return retrying(attempt)
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """The file's identity (device, inode); None when there is no file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def log_orphan(trial: Mapping[str, Any], reason: str, lease_grace_s: float) -> None:
+    """Warn that a dead trial (``orphan_reason``) was marked failed on open."""
+    logger.warning(
+        "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
+        trial["trial_id"],
+        trial["job_id"],
+        trial["pid"],
+        trial.get("host"),
+        "died" if reason == "process died" else f"sent no heartbeat for {lease_grace_s:g} s",
+    )

@@ -1,0 +1,202 @@
+"""The lease keeper: one daemon thread per process renews the leases of its running trials.
+
+A trial created for this process (:meth:`Store.create_trial` without another ``pid``) is
+*held* here until it is finished; every :func:`~zeus_callbacks.store._base.heartbeat_interval_s`
+the thread sets its ``heartbeat_at`` through a store object of its own (so the caller may
+close its store while the trial runs, and a heartbeat never waits behind the caller's
+transactions). When the process dies the heartbeats stop, and after the grace period any
+process that opens the store, on any node, marks the trial failed.
+
+One handle per store, kept. The keeper opens its store object (:meth:`Store.reopen`) at the
+first renewal and reuses it for the next ones, until the last lease in that store is released
+(then the thread closes it) or a renewal fails (closed, and opened afresh at the next try: a
+database that restarted, a file replaced). An open costs far more than a renewal — a new
+connection (on a database server, its password handshake), the schema check, the scan for dead
+trials: ``benchmarks/lease_renewal.py`` — and reusing the handle is safe:
+
+- *threads*: only the keeper thread uses or closes it (SQLite connections are opened with
+  ``check_same_thread=False`` and every store serialises its own use with a lock anyway);
+- *forks*: a forked child starts with no leases and opens handles of its own; it never uses
+  or closes its parent's. They stay referenced in the child (:attr:`LeaseKeeper._inherited`),
+  so that garbage collection does not close them there either: closing a connection inherited
+  across ``fork`` can end the parent's database session (a driver sends its goodbye on the
+  shared socket), and SQLite forbids using a connection in a child.
+- *idle*: between renewals the handle is an idle connection: no transaction, no lock (the JSON
+  store holds no file open at all).
+
+The keeper is process-global and fork-aware: a forked child starts with no leases (it
+owns none of its parent's trials) and starts its own thread when it creates a trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from zeus_callbacks.store._base import Store, heartbeat_interval_s, lease_owner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    """The leases this process holds in one store."""
+
+    opener: Callable[[], Store | None]
+    interval_s: float
+    due_at: float  # time.monotonic() of the next renewal
+    trial_ids: set[int] = field(default_factory=set)
+    failing: bool = False  # a renewal failed: warn once until one succeeds
+    store: Store | None = None  # the keeper's own handle: opened at the first renewal, reused, closed at release
+
+
+class LeaseKeeper:
+    """Renews this process's leases in the background (see the module docstring).
+
+    Renewals of one store share one store object of the keeper's own, opened at the first
+    renewal and closed when the last lease in that store is released.
+    """
+
+    def __init__(self) -> None:
+        self._inherited: list[Store] = []  # a forked child's copies of its parent's handles: never used or closed
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._held: dict[str, _Held] = {}
+        self._thread: threading.Thread | None = None
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child: no leases, and its parent's handles kept referenced, never closed (module docstring)."""
+        self._inherited.extend(h.store for h in self._held.values() if h.store is not None)
+        self._reset()
+
+    def hold(self, store: Store, trial_id: int) -> None:
+        """Keep renewing ``trial_id``'s lease in ``store`` (its file or database) until :meth:`release`."""
+        interval_s = heartbeat_interval_s(store.lease_grace_s)
+        with self._lock:
+            held = self._held.get(store.location)
+            if held is None:
+                held = self._held[store.location] = _Held(store.reopen, interval_s, time.monotonic() + interval_s)
+            if interval_s < held.interval_s:
+                held.interval_s = interval_s
+                held.due_at = min(held.due_at, time.monotonic() + interval_s)
+            held.trial_ids.add(int(trial_id))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="zeus-callbacks-lease-keeper", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def release(self, store: Store, trial_id: int) -> None:
+        """Stop renewing ``trial_id``'s lease (it was finished); the last one of a store closes the keeper's handle.
+
+        The handle is closed by the keeper thread, woken here, so this never waits for a renewal.
+        """
+        with self._lock:
+            held = self._held.get(store.location)
+            if held is not None:
+                held.trial_ids.discard(int(trial_id))
+                if not held.trial_ids:
+                    self._wake.notify()
+
+    def release_all(self, wait_s: float = 5.0) -> None:
+        """Stop renewing every lease this process holds; the keeper thread closes its handles and ends.
+
+        For a process that hands its trials over, and for test suites that leave trials running.
+
+        Args:
+            wait_s: How long (s) to wait for the thread to close its handles and end (a renewal in
+                progress finishes first); 0: do not wait. Afterwards no keeper thread is inside a
+                store, so a ``fork`` cannot copy one mid-call.
+        """
+        with self._lock:
+            for held in self._held.values():
+                held.trial_ids.clear()
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None and wait_s > 0 and thread is not threading.current_thread():
+            thread.join(wait_s)
+
+    def held(self) -> dict[str, set[int]]:
+        """Store location → the trial ids whose leases this process renews (a copy)."""
+        with self._lock:
+            return {key: set(h.trial_ids) for key, h in self._held.items() if h.trial_ids}
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                released = [self._held.pop(k) for k in [k for k, h in self._held.items() if not h.trial_ids]]
+                if not self._held:
+                    self._thread = None  # a hold() from now on starts a new thread (with handles of its own)
+                due: list[tuple[str, _Held, set[int]]] = []
+                if self._held and not released:
+                    wait_s = min(h.due_at for h in self._held.values()) - time.monotonic()
+                    if wait_s > 0:
+                        self._wake.wait(wait_s)
+                        continue  # re-read: a hold or release may have changed what is due
+                    for key, held in self._held.items():
+                        if held.trial_ids and held.due_at <= time.monotonic():
+                            held.due_at = time.monotonic() + held.interval_s
+                            due.append((key, held, set(held.trial_ids)))
+                ending = not self._held
+            for held in released:  # outside the lock, like the renewals: release() never waits for a close
+                self._close(held)
+            if ending:
+                return
+            for key, held, trial_ids in due:  # outside the lock: a finish_trial never waits for a renewal
+                self._renew(key, held, trial_ids)
+
+    @staticmethod
+    def _close(held: _Held) -> None:
+        store, held.store = held.store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as exc:  # a connection already broken: nothing left to release
+                logger.debug("zeus-callbacks: closing the lease keeper's store %s: %s", store.location, exc)
+
+    def _renew(self, key: str, held: _Held, trial_ids: set[int]) -> None:
+        """One renewal of one store's leases, through the keeper's handle (opened now if it has none)."""
+        try:
+            if held.store is None:
+                held.store = held.opener()
+            store = held.store
+            if store is None:  # the store file is gone: nothing left to renew
+                kept: set[int] = set()
+            else:
+                kept = store.renew_leases(lease_owner(), trial_ids)
+        except Exception as exc:  # the store is down or locked: try again next interval, on a fresh handle
+            self._close(held)
+            if not held.failing:
+                logger.warning(
+                    "zeus-callbacks: cannot renew the lease of trial(s) %s in %s: %s (retrying every %.3g s)",
+                    sorted(trial_ids),
+                    key,
+                    exc,
+                    held.interval_s,
+                )
+            held.failing = True
+            return
+        held.failing = False
+        with self._lock:
+            lost = (trial_ids - kept) & held.trial_ids  # not released meanwhile: really lost
+            held.trial_ids -= lost
+        if lost and store is not None:
+            logger.warning(
+                "zeus-callbacks: trial(s) %s in %s are no longer running under this process's lease "
+                "(finished elsewhere, or marked failed after a missed heartbeat)",
+                sorted(lost),
+                key,
+            )
+
+
+KEEPER = LeaseKeeper()
+"""The process's lease keeper."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=KEEPER._after_fork_in_child)

@@ -1,0 +1,24 @@
+"""Schema 2: trials carry a lease (owner token, heartbeat).
+
+Revision ID: 0002
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from zeus_callbacks.store._migrations import table_prefix
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    """Add ``owner`` and ``heartbeat_at`` to trials, and an index by status."""
+    p = table_prefix()
+    op.add_column(f"{p}trials", sa.Column("owner", sa.String(255), nullable=False, server_default=""))
+    op.add_column(f"{p}trials", sa.Column("heartbeat_at", sa.Double))
+    op.create_index(f"{p}trials_by_status", f"{p}trials", ["status"])

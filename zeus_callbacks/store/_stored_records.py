@@ -1,0 +1,424 @@
+"""The store's records: one schema for both stores, checked on load (pydantic), and built here on write.
+
+Reading: each store reads its rows or its document through these models before it returns a record
+or writes anything back. A record that does not fit raises
+:class:`~zeus_callbacks.errors.StoreCorruptError` naming the store and the record (``trial 7``,
+``job 'nightly'``, ``the bandit of job 'nightly'``) and the field; the store is left untouched.
+
+The models are lax in the ways a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for
+8) and strict in the rest. A stored energy, time, cost or power limit that is not a finite number
+(a NaN an older version let through) reads as None: unknown, which is what it is.
+
+Writing: both stores build a new trial (:func:`new_trial`), a finished one (:func:`outcome`,
+:func:`finished_fields`), a trial marked dead (:func:`orphan_fields`) and a bandit state's JSON
+(:func:`bandit_json`) here, so the SQL rows and the JSON document hold the same fields, refused
+and accepted by the same checks. :class:`Snapshot` carries a whole store from one to another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from zeus_callbacks.errors import StoreCorruptError
+from zeus_callbacks.store._base import (
+    BanditState,
+    JobRecord,
+    TrialRecord,
+    check_finish_status,
+    check_finite,
+    dumps_strict,
+    lease_owner,
+    this_host,
+)
+
+if TYPE_CHECKING:
+    from zeus_callbacks.store._base import Store
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
+"""The fields of :class:`~zeus_callbacks.store._base.TrialRecord`, in order (the trials table's columns)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+
+class TrialModel(_Record):
+    """One trial as stored (the fields of :class:`~zeus_callbacks.store._base.TrialRecord`)."""
+
+    trial_id: int = Field(gt=0)
+    job_id: str
+    batch_size: int
+    power_limit_W: float | None = None
+    status: Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+    energy_J: float | None = None
+    time_s: float | None = None
+    cost: float | None = None
+    converged: bool = False
+    started_at: float
+    ended_at: float | None = None
+    pid: int = 0
+    host: str = ""
+    info: dict[str, Any] = Field(default_factory=dict)
+    owner: str = ""
+    heartbeat_at: float | None = None
+    pending_id: str | None = None
+
+    @field_validator("power_limit_W", "energy_J", "time_s", "cost", mode="after")
+    @classmethod
+    def _unknown_when_not_finite(cls, value: float | None) -> float | None:
+        return _finite_or_none(value)
+
+    @field_validator("started_at", "ended_at", "heartbeat_at", mode="after")
+    @classmethod
+    def _finite_time(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite Unix time")
+        return value
+
+
+class JobModel(_Record):
+    """One job as stored."""
+
+    created_at: float
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class BanditModel(_Record):
+    """One job's bandit state as the JSON store keeps it (``arms`` keyed by the batch size as text)."""
+
+    state: dict[str, Any]
+    arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    version: int = Field(ge=0)
+
+    @field_validator("arms", mode="after")
+    @classmethod
+    def _arm_keys_are_batch_sizes(cls, arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for key in arms:
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"arm key {key!r} is not a batch size")
+        return arms
+
+
+class DocumentModel(_Record):
+    """The JSON store's whole document (``format`` and ``schema_version`` are checked before)."""
+
+    format: str
+    schema_version: int
+    next_trial_id: int = Field(gt=0)
+    jobs: dict[str, JobModel]
+    trials: list[TrialModel]
+    bandits: dict[str, BanditModel]
+    profiles: dict[str, dict[str, Any]]
+
+    @model_validator(mode="after")
+    def _ids_are_unique_and_below_next(self) -> DocumentModel:
+        ids = [t.trial_id for t in self.trials]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two trials share a trial_id")
+        pending = [t.pending_id for t in self.trials if t.pending_id is not None]
+        if len(set(pending)) != len(pending):
+            raise ValueError("two trials share a pending_id")
+        if ids and max(ids) >= self.next_trial_id:
+            raise ValueError(f"next_trial_id {self.next_trial_id} is not above the largest trial_id {max(ids)}")
+        return self
+
+
+def _where(loc: tuple[Any, ...], doc: Mapping[str, Any] | None) -> str:
+    """A validation error's location in words: ``trial 7 (trials[3]) field batch_size``."""
+    parts = list(loc)
+    if doc is not None and len(parts) >= 2 and parts[0] == "trials" and isinstance(parts[1], int):
+        try:
+            trial_id = doc["trials"][parts[1]].get("trial_id")
+        except (AttributeError, IndexError, KeyError, TypeError):
+            trial_id = None
+        head = f"trial {trial_id} (trials[{parts[1]}])" if trial_id is not None else f"trials[{parts[1]}]"
+        rest = parts[2:]
+    elif len(parts) >= 2 and parts[0] in ("jobs", "bandits", "profiles"):
+        head = {"jobs": "job", "bandits": "the bandit of job", "profiles": "profile"}[parts[0]] + f" {parts[1]!r}"
+        rest = parts[2:]
+    else:
+        head, rest = "the document", parts
+    return head + (f" field {'.'.join(str(p) for p in rest)}" if rest else "")
+
+
+def corrupt(location: str, record: str, problem: str) -> StoreCorruptError:
+    """The error for a record that does not fit: names the store, the record and the problem."""
+    return StoreCorruptError(
+        f"store {location}: {record} is malformed ({problem}); the store was left untouched — restore it from a "
+        "backup, fix the record by hand, or move the file away to start a new one"
+    )
+
+
+def _first_error(exc: ValidationError, doc: Mapping[str, Any] | None) -> tuple[str, str]:
+    error = exc.errors()[0]
+    value = repr(error.get("input"))
+    value = value if len(value) <= 60 else value[:57] + "..."
+    return _where(tuple(error["loc"]), doc), f"{error['msg']}, got {value}" if error.get("loc") else error["msg"]
+
+
+def validate_document(doc: dict[str, Any], location: str) -> dict[str, Any]:
+    """The JSON store's document, every record checked and normalised (``"8"`` → 8).
+
+    Raises:
+        StoreCorruptError: A record does not fit; the message names the store, the record and the field.
+    """
+    try:
+        model = DocumentModel.model_validate(doc)
+    except ValidationError as exc:
+        record, problem = _first_error(exc, doc)
+        raise corrupt(location, record, problem) from exc
+    return model.model_dump()
+
+
+def json_column(text: Any, location: str, record: str) -> Any:
+    """A JSON column of a SQL row (``info``, ``state``), decoded.
+
+    Raises:
+        StoreCorruptError: Not text, or not JSON.
+    """
+    if not isinstance(text, (str, bytes)):
+        raise corrupt(location, record, f"expected JSON text, got {type(text).__name__}")
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise corrupt(location, record, f"not JSON: {exc}") from exc
+
+
+def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
+    """A :class:`TrialRecord` from its stored fields (a SQL row or a JSON object), checked.
+
+    ``info`` may be JSON text (a SQL column) or a mapping.
+
+    Raises:
+        StoreCorruptError: A field does not fit.
+    """
+    name = f"trial {d.get('trial_id')!r}"
+    fields = dict(d)
+    if not isinstance(fields.get("info"), Mapping):
+        fields["info"] = json_column(fields.get("info"), location, name)
+    try:
+        m = TrialModel.model_validate(fields)
+    except ValidationError as exc:
+        raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+    return TrialRecord(**{**{key: getattr(m, key) for key in TRIAL_FIELDS}, "info": dict(m.info)})
+
+
+def job(job_id: Any, created_at: Any, info: Any, location: str) -> JobRecord:
+    """A :class:`JobRecord` from its stored fields (``info`` as JSON text or a mapping), checked.
+
+    Raises:
+        StoreCorruptError: A field does not fit.
+    """
+    name = f"job {job_id!r}"
+    if not isinstance(job_id, str):
+        raise corrupt(location, name, f"job_id must be text, got {type(job_id).__name__}")
+    if not isinstance(info, Mapping):
+        info = json_column(info, location, name)
+    try:
+        m = JobModel.model_validate({"created_at": created_at, "info": info})
+    except ValidationError as exc:
+        raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+    return JobRecord(job_id, m.created_at, dict(m.info))
+
+
+def mapping_column(text: Any, location: str, record: str) -> dict[str, Any]:
+    """A JSON column that must hold an object (a bandit state, an arm, a profile), decoded.
+
+    Raises:
+        StoreCorruptError: Not JSON, or not an object.
+    """
+    value = json_column(text, location, record)
+    if not isinstance(value, dict):
+        raise corrupt(location, record, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def batch_size_key(value: Any, location: str, record: str) -> int:
+    """An arm's batch size as stored (an integer column, or the JSON store's text key), checked.
+
+    Raises:
+        StoreCorruptError: Not a whole number.
+    """
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise corrupt(location, record, f"batch size {value!r} is not a whole number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or str(number) != str(value).strip():
+        raise corrupt(location, record, f"batch size {value!r} is not a whole number")
+    return number
+
+
+def version(value: Any, location: str, record: str) -> int:
+    """A bandit's version counter as stored, checked.
+
+    Raises:
+        StoreCorruptError: Not a whole number ≥ 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise corrupt(location, record, f"version {value!r} is not a whole number ≥ 0")
+    return value
+
+
+def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any, Any]], location: str) -> BanditState:
+    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes as integers or text), checked.
+
+    Raises:
+        StoreCorruptError: A part does not fit.
+    """
+    name = f"the bandit of job {job_id!r}"
+    decoded = {
+        batch_size_key(b, location, f"{name}, arm {b!r}"): (
+            dict(s) if isinstance(s, Mapping) else mapping_column(s, location, f"{name}, arm {b!r}")
+        )
+        for b, s in arms
+    }
+    return BanditState(
+        job_id=job_id,
+        state=dict(state) if isinstance(state, Mapping) else mapping_column(state, location, name),
+        arms=dict(sorted(decoded.items())),
+        version=version(version_value, location, name),
+    )
+
+
+def bandit_json(state: BanditState, location: str) -> tuple[str, dict[int, str]]:
+    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON).
+
+    Raises:
+        StoreValueError: A value is not a finite number (nothing was written).
+    """
+    job_id = state.job_id
+    return dumps_strict(state.state, location, f"the bandit state of job {job_id}"), {
+        int(b): dumps_strict(s, location, f"arm {b} of job {job_id}") for b, s in state.arms.items()
+    }
+
+
+def new_trial(
+    location: str,
+    job_id: str,
+    batch_size: int,
+    power_limit_W: float | None,
+    *,
+    info: Mapping[str, Any] | None,
+    pid: int | None,
+    pending_id: str | None,
+    now_s: float,
+) -> dict[str, Any]:
+    """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
+
+    A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
+    recorded for another process carries none.
+
+    Raises:
+        StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
+    """
+    check_finite(location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
+    info_json = dumps_strict(dict(info or {}), location, f"the info of a new trial of job {job_id}")
+    mine = pid is None or int(pid) == os.getpid()
+    return {
+        "job_id": job_id,
+        "batch_size": int(batch_size),
+        "power_limit_W": None if power_limit_W is None else float(power_limit_W),
+        "status": "running",
+        "energy_J": None,
+        "time_s": None,
+        "cost": None,
+        "converged": False,
+        "started_at": now_s,
+        "ended_at": None,
+        "pid": os.getpid() if pid is None else int(pid),
+        "host": this_host(),
+        "info": json.loads(info_json),
+        "owner": lease_owner() if mine else "",
+        "heartbeat_at": now_s,
+        "pending_id": pending_id,
+    }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trial's outcome as :meth:`~zeus_callbacks.store._base.Store.finish_trial` is given it, checked."""
+
+    status: str
+    energy_J: float | None
+    time_s: float | None
+    cost: float | None
+    converged: bool
+    batch_size: int | None
+    power_limit_W: float | None
+    info: dict[str, Any]
+    pending_id: str | None
+
+
+def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
+    """The outcome ``finish_trial`` was given (its keyword arguments but ``bandit_update``), checked before any write.
+
+    Raises:
+        ValueError: ``status`` is ``running`` or unknown.
+        StoreValueError: A number (or a value of ``info``) is not finite.
+    """
+    result = Outcome(**{**given, "info": dict(given.get("info") or {})})
+    check_finish_status(result.status)
+    check_finite(
+        location,
+        f"finish trial {trial_id}",
+        energy_J=result.energy_J,
+        time_s=result.time_s,
+        cost=result.cost,
+        power_limit_W=result.power_limit_W,
+    )
+    dumps_strict(result.info, location, f"the info of trial {trial_id}")
+    return result
+
+
+def finished_fields(old: TrialRecord, done: Outcome, now_s: float) -> dict[str, Any]:
+    """The stored fields a finished trial changes: its outcome, ``info`` merged, the rest kept unless given."""
+    return {
+        "status": done.status,
+        "energy_J": done.energy_J,
+        "time_s": done.time_s,
+        "cost": done.cost,
+        "converged": bool(done.converged),
+        "ended_at": now_s,
+        "batch_size": old.batch_size if done.batch_size is None else int(done.batch_size),
+        "power_limit_W": old.power_limit_W if done.power_limit_W is None else float(done.power_limit_W),
+        "info": {**old.info, **done.info},
+        "pending_id": old.pending_id if done.pending_id is None else done.pending_id,
+    }
+
+
+def orphan_fields(trial: TrialRecord, reason: str, now_s: float) -> dict[str, Any]:
+    """The stored fields of a dead trial marked failed on open (``reason``: see ``base.orphan_reason``)."""
+    return {"status": "failed", "ended_at": now_s, "info": {**trial.info, "reason": reason}}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every record of a store, as :func:`snapshot` reads it and ``Store.import_records`` writes it."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    bandits: list[BanditState] = field(default_factory=list)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def snapshot(store: Store) -> Snapshot:
+    """Read every record of ``store`` (jobs, trials in creation order, bandit states, profiles)."""
+    jobs = store.list_jobs()
+    bandits = [b for b in (store.get_bandit(j.job_id) for j in jobs) if b is not None]
+    profiles = {key: store.get_profile(key) or {} for key in store.list_profiles()}
+    return Snapshot(jobs, store.list_trials(), bandits, profiles)
