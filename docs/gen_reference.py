@@ -220,9 +220,9 @@ EVENTS: dict[str, str] = {
     "run_start": "Written once when training starts (`train_start`).",
     "steps": "One per step report: every `logging.interval_steps` training steps (with one process and "
     "`windows.sample_fraction: auto`, less often when steps are very short), at each epoch end, "
-    "at each Hugging Face log event and at the end. Covers the measured steps attributed since the previous "
-    "report (so `count` can differ from `logging.interval_steps`; with `windows.sample_fraction` below 1 "
-    "only a random share of the steps is measured, and `steps` counts every step the means stand for). "
+    "at each Hugging Face log event and at the end. It covers the measured steps attributed since the previous "
+    "report, so `count` can differ from `logging.interval_steps`. With `windows.sample_fraction` below 1 "
+    "only a random share of the steps is measured, and `steps` counts every step the means stand for. "
     "A step window runs from the previous step's end mark to this step's end: it holds the batch fetch "
     "(docs/concepts.md, *What a step window covers*). Warm-up steps are in the `warmup` record, not here.",
     "warmup": "With the first step report that attributes them: the run's warm-up steps "
@@ -235,8 +235,8 @@ EVENTS: dict[str, str] = {
     "evaluate": "The validation metrics the framework reported (numbers only), at each evaluation.",
     "window": "One per execution of a user-named window (`with session.window(name): ...`).",
     "power_limit_profile": "Once, when the power-limit profiler made its choice (`power_limit.enabled`): "
-    "from a profile, from the cache, or the measurement of observe mode; or at the end of a run that ended "
-    "before profiling finished (`finished: false`), with what was measured.",
+    "from a profile, from the cache, or the measurement of observe mode. A run that ended before profiling "
+    "finished writes it at its end instead (`finished: false`), with what was measured.",
     "batch_size": "Written at `train_start` when `batch_size.enabled`: the batch size the bandit chose for "
     "this recurrence and its trial in the store.",
     "trial": "Written at the end of a run under the batch-size bandit: the trial's outcome as recorded in the store.",
@@ -552,10 +552,11 @@ def render_metrics() -> str:
         "",
         "Every key zeus-callbacks logs to the framework's loggers (TensorBoard, Weights & Biases, ...). "
         "The keys are stable; the unit is in the name. Energy is GPU energy, summed over the GPUs this "
-        "process measures, except `energy/cpu_J`, `energy/dram_J`, `energy/node_J`, their epoch forms "
-        "`energy/epoch_cpu_J`, `energy/epoch_dram_J`, `energy/epoch_node_J` and their per-step forms "
-        "`energy/step_cpu_J`, `energy/step_dram_J`, `energy/step_node_J` (`node.rapl`: the CPU packages and "
-        "DRAM from Linux RAPL; `node.virtual_cpu`: a SIMULATED CPU beside the virtual GPU); no key covers the "
+        "process measures, except the CPU, DRAM and node keys. Those are `energy/cpu_J`, `energy/dram_J`, "
+        "`energy/node_J`, their epoch forms `energy/epoch_cpu_J`, `energy/epoch_dram_J`, `energy/epoch_node_J` "
+        "and their per-step forms `energy/step_cpu_J`, `energy/step_dram_J`, `energy/step_node_J`. "
+        "`node.rapl` reads the CPU packages and DRAM from Linux RAPL; `node.virtual_cpu` gives a SIMULATED CPU "
+        "beside the virtual GPU. No key covers the "
         "rest of the machine (fans, disks, the power supply's losses). `energy/co2_g` and `cost/run` are "
         "estimates (docs/node_energy.md).",
         "",
@@ -589,14 +590,18 @@ def render_metrics() -> str:
         "reports are empty, even with `windows.sample_fraction: 1`. Steps too short "
         "for a window at every step within `windows.max_overhead` are measured as a random share "
         "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
-        "then over that share. With one process, auto also sets the report interval R at each report: "
-        "R = `logging.interval_steps` while every step is measured, else the larger of `logging.interval_steps` "
-        "and ⌈16 / share⌉ steps, but at most 5 s of steps (never below `logging.interval_steps`). A report is "
+        "then over that share. With one process, auto also sets the report interval R again at each report, "
+        "from the measured share and the step time. While every step is measured, R = `logging.interval_steps`. "
+        "Otherwise R is the larger of `logging.interval_steps` and ⌈16 / share⌉ steps, but at most 5 s of steps "
+        "(never below `logging.interval_steps`). A report is "
         "made at the first step at which the steps since the previous report (or the epoch's start) reach the R "
         "then in force, and at each epoch end. So a report carries ~16 measured steps on average, fewer where the "
         "5 s cap or an epoch end cuts it short. The number varies, because the measured steps are a random draw. "
-        "The first R above `logging.interval_steps` is announced as a one-line warning (the share and R), and "
-        "again each time the share falls below half of the share last announced. "
+        "As R is set again at each report, the gaps between reports vary too. An epoch shorter than R gets only "
+        "its epoch-end report. The first R above `logging.interval_steps` is announced as a one-line warning: "
+        "`zeus-callbacks: sample_fraction auto measures 45.8% of steps: step energy every 35 steps, not 10`. "
+        "Each time the share falls below half of the share last announced, another warning follows: "
+        "`zeus-callbacks: measured share fell from 45.80% to 20.10% of steps: step energy every 80 steps`. "
         "`windows.sample_fraction: 1` measures every step and keeps `logging.interval_steps`. "
         "A step's window holds its batch fetch: it runs from the previous step's end to its own "
         "(docs/concepts.md, *What a step window covers*), and the run's warm-up steps "
@@ -612,9 +617,9 @@ def render_metrics() -> str:
         "or a periodic log at that step, which the Trainer makes before the epoch ends. Such an epoch is handed "
         "to its reporters as a log of its own at that step, before its next log (never in `log_history`).",
         f"- **Evaluation metrics** (`{reporting.EVAL_ENERGY_J}`, `{reporting.EVAL_TIME_S}`) once per evaluation "
-        "loop, at its own step: Lightning hands them to its loggers when validation ends, at the step of the "
-        "last training batch (callbacks that monitor `callback_metrics` see them with the next training log, "
-        "as `self.log` is refused there). The Hugging Face Trainer's reporters get them with the evaluation's "
+        "loop, at its own step. Lightning hands them to its loggers when validation ends, at the step of the "
+        "last training batch. Callbacks that monitor `callback_metrics` see them with the next training log, "
+        "as `self.log` is refused there. The Hugging Face Trainer's reporters get them with the evaluation's "
         f"log, named `{reporting.HF_EVAL_NAMES[reporting.EVAL_ENERGY_J]}` and "
         f"`{reporting.HF_EVAL_NAMES[reporting.EVAL_TIME_S]}`: the Trainer files keys that begin with `eval_` "
         "under `eval/`, so TensorBoard and W&B show `eval/energy_J` beside `eval/loss`. With several evaluation "
@@ -624,15 +629,15 @@ def render_metrics() -> str:
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
         "adds the running totals to every periodic log. When `train()` raises, the Hugging Face callback hands "
-        "the steps reported since its last log and the run's totals to the Trainer's reporters as one more log, "
-        "at the step that failed (the last completed step + 1; never in `log_history`). When an evaluation "
-        "stops training (`EarlyStoppingCallback`) after that step's periodic log, the final log gives the "
+        "the steps reported since its last log and the run's totals to the Trainer's reporters as one more log. "
+        "That log is at the step that failed (the last completed step + 1; never in `log_history`). An evaluation "
+        "may stop training (`EarlyStoppingCallback`) after that step's periodic log. The final log then gives the "
         "reporters no second point at that step: their last totals are that periodic log's, taken before the "
-        "evaluation; the results (`TrainOutput.metrics`, `train_results.json`) and the JSONL `run_end` hold "
+        "evaluation. The results (`TrainOutput.metrics`, `train_results.json`) and the JSONL `run_end` hold "
         "the run's. The run's mean step (`run_end`'s `step_energy_J`, the results' `energy/run_step_mean_J`) "
-        "leaves the warm-up steps out and weighs each `steps` record's mean by the steps it stands for (a "
-        "plain mean over the measured steps would favour the stretches auto sampling measures more). With every "
-        "step measured, this mean times the steps it stands for is below the run's total, which also holds "
+        "leaves the warm-up steps out. It weighs each `steps` record's mean by the steps it stands for: a "
+        "plain mean over the measured steps would favour the stretches auto sampling measures more. With every "
+        "step measured, this mean times the steps it stands for is below the run's total. The total also holds "
         "the warm-up steps, the "
         "evaluations, the epoch boundaries and the time before the first epoch and after the last "
         "(docs/results/step_mean_bias.md). Under auto sampling each `steps` record's mean is an estimate from "
@@ -642,9 +647,9 @@ def render_metrics() -> str:
         "The run's mean step × 449 steps came to 2,599 J against a 2,462 J total. "
         "Set `windows.sample_fraction: 1` where the per-step figure must be exact rather than cheap.",
         f"- **`{reporting.SIMULATED}`** (and `{reporting.UNAVAILABLE}`) once at every logger step that gets our "
-        "metrics, in both adapters: an evaluation's log and a report can share a step (in the Hugging Face Trainer, "
-        "an evaluation's log after the periodic log at its step), and only the first batch at a step carries the "
-        "flag.",
+        "metrics, in both adapters. An evaluation's log and a report can share a step (in the Hugging Face "
+        "Trainer, an evaluation's log after the periodic log at its step). Only the first batch at a step "
+        "carries the flag.",
         f"- `{reporting.PROGRESS_BAR_ENERGY}` appears on Lightning's progress bar only (`logging.progress_bar`). "
         f"On the virtual GPU the bar shows `{reporting.PROGRESS_BAR_SIMULATED_ENERGY}` instead: the bar has no "
         f"`{reporting.SIMULATED}` flag beside it, so the name says the figure is simulated.",

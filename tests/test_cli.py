@@ -196,6 +196,33 @@ def test_simulate_subcommand_runs_recurrences(tmp_path, capsys):
     assert len(lines) == 3 and store.exists()
 
 
+def test_show_labels_the_posterior_and_gives_the_measured_mean_beside_it(tmp_path, capsys):
+    # Issue 26 (outside tester): with one trial of cost 1224.0 `show` printed "mean cost 1224.5":
+    # the bandit's posterior mean, which the prior pulls off the measured cost, read as a measured mean.
+    store = tmp_path / "store.sqlite"
+    args = ["simulate", "--gpu", "A40", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["show", str(store), "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["jobs"][0]
+    costs: dict[int, list[float]] = {}
+    for trial in job["trials"]:
+        costs.setdefault(trial["batch_size"], []).append(trial["cost"])
+    tried = [arm for arm in job["arms"] if arm["batch_size"] in costs]
+    assert tried and all(len(costs[arm["batch_size"]]) == 1 for arm in tried)
+    for arm in tried:
+        assert arm["measured_trials"] == 1
+        assert arm["measured_mean_cost"] == pytest.approx(costs[arm["batch_size"]][0], rel=1e-12)
+        assert arm["mean_cost"] != pytest.approx(arm["measured_mean_cost"], rel=1e-6)  # the prior pulls it
+    untried = [arm for arm in job["arms"] if arm["batch_size"] not in costs]
+    assert untried and all(arm["measured_mean_cost"] is None and arm["measured_trials"] == 0 for arm in untried)
+    assert main(["show", str(store)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("batch") and "alive" in line)
+    assert header.split() == "batch model mean model spread model n measured mean trials alive".split()
+    assert "mean cost" not in "\n".join(lines)  # no unlabelled model figure
+
+
 def test_show_and_plot_read_a_simulated_store(tmp_path, capsys):
     store = tmp_path / "store.sqlite"
     args = ["simulate", "--gpu", "A40", "--workload", "cifar100", "--recurrences", "12", "--store", str(store)]
@@ -203,7 +230,7 @@ def test_show_and_plot_read_a_simulated_store(tmp_path, capsys):
     capsys.readouterr()
     assert main(["show", str(store)]) == 0
     out = capsys.readouterr().out
-    assert "job " in out and "mean cost" in out and "trial(s)" in out
+    assert "job " in out and "model mean" in out and "measured mean" in out and "trial(s)" in out
     assert main(["show", str(store), "--json"]) == 0
     import json
 

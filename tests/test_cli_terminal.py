@@ -135,7 +135,7 @@ def test_tables_fit_80_columns(tmp_path, capsys, power_limit_run, monkeypatch):
     StoreProfileCache(store).put(key, {"chosen_limit_W": record["chosen_limit_W"], "limits": record["limits"]})
     assert main(["show", str(store)]) == 0
     out = capsys.readouterr().out
-    assert "mean cost" in out and "trial(s)" in out and "power-limit profiles" in out
+    assert "model mean" in out and "measured mean" in out and "trial(s)" in out and "power-limit profiles" in out
     assert f"chosen {record['chosen_limit_W']:g} W" in out
     _assert_fits(out)
     assert main(["report", power_limit_run.name]) == 0

@@ -207,7 +207,8 @@ class LoggingConfig(_Section):
         le=10**9,
         description="Log step energy (mean over the interval) every this many steps; with one process and "
         "auto windows.sample_fraction, very short steps that are measured as a sample are reported less often, "
-        "so reports fit the budget (a warning says so once).",
+        "so reports fit the budget. A warning says so, and again each time the measured share falls below half "
+        "of the share last announced. The interval is set again at each report.",
     )
     log_dir: Path = Field(Path("zeus_logs"), description="Directory of the JSONL energy log.")
     jsonl: bool = Field(True, description="Write the JSONL energy log.")

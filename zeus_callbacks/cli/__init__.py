@@ -6,7 +6,7 @@ Subcommands:
                            side by side; ``--csv DIR`` writes their records as CSV
     restore                put back the power limits a killed run left changed (its marker file)
     simulate ...           replay a recurring job on the Zeus traces (see ``zeus-callbacks simulate -h``)
-    show STORE             jobs, arms (posterior mean and spread), trials and profiles of a store
+    show STORE             jobs, arms (posterior and measured cost), trials and profiles of a store
     plot run RUN.jsonl | plot power-limit RUN.jsonl | plot bandit STORE JOB | plot profile PROFILE.json
                            a run's power and energy per step, the power-limit frontier with the chosen
                            point, the bandit's history, or a fine-grain power profile

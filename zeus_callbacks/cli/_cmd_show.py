@@ -1,4 +1,4 @@
-"""``zeus-callbacks show STORE``: jobs, arms (posterior mean and spread), trials and profiles of a store."""
+"""``zeus-callbacks show STORE``: jobs, arms (posterior and measured cost), trials and profiles of a store."""
 
 from __future__ import annotations
 
@@ -54,7 +54,14 @@ def _state(store: Store, job_id: str) -> StoredState | None:
 
 
 def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
-    """Each arm's posterior mean and spread of cost for one job (empty before any observation)."""
+    """Each arm's cost for one job, as the bandit's model and as measured (empty before any observation).
+
+    ``mean_cost``, ``std_cost`` and ``observations`` are the posterior's (the model's mean, its
+    standard deviation and the effective, age-weighted number of observations); with one trial the
+    posterior mean sits between that trial's cost and the prior. ``measured_mean_cost`` is the plain
+    mean of the costs the bandit observed for the arm (completed and early-stopped trials; an
+    early-stopped cost is its cost at the stop), over ``measured_trials`` trials; None without one.
+    """
     state = _state(store, job_id)
     if state is None:
         return []
@@ -64,6 +71,7 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
         posteriors = bandit.posteriors(arms=sizes)
     except ValueError:  # no observation yet: no prior
         return []
+    observed = {b: [cost for cost, _ in pairs] for b, pairs in bandit.observations().items()}
     survivors = set(state.survivors)
     failed = state.failed_arms
     return [
@@ -72,6 +80,8 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
             "mean_cost": p.mean,
             "std_cost": p.std,
             "observations": p.n,
+            "measured_mean_cost": sum(observed[b]) / len(observed[b]) if observed.get(b) else None,
+            "measured_trials": len(observed.get(b, [])),
             "survivor": b in survivors,
             "pruned_reason": failed.get(str(b)),
         }
@@ -140,11 +150,13 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
     for job in report["jobs"]:
         out.append(f"\njob {job['job_id']}  phase {fmt(job['phase'])}  best converged cost {fmt(job['min_cost'])}")
         if job["arms"]:
-            keys = ["batch_size", "mean_cost", "std_cost", "observations", "survivor"]
-            arm_rows = [[a[k] for k in keys] for a in job["arms"]]
+            keys = ["batch_size", "mean_cost", "std_cost", "observations", "measured_mean_cost", "measured_trials"]
+            arm_rows = [[a[k] for k in keys] + [a["survivor"]] for a in job["arms"]]
             for row in arm_rows:  # observations are a float in the posterior; whole counts read better
                 row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
-            out.append(table(["batch", "mean cost", "spread", "n", "alive"], arm_rows))
+            # The bandit's posterior (its model) is named as such: with one trial its mean is not that trial's cost.
+            headers = ["batch", "model mean", "model spread", "model n", "measured mean", "trials", "alive"]
+            out.append(table(headers, arm_rows))
         for batch_size, reason in job["failed_arms"].items():
             out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
