@@ -39,7 +39,7 @@ ENERGY_J, TIME_S, COST = 1234.5, 60.0, 1500.0
 REPORT = textwrap.dedent("""
     import json, os, signal, sys
     from tests.store_contract import _open
-    from zeus_callbacks.optimizers.batch_size import bandit as bandit_module
+    from zeus_callbacks.optimizers.batch_size import _bandit as bandit_module
     from zeus_callbacks.optimizers.batch_size._bandit import BanditSettings, BatchSizeBandit
 
     kind, location, point, job = sys.argv[1:5]
