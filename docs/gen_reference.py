@@ -292,10 +292,12 @@ FIELDS: dict[str, str] = {
     "order) dropped since the previous `steps` record: in no mean; the record is then not `complete`.",
     "incomplete_reason": "Why the record is not `complete` beyond sample coverage (an impossible window "
     "dropped); null otherwise.",
-    "steps.incomplete_reason": "Why the record is not `complete` beyond sample coverage: impossible windows "
-    "dropped, or, under several processes, only some ranks had measured steps by an epoch's or the run's end (its "
-    "means are then null: a mean of part of the job's GPUs is not the job's). At other reports such steps wait for "
-    "the next report, which then holds every rank's. Null otherwise.",
+    "steps.incomplete_reason": "Why the record is not `complete` beyond sample coverage. Impossible windows were "
+    "dropped. Or, under several processes, only some ranks had measured steps by an epoch's or the run's end: its "
+    "means are then null, as a mean of part of the job's GPUs is not the job's (at other reports such steps wait for "
+    "the next report, which then holds every rank's). Or none of the steps it stands for was measured "
+    "(`windows.sample_fraction`, or no power sample covered them): `count` is 0 and the means null. Or it stands "
+    "for warm-up steps only. Null otherwise: a record with null means always says why here.",
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry. The entries are "
     "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
     "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "
