@@ -264,7 +264,8 @@ FIELDS: dict[str, str] = {
     "`CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` do not remap: NVML's, amdsmi's), `uuid` "
     "(`nvmlDeviceGetUUID`'s `GPU-…`, amdsmi's device UUID), `name`, `virtual` and `note` (why a field is "
     "null). On the virtual GPU `uuid` is a made-up `VIRTUAL-GPU-<index>`, the same in every run, with "
-    "`virtual: true`.",
+    "`virtual: true` (`VIRTUAL-GPU-RANK<rank>-<index>` when several processes each have their own). Under "
+    "several processes the main process writes this record: its devices are rank 0's.",
     "measurement": "What the energy figures are: `measured` (a real GPU), `simulated` (the virtual GPU: "
     "figures come from traces) or `unavailable` (a GPU is present but cannot be measured: every energy "
     "figure is null). See docs/concepts.md#honest-figures.",

@@ -62,8 +62,9 @@ class DigitsCNN(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
-        self.log("val/loss", nn.functional.cross_entropy(logits, y))
-        self.log("val/acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True)
+        # sync_dist: under DDP each process validates its share of the data; the figures are the mean over them.
+        self.log("val/loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+        self.log("val/acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
