@@ -264,7 +264,8 @@ FIELDS: dict[str, str] = {
     "`CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` do not remap: NVML's, amdsmi's), `uuid` "
     "(`nvmlDeviceGetUUID`'s `GPU-…`, amdsmi's device UUID), `name`, `virtual` and `note` (why a field is "
     "null). On the virtual GPU `uuid` is a made-up `VIRTUAL-GPU-<index>`, the same in every run, with "
-    "`virtual: true`.",
+    "`virtual: true` (`VIRTUAL-GPU-RANK<rank>-<index>` when several processes each have their own). Under "
+    "several processes the main process writes this record: its devices are rank 0's.",
     "measurement": "What the energy figures are: `measured` (a real GPU), `simulated` (the virtual GPU: "
     "figures come from traces) or `unavailable` (a GPU is present but cannot be measured: every energy "
     "figure is null). See docs/concepts.md#honest-figures.",
@@ -292,10 +293,12 @@ FIELDS: dict[str, str] = {
     "order) dropped since the previous `steps` record: in no mean; the record is then not `complete`.",
     "incomplete_reason": "Why the record is not `complete` beyond sample coverage (an impossible window "
     "dropped); null otherwise.",
-    "steps.incomplete_reason": "Why the record is not `complete` beyond sample coverage: impossible windows "
-    "dropped, or, under several processes, only some ranks had measured steps by an epoch's or the run's end (its "
-    "means are then null: a mean of part of the job's GPUs is not the job's). At other reports such steps wait for "
-    "the next report, which then holds every rank's. Null otherwise.",
+    "steps.incomplete_reason": "Why the record is not `complete` beyond sample coverage. Impossible windows were "
+    "dropped. Or, under several processes, only some ranks had measured steps by an epoch's or the run's end: its "
+    "means are then null, as a mean of part of the job's GPUs is not the job's (at other reports such steps wait for "
+    "the next report, which then holds every rank's). Or none of the steps it stands for was measured "
+    "(`windows.sample_fraction`, or no power sample covered them): `count` is 0 and the means null. Or it stands "
+    "for warm-up steps only. Null otherwise: a record with null means always says why here.",
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry. The entries are "
     "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
     "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "

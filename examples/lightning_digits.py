@@ -5,10 +5,11 @@ TensorBoard logging, and the ZeusCallback configured from ``examples/zeus.yaml``
 Runs on the GPU when there is one (NVIDIA/AMD backend), else on the CPU with the
 virtual GPU reporting power.
 
-    python examples/lightning_digits.py [--epochs 10] [--config examples/zeus.yaml] [--no-callback]
+    python examples/lightning_digits.py [--epochs 10] [--config examples/zeus.yaml] [--log-dir DIR] [--no-callback]
     python examples/lightning_digits.py --devices 2      # DDP: one process per GPU (gloo on the CPU)
 
-Then: ``tensorboard --logdir runs`` (scalars under energy/, power/, time/).
+Then: ``tensorboard --logdir runs`` (scalars under energy/, power/, time/). The JSONL energy log
+goes to the config's ``logging.log_dir`` (``zeus_logs/``); ``--log-dir DIR`` puts both logs in DIR.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from zeus_callbacks import ConfigError, ZeusCallback, ZeusCallbacksError
+from zeus_callbacks import ConfigError, ZeusCallback, ZeusCallbacksError, load_config
 
 HERE = Path(__file__).resolve().parent
 
@@ -61,8 +62,9 @@ class DigitsCNN(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
-        self.log("val/loss", nn.functional.cross_entropy(logits, y))
-        self.log("val/acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True)
+        # sync_dist: under DDP each process validates its share of the data; the figures are the mean over them.
+        self.log("val/loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+        self.log("val/acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
@@ -141,16 +143,24 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes); more than 1 runs DDP")
     parser.add_argument("--config", default=str(HERE / "zeus.yaml"))
-    parser.add_argument("--log-dir", default="runs")
+    parser.add_argument(
+        "--log-dir",
+        help="one folder for the run's logs: TensorBoard's (DIR/lightning_digits/) and the JSONL energy log, "
+        "in place of --config's logging.log_dir (what defaults to that folder, such as the store, follows it); "
+        "default: TensorBoard in runs/, the energy log where --config says",
+    )
     parser.add_argument("--no-callback", action="store_true", help="train without zeus-callbacks (baseline)")
     parser.add_argument("--summary-json", help="also write the run summary to this JSON file")
     args = parser.parse_args()
 
     L.seed_everything(0, workers=True)
     try:
-        zeus = None if args.no_callback else ZeusCallback.from_yaml(args.config)
+        config = None if args.no_callback else load_config(args.config)
     except ConfigError as exc:  # a bad or missing --config: one clear line, not a traceback
         parser.error(f"--config: {exc}")
+    if config is not None and args.log_dir is not None:
+        config.logging.log_dir = Path(args.log_dir)  # one folder for the run: the energy log beside TensorBoard's
+    zeus = None if config is None else ZeusCallback(config)
     step_clock = StepClock()
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -158,7 +168,7 @@ def main() -> None:
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         callbacks=[step_clock] + ([zeus] if zeus else []),
-        logger=TensorBoardLogger(args.log_dir, name="lightning_digits"),
+        logger=TensorBoardLogger(args.log_dir or "runs", name="lightning_digits"),
         log_every_n_steps=10,
         enable_model_summary=False,
     )

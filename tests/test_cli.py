@@ -54,7 +54,29 @@ def test_validate_config_refuses_a_log_dir_that_cannot_be_created(tmp_path, caps
     path.write_text("backend: virtual\nlogging: {log_dir: /proc/nope/logs}\n")
     assert main(["validate-config", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "logging.log_dir: /proc/nope/logs cannot be created: /proc is not writable" in err
+    # The permission check passes there: the message says what failed, not "not writable" beside ENOENT.
+    assert "logging.log_dir: /proc/nope/logs: it cannot be created: creating a folder in /proc failed (" in err
+    assert "not writable" not in err
+
+
+def test_validate_config_says_what_failed_when_a_folder_cannot_be_made_in_a_writable_looking_log_dir(
+    tmp_path, capsys, monkeypatch
+):
+    # The permission check passes, the probe fails (a read-only mount): the errno text is the reason.
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    path = tmp_path / "zeus.yaml"
+    path.write_text(f"backend: virtual\nlogging: {{log_dir: {tmp_path}}}\n")
+    assert main(["validate-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    expected = f"logging.log_dir: {tmp_path}: the log cannot be written there: creating a folder in {tmp_path} failed"
+    assert expected in err
+    assert os.strerror(errno.EROFS) in err and "not writable" not in err
 
 
 def test_validate_config_refuses_a_log_dir_without_write_permission(tmp_path, capsys, monkeypatch):

@@ -70,6 +70,44 @@ def test_the_virtual_id_is_the_same_in_every_run(tmp_path, manual_clock):
     assert ids[0] == ids[1] == ["VIRTUAL-GPU-0", "VIRTUAL-GPU-1"]
 
 
+def test_each_process_of_a_launched_job_has_its_own_virtual_gpu_id(monkeypatch):
+    # An outside tester: both ranks of a 2-process run named their virtual GPU VIRTUAL-GPU-0.
+    ids = []
+    for rank in (0, 1):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        session = EnergySession({"backend": "virtual"}, is_main_process=rank == 0)
+        backend = session.open_backend()
+        ids.append(backend.device_identity(0).uuid)
+        backend.close()
+    assert ids == ["VIRTUAL-GPU-RANK0-0", "VIRTUAL-GPU-RANK1-0"]
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("LOCAL_RANK")
+    alone = EnergySession({"backend": "virtual"}).open_backend()
+    assert alone.device_identity(0).uuid == "VIRTUAL-GPU-0"  # one process: as before
+    alone.close()
+
+
+def test_report_of_a_several_process_run_says_its_devices_are_rank_0s(tmp_path, capsys, virtual_backend):
+    import json
+
+    start = _run_start(tmp_path, virtual_backend)
+    log = tmp_path / "id.jsonl"
+    records = read_jsonl(log)
+    end = records[-1]
+    assert start["devices"] and end["event"] == "run_end"
+    # The run_end of a 2-process job (as the main process writes it): the header counts both ranks' GPUs.
+    end.update(world_size=2, gpu_energy_J=[end["energy_J"] / 2] * 2)
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(log)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 GPU(s) over 2 processes" in out
+    assert "GPU(s) of rank 0 only (the main process's; each of the 2 processes measured its own" in out
+    assert out.index("GPU(s) of rank 0 only") < out.index("GPU 0: virtual index 0")
+
+
 def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp_path, monkeypatch, capsys):
     clock = ManualClock(T0)
     fake = fp.FakePyNVML(num_gpus=4, time_fn=clock.now_s)

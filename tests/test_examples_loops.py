@@ -95,6 +95,29 @@ def test_the_fabric_example_logs_its_run_and_hands_energy_to_fabrics_logger(tmp_
 
 
 @pytest.mark.timeout(300)
+def test_the_lightning_examples_log_dir_holds_both_its_logs_and_says_so(tmp_path):
+    # An outside tester's case: --log-dir had no help text and moved TensorBoard's folder only, the
+    # JSONL energy log staying in the config's logging.log_dir (here tmp_path/zeus_logs).
+    config = tmp_path / "zeus.yaml"
+    config.write_text(f"backend: virtual\nlogging: {{log_dir: {tmp_path / 'zeus_logs'}}}\n")
+    out = tmp_path / "summary.json"
+    script = str(ROOT / "examples" / "lightning_digits.py")
+    command = [sys.executable, script, "--config", str(config), "--epochs", "1", "--batch-size", str(BATCH_SIZE),
+               "--summary-json", str(out), "--log-dir", str(tmp_path / "runs")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=tmp_path, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    jsonl = Path(json.loads(out.read_text())["summary"]["jsonl_path"])
+    assert jsonl.parent == tmp_path / "runs" and read_jsonl(jsonl)[-1]["event"] == "run_end"
+    assert read_scalars(tmp_path / "runs" / "lightning_digits")["energy/epoch_J"]  # TensorBoard's, in the same folder
+    assert not (tmp_path / "zeus_logs").exists()
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S, cwd=tmp_path, env=env)  # fmt: skip
+    help_text = " ".join(done.stdout.split())  # argparse wraps the lines
+    assert done.returncode == 0 and "TensorBoard's (DIR/lightning_digits/) and the JSONL energy log" in help_text
+
+
+@pytest.mark.timeout(300)
 def test_a_log_dir_that_cannot_be_a_folder_is_one_line_before_training(tmp_path):
     # An outside tester's case: logging.log_dir under a file gave 8 frames of traceback in every example,
     # and validate-config called the file valid.

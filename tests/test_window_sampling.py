@@ -293,6 +293,59 @@ def test_the_steps_records_count_every_step_even_when_the_last_are_unmeasured(tm
     assert sum(r["count"] for r in records) < 1000 // 10
 
 
+def test_a_steps_record_with_no_measured_step_says_why_its_means_are_null(tmp_path, virtual_backend, manual_clock):
+    """Outside tester: ``{"count": 0, "steps": 1, "energy_J_mean": null, "incomplete_reason": null}``.
+
+    Every window is attributed at the flush; the steps after it are unmeasured (sample_fraction), so the
+    run's last steps record stands for steps with no mean: it must say why, not leave a bare null.
+    """
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.002},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    step = 0
+    for _ in range(2):  # the warm-up step (measured, reported apart), then steps until the draw skips one
+        session.step_start(step)
+        manual_clock.advance(0.002)
+        session.step_end(step)
+        step += 1
+    manual_clock.advance(0.1)
+    session.sampler.poll_once(read_counter=False)
+    session.pop_metrics(flush_steps=True)
+    assert session.steps_to_skip > 0  # P(skip = 0) = 0.002
+    session.step_start(step)  # unmeasured
+    manual_clock.advance(0.002)
+    session.step_end(step)
+    session.epoch_end(0)
+    summary = session.train_end()
+    records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+    empty = [r for r in records if r["count"] == 0 and r["steps"] > 0]
+    assert empty, records  # the scenario: a record standing for unmeasured steps
+    for r in records:
+        if r["energy_J_mean"] is None:
+            assert "none of these steps was measured" in r["incomplete_reason"] and r["complete"] is False
+
+
+def test_a_steps_record_of_warmup_steps_only_says_why_its_means_are_null(tmp_path, virtual_backend, manual_clock):
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    session.step_start(0)  # the only step: the warm-up step
+    manual_clock.advance(0.05)
+    session.step_end(0)
+    session.epoch_end(0)
+    summary = session.train_end()
+    records = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+    assert records and all(r["energy_J_mean"] is None for r in records)
+    assert all(r["incomplete_reason"] and "warm-up" in r["incomplete_reason"] for r in records)
+
+
 def test_an_evaluation_between_steps_is_no_part_of_the_dataloader_gap(tmp_path, manual_clock):
     session, backend, gpu = phase_session(tmp_path, manual_clock, "clock", interval_steps=10, noise_W=0.0)
     session.train_start()

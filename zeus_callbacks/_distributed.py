@@ -65,6 +65,19 @@ def launcher_world_size() -> int:
     return max(1, launcher_env_int("WORLD_SIZE", 1))
 
 
+def process_rank() -> int | None:
+    """This process's global rank when it is one of several (the process group's, else ``RANK``); None when alone.
+
+    Raises:
+        ConfigError: ``WORLD_SIZE`` or ``RANK`` is set but is not a non-negative integer.
+    """
+    if _process_group_size() > 1:
+        import torch.distributed as dist
+
+        return int(dist.get_rank())
+    return launcher_env_int("RANK", 0) if launcher_world_size() > 1 else None
+
+
 @dataclass
 class RankGroup:
     """The processes of one training run and the collectives between them.

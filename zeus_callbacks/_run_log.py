@@ -258,7 +258,7 @@ def _notes(course: RunCourse) -> list[str]:
     measured = [s for s in course.spans if not s.warmup]
     if any(s.sampled for s in measured):
         notes.append("step means from a sampled share of the steps (windows.sample_fraction)")
-    partial = sum(not s.complete for s in course.spans)
+    partial = sum(not s.complete for s in course.spans if s.power_W is not None)  # one with no mean is not drawn
     if partial:
         notes.append(f"{partial} of {len(course.spans)} step reports not complete (samples did not cover every window)")
     if course.epochs_without_step:

@@ -88,6 +88,7 @@ class Probe(L.Callback):
                     "accelerate_num_processes": PartialState(cpu=True).num_processes,
                     "pid": os.getpid(),
                     "gpu_indices": self.zeus.session.gpu_indices,
+                    "gpu_uuid": self.zeus.session.backend.device_identity(self.zeus.session.gpu_indices[0]).uuid,
                     "true_power_W": self.zeus.session.backend.true_power_W(self.zeus.session.gpu_indices[0]),
                     "summary": summary.as_dict(),
                     "limits": self.limits,
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--validate", action="store_true", help="validate at each epoch's end")
     parser.add_argument("--overheads", type=float, nargs=2, help="windows.max_overhead of rank 0 and of rank 1")
     parser.add_argument("--sample-fraction", type=float, help="windows.sample_fraction (default: auto)")
+    parser.add_argument("--session-backend", action="store_true", help="each rank's session opens its virtual GPU")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     clock = ManualClock(1_000.0) if args.step_s else None  # None: the wall clock
@@ -141,7 +143,10 @@ def main() -> None:
             "enabled": True, "batch_sizes": [8, 16, 32], "default_batch_size": 16, "stop_agreement_steps": 3,
         }  # fmt: skip
         config["store"] = {"path": str(args.store)}
-    zeus = ZeusCallback(config, backend=backend)
+    if args.session_backend:  # as a user's job does: backend virtual from the config, one GPU a process
+        backend.close()
+        config["backend"] = "virtual"
+    zeus = ZeusCallback(config, backend=None if args.session_backend else backend)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,

@@ -25,6 +25,7 @@ def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[di
     command = command or [sys.executable, str(JOB), str(out), *extra]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=out.parent, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
+    (out / "stderr.txt").write_text(done.stderr)  # both ranks' (Lightning's launcher shares the streams)
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
     return ranks
@@ -63,6 +64,27 @@ def test_lightning_ddp_sums_ranks_and_writes_once(tmp_path):
         assert r["energy_J"] == pytest.approx(sum(r["gpu_energy_J"]), rel=1e-9)
     scalars = read_scalars(out / "tb")
     assert {"energy/gpu0_J", "energy/gpu1_J", "energy/epoch_J"} <= set(scalars)
+
+
+def test_lightning_ddp_on_the_configs_virtual_gpus_names_each_ranks_gpu_and_warns_nothing(tmp_path, capsys):
+    # An outside tester's 2-process run: Lightning warned that sim_energy_kJ was logged without sync_dist,
+    # both ranks' virtual GPUs were VIRTUAL-GPU-0, and the report listed rank 0's GPU under "2 GPU(s)".
+    from zeus_callbacks.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    ranks = run_job(out, "--session-backend")
+    assert [r["trainer_world_size"] for r in ranks] == [2, 2] and len({r["pid"] for r in ranks}) == 2
+    assert [r["gpu_uuid"] for r in ranks] == ["VIRTUAL-GPU-RANK0-0", "VIRTUAL-GPU-RANK1-0"]
+    stderr = (out / "stderr.txt").read_text()
+    assert "sync_dist" not in stderr, stderr[-2000:]  # the progress bar's energy is the job's on every rank already
+    (log,) = (out / "zeus").glob("*.jsonl")
+    (start,) = [r for r in read_jsonl(log) if r["event"] == "run_start"]
+    assert [d["uuid"] for d in start["devices"]] == ["VIRTUAL-GPU-RANK0-0"]  # the main process writes run_start
+    capsys.readouterr()
+    assert main(["report", str(log)]) == 0
+    report = " ".join(capsys.readouterr().out.split())
+    assert "2 GPU(s) over 2 processes" in report and "GPU(s) of rank 0 only" in report
 
 
 def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):

@@ -185,6 +185,8 @@ class VirtualGPUBackend(GPUBackend):
         trace: A user's sweep: a :class:`~zeus_callbacks.backends.traces.GPUTrace` or the
             path of a CSV in the Zeus ``summary_power`` format (docs/backends.md).
         idle_power_W: Idle power (W); default from the trace (see :func:`resolve_idle_power_W`).
+        process_rank: The global rank of the process these virtual GPUs belong to, when it is one of
+            several (each process has its own): their made-up uuid carries it. None: one process.
 
     Raises:
         ValueError: Unknown GPU, workload or batch size (the message lists the valid
@@ -214,8 +216,12 @@ class VirtualGPUBackend(GPUBackend):
         power_offset_W: float | Sequence[float] = 0.0,
         trace: traces.GPUTrace | str | Path | None = None,
         idle_power_W: float | None = None,
+        process_rank: int | None = None,
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
+        if process_rank is not None and process_rank < 0:
+            raise ValueError(f"process_rank must be ≥ 0, got {process_rank}")
+        self.process_rank = process_rank
         if trace is None:
             self.trace = traces.bundled_trace("A40" if gpu is None else gpu)
         elif isinstance(trace, traces.GPUTrace):
@@ -282,16 +288,21 @@ class VirtualGPUBackend(GPUBackend):
     def device_identity(self, index: int) -> DeviceIdentity:
         """Return a made-up identity: ``backend_index`` = ``index``, ``uuid`` ``VIRTUAL-GPU-<index>`` (stable).
 
-        :meth:`device_uuid` stays None: no other process can share a virtual GPU, so no profiling
-        lock or restore marker keys on this id.
+        With ``process_rank`` the uuid is ``VIRTUAL-GPU-RANK<rank>-<index>``: two processes' virtual GPUs
+        of the same index are different devices. :meth:`device_uuid` stays None: no other process can
+        share a virtual GPU, so no profiling lock or restore marker keys on this id.
 
         Raises:
             IndexError: ``index`` is out of range.
         """
         return DeviceIdentity(
-            index=index, backend_index=index, uuid=f"VIRTUAL-GPU-{index}", name=self.device_name(index), virtual=True,
-            note="a virtual GPU: the id is made up (the same in every run), no hardware stands behind it",
+            index=index, backend_index=index, uuid=self._made_up_uuid(index), name=self.device_name(index),
+            virtual=True, note="a virtual GPU: the id is made up (the same in every run), no hardware stands behind it",
         )  # fmt: skip
+
+    def _made_up_uuid(self, index: int) -> str:
+        rank = "" if self.process_rank is None else f"RANK{self.process_rank}-"
+        return f"VIRTUAL-GPU-{rank}{index}"
 
     # -- trace model ----------------------------------------------------------------
     def average_power_W(self, limit_W: float) -> float:

@@ -139,7 +139,8 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         )
         _print_time_note(records)
         parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"))
-        for line in ([f"parts: {parts}"] if parts else []) + _device_lines(records) + _node_and_estimate_lines(end):
+        devices = _device_lines(records, end.get("world_size"))
+        for line in ([f"parts: {parts}"] if parts else []) + devices + _node_and_estimate_lines(end):
             print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
     if epochs:
         _print_epochs(epochs)
@@ -182,8 +183,12 @@ def _readable(energy_J: object) -> str:
     return "" if text == "n/a" else f" ({text})"
 
 
-def _device_lines(records: list[dict]) -> list[str]:
-    """Which device stood behind each measured GPU index (run_start's ``devices``; none in older logs)."""
+def _device_lines(records: list[dict], world_size: object = None) -> list[str]:
+    """Which device stood behind each measured GPU index (run_start's ``devices``; none in older logs).
+
+    run_start is the main process's: under several processes (``world_size`` > 1) its devices are rank 0's
+    alone, and a line above them says so (the header counts every rank's GPUs).
+    """
     start = next((r for r in records if r.get("event") == "run_start"), {})
     backend = str(start.get("backend", "")).split(":")[0] or "backend"
     lines = []
@@ -196,6 +201,9 @@ def _device_lines(records: list[dict]) -> list[str]:
         if d.get("uuid") is None or d.get("backend_index") is None:
             line += f" ({d.get('note')})" if d.get("note") else ""
         lines.append(line)
+    if lines and isinstance(world_size, int) and world_size > 1:
+        lines.insert(0, f"GPU(s) of rank 0 only (the main process's; each of the {world_size} processes "
+                        "measured its own, and the log names rank 0's):")  # fmt: skip
     return lines
 
 

@@ -35,13 +35,13 @@ def _log_dir_problem(folder: Path) -> str | None:
         return None
     if not path.is_dir():
         return f"{folder} cannot be a folder: {path} is a file"
-    what = "is not writable" if path == folder else f"cannot be created: {path} is not writable"
     if not os.access(path, os.W_OK | os.X_OK):
-        return f"{folder} {what}"
+        return f"{folder} is not writable" if path == folder else f"{folder} cannot be created: {path} is not writable"
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".zeus-callbacks-check-", dir=path))
-    except OSError as exc:
-        return f"{folder} {what} ({exc.strerror})"
+    except OSError as exc:  # the permission check passed: say what failed, with the system's words for why
+        what = "the log cannot be written there" if path == folder else "it cannot be created"
+        return f"{folder}: {what}: creating a folder in {path} failed ({exc.strerror})"
     return None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import warnings
 from typing import Any
 
@@ -34,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
+from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import scaled_learning_rate
@@ -42,8 +44,12 @@ from zeus_callbacks.reporting import RunSummary
 logger = logging.getLogger(__name__)
 
 # Lightning recommends sync_dist for epoch-level values under DDP; ours are aggregated
-# across ranks by the session already (see ZeusCallback._log).
-warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(energy|power|time|power_limit)[/_]")
+# across ranks by the session already (see ZeusCallback._log), the progress bar's energy too.
+_OWN_KEYS = "|".join(
+    [r"(energy|power|time|power_limit|cost)/"]
+    + [re.escape(key) + "'" for key in (metric.PROGRESS_BAR_ENERGY, metric.PROGRESS_BAR_SIMULATED_ENERGY)]
+)
+warnings.filterwarnings("ignore", message=rf"It is recommended to use `self\.log\('({_OWN_KEYS})")
 
 
 class ZeusCallback(SessionAdapter, Callback):

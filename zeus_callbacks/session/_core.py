@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from zeus_callbacks import reporting as metric
-from zeus_callbacks._distributed import RankGroup, launcher_env_int
+from zeus_callbacks._distributed import RankGroup, launcher_env_int, process_rank
 from zeus_callbacks._lifecycle import CLEANUPS, CleanupOrder, Registration
 from zeus_callbacks.backends import GPUBackend, get_backend
 from zeus_callbacks.config import ZeusConfig, parse_config
@@ -439,7 +439,8 @@ class EnergySession:
             virtual = self.config.virtual
             self.backend = get_backend(
                 self.config.backend,
-                virtual=lambda: virtual_backend_kwargs(virtual),
+                # Under several processes each has its own virtual GPUs: their made-up ids name the rank.
+                virtual=lambda: {**virtual_backend_kwargs(virtual), "process_rank": process_rank()},
                 announce=self._speaks_for_machine(),
             )
         return self.backend

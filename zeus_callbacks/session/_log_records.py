@@ -315,6 +315,22 @@ def partial_ranks_reason(with_steps: int, ranks: int) -> str:
 DROPPED_STEPS = "a step window ended before it began or lost its start time (boundary marks out of order)"
 """``incomplete_reason`` of a ``steps`` record that dropped impossible windows."""
 
+NO_STEP_MEASURED = (
+    "none of these steps was measured (windows.sample_fraction measures a share of the steps, and a step "
+    "the power samples did not cover wholly has no energy): the means are null and nothing is scaled"
+)
+"""``incomplete_reason`` of a ``steps`` record that stands for steps of which none was measured."""
+
+ONLY_WARMUP_STEPS = "no step besides warm-up steps (in the warmup record, not in this record's means)"
+"""``incomplete_reason`` of a ``steps`` record that stands for warm-up steps only."""
+
+
+def _null_means_reason(values: Mapping[str, float], steps_taken: int) -> str | None:
+    """Why a ``steps`` record's means are null (no step measured), or None when it has them."""
+    if values:
+        return None
+    return NO_STEP_MEASURED if steps_taken else ONLY_WARMUP_STEPS
+
 
 def steps_record(
     values: Mapping[str, float],
@@ -340,9 +356,10 @@ def steps_record(
     ``node``: the node figures of the spans between CPU/DRAM readings the record holds
     (:class:`~zeus_callbacks.session._node_spans.SpanFigures` fields); None: no node option is on.
     ``partial_reason``: why the means are null though some rank measured steps (:func:`partial_ranks_reason`).
+    Means null for another cause (no step measured, or warm-up steps only) carry their reason too.
     """
     node = node or {"node_energy_note": NODE_OFF}
-    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None)
+    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None) or _null_means_reason(values, steps_taken)
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
