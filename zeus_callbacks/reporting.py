@@ -133,8 +133,8 @@ METRICS: dict[str, str] = {
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
     RUN_MEAN_POWER_W: "W — mean GPU power of the whole run (energy/total_J / time/total_s), logged once at the end",
-    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each steps record weighed by the "
-    "steps it stands for; logged once at the end",
+    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each measured step weighed by 1/p "
+    "(p: its chance of being measured); logged once at the end",
     RUN_STEP_TIME_S: "s — the run's mean step time after its warm-up steps, weighed the same way; logged once at "
     "the end",
     RUN_STEP_COUNT: "steps — the training steps the run took, logged once at the end",
@@ -246,9 +246,10 @@ class RunSummary:
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
         step_energy_J: Mean energy per step after the warm-up steps (J), NaN without a measured one:
-            each step report's mean over its measured steps, weighted by the steps it stands for
-            (``windows.sample_fraction`` may measure a different share in each), so
-            ``step_energy_J`` × the steps of the ``steps`` records is their energy estimate.
+            the mean of the measured steps, each weighed by 1/p, ``p`` its chance of being measured
+            (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain
+            mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
+            is their energy estimate.
         step_time_s: Mean step time, estimated alike (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
             the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).
