@@ -651,3 +651,27 @@ def test_a_share_that_follows_the_step_time_leaves_the_step_estimates_unbiased(t
         mean, spread = float(np.mean(errs)), float(np.std(errs, ddof=1))
         assert abs(mean) < max(3 * spread / math.sqrt(len(errs)), 0.02), errs  # within its sampling error
         assert abs(mean) < 0.1, errs  # and small: the plain mean was ~+50 %
+
+
+def test_the_printed_summary_says_how_many_measured_steps_its_step_means_stand_on(
+    tmp_path, virtual_backend, manual_clock
+):
+    """The tester's summary gave energy/step and time/step with no word that they came from 13 of 45 steps."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.2},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for i in range(300):
+        session.step_start(i)
+        manual_clock.advance(0.01)
+        session.step_end(i)
+    session.epoch_end(0)
+    summary = session.train_end()
+    assert 0 < summary.measured_steps < 299  # a sample of the steps after the warm-up one
+    steps_line = next(line for line in str(summary).splitlines() if "energy/step" in line)
+    assert steps_line.endswith(f"(mean of {summary.measured_steps} measured steps)")
+    run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
+    assert run_end["measured_steps"] == summary.measured_steps

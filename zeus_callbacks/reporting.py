@@ -308,6 +308,9 @@ class RunSummary:
         node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
             simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, ``node.rapl and
             node.virtual_cpu are off: no CPU/DRAM energy reader``, as in each epoch record.
+        measured_steps: Steps after warm-up whose windows ``step_energy_J`` and ``step_time_s`` come from;
+            under ``windows.sample_fraction`` fewer than the steps: those figures are then estimates from
+            a sample. The printed summary says "mean of N measured steps". None where not known.
     """
 
     run_name: str
@@ -348,10 +351,16 @@ class RunSummary:
     dram_energy_J: float | None = None
     node_energy_J: float | None = None
     node_energy_note: str | None = None
+    measured_steps: int | None = None
     energy_Wh: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.energy_Wh = wh_from_J(self.energy_J)
+
+    def _sampled_steps_note(self) -> str:
+        """``(mean of N measured steps)``: what the step figures stand on (nothing when not known)."""
+        measured = self.measured_steps
+        return f"   (mean of {measured:,} measured steps)" if measured else ""
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -399,7 +408,7 @@ class RunSummary:
             f"  time          {fmt(self.time_s, 's')}",
             f"  mean power    {fmt(self.mean_power_W, 'W')}",
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
-            f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
+            f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}" + self._sampled_steps_note(),
             f"  epochs        {self.epochs}   energy/epoch "
             + (", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]) or "n/a (no epoch ran)")
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),

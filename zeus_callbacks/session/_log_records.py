@@ -632,6 +632,7 @@ def run_summary(
     node: LocalNode | None = None,
     time_note: str | None = None,
     counter_note_local: str | None = None,
+    measured_steps: int | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -681,6 +682,7 @@ def run_summary(
         mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
         step_energy_J=combined.step_energy_J,
         step_time_s=combined.step_time_s,
+        measured_steps=measured_steps,
         epoch_energy_J=epoch_energy_J,
         power_limit_W=power_limit_W,
         chosen_power_limit_W=chosen_W,

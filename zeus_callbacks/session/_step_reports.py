@@ -497,6 +497,7 @@ class StepReports:
             node=node,
             time_note=time_note,
             counter_note_local=counter_why,
+            measured_steps=t.measured_steps,
         )
 
     def _node_local(self) -> LocalNode:
