@@ -621,13 +621,14 @@ def test_an_outlier_first_step_is_reported_apart_and_never_scaled(new_session, v
     assert summary.step_energy_J == pytest.approx(power_W * STEP_S, rel=REL)
 
 
-def test_the_run_mean_step_weighs_each_report_by_the_steps_it_stands_for(new_session, virtual_backend, manual_clock):
+def test_the_run_mean_step_weighs_each_measured_step_by_1_over_its_share(new_session, virtual_backend, manual_clock):
     """Auto sampling measures every step at first and a share later: the mean must not favour the start.
 
     80 slow steps (200 ms) then 420 fast ones (50 ms); the first 100 are all measured, then a
     tenth, as auto mode does once it has timed its cost (it sets the share at a report). The mean
-    over the measured steps weighs the first 100 ten times over (~0.13 s); each report's mean ×
-    the steps it stands for does not (0.08 s, exactly here: equal steps within each share).
+    over the measured steps weighs the first 100 ten times over (~0.13 s); weighed by 1/p each
+    (issue 31), a measured fast step stands for ten: the truth (~0.074 s) within the sampling error
+    of ~40 measured fast steps (their count sets the weights' sum: ±8 % at one standard deviation).
     """
     session = new_session(virtual_backend, logging={"interval_steps": 50})
     session.train_start()
@@ -652,10 +653,8 @@ def test_the_run_mean_step_weighs_each_report_by_the_steps_it_stands_for(new_ses
     assert stood_for > 0.95 * (steps - 1)
     true_step_s = ((slow - 1) * 4 * STEP_S + (stood_for - slow + 1) * STEP_S) / stood_for  # steps 1..stood_for
     assert sum(measured_s) / len(measured_s) > 1.5 * true_step_s  # what a plain mean would say
-    assert summary.step_time_s == pytest.approx(true_step_s, rel=1e-9)
-    assert summary.step_energy_J == pytest.approx(power_W * true_step_s, rel=1e-9)
-    estimate_J = sum(r["energy_J_mean"] * r["steps"] for r in steps_records)
-    assert summary.step_energy_J * stood_for == pytest.approx(estimate_J, rel=1e-9)
+    assert summary.step_time_s == pytest.approx(true_step_s, rel=0.25)  # 3 standard deviations
+    assert summary.step_energy_J == pytest.approx(power_W * summary.step_time_s, rel=1e-6)  # the same steps
 
 
 def test_a_report_with_only_the_warm_up_step_measured_scales_nothing(new_session, virtual_backend, manual_clock):

@@ -636,3 +636,95 @@ def test_auto_reports_come_when_the_steps_since_the_last_reach_the_interval_in_f
         session.train_end()
         backend.close()
     assert checked >= 1 and longest > interval  # the spaced-out cadence was exercised
+
+
+# -- issue 31: a share that follows the step time must not bias the step estimates ----------------------
+def _epoch_with_a_share_that_follows_the_step_time(tmp_path, seed: int) -> tuple[dict, float, float]:
+    """One epoch whose steps switch between slow and fast stretches, measured at a share that follows them.
+
+    Auto sampling's budget is a share of the step time, so a loaded machine's slow stretches get a larger
+    share measured than its fast ones (the tester's run, issue 31). Here the share is set at each report as
+    auto's would be (high while slow, low while fast), on a manual clock: a measured step lasts exactly as
+    long as an unmeasured one. Returns the epoch's ledger, the true time of its steps after warm-up (s) and
+    the summary's time/step (s).
+    """
+    import random
+
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": "auto", "warmup_steps": 1},
+           "logging": {"log_dir": str(tmp_path / f"s{seed}"), "interval_steps": 10}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    rng = random.Random(seed)
+    slow = [False]
+    session.train_start()
+    sampling = session.sampling  # the run's (train_start makes it)
+
+    def follow_the_step_time(**timings):  # what auto does, without its wall-clock timings
+        sampling.fraction = 0.9 if slow[0] else 0.1
+
+    sampling.observe = follow_the_step_time
+    session.epoch_start(0)
+    true_s = 0.0
+    for i in range(600):
+        if rng.random() < 0.03:  # stretches of ~33 steps
+            slow[0] = not slow[0]
+        step_s = 0.2 if slow[0] else 0.05
+        session.step_start(i)
+        clock.advance(step_s)
+        session.step_end(i)
+        if i:  # after the warm-up step
+            true_s += step_s
+    clock.advance(0.2)
+    session.sampler.poll_once(read_counter=False)
+    session.epoch_end(0)
+    summary = session.train_end()
+    epoch = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "epoch")
+    return epoch["ledger"], true_s, summary.step_time_s
+
+
+def test_a_share_that_follows_the_step_time_leaves_the_step_estimates_unbiased(tmp_path):
+    """Over random schedules the epoch's estimated step time, and the summary's time/step, match the truth.
+
+    Before issue 31 each measured step counted alike: the slow stretches, measured at a 9x higher
+    share, made up most of the sample and the estimate came out ~+50 % (the tester's "other_J null,
+    sampling error"). Weighed by 1/p each, the error is the sample's only: centred on zero.
+    """
+    errors, step_errors = [], []
+    for seed in range(12):
+        ledger, true_s, step_time_s = _epoch_with_a_share_that_follows_the_step_time(tmp_path, seed)
+        assert ledger["steps_estimated"] > 0 and ledger["steps_measured"] > 0  # a sampled epoch
+        errors.append(ledger["steps_s"] / true_s - 1)
+        step_errors.append(step_time_s / (true_s / 599) - 1)
+    for errs in (errors, step_errors):
+        mean, spread = float(np.mean(errs)), float(np.std(errs, ddof=1))
+        assert abs(mean) < max(3 * spread / math.sqrt(len(errs)), 0.02), errs  # within its sampling error
+        assert abs(mean) < 0.1, errs  # and small: the plain mean was ~+50 %
+
+
+def test_the_printed_summary_says_how_many_measured_steps_its_step_means_stand_on(
+    tmp_path, virtual_backend, manual_clock
+):
+    """The tester's summary gave energy/step and time/step with no word that they came from 13 of 45 steps."""
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.2},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for i in range(300):
+        session.step_start(i)
+        manual_clock.advance(0.01)
+        session.step_end(i)
+    session.epoch_end(0)
+    summary = session.train_end()
+    assert 0 < summary.measured_steps < 299  # a sample of the steps after the warm-up one
+    steps_line = next(line for line in str(summary).splitlines() if "energy/step" in line)
+    assert steps_line.endswith(f"(mean of {summary.measured_steps} measured steps)")
+    run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
+    assert run_end["measured_steps"] == summary.measured_steps

@@ -133,8 +133,8 @@ METRICS: dict[str, str] = {
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
     RUN_MEAN_POWER_W: "W — mean GPU power of the whole run (energy/total_J / time/total_s), logged once at the end",
-    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each steps record weighed by the "
-    "steps it stands for; logged once at the end",
+    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each measured step weighed by 1/p "
+    "(p: its chance of being measured); logged once at the end",
     RUN_STEP_TIME_S: "s — the run's mean step time after its warm-up steps, weighed the same way; logged once at "
     "the end",
     RUN_STEP_COUNT: "steps — the training steps the run took, logged once at the end",
@@ -246,9 +246,10 @@ class RunSummary:
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
         step_energy_J: Mean energy per step after the warm-up steps (J), NaN without a measured one:
-            each step report's mean over its measured steps, weighted by the steps it stands for
-            (``windows.sample_fraction`` may measure a different share in each), so
-            ``step_energy_J`` × the steps of the ``steps`` records is their energy estimate.
+            the mean of the measured steps, each weighed by 1/p, ``p`` its chance of being measured
+            (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain
+            mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
+            is their energy estimate.
         step_time_s: Mean step time, estimated alike (s), NaN without steps.
         epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
             the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).
@@ -307,6 +308,9 @@ class RunSummary:
         node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
             simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, ``node.rapl and
             node.virtual_cpu are off: no CPU/DRAM energy reader``, as in each epoch record.
+        measured_steps: Steps after warm-up whose windows ``step_energy_J`` and ``step_time_s`` come from;
+            under ``windows.sample_fraction`` fewer than the steps: those figures are then estimates from
+            a sample. The printed summary says "mean of N measured steps". None where not known.
     """
 
     run_name: str
@@ -347,10 +351,16 @@ class RunSummary:
     dram_energy_J: float | None = None
     node_energy_J: float | None = None
     node_energy_note: str | None = None
+    measured_steps: int | None = None
     energy_Wh: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.energy_Wh = wh_from_J(self.energy_J)
+
+    def _sampled_steps_note(self) -> str:
+        """``(mean of N measured steps)``: what the step figures stand on (nothing when not known)."""
+        measured = self.measured_steps
+        return f"   (mean of {measured:,} measured steps)" if measured else ""
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict."""
@@ -398,7 +408,7 @@ class RunSummary:
             f"  time          {fmt(self.time_s, 's')}",
             f"  mean power    {fmt(self.mean_power_W, 'W')}",
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
-            f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}",
+            f"   time/step {fmt(self.step_time_s, 'ms', 1e-3)}" + self._sampled_steps_note(),
             f"  epochs        {self.epochs}   energy/epoch "
             + (", ".join(fmt(e, "J") for e in self.epoch_energy_J[-5:]) or "n/a (no epoch ran)")
             + (f" (last 5 of {len(self.epoch_energy_J)})" if len(self.epoch_energy_J) > 5 else ""),

@@ -27,7 +27,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
@@ -86,6 +86,7 @@ class ZeusCallback(SessionAdapter, Callback):
         self._batch_step: int | None = None
         self._eval_for_monitors: dict[str, float] = {}  # eval energy, for callback_metrics at the next log_dict
         self._ended = False  # the run's end was published (loggers, summary)
+        self._unprinted: RunSummary | None = None  # the summary, published and waiting to be printed (teardown)
 
     @functools.cached_property
     @override
@@ -105,6 +106,7 @@ class ZeusCallback(SessionAdapter, Callback):
             self._batch_step = None
             self._eval_for_monitors = {}
             self._ended = False
+            self._unprinted = None
             self.session.open_backend()  # a missing GPU or library fails here, before training
             suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
             if self.config.batch_size.enabled and trainer.world_size > 1:
@@ -255,6 +257,9 @@ class ZeusCallback(SessionAdapter, Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The summary waits for teardown: the progress bar is still drawing here (tqdm closes its bars in
+        # on_train_end after ours, Rich stops its live display in teardown), and a summary printed now
+        # has the bar drawn again under it (issue 31).
         self._finish(trainer, status="completed")
 
     @override
@@ -265,11 +270,13 @@ class ZeusCallback(SessionAdapter, Callback):
         summary = self.session.exception(exception, interrupted=isinstance(exception, SIGTERMException))
         if summary is not None:
             self._publish_end(trainer, summary)
+        self._print_summary(trainer, pl_module)  # teardown is skipped: now, a Rich bar stopped first
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.session.started:
             self._finish(trainer, status="completed")
+        self._print_summary(trainer, pl_module)
 
     # -- helpers -----------------------------------------------------------------------
     def _to_loggers(self, trainer: pl.Trainer, metrics: dict[str, float], step: int) -> None:
@@ -318,8 +325,23 @@ class ZeusCallback(SessionAdapter, Callback):
     def _finish(self, trainer: pl.Trainer, *, status: str) -> None:
         self._publish_end(trainer, self.session.train_end(status=status))
 
+    def _print_summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Print the run's summary once, under a finished progress bar (a no-op when printed already or none)."""
+        summary, self._unprinted = self._unprinted, None
+        if summary is None:
+            return
+        bar = trainer.progress_bar_callback
+        if isinstance(bar, RichProgressBar):
+            # Its teardown, which stops the live display, comes after ours (Lightning appends the bar after
+            # the user's callbacks): stopped here first, or the bar is drawn again under the summary.
+            # Stopping twice is harmless.
+            bar.teardown(trainer, pl_module, stage="fit")
+        rank_zero_info(str(summary))
+
     def _publish_end(self, trainer: pl.Trainer, summary: RunSummary) -> None:
-        """Once per run, however it ended: the last report and the totals to every logger, the summary printed.
+        """Once per run, however it ended: the last report and the totals to every logger.
+
+        The summary waits for :meth:`_print_summary` (teardown, or the exception), under a finished progress bar.
 
         Logged at ``trainer.global_step``, the steps taken: past every batch's step, where
         Lightning also logs its epoch-end metrics, so the last report never shares a step with
@@ -334,7 +356,7 @@ class ZeusCallback(SessionAdapter, Callback):
         self._to_loggers(trainer, final, trainer.global_step)
         for pl_logger in trainer.loggers:
             pl_logger.save()
-        rank_zero_info(str(summary))
+        self._unprinted = summary
 
 
 def _logger_run_name(trainer: pl.Trainer) -> str | None:

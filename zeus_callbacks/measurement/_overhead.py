@@ -14,11 +14,18 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 _SMOOTHING = 0.3  # weight of the newest report in the running estimates
 MIN_FRACTION = 1e-3
 """The smallest fraction of steps auto mode measures."""
 logger = logging.getLogger(__name__)
+
+MEASURE_PROBABILITY = "measure_probability"
+"""A measured step window's info key: the chance it had of being measured (the share in force at its draw)."""
 
 _MAX_REPORT_SPAN_S = 5.0  # auto mode never stretches the report interval past this much training
 WINDOWS_PER_REPORT = 16
@@ -171,6 +178,24 @@ class WindowSampling:
                     100 * self._told_fraction, 100 * self.fraction, self.report_every,
                 )  # fmt: skip
                 self._told_fraction = self.fraction
+
+
+def inverse_probability_weights(end_info: Sequence[dict[str, Any] | None] | np.ndarray) -> np.ndarray:
+    """Each measured step's weight, 1 / the chance it had of being measured (Horvitz-Thompson), shape (m,).
+
+    Auto sampling's share follows the step time (a budget that is a share of it), so the slow
+    stretches of a loaded machine get more of their steps measured than the fast ones; a plain
+    mean of the measured steps then overstates the step (issue 31). Weighed by 1 / p, every step
+    counts once in expectation, whatever the share was when it came.
+
+    Args:
+        end_info: The windows' end infos (:attr:`~zeus_callbacks.measurement._windows.WindowBatch.end_info`);
+            a window without :data:`MEASURE_PROBABILITY` (every step measured) weighs 1.
+    """
+    return np.fromiter(
+        (1.0 / info.get(MEASURE_PROBABILITY, 1.0) if info else 1.0 for info in end_info),
+        dtype=float, count=len(end_info),
+    )  # fmt: skip
 
 
 def _smooth(old: float | None, new: float) -> float:

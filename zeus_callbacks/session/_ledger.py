@@ -10,7 +10,9 @@ guess, and the four parts sum to the epoch by construction.
 
 A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly
 covered by samples when the epoch ended) enters ``steps`` at the epoch's mean measured
-step: an estimate, counted in ``steps_estimated`` and said in words in ``steps_basis``
+step, each measured step weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured
+steps it stands in for; auto sampling measures a larger share of the slow stretches, issue 31): an
+estimate, counted in ``steps_estimated`` and said in words in ``steps_basis``
 ("estimated from N of M steps"). An estimate can exceed what the epoch holds. When it leaves less than
 nothing for ``other``, ``other`` is unknown (null, with the reason), never negative. The
 split with no estimate in it always closes: warm-up + the step windows + evaluations +
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zeus_callbacks.measurement._overhead import inverse_probability_weights
 from zeus_callbacks.measurement._windows import WindowBatch
 from zeus_callbacks.session._rank_records import LedgerColumns
 
@@ -43,6 +46,9 @@ class EpochLedger:
         step_windows: Their count.
         evals: ``(start_s, energy_J, time_s)`` of each evaluation window; only those that begin
             inside the epoch count (a Trainer may evaluate after the epoch's end).
+        stand_in_J: The step windows' ``Σ (1/p − 1)·E`` (J), ``p`` each one's chance of being measured.
+        stand_in_s: Their ``Σ (1/p − 1)·t`` (s).
+        stand_in_steps: Their ``Σ (1/p − 1)``: the unmeasured steps they stand in for, in expectation.
     """
 
     warmup_J: float = 0.0
@@ -52,6 +58,9 @@ class EpochLedger:
     steps_s: float = 0.0
     step_windows: int = 0
     evals: list[tuple[float, float, float]] = field(default_factory=list)
+    stand_in_J: float = 0.0
+    stand_in_s: float = 0.0
+    stand_in_steps: float = 0.0
 
     def add_steps(self, steps: WindowBatch, *, warmup: bool) -> None:
         """Add attributed step windows (every one wholly covered by samples)."""
@@ -64,6 +73,10 @@ class EpochLedger:
             self.steps_J += energy_J
             self.steps_s += time_s
             self.step_windows += count
+            stand_in = inverse_probability_weights(steps.end_info) - 1.0
+            self.stand_in_J += float(stand_in @ steps.energy_J)
+            self.stand_in_s += float(stand_in @ steps.time_s)
+            self.stand_in_steps += float(stand_in.sum())
 
     def add_eval(self, start_s: float, energy_J: float, time_s: float) -> None:
         """Add one evaluation window that starts at ``start_s`` (s on the backend clock)."""
@@ -76,6 +89,7 @@ class EpochLedger:
             warmup_J=self.warmup_J, warmup_s=self.warmup_s, warmup_windows=float(self.warmup_windows),
             steps_J=self.steps_J, steps_s=self.steps_s, step_windows=float(self.step_windows),
             eval_J=math.fsum(e for e, _ in inside), eval_s=math.fsum(t for _, t in inside), evals=float(len(inside)),
+            stand_in_J=self.stand_in_J, stand_in_s=self.stand_in_s, stand_in_steps=self.stand_in_steps,
         )  # fmt: skip
 
 
@@ -105,7 +119,12 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
     windowed_J, windowed_s = steps_J, steps_s
     estimated = max(0, steps_taken - int(warmup_n) - int(steps_n))
     reason = None
-    if estimated and steps_n:  # steps with no usable window: the epoch's mean measured step
+    if estimated and steps_n and row.stand_in_steps > 0:
+        # Steps with no usable window: the measured steps' mean, each weighed by the unmeasured steps it
+        # stands in for (1/p - 1), so a stretch measured at a higher share does not count for more.
+        steps_J += estimated * row.stand_in_J / row.stand_in_steps
+        steps_s += estimated * row.stand_in_s / row.stand_in_steps
+    elif estimated and steps_n:  # every measured step had p = 1 (a window the samples missed): the plain mean
         steps_J += estimated * steps_J / steps_n
         steps_s += estimated * steps_s / steps_n
     elif estimated:

@@ -19,6 +19,7 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks._footprint import carbon_estimate, cost_estimate
 from zeus_callbacks.backends.base import BackendError, DeviceIdentity, GPUBackend
 from zeus_callbacks.config import CarbonConfig, CostConfig, ZeusConfig
+from zeus_callbacks.measurement._overhead import inverse_probability_weights
 from zeus_callbacks.measurement._windows import WindowBatch, WindowRecord
 from zeus_callbacks.optimizers import power_limit as pl
 from zeus_callbacks.reporting import NODE_OFF, RunSummary
@@ -257,13 +258,24 @@ def local_step_row(batches: Sequence[WindowBatch]) -> StepColumns:
     count = sum(b.size for b in batches)
     samples = [v for b in batches for v in b.info_values("num_samples")]
     tokens = [v for b in batches for v in b.info_values("num_tokens")]
+    energy_J = sum(float(b.energy_J.sum()) for b in batches)
+    time_s = sum(float(b.time_s.sum()) for b in batches)
+    weighted_J, weighted_s, weight = energy_J, time_s, float(count)  # every step measured: the plain sums
+    weights = [inverse_probability_weights(b.end_info) for b in batches]
+    if any((w != 1.0).any() for w in weights):  # sampled steps: each weighs 1 / its chance of being measured
+        weighted_J = sum(float(w @ b.energy_J) for w, b in zip(weights, batches, strict=True))
+        weighted_s = sum(float(w @ b.time_s) for w, b in zip(weights, batches, strict=True))
+        weight = sum(float(w.sum()) for w in weights)
     return StepColumns(
-        energy_J=sum(float(b.energy_J.sum()) for b in batches),
-        time_s=sum(float(b.time_s.sum()) for b in batches),
+        energy_J=energy_J,
+        time_s=time_s,
         steps=float(count),
         samples=float(sum(samples)) if count and all(samples) else math.nan,
         tokens=float(sum(tokens)) if count and all(tokens) else math.nan,
         power_samples=float(sum(int(b.num_power_samples.sum()) for b in batches)),
+        weighted_J=weighted_J,
+        weighted_s=weighted_s,
+        weight=weight,
     )
 
 
@@ -288,7 +300,9 @@ def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
     One rank's record per GPU group; combined per step: energy and power sum over ranks,
     time is the slowest rank's.
     """
-    step_J = sum(r.energy_J / r.steps for r in rows)
+    # Each step weighed by 1 / its chance of being measured (StepColumns.weight): auto sampling measures a
+    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step (issue 31).
+    step_J = sum(r.weighted_J / r.weight for r in rows)
     samples_per_step = sum(r.samples / r.steps for r in rows)
     tokens_per_step = sum(r.tokens / r.steps for r in rows)
     combined = StepColumns.reduce(rows)
@@ -296,7 +310,7 @@ def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
         metric.STEP_ENERGY_J: step_J,
         metric.STEP_COUNT: combined.steps,
         metric.STEP_POWER_SAMPLES: combined.power_samples,
-        metric.STEP_TIME_S: max(r.time_s / r.steps for r in rows),
+        metric.STEP_TIME_S: max(r.weighted_s / r.weight for r in rows),
         metric.MEAN_POWER_W: sum(r.energy_J / r.time_s for r in rows if r.time_s > 0),
     }
     if math.isfinite(samples_per_step) and samples_per_step > 0:
@@ -577,7 +591,7 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
-                      step_time_s: float, estimated_steps: int, node: NodeColumns) -> SummaryRow:  # fmt: skip
+                      step_time_s: float, estimated_steps: float, node: NodeColumns) -> SummaryRow:  # fmt: skip
     """This rank's summary: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
 
     The node figures are :attr:`LocalNode.columns`.
@@ -635,6 +649,7 @@ def run_summary(
     node: LocalNode | None = None,
     time_note: str | None = None,
     counter_note_local: str | None = None,
+    measured_steps: int | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -684,6 +699,7 @@ def run_summary(
         mean_power_W=energy_J / time_s if time_s > 0 else math.nan,
         step_energy_J=combined.step_energy_J,
         step_time_s=combined.step_time_s,
+        measured_steps=measured_steps,
         epoch_energy_J=epoch_energy_J,
         power_limit_W=power_limit_W,
         chosen_power_limit_W=chosen_W,

@@ -111,6 +111,10 @@ class StepColumns(RankRecord):
         samples: Training samples in them (NaN unless every step reported them).
         tokens: Input tokens in them (NaN unless every step reported them).
         power_samples: Power samples behind them.
+        weighted_J: ``Σ E/p`` (J), ``p`` each step's chance of being measured (``windows.sample_fraction``).
+        weighted_s: ``Σ t/p`` (s).
+        weight: ``Σ 1/p``: the steps they stand for, in expectation; ``weighted_J / weight`` is the
+            mean step with no share of the run counting more than another (the plain mean when every p is equal).
     """
 
     energy_J: float = reduced("sum")
@@ -119,6 +123,9 @@ class StepColumns(RankRecord):
     samples: float = reduced("sum")
     tokens: float = reduced("sum")
     power_samples: float = reduced("sum")
+    weighted_J: float = reduced("sum")
+    weighted_s: float = reduced("max")
+    weight: float = reduced("min")
 
     count_field = "steps"  # a report without steps adds nothing to an interval (its NaN counts neither)
 
@@ -238,6 +245,10 @@ class LedgerColumns(RankRecord):
         eval_J: Energy of the evaluations that began inside the epoch (J).
         eval_s: Their time (s).
         evals: Their count.
+        stand_in_J: ``Σ (1/p − 1)·E`` over the step windows (J), ``p`` each one's chance of being
+            measured: the energy of the unmeasured steps they stand in for, in expectation.
+        stand_in_s: ``Σ (1/p − 1)·t`` (s), alike.
+        stand_in_steps: ``Σ (1/p − 1)``: how many unmeasured steps they stand in for, in expectation.
     """
 
     warmup_J: float = reduced("sum")
@@ -249,6 +260,9 @@ class LedgerColumns(RankRecord):
     eval_J: float = reduced("sum")
     eval_s: float = reduced("slowest")
     evals: float = reduced("slowest")
+    stand_in_J: float = reduced("sum")
+    stand_in_s: float = reduced("slowest")
+    stand_in_steps: float = reduced("slowest")
 
 
 @dataclass(frozen=True)

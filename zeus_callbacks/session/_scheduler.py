@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zeus_callbacks.backends.base import Clock
-from zeus_callbacks.measurement._overhead import WindowSampling
+from zeus_callbacks.measurement._overhead import MEASURE_PROBABILITY, WindowSampling
 from zeus_callbacks.measurement._step_phases import PHASES
 from zeus_callbacks.measurement._windows import BoundaryTimer, WindowMeter
 from zeus_callbacks.session._state import Totals
@@ -149,6 +149,10 @@ class StepScheduler:
         self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
         self._warmup_done = 0  # warm-up steps taken in this run
         self._step_index = 0  # the measured step's index, as step_start received it
+        # The chance the coming measured step had of being measured: the share in force when the skip before it
+        # was drawn (1 for warm-up). Auto sampling's share follows the step time, so steps measured while the
+        # share is high are the slow ones: estimates weigh each measured step by 1 / this (Horvitz-Thompson).
+        self._draw_probability = 1.0
         self._mark: Any = None  # the meter's mark(): one boundary
         # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
         self._meter: WindowMeter
@@ -250,7 +254,7 @@ class StepScheduler:
         self._warmup_left = warmup_steps if step_windows else 0
         self._warmup_done = 0
         # The first step after warm-up is drawn like any other.
-        self._skip = 0 if self._warmup_left else sampling.next_skip()
+        self._draw_next_skip()
         self._quiet_left = 0
         self._measuring = self._dataloader_open = self._reopen_after_eval = False
         self._new_timing_interval(time.perf_counter())
@@ -419,7 +423,7 @@ class StepScheduler:
         if self._step_windows:
             # run_step: the step's place among every step taken (0-based, a resumed run's included).
             info = {"step": self._step_index, "run_step": self._totals.steps, "num_samples": num_samples,
-                    "num_tokens": num_tokens}  # fmt: skip
+                    "num_tokens": num_tokens, MEASURE_PROBABILITY: self._draw_probability}  # fmt: skip
             if self._warmup_left:
                 info["warmup"] = True
                 self._warmup_left -= 1
@@ -432,10 +436,18 @@ class StepScheduler:
         self._epoch_measured += 1
         governor = self._governor
         governor.measured += 1
-        self._skip = 0 if self._warmup_left else self._sampling.next_skip()
+        self._draw_next_skip()
         if not self._skip and token is not None:
             self._open_step_at(token)
         governor.hook_s += time.perf_counter() - t0
+
+    def _draw_next_skip(self) -> None:
+        """Draw the unmeasured steps before the next measured one, noting the share they were drawn with."""
+        if self._warmup_left:
+            self._skip, self._draw_probability = 0, 1.0
+        else:
+            self._draw_probability = self._sampling.fraction
+            self._skip = self._sampling.next_skip()
 
     def _open_step_at(self, token: Any) -> None:
         """Open the next (measured) step's window, and its ``dataloader`` phase, at boundary ``token``."""

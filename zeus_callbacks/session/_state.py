@@ -17,15 +17,16 @@ class Totals:
         steps: Steps executed.
         measured_steps: Steps whose energy has been attributed (warm-up steps left out).
         epochs: Epochs executed (an epoch cut short counts).
-        step_energy_J: Energy of the steps the step reports stand for, estimated report by report
-            (the report's mean over its measured steps × the steps it stands for; warm-up steps
-            left out) (J). Not the measured steps' sum: under ``windows.sample_fraction: auto``
-            the share measured changes from report to report (all of the first steps, fewer
-            later, more where steps are slow), and a plain mean over measured steps would weigh
-            each stretch of the run by that share.
-        step_time_s: Time of those steps, estimated alike (s).
-        estimated_steps: Steps those estimates stand for; ``step_energy_J / estimated_steps`` is
-            the run's mean step energy.
+        step_energy_J: ``Σ E/p`` over the measured steps after warm-up (J), ``p`` each one's chance
+            of being measured (Horvitz-Thompson): the energy of the steps they stand for, in
+            expectation. Not the measured steps' plain sum: under ``windows.sample_fraction: auto``
+            the share measured follows the step time (all of the first steps, fewer later, more
+            where steps are slow), and a plain mean would weigh each stretch by that share
+            (issue 31; a mean per report, weighed by the steps it stood for, kept that bias too:
+            a report's steps end at a measured one).
+        step_time_s: ``Σ t/p``, alike (s).
+        estimated_steps: ``Σ 1/p``: the steps those sums stand for, in expectation;
+            ``step_energy_J / estimated_steps`` is the run's mean step energy.
         epoch_energy_J: Each epoch's energy (J).
     """
 
@@ -37,7 +38,7 @@ class Totals:
     step_energy_J: float = 0.0
     step_time_s: float = 0.0
     epoch_energy_J: list[float] = field(default_factory=list)
-    estimated_steps: int = 0
+    estimated_steps: float = 0.0
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
@@ -94,7 +95,7 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         step_energy_J=float(state.get("step_energy_J", 0.0)),
         step_time_s=float(state.get("step_time_s", 0.0)),
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
-        estimated_steps=int(state.get("estimated_steps", measured)),
+        estimated_steps=float(state.get("estimated_steps", measured)),
     )
 
 

@@ -328,14 +328,12 @@ class StepReports:
         interval = [s for s in self._interval_rows if s.steps > 0]  # queued: the interval's, once every rank has steps
         if len(interval) == len(self._interval_rows):
             self._pending_metrics.update(records.step_metrics(interval))
-        stood_for = self._write_steps_record(
-            values, batches if count else [], len(gathered), final=final, partial=partial
-        )
-        if count:  # the run's step means weigh each report by the steps it stands for (see Totals)
-            energy_J, time_s = local.steps.energy_J, local.steps.time_s
-            self._totals.step_energy_J += energy_J / count * stood_for
-            self._totals.step_time_s += time_s / count * stood_for
-            self._totals.estimated_steps += stood_for
+        self._write_steps_record(values, batches if count else [], len(gathered), final=final, partial=partial)
+        if count:  # the run's step means weigh each measured step by 1 / its chance of being measured (see Totals)
+            mine = local.steps
+            self._totals.step_energy_J += mine.weighted_J
+            self._totals.step_time_s += mine.weighted_s
+            self._totals.estimated_steps += mine.weight
 
     def end_interval(self) -> None:
         """The loggers took the queued metrics: the next interval's means start from nothing."""
@@ -499,6 +497,7 @@ class StepReports:
             node=node,
             time_note=time_note,
             counter_note_local=counter_why,
+            measured_steps=t.measured_steps,
         )
 
     def _node_local(self) -> LocalNode:
