@@ -378,3 +378,27 @@ def test_the_parts_line_is_left_out_rather_than_wrong(energy_J, epochs_J, why):
     from zeus_callbacks.reporting import energy_parts
 
     assert energy_parts(energy_J, epochs_J) is None, why
+
+
+def test_show_gives_a_withdrawn_trial_no_converged_verdict(tmp_path, capsys):
+    # Outside tester: a withdrawn trial (a suggestion no run claimed) was shown `converged: false`, a verdict
+    # of a run that never was; completed trials keep theirs.
+    from zeus_callbacks.store import open_store
+
+    path = tmp_path / "store.sqlite"
+    with open_store(path) as store:
+        store.ensure_job("j")
+        ran = store.create_trial("j", 32)
+        store.finish_trial(ran.trial_id, status="completed", energy_J=10.0, time_s=2.0, cost=5.0, converged=False)
+        unclaimed = store.create_trial("j", 64)
+        store.finish_trial(
+            unclaimed.trial_id, status="withdrawn", energy_J=None, time_s=None, cost=None, converged=False
+        )
+    assert main(["show", str(path), "j", "--json"]) == 0
+    trials = {t["trial_id"]: t for t in json.loads(capsys.readouterr().out)["jobs"][0]["trials"]}
+    assert trials[unclaimed.trial_id]["converged"] is None
+    assert trials[ran.trial_id]["converged"] is False
+    assert main(["show", str(path), "j"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    (row,) = [r for r in rows if r[:1] == [str(unclaimed.trial_id)] and "withdrawn" in r]
+    assert row == [str(unclaimed.trial_id), "64", "-", "withdrawn", "-", "-", "-", "-"]

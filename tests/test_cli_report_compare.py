@@ -18,7 +18,7 @@ from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.cli import main
 from zeus_callbacks.cli._compare import CSV_RECORDS
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import NODE_OFF, read_jsonl
 from zeus_callbacks.session import EnergySession
 
 ROWS = ["energy (J)", "energy (Wh)", "time (s)", "steps", "mean power (W)", "power limit (W)", "parts: epochs (J)",
@@ -76,7 +76,8 @@ def parse_table(text: str) -> dict[str, dict[str, str]]:
     for line in lines[1:]:
         label = next((r for r in ROWS if line.startswith(r)), None)
         if label is not None:
-            table[label] = dict(zip(runs, line[len(label) :].split(), strict=True))
+            # Cells are two spaces apart at least; a null node figure's cell is "- (a)", one space inside.
+            table[label] = dict(zip(runs, re.split(r"\s{2,}", line[len(label) :].strip()), strict=True))
     return table
 
 
@@ -107,9 +108,10 @@ def test_two_logs_are_compared_one_column_per_run(two_logs, capsys):
     assert _end(profiled)["power_limit_applied"] is True
     assert float(table["power limit (W)"]["profiled"]) == _end(profiled)["chosen_power_limit_W"]
     assert "SIMULATED energy (virtual GPU, not measured)" in out
-    # No node figure measured (node.rapl and node.virtual_cpu off): "-", never 0.
+    # No node figure measured (node.rapl and node.virtual_cpu off): "-", never 0, and why (one reason: one mark).
     for row in ("CPU (J)", "DRAM (J)", "node (J)"):
-        assert table[row] == {"plain": "-", "profiled": "-"}
+        assert table[row] == {"plain": "- (a)", "profiled": "- (a)"}
+    assert f"(a) CPU/DRAM/node n/a: {NODE_OFF}" in " ".join(out.split())
 
 
 def test_node_figures_are_compared_where_a_run_has_them(two_logs, tmp_path, capsys):
@@ -124,13 +126,35 @@ def test_node_figures_are_compared_where_a_run_has_them(two_logs, tmp_path, caps
     with_node.write_text("\n".join(lines) + "\n")
     assert main(["report", plain, str(with_node)]) == 0
     table = parse_table(capsys.readouterr().out)
-    assert table["CPU (J)"] == {"plain": "-", "rapl": "41.3"}
-    assert table["DRAM (J)"] == {"plain": "-", "rapl": "7.5"}
-    assert table["node (J)"]["plain"] == "-"
+    assert table["CPU (J)"] == {"plain": "- (a)", "rapl": "41.3"}
+    assert table["DRAM (J)"] == {"plain": "- (a)", "rapl": "7.5"}
+    assert table["node (J)"]["plain"] == "- (a)"
     assert abs(float(table["node (J)"]["rapl"]) - node["node_energy_J"]) <= 0.05
     assert main(["report", plain, str(with_node), "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [r["cpu_energy_J"] for r in runs] == [None, 41.3] and runs[1]["node_energy_J"] == node["node_energy_J"]
+
+
+def test_a_null_node_figure_is_marked_and_its_reason_is_a_footnote(two_logs, tmp_path, capsys):
+    # Outside tester: the CPU/DRAM/node rows showed a bare "-" though each run_end says why in node_energy_note.
+    plain, profiled = two_logs
+    records = read_jsonl(profiled)
+    end_line = next(i for i, r in enumerate(records) if r["event"] == "run_end")
+    why = "GPU + CPU packages (RAPL); unknown: DRAM: no DRAM domain readable"
+    node = {"cpu_energy_J": 41.3, "dram_energy_J": None, "node_energy_J": None, "node_energy_note": why}
+    lines = open(profiled, encoding="utf-8").read().splitlines()
+    lines[end_line] = json.dumps(dict(records[end_line], run_name="rapl", **node))
+    partly = tmp_path / "rapl.jsonl"
+    partly.write_text("\n".join(lines) + "\n")
+    assert main(["report", plain, str(partly)]) == 0
+    out = capsys.readouterr().out
+    table = parse_table(out)
+    assert table["CPU (J)"] == {"plain": "- (a)", "rapl": "41.3"}  # a known figure has no mark
+    assert table["DRAM (J)"] == {"plain": "- (a)", "rapl": "- (b)"}
+    assert table["node (J)"] == {"plain": "- (a)", "rapl": "- (b)"}
+    text = " ".join(out.split())
+    assert f"(a) CPU/DRAM/node n/a: {NODE_OFF}" in text and f"(b) CPU/DRAM/node n/a: {why}" in text
+    assert max(len(line) for line in out.splitlines()) <= 80
 
 
 def test_a_killed_run_shows_dashes_for_what_it_lacks(two_logs, tmp_path, capsys):

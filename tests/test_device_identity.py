@@ -108,6 +108,24 @@ def test_report_of_a_several_process_run_says_its_devices_are_rank_0s(tmp_path, 
     assert out.index("GPU(s) of rank 0 only") < out.index("GPU 0: virtual index 0")
 
 
+def test_report_of_a_several_process_run_names_rank_0s_gpus_not_this_processs(tmp_path, capsys, virtual_backend):
+    # Outside tester: the header of a 2-process log read "(this process's: Virtual A40 ...)", the words of the
+    # run's own summary; read afterwards, the log is the main process's: rank 0's.
+    import json
+
+    _run_start(tmp_path, virtual_backend)
+    log = tmp_path / "id.jsonl"
+    records = read_jsonl(log)
+    end = records[-1]
+    end.update(world_size=2, gpu_energy_J=[end["energy_J"] / 2] * 2,
+               backend="virtual: 2 GPU(s) over 2 processes (this process's: Virtual A40 (imagenet))")  # fmt: skip
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(log)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on virtual: 2 GPU(s) over 2 processes (rank 0's: Virtual A40 (imagenet))" in out
+    assert "this process's" not in out
+
+
 def test_nvml_under_cuda_visible_devices_names_the_nvml_device_behind_cuda_0(tmp_path, monkeypatch, capsys):
     clock = ManualClock(T0)
     fake = fp.FakePyNVML(num_gpus=4, time_fn=clock.now_s)

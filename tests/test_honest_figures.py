@@ -479,6 +479,29 @@ def test_a_null_counter_figure_says_why_in_the_records_and_the_report(tmp_path, 
     assert f"(a) counter_J n/a: {short}" in " ".join(text.split())
 
 
+def test_the_summary_says_why_its_counter_figure_is_null(tmp_path):
+    """Outside tester: a null run counter figure left the summary's energy line without a word."""
+    clock = ManualClock(T0 + 0.05)
+    fake, backend = _nvml(clock)
+    fake.set_load(LOAD_W)
+    summary, _, _ = _train(_session(tmp_path, backend), clock, 10, epoch_steps=1)  # 1 s: too short
+    backend.close()
+    assert summary.counter_energy_J is None
+    (line,) = [line for line in str(summary).splitlines() if line.startswith("  energy ")]
+    short = f"shorter than {COUNTER_MIN_PERIODS * NVML_COUNTER_PERIOD_S:g} s on nvml"
+    assert re.search(rf"\(energy counter: n/a, {short} \([^)]*\)\)$", line), line  # the first clause only
+
+
+def test_a_short_reason_is_a_notes_first_clause_and_keeps_its_gpu():
+    from zeus_callbacks.reporting import short_reason
+
+    assert short_reason("shorter than 2 s on nvml (20 periods of 0.1 s): over fewer, off") == (
+        "shorter than 2 s on nvml (20 periods of 0.1 s)"
+    )
+    assert short_reason("GPU 1: no readings bracket it: see docs") == "GPU 1: no readings bracket it"
+    assert short_reason("no energy counter on the nvml backend") == "no energy counter on the nvml backend"
+
+
 def test_a_gpu_without_an_energy_counter_says_so_instead_of_a_figure(tmp_path):
     clock = ManualClock(T0)
     fake, backend = _nvml(clock)

@@ -156,6 +156,22 @@ def test_a_step_that_raised_and_was_caught_lets_the_loop_go_on(config, virtual_b
     assert m.summary.status == "completed" and m.summary.steps == 3
 
 
+def test_an_epoch_left_open_at_the_end_is_measured_and_warned_about_as_a_step_is(
+    config, virtual_backend, manual_clock, caplog
+):
+    # Outside tester: an open step got a warning at the run's end, an open epoch was closed silently.
+    caplog.set_level("WARNING", logger="zeus_callbacks")
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+        m.epoch_start()
+        for _ in range(STEPS_PER_EPOCH):
+            with m.step():
+                work(m, manual_clock, STEP_S)
+    (epoch,) = records(m, "epoch")
+    assert epoch["epoch"] == 0 and epoch["energy_J"] > 0  # measured up to the run's end
+    (warning,) = [r.getMessage() for r in caplog.records if "epoch_start without epoch_end" in r.getMessage()]
+    assert "ended inside epoch 0" in warning
+
+
 @pytest.mark.parametrize(
     ("misuse", "message"),
     [

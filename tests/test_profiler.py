@@ -83,6 +83,32 @@ def test_profile_kernel_cli_on_the_virtual_gpu(tmp_path, capsys):
     assert main(["profile-kernel", "nosuchkernel", "--backend", "virtual"]) == 1
 
 
+def test_profile_kernel_on_the_fallback_gpu_announces_its_files_and_says_what_marks_them(
+    tmp_path, capsys, caplog, monkeypatch
+):
+    # Outside tester: --json FILE and --plot FILE were written silently (docs/cli.md: every written plot is
+    # announced, `(SIMULATED: virtual GPU)` on the virtual GPU), and the fallback's warning named run records
+    # (run_start, run_end) that profile-kernel never writes.
+    import logging
+    import sys
+
+    import zeus_callbacks.backends as backends
+    from zeus_callbacks.backends import GPUPresence
+    from zeus_callbacks.cli import main
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    monkeypatch.setattr(backends, "detect_gpus", lambda: GPUPresence())  # no GPU: auto gives the virtual one
+    caplog.set_level(logging.WARNING, logger="zeus_callbacks")
+    json_path, png_path = tmp_path / "k.json", tmp_path / "k.png"
+    args = ["profile-kernel", "matmul", "--size", "64", "--dtype", "fp32", "--max-time", "0.3", "--min-time", "0.2"]
+    assert main([*args, "--no-progress", "--json", str(json_path), "--plot", str(png_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [f"wrote {json_path} (SIMULATED: virtual GPU)", f"wrote {png_path} (SIMULATED: virtual GPU)"]
+    (warning,) = [r.getMessage() for r in caplog.records if "no GPU on this machine" in r.getMessage()]
+    assert "run_start" not in warning and "the printed result, its JSON (simulated: true) and its plot" in warning
+
+
 @pytest.mark.parametrize(
     ("kernel", "reason"),
     [("nosuch:fn", "No module named 'nosuch'"), ("json:nosuchfn", "module 'json' has no attribute 'nosuchfn'")],

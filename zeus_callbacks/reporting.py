@@ -10,7 +10,8 @@ import json
 import logging
 import math
 import os
-from collections.abc import Collection
+import re
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -261,7 +262,8 @@ class RunSummary:
         counter_energy_J: The run's energy from the hardware energy counter (J), when known.
         counter_energy_note: Why ``counter_energy_J`` is None (the run shorter than 20 counter update periods,
             the counter's readings not bracketing it, no counter on this backend; as the epoch record's
-            ``counter_energy_note``); None when it is known.
+            ``counter_energy_note``); None when it is known. The printed summary's energy line gives its
+            first clause: ``(energy counter: n/a, shorter than 2 s on nvml (...))``.
         faults: Sensor faults counted on this process, by kind.
         jsonl_path: The JSONL log, when written.
         world_size: Processes whose GPUs the figures cover (1 without DDP).
@@ -393,6 +395,14 @@ class RunSummary:
                          f"{ENERGY_BASES[k.energy_basis]}" + (f": {k.reason}" if k.reason else ""))  # fmt: skip
         return lines
 
+    def _counter_part(self, fmt: Callable[[float | None, str], str]) -> str:
+        """The energy line's cross-check: the counter's figure, or ``n/a`` with the short reason, or nothing."""
+        if self.counter_energy_J is not None and math.isfinite(self.counter_energy_J):
+            return f"   (energy counter: {fmt(self.counter_energy_J, 'J')})"
+        if self.counter_energy_note:  # e.g. a DDP run whose ranks' figures do not all stand
+            return f"   (energy counter: n/a, {short_reason(self.counter_energy_note)})"
+        return ""
+
     def __str__(self) -> str:
         def fmt(value: float | None, unit: str, scale: float = 1.0) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -404,7 +414,7 @@ class RunSummary:
             + ("   SIMULATED energy (virtual GPU, not measured)" if self.simulated else ""),
             f"  energy        {fmt(self.energy_J, 'J')}"
             + (f" ({readable_energy(self.energy_J)})" if self.energy_Wh is not None else "")
-            + (f"   (energy counter: {fmt(self.counter_energy_J, 'J')})" if self.counter_energy_J else ""),
+            + self._counter_part(fmt),
             f"  time          {fmt(self.time_s, 's')}",
             f"  mean power    {fmt(self.mean_power_W, 'W')}",
             f"  steps         {self.steps}   energy/step {fmt(self.step_energy_J, 'J')}"
@@ -447,6 +457,18 @@ class RunSummary:
         if self.jsonl_path:
             lines.append(f"  log           {self.jsonl_path}")
         return "\n".join(lines)
+
+
+def short_reason(note: str) -> str:
+    """A note's first clause, for a one-line summary: its words up to the first ``": "``.
+
+    A leading ``"GPU i: "`` (which GPU the note is about) is kept. E.g. ``"shorter than 2 s on nvml
+    (20 counter update periods of 0.1 s): over fewer ..."`` gives ``"shorter than 2 s on nvml (20 counter
+    update periods of 0.1 s)"``.
+    """
+    gpu = re.match(r"GPU \d+: ", note)
+    prefix = gpu.group(0) if gpu else ""
+    return prefix + note[len(prefix) :].split(": ", 1)[0]
 
 
 def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:

@@ -64,6 +64,10 @@ def _open_vendor(name: str, read_only: bool | None) -> GPUBackend:
     return AMDSMIBackend(read_only=read_only)
 
 
+RUN_MARKS = "run_start, run_end, the summary and the logged metrics"
+"""What says a run's figures are SIMULATED, named when ``auto`` falls back to the virtual GPU."""
+
+
 def get_backend(
     name: str = "auto",
     *,
@@ -72,6 +76,7 @@ def get_backend(
     read_only: bool | None = None,
     detect: Callable[[], GPUPresence] | None = None,
     announce: bool = True,
+    marked_in: str = RUN_MARKS,
 ) -> GPUBackend:
     """Open a GPU backend by name.
 
@@ -95,6 +100,9 @@ def get_backend(
             at the call, so a test may replace ``zeus_callbacks.backends.detect_gpus``).
         announce: Warn when ``auto`` falls back (True: this process speaks for the job, e.g. rank 0);
             False logs the same message at INFO, so a 2-process job does not print it twice.
+        marked_in: What marks the figures SIMULATED, for that warning: a run's records by default
+            (:data:`RUN_MARKS`); a command without run records names its own (``profile-kernel``: its
+            summary and JSON).
 
     Returns:
         An open backend; the caller closes it.
@@ -151,9 +159,9 @@ def get_backend(
     logger.log(
         level,
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
-        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; run_start, run_end, the summary "
-        "and the logged metrics say so. [%s]",
+        "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; %s say so. [%s]",
         backend.describe(),
+        marked_in,
         "; ".join(f"{n}: {r}" for n, r in reasons.items()),
     )
     return backend

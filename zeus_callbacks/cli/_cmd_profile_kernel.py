@@ -9,6 +9,10 @@ import sys
 from zeus_callbacks._argtypes import float_in, int_at_least
 from zeus_callbacks._terminal import progress_bar
 from zeus_callbacks._units import readable_interval_J, readable_joules, significant_figures
+from zeus_callbacks.cli._cmd_plot import SIMULATED_SUFFIX
+
+MARKED_IN = "the printed result, its JSON (simulated: true) and its plot"
+"""What marks a virtual-GPU profile SIMULATED, for the fallback's warning: it writes no run records."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, AttributeError) as exc:
         print(f"zeus-callbacks: {exc}", file=sys.stderr)
         return 1
-    backend = get_backend(args.backend)
+    backend = get_backend(args.backend, marked_in=MARKED_IN)
     bar = progress_bar(args.max_time, "measuring", enabled=not args.no_progress and args.json is None, unit="s")
 
     def progress(elapsed_s: float, rel_ci: float | None) -> None:
@@ -159,4 +163,7 @@ def run(args: argparse.Namespace) -> int:
             "  the CI's lower end is below 0 J: too few executions for this kernel's energy; it is the "
             "bootstrap's interval, not clipped, so read it as 'not resolved'"
         )
+    for path in (args.json, args.plot):  # as every command that writes a file says so (docs/cli.md)
+        if path is not None:
+            print(f"wrote {path}" + (SIMULATED_SUFFIX if result.simulated else ""))
     return 0

@@ -250,10 +250,12 @@ def _job_backend(end: dict[str, Any]) -> str:
 
     Logs written before the summary counted every rank's GPUs there name the main process's count
     (``1 GPU(s)`` on a 2-rank run): the count is then taken from ``gpu_energy_J`` (one per GPU, every rank).
+    The devices named are the main process's, so ``this process's:`` reads ``rank 0's:``.
     """
     text = fmt(end.get("backend"))
     world = end.get("world_size")
     gpus = len(end.get("gpu_energy_J") or [])
     if isinstance(world, int) and world > 1 and gpus and " processes" not in text:
         text = re.sub(r"\d+ GPU\(s\)", f"{gpus} GPU(s) over {world} processes", text, count=1)
-    return text
+    # The run's own summary names its process's GPUs; the log is the main process's, read afterwards.
+    return text.replace("(this process's: ", "(rank 0's: ", 1)

@@ -132,7 +132,8 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                             "batch_size": t.batch_size,
                             "power_limit_W": t.power_limit_W,
                             "status": t.status,
-                            "converged": t.converged,
+                            # A withdrawn trial (a suggestion no run claimed) never ran: no verdict.
+                            "converged": None if t.status == "withdrawn" else t.converged,
                             "energy_J": t.energy_J,
                             "time_s": t.time_s,
                             "cost": t.cost,

@@ -26,6 +26,9 @@ Log = tuple[Path, list[dict[str, Any]]]
 CSV_RECORDS = ("steps", "epoch", "eval", "run_end")
 """The record types ``--csv`` writes, one file each (``<type>.csv``)."""
 
+NODE_FIGURES = ("cpu_energy_J", "dram_energy_J", "node_energy_J")
+"""The node rows: a null one is marked, and its run_end's ``node_energy_note`` is a footnote."""
+
 _SPECS = {"energy_J": ".1f", "time_s": ".1f", "mean_power_W": ".1f", "power_limit_W": ".0f"}
 
 
@@ -45,12 +48,23 @@ def comparison_table(logs: Sequence[Log]) -> str:
     """The runs side by side: one row per figure of :data:`COMPARED`, one column per run (``-``: missing).
 
     Columns that do not fit an 80-column terminal go to a further block below, the row labels repeated.
+    A null CPU/DRAM/node figure is ``- (a)``, its run's ``node_energy_note`` a footnote under the table.
     Below the table, a ``TIME NOT SIMULATED:`` line for each run with a ``time_note`` (power-limit
     results on the virtual GPU with the real clock), which its ``time note`` row points to.
     """
     labels = run_labels(logs)
     figures = [run_figures(records) for _, records in logs]
-    rows = [(label, [_cell(key, f.get(key)) for f in figures]) for key, label in COMPARED]
+    notes = [_node_note(records) for _, records in logs]
+    marks: dict[str, str] = {}  # a null node figure's reason -> its footnote mark, (a), (b), ... in order of use
+    rows = []
+    for key, label in COMPARED:
+        cells = [_cell(key, f.get(key)) for f in figures]
+        if key in NODE_FIGURES:
+            for i, (f, note) in enumerate(zip(figures, notes, strict=True)):
+                if f.get(key) is None and note:
+                    mark = f"({chr(ord('a') + len(marks))})" if len(marks) < 26 else "(*)"
+                    cells[i] += " " + marks.setdefault(note, mark)
+        rows.append((label, cells))
     rows.append(("simulated", ["yes" if f["simulated"] else "no" for f in figures]))
     rows.append(("time note", ["below" if f["time_note"] else "none" for f in figures]))
     label_w = max(len(label) for label, _ in rows)
@@ -71,6 +85,8 @@ def comparison_table(logs: Sequence[Log]) -> str:
         lines += [label.ljust(label_w) + "".join("  " + cells[i].rjust(widths[i]) for i in block)
                   for label, cells in rows]  # fmt: skip
         lines.append("")
+    for note, mark in marks.items():
+        lines.append(textwrap.fill(f"{mark} CPU/DRAM/node n/a: {note}", TERMINAL_COLUMNS, subsequent_indent="    "))
     for label, f in zip(labels, figures, strict=True):
         if not f["ended"]:
             lines.append(f"{label}: no run_end record (still running, or killed before it ended): shown as -")
@@ -81,6 +97,13 @@ def comparison_table(logs: Sequence[Log]) -> str:
             lines.append(textwrap.fill(f"{label}: TIME NOT SIMULATED: {f['time_note']}", TERMINAL_COLUMNS,
                                        subsequent_indent="    "))  # fmt: skip
     return "\n".join(lines).rstrip("\n")
+
+
+def _node_note(records: list[dict[str, Any]]) -> str | None:
+    """The run_end record's ``node_energy_note`` (why a CPU/DRAM/node figure is null, or the parts it holds)."""
+    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    note = None if end is None else end.get("node_energy_note")
+    return note if isinstance(note, str) and note else None
 
 
 def comparison_json(logs: Sequence[Log]) -> str:

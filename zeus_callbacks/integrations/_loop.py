@@ -122,7 +122,7 @@ class Measurement(SessionAdapter):
         """End the run and write its summary; an exception from the block is recorded and propagates.
 
         A step still open is not a step (its energy stays in the run's total); an epoch or
-        evaluation still open is measured up to here.
+        evaluation still open is measured up to here. An open step or epoch is warned about.
         """
         self._running = False
         if exc is not None:
@@ -130,6 +130,12 @@ class Measurement(SessionAdapter):
             return
         if self._in_step:
             logger.warning("zeus-callbacks: the run ended inside a step (step_start without step_end); not counted")
+        if self._epoch is not None:  # a loop that forgot epoch_end(): its last epoch is cut at the run's end
+            logger.warning(
+                "zeus-callbacks: the run ended inside epoch %d (epoch_start without epoch_end); measured up to "
+                "the run's end",
+                self._epoch,
+            )
         self.summary = self.session.train_end()
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:

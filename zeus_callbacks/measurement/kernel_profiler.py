@@ -299,7 +299,7 @@ def profile(
     if backend is None:
         from zeus_callbacks.backends import get_backend
 
-        backend = get_backend("auto")
+        backend = get_backend("auto", marked_in="the result's simulated field, its JSON and its plot")
     try:
         return _profile(
             fn, backend, mode=mode, target_ci=target_ci, gpu_index=gpu_index, max_time_s=max_time_s,
