@@ -522,12 +522,19 @@ def _judge(player: _Player) -> Outcome:
                 continue
             flagged = r.get("complete") is False or bool(r.get("degraded"))
             truths = [_truth(cuda, *player.step_truth[w[1]["run_step"]]) for w in mine]
-            true_J = sum(t for t, _ in truths) / count
-            tol_J = sum(tol for _, tol in truths) / count
-            true_s = sum(player.step_truth[w[1]["run_step"]][1] - player.step_truth[w[1]["run_step"]][0] for w in mine)
+            # A record's means weigh each measured step by 1 / its chance of being measured (auto sampling):
+            # the truth is the same weighted mean of the true steps.
+            weights = [1.0 / w[1].get("measure_probability", 1.0) for w in mine]
+            total_weight = sum(weights)
+            true_J = sum(wt * t for wt, (t, _) in zip(weights, truths, strict=True)) / total_weight
+            tol_J = sum(wt * tol for wt, (_, tol) in zip(weights, truths, strict=True)) / total_weight
+            true_s = sum(
+                wt * (player.step_truth[w[1]["run_step"]][1] - player.step_truth[w[1]["run_step"]][0])
+                for wt, w in zip(weights, mine, strict=True)
+            )
             out.figures.append(Figure(f"run {n} steps {i} energy_J_mean", r["energy_J_mean"], true_J, tol_J, flagged))
             out.figures.append(
-                Figure(f"run {n} steps {i} time_s_mean", r["time_s_mean"], true_s / count, 1e-6, flagged)
+                Figure(f"run {n} steps {i} time_s_mean", r["time_s_mean"], true_s / total_weight, 1e-6, flagged)
             )
         # -- evaluations, epochs, the run
         evals = [r for r in records if r["event"] == "eval"]
