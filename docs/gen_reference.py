@@ -314,6 +314,9 @@ FIELDS: dict[str, str] = {
     "every step was measured. Such an estimate may exceed what the epoch holds. "
     "`other_J` is null, with `other_reason`, when "
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
+    "When `other_J` stands beside an estimated `steps_J` it is the rest of an estimate, its error included: "
+    '`other_note` then says so ("includes the sampling error of steps_J (estimated from N of M steps after '
+    'warm-up)"); null when every step was measured. '
     "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
     "epoch.cpu_energy_J": "CPU package energy of the epoch (J), summed over sockets, between readings at its "
