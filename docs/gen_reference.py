@@ -302,8 +302,9 @@ FIELDS: dict[str, str] = {
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry. The entries are "
     "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
     "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "
-    "loader's start. Work between two steps, a checkpoint save or a log, is in the next step's window, which runs "
-    "from the previous step's end. "
+    "loader's start, and what follows an evaluation before the next step begins (other callbacks, a checkpoint "
+    "save). Work between two steps, a checkpoint save or a log, is in the next step's window, which runs "
+    "from the previous step's end (after an evaluation: from the step's own start). "
     "`warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
     "epoch's mean measured step, counted in `steps_estimated`; each measured step weighs `1/p - 1`, `p` its "
@@ -313,6 +314,9 @@ FIELDS: dict[str, str] = {
     "every step was measured. Such an estimate may exceed what the epoch holds. "
     "`other_J` is null, with `other_reason`, when "
     "it cannot be known (no step measured, or the estimate exceeds what the windows leave); never negative. "
+    "When `other_J` stands beside an estimated `steps_J` it is the rest of an estimate, its error included: "
+    '`other_note` then says so ("includes the sampling error of steps_J (estimated from N of M steps after '
+    'warm-up)"); null when every step was measured. '
     "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
     "epoch.cpu_energy_J": "CPU package energy of the epoch (J), summed over sockets, between readings at its "
@@ -604,9 +608,9 @@ def render_metrics() -> str:
         "5 s cap or an epoch end cuts it short. The number varies, because the measured steps are a random draw. "
         "As R is set again at each report, the gaps between reports vary too. An epoch shorter than R gets only "
         "its epoch-end report. The first R above `logging.interval_steps` is announced as a one-line warning: "
-        "`zeus-callbacks: sample_fraction auto measures 45.8% of steps: step energy every 35 steps, not 10`. "
+        "`zeus-callbacks: sample_fraction auto 45.8%: step energy every 35 steps (not 10) + epoch ends`. "
         "Each time the share falls below half of the share last announced, another warning follows: "
-        "`zeus-callbacks: measured share fell from 45.80% to 20.10% of steps: step energy every 80 steps`. "
+        "`zeus-callbacks: measured share fell from 45.80% to 20.10%: step energy every 80 steps + epoch ends`. "
         "`windows.sample_fraction: 1` measures every step and keeps `logging.interval_steps`. "
         "A step's window holds its batch fetch: it runs from the previous step's end to its own "
         "(docs/concepts.md, *What a step window covers*), and the run's warm-up steps "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,3 +100,17 @@ def test_a_sampled_run_on_the_virtual_gpu_marks_its_steps_as_estimated(tmp_path,
         assert ledger["other_J"] is not None or ledger["other_reason"]
         exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
         assert math.isclose(math.fsum(exact), record["energy_J"], rel_tol=1e-9)
+
+
+def test_a_rest_beside_an_estimated_steps_j_says_it_holds_the_estimate_s_error():
+    # An outside tester: README run epoch 4, other_J 18.974 J (21 % of the epoch, against 0.013-0.035 s of
+    # other_s elsewhere), other_reason null: the estimate's undershoot landed in other_J unsaid.
+    # 2 of 8 steps measured at 0.5 J each: the other 6 at 0.5 J make steps_J 4 J of a 10 J epoch.
+    under = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 1.0, 0.1, 2, 0.0, 0.0, 0), steps_taken=8)
+    assert under["other_J"] == pytest.approx(6.0) and under["other_reason"] is None  # the figure is kept
+    assert under["other_note"] == "includes the sampling error of steps_J (estimated from 2 of 8 steps after warm-up)"
+    # Every step measured: other is exact, nothing to say; an unknown other says why in other_reason instead.
+    exact = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.6, 3, 0.0, 0.0, 0), steps_taken=3)
+    assert exact["other_J"] == pytest.approx(4.0) and exact["other_note"] is None
+    over = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.1, 2, 0.0, 0.0, 0), steps_taken=8)
+    assert over["other_J"] is None and over["other_note"] is None

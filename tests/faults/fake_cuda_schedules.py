@@ -296,7 +296,7 @@ class _Player:
         self.session.eval_end(report=report)
         self.eval_truth.append((self.eval_open, end))
         self.eval_open = None
-        self.boundary = end
+        self.boundary = None  # what follows the evaluation is no step's: the next step opens at its step_start
 
     # -- work ----------------------------------------------------------------------------------
     def micro_batch(self, *, optimizer: bool) -> None:

@@ -346,3 +346,36 @@ def test_a_user_metric_named_like_an_evaluation_energy_stays_the_users(tmp_path)
     assert evaluate["metrics"]["eval_x_energy_J"] == user_J
     assert "eval_energy_J" not in evaluate["metrics"] and "eval_time_s" not in evaluate["metrics"]  # ours
     assert [r["dataset"] for r in records if r["event"] == "eval"] == [None]
+
+
+class SlowAfterEvaluation(TrainerCallback):
+    """A later callback whose ``on_evaluate`` takes ``pause_s`` on ``clock``: Trainer work after an evaluation."""
+
+    def __init__(self, clock: ManualClock, pause_s: float) -> None:
+        self.clock, self.pause_s = clock, pause_s
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.clock.advance(self.pause_s)
+
+
+def test_the_step_after_an_evaluation_begins_at_its_own_step_begin(tmp_path):
+    # An outside tester (2 processes): the step after the evaluation at step 10 took 202 ms against 26 ms, its
+    # window opened where the evaluation ended, and held what the Trainer and the session did after that (the
+    # other callbacks' on_evaluate, the evaluation's exchange between ranks) before the next on_step_begin.
+    # On a manual clock: every training forward 30 ms, a later callback's on_evaluate 200 ms.
+    step_s, pause_s = 0.03, 0.2
+    clock = SampledClock(1_000.0)
+    config = virtual_config(tmp_path, interval_steps=1)
+    callback = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    clock.adapter = callback
+    args = train_args(tmp_path, max_steps=8, logging_steps=4, eval_strategy="steps", eval_steps=4,
+                      per_device_eval_batch_size=8)  # fmt: skip
+    trainer = Trainer(model=clocked_lm(clock, step_s), args=args, train_dataset=RandomTokens(40),
+                      eval_dataset=RandomTokens(8), callbacks=[SlowAfterEvaluation(clock, pause_s)])  # fmt: skip
+    callback.attach(trainer)
+    trainer.train()
+
+    steps = [r for r in read_jsonl(callback.summary.jsonl_path) if r["event"] == "steps" and r["count"]]
+    assert len(steps) == 7  # one a record (interval_steps=1) after the warm-up step
+    # Each step's window holds its forward only: the step after the evaluation too (step 4, 230 ms before).
+    assert [r["time_s_mean"] for r in steps] == pytest.approx([step_s] * len(steps), rel=1e-6)

@@ -168,13 +168,16 @@ class WindowSampling:
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
             if self._announce and self._told_fraction is None and self.report_every > self.interval_steps:
                 self._told_fraction = self.fraction
+                # Every epoch end reports too: said, or a run whose epochs are shorter than the interval reads
+                # as if its step energy came more rarely than it does (an outside tester).
                 logger.warning(  # one short line: a progress bar wraps a long one into several
-                    "zeus-callbacks: sample_fraction auto measures %.1f%% of steps: step energy every %d steps, not %d",
+                    "zeus-callbacks: sample_fraction auto %.1f%%: step energy every %d steps (not %d) + epoch ends",
                     100 * self.fraction, self.report_every, self.interval_steps,
                 )  # fmt: skip
             elif self._told_fraction is not None and self.fraction < self._told_fraction / 2:
                 logger.warning(
-                    "zeus-callbacks: measured share fell from %.2f%% to %.2f%% of steps: step energy every %d steps",
+                    "zeus-callbacks: measured share fell from %.2f%% to %.2f%%: "
+                    "step energy every %d steps + epoch ends",
                     100 * self._told_fraction, 100 * self.fraction, self.report_every,
                 )  # fmt: skip
                 self._told_fraction = self.fraction

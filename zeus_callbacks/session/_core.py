@@ -480,9 +480,9 @@ class EnergySession:
     def eval_start(self) -> None:
         """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
 
-        The evaluation is no part of any step: the next step's window opens at :meth:`eval_end`,
-        where one was dropped here. An evaluation after the epoch's end (none was open: :meth:`epoch_end`
-        dropped it) leaves it to the next :meth:`epoch_start` or :meth:`step_start`.
+        The evaluation is no part of any step, nor is what follows it before the next step begins:
+        the next measured step's window opens at its own :meth:`step_start` (or at the next
+        :meth:`epoch_start`, after an epoch's end).
         """
         self._steps.take_back_quiet_steps()
         if not self.started:
@@ -529,7 +529,6 @@ class EnergySession:
             if dataset is not None:
                 info["dataset"] = dataset
             run.meter.end_at("eval", token, info)
-        self._steps.eval_ends(token)  # before the attribution below (issue 27)
         if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.

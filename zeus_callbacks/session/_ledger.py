@@ -105,10 +105,11 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
 
     Returns:
         ``{"warmup_J", "steps_J", "eval_J", "other_J", "warmup_s", "steps_s", "eval_s", "other_s",
-        "steps_estimated", "steps_measured", "steps_basis", "other_reason", "steps_windowed_J",
+        "steps_estimated", "steps_measured", "steps_basis", "other_reason", "other_note", "steps_windowed_J",
         "steps_windowed_s", "unwindowed_J", "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the
         epoch (J and s alike)
-        wherever ``other`` is not None; ``other_reason`` says why it is None. Always, with no
+        wherever ``other`` is not None; ``other_reason`` says why it is None, ``other_note`` that it
+        absorbs the error of an estimated ``steps_J`` (None: no estimate in it). Always, with no
         estimate in it: ``warmup + steps_windowed + eval + unwindowed`` equals the epoch, where
         ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
         when the epoch's energy is unknown).
@@ -141,6 +142,12 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
         )
     elif reason is None and (other_J is None or other_s is None):
         reason = "the windows hold more than the epoch (they overlap): a defect, please report it"
+    note = None
+    if reason is None and estimated:  # the rest of an estimate: its error lands in other, unseen unless said
+        note = (
+            f"includes the sampling error of steps_J (estimated from {int(steps_n)} of "
+            f"{int(steps_n) + estimated} steps after warm-up)"
+        )
     # The exact split, whatever the sampling: what the windows leave (unmeasured steps and other together).
     unwindowed_J = _rest(epoch_J, warmup_J, windowed_J, eval_J)
     unwindowed_s = _rest(epoch_s, warmup_s, windowed_s, eval_s)
@@ -151,6 +158,7 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
         "other_s": other_s if reason is None else None,
         "steps_estimated": estimated, "steps_measured": int(steps_n),
         "steps_basis": _steps_basis(int(steps_n), estimated), "other_reason": reason,
+        "other_note": note,
         "steps_windowed_J": windowed_J, "steps_windowed_s": windowed_s,
         "unwindowed_J": unwindowed_J, "unwindowed_s": unwindowed_s,
     }  # fmt: skip
