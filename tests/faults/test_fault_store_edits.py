@@ -222,3 +222,26 @@ def test_bit_flipped_store(originals, tmp_path, kind, record_fault):
         for extra in tmp_path.glob(f"flip{i}*"):
             extra.unlink()
     assert not failures, failures
+
+
+def test_a_flipped_bit_in_an_index_is_refused_before_a_run_writes(originals, tmp_path):
+    # A CI run's random flips once hit the trials_by_job index: the open read nothing there, a run then
+    # created its trial (a write) and failed on the index afterwards. Flip each byte of the index's
+    # cells (they fill the page from its end): every use survives or is refused with the file unchanged.
+    original = originals["sqlite"]
+    with sqlite3.connect(f"file:{original}?mode=ro", uri=True) as db:
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'trials_by_job'").fetchone()[0]
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    page_end = root * page_size  # pages count from 1
+    failures = {}
+    for offset in range(page_end - 48, page_end):
+        path = _copy(original, tmp_path, f"index{offset}")
+        data = bytearray(path.read_bytes())
+        data[offset] ^= 0x80
+        path.write_bytes(bytes(data))
+        problems = _use(path)
+        if problems:
+            failures[offset] = problems
+        for extra in tmp_path.glob(f"index{offset}*"):
+            extra.unlink()
+    assert not failures, failures
