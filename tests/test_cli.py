@@ -394,9 +394,11 @@ def test_show_gives_a_withdrawn_trial_no_converged_verdict(tmp_path, capsys):
         store.finish_trial(
             unclaimed.trial_id, status="withdrawn", energy_J=None, time_s=None, cost=None, converged=False
         )
+        running = store.create_trial("j", 16)  # a run still training: no verdict yet either
     assert main(["show", str(path), "j", "--json"]) == 0
     trials = {t["trial_id"]: t for t in json.loads(capsys.readouterr().out)["jobs"][0]["trials"]}
     assert trials[unclaimed.trial_id]["converged"] is None
+    assert trials[running.trial_id]["converged"] is None
     assert trials[ran.trial_id]["converged"] is False
     assert main(["show", str(path), "j"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]

@@ -132,8 +132,9 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                             "batch_size": t.batch_size,
                             "power_limit_W": t.power_limit_W,
                             "status": t.status,
-                            # A withdrawn trial (a suggestion no run claimed) never ran: no verdict.
-                            "converged": None if t.status == "withdrawn" else t.converged,
+                            # A withdrawn trial (a suggestion no run claimed) never ran, a running one has
+                            # not ended: neither has a verdict yet.
+                            "converged": None if t.status in ("withdrawn", "running") else t.converged,
                             "energy_J": t.energy_J,
                             "time_s": t.time_s,
                             "cost": t.cost,
