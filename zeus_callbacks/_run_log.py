@@ -143,7 +143,7 @@ def time_note_of(records: Sequence[Record]) -> str | None:
     From the last ``run_end`` record, else the last ``power_limit_profile`` (a run killed before its end).
     """
     for event in ("run_end", "power_limit_profile"):
-        note = (_last(records, event) or {}).get("time_note")
+        note = (last_record(records, event) or {}).get("time_note")
         if isinstance(note, str) and note:
             return note
     return None
@@ -163,7 +163,8 @@ def _first(records: Sequence[Record], event: str) -> Record | None:
     return next((r for r in records if r.get("event") == event), None)
 
 
-def _last(records: Sequence[Record], event: str) -> Record | None:
+def last_record(records: Sequence[Record], event: str) -> Record | None:
+    """The last record of ``event`` in the log (None when it has none: a run still going, or killed)."""
     return next((r for r in reversed(records) if r.get("event") == event), None)
 
 
@@ -180,7 +181,7 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
     Raises:
         NothingToPlot: The log has no ``steps`` or ``warmup`` record with a measured mean.
     """
-    start, end = _first(records, "run_start"), _last(records, "run_end")
+    start, end = _first(records, "run_start"), last_record(records, "run_end")
     resumed = _number((start or {}).get("resumed_steps")) or 0.0
     course = RunCourse(run_name=(end or start or {}).get("run_name"), simulated=is_simulated(records),
                        ended=end is not None, time_note=time_note_of(records))  # fmt: skip
@@ -217,7 +218,7 @@ def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
                 course.epoch_ends.append((r.get("epoch"), end_step))
     if not any(s.power_W is not None for s in course.spans):
         raise NothingToPlot(f"{source}: no step report with a measured power (no steps record with a mean)")
-    profile = _last(records, "power_limit_profile")
+    profile = last_record(records, "power_limit_profile")
     if profile is not None:
         from_step = _number((end or {}).get("power_limit_from_step"))
         step = from_step if from_step is not None else _number(profile.get("step")) or resumed
@@ -302,7 +303,7 @@ def run_figures(records: Sequence[Record]) -> dict[str, Any]:
     Returns:
         Keys of :data:`COMPARED` plus ``run_name``, ``ended``, ``simulated`` and ``time_note``.
     """
-    end = _last(records, "run_end")
+    end = last_record(records, "run_end")
     start = _first(records, "run_start") or {}
     if end is None:
         figures: dict[str, Any] = dict.fromkeys(key for key, _ in COMPARED)

@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from zeus_callbacks._run_log import impossible_figures, is_simulated, run_course, time_note_of
+from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, run_course, time_note_of
 from zeus_callbacks._terminal import TERMINAL_COLUMNS, name_impossible_figures
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
@@ -150,7 +150,7 @@ def _plot_power_limit(args: argparse.Namespace, out: Path) -> Drawn | None:
     records = _read_log(args.source)
     if records is None:
         return None
-    profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+    profile = last_record(records, "power_limit_profile")
     if profile is None:
         print(f"zeus-callbacks: {args.source} has no power_limit_profile record", file=sys.stderr)
         return None

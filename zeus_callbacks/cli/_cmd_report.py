@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks._footprint import ENERGY_BASES
-from zeus_callbacks._run_log import impossible_figures, is_simulated, time_note_of
+from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, time_note_of
 from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
 from zeus_callbacks._units import readable_energy, three_figures
 from zeus_callbacks.cli import _compare as compare
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
     """Print one run's summary (``as_json``: its run_end and epoch records)."""
-    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    end = last_record(records, "run_end")
     epochs = [r for r in records if r.get("event") == "epoch"]
     if as_json:
         print(json.dumps({"run_end": end, "epochs": epochs}, indent=2))
@@ -88,7 +88,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
     # Every record carries ``simulated``; logs older than that flag name the virtual GPU as their
     # backend (what plot power-limit reads too): either way the figures below are simulated.
     simulated = is_simulated(records)
-    profile = next((r for r in reversed(records) if r.get("event") == "power_limit_profile"), None)
+    profile = last_record(records, "power_limit_profile")
     if end is None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
         if simulated:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_callbacks._atomic_io import atomic_output
-from zeus_callbacks._run_log import COMPARED, run_figures
+from zeus_callbacks._run_log import COMPARED, last_record, run_figures
 from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt
 from zeus_callbacks._units import three_figures
 
@@ -101,7 +101,7 @@ def comparison_table(logs: Sequence[Log]) -> str:
 
 def _node_note(records: list[dict[str, Any]]) -> str | None:
     """The run_end record's ``node_energy_note`` (why a CPU/DRAM/node figure is null, or the parts it holds)."""
-    end = next((r for r in reversed(records) if r.get("event") == "run_end"), None)
+    end = last_record(records, "run_end")
     note = None if end is None else end.get("node_energy_note")
     return note if isinstance(note, str) and note else None
 
