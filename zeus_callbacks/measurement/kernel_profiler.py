@@ -32,13 +32,7 @@ from zeus_callbacks.backends.base import GPUBackend, ManualClock
 from zeus_callbacks.errors import NotAProfile
 from zeus_callbacks.measurement._sampler import PowerSampler
 from zeus_callbacks.measurement._windows import BoundaryTimer, ClockTimer, CudaEventTimer
-from zeus_callbacks.measurement.finegrain import (
-    DROPPED,
-    bin_executions,
-    binning_warning,
-    interval_reason,
-    superpose,
-)
+from zeus_callbacks.measurement.finegrain import DROPPED, bin_executions, binning_warning, interval_reason, superpose
 
 logger = logging.getLogger(__name__)
 

@@ -56,14 +56,9 @@ def min_executions_for_interval(confidence: float) -> int:
 
 
 def interval_reason(executions: int, confidence: float) -> str | None:
-    """Why there is no interval from ``executions`` executions at ``confidence``, or None when there is one.
+    """Why there is no interval from ``executions`` executions at ``confidence``, in words; None when there is one.
 
-    Args:
-        executions: Executions behind the estimate.
-        confidence: The interval's level, in (0, 1).
-
-    Returns:
-        The reason in words (it names the minimum of :func:`min_executions_for_interval`), or None.
+    The reason names the minimum of :func:`min_executions_for_interval`.
     """
     need = min_executions_for_interval(confidence)
     if executions >= need:
@@ -100,17 +95,7 @@ class Strata:
 
 
 def strata(execs: Executions, samples: SampleIntervals, gaps: Pauses, cols: Columns) -> Strata:
-    """Assign every sample interval to its execution (by midpoint), a pause, or idle time.
-
-    Args:
-        execs: The executions.
-        samples: The sample intervals.
-        gaps: Steady mode's pauses and run tails.
-        cols: The column layout (for the class order).
-
-    Returns:
-        The :class:`Strata`.
-    """
+    """Assign every sample interval to its execution (by midpoint), a pause, or idle time."""
     mids = samples.mid_s
     owner = np.full(samples.m, IDLE, dtype=np.int64)
     k_lo, k_hi = sample_ranges(execs, samples)
@@ -132,17 +117,10 @@ def strata(execs: Executions, samples: SampleIntervals, gaps: Pauses, cols: Colu
 
 
 def replicate_weights(st: Strata, rng: np.random.Generator) -> np.ndarray:
-    """Sample weights of one bootstrap replicate.
+    """Sample weights of one bootstrap replicate, shape (m,).
 
-    Draws, in this order, one resample of each class's executions, then of the idle samples,
-    then of the pause samples (an empty stratum draws nothing).
-
-    Args:
-        st: The strata.
-        rng: The generator (advanced).
-
-    Returns:
-        Weight of each sample interval, shape (m,).
+    Draws from ``rng``, in this order, one resample of each class's executions, then of the idle
+    samples, then of the pause samples (an empty stratum draws nothing).
     """
     counts = np.zeros(st.n)
     for members in st.members:
@@ -155,17 +133,9 @@ def replicate_weights(st: Strata, rng: np.random.Generator) -> np.ndarray:
 
 
 def bootstrap(prob: Problem, st: Strata, n_boot: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Refit ``n_boot`` replicates.
+    """Refit ``n_boot`` replicates; return θ of each, shape (p,) each.
 
-    Args:
-        prob: The problem.
-        st: The strata.
-        n_boot: Replicates to draw.
-        rng: The generator (advanced).
-
-    Returns:
-        θ of each replicate, shape (p,) each; a replicate whose weights are all zero is skipped,
-        so there may be fewer than ``n_boot``.
+    A replicate whose weights are all zero is skipped, so there may be fewer than ``n_boot``.
 
     Raises:
         numpy.linalg.LinAlgError: A replicate's normal equations are singular.

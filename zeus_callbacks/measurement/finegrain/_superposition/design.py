@@ -1,14 +1,7 @@
-"""The linear model of a superposition: the layout of the unknowns and the design matrix.
+"""The linear model of a superposition: the layout of the unknowns and the design matrix ``A``.
 
-FinGraV (arXiv 2412.12426), challenge C1 (low sampling rate): every sample ``k`` is the mean
-power over its interval ``(t_{k-1} - d, t_k - d]`` (``d`` the sensor delay, which puts the
-samples on the executions' clock), so its energy is a linear function of the power profile:
-
-    p_k Δ_k = Σ_j g_j · A[k, j] + c · (Δ_k − Σ_j A[k, j]) + noise
-
-``A[k, j]`` is the time (s) sample ``k``'s interval spends in profile bin ``j`` of any execution
-(Lang & Rünger, Euro-Par 2013, write it the same way). This module lays out the unknowns
-and builds ``A`` from :mod:`.timeline`; :mod:`.solve` fits it.
+The model is stated in :mod:`zeus_callbacks.measurement.finegrain`; ``A`` is built from
+:mod:`.timeline`, and :mod:`.solve` fits it.
 """
 
 from __future__ import annotations
@@ -120,18 +113,7 @@ class Design:
 def design_matrix(
     execs: Executions, samples: SampleIntervals, gaps: Pauses, cols: Columns, settings: SuperposeSettings
 ) -> Design:
-    """Build ``A``: the executions' profile bins, then the pause and tail levels, then the baseline.
-
-    Args:
-        execs: The executions.
-        samples: The sample intervals.
-        gaps: Steady mode's pauses and run tails.
-        cols: The column layout.
-        settings: ``pre_s``, ``post_s`` (window and tail widths) are used.
-
-    Returns:
-        The :class:`Design`.
-    """
+    """Build ``A``: the executions' profile bins, then the pause and tail levels, then the baseline."""
     A = np.zeros((samples.m, cols.size))
     widths = execution_columns(A, execs, samples, cols, settings)
     A[:, cols.gap] = overlap_with(samples.begin_s, samples.end_s, gaps.gap_lo_s, gaps.gap_hi_s)
@@ -143,11 +125,7 @@ def design_matrix(
 def execution_columns(
     A: np.ndarray, execs: Executions, samples: SampleIntervals, cols: Columns, settings: SuperposeSettings
 ) -> np.ndarray:
-    """Add every execution's bin overlaps to its class's columns of ``A`` (in place).
-
-    Returns:
-        The bin widths of each execution, shape (n, per_class) (s).
-    """
+    """Add every execution's bin overlaps to its class's columns of ``A`` (in place); return its bin widths."""
     a, b = samples.begin_s, samples.end_s
     pre, post = settings.window_pre_s, settings.window_post_s
     widths = np.zeros((execs.n, cols.per_class))

@@ -16,21 +16,10 @@ def bin_edges(
     n_in: int,
     n_post: int,
 ) -> np.ndarray:
-    """Edges of one execution's profile bins, clipped to its extended window.
+    """Edges of one execution's profile bins, shape (n_pre + n_in + n_post + 1,) (s), non-decreasing.
 
-    Args:
-        start_s: Execution start (s).
-        end_s: Execution end (s).
-        lo_s: Start of its extended window (s); the edges are clipped to ``[lo_s, hi_s]``.
-        hi_s: End of its extended window (s).
-        pre_s: Time before the start split into ``n_pre`` bins (s).
-        post_s: Time after the end split into ``n_post`` bins (s).
-        n_pre: Bins before the start.
-        n_in: Bins between start and end.
-        n_post: Bins after the end.
-
-    Returns:
-        The edges, shape (n_pre + n_in + n_post + 1,) (s), non-decreasing.
+    ``n_pre`` bins split the ``pre_s`` before the start, ``n_in`` the execution, ``n_post`` the
+    ``post_s`` after the end; the edges are clipped to the extended window ``[lo_s, hi_s]``.
     """
     parts = []
     if n_pre:
@@ -42,16 +31,9 @@ def bin_edges(
 
 
 def overlap_with(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Time each interval ``(a_k, b_k]`` spends in the disjoint, sorted intervals ``(lo_i, hi_i]`` (s).
+    """Time each interval ``(a_k, b_k]`` spends in the disjoint, sorted intervals ``(lo_i, hi_i]`` (s), shape (m,).
 
-    Args:
-        a: Interval starts, shape (m,) (s).
-        b: Interval ends, shape (m,) (s), ``b >= a``.
-        lo: Starts of the disjoint, sorted intervals, shape (q,) (s); empty ones (``hi <= lo``) are ignored.
-        hi: Their ends, shape (q,) (s).
-
-    Returns:
-        The overlap of each ``(a_k, b_k]``, shape (m,) (s).
+    ``a``, ``b`` have shape (m,), ``b >= a``; ``lo``, ``hi`` shape (q,), empty ones (``hi <= lo``) ignored.
     """
     keep = hi > lo
     lo, hi = lo[keep], hi[keep]
@@ -64,16 +46,7 @@ def overlap_with(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
 
 
 def inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Whether each ``x`` lies in one of the disjoint, sorted intervals ``(lo_i, hi_i]``.
-
-    Args:
-        x: Times, shape (m,) (s).
-        lo: Interval starts, shape (q,) (s); empty intervals are ignored.
-        hi: Interval ends, shape (q,) (s).
-
-    Returns:
-        Membership, shape (m,) bool.
-    """
+    """Whether each ``x`` lies in one of the disjoint, sorted intervals ``(lo_i, hi_i]`` (empty ones ignored)."""
     keep = hi > lo
     knots = np.column_stack([lo[keep], hi[keep]]).ravel()
     return np.searchsorted(knots, x, side="left") % 2 == 1

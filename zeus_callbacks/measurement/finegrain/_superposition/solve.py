@@ -43,12 +43,6 @@ def penalty_rows(cols: Columns) -> np.ndarray:
     of every profile bin (a GPU cannot change power in a few ms; this matters when pauses are so
     regular that they are collinear with the executions); first differences along the run
     tail, whose last bin decays to the baseline.
-
-    Args:
-        cols: The column layout.
-
-    Returns:
-        The penalty rows, shape (k, cols.size).
     """
     p, gap, tail = cols.size, cols.gap, cols.tail
     rows = []
@@ -96,14 +90,6 @@ def problem(design: Design, samples: SampleIntervals, settings: SuperposeSetting
 
     Without a given baseline the prior pulls to the median sample power, weakly when there is
     idle time of at least two sample intervals (the idle samples then decide).
-
-    Args:
-        design: The design matrix.
-        samples: The sample intervals.
-        settings: ``baseline_W`` and ``smoothing`` are used.
-
-    Returns:
-        The :class:`Problem`.
     """
     baseline_known = design.idle_time_s >= IDLE_INTERVALS_FOR_BASELINE * samples.median_interval_s
     given = settings.baseline_W
@@ -129,13 +115,7 @@ def augmented_system(prob: Problem, weights: np.ndarray) -> tuple[np.ndarray, np
     ``√ω c₀`` and zeros. Its normal equations are the penalised ones,
     ``(AᵀWA + λDᵀD + ω e eᵀ + ridge·I) θ = AᵀWy + ω c₀ e`` (``e`` selects the baseline, the last
     column), with ``λ``, ``ω`` and the ridge relative to the mean diagonal of ``AᵀWA``.
-
-    Args:
-        prob: The problem.
-        weights: Weight of each sample interval, shape (m,) (bootstrap counts, or ones).
-
-    Returns:
-        ``(Ã, b̃)``, shapes (m + k + 1 + p, p) and (m + k + 1 + p,).
+    ``weights``: shape (m,), bootstrap counts or ones. Shapes of ``(Ã, b̃)``: (m + k + 1 + p, p), (m + k + 1 + p,).
     """
     A, p = prob.matrix, prob.matrix.shape[1]
     root_w = np.sqrt(weights)
@@ -161,10 +141,6 @@ def augmented_system(prob: Problem, weights: np.ndarray) -> tuple[np.ndarray, np
 
 def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
     """Solve the penalised fit with sample weights (``scipy.linalg.lstsq`` on :func:`augmented_system`).
-
-    Args:
-        prob: The problem.
-        weights: Weight of each sample interval, shape (m,) (bootstrap counts, or ones).
 
     Returns:
         θ, shape (p,): profile bin powers (W), the pause level, the tail bins, the baseline (last).

@@ -42,16 +42,7 @@ def class_widths(execs: Executions, design: Design) -> dict[str, np.ndarray]:
 
 
 def class_energies(theta: np.ndarray, cols: Columns, widths_s: dict[str, np.ndarray]) -> dict[str, ClassEnergy]:
-    """Energy per execution of every class under θ (see the module docstring).
-
-    Args:
-        theta: The fitted unknowns, shape (p,).
-        cols: The column layout.
-        widths_s: :func:`class_widths`.
-
-    Returns:
-        The :class:`ClassEnergy` of each class, in class order.
-    """
+    """Energy per execution of every class under θ (see the module docstring), in class order."""
     c = theta[-1]
     n_pre, after = cols.n_pre, cols.n_pre + cols.n_bins
     out = {}
@@ -92,20 +83,9 @@ def profile_estimate(
     alpha: float,
     has_baseline: bool,
 ) -> ProfileEstimate:
-    """The :class:`ProfileEstimate` of one class.
+    """The :class:`ProfileEstimate` of one class from its energies under θ and under each replicate.
 
-    Args:
-        label: The class.
-        executions: Its executions.
-        widths_s: Its mean bin widths, shape (per_class,) (s).
-        point: Its energies under the point estimate.
-        replicates: Its energies under each bootstrap replicate.
-        cols: The column layout.
-        alpha: Each tail's share outside the interval (``(1 − confidence) / 2``).
-        has_baseline: Whether a baseline is reported (else the dynamic energies are None).
-
-    Returns:
-        The estimate.
+    ``alpha`` is each tail's share outside the interval; without a baseline the dynamic energies are None.
     """
     w = widths_s
     rel = np.cumsum(w) - w / 2 - (w[: cols.n_pre].sum())
@@ -144,32 +124,6 @@ def subtracted_text(settings: SuperposeSettings) -> str:
     )
 
 
-class PauseLevels(NamedTuple):
-    """Steady mode's fitted pause and tail levels."""
-
-    gap_power_W: float | None
-    """Fitted power of the short pauses between executions (W); None without pauses."""
-    gap_time_s: float
-    """Total time of those pauses (s)."""
-    tail_power_W: float | None
-    """Fitted mean power over the run tails (W); None without tail time."""
-    tail_time_s: float
-    """Total time of those tails (s)."""
-
-
-def pause_levels(design: Design, gaps: Pauses, theta: np.ndarray) -> PauseLevels:
-    """Steady mode's pause and tail levels under θ (both None in isolated mode)."""
-    A, cols = design.matrix, design.columns
-    tail = design.tail_block
-    tail_any = bool(cols.n_tail and tail.any())
-    return PauseLevels(
-        gap_power_W=float(theta[cols.gap]) if A[:, cols.gap].any() else None,
-        gap_time_s=float((gaps.gap_hi_s - gaps.gap_lo_s).sum()),
-        tail_power_W=float(tail.sum(axis=0) @ theta[cols.tail : -1] / tail.sum()) if tail_any else None,
-        tail_time_s=float(np.clip(gaps.tail_hi_s - gaps.tail_lo_s, 0.0, None).sum()),
-    )
-
-
 def summarise(
     settings: SuperposeSettings,
     execs: Executions,
@@ -180,42 +134,27 @@ def summarise(
     replicates: list[np.ndarray],
     idle_samples: int,
 ) -> Superposition:
-    """Assemble the :class:`Superposition` (every class but :data:`DROPPED` is reported).
+    """Assemble the :class:`Superposition` from the point estimate θ and the replicates' θ.
 
-    Args:
-        settings: The settings of the fit.
-        execs: The executions.
-        gaps: Steady mode's pauses and run tails.
-        design: The design matrix.
-        prob: The problem that was solved.
-        theta: The point estimate, shape (p,).
-        replicates: θ of each bootstrap replicate.
-        idle_samples: Samples outside every execution's window, pause and tail.
-
-    Returns:
-        The :class:`Superposition`.
+    Every class but :data:`DROPPED` is reported; steady mode's pause and tail levels are None in
+    isolated mode (no such columns) or where no sample meets them.
     """
     cols = design.columns
+    tail = design.tail_block
+    tail_any = bool(cols.n_tail and tail.any())
     widths = class_widths(execs, design)
     point = class_energies(theta, cols, widths)
     boots = [class_energies(th, cols, widths) for th in replicates]
     alpha = (1 - settings.confidence) / 2
     base, source = baseline(settings, prob, theta)
-    levels = pause_levels(design, gaps, theta)
     profiles = {
         lab: profile_estimate(
-            lab,
-            int((execs.labels == lab).sum()),
-            widths[lab],
-            point[lab],
-            [b[lab] for b in boots],
-            cols,
-            alpha,
+            lab, int((execs.labels == lab).sum()), widths[lab], point[lab], [b[lab] for b in boots], cols, alpha,
             base is not None,
         )
         for lab in cols.classes
         if lab != DROPPED
-    }
+    }  # fmt: skip
     return Superposition(
         mode=settings.mode,
         profiles=profiles,
@@ -227,8 +166,8 @@ def summarise(
         sensor_delay_s=float(settings.sensor_delay_s),
         confidence=float(settings.confidence),
         n_boot=len(replicates),
-        gap_power_W=levels.gap_power_W,
-        gap_time_s=levels.gap_time_s,
-        tail_power_W=levels.tail_power_W,
-        tail_time_s=levels.tail_time_s,
+        gap_power_W=float(theta[cols.gap]) if design.matrix[:, cols.gap].any() else None,
+        gap_time_s=float((gaps.gap_hi_s - gaps.gap_lo_s).sum()),
+        tail_power_W=float(tail.sum(axis=0) @ theta[cols.tail : -1] / tail.sum()) if tail_any else None,
+        tail_time_s=float(np.clip(gaps.tail_hi_s - gaps.tail_lo_s, 0.0, None).sum()),
     )

@@ -29,16 +29,7 @@ def check_inputs(
     sample_times_s: Sequence[float] | np.ndarray,
     sample_power_W: Sequence[float] | np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The four input sequences as float64 arrays, checked.
-
-    Args:
-        starts_s: Execution starts, shape (n,) (s).
-        ends_s: Execution ends, shape (n,) (s).
-        sample_times_s: Sample timestamps, shape (m,) (s).
-        sample_power_W: Sample values, shape (m,) (W).
-
-    Returns:
-        ``(starts, ends, times, power)`` as float64 arrays.
+    """The four inputs of :func:`superpose` as float64 arrays, checked.
 
     Raises:
         ValueError: Mismatched shapes, no execution, fewer than 3 samples, or an execution
@@ -88,14 +79,7 @@ def executions(
 ) -> Executions:
     """Sort the executions, fold steady mode's launch gaps into them and extend their windows.
 
-    Args:
-        starts: Starts, shape (n,) (s), from :func:`check_inputs`.
-        ends: Ends, shape (n,) (s).
-        labels: Class of each execution, shape (n,); None: every execution is ``"all"``.
-        settings: ``mode``, ``launch_gap_s``, ``pre_s`` and ``post_s`` are used.
-
-    Returns:
-        The :class:`Executions`.
+    ``labels`` None: every execution is ``"all"``.
 
     Raises:
         ValueError: ``labels`` does not have one entry per execution.
@@ -119,16 +103,8 @@ def executions(
 def fold_launch_gaps(starts: np.ndarray, ends: np.ndarray, launch_gap_s: float | None) -> np.ndarray:
     """Ends with each short launch gap belonging to the execution before it (steady mode).
 
-    A gap after an execution shorter than ``launch_gap_s`` (default: half the execution's
-    duration) is the launch overhead of back-to-back work, so the execution ends at the next start.
-
-    Args:
-        starts: Sorted starts, shape (n,) (s).
-        ends: Their ends, shape (n,) (s).
-        launch_gap_s: The longest gap folded in (s); None: half each execution's duration.
-
-    Returns:
-        The new ends, shape (n,) (s).
+    A gap after an execution shorter than ``launch_gap_s`` (None: half the execution's duration)
+    is the launch overhead of back-to-back work, so the execution ends at the next start.
     """
     nxt = np.append(starts[1:], np.inf)
     gap = nxt - ends
@@ -165,16 +141,7 @@ class SampleIntervals:
 
 
 def sample_intervals(times: np.ndarray, power: np.ndarray, sensor_delay_s: float) -> SampleIntervals:
-    """Turn samples into intervals; drop the first and any that spans a lost sample.
-
-    Args:
-        times: Sample timestamps, shape (m,) (s), increasing.
-        power: Sample values, shape (m,) (W).
-        sensor_delay_s: Lag of a sample behind the power it reports (s).
-
-    Returns:
-        The :class:`SampleIntervals` (at most m − 1 of them).
-    """
+    """Turn samples into intervals; drop the first and any that spans a lost sample."""
     b = times - sensor_delay_s
     a = np.empty_like(b)
     a[1:] = b[:-1]
@@ -209,14 +176,6 @@ def pauses(execs: Executions, median_interval_s: float, settings: SuperposeSetti
 
     A pause up to ``short_gap_s`` (default: 3 median sample intervals) gets a power level of
     its own; a longer one ends a run, and its first ``post_s`` is that run's tail.
-
-    Args:
-        execs: The executions.
-        median_interval_s: Median sample interval (s).
-        settings: ``mode``, ``short_gap_s`` and ``post_s`` are used.
-
-    Returns:
-        The :class:`Pauses`.
     """
     if not settings.steady:
         none = np.zeros(0)
@@ -235,11 +194,7 @@ def pauses(execs: Executions, median_interval_s: float, settings: SuperposeSetti
 
 
 def sample_ranges(execs: Executions, samples: SampleIntervals) -> tuple[np.ndarray, np.ndarray]:
-    """For each execution, the half-open range of sample intervals that can meet its window.
-
-    Returns:
-        ``(k_lo, k_hi)``, each shape (n,): intervals ``k_lo[i] <= k < k_hi[i]``.
-    """
+    """For each execution, the range ``k_lo[i] <= k < k_hi[i]`` of sample intervals that can meet its window."""
     k_lo = np.searchsorted(samples.end_s, execs.lo_s, side="right")
     k_hi = np.searchsorted(samples.begin_s, execs.hi_s, side="left")
     return k_lo, k_hi
