@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -289,187 +290,152 @@ def profile(
         raise ValueError(f"mode must be 'steady' or 'isolated', got {mode!r}")
     if not (0 < target_ci < 1) or max_time_s <= 0 or min_time_s > max_time_s:
         raise ValueError("need 0 < target_ci < 1 and 0 < min_time_s <= max_time_s")
-    own_backend = backend is None
-    if backend is None:
-        from zeus_callbacks.backends import get_backend
+    with ExitStack() as owned:
+        if backend is None:
+            from zeus_callbacks.backends import get_backend
 
-        backend = get_backend("auto", marked_in="the result's simulated field, its JSON and its plot")
-    try:
-        return _profile(
-            fn, backend, mode=mode, target_ci=target_ci, gpu_index=gpu_index, max_time_s=max_time_s,
-            min_time_s=min_time_s, warmup_s=warmup_s, idle_s=idle_s, gap_s=gap_s, chunk_s=chunk_s,
-            sensor_delay_s=sensor_delay_s, use_cuda=use_cuda, n_bins=n_bins, n_boot=n_boot, seed=seed,
-            name=name or str(getattr(fn, "__name__", "fn")), json_path=json_path, plot_path=plot_path,
-            progress=progress,
-        )  # fmt: skip
-    finally:
-        if own_backend:
-            backend.close()
+            backend = get_backend("auto", marked_in="the result's simulated field, its JSON and its plot")
+            owned.callback(backend.close)
+        clock = backend.clock
+        manual = isinstance(clock, ManualClock)
+        period = backend.sample_period_s
+        delay = backend.sensor_delay_s if sensor_delay_s is None else sensor_delay_s
+        pre_s, post_s = _isolated_margins_s(period)
+        if gap_s is None:
+            gap_s = isolated_gap_s(period)
+        rng = np.random.default_rng(seed)
+        sampler = PowerSampler(backend, [gpu_index], poll_period_s=0.1, energy_counter_period_s=3600.0, buffer_s=600.0)
+        timer, timer_name, sync = _make_timer(backend, use_cuda)
 
-
-def _profile(
-    fn: Callable[[], Any],
-    backend: GPUBackend,
-    *,
-    mode: ProfileMode,
-    target_ci: float,
-    gpu_index: int,
-    max_time_s: float,
-    min_time_s: float,
-    warmup_s: float,
-    idle_s: float,
-    gap_s: tuple[float, float] | None,
-    chunk_s: float,
-    sensor_delay_s: float | None,
-    use_cuda: bool | None,
-    n_bins: int,
-    n_boot: int,
-    seed: int,
-    name: str,
-    json_path: str | Path | None,
-    plot_path: str | Path | None,
-    progress: ProgressCallback | None = None,
-) -> ProfileResult:
-    clock = backend.clock
-    manual = isinstance(clock, ManualClock)
-    period = backend.sample_period_s
-    delay = backend.sensor_delay_s if sensor_delay_s is None else sensor_delay_s
-    pre_s, post_s = _isolated_margins_s(period)
-    if gap_s is None:
-        gap_s = isolated_gap_s(period)
-    rng = np.random.default_rng(seed)
-    sampler = PowerSampler(backend, [gpu_index], poll_period_s=0.1, energy_counter_period_s=3600.0, buffer_s=600.0)
-    timer, timer_name, sync = _make_timer(backend, use_cuda)
-
-    def idle(seconds: float) -> None:
-        if isinstance(clock, ManualClock):
-            clock.advance(seconds)
-            sampler.poll_once(read_counter=False)
-        else:
-            time.sleep(seconds)
-
-    marks: list[tuple[Any, Any, int, bool]] = []  # (start token, end token, run id, measured)
-
-    def call() -> None:
-        before = clock.now_s()
-        fn()
-        if manual and clock.now_s() <= before:
-            raise ValueError("on a ManualClock the profiled callable must advance the clock")
-
-    def call_until(t_end: float, run_id: int, measured: bool) -> None:
-        """Call back to back until ``t_end``, marking each execution (steady mode)."""
-        prev = timer.mark()
-        while clock.now_s() < t_end:
-            call()
-            token = timer.mark()
-            marks.append((prev, token, run_id, measured))
-            prev = token
-
-    sampler.start() if not manual else sampler.poll_once(read_counter=False)
-    # The sensor hands back its buffered history (~2.4 s on an H200): samples of whatever ran
-    # before this call must not count as this profile's idle time.
-    begin_s = clock.now_s()
-    try:
-        sync()
-        idle(idle_s)
-        run_id = 0
-        if mode == "steady" and warmup_s > 0:
-            call_until(clock.now_s() + warmup_s, run_id, measured=False)
-        measure_start = clock.now_s()
-        last_check = measure_start
-        result = None
-        rel_ci: float | None = None
-        while True:
-            if mode == "steady":
-                left_s = max(max_time_s - (clock.now_s() - measure_start), 0.0)
-                call_until(clock.now_s() + min(chunk_s, left_s), run_id, measured=True)
-                sync()
-                timer.anchor()
+        def idle(seconds: float) -> None:
+            if isinstance(clock, ManualClock):
+                clock.advance(seconds)
+                sampler.poll_once(read_counter=False)
             else:
-                start = timer.mark()
+                time.sleep(seconds)
+
+        marks: list[tuple[Any, Any, int, bool]] = []  # (start token, end token, run id, measured)
+
+        def call() -> None:
+            before = clock.now_s()
+            fn()
+            if manual and clock.now_s() <= before:
+                raise ValueError("on a ManualClock the profiled callable must advance the clock")
+
+        def call_until(t_end: float, run_id: int, measured: bool) -> None:
+            """Call back to back until ``t_end``, marking each execution (steady mode)."""
+            prev = timer.mark()
+            while clock.now_s() < t_end:
                 call()
-                end = timer.mark()
-                sync()
-                marks.append((start, end, run_id, True))
-                run_id += 1
-                idle(float(rng.uniform(*gap_s)))
-            if manual:
-                sampler.poll_once(read_counter=False)
-            elapsed = clock.now_s() - measure_start
-            if progress is not None:
-                progress(elapsed, rel_ci)
-            if elapsed >= max_time_s:
-                break
-            if elapsed >= min_time_s and clock.now_s() - last_check >= max(0.5, 0.2 * elapsed):
-                last_check = clock.now_s()
-                result = _analyse(
-                    sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed, begin_s
-                )
-                rel_ci = None if result is None else _rel_ci(result[0])
-                if rel_ci is not None and rel_ci <= target_ci:
-                    if progress is not None:
-                        progress(elapsed, rel_ci)
+                token = timer.mark()
+                marks.append((prev, token, run_id, measured))
+                prev = token
+
+        sampler.start() if not manual else sampler.poll_once(read_counter=False)
+        # The sensor hands back its buffered history (~2.4 s on an H200): samples of whatever ran
+        # before this call must not count as this profile's idle time.
+        begin_s = clock.now_s()
+        try:
+            sync()
+            idle(idle_s)
+            run_id = 0
+            if mode == "steady" and warmup_s > 0:
+                call_until(clock.now_s() + warmup_s, run_id, measured=False)
+            measure_start = clock.now_s()
+            last_check = measure_start
+            result = None
+            rel_ci: float | None = None
+            while True:
+                if mode == "steady":
+                    left_s = max(max_time_s - (clock.now_s() - measure_start), 0.0)
+                    call_until(clock.now_s() + min(chunk_s, left_s), run_id, measured=True)
+                    sync()
+                    timer.anchor()
+                else:
+                    start = timer.mark()
+                    call()
+                    end = timer.mark()
+                    sync()
+                    marks.append((start, end, run_id, True))
+                    run_id += 1
+                    idle(float(rng.uniform(*gap_s)))
+                if manual:
+                    sampler.poll_once(read_counter=False)
+                elapsed = clock.now_s() - measure_start
+                if progress is not None:
+                    progress(elapsed, rel_ci)
+                if elapsed >= max_time_s:
                     break
-        measurement_time_s = clock.now_s() - measure_start
-        idle(max(idle_s, post_s + delay + 2 * period))
-        if not manual:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline:
-                sampler.poll_once(read_counter=False)
-                latest = sampler.latest_sample_s()
-                if latest is not None and latest - delay >= clock.now_s() - idle_s / 2:
-                    break
-                time.sleep(0.02)
-    finally:
-        sampler.stop() if not manual else sampler.poll_once(read_counter=False)
-    result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed, begin_s)
-    if result is None:
-        raise RuntimeError(f"no power samples arrived from GPU {gpu_index} ({backend.describe()})")
-    sup, binning, warmup = result
-    if binning.too_many_dropped:  # once per run, on the final analysis (not per progress round)
-        binning_warning(binning, 0.2)
-    est = sup["all"]
-    ci_reason = interval_reason(est.executions, sup.confidence)
-    has_ci = ci_reason is None
-    out = ProfileResult(
-        name=name,
-        mode=mode,
-        device=backend.describe(),
-        timer=timer_name,
-        energy_J=est.energy_J,
-        energy_ci_J=est.energy_ci_J if has_ci else None,
-        dynamic_energy_J=est.dynamic_energy_J,
-        dynamic_energy_ci_J=est.dynamic_energy_ci_J if has_ci else None,
-        baseline_W=sup.baseline_W,
-        baseline_source=sup.baseline_source,
-        subtracted=sup.subtracted,
-        duration_s=est.duration_s,
-        time_s=est.time_s.tolist(),
-        u=est.u.tolist(),
-        power_W=est.power_W.tolist(),
-        power_ci_W=est.power_ci_W.tolist() if has_ci else None,
-        executions_used=est.executions,
-        executions_dropped=binning.dropped,
-        warmup_executions=warmup,
-        measurement_time_s=measurement_time_s,
-        samples_used=sup.samples_used,
-        sensor_delay_s=delay,
-        target_ci=target_ci,
-        target_met=has_ci and est.rel_ci_halfwidth <= target_ci,
-        ci_reason=ci_reason,
-        simulated=bool(backend.simulated),
-        extra={
-            "duration_groups": [list(g) for g in binning.groups],
-            "pause_power_W": sup.gap_power_W,
-            "pause_time_s": sup.gap_time_s,
-            "tail_power_W": sup.tail_power_W,
-        },
-    )
-    if json_path is not None:
-        out.write_json(json_path)
-    if plot_path is not None:
-        out.plot(plot_path)
-    return out
+                if elapsed >= min_time_s and clock.now_s() - last_check >= max(0.5, 0.2 * elapsed):
+                    last_check = clock.now_s()
+                    result = _analyse(
+                        sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, 40, seed, begin_s
+                    )
+                    rel_ci = None if result is None else _rel_ci(result[0])
+                    if rel_ci is not None and rel_ci <= target_ci:
+                        if progress is not None:
+                            progress(elapsed, rel_ci)
+                        break
+            measurement_time_s = clock.now_s() - measure_start
+            idle(max(idle_s, post_s + delay + 2 * period))
+            if not manual:
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline:
+                    sampler.poll_once(read_counter=False)
+                    latest = sampler.latest_sample_s()
+                    if latest is not None and latest - delay >= clock.now_s() - idle_s / 2:
+                        break
+                    time.sleep(0.02)
+        finally:
+            sampler.stop() if not manual else sampler.poll_once(read_counter=False)
+        result = _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bins, n_boot, seed, begin_s)
+        if result is None:
+            raise RuntimeError(f"no power samples arrived from GPU {gpu_index} ({backend.describe()})")
+        sup, binning, warmup = result
+        if binning.too_many_dropped:  # once per run, on the final analysis (not per progress round)
+            binning_warning(binning, 0.2)
+        est = sup["all"]
+        ci_reason = interval_reason(est.executions, sup.confidence)
+        has_ci = ci_reason is None
+        out = ProfileResult(
+            name=name or str(getattr(fn, "__name__", "fn")),
+            mode=mode,
+            device=backend.describe(),
+            timer=timer_name,
+            energy_J=est.energy_J,
+            energy_ci_J=est.energy_ci_J if has_ci else None,
+            dynamic_energy_J=est.dynamic_energy_J,
+            dynamic_energy_ci_J=est.dynamic_energy_ci_J if has_ci else None,
+            baseline_W=sup.baseline_W,
+            baseline_source=sup.baseline_source,
+            subtracted=sup.subtracted,
+            duration_s=est.duration_s,
+            time_s=est.time_s.tolist(),
+            u=est.u.tolist(),
+            power_W=est.power_W.tolist(),
+            power_ci_W=est.power_ci_W.tolist() if has_ci else None,
+            executions_used=est.executions,
+            executions_dropped=binning.dropped,
+            warmup_executions=warmup,
+            measurement_time_s=measurement_time_s,
+            samples_used=sup.samples_used,
+            sensor_delay_s=delay,
+            target_ci=target_ci,
+            target_met=has_ci and est.rel_ci_halfwidth <= target_ci,
+            ci_reason=ci_reason,
+            simulated=bool(backend.simulated),
+            extra={
+                "duration_groups": [list(g) for g in binning.groups],
+                "pause_power_W": sup.gap_power_W,
+                "pause_time_s": sup.gap_time_s,
+                "tail_power_W": sup.tail_power_W,
+            },
+        )
+        if json_path is not None:
+            out.write_json(json_path)
+        if plot_path is not None:
+            out.plot(plot_path)
+        return out
 
 
 def _rel_ci(sup: Any) -> float | None:
