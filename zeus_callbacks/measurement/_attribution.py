@@ -94,8 +94,7 @@ def extrapolated_energy_J(
         cumulative_J: Integral at the knots, shape (n,).
         starts_s: Interval starts, shape (m,) (s).
         ends_s: Interval ends, shape (m,) (s).
-        reach_s: How far past the knots power is extrapolated (s); one sample period in the
-            meter (issue 16: no extrapolation past the last sample by more than that).
+        reach_s: How far past the knots power is extrapolated (s); one sample period in the meter.
 
     Returns:
         Energies, shape (m,) (J).
@@ -192,7 +191,7 @@ def excluding_gaps(
     Across a lost stretch the running integral joins the samples either side with one straight line:
     one sample's power, a guess. A window over such a stretch keeps the energy and time of its other
     parts only (the stretch's share of the line is subtracted), so it reads as partly covered, never
-    as measured over the stretch (issue 31; :meth:`PowerSampler.sample_gaps`).
+    as measured over the stretch (:meth:`PowerSampler.sample_gaps`).
 
     Args:
         knot_times_s: Running-integral knots, shape (n,), n ≥ 2 (s).

@@ -168,8 +168,8 @@ class WindowSampling:
             self.report_every = min(most, max(self.interval_steps, math.ceil(WINDOWS_PER_REPORT / self.fraction)))
             if self._announce and self._told_fraction is None and self.report_every > self.interval_steps:
                 self._told_fraction = self.fraction
-                # Every epoch end reports too: said, or a run whose epochs are shorter than the interval reads
-                # as if its step energy came more rarely than it does (an outside tester).
+                # "+ epoch ends": else a run whose epochs are shorter than the interval reads as if its
+                # step energy came more rarely than it does.
                 logger.warning(  # one short line: a progress bar wraps a long one into several
                     "zeus-callbacks: sample_fraction auto %.1f%%: step energy every %d steps (not %d) + epoch ends",
                     100 * self.fraction, self.report_every, self.interval_steps,
@@ -188,7 +188,7 @@ def inverse_probability_weights(end_info: Sequence[dict[str, Any] | None] | np.n
 
     Auto sampling's share follows the step time (a budget that is a share of it), so the slow
     stretches of a loaded machine get more of their steps measured than the fast ones; a plain
-    mean of the measured steps then overstates the step (issue 31). Weighed by 1 / p, every step
+    mean of the measured steps then overstates the step. Weighed by 1 / p, every step
     counts once in expectation, whatever the share was when it came.
 
     Args:

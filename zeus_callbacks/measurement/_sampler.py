@@ -78,13 +78,8 @@ MANUAL_DRAIN_PERIOD_S = 1.0
 """On a :class:`ManualClock`, the longest stretch of virtual time the running sampler leaves undrained (s),
 for a backend whose ``sample_history_s`` is unknown; else half that history (1.2 s for NVML's 2.4 s).
 
-Its thread runs on the wall clock and cannot drain inside one ``advance`` of virtual time: a step
-advanced past the sensor's buffer lost its first samples (issue 31: the first profiled 4 s step read
-0.61 of its energy). A clock alarm drains instead, well before the buffer overflows; the session's
-own reads drain on demand, so most short steps never see one."""
-
-REJECT_REASONS = ("non_finite", "negative", "above_max", "future_timestamp", "timestamp_backwards")
-"""The reasons a sample is rejected, as counted in :attr:`SamplerHealth.rejected`."""
+Its thread runs on the wall clock and cannot drain inside one ``advance`` of virtual time, so a step
+advanced past the sensor's buffer would lose its first samples; a clock alarm drains instead."""
 
 
 def future_tolerance_s(sample_period_s: float) -> float:
@@ -105,7 +100,7 @@ class SamplerHealth:
             counts waits of the training thread cut short, ``slow_sensor_call`` vendor calls
             slower than the sampler's ``sensor_timeout_s``.
         dropped_samples: Samples overwritten because the ring buffer was full.
-        rejected: Samples rejected as physically impossible, by reason (:data:`REJECT_REASONS`).
+        rejected: Samples rejected as physically impossible, by reason (:func:`_reject_reason`).
         counter_resets: Times an energy counter went backwards (each drops one interval of
             the counter series; not a fault: the power samples are unaffected).
         counter_fallback: GPUs whose energy came, for part of the run, from counter
@@ -373,9 +368,7 @@ class PowerSampler:
     def close_check(self) -> None:
         """A window, epoch or run is being closed: count the doubts no later reading will settle.
 
-        Asks :meth:`GPUBackend.readings_in_doubt` (no vendor call, so safe on the training
-        thread); each doubt counts one fault of its kind, so the figures closed now say they are
-        degraded.
+        :meth:`GPUBackend.readings_in_doubt` makes no vendor call, so this is safe on the training thread.
         """
         for index in self.gpu_indices:
             self._check_doubt(index, closing=True)
@@ -463,7 +456,7 @@ class PowerSampler:
 
     def _integrate(self, index: int, samples: list[PowerSample]) -> None:
         """Extend the raw ring and the running integral F by new, strictly newer samples."""
-        ring, fine, coarse = self._power[index], self._fine[index], self._coarse[index]
+        ring = self._power[index]
         times = np.array([sample.timestamp_s for sample in samples])
         power = np.array([sample.power_W for sample in samples])
         knots, energy = cumulative_energy(
@@ -474,12 +467,8 @@ class PowerSampler:
             previous_timestamp_s=ring.last_time(),
             start_J=self._energy_J[index],
         )
-        for knot_s, energy_J in zip(knots, energy, strict=True):
-            fine.append(knot_s, energy_J)
-            last_coarse = coarse.last_time()
-            if last_coarse is None or knot_s - last_coarse >= self.coarse_period_s:
-                coarse.append(knot_s, energy_J)
-        self._energy_J[index] = float(energy[-1])
+        for knot_s, energy_J in zip(knots.tolist(), energy.tolist(), strict=True):
+            self._append_knot(index, knot_s, energy_J)
         previous = ring.last_time()
         spacing = times[-1] - (times[-2] if len(times) > 1 else previous if previous is not None else times[-1])
         if spacing > 0:
@@ -680,17 +669,13 @@ class PowerSampler:
         """How far past GPU ``index``'s integral knots power may be extrapolated (s).
 
         One sample period past the last sample's timestamp (its knot sits ``sensor_delay_s`` earlier).
-
-        The period is the stream's: the backend's nominal one, or the spacing of its newest
-        samples when they come slower (a polled stream, a counter fallback), at most one
-        poll period longer (a gap after a lost GPU is no period). ``spacing_s``: judge by
-        this spacing instead of the newest samples' (s; the stream's spacing at an earlier
-        point, e.g. the sample that follows the knots an extrapolation starts from).
+        The period is the backend's nominal one, or the spacing of the newest samples (or
+        ``spacing_s``, the spacing at an earlier point) when they come slower (a polled stream, a
+        counter fallback), at most one poll period (a gap after a lost GPU is no period).
         """
         nominal = self.backend.sample_period_s
         spacing = self._spacing_s[index] if spacing_s is None else spacing_s
         period = max(nominal, min(spacing, max(self.poll_period_s, nominal)))
-        # Knots sit sensor_delay_s before their samples' timestamps: one period past the last sample.
         return period + max(self.sensor_delay_s, 0.0)
 
     def latest_sample_s(self) -> float | None:
@@ -707,7 +692,7 @@ class PowerSampler:
 
 
 def _reject_reason(sample: PowerSample, max_W: float, future_s: float, last_s: float | None) -> str | None:
-    """Why ``sample`` cannot be kept (one of :data:`REJECT_REASONS`, or ``"duplicate"``), or None."""
+    """Why ``sample`` cannot be kept (a :attr:`SamplerHealth.rejected` reason, or ``"duplicate"``), or None."""
     t, p = sample.timestamp_s, sample.power_W
     if not (math.isfinite(t) and math.isfinite(p)):
         return "non_finite"

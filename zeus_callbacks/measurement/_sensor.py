@@ -1,4 +1,4 @@
-"""Sensor characterisation: how often the power stream updates and how late it is (issue 5, §1).
+"""Sensor characterisation: how often the power stream updates and how late it is.
 
 Once per GPU model and driver (cached as JSON), read-only: idle, then a busy step, then
 idle again. The update period is the *median* gap between changes of the reported value
