@@ -48,10 +48,7 @@ def bin_executions(
     max_drop_fraction: float = 0.2,
     warn: bool = True,
 ) -> Binning:
-    """Keep executions whose duration is within ``rel_tol`` of the median; drop the rest.
-
-    FinGraV (arXiv 2412.12426), challenge C3: executions are binned by their execution time
-    and only the dominant bin is analysed.
+    """Keep executions whose duration is within ``rel_tol`` of the median; drop the rest (FinGraV, challenge C3).
 
     Args:
         durations_s: Duration of each execution, shape (n,) (s); must be > 0.
@@ -123,9 +120,6 @@ def binning_warning(binning: Binning, max_drop_fraction: float = 0.2) -> None:
     logger.warning(
         "zeus-callbacks: execution-time binning dropped %d of %d executions (%.0f%% > %.0f%%): durations "
         "vary a lot (throttling, contention?); the profile describes the %.3g ms bin only",
-        binning.dropped,
-        binning.keep.size,
-        100 * binning.dropped_fraction,
-        100 * max_drop_fraction,
+        binning.dropped, binning.keep.size, 100 * binning.dropped_fraction, 100 * max_drop_fraction,
         binning.reference_s * 1e3,
-    )
+    )  # fmt: skip

@@ -82,9 +82,8 @@ def differentiate(
 ) -> Differentiation:
     """Separate first-execution / warming / steady-state profiles and compare their energies.
 
-    FinGraV (challenge C4): the first executions after idle draw a different power (rise, overshoot)
-    than executions in steady state; averaging them together misstates both. Warns when
-    a class's energy per execution differs from steady by more than ``threshold``.
+    FinGraV, challenge C4 (module docstring). Warns when a class's mean power differs from
+    steady by more than ``threshold``.
 
     Args:
         starts_s: Execution starts, shape (n,) (s), in order.
@@ -113,15 +112,7 @@ def differentiate(
     labels = position_labels(run_ids, warm_executions=warm_executions)
     if keep is not None:
         labels = np.where(np.asarray(keep, bool), labels, DROPPED)
-    result = superpose(
-        starts_s,
-        ends_s,
-        sample_times_s,
-        sample_power_W,
-        labels=labels,
-        n_bins=n_bins,
-        **superpose_args,
-    )
+    result = superpose(starts_s, ends_s, sample_times_s, sample_power_W, labels=labels, n_bins=n_bins, **superpose_args)
     rel: dict[str, float] = {}
     differs = []
     steady = result.profiles.get("steady")
@@ -138,8 +129,6 @@ def differentiate(
         logger.warning(
             "zeus-callbacks: %s executions draw a power different from steady state by %s (> %.0f%%): "
             "report them separately (FinGraV power-profile differentiation)",
-            "/".join(differs),
-            ", ".join(f"{100 * rel[d]:+.0f}%" for d in differs),
-            100 * threshold,
-        )
+            "/".join(differs), ", ".join(f"{100 * rel[d]:+.0f}%" for d in differs), 100 * threshold,
+        )  # fmt: skip
     return Differentiation(result, rel, tuple(differs), threshold)
