@@ -5,6 +5,10 @@ Each sample ``(t_k, p_k)`` is read as the mean power over the interval
 behave like an average over the preceding 10–20 ms, seen ~16 ms late; docs/hardware.md#sample-semantics).
 Power is then a step function whose running integral ``F`` is piecewise linear, and
 the energy of a window ``[a, b]`` is ``F(b) - F(a)``.
+
+Throughout, ``knot_times_s`` (s) and ``cumulative_J`` (J) are ``F``'s knots from
+:func:`cumulative_energy`, shape (n,) each, and ``starts_s``, ``ends_s`` the windows' bounds,
+shape (m,) each (s).
 """
 
 from __future__ import annotations
@@ -53,19 +57,10 @@ def cumulative_energy(
 def interval_energy_J(
     knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: ArrayLike, ends_s: ArrayLike
 ) -> np.ndarray:
-    """Energy of each interval ``[starts_s[i], ends_s[i]]`` from the running integral.
+    """Energy of each interval ``[starts_s[i], ends_s[i]]`` from the running integral, shape (m,) (J).
 
-    Times outside the covered span are clamped (no power is invented for them);
-    callers check coverage first.
-
-    Args:
-        knot_times_s: From :func:`cumulative_energy`, shape (n + 1,).
-        cumulative_J: From :func:`cumulative_energy`, shape (n + 1,).
-        starts_s: Interval starts, shape (m,) (s).
-        ends_s: Interval ends, shape (m,) (s).
-
-    Returns:
-        Energies, shape (m,) (J); zeros when there are no samples.
+    Times outside the covered span are clamped (no power is invented for them); callers check
+    coverage first. Zeros when there are no knots.
     """
     starts_s = np.asarray(starts_s, dtype=np.float64)
     ends_s = np.asarray(ends_s, dtype=np.float64)
@@ -82,22 +77,12 @@ def extrapolated_energy_J(
     *,
     reach_s: float = np.inf,
 ) -> np.ndarray:
-    """Energy of each interval, with the parts just outside the covered span extrapolated.
+    """Energy of each interval, with the parts just outside the covered span extrapolated, shape (m,) (J).
 
-    Like :func:`interval_energy_J`, but the parts up to ``reach_s`` before the first knot
-    and after the last take the power of the nearest segment (a sensor that has not
-    caught up); nothing is extrapolated further. Callers mark such windows incomplete;
-    :func:`covered_energy_J` also says how much of each window is covered.
-
-    Args:
-        knot_times_s: Running-integral knots, shape (n,), n ≥ 2.
-        cumulative_J: Integral at the knots, shape (n,).
-        starts_s: Interval starts, shape (m,) (s).
-        ends_s: Interval ends, shape (m,) (s).
-        reach_s: How far past the knots power is extrapolated (s); one sample period in the meter.
-
-    Returns:
-        Energies, shape (m,) (J).
+    Like :func:`interval_energy_J`, but the parts up to ``reach_s`` (s; one sample period in the
+    meter) before the first knot (of n ≥ 2) and after the last take the power of the nearest segment
+    (a sensor that has not caught up); nothing is extrapolated further. Callers mark such windows
+    incomplete; :func:`covered_energy_J` also says how much of each window is covered.
     """
     starts_s = np.asarray(starts_s, dtype=np.float64)
     ends_s = np.asarray(ends_s, dtype=np.float64)
@@ -117,16 +102,7 @@ def extended_integral_J(knot_times_s: np.ndarray, cumulative_J: np.ndarray, time
     Within the knots F is interpolated; up to ``reach_s`` before the first knot or after the last it
     takes the nearest segment's power; further out it stays at its value ``reach_s`` out. So
     ``F(e) − F(s)`` is :func:`extrapolated_energy_J` over ``[s, e]``, and a caller that keeps ``F(s)``
-    needs only the newest knots for ``F(e)``.
-
-    Args:
-        knot_times_s: Running-integral knots, shape (n,), n ≥ 2 (s).
-        cumulative_J: Integral at the knots, shape (n,) (J).
-        time_s: Where to read it (s).
-        reach_s: How far past the knots power is extrapolated (s).
-
-    Returns:
-        The integral's value (J).
+    needs only the newest knots (n ≥ 2) for ``F(e)``. Returns the integral's value (J).
     """
     first, last = knot_times_s[0], knot_times_s[-1]
     t = min(max(time_s, first - reach_s), last + reach_s)
@@ -152,14 +128,7 @@ def covered_energy_J(
     The samples cover ``[first knot - reach_s, last knot + reach_s]``: the knots' span and
     at most ``reach_s`` (one sample period) of extrapolation either side. A window outside
     it has no energy (NaN, reported as null), never a guess; one partly inside has the energy
-    of its covered part, and its covered time says how much that is.
-
-    Args:
-        knot_times_s: Running-integral knots, shape (n,) (s); fewer than 2: nothing is covered.
-        cumulative_J: Integral at the knots, shape (n,) (J).
-        starts_s: Interval starts, shape (m,) (s).
-        ends_s: Interval ends, shape (m,) (s).
-        reach_s: Extrapolation allowed past the knots (s).
+    of its covered part, and its covered time says how much that is. Fewer than 2 knots cover nothing.
 
     Returns:
         ``(energy_J, covered_s)``, shapes (m,), (m,): NaN energy where ``covered_s`` is 0.
@@ -193,14 +162,9 @@ def excluding_gaps(
     parts only (the stretch's share of the line is subtracted), so it reads as partly covered, never
     as measured over the stretch (:meth:`PowerSampler.sample_gaps`).
 
-    Args:
-        knot_times_s: Running-integral knots, shape (n,), n ≥ 2 (s).
-        cumulative_J: Integral at the knots, shape (n,) (J).
-        starts_s: Window starts, shape (m,) (s).
-        ends_s: Window ends, shape (m,) (s).
-        energy_J: The windows' energy from :func:`covered_energy_J`, shape (m,) (J).
-        covered_s: Their covered time from it, shape (m,) (s).
-        gaps_s: Lost stretches ``(start_s, end_s)`` on the knots' time base.
+    ``energy_J`` (J) and ``covered_s`` (s), shape (m,), are the windows' figures from
+    :func:`covered_energy_J` over n ≥ 2 knots; ``gaps_s`` the lost stretches ``(start_s, end_s)``
+    on the knots' time base.
 
     Returns:
         ``(energy_J, covered_s, touched)``, shapes (m,): new arrays; ``touched`` marks the windows a

@@ -58,14 +58,13 @@ class TimeSeriesRing:
         if n < self.capacity:
             first = 0 if since is None else max(0, int(np.searchsorted(self._t[:n], since, side="right")) - 1)
             return self._t[first:n].copy(), self._v[first:n].copy()
+        # Two sorted segments: [start, capacity) holds the older pairs, [0, start) the newer.
         start = self._next % self.capacity
+        if since is not None and start > 0 and self._t[0] <= since:
+            first = max(0, int(np.searchsorted(self._t[:start], since, side="right")) - 1)
+            return self._t[first:start].copy(), self._v[first:start].copy()
+        first = start
         if since is not None:
-            # Two sorted segments: [start, capacity) holds the older pairs, [0, start) the newer.
-            if start > 0 and self._t[0] <= since:
-                first = max(0, int(np.searchsorted(self._t[:start], since, side="right")) - 1)
-                return self._t[first:start].copy(), self._v[first:start].copy()
-            first = start + max(0, int(np.searchsorted(self._t[start:], since, side="right")) - 1)
-            order = np.r_[first : self.capacity, 0:start]
-            return self._t[order], self._v[order]
-        order = np.r_[start : self.capacity, 0:start]
+            first += max(0, int(np.searchsorted(self._t[start:], since, side="right")) - 1)
+        order = np.r_[first : self.capacity, 0:start]
         return self._t[order], self._v[order]

@@ -469,13 +469,9 @@ def _analyse(sampler, timer, marks, gpu_index, mode, delay, pre_s, post_s, n_bin
     times, power = times[own], power[own]
     if len(times) < 3 or not marks:
         return None
-    starts, ends, measured = [], [], []
-    for start, end, _, is_measured in marks:
-        s, e = timer.time_of(start, wait=True), timer.time_of(end, wait=True)
-        starts.append(s)
-        ends.append(e)
-        measured.append(is_measured)
-    starts_a, ends_a, measured_a = np.array(starts), np.array(ends), np.array(measured)
+    starts_a = np.array([timer.time_of(start, wait=True) for start, _, _, _ in marks])
+    ends_a = np.array([timer.time_of(end, wait=True) for _, end, _, _ in marks])
+    measured_a = np.array([measured for _, _, _, measured in marks])
     positive = ends_a > starts_a
     starts_a, ends_a, measured_a = starts_a[positive], ends_a[positive], measured_a[positive]
     if not measured_a.any():
