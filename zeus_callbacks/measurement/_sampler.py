@@ -6,13 +6,9 @@ counter every ``energy_counter_period_s``, into bounded ring buffers. Sensor err
 caught, counted and warned about once per kind; measurement then runs degraded and
 training goes on.
 
-Sensor time is bounded. The training thread never makes a vendor call itself: when it
-needs fresh readings (an epoch end, the run's end) it asks the sampler thread (or, when
-that is not running, a short-lived helper thread) and waits at most
-``sensor_timeout_s``. A call that takes longer is abandoned: the caller goes on, the
-run is marked degraded (fault ``sensor_timeout``), and while that call is still stuck
-later requests return at once instead of waiting again. A vendor call that returns
-but took longer than ``sensor_timeout_s`` is counted as ``slow_sensor_call``.
+Sensor time is bounded: the training thread never makes a vendor call itself, and waits at most
+``sensor_timeout_s`` for one (:meth:`PowerSampler.poll_bounded`); a vendor call that returns but
+took longer is counted as ``slow_sensor_call``.
 
 Samples outside physical bounds are rejected and counted by reason in
 :attr:`SamplerHealth.rejected`: a non-finite time or power, a negative power, a power

@@ -1,14 +1,8 @@
 """From fitted θ (point estimate and bootstrap replicates) to the reported :class:`Superposition`.
 
-Energies per execution of a class, with ``g`` its bin powers, ``w`` its mean bin widths and
-``c`` the baseline (FinGraV, arXiv 2412.12426, energy per execution of a kernel):
-
-- ``energy_J = Σ_inside g_j w_j + Σ_pre/post (g_j − c) w_j`` (gross: the power during the
-  execution plus what the power before and after it adds above the baseline);
-- ``dynamic_energy_J = energy_J − c · duration_s`` (the idle power over the execution's own
-  time subtracted).
-
-Intervals are bootstrap percentiles (:mod:`.bootstrap`).
+The energies per execution are those :mod:`zeus_callbacks.measurement.finegrain` defines, with ``g``
+a class's bin powers, ``w`` its mean bin widths and ``c`` the baseline; intervals are bootstrap
+percentiles (:mod:`.bootstrap`).
 """
 
 from __future__ import annotations

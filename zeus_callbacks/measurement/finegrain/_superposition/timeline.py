@@ -1,11 +1,8 @@
 """Where the time goes on the sample clock: executions, sample intervals, steady mode's pauses.
 
-FinGraV (arXiv 2412.12426) maps every sample onto the timeline of the executions it overlaps.
-Here the executions are put in order and given the window of time attributed to each (steady
-mode: the launch gap after it; isolated mode: ``pre_s`` before and ``post_s`` after), the
-samples become intervals ``(t_{k-1} - d, t_k - d]`` shifted by the sensor delay ``d`` onto the
-executions' clock, and steady mode's non-idle time outside the executions (short pauses, run
-tails) is found. :mod:`.design` turns these into the design matrix.
+The executions in order with the window attributed to each, the samples as intervals shifted by
+the sensor delay onto the executions' clock, and steady mode's non-idle time outside the executions
+(short pauses, run tails); :mod:`.design` turns these into the design matrix.
 """
 
 from __future__ import annotations
