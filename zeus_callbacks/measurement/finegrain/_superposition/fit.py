@@ -34,15 +34,10 @@ def superpose(
 ) -> Superposition:
     """Superpose the samples of many executions into a power profile and energy per execution.
 
-    FinGraV (Singhania, Aga, Ibrahim, arXiv 2412.12426, 2024), challenge C1 (low sampling
-    rate): the samples of many executions, each mapped onto its execution's timeline, are
-    combined into one power profile; the CPU–GPU time synchronisation (window boundaries on the
-    sample clock) is the caller's, e.g.
-    :class:`~zeus_callbacks.measurement._windows.CudaEventTimer`. Every sample is written as a
-    linear measurement of the profile and the profile solved for by penalised least squares
-    (after Lang & Rünger, Euro-Par 2013), so windows much shorter than the sensor's averaging
-    are resolved when executions fall at random phases of the sampler. See
-    :mod:`zeus_callbacks.measurement.finegrain` for the model and the modes.
+    FinGraV (Singhania, Aga, Ibrahim, arXiv 2412.12426, 2024), challenge C1 (low sampling rate),
+    solved by penalised least squares after Lang & Rünger (Euro-Par 2013);
+    :mod:`zeus_callbacks.measurement.finegrain` states the model and the modes. The executions'
+    boundaries must be on the sample clock (e.g. by :class:`~zeus_callbacks.measurement._windows.CudaEventTimer`).
 
     Args:
         starts_s: Execution starts on the sample clock, shape (n,) (s), increasing.
