@@ -71,13 +71,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_yaml_file(path: str | Path) -> Any:
-    """The plain data of a YAML file (mappings, lists, scalars), read with :class:`_UniqueKeyLoader`.
-
-    Args:
-        path: The YAML file.
-
-    Returns:
-        What the document holds (None for an empty file).
+    """The plain data of a YAML file (None for an empty file), read with :class:`_UniqueKeyLoader`.
 
     Raises:
         ConfigError: The file is missing, unreadable, larger than ``MAX_CONFIG_BYTES``, not UTF-8,

@@ -13,9 +13,7 @@ What is read:
 * **Power cap**: ``amdsmi_get_power_cap_info(h)`` (µW) and
   ``amdsmi_set_power_cap(h, 0, cap_uW)``.
 
-µJ ticks and µW are converted to J and W here and nowhere else. ``AmdSmiException``
-is translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
-:meth:`AMDSMIBackend._translate`.
+µJ ticks and µW are converted to J and W here and nowhere else.
 """
 
 from __future__ import annotations
@@ -28,15 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from zeus_callbacks.backends._vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
-from zeus_callbacks.backends.base import (
-    BackendError,
-    BackendUnavailable,
-    Clock,
-    NotSupported,
-    PermissionDenied,
-    PowerSample,
-    SensorError,
-)
+from zeus_callbacks.backends.base import BackendUnavailable, Clock, NotSupported, PowerSample, SensorError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +38,11 @@ UW_PER_W = 1_000_000.0
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_NO_PERM = 10
+_STATUS_KINDS = {
+    STATUS_NOT_SUPPORTED: "not_supported",
+    STATUS_NOT_YET_IMPLEMENTED: "not_supported",
+    STATUS_NO_PERM: "no_permission",
+}
 
 #: Shortest interval between two polls that yields a power sample (s). The counter
 #: refreshes every ~1 ms, so a 10 ms interval bounds the quantisation error to ~10 %.
@@ -158,21 +153,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             devices.append(_DeviceState(backend_index=amdsmi_index, handle=handle, name=name, uuid=uuid))
         return devices
 
-    # -- error translation: the one place amdsmi exceptions become ours ----------------
-    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Map an amdsmi error to ours (used by :meth:`_translated`).
-
-        ``ERR_NO_PERM`` → :class:`PermissionDenied`; ``ERR_NOT_SUPPORTED`` /
-        ``NOT_IMPLEMENTED`` → :class:`NotSupported` (``SensorError(kind="not_supported")``
-        when ``sensor``); anything else ``SensorError(kind="unknown")``.
-        """
-        code = getattr(exc, "err_code", None)
-        message = f"amdsmi: {what} failed on GPU {index}: {exc}"
-        if code == STATUS_NO_PERM:
-            return PermissionDenied(message + " (run as root, or ask an administrator)")
-        if code in (STATUS_NOT_SUPPORTED, STATUS_NOT_YET_IMPLEMENTED):
-            return SensorError(message, kind="not_supported") if sensor else NotSupported(message)
-        return SensorError(message, kind="unknown")
+    def _error_kind(self, exc: BaseException) -> str | None:
+        return _STATUS_KINDS.get(getattr(exc, "err_code", None))
 
     # -- identity ----------------------------------------------------------------------
     def amdsmi_index(self, index: int) -> int:

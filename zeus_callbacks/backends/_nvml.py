@@ -15,9 +15,7 @@ What is read, and why (NVIDIA H200 on driver 580, see docs/hardware.md#h200-sens
 * **Power limit**: ``nvmlDeviceGet/SetPowerManagementLimit`` and
   ``...LimitConstraints``, all in mW.
 
-mW and mJ are converted to W and J here and nowhere else. NVML exceptions are
-translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
-:meth:`NVMLBackend._translated`.
+mW and mJ are converted to W and J here and nowhere else.
 """
 
 from __future__ import annotations
@@ -30,15 +28,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from zeus_callbacks.backends._vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
-from zeus_callbacks.backends.base import (
-    BackendError,
-    BackendUnavailable,
-    Clock,
-    NotSupported,
-    PermissionDenied,
-    PowerSample,
-    SensorError,
-)
+from zeus_callbacks.backends.base import BackendUnavailable, Clock, PowerSample
 
 logger = logging.getLogger(__name__)
 
@@ -179,24 +169,15 @@ class NVMLBackend(VendorBackend[_DeviceState]):
             return False  # NotSupported / FunctionNotFound: a GPU without MIG
         return current == getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
 
-    # -- error translation: the one place NVML exceptions become ours -------------------
-    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Map an NVML error to ours (used by :meth:`_translated`).
-
-        ``NoPermission`` becomes :class:`PermissionDenied`; ``NotSupported`` becomes
-        :class:`NotSupported`, or ``SensorError(kind="not_supported")`` when
-        ``sensor`` is set (a failed reading rather than a missing feature);
-        ``GpuIsLost`` / ``ResetRequired`` become ``SensorError(kind="gpu_lost")``;
-        anything else ``SensorError(kind="unknown")``.
-        """
-        message = f"nvml: {what} failed on GPU {index}: {exc}"
+    # -- error translation ---------------------------------------------------------------
+    def _error_kind(self, exc: BaseException) -> str | None:
         if self._is(exc, "NVMLError_NoPermission"):
-            return PermissionDenied(message + " (run as root, or ask an administrator)")
+            return "no_permission"
         if self._is(exc, "NVMLError_NotSupported"):
-            return SensorError(message, kind="not_supported") if sensor else NotSupported(message)
+            return "not_supported"
         if self._is(exc, "NVMLError_GpuIsLost") or self._is(exc, "NVMLError_ResetRequired"):
-            return SensorError(message, kind="gpu_lost")
-        return SensorError(message, kind="unknown")
+            return "gpu_lost"
+        return None
 
     def _unsupported(self, exc: BaseException) -> bool:
         return self._is(exc, "NVMLError_NotSupported") or self._is(exc, "NVMLError_FunctionNotFound")

@@ -1,17 +1,8 @@
 """Machinery shared by the vendor-library backends (NVML, amdsmi).
 
-:class:`VendorBackend` holds what every backend over a vendor C library needs and
-the vendor does not change: starting the library (and shutting it down again when
-discovery fails), an idempotent :meth:`~VendorBackend.close`, the closed/range check
-of a device index, per-``(kind, index)`` warn-once logging, and one context manager
-that translates the vendor's exceptions into the
-:mod:`zeus_callbacks.backends.base` hierarchy. Subclasses supply the vendor parts
-through :meth:`~VendorBackend._start` (the library's init and shut-down calls) and one
-hook, :meth:`~VendorBackend._translate`. :class:`VendorDevice` is the per-device state
-every vendor keeps, and :func:`import_vendor_module` imports the vendor's Python module.
-
-:func:`parse_visible_list` walks one ``*_VISIBLE_DEVICES`` list the way the CUDA and
-HIP runtimes do; each backend supplies its own rule for what an entry names.
+:class:`VendorBackend` holds what does not depend on the vendor: starting and shutting down
+the library, the device-index checks, warn-once logging and the translation of the vendor's
+exceptions into the :mod:`zeus_callbacks.backends.base` hierarchy.
 """
 
 from __future__ import annotations
@@ -31,6 +22,8 @@ from zeus_callbacks.backends.base import (
     Clock,
     DeviceIdentity,
     GPUBackend,
+    NotSupported,
+    PermissionDenied,
     SensorError,
 )
 
@@ -61,7 +54,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
     """A :class:`GPUBackend` over a vendor library, with per-device state ``DeviceT``.
 
     Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
-    class), call :meth:`_start` from ``__init__``, and implement :meth:`_translate`.
+    class), call :meth:`_start` from ``__init__``, and implement :meth:`_error_kind`.
     Messages are prefixed with the backend's :attr:`name`.
 
     Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
@@ -92,12 +85,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         shutdown: Callable[[], object],
         discover: Callable[[], list[DeviceT]],
     ) -> None:
-        """Initialise the library, then discover the devices (shutting down if that fails).
-
-        Args:
-            init: The library's initialisation function (its ``__name__`` goes in the message).
-            shutdown: The library's shut-down function, called by :meth:`close`.
-            discover: Returns the visible devices in process order.
+        """Run the library's ``init``, then ``discover`` the visible devices (``shutdown`` if that fails).
 
         Raises:
             BackendUnavailable: ``init`` raised the vendor's error (chained), or
@@ -122,21 +110,25 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         except self._error_cls as exc:
             self._log.debug("%s: %s failed: %s", self.name, getattr(self._shutdown_call, "__name__", "shutdown"), exc)
 
-    # -- hook --------------------------------------------------------------------------
+    # -- error translation ---------------------------------------------------------------
     @abc.abstractmethod
+    def _error_kind(self, exc: BaseException) -> str | None:
+        """Classify vendor error ``exc``: ``"no_permission"``, ``"not_supported"``, ``"gpu_lost"`` or None."""
+
     def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Return the :class:`BackendError` for vendor error ``exc``.
+        """The error for vendor error ``exc`` while doing ``what`` on GPU ``index``; the caller raises it ``from exc``.
 
-        Args:
-            exc: The vendor's exception.
-            what: What was being done (e.g. ``"reading the power limit"``).
-            index: Device index (process view).
-            sensor: A sensor reading failed: an unsupported call becomes
-                ``SensorError(kind="not_supported")`` rather than :class:`NotSupported`.
-
-        Returns:
-            The translated error; the caller raises it ``from exc``.
+        An unsupported call is :class:`NotSupported`, or ``SensorError(kind="not_supported")`` when
+        ``sensor`` (a failed reading rather than a missing feature); an unclassified error is
+        ``SensorError(kind="unknown")``.
         """
+        message = f"{self.name}: {what} failed on GPU {index}: {exc}"
+        kind = self._error_kind(exc)
+        if kind == "no_permission":
+            return PermissionDenied(message + " (run as root, or ask an administrator)")
+        if kind == "not_supported" and not sensor:
+            return NotSupported(message)
+        return SensorError(message, kind=kind or "unknown")
 
     # -- shared machinery --------------------------------------------------------------
     @contextlib.contextmanager
