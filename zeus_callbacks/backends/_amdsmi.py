@@ -176,19 +176,12 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         return float(ticks) * float(counts["counter_resolution"]) * J_PER_UJ
 
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
-        """Poll GPU ``index``'s energy counter and return the mean power since the last poll.
+        """Poll GPU ``index``'s energy counter: the mean power (W) since the last poll, if newer than ``since_s``.
 
         The first call primes and returns ``[]``; so does a call less than
         :data:`MIN_POLL_INTERVAL_S` after the previous one (the poll is kept). The
         sample is the mean power over ``(previous poll, now]``, stamped ``now`` on
         the backend's clock. Poll every ~20 ms for a stream like NVIDIA's.
-
-        Args:
-            index: Device index (process view).
-            since_s: Only samples with ``timestamp_s > since_s`` are returned (s).
-
-        Returns:
-            Zero or one sample, power in W.
 
         Raises:
             SensorError: The read failed, or the counter went backwards
@@ -346,15 +339,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             )
 
     def energy_counter_J(self, index: int) -> float:
-        """Return GPU ``index``'s cumulative energy counter (J).
-
-        Ticks × ``counter_resolution`` (µJ/tick), refreshed every ~1 ms.
-
-        Args:
-            index: Device index (process view).
-
-        Returns:
-            Energy in joules; only differences are meaningful.
+        """Return GPU ``index``'s cumulative energy counter (J; only differences are meaningful).
 
         Raises:
             NotSupported: The GPU has no energy counter.
@@ -408,16 +393,10 @@ _ADVICE = "install ROCm's amdsmi package"
 
 
 def _apply_visible_list(env: str, spec: str | None, visible: list[int]) -> list[int]:
-    """Narrow ``visible`` (amdsmi indices) by one ``*_VISIBLE_DEVICES`` integer list.
+    """Narrow ``visible`` (amdsmi indices, process order) by the integer list ``spec`` of variable ``env``.
 
-    Args:
-        env: The variable's name (for messages).
-        spec: Its value, or None when unset (no change).
-        visible: The amdsmi indices visible so far, in process order.
-
-    Returns:
-        The amdsmi indices the list selects, in its order; the list ends at its first
-        entry that is not an integer naming a new device (logged).
+    ``spec`` None (unset) changes nothing; the list ends at its first entry that is not an integer
+    naming a new device (logged).
     """
 
     def resolve(token: str) -> int | None:

@@ -201,20 +201,11 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
     # -- sensors -----------------------------------------------------------------------
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
-        """Return GPU ``index``'s power samples newer than ``since_s``.
+        """Return GPU ``index``'s power samples (W) newer than ``since_s`` (CPU realtime clock), oldest first.
 
-        Drains NVML's buffered power samples (~20 ms apart, ~2.4 s deep, each
-        roughly the mean of the preceding 10–20 ms). Call at least once a second or
-        samples are lost. Falls back to field 186, then to ``nvmlDeviceGetPowerUsage``,
-        when a source is not supported (logged once per device).
-
-        Args:
-            index: Device index (process view).
-            since_s: Only samples with ``timestamp_s > since_s`` are returned
-                (s, CPU realtime clock).
-
-        Returns:
-            Samples in increasing timestamp order, powers in W (possibly empty).
+        Drains NVML's ~2.4 s buffer (see the module docstring): call at least once a second or
+        samples are lost. Falls back to field 186, then to ``nvmlDeviceGetPowerUsage``, when a
+        source is not supported (logged once per device).
 
         Raises:
             SensorError: The read failed; ``kind`` is ``"gpu_lost"``,
@@ -280,17 +271,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         return [PowerSample(now_s, power_W)] if now_s > since_s else []
 
     def energy_counter_J(self, index: int) -> float:
-        """Return GPU ``index``'s cumulative energy counter (J).
+        """Return GPU ``index``'s cumulative energy counter (J; only differences are meaningful).
 
-        Reads ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded,
-        refreshed every ~100 ms). One call costs 3–5 ms on an H200: call it from
-        the sampler thread only.
-
-        Args:
-            index: Device index (process view).
-
-        Returns:
-            Energy in joules; only differences are meaningful.
+        ``nvmlDeviceGetTotalEnergyConsumption`` costs 3–5 ms on an H200: call it from the sampler thread only.
 
         Raises:
             NotSupported: The GPU has no energy counter (pre-Volta).
@@ -369,16 +352,10 @@ def _union_value(nvml: Any, value_type: int, union: Any) -> float:
 
 
 def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
-    """Map ``CUDA_VISIBLE_DEVICES`` to NVML indices, following CUDA's parsing rules.
+    """Map ``CUDA_VISIBLE_DEVICES`` (None: every GPU) to NVML indices, as CUDA parses it.
 
-    Args:
-        spec: The variable's value, or None when unset (every GPU, NVML order).
-        uuids: ``GPU-<uuid>`` of each NVML index.
-
-    Returns:
-        NVML indices in the process's order. CUDA stops at the first entry that names
-        no device (out of range, unknown or ambiguous UUID prefix, duplicate), so this
-        does too, with a warning.
+    ``uuids`` holds ``GPU-<uuid>`` of each NVML index. Like CUDA, the list stops at the first
+    entry that names no device (out of range, unknown or ambiguous UUID prefix, duplicate), with a warning.
 
     Raises:
         BackendUnavailable: An entry names a MIG instance (``MIG-...``).
@@ -395,12 +372,10 @@ def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
 
 
 def _resolve_device_token(token: str, uuids: list[str]) -> int | None:
-    """Return the NVML index that one ``CUDA_VISIBLE_DEVICES`` entry names, or None.
+    """Return the NVML index that ``token`` names, or None.
 
-    Args:
-        token: A stripped entry: an integer NVML index or a ``GPU-<uuid>`` prefix
-            (case-insensitive) that matches exactly one GPU.
-        uuids: ``GPU-<uuid>`` of each NVML index.
+    An entry names a GPU by its NVML index or by a ``GPU-<uuid>`` prefix (case-insensitive) that
+    matches exactly one of ``uuids``.
 
     Raises:
         BackendUnavailable: The entry names a MIG instance (``MIG-...``).

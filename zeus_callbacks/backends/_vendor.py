@@ -55,7 +55,8 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
 
     Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
     class), call :meth:`_start` from ``__init__``, and implement :meth:`_error_kind`.
-    Messages are prefixed with the backend's :attr:`name`.
+    Messages are prefixed with the backend's :attr:`name`. Every per-device call raises
+    :class:`BackendError` once the backend is closed and ``IndexError`` for an index out of range.
 
     Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
     device state is the subclass's to guard.
@@ -144,12 +145,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
             raise self._translate(exc, what, index, sensor=sensor) from exc
 
     def _device(self, index: int) -> DeviceT:
-        """Return the state of GPU ``index`` (process view).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is outside ``0..device_count()-1``.
-        """
+        """Return the state of GPU ``index`` (process view), checking as the class docstring says."""
         if self._closed:
             raise BackendError(f"{self.name}: the backend is closed")
         if not 0 <= index < len(self._devices):
@@ -176,12 +172,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         return len(self._devices)
 
     def device_name(self, index: int) -> str:
-        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI300X"``).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
+        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI300X"``)."""
         return self._device(index).name
 
     def device_uuid(self, index: int) -> str | None:
@@ -189,12 +180,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         return self._device(index).uuid
 
     def device_identity(self, index: int) -> DeviceIdentity:
-        """Return GPU ``index``'s library index and UUID, as read at discovery (no library call).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
+        """Return GPU ``index``'s library index and UUID, as read at discovery (no library call)."""
         device = self._device(index)
         note = None if device.uuid is not None else f"{self.name} could not read the device's UUID (see the warning)"
         return DeviceIdentity(
@@ -216,23 +202,14 @@ def parse_visible_list(
     resolve: Callable[[str], int | None],
     on_stop: Callable[[str], object],
 ) -> list[int]:
-    """Walk a comma-separated ``*_VISIBLE_DEVICES`` list as the CUDA and HIP runtimes do.
+    """Walk a comma-separated ``*_VISIBLE_DEVICES`` value ``spec`` (None: unset, ``default``) as CUDA and HIP do.
 
-    Entries are stripped of whitespace; the list ends at the first entry that names
-    no device or names one already selected.
-
-    Args:
-        spec: The variable's value, or None when unset.
-        default: The result when ``spec`` is None.
-        resolve: Maps one stripped entry to the library index it names, or None; may
-            raise to refuse an entry outright.
-        on_stop: Called with the entry that ended the list, unless it is empty (to log it).
+    Each stripped entry goes through ``resolve`` (the library index it names, or None; it may raise
+    to refuse one outright). The list ends at the first entry that names no device or one already
+    selected; ``on_stop`` is called with it (to log it) unless it is empty.
 
     Returns:
         Library indices in the process's order (possibly empty).
-
-    Raises:
-        BackendUnavailable: Only if ``resolve`` raises it.
     """
     if spec is None:
         return default
