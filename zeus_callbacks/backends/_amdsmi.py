@@ -38,7 +38,7 @@ UW_PER_W = 1_000_000.0
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_NO_PERM = 10
-_STATUS_KINDS = {
+_STATUS_KINDS: dict[object, str] = {
     STATUS_NOT_SUPPORTED: "not_supported",
     STATUS_NOT_YET_IMPLEMENTED: "not_supported",
     STATUS_NO_PERM: "no_permission",
