@@ -305,7 +305,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             job_steps_source="trainer",
         )
         # One entry, replaced at each save (never a growing list). Replaced here only once every instance
-        # has begun, so that none is given the others' fresh states before it read its own (issue 26).
+        # has begun, so that none is given the others' fresh states before it read its own.
         if state.stateful_callbacks is not None and all(p.session.started for p in self._peers()):
             state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -358,7 +358,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         ``control``: the Trainer's; its ``should_evaluate`` is set while the Trainer runs its own
         evaluation, which every process runs (its energy is then summed over them). The Trainer's
         ``eval_on_start`` evaluation (between ``on_train_begin`` and the first epoch) sets no flag but
-        runs on every process too (issue 26). Another (``trainer.evaluate()`` called by the user,
+        runs on every process too. Another (``trainer.evaluate()`` called by the user,
         perhaps on one process) stays this process's.
         """
         if not self._in_eval and self.session.started:
@@ -532,7 +532,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
 
         Through ``tqdm.write``, as the Trainer prints its own logs: the Trainer's progress bar is
         still open here (its callback ends after this one), and a plain ``print`` would land on the
-        bar's line and leave a second bar below it (issue 26). With no bar open it is a plain print.
+        bar's line and leave a second bar below it. With no bar open it is a plain print.
         """
         if self.summary is not None and self._is_main:
             tqdm.write(str(self.summary))
@@ -575,12 +575,7 @@ def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what
 
     Through the callbacks' ``on_log`` directly, as ``Trainer.log`` would call it, but outside
     ``log_history`` (which never holds energy); every ``ZeusTrainerCallback`` leaves it as it is.
-
-    Args:
-        trainer: The Trainer whose callbacks get the log.
-        step: The global step the reporters record it at.
-        logs: The metrics.
-        what: What ``logs`` holds, for the error message.
+    ``what`` names the metrics in the error message.
     """
     if not logs:
         return
