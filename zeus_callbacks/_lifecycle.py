@@ -41,10 +41,10 @@ class Registration:
     """A registered cleanup; :meth:`cancel` removes it (idempotent).
 
     Attributes:
-        cleanup: Called with no arguments; its exceptions are logged, never raised.
-        what: Short description for the log line.
-        order: Where it runs among the others.
-        at_exit: Whether it also runs at interpreter exit (not only on SIGTERM).
+        cleanup: Called once with no arguments; its exceptions are logged, never raised.
+        what: What it does, for the log line (``"ending the energy log"``).
+        order: A :class:`CleanupOrder` (lower runs first).
+        at_exit: Whether it also runs at interpreter exit if still registered then (not only on SIGTERM).
     """
 
     cleanup: Callable[[], None]

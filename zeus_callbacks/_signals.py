@@ -20,12 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 class ChainedSigterm:
-    """Run ``cleanup`` on SIGTERM, then the previous handler.
+    """Run ``cleanup`` on SIGTERM (its exceptions logged, never raised), then the previous handler.
 
-    Args:
-        cleanup: Called once with no arguments when SIGTERM arrives; its exceptions are
-            logged, never raised from the handler.
-        what: Short description for the log line.
+    ``what`` describes the cleanup in the log line.
     """
 
     def __init__(self, cleanup: Callable[[], object], what: str) -> None:

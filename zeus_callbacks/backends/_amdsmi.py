@@ -363,22 +363,12 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             return self._smi.amdsmi_get_power_cap_info(device.handle)
 
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
-        """Return the ``(min, max)`` power cap GPU ``index`` accepts (W).
-
-        Raises:
-            NotSupported: The GPU does not report power caps.
-            SensorError: The read failed.
-        """
+        """Return the ``(min, max)`` power cap GPU ``index`` accepts (W)."""
         info = self._cap_info(index)
         return info["min_power_cap"] / UW_PER_W, info["max_power_cap"] / UW_PER_W
 
     def power_limit_W(self, index: int) -> float:
-        """Return the power cap in force on GPU ``index`` (W).
-
-        Raises:
-            NotSupported: The GPU does not report power caps.
-            SensorError: The read failed.
-        """
+        """Return the power cap in force on GPU ``index`` (W)."""
         return self._cap_info(index)["power_cap"] / UW_PER_W
 
     def _set_power_limit_W(self, index: int, limit_W: float) -> None:

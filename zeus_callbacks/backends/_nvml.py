@@ -293,12 +293,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
     # -- power limit -------------------------------------------------------------------
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
-        """Return the ``(min, max)`` power limit GPU ``index`` accepts (W).
-
-        Raises:
-            NotSupported: The GPU does not support power management.
-            SensorError: The read failed.
-        """
+        """Return the ``(min, max)`` power limit GPU ``index`` accepts (W), read once."""
         device = self._device(index)
         if device.constraints_W is None:
             with self._translated("reading the power limit constraints", index):
@@ -307,12 +302,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         return device.constraints_W
 
     def power_limit_W(self, index: int) -> float:
-        """Return the power limit in force on GPU ``index`` (W).
-
-        Raises:
-            NotSupported: The GPU does not support power management.
-            SensorError: The read failed.
-        """
+        """Return the power limit in force on GPU ``index`` (W)."""
         device = self._device(index)
         with self._translated("reading the power limit", index):
             return self._nvml.nvmlDeviceGetPowerManagementLimit(device.handle) / MW_PER_W

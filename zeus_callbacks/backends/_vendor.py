@@ -56,7 +56,9 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
     Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
     class), call :meth:`_start` from ``__init__``, and implement :meth:`_error_kind`.
     Messages are prefixed with the backend's :attr:`name`. Every per-device call raises
-    :class:`BackendError` once the backend is closed and ``IndexError`` for an index out of range.
+    :class:`BackendError` once the backend is closed and ``IndexError`` for an index out of range;
+    a vendor call that fails raises what :meth:`_translate` makes of its error (power-limit calls:
+    :class:`NotSupported` on a GPU without power management, :class:`SensorError` when a read fails).
 
     Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
     device state is the subclass's to guard.
