@@ -404,19 +404,14 @@ def _curves(grouped: dict[WorkloadKey, list[tuple[float, float, float]]], idle: 
 
 
 @functools.cache
-def _load_power_trace(gpu: str) -> Mapping[WorkloadKey, PowerCurve]:
+def _bundled_trace(gpu: str) -> GPUTrace:
     grouped: dict[WorkloadKey, list[tuple[float, float, float]]] = {}
     for row in _read_rows(_POWER_FILES[gpu]):
         key = WorkloadKey(row["dataset"], row["network"], int(row["batch_size"]), row["optimizer"])
         point = (float(row["power_limit"]), float(row["time_per_epoch"]), float(row["average_power"]))
         grouped.setdefault(key, []).append(point)
     logger.debug("loaded %d power curves for %s", len(grouped), gpu)
-    return _curves(grouped, {})
-
-
-@functools.cache
-def _bundled_trace(gpu: str) -> GPUTrace:
-    return GPUTrace(gpu, _load_power_trace(gpu), load_train_trace())
+    return GPUTrace(gpu, _curves(grouped, {}), load_train_trace())
 
 
 def bundled_trace(gpu: str) -> GPUTrace:

@@ -454,8 +454,7 @@ class VirtualGPUBackend(GPUBackend):
             jitter = rng.uniform(-self._jitter_s, self._jitter_s, _BLOCK)
             noise = rng.normal(0.0, 1.0, _BLOCK)
             self._blocks[key] = (jitter, noise)
-        jitter, noise = self._blocks[key]
-        return jitter, noise, offset
+        return (*self._blocks[key], offset)
 
     def _sample_time(self, index: int, k: int) -> float:
         jitter, _, offset = self._block(index, k)
@@ -467,7 +466,7 @@ class VirtualGPUBackend(GPUBackend):
 
     def _maybe_fault(self, index: int, sensor: str) -> None:
         for fault in self._faults:
-            remaining, kind, fault_index, fault_sensor = fault
+            _, kind, fault_index, fault_sensor = fault
             if fault_index in (None, index) and fault_sensor in ("any", sensor):
                 fault[0] -= 1
                 if fault[0] <= 0:

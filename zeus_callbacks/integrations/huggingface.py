@@ -38,7 +38,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -72,9 +72,6 @@ _TOTAL_KEYS = (metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S)
 
 _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus_callbacks_trainer", default=None)
 """The attached Trainer whose ``train()`` is running (callbacks it rebuilds from a checkpoint find it here)."""
-
-_GUARDED = "_zeus_callbacks_guarded_train"
-_GUARDED_EVALUATE = "_zeus_callbacks_guarded_evaluate"
 
 _HANDING: contextvars.ContextVar[bool] = contextvars.ContextVar("zeus_callbacks_handing", default=False)
 """True while zeus-callbacks hands a log of its own to the reporters (every instance's ``on_log`` leaves it alone)."""
@@ -590,14 +587,20 @@ def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what
         _HANDING.reset(token)
 
 
+def _wrap_once(trainer: Trainer, name: str, guarded: Callable[..., Any]) -> None:
+    """Make ``trainer.<name>(...)`` call ``guarded(original, ...)``; a Trainer's method is wrapped once."""
+    flag = f"_zeus_callbacks_guarded_{name}"
+    if getattr(trainer, flag, False):
+        return
+    original = getattr(trainer, name)
+    setattr(trainer, name, functools.wraps(original)(functools.partial(guarded, original)))
+    setattr(trainer, flag, True)
+
+
 def _guard_train(trainer: Trainer) -> None:
     """Wrap ``trainer.train`` once: a failure ends every ZeusTrainerCallback's run before it propagates."""
-    if getattr(trainer, _GUARDED, False):
-        return
-    original = trainer.train
 
-    @functools.wraps(original)
-    def train(*args: Any, **kwargs: Any) -> Any:
+    def train(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         token = _TRAINING.set(trainer)
         try:
             return original(*args, **kwargs)
@@ -617,8 +620,7 @@ def _guard_train(trainer: Trainer) -> None:
         finally:
             _TRAINING.reset(token)
 
-    trainer.train = train
-    setattr(trainer, _GUARDED, True)
+    _wrap_once(trainer, "train", train)
 
 
 def _guard_evaluate(trainer: Trainer) -> None:
@@ -628,16 +630,11 @@ def _guard_evaluate(trainer: Trainer) -> None:
     one batch measured 0.5 ms of its 308 ms there. Outside ``train()`` no run is open and
     nothing is measured.
     """
-    if getattr(trainer, _GUARDED_EVALUATE, False):
-        return
-    original = trainer.evaluate
 
-    @functools.wraps(original)
-    def evaluate(*args: Any, **kwargs: Any) -> Any:
+    def evaluate(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         for cb in trainer.callback_handler.callbacks:
             if isinstance(cb, ZeusTrainerCallback):
                 cb._eval_begin(trainer.control)
         return original(*args, **kwargs)
 
-    trainer.evaluate = evaluate
-    setattr(trainer, _GUARDED_EVALUATE, True)
+    _wrap_once(trainer, "evaluate", evaluate)
