@@ -83,8 +83,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     Args:
         clock: Time source for readings NVML does not stamp (default: wall clock).
         read_only: Refuse every setter; default from ``ZEUS_CALLBACKS_READ_ONLY``.
-        nvml_module: A ``pynvml``-compatible module (tests inject a fake); default
-            ``import pynvml``.
+        nvml_module: A ``pynvml``-compatible module (tests inject a fake); default ``import pynvml``.
 
     Raises:
         BackendUnavailable: ``pynvml`` is missing, NVML cannot initialise, no GPU is
