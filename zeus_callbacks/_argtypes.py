@@ -34,14 +34,7 @@ def int_at_least(low: int) -> Callable[[str], int]:
 def float_in(
     low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
 ) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number in [``low``, ``high``] (``*_open``: the bound excluded).
-
-    Args:
-        low: The least value, or None for no lower bound.
-        high: The greatest value, or None for no upper bound.
-        low_open: Exclude ``low`` itself.
-        high_open: Exclude ``high`` itself.
-    """
+    """An argparse ``type``: a finite number in [``low``, ``high``] (a bound None: none; ``*_open``: excluded)."""
     left = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
     right = "" if high is None else f"{high:g}" + (")" if high_open else "]")
     if low is not None and high is not None:

@@ -45,15 +45,10 @@ def file_mode() -> int:
 
 @contextlib.contextmanager
 def atomic_output(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Yield a file object whose contents replace ``path`` atomically when the block ends.
+    """Yield a file (``mode`` ``"w"``: UTF-8 text, or ``"wb"``) whose contents replace ``path`` when the block ends.
 
-    The temp file is created in ``path``'s directory (same filesystem: the rename is atomic) with
-    ``O_EXCL | O_NOFOLLOW`` and a random name, given the umask's permissions, ``fsync``-ed, then
-    renamed over ``path``; on any exception it is removed and ``path`` is unchanged.
-
-    Args:
-        path: The file to write; its directory is created if missing.
-        mode: ``"w"`` (text, UTF-8) or ``"wb"``.
+    The temp file lies in ``path``'s directory (created if missing) so that the rename is atomic; it is
+    ``fsync``-ed before. On any exception it is removed and ``path`` is unchanged.
 
     Raises:
         OSError: The directory or file cannot be written (the old file, if any, is unchanged).
@@ -79,11 +74,6 @@ def atomic_output(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
 
 def write_json_atomic(path: str | Path, data: Any, *, sort_keys: bool = False) -> None:
     """Write ``data`` as JSON to ``path`` atomically (see :func:`atomic_output`).
-
-    Args:
-        path: The file to write; its directory is created if missing.
-        data: A JSON-serialisable value.
-        sort_keys: Write object keys sorted (stable diffs of a file people read).
 
     Raises:
         OSError: The directory or file cannot be written (the old file, if any, is unchanged).

@@ -32,14 +32,7 @@ def _process_group_size() -> int:
 
 
 def launcher_env_int(name: str, default: int) -> int:
-    """An integer a distributed launcher sets in the environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
-
-    Args:
-        name: The environment variable.
-        default: Its value when unset (no launcher).
-
-    Returns:
-        The variable as a non-negative integer.
+    """The non-negative integer a launcher sets in ``name`` (``WORLD_SIZE``, ``RANK``, ...); ``default`` when unset.
 
     Raises:
         ConfigError: The variable is set but is not a non-negative integer; the message names it.
@@ -190,13 +183,7 @@ class RankGroup:
         The main process may fail where the others cannot (it alone opens the store): the
         failure travels with the broadcast, so no rank waits for a value that never comes.
 
-        Args:
-            value: What rank 0 computed (picklable); ignored elsewhere.
-            failure: The exception that kept this rank from computing it, if any.
-            doing: What rank 0 was doing, for the others' message (e.g. "suggest a batch size").
-
-        Returns:
-            Rank 0's value.
+        ``value`` is ignored on other ranks; ``doing`` names the work in their message ("suggest a batch size").
 
         Raises:
             BaseException: ``failure`` itself, on the rank where it happened.

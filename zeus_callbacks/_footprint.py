@@ -68,14 +68,7 @@ class CostEstimate:
 
 
 def intensity_of(config: CarbonConfig) -> tuple[float, str] | None:
-    """The carbon intensity ``config`` asks for and its source, or None when it asks for none.
-
-    Args:
-        config: The ``carbon`` section.
-
-    Returns:
-        ``(intensity_g_per_kWh, intensity_source)``, or None.
-    """
+    """``(intensity_g_per_kWh, intensity_source)`` the ``carbon`` section asks for, or None when it asks for none."""
     if config.intensity_g_per_kWh is not None:
         return config.intensity_g_per_kWh, CONFIGURED
     if config.region is not None:
@@ -89,14 +82,8 @@ def carbon_estimate(
 ) -> CarbonEstimate | None:
     """``energy_J`` in kWh times the configured grid intensity (g CO2e); None when no intensity is configured.
 
-    Args:
-        energy_J: The run's energy (J); None or NaN when unknown.
-        config: The ``carbon`` section.
-        unknown_reason: What to say when the energy is unknown (the measurement's note).
-        basis: Whose energy ``energy_J`` is: ``"node"`` or ``"gpu"`` (:data:`ENERGY_BASES`).
-
-    Returns:
-        The estimate (``co2_g`` None with ``reason`` when the energy is unknown), or None.
+    An unknown energy (None, NaN) gives ``co2_g`` None with ``unknown_reason``; ``basis`` is a key of
+    :data:`ENERGY_BASES`.
     """
     factor = intensity_of(config)
     if factor is None:
@@ -111,17 +98,7 @@ def carbon_estimate(
 def cost_estimate(
     energy_J: float | None, config: CostConfig, *, unknown_reason: str, basis: str = "gpu"
 ) -> CostEstimate | None:
-    """``energy_J`` in kWh times the configured price; None when no price is configured.
-
-    Args:
-        energy_J: The run's energy (J); None or NaN when unknown.
-        config: The ``cost`` section.
-        unknown_reason: What to say when the energy is unknown.
-        basis: Whose energy ``energy_J`` is: ``"node"`` or ``"gpu"`` (:data:`ENERGY_BASES`).
-
-    Returns:
-        The estimate (``cost`` None with ``reason`` when the energy is unknown), or None.
-    """
+    """``energy_J`` in kWh times the configured price; None when no price is configured (as :func:`carbon_estimate`)."""
     if config.price_per_kWh is None or config.currency is None:
         return None
     kwh = kwh_from_J(energy_J)

@@ -59,13 +59,7 @@ def known_regions() -> list[str]:
 
 
 def grid_intensity(region: str) -> GridIntensity:
-    """The bundled yearly average carbon intensity of ``region``'s electricity.
-
-    Args:
-        region: ISO 3166-1 alpha-2 country code (``"DE"``; case-insensitive).
-
-    Returns:
-        The table's entry.
+    """The bundled yearly average carbon intensity of ``region`` (ISO 3166-1 alpha-2, case-insensitive).
 
     Raises:
         ValueError: The table has no value for ``region``; the message lists the codes it has and

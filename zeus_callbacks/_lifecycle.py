@@ -41,10 +41,10 @@ class Registration:
     """A registered cleanup; :meth:`cancel` removes it (idempotent).
 
     Attributes:
-        cleanup: Called with no arguments; its exceptions are logged, never raised.
-        what: Short description for the log line.
-        order: Where it runs among the others.
-        at_exit: Whether it also runs at interpreter exit (not only on SIGTERM).
+        cleanup: Called once with no arguments; its exceptions are logged, never raised.
+        what: What it does, for the log line (``"ending the energy log"``).
+        order: A :class:`CleanupOrder` (lower runs first).
+        at_exit: Whether it also runs at interpreter exit if still registered then (not only on SIGTERM).
     """
 
     cleanup: Callable[[], None]
@@ -72,13 +72,7 @@ class CleanupRegistry:
         self._sigterm = ChainedSigterm(self._on_sigterm, "running the cleanups")
 
     def register(self, cleanup: Callable[[], None], *, what: str, order: int, at_exit: bool = False) -> Registration:
-        """Add ``cleanup``; install the SIGTERM handler if it is the first one.
-
-        Args:
-            cleanup: Called once on SIGTERM (and at exit when ``at_exit``), in ``order``.
-            what: What it does, for the log (``"ending the energy log"``).
-            order: A :class:`CleanupOrder` (lower runs first).
-            at_exit: Also run it at interpreter exit if it is still registered then.
+        """Add ``cleanup`` (see :class:`Registration`); install the SIGTERM handler if it is the first one.
 
         Returns:
             The registration; cancel it once the cleanup is no longer needed.

@@ -1,6 +1,9 @@
 """Every figure zeus-callbacks draws (matplotlib, imported only when a plot is asked for).
 
-Needs the ``plot`` extra: ``pip install 'zeus-callbacks[plot]'``.
+Needs the ``plot`` extra: every function that draws raises ``ImportError`` naming it
+(``pip install 'zeus-callbacks[plot]'``) where matplotlib is missing. Each ``plot_*`` writes its
+image through :func:`_save` (directory created, PNG unless the suffix names another format) and
+returns the path written.
 """
 
 from __future__ import annotations
@@ -62,11 +65,7 @@ class PowerProfile(Protocol):
 
 
 def _pyplot() -> Any:
-    """Return matplotlib's pyplot, on the Agg backend.
-
-    Raises:
-        ImportError: matplotlib is missing; the message names the extra to install.
-    """
+    """Return matplotlib's pyplot, on the Agg backend."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -190,18 +189,10 @@ def plot_profile(
         rows: The per-limit table (``limit_W``, ``energy_per_step_J``, ``time_per_step_s``); rows
             without a measurement (null or NaN) are left out.
         chosen_limit_W: The chosen limit (W), or None (observe mode, unfinished profile).
-        path: The image file to write (PNG).
+        path: The image file to write.
         partial: The profile did not finish (said in the title).
-        simulated: The data come from the virtual GPU (marked on the figure and in the PNG's
-            :data:`SIMULATED_KEY` text chunk).
-        time_note: Why the times are not simulated (the profile's ``time_note``): written under
-            the axes and in the PNG's :data:`TIME_NOTE_KEY` text chunk; None: nothing to say.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
+        simulated: The data come from the virtual GPU (marked, see :func:`_save`).
+        time_note: Why the times are not simulated (the profile's ``time_note``), written under the axes.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -239,19 +230,8 @@ def _measured(value: Any) -> bool:
 def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
     """Save a kernel's power profile over its execution timeline, with its 95 % CI band (FinGraV).
 
-    A profile without a CI (too few executions, ``result.ci_reason``) has no band and says so in
-    the title; one from the virtual GPU is marked simulated (on the figure and in the PNG's
-    :data:`SIMULATED_KEY` text chunk).
-
-    Args:
-        result: A profile from :func:`zeus_callbacks.measurement.kernel_profiler.profile`.
-        path: The image file to write (PNG); its directory is created.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
+    ``result`` comes from :func:`zeus_callbacks.measurement.kernel_profiler.profile`. A profile without
+    a CI (too few executions) has no band and says so in the title; one from the virtual GPU is marked.
     """
     plt = _pyplot()
     t_ms = np.asarray(result.time_s) * 1e3
@@ -284,19 +264,9 @@ def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
 
 
 def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Path, *, simulated: bool = False) -> Path:
-    """Plot each recurrence's cost, coloured by batch size, with the best converged cost so far.
+    """Plot each recurrence's cost (``trials``: the job's finished ones, in order), coloured by batch size.
 
-    Args:
-        trials: The job's finished trials (a cost each), in recurrence order.
-        job_id: The recurring job, for the title.
-        path: The image file to write (PNG); its directory is created.
-        simulated: The trials ran on the virtual GPU (marked on the figure).
-
-    Returns:
-        The path written.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
+    A line follows the best converged cost so far; ``simulated``: the trials ran on the virtual GPU (marked).
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -342,14 +312,8 @@ def run_figure(course: RunCourse) -> Any:
     (``course.notes``), and, under the axes in red, ``TIME NOT SIMULATED:`` with ``course.time_note`` where the
     log has one.
 
-    Args:
-        course: From :func:`zeus_callbacks._run_log.run_course`.
-
     Returns:
         The matplotlib ``Figure`` (close it with ``matplotlib.pyplot.close``).
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
     plt = _pyplot()
     fig, (ax_p, ax_e) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5))
@@ -443,16 +407,6 @@ def plot_run(course: RunCourse, path: str | Path) -> Path:
     The PNG's ``Title`` is the figure's title and its ``Description`` every text on it, one per line
     (``simulated (virtual GPU)`` among them for a simulated run), so a reader or a test can check what
     it says without looking; a run with a ``time_note`` has it in the :data:`TIME_NOTE_KEY` chunk too.
-
-    Args:
-        course: From :func:`zeus_callbacks._run_log.run_course`.
-        path: The image file to write (PNG unless its suffix names another format); its directory is created.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'zeus-callbacks[plot]'``).
     """
     fig = run_figure(course)
     text = {"Title": RUN_TITLE.format(name=course.run_name or "run"), "Description": "\n".join(figure_text(fig))}

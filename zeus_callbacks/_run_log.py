@@ -169,14 +169,7 @@ def last_record(records: Sequence[Record], event: str) -> Record | None:
 
 
 def run_course(records: Sequence[Record], source: str = "the log") -> RunCourse:
-    """Lay a run's records on its step axis (see the module docstring).
-
-    Args:
-        records: The log's records, in file order.
-        source: The log's name, for messages.
-
-    Returns:
-        The run's course.
+    """Lay a run's records (in file order) on its step axis (see the module docstring); ``source`` names the log.
 
     Raises:
         NothingToPlot: The log has no ``steps`` or ``warmup`` record with a measured mean.
@@ -343,9 +336,6 @@ _NON_NEGATIVE_FIELDS = (
 
 def impossible_figures(records: Sequence[Record]) -> list[str]:
     """Energy and power figures no run writes: negative, or not a number (an edited or foreign log), in log order.
-
-    Args:
-        records: The log's records (:func:`~zeus_callbacks.reporting.read_jsonl`).
 
     Returns:
         One ``"record <n> (<event>)'s <field> (<value>) is negative"`` (or ``is not a number``) per such

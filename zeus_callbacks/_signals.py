@@ -1,10 +1,8 @@
-"""A SIGTERM handler that does our cleanup first, then whatever was there before.
+"""A SIGTERM handler that does our cleanup first (see :mod:`zeus_callbacks._lifecycle`), then what was there before.
 
-A scheduler's kill (SIGTERM) skips ``atexit``; without a handler a run would lose its
-summary and leave a changed power limit behind. The handler is installed from the main
-thread only (Python's rule) and chains to the previous handler, or to the default
-action (the process still dies of SIGTERM), so frameworks that handle SIGTERM
-themselves (Lightning) keep working.
+The handler is installed from the main thread only (Python's rule) and chains to the previous
+handler, or to the default action (the process still dies of SIGTERM), so frameworks that handle
+SIGTERM themselves (Lightning) keep working.
 """
 
 from __future__ import annotations
@@ -20,12 +18,9 @@ logger = logging.getLogger(__name__)
 
 
 class ChainedSigterm:
-    """Run ``cleanup`` on SIGTERM, then the previous handler.
+    """Run ``cleanup`` on SIGTERM (its exceptions logged, never raised), then the previous handler.
 
-    Args:
-        cleanup: Called once with no arguments when SIGTERM arrives; its exceptions are
-            logged, never raised from the handler.
-        what: Short description for the log line.
+    ``what`` describes the cleanup in the log line.
     """
 
     def __init__(self, cleanup: Callable[[], object], what: str) -> None:

@@ -53,16 +53,9 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def progress_bar(total: float | None, desc: str, *, enabled: bool = True, unit: str = "it"):
-    """A tqdm bar on stderr, disabled unless ``enabled`` and stderr is a terminal.
+    """A tqdm bar on stderr (a context manager), a no-op unless ``enabled`` and stderr is a terminal.
 
-    Args:
-        total: The count (or seconds) at 100 %; None for an open-ended count.
-        desc: Label in front of the bar.
-        enabled: False for ``--no-progress`` and ``--json``.
-        unit: Unit of ``total`` (``"it"``, ``"s"``, ``"recurrence"``).
-
-    Returns:
-        A ``tqdm`` instance (a no-op one when disabled); use it as a context manager.
+    ``total`` None: an open-ended count. ``enabled`` is False for ``--no-progress`` and ``--json``.
     """
     from tqdm import tqdm
 
@@ -71,12 +64,7 @@ def progress_bar(total: float | None, desc: str, *, enabled: bool = True, unit: 
 
 
 def name_impossible_figures(source: object, figures: list[str] | tuple[str, ...]) -> bool:
-    """Name on stderr each figure of the log ``source`` that no run writes; True when there was one.
-
-    Args:
-        source: The log (its path), as the user named it.
-        figures: From :func:`zeus_callbacks._run_log.impossible_figures`.
-    """
+    """Name on stderr each of the log ``source``'s :func:`~zeus_callbacks._run_log.impossible_figures`; True if any."""
     for what in figures:
         print(f"zeus-callbacks: {source}: {what}: no run writes that; the log was edited or not written by "
               "zeus-callbacks, so what is shown from it is not to be trusted", file=sys.stderr)  # fmt: skip

@@ -16,31 +16,19 @@ J_PER_KWH = 1000.0 * J_PER_WH
 
 
 def wh_from_J(energy_J: float | None) -> float | None:
-    """``energy_J`` in watt-hours; None for None or a non-finite figure (unknown stays unknown).
-
-    Args:
-        energy_J: Energy (J), or None.
-
-    Returns:
-        Energy (Wh), or None.
-    """
-    if energy_J is None or not math.isfinite(energy_J):
-        return None
-    return energy_J / J_PER_WH
+    """``energy_J`` (J) in watt-hours; None for None or a non-finite figure (unknown stays unknown)."""
+    return _scaled(energy_J, J_PER_WH)
 
 
 def kwh_from_J(energy_J: float | None) -> float | None:
-    """``energy_J`` in kilowatt-hours; None for None or a non-finite figure.
+    """``energy_J`` (J) in kilowatt-hours; None for None or a non-finite figure."""
+    return _scaled(energy_J, J_PER_KWH)
 
-    Args:
-        energy_J: Energy (J), or None.
 
-    Returns:
-        Energy (kWh), or None.
-    """
+def _scaled(energy_J: float | None, joules_per_unit: float) -> float | None:
     if energy_J is None or not math.isfinite(energy_J):
         return None
-    return energy_J / J_PER_KWH
+    return energy_J / joules_per_unit
 
 
 def three_figures(value: float) -> str:
@@ -63,14 +51,7 @@ _JOULE_SCALES = ((1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"))  # largest first; mJ bel
 
 
 def joule_unit(energy_J: float) -> tuple[float, str]:
-    """The scale and unit that print ``energy_J`` with 1 to 999 before the point: mJ below 1 J, kJ from 1 kJ.
-
-    Args:
-        energy_J: Energy (J).
-
-    Returns:
-        ``(joules per unit, unit name)``, e.g. ``(1e-3, "mJ")``.
-    """
+    """``(joules per unit, unit name)`` printing ``energy_J`` with 1 to 999 before the point, e.g. ``(1e-3, "mJ")``."""
     size = abs(energy_J) if math.isfinite(energy_J) else 0.0
     for scale, unit in _JOULE_SCALES:
         if size >= scale:
@@ -79,14 +60,7 @@ def joule_unit(energy_J: float) -> tuple[float, str]:
 
 
 def readable_joules(energy_J: float, figures: int = 3) -> str:
-    """``energy_J`` in mJ, J or kJ by its size, in plain digits: ``"1.535 kJ"``, never ``"1.535e+06 mJ"``.
-
-    Args:
-        energy_J: Energy (J).
-        figures: Significant figures.
-
-    Returns:
-        The figure with its unit.
+    """``energy_J`` in mJ, J or kJ by its size, to ``figures`` significant figures, in plain digits.
 
     Example:
         >>> readable_joules(1534.9, figures=4)
@@ -99,15 +73,7 @@ def readable_joules(energy_J: float, figures: int = 3) -> str:
 
 
 def readable_energy(energy_J: float | None) -> str:
-    """The watt-hour reading of ``energy_J``: ``"0.282 Wh"``, or ``"12.3 kWh"`` from 1 kWh on.
-
-    Three significant figures; ``"n/a"`` for None or a non-finite figure.
-
-    Args:
-        energy_J: Energy (J), or None.
-
-    Returns:
-        The figure with its unit (Wh below 1 kWh, else kWh).
+    """``energy_J`` in Wh (kWh from 1 kWh on) to three significant figures; ``"n/a"`` for None or non-finite.
 
     Example:
         >>> readable_energy(1013.8)
@@ -124,16 +90,6 @@ def readable_energy(energy_J: float | None) -> str:
 
 
 def readable_interval_J(low_J: float, high_J: float, estimate_J: float, figures: int = 3) -> str:
-    """An interval's ends in the unit of its estimate, so they compare at a glance: ``"[79.3, 80.8] mJ"``.
-
-    Args:
-        low_J: Lower end (J); may be negative (a bootstrap interval is not clipped).
-        high_J: Upper end (J).
-        estimate_J: The point estimate (J) whose unit (mJ, J or kJ) both ends take.
-        figures: Significant figures of each end.
-
-    Returns:
-        ``"[low, high] unit"`` in plain digits.
-    """
+    """An interval's ends (J) in the unit of its estimate, so they compare at a glance: ``"[79.3, 80.8] mJ"``."""
     scale, unit = joule_unit(estimate_J)
     return f"[{significant_figures(low_J / scale, figures)}, {significant_figures(high_J / scale, figures)}] {unit}"

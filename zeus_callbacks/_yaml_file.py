@@ -37,11 +37,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        """Compose the next node, counting aliases (``*anchor``) so an alias bomb is refused.
-
-        Raises:
-            _TooManyAliases: The document uses more than ``MAX_YAML_ALIASES`` aliases.
-        """
+        """Compose the next node, counting aliases (``*anchor``): more than ``MAX_YAML_ALIASES`` is an alias bomb."""
         if self.check_event(yaml.AliasEvent):
             self._aliases = getattr(self, "_aliases", 0) + 1
             if self._aliases > MAX_YAML_ALIASES:
@@ -49,11 +45,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """Construct the mapping after checking that no key is given twice.
-
-        Raises:
-            _DuplicateKey: Two keys of the mapping are equal.
-        """
+        """Construct the mapping after checking that no key is given twice (else :class:`_DuplicateKey`)."""
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -71,13 +63,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_yaml_file(path: str | Path) -> Any:
-    """The plain data of a YAML file (mappings, lists, scalars), read with :class:`_UniqueKeyLoader`.
-
-    Args:
-        path: The YAML file.
-
-    Returns:
-        What the document holds (None for an empty file).
+    """The plain data of a YAML file (None for an empty file), read with :class:`_UniqueKeyLoader`.
 
     Raises:
         ConfigError: The file is missing, unreadable, larger than ``MAX_CONFIG_BYTES``, not UTF-8,

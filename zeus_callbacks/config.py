@@ -225,10 +225,8 @@ class LoggingConfig(_Section):
     @field_validator("run_name")
     @classmethod
     def _a_file_name(cls, value: str | None) -> str | None:
-        if value is not None:
-            problem = run_name_problem(value)
-            if problem:
-                raise ValueError(problem)
+        if value is not None and (problem := run_name_problem(value)):
+            raise ValueError(problem)
         return value
 
 
@@ -474,9 +472,7 @@ class StoreConfig(_Section):
 
     def resolved_path(self, log_dir: Path) -> Path:
         """The store file: ``path``, or ``<log_dir>/zeus_store.sqlite|json``."""
-        if self.path is not None:
-            return self.path
-        return Path(log_dir) / f"zeus_store.{self.backend}"
+        return self.path if self.path is not None else Path(log_dir) / f"zeus_store.{self.backend}"
 
     def location(self, log_dir: Path) -> str | Path:
         """What :func:`~zeus_callbacks.store.open_store` opens: ``url`` if set, else :meth:`resolved_path`."""
@@ -507,9 +503,7 @@ class CarbonConfig(_Section):
     @field_validator("region")
     @classmethod
     def _region_known(cls, value: str | None) -> str | None:
-        if value is not None:
-            value = grid_intensity(value).region  # ValueError: the codes the table has
-        return value
+        return None if value is None else grid_intensity(value).region  # ValueError: the codes the table has
 
     @model_validator(mode="after")
     def _one_source(self) -> CarbonConfig:
@@ -653,9 +647,7 @@ def _section_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
         if not isinstance(part, str):
             continue  # a list index: the list's item type was found with its field
         field = model.model_fields.get(part)
-        if field is None:
-            return None
-        found = _model_in(field.annotation)
+        found = _model_in(field.annotation) if field is not None else None
         if found is None:
             return None
         model = found

@@ -58,7 +58,7 @@ PROGRESS_BAR_ENERGY = "energy_kJ"
 # On the virtual GPU the bar's figure is simulated: its own name says so (the bar shows no energy/simulated flag).
 # Short: the bar puts it after the user's metrics, and an 80-column terminal cuts the line's end.
 PROGRESS_BAR_SIMULATED_ENERGY = "sim_energy_kJ"
-_OLD_BAR_KEYS = ("simulated_energy_kJ",)  # the bar's name for it until issue 26: still ours in a framework's metrics
+_OLD_BAR_KEYS = ("simulated_energy_kJ",)  # an older release's name for it: still ours in a framework's metrics
 # Run-level figures (a framework's results: the HF Trainer's train_results.json), from the RunSummary.
 RUN_STEP_ENERGY_J = "energy/run_step_mean_J"
 RUN_STEP_TIME_S = "time/run_step_mean_s"

@@ -393,7 +393,8 @@ def _one_recurrence(
         store.close()
     assert trial is not None
     backend.close()
-    chosen_W = limiter.result.chosen_limit_W if limiter is not None and limiter.result is not None else None
+    result = limiter.result if limiter is not None else None
+    chosen_W = result.chosen_limit_W if result is not None else None
     return Recurrence(
         index=index,
         batch_size=batch_size,
@@ -406,8 +407,8 @@ def _one_recurrence(
         epochs=progress,
         phase=str(trial.info.get("phase")),
         target_epoch=target_epoch,
-        profiling_steps=limiter.result.profiling_steps if limiter is not None and limiter.result is not None else 0,
-        power_limit_source=limiter.result.source if limiter is not None and limiter.result is not None else "max",
+        profiling_steps=result.profiling_steps if result is not None else 0,
+        power_limit_source=result.source if result is not None else "max",
     )
 
 
@@ -438,9 +439,7 @@ def format_recurrences(runs: Sequence[Recurrence]) -> str:
 def main(argv: Sequence[str] | None = None, prog: str = "zeus_callbacks.simulate") -> int:
     """``python -m zeus_callbacks.simulate``: a table of the recurrences, or one JSON line each with ``--json``.
 
-    Args:
-        argv: The options (default: the command line's).
-        prog: The command's name in usage and error messages.
+    ``argv`` defaults to the command line's; ``prog`` names the command in usage and error messages.
     """
     from zeus_callbacks._argtypes import float_in, int_at_least
     from zeus_callbacks._terminal import progress_bar

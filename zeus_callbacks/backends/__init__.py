@@ -145,7 +145,7 @@ def get_backend(
             if found
         ]
         cause = "; ".join(relevant or reasons.values())
-        fix = unmeasurable_fix(cause)
+        fix = _unmeasurable_fix(cause)
         logger.log(
             level,
             "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
@@ -167,15 +167,8 @@ def get_backend(
     return backend
 
 
-def unmeasurable_fix(cause: str) -> str:
-    """What to do about a GPU that cannot be measured, from the vendor libraries' messages.
-
-    Args:
-        cause: The ``BackendUnavailable`` messages of the backends tried.
-
-    Returns:
-        One sentence for the warning.
-    """
+def _unmeasurable_fix(cause: str) -> str:
+    """One sentence for the warning: what to do about a GPU the backends tried could not measure (``cause``)."""
     text = cause.lower()
     if "mig" in text:
         return (

@@ -13,9 +13,7 @@ What is read:
 * **Power cap**: ``amdsmi_get_power_cap_info(h)`` (µW) and
   ``amdsmi_set_power_cap(h, 0, cap_uW)``.
 
-µJ ticks and µW are converted to J and W here and nowhere else. ``AmdSmiException``
-is translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
-:meth:`AMDSMIBackend._translate`.
+µJ ticks and µW are converted to J and W here and nowhere else.
 """
 
 from __future__ import annotations
@@ -28,15 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from zeus_callbacks.backends._vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
-from zeus_callbacks.backends.base import (
-    BackendError,
-    BackendUnavailable,
-    Clock,
-    NotSupported,
-    PermissionDenied,
-    PowerSample,
-    SensorError,
-)
+from zeus_callbacks.backends.base import BackendUnavailable, Clock, NotSupported, PowerSample, SensorError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +38,11 @@ UW_PER_W = 1_000_000.0
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_NO_PERM = 10
+_STATUS_KINDS: dict[object, str] = {
+    STATUS_NOT_SUPPORTED: "not_supported",
+    STATUS_NOT_YET_IMPLEMENTED: "not_supported",
+    STATUS_NO_PERM: "no_permission",
+}
 
 #: Shortest interval between two polls that yields a power sample (s). The counter
 #: refreshes every ~1 ms, so a 10 ms interval bounds the quantisation error to ~10 %.
@@ -158,21 +153,8 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             devices.append(_DeviceState(backend_index=amdsmi_index, handle=handle, name=name, uuid=uuid))
         return devices
 
-    # -- error translation: the one place amdsmi exceptions become ours ----------------
-    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Map an amdsmi error to ours (used by :meth:`_translated`).
-
-        ``ERR_NO_PERM`` → :class:`PermissionDenied`; ``ERR_NOT_SUPPORTED`` /
-        ``NOT_IMPLEMENTED`` → :class:`NotSupported` (``SensorError(kind="not_supported")``
-        when ``sensor``); anything else ``SensorError(kind="unknown")``.
-        """
-        code = getattr(exc, "err_code", None)
-        message = f"amdsmi: {what} failed on GPU {index}: {exc}"
-        if code == STATUS_NO_PERM:
-            return PermissionDenied(message + " (run as root, or ask an administrator)")
-        if code in (STATUS_NOT_SUPPORTED, STATUS_NOT_YET_IMPLEMENTED):
-            return SensorError(message, kind="not_supported") if sensor else NotSupported(message)
-        return SensorError(message, kind="unknown")
+    def _error_kind(self, exc: BaseException) -> str | None:
+        return _STATUS_KINDS.get(getattr(exc, "err_code", None))
 
     # -- identity ----------------------------------------------------------------------
     def amdsmi_index(self, index: int) -> int:
@@ -194,19 +176,12 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
         return float(ticks) * float(counts["counter_resolution"]) * J_PER_UJ
 
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
-        """Poll GPU ``index``'s energy counter and return the mean power since the last poll.
+        """Poll GPU ``index``'s energy counter: the mean power (W) since the last poll, if newer than ``since_s``.
 
         The first call primes and returns ``[]``; so does a call less than
         :data:`MIN_POLL_INTERVAL_S` after the previous one (the poll is kept). The
         sample is the mean power over ``(previous poll, now]``, stamped ``now`` on
         the backend's clock. Poll every ~20 ms for a stream like NVIDIA's.
-
-        Args:
-            index: Device index (process view).
-            since_s: Only samples with ``timestamp_s > since_s`` are returned (s).
-
-        Returns:
-            Zero or one sample, power in W.
 
         Raises:
             SensorError: The read failed, or the counter went backwards
@@ -364,15 +339,7 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             )
 
     def energy_counter_J(self, index: int) -> float:
-        """Return GPU ``index``'s cumulative energy counter (J).
-
-        Ticks × ``counter_resolution`` (µJ/tick), refreshed every ~1 ms.
-
-        Args:
-            index: Device index (process view).
-
-        Returns:
-            Energy in joules; only differences are meaningful.
+        """Return GPU ``index``'s cumulative energy counter (J; only differences are meaningful).
 
         Raises:
             NotSupported: The GPU has no energy counter.
@@ -396,22 +363,12 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             return self._smi.amdsmi_get_power_cap_info(device.handle)
 
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
-        """Return the ``(min, max)`` power cap GPU ``index`` accepts (W).
-
-        Raises:
-            NotSupported: The GPU does not report power caps.
-            SensorError: The read failed.
-        """
+        """Return the ``(min, max)`` power cap GPU ``index`` accepts (W)."""
         info = self._cap_info(index)
         return info["min_power_cap"] / UW_PER_W, info["max_power_cap"] / UW_PER_W
 
     def power_limit_W(self, index: int) -> float:
-        """Return the power cap in force on GPU ``index`` (W).
-
-        Raises:
-            NotSupported: The GPU does not report power caps.
-            SensorError: The read failed.
-        """
+        """Return the power cap in force on GPU ``index`` (W)."""
         return self._cap_info(index)["power_cap"] / UW_PER_W
 
     def _set_power_limit_W(self, index: int, limit_W: float) -> None:
@@ -426,16 +383,10 @@ _ADVICE = "install ROCm's amdsmi package"
 
 
 def _apply_visible_list(env: str, spec: str | None, visible: list[int]) -> list[int]:
-    """Narrow ``visible`` (amdsmi indices) by one ``*_VISIBLE_DEVICES`` integer list.
+    """Narrow ``visible`` (amdsmi indices, process order) by the integer list ``spec`` of variable ``env``.
 
-    Args:
-        env: The variable's name (for messages).
-        spec: Its value, or None when unset (no change).
-        visible: The amdsmi indices visible so far, in process order.
-
-    Returns:
-        The amdsmi indices the list selects, in its order; the list ends at its first
-        entry that is not an integer naming a new device (logged).
+    ``spec`` None (unset) changes nothing; the list ends at its first entry that is not an integer
+    naming a new device (logged).
     """
 
     def resolve(token: str) -> int | None:

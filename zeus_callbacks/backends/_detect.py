@@ -7,9 +7,7 @@ trusted to answer that question, since it is the thing that failed; this module 
 for the device nodes the drivers create (``/dev/nvidia0``..., ``/dev/kfd``) and asks
 CUDA (through torch, only when torch is already imported) how many devices it sees.
 
-Every probe is injectable (:class:`GPUPresence` is a plain value; :func:`detect_gpus`
-takes the ``/dev`` directory and the CUDA count as arguments) so tests can describe a
-machine without having one.
+Every probe is injectable so tests can describe a machine without having one.
 """
 
 from __future__ import annotations
@@ -69,15 +67,7 @@ def _torch_cuda_count() -> int:
 
 
 def detect_gpus(dev_dir: str | Path = "/dev", *, cuda_count: Callable[[], int] = _torch_cuda_count) -> GPUPresence:
-    """Look for GPUs without the vendor libraries.
-
-    Args:
-        dev_dir: Where the device nodes live (tests pass a folder of empty files).
-        cuda_count: Returns CUDA's device count (default: torch's, when torch is imported).
-
-    Returns:
-        What was found; :attr:`GPUPresence.any_gpu` is False on a machine with no GPU.
-    """
+    """Look for GPUs without the vendor libraries: device nodes in ``dev_dir``, and CUDA's ``cuda_count()``."""
     root = Path(dev_dir)
     try:
         names = sorted(p.name for p in root.iterdir() if _NVIDIA_NODE.match(p.name))

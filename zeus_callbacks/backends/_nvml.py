@@ -15,9 +15,7 @@ What is read, and why (NVIDIA H200 on driver 580, see docs/hardware.md#h200-sens
 * **Power limit**: ``nvmlDeviceGet/SetPowerManagementLimit`` and
   ``...LimitConstraints``, all in mW.
 
-mW and mJ are converted to W and J here and nowhere else. NVML exceptions are
-translated into the :mod:`zeus_callbacks.backends.base` hierarchy by one helper,
-:meth:`NVMLBackend._translated`.
+mW and mJ are converted to W and J here and nowhere else.
 """
 
 from __future__ import annotations
@@ -30,15 +28,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from zeus_callbacks.backends._vendor import VendorBackend, VendorDevice, import_vendor_module, parse_visible_list
-from zeus_callbacks.backends.base import (
-    BackendError,
-    BackendUnavailable,
-    Clock,
-    NotSupported,
-    PermissionDenied,
-    PowerSample,
-    SensorError,
-)
+from zeus_callbacks.backends.base import BackendUnavailable, Clock, PowerSample
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +83,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     Args:
         clock: Time source for readings NVML does not stamp (default: wall clock).
         read_only: Refuse every setter; default from ``ZEUS_CALLBACKS_READ_ONLY``.
-        nvml_module: A ``pynvml``-compatible module (tests inject a fake); default
-            ``import pynvml``.
+        nvml_module: A ``pynvml``-compatible module (tests inject a fake); default ``import pynvml``.
 
     Raises:
         BackendUnavailable: ``pynvml`` is missing, NVML cannot initialise, no GPU is
@@ -179,24 +168,15 @@ class NVMLBackend(VendorBackend[_DeviceState]):
             return False  # NotSupported / FunctionNotFound: a GPU without MIG
         return current == getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
 
-    # -- error translation: the one place NVML exceptions become ours -------------------
-    def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Map an NVML error to ours (used by :meth:`_translated`).
-
-        ``NoPermission`` becomes :class:`PermissionDenied`; ``NotSupported`` becomes
-        :class:`NotSupported`, or ``SensorError(kind="not_supported")`` when
-        ``sensor`` is set (a failed reading rather than a missing feature);
-        ``GpuIsLost`` / ``ResetRequired`` become ``SensorError(kind="gpu_lost")``;
-        anything else ``SensorError(kind="unknown")``.
-        """
-        message = f"nvml: {what} failed on GPU {index}: {exc}"
+    # -- error translation ---------------------------------------------------------------
+    def _error_kind(self, exc: BaseException) -> str | None:
         if self._is(exc, "NVMLError_NoPermission"):
-            return PermissionDenied(message + " (run as root, or ask an administrator)")
+            return "no_permission"
         if self._is(exc, "NVMLError_NotSupported"):
-            return SensorError(message, kind="not_supported") if sensor else NotSupported(message)
+            return "not_supported"
         if self._is(exc, "NVMLError_GpuIsLost") or self._is(exc, "NVMLError_ResetRequired"):
-            return SensorError(message, kind="gpu_lost")
-        return SensorError(message, kind="unknown")
+            return "gpu_lost"
+        return None
 
     def _unsupported(self, exc: BaseException) -> bool:
         return self._is(exc, "NVMLError_NotSupported") or self._is(exc, "NVMLError_FunctionNotFound")
@@ -220,20 +200,11 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
     # -- sensors -----------------------------------------------------------------------
     def power_samples_since(self, index: int, since_s: float) -> list[PowerSample]:
-        """Return GPU ``index``'s power samples newer than ``since_s``.
+        """Return GPU ``index``'s power samples (W) newer than ``since_s`` (CPU realtime clock), oldest first.
 
-        Drains NVML's buffered power samples (~20 ms apart, ~2.4 s deep, each
-        roughly the mean of the preceding 10–20 ms). Call at least once a second or
-        samples are lost. Falls back to field 186, then to ``nvmlDeviceGetPowerUsage``,
-        when a source is not supported (logged once per device).
-
-        Args:
-            index: Device index (process view).
-            since_s: Only samples with ``timestamp_s > since_s`` are returned
-                (s, CPU realtime clock).
-
-        Returns:
-            Samples in increasing timestamp order, powers in W (possibly empty).
+        Drains NVML's ~2.4 s buffer (see the module docstring): call at least once a second or
+        samples are lost. Falls back to field 186, then to ``nvmlDeviceGetPowerUsage``, when a
+        source is not supported (logged once per device).
 
         Raises:
             SensorError: The read failed; ``kind`` is ``"gpu_lost"``,
@@ -299,17 +270,9 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         return [PowerSample(now_s, power_W)] if now_s > since_s else []
 
     def energy_counter_J(self, index: int) -> float:
-        """Return GPU ``index``'s cumulative energy counter (J).
+        """Return GPU ``index``'s cumulative energy counter (J; only differences are meaningful).
 
-        Reads ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded,
-        refreshed every ~100 ms). One call costs 3–5 ms on an H200: call it from
-        the sampler thread only.
-
-        Args:
-            index: Device index (process view).
-
-        Returns:
-            Energy in joules; only differences are meaningful.
+        ``nvmlDeviceGetTotalEnergyConsumption`` costs 3–5 ms on an H200: call it from the sampler thread only.
 
         Raises:
             NotSupported: The GPU has no energy counter (pre-Volta).
@@ -329,12 +292,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
     # -- power limit -------------------------------------------------------------------
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
-        """Return the ``(min, max)`` power limit GPU ``index`` accepts (W).
-
-        Raises:
-            NotSupported: The GPU does not support power management.
-            SensorError: The read failed.
-        """
+        """Return the ``(min, max)`` power limit GPU ``index`` accepts (W), read once."""
         device = self._device(index)
         if device.constraints_W is None:
             with self._translated("reading the power limit constraints", index):
@@ -343,12 +301,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
         return device.constraints_W
 
     def power_limit_W(self, index: int) -> float:
-        """Return the power limit in force on GPU ``index`` (W).
-
-        Raises:
-            NotSupported: The GPU does not support power management.
-            SensorError: The read failed.
-        """
+        """Return the power limit in force on GPU ``index`` (W)."""
         device = self._device(index)
         with self._translated("reading the power limit", index):
             return self._nvml.nvmlDeviceGetPowerManagementLimit(device.handle) / MW_PER_W
@@ -388,16 +341,10 @@ def _union_value(nvml: Any, value_type: int, union: Any) -> float:
 
 
 def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
-    """Map ``CUDA_VISIBLE_DEVICES`` to NVML indices, following CUDA's parsing rules.
+    """Map ``CUDA_VISIBLE_DEVICES`` (None: every GPU) to NVML indices, as CUDA parses it.
 
-    Args:
-        spec: The variable's value, or None when unset (every GPU, NVML order).
-        uuids: ``GPU-<uuid>`` of each NVML index.
-
-    Returns:
-        NVML indices in the process's order. CUDA stops at the first entry that names
-        no device (out of range, unknown or ambiguous UUID prefix, duplicate), so this
-        does too, with a warning.
+    ``uuids`` holds ``GPU-<uuid>`` of each NVML index. Like CUDA, the list stops at the first
+    entry that names no device (out of range, unknown or ambiguous UUID prefix, duplicate), with a warning.
 
     Raises:
         BackendUnavailable: An entry names a MIG instance (``MIG-...``).
@@ -414,12 +361,10 @@ def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
 
 
 def _resolve_device_token(token: str, uuids: list[str]) -> int | None:
-    """Return the NVML index that one ``CUDA_VISIBLE_DEVICES`` entry names, or None.
+    """Return the NVML index that ``token`` names, or None.
 
-    Args:
-        token: A stripped entry: an integer NVML index or a ``GPU-<uuid>`` prefix
-            (case-insensitive) that matches exactly one GPU.
-        uuids: ``GPU-<uuid>`` of each NVML index.
+    An entry names a GPU by its NVML index or by a ``GPU-<uuid>`` prefix (case-insensitive) that
+    matches exactly one of ``uuids``.
 
     Raises:
         BackendUnavailable: The entry names a MIG instance (``MIG-...``).

@@ -16,15 +16,7 @@ from zeus_callbacks.backends.base import DeviceIdentity, GPUBackend, NotSupporte
 class UnavailableBackend(GPUBackend):
     """A GPU this process cannot measure: no samples, no counter, no power limit.
 
-    Args:
-        presence: What was found of the GPUs.
-        cause: Why they cannot be measured (the vendor libraries' messages).
-        fix: What the user can do about it.
-
-    Attributes:
-        measurable: Always False.
-        cause: As given.
-        fix: As given.
+    ``cause`` (the vendor libraries' messages) says why, ``fix`` what the user can do about it.
     """
 
     name = "unavailable"

@@ -1,17 +1,8 @@
 """Machinery shared by the vendor-library backends (NVML, amdsmi).
 
-:class:`VendorBackend` holds what every backend over a vendor C library needs and
-the vendor does not change: starting the library (and shutting it down again when
-discovery fails), an idempotent :meth:`~VendorBackend.close`, the closed/range check
-of a device index, per-``(kind, index)`` warn-once logging, and one context manager
-that translates the vendor's exceptions into the
-:mod:`zeus_callbacks.backends.base` hierarchy. Subclasses supply the vendor parts
-through :meth:`~VendorBackend._start` (the library's init and shut-down calls) and one
-hook, :meth:`~VendorBackend._translate`. :class:`VendorDevice` is the per-device state
-every vendor keeps, and :func:`import_vendor_module` imports the vendor's Python module.
-
-:func:`parse_visible_list` walks one ``*_VISIBLE_DEVICES`` list the way the CUDA and
-HIP runtimes do; each backend supplies its own rule for what an entry names.
+:class:`VendorBackend` holds what does not depend on the vendor: starting and shutting down
+the library, the device-index checks, warn-once logging and the translation of the vendor's
+exceptions into the :mod:`zeus_callbacks.backends.base` hierarchy.
 """
 
 from __future__ import annotations
@@ -31,6 +22,8 @@ from zeus_callbacks.backends.base import (
     Clock,
     DeviceIdentity,
     GPUBackend,
+    NotSupported,
+    PermissionDenied,
     SensorError,
 )
 
@@ -61,8 +54,11 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
     """A :class:`GPUBackend` over a vendor library, with per-device state ``DeviceT``.
 
     Subclasses set :attr:`vendor`, ``_log`` and ``_error_cls`` (the vendor's base exception
-    class), call :meth:`_start` from ``__init__``, and implement :meth:`_translate`.
-    Messages are prefixed with the backend's :attr:`name`.
+    class), call :meth:`_start` from ``__init__``, and implement :meth:`_error_kind`.
+    Messages are prefixed with the backend's :attr:`name`. Every per-device call raises
+    :class:`BackendError` once the backend is closed and ``IndexError`` for an index out of range;
+    a vendor call that fails raises what :meth:`_translate` makes of its error (power-limit calls:
+    :class:`NotSupported` on a GPU without power management, :class:`SensorError` when a read fails).
 
     Thread safety: :meth:`close` and :meth:`_warn_once` each take their own lock;
     device state is the subclass's to guard.
@@ -92,12 +88,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         shutdown: Callable[[], object],
         discover: Callable[[], list[DeviceT]],
     ) -> None:
-        """Initialise the library, then discover the devices (shutting down if that fails).
-
-        Args:
-            init: The library's initialisation function (its ``__name__`` goes in the message).
-            shutdown: The library's shut-down function, called by :meth:`close`.
-            discover: Returns the visible devices in process order.
+        """Run the library's ``init``, then ``discover`` the visible devices (``shutdown`` if that fails).
 
         Raises:
             BackendUnavailable: ``init`` raised the vendor's error (chained), or
@@ -122,21 +113,25 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         except self._error_cls as exc:
             self._log.debug("%s: %s failed: %s", self.name, getattr(self._shutdown_call, "__name__", "shutdown"), exc)
 
-    # -- hook --------------------------------------------------------------------------
+    # -- error translation ---------------------------------------------------------------
     @abc.abstractmethod
+    def _error_kind(self, exc: BaseException) -> str | None:
+        """Classify vendor error ``exc``: ``"no_permission"``, ``"not_supported"``, ``"gpu_lost"`` or None."""
+
     def _translate(self, exc: BaseException, what: str, index: int, *, sensor: bool) -> BackendError:
-        """Return the :class:`BackendError` for vendor error ``exc``.
+        """The error for vendor error ``exc`` while doing ``what`` on GPU ``index``; the caller raises it ``from exc``.
 
-        Args:
-            exc: The vendor's exception.
-            what: What was being done (e.g. ``"reading the power limit"``).
-            index: Device index (process view).
-            sensor: A sensor reading failed: an unsupported call becomes
-                ``SensorError(kind="not_supported")`` rather than :class:`NotSupported`.
-
-        Returns:
-            The translated error; the caller raises it ``from exc``.
+        An unsupported call is :class:`NotSupported`, or ``SensorError(kind="not_supported")`` when
+        ``sensor`` (a failed reading rather than a missing feature); an unclassified error is
+        ``SensorError(kind="unknown")``.
         """
+        message = f"{self.name}: {what} failed on GPU {index}: {exc}"
+        kind = self._error_kind(exc)
+        if kind == "no_permission":
+            return PermissionDenied(message + " (run as root, or ask an administrator)")
+        if kind == "not_supported" and not sensor:
+            return NotSupported(message)
+        return SensorError(message, kind=kind or "unknown")
 
     # -- shared machinery --------------------------------------------------------------
     @contextlib.contextmanager
@@ -152,12 +147,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
             raise self._translate(exc, what, index, sensor=sensor) from exc
 
     def _device(self, index: int) -> DeviceT:
-        """Return the state of GPU ``index`` (process view).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is outside ``0..device_count()-1``.
-        """
+        """Return the state of GPU ``index`` (process view), checking as the class docstring says."""
         if self._closed:
             raise BackendError(f"{self.name}: the backend is closed")
         if not 0 <= index < len(self._devices):
@@ -184,12 +174,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         return len(self._devices)
 
     def device_name(self, index: int) -> str:
-        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI300X"``).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
+        """Return the model name of GPU ``index`` (e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI300X"``)."""
         return self._device(index).name
 
     def device_uuid(self, index: int) -> str | None:
@@ -197,12 +182,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         return self._device(index).uuid
 
     def device_identity(self, index: int) -> DeviceIdentity:
-        """Return GPU ``index``'s library index and UUID, as read at discovery (no library call).
-
-        Raises:
-            BackendError: The backend is closed.
-            IndexError: ``index`` is out of range.
-        """
+        """Return GPU ``index``'s library index and UUID, as read at discovery (no library call)."""
         device = self._device(index)
         note = None if device.uuid is not None else f"{self.name} could not read the device's UUID (see the warning)"
         return DeviceIdentity(
@@ -224,23 +204,14 @@ def parse_visible_list(
     resolve: Callable[[str], int | None],
     on_stop: Callable[[str], object],
 ) -> list[int]:
-    """Walk a comma-separated ``*_VISIBLE_DEVICES`` list as the CUDA and HIP runtimes do.
+    """Walk a comma-separated ``*_VISIBLE_DEVICES`` value ``spec`` (None: unset, ``default``) as CUDA and HIP do.
 
-    Entries are stripped of whitespace; the list ends at the first entry that names
-    no device or names one already selected.
-
-    Args:
-        spec: The variable's value, or None when unset.
-        default: The result when ``spec`` is None.
-        resolve: Maps one stripped entry to the library index it names, or None; may
-            raise to refuse an entry outright.
-        on_stop: Called with the entry that ended the list, unless it is empty (to log it).
+    Each stripped entry goes through ``resolve`` (the library index it names, or None; it may raise
+    to refuse one outright). The list ends at the first entry that names no device or one already
+    selected; ``on_stop`` is called with it (to log it) unless it is empty.
 
     Returns:
         Library indices in the process's order (possibly empty).
-
-    Raises:
-        BackendUnavailable: Only if ``resolve`` raises it.
     """
     if spec is None:
         return default

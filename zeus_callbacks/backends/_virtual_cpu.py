@@ -42,11 +42,7 @@ def process_cpu_time_s() -> float:
 
 
 class VirtualCpu:
-    """A simulated CPU package: ``power_per_core_W`` × this process's CPU seconds (the module docstring).
-
-    Args:
-        power_per_core_W: Power of one busy core (W), > 0.
-        cpu_time_s: The process's CPU time (s), monotonic; default :func:`process_cpu_time_s`.
+    """A simulated CPU package: ``power_per_core_W`` (> 0) × this process's ``cpu_time_s()`` (the module docstring).
 
     Raises:
         ValueError: ``power_per_core_W`` is not positive.

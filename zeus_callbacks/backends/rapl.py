@@ -303,15 +303,8 @@ class RaplReader:
 
     def start(self) -> None:
         """Take the first reading of every counter (energy counts from here)."""
+        self._counters = [_Counter(c.domain) for c in self._counters]
         for counter in self._counters:
-            counter.last_uj, counter.last_s, counter.total_uj, counter.unchanged, counter.reason = (
-                None,
-                None,
-                0,
-                0,
-                None,
-            )
-            counter.moved_s = counter.still = None
             self._read(counter)
         self._last_read_s = self._clock()
 
@@ -370,15 +363,14 @@ class RaplReader:
             return
         if counter.last_uj is not None and counter.last_s is not None:
             # Since it was last seen moving: a counter that stalls and then jumps may have wrapped meanwhile.
-            gap_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
-            if gap_s > counter.domain.wrap_safe_s:
+            still_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
+            if still_s > counter.domain.wrap_safe_s:
                 counter.reason = (
-                    f"{gap_s:.0f} s between two readings of {label} that saw it move, longer than its counter's "
+                    f"{still_s:.0f} s between two readings of {label} that saw it move, longer than its counter's "
                     f"shortest wrap time ({counter.domain.wrap_safe_s:.0f} s): wraps may be missed"
                 )
                 self._warn_once(label, "zeus-callbacks: %s; its energy is unknown from here on", counter.reason)
                 return
-            still_s = now_s - (counter.moved_s if counter.moved_s is not None else counter.last_s)
             if value == counter.last_uj and still_s >= STILL_AFTER_S:
                 # Not moved for STILL_AFTER_S: frozen or not, this reading cannot vouch for the energy since.
                 # Readings closer together than that (an epoch's end and its report) are one observation.

@@ -18,7 +18,6 @@ Example:
     >>> curve = power_curve("A40", "imagenet")            # default batch size 256
     >>> time_per_epoch_s_at(curve, 300.0) < time_per_epoch_s_at(curve, 150.0)
     True
-
 """
 
 from __future__ import annotations
@@ -71,7 +70,6 @@ class Workload:
         max_epochs: Epoch budget of one training run.
         default_batch_size: The paper's default batch size (before any per-GPU cap).
         higher_is_better: False when a lower metric is better (librispeech WER).
-
     """
 
     dataset: str
@@ -115,7 +113,6 @@ class PowerCurve:
         power_limit_W: Measured power limits, increasing, shape ``(n,)`` (W).
         time_per_epoch_s: Time per epoch at each limit, shape ``(n,)`` (s).
         average_power_W: Average GPU power at each limit, shape ``(n,)`` (W).
-
     """
 
     power_limit_W: np.ndarray
@@ -145,7 +142,6 @@ class TrainPath:
         run: Run (seed) number; sampling a run gives one realistic training path.
         target_metric: The metric threshold of this row.
         target_epoch: Epoch at which validation reached ``target_metric``; None if never.
-
     """
 
     dataset: str
@@ -167,7 +163,6 @@ class GPUTrace:
         curves: One read-only :class:`PowerCurve` per :class:`WorkloadKey`, in file order.
         train: Training paths (``summary_train.csv`` rows); empty when none were given.
         source: :data:`BUNDLED_SOURCE` for the package's traces, else the sweep file's path.
-
     """
 
     gpu: str
@@ -193,6 +188,11 @@ WorkloadLike = str | Workload
 
 
 # -- lookup helpers ------------------------------------------------------------
+def _model(x: Workload | WorkloadKey | TrainPath) -> tuple[str, str, str]:
+    """``(dataset, network, optimizer)``: the training setup a sweep, a workload or a training path is of."""
+    return x.dataset, x.network, x.optimizer
+
+
 def normalize_gpu(gpu: str) -> GPUName:
     """Return the canonical name of a GPU model: ``"V100"``/``"A40"`` case-insensitively, else the name.
 
@@ -201,7 +201,6 @@ def normalize_gpu(gpu: str) -> GPUName:
 
     Raises:
         ValueError: ``gpu`` is empty.
-
     """
     name = " ".join(str(gpu).split())
     if not name:
@@ -218,7 +217,6 @@ def resolve_trace(gpu: TraceLike) -> GPUTrace:
     Raises:
         ValueError: No bundled trace for that GPU; the message lists the bundled ones and
             says how to give one's own (``virtual.trace``).
-
     """
     if isinstance(gpu, GPUTrace):
         return gpu
@@ -244,7 +242,6 @@ def get_workload(name: WorkloadLike, trace: TraceLike | None = None) -> Workload
 
     Raises:
         ValueError: Unknown or ambiguous workload; the message lists the valid names.
-
     """
     if isinstance(name, Workload):
         return name
@@ -253,13 +250,13 @@ def get_workload(name: WorkloadLike, trace: TraceLike | None = None) -> Workload
     gpu_trace = resolve_trace(trace)
     text = str(name).strip()
     parts = text.split("/")
-    combos = list(dict.fromkeys((k.dataset, k.network, k.optimizer) for k in gpu_trace.curves))
+    combos = list(dict.fromkeys(_model(k) for k in gpu_trace.curves))
     if len(parts) == 3:
         matches = [c for c in combos if c == tuple(parts)]
     else:
         matches = [c for c in combos if c[0].lower() == text.lower()]
     paper = WORKLOADS.get(text.lower())
-    if paper is not None and (paper.dataset, paper.network, paper.optimizer) in matches:
+    if paper is not None and _model(paper) in matches:
         return paper
     if len(matches) != 1:
         problem = "is ambiguous" if matches else "is not"
@@ -267,15 +264,15 @@ def get_workload(name: WorkloadLike, trace: TraceLike | None = None) -> Workload
             f"workload {name!r} {problem} in the trace {gpu_trace.source}; valid workloads: "
             f"{', '.join(available_workloads(gpu_trace))}"
         )
-    return _user_workload(gpu_trace, *matches[0])
+    return _user_workload(gpu_trace, matches[0])
 
 
-def _user_workload(trace: GPUTrace, dataset: str, network: str, optimizer: str) -> Workload:
-    paths = [p for p in trace.train if (p.dataset, p.network, p.optimizer) == (dataset, network, optimizer)]
+def _user_workload(trace: GPUTrace, model: tuple[str, str, str]) -> Workload:
+    paths = [p for p in trace.train if _model(p) == model]
     target = max((p.target_metric for p in paths), default=math.nan)
     epochs = [p.target_epoch for p in paths if p.target_metric == target and p.target_epoch is not None]
-    sizes = [k.batch_size for k in trace.curves if (k.dataset, k.network, k.optimizer) == (dataset, network, optimizer)]
-    return Workload(dataset, network, optimizer, target, max(epochs, default=1), max(sizes))
+    sizes = [k.batch_size for k in trace.curves if _model(k) == model]
+    return Workload(*model, target, max(epochs, default=1), max(sizes))
 
 
 def available_workloads(gpu: TraceLike) -> list[str]:
@@ -283,12 +280,11 @@ def available_workloads(gpu: TraceLike) -> list[str]:
 
     Raises:
         ValueError: No trace for that GPU.
-
     """
     trace = resolve_trace(gpu)
-    present = list(dict.fromkeys((k.dataset, k.network, k.optimizer) for k in trace.curves))
+    present = list(dict.fromkeys(_model(k) for k in trace.curves))
     if trace.bundled:
-        return [n for n, w in WORKLOADS.items() if (w.dataset, w.network, w.optimizer) in present]
+        return [n for n, w in WORKLOADS.items() if _model(w) in present]
     per_dataset: dict[str, int] = {}
     for dataset, _, _ in present:
         per_dataset[dataset] = per_dataset.get(dataset, 0) + 1
@@ -300,13 +296,10 @@ def available_batch_sizes(gpu: TraceLike, workload: WorkloadLike) -> list[int]:
 
     Raises:
         ValueError: Unknown GPU or workload.
-
     """
     trace = resolve_trace(gpu)
     w = get_workload(workload, trace)
-    return sorted(
-        k.batch_size for k in trace.curves if (k.dataset, k.network, k.optimizer) == (w.dataset, w.network, w.optimizer)
-    )
+    return sorted(k.batch_size for k in trace.curves if _model(k) == _model(w))
 
 
 def default_batch_size(gpu: TraceLike, workload: WorkloadLike) -> int:
@@ -318,7 +311,6 @@ def default_batch_size(gpu: TraceLike, workload: WorkloadLike) -> int:
 
     Raises:
         ValueError: Unknown GPU or workload, or no batch size of it in the trace.
-
     """
     trace = resolve_trace(gpu)
     w = get_workload(workload, trace)
@@ -342,7 +334,6 @@ def power_curve(gpu: TraceLike, workload: WorkloadLike, batch_size: int | None =
 
     Raises:
         ValueError: Unknown GPU, workload or batch size; the message lists valid ones.
-
     """
     trace = resolve_trace(gpu)
     w = get_workload(workload, trace)
@@ -369,7 +360,6 @@ def time_per_epoch_s_at(curve: PowerCurve, power_limit_W: float) -> float:
 
     Raises:
         ValueError: ``power_limit_W`` is not finite.
-
     """
     return _interp_clamped(curve, curve.time_per_epoch_s, power_limit_W)
 
@@ -379,7 +369,6 @@ def average_power_W_at(curve: PowerCurve, power_limit_W: float) -> float:
 
     Raises:
         ValueError: ``power_limit_W`` is not finite.
-
     """
     return _interp_clamped(curve, curve.average_power_W, power_limit_W)
 
@@ -389,7 +378,6 @@ def epoch_energy_J_at(curve: PowerCurve, power_limit_W: float) -> float:
 
     Raises:
         ValueError: ``power_limit_W`` is not finite.
-
     """
     return time_per_epoch_s_at(curve, power_limit_W) * average_power_W_at(curve, power_limit_W)
 
@@ -416,19 +404,14 @@ def _curves(grouped: dict[WorkloadKey, list[tuple[float, float, float]]], idle: 
 
 
 @functools.cache
-def _load_power_trace(gpu: str) -> Mapping[WorkloadKey, PowerCurve]:
+def _bundled_trace(gpu: str) -> GPUTrace:
     grouped: dict[WorkloadKey, list[tuple[float, float, float]]] = {}
     for row in _read_rows(_POWER_FILES[gpu]):
         key = WorkloadKey(row["dataset"], row["network"], int(row["batch_size"]), row["optimizer"])
         point = (float(row["power_limit"]), float(row["time_per_epoch"]), float(row["average_power"]))
         grouped.setdefault(key, []).append(point)
     logger.debug("loaded %d power curves for %s", len(grouped), gpu)
-    return _curves(grouped, {})
-
-
-@functools.cache
-def _bundled_trace(gpu: str) -> GPUTrace:
-    return GPUTrace(gpu, _load_power_trace(gpu), load_train_trace())
+    return GPUTrace(gpu, _curves(grouped, {}), load_train_trace())
 
 
 def bundled_trace(gpu: str) -> GPUTrace:
@@ -436,7 +419,6 @@ def bundled_trace(gpu: str) -> GPUTrace:
 
     Raises:
         ValueError: No bundled trace for that GPU; the message lists the bundled ones.
-
     """
     return _bundled_trace(known_bundled_gpu(gpu))
 
@@ -468,7 +450,6 @@ def load_power_trace(gpu: TraceLike) -> dict[WorkloadKey, PowerCurve]:
 
     Raises:
         ValueError: Unknown GPU; the message lists the valid names.
-
     """
     return dict(resolve_trace(gpu).curves)
 
@@ -494,7 +475,6 @@ def load_train_trace() -> tuple[TrainPath, ...]:
     Returns:
         One :class:`TrainPath` per row, in file order; ``target_epoch`` is None where
         the run never reached ``target_metric`` (``nan`` in the file).
-
     """
     return tuple(_train_path(row) for row in _read_rows(_TRAIN_FILE))
 
@@ -571,7 +551,6 @@ def read_train_trace(path: str | Path) -> tuple[TrainPath, ...]:
     Raises:
         TraceFormatError: Missing or unreadable file, missing column, or a bad value; the
             message names the file, the line and the column.
-
     """
     path = Path(path)
     out = []
@@ -607,7 +586,6 @@ def read_trace(path: str | Path, *, train_path: str | Path | None = None, gpu: s
     Raises:
         TraceFormatError: Missing or unreadable file, missing column, a bad or repeated
             value; the message names the file (and the line and the column).
-
     """
     path = Path(path)
     rows = _read_csv(path, KEY_COLUMNS + POWER_COLUMNS, "power-limit trace")

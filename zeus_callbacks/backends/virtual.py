@@ -77,7 +77,6 @@ def resolve_idle_power_W(curve: traces.PowerCurve, gpu: str, configured_W: float
 
     Returns:
         The idle power (W).
-
     """
     for value in (configured_W, curve.idle_power_W, IDLE_POWER_W.get(gpu)):
         if value is not None:
@@ -192,7 +191,6 @@ class VirtualGPUBackend(GPUBackend):
         ValueError: Unknown GPU, workload or batch size (the message lists the valid
             choices), or an out-of-range argument.
         TraceFormatError: ``trace`` is a file that cannot be read or breaks the format.
-
     """
 
     name = "virtual"
@@ -341,7 +339,6 @@ class VirtualGPUBackend(GPUBackend):
 
         Raises:
             ValueError: ``utilization`` outside [0, 1] or ``at_s`` too old.
-
         """
         _check_utilization(utilization)
         indices = range(self.num_devices) if index is None else [self._check_index(index)]
@@ -363,7 +360,6 @@ class VirtualGPUBackend(GPUBackend):
             index: Only reads of this device; None: any device.
             sensor: ``"samples"`` (power_samples_since), ``"energy"`` (energy_counter_J)
                 or ``"any"``.
-
         """
         with self._lock:
             self._faults.append([int(reads), kind, index, sensor])
@@ -381,7 +377,6 @@ class VirtualGPUBackend(GPUBackend):
 
         Raises:
             SensorError: An injected fault.
-
         """
         self._check_index(index)
         with self._lock:
@@ -411,7 +406,6 @@ class VirtualGPUBackend(GPUBackend):
 
         Raises:
             SensorError: An injected fault.
-
         """
         self._check_index(index)
         with self._lock:
@@ -460,8 +454,7 @@ class VirtualGPUBackend(GPUBackend):
             jitter = rng.uniform(-self._jitter_s, self._jitter_s, _BLOCK)
             noise = rng.normal(0.0, 1.0, _BLOCK)
             self._blocks[key] = (jitter, noise)
-        jitter, noise = self._blocks[key]
-        return jitter, noise, offset
+        return (*self._blocks[key], offset)
 
     def _sample_time(self, index: int, k: int) -> float:
         jitter, _, offset = self._block(index, k)
@@ -473,7 +466,7 @@ class VirtualGPUBackend(GPUBackend):
 
     def _maybe_fault(self, index: int, sensor: str) -> None:
         for fault in self._faults:
-            remaining, kind, fault_index, fault_sensor = fault
+            _, kind, fault_index, fault_sensor = fault
             if fault_index in (None, index) and fault_sensor in ("any", sensor):
                 fault[0] -= 1
                 if fault[0] <= 0:

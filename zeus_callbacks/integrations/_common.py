@@ -1,10 +1,6 @@
-"""What both framework adapters share: configuration, the session per run, and the policies they apply alike.
+"""What the adapters (Lightning, Hugging Face, ``measure()``) share: configuration, the session per run, policies.
 
-:class:`SessionAdapter` is the base of ``ZeusCallback`` (Lightning) and
-``ZeusTrainerCallback`` (Hugging Face): it turns the ``config`` argument into a
-:class:`~zeus_callbacks.config.ZeusConfig`, builds the session of each run, names the
-run, and applies the batch-size-mismatch policy (the trial is recorded at the batch size
-the framework really uses). The adapters themselves only translate hooks.
+The adapters themselves only translate hooks.
 """
 
 from __future__ import annotations
@@ -40,18 +36,7 @@ def resolve_config(config: ConfigArg) -> ZeusConfig:
 class SessionAdapter:
     """The framework-independent part of a callback: its configuration and the session of each run.
 
-    Args:
-        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None.
-        backend: An open GPU backend to use instead of the configured one (tests,
-            simulations); the caller closes it.
-
-    Raises:
-        ConfigError: The configuration is invalid (raised here, before training).
-
-    Attributes:
-        config: The resolved configuration.
-        session: The :class:`~zeus_callbacks.session.EnergySession` of the current run.
-        summary: The :class:`~zeus_callbacks.reporting.RunSummary` once training ended.
+    Arguments, errors and attributes: as the adapters document them (``ZeusCallback``, ...).
     """
 
     def __init__(self, config: ConfigArg = None, backend: GPUBackend | None = None) -> None:
@@ -85,13 +70,9 @@ class SessionAdapter:
         return self.config.logging.run_name or framework_name
 
     def _use_batch_size(self, suggested: int | None, used: int, what: str, advice: str) -> None:
-        """The framework trains at ``used``: if the bandit suggested another size, warn; record the trial at ``used``.
+        """The framework trains at ``used``: if the bandit ``suggested`` another size, warn; record the trial there.
 
-        Args:
-            suggested: The bandit's batch size (None: nothing suggested).
-            used: The batch size the framework really uses.
-            what: The framework's setting, for the warning (``"the train loader's batch size"``).
-            advice: Why it differs or what to do, appended to the warning.
+        ``what`` names the framework's setting in the warning, ``advice`` ends it (why it differs, what to do).
         """
         if suggested is not None and used != suggested:
             logger.warning("zeus-callbacks: %s is %d, not the suggested %d%s %d", what, used, suggested, advice, used)

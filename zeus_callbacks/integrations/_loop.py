@@ -345,12 +345,7 @@ def measure(
 ) -> Measurement:
     """Measure GPU energy of a block or a function, as a context manager or a decorator.
 
-    Args:
-        config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
-        backend: An open GPU backend to use instead of the configured one (tests); the caller closes it.
-        run_name: Name of the JSONL log; default ``logging.run_name``, else a timestamp.
-        is_main_process: Whether this process writes the log; default: ``RANK`` is 0.
-        device_index: The GPU this process trains on; default: the session's choice.
+    The arguments are :class:`Measurement`'s.
 
     Returns:
         A :class:`Measurement`: a context manager, a decorator, and the marks for steps,

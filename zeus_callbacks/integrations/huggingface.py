@@ -38,7 +38,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -72,9 +72,6 @@ _TOTAL_KEYS = (metric.TOTAL_ENERGY_J, metric.TOTAL_TIME_S)
 
 _TRAINING: contextvars.ContextVar[Trainer | None] = contextvars.ContextVar("zeus_callbacks_trainer", default=None)
 """The attached Trainer whose ``train()`` is running (callbacks it rebuilds from a checkpoint find it here)."""
-
-_GUARDED = "_zeus_callbacks_guarded_train"
-_GUARDED_EVALUATE = "_zeus_callbacks_guarded_evaluate"
 
 _HANDING: contextvars.ContextVar[bool] = contextvars.ContextVar("zeus_callbacks_handing", default=False)
 """True while zeus-callbacks hands a log of its own to the reporters (every instance's ``on_log`` leaves it alone)."""
@@ -305,7 +302,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
             job_steps_source="trainer",
         )
         # One entry, replaced at each save (never a growing list). Replaced here only once every instance
-        # has begun, so that none is given the others' fresh states before it read its own (issue 26).
+        # has begun, so that none is given the others' fresh states before it read its own.
         if state.stateful_callbacks is not None and all(p.session.started for p in self._peers()):
             state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -358,7 +355,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         ``control``: the Trainer's; its ``should_evaluate`` is set while the Trainer runs its own
         evaluation, which every process runs (its energy is then summed over them). The Trainer's
         ``eval_on_start`` evaluation (between ``on_train_begin`` and the first epoch) sets no flag but
-        runs on every process too (issue 26). Another (``trainer.evaluate()`` called by the user,
+        runs on every process too. Another (``trainer.evaluate()`` called by the user,
         perhaps on one process) stays this process's.
         """
         if not self._in_eval and self.session.started:
@@ -532,7 +529,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
 
         Through ``tqdm.write``, as the Trainer prints its own logs: the Trainer's progress bar is
         still open here (its callback ends after this one), and a plain ``print`` would land on the
-        bar's line and leave a second bar below it (issue 26). With no bar open it is a plain print.
+        bar's line and leave a second bar below it. With no bar open it is a plain print.
         """
         if self.summary is not None and self._is_main:
             tqdm.write(str(self.summary))
@@ -575,12 +572,7 @@ def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what
 
     Through the callbacks' ``on_log`` directly, as ``Trainer.log`` would call it, but outside
     ``log_history`` (which never holds energy); every ``ZeusTrainerCallback`` leaves it as it is.
-
-    Args:
-        trainer: The Trainer whose callbacks get the log.
-        step: The global step the reporters record it at.
-        logs: The metrics.
-        what: What ``logs`` holds, for the error message.
+    ``what`` names the metrics in the error message.
     """
     if not logs:
         return
@@ -595,14 +587,20 @@ def _hand_to_reporters(trainer: Trainer, step: int, logs: dict[str, float], what
         _HANDING.reset(token)
 
 
+def _wrap_once(trainer: Trainer, name: str, guarded: Callable[..., Any]) -> None:
+    """Make ``trainer.<name>(...)`` call ``guarded(original, ...)``; a Trainer's method is wrapped once."""
+    flag = f"_zeus_callbacks_guarded_{name}"
+    if getattr(trainer, flag, False):
+        return
+    original = getattr(trainer, name)
+    setattr(trainer, name, functools.wraps(original)(functools.partial(guarded, original)))
+    setattr(trainer, flag, True)
+
+
 def _guard_train(trainer: Trainer) -> None:
     """Wrap ``trainer.train`` once: a failure ends every ZeusTrainerCallback's run before it propagates."""
-    if getattr(trainer, _GUARDED, False):
-        return
-    original = trainer.train
 
-    @functools.wraps(original)
-    def train(*args: Any, **kwargs: Any) -> Any:
+    def train(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         token = _TRAINING.set(trainer)
         try:
             return original(*args, **kwargs)
@@ -622,8 +620,7 @@ def _guard_train(trainer: Trainer) -> None:
         finally:
             _TRAINING.reset(token)
 
-    trainer.train = train
-    setattr(trainer, _GUARDED, True)
+    _wrap_once(trainer, "train", train)
 
 
 def _guard_evaluate(trainer: Trainer) -> None:
@@ -633,16 +630,11 @@ def _guard_evaluate(trainer: Trainer) -> None:
     one batch measured 0.5 ms of its 308 ms there. Outside ``train()`` no run is open and
     nothing is measured.
     """
-    if getattr(trainer, _GUARDED_EVALUATE, False):
-        return
-    original = trainer.evaluate
 
-    @functools.wraps(original)
-    def evaluate(*args: Any, **kwargs: Any) -> Any:
+    def evaluate(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         for cb in trainer.callback_handler.callbacks:
             if isinstance(cb, ZeusTrainerCallback):
                 cb._eval_begin(trainer.control)
         return original(*args, **kwargs)
 
-    trainer.evaluate = evaluate
-    setattr(trainer, _GUARDED_EVALUATE, True)
+    _wrap_once(trainer, "evaluate", evaluate)
