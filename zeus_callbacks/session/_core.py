@@ -320,11 +320,6 @@ class EnergySession:
         """The epoch under way (None between epochs and outside a run)."""
         return self._open_epoch if self.started else None
 
-    @property
-    def last_epoch_sampling(self) -> tuple[int, int]:
-        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
-        return self._reports.epoch_sampled
-
     def _write(self, record: dict[str, Any]) -> None:
         self.run.log.write(record)
 

@@ -113,11 +113,6 @@ class StepReports:
         return self._ranks_totals
 
     @property
-    def epoch_sampled(self) -> tuple[int, int]:
-        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
-        return self._epoch_sampled
-
-    @property
     def last_epoch_metrics(self) -> dict[str, float]:
         """What the last attributed epoch queued (its phases too)."""
         return self._last_epoch_metrics
