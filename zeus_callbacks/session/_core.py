@@ -1,29 +1,13 @@
 """EnergySession: the framework-free controller every adapter talks to.
 
 Adapters (the Lightning and Hugging Face callbacks, the simulator) translate their
-hooks into the plain events below and act on the :class:`Decision` they get back.
-Everything hardware-facing sits underneath, in the started run's parts
-(:class:`~zeus_callbacks.session._run.StartedRun`): a backend, a background
-:class:`~zeus_callbacks.measurement._sampler.PowerSampler`, and a
-:class:`~zeus_callbacks.measurement._windows.WindowMeter` whose boundaries cost one
-clock read (or one CUDA event record) on the training thread.
-
-Event order::
+hooks into the plain events below and act on the :class:`Decision` they get back::
 
     train_start → (epoch_start → (step_start → step_end)* → [eval_start → eval_end → evaluate]
                    → epoch_end)* → train_end          (exception() at any point)
 
-The per-step calls (``step_start``, ``step_end``, the phase calls) are the bound methods of
-the session's :class:`~zeus_callbacks.session._scheduler.StepScheduler`; the session's own events
-delegate to the run, the reports (:class:`~zeus_callbacks.session._step_reports.StepReports`),
-the records (:mod:`~zeus_callbacks.session._log_records`), the rank exchanges
-(:mod:`~zeus_callbacks.session._aggregate`, :mod:`~zeus_callbacks.session._agreement`) and
-the cleanup registry (:mod:`~zeus_callbacks._lifecycle`).
-
-Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3;
-:class:`~zeus_callbacks.session._power_limit_steps.PowerLimitSteps`) acts at ``step_start``/``step_end``
-boundaries and the batch-size bandit (§4.2; :class:`~zeus_callbacks.session._batch_size_steps.BatchSizeSteps`)
-at ``train_start``/``evaluate``/``train_end``; both answer through :class:`Decision`.
+The power-limit profiler (Zeus, NSDI '23 §4.3; ``_power_limit_steps``) acts at step boundaries,
+the batch-size bandit (§4.2; ``_batch_size_steps``) at ``train_start``/``evaluate``/``train_end``.
 """
 
 from __future__ import annotations
@@ -61,7 +45,7 @@ from zeus_callbacks.session._run import (
     select_gpu_indices,
 )  # fmt: skip
 from zeus_callbacks.session._scheduler import Decision, StepScheduler
-from zeus_callbacks.session._state import Totals, carried_open_epoch, carried_totals, resume_state
+from zeus_callbacks.session._state import Totals, carried_totals, resume_state
 from zeus_callbacks.session._step_reports import StepReports
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
@@ -98,15 +82,6 @@ class EnergySession:
     Raises:
         ConfigError: ``config`` is invalid.
 
-    The session is composed of parts it owns, each with its own state: the step scheduler
-    (:class:`~zeus_callbacks.session._scheduler.StepScheduler`), the power-limit steps
-    (:class:`~zeus_callbacks.session._power_limit_steps.PowerLimitSteps`), the batch-size steps
-    (:class:`~zeus_callbacks.session._batch_size_steps.BatchSizeSteps`) and the reports
-    (:class:`~zeus_callbacks.session._step_reports.StepReports`). The per-step calls
-    (:meth:`~zeus_callbacks.session._scheduler.StepScheduler.step_start`, ``step_end``,
-    ``phase_begin``, ``phase_end``, ``phase_switch``, ``phase_discard``) are the scheduler's
-    bound methods, set on the session so that a step costs no extra call.
-
     Example:
         >>> session = EnergySession({"backend": "virtual"})
         >>> session.train_start()
@@ -115,7 +90,7 @@ class EnergySession:
         >>> summary = session.train_end()  # doctest: +SKIP
     """
 
-    # The step calls: the scheduler's bound methods (documented there), set in __init__.
+    # The step calls: the scheduler's bound methods (documented there), so a step costs no extra call.
     step_start: Callable[..., None]
     step_end: Callable[..., Decision]
     phase_begin: Callable[[str], None]
@@ -154,7 +129,6 @@ class EnergySession:
             self.config, is_main_process=self.is_main_process, run_store=self.run_store,
             pending_metrics=self._pending_metrics, on_chosen=self._batch.record_power_limit,
         )  # fmt: skip
-        # The hot path: the scheduler's own bound methods, so a step call reads its state directly.
         self.step_start, self.step_end = steps.step_start, steps.step_end
         self.phase_begin, self.phase_end = steps.phase_begin, steps.phase_end
         self.phase_switch, self.phase_discard = steps.phase_switch, steps.phase_discard
@@ -182,7 +156,8 @@ class EnergySession:
 
     def _so_far(self) -> tuple[float, float]:
         """The run's (energy in J, time in s) so far on this process."""
-        return self._run_energy_so_far_J(), self._run_time_so_far_s()
+        run = self.run
+        return run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)
 
     # ------------------------------------------------------------------ the parts' figures
     @property
@@ -444,7 +419,7 @@ class EnergySession:
         """Whether this process warns about the machine's GPUs: the main process, or another node's local rank 0.
 
         Under a launcher every rank opens a backend; the fallback's warning (no GPU: the virtual GPU; a
-        GPU that cannot be measured) is the same on each, so one process a machine says it (issue 26).
+        GPU that cannot be measured) is the same on each, so one process a machine says it.
         """
         return self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0
 
@@ -825,7 +800,8 @@ class EnergySession:
         return self._flagged(values, flag=False)
 
     def _local_totals(self) -> dict[str, float]:
-        return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
+        energy_J, time_s = self._so_far()
+        return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The short metrics shown on a progress bar: the run's energy so far (kJ, rounded to 1 J).
@@ -879,11 +855,5 @@ class EnergySession:
         covering only the steps after the checkpoint (``resumed_mid_epoch``, ``energy/epoch_partial``).
         """
         self._carried = carried_totals(state)
-        self._carried_open_epoch = carried_open_epoch(state)
+        self._carried_open_epoch = state.get("open_epoch")  # None: between epochs, or an older state
         self._power.carry(state)
-
-    def _run_energy_so_far_J(self) -> float:
-        return self.run.energy_so_far_J(self._carried.energy_J)
-
-    def _run_time_so_far_s(self) -> float:
-        return self.run.time_so_far_s(self._carried.time_s)

@@ -1,14 +1,10 @@
 """Named records that cross ranks: each field declares how it combines over the ranks.
 
 A report exchanges one row of numbers per rank (:class:`~zeus_callbacks.session._aggregate.RankAggregator`).
-The records here give those numbers names: a frozen dataclass per record, each field with its
-reduction beside it (``sum``, ``max``, ``min``, ``any``, ``slowest``: the value of the rank
-whose time is the record's, or ``main``: rank 0's), as torchmetrics declares a state's ``dist_reduce_fx``.
-:meth:`RankRecord.values` packs a record into the row, :meth:`RankRecord.of` unpacks it, and
-:meth:`RankRecord.reduce` combines the ranks' records field by field. The rows a report sends
+The records here name those numbers: a frozen dataclass per record, each field with its :data:`Reduction`
+beside it, as torchmetrics declares a state's ``dist_reduce_fx``. The rows a report sends
 (:class:`StepReportRow`, :class:`EpochRow`, :class:`SummaryRow`) are such records side by side,
-with this rank's per-GPU energies last; :meth:`~zeus_callbacks.session._aggregate.RankAggregator.exchange`
-packs, gathers and unpacks them.
+with this rank's per-GPU energies last.
 """
 
 from __future__ import annotations
@@ -202,14 +198,11 @@ class StepReportRow:
     @classmethod
     def of(cls, row: Sequence[float], *, so_far: bool) -> StepReportRow:
         """A rank's row unpacked; ``so_far``: it carries :class:`RunSoFar` and :class:`ShareVote` (several ranks)."""
-        at = StepColumns.width
-        steps, warmup = StepColumns.of(row), WarmupColumns.of(row[at:])
-        at += WarmupColumns.width
-        carried = RunSoFar.of(row[at:]) if so_far else None
-        at += RunSoFar.width if so_far else 0
-        share = ShareVote.of(row[at:]) if so_far else None
-        at += ShareVote.width if so_far else 0
-        return cls(steps, warmup, carried, share, tuple(row[at:]))
+        if so_far:
+            (steps, warmup, carried, share), spans = _split(row, StepColumns, WarmupColumns, RunSoFar, ShareVote)
+            return cls(steps, warmup, carried, share, spans)  # type: ignore[arg-type]
+        (steps, warmup), spans = _split(row, StepColumns, WarmupColumns)
+        return cls(steps, warmup, spans=spans)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -233,22 +226,9 @@ class NodeColumns(RankRecord):
 class LedgerColumns(RankRecord):
     """One rank's epoch ledger (:meth:`~zeus_callbacks.session._ledger.EpochLedger.row`).
 
+    The fields are :class:`~zeus_callbacks.session._ledger.EpochLedger`'s, with the energy (J), time (s)
+    and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``.
     Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
-
-    Attributes:
-        warmup_J: Energy of the warm-up step windows (J).
-        warmup_s: Their time (s).
-        warmup_windows: Their count.
-        steps_J: Energy of the other step windows wholly covered by samples (J).
-        steps_s: Their time (s).
-        step_windows: Their count.
-        eval_J: Energy of the evaluations that began inside the epoch (J).
-        eval_s: Their time (s).
-        evals: Their count.
-        stand_in_J: ``Σ (1/p − 1)·E`` over the step windows (J), ``p`` each one's chance of being
-            measured: the energy of the unmeasured steps they stand in for, in expectation.
-        stand_in_s: ``Σ (1/p − 1)·t`` (s), alike.
-        stand_in_steps: ``Σ (1/p − 1)``: how many unmeasured steps they stand in for, in expectation.
     """
 
     warmup_J: float = reduced("sum")

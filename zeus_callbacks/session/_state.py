@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -19,11 +19,8 @@ class Totals:
         epochs: Epochs executed (an epoch cut short counts).
         step_energy_J: ``Σ E/p`` over the measured steps after warm-up (J), ``p`` each one's chance
             of being measured (Horvitz-Thompson): the energy of the steps they stand for, in
-            expectation. Not the measured steps' plain sum: under ``windows.sample_fraction: auto``
-            the share measured follows the step time (all of the first steps, fewer later, more
-            where steps are slow), and a plain mean would weigh each stretch by that share
-            (issue 31; a mean per report, weighed by the steps it stood for, kept that bias too:
-            a report's steps end at a measured one).
+            expectation. Under ``windows.sample_fraction: auto`` the share measured follows the
+            step time, so a plain mean would weigh each stretch by that share.
         step_time_s: ``Σ t/p``, alike (s).
         estimated_steps: ``Σ 1/p``: the steps those sums stand for, in expectation;
             ``step_energy_J / estimated_steps`` is the run's mean step energy.
@@ -42,10 +39,7 @@ class Totals:
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
-        return Totals(
-            self.energy_J, self.time_s, self.steps, self.measured_steps, self.epochs,
-            self.step_energy_J, self.step_time_s, list(self.epoch_energy_J), self.estimated_steps,
-        )  # fmt: skip
+        return replace(self, epoch_energy_J=list(self.epoch_energy_J))
 
 
 def resume_state(
@@ -97,8 +91,3 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
         estimated_steps=float(state.get("estimated_steps", measured)),
     )
-
-
-def carried_open_epoch(state: Mapping[str, Any]) -> Any:
-    """The epoch a checkpoint was saved inside (after some of its steps), or None (between epochs; an older state)."""
-    return state.get("open_epoch")
