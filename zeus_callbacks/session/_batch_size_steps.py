@@ -1,13 +1,9 @@
 """The batch-size glue of the session: the bandit's start, its suggestion, early stopping and the trial.
 
-:class:`BatchSizeSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
-that talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
-recurrence's trial (under several processes, sharing the main rank's early-stop rule),
-suggests the batch size, hands the :class:`~zeus_callbacks.session._scheduler.StepScheduler`
-its per-step stop decision, decides early stopping (with the other ranks, when there are
-several) and records the trial at the end. Only the main process talks to the store. It is an
-object the session owns: the run and the rank exchanges come in at :meth:`BatchSizeSteps.start`,
-the run's energy and time so far through the functions it is built with.
+:class:`BatchSizeSteps` talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
+recurrence's trial (under several processes, sharing the main rank's early-stop rule), suggests the
+batch size, hands the step scheduler its per-step stop decision, decides early stopping (with the
+other ranks, when there are several) and records the trial at the end.
 """
 
 from __future__ import annotations
@@ -64,7 +60,6 @@ class BatchSizeSteps:
         self._run: StartedRun | None = None  # the started run (its log)
         self._running = False  # between start and the trial's record at the end
         self._ranks: RankAggregator
-        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
         self.batch_size_controller = (
             BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
         )

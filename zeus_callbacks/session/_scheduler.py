@@ -1,17 +1,10 @@
 """The step path: which steps are measured, their window marks, and what that costs the training thread.
 
-:class:`StepScheduler` holds everything the per-step calls touch (``step_start``,
-``step_end``, the phase calls) and nothing else: the sampling of measured steps
-(``windows.sample_fraction``), the quiet steps counted ahead, the phase windows that tile
-a measured step, and the step counters. :class:`~zeus_callbacks.session.EnergySession`
-owns one and hands out its bound methods as its own step calls, so a step reads its state
-from the object it is called on: no attribute chain, no extra call on the hot path
-(``benchmarks/hook_cost.py``). The rest of the session plugs in through the hooks the
-scheduler holds (the power-limit profiler's step boundaries, the per-step stop decision,
-the report).
-
-:class:`OverheadGovernor` times what the session costs over an interval of steps for
-auto sampling (:class:`~zeus_callbacks.measurement._overhead.WindowSampling`).
+:class:`StepScheduler` holds everything the per-step calls touch and nothing else. The session hands
+out its bound methods as its own step calls, so a step reads its state from the object it is called
+on: no attribute chain, no extra call on the hot path (``benchmarks/hook_cost.py``). The rest of the
+session plugs in through the hooks it holds (the power-limit profiler's step boundaries, the per-step
+stop decision, the report). :class:`OverheadGovernor` times what the session costs for auto sampling.
 """
 
 from __future__ import annotations
@@ -54,9 +47,6 @@ CONTINUE = Decision()
 @dataclass
 class OverheadGovernor:
     """Times one interval of steps for auto sampling; the interval's step count is the scheduler's.
-
-    Counted: measured steps, the time the steps ran (pauses excluded), the hooks' and
-    the reports' time, and the time and number of the timed unmeasured steps' calls.
 
     Attributes:
         t0: ``perf_counter`` when the running stretch began; None while paused.
@@ -256,7 +246,8 @@ class StepScheduler:
         self._draw_next_skip()
         self._quiet_left = 0
         self._measuring = self._dataloader_open = False
-        self._new_timing_interval(time.perf_counter())
+        self._interval_steps = 0
+        self._governor.restart(time.perf_counter())
         self._phase_open = None
         self.active = True
 
@@ -467,18 +458,6 @@ class StepScheduler:
             return
         self._open_step_at(self._mark() if token is None else token)
 
-    def _close_open_step(self) -> bool:
-        """Drop the next step's window opened ahead (an evaluation, the epoch's or the run's end comes first).
-
-        Returns:
-            Whether one was open (its step or ``dataloader`` window).
-        """
-        dropped = self._meter.discard("step")
-        if self._phase_windows:
-            dropped = self._meter.discard("dataloader") or dropped
-            self._dataloader_open = False
-        return dropped
-
     def _maybe_reanchor(self) -> None:
         # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
         # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
@@ -572,19 +551,17 @@ class StepScheduler:
         exchange between ranks, a checkpoint) is no step's (an outside tester: 202 ms against 26 ms).
         """
         self.pause_timing()
-        if not self._measuring:  # the window would otherwise hold the whole evaluation
-            self._close_open_step()
+        if not self._measuring:  # the window opened ahead would otherwise hold the whole evaluation
+            self._meter.discard("step")
+            if self._phase_windows:
+                self._meter.discard("dataloader")
+                self._dataloader_open = False
 
     def _observe_timing(self) -> None:
         """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
         self.take_back_quiet_steps()
         self._governor.observe(self._sampling, self._interval_steps)
         self._interval_steps = 0
-
-    def _new_timing_interval(self, t0: float | None) -> None:
-        """Start timing an interval for auto sampling; ``t0`` is None while paused."""
-        self._interval_steps = 0
-        self._governor.restart(t0)
 
     def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
