@@ -339,13 +339,6 @@ ONLY_WARMUP_STEPS = "no step besides warm-up steps (in the warmup record, not in
 """``incomplete_reason`` of a ``steps`` record that stands for warm-up steps only."""
 
 
-def _null_means_reason(values: Mapping[str, float], steps_taken: int) -> str | None:
-    """Why a ``steps`` record's means are null (no step measured), or None when it has them."""
-    if values:
-        return None
-    return NO_STEP_MEASURED if steps_taken else ONLY_WARMUP_STEPS
-
-
 def steps_record(
     values: Mapping[str, float],
     batches: Sequence[WindowBatch],
@@ -367,13 +360,14 @@ def steps_record(
     measured (no step's energy is scaled to steps it does not stand for).
     ``dropped_windows`` impossible windows (ending before they began) are in no mean; the
     record is then not ``complete`` and ``incomplete_reason`` says why.
-    ``node``: the node figures of the spans between CPU/DRAM readings the record holds
-    (:class:`~zeus_callbacks.session._node_spans.SpanFigures` fields); None: no node option is on.
-    ``partial_reason``: why the means are null though some rank measured steps (:func:`partial_ranks_reason`).
-    Means null for another cause (no step measured, or warm-up steps only) carry their reason too.
+    ``node``: the :class:`~zeus_callbacks.session._node_spans.SpanFigures` fields of the spans the record
+    holds; None: no node option is on. ``partial_reason``: why the means are null though some rank
+    measured steps (:func:`partial_ranks_reason`).
     """
     node = node or {"node_energy_note": NODE_OFF}
-    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None) or _null_means_reason(values, steps_taken)
+    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None)
+    if reason is None and not values:  # no step measured
+        reason = NO_STEP_MEASURED if steps_taken else ONLY_WARMUP_STEPS
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
@@ -592,12 +586,9 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
                       step_time_s: float, estimated_steps: float, node: NodeColumns) -> SummaryRow:  # fmt: skip
-    """This rank's summary: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
+    """This rank's summary row; the step means are the estimates over ``estimated_steps`` steps (NaN: none).
 
-    The node figures are :attr:`LocalNode.columns`.
-
-    The step means are the estimates over ``estimated_steps`` steps
-    (:class:`~zeus_callbacks.session._state.Totals`), NaN when no step was estimated.
+    ``step_energy_J``, ``step_time_s`` and ``estimated_steps`` are the :class:`~zeus_callbacks.session._state.Totals`'.
     """
     figures = SummaryColumns(
         energy_J=run.energy_J if run else 0.0,

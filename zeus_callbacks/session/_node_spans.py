@@ -1,24 +1,18 @@
 """Node figures per step report: CPU/DRAM counters read at each report, the GPUs' energy between the same marks.
 
-At the run's start, at each step report and at the run's end the session marks one boundary
-(:meth:`NodeSpans.boundary`). It reads the CPU/DRAM counters (a few sysfs reads, once per report, never per
-step) and takes one mark. The span window (:data:`SPAN_WINDOW`) opened at the previous boundary closes at
-that mark, and the next opens there. So the spans tile the run. Once the power samples cover a span, its
-window is attributed like any other (:meth:`NodeSpans.absorb`). That gives the GPUs' energy between the two
-marks, and the CPU/DRAM energy between the two readings.
+At the run's start, at each step report and at the run's end the session reads the CPU/DRAM counters
+(a few sysfs reads, once per report, never per step) and takes one mark (:meth:`NodeSpans.boundary`):
+the span window (:data:`SPAN_WINDOW`) open since the previous boundary closes there and the next opens,
+so the spans tile the run. An attributed span gives the GPUs' energy between the two marks and the
+CPU/DRAM energy between the two readings.
 
-A ``steps`` record holds the spans attributed since the previous record (:meth:`NodeSpans.local_row`,
-:meth:`NodeSpans.combine`): the samples lag the report, so these usually end at the previous report, not at
-this record's last step. Their time and steps are in the record (``node_time_s``, ``node_steps``). A span
-holds everything between two reports (evaluations, an epoch's turn included), so its figures are those of
-that time, not of the record's steps.
+A ``steps`` record holds the spans attributed since the previous record: the samples lag the report, so
+these usually end at the previous report, and their time and steps are the record's ``node_time_s`` and
+``node_steps``. A span holds everything between two reports (evaluations, an epoch's turn included).
 
-Several processes: reports come at the same steps on every rank, so spans are numbered alike. Each rank
-sends up to :data:`MAX_SPANS` attributed spans, one block each; the record takes the spans every rank had
-(the least count), so every rank combines the same spans. Each node's counters are read by its local rank 0
-(:func:`~zeus_callbacks.session._node.open_node_reader`): the figures sum those readers, as the epoch's do.
-
-Figures are right or null with the reason in ``node_energy_note``, never 0 for unknown.
+Several processes: reports come at the same steps on every rank, so spans are numbered alike; each rank
+sends up to :data:`MAX_SPANS` attributed spans and the record takes the spans every rank had (the least
+count), so every rank combines the same spans.
 """
 
 from __future__ import annotations

@@ -320,13 +320,12 @@ class StepReports:
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool,
         partial: str | None = None,
     ) -> None:  # fmt: skip
-        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+        """Write the ``steps`` record (:func:`~zeus_callbacks.session._log_records.steps_record`).
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
-        ``partial``: why the means are null although some rank measured steps (not every rank did).
         """
         lo = self._steps_logged_upto
         if final:
