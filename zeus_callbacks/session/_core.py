@@ -53,10 +53,6 @@ __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
 logger = logging.getLogger(__name__)
 
 
-def _is_main_process() -> bool:
-    return launcher_env_int("RANK", 0) == 0
-
-
 class EnergySession:
     """Measure GPU energy of a training run and report it as metrics.
 
@@ -109,7 +105,7 @@ class EnergySession:
         window_observer: Callable[[WindowBatch], None] | None = None,
     ) -> None:
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
-        self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        self.is_main_process = launcher_env_int("RANK", 0) == 0 if is_main_process is None else is_main_process
         # The store, opened once per run: shared by the bandit and the profile cache, closed at train end.
         self.run_store = run_store(self.config)
         self._pending_metrics: dict[str, float] = {}  # queued for the loggers (the parts add to it)
@@ -411,17 +407,11 @@ class EnergySession:
                 self.config.backend,
                 # Under several processes each has its own virtual GPUs: their made-up ids name the rank.
                 virtual=lambda: {**virtual_backend_kwargs(virtual), "process_rank": process_rank()},
-                announce=self._speaks_for_machine(),
+                # Every rank opens a backend, and the fallback's warning (the virtual GPU, a GPU that cannot
+                # be measured) is the same on each: one process a machine says it.
+                announce=self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0,
             )
         return self.backend
-
-    def _speaks_for_machine(self) -> bool:
-        """Whether this process warns about the machine's GPUs: the main process, or another node's local rank 0.
-
-        Under a launcher every rank opens a backend; the fallback's warning (no GPU: the virtual GPU; a
-        GPU that cannot be measured) is the same on each, so one process a machine says it.
-        """
-        return self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0
 
     def epoch_start(self, epoch: int) -> None:
         """Open the epoch window (and re-anchor CUDA event timing once).

@@ -128,13 +128,7 @@ class StepColumns(RankRecord):
 
 @dataclass(frozen=True)
 class WarmupColumns(RankRecord):
-    """One rank's warm-up steps of one report (``windows.warmup_steps``).
-
-    Attributes:
-        energy_J: Their energy (J).
-        time_s: Their time (s).
-        steps: How many.
-    """
+    """One rank's warm-up steps of one report (``windows.warmup_steps``): their energy (J), time (s), count."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -145,12 +139,7 @@ class WarmupColumns(RankRecord):
 
 @dataclass(frozen=True)
 class RunSoFar(RankRecord):
-    """One rank's run so far, sent with each report under several processes (every rank shows the run's).
-
-    Attributes:
-        energy_J: This rank's energy since the run began (J).
-        time_s: Its time since the run began (s).
-    """
+    """One rank's energy (J) and time (s) since the run began, sent with each report under several processes."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -158,13 +147,10 @@ class RunSoFar(RankRecord):
 
 @dataclass(frozen=True)
 class ShareVote(RankRecord):
-    """The share of steps a rank's overhead budget allows (``windows.sample_fraction: auto``), sent with each report.
+    """The share of steps (in [0.001, 1]) a rank's overhead budget allows (``windows.sample_fraction: auto``).
 
     Every rank measures the least share from the report on: the ranks draw the same steps (one seed)
     only while they draw them at the same share.
-
-    Attributes:
-        fraction: The share this rank's budget allows, in [0.001, 1].
     """
 
     fraction: float = reduced("min")
@@ -264,13 +250,7 @@ class EvalColumns(RankRecord):
 
 @dataclass(frozen=True)
 class EpochColumns(RankRecord):
-    """One rank's epoch window.
-
-    Attributes:
-        energy_J: Its energy from the power samples (J).
-        time_s: Its time (s).
-        counter_J: Its energy from the energy counters (J; NaN when a GPU has none).
-    """
+    """One rank's epoch window: its energy from the power samples (J), time (s), counter energy (J; NaN: none)."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -384,22 +364,14 @@ class StopVote(RankRecord):
 
 @dataclass(frozen=True)
 class Ready(RankRecord):
-    """Whether a rank can take part (e.g. it has a power-limit controller): every rank must, or none does.
-
-    Attributes:
-        ready: 1 when it can.
-    """
+    """1 when a rank can take part (e.g. it has a power-limit controller): every rank must, or none does."""
 
     ready: float = reduced("min")
 
 
 @dataclass(frozen=True)
 class MaxPower(RankRecord):
-    """A rank's GPUs' maximum power (W): the cost's ``MaxPower`` is their sum over the ranks.
-
-    Attributes:
-        max_power_W: The sum of this rank's GPUs' maximum limits (W).
-    """
+    """The sum of a rank's GPUs' maximum limits (W): the cost's ``MaxPower`` is their sum over the ranks."""
 
     max_power_W: float = reduced("sum")
 
