@@ -47,12 +47,10 @@ COUNTER_ON_ANOTHER_RANK = "unknown on another rank's GPUs (its counter gave no f
 
 
 def counter_note(counter_J: float, local_note: str | None) -> str | None:
-    """Why a record's ``counter_energy_J`` (summed over the ranks) is null; None when it is known.
+    """Why a record's ``counter_energy_J`` (``counter_J``, summed over the ranks; NaN: a rank had none) is null.
 
-    Args:
-        counter_J: The counter energy over every rank (J; NaN when a rank had none).
-        local_note: Why this process's counters gave no figure
-            (:meth:`~zeus_callbacks.session._run.StartedRun.counter_energy`), or None.
+    ``local_note``: why this process's counters gave no figure
+    (:meth:`~zeus_callbacks.session._run.StartedRun.counter_energy`), or None.
     """
     if math.isfinite(counter_J):
         return None
@@ -436,10 +434,7 @@ def warmup_record(
 def local_epoch_row(
     record: WindowRecord, counter_J: float | None, ledger: LedgerColumns, node: NodeColumns
 ) -> EpochRow:
-    """This rank's epoch: energy (J), time (s), counter energy (J, NaN if none), ledger, node, per GPU (J).
-
-    The ledger is ``EpochLedger.row``'s, the node figures :attr:`LocalNode.columns`.
-    """
+    """This rank's epoch row: its window's figures, ``EpochLedger.row``'s ledger, ``LocalNode.columns``."""
     counter = math.nan if counter_J is None else counter_J
     epoch = EpochColumns(record.energy_J, record.time_s, counter)
     return EpochRow(epoch, ledger, node, tuple(record.gpu_energy_J))
@@ -646,20 +641,13 @@ def run_summary(
 
     ``chosen_power_limit``: the profiler's (or the cache's) choice as (W, the step it is in force
     from, whether it was applied: False in observe mode), or None when no limit was chosen.
-    ``coverage`` is the least over the ranks of the share of the run's time their samples
-    cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
-    ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
-    (:mod:`~zeus_callbacks._footprint`) are made with their factors from the node's energy where it is known,
-    else from the GPUs' (the estimates' ``energy_basis`` says which).
-    ``node``: with ``node.rapl`` or ``node.virtual_cpu``, this process's part of the node figures
-    (:func:`~zeus_callbacks.session._node.node_figures`; the numbers are the rows' node columns);
-    None: no node figures.
-    ``time_note``: why power-limit results do not show the time a limit costs (the virtual GPU on the
-    real clock), or None. ``counter_note_local``: why this process's counters gave no figure for the
-    run (:func:`counter_note`), or None.
+    ``carbon`` / ``cost``: the configuration's sections; the CO2 and cost estimates are made from the
+    node's energy where it is known, else from the GPUs' (their ``energy_basis`` says which).
+    ``node``: this process's part of the node figures (:func:`~zeus_callbacks.session._node.node_figures`);
+    None: no node option is on. ``time_note``: why power-limit results do not show the time a limit
+    costs (the virtual GPU on the real clock), or None.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
-    # Energy sums over GPUs (ranks); time is the slowest rank's.
     runs = [row.run for row in rows]
     combined = SummaryColumns.reduce(runs) if runs else SummaryColumns()
     energy_J = carried_energy_J + combined.energy_J
@@ -676,7 +664,6 @@ def run_summary(
         if node is not None
         else {}
     )
-    # CO2 and cost of the whole node where it was measured; else of the GPUs, and the estimate says which.
     node_J = node_fields.get("node_energy_J")
     basis, basis_J = ("node", node_J) if node_J is not None and math.isfinite(node_J) else ("gpu", energy_J)
     return RunSummary(

@@ -117,10 +117,6 @@ class StepScheduler:
         power_step_end: ``(step, num_samples)``: its step end (after the end mark); None: none.
         step_decision: ``()`` → :class:`Decision`: the per-step stop decision, when something may
             stop the run; None: nothing can.
-
-    A step needs nothing from the session when it is unmeasured, untimed, before the next
-    report and timing interval, and no hook is set: such steps are counted ahead in one go
-    (:meth:`_plan_quiet_steps`) and their calls read one attribute.
     """
 
     def __init__(self, report: ReportHook) -> None:
@@ -143,7 +139,7 @@ class StepScheduler:
         # share is high are the slow ones: estimates weigh each measured step by 1 / this (Horvitz-Thompson).
         self._draw_probability = 1.0
         self._mark: Any = None  # the meter's mark(): one boundary
-        # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
+        # The run's meter, timer and clock: assigned by begin(), read only once a run has started.
         self._meter: WindowMeter
         self._timer: BoundaryTimer
         self._clock: Clock
@@ -231,8 +227,7 @@ class StepScheduler:
     ) -> None:  # fmt: skip
         """Start the step path of a run; ``totals`` (the session's, the carried steps in it) counts its steps.
 
-        The first ``warmup_steps`` steps are measured whatever the sampling draws, and
-        reported apart from the others (their ends carry ``warmup``).
+        The first ``warmup_steps`` steps are measured whatever the sampling draws (their ends carry ``warmup``).
         """
         self._totals = totals
         self._meter, self._timer, self._clock = meter, timer, clock
