@@ -124,14 +124,9 @@ class BatchSizeSteps:
         the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
         rule, or the error that kept it from starting, so that no rank waits alone.
 
-        Args:
-            run: The started run.
-            ranks: The run's rank exchanges.
-            power_limit_W: The limit in force (W; None where unreadable).
-
         Returns:
-            The error that kept the bandit from starting (e.g. a corrupt store): the session
-            ends the run cleanly, then raises it. None when it started.
+            The error that kept the bandit from starting (e.g. a corrupt store), which the session
+            raises once it has ended the run cleanly; None when it started.
         """
         self._run, self._ranks = run, ranks
         self._running = True

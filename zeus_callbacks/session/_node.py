@@ -26,9 +26,6 @@ from zeus_callbacks.session._rank_records import NodeColumns
 
 logger = logging.getLogger(__name__)
 
-NODE_COLUMNS = NodeColumns.width
-"""How many numbers a process's node figures take in a record's row (:class:`NodeColumns`)."""
-
 OTHER_LOCAL_RANK = "this node's CPU/DRAM counters are read by its local rank 0 (each node counted once)"
 """Why a process whose ``LOCAL_RANK`` is not 0 has no RAPL reader under several processes."""
 

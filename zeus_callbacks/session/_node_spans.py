@@ -26,7 +26,7 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.rapl import NodeReader
 from zeus_callbacks.measurement._windows import WindowMeter, WindowRecord
 from zeus_callbacks.session._aggregate import Rows
-from zeus_callbacks.session._node import NODE_COLUMNS, LocalNode, local_node, node_figures
+from zeus_callbacks.session._node import LocalNode, local_node, node_figures
 from zeus_callbacks.session._rank_records import NodeColumns
 
 SPAN_WINDOW = "node_span"
@@ -59,10 +59,10 @@ class SpanColumns:
     @classmethod
     def of(cls, block: Sequence[float]) -> SpanColumns:
         """A span's block unpacked."""
-        return cls(block[0], NodeColumns.of(block[1:]), block[1 + NODE_COLUMNS], block[2 + NODE_COLUMNS])
+        return cls(block[0], NodeColumns.of(block[1:]), block[1 + NodeColumns.width], block[2 + NodeColumns.width])
 
 
-_BLOCK = 1 + NODE_COLUMNS + 2  # a SpanColumns block
+_BLOCK = 1 + NodeColumns.width + 2  # a SpanColumns block
 SPAN_COLUMNS = 1 + MAX_SPANS * _BLOCK
 """A rank's span columns in a report's row: how many spans it sends, then one block per span."""
 
@@ -203,11 +203,6 @@ class NodeSpans:
                 value = figures.fields[f"{part}_energy_J"]
                 interval.known[part] = interval.known[part] and value is not None
                 interval.sums_J[part] += value or 0.0
-        return self.metrics()
-
-    def metrics(self) -> dict[str, float]:
-        """The interval's per-step node metrics (J per step), where every span knows them."""
-        interval = self._interval
         if not interval.steps:
             return {}
         return {_METRICS[p]: interval.sums_J[p] / interval.steps for p in interval.sums_J if interval.known[p]}

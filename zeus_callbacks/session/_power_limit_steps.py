@@ -154,15 +154,8 @@ class PowerLimitSteps:
     ) -> StepHooks:
         """Start the controller (after :meth:`open`); under several processes, every rank or none profiles.
 
-        Args:
-            ranks: The run's rank exchanges.
-            totals: The run's totals (their step count dates the records).
-            job_steps: The job's expected training steps from the framework, used when
-                ``power_limit.job_steps`` is unset (None: unknown).
-            job_steps_source: Who gave ``job_steps`` (``trainer``: an integration), for the records.
-
-        Returns:
-            The scheduler's (step start, step end) hooks.
+        ``totals``' step count dates the records; ``job_steps`` (None: unknown; ``job_steps_source`` gave it)
+        is the job length unless ``power_limit.job_steps`` is set. Returns the scheduler's step hooks.
         """
         self._ranks, self._totals = ranks, totals
         cfg = self._config

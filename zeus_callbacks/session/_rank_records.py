@@ -160,13 +160,8 @@ class ShareVote(RankRecord):
 class StepReportRow:
     """What one rank sends at a step report: its steps, its warm-up steps, its run so far, its node spans.
 
-    Attributes:
-        steps: The measured steps attributed since the last report.
-        warmup: The warm-up steps attributed since then.
-        so_far: The run so far (None with one process: nothing to agree on).
-        share: The share of steps this rank's budget allows (None with one process).
-        spans: The node spans' columns (:meth:`~zeus_callbacks.session._node_spans.NodeSpans.local_row`;
-            empty without ``node.rapl`` / ``node.virtual_cpu``).
+    ``so_far`` and ``share`` are None with one process (nothing to agree on); ``spans`` is empty without a
+    node option (:meth:`~zeus_callbacks.session._node_spans.NodeSpans.local_row`).
     """
 
     steps: StepColumns
@@ -259,14 +254,7 @@ class EpochColumns(RankRecord):
 
 @dataclass(frozen=True)
 class EpochRow:
-    """What one rank sends at an epoch's end: the epoch, its ledger, its node figures, then each GPU's energy.
-
-    Attributes:
-        epoch: The epoch window's figures.
-        ledger: What the epoch's windows hold.
-        node: This process's CPU/DRAM energy of the epoch.
-        gpu_energy_J: Each of this rank's GPUs' energy (J).
-    """
+    """What one rank sends at an epoch's end: the epoch, its ledger, its node figures, then each GPU's energy (J)."""
 
     epoch: EpochColumns
     ledger: LedgerColumns
@@ -307,13 +295,7 @@ class SummaryColumns(RankRecord):
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """What one rank sends at the run's end: its run figures, its node figures, then each GPU's energy.
-
-    Attributes:
-        run: The run window and step means.
-        node: This process's CPU/DRAM energy of the run.
-        gpu_energy_J: Each of this rank's GPUs' energy (J).
-    """
+    """What one rank sends at the run's end: its run window and step means, its node figures, each GPU's energy (J)."""
 
     run: SummaryColumns
     node: NodeColumns
