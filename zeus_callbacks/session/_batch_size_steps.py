@@ -160,21 +160,7 @@ class BatchSizeSteps:
         return failure
 
     def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
-        """The batch size the bandit picks for this recurrence (call before data loaders are built).
-
-        Made once per session (the recurrence's trial is recorded in the store); later
-        calls return the same value. ``suggested``: what
-        :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size` returned for this
-        run, whose trial is claimed instead.
-
-        Returns:
-            The batch size, or None when ``batch_size.enabled`` is false. A process other
-            than the main one never touches the store: it returns the main process's
-            suggestion that ``suggested`` received under a launcher, or None if there was none.
-
-        Raises:
-            StoreError: The store cannot be opened (corrupt, newer schema).
-        """
+        """The batch size for this recurrence (:meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`)."""
         if self.batch_size_controller is not None:
             return self.batch_size_controller.suggest(suggested)
         made = (

@@ -225,10 +225,16 @@ class EnergySession:
         return self._batch.stop_rule
 
     def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
-        """The batch size the bandit picks for this recurrence (see :meth:`BatchSizeSteps.suggest_batch_size`).
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
 
-        ``suggested``: what :func:`~zeus_callbacks.suggest_batch_size` returned for this run
-        (its trial is claimed, not a new one made).
+        Made once per session (the recurrence's trial is recorded in the store); later calls return
+        the same value. ``suggested``: what :func:`~zeus_callbacks.suggest_batch_size` returned for
+        this run (its trial is claimed, not a new one made).
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false. A process other than the
+            main one never touches the store: it returns the main process's suggestion that
+            ``suggested`` received under a launcher, or None if there was none.
 
         Raises:
             StoreError: The store cannot be opened (corrupt, newer schema).

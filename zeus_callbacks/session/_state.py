@@ -45,18 +45,10 @@ class Totals:
 def resume_state(
     totals: Totals, *, energy_J: float, time_s: float, run_name: str | None, open_epoch: Any = None
 ) -> dict[str, Any]:
-    """The checkpoint state: ``totals`` with the run's energy and time so far.
+    """The checkpoint state, in plain numbers, lists and strings: ``totals`` with the run's energy (J) and time (s).
 
-    Args:
-        totals: The counts to carry.
-        energy_J: The run's energy so far (J).
-        time_s: The run's time so far (s).
-        run_name: The run's name (informative; a resumed run has a new log).
-        open_epoch: The epoch under way with steps taken in it (None: between epochs): a run
-            resumed inside it did not see it from its start, and its ``epoch`` record says so.
-
-    Returns:
-        Plain numbers, lists and strings (any checkpoint format stores them).
+    ``run_name`` is informative (a resumed run has a new log). ``open_epoch``: the epoch under way with
+    steps taken in it (None: between epochs); a run resumed inside it says so in its ``epoch`` record.
     """
     return {
         "energy_J": energy_J,

@@ -410,13 +410,7 @@ class StepReports:
     def summary(
         self, status: str, *, chosen_power_limit: tuple[float, int, bool] | None, time_note: str | None
     ) -> RunSummary:
-        """The run summary from the run window and the totals, gathered over the ranks.
-
-        Args:
-            status: The run's (``completed``, ``failed``, ``interrupted``, ``early_stopped``).
-            chosen_power_limit: (W, from step, applied) of the power-limit profiler's choice, or None.
-            time_note: Why the power-limit results do not show time (the virtual GPU), or None.
-        """
+        """The run summary from the run window and the totals, gathered over the ranks (see ``run_summary``)."""
         run = self._run
         record = self._run_record
         t = self._totals
