@@ -233,15 +233,8 @@ class PowerLimitSteps:
             world_size=launcher_world_size(),
             is_main_process=self._is_main_process,
             run_name=run.run_name or "run",
-            cache=self._profile_cache(),
+            cache=StoreProfileCache(self._run_store) if cfg.power_limit.cache_in == "store" else None,  # else JSON
         )
-
-    def _profile_cache(self) -> pl.ProfileCache | None:
-        """The store as the profile cache (``power_limit.cache_in: store``), else None (the JSON file)."""
-        cfg = self._config
-        if cfg.power_limit.cache_in != "store":
-            return None
-        return StoreProfileCache(self._run_store)
 
     def stop(self) -> None:
         """At the end: record an unfinished profile, restore the limits, read the limit in force."""

@@ -24,7 +24,7 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import _log_records as records
 from zeus_callbacks.session._aggregate import RankAggregator
 from zeus_callbacks.session._ledger import EpochLedger
-from zeus_callbacks.session._node import LocalNode, local_node
+from zeus_callbacks.session._node import local_node
 from zeus_callbacks.session._node_spans import SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
 from zeus_callbacks.session._rank_records import (
     EpochRow,
@@ -416,9 +416,8 @@ class StepReports:
         t = self._totals
         counter_J, counter_why = (run.counter_energy(record.start_s, record.end_s) if record
                                   else (None, "the run's window was not measured"))  # fmt: skip
-        node_cfg = self._config.node
-        # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
-        node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
+        reader = run.node  # None with both node options off: run_end's note says so, as each epoch record's does
+        node = local_node(reader, reader.read() if reader is not None else None, run.node_note)
         rows = self._ranks.exchange(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
                                       node.columns),
@@ -463,8 +462,3 @@ class StepReports:
             counter_note_local=counter_why,
             measured_steps=t.measured_steps,
         )
-
-    def _node_local(self) -> LocalNode:
-        """This process's CPU/DRAM energy since the run's start (read now), or why there is none."""
-        reader = self._run.node
-        return local_node(reader, reader.read() if reader is not None else None, self._run.node_note)
