@@ -609,13 +609,11 @@ class EnergySession:
         run.meter.discard("step")
         self._open_epoch = None
         self._reports.epoch_ended(counts)
-        for name in ("eval", "epoch"):
-            if run.meter.is_open(name):
-                if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
-                    self._totals.epochs += 1
-                    run.meter.end(name, end_step=self._totals.steps, **self._node_end())
-                else:
-                    run.meter.end(name)
+        if run.meter.is_open("eval"):
+            run.meter.end("eval")
+        if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
+            self._totals.epochs += 1
+            run.meter.end("epoch", end_step=self._totals.steps, **self._node_end())
         self._reports.node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:

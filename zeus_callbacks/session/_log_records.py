@@ -299,7 +299,7 @@ def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
     time is the slowest rank's.
     """
     # Each step weighed by 1 / its chance of being measured (StepColumns.weight): auto sampling measures a
-    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step (issue 31).
+    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step.
     step_J = sum(r.weighted_J / r.weight for r in rows)
     samples_per_step = sum(r.samples / r.steps for r in rows)
     tokens_per_step = sum(r.tokens / r.steps for r in rows)

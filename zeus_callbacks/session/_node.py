@@ -137,13 +137,9 @@ def node_figures(
     """The CPU, DRAM and node energy (J) of a record and their note, combined over the ranks.
 
     Sums over the processes that read a node's counters (each node's CPU once); a figure unknown on
-    any of them is unknown. ``node_energy_J`` = ``gpu_energy_J`` + CPU (+ DRAM where a DRAM domain exists).
-
-    Args:
-        gpu_energy_J: The record's GPU energy over every rank (J; NaN when unknown).
-        rows: Each rank's node figures (one on one process).
-        local: This process's part (its words go into the note).
-        carried_energy_J: GPU energy carried from a checkpoint (J; a run's): its CPU energy was not read.
+    any of them is unknown. ``node_energy_J`` = ``gpu_energy_J`` (over every rank; NaN: unknown) + CPU
+    (+ DRAM where a DRAM domain exists). ``local``: this process's part (its words go into the note).
+    ``carried_energy_J``: a run's GPU energy from a checkpoint (J), whose CPU energy was not read.
 
     Returns:
         ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` (J or None) and ``node_energy_note``.

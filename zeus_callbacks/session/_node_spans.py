@@ -123,13 +123,10 @@ class NodeSpans:
         self._interval = _Interval()
 
     def boundary(self, meter: WindowMeter, reader: NodeReader | None, steps: int, *, last: bool = False) -> None:
-        """Read the counters and mark one boundary: close the open span, open the next (none if ``last``).
+        """Read the counters and mark one boundary: close the open span, open the next (none if ``last``: the run ends).
 
-        Args:
-            meter: The run's window meter.
-            reader: The CPU/DRAM reader of this process (None: it reads none; its GPUs still count).
-            steps: Steps taken so far in the run.
-            last: The run's end: no span opens.
+        ``reader``: this process's CPU/DRAM reader (None: it reads none; its GPUs still count); ``steps``:
+        steps taken so far in the run.
         """
         reading = reader.read() if reader is not None else None
         token = meter.mark()

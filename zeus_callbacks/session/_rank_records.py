@@ -62,11 +62,9 @@ class RankRecord:
 
     @classmethod
     def reduce(cls: type[R], records: Sequence[R], *, slowest: int = 0) -> R:
-        """The ranks' records combined field by field, each by its declared reduction.
+        """The ranks' records (rank order) combined field by field, each by its declared reduction.
 
-        Args:
-            records: One record per rank, rank order.
-            slowest: Index of the slowest rank in ``records`` (its values stand for the ``slowest`` fields).
+        ``slowest``: index of the slowest rank (its values stand for the ``slowest`` fields).
 
         Raises:
             ValueError: ``records`` is empty.

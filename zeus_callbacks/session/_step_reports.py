@@ -128,12 +128,9 @@ class StepReports:
             self._node_spans.boundary(self._run.meter, self._run.node, self._totals.steps, last=last)
 
     def report(self, resolve_final: bool, stepped: bool, active: bool) -> None:
-        """Attribute closed windows and queue their metrics (the scheduler's report hook).
+        """Attribute closed windows and queue their metrics (:data:`~zeus_callbacks.session._scheduler.ReportHook`).
 
-        Args:
-            resolve_final: Attribute every closed window, even those the samples do not cover yet.
-            stepped: Steps were taken since the last report.
-            active: The run goes on (False at its end).
+        ``resolve_final``: every closed window, even those the samples do not cover yet.
         """
         self.reports_made += 1
         if active:  # a span boundary: the CPU/DRAM counters read once per report, never per step
