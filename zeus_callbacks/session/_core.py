@@ -485,7 +485,6 @@ class EnergySession:
         if not self.started:
             return {}
         run = self.run
-        token = None
         # Whether the ranks meet here: from the configuration and the caller only, the same on every rank.
         together = every_rank and self.config.windows.eval and self._ranks.collective
         self._eval_every_rank = every_rank  # evaluate() then exchanges the stop decision only if every rank is here
@@ -495,7 +494,6 @@ class EnergySession:
             if dataset is not None:
                 info["dataset"] = dataset
             run.meter.end_at("eval", token, info)
-        if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
@@ -596,8 +594,7 @@ class EnergySession:
         if not self._started:
             raise RuntimeError("train_end() called before train_start()")
         steps = self._steps
-        steps.take_back_quiet_steps()
-        counts = steps.epoch_counts
+        counts = steps.epoch_counts  # the quiet steps counted ahead taken back
         steps.end()
         run = self.run
         if status is not None:

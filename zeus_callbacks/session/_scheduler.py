@@ -345,7 +345,8 @@ class StepScheduler:
             self.timed_report()
             timed, self._time_unmeasured = None, False  # a report is timed on its own
         if self._interval_steps >= self._sampling.report_every:
-            self._observe_timing()
+            self._governor.observe(self._sampling, self._interval_steps)  # no quiet step is counted ahead here
+            self._interval_steps = 0
             timed, self._time_unmeasured = None, False  # the interval it would count in has ended
         decide = self.step_decision
         decision = CONTINUE if decide is None else decide()
@@ -551,12 +552,6 @@ class StepScheduler:
             if self._phase_windows:
                 self._meter.discard("dataloader")
                 self._dataloader_open = False
-
-    def _observe_timing(self) -> None:
-        """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
-        self.take_back_quiet_steps()
-        self._governor.observe(self._sampling, self._interval_steps)
-        self._interval_steps = 0
 
     def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
