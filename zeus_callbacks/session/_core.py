@@ -168,7 +168,13 @@ class EnergySession:
 
     @property
     def step_end_reads_arguments(self) -> bool:
-        """Whether the coming ``step_end`` reads its arguments (see :class:`StepScheduler`)."""
+        """Whether the coming ``step_end`` reads its ``step``, ``num_samples`` and ``num_tokens``.
+
+        True for a measured step and while the power-limit profiler takes its step boundaries;
+        False for the other steps (most of them under ``windows.sample_fraction``): an adapter
+        whose values cost something to compute (Lightning walks the batch for its size) may
+        then pass the step it has and no counts. Read it right before ``step_end``.
+        """
         return self._steps.step_end_reads_arguments
 
     @property

@@ -169,13 +169,7 @@ class StepScheduler:
 
     @property
     def step_end_reads_arguments(self) -> bool:
-        """Whether the coming :meth:`step_end` reads its ``step``, ``num_samples`` and ``num_tokens``.
-
-        True for a measured step and while the power-limit profiler takes its step boundaries;
-        False for the other steps (most of them under ``windows.sample_fraction``): an adapter
-        whose values cost something to compute (Lightning walks the batch for its size) may
-        then pass the step it has and no counts. Read it right before :meth:`step_end`.
-        """
+        """See :attr:`~zeus_callbacks.session.EnergySession.step_end_reads_arguments`."""
         return self._measuring or self.power_step_end is not None
 
     @property
@@ -190,12 +184,7 @@ class StepScheduler:
 
     @property
     def plans_quiet_steps(self) -> bool:
-        """Whether steps that need nothing from the session are counted ahead (True by default).
-
-        Set False for the reference path, where every step's calls take the whole path: the
-        quiet steps must measure, count and report exactly what it does (tests compare the two).
-        Setting it False takes back the steps already counted ahead.
-        """
+        """See :attr:`~zeus_callbacks.session.EnergySession.plans_quiet_steps`; False takes back steps counted ahead."""
         return self._plans_quiet_steps
 
     @plans_quiet_steps.setter
