@@ -183,18 +183,15 @@ class StepReports:
             steps = steps.select(covered)
         if steps.size:
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
-            ledger = self._ledger
+            rest = steps
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
                 first = steps.select(warmup)
                 self._unreported_warmup.append(first)
-                ledger.add_steps(first, warmup=True)
-                if not warmup.all():
-                    rest = steps.select(~warmup)
-                    self._unreported_steps.append(rest)
-                    ledger.add_steps(rest, warmup=False)
-            else:
-                self._unreported_steps.append(steps)
-                ledger.add_steps(steps, warmup=False)
+                self._ledger.add_steps(first, warmup=True)
+                rest = steps.select(~warmup)
+            if rest.size:
+                self._unreported_steps.append(rest)
+                self._ledger.add_steps(rest, warmup=False)
             self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self._run.phases
         if phases is not None and steps.size < batch.size:
