@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from zeus_callbacks._lifecycle import CleanupOrder, CleanupRegistry
 from zeus_callbacks.optimizers.batch_size import EarlyStopRule
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import _agreement as agreement
 from zeus_callbacks.session._aggregate import RankAggregator
-from zeus_callbacks.session._lifecycle import CleanupOrder, CleanupRegistry
 from zeus_callbacks.session._power_limit_steps import job_length
 from zeus_callbacks.session._rank_records import PowerLimitVote, StopVote
 

@@ -413,7 +413,7 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
             clock.advance(0.05)
             session.sampler.poll_once(read_counter=False)
             session.epoch_end(epoch)
-            seen.append(("epoch", session.steps_this_run, session.last_epoch_sampling))
+            seen.append(("epoch", session.steps_this_run, session.epoch_steps))
         summary = session.train_end()
         backend.close()
         records = [(r["steps"], r["count"]) for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]

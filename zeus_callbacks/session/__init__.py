@@ -7,8 +7,8 @@ step path (``_scheduler``: which steps are measured, at what training-thread cos
 steps (``_power_limit_steps``), the batch-size steps (``_batch_size_steps``) and the step reports
 (``_step_reports``). Beside them: the rank exchanges (``_aggregate``, ``_agreement``) of the named
 records that cross ranks (``_rank_records``), the JSONL records and logger metrics (``_log_records``),
-the epoch ledger (``_ledger``), the node's CPU and DRAM figures (``_node``, ``_node_spans``), the
-running totals and checkpoint state (``_state``) and the process-exit cleanups (``_lifecycle``).
+the epoch ledger (``_ledger``), the node's CPU and DRAM figures (``_node``, ``_node_spans``) and the
+running totals and checkpoint state (``_state``).
 """
 
 from zeus_callbacks.session._core import Decision, EnergySession, default_gpu_indices

@@ -1,13 +1,10 @@
 """Rank aggregation, written once for every record: energy sums, time is the slowest rank's.
 
-Under several processes each rank measures its own GPUs. Every cross-rank record (step
-means, an epoch, the run summary, the running totals) gathers one row of numbers per
-rank, with this rank's degraded flag appended (:meth:`RankAggregator.exchange` packs and
-unpacks the named records of :mod:`~zeus_callbacks.session._rank_records`, whose fields
-declare how each quantity combines: energy and power **sum** over ranks, each GPU counted
-once; time is the **slowest** rank's, the run lasts as long as it does). One rank's sensor fault puts
-every rank in the same degraded mode. After a failure the ranks may no longer meet at
-the same collective, so :class:`RankAggregator` then stays local.
+Under several processes each rank measures its own GPUs. Every cross-rank record gathers one row
+of numbers per rank (the named records of :mod:`~zeus_callbacks.session._rank_records`, whose fields
+declare how they combine), with this rank's degraded flag appended: one rank's sensor fault puts
+every rank in the same degraded mode. After a failure the ranks may no longer meet at the same
+collective, so :class:`RankAggregator` then stays local.
 """
 
 from __future__ import annotations
@@ -77,15 +74,10 @@ class RankAggregator:
         return self.ranks.is_distributed and self.collectives_ok
 
     def gather(self, values: Sequence[float], *, degraded: bool) -> Rows:
-        """Every rank's ``values`` (collective when :attr:`collective`, else this rank's only).
+        """Every rank's ``values`` (collective when :attr:`collective`, else this rank's only), rank order.
 
-        Args:
-            values: This rank's numbers (the same columns on every rank).
-            degraded: Whether this rank's measurement is degraded (a sensor fault).
-
-        Returns:
-            One row per rank, without the degraded flag; :attr:`peer_degraded` is set when
-            another rank was degraded.
+        ``degraded``: this rank's measurement is (a sensor fault); :attr:`peer_degraded` is set when
+        another rank's was.
         """
         local = [*values, 1.0 if degraded else 0.0]
         rows = self.ranks.gather(local) if self.collective else [local]
@@ -94,14 +86,5 @@ class RankAggregator:
         return [row[:-1] for row in rows]
 
     def exchange(self, local: Packed, unpack: Callable[[list[float]], T], *, degraded: bool) -> list[T]:
-        """Every rank's record: ``local`` packed, gathered (:meth:`gather`) and each row unpacked with ``unpack``.
-
-        Args:
-            local: This rank's record.
-            unpack: Builds a record from a rank's row (e.g. ``EpochRow.of``).
-            degraded: Whether this rank's measurement is degraded (a sensor fault).
-
-        Returns:
-            One record per rank, rank order.
-        """
+        """Every rank's record, rank order: ``local`` packed, gathered (:meth:`gather`), each row ``unpack``-ed."""
         return [unpack(row) for row in self.gather(local.values(), degraded=degraded)]

@@ -1,10 +1,8 @@
 """The optimisers' agreements across ranks: a decision that changes hardware or stops training is taken together.
 
-Each agreement is one collective exchange of a named record (:mod:`~zeus_callbacks.session._rank_records`:
-:class:`PowerLimitVote`, :class:`StopVote`; each field declares how it combines over the ranks)
-followed by a pure decision from the gathered records, so every rank, seeing the same records,
-decides alike. The decisions are the pure functions here (:func:`decide_power_limit`,
-:func:`decide_stop`); the exchanges are the functions that take ``ranks``.
+Each agreement is one collective exchange of a named record (:mod:`~zeus_callbacks.session._rank_records`)
+followed by a pure decision from the gathered records (:func:`decide_power_limit`, :func:`decide_stop`),
+so every rank, seeing the same records, decides alike.
 
 Power limits (Zeus, NSDI '23 §4.3): the main rank's profiler decides from its own GPU;
 every rank runs the same limit from the same step; observe mode anywhere is observe
@@ -28,15 +26,7 @@ TARGET_BY_MAIN = "target reached (decided by the main process)"
 
 # ----------------------------------------------------------------------- power limits
 def every_rank_ready(ranks: Collectives, ready: bool) -> bool:
-    """Whether every rank can profile power limits (collective): all take part in the agreement, or none.
-
-    Args:
-        ranks: The process group.
-        ready: Whether this rank has a power-limit controller.
-
-    Returns:
-        True if every rank is ready.
-    """
+    """Whether every rank can profile power limits (``ready``: this one has a controller; collective)."""
     return bool(Ready.reduce(gathered(ranks, Ready(1.0 if ready else 0.0))).ready)
 
 
@@ -56,14 +46,7 @@ class PowerLimitVerdict:
 
 
 def decide_power_limit(votes: Sequence[PowerLimitVote]) -> PowerLimitVerdict:
-    """The agreed power limit from the ranks' votes (rank order; pure): the main rank's limit, observe anywhere wins.
-
-    Args:
-        votes: One per rank: its limit in force (W), whether its profiling is over, whether it observes only.
-
-    Returns:
-        The verdict every rank applies.
-    """
+    """The agreed power limit from the ranks' votes (rank order; pure): the main rank's limit, observe anywhere wins."""
     agreed = PowerLimitVote.reduce(votes)
     return PowerLimitVerdict(
         observe_everywhere=bool(agreed.observe), target_W=agreed.limit_W, settled=bool(agreed.done)
@@ -71,16 +54,10 @@ def decide_power_limit(votes: Sequence[PowerLimitVote]) -> PowerLimitVerdict:
 
 
 def exchange_power_limit(ranks: Collectives, limit_W: float, *, done: bool, observe: bool) -> PowerLimitVerdict:
-    """Share this rank's limit and state; decide the limit every rank runs from this step (collective).
+    """Share this rank's limit in force (W) and state; decide the limit every rank runs from this step (collective).
 
-    Args:
-        ranks: The process group.
-        limit_W: This rank's limit in force (W).
-        done: This rank's profiling is over (or it observes only).
-        observe: This rank is in observe mode (no permission, read-only).
-
-    Returns:
-        The verdict of :func:`decide_power_limit`.
+    ``done``: this rank's profiling is over (or it observes only); ``observe``: it is in observe mode
+    (no permission, read-only).
     """
     return decide_power_limit(gathered(ranks, PowerLimitVote(limit_W, 1.0 if done else 0.0, 1.0 if observe else 0.0)))
 
@@ -99,8 +76,7 @@ def share_stop_rule(
     Raises:
         BaseException: ``failure`` on this rank, or a RuntimeError naming the main rank's failure.
     """
-    rule_out: EarlyStopRule | None = ranks.broadcast_outcome(rule, failure, "start the batch-size bandit")
-    return rule_out
+    return ranks.broadcast_outcome(rule, failure, "start the batch-size bandit")
 
 
 @dataclass
@@ -148,17 +124,8 @@ def decide_stop(
     """Decide early stopping from the ranks' votes; update ``agreement``.
 
     Pure but for ``agreement``'s fields (converged, cost, active), which every rank
-    updates alike from the same rows.
-
-    Args:
-        votes: One per rank: its run energy so far (J), its run time so far (s), whether it
-            saw the target, whether its bandit converged.
-        target_reason: This rank's reason to stop at the target (the main rank's), or None.
-        agreement: The agreement's state.
-        stop_at_target: ``batch_size.stop_at_target``.
-
-    Returns:
-        The verdict.
+    updates alike from the same rows. ``target_reason``: this rank's reason to stop at the
+    target (the main rank's), or None.
     """
     verdict = StopVerdict(None)
     agreed = StopVote.reduce(votes)  # energy summed, the slowest time, a target or convergence anywhere
@@ -187,19 +154,8 @@ def exchange_stop(
     """Share this rank's energy, time and verdicts; decide early stopping together (collective).
 
     Called at the same points on every rank (every ``batch_size.stop_agreement_steps``
-    steps and at each evaluation end), never elsewhere.
-
-    Args:
-        ranks: The process group.
-        agreement: The agreement's state (updated).
-        energy_J: This rank's run energy so far (J).
-        time_s: This rank's run time so far (s).
-        target_reason: The main rank's reason to stop at the target (None elsewhere).
-        converged: This rank's bandit converged (the main rank's only).
-        stop_at_target: ``batch_size.stop_at_target``.
-
-    Returns:
-        The verdict of :func:`decide_stop`.
+    steps and at each evaluation end), never elsewhere. ``energy_J`` (J) and ``time_s`` (s):
+    this rank's run so far; ``converged``: its bandit converged (the main rank's only).
     """
     vote = StopVote(energy_J, time_s, 1.0 if target_reason else 0.0, 1.0 if converged else 0.0)
     return decide_stop(gathered(ranks, vote), target_reason, agreement, stop_at_target=stop_at_target)

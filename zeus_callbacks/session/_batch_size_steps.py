@@ -1,13 +1,9 @@
 """The batch-size glue of the session: the bandit's start, its suggestion, early stopping and the trial.
 
-:class:`BatchSizeSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
-that talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
-recurrence's trial (under several processes, sharing the main rank's early-stop rule),
-suggests the batch size, hands the :class:`~zeus_callbacks.session._scheduler.StepScheduler`
-its per-step stop decision, decides early stopping (with the other ranks, when there are
-several) and records the trial at the end. Only the main process talks to the store. It is an
-object the session owns: the run and the rank exchanges come in at :meth:`BatchSizeSteps.start`,
-the run's energy and time so far through the functions it is built with.
+:class:`BatchSizeSteps` talks to the batch-size controller (Zeus, NSDI '23 §4.2-4.4): it starts the
+recurrence's trial (under several processes, sharing the main rank's early-stop rule), suggests the
+batch size, hands the step scheduler its per-step stop decision, decides early stopping (with the
+other ranks, when there are several) and records the trial at the end.
 """
 
 from __future__ import annotations
@@ -64,7 +60,6 @@ class BatchSizeSteps:
         self._run: StartedRun | None = None  # the started run (its log)
         self._running = False  # between start and the trial's record at the end
         self._ranks: RankAggregator
-        # Batch-size bandit (Zeus §4.2-4.4): only the main process talks to the store.
         self.batch_size_controller = (
             BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
         )
@@ -129,14 +124,9 @@ class BatchSizeSteps:
         the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
         rule, or the error that kept it from starting, so that no rank waits alone.
 
-        Args:
-            run: The started run.
-            ranks: The run's rank exchanges.
-            power_limit_W: The limit in force (W; None where unreadable).
-
         Returns:
-            The error that kept the bandit from starting (e.g. a corrupt store): the session
-            ends the run cleanly, then raises it. None when it started.
+            The error that kept the bandit from starting (e.g. a corrupt store), which the session
+            raises once it has ended the run cleanly; None when it started.
         """
         self._run, self._ranks = run, ranks
         self._running = True
@@ -170,21 +160,7 @@ class BatchSizeSteps:
         return failure
 
     def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
-        """The batch size the bandit picks for this recurrence (call before data loaders are built).
-
-        Made once per session (the recurrence's trial is recorded in the store); later
-        calls return the same value. ``suggested``: what
-        :func:`~zeus_callbacks.optimizers.batch_size.suggest_batch_size` returned for this
-        run, whose trial is claimed instead.
-
-        Returns:
-            The batch size, or None when ``batch_size.enabled`` is false. A process other
-            than the main one never touches the store: it returns the main process's
-            suggestion that ``suggested`` received under a launcher, or None if there was none.
-
-        Raises:
-            StoreError: The store cannot be opened (corrupt, newer schema).
-        """
+        """The batch size for this recurrence (:meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`)."""
         if self.batch_size_controller is not None:
             return self.batch_size_controller.suggest(suggested)
         made = (

@@ -1,29 +1,13 @@
 """EnergySession: the framework-free controller every adapter talks to.
 
 Adapters (the Lightning and Hugging Face callbacks, the simulator) translate their
-hooks into the plain events below and act on the :class:`Decision` they get back.
-Everything hardware-facing sits underneath, in the started run's parts
-(:class:`~zeus_callbacks.session._run.StartedRun`): a backend, a background
-:class:`~zeus_callbacks.measurement._sampler.PowerSampler`, and a
-:class:`~zeus_callbacks.measurement._windows.WindowMeter` whose boundaries cost one
-clock read (or one CUDA event record) on the training thread.
-
-Event order::
+hooks into the plain events below and act on the :class:`Decision` they get back::
 
     train_start → (epoch_start → (step_start → step_end)* → [eval_start → eval_end → evaluate]
                    → epoch_end)* → train_end          (exception() at any point)
 
-The per-step calls (``step_start``, ``step_end``, the phase calls) are the bound methods of
-the session's :class:`~zeus_callbacks.session._scheduler.StepScheduler`; the session's own events
-delegate to the run, the reports (:class:`~zeus_callbacks.session._step_reports.StepReports`),
-the records (:mod:`~zeus_callbacks.session._log_records`), the rank exchanges
-(:mod:`~zeus_callbacks.session._aggregate`, :mod:`~zeus_callbacks.session._agreement`) and
-the cleanup registry (:mod:`~zeus_callbacks._lifecycle`).
-
-Where the optimisers plug in: the power-limit profiler (Zeus, NSDI '23 §4.3;
-:class:`~zeus_callbacks.session._power_limit_steps.PowerLimitSteps`) acts at ``step_start``/``step_end``
-boundaries and the batch-size bandit (§4.2; :class:`~zeus_callbacks.session._batch_size_steps.BatchSizeSteps`)
-at ``train_start``/``evaluate``/``train_end``; both answer through :class:`Decision`.
+The power-limit profiler (Zeus, NSDI '23 §4.3; ``_power_limit_steps``) acts at step boundaries,
+the batch-size bandit (§4.2; ``_batch_size_steps``) at ``train_start``/``evaluate``/``train_end``.
 """
 
 from __future__ import annotations
@@ -61,16 +45,12 @@ from zeus_callbacks.session._run import (
     select_gpu_indices,
 )  # fmt: skip
 from zeus_callbacks.session._scheduler import Decision, StepScheduler
-from zeus_callbacks.session._state import Totals, carried_open_epoch, carried_totals, resume_state
+from zeus_callbacks.session._state import Totals, carried_totals, resume_state
 from zeus_callbacks.session._step_reports import StepReports
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
 
 logger = logging.getLogger(__name__)
-
-
-def _is_main_process() -> bool:
-    return launcher_env_int("RANK", 0) == 0
 
 
 class EnergySession:
@@ -98,15 +78,6 @@ class EnergySession:
     Raises:
         ConfigError: ``config`` is invalid.
 
-    The session is composed of parts it owns, each with its own state: the step scheduler
-    (:class:`~zeus_callbacks.session._scheduler.StepScheduler`), the power-limit steps
-    (:class:`~zeus_callbacks.session._power_limit_steps.PowerLimitSteps`), the batch-size steps
-    (:class:`~zeus_callbacks.session._batch_size_steps.BatchSizeSteps`) and the reports
-    (:class:`~zeus_callbacks.session._step_reports.StepReports`). The per-step calls
-    (:meth:`~zeus_callbacks.session._scheduler.StepScheduler.step_start`, ``step_end``,
-    ``phase_begin``, ``phase_end``, ``phase_switch``, ``phase_discard``) are the scheduler's
-    bound methods, set on the session so that a step costs no extra call.
-
     Example:
         >>> session = EnergySession({"backend": "virtual"})
         >>> session.train_start()
@@ -115,7 +86,7 @@ class EnergySession:
         >>> summary = session.train_end()  # doctest: +SKIP
     """
 
-    # The step calls: the scheduler's bound methods (documented there), set in __init__.
+    # The step calls: the scheduler's bound methods (documented there), so a step costs no extra call.
     step_start: Callable[..., None]
     step_end: Callable[..., Decision]
     phase_begin: Callable[[str], None]
@@ -134,7 +105,7 @@ class EnergySession:
         window_observer: Callable[[WindowBatch], None] | None = None,
     ) -> None:
         self.config = parse_config(dict(config) if isinstance(config, Mapping) else config)
-        self.is_main_process = _is_main_process() if is_main_process is None else is_main_process
+        self.is_main_process = launcher_env_int("RANK", 0) == 0 if is_main_process is None else is_main_process
         # The store, opened once per run: shared by the bandit and the profile cache, closed at train end.
         self.run_store = run_store(self.config)
         self._pending_metrics: dict[str, float] = {}  # queued for the loggers (the parts add to it)
@@ -154,7 +125,6 @@ class EnergySession:
             self.config, is_main_process=self.is_main_process, run_store=self.run_store,
             pending_metrics=self._pending_metrics, on_chosen=self._batch.record_power_limit,
         )  # fmt: skip
-        # The hot path: the scheduler's own bound methods, so a step call reads its state directly.
         self.step_start, self.step_end = steps.step_start, steps.step_end
         self.phase_begin, self.phase_end = steps.phase_begin, steps.phase_end
         self.phase_switch, self.phase_discard = steps.phase_switch, steps.phase_discard
@@ -182,7 +152,8 @@ class EnergySession:
 
     def _so_far(self) -> tuple[float, float]:
         """The run's (energy in J, time in s) so far on this process."""
-        return self._run_energy_so_far_J(), self._run_time_so_far_s()
+        run = self.run
+        return run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)
 
     # ------------------------------------------------------------------ the parts' figures
     @property
@@ -197,7 +168,13 @@ class EnergySession:
 
     @property
     def step_end_reads_arguments(self) -> bool:
-        """Whether the coming ``step_end`` reads its arguments (see :class:`StepScheduler`)."""
+        """Whether the coming ``step_end`` reads its ``step``, ``num_samples`` and ``num_tokens``.
+
+        True for a measured step and while the power-limit profiler takes its step boundaries;
+        False for the other steps (most of them under ``windows.sample_fraction``): an adapter
+        whose values cost something to compute (Lightning walks the batch for its size) may
+        then pass the step it has and no counts. Read it right before ``step_end``.
+        """
         return self._steps.step_end_reads_arguments
 
     @property
@@ -254,10 +231,16 @@ class EnergySession:
         return self._batch.stop_rule
 
     def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:
-        """The batch size the bandit picks for this recurrence (see :meth:`BatchSizeSteps.suggest_batch_size`).
+        """The batch size the bandit picks for this recurrence (call before data loaders are built).
 
-        ``suggested``: what :func:`~zeus_callbacks.suggest_batch_size` returned for this run
-        (its trial is claimed, not a new one made).
+        Made once per session (the recurrence's trial is recorded in the store); later calls return
+        the same value. ``suggested``: what :func:`~zeus_callbacks.suggest_batch_size` returned for
+        this run (its trial is claimed, not a new one made).
+
+        Returns:
+            The batch size, or None when ``batch_size.enabled`` is false. A process other than the
+            main one never touches the store: it returns the main process's suggestion that
+            ``suggested`` received under a launcher, or None if there was none.
 
         Raises:
             StoreError: The store cannot be opened (corrupt, newer schema).
@@ -319,11 +302,6 @@ class EnergySession:
     def open_epoch(self) -> Any:
         """The epoch under way (None between epochs and outside a run)."""
         return self._open_epoch if self.started else None
-
-    @property
-    def last_epoch_sampling(self) -> tuple[int, int]:
-        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
-        return self._reports.epoch_sampled
 
     def _write(self, record: dict[str, Any]) -> None:
         self.run.log.write(record)
@@ -441,17 +419,11 @@ class EnergySession:
                 self.config.backend,
                 # Under several processes each has its own virtual GPUs: their made-up ids name the rank.
                 virtual=lambda: {**virtual_backend_kwargs(virtual), "process_rank": process_rank()},
-                announce=self._speaks_for_machine(),
+                # Every rank opens a backend, and the fallback's warning (the virtual GPU, a GPU that cannot
+                # be measured) is the same on each: one process a machine says it.
+                announce=self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0,
             )
         return self.backend
-
-    def _speaks_for_machine(self) -> bool:
-        """Whether this process warns about the machine's GPUs: the main process, or another node's local rank 0.
-
-        Under a launcher every rank opens a backend; the fallback's warning (no GPU: the virtual GPU; a
-        GPU that cannot be measured) is the same on each, so one process a machine says it (issue 26).
-        """
-        return self.is_main_process or launcher_env_int("LOCAL_RANK", -1) == 0
 
     def epoch_start(self, epoch: int) -> None:
         """Open the epoch window (and re-anchor CUDA event timing once).
@@ -519,7 +491,6 @@ class EnergySession:
         if not self.started:
             return {}
         run = self.run
-        token = None
         # Whether the ranks meet here: from the configuration and the caller only, the same on every rank.
         together = every_rank and self.config.windows.eval and self._ranks.collective
         self._eval_every_rank = every_rank  # evaluate() then exchanges the stop decision only if every rank is here
@@ -529,7 +500,6 @@ class EnergySession:
             if dataset is not None:
                 info["dataset"] = dataset
             run.meter.end_at("eval", token, info)
-        if token is not None:
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
@@ -630,8 +600,7 @@ class EnergySession:
         if not self._started:
             raise RuntimeError("train_end() called before train_start()")
         steps = self._steps
-        steps.take_back_quiet_steps()
-        counts = steps.epoch_counts
+        counts = steps.epoch_counts  # the quiet steps counted ahead taken back
         steps.end()
         run = self.run
         if status is not None:
@@ -643,13 +612,11 @@ class EnergySession:
         run.meter.discard("step")
         self._open_epoch = None
         self._reports.epoch_ended(counts)
-        for name in ("eval", "epoch"):
-            if run.meter.is_open(name):
-                if name == "epoch":  # cut short (max_steps, an interruption): measured, so counted
-                    self._totals.epochs += 1
-                    run.meter.end(name, end_step=self._totals.steps, **self._node_end())
-                else:
-                    run.meter.end(name)
+        if run.meter.is_open("eval"):
+            run.meter.end("eval")
+        if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
+            self._totals.epochs += 1
+            run.meter.end("epoch", end_step=self._totals.steps, **self._node_end())
         self._reports.node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:
@@ -830,7 +797,8 @@ class EnergySession:
         return self._flagged(values, flag=False)
 
     def _local_totals(self) -> dict[str, float]:
-        return {metric.TOTAL_ENERGY_J: self._run_energy_so_far_J(), metric.TOTAL_TIME_S: self._run_time_so_far_s()}
+        energy_J, time_s = self._so_far()
+        return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The short metrics shown on a progress bar: the run's energy so far (kJ, rounded to 1 J).
@@ -884,11 +852,5 @@ class EnergySession:
         covering only the steps after the checkpoint (``resumed_mid_epoch``, ``energy/epoch_partial``).
         """
         self._carried = carried_totals(state)
-        self._carried_open_epoch = carried_open_epoch(state)
+        self._carried_open_epoch = state.get("open_epoch")  # None: between epochs, or an older state
         self._power.carry(state)
-
-    def _run_energy_so_far_J(self) -> float:
-        return self.run.energy_so_far_J(self._carried.energy_J)
-
-    def _run_time_so_far_s(self) -> float:
-        return self.run.time_so_far_s(self._carried.time_s)

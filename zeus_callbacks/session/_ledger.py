@@ -1,22 +1,17 @@
 """The epoch ledger: every stretch of an epoch's timeline in exactly one entry.
 
-An epoch's energy and time split into warm-up steps, steps, evaluations and ``other``
-(what no window holds: the stretch after the last step, the wait before an evaluation and its
-loader's start; a checkpoint save or a log between two steps is in the next step's window,
-which runs from the previous step's end). The windows of the first three are disjoint stretches inside the
-epoch window, attributed from the same running integral of the power samples, so
-``other = epoch − warm-up − steps − evaluations`` is the energy of what they leave, not a
-guess, and the four parts sum to the epoch by construction.
+An epoch's energy and time split into warm-up steps, steps, evaluations and ``other`` (what no
+window holds: the stretch after the last step, the wait before an evaluation and its loader's start;
+a checkpoint save or a log between two steps is in the next step's window). The first three are
+disjoint windows inside the epoch window, attributed from the same running integral of the power
+samples, so ``other = epoch − warm-up − steps − evaluations`` is what they leave, not a guess.
 
-A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly
-covered by samples when the epoch ended) enters ``steps`` at the epoch's mean measured
-step, each measured step weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured
-steps it stands in for; auto sampling measures a larger share of the slow stretches, issue 31): an
-estimate, counted in ``steps_estimated`` and said in words in ``steps_basis``
-("estimated from N of M steps"). An estimate can exceed what the epoch holds. When it leaves less than
-nothing for ``other``, ``other`` is unknown (null, with the reason), never negative. The
-split with no estimate in it always closes: warm-up + the step windows + evaluations +
-``unwindowed`` (the unmeasured steps and other together, which no mark separates).
+A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly covered by
+samples when the epoch ended) enters ``steps`` at the epoch's mean measured step, each measured step
+weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured steps it stands in for):
+an estimate, said in ``steps_basis``. An estimate that leaves less than nothing for ``other`` makes
+``other`` null with the reason, never negative. The split with no estimate in it always closes:
+warm-up + the step windows + evaluations + ``unwindowed`` (unmeasured steps and other together).
 """
 
 from __future__ import annotations
@@ -104,15 +99,10 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
         steps_taken: Steps taken in the epoch (warm-up steps included).
 
     Returns:
-        ``{"warmup_J", "steps_J", "eval_J", "other_J", "warmup_s", "steps_s", "eval_s", "other_s",
-        "steps_estimated", "steps_measured", "steps_basis", "other_reason", "other_note", "steps_windowed_J",
-        "steps_windowed_s", "unwindowed_J", "unwindowed_s"}``: ``warmup + steps + eval + other`` equals the
-        epoch (J and s alike)
-        wherever ``other`` is not None; ``other_reason`` says why it is None, ``other_note`` that it
-        absorbs the error of an estimated ``steps_J`` (None: no estimate in it). Always, with no
-        estimate in it: ``warmup + steps_windowed + eval + unwindowed`` equals the epoch, where
-        ``unwindowed`` is what no window holds (unmeasured steps and other together; None only
-        when the epoch's energy is unknown).
+        The epoch record's ``ledger``: ``warmup + steps + eval + other`` equals the epoch (J and s alike)
+        wherever ``other`` is not None (``other_reason`` says why it is; ``other_note`` that it absorbs the
+        error of an estimated ``steps_J``). Always: ``warmup + steps_windowed + eval + unwindowed`` equals
+        the epoch (``unwindowed`` None only when the epoch's energy is unknown).
     """
     warmup_J, warmup_s, warmup_n = row.warmup_J, row.warmup_s, row.warmup_windows
     steps_J, steps_s, steps_n = row.steps_J, row.steps_s, row.step_windows

@@ -47,12 +47,10 @@ COUNTER_ON_ANOTHER_RANK = "unknown on another rank's GPUs (its counter gave no f
 
 
 def counter_note(counter_J: float, local_note: str | None) -> str | None:
-    """Why a record's ``counter_energy_J`` (summed over the ranks) is null; None when it is known.
+    """Why a record's ``counter_energy_J`` (``counter_J``, summed over the ranks; NaN: a rank had none) is null.
 
-    Args:
-        counter_J: The counter energy over every rank (J; NaN when a rank had none).
-        local_note: Why this process's counters gave no figure
-            (:meth:`~zeus_callbacks.session._run.StartedRun.counter_energy`), or None.
+    ``local_note``: why this process's counters gave no figure
+    (:meth:`~zeus_callbacks.session._run.StartedRun.counter_energy`), or None.
     """
     if math.isfinite(counter_J):
         return None
@@ -301,7 +299,7 @@ def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
     time is the slowest rank's.
     """
     # Each step weighed by 1 / its chance of being measured (StepColumns.weight): auto sampling measures a
-    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step (issue 31).
+    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step.
     step_J = sum(r.weighted_J / r.weight for r in rows)
     samples_per_step = sum(r.samples / r.steps for r in rows)
     tokens_per_step = sum(r.tokens / r.steps for r in rows)
@@ -339,13 +337,6 @@ ONLY_WARMUP_STEPS = "no step besides warm-up steps (in the warmup record, not in
 """``incomplete_reason`` of a ``steps`` record that stands for warm-up steps only."""
 
 
-def _null_means_reason(values: Mapping[str, float], steps_taken: int) -> str | None:
-    """Why a ``steps`` record's means are null (no step measured), or None when it has them."""
-    if values:
-        return None
-    return NO_STEP_MEASURED if steps_taken else ONLY_WARMUP_STEPS
-
-
 def steps_record(
     values: Mapping[str, float],
     batches: Sequence[WindowBatch],
@@ -367,13 +358,14 @@ def steps_record(
     measured (no step's energy is scaled to steps it does not stand for).
     ``dropped_windows`` impossible windows (ending before they began) are in no mean; the
     record is then not ``complete`` and ``incomplete_reason`` says why.
-    ``node``: the node figures of the spans between CPU/DRAM readings the record holds
-    (:class:`~zeus_callbacks.session._node_spans.SpanFigures` fields); None: no node option is on.
-    ``partial_reason``: why the means are null though some rank measured steps (:func:`partial_ranks_reason`).
-    Means null for another cause (no step measured, or warm-up steps only) carry their reason too.
+    ``node``: the :class:`~zeus_callbacks.session._node_spans.SpanFigures` fields of the spans the record
+    holds; None: no node option is on. ``partial_reason``: why the means are null though some rank
+    measured steps (:func:`partial_ranks_reason`).
     """
     node = node or {"node_energy_note": NODE_OFF}
-    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None) or _null_means_reason(values, steps_taken)
+    reason = partial_reason or (DROPPED_STEPS if dropped_windows else None)
+    if reason is None and not values:  # no step measured
+        reason = NO_STEP_MEASURED if steps_taken else ONLY_WARMUP_STEPS
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
@@ -442,10 +434,7 @@ def warmup_record(
 def local_epoch_row(
     record: WindowRecord, counter_J: float | None, ledger: LedgerColumns, node: NodeColumns
 ) -> EpochRow:
-    """This rank's epoch: energy (J), time (s), counter energy (J, NaN if none), ledger, node, per GPU (J).
-
-    The ledger is ``EpochLedger.row``'s, the node figures :attr:`LocalNode.columns`.
-    """
+    """This rank's epoch row: its window's figures, ``EpochLedger.row``'s ledger, ``LocalNode.columns``."""
     counter = math.nan if counter_J is None else counter_J
     epoch = EpochColumns(record.energy_J, record.time_s, counter)
     return EpochRow(epoch, ledger, node, tuple(record.gpu_energy_J))
@@ -592,12 +581,9 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 # ------------------------------------------------------------------------ summary
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
                       step_time_s: float, estimated_steps: float, node: NodeColumns) -> SummaryRow:  # fmt: skip
-    """This rank's summary: run energy, time, counter energy, mean step energy, time, covered time, node, GPUs.
+    """This rank's summary row; the step means are the estimates over ``estimated_steps`` steps (NaN: none).
 
-    The node figures are :attr:`LocalNode.columns`.
-
-    The step means are the estimates over ``estimated_steps`` steps
-    (:class:`~zeus_callbacks.session._state.Totals`), NaN when no step was estimated.
+    ``step_energy_J``, ``step_time_s`` and ``estimated_steps`` are the :class:`~zeus_callbacks.session._state.Totals`'.
     """
     figures = SummaryColumns(
         energy_J=run.energy_J if run else 0.0,
@@ -655,20 +641,13 @@ def run_summary(
 
     ``chosen_power_limit``: the profiler's (or the cache's) choice as (W, the step it is in force
     from, whether it was applied: False in observe mode), or None when no limit was chosen.
-    ``coverage`` is the least over the ranks of the share of the run's time their samples
-    cover; the run is ``complete`` when that share is 1 (within a nanosecond of the run).
-    ``carbon`` / ``cost``: the configuration's sections; the summary's CO2 and cost estimates
-    (:mod:`~zeus_callbacks._footprint`) are made with their factors from the node's energy where it is known,
-    else from the GPUs' (the estimates' ``energy_basis`` says which).
-    ``node``: with ``node.rapl`` or ``node.virtual_cpu``, this process's part of the node figures
-    (:func:`~zeus_callbacks.session._node.node_figures`; the numbers are the rows' node columns);
-    None: no node figures.
-    ``time_note``: why power-limit results do not show the time a limit costs (the virtual GPU on the
-    real clock), or None. ``counter_note_local``: why this process's counters gave no figure for the
-    run (:func:`counter_note`), or None.
+    ``carbon`` / ``cost``: the configuration's sections; the CO2 and cost estimates are made from the
+    node's energy where it is known, else from the GPUs' (their ``energy_basis`` says which).
+    ``node``: this process's part of the node figures (:func:`~zeus_callbacks.session._node.node_figures`);
+    None: no node option is on. ``time_note``: why power-limit results do not show the time a limit
+    costs (the virtual GPU on the real clock), or None.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
-    # Energy sums over GPUs (ranks); time is the slowest rank's.
     runs = [row.run for row in rows]
     combined = SummaryColumns.reduce(runs) if runs else SummaryColumns()
     energy_J = carried_energy_J + combined.energy_J
@@ -685,7 +664,6 @@ def run_summary(
         if node is not None
         else {}
     )
-    # CO2 and cost of the whole node where it was measured; else of the GPUs, and the estimate says which.
     node_J = node_fields.get("node_energy_J")
     basis, basis_J = ("node", node_J) if node_J is not None and math.isfinite(node_J) else ("gpu", energy_J)
     return RunSummary(

@@ -1,15 +1,10 @@
 """The node's CPU package and DRAM energy in the records: which reader a run gets, and its figures over the ranks.
 
-A run gets a reader (:class:`~zeus_callbacks.backends.rapl.NodeReader`) when ``node.rapl`` or
-``node.virtual_cpu`` is on (:func:`open_node_reader`): the RAPL counters where they can be read,
-else, beside the virtual GPU only and with ``node.virtual_cpu``, the simulated
-:class:`~zeus_callbacks.backends._virtual_cpu.VirtualCpu`. An epoch's figures are the difference of
-two readings (its start and its end), the run's the reading at its end.
-
-Each process contributes its :class:`~zeus_callbacks.session._rank_records.NodeColumns` to a record's
-row (:func:`local_node`); the figures are combined over the processes that read a node's counters
-(:func:`node_figures`), so a node's CPU counted once is counted once in the sum. A figure is a
-number or None with the reason in ``node_energy_note``, never 0 for unknown.
+An epoch's figures are the difference of two readings (its start and its end), the run's the reading
+at its end. Each process contributes its :class:`~zeus_callbacks.session._rank_records.NodeColumns` to a
+record's row (:func:`local_node`); :func:`node_figures` combines those of the processes that read a node's
+counters, so each node's CPU is counted once. A figure is a number or None with the reason in
+``node_energy_note``, never 0 for unknown.
 """
 
 from __future__ import annotations
@@ -31,10 +26,6 @@ from zeus_callbacks.session._rank_records import NodeColumns
 
 logger = logging.getLogger(__name__)
 
-NODE_COLUMNS = NodeColumns.width
-"""How many numbers a process's node figures take in a record's row (:class:`NodeColumns`)."""
-
-
 OTHER_LOCAL_RANK = "this node's CPU/DRAM counters are read by its local rank 0 (each node counted once)"
 """Why a process whose ``LOCAL_RANK`` is not 0 has no RAPL reader under several processes."""
 
@@ -51,12 +42,7 @@ def open_node_reader(config: NodeConfig, backend: GPUBackend) -> tuple[NodeReade
 
     Under several processes a node's RAPL counters are read by its local rank 0 only (``LOCAL_RANK``),
     so each node's CPU is counted once in the ranks' sum; the virtual CPU, which models a process's own
-    CPU time, is read by every process. Without ``LOCAL_RANK`` which processes share a node is unknown:
-    no reader, with that reason.
-
-    Args:
-        config: The ``node`` section.
-        backend: The run's open backend.
+    CPU time, is read by every process. Without ``LOCAL_RANK`` which processes share a node is unknown.
 
     Returns:
         (the reader, None), or (None, why there is none); (None, None) when both options are off.
@@ -125,10 +111,8 @@ class LocalNode:
 def local_node(reader: NodeReader | None, energy: NodeEnergy | None, no_reader: str | None) -> LocalNode:
     """This process's node columns and words, from its reader's figures (``energy``; None: no reading).
 
-    Args:
-        reader: The run's reader, or None.
-        energy: The figures to report (a run's reading, or an epoch's difference of two).
-        no_reader: Why there is no reader (None: :data:`NODE_OFF`).
+    ``energy``: a run's reading, or an epoch's difference of two; ``no_reader``: why there is no
+    ``reader`` (None: :data:`NODE_OFF`).
     """
     if reader is None:
         return LocalNode(NodeColumns(0.0, math.nan, math.nan, 0.0), no_reader=no_reader or NODE_OFF)
@@ -153,13 +137,9 @@ def node_figures(
     """The CPU, DRAM and node energy (J) of a record and their note, combined over the ranks.
 
     Sums over the processes that read a node's counters (each node's CPU once); a figure unknown on
-    any of them is unknown. ``node_energy_J`` = ``gpu_energy_J`` + CPU (+ DRAM where a DRAM domain exists).
-
-    Args:
-        gpu_energy_J: The record's GPU energy over every rank (J; NaN when unknown).
-        rows: Each rank's node figures (one on one process).
-        local: This process's part (its words go into the note).
-        carried_energy_J: GPU energy carried from a checkpoint (J; a run's): its CPU energy was not read.
+    any of them is unknown. ``node_energy_J`` = ``gpu_energy_J`` (over every rank; NaN: unknown) + CPU
+    (+ DRAM where a DRAM domain exists). ``local``: this process's part (its words go into the note).
+    ``carried_energy_J``: a run's GPU energy from a checkpoint (J), whose CPU energy was not read.
 
     Returns:
         ``cpu_energy_J``, ``dram_energy_J``, ``node_energy_J`` (J or None) and ``node_energy_note``.

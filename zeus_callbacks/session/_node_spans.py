@@ -1,24 +1,18 @@
 """Node figures per step report: CPU/DRAM counters read at each report, the GPUs' energy between the same marks.
 
-At the run's start, at each step report and at the run's end the session marks one boundary
-(:meth:`NodeSpans.boundary`). It reads the CPU/DRAM counters (a few sysfs reads, once per report, never per
-step) and takes one mark. The span window (:data:`SPAN_WINDOW`) opened at the previous boundary closes at
-that mark, and the next opens there. So the spans tile the run. Once the power samples cover a span, its
-window is attributed like any other (:meth:`NodeSpans.absorb`). That gives the GPUs' energy between the two
-marks, and the CPU/DRAM energy between the two readings.
+At the run's start, at each step report and at the run's end the session reads the CPU/DRAM counters
+(a few sysfs reads, once per report, never per step) and takes one mark (:meth:`NodeSpans.boundary`):
+the span window (:data:`SPAN_WINDOW`) open since the previous boundary closes there and the next opens,
+so the spans tile the run. An attributed span gives the GPUs' energy between the two marks and the
+CPU/DRAM energy between the two readings.
 
-A ``steps`` record holds the spans attributed since the previous record (:meth:`NodeSpans.local_row`,
-:meth:`NodeSpans.combine`): the samples lag the report, so these usually end at the previous report, not at
-this record's last step. Their time and steps are in the record (``node_time_s``, ``node_steps``). A span
-holds everything between two reports (evaluations, an epoch's turn included), so its figures are those of
-that time, not of the record's steps.
+A ``steps`` record holds the spans attributed since the previous record: the samples lag the report, so
+these usually end at the previous report, and their time and steps are the record's ``node_time_s`` and
+``node_steps``. A span holds everything between two reports (evaluations, an epoch's turn included).
 
-Several processes: reports come at the same steps on every rank, so spans are numbered alike. Each rank
-sends up to :data:`MAX_SPANS` attributed spans, one block each; the record takes the spans every rank had
-(the least count), so every rank combines the same spans. Each node's counters are read by its local rank 0
-(:func:`~zeus_callbacks.session._node.open_node_reader`): the figures sum those readers, as the epoch's do.
-
-Figures are right or null with the reason in ``node_energy_note``, never 0 for unknown.
+Several processes: reports come at the same steps on every rank, so spans are numbered alike; each rank
+sends up to :data:`MAX_SPANS` attributed spans and the record takes the spans every rank had (the least
+count), so every rank combines the same spans.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.rapl import NodeReader
 from zeus_callbacks.measurement._windows import WindowMeter, WindowRecord
 from zeus_callbacks.session._aggregate import Rows
-from zeus_callbacks.session._node import NODE_COLUMNS, LocalNode, local_node, node_figures
+from zeus_callbacks.session._node import LocalNode, local_node, node_figures
 from zeus_callbacks.session._rank_records import NodeColumns
 
 SPAN_WINDOW = "node_span"
@@ -65,10 +59,10 @@ class SpanColumns:
     @classmethod
     def of(cls, block: Sequence[float]) -> SpanColumns:
         """A span's block unpacked."""
-        return cls(block[0], NodeColumns.of(block[1:]), block[1 + NODE_COLUMNS], block[2 + NODE_COLUMNS])
+        return cls(block[0], NodeColumns.of(block[1:]), block[1 + NodeColumns.width], block[2 + NodeColumns.width])
 
 
-_BLOCK = 1 + NODE_COLUMNS + 2  # a SpanColumns block
+_BLOCK = 1 + NodeColumns.width + 2  # a SpanColumns block
 SPAN_COLUMNS = 1 + MAX_SPANS * _BLOCK
 """A rank's span columns in a report's row: how many spans it sends, then one block per span."""
 
@@ -129,13 +123,10 @@ class NodeSpans:
         self._interval = _Interval()
 
     def boundary(self, meter: WindowMeter, reader: NodeReader | None, steps: int, *, last: bool = False) -> None:
-        """Read the counters and mark one boundary: close the open span, open the next (none if ``last``).
+        """Read the counters and mark one boundary: close the open span, open the next (none if ``last``: the run ends).
 
-        Args:
-            meter: The run's window meter.
-            reader: The CPU/DRAM reader of this process (None: it reads none; its GPUs still count).
-            steps: Steps taken so far in the run.
-            last: The run's end: no span opens.
+        ``reader``: this process's CPU/DRAM reader (None: it reads none; its GPUs still count); ``steps``:
+        steps taken so far in the run.
         """
         reading = reader.read() if reader is not None else None
         token = meter.mark()
@@ -209,11 +200,6 @@ class NodeSpans:
                 value = figures.fields[f"{part}_energy_J"]
                 interval.known[part] = interval.known[part] and value is not None
                 interval.sums_J[part] += value or 0.0
-        return self.metrics()
-
-    def metrics(self) -> dict[str, float]:
-        """The interval's per-step node metrics (J per step), where every span knows them."""
-        interval = self._interval
         if not interval.steps:
             return {}
         return {_METRICS[p]: interval.sums_J[p] / interval.steps for p in interval.sums_J if interval.known[p]}

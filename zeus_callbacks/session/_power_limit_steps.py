@@ -1,12 +1,9 @@
 """The power-limit glue of the session: the profiler's step boundaries, its agreement across ranks, its records.
 
-:class:`PowerLimitSteps` is the part of :class:`~zeus_callbacks.session.EnergySession`
-that drives the power-limit controller (Zeus, NSDI '23 §4.3): it restores limits a killed
-run left changed, starts the controller (and, under several processes, makes every rank
-run the main rank's limit), hands the session the step hooks for the
-:class:`~zeus_callbacks.session._scheduler.StepScheduler`, writes the ``power_limit_profile``
-records and restores the limits at the end. It is an object the session owns: the run, the
-rank exchanges and the totals come in at :meth:`PowerLimitSteps.start`.
+:class:`PowerLimitSteps` drives the power-limit controller (Zeus, NSDI '23 §4.3): it restores limits a
+killed run left changed, starts the controller (under several processes, every rank runs the main
+rank's limit), hands the step scheduler its step hooks, writes the ``power_limit_profile`` records and
+restores the limits at the end.
 """
 
 from __future__ import annotations
@@ -40,15 +37,10 @@ integration (Lightning, the HF Trainer), or the caller of ``train_start(job_step
 def job_length(
     configured: int | None, given: int | None, given_by: JobStepsSource
 ) -> tuple[int | None, JobStepsSource | None]:
-    """The job length (training steps) the power-limit search uses, and where it came from.
+    """The job length (training steps) the power-limit search uses and where it came from; (None, None): unknown.
 
-    Args:
-        configured: ``power_limit.job_steps`` (None: unset); it wins over ``given``.
-        given: The steps left from ``train_start`` (None or ≤ 0: unknown).
-        given_by: Who passed ``given``: ``trainer`` (an integration) or ``train_start``.
-
-    Returns:
-        (steps, source), or (None, None) when the length is unknown.
+    ``configured`` (``power_limit.job_steps``) wins over ``given`` (from ``train_start``; None or ≤ 0:
+    unknown), which ``given_by`` passed.
     """
     if configured is not None:
         return configured, "config"
@@ -162,15 +154,8 @@ class PowerLimitSteps:
     ) -> StepHooks:
         """Start the controller (after :meth:`open`); under several processes, every rank or none profiles.
 
-        Args:
-            ranks: The run's rank exchanges.
-            totals: The run's totals (their step count dates the records).
-            job_steps: The job's expected training steps from the framework, used when
-                ``power_limit.job_steps`` is unset (None: unknown).
-            job_steps_source: Who gave ``job_steps`` (``trainer``: an integration), for the records.
-
-        Returns:
-            The scheduler's (step start, step end) hooks.
+        ``totals``' step count dates the records; ``job_steps`` (None: unknown; ``job_steps_source`` gave it)
+        is the job length unless ``power_limit.job_steps`` is set. Returns the scheduler's step hooks.
         """
         self._ranks, self._totals = ranks, totals
         cfg = self._config
@@ -212,12 +197,10 @@ class PowerLimitSteps:
         self.power_limit_W = limiter.limit_W
 
     def _agree_power_limit(self, limiter: pl.PowerLimitController) -> None:
-        """Under DDP, make every rank run the same limit from this step on (collective).
+        """Under DDP, make every rank run the main rank's limit from this step on (collective).
 
-        The main rank's profiler decides from its own GPU's measurements (with identical
-        GPUs, its per-GPU cost ranks the limits as the summed cost does); each step while
-        it profiles, every rank takes its limit. Observe mode anywhere (no permission,
-        read-only) becomes observe mode everywhere.
+        The main rank decides from its own GPU alone: with identical GPUs, its per-GPU cost ranks the
+        limits as the summed cost does.
         """
         verdict = agreement.exchange_power_limit(
             self._ranks.ranks,
@@ -250,15 +233,8 @@ class PowerLimitSteps:
             world_size=launcher_world_size(),
             is_main_process=self._is_main_process,
             run_name=run.run_name or "run",
-            cache=self._profile_cache(),
+            cache=StoreProfileCache(self._run_store) if cfg.power_limit.cache_in == "store" else None,  # else JSON
         )
-
-    def _profile_cache(self) -> pl.ProfileCache | None:
-        """The store as the profile cache (``power_limit.cache_in: store``), else None (the JSON file)."""
-        cfg = self._config
-        if cfg.power_limit.cache_in != "store":
-            return None
-        return StoreProfileCache(self._run_store)
 
     def stop(self) -> None:
         """At the end: record an unfinished profile, restore the limits, read the limit in force."""

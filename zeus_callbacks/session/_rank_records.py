@@ -1,14 +1,10 @@
 """Named records that cross ranks: each field declares how it combines over the ranks.
 
 A report exchanges one row of numbers per rank (:class:`~zeus_callbacks.session._aggregate.RankAggregator`).
-The records here give those numbers names: a frozen dataclass per record, each field with its
-reduction beside it (``sum``, ``max``, ``min``, ``any``, ``slowest``: the value of the rank
-whose time is the record's, or ``main``: rank 0's), as torchmetrics declares a state's ``dist_reduce_fx``.
-:meth:`RankRecord.values` packs a record into the row, :meth:`RankRecord.of` unpacks it, and
-:meth:`RankRecord.reduce` combines the ranks' records field by field. The rows a report sends
+The records here name those numbers: a frozen dataclass per record, each field with its :data:`Reduction`
+beside it, as torchmetrics declares a state's ``dist_reduce_fx``. The rows a report sends
 (:class:`StepReportRow`, :class:`EpochRow`, :class:`SummaryRow`) are such records side by side,
-with this rank's per-GPU energies last; :meth:`~zeus_callbacks.session._aggregate.RankAggregator.exchange`
-packs, gathers and unpacks them.
+with this rank's per-GPU energies last.
 """
 
 from __future__ import annotations
@@ -66,11 +62,9 @@ class RankRecord:
 
     @classmethod
     def reduce(cls: type[R], records: Sequence[R], *, slowest: int = 0) -> R:
-        """The ranks' records combined field by field, each by its declared reduction.
+        """The ranks' records (rank order) combined field by field, each by its declared reduction.
 
-        Args:
-            records: One record per rank, rank order.
-            slowest: Index of the slowest rank in ``records`` (its values stand for the ``slowest`` fields).
+        ``slowest``: index of the slowest rank (its values stand for the ``slowest`` fields).
 
         Raises:
             ValueError: ``records`` is empty.
@@ -132,13 +126,7 @@ class StepColumns(RankRecord):
 
 @dataclass(frozen=True)
 class WarmupColumns(RankRecord):
-    """One rank's warm-up steps of one report (``windows.warmup_steps``).
-
-    Attributes:
-        energy_J: Their energy (J).
-        time_s: Their time (s).
-        steps: How many.
-    """
+    """One rank's warm-up steps of one report (``windows.warmup_steps``): their energy (J), time (s), count."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -149,12 +137,7 @@ class WarmupColumns(RankRecord):
 
 @dataclass(frozen=True)
 class RunSoFar(RankRecord):
-    """One rank's run so far, sent with each report under several processes (every rank shows the run's).
-
-    Attributes:
-        energy_J: This rank's energy since the run began (J).
-        time_s: Its time since the run began (s).
-    """
+    """One rank's energy (J) and time (s) since the run began, sent with each report under several processes."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -162,13 +145,10 @@ class RunSoFar(RankRecord):
 
 @dataclass(frozen=True)
 class ShareVote(RankRecord):
-    """The share of steps a rank's overhead budget allows (``windows.sample_fraction: auto``), sent with each report.
+    """The share of steps (in [0.001, 1]) a rank's overhead budget allows (``windows.sample_fraction: auto``).
 
     Every rank measures the least share from the report on: the ranks draw the same steps (one seed)
     only while they draw them at the same share.
-
-    Attributes:
-        fraction: The share this rank's budget allows, in [0.001, 1].
     """
 
     fraction: float = reduced("min")
@@ -178,13 +158,8 @@ class ShareVote(RankRecord):
 class StepReportRow:
     """What one rank sends at a step report: its steps, its warm-up steps, its run so far, its node spans.
 
-    Attributes:
-        steps: The measured steps attributed since the last report.
-        warmup: The warm-up steps attributed since then.
-        so_far: The run so far (None with one process: nothing to agree on).
-        share: The share of steps this rank's budget allows (None with one process).
-        spans: The node spans' columns (:meth:`~zeus_callbacks.session._node_spans.NodeSpans.local_row`;
-            empty without ``node.rapl`` / ``node.virtual_cpu``).
+    ``so_far`` and ``share`` are None with one process (nothing to agree on); ``spans`` is empty without a
+    node option (:meth:`~zeus_callbacks.session._node_spans.NodeSpans.local_row`).
     """
 
     steps: StepColumns
@@ -202,14 +177,11 @@ class StepReportRow:
     @classmethod
     def of(cls, row: Sequence[float], *, so_far: bool) -> StepReportRow:
         """A rank's row unpacked; ``so_far``: it carries :class:`RunSoFar` and :class:`ShareVote` (several ranks)."""
-        at = StepColumns.width
-        steps, warmup = StepColumns.of(row), WarmupColumns.of(row[at:])
-        at += WarmupColumns.width
-        carried = RunSoFar.of(row[at:]) if so_far else None
-        at += RunSoFar.width if so_far else 0
-        share = ShareVote.of(row[at:]) if so_far else None
-        at += ShareVote.width if so_far else 0
-        return cls(steps, warmup, carried, share, tuple(row[at:]))
+        if so_far:
+            (steps, warmup, carried, share), spans = _split(row, StepColumns, WarmupColumns, RunSoFar, ShareVote)
+            return cls(steps, warmup, carried, share, spans)  # type: ignore[arg-type]
+        (steps, warmup), spans = _split(row, StepColumns, WarmupColumns)
+        return cls(steps, warmup, spans=spans)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -233,22 +205,9 @@ class NodeColumns(RankRecord):
 class LedgerColumns(RankRecord):
     """One rank's epoch ledger (:meth:`~zeus_callbacks.session._ledger.EpochLedger.row`).
 
+    The fields are :class:`~zeus_callbacks.session._ledger.EpochLedger`'s, with the energy (J), time (s)
+    and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``.
     Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
-
-    Attributes:
-        warmup_J: Energy of the warm-up step windows (J).
-        warmup_s: Their time (s).
-        warmup_windows: Their count.
-        steps_J: Energy of the other step windows wholly covered by samples (J).
-        steps_s: Their time (s).
-        step_windows: Their count.
-        eval_J: Energy of the evaluations that began inside the epoch (J).
-        eval_s: Their time (s).
-        evals: Their count.
-        stand_in_J: ``Σ (1/p − 1)·E`` over the step windows (J), ``p`` each one's chance of being
-            measured: the energy of the unmeasured steps they stand in for, in expectation.
-        stand_in_s: ``Σ (1/p − 1)·t`` (s), alike.
-        stand_in_steps: ``Σ (1/p − 1)``: how many unmeasured steps they stand in for, in expectation.
     """
 
     warmup_J: float = reduced("sum")
@@ -284,13 +243,7 @@ class EvalColumns(RankRecord):
 
 @dataclass(frozen=True)
 class EpochColumns(RankRecord):
-    """One rank's epoch window.
-
-    Attributes:
-        energy_J: Its energy from the power samples (J).
-        time_s: Its time (s).
-        counter_J: Its energy from the energy counters (J; NaN when a GPU has none).
-    """
+    """One rank's epoch window: its energy from the power samples (J), time (s), counter energy (J; NaN: none)."""
 
     energy_J: float = reduced("sum")
     time_s: float = reduced("max")
@@ -299,14 +252,7 @@ class EpochColumns(RankRecord):
 
 @dataclass(frozen=True)
 class EpochRow:
-    """What one rank sends at an epoch's end: the epoch, its ledger, its node figures, then each GPU's energy.
-
-    Attributes:
-        epoch: The epoch window's figures.
-        ledger: What the epoch's windows hold.
-        node: This process's CPU/DRAM energy of the epoch.
-        gpu_energy_J: Each of this rank's GPUs' energy (J).
-    """
+    """What one rank sends at an epoch's end: the epoch, its ledger, its node figures, then each GPU's energy (J)."""
 
     epoch: EpochColumns
     ledger: LedgerColumns
@@ -347,13 +293,7 @@ class SummaryColumns(RankRecord):
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """What one rank sends at the run's end: its run figures, its node figures, then each GPU's energy.
-
-    Attributes:
-        run: The run window and step means.
-        node: This process's CPU/DRAM energy of the run.
-        gpu_energy_J: Each of this rank's GPUs' energy (J).
-    """
+    """What one rank sends at the run's end: its run window and step means, its node figures, each GPU's energy (J)."""
 
     run: SummaryColumns
     node: NodeColumns
@@ -404,22 +344,14 @@ class StopVote(RankRecord):
 
 @dataclass(frozen=True)
 class Ready(RankRecord):
-    """Whether a rank can take part (e.g. it has a power-limit controller): every rank must, or none does.
-
-    Attributes:
-        ready: 1 when it can.
-    """
+    """1 when a rank can take part (e.g. it has a power-limit controller): every rank must, or none does."""
 
     ready: float = reduced("min")
 
 
 @dataclass(frozen=True)
 class MaxPower(RankRecord):
-    """A rank's GPUs' maximum power (W): the cost's ``MaxPower`` is their sum over the ranks.
-
-    Attributes:
-        max_power_W: The sum of this rank's GPUs' maximum limits (W).
-    """
+    """The sum of a rank's GPUs' maximum limits (W): the cost's ``MaxPower`` is their sum over the ranks."""
 
     max_power_W: float = reduced("sum")
 

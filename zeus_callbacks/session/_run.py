@@ -1,9 +1,7 @@
 """The started run's parts, all there from ``train_start`` on: backend, sampler, meter, timer, event log.
 
-:func:`open_run` builds them in the order their side effects need (the JSONL file is
-claimed first, so a taken name gets its suffix before anything else is named); the
-session then puts back leftover power limits, reads the limit in force and calls
-:meth:`StartedRun.start`. Nothing here is Optional that exists once a run has started.
+:func:`open_run` claims the JSONL file first, so a taken name gets its suffix before anything else is
+named. Nothing here is Optional that exists once a run has started.
 """
 
 from __future__ import annotations
@@ -252,23 +250,17 @@ class StartedRun:
             if samples_until_s is None or len(knots) == 0 or knots[-1] <= samples_until_s:
                 # Every sample: the window must still lie inside them. A step longer than the sensor's
                 # history (2.4 s on an H200) before the first poll keeps only its last samples; read as
-                # a whole it would be 0.25-0.77 of its energy (issue 31), so it has none.
-                energy, covered_s = covered_energy_J(
-                    knots, cumulative, [start_s], [end_s], reach_s=self.sampler.reach_s(index)
-                )
-                if not covered_s[0] >= end_s - start_s - 1e-9:  # 1 ns: rounding, not a gap
-                    return math.nan
-                total += float(energy[0])
-                continue
-            before = int(np.searchsorted(knots, samples_until_s, side="right"))  # knots of samples ended by then
-            # The period judged by the straddling sample's own spacing: a regular stream's jitter can make
-            # it longer than the newest samples' spacing (the step's end then lies inside it all the same).
-            straddling_s = float(knots[before] - knots[before - 1]) if before >= 1 else None
-            energy, covered_s = covered_energy_J(
-                knots[:before], cumulative[:before], [start_s], [end_s],
-                reach_s=self.sampler.reach_s(index, straddling_s),
-            )  # fmt: skip
-            if not covered_s[0] >= end_s - start_s:
+                # a whole it would be 0.25-0.77 of its energy, so it has none.
+                reach_s, rounding_s = self.sampler.reach_s(index), 1e-9  # 1 ns: rounding, not a gap
+            else:
+                before = int(np.searchsorted(knots, samples_until_s, side="right"))  # knots of samples ended by then
+                # The period judged by the straddling sample's own spacing: a regular stream's jitter can make
+                # it longer than the newest samples' spacing (the step's end then lies inside it all the same).
+                straddling_s = float(knots[before] - knots[before - 1]) if before >= 1 else None
+                knots, cumulative = knots[:before], cumulative[:before]
+                reach_s, rounding_s = self.sampler.reach_s(index, straddling_s), 0.0
+            energy, covered_s = covered_energy_J(knots, cumulative, [start_s], [end_s], reach_s=reach_s)
+            if not covered_s[0] >= end_s - start_s - rounding_s:
                 return math.nan
             total += float(energy[0])
         return total
@@ -362,18 +354,10 @@ def open_run(
     write_log: bool,
     make_timer: Callable[[GPUBackend], BoundaryTimer] = make_timer,
 ) -> StartedRun:
-    """Build a run's parts (nothing started yet; the JSONL file is created).
+    """Build a run's parts, to be started with :meth:`StartedRun.start` (the JSONL file is created now).
 
-    Args:
-        config: The session's configuration.
-        backend: The open backend.
-        gpu_indices: The GPUs to measure.
-        run_name: The wanted run name.
-        write_log: Whether this process writes the JSONL log.
-        make_timer: Builds the boundary timer (tests swap in a stand-in for CUDA).
-
-    Returns:
-        The run, to be started with :meth:`StartedRun.start`.
+    ``run_name`` is the wanted name (a taken one gets a suffix); ``make_timer`` builds the boundary
+    timer (tests swap in a stand-in for CUDA).
 
     Raises:
         OSError: The JSONL log directory is not writable.

@@ -1,17 +1,10 @@
 """The step path: which steps are measured, their window marks, and what that costs the training thread.
 
-:class:`StepScheduler` holds everything the per-step calls touch (``step_start``,
-``step_end``, the phase calls) and nothing else: the sampling of measured steps
-(``windows.sample_fraction``), the quiet steps counted ahead, the phase windows that tile
-a measured step, and the step counters. :class:`~zeus_callbacks.session.EnergySession`
-owns one and hands out its bound methods as its own step calls, so a step reads its state
-from the object it is called on: no attribute chain, no extra call on the hot path
-(``benchmarks/hook_cost.py``). The rest of the session plugs in through the hooks the
-scheduler holds (the power-limit profiler's step boundaries, the per-step stop decision,
-the report).
-
-:class:`OverheadGovernor` times what the session costs over an interval of steps for
-auto sampling (:class:`~zeus_callbacks.measurement._overhead.WindowSampling`).
+:class:`StepScheduler` holds everything the per-step calls touch and nothing else. The session hands
+out its bound methods as its own step calls, so a step reads its state from the object it is called
+on: no attribute chain, no extra call on the hot path (``benchmarks/hook_cost.py``). The rest of the
+session plugs in through the hooks it holds (the power-limit profiler's step boundaries, the per-step
+stop decision, the report). :class:`OverheadGovernor` times what the session costs for auto sampling.
 """
 
 from __future__ import annotations
@@ -54,9 +47,6 @@ CONTINUE = Decision()
 @dataclass
 class OverheadGovernor:
     """Times one interval of steps for auto sampling; the interval's step count is the scheduler's.
-
-    Counted: measured steps, the time the steps ran (pauses excluded), the hooks' and
-    the reports' time, and the time and number of the timed unmeasured steps' calls.
 
     Attributes:
         t0: ``perf_counter`` when the running stretch began; None while paused.
@@ -127,10 +117,6 @@ class StepScheduler:
         power_step_end: ``(step, num_samples)``: its step end (after the end mark); None: none.
         step_decision: ``()`` → :class:`Decision`: the per-step stop decision, when something may
             stop the run; None: nothing can.
-
-    A step needs nothing from the session when it is unmeasured, untimed, before the next
-    report and timing interval, and no hook is set: such steps are counted ahead in one go
-    (:meth:`_plan_quiet_steps`) and their calls read one attribute.
     """
 
     def __init__(self, report: ReportHook) -> None:
@@ -153,7 +139,7 @@ class StepScheduler:
         # share is high are the slow ones: estimates weigh each measured step by 1 / this (Horvitz-Thompson).
         self._draw_probability = 1.0
         self._mark: Any = None  # the meter's mark(): one boundary
-        # The run's meter, timer and clock: assigned by _begin_steps, read only once a run has started.
+        # The run's meter, timer and clock: assigned by begin(), read only once a run has started.
         self._meter: WindowMeter
         self._timer: BoundaryTimer
         self._clock: Clock
@@ -183,13 +169,7 @@ class StepScheduler:
 
     @property
     def step_end_reads_arguments(self) -> bool:
-        """Whether the coming :meth:`step_end` reads its ``step``, ``num_samples`` and ``num_tokens``.
-
-        True for a measured step and while the power-limit profiler takes its step boundaries;
-        False for the other steps (most of them under ``windows.sample_fraction``): an adapter
-        whose values cost something to compute (Lightning walks the batch for its size) may
-        then pass the step it has and no counts. Read it right before :meth:`step_end`.
-        """
+        """See :attr:`~zeus_callbacks.session.EnergySession.step_end_reads_arguments`."""
         return self._measuring or self.power_step_end is not None
 
     @property
@@ -204,12 +184,7 @@ class StepScheduler:
 
     @property
     def plans_quiet_steps(self) -> bool:
-        """Whether steps that need nothing from the session are counted ahead (True by default).
-
-        Set False for the reference path, where every step's calls take the whole path: the
-        quiet steps must measure, count and report exactly what it does (tests compare the two).
-        Setting it False takes back the steps already counted ahead.
-        """
+        """See :attr:`~zeus_callbacks.session.EnergySession.plans_quiet_steps`; False takes back steps counted ahead."""
         return self._plans_quiet_steps
 
     @plans_quiet_steps.setter
@@ -241,8 +216,7 @@ class StepScheduler:
     ) -> None:  # fmt: skip
         """Start the step path of a run; ``totals`` (the session's, the carried steps in it) counts its steps.
 
-        The first ``warmup_steps`` steps are measured whatever the sampling draws, and
-        reported apart from the others (their ends carry ``warmup``).
+        The first ``warmup_steps`` steps are measured whatever the sampling draws (their ends carry ``warmup``).
         """
         self._totals = totals
         self._meter, self._timer, self._clock = meter, timer, clock
@@ -256,7 +230,8 @@ class StepScheduler:
         self._draw_next_skip()
         self._quiet_left = 0
         self._measuring = self._dataloader_open = False
-        self._new_timing_interval(time.perf_counter())
+        self._interval_steps = 0
+        self._governor.restart(time.perf_counter())
         self._phase_open = None
         self.active = True
 
@@ -359,7 +334,8 @@ class StepScheduler:
             self.timed_report()
             timed, self._time_unmeasured = None, False  # a report is timed on its own
         if self._interval_steps >= self._sampling.report_every:
-            self._observe_timing()
+            self._governor.observe(self._sampling, self._interval_steps)  # no quiet step is counted ahead here
+            self._interval_steps = 0
             timed, self._time_unmeasured = None, False  # the interval it would count in has ended
         decide = self.step_decision
         decision = CONTINUE if decide is None else decide()
@@ -467,18 +443,6 @@ class StepScheduler:
             return
         self._open_step_at(self._mark() if token is None else token)
 
-    def _close_open_step(self) -> bool:
-        """Drop the next step's window opened ahead (an evaluation, the epoch's or the run's end comes first).
-
-        Returns:
-            Whether one was open (its step or ``dataloader`` window).
-        """
-        dropped = self._meter.discard("step")
-        if self._phase_windows:
-            dropped = self._meter.discard("dataloader") or dropped
-            self._dataloader_open = False
-        return dropped
-
     def _maybe_reanchor(self) -> None:
         # Sub-sample-period phases need the GPU-CPU clock offset fresh: drift of ~10 ppm
         # would otherwise shift boundaries by a 20 ms sample within an hour-long epoch.
@@ -572,19 +536,11 @@ class StepScheduler:
         exchange between ranks, a checkpoint) is no step's (an outside tester: 202 ms against 26 ms).
         """
         self.pause_timing()
-        if not self._measuring:  # the window would otherwise hold the whole evaluation
-            self._close_open_step()
-
-    def _observe_timing(self) -> None:
-        """Give the sampling the interval's timings (steps, their time, hooks, reports); start a new interval."""
-        self.take_back_quiet_steps()
-        self._governor.observe(self._sampling, self._interval_steps)
-        self._interval_steps = 0
-
-    def _new_timing_interval(self, t0: float | None) -> None:
-        """Start timing an interval for auto sampling; ``t0`` is None while paused."""
-        self._interval_steps = 0
-        self._governor.restart(t0)
+        if not self._measuring:  # the window opened ahead would otherwise hold the whole evaluation
+            self._meter.discard("step")
+            if self._phase_windows:
+                self._meter.discard("dataloader")
+                self._dataloader_open = False
 
     def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""

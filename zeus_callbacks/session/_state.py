@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -19,11 +19,8 @@ class Totals:
         epochs: Epochs executed (an epoch cut short counts).
         step_energy_J: ``Σ E/p`` over the measured steps after warm-up (J), ``p`` each one's chance
             of being measured (Horvitz-Thompson): the energy of the steps they stand for, in
-            expectation. Not the measured steps' plain sum: under ``windows.sample_fraction: auto``
-            the share measured follows the step time (all of the first steps, fewer later, more
-            where steps are slow), and a plain mean would weigh each stretch by that share
-            (issue 31; a mean per report, weighed by the steps it stood for, kept that bias too:
-            a report's steps end at a measured one).
+            expectation. Under ``windows.sample_fraction: auto`` the share measured follows the
+            step time, so a plain mean would weigh each stretch by that share.
         step_time_s: ``Σ t/p``, alike (s).
         estimated_steps: ``Σ 1/p``: the steps those sums stand for, in expectation;
             ``step_energy_J / estimated_steps`` is the run's mean step energy.
@@ -42,27 +39,16 @@ class Totals:
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
-        return Totals(
-            self.energy_J, self.time_s, self.steps, self.measured_steps, self.epochs,
-            self.step_energy_J, self.step_time_s, list(self.epoch_energy_J), self.estimated_steps,
-        )  # fmt: skip
+        return replace(self, epoch_energy_J=list(self.epoch_energy_J))
 
 
 def resume_state(
     totals: Totals, *, energy_J: float, time_s: float, run_name: str | None, open_epoch: Any = None
 ) -> dict[str, Any]:
-    """The checkpoint state: ``totals`` with the run's energy and time so far.
+    """The checkpoint state, in plain numbers, lists and strings: ``totals`` with the run's energy (J) and time (s).
 
-    Args:
-        totals: The counts to carry.
-        energy_J: The run's energy so far (J).
-        time_s: The run's time so far (s).
-        run_name: The run's name (informative; a resumed run has a new log).
-        open_epoch: The epoch under way with steps taken in it (None: between epochs): a run
-            resumed inside it did not see it from its start, and its ``epoch`` record says so.
-
-    Returns:
-        Plain numbers, lists and strings (any checkpoint format stores them).
+    ``run_name`` is informative (a resumed run has a new log). ``open_epoch``: the epoch under way with
+    steps taken in it (None: between epochs); a run resumed inside it says so in its ``epoch`` record.
     """
     return {
         "energy_J": energy_J,
@@ -97,8 +83,3 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
         estimated_steps=float(state.get("estimated_steps", measured)),
     )
-
-
-def carried_open_epoch(state: Mapping[str, Any]) -> Any:
-    """The epoch a checkpoint was saved inside (after some of its steps), or None (between epochs; an older state)."""
-    return state.get("open_epoch")

@@ -1,13 +1,9 @@
 """The session's reports: closed windows attributed, their metrics queued, their JSONL records written.
 
-:class:`StepReports` is the part of :class:`~zeus_callbacks.session.EnergySession`
-behind :meth:`~zeus_callbacks.session._scheduler.StepScheduler.report`: at each
-report it attributes the closed windows the samples cover (step and phase windows in
-bulk, as arrays; the rare others one record each), exchanges the per-rank rows
-(:mod:`~zeus_callbacks.session._aggregate`) and turns them into metrics and records
-(:mod:`~zeus_callbacks.session._log_records`). It is an object the session owns: what it reads of
-the run comes in through :meth:`StepReports.begin` and its constructor, and what it produces
-goes to the run's log and the metrics queue it was given.
+:class:`StepReports` is the session's report hook (:meth:`~zeus_callbacks.session._scheduler.StepScheduler.report`):
+it attributes the closed windows the samples cover (step and phase windows in bulk, as arrays; the
+rare others one record each), exchanges the per-rank rows and turns them into metrics and records
+(:mod:`~zeus_callbacks.session._log_records`).
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import _log_records as records
 from zeus_callbacks.session._aggregate import RankAggregator
 from zeus_callbacks.session._ledger import EpochLedger
-from zeus_callbacks.session._node import LocalNode, local_node
+from zeus_callbacks.session._node import local_node
 from zeus_callbacks.session._node_spans import SPAN_WINDOW, STEP_METRICS, NodeSpans, SpanFigures
 from zeus_callbacks.session._rank_records import (
     EpochRow,
@@ -58,6 +54,13 @@ class StepReports:
         warmup_done: Warm-up steps taken so far in the run.
         sampling: Which steps the scheduler measures: under several processes each report carries this
             rank's wanted share and sets the agreed one (None: no agreement, e.g. tests of this part alone).
+
+    Attributes:
+        reports_made: Step reports made since the run began (every ``interval_steps``, epoch ends, flushes).
+        ranks_totals: Several processes: (J, s) of all ranks as of the last report; None before it, or
+            with one process.
+        last_epoch_metrics: What the last attributed epoch queued (its phases too).
+        phase_summary_s: Time of the last epoch's phase superposition (s): not a step's cost.
     """
 
     def __init__(
@@ -91,48 +94,23 @@ class StepReports:
         self._interval_rows: list[StepColumns] | None = None
         self._interval_warmup: list[WarmupColumns] | None = None
         self._run_record: WindowRecord | None = None
-        self._ranks_totals: tuple[float, float] | None = None  # several processes: (J, s) of all ranks
+        self.ranks_totals: tuple[float, float] | None = None
         self._epoch_sampled = (0, 0)  # (steps, measured steps) of the last ended epoch
-        self._last_epoch_metrics: dict[str, float] = {}  # what the last attributed epoch queued (its phases too)
-        self._phase_summary_s = 0.0  # the last epoch's phase superposition (s)
+        self.last_epoch_metrics: dict[str, float] = {}
+        self.phase_summary_s = 0.0
         self._ledger = EpochLedger()  # the open epoch's windows so far (reset when its record is written)
         self._dropped_windows = 0  # impossible step windows dropped since the last steps record
-        self._reports_made = 0  # step reports this run (tests and benchmarks read reports_made)
+        self.reports_made = 0
         self._node_spans: NodeSpans | None = None  # node.rapl / node.virtual_cpu: spans between readings
         self._node_unwritten: SpanFigures | None = None  # spans a report combined but wrote in no record
         self._held_eval: WindowRecord | None = None  # an evaluation every rank ran, until eval_exchange()
-
-    @property
-    def reports_made(self) -> int:
-        """Step reports made since this session's run began (every ``interval_steps``, epoch ends, flushes)."""
-        return self._reports_made
-
-    @property
-    def ranks_totals(self) -> tuple[float, float] | None:
-        """Several processes: (J, s) of all ranks as of the last report; None before it, or with one process."""
-        return self._ranks_totals
-
-    @property
-    def epoch_sampled(self) -> tuple[int, int]:
-        """(steps, measured steps) of the last ended epoch (``windows.sample_fraction``)."""
-        return self._epoch_sampled
-
-    @property
-    def last_epoch_metrics(self) -> dict[str, float]:
-        """What the last attributed epoch queued (its phases too)."""
-        return self._last_epoch_metrics
-
-    @property
-    def phase_summary_s(self) -> float:
-        """Time of the last epoch's phase superposition (s): not a step's cost."""
-        return self._phase_summary_s
 
     def begin(self, run: StartedRun, totals: Totals, carried: Totals, ranks: RankAggregator) -> None:
         """At train start: the steps records go on from the carried steps; no ranks' totals yet."""
         self._run, self._totals, self._carried, self._ranks = run, totals, carried, ranks
         self._steps_logged_upto = self._carried.steps
-        self._ranks_totals = None
-        self._reports_made = 0
+        self.ranks_totals = None
+        self.reports_made = 0
         node = self._config.node
         self._node_spans = NodeSpans() if node.rapl or node.virtual_cpu else None
         self._node_unwritten = None
@@ -141,8 +119,8 @@ class StepReports:
     def epoch_ended(self, counts: tuple[int, int]) -> None:
         """An epoch ended with ``counts`` (steps, measured steps); its report comes next."""
         self._epoch_sampled = counts
-        self._phase_summary_s = 0.0
-        self._last_epoch_metrics = {}
+        self.phase_summary_s = 0.0
+        self.last_epoch_metrics = {}
 
     def node_span_boundary(self, *, last: bool = False) -> None:
         """Read the CPU/DRAM counters and mark a node span boundary (run start, each report, run end)."""
@@ -150,17 +128,11 @@ class StepReports:
             self._node_spans.boundary(self._run.meter, self._run.node, self._totals.steps, last=last)
 
     def report(self, resolve_final: bool, stepped: bool, active: bool) -> None:
-        """Attribute closed windows and queue their metrics (the scheduler's report hook).
+        """Attribute closed windows and queue their metrics (:data:`~zeus_callbacks.session._scheduler.ReportHook`).
 
-        Step and phase windows are attributed and aggregated in bulk (arrays, no object
-        per window); the rare others (epoch, eval, run, user windows) one record each.
-
-        Args:
-            resolve_final: Attribute every closed window, even those the samples do not cover yet.
-            stepped: Steps were taken since the last report.
-            active: The run goes on (False at its end).
+        ``resolve_final``: every closed window, even those the samples do not cover yet.
         """
-        self._reports_made += 1
+        self.reports_made += 1
         if active:  # a span boundary: the CPU/DRAM counters read once per report, never per step
             self.node_span_boundary()
         elif self._run.node is not None:
@@ -211,18 +183,15 @@ class StepReports:
             steps = steps.select(covered)
         if steps.size:
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
-            ledger = self._ledger
+            rest = steps
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
                 first = steps.select(warmup)
                 self._unreported_warmup.append(first)
-                ledger.add_steps(first, warmup=True)
-                if not warmup.all():
-                    rest = steps.select(~warmup)
-                    self._unreported_steps.append(rest)
-                    ledger.add_steps(rest, warmup=False)
-            else:
-                self._unreported_steps.append(steps)
-                ledger.add_steps(steps, warmup=False)
+                self._ledger.add_steps(first, warmup=True)
+                rest = steps.select(~warmup)
+            if rest.size:
+                self._unreported_steps.append(rest)
+                self._ledger.add_steps(rest, warmup=False)
             self._totals.measured_steps += steps.size - int(warmup.sum())
         phases = self._run.phases
         if phases is not None and steps.size < batch.size:
@@ -302,7 +271,7 @@ class StepReports:
             self._node_unwritten = spans.combine([list(row.spans) for row in gathered])
         if collective:
             so_far = RunSoFar.reduce([row.so_far for row in gathered if row.so_far is not None])
-            self._ranks_totals = (so_far.energy_J, so_far.time_s)
+            self.ranks_totals = (so_far.energy_J, so_far.time_s)
             if sampling is not None:  # the same share on every rank from here: the same steps measured
                 sampling.agree(ShareVote.reduce([row.share for row in gathered if row.share is not None]).fraction)
         warmups = [row.warmup for row in gathered]
@@ -344,17 +313,13 @@ class StepReports:
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool,
         partial: str | None = None,
-    ) -> int:  # fmt: skip
-        """The JSONL ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+    ) -> None:  # fmt: skip
+        """Write the ``steps`` record (:func:`~zeus_callbacks.session._log_records.steps_record`).
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
-        ``partial``: why the means are null although some rank measured steps (not every rank did).
-
-        Returns:
-            The steps the record stands for (its ``steps``: warm-up steps left out).
         """
         lo = self._steps_logged_upto
         if final:
@@ -381,7 +346,6 @@ class StepReports:
             for key in STEP_METRICS:  # an earlier report's value in this interval: replaced, or gone if now unknown
                 self._pending_metrics.pop(key, None)
             self._pending_metrics.update(self._node_spans.publish(node))
-        return upto - lo - warmup
 
     def _node_figures(self) -> SpanFigures | None:
         """The node spans for the record being written: those the last exchange combined (None: no node option).
@@ -414,7 +378,7 @@ class StepReports:
             e.metrics[metric.EPOCH_PARTIAL] = 1.0
         self._totals.epoch_energy_J.append(e.energy_J)
         self._pending_metrics.update(e.metrics)
-        self._last_epoch_metrics = dict(e.metrics)
+        self.last_epoch_metrics = dict(e.metrics)
         if run.phases is not None:
             self._queue_phase_metrics(epoch, record.energy_J)
         self._run.log.write(
@@ -429,32 +393,25 @@ class StepReports:
         steps, measured = self._epoch_sampled
         started = time.perf_counter()
         stats = phases.epoch_summary(measured_fraction=measured / steps if measured and steps else 1.0)
-        self._phase_summary_s = time.perf_counter() - started
+        self.phase_summary_s = time.perf_counter() - started
         if not stats:
             return
         values, explained = records.phase_metrics(stats, epoch_energy_J)
         self._pending_metrics.update(values)
-        self._last_epoch_metrics.update(values)
+        self.last_epoch_metrics.update(values)
         self._run.log.write(records.phases_record(epoch, stats, explained, epoch_energy_J))
 
     def summary(
         self, status: str, *, chosen_power_limit: tuple[float, int, bool] | None, time_note: str | None
     ) -> RunSummary:
-        """The run summary from the run window and the totals, gathered over the ranks.
-
-        Args:
-            status: The run's (``completed``, ``failed``, ``interrupted``, ``early_stopped``).
-            chosen_power_limit: (W, from step, applied) of the power-limit profiler's choice, or None.
-            time_note: Why the power-limit results do not show time (the virtual GPU), or None.
-        """
+        """The run summary from the run window and the totals, gathered over the ranks (see ``run_summary``)."""
         run = self._run
         record = self._run_record
         t = self._totals
         counter_J, counter_why = (run.counter_energy(record.start_s, record.end_s) if record
                                   else (None, "the run's window was not measured"))  # fmt: skip
-        node_cfg = self._config.node
-        # Both options off: the figures are null and run_end's note says so, as each epoch record's does.
-        node = self._node_local() if node_cfg.rapl or node_cfg.virtual_cpu else local_node(None, None, None)
+        reader = run.node  # None with both node options off: run_end's note says so, as each epoch record's does
+        node = local_node(reader, reader.read() if reader is not None else None, run.node_note)
         rows = self._ranks.exchange(
             records.local_summary_row(record, counter_J, t.step_energy_J, t.step_time_s, t.estimated_steps,
                                       node.columns),
@@ -499,8 +456,3 @@ class StepReports:
             counter_note_local=counter_why,
             measured_steps=t.measured_steps,
         )
-
-    def _node_local(self) -> LocalNode:
-        """This process's CPU/DRAM energy since the run's start (read now), or why there is none."""
-        reader = self._run.node
-        return local_node(reader, reader.read() if reader is not None else None, self._run.node_note)
