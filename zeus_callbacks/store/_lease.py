@@ -1,7 +1,7 @@
 """The lease keeper: one daemon thread per process renews the leases of its running trials.
 
 A trial created for this process (:meth:`Store.create_trial` without another ``pid``) is
-*held* here until it is finished; every :func:`~zeus_callbacks.store._base.heartbeat_interval_s`
+*held* here until it is finished; every :func:`heartbeat_interval_s`
 the thread sets its ``heartbeat_at`` through a store object of its own (so the caller may
 close its store while the trial runs, and a heartbeat never waits behind the caller's
 transactions). When the process dies the heartbeats stop, and after the grace period any
@@ -32,14 +32,43 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from zeus_callbacks.store._base import Store, heartbeat_interval_s, lease_owner
+if TYPE_CHECKING:  # the keeper uses a store's lease methods only: the Store contract is above it
+    from zeus_callbacks.store._base import Store
 
 logger = logging.getLogger(__name__)
+
+MAX_HEARTBEAT_INTERVAL_S = 30.0
+"""The owner renews its leases at least this often (s), and at least five times per grace period."""
+
+
+def this_host() -> str:
+    """This machine's host name, as trials record it."""
+    return socket.gethostname()
+
+
+_OWNER: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
+
+
+def lease_owner() -> str:
+    """This process's lease owner token, ``host:pid:random`` (new in a forked child)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:
+        _OWNER = (pid, f"{this_host()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _OWNER[1]
+
+
+def heartbeat_interval_s(lease_grace_s: float) -> float:
+    """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
+    return min(MAX_HEARTBEAT_INTERVAL_S, float(lease_grace_s) / 5.0)
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""The store's records: one schema for both stores, checked on load (pydantic), and built here on write.
+"""The store's records (frozen dataclasses) and their one schema: checked on load (pydantic), built here on write.
+
+The lowest layer of the store: it imports no other part of it (the Store contract is above it).
 
 Reading: each store reads its rows or its document through these models before it returns a record
 or writes anything back. A record that does not fit raises
@@ -27,20 +29,140 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from zeus_callbacks.errors import StoreCorruptError
-from zeus_callbacks.store._base import (
-    BanditState,
-    JobRecord,
-    TrialRecord,
-    check_finish_status,
-    check_finite,
-    dumps_strict,
-    lease_owner,
-    this_host,
-)
+from zeus_callbacks.errors import StoreCorruptError, StoreValueError
 
 if TYPE_CHECKING:
     from zeus_callbacks.store._base import Store
+
+TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One recurring job.
+
+    Attributes:
+        job_id: The job's name (``ZeusConfig.job_id``).
+        created_at: Unix time (s) of the job's first record.
+        info: Free-form JSON-safe description (workload, GPU, ...).
+    """
+
+    job_id: str
+    created_at: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One recurrence of a job.
+
+    Attributes:
+        trial_id: Unique within the store, increasing in creation order.
+        job_id: The job it belongs to.
+        batch_size: Batch size it ran at.
+        power_limit_W: Power limit it ran at (W); None if unknown.
+        status: ``running``, ``completed``, ``failed`` (crashed, or its process died),
+            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost) or ``withdrawn`` (a
+            suggestion no run claimed: neither an observation nor a failure of its batch size).
+        energy_J: GPU energy of the run (J); None while running or when unknown.
+        time_s: Wall time of the run (s); None while running or when unknown.
+        cost: ZeusCost of the run (J-equivalent); None while running or when unknown.
+        converged: True when the run reached its target metric.
+        started_at: Unix time (s) the trial was created.
+        ended_at: Unix time (s) it finished; None while running.
+        pid: Process id that runs it.
+        host: Host name of that process (a dead process is recognised on its own host at once).
+        info: Free-form JSON-safe extras (phase of the bandit, reason of a stop, ...).
+        owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
+            trial was recorded for another process, or by a schema-1 store.
+        heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
+        pending_id: The id of the pending-trial file it was recorded from (a run that could not
+            reach the store at its start or end; docs/stores.md): set when the trial is created
+            from that file or its outcome merged from it; None otherwise. Unique within the store,
+            so merging the same file again records nothing new.
+    """
+
+    trial_id: int
+    job_id: str
+    batch_size: int
+    power_limit_W: float | None
+    status: TrialStatus
+    energy_J: float | None
+    time_s: float | None
+    cost: float | None
+    converged: bool
+    started_at: float
+    ended_at: float | None
+    pid: int
+    host: str
+    info: dict[str, Any] = field(default_factory=dict)
+    owner: str = ""
+    heartbeat_at: float | None = None
+    pending_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BanditState:
+    """The batch-size bandit's persisted state of one job.
+
+    Attributes:
+        job_id: The job.
+        state: JSON-safe optimiser state (phase, pruning progress, RNG state, min cost).
+        arms: Batch size → JSON-safe per-arm state (e.g. pruned, last posterior).
+        version: Incremented by every update (optimistic readers can compare).
+    """
+
+    job_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+    arms: dict[int, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
+
+
+def check_finite(location: str, what: str, **values: float | None) -> None:
+    """Refuse a non-finite number before it reaches a store (every backend calls this first).
+
+    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
+    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
+
+    Args:
+        location: The store's file or masked URL, for the message.
+        what: What is being written (``"finish trial 3"``), for the message.
+        **values: Name → value; None (unknown) is accepted.
+
+    Raises:
+        StoreValueError: A value is NaN or ±infinity (nothing was written).
+    """
+    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise StoreValueError(
+            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
+            "was written"
+        )
+
+
+def dumps_strict(value: Any, location: str, what: str) -> str:
+    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
+
+    Raises:
+        StoreValueError: ``value`` holds a non-finite number (nothing was written).
+        TypeError: ``value`` is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise StoreValueError(
+            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
+        ) from exc
+
+
+def check_finish_status(status: str) -> None:
+    """Raise ValueError unless ``status`` is a final trial status."""
+    if status not in TRIAL_STATUSES or status == "running":
+        raise ValueError(
+            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {status!r}"
+        )
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -50,7 +172,7 @@ def _finite_or_none(value: Any) -> Any:
 
 
 TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
-"""The fields of :class:`~zeus_callbacks.store._base.TrialRecord`, in order (the trials table's columns)."""
+"""The fields of :class:`TrialRecord`, in order (the trials table's columns)."""
 
 
 class _Record(BaseModel):
@@ -58,13 +180,13 @@ class _Record(BaseModel):
 
 
 class TrialModel(_Record):
-    """One trial as stored (the fields of :class:`~zeus_callbacks.store._base.TrialRecord`)."""
+    """One trial as stored (the fields of :class:`TrialRecord`)."""
 
     trial_id: int = Field(gt=0)
     job_id: str
     batch_size: int
     power_limit_W: float | None = None
-    status: Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+    status: TrialStatus
     energy_J: float | None = None
     time_s: float | None = None
     cost: float | None = None
@@ -317,11 +439,13 @@ def new_trial(
     pid: int | None,
     pending_id: str | None,
     now_s: float,
+    host: str,
+    owner: str,
 ) -> dict[str, Any]:
     """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
 
-    A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
-    recorded for another process carries none.
+    A trial of this process (``pid`` None or ours) carries ``owner``, this process's lease owner
+    token; one recorded for another process carries none.
 
     Raises:
         StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
@@ -341,9 +465,9 @@ def new_trial(
         "started_at": now_s,
         "ended_at": None,
         "pid": os.getpid() if pid is None else int(pid),
-        "host": this_host(),
+        "host": host,
         "info": json.loads(info_json),
-        "owner": lease_owner() if mine else "",
+        "owner": owner if mine else "",
         "heartbeat_at": now_s,
         "pending_id": pending_id,
     }
