@@ -1,15 +1,8 @@
-"""The persistent store of recurring jobs: one interface, several file backends.
+"""The :class:`Store` contract and the helpers its stores share.
 
-A *job* is a recurring training job (``ZeusConfig.job_id``); each recurrence of it is a
-*trial* (the batch size and power limit it ran at, the energy and time it took, whether
-it reached its target). The batch-size bandit keeps its state (arms, pruning progress,
-random-generator state) per job, and the power-limit profiler caches its profiles by key.
-
-Implementations: :class:`~zeus_callbacks.store._sql_store.SQLStore` (a SQLite file, the default, or a
-PostgreSQL, MySQL or any SQLAlchemy database many nodes share) and
-:class:`~zeus_callbacks.store._json_store.JSONStore` (one human-readable file for a single user), both over
-the records of :mod:`~zeus_callbacks.store._stored_records`; :func:`open_store` picks one. Both pass the same
-contract suite (``tests/store_contract.py``).
+Below it: the records (:mod:`~zeus_callbacks.store._stored_records`) and the lease keeper
+(:mod:`~zeus_callbacks.store._lease`). Above it: :class:`~zeus_callbacks.store._sql_store.SQLStore` and
+:class:`~zeus_callbacks.store._json_store.JSONStore`, which pass one contract suite (``tests/store_contract.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermiss
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
 from zeus_callbacks.store import _stored_records as records
-from zeus_callbacks.store._lease import KEEPER, lease_owner, this_host
+from zeus_callbacks.store._lease import KEEPER, this_host
 from zeus_callbacks.store._stored_records import (
     BanditState,
     JobRecord,
@@ -147,9 +140,9 @@ class Store(abc.ABC):
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
         """Return the job, creating it (with ``info``) if missing; an existing job's info is kept."""
 
-    @abc.abstractmethod
     def get_job(self, job_id: str) -> JobRecord | None:
         """Return the job, or None."""
+        return next((job for job in self.list_jobs() if job.job_id == job_id), None)
 
     @abc.abstractmethod
     def list_jobs(self) -> list[JobRecord]:
@@ -183,16 +176,7 @@ class Store(abc.ABC):
             The new trial, with its ``trial_id`` (or the existing one of ``pending_id``).
         """
         fields = records.new_trial(
-            self.location,
-            job_id,
-            batch_size,
-            power_limit_W,
-            info=info,
-            pid=pid,
-            pending_id=pending_id,
-            now_s=now(),
-            host=this_host(),
-            owner=lease_owner(),
+            self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
         )
         trial, created = self._insert_trial(job_id, fields, pending_id)
         if fields["owner"] and created:
@@ -356,16 +340,10 @@ _PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
 
 
 def os_error(exc: OSError, location: str, what: str) -> StoreError:
-    """The store error for an operating-system error on the store's files, named as what it is.
+    """The store error for an OS error while doing ``what`` (``"write"``) to the store's files, by its ``errno``.
 
-    Args:
-        exc: The error (its ``errno`` decides the class).
-        location: The store's file, for the message.
-        what: What was being done (``"write"``, ``"open"``).
-
-    Returns:
-        :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
-        ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
+    :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
+    ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
     """
     if exc.errno in _FULL_ERRNOS:
         return StoreFullError(
@@ -386,37 +364,25 @@ def locked_error(location: str, waited_s: float, limit_s: float, detail: str) ->
     return StoreLockedError(f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})")
 
 
-def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
-    """Why a ``running`` trial is dead, or None while it may still run.
-
-    On its own host a trial is dead when its process is gone (``"process died"``); on
-    another host, when its lease's heartbeat is older than ``lease_grace_s``
-    (``"lease expired"``; a trial without a heartbeat, from a schema-1 store, never expires).
-
-    Args:
-        trial: The trial's dict form (``status``, ``host``, ``pid``, ``heartbeat_at``).
-        host: This host's name.
-        now_s: The current Unix time (s).
-        lease_grace_s: The grace period (s).
-
-    Returns:
-        ``"process died"``, ``"lease expired"`` or None.
-    """
-    if trial["status"] != "running":
-        return None
-    if trial.get("host") == host:
-        return None if process_is_alive(int(trial["pid"])) else "process died"
-    heartbeat_at = trial.get("heartbeat_at")
-    if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
-        return "lease expired"
-    return None
-
-
 def dead_trials(trials: Iterable[T], lease_grace_s: float) -> list[tuple[T, str]]:
-    """The dead ones among ``trials`` (records, or a document's dicts), each with its :func:`orphan_reason`."""
+    """The dead ones among ``trials`` (records, or a document's dicts), each with why.
+
+    A running trial on this host is dead when its process is gone (``"process died"``); one of another
+    host, when its heartbeat is older than ``lease_grace_s`` (``"lease expired"``; a trial without a
+    heartbeat, from a schema-1 store, never expires).
+    """
     host, now_s = this_host(), now()
-    found = ((t, orphan_reason(t if isinstance(t, Mapping) else vars(t), host, now_s, lease_grace_s)) for t in trials)
-    return [(trial, reason) for trial, reason in found if reason is not None]
+    dead = []
+    for trial in trials:
+        t = trial if isinstance(trial, Mapping) else vars(trial)
+        if t["status"] != "running":
+            continue
+        if t.get("host") == host:
+            if not process_is_alive(int(t["pid"])):
+                dead.append((trial, "process died"))
+        elif t.get("heartbeat_at") is not None and now_s - float(t["heartbeat_at"]) > lease_grace_s:
+            dead.append((trial, "lease expired"))
+    return dead
 
 
 def refuse_foreign_store(path: Path) -> None:
@@ -436,23 +402,11 @@ def refuse_foreign_store(path: Path) -> None:
 
 
 def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Callable[[BaseException], bool]) -> T:
-    """``attempt()``, called again after a transient error with jittered exponential backoff (tenacity).
+    """``attempt()`` (one transaction, safe to re-run), re-run while ``is_transient(error)`` for up to ``limit_s``.
 
-    The one retry policy of the stores: a database that is unreachable, deadlocked or restarting,
-    a SQLite file another process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter
-    (so that processes that collided do not collide again), never sleeping past ``limit_s`` from the
-    first try.
-
-    Args:
-        attempt: The operation; re-run from its start (it must be safe to repeat: one transaction).
-        limit_s: How long (s) to keep retrying.
-        is_transient: Whether an error is worth another try; any other error is raised at once.
-
-    Returns:
-        What ``attempt`` returned.
-
-    Raises:
-        BaseException: The last error, once it is not transient or ``limit_s`` would pass.
+    The stores' one retry policy: a database unreachable, deadlocked or restarting, a SQLite file another
+    process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter (so that processes that
+    collided do not collide again). Any other error, or the last one, is raised.
     """
     import tenacity
 
@@ -475,7 +429,7 @@ def file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def log_orphan(trial: Mapping[str, Any], reason: str, lease_grace_s: float) -> None:
-    """Warn that a dead trial (``orphan_reason``) was marked failed on open."""
+    """Warn that a dead trial (``reason``: see :func:`dead_trials`) was marked failed on open."""
     logger.warning(
         "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
         trial["trial_id"],

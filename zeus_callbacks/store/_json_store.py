@@ -209,11 +209,6 @@ class JSONStore(Store):
 
         return self._mutate(change)
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        """See :meth:`Store.get_job`."""
-        job = self._load()["jobs"].get(job_id)
-        return None if job is None else JobRecord(job_id, job["created_at"], job["info"])
-
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
         jobs = self._load()["jobs"]

@@ -1,6 +1,6 @@
 """The store's records (frozen dataclasses) and their one schema: checked on load (pydantic), built here on write.
 
-The lowest layer of the store: it imports no other part of it (the Store contract is above it).
+Below the Store contract: of the store it imports only the lease owner token (a new trial's lease fields).
 
 Reading: each store reads its rows or its document through these models before it returns a record
 or writes anything back. A record that does not fit raises
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.errors import StoreCorruptError, StoreValueError
+from zeus_callbacks.store._lease import lease_owner, this_host
 
 if TYPE_CHECKING:
     from zeus_callbacks.store._base import Store
@@ -439,13 +440,11 @@ def new_trial(
     pid: int | None,
     pending_id: str | None,
     now_s: float,
-    host: str,
-    owner: str,
 ) -> dict[str, Any]:
     """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
 
-    A trial of this process (``pid`` None or ours) carries ``owner``, this process's lease owner
-    token; one recorded for another process carries none.
+    A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
+    recorded for another process carries none.
 
     Raises:
         StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
@@ -465,9 +464,9 @@ def new_trial(
         "started_at": now_s,
         "ended_at": None,
         "pid": os.getpid() if pid is None else int(pid),
-        "host": host,
+        "host": this_host(),
         "info": json.loads(info_json),
-        "owner": owner if mine else "",
+        "owner": lease_owner() if mine else "",
         "heartbeat_at": now_s,
         "pending_id": pending_id,
     }
@@ -526,7 +525,7 @@ def finished_fields(old: TrialRecord, done: Outcome, now_s: float) -> dict[str, 
 
 
 def orphan_fields(trial: TrialRecord, reason: str, now_s: float) -> dict[str, Any]:
-    """The stored fields of a dead trial marked failed on open (``reason``: see ``base.orphan_reason``)."""
+    """The stored fields of a dead trial marked failed on open (``reason``: see ``_base.dead_trials``)."""
     return {"status": "failed", "ended_at": now_s, "info": {**trial.info, "reason": reason}}
 
 
