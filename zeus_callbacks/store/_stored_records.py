@@ -25,7 +25,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -35,6 +35,7 @@ from zeus_callbacks.store._lease import lease_owner, this_host
 if TYPE_CHECKING:
     from zeus_callbacks.store._base import Store
 
+M = TypeVar("M", bound=BaseModel)
 TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
 TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
 
@@ -121,18 +122,10 @@ class BanditState:
 
 
 def check_finite(location: str, what: str, **values: float | None) -> None:
-    """Refuse a non-finite number before it reaches a store (every backend calls this first).
+    """Refuse a NaN or infinite value (None, unknown, passes) with a :class:`StoreValueError` naming ``what``.
 
     A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
     would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
-
-    Args:
-        location: The store's file or masked URL, for the message.
-        what: What is being written (``"finish trial 3"``), for the message.
-        **values: Name → value; None (unknown) is accepted.
-
-    Raises:
-        StoreValueError: A value is NaN or ±infinity (nothing was written).
     """
     bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
     if bad:
@@ -144,32 +137,13 @@ def check_finite(location: str, what: str, **values: float | None) -> None:
 
 
 def dumps_strict(value: Any, location: str, what: str) -> str:
-    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
-
-    Raises:
-        StoreValueError: ``value`` holds a non-finite number (nothing was written).
-        TypeError: ``value`` is not JSON-serialisable.
-    """
+    """``value`` as JSON text; NaN or ±infinity anywhere in it (not JSON) is a :class:`StoreValueError`."""
     try:
         return json.dumps(value, allow_nan=False)
     except ValueError as exc:
         raise StoreValueError(
             f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
         ) from exc
-
-
-def check_finish_status(status: str) -> None:
-    """Raise ValueError unless ``status`` is a final trial status."""
-    if status not in TRIAL_STATUSES or status == "running":
-        raise ValueError(
-            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {status!r}"
-        )
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
@@ -204,7 +178,7 @@ class TrialModel(_Record):
     @field_validator("power_limit_W", "energy_J", "time_s", "cost", mode="after")
     @classmethod
     def _unknown_when_not_finite(cls, value: float | None) -> float | None:
-        return _finite_or_none(value)
+        return None if value is not None and not math.isfinite(value) else value
 
     @field_validator("started_at", "ended_at", "heartbeat_at", mode="after")
     @classmethod
@@ -309,11 +283,7 @@ def validate_document(doc: dict[str, Any], location: str) -> dict[str, Any]:
 
 
 def json_column(text: Any, location: str, record: str) -> Any:
-    """A JSON column of a SQL row (``info``, ``state``), decoded.
-
-    Raises:
-        StoreCorruptError: Not text, or not JSON.
-    """
+    """A JSON column of a SQL row (``info``, ``state``), decoded; not JSON text: :class:`StoreCorruptError`."""
     if not isinstance(text, (str, bytes)):
         raise corrupt(location, record, f"expected JSON text, got {type(text).__name__}")
     try:
@@ -322,61 +292,43 @@ def json_column(text: Any, location: str, record: str) -> Any:
         raise corrupt(location, record, f"not JSON: {exc}") from exc
 
 
-def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
-    """A :class:`TrialRecord` from its stored fields (a SQL row or a JSON object), checked.
-
-    ``info`` may be JSON text (a SQL column) or a mapping.
-
-    Raises:
-        StoreCorruptError: A field does not fit.
-    """
-    name = f"trial {d.get('trial_id')!r}"
-    fields = dict(d)
+def _validated(model: type[M], fields: Mapping[str, Any], location: str, name: str) -> M:
+    """``fields`` as ``model``, an info given as JSON text (a SQL column) decoded; a misfit is a StoreCorruptError."""
     if not isinstance(fields.get("info"), Mapping):
-        fields["info"] = json_column(fields.get("info"), location, name)
+        fields = {**fields, "info": json_column(fields.get("info"), location, name)}
     try:
-        m = TrialModel.model_validate(fields)
+        return model.model_validate(dict(fields))
     except ValidationError as exc:
         raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+
+
+def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
+    """A :class:`TrialRecord` from its stored fields (a SQL row or a JSON object), checked."""
+    m = _validated(TrialModel, d, location, f"trial {d.get('trial_id')!r}")
     return TrialRecord(**{**{key: getattr(m, key) for key in TRIAL_FIELDS}, "info": dict(m.info)})
 
 
 def job(job_id: Any, created_at: Any, info: Any, location: str) -> JobRecord:
-    """A :class:`JobRecord` from its stored fields (``info`` as JSON text or a mapping), checked.
-
-    Raises:
-        StoreCorruptError: A field does not fit.
-    """
+    """A :class:`JobRecord` from its stored fields, checked."""
     name = f"job {job_id!r}"
     if not isinstance(job_id, str):
         raise corrupt(location, name, f"job_id must be text, got {type(job_id).__name__}")
-    if not isinstance(info, Mapping):
-        info = json_column(info, location, name)
-    try:
-        m = JobModel.model_validate({"created_at": created_at, "info": info})
-    except ValidationError as exc:
-        raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+    m = _validated(JobModel, {"created_at": created_at, "info": info}, location, name)
     return JobRecord(job_id, m.created_at, dict(m.info))
 
 
-def mapping_column(text: Any, location: str, record: str) -> dict[str, Any]:
-    """A JSON column that must hold an object (a bandit state, an arm, a profile), decoded.
-
-    Raises:
-        StoreCorruptError: Not JSON, or not an object.
-    """
-    value = json_column(text, location, record)
+def mapping_column(value: Any, location: str, record: str) -> dict[str, Any]:
+    """A stored JSON object (a bandit state, an arm, a profile): a mapping, or JSON text holding one, checked."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    value = json_column(value, location, record)
     if not isinstance(value, dict):
         raise corrupt(location, record, f"expected a JSON object, got {type(value).__name__}")
     return value
 
 
 def batch_size_key(value: Any, location: str, record: str) -> int:
-    """An arm's batch size as stored (an integer column, or the JSON store's text key), checked.
-
-    Raises:
-        StoreCorruptError: Not a whole number.
-    """
+    """An arm's batch size as stored (an integer column, or the JSON store's text key), checked."""
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -387,43 +339,29 @@ def batch_size_key(value: Any, location: str, record: str) -> int:
 
 
 def version(value: Any, location: str, record: str) -> int:
-    """A bandit's version counter as stored, checked.
-
-    Raises:
-        StoreCorruptError: Not a whole number ≥ 0.
-    """
+    """A version counter as stored (a bandit's, the schema's), checked: a whole number ≥ 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise corrupt(location, record, f"version {value!r} is not a whole number ≥ 0")
     return value
 
 
 def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any, Any]], location: str) -> BanditState:
-    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes as integers or text), checked.
-
-    Raises:
-        StoreCorruptError: A part does not fit.
-    """
+    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes integers or text), checked."""
     name = f"the bandit of job {job_id!r}"
     decoded = {
-        batch_size_key(b, location, f"{name}, arm {b!r}"): (
-            dict(s) if isinstance(s, Mapping) else mapping_column(s, location, f"{name}, arm {b!r}")
-        )
+        batch_size_key(b, location, f"{name}, arm {b!r}"): mapping_column(s, location, f"{name}, arm {b!r}")
         for b, s in arms
     }
     return BanditState(
         job_id=job_id,
-        state=dict(state) if isinstance(state, Mapping) else mapping_column(state, location, name),
+        state=mapping_column(state, location, name),
         arms=dict(sorted(decoded.items())),
         version=version(version_value, location, name),
     )
 
 
 def bandit_json(state: BanditState, location: str) -> tuple[str, dict[int, str]]:
-    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON).
-
-    Raises:
-        StoreValueError: A value is not a finite number (nothing was written).
-    """
+    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON), checked (:func:`dumps_strict`)."""
     job_id = state.job_id
     return dumps_strict(state.state, location, f"the bandit state of job {job_id}"), {
         int(b): dumps_strict(s, location, f"arm {b} of job {job_id}") for b, s in state.arms.items()
@@ -444,10 +382,7 @@ def new_trial(
     """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
 
     A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
-    recorded for another process carries none.
-
-    Raises:
-        StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
+    recorded for another process carries none. A non-finite number is a :class:`StoreValueError`.
     """
     check_finite(location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
     info_json = dumps_strict(dict(info or {}), location, f"the info of a new trial of job {job_id}")
@@ -495,7 +430,10 @@ def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
         StoreValueError: A number (or a value of ``info``) is not finite.
     """
     result = Outcome(**{**given, "info": dict(given.get("info") or {})})
-    check_finish_status(result.status)
+    if result.status not in TRIAL_STATUSES or result.status == "running":
+        raise ValueError(
+            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {result.status!r}"
+        )
     check_finite(
         location,
         f"finish trial {trial_id}",
