@@ -1,14 +1,11 @@
 """JSON store: one human-readable file, replaced atomically under a file lock.
 
-Every write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the
-file, applies the change and writes it back with :func:`~zeus_callbacks._atomic_io.write_json_atomic`
-(a temporary file in the same directory, flushed to disk with ``fsync`` and moved over the store
-with ``os.replace``): a reader (or a process killed mid-write) only ever sees a complete old or a
-complete new file. Readers take no lock.
-Suited to small stores (the whole file is rewritten per write); use SQLite for many
-concurrent runs. On a network filesystem (:mod:`~zeus_callbacks.store._netfs`) the lock is
-a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as ``fcntl`` locks are unreliable
-there. Opening reads the file first and takes the lock only to migrate or mark dead trials.
+A write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the file, changes it and
+writes it back with :func:`~zeus_callbacks._atomic_io.write_json_atomic` (fsync'ed, then ``os.replace``): a
+reader, who takes no lock, or a process killed mid-write only ever sees a complete file. The whole file is
+rewritten per write: for small stores (SQLite for many concurrent runs). On a network filesystem
+(:mod:`~zeus_callbacks.store._netfs`) the lock is a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as
+``fcntl`` locks are unreliable there. Opening reads first, and locks only to migrate or mark dead trials.
 """
 
 from __future__ import annotations
@@ -168,9 +165,6 @@ class JSONStore(Store):
             )
         return records.validate_document(doc, str(self.path))  # every record checked before any use or write
 
-    def _write(self, doc: Document) -> None:
-        write_json_atomic(self.path, doc, sort_keys=True)
-
     def _mutate(self, change: Callable[[Document], Any], *, always_write: bool = True) -> Any:
         """Run ``change`` on the document under the lock and write it back atomically."""
         if self.read_only:
@@ -182,7 +176,7 @@ class JSONStore(Store):
                 before = copy.deepcopy(doc) if not always_write else None
                 result = change(doc)
                 if always_write or doc != before:
-                    self._write(doc)
+                    write_json_atomic(self.path, doc, sort_keys=True)
                 return result
         except Timeout as exc:
             raise locked_error(

@@ -2,19 +2,13 @@
 
 Below the Store contract: of the store it imports only the lease owner token (a new trial's lease fields).
 
-Reading: each store reads its rows or its document through these models before it returns a record
-or writes anything back. A record that does not fit raises
-:class:`~zeus_callbacks.errors.StoreCorruptError` naming the store and the record (``trial 7``,
-``job 'nightly'``, ``the bandit of job 'nightly'``) and the field; the store is left untouched.
-
-The models are lax in the ways a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for
-8) and strict in the rest. A stored energy, time, cost or power limit that is not a finite number
-(a NaN an older version let through) reads as None: unknown, which is what it is.
-
-Writing: both stores build a new trial (:func:`new_trial`), a finished one (:func:`outcome`,
-:func:`finished_fields`), a trial marked dead (:func:`orphan_fields`) and a bandit state's JSON
-(:func:`bandit_json`) here, so the SQL rows and the JSON document hold the same fields, refused
-and accepted by the same checks. :class:`Snapshot` carries a whole store from one to another.
+Each store reads its rows or its document through these models before it returns a record or writes
+anything back; a record that does not fit is a :class:`~zeus_callbacks.errors.StoreCorruptError` naming the
+store, the record (``trial 7``, ``the bandit of job 'nightly'``) and the field, the store left untouched.
+The models are lax where a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for 8), strict in the
+rest; a stored energy, time, cost or power limit that is not finite (a NaN an older version let through)
+reads as None: unknown. Both stores build what they write here too (a new, finished or dead trial, a bandit
+state's JSON), so the SQL rows and the JSON document hold the same fields, refused by the same checks.
 """
 
 from __future__ import annotations
