@@ -247,11 +247,9 @@ class JSONStore(Store):
             finished = self._record(trial)
             if bandit_update is not None:  # on the same document: one file replace writes both, or none
                 job_id = finished.job_id
-                trials = [
-                    self._record(t) for t in sorted(doc["trials"], key=lambda t: t["trial_id"]) if t["job_id"] == job_id
-                ]
                 current = self._bandit(job_id, doc) or BanditState(job_id)
-                self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
+                new = bandit_update(finished, self._trials(doc, job_id), current)
+                doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
             return finished
 
         return self._mutate(change)
@@ -263,9 +261,12 @@ class JSONStore(Store):
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
+        return self._trials(self._load(), job_id, status)
+
+    def _trials(self, doc: Document, job_id: str | None, status: str | None = None) -> list[TrialRecord]:
         return [
             self._record(t)
-            for t in sorted(self._load()["trials"], key=lambda t: t["trial_id"])
+            for t in sorted(doc["trials"], key=lambda t: t["trial_id"])
             if (job_id is None or t["job_id"] == job_id) and (status is None or t["status"] == status)
         ]
 
@@ -281,14 +282,10 @@ class JSONStore(Store):
             _ensure_job(doc, job_id, None)
             current = self._bandit(job_id, doc) or BanditState(job_id)
             new, result = update(current)
-            self._put_bandit(doc, job_id, current, new)
+            doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
             return result
 
         return self._mutate(change)
-
-    def _put_bandit(self, doc: Document, job_id: str, current: BanditState, new: BanditState) -> None:
-        """Replace, in ``doc``, the job's bandit state read as ``current`` by ``new`` (refused if not JSON-safe)."""
-        doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
 
     def _bandit(self, job_id: str, doc: Document) -> BanditState | None:
         entry = doc["bandits"].get(job_id)
