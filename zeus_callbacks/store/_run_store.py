@@ -64,16 +64,6 @@ class RunStore:
                 return
         store.close()
 
-    @property
-    def failure(self) -> StoreError | None:
-        """Why the store could not be opened in this run, if it could not."""
-        return self._failure
-
-    @property
-    def is_open(self) -> bool:
-        """Whether the run holds its store open now."""
-        return self._store is not None
-
     def close(self) -> None:
         """Close the store (idempotent); a later :meth:`get` opens it afresh, for another run."""
         with self._lock:
