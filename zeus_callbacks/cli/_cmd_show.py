@@ -156,11 +156,7 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
-        rows = [
-            [t["trial_id"], t["batch_size"], t["power_limit_W"], t["status"], t["converged"], t["energy_J"],
-             t["time_s"], t["cost"]]
-            for t in trials[-10:]
-        ]  # fmt: skip
+        rows = [list(t.values()) for t in trials[-10:]]  # a trial's fields, in the headers' order
         if rows:
             out.append(table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
     if report["profiles"]:
