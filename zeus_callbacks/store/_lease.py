@@ -33,9 +33,6 @@ if TYPE_CHECKING:  # the keeper uses a store's lease methods only: the Store con
 
 logger = logging.getLogger(__name__)
 
-MAX_HEARTBEAT_INTERVAL_S = 30.0
-"""The owner renews its leases at least this often (s), and at least five times per grace period."""
-
 
 def this_host() -> str:
     """This machine's host name, as trials record it."""
@@ -56,7 +53,7 @@ def lease_owner() -> str:
 
 def heartbeat_interval_s(lease_grace_s: float) -> float:
     """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
-    return min(MAX_HEARTBEAT_INTERVAL_S, float(lease_grace_s) / 5.0)
+    return min(30.0, float(lease_grace_s) / 5.0)
 
 
 @dataclass
