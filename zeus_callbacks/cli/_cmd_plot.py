@@ -89,20 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class Drawn:
-    """What a plot command drew, for the lines it prints after ``wrote FILE``.
+    """What a plot command drew, for the lines it prints after ``wrote FILE``."""
 
-    Attributes:
-        simulated: The data come from the virtual GPU.
-        time_note: The log's ``time_note`` (time not simulated), or None.
-        lines: Further lines to print (notes, a partial profile).
-        impossible: The log's figures that no run writes (:func:`~zeus_callbacks._run_log.impossible_figures`);
-            each is named on stderr and the command exits 1.
-    """
-
-    simulated: bool
-    time_note: str | None = None
-    lines: tuple[str, ...] = ()
-    impossible: tuple[str, ...] = ()
+    simulated: bool  # the data come from the virtual GPU
+    time_note: str | None = None  # the log's time_note (time not simulated)
+    lines: tuple[str, ...] = ()  # further lines to print: notes, a partial profile
+    impossible: tuple[str, ...] = ()  # figures no run writes (_run_log.impossible_figures): named, then exit 1
 
 
 def _plot_profile(args: argparse.Namespace, out: Path) -> Drawn | None:

@@ -133,15 +133,14 @@ def _print_epochs(epochs: list[dict]) -> None:
     print("  epoch   energy_J   counter_J     time_s   power_W")
     reasons: dict[str, str] = {}  # reason -> its mark, (a), (b), ... in order of first use
     for r in epochs:
+        why = r.get("counter_energy_note")
         if r.get("counter_energy_J") is not None:
             counter = fmt(r["counter_energy_J"])
+        elif isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
+            mark = f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)"
+            counter = f"n/a {reasons.setdefault(why, mark)}"
         else:
-            why = r.get("counter_energy_note")
-            if isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
-                mark = reasons.setdefault(why, f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)")
-                counter = f"n/a {mark}"
-            else:
-                counter = "n/a"
+            counter = "n/a"
         row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
         print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     for why, mark in reasons.items():
