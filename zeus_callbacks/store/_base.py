@@ -386,13 +386,10 @@ def dead_trials(trials: Iterable[T], lease_grace_s: float) -> list[tuple[T, str]
 
 
 def refuse_foreign_store(path: Path) -> None:
-    """Refuse to write a store file that is a symbolic link or another user's (docs/shared-clusters.md).
+    """Refuse (:class:`StoreError`) to write a store file that is a link or another user's (docs/shared-clusters.md).
 
     Another user's store could feed this run's bandit the batch sizes it tries, and a link could
     make this run write through it; reading one (``show``, ``simulate``) stays allowed.
-
-    Raises:
-        StoreError: ``path`` is a link or owned by another user; nothing was written.
     """
     problem = ownership_problem(path)
     if problem is not None:
