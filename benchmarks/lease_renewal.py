@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 from zeus_callbacks.store import Store, open_store
-from zeus_callbacks.store._base import lease_owner
-from zeus_callbacks.store._lease import KEEPER
+from zeus_callbacks.store._lease import KEEPER, lease_owner
 
 
 def _percentiles_ms(samples_s: list[float]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from zeus_callbacks.store import (
     StoreError,
     StoreSchemaError,
 )
-from zeus_callbacks.store import _base as store_base
+from zeus_callbacks.store import _lease as lease
 from zeus_callbacks.store._json_store import JSONStore
 from zeus_callbacks.store._lease import KEEPER
 from zeus_callbacks.store._sql_store import SQLStore
@@ -473,13 +473,13 @@ class StoreContract:
         clock = _manual_store_time(monkeypatch)
         with monkeypatch.context() as node_a:
             node_a.setattr(socket, "gethostname", lambda: "node-a")
-            node_a.setattr(store_base, "_OWNER", None)  # node a's owner token, made under its host name
+            node_a.setattr(lease, "_OWNER", None)  # node a's owner token, made under its host name
             node_a.setattr(KEEPER, "hold", lambda store, trial_id: None)  # its heartbeats are the renewals below
-            owner = store_base.lease_owner()
+            owner = lease.lease_owner()
             a = _open(kind, path, lease_grace_s=grace_s)
             trial = a.create_trial("leased", batch_size=32)
             for _ in range(8):  # 1.6 grace periods: only the heartbeats keep it alive
-                clock.advance(store_base.heartbeat_interval_s(grace_s))
+                clock.advance(lease.heartbeat_interval_s(grace_s))
                 assert a.renew_leases(owner, {trial.trial_id}) == {trial.trial_id}
         try:
             with _open(kind, path, lease_grace_s=grace_s) as store:

@@ -12,13 +12,11 @@ Subcommands:
                            point, the bandit's history, or a fine-grain power profile
                            (``profile-kernel --json``), to PNG
     profile-kernel         fine-grain energy per execution of a demo kernel or ``module:function``
+    store copy SRC DST     copy a store's records into a new store (SQLite, JSON or a database)
 
-Modules: :mod:`._main` (the parser and the one place user errors become exit status 1), one
-module per subcommand (:mod:`._cmd_validate_config`, :mod:`._cmd_report`, :mod:`._cmd_restore`,
-:mod:`._cmd_simulate`, :mod:`._cmd_show`, :mod:`._cmd_plot`, :mod:`._cmd_profile_kernel`), each with an
-``add_parser(subparsers)`` for its options and a ``run(args)`` returning the exit status,
-and three helpers: :mod:`zeus_callbacks._argtypes` (argparse types with ranges), :mod:`zeus_callbacks._terminal`
-(tables, numbers, progress bars) and :mod:`._compare` (several runs side by side, records as CSV).
+:mod:`._main` builds the parser and is the one place user errors become exit status 1; each subcommand's
+module (``_cmd_*.py``) has an ``add_parser(subparsers)`` for its options and a ``run(args)`` returning the
+exit status. :mod:`._compare` puts several runs side by side and writes their records as CSV.
 """
 
 from zeus_callbacks.cli._main import build_parser, main

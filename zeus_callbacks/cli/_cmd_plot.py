@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, run_course, time_note_of
-from zeus_callbacks._terminal import TERMINAL_COLUMNS, name_impossible_figures
+from zeus_callbacks._terminal import name_impossible_figures
+from zeus_callbacks.cli._cmd_report import print_time_note
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.store import open_store
@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         out = out / f"zeus_{args.what}.png"
     elif not out.suffix:  # matplotlib would add .png itself; say the name it writes
         out = out.with_suffix(".png")
+    plotters = {"run": _plot_run, "power-limit": _plot_power_limit, "bandit": _plot_bandit, "profile": _plot_profile}
     try:
-        drawn = _draw(args, out)
+        drawn = plotters[args.what](args, out)  # None: refused, the reason on stderr
     except (FileNotFoundError, ZeusCallbacksError) as exc:  # not a log / profile / store, or nothing to plot
         if isinstance(exc, FileNotFoundError) and exc.filename == str(out):  # -o in a folder that cannot hold it
             print(f"zeus-callbacks: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
@@ -80,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if drawn is None:  # refused; the reason is on stderr
         return 1
     print(f"wrote {out}" + (SIMULATED_SUFFIX if drawn.simulated else ""))
-    if drawn.time_note:
-        print(textwrap.fill(f"TIME NOT SIMULATED: {drawn.time_note}", TERMINAL_COLUMNS, initial_indent="  ",
-                            subsequent_indent="    "))  # fmt: skip
+    print_time_note(drawn.time_note)
     for line in drawn.lines:
         print(line)
     return 1 if name_impossible_figures(args.source, drawn.impossible) else 0
@@ -90,48 +89,52 @@ def run(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class Drawn:
-    """What a plot command drew, for the lines it prints after ``wrote FILE``.
+    """What a plot command drew, for the lines it prints after ``wrote FILE``."""
 
-    Attributes:
-        simulated: The data come from the virtual GPU.
-        time_note: The log's ``time_note`` (time not simulated), or None.
-        lines: Further lines to print (notes, a partial profile).
-        impossible: The log's figures that no run writes (negative, not a number); each is named on
-            stderr and the command exits 1.
+    simulated: bool  # the data come from the virtual GPU
+    time_note: str | None = None  # the log's time_note (time not simulated)
+    lines: tuple[str, ...] = ()  # further lines to print: notes, a partial profile
+    impossible: tuple[str, ...] = ()  # figures no run writes (_run_log.impossible_figures): named, then exit 1
+
+
+def _plot_profile(args: argparse.Namespace, out: Path) -> Drawn | None:
+    """``plot profile PROFILE.json``: a ``profile-kernel --json`` file's power profile."""
+    from zeus_callbacks.measurement.kernel_profiler import ProfileResult
+
+    if args.job:
+        print("zeus-callbacks: plot profile takes one file: plot profile PROFILE.json", file=sys.stderr)
+        return None
+    try:
+        result = ProfileResult.read_json(args.source)
+    except FileNotFoundError:
+        print(f"zeus-callbacks: no such profile file: {args.source}", file=sys.stderr)
+        return None
+    result.plot(out)
+    return Drawn(simulated=result.simulated)
+
+
+def _plot_bandit(args: argparse.Namespace, out: Path) -> Drawn | None:
+    """``plot bandit STORE JOB``: each recurrence's cost (:func:`zeus_callbacks._plots.plot_bandit_costs`).
+
+    Raises:
+        StoreError: The store cannot be read.
+        NothingToPlot: The job has no finished trial.
     """
+    from zeus_callbacks._plots import plot_bandit_costs
 
-    simulated: bool
-    time_note: str | None = None
-    lines: tuple[str, ...] = ()
-    impossible: tuple[str, ...] = ()  # figures no run writes (:func:`run_log.impossible_figures`): exit 1
-
-
-def _draw(args: argparse.Namespace, out: Path) -> Drawn | None:
-    """Draw ``args.what`` into ``out``; None when refused (the reason printed on stderr). Errors go to :func:`run`."""
-    if args.what == "run":
-        return _plot_run(args, out)
-    if args.what == "power-limit":
-        return _plot_power_limit(args, out)
-    if args.what == "profile":
-        from zeus_callbacks.measurement.kernel_profiler import ProfileResult
-
-        if args.job:
-            print("zeus-callbacks: plot profile takes one file: plot profile PROFILE.json", file=sys.stderr)
-            return None
-        try:
-            result = ProfileResult.read_json(args.source)
-        except FileNotFoundError:
-            print(f"zeus-callbacks: no such profile file: {args.source}", file=sys.stderr)
-            return None
-        result.plot(out)
-        return Drawn(simulated=result.simulated)
     if not args.job:
         print("zeus-callbacks: plot bandit needs the job id: plot bandit STORE JOB", file=sys.stderr)
         return None
     if is_energy_log(args.source):
         print(f"zeus-callbacks: {not_a_store_but_a_log(args.source)}", file=sys.stderr)
         return None
-    return Drawn(simulated=plot_bandit_history(args.source, args.job, out)[1])
+    with open_store(args.source, read_only=True) as store:
+        trials = [t for t in store.list_trials(args.job) if t.cost is not None]
+    if not trials:
+        raise NothingToPlot(f"job {args.job!r} has no finished trial in {args.source}")
+    simulated = any(t.info.get("simulated") for t in trials)  # a trial on the virtual GPU: the figure says so
+    plot_bandit_costs(trials, args.job, out, simulated=simulated)
+    return Drawn(simulated=simulated)
 
 
 def _read_log(source: str) -> list[dict] | None:
@@ -211,23 +214,3 @@ def profile_rows(profile: dict, source: str) -> tuple[list[dict], float | None]:
     if not measured:
         raise NothingToPlot(f"{source}: its power_limit_profile record has no measured limit")
     return limits, chosen
-
-
-def plot_bandit_history(store_path: str | Path, job_id: str, path: str | Path) -> tuple[Path, bool]:
-    """Plot each recurrence's cost of ``job_id`` in a store (see :func:`zeus_callbacks._plots.plot_bandit_costs`).
-
-    Returns:
-        The path written, and whether any trial ran on the virtual GPU (the figure is then marked simulated).
-
-    Raises:
-        StoreError: The store cannot be read.
-        NothingToPlot: The job has no finished trial.
-    """
-    from zeus_callbacks._plots import plot_bandit_costs
-
-    with open_store(store_path, read_only=True) as store:
-        trials = [t for t in store.list_trials(job_id) if t.cost is not None]
-    if not trials:
-        raise NothingToPlot(f"job {job_id!r} has no finished trial in {store_path}")
-    simulated = any(t.info.get("simulated") for t in trials)
-    return plot_bandit_costs(trials, job_id, path, simulated=simulated), simulated

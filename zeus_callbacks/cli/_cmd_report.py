@@ -19,7 +19,7 @@ from zeus_callbacks._run_log import impossible_figures, is_simulated, last_recor
 from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
 from zeus_callbacks._units import readable_energy, three_figures
 from zeus_callbacks.cli import _compare as compare
-from zeus_callbacks.reporting import NODE_OFF, NotAnEnergyLog, energy_parts, read_jsonl
+from zeus_callbacks.reporting import NODE_OFF, energy_parts, read_jsonl
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,12 +50,9 @@ def run(args: argparse.Namespace) -> int:
     for name in args.run:
         path = Path(name)
         try:
-            records = read_jsonl(path)
+            records = read_jsonl(path)  # not an energy log: main() names it
         except FileNotFoundError:
             print(f"zeus-callbacks: no such energy log: {path}", file=sys.stderr)
-            return 1
-        except NotAnEnergyLog as exc:
-            print(f"zeus-callbacks: {exc}", file=sys.stderr)
             return 1
         if not records:
             print(f"zeus-callbacks: {path} holds no records", file=sys.stderr)
@@ -93,7 +90,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         print(f"{path}: the run has no run_end record (still running, or killed before it ended)")
         if simulated:
             print("  SIMULATED energy (virtual GPU, not measured)")
-        _print_time_note(records)
+        print_time_note(time_note_of(records))
     else:
         chosen = end.get("chosen_power_limit_W", None if profile is None else profile.get("chosen_limit_W"))
         if chosen is None:
@@ -109,39 +106,24 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         if profile is not None and profile.get("finished") is False:
             limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
         missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
-        print(
-            f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})"
-            + ("\n  SIMULATED energy (virtual GPU, not measured)" if simulated else "")
-            + ("\n  MEASUREMENT UNAVAILABLE" if end.get("measurement") == "unavailable" else "")
-            + (
-                "\n"
-                + textwrap.fill(
-                    f"PARTIAL: {end['measurement_note']}",
-                    TERMINAL_COLUMNS,
-                    initial_indent="  ",
-                    subsequent_indent="    ",
-                )
-                if end.get("measurement_note") and end.get("measurement") != "unavailable"
-                else ""
-            )  # fmt: skip
-            + "\n"
-            + textwrap.fill(f"on {_job_backend(end)}", TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     ")
-            + f"\n  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
-            f" (mean {fmt(end.get('mean_power_W'))} W)"
-            + "\n"
-            + textwrap.fill(
-                f"{fmt(end.get('steps'))} steps, {limits}",
-                TERMINAL_COLUMNS,
-                initial_indent="  ",
-                subsequent_indent="     ",
-            )  # fmt: skip
-            + (f"\n  (the run_end record lacks {', '.join(missing)}: shown as -)" if missing else "")
-        )
-        _print_time_note(records)
+        print(f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})")
+        if simulated:
+            print("  SIMULATED energy (virtual GPU, not measured)")
+        if end.get("measurement") == "unavailable":
+            print("  MEASUREMENT UNAVAILABLE")
+        elif end.get("measurement_note"):
+            print(wrap(f"PARTIAL: {end['measurement_note']}", "    "))
+        print(wrap(f"on {_job_backend(end)}"))
+        print(f"  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
+              f" (mean {fmt(end.get('mean_power_W'))} W)")  # fmt: skip
+        print(wrap(f"{fmt(end.get('steps'))} steps, {limits}"))
+        if missing:
+            print(f"  (the run_end record lacks {', '.join(missing)}: shown as -)")
+        print_time_note(time_note_of(records))
         parts = energy_parts(end.get("energy_J"), end.get("epoch_energy_J"))
         devices = _device_lines(records, end.get("world_size"))
         for line in ([f"parts: {parts}"] if parts else []) + devices + _node_and_estimate_lines(end):
-            print(textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="     "))
+            print(wrap(line))
     if epochs:
         _print_epochs(epochs)
 
@@ -151,28 +133,29 @@ def _print_epochs(epochs: list[dict]) -> None:
     print("  epoch   energy_J   counter_J     time_s   power_W")
     reasons: dict[str, str] = {}  # reason -> its mark, (a), (b), ... in order of first use
     for r in epochs:
+        why = r.get("counter_energy_note")
         if r.get("counter_energy_J") is not None:
             counter = fmt(r["counter_energy_J"])
+        elif isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
+            mark = f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)"
+            counter = f"n/a {reasons.setdefault(why, mark)}"
         else:
-            why = r.get("counter_energy_note")
-            if isinstance(why, str) and why:  # logs older than the field have no reason: bare n/a
-                mark = reasons.setdefault(why, f"({chr(ord('a') + len(reasons))})" if len(reasons) < 26 else "(*)")
-                counter = f"n/a {mark}"
-            else:
-                counter = "n/a"
+            counter = "n/a"
         row = f"  {fmt(r.get('epoch')):>5} {fmt(r.get('energy_J')):>10} {counter:>11} "
         print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     for why, mark in reasons.items():
-        print(textwrap.fill(f"{mark} counter_J n/a: {why}", TERMINAL_COLUMNS, initial_indent="  ",
-                            subsequent_indent="      "))  # fmt: skip
+        print(wrap(f"{mark} counter_J n/a: {why}", "      "))
 
 
-def _print_time_note(records: list[dict]) -> None:
-    """Print the run's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
-    note = time_note_of(records)
+def wrap(text: str, hang: str = "     ") -> str:
+    """``text`` filled to the terminal's width, indented two spaces, its further lines by ``hang``."""
+    return textwrap.fill(text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent=hang)
+
+
+def print_time_note(note: str | None) -> None:
+    """Print a log's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
     if note:
-        print(textwrap.fill(f"TIME NOT SIMULATED: {note}", TERMINAL_COLUMNS, initial_indent="  ",
-                            subsequent_indent="    "))  # fmt: skip
+        print(wrap(f"TIME NOT SIMULATED: {note}", "    "))
 
 
 def _readable(energy_J: object) -> str:
@@ -195,11 +178,10 @@ def _device_lines(records: list[dict], world_size: object = None) -> list[str]:
     for d in start.get("devices") or []:
         if not isinstance(d, dict):
             continue
-        made_up = " (made up: a virtual GPU)" if d.get("virtual") else ""
         line = f"GPU {fmt(d.get('index'))}: {backend} index {fmt(d.get('backend_index'))}, {fmt(d.get('uuid'))}"
-        line += made_up
-        if d.get("uuid") is None or d.get("backend_index") is None:
-            line += f" ({d.get('note')})" if d.get("note") else ""
+        line += " (made up: a virtual GPU)" if d.get("virtual") else ""
+        if (d.get("uuid") is None or d.get("backend_index") is None) and d.get("note"):
+            line += f" ({d['note']})"
         lines.append(line)
     if lines and isinstance(world_size, int) and world_size > 1:
         lines.insert(0, f"GPU(s) of rank 0 only (the main process's; each of the {world_size} processes "

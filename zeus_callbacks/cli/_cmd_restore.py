@@ -13,28 +13,33 @@ from zeus_callbacks.errors import NotAMarker, UnsafeFile
 from zeus_callbacks.optimizers.power_limit._marker import MARKER_NAME, rank_marker_globs, restore_from_marker
 
 
-def restore_command(
-    config_path: str | None = None, marker: str | None = None, *, as_json: bool = False, force: bool = False
-) -> int:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``restore`` and its options on the command's subparsers."""
+    restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
+    restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
+    restore.add_argument("--marker", help="the marker file; default: the configuration's")
+    restore.add_argument("--json", action="store_true", help="print what was restored (and what failed) as JSON")
+    restore.add_argument(
+        "--force", action="store_true",
+        help="restore even if the marker's owner is still running (it will not restore its limits then)",
+    )  # fmt: skip
+    restore.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     """``zeus-callbacks restore``: restore the limits in a leftover marker, print what was done per GPU.
 
     The restore protocol (docs/reliability.md#the-restore-protocol): a marker whose owner is
-    alive is refused unless ``force``; GPUs are matched by UUID; the marker is deleted only when
-    every GPU in it is back, otherwise it keeps the GPUs still to restore.
-
-    Args:
-        config_path: The run's YAML configuration (backend, ``logging.log_dir``, marker path).
-        marker: The marker file, overriding the configuration's.
-        as_json: Print one JSON object instead of lines: ``restored`` (marker, gpu, uuid,
-            limit_W, action per GPU that is back), ``kept`` (marker, gpu, uuid, action, detail per
-            GPU not restored), ``failed`` (marker, error per marker refused or unreadable).
-        force: Restore even when the marker's owner is alive.
+    alive is refused unless ``--force``; GPUs are matched by UUID; the marker is deleted only when
+    every GPU in it is back, otherwise it keeps the GPUs still to restore. ``--json`` prints one
+    object instead of lines: ``restored`` (marker, gpu, uuid, limit_W, action per GPU that is
+    back), ``kept`` (marker, gpu, uuid, action, detail per GPU not restored), ``failed`` (marker,
+    error per marker refused or unreadable).
 
     Returns:
-        0 when every GPU of every marker is back (or, without ``marker``, none was found), 1 otherwise:
-        a ``marker`` that does not exist,
-        an owner alive, a GPU not seen, in use or refused by the driver, or a file that is not a
-        marker or not this user's (it is kept).
+        0 when every GPU of every marker is back (or, without ``--marker``, none was found), 1 otherwise:
+        a ``--marker`` that does not exist, an owner alive, a GPU not seen, in use or refused by the
+        driver, or a file that is not a marker or not this user's (it is kept).
 
     Raises:
         ConfigError: The configuration file is missing or invalid.
@@ -42,7 +47,8 @@ def restore_command(
     from zeus_callbacks.backends import get_backend
     from zeus_callbacks.config import load_config, parse_config
 
-    cfg = load_config(config_path) if config_path else parse_config(None)
+    cfg = load_config(args.config) if args.config else parse_config(None)
+    as_json, marker = args.json, args.marker
     if marker:
         paths = [Path(marker)]
         if not (paths[0].exists() or paths[0].is_symlink()):  # named on purpose: its absence is an error
@@ -69,14 +75,11 @@ def restore_command(
         return 0
     from zeus_callbacks.backends.virtual import virtual_backend_kwargs
 
-    backend = get_backend(
-        cfg.backend,
-        virtual=lambda: virtual_backend_kwargs(cfg.virtual),
-    )
+    backend = get_backend(cfg.backend, virtual=lambda: virtual_backend_kwargs(cfg.virtual))
     try:
         for path in paths:
             try:
-                outcome = restore_from_marker(path, backend, force=force)
+                outcome = restore_from_marker(path, backend, force=args.force)
             except (NotAMarker, UnsafeFile) as exc:
                 report["failed"].append({"marker": str(path), "error": f"{exc}; it was left untouched"})
                 say(f"zeus-callbacks: {exc}; it was left untouched", error=True)
@@ -107,21 +110,3 @@ def restore_command(
     if as_json:
         print(json.dumps(report, indent=2))
     return 1 if report["failed"] or report["kept"] else 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``restore`` and its options on the command's subparsers."""
-    restore = sub.add_parser("restore", help="put back the power limits recorded in a restore marker")
-    restore.add_argument("--config", help="YAML configuration of the run (backend, log_dir, restore_marker)")
-    restore.add_argument("--marker", help="the marker file; default: the configuration's")
-    restore.add_argument("--json", action="store_true", help="print what was restored (and what failed) as JSON")
-    restore.add_argument(
-        "--force", action="store_true",
-        help="restore even if the marker's owner is still running (it will not restore its limits then)",
-    )  # fmt: skip
-    restore.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run :func:`restore_command` with the command line's options; returns its exit status."""
-    return restore_command(config_path=args.config, marker=args.marker, as_json=args.json, force=args.force)

@@ -53,8 +53,8 @@ def _state(store: Store, job_id: str) -> StoredState | None:
     return read_state(stored.state, store.location, job_id) if stored is not None and stored.state else None
 
 
-def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
-    """Each arm's cost for one job, as the bandit's model and as measured (empty before any observation).
+def arm_summaries(store: Store, job_id: str, state: StoredState | None) -> list[dict[str, Any]]:
+    """Each arm's cost for one job of bandit state ``state``, as the model and as measured (empty: no observation).
 
     ``mean_cost``, ``std_cost`` and ``observations`` are the posterior's (the model's mean, its
     standard deviation and the effective, age-weighted number of observations); with one trial the
@@ -62,7 +62,6 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     mean of the costs the bandit observed for the arm (completed and early-stopped trials; an
     early-stopped cost is its cost at the stop), over ``measured_trials`` trials; None without one.
     """
-    state = _state(store, job_id)
     if state is None:
         return []
     sizes = tuple(state.batch_sizes)
@@ -89,13 +88,6 @@ def arm_summaries(store: Store, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def failed_arms(store: Store, job_id: str) -> dict[int, str]:
-    """Batch size → why the bandit pruned it for failing (``batch_size.max_failures``); empty when none."""
-    state = _state(store, job_id)
-    failed = {} if state is None else state.failed_arms
-    return {int(b): str(reason) for b, reason in sorted(failed.items(), key=lambda kv: int(kv[0]))}
-
-
 def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = None) -> str:
     """Describe a store: jobs, the bandit's arms, trials and power-limit profiles.
 
@@ -119,13 +111,14 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             jobs = chosen
         for job in jobs:
             state = _state(store, job.job_id)
+            failed = {} if state is None else state.failed_arms  # batch size → why it was pruned for failing
             report["jobs"].append(
                 {
                     "job_id": job.job_id,
                     "phase": state and state.phase,
                     "min_cost": state and state.min_cost,
-                    "arms": arm_summaries(store, job.job_id),
-                    "failed_arms": {str(b): r for b, r in failed_arms(store, job.job_id).items()},
+                    "arms": arm_summaries(store, job.job_id, state),
+                    "failed_arms": {str(int(b)): str(r) for b, r in sorted(failed.items(), key=lambda kv: int(kv[0]))},
                     "trials": [
                         {
                             "trial_id": t.trial_id,
@@ -144,7 +137,7 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                 }
             )
         for key in store.list_profiles():
-            if job_id is None or _profile_job(key) == job_id:
+            if job_id is None or (_profile_fields(key) or {}).get("job_id") == job_id:
                 report["profiles"][key] = store.get_profile(key)
     if as_json:
         return json.dumps(report, indent=2)
@@ -163,40 +156,26 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
-        rows = [
-            [t["trial_id"], t["batch_size"], t["power_limit_W"], t["status"], t["converged"], t["energy_J"],
-             t["time_s"], t["cost"]]
-            for t in trials[-10:]
-        ]  # fmt: skip
+        rows = [list(t.values()) for t in trials[-10:]]  # a trial's fields, in the headers' order
         if rows:
             out.append(table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
     if report["profiles"]:
         out.append("\npower-limit profiles:")
     for key, profile in report["profiles"].items():
-        key_text = _profile_key_text(key)
+        fields = _profile_fields(key)
+        key_text = key if fields is None else ", ".join(f"{name} {value}" for name, value in fields.items())
         out.append(textwrap.fill(key_text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    "))
         out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
 
 
-def _profile_job(key: str) -> str | None:
-    """The job a profile's key names (the profiler's JSON keys carry ``job_id``), or None."""
+def _profile_fields(key: str) -> dict[str, Any] | None:
+    """A profile key's fields (the power-limit profiler's keys are JSON, with ``job_id``); None: the simulator's."""
     try:
         fields = json.loads(key)
     except ValueError:
         return None
-    return fields.get("job_id") if isinstance(fields, dict) else None
-
-
-def _profile_key_text(key: str) -> str:
-    """A profile's key in words: the power-limit profiler's keys are JSON objects, the simulator's plain strings."""
-    try:
-        fields = json.loads(key)
-    except ValueError:
-        return key
-    if not isinstance(fields, dict):
-        return key
-    return ", ".join(f"{name} {value}" for name, value in fields.items())
+    return fields if isinstance(fields, dict) else None
 
 
 def _profile_text(profile: Any) -> str:

@@ -133,23 +133,13 @@ def _flat(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_csv(logs: Sequence[Log], directory: Path) -> list[Path]:
-    """Write ``<directory>/<type>.csv`` for each type of :data:`CSV_RECORDS`: every such record of the logs.
+    """Write ``<directory>/<type>.csv`` (created if missing; replaced atomically) for each of :data:`CSV_RECORDS`.
 
-    Each row starts with ``run`` (the label of :func:`run_labels`) and ``log`` (the file), then the record's
-    fields in the order first seen (``event`` left out: the file names it). A field a record lacks, or holds
-    as null, is an empty cell (pandas reads NaN); a mapping field (an epoch's ``ledger``, run_end's ``carbon``)
-    becomes one ``field.key`` column per key, a list (``gpu_energy_J``) its JSON text. A type no log holds
-    gets a file with the ``run`` and ``log`` header only. Files are replaced atomically.
-
-    Args:
-        logs: The logs, in the order their rows are written.
-        directory: Where the files go (created if missing).
-
-    Returns:
-        The files written, in :data:`CSV_RECORDS` order.
-
-    Raises:
-        OSError: The directory or a file cannot be written.
+    A row is one such record of the logs: ``run`` (the label of :func:`run_labels`) and ``log`` (the file), then
+    the record's fields in the order first seen (``event`` left out: the file names it). A field a record lacks,
+    or holds as null, is an empty cell (pandas reads NaN); a mapping field (an epoch's ``ledger``, run_end's
+    ``carbon``) becomes one ``field.key`` column per key, a list (``gpu_energy_J``) its JSON text. A type no log
+    holds gets a file with the ``run`` and ``log`` header only. Returns the files written (OSError: one cannot be).
     """
     labels = run_labels(logs)
     written = []

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from zeus_callbacks._version import __version__
 from zeus_callbacks.cli import _cmd_plot as plot
 from zeus_callbacks.cli import _cmd_profile_kernel as profile_kernel
 from zeus_callbacks.cli import _cmd_report as report
@@ -25,17 +26,10 @@ COMMANDS = (validate_config, report, restore, simulate, show, plot, profile_kern
 """The subcommand modules, in the order ``zeus-callbacks --help`` lists them."""
 
 
-def _package_version() -> str:
-    """The version of the package this command runs (``zeus_callbacks._version``, its one source)."""
-    from zeus_callbacks._version import __version__
-
-    return __version__
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``zeus-callbacks`` command."""
     parser = argparse.ArgumentParser(prog="zeus-callbacks", description="GPU energy for training runs.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -102,14 +102,8 @@ def open_store(
             URL without its driver installed, refused credentials, an unreachable server.
         ValueError: Unknown backend.
     """
-    if is_url(path):
-        url = str(path)
-        if url.split("://", 1)[0].lower() != "sqlite":  # a server database: the SQL store
-            backend = "sqlite"
-        else:
-            from zeus_callbacks.store._sql_store import sqlite_url_file
-
-            path, backend = sqlite_url_file(url), "sqlite"
+    if is_url(path):  # a database, sqlite:///file included: the SQL store
+        backend = "sqlite"
     else:
         path = Path(path)
         if backend is None:

@@ -1,33 +1,20 @@
-"""The persistent store of recurring jobs: one interface, several file backends.
+"""The :class:`Store` contract and the helpers its stores share.
 
-A *job* is a recurring training job (``ZeusConfig.job_id``); each recurrence of it is a
-*trial* (the batch size and power limit it ran at, the energy and time it took, whether
-it reached its target). The batch-size bandit keeps its state (arms, pruning progress,
-random-generator state) per job, and the power-limit profiler caches its profiles by key.
-
-Implementations: :class:`~zeus_callbacks.store._sql_store.SQLStore` (a SQLite file, the default, or a
-PostgreSQL, MySQL or any SQLAlchemy database many nodes share) and
-:class:`~zeus_callbacks.store._json_store.JSONStore` (one human-readable file for a single user), both over
-the records of :mod:`~zeus_callbacks.store._stored_records`; :func:`open_store` picks one. Both pass the same
-contract suite (``tests/store_contract.py``).
+Below it: the records (:mod:`~zeus_callbacks.store._stored_records`) and the lease keeper
+(:mod:`~zeus_callbacks.store._lease`). Above it: :class:`~zeus_callbacks.store._sql_store.SQLStore` and
+:class:`~zeus_callbacks.store._json_store.JSONStore`, which pass one contract suite (``tests/store_contract.py``).
 """
 
 from __future__ import annotations
 
 import abc
 import errno as _errno
-import json
 import logging
-import math
-import os
-import socket
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 # The store's error types live in errors.py; importing them from here keeps working.
 from zeus_callbacks._atomic_io import ownership_problem
@@ -36,9 +23,16 @@ from zeus_callbacks.errors import StoreError as StoreError
 from zeus_callbacks.errors import StoreFullError, StoreLockedError, StorePermissionError
 from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
-
-if TYPE_CHECKING:
-    from zeus_callbacks.store._stored_records import Outcome, Snapshot
+from zeus_callbacks.store import _stored_records as records
+from zeus_callbacks.store._lease import KEEPER, this_host
+from zeus_callbacks.store._stored_records import (
+    BanditState,
+    JobRecord,
+    Outcome,
+    Snapshot,
+    TrialRecord,
+    TrialStatus,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,94 +47,6 @@ SCHEMA_VERSION = 4
 
 DEFAULT_LEASE_GRACE_S = 300.0
 """A running trial of another host whose heartbeat is older than this (s) is marked failed on open."""
-
-MAX_HEARTBEAT_INTERVAL_S = 30.0
-"""The owner renews its leases at least this often (s), and at least five times per grace period."""
-
-TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
-TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """One recurring job.
-
-    Attributes:
-        job_id: The job's name (``ZeusConfig.job_id``).
-        created_at: Unix time (s) of the job's first record.
-        info: Free-form JSON-safe description (workload, GPU, ...).
-    """
-
-    job_id: str
-    created_at: float
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One recurrence of a job.
-
-    Attributes:
-        trial_id: Unique within the store, increasing in creation order.
-        job_id: The job it belongs to.
-        batch_size: Batch size it ran at.
-        power_limit_W: Power limit it ran at (W); None if unknown.
-        status: ``running``, ``completed``, ``failed`` (crashed, or its process died),
-            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost) or ``withdrawn`` (a
-            suggestion no run claimed: neither an observation nor a failure of its batch size).
-        energy_J: GPU energy of the run (J); None while running or when unknown.
-        time_s: Wall time of the run (s); None while running or when unknown.
-        cost: ZeusCost of the run (J-equivalent); None while running or when unknown.
-        converged: True when the run reached its target metric.
-        started_at: Unix time (s) the trial was created.
-        ended_at: Unix time (s) it finished; None while running.
-        pid: Process id that runs it.
-        host: Host name of that process (a dead process is recognised on its own host at once).
-        info: Free-form JSON-safe extras (phase of the bandit, reason of a stop, ...).
-        owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
-            trial was recorded for another process, or by a schema-1 store.
-        heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
-        pending_id: The id of the pending-trial file it was recorded from (a run that could not
-            reach the store at its start or end; docs/stores.md): set when the trial is created
-            from that file or its outcome merged from it; None otherwise. Unique within the store,
-            so merging the same file again records nothing new.
-    """
-
-    trial_id: int
-    job_id: str
-    batch_size: int
-    power_limit_W: float | None
-    status: TrialStatus
-    energy_J: float | None
-    time_s: float | None
-    cost: float | None
-    converged: bool
-    started_at: float
-    ended_at: float | None
-    pid: int
-    host: str
-    info: dict[str, Any] = field(default_factory=dict)
-    owner: str = ""
-    heartbeat_at: float | None = None
-    pending_id: str | None = None
-
-
-@dataclass(frozen=True)
-class BanditState:
-    """The batch-size bandit's persisted state of one job.
-
-    Attributes:
-        job_id: The job.
-        state: JSON-safe optimiser state (phase, pruning progress, RNG state, min cost).
-        arms: Batch size → JSON-safe per-arm state (e.g. pruned, last posterior).
-        version: Incremented by every update (optimistic readers can compare).
-    """
-
-    job_id: str
-    state: dict[str, Any] = field(default_factory=dict)
-    arms: dict[int, dict[str, Any]] = field(default_factory=dict)
-    version: int = 0
-
 
 BanditUpdate = Callable[[BanditState], "tuple[BanditState, Any]"]
 """``update_bandit``'s callback: the current state → (new state, a value returned to the caller)."""
@@ -157,31 +63,9 @@ def process_is_alive(pid: int) -> bool:
     return pid > 0 and psutil.pid_exists(pid)
 
 
-def this_host() -> str:
-    """This machine's host name, as trials record it."""
-    return socket.gethostname()
-
-
 def now() -> float:
     """Unix time (s) used for record timestamps."""
     return time.time()
-
-
-_OWNER: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
-
-
-def lease_owner() -> str:
-    """This process's lease owner token, ``host:pid:random`` (new in a forked child)."""
-    global _OWNER
-    pid = os.getpid()
-    if _OWNER is None or _OWNER[0] != pid:
-        _OWNER = (pid, f"{this_host()}:{pid}:{uuid.uuid4().hex[:12]}")
-    return _OWNER[1]
-
-
-def heartbeat_interval_s(lease_grace_s: float) -> float:
-    """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
-    return min(MAX_HEARTBEAT_INTERVAL_S, float(lease_grace_s) / 5.0)
 
 
 def mask_url(url: str) -> str:
@@ -256,9 +140,9 @@ class Store(abc.ABC):
     def ensure_job(self, job_id: str, info: Mapping[str, Any] | None = None) -> JobRecord:
         """Return the job, creating it (with ``info``) if missing; an existing job's info is kept."""
 
-    @abc.abstractmethod
     def get_job(self, job_id: str) -> JobRecord | None:
         """Return the job, or None."""
+        return next((job for job in self.list_jobs() if job.job_id == job_id), None)
 
     @abc.abstractmethod
     def list_jobs(self) -> list[JobRecord]:
@@ -291,9 +175,6 @@ class Store(abc.ABC):
         Returns:
             The new trial, with its ``trial_id`` (or the existing one of ``pending_id``).
         """
-        from zeus_callbacks.store import _stored_records as records
-        from zeus_callbacks.store._lease import KEEPER
-
         fields = records.new_trial(
             self.location, job_id, batch_size, power_limit_W, info=info, pid=pid, pending_id=pending_id, now_s=now()
         )
@@ -348,9 +229,6 @@ class Store(abc.ABC):
             StoreValueError: A value (or the new bandit state) holds a non-finite number;
                 nothing was written.
         """
-        from zeus_callbacks.store import _stored_records as records
-        from zeus_callbacks.store._lease import KEEPER
-
         outcome = records.outcome(
             self.location,
             trial_id,
@@ -457,59 +335,15 @@ class Store(abc.ABC):
         return f"{type(self).__name__}({self.location!r})"
 
 
-def check_finite(location: str, what: str, **values: float | None) -> None:
-    """Refuse a non-finite number before it reaches a store (every backend calls this first).
-
-    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
-    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
-
-    Args:
-        location: The store's file or masked URL, for the message.
-        what: What is being written (``"finish trial 3"``), for the message.
-        **values: Name → value; None (unknown) is accepted.
-
-    Raises:
-        StoreValueError: A value is NaN or ±infinity (nothing was written).
-    """
-    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
-    if bad:
-        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
-        raise StoreValueError(
-            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
-            "was written"
-        )
-
-
-def dumps_strict(value: Any, location: str, what: str) -> str:
-    """``value`` as JSON text, refusing NaN and ±infinity anywhere in it (they are not JSON).
-
-    Raises:
-        StoreValueError: ``value`` holds a non-finite number (nothing was written).
-        TypeError: ``value`` is not JSON-serialisable.
-    """
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError as exc:
-        raise StoreValueError(
-            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
-        ) from exc
-
-
 _FULL_ERRNOS = {_errno.ENOSPC, _errno.EDQUOT}
 _PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
 
 
 def os_error(exc: OSError, location: str, what: str) -> StoreError:
-    """The store error for an operating-system error on the store's files, named as what it is.
+    """The store error for an OS error while doing ``what`` (``"write"``) to the store's files, by its ``errno``.
 
-    Args:
-        exc: The error (its ``errno`` decides the class).
-        location: The store's file, for the message.
-        what: What was being done (``"write"``, ``"open"``).
-
-    Returns:
-        :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
-        ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
+    :class:`StoreFullError` for ``ENOSPC``/``EDQUOT``, :class:`StorePermissionError` for
+    ``EACCES``/``EPERM``/``EROFS``, else :class:`StoreError`; raise it ``from exc``.
     """
     if exc.errno in _FULL_ERRNOS:
         return StoreFullError(
@@ -530,55 +364,32 @@ def locked_error(location: str, waited_s: float, limit_s: float, detail: str) ->
     return StoreLockedError(f"store {location} stayed locked for {waited_s:.1f} s (limit {limit_s:g} s; {detail})")
 
 
-def check_finish_status(status: str) -> None:
-    """Raise ValueError unless ``status`` is a final trial status."""
-    if status not in TRIAL_STATUSES or status == "running":
-        raise ValueError(
-            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {status!r}"
-        )
-
-
-def orphan_reason(trial: Mapping[str, Any], host: str, now_s: float, lease_grace_s: float) -> str | None:
-    """Why a ``running`` trial is dead, or None while it may still run.
-
-    On its own host a trial is dead when its process is gone (``"process died"``); on
-    another host, when its lease's heartbeat is older than ``lease_grace_s``
-    (``"lease expired"``; a trial without a heartbeat, from a schema-1 store, never expires).
-
-    Args:
-        trial: The trial's dict form (``status``, ``host``, ``pid``, ``heartbeat_at``).
-        host: This host's name.
-        now_s: The current Unix time (s).
-        lease_grace_s: The grace period (s).
-
-    Returns:
-        ``"process died"``, ``"lease expired"`` or None.
-    """
-    if trial["status"] != "running":
-        return None
-    if trial.get("host") == host:
-        return None if process_is_alive(int(trial["pid"])) else "process died"
-    heartbeat_at = trial.get("heartbeat_at")
-    if heartbeat_at is not None and now_s - float(heartbeat_at) > lease_grace_s:
-        return "lease expired"
-    return None
-
-
 def dead_trials(trials: Iterable[T], lease_grace_s: float) -> list[tuple[T, str]]:
-    """The dead ones among ``trials`` (records, or a document's dicts), each with its :func:`orphan_reason`."""
+    """The dead ones among ``trials`` (records, or a document's dicts), each with why.
+
+    A running trial on this host is dead when its process is gone (``"process died"``); one of another
+    host, when its heartbeat is older than ``lease_grace_s`` (``"lease expired"``; a trial without a
+    heartbeat, from a schema-1 store, never expires).
+    """
     host, now_s = this_host(), now()
-    found = ((t, orphan_reason(t if isinstance(t, Mapping) else vars(t), host, now_s, lease_grace_s)) for t in trials)
-    return [(trial, reason) for trial, reason in found if reason is not None]
+    dead = []
+    for trial in trials:
+        t = trial if isinstance(trial, Mapping) else vars(trial)
+        if t["status"] != "running":
+            continue
+        if t.get("host") == host:
+            if not process_is_alive(int(t["pid"])):
+                dead.append((trial, "process died"))
+        elif t.get("heartbeat_at") is not None and now_s - float(t["heartbeat_at"]) > lease_grace_s:
+            dead.append((trial, "lease expired"))
+    return dead
 
 
 def refuse_foreign_store(path: Path) -> None:
-    """Refuse to write a store file that is a symbolic link or another user's (docs/shared-clusters.md).
+    """Refuse (:class:`StoreError`) to write a store file that is a link or another user's (docs/shared-clusters.md).
 
     Another user's store could feed this run's bandit the batch sizes it tries, and a link could
     make this run write through it; reading one (``show``, ``simulate``) stays allowed.
-
-    Raises:
-        StoreError: ``path`` is a link or owned by another user; nothing was written.
     """
     problem = ownership_problem(path)
     if problem is not None:
@@ -588,23 +399,11 @@ def refuse_foreign_store(path: Path) -> None:
 
 
 def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Callable[[BaseException], bool]) -> T:
-    """``attempt()``, called again after a transient error with jittered exponential backoff (tenacity).
+    """``attempt()`` (one transaction, safe to re-run), re-run while ``is_transient(error)`` for up to ``limit_s``.
 
-    The one retry policy of the stores: a database that is unreachable, deadlocked or restarting,
-    a SQLite file another process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter
-    (so that processes that collided do not collide again), never sleeping past ``limit_s`` from the
-    first try.
-
-    Args:
-        attempt: The operation; re-run from its start (it must be safe to repeat: one transaction).
-        limit_s: How long (s) to keep retrying.
-        is_transient: Whether an error is worth another try; any other error is raised at once.
-
-    Returns:
-        What ``attempt`` returned.
-
-    Raises:
-        BaseException: The last error, once it is not transient or ``limit_s`` would pass.
+    The stores' one retry policy: a database unreachable, deadlocked or restarting, a SQLite file another
+    process holds. Waits 20 ms, doubling up to 1 s, plus up to 20 ms of jitter (so that processes that
+    collided do not collide again). Any other error, or the last one, is raised.
     """
     import tenacity
 
@@ -627,7 +426,7 @@ def file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def log_orphan(trial: Mapping[str, Any], reason: str, lease_grace_s: float) -> None:
-    """Warn that a dead trial (``orphan_reason``) was marked failed on open."""
+    """Warn that a dead trial (``reason``: see :func:`dead_trials`) was marked failed on open."""
     logger.warning(
         "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
         trial["trial_id"],

@@ -1,14 +1,11 @@
 """JSON store: one human-readable file, replaced atomically under a file lock.
 
-Every write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the
-file, applies the change and writes it back with :func:`~zeus_callbacks._atomic_io.write_json_atomic`
-(a temporary file in the same directory, flushed to disk with ``fsync`` and moved over the store
-with ``os.replace``): a reader (or a process killed mid-write) only ever sees a complete old or a
-complete new file. Readers take no lock.
-Suited to small stores (the whole file is rewritten per write); use SQLite for many
-concurrent runs. On a network filesystem (:mod:`~zeus_callbacks.store._netfs`) the lock is
-a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as ``fcntl`` locks are unreliable
-there. Opening reads the file first and takes the lock only to migrate or mark dead trials.
+A write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the file, changes it and
+writes it back with :func:`~zeus_callbacks._atomic_io.write_json_atomic` (fsync'ed, then ``os.replace``): a
+reader, who takes no lock, or a process killed mid-write only ever sees a complete file. The whole file is
+rewritten per write: for small stores (SQLite for many concurrent runs). On a network filesystem
+(:mod:`~zeus_callbacks.store._netfs`) the lock is a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as
+``fcntl`` locks are unreliable there. Opening reads first, and locks only to migrate or mark dead trials.
 """
 
 from __future__ import annotations
@@ -168,9 +165,6 @@ class JSONStore(Store):
             )
         return records.validate_document(doc, str(self.path))  # every record checked before any use or write
 
-    def _write(self, doc: Document) -> None:
-        write_json_atomic(self.path, doc, sort_keys=True)
-
     def _mutate(self, change: Callable[[Document], Any], *, always_write: bool = True) -> Any:
         """Run ``change`` on the document under the lock and write it back atomically."""
         if self.read_only:
@@ -182,7 +176,7 @@ class JSONStore(Store):
                 before = copy.deepcopy(doc) if not always_write else None
                 result = change(doc)
                 if always_write or doc != before:
-                    self._write(doc)
+                    write_json_atomic(self.path, doc, sort_keys=True)
                 return result
         except Timeout as exc:
             raise locked_error(
@@ -208,11 +202,6 @@ class JSONStore(Store):
             return JobRecord(job_id, job["created_at"], copy.deepcopy(job["info"]))
 
         return self._mutate(change)
-
-    def get_job(self, job_id: str) -> JobRecord | None:
-        """See :meth:`Store.get_job`."""
-        job = self._load()["jobs"].get(job_id)
-        return None if job is None else JobRecord(job_id, job["created_at"], job["info"])
 
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
@@ -258,11 +247,9 @@ class JSONStore(Store):
             finished = self._record(trial)
             if bandit_update is not None:  # on the same document: one file replace writes both, or none
                 job_id = finished.job_id
-                trials = [
-                    self._record(t) for t in sorted(doc["trials"], key=lambda t: t["trial_id"]) if t["job_id"] == job_id
-                ]
                 current = self._bandit(job_id, doc) or BanditState(job_id)
-                self._put_bandit(doc, job_id, current, bandit_update(finished, trials, current))
+                new = bandit_update(finished, self._trials(doc, job_id), current)
+                doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
             return finished
 
         return self._mutate(change)
@@ -274,9 +261,12 @@ class JSONStore(Store):
 
     def list_trials(self, job_id: str | None = None, *, status: str | None = None) -> list[TrialRecord]:
         """See :meth:`Store.list_trials`."""
+        return self._trials(self._load(), job_id, status)
+
+    def _trials(self, doc: Document, job_id: str | None, status: str | None = None) -> list[TrialRecord]:
         return [
             self._record(t)
-            for t in sorted(self._load()["trials"], key=lambda t: t["trial_id"])
+            for t in sorted(doc["trials"], key=lambda t: t["trial_id"])
             if (job_id is None or t["job_id"] == job_id) and (status is None or t["status"] == status)
         ]
 
@@ -292,14 +282,10 @@ class JSONStore(Store):
             _ensure_job(doc, job_id, None)
             current = self._bandit(job_id, doc) or BanditState(job_id)
             new, result = update(current)
-            self._put_bandit(doc, job_id, current, new)
+            doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
             return result
 
         return self._mutate(change)
-
-    def _put_bandit(self, doc: Document, job_id: str, current: BanditState, new: BanditState) -> None:
-        """Replace, in ``doc``, the job's bandit state read as ``current`` by ``new`` (refused if not JSON-safe)."""
-        doc["bandits"][job_id] = _bandit_entry(new, current.version + 1, self.location)
 
     def _bandit(self, job_id: str, doc: Document) -> BanditState | None:
         entry = doc["bandits"].get(job_id)

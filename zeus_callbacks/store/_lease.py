@@ -1,45 +1,59 @@
-"""The lease keeper: one daemon thread per process renews the leases of its running trials.
+"""The lease owner token, and the lease keeper: one daemon thread per process renews its running trials' leases.
 
-A trial created for this process (:meth:`Store.create_trial` without another ``pid``) is
-*held* here until it is finished; every :func:`~zeus_callbacks.store._base.heartbeat_interval_s`
-the thread sets its ``heartbeat_at`` through a store object of its own (so the caller may
-close its store while the trial runs, and a heartbeat never waits behind the caller's
-transactions). When the process dies the heartbeats stop, and after the grace period any
-process that opens the store, on any node, marks the trial failed.
+A trial created for this process (:meth:`Store.create_trial` without another ``pid``) is *held* here
+until it is finished; every :func:`heartbeat_interval_s` the thread sets its ``heartbeat_at`` through a
+store object of its own (so the caller may close its store while the trial runs, and a heartbeat never
+waits behind the caller's transactions). When the process dies the heartbeats stop, and after the grace
+period any process that opens the store, on any node, marks the trial failed.
 
-One handle per store, kept. The keeper opens its store object (:meth:`Store.reopen`) at the
-first renewal and reuses it for the next ones, until the last lease in that store is released
-(then the thread closes it) or a renewal fails (closed, and opened afresh at the next try: a
-database that restarted, a file replaced). An open costs far more than a renewal — a new
-connection (on a database server, its password handshake), the schema check, the scan for dead
-trials: ``benchmarks/lease_renewal.py`` — and reusing the handle is safe:
-
-- *threads*: only the keeper thread uses or closes it (SQLite connections are opened with
-  ``check_same_thread=False`` and every store serialises its own use with a lock anyway);
-- *forks*: a forked child starts with no leases and opens handles of its own; it never uses
-  or closes its parent's. They stay referenced in the child (:attr:`LeaseKeeper._inherited`),
-  so that garbage collection does not close them there either: closing a connection inherited
-  across ``fork`` can end the parent's database session (a driver sends its goodbye on the
-  shared socket), and SQLite forbids using a connection in a child.
-- *idle*: between renewals the handle is an idle connection: no transaction, no lock (the JSON
-  store holds no file open at all).
-
-The keeper is process-global and fork-aware: a forked child starts with no leases (it
-owns none of its parent's trials) and starts its own thread when it creates a trial.
+The keeper opens its store object (:meth:`Store.reopen`) at the first renewal and reuses it until the last
+lease in that store is released (then closed) or a renewal fails (closed, opened afresh at the next try): an
+open costs far more than a renewal (a connection and its password handshake, the schema check, the scan
+for dead trials: ``benchmarks/lease_renewal.py``). Reuse is safe: only the keeper thread uses the handle,
+and between renewals it is an idle connection, holding no transaction or lock. A forked child starts with
+no leases and opens handles of its own; its parent's stay referenced there, never closed
+(:attr:`LeaseKeeper._inherited`): closing a connection inherited across ``fork`` can end the parent's
+database session (a driver sends its goodbye on the shared socket), and SQLite forbids using one in a child.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from zeus_callbacks.store._base import Store, heartbeat_interval_s, lease_owner
+if TYPE_CHECKING:  # the keeper uses a store's lease methods only: the Store contract is above it
+    from zeus_callbacks.store._base import Store
 
 logger = logging.getLogger(__name__)
+
+
+def this_host() -> str:
+    """This machine's host name, as trials record it."""
+    return socket.gethostname()
+
+
+_OWNER: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
+
+
+def lease_owner() -> str:
+    """This process's lease owner token, ``host:pid:random`` (new in a forked child)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:
+        _OWNER = (pid, f"{this_host()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _OWNER[1]
+
+
+def heartbeat_interval_s(lease_grace_s: float) -> float:
+    """How often an owner renews its leases (s): a fifth of the grace period, at most 30 s."""
+    return min(30.0, float(lease_grace_s) / 5.0)
 
 
 @dataclass
@@ -55,11 +69,7 @@ class _Held:
 
 
 class LeaseKeeper:
-    """Renews this process's leases in the background (see the module docstring).
-
-    Renewals of one store share one store object of the keeper's own, opened at the first
-    renewal and closed when the last lease in that store is released.
-    """
+    """Renews this process's leases in the background (see the module docstring)."""
 
     def __init__(self) -> None:
         self._inherited: list[Store] = []  # a forked child's copies of its parent's handles: never used or closed

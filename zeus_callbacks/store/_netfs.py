@@ -45,15 +45,10 @@ _warned: set[str] = set()
 
 
 def filesystem_type(path: str | Path, mounts: Iterable[Any] | None = None) -> str | None:
-    """The type of the filesystem holding ``path`` (an existing file, or the directory it will be in).
+    """The type (``"nfs4"``) of the filesystem holding ``path`` (it need not exist yet); None: no mount table.
 
-    Args:
-        path: A file or directory (it need not exist yet).
-        mounts: The mount table: items with ``mountpoint`` and ``fstype`` (default:
-            ``psutil.disk_partitions(all=True)``, this process's ``/proc/self/mounts`` on Linux).
-
-    Returns:
-        The type (``"ext4"``, ``"nfs4"``, ...), or None when the mount table cannot be read.
+    ``mounts``: items with ``mountpoint`` and ``fstype``; default ``psutil.disk_partitions(all=True)``
+    (this process's ``/proc/self/mounts`` on Linux).
     """
     if mounts is None:
         import psutil

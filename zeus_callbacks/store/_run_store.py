@@ -1,16 +1,10 @@
 """The store of one run: opened once, on first use, and shared by everything in the run that uses it.
 
-The batch-size controller (the bandit's suggestion, its early-stop threshold, the trial's
-outcome) and the power-limit profile cache (``power_limit.cache_in: store``) take the store
-from one :class:`RunStore`, so a run pays for one open — one schema check, one scan for
-dead trials, one merge of waiting trials, one database connection pool — instead of one per
-call. The lease keeper renews leases through a store object of its own (``store/_lease.py``,
-opened once and kept until the store's last lease is released), so that a heartbeat never
-waits behind the run's transactions.
-
-An open that fails is not retried within the run: every later use raises the same error at
-once, so a database that is down at run start costs ``store.lock_timeout_s`` once, not at
-every step that would use it.
+The batch-size controller and the power-limit profile cache (``power_limit.cache_in: store``) take the
+store from one :class:`RunStore`, so a run pays for one open (one schema check, one scan for dead trials,
+one merge of waiting trials, one connection pool) instead of one per call. An open that fails is not
+retried within the run: every later use raises the same error at once, so a database that is down at run
+start costs ``store.lock_timeout_s`` once, not at every step that would use it.
 """
 
 from __future__ import annotations
@@ -69,16 +63,6 @@ class RunStore:
                 self._store = store
                 return
         store.close()
-
-    @property
-    def failure(self) -> StoreError | None:
-        """Why the store could not be opened in this run, if it could not."""
-        return self._failure
-
-    @property
-    def is_open(self) -> bool:
-        """Whether the run holds its store open now."""
-        return self._store is not None
 
     def close(self) -> None:
         """Close the store (idempotent); a later :meth:`get` opens it afresh, for another run."""

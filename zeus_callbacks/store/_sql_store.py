@@ -1,34 +1,21 @@
-"""The relational store (SQLAlchemy 2 Core): a SQLite file (the default) or a database server.
+"""The relational store (SQLAlchemy 2 Core): a SQLite file (the default) or a database many nodes share.
 
-One implementation of the :class:`~zeus_callbacks.store._base.Store` contract for every SQL
-database: a SQLite file on this machine (``store.path``), or PostgreSQL, MySQL/MariaDB or any
-SQLAlchemy database that many nodes share (``store.url``; ``pip install 'zeus-callbacks[postgres]'``
-brings the PostgreSQL driver).
-
-Design:
-
-- **One transaction per write.** On SQLite a write is a ``BEGIN IMMEDIATE`` transaction (a read a
-  plain ``BEGIN``), so writers queue on the file lock for up to ``lock_timeout_s`` and a reader never
-  blocks a writer. On a server the bandit update locks its row (``SELECT … FOR UPDATE``) and writes
-  it back with a compare-and-swap on ``version``. A trial's outcome and its bandit update
-  (``finish_trial(..., bandit_update=...)``) are one transaction.
-- **The SQLite file keeps WAL only where it is safe**: on a network filesystem
-  (:mod:`~zeus_callbacks.store._netfs`) it keeps SQLite's rollback journal, as WAL's shared memory
-  works on one host only. A read-only open (``show``) creates no file: SQLite's ``mode=ro`` while a
-  writer's ``-wal`` file exists, ``immutable=1`` otherwise.
-- **Transient errors are retried** (:func:`~zeus_callbacks.store._base.retry_transient`, jittered
-  exponential backoff) for up to ``lock_timeout_s``: a locked file, a refused or dropped connection,
-  a deadlock, a serialisation failure. A transaction is re-run from its start (the bandit callbacks
-  are pure functions of what they are given). Still failing: :class:`~zeus_callbacks.errors.StoreLockedError`
-  (a file) or :class:`~zeus_callbacks.errors.StoreUnavailableError` (a server). Bad credentials, a
-  missing database, a corrupt file fail at once, named, with the password masked.
-- **Schema versions**: Alembic revisions (:mod:`~zeus_callbacks.store._migrations`), one chain for
-  every database, run at open under a database-wide lock (SQLite ``BEGIN IMMEDIATE``, a PostgreSQL
-  advisory lock, MySQL ``GET_LOCK``). Opening reads first and takes that lock only when there is a
-  migration or a dead trial to mark.
-- **Table names**: a store file's tables have no prefix (as the first SQLite store wrote them); a
-  server database's are prefixed ``zeus_``, so the store can share a database with other tables.
-  An existing store keeps the layout it has.
+- **One transaction per write.** On SQLite a write is ``BEGIN IMMEDIATE`` (a read a plain ``BEGIN``), so
+  writers queue on the file lock for up to ``lock_timeout_s`` and a reader never blocks a writer. On a server
+  the bandit update locks its row (``SELECT … FOR UPDATE``) and writes it back with a compare-and-swap on
+  ``version``. A trial's outcome and its bandit update are one transaction.
+- **WAL only where it is safe**: on a network filesystem (:mod:`~zeus_callbacks.store._netfs`) the file keeps
+  SQLite's rollback journal, as WAL's shared memory works on one host only. A read-only open creates no file:
+  ``mode=ro`` while a writer's ``-wal`` file exists, ``immutable=1`` otherwise.
+- **Transient errors are retried** (:func:`~zeus_callbacks.store._base.retry_transient`) for up to
+  ``lock_timeout_s``, the transaction re-run from its start (the bandit callbacks are pure): a locked file, a
+  refused or dropped connection, a deadlock, a serialisation failure. Bad credentials, a missing database, a
+  corrupt file fail at once, named, with the password masked.
+- **Schema versions** are Alembic revisions (:mod:`~zeus_callbacks.store._migrations`), run at open under a
+  database-wide lock (SQLite ``BEGIN IMMEDIATE``, a PostgreSQL advisory lock, MySQL ``GET_LOCK``), taken only
+  when there is a migration or a dead trial to mark.
+- **Table names**: a store file's have no prefix (as the first SQLite store wrote them); a server database's
+  are prefixed ``zeus_``, so the store can share a database. An existing store keeps the layout it has.
 """
 
 from __future__ import annotations
@@ -165,15 +152,14 @@ class SQLStore(Store):
             :class:`StoreError`.
         table_prefix: Prefix of the store's table names; None: the one the store has, else ``""`` for
             a file and ``"zeus_"`` for a server.
-        engine_options: Extra keyword arguments of ``sqlalchemy.create_engine`` (a server).
 
     Raises:
         StoreCorruptError: Not a readable zeus-callbacks store (read-only: also an empty file).
         StoreSchemaError: The store's schema is newer than this code's.
         StoreLockedError: Another process kept the file locked for ``lock_timeout_s``.
         StoreUnavailableError: The server stayed unreachable (or the error transient) for ``lock_timeout_s``.
-        StoreError: The file cannot be opened (a directory, permissions, read-only: missing); the
-            driver is missing, the credentials are refused, the database does not exist.
+        StoreError: The file cannot be opened; the driver is missing, the credentials are refused, the
+            database does not exist.
     """
 
     def __init__(
@@ -184,7 +170,6 @@ class SQLStore(Store):
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         read_only: bool = False,
         table_prefix: str | None = None,
-        engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         url = str(location) if "://" in str(location) else None
         self.file: Path | None = None
@@ -198,7 +183,6 @@ class SQLStore(Store):
         self.read_only = read_only
         self.network_fs = False
         self._requested_prefix = table_prefix
-        self._engine_options = dict(engine_options or {})
         self._lock = threading.Lock()
         self._engine: Any = None
         self._engine_pid = 0
@@ -265,7 +249,6 @@ class SQLStore(Store):
         options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
         if url.get_backend_name() == "postgresql":
             options["connect_args"] = {"connect_timeout": 10}
-        options.update(self._engine_options)
         try:
             return sa.create_engine(url, **options)
         except ImportError as exc:
@@ -542,21 +525,11 @@ class SQLStore(Store):
 
         return self._run("write", body)
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        """See :meth:`Store.get_job`."""
-        jobs = self._jobs(self._t["jobs"].c.job_id == job_id)
-        return jobs[0] if jobs else None
-
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
-        return self._jobs(None)
-
-    def _jobs(self, where: Any) -> list[JobRecord]:
         t = self._t["jobs"]
         query = self._sa.select(t).order_by(t.c.job_id)
-        rows = self._run(
-            "read", lambda c: c.execute(query if where is None else query.where(where)).mappings().all(), mode="read"
-        )
+        rows = self._run("read", lambda c: c.execute(query).mappings().all(), mode="read")
         return [records.job(r["job_id"], r["created_at"], r["info"], self.location) for r in rows]
 
     # -- trials -------------------------------------------------------------------------
@@ -770,7 +743,6 @@ class SQLStore(Store):
             lock_timeout_s=self.lock_timeout_s,
             lease_grace_s=self.lease_grace_s,
             table_prefix=self._requested_prefix,
-            engine_options=self._engine_options,
         )
 
     def close(self) -> None:

@@ -1,18 +1,14 @@
-"""The store's records: one schema for both stores, checked on load (pydantic), and built here on write.
+"""The store's records (frozen dataclasses) and their one schema: checked on load (pydantic), built here on write.
 
-Reading: each store reads its rows or its document through these models before it returns a record
-or writes anything back. A record that does not fit raises
-:class:`~zeus_callbacks.errors.StoreCorruptError` naming the store and the record (``trial 7``,
-``job 'nightly'``, ``the bandit of job 'nightly'``) and the field; the store is left untouched.
+Below the Store contract: of the store it imports only the lease owner token (a new trial's lease fields).
 
-The models are lax in the ways a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for
-8) and strict in the rest. A stored energy, time, cost or power limit that is not a finite number
-(a NaN an older version let through) reads as None: unknown, which is what it is.
-
-Writing: both stores build a new trial (:func:`new_trial`), a finished one (:func:`outcome`,
-:func:`finished_fields`), a trial marked dead (:func:`orphan_fields`) and a bandit state's JSON
-(:func:`bandit_json`) here, so the SQL rows and the JSON document hold the same fields, refused
-and accepted by the same checks. :class:`Snapshot` carries a whole store from one to another.
+Each store reads its rows or its document through these models before it returns a record or writes
+anything back; a record that does not fit is a :class:`~zeus_callbacks.errors.StoreCorruptError` naming the
+store, the record (``trial 7``, ``the bandit of job 'nightly'``) and the field, the store left untouched.
+The models are lax where a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for 8), strict in the
+rest; a stored energy, time, cost or power limit that is not finite (a NaN an older version let through)
+reads as None: unknown. Both stores build what they write here too (a new, finished or dead trial, a bandit
+state's JSON), so the SQL rows and the JSON document hold the same fields, refused by the same checks.
 """
 
 from __future__ import annotations
@@ -23,34 +19,129 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from zeus_callbacks.errors import StoreCorruptError
-from zeus_callbacks.store._base import (
-    BanditState,
-    JobRecord,
-    TrialRecord,
-    check_finish_status,
-    check_finite,
-    dumps_strict,
-    lease_owner,
-    this_host,
-)
+from zeus_callbacks.errors import StoreCorruptError, StoreValueError
+from zeus_callbacks.store._lease import lease_owner, this_host
 
 if TYPE_CHECKING:
     from zeus_callbacks.store._base import Store
 
+M = TypeVar("M", bound=BaseModel)
+TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
 
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One recurring job.
+
+    Attributes:
+        job_id: The job's name (``ZeusConfig.job_id``).
+        created_at: Unix time (s) of the job's first record.
+        info: Free-form JSON-safe description (workload, GPU, ...).
+    """
+
+    job_id: str
+    created_at: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One recurrence of a job.
+
+    Attributes:
+        trial_id: Unique within the store, increasing in creation order.
+        job_id: The job it belongs to.
+        batch_size: Batch size it ran at.
+        power_limit_W: Power limit it ran at (W); None if unknown.
+        status: ``running``, ``completed``, ``failed`` (crashed, or its process died),
+            ``early_stopped`` (cost exceeded ``beta_knob`` × the best cost) or ``withdrawn`` (a
+            suggestion no run claimed: neither an observation nor a failure of its batch size).
+        energy_J: GPU energy of the run (J); None while running or when unknown.
+        time_s: Wall time of the run (s); None while running or when unknown.
+        cost: ZeusCost of the run (J-equivalent); None while running or when unknown.
+        converged: True when the run reached its target metric.
+        started_at: Unix time (s) the trial was created.
+        ended_at: Unix time (s) it finished; None while running.
+        pid: Process id that runs it.
+        host: Host name of that process (a dead process is recognised on its own host at once).
+        info: Free-form JSON-safe extras (phase of the bandit, reason of a stop, ...).
+        owner: Lease owner token of the process that runs it (``host:pid:random``); "" when the
+            trial was recorded for another process, or by a schema-1 store.
+        heartbeat_at: Unix time (s) its owner last renewed the lease; None: no lease (schema 1).
+        pending_id: The id of the pending-trial file it was recorded from (a run that could not
+            reach the store at its start or end; docs/stores.md): set when the trial is created
+            from that file or its outcome merged from it; None otherwise. Unique within the store,
+            so merging the same file again records nothing new.
+    """
+
+    trial_id: int
+    job_id: str
+    batch_size: int
+    power_limit_W: float | None
+    status: TrialStatus
+    energy_J: float | None
+    time_s: float | None
+    cost: float | None
+    converged: bool
+    started_at: float
+    ended_at: float | None
+    pid: int
+    host: str
+    info: dict[str, Any] = field(default_factory=dict)
+    owner: str = ""
+    heartbeat_at: float | None = None
+    pending_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BanditState:
+    """The batch-size bandit's persisted state of one job.
+
+    Attributes:
+        job_id: The job.
+        state: JSON-safe optimiser state (phase, pruning progress, RNG state, min cost).
+        arms: Batch size → JSON-safe per-arm state (e.g. pruned, last posterior).
+        version: Incremented by every update (optimistic readers can compare).
+    """
+
+    job_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+    arms: dict[int, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
+
+
+def check_finite(location: str, what: str, **values: float | None) -> None:
+    """Refuse a NaN or infinite value (None, unknown, passes) with a :class:`StoreValueError` naming ``what``.
+
+    A NaN or infinite energy, time, cost or power limit is not a measurement: recorded, it
+    would poison every later suggestion of the bandit (a NaN mean, a NaN best cost).
+    """
+    bad = {k: v for k, v in values.items() if v is not None and not math.isfinite(float(v))}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise StoreValueError(
+            f"store {location}: {what}: {named} is not a finite number; record None (unknown) instead — nothing "
+            "was written"
+        )
+
+
+def dumps_strict(value: Any, location: str, what: str) -> str:
+    """``value`` as JSON text; NaN or ±infinity anywhere in it (not JSON) is a :class:`StoreValueError`."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise StoreValueError(
+            f"store {location}: {what} holds a non-finite number ({exc}); nothing was written"
+        ) from exc
 
 
 TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
-"""The fields of :class:`~zeus_callbacks.store._base.TrialRecord`, in order (the trials table's columns)."""
+"""The fields of :class:`TrialRecord`, in order (the trials table's columns)."""
 
 
 class _Record(BaseModel):
@@ -58,13 +149,13 @@ class _Record(BaseModel):
 
 
 class TrialModel(_Record):
-    """One trial as stored (the fields of :class:`~zeus_callbacks.store._base.TrialRecord`)."""
+    """One trial as stored (the fields of :class:`TrialRecord`)."""
 
     trial_id: int = Field(gt=0)
     job_id: str
     batch_size: int
     power_limit_W: float | None = None
-    status: Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
+    status: TrialStatus
     energy_J: float | None = None
     time_s: float | None = None
     cost: float | None = None
@@ -81,7 +172,7 @@ class TrialModel(_Record):
     @field_validator("power_limit_W", "energy_J", "time_s", "cost", mode="after")
     @classmethod
     def _unknown_when_not_finite(cls, value: float | None) -> float | None:
-        return _finite_or_none(value)
+        return None if value is not None and not math.isfinite(value) else value
 
     @field_validator("started_at", "ended_at", "heartbeat_at", mode="after")
     @classmethod
@@ -186,11 +277,7 @@ def validate_document(doc: dict[str, Any], location: str) -> dict[str, Any]:
 
 
 def json_column(text: Any, location: str, record: str) -> Any:
-    """A JSON column of a SQL row (``info``, ``state``), decoded.
-
-    Raises:
-        StoreCorruptError: Not text, or not JSON.
-    """
+    """A JSON column of a SQL row (``info``, ``state``), decoded; not JSON text: :class:`StoreCorruptError`."""
     if not isinstance(text, (str, bytes)):
         raise corrupt(location, record, f"expected JSON text, got {type(text).__name__}")
     try:
@@ -199,61 +286,43 @@ def json_column(text: Any, location: str, record: str) -> Any:
         raise corrupt(location, record, f"not JSON: {exc}") from exc
 
 
-def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
-    """A :class:`TrialRecord` from its stored fields (a SQL row or a JSON object), checked.
-
-    ``info`` may be JSON text (a SQL column) or a mapping.
-
-    Raises:
-        StoreCorruptError: A field does not fit.
-    """
-    name = f"trial {d.get('trial_id')!r}"
-    fields = dict(d)
+def _validated(model: type[M], fields: Mapping[str, Any], location: str, name: str) -> M:
+    """``fields`` as ``model``, an info given as JSON text (a SQL column) decoded; a misfit is a StoreCorruptError."""
     if not isinstance(fields.get("info"), Mapping):
-        fields["info"] = json_column(fields.get("info"), location, name)
+        fields = {**fields, "info": json_column(fields.get("info"), location, name)}
     try:
-        m = TrialModel.model_validate(fields)
+        return model.model_validate(dict(fields))
     except ValidationError as exc:
         raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+
+
+def trial(d: Mapping[str, Any], location: str) -> TrialRecord:
+    """A :class:`TrialRecord` from its stored fields (a SQL row or a JSON object), checked."""
+    m = _validated(TrialModel, d, location, f"trial {d.get('trial_id')!r}")
     return TrialRecord(**{**{key: getattr(m, key) for key in TRIAL_FIELDS}, "info": dict(m.info)})
 
 
 def job(job_id: Any, created_at: Any, info: Any, location: str) -> JobRecord:
-    """A :class:`JobRecord` from its stored fields (``info`` as JSON text or a mapping), checked.
-
-    Raises:
-        StoreCorruptError: A field does not fit.
-    """
+    """A :class:`JobRecord` from its stored fields, checked."""
     name = f"job {job_id!r}"
     if not isinstance(job_id, str):
         raise corrupt(location, name, f"job_id must be text, got {type(job_id).__name__}")
-    if not isinstance(info, Mapping):
-        info = json_column(info, location, name)
-    try:
-        m = JobModel.model_validate({"created_at": created_at, "info": info})
-    except ValidationError as exc:
-        raise corrupt(location, name, _first_error(exc, None)[1] + f" (field {exc.errors()[0]['loc'][0]})") from exc
+    m = _validated(JobModel, {"created_at": created_at, "info": info}, location, name)
     return JobRecord(job_id, m.created_at, dict(m.info))
 
 
-def mapping_column(text: Any, location: str, record: str) -> dict[str, Any]:
-    """A JSON column that must hold an object (a bandit state, an arm, a profile), decoded.
-
-    Raises:
-        StoreCorruptError: Not JSON, or not an object.
-    """
-    value = json_column(text, location, record)
+def mapping_column(value: Any, location: str, record: str) -> dict[str, Any]:
+    """A stored JSON object (a bandit state, an arm, a profile): a mapping, or JSON text holding one, checked."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    value = json_column(value, location, record)
     if not isinstance(value, dict):
         raise corrupt(location, record, f"expected a JSON object, got {type(value).__name__}")
     return value
 
 
 def batch_size_key(value: Any, location: str, record: str) -> int:
-    """An arm's batch size as stored (an integer column, or the JSON store's text key), checked.
-
-    Raises:
-        StoreCorruptError: Not a whole number.
-    """
+    """An arm's batch size as stored (an integer column, or the JSON store's text key), checked."""
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -264,43 +333,29 @@ def batch_size_key(value: Any, location: str, record: str) -> int:
 
 
 def version(value: Any, location: str, record: str) -> int:
-    """A bandit's version counter as stored, checked.
-
-    Raises:
-        StoreCorruptError: Not a whole number ≥ 0.
-    """
+    """A version counter as stored (a bandit's, the schema's), checked: a whole number ≥ 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise corrupt(location, record, f"version {value!r} is not a whole number ≥ 0")
     return value
 
 
 def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any, Any]], location: str) -> BanditState:
-    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes as integers or text), checked.
-
-    Raises:
-        StoreCorruptError: A part does not fit.
-    """
+    """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes integers or text), checked."""
     name = f"the bandit of job {job_id!r}"
     decoded = {
-        batch_size_key(b, location, f"{name}, arm {b!r}"): (
-            dict(s) if isinstance(s, Mapping) else mapping_column(s, location, f"{name}, arm {b!r}")
-        )
+        batch_size_key(b, location, f"{name}, arm {b!r}"): mapping_column(s, location, f"{name}, arm {b!r}")
         for b, s in arms
     }
     return BanditState(
         job_id=job_id,
-        state=dict(state) if isinstance(state, Mapping) else mapping_column(state, location, name),
+        state=mapping_column(state, location, name),
         arms=dict(sorted(decoded.items())),
         version=version(version_value, location, name),
     )
 
 
 def bandit_json(state: BanditState, location: str) -> tuple[str, dict[int, str]]:
-    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON).
-
-    Raises:
-        StoreValueError: A value is not a finite number (nothing was written).
-    """
+    """A bandit state as stored: its state's JSON and each arm's (batch size → JSON), checked (:func:`dumps_strict`)."""
     job_id = state.job_id
     return dumps_strict(state.state, location, f"the bandit state of job {job_id}"), {
         int(b): dumps_strict(s, location, f"arm {b} of job {job_id}") for b, s in state.arms.items()
@@ -321,10 +376,7 @@ def new_trial(
     """The stored fields of a new ``running`` trial (all but its ``trial_id``), checked.
 
     A trial of this process (``pid`` None or ours) carries this process's lease owner token; one
-    recorded for another process carries none.
-
-    Raises:
-        StoreValueError: ``power_limit_W`` or a value of ``info`` is not a finite number.
+    recorded for another process carries none. A non-finite number is a :class:`StoreValueError`.
     """
     check_finite(location, f"create a trial of job {job_id}", power_limit_W=power_limit_W)
     info_json = dumps_strict(dict(info or {}), location, f"the info of a new trial of job {job_id}")
@@ -372,7 +424,10 @@ def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
         StoreValueError: A number (or a value of ``info``) is not finite.
     """
     result = Outcome(**{**given, "info": dict(given.get("info") or {})})
-    check_finish_status(result.status)
+    if result.status not in TRIAL_STATUSES or result.status == "running":
+        raise ValueError(
+            f"a finished trial's status must be completed, failed, early_stopped or withdrawn, got {result.status!r}"
+        )
     check_finite(
         location,
         f"finish trial {trial_id}",
@@ -402,7 +457,7 @@ def finished_fields(old: TrialRecord, done: Outcome, now_s: float) -> dict[str, 
 
 
 def orphan_fields(trial: TrialRecord, reason: str, now_s: float) -> dict[str, Any]:
-    """The stored fields of a dead trial marked failed on open (``reason``: see ``base.orphan_reason``)."""
+    """The stored fields of a dead trial marked failed on open (``reason``: see ``_base.dead_trials``)."""
     return {"status": "failed", "ended_at": now_s, "info": {**trial.info, "reason": reason}}
 
 

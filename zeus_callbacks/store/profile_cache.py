@@ -59,9 +59,7 @@ class StoreProfileCache:
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
     ) -> None:
         self.run_store = path if isinstance(path, RunStore) else None
-        self.path: str | Path | None = None
-        if not isinstance(path, RunStore):
-            self.path = str(path) if is_url(path) else Path(path)
+        self.path = None if isinstance(path, RunStore) else str(path) if is_url(path) else Path(path)
         self.backend = backend
         self.lease_grace_s = lease_grace_s
 

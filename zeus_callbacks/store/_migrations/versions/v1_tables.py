@@ -1,7 +1,4 @@
-"""Schema 1: jobs, trials, bandits, arms, profiles.
-
-Revision ID: 0001
-"""
+"""Schema 1 (revision 0001): jobs, trials, bandits, arms, profiles."""
 
 from __future__ import annotations
 
@@ -13,8 +10,6 @@ from zeus_callbacks.store._migrations import table_prefix
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,7 +1,4 @@
-"""Schema 2: trials carry a lease (owner token, heartbeat).
-
-Revision ID: 0002
-"""
+"""Schema 2 (revision 0002): trials carry a lease (owner token, heartbeat)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,6 @@ from zeus_callbacks.store._migrations import table_prefix
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,7 +1,4 @@
-"""Schema 4: a trial may be ``withdrawn`` (a suggestion no run claimed), so the status CHECK admits it.
-
-Revision ID: 0004
-"""
+"""Schema 4 (revision 0004): a trial may be ``withdrawn`` (a suggestion no run claimed)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,6 @@ from zeus_callbacks.store._migrations import table_prefix
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 # Spelled out, not imported: a revision keeps the schema of its version whatever later code calls a status.
 STATUSES = ("running", "completed", "failed", "early_stopped", "withdrawn")
