@@ -74,6 +74,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zeus_callbacks.optimizers.batch_size._bandit_settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
 from zeus_callbacks.optimizers.batch_size._maths import (
     ArmPosterior,
     eliminate_arms,
@@ -85,29 +87,13 @@ from zeus_callbacks.optimizers.batch_size._maths import (
     satisficing_choice,
 )
 from zeus_callbacks.optimizers.batch_size._observations import (
-    OBSERVATION_BOUNDS,
     arm_failures,
     best_target_value,
     finite_or_none,
     is_observable_cost,
     observation_problem,
 )
-from zeus_callbacks.optimizers.batch_size._settings import BanditSettings
-from zeus_callbacks.optimizers.batch_size._state import StoredState, read_state, validated_state
 from zeus_callbacks.store._base import BanditState, OutcomeUpdate, Store, TrialRecord
-
-# Re-exported: these lived here before _settings.py, _observations.py and _state.py held them.
-__all__ = [
-    "OBSERVATION_BOUNDS",
-    "BanditSettings",
-    "BatchSizeBandit",
-    "BanditPhase",
-    "StoredState",
-    "Suggestion",
-    "arm_failures",
-    "observation_problem",
-    "validated_state",
-]
 
 logger = logging.getLogger(__name__)
 

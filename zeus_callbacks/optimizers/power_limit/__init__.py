@@ -21,7 +21,6 @@ The ``zeus-callbacks restore`` command is in :mod:`zeus_callbacks.cli._cmd_resto
 
 from zeus_callbacks.errors import NotAMarker
 from zeus_callbacks.optimizers.power_limit._cache import CACHE_NAME, JsonProfileCache, ProfileCache, ProfileKey
-from zeus_callbacks.optimizers.power_limit._controller import PowerLimitController, PowerLimitResult
 from zeus_callbacks.optimizers.power_limit._gpu_lock import GpuLock
 from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_interval, t_quantile_975
 from zeus_callbacks.optimizers.power_limit._limit_profiler import (
@@ -45,6 +44,7 @@ from zeus_callbacks.optimizers.power_limit._marker import (
 )
 from zeus_callbacks.optimizers.power_limit._objective import Objective, ObjectiveName
 from zeus_callbacks.optimizers.power_limit._owner import Owner
+from zeus_callbacks.optimizers.power_limit._power_limit_controller import PowerLimitController, PowerLimitResult
 from zeus_callbacks.optimizers.power_limit._search import (
     Measured,
     SearchPlan,

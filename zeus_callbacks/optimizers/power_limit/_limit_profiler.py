@@ -3,7 +3,7 @@
 :class:`PowerLimitProfiler` is fed with step boundaries and an energy function. It decides
 which limit each step should run at and, at the end, the limit that minimises the
 :class:`~zeus_callbacks.optimizers.power_limit._objective.Objective`. It never touches a GPU:
-:class:`~zeus_callbacks.optimizers.power_limit._controller.PowerLimitController` applies its
+:class:`~zeus_callbacks.optimizers.power_limit._power_limit_controller.PowerLimitController` applies its
 limits.
 
 States (:class:`ProfilerPhase`) and transitions; each happens at a step boundary or at one of the

@@ -39,7 +39,7 @@ from zeus_callbacks._distributed import RankGroup
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.errors import ConfigError, StoreError, StoreUnavailableError
 from zeus_callbacks.optimizers.batch_size._bandit import BatchSizeBandit, Suggestion
-from zeus_callbacks.optimizers.batch_size._settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size._bandit_settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord, open_configured_store, store_location
 from zeus_callbacks.store._base import this_host

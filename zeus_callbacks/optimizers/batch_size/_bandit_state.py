@@ -74,11 +74,6 @@ class StoredState(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-def validated_state(state: Mapping[str, Any], location: str, job_id: str) -> dict[str, Any]:
-    """The job's stored bandit state, its shape checked (:func:`read_state`), as the store keeps it."""
-    return read_state(state, location, job_id).to_stored()
-
-
 def read_state(state: Mapping[str, Any], location: str, job_id: str) -> StoredState:
     """The job's bandit state as read from the store, its shape checked.
 
