@@ -9,45 +9,11 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class BanditSettings:
-    """Settings of :class:`~._bandit.BatchSizeBandit` (``BatchSizeConfig`` carries the same fields).
+    """Settings of :class:`~._bandit.BatchSizeBandit`: the fields of :class:`~zeus_callbacks.config.BatchSizeConfig`.
 
-    Attributes:
-        batch_sizes: Candidate batch sizes (arms), any order; duplicates are dropped.
-        default_batch_size: Where pruning starts; must be one of ``batch_sizes``.
-        beta_knob: Early-stopping factor (> 1); None disables early stopping.
-        pruning_rounds: Pruning rounds before Thompson sampling (≥ 1).
-        seed: Seed of the generator (used once, when the job's state is created).
-        prior_std_rel: Prior standard deviation as a fraction of the prior mean (κ).
-        noise_floor_rel: Floor of an arm's cost standard deviation as a fraction of its mean (ρ).
-        window: Use only the last ``window`` observations of each arm; None: all.
-        discount: Weight ``discount ** age`` per observation (age in job recurrences); None: 1.
-        prune_cost_ratio: Also end a pruning direction at a size costing more than this
-            times the cheapest converged size of the round (cost is close to unimodal in
-            the batch size); None: only non-convergence ends a direction (Zeus). During
-            pruning it is also the early-stopping factor when smaller than ``beta_knob``.
-            With ``prune_cost_ratio_no_descent`` set, it applies only to a candidate whose
-            direction is descending (:meth:`~._bandit.BatchSizeBandit.prune_ratio`).
-        prune_cost_ratio_no_descent: The factor that replaces ``prune_cost_ratio`` for a
-            candidate whose direction is not descending: the first size away from the start,
-            or a size after one that did not lower the round's cheapest converged cost; None:
-            ``prune_cost_ratio`` for every candidate. Ignored when ``prune_cost_ratio`` is None.
-        elimination_z: Thompson sampling draws only from arms whose lower confidence bound
-            ``μn − z·sd`` is at most the best upper bound ``min(μn + z·sd)``; None: every arm.
-        satisficing_rel: Satisficing Thompson sampling: of the arms whose draw is within this
-            fraction of the lowest draw, play the one with the lowest posterior mean; None:
-            plain Thompson sampling (the lowest draw).
-        explore_stop_z: Stop a Thompson-phase run of an arm other than the one with the lowest
-            posterior mean once its cost passes that arm's ``μn + z·σ`` (σ its noise sd); the
-            stopped cost is a censored observation, counted at its tail mean
-            (:func:`~._maths.gaussian_tail_mean`); None: only ``beta_knob`` stops such runs.
-        max_failures: An arm whose last ``max_failures`` finished trials all failed (a crash,
-            an out-of-memory error, a process killed; not an interruption) is pruned, and the
-            reason is kept in the state (``failed_arms``) and shown by ``zeus-callbacks show``;
-            None: failures never prune an arm.
-        target_metric: The validation metric a run must reach (``batch_size.target.metric``); None: no
-            target, and no run counts as converged.
-        target_value: The value it must reach (``batch_size.target.value``).
-        target_direction: ``max``: reached at or above ``target_value``; ``min``: at or below.
+    Each field means what the config field of its name does (docs/configuration.md), None where the
+    config says null; ``batch_sizes`` may come in any order (duplicates dropped) and the target is
+    ``batch_size.target``'s ``metric``, ``value`` and ``direction`` (no target: no run converges).
     """
 
     batch_sizes: tuple[int, ...]
@@ -71,12 +37,7 @@ class BanditSettings:
 
     @property
     def has_target(self) -> bool:
-        """Whether the job has a target: a run converges by reaching it.
-
-        With one, while no run of the job has ever reached it the pruning holds its candidate (the
-        round's start) instead of moving on (:meth:`~._bandit.BatchSizeBandit.suggest`): a target no
-        run reaches says nothing about which batch size reaches it first.
-        """
+        """Whether the job has a target: a run converges by reaching it (none reached yet: the pruning holds)."""
         return self.target_metric is not None and self.target_value is not None
 
     def __post_init__(self) -> None:

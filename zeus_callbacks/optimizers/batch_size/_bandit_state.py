@@ -75,12 +75,7 @@ class StoredState(BaseModel):
 
 
 def read_state(state: Mapping[str, Any], location: str, job_id: str) -> StoredState:
-    """The job's bandit state as read from the store, its shape checked.
-
-    Args:
-        state: The state as read from the store.
-        location: The store's file or masked URL, for the message.
-        job_id: The job, for the message.
+    """The job's bandit state as read from the store, its shape checked (``location``, ``job_id``: for the message).
 
     Raises:
         StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
