@@ -544,19 +544,11 @@ class BatchSizeController:
         self.threshold_factor = None if factor is None else (factor[0], factor[1])
 
     def use_batch_size(self, batch_size: int) -> None:
-        """Record the batch size the run really uses, when it differs from the suggestion.
-
-        Args:
-            batch_size: The batch size of the run's data loaders.
-        """
+        """Record the batch size of the run's data loaders, when it differs from the suggestion."""
         self.batch_size = int(batch_size)
 
     def record_power_limit(self, power_limit_W: float) -> None:
-        """Record the power limit the run trains at from now on (W), kept with the trial.
-
-        Args:
-            power_limit_W: The limit the power-limit profiler chose (W).
-        """
+        """Record the power limit the run trains at from now on (W), kept with the trial."""
         self.power_limit_W = power_limit_W
 
     @property
