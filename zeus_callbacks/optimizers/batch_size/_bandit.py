@@ -8,7 +8,7 @@ The rules and why each departs from Zeus are in docs/batch_size.md ("How it choo
 **Pruning (§4.4).** Round ``r`` starts at ``b_r`` (round 0: the default; later: the previous
 round's cheapest arm), tries the surviving sizes below it in decreasing order, then those above it
 in increasing order; a direction ends at the first size that does not converge or, beyond Zeus,
-costs more than :meth:`BatchSizeBandit.prune_ratio` × the round's cheapest converged size. The
+costs more than a pruning factor × the round's cheapest converged size. The
 sizes that converged survive; after ``pruning_rounds`` rounds Thompson sampling runs on them. While
 no run of a job with a target has reached it, a run that does not converge holds the round's start.
 
@@ -177,8 +177,8 @@ class BatchSizeBandit:
     def early_stop_factor(self) -> tuple[str, float, float] | None:
         """The factor that sets :meth:`early_stop_threshold`: ``(setting name, factor, min_cost)``.
 
-        The name (``beta_knob``, or the pruning factor's setting, :meth:`prune_ratio`, when that is
-        lower while pruning) lets a stop say why.
+        The name (``beta_knob``, or the pruning factor's setting when that is lower while pruning)
+        lets a stop say why.
 
         Returns:
             The setting's name, its value and the best converged cost (J-equivalent); None
@@ -194,25 +194,14 @@ class BatchSizeBandit:
             return prune[0], prune[1], float(min_cost)
         return "beta_knob", beta, float(min_cost)
 
-    def prune_ratio(self, state: StoredState | None = None) -> float | None:
-        """The pruning factor of the current candidate: ``prune_cost_ratio`` or ``…_no_descent``.
+    def _prune_factor(self, state: StoredState) -> tuple[str, float] | None:
+        """The candidate's pruning factor and the setting it comes from; None without ``prune_cost_ratio``.
 
         A *descending* direction (its last size lowered the round's cheapest converged cost) gets
         ``prune_cost_ratio``: the optimum may lie further on, and one run that took more epochs than
         usual (up to 7/4 of the usual count on the traces) must not end it. Any other candidate gets
         ``prune_cost_ratio_no_descent`` when set: nothing points past it (docs/batch_size.md).
-
-        Args:
-            state: The bandit state (default: the store's).
-
-        Returns:
-            The factor, or None when ``prune_cost_ratio`` is None.
         """
-        factor = self._prune_factor(self._current() if state is None else state)
-        return None if factor is None else factor[1]
-
-    def _prune_factor(self, state: StoredState) -> tuple[str, float] | None:
-        """:meth:`prune_ratio` with the name of the setting it comes from."""
         s = self.settings
         if s.prune_cost_ratio is None:
             return None
@@ -576,7 +565,8 @@ class BatchSizeBandit:
 
         ``descending``: the candidate just moved past lowered the round's cheapest converged cost.
         """
-        ratio = self.prune_ratio(state)
+        factor = self._prune_factor(state)
+        ratio = None if factor is None else factor[1]
         before = min((c for c, ok in state.round_results.values() if ok), default=math.inf)
         results = {**state.round_results, str(batch_size): [cost, converged]}
         survivors = sorted(state.survivors)

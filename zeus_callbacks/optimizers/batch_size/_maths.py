@@ -129,19 +129,7 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
 
 
 def gaussian_tail_means(mean: float, std: float, thresholds: Sequence[float]) -> np.ndarray:
-    """:func:`gaussian_tail_mean` at each of ``thresholds`` (one ``scipy.stats.truncnorm`` call).
-
-    Args:
-        mean: ``μ`` (J-equivalent).
-        std: ``s`` > 0 (J-equivalent).
-        thresholds: The censoring points ``c`` (J-equivalent), shape (n,).
-
-    Returns:
-        ``E[X | X > c]`` for each ``c``, shape (n,), each ≥ its ``c``.
-
-    Raises:
-        ValueError: ``std`` is not positive.
-    """
+    """:func:`gaussian_tail_mean` at each of ``thresholds``, shape (n,) (one ``scipy.stats.truncnorm`` call)."""
     from scipy.stats import truncnorm  # scipy.stats takes a while to import: only when a run was censored
 
     if not std > 0:
