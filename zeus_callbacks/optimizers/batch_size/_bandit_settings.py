@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 
@@ -87,23 +87,11 @@ class BanditSettings:
         """
         if not config.batch_sizes or config.default_batch_size is None:
             raise ValueError("batch_size.batch_sizes and batch_size.default_batch_size must be set")
+        same = {f.name: getattr(config, f.name) for f in fields(cls) if not f.name.startswith("target_")}
+        target = config.target
         return cls(
-            batch_sizes=tuple(config.batch_sizes),
-            default_batch_size=config.default_batch_size,
-            beta_knob=config.beta_knob,
-            pruning_rounds=config.pruning_rounds,
-            seed=config.seed,
-            prior_std_rel=config.prior_std_rel,
-            noise_floor_rel=config.noise_floor_rel,
-            window=config.window,
-            discount=config.discount,
-            prune_cost_ratio=config.prune_cost_ratio,
-            prune_cost_ratio_no_descent=config.prune_cost_ratio_no_descent,
-            elimination_z=config.elimination_z,
-            satisficing_rel=config.satisficing_rel,
-            explore_stop_z=config.explore_stop_z,
-            max_failures=config.max_failures,
-            target_metric=None if config.target is None else config.target.metric,
-            target_value=None if config.target is None else config.target.value,
-            target_direction="max" if config.target is None else config.target.direction,
+            **{**same, "batch_sizes": tuple(config.batch_sizes)},
+            target_metric=None if target is None else target.metric,
+            target_value=None if target is None else target.value,
+            target_direction="max" if target is None else target.direction,
         )
