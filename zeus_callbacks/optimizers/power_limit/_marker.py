@@ -94,13 +94,11 @@ def _local_rank() -> int | None:
 
 
 def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Path:
-    """The restore-marker file of this process.
+    """The restore-marker file of this process: ``configured`` or ``<log_dir>/power_limit_restore.json``.
 
-    ``configured`` (``power_limit.restore_marker``) or ``<log_dir>/power_limit_restore.json``;
-    under a multi-process launcher (``WORLD_SIZE`` > 1) each process gets its own file,
-    named by host and local rank (``power_limit_restore.<host>.rank<LOCAL_RANK>.json``), so
-    that no two ranks overwrite each other's, neither on one node nor across nodes that
-    share the log directory (local ranks repeat on every node).
+    Under a multi-process launcher (``WORLD_SIZE`` > 1) each process gets its own file, named by host
+    and local rank (``power_limit_restore.<host>.rank<LOCAL_RANK>.json``): local ranks repeat on
+    every node, and nodes may share the log directory.
     """
     path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
     local_rank = _local_rank()
