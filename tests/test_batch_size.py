@@ -122,7 +122,7 @@ def test_failed_trials_neither_count_nor_move_pruning(store):
 def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
     """Issue 30: a suggestion no run claimed (withdrawn) is not a failure of its batch size: failed, withdrawn, failed
     is two failures in a row (max_failures 2), and a withdrawn pruning candidate is suggested again."""
-    from zeus_callbacks.optimizers.batch_size._controller import withdraw_suggestion
+    from zeus_callbacks.optimizers.batch_size._batch_size_controller import withdraw_suggestion
 
     bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
     s = bandit.suggest()
@@ -466,7 +466,7 @@ def test_satisficing_choice_by_hand():
 def test_the_typed_state_is_frozen_and_stores_only_the_keys_it_was_read_with(store):
     import pydantic
 
-    from zeus_callbacks.optimizers.batch_size._state import read_state
+    from zeus_callbacks.optimizers.batch_size._bandit_state import read_state
 
     bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
     report(bandit, 64, 200.0)

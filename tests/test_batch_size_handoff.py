@@ -15,7 +15,7 @@ from pathlib import Path
 
 from zeus_callbacks import suggest_batch_size
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
-from zeus_callbacks.optimizers.batch_size import _controller as recurring
+from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 

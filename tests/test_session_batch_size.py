@@ -9,7 +9,7 @@ import pytest
 from zeus_callbacks import ConfigError, suggest_batch_size
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.optimizers.batch_size import _controller as recurring
+from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store

@@ -218,7 +218,9 @@ def test_main_failure_at_start_fails_the_follower_instead_of_hanging(tmp_path, m
 def test_suggest_batch_size_under_a_launcher_returns_the_main_suggestion(tmp_path, monkeypatch):
     main_suggestion = Suggestion(batch_size=128, trial_id=7, phase="pruning", round=0)
     ranks = FakeRanks(1, main_broadcast=((128, main_suggestion, None), None))
-    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size._controller.RankGroup.from_launcher", lambda **kw: ranks)
+    monkeypatch.setattr(
+        "zeus_callbacks.optimizers.batch_size._batch_size_controller.RankGroup.from_launcher", lambda **kw: ranks
+    )
     suggested = suggest_batch_size(settings(tmp_path))
     assert suggested == 128
     assert not (tmp_path / "zeus_store.sqlite").exists()  # only the main process touches the store
@@ -238,7 +240,9 @@ def test_a_store_the_main_cannot_reach_gives_every_rank_the_default_batch_size(t
     blocker = sqlite3.connect(tmp_path / "zeus_store.sqlite", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store past the lock timeout
     main = FakeRanks(0)
-    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size._controller.RankGroup.from_launcher", lambda **kw: main)
+    monkeypatch.setattr(
+        "zeus_callbacks.optimizers.batch_size._batch_size_controller.RankGroup.from_launcher", lambda **kw: main
+    )
     try:
         assert suggest_batch_size(cfg) == 64  # trains on, at the default
     finally:
@@ -249,14 +253,16 @@ def test_a_store_the_main_cannot_reach_gives_every_rank_the_default_batch_size(t
     assert "without the bandit's suggestion" in caplog.text
     follower = FakeRanks(1, main_broadcast=shared)
     monkeypatch.setattr(
-        "zeus_callbacks.optimizers.batch_size._controller.RankGroup.from_launcher", lambda **kw: follower
+        "zeus_callbacks.optimizers.batch_size._batch_size_controller.RankGroup.from_launcher", lambda **kw: follower
     )
     assert suggest_batch_size(cfg) == 64
 
 
 def test_suggest_batch_size_fails_every_rank_when_the_main_cannot_suggest(tmp_path, monkeypatch):
     ranks = FakeRanks(1, main_broadcast=(None, "StoreCorruptError: bad store"))
-    monkeypatch.setattr("zeus_callbacks.optimizers.batch_size._controller.RankGroup.from_launcher", lambda **kw: ranks)
+    monkeypatch.setattr(
+        "zeus_callbacks.optimizers.batch_size._batch_size_controller.RankGroup.from_launcher", lambda **kw: ranks
+    )
     with pytest.raises(RuntimeError, match="main process could not suggest a batch size.*bad store"):
         suggest_batch_size(settings(tmp_path))
 

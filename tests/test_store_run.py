@@ -21,7 +21,7 @@ from tests.store_contract import new_location, require
 from zeus_callbacks import simulate as sim
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
-from zeus_callbacks.optimizers.batch_size import _controller as recurring
+from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store._json_store import JSONStore

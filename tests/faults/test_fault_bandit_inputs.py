@@ -27,8 +27,8 @@ from tests.store_contract import _open, new_location
 from zeus_callbacks.cli._cmd_show import show
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
-from zeus_callbacks.optimizers.batch_size._bandit import arm_failures, observation_problem
-from zeus_callbacks.optimizers.batch_size._controller import BatchSizeController
+from zeus_callbacks.optimizers.batch_size._batch_size_controller import BatchSizeController
+from zeus_callbacks.optimizers.batch_size._observations import arm_failures, observation_problem
 from zeus_callbacks.store import open_store
 
 KINDS = ("sqlite", "json", "rdb-sqlite")

@@ -26,7 +26,7 @@ from filelock import FileLock
 
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
-from zeus_callbacks.optimizers.batch_size import _controller as recurring
+from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 

@@ -33,7 +33,7 @@ import pytest
 from tests.store_contract import FAULT_KINDS, new_location
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.config import parse_config
-from zeus_callbacks.optimizers.batch_size import _controller as recurring
+from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.store import open_configured_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ RUN = textwrap.dedent("""
     import json, sys
     from zeus_callbacks.config import parse_config
     from zeus_callbacks.errors import StoreUnavailableError
-    from zeus_callbacks.optimizers.batch_size import _controller as recurring
+    from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
     from zeus_callbacks.store._run_store import RunStore
 
     config, up = parse_config(json.loads(sys.argv[1])), int(sys.argv[2])
@@ -67,7 +67,7 @@ RUN = textwrap.dedent("""
 KILLED_MERGE = textwrap.dedent("""
     import json, os, signal, sys
     from zeus_callbacks.config import parse_config
-    from zeus_callbacks.optimizers.batch_size import _controller as recurring
+    from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 
     def die(path):  # the merge has committed; the pending file is not removed yet
         print("merged", path.name, flush=True)

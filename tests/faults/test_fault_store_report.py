@@ -40,7 +40,7 @@ REPORT = textwrap.dedent("""
     import json, os, signal, sys
     from tests.store_contract import _open
     from zeus_callbacks.optimizers.batch_size import _bandit as bandit_module
-    from zeus_callbacks.optimizers.batch_size._bandit import BanditSettings, BatchSizeBandit
+    from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 
     kind, location, point, job = sys.argv[1:5]
     energy_J, time_s, cost = (float(v) for v in sys.argv[5:8])

@@ -11,7 +11,7 @@ from typing import Any
 
 from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, table
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
-from zeus_callbacks.optimizers.batch_size._state import StoredState, read_state
+from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store._base import Store

@@ -28,7 +28,8 @@ from zeus_callbacks.measurement._overhead import WindowSampling
 from zeus_callbacks.measurement._sampler import PowerSampler
 from zeus_callbacks.measurement._step_phases import PHASES
 from zeus_callbacks.measurement._windows import BoundaryTimer, WindowBatch, WindowMeter
-from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, SuggestedBatchSize, run_store
+from zeus_callbacks.optimizers.batch_size import BatchSizeController, EarlyStopRule, SuggestedBatchSize
+from zeus_callbacks.optimizers.batch_size._batch_size_controller import run_store
 from zeus_callbacks.optimizers.power_limit import PowerLimitController
 from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import _log_records as records

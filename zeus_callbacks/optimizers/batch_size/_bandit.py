@@ -1,29 +1,16 @@
 """Batch-size optimisation across recurrences of a job (Zeus, NSDI '23, §4.2–4.4).
 
-A recurring job (same ``job_id``) asks :meth:`BatchSizeBandit.suggest` for a batch
-size before it builds its data loaders, trains, and reports the outcome with
-:meth:`BatchSizeBandit.report`. The reward of an arm (a batch size) is the negated
-ZeusCost to reach the target (:mod:`~zeus_callbacks.optimizers.cost`); the bandit
-minimises cost.
+A recurring job (same ``job_id``) asks :meth:`BatchSizeBandit.suggest` for a batch size before it
+builds its data loaders, trains, and reports the outcome with :meth:`BatchSizeBandit.report`. An
+arm's reward is the negated ZeusCost to reach the target (:mod:`~zeus_callbacks.optimizers.cost`).
+The rules and why each departs from Zeus are in docs/batch_size.md ("How it chooses"):
 
-**Pruning (§4.4).** Round ``r`` starts at a batch size ``b_r`` (round 0: the default;
-later rounds: the cheapest arm of the previous round), then tries the surviving sizes
-below it in decreasing order and stops that direction at the first size that fails to
-converge (target not reached, or stopped early), then the sizes above it in increasing
-order with the same rule. Beyond Zeus, a direction also stops at a size that converged
-but cost more than ``prune_cost_ratio`` × the cheapest converged size of the round (the
-cost-to-accuracy is close to unimodal in the batch size, §2.2, so the sizes beyond it
-are costlier still; the margin keeps run-to-run noise from stopping a direction). That
-factor is ``prune_cost_ratio_no_descent`` (1.3) for a candidate whose direction is not
-descending (the first size away from the start, or one after a size that did not lower the
-cheapest converged cost) and ``prune_cost_ratio`` (1.5) after a size that did: there the
-optimum may lie further on, and one run that took more epochs than usual must not end the
-direction (:meth:`BatchSizeBandit.prune_ratio`). During pruning the same factor stops a
-candidate early at that multiple of the best converged cost. The sizes that converged in
-the round survive into the next; after ``pruning_rounds`` rounds, Thompson sampling runs
-on the survivors. Beyond Zeus, while no run of a job with a target has ever reached it, a
-candidate that does not converge does not move the pruning: it holds the round's start (and warns
-at each suggestion, naming the target and the best value seen) until a run reaches the target.
+**Pruning (§4.4).** Round ``r`` starts at ``b_r`` (round 0: the default; later: the previous
+round's cheapest arm), tries the surviving sizes below it in decreasing order, then those above it
+in increasing order; a direction ends at the first size that does not converge or, beyond Zeus,
+costs more than a pruning factor × the round's cheapest converged size. The
+sizes that converged survive; after ``pruning_rounds`` rounds Thompson sampling runs on them. While
+no run of a job with a target has reached it, a run that does not converge holds the round's start.
 
 **Gaussian Thompson sampling (§4.2)**, on cost ``x`` (lower is better). For arm ``a``
 with observations ``x_i`` and weights ``w_i`` (1; ``γ^age`` with a discount; 0 outside a
@@ -39,28 +26,13 @@ window)::
 and each round draws ``θ_a ~ N(μn, 1/τn)`` for the arms not eliminated by their lower
 confidence bound (:func:`eliminate_arms`) and plays the lowest draw, or, among the draws
 within ``satisficing_rel`` of it, the arm with the lowest ``μn`` (:func:`satisficing_choice`).
-The pooled variance ``r`` uses completed runs only: an early-stopped cost is censored at
-the threshold, not a draw of the run-to-run noise. In the arm's own mean, an early-stopped
-cost ``c`` counts at its tail mean ``E[X | X > c]`` under the arm's predictive from its
-completed runs (:func:`gaussian_tail_mean`; kept at ``c`` for an arm with none).
-Fixes to Zeus's version: the prior is proper (``τ0 > 0``), the noise variance has a
-floor (identical costs no longer make ``τn`` infinite and freeze the arm) and is pooled
-over arms in relative terms (a run-to-run spread seen on the arm played most informs
-the arms seen once, so one pruning round suffices where Zeus needs two), old
-observations can be windowed or discounted (drift), and the generator is a seeded
-``numpy.random.Generator`` whose state is persisted in the store after every draw (no
-clock seeding; runs are reproducible across processes).
+``r`` uses completed runs only (an early-stopped cost is censored, not a draw of the noise); in the
+arm's own mean an early-stopped cost ``c`` counts at its tail mean ``E[X | X > c]``
+(:func:`gaussian_tail_mean`). The generator's state is persisted in the store after every draw.
 
-**Early stopping (§4.4).** A run whose accumulated cost exceeds ``beta_knob × min_cost``
-is stopped; ``min_cost`` is the lowest cost of a *converged* trial of the job (never of
-a failed one, nor of a stopped one that did not reach the target). A stopped run's accumulated
-cost is still an observation of its arm (a lower bound of its true cost that keeps the arm
-unattractive). A stopped run whose evaluation after the stop (a framework validates once more
-when training ends) reaches the target converged: its cost is its cost to the target, not
-censored, and its batch size stays a candidate. In the Thompson
-phase, a run of an arm other than the one with the lowest posterior mean also stops once its
-cost passes that arm's ``μn + z·σ`` (``explore_stop_z``,
-:meth:`BatchSizeBandit.explore_stop_threshold`), and counts at its tail mean.
+**Early stopping (§4.4).** A run whose cost exceeds ``beta_knob × min_cost`` (the lowest cost of
+a *converged* trial) stops; its cost is still an observation of its arm. In the Thompson phase a
+run of an arm other than the best also stops past :meth:`BatchSizeBandit.explore_stop_threshold`.
 """
 
 from __future__ import annotations
@@ -74,6 +46,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zeus_callbacks.optimizers.batch_size._bandit_settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
 from zeus_callbacks.optimizers.batch_size._maths import (
     ArmPosterior,
     eliminate_arms,
@@ -85,37 +59,18 @@ from zeus_callbacks.optimizers.batch_size._maths import (
     satisficing_choice,
 )
 from zeus_callbacks.optimizers.batch_size._observations import (
-    OBSERVATION_BOUNDS,
     arm_failures,
     best_target_value,
     finite_or_none,
     is_observable_cost,
     observation_problem,
 )
-from zeus_callbacks.optimizers.batch_size._settings import BanditSettings
-from zeus_callbacks.optimizers.batch_size._state import StoredState, read_state, validated_state
 from zeus_callbacks.store._base import BanditState, OutcomeUpdate, Store, TrialRecord
-
-# Re-exported: these lived here before _settings.py, _observations.py and _state.py held them.
-__all__ = [
-    "OBSERVATION_BOUNDS",
-    "BanditSettings",
-    "BatchSizeBandit",
-    "BanditPhase",
-    "StoredState",
-    "Suggestion",
-    "arm_failures",
-    "observation_problem",
-    "validated_state",
-]
 
 logger = logging.getLogger(__name__)
 
 _bandit_update_hook: Callable[[], None] | None = None
-"""Test hook: called in :meth:`BatchSizeBandit.report`'s bandit transform, inside the store transaction that
-writes the outcome (not committed yet). ``tests/faults/test_fault_store_report.py`` SIGKILLs its process
-there, to pin that a killed report records the outcome and its bandit update both or neither. None in
-normal use."""
+"""Test hook, called inside the report's store transaction before it commits: a fault test SIGKILLs there."""
 
 
 class BanditPhase(str, Enum):
@@ -146,10 +101,9 @@ class Suggestion:
 class BatchSizeBandit:
     """Pruning + Gaussian Thompson sampling over batch sizes, persisted in a :class:`Store`.
 
-    Every call reads and writes the store; several processes may share it (the bandit
-    state changes in one atomic store update). During pruning, concurrent recurrences
-    get the same candidate; only the report of the candidate the pruning is waiting
-    for moves it on (others still count as observations).
+    Several processes may share the store: the state changes in one atomic store update. During
+    pruning, concurrent recurrences get the same candidate; only the report of the candidate the
+    pruning waits for moves it on (the others still count as observations).
 
     Args:
         store: Where trials and the bandit state live.
@@ -212,15 +166,10 @@ class BatchSizeBandit:
         return self._current().min_cost
 
     def early_stop_threshold(self) -> float | None:
-        """``beta_knob × min_cost``: a run whose cost exceeds it is stopped; None: no threshold yet.
+        """The factor of :meth:`early_stop_factor` × ``min_cost``: a run costing more stops; None: no threshold yet.
 
-        While pruning, the factor is ``min(beta_knob, prune_cost_ratio)``: a pruning candidate
-        costing more than ``prune_cost_ratio`` × the cheapest converged size ends its direction
-        whether or not it would go on to converge, so finishing it buys nothing but the
-        observation of a size already known to be that much dearer (cost is close to
-        unimodal in the batch size, §2.2). Stopped, it is not converged: the direction ends
-        and the size does not survive into Thompson sampling. :meth:`early_stop_factor` names
-        the factor in force.
+        While pruning, the factor is ``min(beta_knob, prune ratio)``: a candidate that dear ends its
+        direction whether or not it would converge, so finishing it buys nothing.
         """
         factor = self.early_stop_factor()
         return None if factor is None else factor[1] * factor[2]
@@ -228,9 +177,8 @@ class BatchSizeBandit:
     def early_stop_factor(self) -> tuple[str, float, float] | None:
         """The factor that sets :meth:`early_stop_threshold`: ``(setting name, factor, min_cost)``.
 
-        The name is ``"beta_knob"``, or, for a pruning candidate whose pruning factor is below
-        ``beta_knob``, the setting that factor comes from (``"prune_cost_ratio"`` or
-        ``"prune_cost_ratio_no_descent"``, :meth:`prune_ratio`), so that a stop can say why.
+        The name (``beta_knob``, or the pruning factor's setting when that is lower while pruning)
+        lets a stop say why.
 
         Returns:
             The setting's name, its value and the best converged cost (J-equivalent); None
@@ -246,31 +194,14 @@ class BatchSizeBandit:
             return prune[0], prune[1], float(min_cost)
         return "beta_knob", beta, float(min_cost)
 
-    def prune_ratio(self, state: StoredState | None = None) -> float | None:
-        """The pruning factor of the current candidate: ``prune_cost_ratio`` or ``…_no_descent``.
-
-        A direction is *descending* when its last size lowered the round's cheapest converged
-        cost. Its candidate gets ``prune_cost_ratio`` (1.5): the costs fell at the last step,
-        so the optimum may lie further on, and one run that took more epochs than usual
-        (seen up to 7/4 of the usual count on the traces) must not end the direction and lose
-        it. Any other candidate — the first size away from the start, or one after a size that
-        did not lower the cheapest cost — gets ``prune_cost_ratio_no_descent`` (1.3), when
-        set: nothing yet points past it, so a run that already costs that much more than the
-        cheapest is stopped sooner (cost is close to unimodal in the batch size, Zeus §2.2).
-        Stored states written before this rule have no ``descending`` flag and count as not
-        descending.
-
-        Args:
-            state: The bandit state (default: the store's).
-
-        Returns:
-            The factor, or None when ``prune_cost_ratio`` is None.
-        """
-        factor = self._prune_factor(self._current() if state is None else state)
-        return None if factor is None else factor[1]
-
     def _prune_factor(self, state: StoredState) -> tuple[str, float] | None:
-        """:meth:`prune_ratio` with the name of the setting it comes from."""
+        """The candidate's pruning factor and the setting it comes from; None without ``prune_cost_ratio``.
+
+        A *descending* direction (its last size lowered the round's cheapest converged cost) gets
+        ``prune_cost_ratio``: the optimum may lie further on, and one run that took more epochs than
+        usual (up to 7/4 of the usual count on the traces) must not end it. Any other candidate gets
+        ``prune_cost_ratio_no_descent`` when set: nothing points past it (docs/batch_size.md).
+        """
         s = self.settings
         if s.prune_cost_ratio is None:
             return None
@@ -281,17 +212,10 @@ class BatchSizeBandit:
     def explore_stop_threshold(self, batch_size: int) -> float | None:
         """Cost past which a Thompson-phase run of ``batch_size`` stops as exploration; None: no such stop.
 
-        Applies in the Thompson phase, with ``explore_stop_z`` set, to an arm other than the
-        *best* one, the arm with the lowest posterior mean among those not eliminated
-        (:func:`eliminate_arms`): ``μn_best + z·σ_best``, with ``σ_best`` the best arm's noise sd
-        (pooled, floored). A run of the explored arm that costs more than that is known, before
-        it ends, to cost more than nearly every run of the best arm (probability ≈ Φ(z)), so
-        finishing it would spend the rest of a run learning only how much more. Its cost so far
-        is a censored observation of the arm, counted at its tail mean
-        (:func:`gaussian_tail_mean`), not at the threshold, so that cutting an arm's dear runs
-        does not make it look cheaper than the best arm, whose runs are never cut. Thompson
-        sampling with early stopping of runs is Zeus's design (NSDI '23, §4.3–4.4); this is a
-        tighter stop for runs that explore.
+        For an arm other than the *best* (lowest posterior mean among those not eliminated):
+        ``μn_best + z·σ_best`` (``explore_stop_z``, σ the best arm's pooled, floored noise sd). Past
+        it the run costs more than nearly every run of the best arm (probability ≈ Φ(z)). Its cost
+        counts at its tail mean, so cutting an arm's dear runs does not make it look cheaper.
 
         Args:
             batch_size: The arm the run trains with.
@@ -317,12 +241,9 @@ class BatchSizeBandit:
     ) -> dict[int, list[tuple[float, int]]]:
         """Observed costs per arm: batch size → [(cost, age)], age 0 = the job's latest observation.
 
-        Completed and early-stopped trials with a finite, positive cost count (:func:`observation_problem`);
-        failed and running ones do not.
-        Ages count both kinds. With ``completed_only``, early-stopped trials that did not converge are
-        left out: their cost is censored (a lower bound of the arm's cost, cut at the threshold), not
-        a draw of the run-to-run noise, so they must not enter the pooled noise variance. One that
-        reached the target after its stop is kept: its cost is its cost to the target.
+        Completed and early-stopped trials with an observable cost count; ages count both. With
+        ``completed_only``, early-stopped trials that did not converge are left out: a censored cost
+        is not a draw of the noise, so it stays out of the pooled noise variance.
         """
         if trials is None:
             trials = self.store.list_trials(self.job_id)
@@ -365,17 +286,16 @@ class BatchSizeBandit:
             arms = self._current().survivors
         all_costs = [c for arm in obs.values() for c, _ in arm]
         prior_mean, prior_precision = prior_from_costs(all_costs, s.prior_std_rel)
-        costs = {b: [c for c, _ in pairs] for b, pairs in obs.items()}
-        weights = {b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in obs.items()}
-        pool_weights = {
-            b: observation_weights([a for _, a in pairs], s.window, s.discount) for b, pairs in pool.items()
-        }
+
+        def weigh(pairs: list[tuple[float, int]]) -> np.ndarray:
+            return observation_weights([a for _, a in pairs], s.window, s.discount)
+
         relative_var = pooled_relative_variance(
-            [[c for c, _ in pool[b]] for b in pool], [pool_weights[b] for b in pool]
+            [[c for c, _ in p] for p in pool.values()], list(map(weigh, pool.values()))
         )
         result = {}
         for b in arms:
-            x, w = list(costs.get(b, [])), weights.get(b, np.zeros(0))
+            x, w = [c for c, _ in obs.get(b, [])], weigh(obs.get(b, []))
             if pool is not obs:
                 x = self._impute_censored(
                     obs.get(b, []), pool.get(b, []), x, w, prior_mean, prior_precision, relative_var
@@ -396,13 +316,11 @@ class BatchSizeBandit:
         prior_precision: float,
         relative_var: float,
     ) -> list[float]:
-        """One arm's costs with each early-stopped (censored) cost replaced by its tail mean.
+        """One arm's costs with each early-stopped (censored) cost ``c`` replaced by ``E[X | X > c]``.
 
-        A stopped run's full cost exceeds its cost ``c`` at the stop. Counted at ``c`` it
-        biases the arm low (only arms other than the best are stopped while exploring), so it
-        is counted at ``E[X | X > c]`` under the arm's predictive ``N(μn, σ² + 1/τn)`` from
-        its completed runs alone (:func:`gaussian_tail_mean`). An arm with no completed run
-        (weight 0) has no predictive to impute from: its costs stay lower bounds.
+        Counted at ``c`` it would bias the arm low (only arms other than the best are stopped while
+        exploring). ``X`` follows the arm's predictive ``N(μn, σ² + 1/τn)`` from its completed runs;
+        an arm with none keeps its lower bounds.
         """
         done_ages = {age for _, age in completed}
         censored = [i for i, (_, age) in enumerate(pairs) if age not in done_ages]
@@ -468,12 +386,10 @@ class BatchSizeBandit:
         return Suggestion(batch_size, trial.trial_id, phase, round_)
 
     def _target_never_reached(self, state: StoredState, trials: Sequence[TrialRecord]) -> bool:
-        """Whether the job has a target (:attr:`BanditSettings.has_target`) and no run of it has ever reached it.
+        """Whether the job has a target and no run of it has ever reached it: the pruning then holds its candidate.
 
-        Then a run that does not converge says nothing about its batch size: the target may be out of
-        every size's reach (a misnamed metric, a value no run attains), and moving on would end every
-        pruning direction at once and leave Thompson sampling to settle on the cheapest size that never
-        converged. So the pruning holds its candidate, the round's start, until a run reaches the target.
+        A run that does not converge then says nothing about its batch size (a misnamed metric, a value no
+        run attains); moving on would end every direction at once.
         """
         return self.settings.has_target and state.min_cost is None and not any(t.converged for t in trials)
 
@@ -500,9 +416,8 @@ class BatchSizeBandit:
     def _prune_failed(self, state: StoredState, failures: dict[int, tuple[int, str]]) -> StoredState:
         """``state`` with the arms pruned that failed ``max_failures`` times in a row (:func:`arm_failures`).
 
-        Such an arm leaves the survivors (never the last one) and its reason is kept in
-        ``failed_arms``; while pruning, a failing candidate counts as not converged
-        and the pruning moves on (Zeus §4.4's rule for a size that does not reach the target).
+        Such an arm leaves the survivors (never the last one), its reason kept in ``failed_arms``; a
+        failing pruning candidate counts as not converged.
         """
         limit = self.settings.max_failures
         if limit is None:
@@ -562,12 +477,7 @@ class BatchSizeBandit:
         degraded: bool = False,
         pending_id: str | None = None,
     ) -> TrialRecord:
-        """Record a recurrence's outcome and update the bandit, in one store transaction.
-
-        The outcome and the bandit's update from it are written together or not at all
-        (:meth:`~zeus_callbacks.store.Store.finish_trial` with ``bandit_update``): a process
-        killed during the report leaves the trial ``running`` (marked failed on the next open)
-        and the bandit as it was, or both recorded; never the outcome without its update.
+        """Record a recurrence's outcome and update the bandit, in one store transaction (both or neither).
 
         Only a finite, positive cost from a complete measurement is an observation
         (:func:`observation_problem`): otherwise the trial is recorded with the figures that
@@ -629,12 +539,7 @@ class BatchSizeBandit:
     def _absorb(self, cost: float, converged: bool) -> OutcomeUpdate:
         """The bandit transform of an observed outcome, run by the store inside the outcome's transaction.
 
-        It builds the observations from the trials read in that transaction (the finished one
-        included) and never calls the store itself (:meth:`~zeus_callbacks.store.Store.finish_trial`).
-
-        Args:
-            cost: The trial's observed cost (J-equivalent).
-            converged: Whether the trial reached its target.
+        It reads the trials of that transaction (the finished one included), never the store itself.
         """
 
         def update(trial: TrialRecord, trials: list[TrialRecord], current: BanditState) -> BanditState:
@@ -656,17 +561,12 @@ class BatchSizeBandit:
         return update
 
     def _advance(self, state: StoredState, batch_size: int, converged: bool, cost: float | None) -> StoredState:
-        """Pruning transition after the candidate's outcome (module docstring, §4.4).
+        """Pruning transition after the candidate's outcome: ``start`` → ``down`` → ``up`` → next round or Thompson.
 
-        ``start`` → ``down`` (smaller sizes, decreasing) → ``up`` (larger sizes,
-        increasing) → next round or the Thompson phase. A direction ends at the first
-        size that does not converge, at the first that costs more than
-        :meth:`prune_ratio` × the cheapest converged size of the round (it survives; the
-        sizes beyond it are not tried), or when it runs out of sizes. ``descending`` records
-        whether the candidate just moved past lowered the round's cheapest converged cost
-        (the next candidate's factor depends on it).
+        ``descending``: the candidate just moved past lowered the round's cheapest converged cost.
         """
-        ratio = self.prune_ratio(state)
+        factor = self._prune_factor(state)
+        ratio = None if factor is None else factor[1]
         before = min((c for c, ok in state.round_results.values() if ok), default=math.inf)
         results = {**state.round_results, str(batch_size): [cost, converged]}
         survivors = sorted(state.survivors)

@@ -1,7 +1,6 @@
 """The bandit's pure maths: Gaussian posteriors, the tail mean of a stopped run, pooled noise, arm elimination.
 
 Formulas and sources: :mod:`zeus_callbacks.optimizers.batch_size._bandit` (Zeus, NSDI '23, §4.2) and docs/batch_size.md.
-No state, no store: every function maps numbers to numbers.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ class ArmPosterior:
         return 1.0 / math.sqrt(self.precision)
 
 
-# -- pure maths ------------------------------------------------------------------------
 def prior_from_costs(costs: Sequence[float], prior_std_rel: float) -> tuple[float, float]:
     """Empirical-Bayes prior of every arm: ``(μ0, τ0) = (mean cost, 1 / (κ μ0)²)``.
 
@@ -107,13 +105,10 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
 
     ``E[X | X > c] = μ + s·λ(α)`` with ``α = (c − μ)/s`` and ``λ(α) = φ(α) / (1 − Φ(α))`` the
     inverse Mills ratio (Johnson, Kotz & Balakrishnan, *Continuous Univariate
-    Distributions*, vol. 1, 2nd ed., 1994, ch. 13, truncated normal distributions). A stopped
-    run's full cost is only known to exceed its cost at the stop; replacing a censored value
-    by its conditional expectation is the imputation of Schmee & Hahn ("A simple method for
-    regression analysis with censored data", Technometrics 21(4), 1979), unbiased when
-    ``N(μ, s²)`` is the run's predictive distribution. The mean is
-    ``scipy.stats.truncnorm``'s (computed in log space, so a far tail stays finite); the result
-    is always ≥ ``threshold``. :func:`gaussian_tail_means` takes many thresholds at once.
+    Distributions*, vol. 1, 2nd ed., 1994, ch. 13). Replacing a censored value by its conditional
+    expectation is the imputation of Schmee & Hahn ("A simple method for regression analysis with
+    censored data", Technometrics 21(4), 1979). ``scipy.stats.truncnorm`` computes it in log
+    space, so a far tail stays finite; the result is always ≥ ``threshold``.
 
     Args:
         mean: ``μ`` (J-equivalent).
@@ -134,19 +129,7 @@ def gaussian_tail_mean(mean: float, std: float, threshold: float) -> float:
 
 
 def gaussian_tail_means(mean: float, std: float, thresholds: Sequence[float]) -> np.ndarray:
-    """:func:`gaussian_tail_mean` at each of ``thresholds`` (one ``scipy.stats.truncnorm`` call).
-
-    Args:
-        mean: ``μ`` (J-equivalent).
-        std: ``s`` > 0 (J-equivalent).
-        thresholds: The censoring points ``c`` (J-equivalent), shape (n,).
-
-    Returns:
-        ``E[X | X > c]`` for each ``c``, shape (n,), each ≥ its ``c``.
-
-    Raises:
-        ValueError: ``std`` is not positive.
-    """
+    """:func:`gaussian_tail_mean` at each of ``thresholds``, shape (n,) (one ``scipy.stats.truncnorm`` call)."""
     from scipy.stats import truncnorm  # scipy.stats takes a while to import: only when a run was censored
 
     if not std > 0:
@@ -187,13 +170,10 @@ def eliminate_arms(posteriors: dict[int, ArmPosterior], z: float | None) -> list
     """Arms Thompson sampling still draws from: lower-confidence-bound elimination.
 
     An arm is skipped when its lower bound ``μn − z·sd`` exceeds the best upper bound
-    ``min_b (μn_b + z·sd_b)``: with Gaussian posteriors it is then worse than the best arm
-    with probability ≳ 1 − Φ(−z)², and each draw of it would be spent on a near-certain
-    loss (Thompson sampling alone still plays such an arm with probability ~Φ(−Δ/sd), which
-    for an arm seen once, with sd of tens of percent, is a recurrence in a few hundred).
-    The rule is re-evaluated at every draw from the current posteriors: an arm comes back
-    when the best one's bound moves (drift, window, discount), and the variance floor keeps
-    every ``sd`` positive, so no arm is ever frozen by identical costs.
+    ``min_b (μn_b + z·sd_b)``: it is then worse than the best arm with probability
+    ≳ 1 − Φ(−z)², and a draw of it a near-certain loss (Thompson sampling alone plays an arm seen
+    once about one recurrence in a few hundred). Re-evaluated at every draw: an arm comes back
+    when the best one's bound moves.
 
     Args:
         posteriors: Posterior of each candidate arm.
@@ -217,13 +197,10 @@ def eliminate_arms(posteriors: dict[int, ArmPosterior], z: float | None) -> list
 def satisficing_choice(draws: dict[int, float], means: dict[int, float], rel: float | None) -> int:
     """The arm a Thompson round plays, given each arm's draw and posterior mean.
 
-    Plain Thompson sampling plays ``argmin θ_a``. Satisficing Thompson sampling (Russo & Van
-    Roy, "Satisficing in time-sensitive bandit learning", 2022) accepts any arm whose draw
-    is within a fraction ``rel`` of the lowest draw, and here takes the one the posterior
-    already believes cheapest: exploring to tell apart arms whose costs differ by less than
-    ``rel`` costs a run each and can gain less than ``rel`` per later run, and with a
-    run-to-run spread of ~10 % (one epoch more or less to the target) it takes tens of runs.
-    The loss is bounded: the arm converged on costs at most ~``rel`` more than the best.
+    Satisficing Thompson sampling (Russo & Van Roy, "Satisficing in time-sensitive bandit
+    learning", 2022): of the arms whose draw is within a fraction ``rel`` of the lowest, take the
+    one the posterior believes cheapest. Telling apart arms closer than ``rel`` takes tens of runs
+    (run-to-run spread ~10 %) and gains less than ``rel`` per run.
 
     Args:
         draws: ``θ_a`` per arm.

@@ -1,9 +1,4 @@
-"""Which of a job's trials are observations of their arm, and which count against it.
-
-A run's figures are an observation only when they are a complete, physical measurement
-(:func:`observation_problem`); failed runs in a row prune an arm (:func:`arm_failures`).
-The bandit (:mod:`._bandit`) asks these before it moves.
-"""
+"""Which of a job's trials are observations of their arm (:func:`observation_problem`), and which count against it."""
 
 from __future__ import annotations
 
@@ -24,20 +19,12 @@ def observation_problem(
 ) -> str | None:
     """Why a run's figures cannot be an observation of its arm, or None when they can.
 
-    An observation needs a finite, positive cost from a complete measurement: a GPU draws
-    power whenever it runs, so a run's energy, time and cost are positive; a NaN, an
+    A GPU draws power whenever it runs, so a run's energy, time and cost are positive: a NaN, an
     infinity, a zero (a GPU lost for the whole run reads 0 J), a value outside
-    :data:`OBSERVATION_BOUNDS` or a degraded measurement (sensor faults left gaps) would give
-    the arm a cost it does not have, and a 0 would become the job's best cost for good.
+    :data:`OBSERVATION_BOUNDS` or a degraded measurement would give the arm a cost it does not
+    have, and a 0 would become the job's best cost for good.
 
-    Args:
-        energy_J: The run's GPU energy (J); None: unknown (not checked).
-        time_s: The run's wall time (s); None: unknown (not checked).
-        cost: Its ZeusCost (J-equivalent).
-        degraded: The measurement is incomplete (:attr:`~zeus_callbacks.reporting.RunSummary.degraded`).
-
-    Returns:
-        A reason in words, or None.
+    ``energy_J`` (J) and ``time_s`` (s) None: unknown, not checked; ``cost`` (J-equivalent) None: no observation.
     """
     if degraded:
         return "the energy measurement is degraded (sensor faults): its energy is incomplete"
@@ -65,14 +52,9 @@ def is_observable_cost(cost: float | None) -> bool:
 def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
     """Per arm, its failures in a row at the end of its finished trials, and the last one's reason.
 
-    A ``failed`` trial (the run raised, e.g. out of memory; or its process was killed and the
-    store marked it failed: ``info["reason"]``) counts; an interrupted run (``info["run_status"]
-    == "interrupted"``: a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial of the
-    arm resets its count. Running and withdrawn trials (a suggestion no run claimed: nothing ran)
-    are skipped.
-
-    Args:
-        trials: The job's trials in creation order.
+    A ``failed`` trial counts (the run raised, or the store marked its killed process failed); an
+    interrupted one (a scheduler's SIGTERM, Ctrl-C) does not; any other finished trial resets the
+    count. Running and withdrawn trials are skipped.
 
     Returns:
         Batch size → (failures in a row, reason of the last), for arms whose last finished trial failed.
@@ -97,14 +79,9 @@ def finite_or_none(value: float | None) -> float | None:
 
 
 def best_target_value(trials: Sequence[TrialRecord], direction: str) -> float | None:
-    """The best value of the target metric any of ``trials`` saw (``info["best_target_value"]``), or None.
+    """The best finite value of the target metric any of ``trials`` saw (``info["best_target_value"]``), or None.
 
-    Args:
-        trials: The job's trials.
-        direction: ``max`` (higher is better) or ``min``.
-
-    Returns:
-        The highest (``max``) or lowest (``min``) finite value recorded; None when no trial recorded one.
+    ``direction``: ``max`` (higher is better) or ``min``.
     """
     values = (t.info.get("best_target_value") for t in trials)
     seen = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]

@@ -34,28 +34,21 @@ class PowerLimitActuator(Protocol):
     @property
     def clock_is_manual(self) -> bool:
         """True when the caller drives the clock (the simulator): times then follow the trace."""
-        ...
 
     def device_count(self) -> int:
         """Number of GPUs visible."""
-        ...
 
     def device_name(self, index: int) -> str:
         """The GPU's model name."""
-        ...
 
     def device_uuid(self, index: int) -> str | None:
         """The GPU's UUID (None where there is none)."""
-        ...
 
     def power_limit_constraints_W(self, index: int) -> tuple[float, float]:
         """The (lowest, highest) limit the GPU accepts (W)."""
-        ...
 
     def power_limit_W(self, index: int) -> float:
         """The limit in force (W)."""
-        ...
 
     def set_power_limit_W(self, index: int, limit_W: float) -> None:
         """Set the limit (W)."""
-        ...

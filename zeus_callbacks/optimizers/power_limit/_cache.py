@@ -34,15 +34,13 @@ class ProfileKey:
 
 
 class ProfileCache(Protocol):
-    """Stores per-limit profiles by :class:`ProfileKey` (swap in the SQLite store later)."""
+    """Stores per-limit profiles by :class:`ProfileKey`."""
 
     def get(self, key: ProfileKey) -> dict[str, Any] | None:
         """The profile stored under ``key``, or None."""
-        ...
 
     def put(self, key: ProfileKey, profile: dict[str, Any]) -> None:
         """Store ``profile`` (JSON-serialisable) under ``key``."""
-        ...
 
 
 class JsonProfileCache:

@@ -12,24 +12,25 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zeus_callbacks.optimizers.power_limit._objective import Objective
+
+@functools.lru_cache(maxsize=512)
+def _t_quantile(q: float, dof: int) -> float:
+    if dof < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
+    from scipy.stats import t as student_t  # here: scipy.stats takes seconds to import, most runs never profile
+
+    return float(student_t.ppf(q, dof))
 
 
-@functools.lru_cache(maxsize=256)
 def t_quantile_975(dof: int) -> float:
     """The 97.5 % quantile of Student's t with ``dof`` ≥ 1 degrees of freedom (a two-sided 95 % interval).
 
     Raises:
         ValueError: ``dof`` < 1.
     """
-    if dof < 1:
-        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
-    from scipy.stats import t as student_t  # here: scipy.stats takes seconds to import, most runs never profile
-
-    return float(student_t.ppf(0.975, dof))
+    return _t_quantile(0.975, dof)
 
 
-@functools.lru_cache(maxsize=256)
 def t_quantile_95(dof: int) -> float:
     """The 95 % quantile of Student's t with ``dof`` ≥ 1 degrees of freedom (a one-sided 95 % bound).
 
@@ -38,11 +39,7 @@ def t_quantile_95(dof: int) -> float:
     Raises:
         ValueError: ``dof`` < 1.
     """
-    if dof < 1:
-        raise ValueError(f"Student's t needs at least 1 degree of freedom, got {dof}")
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(0.95, dof))
+    return _t_quantile(0.95, dof)
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
@@ -63,8 +60,8 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
     if n < 2:
         return -math.inf, math.inf
     mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    half = t_quantile_975(n - 1) * math.sqrt(var / n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile_975(n - 1) * sd / math.sqrt(n)
     return mean - half, mean + half
 
 
@@ -91,11 +88,3 @@ class LimitProfile:
     def time_per_step_s(self) -> float:
         """Mean time per step (s)."""
         return sum(self.time_s) / self.n if self.n else math.nan
-
-    def interval(self, objective: Objective) -> tuple[float, float]:
-        """95 % Student-t interval (low, high) of the mean per-step value of ``objective``; see :func:`t_interval`."""
-        return t_interval([objective.step_value(e, t) for e, t in zip(self.energy_J, self.time_s, strict=True)])
-
-    def time_interval(self) -> tuple[float, float]:
-        """95 % Student-t interval (low, high) of the mean time per step (s)."""
-        return t_interval(self.time_s)

@@ -3,7 +3,7 @@
 :class:`PowerLimitProfiler` is fed with step boundaries and an energy function. It decides
 which limit each step should run at and, at the end, the limit that minimises the
 :class:`~zeus_callbacks.optimizers.power_limit._objective.Objective`. It never touches a GPU:
-:class:`~zeus_callbacks.optimizers.power_limit._controller.PowerLimitController` applies its
+:class:`~zeus_callbacks.optimizers.power_limit._power_limit_controller.PowerLimitController` applies its
 limits.
 
 States (:class:`ProfilerPhase`) and transitions; each happens at a step boundary or at one of the
@@ -32,37 +32,11 @@ three calls named below::
 - DONE(limit): the choice is made; every later step runs at it (None: keep the original limit).
 - OBSERVE: observe mode measured the current limit; nothing is chosen or changed.
 
-A limit's window spans steps, not epochs: epoch boundaries are invisible to the
-profiler, so epochs shorter than a window never restart it. A step during which an
-evaluation ran is dropped, and evaluation time never counts towards ``warmup_s`` or
-``profile_s``. A window is decided on its resolved steps (power samples cover the step's
-end; the last step, whose samples arrive during the next one, counts towards
-``min_profile_steps`` and joins its limit's profile when its energy arrives, after the switch,
-from the samples before the switch only)
-once either its 95 % Student-t interval is narrow (``rel_ci``), it separates from the best
-limit so far (from 2 resolved steps once other windows give the card's noise), it measures
-no cheaper than the best at ``min_profile_steps``, it is the first window at
-``min_profile_steps`` (judged again with the pooled noise later; not ``max_slowdown``), or it
-reached ``profile_steps``/``profile_s`` (``search: sweep`` keeps Zeus's fixed windows). With
-``max_slowdown``, a limit clearly slower than allowed is decided too, and one whose
-slowdown interval straddles the allowed factor measures a little longer (up to twice
-``min_profile_steps``): the choice lies on that boundary.
-
-Search (``search: unimodal``, :class:`~zeus_callbacks.optimizers.power_limit._search.SearchPlan`):
-both ends of the device's range first (the maximum is the time reference of
-``max_slowdown``; a plateau hides an optimum near the minimum), a golden-section search
-over the grid whose comparisons respect the measured noise, shape checks (not unimodal
-within the noise: every grid limit is measured), then a few limits off the grid near the
-best. Intervals are floored by the card's noise pooled over every window (:meth:`PowerLimitProfiler.interval`),
-and before the choice the best and a runner-up it cannot be told from are measured again
-(a WARMUP → PROFILING revisit of an already measured limit, at most ``max_revisits`` times).
-``search: sweep`` measures every grid limit, highest first, and nothing else.
-
-With the job's length known (``job_steps``), the search then *polishes* before choosing, while the rest
-of the job repays it (:meth:`PowerLimitProfiler._polish`): grid limits it left out, the
-``max_slowdown`` boundary and its time reference, and ties with the best are measured again. Profiling's
-cost over the best limit stays within ``polish_budget × job_steps`` step-equivalents, so a longer job
-profiles more (issue 31: the job-total regret).
+A window spans steps, not epochs; a step during which an evaluation ran is dropped. When a window
+is decided (:meth:`PowerLimitProfiler._window_decided`), which limit comes next
+(:class:`~zeus_callbacks.optimizers.power_limit._search.SearchPlan`), the revisits of ties before
+the choice and, with ``job_steps`` known, the polish (:meth:`PowerLimitProfiler._polish`): see
+docs/power_limit.md ("How it works").
 """
 
 from __future__ import annotations
@@ -76,7 +50,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_quantile_95, t_quantile_975
+from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_interval, t_quantile_95, t_quantile_975
 from zeus_callbacks.optimizers.power_limit._objective import INFEASIBLE_COST, Objective
 from zeus_callbacks.optimizers.power_limit._search import Measured, SearchPlan, SearchSettings, tolerance
 
@@ -92,12 +66,9 @@ class EnergyFn(Protocol):
     def __call__(self, start_s: float, end_s: float, /, *, samples_until_s: float | None = None) -> float | None:
         """Energy (J, summed over GPUs) in ``[start_s, end_s]`` (s); None until the power samples cover ``end_s``.
 
-        ``samples_until_s`` (s, after ``end_s``): use only the samples whose interval ends by
-        then, the end past the last of them extrapolated by at most one sample period; NaN
-        when that does not reach ``end_s``. The profiler passes the time the next limit was
-        applied: a sample straddling it averages in the next limit's power.
+        ``samples_until_s`` (s, after ``end_s``): only the samples whose interval ends by then, the
+        end extrapolated by at most one sample period; NaN when that does not reach ``end_s``.
         """
-        ...
 
 
 class ProfilerPhase(enum.Enum):
@@ -201,14 +172,10 @@ class PowerLimitProfiler:
         )
         self._step_start_s: float | None = None
         self._eval_in_step = False
-        self._eval_start_s: float | None = None
-        # profiled steps awaiting energy, oldest first: [their limit's profile, start s, end s, switch s];
-        # a window's last steps may still be here after the next limit began at "switch s" (None until
-        # then): their energy is added when it arrives, from the samples before the switch only
+        # profiled steps awaiting energy, oldest first; a window's last ones may still be here after the
+        # next limit began: their energy comes from the samples before the switch only (_resolve)
         self._pending: list[_Pending] = []
-        # profiled steps the power samples do not cover (energy NaN): a late step whose end the samples before
-        # the switch do not reach, or a step longer than the sensor's history whose start they lost
-        self.dropped_steps = 0
+        self.dropped_steps = 0  # profiled steps the power samples do not cover (energy NaN)
         self._wait_steps = 0
         self._last_dt: float | None = None
         self._full_since_s: float | None = None
@@ -248,14 +215,9 @@ class PowerLimitProfiler:
         self.state = ProfilerState(ProfilerPhase.DONE, float(limit_W))
 
     def restart_observing(self, limit_W: float) -> None:
-        """Switch to observe mode and start over at ``limit_W``: any phase → IDLE.
+        """Switch to observe mode and start over at ``limit_W`` (W), the limit the GPUs are back at: any phase → IDLE.
 
-        The limits measured so far are dropped (the run no longer changes limits, so they
-        cannot be compared with what follows); the next :meth:`on_step_start` warms up at
-        ``limit_W`` and its window ends in OBSERVE.
-
-        Args:
-            limit_W: The limit the GPUs are back at (W), the one observe mode measures.
+        The limits measured so far are dropped: they cannot be compared with what follows.
         """
         self.observe_only = True
         self.profiles.clear()
@@ -267,9 +229,8 @@ class PowerLimitProfiler:
     def export_state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the profile: every limit whose window was decided, and where it stood.
 
-        The limit under test when the checkpoint is taken is kept as ``current_limit_W`` without
-        its partial window: a resumed run warms up at it again and measures it afresh (its GPU
-        state and timing after a restart are not those of the steps measured before).
+        The limit under test is kept as ``current_limit_W`` without its partial window: after a
+        restart its GPU state and timing are not those of the steps measured before.
 
         Returns:
             Plain numbers and lists (``json`` serialisable): ``phase``, ``chosen_limit_W``,
@@ -298,10 +259,8 @@ class PowerLimitProfiler:
     def resume(self, state: Mapping[str, Any]) -> bool:
         """Continue the profile a checkpoint kept (:meth:`export_state`), before the first step: IDLE → IDLE or DONE.
 
-        Decided limits are not measured again; the limit that was under test warms up and is
-        measured again from its start; a finished profile goes straight to DONE at its choice.
-        A state from observe mode, or one whose limits lie outside this profiler's range, is
-        ignored (profiling starts over).
+        Decided limits are not measured again; a finished profile goes straight to DONE at its
+        choice. A state from observe mode, or with limits outside this profiler's range, is ignored.
 
         Args:
             state: What :meth:`export_state` returned (missing keys take their defaults).
@@ -359,13 +318,12 @@ class PowerLimitProfiler:
         return target
 
     def on_eval_start(self, now_s: float) -> None:
-        """An evaluation begins: it is excluded from warm-up and profile windows."""
-        self._eval_start_s = now_s
+        """An evaluation begins: the step it runs in is excluded from warm-up and profile windows."""
+        del now_s
         self._eval_in_step = self._step_start_s is not None
 
     def on_eval_end(self, now_s: float) -> None:
-        """The evaluation ended."""
-        self._eval_start_s = None
+        """The evaluation ended (nothing to do: its step is dropped whole)."""
 
     def on_step_end(self, step: int, now_s: float) -> bool:
         """A step ended at ``now_s``; advance the state machine.
@@ -413,12 +371,9 @@ class PowerLimitProfiler:
     def _resolve(self) -> None:
         """Move the measured steps whose power samples have arrived, oldest first, into their limit's profile.
 
-        A step resolved after the next limit began takes only the samples before the switch (a
-        sample straddling it averages in the next limit's power: a bias of up to 0.66 % of a
-        limit's mean on the noise-free simulator); one whose end those do not reach within a
-        sample period has no energy and stays out of the profile (it was run, ``steps`` counts it), as
-        does one whose start the samples no longer cover (``energy_fn`` says NaN for both; counted in
-        ``dropped_steps``, the first logged as a warning): such a window never decides a limit.
+        A step resolved after the next limit began takes only the samples before the switch (a sample
+        straddling it averages in the next limit's power: a bias of up to 0.66 % of a limit's mean on
+        the noise-free simulator). A step the samples do not cover (NaN) stays out of the profile.
         """
         while self._pending:
             pending = self._pending[0]
@@ -460,18 +415,14 @@ class PowerLimitProfiler:
         """95 % interval of the mean of ``values`` that a lucky, too-quiet small window cannot make narrow.
 
         Its own Student-t interval while the pool holds no other window; else
-        t(0.975, pooled dof) × max(own relative sd, pooled relative sd) × |mean| / √n: the sd
-        is the larger of the window's and the card's, the quantile that of the pooled estimate.
+        t(0.975, pooled dof) × max(own sd, pooled relative sd × |mean|) / √n.
         """
         n = len(values)
-        if n < 2:
-            return -math.inf, math.inf
+        if n < 2 or dof <= n - 1:
+            return t_interval(values)
         mean = sum(values) / n
         own = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-        if dof <= n - 1:
-            half = t_quantile_975(n - 1) * own / math.sqrt(n)
-        else:
-            half = t_quantile_975(dof) * max(own, rel_sd * abs(mean)) / math.sqrt(n)
+        half = t_quantile_975(dof) * max(own, rel_sd * abs(mean)) / math.sqrt(n)
         return mean - half, mean + half
 
     def _values(self, profile: LimitProfile) -> list[float]:
@@ -485,19 +436,17 @@ class PowerLimitProfiler:
         """95 % interval (low, high) of the limit's mean time per step (s), floored by the pooled time noise."""
         return self._widened(profile.time_s, *self._pooled_rel_sd(lambda p: p.time_s))
 
-    def _best_upper(self, exclude: float) -> float:
-        best = math.inf
+    def _feasible_costs(self, exclude: float) -> dict[float, float]:
+        """The costs of the feasible limits with 2 resolved steps or more, ``exclude`` aside."""
         costs = self.costs()
-        for limit, p in self.profiles.items():
-            if limit != exclude and p.n >= 2 and costs.get(limit, math.inf) < INFEASIBLE_COST:
-                best = min(best, self.interval(p)[1])
-        return best
+        return {x: c for x, c in costs.items() if x != exclude and self.profiles[x].n >= 2 and c < INFEASIBLE_COST}
+
+    def _best_upper(self, exclude: float) -> float:
+        return min((self.interval(self.profiles[x])[1] for x in self._feasible_costs(exclude)), default=math.inf)
 
     def _best_mean(self, exclude: float) -> float:
         """The lowest mean cost of the feasible limits measured so far, ``exclude`` aside (inf: none)."""
-        costs = self.costs()
-        feasible = [c for x, c in costs.items() if x != exclude and self.profiles[x].n >= 2 and c < INFEASIBLE_COST]
-        return min(feasible, default=math.inf)
+        return min(self._feasible_costs(exclude).values(), default=math.inf)
 
     def _window_full(self, st: ProfilerState) -> bool:
         """Whether the steps before this one already filled the window (later steps only wait)."""
@@ -527,15 +476,12 @@ class PowerLimitProfiler:
                 return True
         if profile.n < 2:
             return False
-        # Decisions use the steps whose energy arrived; the window's last step, still awaiting its
-        # samples, counts towards min_profile_steps and joins the profile during the next limit's
-        # warm-up (waiting for it here would spend one step per window at a decided limit).
+        # the last step, still awaiting its samples, counts: waiting for it would spend a step at a decided limit
         measured = self._measured_steps(profile.limit_W)
         low, high = self.interval(profile)
         mean = 0.5 * (low + high)
-        # Sequential rejection: once the card's noise is known from other windows, a limit whose
-        # interval already lies above the best's is done, even before min_profile_steps (not in a
-        # sweep, whose windows are Zeus's fixed ones).
+        # Sequential rejection: once other windows give the card's noise, a limit whose interval lies above
+        # the best's is done, even before min_profile_steps (not in a sweep: Zeus's fixed windows).
         known_noise = s.search != "sweep" and any(p.n >= 2 for p in self.profiles.values() if p is not profile)
         if self._polishing and self._revisit_until_n is not None:
             return measured >= self._revisit_until_n
@@ -546,16 +492,14 @@ class PowerLimitProfiler:
         if self._revisit_until_n is not None:  # a revisit measures a fixed number of further steps
             return measured >= self._revisit_until_n
         if not known_noise and s.search != "sweep" and self.objective.name != "max_slowdown":
-            # The first window: its own t-interval at n − 1 dof is wide (3.18 at n = 4) only because
-            # the card's noise is unknown; it is judged again with the pooled noise once other windows
-            # exist, and measured again if it ties with the best. (max_slowdown's time reference is kept.)
+            # The first window's t-interval is wide (3.18 at n = 4) only because the card's noise is unknown: it is
+            # judged again with the pooled noise later, and measured again on a tie (not max_slowdown's reference).
             return True
         if self._feasibility_unclear(profile):
             return False
         if high - mean > s.rel_ci * abs(mean):
-            # Not narrow yet: a limit that, at min_profile_steps, measures no cheaper than the best so
-            # far cannot displace it on this evidence; it is done (a tie with the best is measured again
-            # before the choice, see _contender), the rest measure on.
+            # Not narrow yet: a limit no cheaper than the best so far cannot displace it on this evidence (a tie
+            # is measured again before the choice, see _contender); the rest measure on.
             return s.search != "sweep" and mean >= self._best_mean(profile.limit_W)
         return True
 
@@ -583,12 +527,9 @@ class PowerLimitProfiler:
     def slowdown_upper(self, profile: LimitProfile) -> float | None:
         """max_slowdown: a one-sided 95 % upper bound of the limit's slowdown (its time over the maximum limit's).
 
-        The slowdown of the means, ``T/R``, times ``1 + t(0.95, dof) × hypot(sT, sR)``, where ``sT`` and
-        ``sR`` are the relative standard errors of the two mean step times, each from the larger of the
-        window's own sd and the card's pooled time noise (as :meth:`time_interval`), and ``dof`` that of
-        the pooled estimate (the delta method for a ratio). A limit is chosen only where this bound is
-        within ``max_slowdown``: the mean alone put half the choices at the boundary over it (issue 31:
-        9 of 20 seeds on convex). 1 for the maximum itself; None while there is no noise estimate.
+        ``T/R × (1 + t(0.95, dof) × hypot(sT, sR))``, ``sT``, ``sR`` the relative standard errors of the
+        two mean step times, each floored by the pooled time noise (docs/power_limit.md: the mean alone
+        put half the choices at the boundary over it). 1 for the maximum; None without a noise estimate.
         """
         ref = self.profiles.get(self.limits_W[-1])
         if ref is None or ref.n == 0 or profile.n == 0:
@@ -609,10 +550,8 @@ class PowerLimitProfiler:
     def _feasibility_unclear(self, profile: LimitProfile) -> bool:
         """max_slowdown: whether the limit's slowdown interval straddles the allowed factor and is still wide.
 
-        Wide: its half-width is over ``rel_ci`` / 2 of the ratio; the window then runs on, up to
-        twice ``min_profile_steps``. A limit whose mean slowdown is within the factor but whose
-        one-sided bound (:meth:`slowdown_upper`) is not runs on up to ``profile_steps``: more steps
-        narrow the margin the choice keeps from the boundary, and such limits cost about the optimum.
+        Wide (half-width over ``rel_ci`` / 2 of the ratio): up to twice ``min_profile_steps``. Mean within
+        the factor but not its bound (:meth:`slowdown_upper`): up to 4 × ``min_profile_steps``.
         """
         low, high = self._slowdown_interval(profile)
         factor = self.objective.max_slowdown
@@ -626,18 +565,18 @@ class PowerLimitProfiler:
         return 0.5 * (low + high) < factor < (upper or math.inf) and profile.n < 4 * max(s.min_profile_steps, 2)
 
     def costs(self) -> dict[float, float]:
-        """Cost of every measured limit (W → cost), per :attr:`objective`.
-
-        With ``max_slowdown`` a limit is within the allowed slowdown when its one-sided 95 % upper
-        bound is (:meth:`slowdown_upper`), not its mean; the maximum limit always is.
-        """
-        ref = self.profiles.get(self.limits_W[-1])
-        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        """Cost of every measured limit (W → cost), per :attr:`objective` (max_slowdown: on :meth:`slowdown_upper`)."""
+        ref_t = self._ref_time_s()
         return {
             limit: self.objective.cost(p.energy_per_step_J, self._judged_time_s(p, ref_t), ref_t)
             for limit, p in self.profiles.items()
             if p.n
         }
+
+    def _ref_time_s(self) -> float | None:
+        """The maximum limit's mean time per step (s), max_slowdown's reference; None until measured."""
+        ref = self.profiles.get(self.limits_W[-1])
+        return ref.time_per_step_s if ref is not None and ref.n else None
 
     def _judged_time_s(self, profile: LimitProfile, ref_t: float | None) -> float:
         """The time per step feasibility is judged on: max_slowdown's upper bound × the reference, else the mean."""
@@ -687,8 +626,7 @@ class PowerLimitProfiler:
     def measured(self) -> dict[float, Measured]:
         """Every measured limit's cost, its 95 % interval's half-width and its slowdown (max_slowdown: its bound)."""
         costs = self.costs()
-        ref = self.profiles.get(self.limits_W[-1])
-        ref_t = ref.time_per_step_s if ref is not None and ref.n else None
+        ref_t = self._ref_time_s()
         out = {}
         for limit, cost in costs.items():
             prof = self.profiles[limit]
@@ -701,14 +639,9 @@ class PowerLimitProfiler:
     def _contender(self) -> float | None:
         """A measured limit to measure again before choosing, or None: the best and its runner-up are resolved.
 
-        The runner-up is the cheapest limit whose cost the best's cannot be told apart from
-        (:func:`~zeus_callbacks.optimizers.power_limit._search.tolerance`). While their combined
-        95 % half-widths exceed ``rel_ci`` of the best cost, picking either may be more than
-        ``rel_ci`` off, so the wider of the two (one with room under ``profile_steps``) gets
-        ``min_profile_steps`` more steps, up to ``max_revisits`` times in all. Not when every
-        measured limit ties with the best or lies within 2 ``rel_ci`` of it (a curve flat within
-        the noise: more steps cannot find a better limit), nor for ``sweep``, nor with
-        ``max_slowdown`` once each of the two is within ``rel_ci`` on its own.
+        The runner-up is the cheapest limit the best cannot be told apart from (:func:`tolerance`); the
+        wider of the two gets ``min_profile_steps`` more steps while their combined half-widths exceed
+        ``rel_ci`` of the best cost, up to ``max_revisits`` times (docs/power_limit.md, "Before choosing").
         """
         s = self.settings
         if s.search == "sweep" or self.revisits >= s.max_revisits:
@@ -728,10 +661,8 @@ class PowerLimitProfiler:
             return None
         each_resolved = max(feasible[runner].half_width, best.half_width) <= s.rel_ci * abs(best.cost)
         if self.objective.name == "max_slowdown" and each_resolved:
-            # max_slowdown: the pair sits at the slowdown boundary, whose windows already ran on while
-            # they straddled it; each within rel_ci on its own, the boundary narrowing (not more energy
-            # steps) decides between them (measured: every family as good or better, flat_topped
-            # 0.396 → 0.348 of the sweep; for energy the same rule costs up to 1.4 pt of gap)
+            # the pair sits at the slowdown boundary: its narrowing decides (measured: every family as good
+            # or better, flat_topped 0.396 → 0.348 of the sweep; for energy this rule costs up to 1.4 pt of gap)
             return None
         extra = max(s.min_profile_steps, 2)
         for x in sorted((runner, best_x), key=lambda x: -feasible[x].half_width):
@@ -756,21 +687,13 @@ class PowerLimitProfiler:
     def _polish(self) -> tuple[float, int] | None:
         """(limit, steps) to measure again before choosing, where the remaining job repays it; None: choose now.
 
-        Only with ``job_steps`` known. Profiling has already cost the job ``excess_steps`` step-equivalents
-        over the best limit; a polish window runs while that, plus the window's own excess, stays under
-        ``polish_budget × job_steps``, and profiling's steps under ``polish_max_share × job_steps``. It
-        measures, in order:
-
-        0. A grid limit the search left out, the cheapest guess first (:meth:`_unmeasured_grid_limit`):
-           on a long job, sweeping more repays itself (a second valley between the probes).
-
-        1. max_slowdown: a limit below the best that may be within the allowed factor though its one-sided
-           bound is not, or the maximum limit (the time reference; see :meth:`_boundary_to_polish`): both
-           narrow the bound's margin, which costs ~1–2 % of energy per % of slowdown unused.
-        2. The best and the cheapest limit it cannot be told from, the wider of the two, while their
-           combined 95 % half-widths exceed ``polish_ci`` of the best cost.
-
-        Each window doubles the limit's steps (at least ``min_profile_steps``, at most ``profile_steps``).
+        Only with ``job_steps`` known, while profiling's excess cost over the best (:meth:`excess_steps`),
+        this window's included, stays under ``polish_budget × job_steps`` and its steps under
+        ``polish_max_share × job_steps``. In order: a grid limit the search left out
+        (:meth:`_unmeasured_grid_limit`); with max_slowdown, the boundary (:meth:`_boundary_to_polish`);
+        the wider of the best and a tie, while their combined half-widths exceed ``polish_ci`` of the
+        best cost. Each window doubles the limit's steps (at least ``min_profile_steps``, at most
+        ``profile_steps``); 0 steps: a grid limit's first window, decided as any.
         """
         s = self.settings
         if s.search == "sweep" or not s.job_steps or self.observe_only:
@@ -813,9 +736,8 @@ class PowerLimitProfiler:
     def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
         """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
 
-        Its price is guessed by linear interpolation between the nearest measured limits on either side
-        (the nearest one at an end), its window as warm-up + ``min_profile_steps`` steps; the cheapest
-        guess first. With max_slowdown, none below a limit measured clearly too slow.
+        Its price is interpolated linearly between measured limits; the cheapest guess first. With
+        max_slowdown, none below a limit measured clearly too slow.
         """
         s = self.settings
         known = sorted(x for x, p in self.profiles.items() if p.n >= 2)
@@ -841,15 +763,14 @@ class PowerLimitProfiler:
     def _boundary_to_polish(self, best_x: float) -> float | None:
         """max_slowdown: the limit whose further steps narrow the slowdown bound that keeps a cheaper limit out.
 
-        The highest limit below the best whose energy is not clearly higher and whose slowdown is not clearly
-        over the factor (its two-sided interval reaches below it) though its bound is, while the bound's margin
-        over the mean is wider than ``polish_ci``; else the best itself where a cheaper limit below it is too
-        slow and its margin is that wide. That limit, or the maximum limit (the time reference) while it has
-        under a third of that limit's steps. None: no such limit.
+        The highest limit below the best, not clearly dearer, whose slowdown interval reaches below the
+        factor though its bound does not, with a margin wider than ``polish_ci``; else the best itself
+        when a cheaper limit below it is too slow. That limit, or the maximum limit (the time reference)
+        while it has under a third of that limit's steps. None: no such limit.
         """
         ref = self.profiles[self.limits_W[-1]]
         factor = self.objective.max_slowdown
-        best_low, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd(lambda p: p.energy_J))
+        _, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd(lambda p: p.energy_J))
         candidates = []
         for x, p in self.profiles.items():
             if x >= best_x or p.n < 2 or p.energy_per_step_J >= best_high:  # clearly dearer: no gain

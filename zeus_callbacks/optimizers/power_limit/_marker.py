@@ -52,11 +52,6 @@ class MarkerGpu:
     name: str | None = None
 
 
-def device_uuids(backend: PowerLimitActuator, indices: list[int] | range) -> dict[int, str | None]:
-    """Device index → UUID (None where the backend has none) for ``indices``."""
-    return {i: backend.device_uuid(i) for i in indices}
-
-
 def write_marker(
     path: str | Path, backend: PowerLimitActuator, original_W: dict[int, float], *, owner: Owner | None = None
 ) -> None:
@@ -99,13 +94,11 @@ def _local_rank() -> int | None:
 
 
 def marker_path(log_dir: str | Path, configured: str | Path | None = None) -> Path:
-    """The restore-marker file of this process.
+    """The restore-marker file of this process: ``configured`` or ``<log_dir>/power_limit_restore.json``.
 
-    ``configured`` (``power_limit.restore_marker``) or ``<log_dir>/power_limit_restore.json``;
-    under a multi-process launcher (``WORLD_SIZE`` > 1) each process gets its own file,
-    named by host and local rank (``power_limit_restore.<host>.rank<LOCAL_RANK>.json``), so
-    that no two ranks overwrite each other's, neither on one node nor across nodes that
-    share the log directory (local ranks repeat on every node).
+    Under a multi-process launcher (``WORLD_SIZE`` > 1) each process gets its own file, named by host
+    and local rank (``power_limit_restore.<host>.rank<LOCAL_RANK>.json``): local ranks repeat on
+    every node, and nodes may share the log directory.
     """
     path = Path(configured) if configured else Path(log_dir) / MARKER_NAME
     local_rank = _local_rank()
@@ -363,19 +356,18 @@ def restore_from_marker(path: str | Path, backend: PowerLimitActuator, *, force:
             f"{path} holds the original limits of {vendor} GPUs, but no {vendor} driver is reachable here "
             "(only the virtual GPU); run `zeus-callbacks restore` on the machine with those GPUs"
         )
-    if marker.owner.is_alive() and not force:
-        reason = (f"its owner ({marker.owner.describe()}) is alive: it restores its own limits when it ends; "
-                  "`zeus-callbacks restore --force` overrides")  # fmt: skip
-        logger.warning("zeus-callbacks: not restoring the power limits in %s: %s", path, reason)
-        return RestoreOutcome(path, marker.owner, refused=reason)
     host = marker.owner.host
-    if host is not None and host != socket.gethostname() and not force and any(g.uuid is None for g in marker.gpus):
+    refused: str | None = None
+    if not force and marker.owner.is_alive():
+        refused = f"its owner ({marker.owner.describe()}) is alive: it restores its own limits when it ends"
+    elif not force and host not in (None, socket.gethostname()) and any(g.uuid is None for g in marker.gpus):
         # GPUs without a UUID are matched by index: another host's GPU 0 is not ours.
-        reason = (f"it was written on host {host} for GPUs without a UUID: only that host can restore it; "
-                  "`zeus-callbacks restore --force` overrides")  # fmt: skip
+        refused = f"it was written on host {host} for GPUs without a UUID: only that host can restore it"
+    if refused is not None:
+        reason = f"{refused}; `zeus-callbacks restore --force` overrides"
         logger.warning("zeus-callbacks: not restoring the power limits in %s: %s", path, reason)
         return RestoreOutcome(path, marker.owner, refused=reason)
-    uuids = device_uuids(backend, range(backend.device_count()))
+    uuids = {i: backend.device_uuid(i) for i in range(backend.device_count())}
     results: list[GpuRestore] = []
     for gpu in marker.gpus:
         index = _local_index(gpu, uuids)

@@ -5,14 +5,10 @@ Source: Zeus (You, Chung, Chowdhury, NSDI '23), §3 (eq. 2, ZeusCost) and §4.3.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Literal
 
 from zeus_callbacks.optimizers.cost import ZeusCost
-
-logger = logging.getLogger(__name__)
-
 
 ObjectiveName = Literal["energy", "time", "zeus_cost", "max_slowdown"]
 

@@ -1,36 +1,12 @@
 """Which power limit to measure next: candidates from the device's range and a search robust to curve shape.
 
-Pure functions of what was measured: the profiler's state machine
+Pure functions of what was measured: the profiler
 (:class:`~zeus_callbacks.optimizers.power_limit._limit_profiler.PowerLimitProfiler`) asks
-:meth:`SearchPlan.next_limit` after every decided window and measures what it returns
-(None: choose now). A limit's window and its interval are in
-:mod:`~zeus_callbacks.optimizers.power_limit._limit_profile`.
-
-Search (``unimodal``), on the grid of :func:`power_limit_grid_W` (both ends of the device's
-range always on it, evenly spaced at most ``step_W`` apart):
-
-1. **Ends first**: the maximum limit (the time reference of ``max_slowdown``), then the
-   minimum (a plateau over the upper limits hides an optimum near the minimum).
-2. **Golden-section search over the grid** with noise-aware comparisons: two probes whose
-   costs differ by less than their combined 95 % intervals (:func:`tolerance`) are *flat*;
-   then the bracket keeps the side whose measured end is clearly below the flat level, or
-   the stretch between the probes when neither is.
-3. **Shape checks**: every grid point of the closed bracket is measured; if the measured
-   costs are not unimodal within the noise, every grid limit is measured (a sweep; with
-   ``max_slowdown`` the limits slower than allowed are left out of this check, their order is
-   that of their noisy slowdowns, and the sweep skips the limits below one too slow); the
-   unmeasured grid neighbours of any limit within the noise of the best are measured (flat
-   stretches can hide a dip); where every measured limit is level, the grid limit next to the
-   minimum is (a valley between the minimum and a plateau level with it).
-4. **Refinement off the grid**: steps between the best limit's measured neighbours where a
-   local model promises more than ``refine_gain`` (a parabola, or a V-shaped bound), until they
-   are less than ``refine_W`` apart or ``refine_probes`` limits were added, so the choice is near
-   the optimum of the curve, not of the grid. With ``max_slowdown`` a feasibility boundary is
-   narrowed to 1 W while the best leaves slowdown unused (that unused fraction is the promised
-   gain), also from the lowest point of a plateau that ends at an infeasible limit.
-
-The intervals the comparisons use are floored by the card's pooled noise and ties with the best
-are measured again before the choice (both in the profiler, which owns the windows).
+:meth:`SearchPlan.next_limit` after every decided window and measures what it returns (None:
+choose now). ``unimodal``, on the grid of :func:`power_limit_grid_W`: both ends first, a
+golden-section search whose comparisons respect the noise (:func:`tolerance`), shape checks (not
+unimodal within the noise: a sweep; the neighbours of ties with the best), then refinement off the
+grid where a local model promises more than ``refine_gain``. docs/power_limit.md ("Search") says why.
 """
 
 from __future__ import annotations
@@ -95,6 +71,8 @@ class SearchSettings:
             count above it).
         refine_W: Refinement stops once the best limit's neighbours are this close (W).
         refine_probes: At most this many limits off the grid.
+        refine_gain: A limit off the grid must promise at least this fraction of the best cost.
+        max_slowdown: The allowed slowdown factor, for ``max_slowdown`` objectives; else None.
     """
 
     kind: Literal["unimodal", "sweep"] = "unimodal"

@@ -17,14 +17,7 @@ SAME_SPEED_REL = 0.005
 
 
 def slowdown_words(factor: float) -> str:
-    """A time factor (time at a limit / time at the maximum) in words.
-
-    Args:
-        factor: The ratio of times (dimensionless, > 0).
-
-    Returns:
-        ``"no slower"`` within :data:`SAME_SPEED_REL` of 1, ``"2.76x slower"`` above it, and
-        ``"1.05x faster"`` (the inverse ratio) below it.
+    """A time factor (time at a limit / time at the maximum, > 0) in words.
 
     Example:
         >>> slowdown_words(2.761), slowdown_words(1.001), slowdown_words(0.95)
@@ -40,14 +33,8 @@ def slowdown_words(factor: float) -> str:
 def time_note(backend: PowerLimitActuator, limit_W: float) -> str | None:
     """Why power-limit results on ``backend`` do not show the time a limit costs, or None when they do.
 
-    Args:
-        backend: The backend the profile ran on.
-        limit_W: The limit to quote the trace's slowdown at (W): the chosen one, else the lowest profiled.
-
-    Returns:
-        The note in words (it quotes the trace's slowdown at ``limit_W`` when the backend has a trace),
-        or None for a measured GPU, and for the virtual GPU on a clock the caller drives
-        (:class:`~zeus_callbacks.backends.base.ManualClock`: the simulator applies the trace's time).
+    ``limit_W``: where to quote the trace's slowdown (W). None for a measured GPU, and for the virtual
+    GPU on a clock the caller drives (the simulator applies the trace's time).
     """
     if not backend.simulated or backend.clock_is_manual:
         return None

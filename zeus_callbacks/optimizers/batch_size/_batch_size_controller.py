@@ -1,24 +1,13 @@
 """One recurrence of a job under the batch-size bandit: what the session delegates to.
 
-:class:`BatchSizeController` owns the store and the bandit for one training run: it
-suggests the batch size (before the data loaders exist), watches the target metric,
-decides early stopping from the cost so far, and records the trial at the end. The
-:class:`~zeus_callbacks.session.EnergySession` calls it at its optimiser hooks; nothing
-here knows about a framework.
-
-Hugging Face users ask before they build ``TrainingArguments``::
+:class:`BatchSizeController` owns the store and the bandit for one training run: it suggests the
+batch size, watches the target metric, decides early stopping from the cost so far, and records the
+trial at the end; nothing here knows about a framework. :func:`suggest_batch_size` suggests before
+the data loaders exist::
 
     >>> from zeus_callbacks import suggest_batch_size           # doctest: +SKIP
     >>> bs = suggest_batch_size("zeus.yaml")                    # doctest: +SKIP
     >>> args = TrainingArguments("out", per_device_train_batch_size=bs)  # doctest: +SKIP
-
-The value returned (a :class:`SuggestedBatchSize`) carries the trial, and the store it was
-made in, still open: the :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback`
-claims it from ``per_device_train_batch_size`` when training begins (a run opens its store
-once: :class:`~zeus_callbacks.store._run_store.RunStore`). Under a launcher
-(``torchrun``, ``accelerate launch``) every process calls it: the main process alone reads
-the store and makes the suggestion, and the others receive it through the launcher's
-process group.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ from zeus_callbacks._distributed import RankGroup
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.errors import ConfigError, StoreError, StoreUnavailableError
 from zeus_callbacks.optimizers.batch_size._bandit import BatchSizeBandit, Suggestion
-from zeus_callbacks.optimizers.batch_size._settings import BanditSettings
+from zeus_callbacks.optimizers.batch_size._bandit_settings import BanditSettings
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.store import Store, TrialRecord, open_configured_store, store_location
 from zeus_callbacks.store._base import this_host
@@ -48,8 +37,8 @@ from zeus_callbacks.store._run_store import RunStore
 logger = logging.getLogger(__name__)
 
 MIN_CHECK_INTERVAL_S = 0.5
-"""Early stopping looks at the cost at most this often (s of run time): the cost only grows,
-so a step-granular check every step of a fast loop would buy nothing but overhead."""
+"""Early stopping looks at the cost at most this often (s of run time): checking every step of a fast loop buys
+nothing but overhead."""
 
 
 UNCLAIMED_REASON = "withdrawn: no run claimed the suggestion (it was dropped, or its process ended first)"
@@ -59,15 +48,8 @@ REPLACED_REASON = "withdrawn: a later suggest_batch_size() of the job in the sam
 def withdraw_suggestion(store: Store, trial_id: int, reason: str) -> TrialRecord | None:
     """Withdraw the ``running`` trial of a suggestion no run claimed: status ``withdrawn``, ``info["reason"]``.
 
-    A withdrawn trial is neither an observation of its batch size nor a failure of it: the bandit does
-    not move (a pruning candidate is suggested again), ``max_failures`` does not count it, and the
-    store's scan for dead trials passes it by. Left ``running``, it would be marked failed ("process
-    died") once its process ended, and count against its batch size.
-
-    Args:
-        store: The store the trial was made in.
-        trial_id: The suggestion's trial.
-        reason: Why, kept in ``info["reason"]``.
+    A withdrawn trial is neither an observation nor a failure of its batch size; left ``running``, it
+    would be marked failed once its process ended, and count against its batch size.
 
     Returns:
         The withdrawn trial; None when it is not running any more (or not in the store).
@@ -138,9 +120,7 @@ class _Made:
 
 
 _UNCLAIMED: weakref.WeakValueDictionary[str, _Made] = weakref.WeakValueDictionary()
-"""The latest suggestion of each job in this process while no run has claimed it: a later
-:func:`suggest_batch_size` of the job withdraws it. Weak: it holds nothing alive and hands nothing
-over (the value returned carries the trial to its run)."""
+"""The latest unclaimed suggestion of each job in this process: a later :func:`suggest_batch_size` withdraws it."""
 
 
 class SuggestedBatchSize(int):
@@ -149,10 +129,9 @@ class SuggestedBatchSize(int):
     Pass it on as ``TrainingArguments(per_device_train_batch_size=...)``: the
     :class:`~zeus_callbacks.integrations.huggingface.ZeusTrainerCallback` claims the trial
     (and the store it was made in, still open) from there when training begins, or give it
-    to :meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`. It is claimed once.
-    Copies and pickles are plain ints. One that no run claims is withdrawn (its trial's status
-    becomes ``withdrawn``, which counts neither as an observation nor as a failure) and its store
-    closed when it is garbage-collected or the process ends, or when a later
+    to :meth:`~zeus_callbacks.session.EnergySession.suggest_batch_size`. It is claimed once;
+    copies and pickles are plain ints. One that no run claims is withdrawn (:func:`withdraw_suggestion`)
+    and its store closed when it is garbage-collected or the process ends, or when a later
     :func:`suggest_batch_size` of the same job in this process replaces it (:attr:`withdrawn`).
     """
 
@@ -197,21 +176,18 @@ def _withdraw_earlier(job_id: str) -> None:
 
 
 PENDING_DIR = "zeus_pending_trials"
-"""Folder of ``logging.log_dir`` where a trial waits that could not be recorded at train end."""
 
 
 def pending_dir(config: ZeusConfig) -> Path:
-    """Where trials wait that the store could not take at train end (``<log_dir>/zeus_pending_trials``)."""
+    """Where trials wait that the store could not take (``<log_dir>/zeus_pending_trials``)."""
     return Path(config.logging.log_dir) / PENDING_DIR
 
 
 def open_job_store(config: ZeusConfig) -> Store:
     """Open the store ``config.store`` names (default ``<log_dir>/zeus_store.<ext>``), merging waiting trials.
 
-    With the bandit on, trials that an earlier run of this job could not record (the store
-    stayed locked, the database was down, at its start or at its end:
-    :meth:`BatchSizeController.finish`) are recorded now, from their pending files in
-    :func:`pending_dir`, and those files removed.
+    With the bandit on, the trials an earlier run of this job could not record (the store locked or
+    down) are recorded now from their files in :func:`pending_dir` (:func:`merge_pending_trials`).
 
     Raises:
         StoreUnavailableError: The store cannot be reached now (locked, a database down).
@@ -231,39 +207,19 @@ def run_store(config: ZeusConfig) -> RunStore:
 _ORPHAN_REASONS = ("process died", "lease expired")  # what the store's dead-trial scan writes in info["reason"]
 
 _after_merge_hook: Callable[[Path], None] | None = None
-"""Test hook: called with a pending file's path after its trial is merged into the store (committed)
-and before the file is removed. ``tests/faults/test_fault_store_merge.py`` SIGKILLs its process
-there, to pin that a merge repeated after such a death records nothing twice. None in normal use."""
-
-
-def _merged(trial: TrialRecord | None, pending_id: str) -> bool:
-    """Whether ``trial`` holds the outcome of pending file ``pending_id`` already.
-
-    The id is recorded with the outcome (and, for a run that trained without the store, when its
-    trial is created: then the trial is still running, or marked failed by the dead-trial scan).
-    """
-    return (
-        trial is not None
-        and trial.pending_id == pending_id
-        and trial.status != "running"
-        and trial.info.get("reason") not in _ORPHAN_REASONS
-    )
+"""Test hook, called after a pending file's trial is merged (committed) and before the file is removed."""
 
 
 def merge_pending_trials(store: Store, config: ZeusConfig) -> int:
     """Record in ``store`` the waiting trials of ``config.job_id`` (see :func:`open_job_store`).
 
-    A pending file of another store or job is left for its own store; one that cannot be
-    merged now (the store fails again) stays for the next open. A trial the store marked
-    failed meanwhile ("process died": its process ended before the store took it) gets its
-    real outcome. A run that trained without the store (unreachable at its start) has no
-    trial yet: one is created at the batch size it trained at and finished with its outcome;
-    it is an observation of that arm but does not move the pruning on (the bandit did not
-    choose it).
+    A pending file of another store or job is left for its own store; one that cannot be merged now
+    stays for the next open. A trial the store marked failed meanwhile ("process died") gets its real
+    outcome. A run that trained without the store gets a trial at the batch size it trained at: an
+    observation of that arm that does not move the pruning on (the bandit did not choose it).
 
-    Idempotent: each pending file carries an id (``pending_id``) that the store records with
-    the merged trial, in the transaction that records it, so a file merged again (its merger
-    died before removing it) adds no second trial and no second observation.
+    Idempotent: the store records each file's ``pending_id`` with the merged trial, in the same
+    transaction, so a file merged again (its merger died before removing it) adds nothing.
 
     Returns:
         How many trials were merged.
@@ -324,7 +280,10 @@ def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, 
             )
             return False
         trial = found
-    if _merged(trial, pending_id):
+    # Running, or failed by the dead-trial scan, the trial holds no outcome yet (a detached run's trial has the
+    # file's id from its creation); else it holds this file's (merged before) or its real one (the write committed).
+    finished = trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS
+    if finished and trial.pending_id == pending_id:
         logger.info(
             "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
             "the file is removed",
@@ -333,8 +292,8 @@ def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, 
             path,
         )
         return False
-    if not detached and trial.status != "running" and trial.info.get("reason") not in _ORPHAN_REASONS:
-        return False  # finished with its real outcome after all (the failing write had committed)
+    if finished and not detached:
+        return False
     bandit = BatchSizeBandit(store, config.job_id, BanditSettings.from_config(config.batch_size))
     bandit.report(trial.trial_id, **outcome, pending_id=pending_id)
     logger.info("zeus-callbacks: merged trial %d of job %s kept in %s", trial.trial_id, config.job_id, path)
@@ -360,21 +319,16 @@ def suggest_batch_size(
 ) -> SuggestedBatchSize:
     """Batch size for this recurrence of ``config.job_id`` (call before building data loaders).
 
-    Records the recurrence's trial in the store. The value returned carries that trial (and
-    the store, kept open): pass it on as ``TrainingArguments(per_device_train_batch_size=...)``
-    and the energy callback claims it when training starts and reports the outcome into it
-    (:class:`SuggestedBatchSize`). A store that cannot be reached (locked, a database down: after
-    ``store.lock_timeout_s``) does not stop the run: every process gets
-    ``batch_size.default_batch_size`` (one warning) and the run's trial is recorded when the
-    store is next opened.
+    Records the recurrence's trial in the store; the value returned carries it to the run
+    (:class:`SuggestedBatchSize`). A store that cannot be reached (after ``store.lock_timeout_s``)
+    does not stop the run: every process gets ``batch_size.default_batch_size`` (one warning) and
+    the run's trial is recorded when the store is next opened.
 
-    Under a launcher (``WORLD_SIZE`` > 1: ``torchrun``, ``accelerate launch``) call it on
-    **every** process, before ``TrainingArguments``: it joins the launcher's process group
-    through ``accelerate``'s ``PartialState`` (see
-    :meth:`~zeus_callbacks._distributed.RankGroup.from_launcher`), the main process alone
-    opens the store and suggests, and every process returns that same batch size. The
-    keyword arguments are the ones given to ``TrainingArguments``, so that the process
-    group created here is the one the Trainer would create.
+    Under a launcher (``WORLD_SIZE`` > 1) call it on **every** process, before
+    ``TrainingArguments``: it joins the launcher's process group
+    (:meth:`~zeus_callbacks._distributed.RankGroup.from_launcher`), the main process alone
+    opens the store and suggests, and every process returns that same batch size. The keyword
+    arguments are those given to ``TrainingArguments``, so that the group is the Trainer's.
 
     Args:
         config: A ZeusConfig, a mapping of settings, or the path of a YAML file.
@@ -443,10 +397,8 @@ def _suggest_from_store(cfg: ZeusConfig) -> _Made:
 class EarlyStopRule:
     """Early stopping of a costly recurrence (Zeus, NSDI '23, §4.4).
 
-    A run stops once its cost so far exceeds ``threshold_cost`` (``beta_knob`` × the best
-    converged cost, or the pruning factor while pruning). Small and picklable: under
-    several processes the main process sends it to the others at train start, and every
-    rank applies it to the same aggregated energy and time.
+    Picklable: the main process sends it to the other ranks at train start, and every rank applies
+    it to the same aggregated energy and time.
 
     Attributes:
         cost: The run's cost function (``MaxPower`` of all GPUs).
@@ -478,12 +430,8 @@ class EarlyStopRule:
                 "(exploring run stopped, censored)"
             )
         factor = self.factor_name if self.factor is None else f"{self.factor_name} {self.factor:g}"
-        if self.factor_name == "beta_knob":
-            return f"cost {cost:.4g} exceeds {factor} x best cost = {self.threshold_cost:.4g} (early stop, Zeus §4.4)"
-        return (
-            f"cost {cost:.4g} exceeds {factor} x best cost = {self.threshold_cost:.4g} "
-            "(early stop of a pruning candidate: its direction ends)"
-        )
+        why = ", Zeus §4.4" if self.factor_name == "beta_knob" else " of a pruning candidate: its direction ends"
+        return f"cost {cost:.4g} exceeds {factor} x best cost = {self.threshold_cost:.4g} (early stop{why})"
 
 
 class BatchSizeController:
@@ -531,12 +479,8 @@ class BatchSizeController:
         """The run's batch size (made once: later calls return the same).
 
         ``suggested``: what :func:`suggest_batch_size` returned for this run: its trial (and
-        store) is claimed, not a new one made.
-
-        A store that cannot be reached (:class:`~zeus_callbacks.errors.StoreUnavailableError`:
-        locked, a database down, after ``store.lock_timeout_s``) does not stop the run: it
-        trains at ``default_batch_size`` (one warning naming the store, a URL's password
-        masked) and :meth:`finish` keeps its trial in a pending file.
+        store) is claimed, not a new one made. A store that cannot be reached does not stop the
+        run: it trains at ``default_batch_size`` and :meth:`finish` keeps its trial in a pending file.
         """
         if self.detached is not None:
             return int(self.batch_size)  # type: ignore[arg-type]  # set with detached
@@ -574,11 +518,7 @@ class BatchSizeController:
         return self.batch_size
 
     def start(self, max_power_W: float, power_limit_W: float | None) -> None:
-        """Training starts: fix the cost function and the early-stop threshold.
-
-        The threshold is the lower of ``beta_knob`` × the best converged cost and, for a
-        Thompson-phase run exploring an arm other than the best, the bandit's
-        ``explore_stop_threshold``.
+        """Training starts: fix the cost function and the early-stop threshold (the lower of the two rules).
 
         Args:
             max_power_W: MaxPower of the cost (W, all measured GPUs), unless the config sets it.
@@ -604,19 +544,11 @@ class BatchSizeController:
         self.threshold_factor = None if factor is None else (factor[0], factor[1])
 
     def use_batch_size(self, batch_size: int) -> None:
-        """Record the batch size the run really uses, when it differs from the suggestion.
-
-        Args:
-            batch_size: The batch size of the run's data loaders.
-        """
+        """Record the batch size of the run's data loaders, when it differs from the suggestion."""
         self.batch_size = int(batch_size)
 
     def record_power_limit(self, power_limit_W: float) -> None:
-        """Record the power limit the run trains at from now on (W), kept with the trial.
-
-        Args:
-            power_limit_W: The limit the power-limit profiler chose (W).
-        """
+        """Record the power limit the run trains at from now on (W), kept with the trial."""
         self.power_limit_W = power_limit_W
 
     @property
@@ -657,10 +589,7 @@ class BatchSizeController:
         return self.stop_reason
 
     def stop_agreed(self, reason: str) -> None:
-        """Record a cost stop that the ranks agreed on (another rank may have seen it first).
-
-        The main rank then records the trial as early-stopped with ``reason``.
-        """
+        """Record a cost stop that the ranks agreed on (another rank may have seen it first)."""
         self.stop_reason = reason
 
     @property
@@ -674,9 +603,7 @@ class BatchSizeController:
     def finish(self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
-        The trial is an observation of its arm only with a finite, positive cost from a
-        complete measurement (:func:`~zeus_callbacks.optimizers.batch_size._observations.observation_problem`);
-        a failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
+        A failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
 
         Args:
             energy_J: GPU energy of the run (J).
@@ -745,8 +672,7 @@ class BatchSizeController:
     def _keep_pending(self, trial_id: int | None, outcome: dict[str, Any]) -> Path:
         """Write the trial's outcome to a pending file (atomically) for :func:`merge_pending_trials`.
 
-        ``trial_id`` None: the run trained without the store; the file also holds the batch
-        size it trained at, its process and host, and why.
+        ``trial_id`` None (trained without the store): with the batch size, process, host and why.
         """
         location = self._store_location or store_location(self.config.store.location(self.config.logging.log_dir))
         pending_id = uuid.uuid4().hex  # recorded with the merged trial: a second merge of this file is a no-op

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PowerLimitResult:
-    """The outcome, for the log: source is ``profile``, ``cache`` or ``observe``."""
+    """The outcome, for the log (source: profile, cache, checkpoint, observe, unfinished or abandoned)."""
 
     source: str
     chosen_limit_W: float | None
@@ -150,14 +150,8 @@ class PowerLimitController:
 
     def enter_observe(self, reason: str) -> None:
         """Switch to observe mode now (restore the original limits), saying why once."""
-        if not self.observe:
-            self._enter_observe(reason)
-
-    def apply(self, limit_W: float) -> None:
-        """Apply ``limit_W`` to every GPU as another rank's profiler decided (marker first)."""
-        self._apply(limit_W)
-
-    def _enter_observe(self, reason: str) -> None:
+        if self.observe:
+            return
         self.observe = True
         self.observe_reason = reason
         self._warn_observe()
@@ -183,13 +177,9 @@ class PowerLimitController:
         return self.profiler.export_state()
 
     def resume(self, state: Mapping[str, Any]) -> bool:
-        """Continue a checkpoint's profile (call before the first step); see :meth:`PowerLimitProfiler.resume`.
+        """Continue a checkpoint's profile before the first step (:meth:`PowerLimitProfiler.resume`); True if taken.
 
-        A profile that had finished applies its choice from the first step, without profiling
-        or consulting the cache.
-
-        Returns:
-            True when the state was taken.
+        A profile that had finished applies its choice from the first step, without the cache.
         """
         if self.observe or not self.profiler.resume(state):
             return False
@@ -213,7 +203,7 @@ class PowerLimitController:
             self.profiler.start_at(self.limit_W)
         target = self.profiler.on_step_start(step, now_s)
         if target is not None and not self.observe:
-            self._apply(target)
+            self.apply(target)
 
     def on_step_end(self, step: int, now_s: float, num_samples: int | None = None) -> PowerLimitResult | None:
         """Advance the profiler; returns the result once, when the choice is made."""
@@ -254,7 +244,7 @@ class PowerLimitController:
             logger.warning("zeus-callbacks: cached power limit %.0f W is out of range; profiling again", limit)
             return None
         self.profiler.finish_with(limit)
-        self._apply(limit)
+        self.apply(limit)
         message = f"applied the cached power limit {limit:.0f} W for {self.key.as_str()} without profiling"
         return self._conclude(
             "cache", limit, message, logging.INFO, rows=list(entry.get("limits", [])), profiling_steps=0, sweep=False
@@ -299,14 +289,9 @@ class PowerLimitController:
         ]
 
     def unfinished(self, steps: int) -> PowerLimitResult | None:
-        """The outcome when training ends before profiling did (warned once); None if it finished or never began.
+        """The outcome (``finished=False``) when training ends after ``steps`` steps, before profiling did.
 
-        Args:
-            steps: Training steps the run executed (for the message).
-
-        Returns:
-            A result with ``finished=False``, ``source`` ``unfinished``, no chosen limit and the
-            measured rows, or None when a result exists already or no limit was tried.
+        None when a result exists already or no limit was tried.
         """
         p = self.profiler
         if self.result is not None or not p.profiles:
@@ -346,7 +331,7 @@ class PowerLimitController:
             self.restore()
             message = "profiling abandoned (no power samples arrived); the original limits are kept"
             return self._conclude("abandoned", None, message, rows=rows, sweep=False)
-        self._apply(chosen)
+        self.apply(chosen)
         message = (
             f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
             f"steps over {len(rows)} limits{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
@@ -413,14 +398,15 @@ class PowerLimitController:
             lock.release()
         self._locks.clear()
 
-    def _apply(self, limit_W: float) -> None:
+    def apply(self, limit_W: float) -> None:
+        """Apply ``limit_W`` to every GPU (the restore marker and GPU records first)."""
         with self._lock:
             if self.observe or self.applied_W == limit_W:
                 return
             if not self._marker_written:
                 held = next((p for p in (self.marker_path, *self._old_marker_paths) if p.exists()), None)
                 if held is not None:  # not ours: another run's, one kept after a failure, or no marker
-                    self._enter_observe(
+                    self.enter_observe(
                         f"the restore marker path {held} holds a file this run did not write; it may hold a "
                         "GPU's original limit (run `zeus-callbacks restore`, or move it away)"
                     )
@@ -430,7 +416,7 @@ class PowerLimitController:
                         lock.write_record(self.original_W[i], self._owner, self.marker_path)
                     write_marker(self.marker_path, self.backend, self.original_W, owner=self._owner)
                 except OSError as exc:
-                    self._enter_observe(f"cannot write the restore marker {self.marker_path} or a GPU record: {exc}")
+                    self.enter_observe(f"cannot write the restore marker {self.marker_path} or a GPU record: {exc}")
                     return
                 self._marker_written = True
                 self._install_sigterm()
@@ -438,7 +424,7 @@ class PowerLimitController:
                 for i in self.gpu_indices:
                     self.backend.set_power_limit_W(i, limit_W)
             except ActuatorPermissionDenied as exc:
-                self._enter_observe(f"no permission to change the power limit: {exc}")
+                self.enter_observe(f"no permission to change the power limit: {exc}")
                 return
             self.applied_W = limit_W
 

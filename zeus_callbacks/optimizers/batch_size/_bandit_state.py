@@ -74,18 +74,8 @@ class StoredState(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-def validated_state(state: Mapping[str, Any], location: str, job_id: str) -> dict[str, Any]:
-    """The job's stored bandit state, its shape checked (:func:`read_state`), as the store keeps it."""
-    return read_state(state, location, job_id).to_stored()
-
-
 def read_state(state: Mapping[str, Any], location: str, job_id: str) -> StoredState:
-    """The job's bandit state as read from the store, its shape checked.
-
-    Args:
-        state: The state as read from the store.
-        location: The store's file or masked URL, for the message.
-        job_id: The job, for the message.
+    """The job's bandit state as read from the store, its shape checked (``location``, ``job_id``: for the message).
 
     Raises:
         StoreCorruptError: The state does not fit (a hand edit, a damaged file); names the store and the job.
