@@ -73,7 +73,6 @@ class TraceWorld:
             if eval_at and step in eval_at:  # an evaluation inside the step: a long idle stretch
                 profiler.on_eval_start(self.now_s)
                 self.now_s += 100.0
-                profiler.on_eval_end(self.now_s)
             self.now_s += self.time_s(limit)
             self.energy[(start, self.now_s)] = self.energy_J(limit)
             if profiler.on_step_end(step, self.now_s):

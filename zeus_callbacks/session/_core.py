@@ -508,7 +508,6 @@ class EnergySession:
             self._reports.attribute_closed(final=together)
         if together:
             self._reports.eval_exchange()
-        self._power.eval_end()
         self._steps.resume_timing()
         if not report or not self.config.windows.eval:
             return {}

@@ -109,11 +109,6 @@ class PowerLimitSteps:
         if self.power_limiter is not None:
             self.power_limiter.on_eval_start(self._run.backend.clock.now_s())
 
-    def eval_end(self) -> None:
-        """The evaluation ended: profiling goes on."""
-        if self.power_limiter is not None:
-            self.power_limiter.on_eval_end(self._run.backend.clock.now_s())
-
     def state(self, *, measured: bool) -> dict[str, Any] | None:
         """The profile so far for a checkpoint (``measured``: a run started), else the carried one."""
         if self.power_limiter is not None and self._decides_power_limit() and measured:

@@ -322,9 +322,6 @@ class PowerLimitProfiler:
         del now_s
         self._eval_in_step = self._step_start_s is not None
 
-    def on_eval_end(self, now_s: float) -> None:
-        """The evaluation ended (nothing to do: its step is dropped whole)."""
-
     def on_step_end(self, step: int, now_s: float) -> bool:
         """A step ended at ``now_s``; advance the state machine.
 

@@ -218,10 +218,6 @@ class PowerLimitController:
         """An evaluation begins (excluded from profiling)."""
         self.profiler.on_eval_start(now_s)
 
-    def on_eval_end(self, now_s: float) -> None:
-        """An evaluation ended."""
-        self.profiler.on_eval_end(now_s)
-
     # -- cache ---------------------------------------------------------------------------
     def _consult_cache(self, batch_size: int | None) -> PowerLimitResult | None:
         self.key = ProfileKey(
