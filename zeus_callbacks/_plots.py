@@ -8,6 +8,7 @@ returns the path written.
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -76,14 +77,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def _mark_simulated(fig: Any) -> None:
-    """Stamp a figure drawn from virtual-GPU data, visibly, in its top right corner."""
-    fig.text(0.99, 0.99, SIMULATED_MARK, ha="right", va="top", fontsize=9, color="tab:red", fontweight="bold")
-
-
-def _note_at_bottom(fig: Any, note: str, *, width: int = 90) -> None:
-    """Write ``note`` under the axes, wrapped, in red; the axes move up to make room."""
-    _notes_at_bottom(fig, [(note, "tab:red")], width=width)
+def _mark_simulated(fig: Any, simulated: bool) -> None:
+    """Stamp a figure drawn from virtual-GPU data (``simulated``), visibly, in its top right corner."""
+    if simulated:
+        fig.text(0.99, 0.99, SIMULATED_MARK, ha="right", va="top", fontsize=9, color="tab:red", fontweight="bold")
 
 
 def _notes_at_bottom(fig: Any, notes: Sequence[tuple[str, str]], *, width: int, top: float = 1.0) -> None:
@@ -118,18 +115,13 @@ def _label_without_overlap(ax: Any, points: Sequence[tuple[float, float, str]], 
     order = sorted(range(len(points)), key=lambda i: (i not in keep, points[i][0]))
     for i in order:
         x, y, label = points[i]
-        box = None
-        for bounds in (inside_axes, inside_figure):
-            for dx, dy, align in _LABEL_PLACES:
-                text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), ha=align, fontsize=8)
-                box = text.get_window_extent(renderer)
-                if _contains(bounds, box) and not any(box.overlaps(other) for other in placed):
-                    placed.append(box)
-                    break
-                text.remove()
-                box = None
-            if box is not None:
+        for bounds, (dx, dy, align) in itertools.product((inside_axes, inside_figure), _LABEL_PLACES):
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), ha=align, fontsize=8)
+            box = text.get_window_extent(renderer)
+            if _contains(bounds, box) and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
                 break
+            text.remove()
 
 
 def _contains(outer: Any, inner: Any) -> bool:
@@ -210,13 +202,12 @@ def plot_profile(
         if chosen_limit_W is not None:
             ax.legend(loc="best")
         if time_note:  # before the labels: they are placed where the axes end up
-            _note_at_bottom(fig, f"TIME NOT SIMULATED: {time_note}")
+            _notes_at_bottom(fig, [(f"TIME NOT SIMULATED: {time_note}", "tab:red")], width=90)
         else:
             fig.tight_layout()
         _label_without_overlap(ax, [(x, y, f"{r['limit_W']:.0f} W") for r, x, y in zip(rows, xs, ys, strict=True)],
                                chosen)  # fmt: skip
-        if simulated:
-            _mark_simulated(fig)
+        _mark_simulated(fig, simulated)
     except BaseException:
         plt.close(fig)  # drawing failed; otherwise _save closes it
         raise
@@ -258,8 +249,7 @@ def plot_power_profile(result: PowerProfile, path: str | Path) -> Path:
     ax.set_ylabel("power (W)")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    if result.simulated:
-        _mark_simulated(fig)
+    _mark_simulated(fig, result.simulated)
     return _save(fig, path, dpi=110, simulated=result.simulated)
 
 
@@ -288,8 +278,7 @@ def plot_bandit_costs(trials: Sequence[TrialRecord], job_id: str, path: str | Pa
     ax.set_title(f"batch-size bandit: {job_id}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    if simulated:
-        _mark_simulated(fig)
+    _mark_simulated(fig, simulated)
     return _save(fig, path, dpi=120, simulated=simulated)
 
 
@@ -351,8 +340,7 @@ def run_figure(course: RunCourse) -> Any:
         _notes_at_bottom(fig, notes, width=180, top=0.97)
     else:
         fig.tight_layout(rect=(0, 0.03, 1, 0.97))
-    if course.simulated:
-        _mark_simulated(fig)
+    _mark_simulated(fig, course.simulated)
     return fig
 
 
@@ -374,14 +362,9 @@ def _mark_course(ax: Any, course: RunCourse, *, label: bool) -> None:
         return
     end = max((s.end_step for s in course.spans), default=switch.step)
     if switch.trial_limits_W:
+        what = "power-limit profiling" + ("" if switch.finished else " (unfinished)")
         stop = switch.step if switch.finished else end
-        ax.axvspan(
-            switch.profiling_from,
-            stop,
-            color="tab:orange",
-            alpha=0.12,
-            label=("power-limit profiling" + ("" if switch.finished else " (unfinished)")) if label else None,
-        )
+        ax.axvspan(switch.profiling_from, stop, color="tab:orange", alpha=0.12, label=what if label else None)
         if label:
             limits = switch.trial_limits_W
             trials = (", ".join(f"{w:.0f}" for w in limits) if len(limits) <= 8

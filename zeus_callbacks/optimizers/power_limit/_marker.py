@@ -14,7 +14,7 @@ import math
 import re
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -282,7 +282,11 @@ def _local_index(gpu: MarkerGpu, uuids: dict[int, str | None]) -> int | None:
     return gpu.index if gpu.index in uuids and uuids[gpu.index] is None else None
 
 
-def _restore_one(backend: PowerLimitActuator, gpu: MarkerGpu, index: int, owner: Owner, force: bool) -> GpuRestore:
+def _restore_one(
+    backend: PowerLimitActuator, gpu: MarkerGpu, index: int | None, owner: Owner, force: bool
+) -> GpuRestore:
+    if index is None:
+        return GpuRestore(gpu, None, "not_visible", detail="this process does not see this GPU")
     lock = None
     if gpu.uuid is not None:
         try:
@@ -368,20 +372,12 @@ def restore_from_marker(path: str | Path, backend: PowerLimitActuator, *, force:
         logger.warning("zeus-callbacks: not restoring the power limits in %s: %s", path, reason)
         return RestoreOutcome(path, marker.owner, refused=reason)
     uuids = {i: backend.device_uuid(i) for i in range(backend.device_count())}
-    results: list[GpuRestore] = []
-    for gpu in marker.gpus:
-        index = _local_index(gpu, uuids)
-        if index is None:
-            results.append(GpuRestore(gpu, None, "not_visible", detail="this process does not see this GPU"))
-            continue
-        results.append(_restore_one(backend, gpu, index, marker.owner, force))
+    results = [_restore_one(backend, gpu, _local_index(gpu, uuids), marker.owner, force) for gpu in marker.gpus]
     left = [r.gpu for r in results if not r.back]
     if not left:
         path.unlink(missing_ok=True)
     elif len(left) < len(results):  # nothing back: the file stays as it was (it may be another node's)
-        _write(path, marker.backend or backend.name, marker.owner,
-               [{"index": g.index, "uuid": g.uuid, "name": g.name, "original_limit_W": g.original_limit_W}
-                for g in left])  # fmt: skip
+        _write(path, marker.backend or backend.name, marker.owner, [asdict(g) for g in left])
     outcome = RestoreOutcome(path, marker.owner, gpus=results, removed=not left)
     for r in results:
         (logger.warning if r.back else logger.error)(

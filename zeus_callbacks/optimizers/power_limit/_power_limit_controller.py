@@ -7,7 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,7 @@ from zeus_callbacks.optimizers.power_limit._limit_profiler import (
     ProfilerPhase,
     ProfileSettings,
 )
-from zeus_callbacks.optimizers.power_limit._marker import (
-    marker_path,
-    marker_paths,
-    write_marker,
-)
+from zeus_callbacks.optimizers.power_limit._marker import marker_path, marker_paths, write_marker
 from zeus_callbacks.optimizers.power_limit._objective import Objective
 from zeus_callbacks.optimizers.power_limit._owner import Owner
 from zeus_callbacks.optimizers.power_limit._search import power_limit_grid_W
@@ -110,15 +106,9 @@ class PowerLimitController:
             config.max_slowdown,
             ZeusCost.for_gpus(config.eta_knob, high, len(self.gpu_indices)).max_power_W,
         )
+        # the config's fields of the settings' names (the rest are the profiler's own constants)
         settings = ProfileSettings(
-            warmup_steps=config.warmup_steps,
-            warmup_s=config.warmup_s,
-            min_profile_steps=config.min_profile_steps,
-            profile_steps=config.profile_steps,
-            profile_s=config.profile_s,
-            rel_ci=config.rel_ci,
-            search=config.search,
-            job_steps=config.job_steps,
+            **{f.name: getattr(config, f.name) for f in fields(ProfileSettings) if hasattr(config, f.name)}
         )
         self.profiler = PowerLimitProfiler(
             power_limit_grid_W(low, high, config.step_W), objective, energy_fn, settings, observe_only=self.observe
@@ -137,9 +127,7 @@ class PowerLimitController:
     @property
     def limit_W(self) -> float:
         """The limit in force (mean over the GPUs, W)."""
-        if self.applied_W is not None:
-            return self.applied_W
-        return sum(self.original_W.values()) / len(self.original_W)
+        return self.applied_W if self.applied_W is not None else sum(self.original_W.values()) / len(self.original_W)
 
     def _warn_observe(self) -> None:
         logger.warning(
@@ -172,9 +160,7 @@ class PowerLimitController:
     # -- checkpoint state ------------------------------------------------------------------
     def export_state(self) -> dict[str, Any] | None:
         """The profile so far, for a checkpoint (:meth:`PowerLimitProfiler.export_state`); None in observe mode."""
-        if self.observe:
-            return None
-        return self.profiler.export_state()
+        return None if self.observe else self.profiler.export_state()
 
     def resume(self, state: Mapping[str, Any]) -> bool:
         """Continue a checkpoint's profile before the first step (:meth:`PowerLimitProfiler.resume`); True if taken.
@@ -234,9 +220,7 @@ class PowerLimitController:
             logger.info("zeus-callbacks: no cached power-limit profile for %s; profiling", self.key)
             return None
         limit = float(entry["chosen_limit_W"])
-        if limit not in self.profiler.limits_W and not (
-            self.profiler.limits_W[0] <= limit <= self.profiler.limits_W[-1]
-        ):
+        if not self.profiler.limits_W[0] <= limit <= self.profiler.limits_W[-1]:
             logger.warning("zeus-callbacks: cached power limit %.0f W is out of range; profiling again", limit)
             return None
         self.profiler.finish_with(limit)
