@@ -102,9 +102,7 @@ def counter_delta_uj(previous_uj: int, current_uj: int, max_energy_range_uj: int
     Returns:
         The increment (µJ), in [0, ``max_energy_range_uj``).
     """
-    if current_uj >= previous_uj:
-        return current_uj - previous_uj
-    return current_uj + max_energy_range_uj - previous_uj
+    return current_uj - previous_uj + (max_energy_range_uj if current_uj < previous_uj else 0)
 
 
 def _read_int(path: Path) -> int:
@@ -178,12 +176,8 @@ class NodeEnergy:
             return None if late is None or early is None else late - early
 
         domains = {label: minus(value, earlier.domains_J.get(label)) for label, value in self.domains_J.items()}
-        return NodeEnergy(
-            minus(self.cpu_J, earlier.cpu_J),
-            minus(self.dram_J, earlier.dram_J),
-            domains,
-            {**earlier.reasons, **self.reasons},
-        )
+        cpu_J, dram_J = minus(self.cpu_J, earlier.cpu_J), minus(self.dram_J, earlier.dram_J)
+        return NodeEnergy(cpu_J, dram_J, domains, {**earlier.reasons, **self.reasons})
 
 
 class NodeReader(Protocol):

@@ -28,6 +28,7 @@ import io
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib.resources import files
@@ -205,10 +206,7 @@ def normalize_gpu(gpu: str) -> GPUName:
     name = " ".join(str(gpu).split())
     if not name:
         raise ValueError("the GPU name is empty")
-    for known in GPUS:
-        if name.upper() == known:
-            return known
-    return name
+    return name.upper() if name.upper() in GPUS else name
 
 
 def resolve_trace(gpu: TraceLike) -> GPUTrace:
@@ -218,9 +216,7 @@ def resolve_trace(gpu: TraceLike) -> GPUTrace:
         ValueError: No bundled trace for that GPU; the message lists the bundled ones and
             says how to give one's own (``virtual.trace``).
     """
-    if isinstance(gpu, GPUTrace):
-        return gpu
-    return bundled_trace(gpu)
+    return gpu if isinstance(gpu, GPUTrace) else bundled_trace(gpu)
 
 
 def _paper_workload(name: str) -> Workload:
@@ -285,9 +281,7 @@ def available_workloads(gpu: TraceLike) -> list[str]:
     present = list(dict.fromkeys(_model(k) for k in trace.curves))
     if trace.bundled:
         return [n for n, w in WORKLOADS.items() if _model(w) in present]
-    per_dataset: dict[str, int] = {}
-    for dataset, _, _ in present:
-        per_dataset[dataset] = per_dataset.get(dataset, 0) + 1
+    per_dataset = Counter(dataset for dataset, _, _ in present)
     return [d if per_dataset[d] == 1 else f"{d}/{n}/{o}" for d, n, o in present]
 
 

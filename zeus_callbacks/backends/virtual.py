@@ -78,13 +78,8 @@ def resolve_idle_power_W(curve: traces.PowerCurve, gpu: str, configured_W: float
     Returns:
         The idle power (W).
     """
-    for value in (configured_W, curve.idle_power_W, IDLE_POWER_W.get(gpu)):
-        if value is not None:
-            chosen = float(value)
-            break
-    else:
-        chosen = IDLE_FRACTION_OF_MAX_LIMIT * curve.max_limit_W
-    return min(chosen, float(curve.average_power_W.min()))
+    known = (float(v) for v in (configured_W, curve.idle_power_W, IDLE_POWER_W.get(gpu)) if v is not None)
+    return min(next(known, IDLE_FRACTION_OF_MAX_LIMIT * curve.max_limit_W), float(curve.average_power_W.min()))
 
 
 HISTORY_S = 2.4

@@ -197,15 +197,13 @@ def profile_rows(profile: dict, source: str) -> tuple[list[dict], float | None]:
         NothingToPlot: No row has a measurement.
     """
     limits, chosen = profile.get("limits") or [], profile.get("chosen_limit_W")
-    bad = not isinstance(limits, list) or (chosen is not None and not _number(chosen))
-    for row in limits if isinstance(limits, list) else []:
-        if (
-            not isinstance(row, dict)
-            or not _number(row.get("limit_W"))
-            or any(row.get(k) is not None and not _number(row.get(k)) for k in ("time_per_step_s", "energy_per_step_J"))
-        ):
-            bad = True
-    if bad:
+    rows_ok = isinstance(limits, list) and all(
+        isinstance(row, dict)
+        and _number(row.get("limit_W"))
+        and all(row.get(k) is None or _number(row.get(k)) for k in ("time_per_step_s", "energy_per_step_J"))
+        for row in limits
+    )
+    if not rows_ok or (chosen is not None and not _number(chosen)):
         raise NotAnEnergyLog(
             f"{source}: its power_limit_profile record is malformed (limits must be rows with a numeric limit_W "
             "and numeric or null time_per_step_s and energy_per_step_J; chosen_limit_W a number or null)"

@@ -64,8 +64,7 @@ def _demo_kernel(args: argparse.Namespace):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    if device == "cpu" and dtype != torch.float32:
-        dtype = torch.float32
+    dtype = dtype if device == "cuda" else torch.float32
     n = args.size
     if args.kernel == "matmul":
         a = torch.randn(n, n, device=device, dtype=dtype)
