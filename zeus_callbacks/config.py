@@ -18,15 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from zeus_callbacks._grid_intensity import grid_intensity
 from zeus_callbacks._yaml_file import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES  # re-exported: it lived here

@@ -113,11 +113,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
     energy_counter_resolution_J = 1.0 / MJ_PER_J
 
     def __init__(
-        self,
-        *,
-        clock: Clock | None = None,
-        read_only: bool | None = None,
-        nvml_module: ModuleType | Any | None = None,
+        self, *, clock: Clock | None = None, read_only: bool | None = None, nvml_module: ModuleType | Any | None = None
     ) -> None:
         super().__init__(clock=clock, read_only=read_only)
         self._nvml = nvml_module if nvml_module is not None else import_vendor_module("pynvml", "NVIDIA", _ADVICE)

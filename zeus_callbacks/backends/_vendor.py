@@ -83,10 +83,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
         self._warned_lock = threading.Lock()
 
     def _start(
-        self,
-        init: Callable[[], object],
-        shutdown: Callable[[], object],
-        discover: Callable[[], list[DeviceT]],
+        self, init: Callable[[], object], shutdown: Callable[[], object], discover: Callable[[], list[DeviceT]]
     ) -> None:
         """Run the library's ``init``, then ``discover`` the visible devices (``shutdown`` if that fails).
 
@@ -199,10 +196,7 @@ class VendorBackend(GPUBackend, Generic[DeviceT]):
 
 
 def parse_visible_list(
-    spec: str | None,
-    default: list[int],
-    resolve: Callable[[str], int | None],
-    on_stop: Callable[[str], object],
+    spec: str | None, default: list[int], resolve: Callable[[str], int | None], on_stop: Callable[[str], object]
 ) -> list[int]:
     """Walk a comma-separated ``*_VISIBLE_DEVICES`` value ``spec`` (None: unset, ``default``) as CUDA and HIP do.
 

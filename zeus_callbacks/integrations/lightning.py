@@ -380,9 +380,7 @@ def _device_index(trainer: pl.Trainer) -> int | None:
     device = trainer.strategy.root_device
     if device.type == "cuda":
         return device.index or 0
-    if trainer.world_size > 1:
-        return trainer.local_rank
-    return None
+    return trainer.local_rank if trainer.world_size > 1 else None
 
 
 def _batch_size(batch: Any) -> int | None:

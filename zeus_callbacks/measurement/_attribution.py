@@ -116,12 +116,7 @@ def extended_integral_J(knot_times_s: np.ndarray, cumulative_J: np.ndarray, time
 
 
 def covered_energy_J(
-    knot_times_s: np.ndarray,
-    cumulative_J: np.ndarray,
-    starts_s: ArrayLike,
-    ends_s: ArrayLike,
-    *,
-    reach_s: float,
+    knot_times_s: np.ndarray, cumulative_J: np.ndarray, starts_s: ArrayLike, ends_s: ArrayLike, *, reach_s: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Energy of each interval over the part the samples cover, and that part's length.
 

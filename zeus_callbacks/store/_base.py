@@ -25,14 +25,7 @@ from zeus_callbacks.errors import StoreSchemaError as StoreSchemaError
 from zeus_callbacks.errors import StoreValueError as StoreValueError
 from zeus_callbacks.store import _stored_records as records
 from zeus_callbacks.store._lease import KEEPER, this_host
-from zeus_callbacks.store._stored_records import (
-    BanditState,
-    JobRecord,
-    Outcome,
-    Snapshot,
-    TrialRecord,
-    TrialStatus,
-)
+from zeus_callbacks.store._stored_records import BanditState, JobRecord, Outcome, Snapshot, TrialRecord, TrialStatus
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -375,10 +375,7 @@ class BatchSizeBandit:
         if holding and any(t.status not in ("running", "withdrawn") for t in trials):
             self._warn_target_never_reached(trials, batch_size)
         trial = self.store.create_trial(
-            self.job_id,
-            batch_size,
-            power_limit_W,
-            info={**(info or {}), "phase": phase, "round": round_},
+            self.job_id, batch_size, power_limit_W, info={**(info or {}), "phase": phase, "round": round_}
         )
         logger.info(
             "zeus-callbacks: job %s trial %d: batch size %d (%s)", self.job_id, trial.trial_id, batch_size, phase

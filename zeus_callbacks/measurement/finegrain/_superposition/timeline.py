@@ -183,10 +183,7 @@ def pauses(execs: Executions, median_interval_s: float, settings: SuperposeSetti
     is_gap = (pause > 0) & (pause <= short)
     is_end = pause > short
     return Pauses(
-        ends[is_gap],
-        (ends + pause)[is_gap],
-        ends[is_end],
-        np.minimum(ends + settings.post_s, ends + pause)[is_end],
+        ends[is_gap], (ends + pause)[is_gap], ends[is_end], np.minimum(ends + settings.post_s, ends + pause)[is_end]
     )
 
 
