@@ -150,20 +150,16 @@ def get_backend(
             level,
             "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
             "energy figure of this run is null (measurement unavailable). Fix: %s",
-            presence.describe(),
-            cause,
-            fix,
-        )
+            presence.describe(), cause, fix,
+        )  # fmt: skip
         return UnavailableBackend(presence, cause, fix)
     backend = _virtual(virtual, clock, read_only)
     logger.log(
         level,
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
         "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; %s say so. [%s]",
-        backend.describe(),
-        marked_in,
-        "; ".join(f"{n}: {r}" for n, r in reasons.items()),
-    )
+        backend.describe(), marked_in, "; ".join(f"{n}: {r}" for n, r in reasons.items()),
+    )  # fmt: skip
     return backend
 
 

@@ -467,9 +467,8 @@ class PowerLimitProfiler:
                     logger.warning(
                         "zeus-callbacks: no power samples arrived for %.0f s at %.0f W; power-limit "
                         "profiling is abandoned and the original limit is kept",
-                        now_s - self._full_since_s,
-                        profile.limit_W,
-                    )
+                        now_s - self._full_since_s, profile.limit_W,
+                    )  # fmt: skip
                 return True
         if profile.n < 2:
             return False
