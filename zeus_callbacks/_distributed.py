@@ -26,9 +26,7 @@ def _process_group_size() -> int:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is always there with the frameworks
         return 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def launcher_env_int(name: str, default: int) -> int:

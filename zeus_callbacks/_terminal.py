@@ -21,9 +21,7 @@ def fmt(value: Any, spec: str = ".1f") -> str:
     """One table cell: ``-`` for None/NaN, integers as integers, floats ≥ 10⁴ without decimals."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
+    if not isinstance(value, float):  # integers (and anything not a number) as they are
         return str(value)
     if spec == ".1f" and abs(value) >= 1e4:
         return f"{value:.0f}"

@@ -26,9 +26,7 @@ def kwh_from_J(energy_J: float | None) -> float | None:
 
 
 def _scaled(energy_J: float | None, joules_per_unit: float) -> float | None:
-    if energy_J is None or not math.isfinite(energy_J):
-        return None
-    return energy_J / joules_per_unit
+    return None if energy_J is None or not math.isfinite(energy_J) else energy_J / joules_per_unit
 
 
 def three_figures(value: float) -> str:
@@ -53,10 +51,7 @@ _JOULE_SCALES = ((1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"))  # largest first; mJ bel
 def joule_unit(energy_J: float) -> tuple[float, str]:
     """``(joules per unit, unit name)`` printing ``energy_J`` with 1 to 999 before the point, e.g. ``(1e-3, "mJ")``."""
     size = abs(energy_J) if math.isfinite(energy_J) else 0.0
-    for scale, unit in _JOULE_SCALES:
-        if size >= scale:
-            return scale, unit
-    return _JOULE_SCALES[-1]
+    return next(((scale, unit) for scale, unit in _JOULE_SCALES if size >= scale), _JOULE_SCALES[-1])
 
 
 def readable_joules(energy_J: float, figures: int = 3) -> str:

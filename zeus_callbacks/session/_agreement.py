@@ -48,9 +48,7 @@ class PowerLimitVerdict:
 def decide_power_limit(votes: Sequence[PowerLimitVote]) -> PowerLimitVerdict:
     """The agreed power limit from the ranks' votes (rank order; pure): the main rank's limit, observe anywhere wins."""
     agreed = PowerLimitVote.reduce(votes)
-    return PowerLimitVerdict(
-        observe_everywhere=bool(agreed.observe), target_W=agreed.limit_W, settled=bool(agreed.done)
-    )
+    return PowerLimitVerdict(bool(agreed.observe), agreed.limit_W, bool(agreed.done))
 
 
 def exchange_power_limit(ranks: Collectives, limit_W: float, *, done: bool, observe: bool) -> PowerLimitVerdict:

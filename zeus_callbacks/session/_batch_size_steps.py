@@ -198,9 +198,7 @@ class BatchSizeSteps:
         return self._decision()
 
     def _decision(self) -> Decision:
-        if self._stop_reason is not None:
-            return Decision(stop_training=True, reason=self._stop_reason)
-        return CONTINUE
+        return CONTINUE if self._stop_reason is None else Decision(stop_training=True, reason=self._stop_reason)
 
     def _agree_stop(self, target_reason: str | None) -> None:
         """Several processes: decide early stopping together (:func:`~._agreement.exchange_stop`).

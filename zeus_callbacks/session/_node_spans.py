@@ -219,10 +219,6 @@ class NodeSpans:
     def _local(self, count: int) -> LocalNode:
         """This process's words for ``count`` spans: the parts, the reasons (each once), why it has no reader."""
         spans = self._ready()[:count]
-        reasons: list[str] = []
-        for span in spans:
-            for reason in span.node.reasons.split("; ") if span.node.reasons else ():
-                if reason not in reasons:
-                    reasons.append(reason)
+        reasons = dict.fromkeys(r for span in spans if span.node.reasons for r in span.node.reasons.split("; "))
         first = spans[0].node
         return LocalNode(first.columns, first.parts, "; ".join(reasons), first.no_reader)

@@ -44,9 +44,7 @@ def job_length(
     """
     if configured is not None:
         return configured, "config"
-    if given is not None and given > 0:
-        return given, given_by
-    return None, None
+    return (given, given_by) if given is not None and given > 0 else (None, None)
 
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -34,8 +34,8 @@ class Totals:
     epochs: int = 0
     step_energy_J: float = 0.0
     step_time_s: float = 0.0
-    epoch_energy_J: list[float] = field(default_factory=list)
     estimated_steps: float = 0.0
+    epoch_energy_J: list[float] = field(default_factory=list)
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
@@ -50,19 +50,7 @@ def resume_state(
     ``run_name`` is informative (a resumed run has a new log). ``open_epoch``: the epoch under way with
     steps taken in it (None: between epochs); a run resumed inside it says so in its ``epoch`` record.
     """
-    return {
-        "energy_J": energy_J,
-        "time_s": time_s,
-        "steps": totals.steps,
-        "measured_steps": totals.measured_steps,
-        "epochs": totals.epochs,
-        "step_energy_J": totals.step_energy_J,
-        "step_time_s": totals.step_time_s,
-        "estimated_steps": totals.estimated_steps,
-        "epoch_energy_J": list(totals.epoch_energy_J),
-        "run_name": run_name,
-        "open_epoch": open_epoch,
-    }
+    return {**asdict(totals), "energy_J": energy_J, "time_s": time_s, "run_name": run_name, "open_epoch": open_epoch}
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
