@@ -651,10 +651,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, tuple, dict):
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
+        return next((found for found in map(_model_in, typing.get_args(annotation)) if found is not None), None)
     return None
 
 

@@ -171,7 +171,7 @@ def _unmeasurable_fix(cause: str) -> str:
             "NVML cannot measure a MIG instance: train on a full GPU (MIG disabled) to measure energy, "
             "or set backend: virtual for simulated figures"
         )
-    if "permission" in text or "no_permission" in text or "nopermission" in text:
+    if "permission" in text:  # no_permission, NoPermission too
         return "give this process access to the GPU's management interface (/dev/nvidiactl, /dev/kfd), or run as root"
     if "cannot import" in text:
         return "install the vendor library (pip install nvidia-ml-py for NVIDIA, ROCm's amdsmi for AMD)"

@@ -256,14 +256,11 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             device.doubt_fault = device.doubt_fault or device.doubt_since_s is not None
             device.doubt_since_s = None
         self._warn_once(
-            "counter_stuck",
-            index,
+            "counter_stuck", index,
             "amdsmi: GPU %d energy counter stopped advancing over %.3f s while socket power reads %.1f W; "
             "using socket power readings for the rest of this run (energy cross-checks off)",
-            index,
-            now_s - then_s,
-            socket_W,
-        )
+            index, now_s - then_s, socket_W,
+        )  # fmt: skip
         return [PowerSample(now_s, socket_W)] if now_s > since_s else []
 
     def _doubt_drop(self, device: _DeviceState, index: int, then_s: float, power_W: float) -> None:
@@ -328,15 +325,11 @@ class AMDSMIBackend(VendorBackend[_DeviceState]):
             return
         if abs(power_W - reference) > POWER_CHECK_TOLERANCE * reference:
             self._warn_once(
-                "power_mismatch",
-                index,
+                "power_mismatch", index,
                 "amdsmi: GPU %d energy counter gives %.1f W but socket power reads %.1f W (> %.0f %% apart); "
                 "energy figures may be off",
-                index,
-                power_W,
-                float(reference),
-                POWER_CHECK_TOLERANCE * 100,
-            )
+                index, power_W, float(reference), POWER_CHECK_TOLERANCE * 100,
+            )  # fmt: skip
 
     def energy_counter_J(self, index: int) -> float:
         """Return GPU ``index``'s cumulative energy counter (J; only differences are meaningful).

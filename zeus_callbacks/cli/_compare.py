@@ -125,10 +125,8 @@ def _flat(record: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             for sub, inner in value.items():
                 row[f"{key}.{sub}"] = json.dumps(inner) if isinstance(inner, (dict, list)) else inner
-        elif isinstance(value, list):
-            row[key] = json.dumps(value)
         else:
-            row[key] = value
+            row[key] = json.dumps(value) if isinstance(value, list) else value
     return row
 
 

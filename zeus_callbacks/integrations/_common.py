@@ -28,9 +28,7 @@ def resolve_config(config: ConfigArg) -> ZeusConfig:
     Raises:
         ConfigError: The file or the settings are invalid.
     """
-    if isinstance(config, (str, Path)):
-        return load_config(config)
-    return parse_config(config)
+    return load_config(config) if isinstance(config, (str, Path)) else parse_config(config)
 
 
 class SessionAdapter:
