@@ -104,11 +104,10 @@ class GpuLock:
         """
         if self.held:
             return True
-        st = None
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
-            pass
+            st = None
         if st is not None and (stat.S_ISLNK(st.st_mode) or st.st_uid not in (os.geteuid(), 0)):
             raise UnsafeFile(f"the GPU lock file {self.path} is a link or another user's; it is not used")
         try:

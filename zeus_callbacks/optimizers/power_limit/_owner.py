@@ -86,19 +86,12 @@ class Owner:
         from another host or an earlier boot has no live owner here: its GPUs are matched by UUID,
         so a marker from elsewhere restores nothing here.
         """
-        if self.pid is None:
+        if self.pid is None or (self.host is not None and self.host != socket.gethostname()):
             return False
-        if self.host is not None and self.host != socket.gethostname():
+        if (self.boot_id is not None and self.boot_id != boot_id()) or not process_is_alive(self.pid):
             return False
-        if self.boot_id is not None and self.boot_id != boot_id():
-            return False
-        if not process_is_alive(self.pid):
-            return False
-        if self.start_ticks is not None:
-            now = process_start_ticks(self.pid)
-            if now is not None and now != self.start_ticks:
-                return False  # the PID was reused by another process
-        return True
+        started = None if self.start_ticks is None else process_start_ticks(self.pid)
+        return started is None or started == self.start_ticks  # another start time: the PID was reused
 
     def describe(self) -> str:
         """``pid 123 on host h`` for messages."""

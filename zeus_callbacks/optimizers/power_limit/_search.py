@@ -98,10 +98,7 @@ def is_unimodal(costs: Sequence[float], tolerance: float | Sequence[float] = 0.0
     if len(costs) < 3:
         return True
     k = min(range(len(costs)), key=costs.__getitem__)
-    if isinstance(tolerance, (int, float)):
-        tols = [tolerance * abs(costs[k])] * len(costs)
-    else:
-        tols = list(tolerance)
+    tols = [tolerance * abs(costs[k])] * len(costs) if isinstance(tolerance, (int, float)) else list(tolerance)
     for side, side_tols in ((costs[k::-1], tols[k::-1]), (costs[k:], tols[k:])):
         running, running_tol = side[0], side_tols[0]
         for value, tol in zip(side[1:], side_tols[1:], strict=True):
@@ -322,12 +319,10 @@ def _parabola_step(points: Sequence[float], measured: Mapping[float, Measured], 
     cb, co = measured[b].cost, measured[o].cost
     if k is None:
         return golden_x, 0.0
-    xs = (b, o, points[k])
-    cs = (cb, co, measured[points[k]].cost)
-    if max(cs) > _INFEASIBLE_AT * max(abs(min(cs)), 1e-30):
+    x1, x2, x3 = b, o, points[k]
+    y1, y2, y3 = cb, co, measured[points[k]].cost
+    if max(y1, y2, y3) > _INFEASIBLE_AT * max(abs(min(y1, y2, y3)), 1e-30):
         return golden_x, 0.0  # an infeasible limit (max_slowdown) in the fit: no parabola
-    x1, x2, x3 = xs
-    y1, y2, y3 = cs
     denom = (x1 - x2) * (x1 - x3) * (x2 - x3)
     a = (x3 * (y2 - y1) + x2 * (y1 - y3) + x1 * (y3 - y2)) / denom
     if a <= 0:  # not convex here: no vertex to trust; a golden step, gain bounded by the gap's rise
