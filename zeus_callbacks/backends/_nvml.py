@@ -166,13 +166,7 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
     # -- error translation ---------------------------------------------------------------
     def _error_kind(self, exc: BaseException) -> str | None:
-        if self._is(exc, "NVMLError_NoPermission"):
-            return "no_permission"
-        if self._is(exc, "NVMLError_NotSupported"):
-            return "not_supported"
-        if self._is(exc, "NVMLError_GpuIsLost") or self._is(exc, "NVMLError_ResetRequired"):
-            return "gpu_lost"
-        return None
+        return next((kind for name, kind in _ERROR_KINDS if self._is(exc, name)), None)
 
     def _unsupported(self, exc: BaseException) -> bool:
         return self._is(exc, "NVMLError_NotSupported") or self._is(exc, "NVMLError_FunctionNotFound")
@@ -309,6 +303,8 @@ class NVMLBackend(VendorBackend[_DeviceState]):
 
 # -- helpers -------------------------------------------------------------------------------
 _ADVICE = "install nvidia-ml-py"
+_ERROR_KINDS = (("NVMLError_NoPermission", "no_permission"), ("NVMLError_NotSupported", "not_supported"),
+                ("NVMLError_GpuIsLost", "gpu_lost"), ("NVMLError_ResetRequired", "gpu_lost"))  # fmt: skip
 
 
 def _text(value: str | bytes) -> str:
@@ -327,10 +323,8 @@ _UNION_MEMBER = {
 
 def _union_value(nvml: Any, value_type: int, union: Any) -> float:
     """Read the member of NVML's value union that ``value_type`` names (default ``uiVal``)."""
-    for constant, member in _UNION_MEMBER.items():
-        if getattr(nvml, constant, None) == value_type:
-            return float(getattr(union, member))
-    return float(union.uiVal)
+    member = next((m for constant, m in _UNION_MEMBER.items() if getattr(nvml, constant, None) == value_type), "uiVal")
+    return float(getattr(union, member))
 
 
 def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:

@@ -175,11 +175,8 @@ class LeaseKeeper:
         try:
             if held.store is None:
                 held.store = held.opener()
-            store = held.store
-            if store is None:  # the store file is gone: nothing left to renew
-                kept: set[int] = set()
-            else:
-                kept = store.renew_leases(lease_owner(), trial_ids)
+            store = held.store  # None: the store file is gone, nothing left to renew
+            kept = set() if store is None else store.renew_leases(lease_owner(), trial_ids)
         except Exception as exc:  # the store is down or locked: try again next interval, on a fresh handle
             self._close(held)
             if not held.failing:
