@@ -72,14 +72,14 @@ class ManualClock:
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now_s = float(start_s)
-        self._alarms: list[tuple[Callable[[], float], Callable[[], None]]] = []
+        self._alarms: list[tuple[Callable[[], float], Callable[[], object]]] = []
         self._alarms_lock = threading.Lock()
 
     def now_s(self) -> float:
         """Return the current virtual time in seconds."""
         return self._now_s
 
-    def add_alarm(self, due_s: Callable[[], float], callback: Callable[[], None]) -> object:
+    def add_alarm(self, due_s: Callable[[], float], callback: Callable[[], object]) -> object:
         """Call ``callback`` whenever an :meth:`advance` passes ``due_s()`` (s, virtual time).
 
         ``due_s`` is asked again after each call (it must then lie later, or the alarm rests

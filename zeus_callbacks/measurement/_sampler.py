@@ -221,7 +221,10 @@ class PowerSampler:
         self._thread.start()
         clock = self.backend.clock
         if isinstance(clock, ManualClock):  # the thread cannot drain inside a jump of virtual time
-            self._alarm = clock.add_alarm(self._manual_drain_due_s, self._drain_at_alarm)
+            # The alarm runs on the thread that advances the clock (the training thread in a simulation): a
+            # vendor call stuck on the sampler thread holds the poll lock, so an unbounded wait for it would
+            # hang training. The bounded read waits at most sensor_timeout_s and counts a fault when cut short.
+            self._alarm = clock.add_alarm(self._manual_drain_due_s, self.poll_bounded)
 
     def stop(self, *, final_drain: bool = True) -> None:
         """Stop the thread, then drain once more so nothing recorded is lost (idempotent).
@@ -263,12 +266,6 @@ class PowerSampler:
         history_s = self.backend.sample_history_s
         period_s = MANUAL_DRAIN_PERIOD_S if history_s is None else history_s / 2
         return min(self._drained_s.values()) + period_s
-
-    def _drain_at_alarm(self) -> None:
-        # The alarm runs on the thread that advances the clock (the training thread in a simulation): a
-        # vendor call stuck on the sampler thread holds the poll lock, so waiting for it unbounded would
-        # hang training. The bounded read waits at most sensor_timeout_s and counts a fault when cut short.
-        self.poll_bounded()
 
     def _run(self) -> None:
         while not self._stop.is_set():
