@@ -150,16 +150,20 @@ def get_backend(
             level,
             "zeus-callbacks: a GPU is present (%s) but cannot be measured: %s. Training continues; every "
             "energy figure of this run is null (measurement unavailable). Fix: %s",
-            presence.describe(), cause, fix,
-        )  # fmt: skip
+            presence.describe(),
+            cause,
+            fix,
+        )
         return UnavailableBackend(presence, cause, fix)
     backend = _virtual(virtual, clock, read_only)
     logger.log(
         level,
         "zeus-callbacks: no GPU on this machine (no /dev/nvidia* node, no CUDA device, no /dev/kfd), using the "
         "virtual GPU (%s). Energy figures are SIMULATED from the Zeus traces; %s say so. [%s]",
-        backend.describe(), marked_in, "; ".join(f"{n}: {r}" for n, r in reasons.items()),
-    )  # fmt: skip
+        backend.describe(),
+        marked_in,
+        "; ".join(f"{n}: {r}" for n, r in reasons.items()),
+    )
     return backend
 
 

@@ -217,8 +217,11 @@ class NVMLBackend(VendorBackend[_DeviceState]):
                     logger.warning(
                         "nvml: GPU %d (%s) does not support power source %r; falling back to %r "
                         "for the rest of this run (coarser power readings)",
-                        index, device.name, source, device.power_source,
-                    )  # fmt: skip
+                        index,
+                        device.name,
+                        source,
+                        device.power_source,
+                    )
 
     def _buffered_samples(self, device: _DeviceState, since_s: float) -> list[PowerSample]:
         sampling_type = getattr(self._nvml, "NVML_TOTAL_POWER_SAMPLES", TOTAL_POWER_SAMPLES)
@@ -340,8 +343,9 @@ def _visible_nvml_indices(spec: str | None, uuids: list[str]) -> list[int]:
     def stop(token: str) -> None:
         logger.warning(
             "nvml: %s entry %r names no (new) GPU; like CUDA, ignoring it and every later entry",
-            CUDA_VISIBLE_DEVICES_ENV, token,
-        )  # fmt: skip
+            CUDA_VISIBLE_DEVICES_ENV,
+            token,
+        )
 
     return parse_visible_list(spec, list(range(len(uuids))), lambda token: _resolve_device_token(token, uuids), stop)
 

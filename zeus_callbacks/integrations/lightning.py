@@ -128,8 +128,9 @@ class ZeusCallback(SessionAdapter, Callback):
             logger.warning(
                 "zeus-callbacks: neither the LightningModule nor the DataModule has a %r attribute (or hparam); "
                 "build the data loaders with batch size %d yourself",
-                cfg.module_attr, batch_size,
-            )  # fmt: skip
+                cfg.module_attr,
+                batch_size,
+            )
         if cfg.lr_scaling == "none":
             return
         names = [cfg.lr_attr] if cfg.lr_attr else ["lr", "learning_rate"]

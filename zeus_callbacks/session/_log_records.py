@@ -505,8 +505,11 @@ def epoch_energy(
             logger.warning(
                 "zeus-callbacks: epoch %s energy from power samples (%.1f J) and from the energy "
                 "counter (%.1f J) differ by %.0f%%",
-                epoch, energy_J, counter_J, 100 * gap,
-            )  # fmt: skip
+                epoch,
+                energy_J,
+                counter_J,
+                100 * gap,
+            )
     return EpochEnergy(energy_J, time_s, counter_J, gpu_energy_J, len(rows), values, ledger, figures,
                        counter_note(counter_J, counter_note_local))  # fmt: skip
 

@@ -422,6 +422,9 @@ def log_orphan(trial: Mapping[str, Any], reason: str, lease_grace_s: float) -> N
     """Warn that a dead trial (``reason``: see :func:`dead_trials`) was marked failed on open."""
     logger.warning(
         "zeus-callbacks: trial %d of job %s (process %d on %s) %s; marked failed",
-        trial["trial_id"], trial["job_id"], trial["pid"], trial.get("host"),
+        trial["trial_id"],
+        trial["job_id"],
+        trial["pid"],
+        trial.get("host"),
         "died" if reason == "process died" else f"sent no heartbeat for {lease_grace_s:g} s",
-    )  # fmt: skip
+    )

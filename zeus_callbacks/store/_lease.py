@@ -182,8 +182,11 @@ class LeaseKeeper:
             if not held.failing:
                 logger.warning(
                     "zeus-callbacks: cannot renew the lease of trial(s) %s in %s: %s (retrying every %.3g s)",
-                    sorted(trial_ids), key, exc, held.interval_s,
-                )  # fmt: skip
+                    sorted(trial_ids),
+                    key,
+                    exc,
+                    held.interval_s,
+                )
             held.failing = True
             return
         held.failing = False
@@ -194,8 +197,9 @@ class LeaseKeeper:
             logger.warning(
                 "zeus-callbacks: trial(s) %s in %s are no longer running under this process's lease "
                 "(finished elsewhere, or marked failed after a missed heartbeat)",
-                sorted(lost), key,
-            )  # fmt: skip
+                sorted(lost),
+                key,
+            )
 
 
 KEEPER = LeaseKeeper()

@@ -80,5 +80,7 @@ def warn_network_filesystem(path: Path, what: str) -> None:
         logger.warning(
             "zeus-callbacks: store %s is on a network filesystem (%s): %s. Several processes of one node are "
             "safe; for many nodes use a database server (store.url: postgresql://..., see docs/stores.md)",
-            path, filesystem_type(path), what,
-        )  # fmt: skip
+            path,
+            filesystem_type(path),
+            what,
+        )

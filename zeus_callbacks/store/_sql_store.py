@@ -827,13 +827,15 @@ def _is_auth(exc: Any) -> bool:
 
 
 def _is_transient(exc: Any) -> bool:
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    state = _sqlstate(exc)
+    if state and any(state.startswith(code) for code in _TRANSIENT_SQLSTATES):
+        return True
+    if _mysql_errno(exc) in _TRANSIENT_MYSQL:
+        return True
     message = str(getattr(exc, "orig", exc)).lower()
-    return bool(
-        getattr(exc, "connection_invalidated", False)
-        or _sqlstate(exc).startswith(_TRANSIENT_SQLSTATES)
-        or _mysql_errno(exc) in _TRANSIENT_MYSQL
-        or any(w in message for w in _TRANSIENT_WORDS)
-    )
+    return any(w in message for w in _TRANSIENT_WORDS)
 
 
 def _first_line(exc: BaseException) -> str:

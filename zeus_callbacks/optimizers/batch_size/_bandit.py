@@ -147,8 +147,10 @@ class BatchSizeBandit:
         if state.batch_sizes != list(self.settings.batch_sizes):
             logger.warning(
                 "zeus-callbacks: job %s's stored batch sizes %s differ from the configured %s; keeping the stored ones",
-                self.job_id, state.batch_sizes, list(self.settings.batch_sizes),
-            )  # fmt: skip
+                self.job_id,
+                state.batch_sizes,
+                list(self.settings.batch_sizes),
+            )
         return state
 
     def _current(self) -> StoredState:
@@ -400,9 +402,13 @@ class BatchSizeBandit:
         logger.warning(
             "zeus-callbacks: job %s: no run has reached the target %s %s %g yet; %s. The bandit holds batch "
             "size %d (pruning) until one does",
-            self.job_id, s.target_metric, ">=" if s.target_direction == "max" else "<=", s.target_value, seen,
+            self.job_id,
+            s.target_metric,
+            ">=" if s.target_direction == "max" else "<=",
+            s.target_value,
+            seen,
             batch_size,
-        )  # fmt: skip
+        )
 
     def _prune_failed(self, state: StoredState, failures: dict[int, tuple[int, str]]) -> StoredState:
         """``state`` with the arms pruned that failed ``max_failures`` times in a row (:func:`arm_failures`).
@@ -426,8 +432,11 @@ class BatchSizeBandit:
                 logger.warning(
                     "zeus-callbacks: job %s: batch size %d failed %d times in a row (%s) but is the "
                     "last surviving arm; kept",
-                    self.job_id, b, count, last,
-                )  # fmt: skip
+                    self.job_id,
+                    b,
+                    count,
+                    last,
+                )
                 break
             failed[str(b)] = f"failed {count} times in a row (last: {last})"
             state = state.replace(survivors=[x for x in state.survivors if x != b])
@@ -496,8 +505,11 @@ class BatchSizeBandit:
         if problem is not None:
             logger.warning(
                 "zeus-callbacks: job %s trial %d is not an observation of batch size %s: %s",
-                self.job_id, trial_id, batch_size if batch_size is not None else "(suggested)", problem,
-            )  # fmt: skip
+                self.job_id,
+                trial_id,
+                batch_size if batch_size is not None else "(suggested)",
+                problem,
+            )
             info = {**(info or {}), "not_observed": problem}
             cost = None
             energy_J = None if degraded else finite_or_none(energy_J)
@@ -587,8 +599,10 @@ class BatchSizeBandit:
         if not converged:
             logger.warning(
                 "zeus-callbacks: job %s: no batch size reached the target in pruning round %d; keeping %s",
-                self.job_id, state.round, state.survivors,
-            )  # fmt: skip
+                self.job_id,
+                state.round,
+                state.survivors,
+            )
         state = state.replace(
             survivors=converged or state.survivors, round=state.round + 1, round_results={}, descending=False
         )

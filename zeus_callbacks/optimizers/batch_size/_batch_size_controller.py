@@ -75,8 +75,9 @@ def _withdraw_and_close(store: Store, trial_id: int, pid: int, reason: str) -> T
         logger.warning(
             "zeus-callbacks: cannot withdraw trial %d, a suggestion no run claimed (%s); the store marks it "
             "failed once its process has ended",
-            trial_id, exc,
-        )  # fmt: skip
+            trial_id,
+            exc,
+        )
         return None
     finally:
         store.close()
@@ -167,8 +168,10 @@ def _withdraw_earlier(job_id: str) -> None:
         "zeus-callbacks: suggest_batch_size() was called again for job %s in this process; its earlier "
         "suggestion (batch size %d, trial %d), which no run claimed, is withdrawn: pass the value the latest "
         "call returns as per_device_train_batch_size",
-        job_id, earlier.batch_size, earlier.suggestion.trial_id,
-    )  # fmt: skip
+        job_id,
+        earlier.batch_size,
+        earlier.suggestion.trial_id,
+    )
     earlier.withdraw(REPLACED_REASON)
 
 
@@ -271,8 +274,10 @@ def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, 
         if found is None:
             logger.warning(
                 "zeus-callbacks: pending trial file %s names trial %s, which store %s does not hold; removed",
-                path, pending["trial_id"], store.location,
-            )  # fmt: skip
+                path,
+                pending["trial_id"],
+                store.location,
+            )
             return False
         trial = found
     # Running, or failed by the dead-trial scan, the trial holds no outcome yet (a detached run's trial has the
@@ -282,8 +287,10 @@ def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, 
         logger.info(
             "zeus-callbacks: trial %d of job %s already holds the outcome kept in %s (merged before); "
             "the file is removed",
-            trial.trial_id, config.job_id, path,
-        )  # fmt: skip
+            trial.trial_id,
+            config.job_id,
+            path,
+        )
         return False
     if finished and not detached:
         return False
@@ -297,8 +304,10 @@ def _detached_warning(exc: Exception, config: ZeusConfig) -> None:
     logger.warning(
         "zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: the "
         "trial is kept in %s and recorded when the store is next opened",
-        exc, config.batch_size.default_batch_size, pending_dir(config),
-    )  # fmt: skip
+        exc,
+        config.batch_size.default_batch_size,
+        pending_dir(config),
+    )
 
 
 def suggest_batch_size(
@@ -481,8 +490,9 @@ class BatchSizeController:
                     "zeus-callbacks: the batch size handed to this run (%d) is a suggestion that was withdrawn "
                     "(a later suggest_batch_size() of job %s replaced it): this run draws and records a trial "
                     "of its own",
-                    suggested, self.config.job_id,
-                )  # fmt: skip
+                    suggested,
+                    self.config.job_id,
+                )
             made = None if suggested is None else suggested.claim(self.config.job_id)
             if made is not None and made.store is not None:
                 self.run_store.adopt(made.store)  # suggest_batch_size() opened it: the run goes on with it
@@ -638,8 +648,9 @@ class BatchSizeController:
                 logger.warning(
                     "zeus-callbacks: the store could not be reached at train start (%s); this run's "
                     "trial is kept in %s and recorded when the store is next opened",
-                    self.detached, self.pending_path,
-                )  # fmt: skip
+                    self.detached,
+                    self.pending_path,
+                )
                 return None
             trial_id = self.suggestion.trial_id
             try:
@@ -649,8 +660,10 @@ class BatchSizeController:
                 logger.warning(
                     "zeus-callbacks: cannot record trial %d now (%s); kept in %s, merged into the store "
                     "when it is next opened",
-                    trial_id, exc, self.pending_path,
-                )  # fmt: skip
+                    trial_id,
+                    exc,
+                    self.pending_path,
+                )
                 return None
         finally:
             if self._owns_store:

@@ -467,8 +467,9 @@ class PowerLimitProfiler:
                     logger.warning(
                         "zeus-callbacks: no power samples arrived for %.0f s at %.0f W; power-limit "
                         "profiling is abandoned and the original limit is kept",
-                        now_s - self._full_since_s, profile.limit_W,
-                    )  # fmt: skip
+                        now_s - self._full_since_s,
+                        profile.limit_W,
+                    )
                 return True
         if profile.n < 2:
             return False
