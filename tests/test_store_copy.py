@@ -7,7 +7,7 @@ import pytest
 from tests.store_contract import _open, new_location
 from zeus_callbacks.cli._main import main
 from zeus_callbacks.store import BanditState, StoreError, copy_store
-from zeus_callbacks.store._stored_records import snapshot
+from zeus_callbacks.store._base import snapshot
 
 KINDS = ["sqlite", "json", "postgresql"]
 

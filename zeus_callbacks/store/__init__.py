@@ -167,7 +167,7 @@ def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, i
         StoreError: Either store cannot be opened, or the destination holds jobs already
             (nothing was written).
     """
-    from zeus_callbacks.store._stored_records import snapshot
+    from zeus_callbacks.store._base import snapshot
 
     with open_store(source, read_only=True) as src:
         records = snapshot(src)

@@ -328,6 +328,14 @@ class Store(abc.ABC):
         return f"{type(self).__name__}({self.location!r})"
 
 
+def snapshot(store: Store) -> Snapshot:
+    """Read every record of ``store`` (jobs, trials in creation order, bandit states, profiles)."""
+    jobs = store.list_jobs()
+    bandits = [b for b in (store.get_bandit(j.job_id) for j in jobs) if b is not None]
+    profiles = {key: store.get_profile(key) or {} for key in store.list_profiles()}
+    return Snapshot(jobs, store.list_trials(), bandits, profiles)
+
+
 _FULL_ERRNOS = {_errno.ENOSPC, _errno.EDQUOT}
 _PERMISSION_ERRNOS = {_errno.EACCES, _errno.EPERM, _errno.EROFS}
 

@@ -26,10 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the keeper uses a store's lease methods only: the Store contract is above it
-    from zeus_callbacks.store._base import Store
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -56,23 +53,38 @@ def heartbeat_interval_s(lease_grace_s: float) -> float:
     return min(30.0, float(lease_grace_s) / 5.0)
 
 
+class LeaseStore(Protocol):
+    """What the keeper needs of a store: its lease methods (the Store contract, above this module, has them)."""
+
+    @property
+    def location(self) -> str: ...
+
+    lease_grace_s: float
+
+    def reopen(self) -> LeaseStore | None: ...
+
+    def renew_leases(self, owner: str, trial_ids: set[int]) -> set[int]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class _Held:
     """The leases this process holds in one store."""
 
-    opener: Callable[[], Store | None]
+    opener: Callable[[], LeaseStore | None]
     interval_s: float
     due_at: float  # time.monotonic() of the next renewal
     trial_ids: set[int] = field(default_factory=set)
     failing: bool = False  # a renewal failed: warn once until one succeeds
-    store: Store | None = None  # the keeper's own handle: opened at the first renewal, reused, closed at release
+    store: LeaseStore | None = None  # the keeper's own handle: opened at the first renewal, reused, closed at release
 
 
 class LeaseKeeper:
     """Renews this process's leases in the background (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._inherited: list[Store] = []  # a forked child's copies of its parent's handles: never used or closed
+        self._inherited: list[LeaseStore] = []  # a forked child's copies of its parent's handles: never used or closed
         self._reset()
 
     def _reset(self) -> None:
@@ -86,7 +98,7 @@ class LeaseKeeper:
         self._inherited.extend(h.store for h in self._held.values() if h.store is not None)
         self._reset()
 
-    def hold(self, store: Store, trial_id: int) -> None:
+    def hold(self, store: LeaseStore, trial_id: int) -> None:
         """Keep renewing ``trial_id``'s lease in ``store`` (its file or database) until :meth:`release`."""
         interval_s = heartbeat_interval_s(store.lease_grace_s)
         with self._lock:
@@ -102,7 +114,7 @@ class LeaseKeeper:
                 self._thread.start()
             self._wake.notify()
 
-    def release(self, store: Store, trial_id: int) -> None:
+    def release(self, store: LeaseStore, trial_id: int) -> None:
         """Stop renewing ``trial_id``'s lease (it was finished); the last one of a store closes the keeper's handle.
 
         The handle is closed by the keeper thread, woken here, so this never waits for a renewal.

@@ -19,15 +19,12 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeus_callbacks.errors import StoreCorruptError, StoreValueError
 from zeus_callbacks.store._lease import lease_owner, this_host
-
-if TYPE_CHECKING:
-    from zeus_callbacks.store._base import Store
 
 M = TypeVar("M", bound=BaseModel)
 TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
@@ -463,17 +460,9 @@ def orphan_fields(trial: TrialRecord, reason: str, now_s: float) -> dict[str, An
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every record of a store, as :func:`snapshot` reads it and ``Store.import_records`` writes it."""
+    """Every record of a store, as `_base.snapshot` reads it and ``Store.import_records`` writes it."""
 
     jobs: list[JobRecord] = field(default_factory=list)
     trials: list[TrialRecord] = field(default_factory=list)
     bandits: list[BanditState] = field(default_factory=list)
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def snapshot(store: Store) -> Snapshot:
-    """Read every record of ``store`` (jobs, trials in creation order, bandit states, profiles)."""
-    jobs = store.list_jobs()
-    bandits = [b for b in (store.get_bandit(j.job_id) for j in jobs) if b is not None]
-    profiles = {key: store.get_profile(key) or {} for key in store.list_profiles()}
-    return Snapshot(jobs, store.list_trials(), bandits, profiles)
