@@ -21,7 +21,7 @@ from zeus_callbacks._atomic_io import atomic_output
 from zeus_callbacks._units import readable_interval_J, readable_joules
 
 if TYPE_CHECKING:
-    from zeus_callbacks._run_log import RunCourse
+    from zeus_callbacks._run_course import RunCourse
     from zeus_callbacks.store._base import TrialRecord
 
 
