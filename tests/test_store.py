@@ -225,3 +225,22 @@ def test_a_new_store_is_created_at_the_newest_schema(tmp_path, kind):
     _open(kind, location).close()
     expected = None if kind == "json" else migrations.revision(SCHEMA_VERSION)
     assert schema_of(kind, location) == (SCHEMA_VERSION, True, expected)
+
+
+def test_sqlite_get_job_reads_that_job_alone_a_damaged_other_job_does_not_hide_it(tmp_path):
+    # A row of another job that does not fit (created_at not a time) is that job's damage: get_job of a
+    # sound job still returns it, and list_jobs (which reads every row) names the damaged one.
+    path = tmp_path / "s.sqlite"
+    with SQLStore(path) as store:
+        store.ensure_job("sound", info={"a": 1})
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO jobs VALUES ('other', 'yesterday', '{}')")
+    conn.commit()
+    conn.close()
+    with SQLStore(path) as store:
+        job = store.get_job("sound")
+        assert job is not None and job.job_id == "sound" and job.info == {"a": 1}
+        with pytest.raises(StoreCorruptError, match="other"):
+            store.list_jobs()
+        with pytest.raises(StoreCorruptError, match="other"):
+            store.get_job("other")

@@ -525,10 +525,20 @@ class SQLStore(Store):
 
         return self._run("write", body)
 
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """See :meth:`Store.get_job`: this job's row alone (another job's damage is not this one's)."""
+        jobs = self._jobs(self._t["jobs"].c.job_id == job_id)
+        return jobs[0] if jobs else None
+
     def list_jobs(self) -> list[JobRecord]:
         """See :meth:`Store.list_jobs`."""
+        return self._jobs(None)
+
+    def _jobs(self, where: Any) -> list[JobRecord]:
         t = self._t["jobs"]
         query = self._sa.select(t).order_by(t.c.job_id)
+        if where is not None:
+            query = query.where(where)
         rows = self._run("read", lambda c: c.execute(query).mappings().all(), mode="read")
         return [records.job(r["job_id"], r["created_at"], r["info"], self.location) for r in rows]
 
