@@ -616,10 +616,10 @@ def test_max_slowdown_with_a_known_long_job_chooses_closer_to_the_boundary_and_k
 
 @settings(max_examples=20, deadline=None)
 @given(seed=SEEDS, rel_sd=st.floats(0.005, 0.03), opt_frac=st.floats(0.1, 0.9), curvature=st.floats(0.5, 3.0))
-def test_a_known_job_length_measures_ties_with_the_best_again_within_the_budget(seed, rel_sd, opt_frac, curvature):
-    # A noisy convex curve: told the job lasts 20 000 steps, the search measures the best and a runner-up it
-    # cannot be told from until their intervals are within polish_ci, or the next window would overspend
-    # the excess budget or the share of the job's steps
+def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_window(seed, rel_sd, opt_frac, curvature):
+    # A noisy convex curve: told the job lasts 20 000 steps, the search measures a limit again (the best or
+    # one it cannot yet rule out) while the saving it may find, over the steps left, repays the window, and
+    # within the excess budget and the share of the job's steps
     low, width, job_steps = 100.0, 200.0, 20_000
     opt = low + opt_frac * width
 
@@ -634,14 +634,20 @@ def test_a_known_job_length_measures_ties_with_the_best_again_within_the_budget(
     assert prof.profiling_steps <= s.polish_max_share * job_steps + s.warmup_steps + s.profile_steps
     measured = {x: m for x, m in prof.measured().items() if prof.profiles[x].n >= 2}
     best = measured[chosen]
-    tied = [x for x, m in measured.items()
-            if abs(x - chosen) > 2.5 and m.cost - best.cost <= tolerance(m, best, s.unimodal_tolerance)]  # fmt: skip
-    if tied:
-        runner = min(tied, key=lambda x: measured[x].cost)
-        resolved = math.hypot(measured[runner].half_width, best.half_width) <= s.polish_ci * best.cost
-        target = max((runner, chosen), key=lambda x: measured[x].half_width)
+    # it stopped because no further window repays itself: for every pair with the best still apart by more
+    # than polish_ci, the expected saving of the rest of the job (normal difference of the two intervals)
+    # is below the window's excess cost, or that window overspends the budget, or the share is used up
+    no_share = prof.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * job_steps
+    steps_left = job_steps - prof.profiling_steps
+    for x, m in measured.items():
+        spread = math.hypot(m.half_width, best.half_width)
+        if abs(x - chosen) <= 2.5 or spread <= s.polish_ci * best.cost or no_share:
+            continue
+        sd, diff = spread / 1.96, m.cost - best.cost
+        saving = sd * float(stats.norm.pdf(diff / sd)) - diff * float(stats.norm.cdf(-diff / sd))
+        target = max((x, chosen), key=lambda y: measured[y].half_width)
         window = min(max(prof.profiles[target].n, s.min_profile_steps), s.profile_steps) + s.warmup_steps
-        overspends = prof.excess_steps(chosen) + window * max(cost(target) / cost(chosen) - 1, 0) > 0.8 * budget
-        no_share = prof.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * job_steps
-        assert resolved or overspends or no_share
+        excess = max(prof.measured()[target].cost / best.cost - 1, 0)
+        overspends = prof.excess_steps(chosen) + window * excess > budget
+        assert overspends or saving / best.cost * steps_left - window * excess <= 1e-9 * steps_left
     assert cost(chosen) <= 1.01 * min(cost(x) for x in np.linspace(low, low + width, 801))

@@ -713,7 +713,9 @@ class PowerLimitProfiler:
         target = None
         if self.objective.name == "max_slowdown":
             target = self._boundary_to_polish(best_x)
-        if target is None:
+        if target is None and self.objective.name != "max_slowdown":
+            target = self._most_informative(feasible, best_x, best_price, budget - spent)
+        elif target is None:
             floor = s.unimodal_tolerance
             tied = [x for x, m in feasible.items()
                     if abs(x - best_x) > _TIE_APART_W and m.cost - best.cost <= tolerance(m, best, floor)]  # fmt: skip
@@ -729,6 +731,42 @@ class PowerLimitProfiler:
         if spent + (extra + s.warmup_steps) * excess > budget:
             return None
         return target, extra
+
+    def _most_informative(
+        self, feasible: dict[float, Measured], best_x: float, best_price: float, budget_left: float
+    ) -> float | None:
+        """The limit whose next window buys the most expected saving per profiling step; None: none repays its window.
+
+        For each measured limit apart from the best: the expected saving per step of choosing it over the
+        best, ``E[max(best − cost, 0)]`` under a normal difference with the two intervals' combined spread
+        (relative to the best's cost), times the job's steps left, less what the window costs over the
+        best. The window measures the wider of the two, where the excess budget left pays it. Ranked per
+        step of the window, since the polish's steps are capped: a limit dropped after a short, noisy
+        window is cheap to measure again, a tie already measured long is not. Pairs whose combined
+        half-widths are under ``polish_ci`` of the best's cost are settled.
+        """
+        s = self.settings
+        assert s.job_steps is not None
+        steps_left = s.job_steps - self.profiling_steps
+        best = feasible[best_x]
+        chosen, chosen_rate = None, 0.0
+        for x, m in feasible.items():
+            spread = math.hypot(m.half_width, best.half_width)
+            if abs(x - best_x) <= _TIE_APART_W or not spread > s.polish_ci * abs(best.cost):
+                continue
+            sd = spread / 1.96
+            z = (m.cost - best.cost) / sd
+            saving = sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - (m.cost - best.cost) * 0.5 * math.erfc(
+                z / math.sqrt(2)
+            )
+            target = max((x, best_x), key=lambda y: feasible[y].half_width)
+            window = min(max(self._measured_steps(target), s.min_profile_steps, 2), max(s.profile_steps, 2))
+            window += s.warmup_steps
+            excess = max(self._price(target) / best_price - 1.0, 0.0)
+            gain = saving / abs(best.cost) * steps_left - window * excess
+            if gain > 0 and window * excess <= budget_left and gain / window > chosen_rate:
+                chosen, chosen_rate = target, gain / window
+        return chosen
 
     def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
         """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
