@@ -60,6 +60,12 @@ _REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of t
 _TIE_APART_W = 2.5  # polish: a tie this close (W) to the best is not measured again (a wrong pick costs little)
 
 
+def _expected_saving(diff: float, sd: float) -> float:
+    """``E[max(−D, 0)]`` for ``D ~ N(diff, sd²)``: what choosing a limit measured ``diff`` dearer saves, on average."""
+    z = diff / sd
+    return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - diff * 0.5 * math.erfc(z / math.sqrt(2))
+
+
 class EnergyFn(Protocol):
     """``energy_fn(start_s, end_s, samples_until_s=None)``: energy (J, summed over GPUs) in the interval."""
 
@@ -725,12 +731,16 @@ class PowerLimitProfiler:
                     target = max((runner, best_x), key=lambda x: feasible[x].half_width)
         if target is None:
             return None
-        n = self._measured_steps(target)
-        extra = min(max(n, s.min_profile_steps, 2), max(s.profile_steps, 2))
+        extra = self._polish_steps(target)
         excess = max(self._price(target) / best_price - 1.0, 0.0)
         if spent + (extra + s.warmup_steps) * excess > budget:
             return None
         return target, extra
+
+    def _polish_steps(self, limit_W: float) -> int:
+        """Profiled steps of a polish window at ``limit_W``: its steps doubled, within the window bounds."""
+        s = self.settings
+        return min(max(self._measured_steps(limit_W), s.min_profile_steps, 2), max(s.profile_steps, 2))
 
     def _most_informative(
         self, feasible: dict[float, Measured], best_x: float, best_price: float, budget_left: float
@@ -754,14 +764,9 @@ class PowerLimitProfiler:
             spread = math.hypot(m.half_width, best.half_width)
             if abs(x - best_x) <= _TIE_APART_W or not spread > s.polish_ci * abs(best.cost):
                 continue
-            sd = spread / 1.96
-            z = (m.cost - best.cost) / sd
-            saving = sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - (m.cost - best.cost) * 0.5 * math.erfc(
-                z / math.sqrt(2)
-            )
+            saving = _expected_saving(m.cost - best.cost, spread / 1.96)
             target = max((x, best_x), key=lambda y: feasible[y].half_width)
-            window = min(max(self._measured_steps(target), s.min_profile_steps, 2), max(s.profile_steps, 2))
-            window += s.warmup_steps
+            window = self._polish_steps(target) + s.warmup_steps
             excess = max(self._price(target) / best_price - 1.0, 0.0)
             gain = saving / abs(best.cost) * steps_left - window * excess
             if gain > 0 and window * excess <= budget_left and gain / window > chosen_rate:
