@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import sys
+import textwrap
 from typing import Any
 
 TERMINAL_COLUMNS = 80
@@ -67,3 +68,14 @@ def name_impossible_figures(source: object, figures: list[str] | tuple[str, ...]
         print(f"zeus-callbacks: {source}: {what}: no run writes that; the log was edited or not written by "
               "zeus-callbacks, so what is shown from it is not to be trusted", file=sys.stderr)  # fmt: skip
     return bool(figures)
+
+
+def wrap(text: str, hang: str = "     ") -> str:
+    """``text`` filled to the terminal's width, indented two spaces, its further lines by ``hang``."""
+    return textwrap.fill(text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent=hang)
+
+
+def print_time_note(note: str | None) -> None:
+    """Print a log's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
+    if note:
+        print(wrap(f"TIME NOT SIMULATED: {note}", "    "))

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, run_course, time_note_of
-from zeus_callbacks._terminal import name_impossible_figures
-from zeus_callbacks.cli._cmd_report import print_time_note
+from zeus_callbacks._terminal import name_impossible_figures, print_time_note
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.store import open_store

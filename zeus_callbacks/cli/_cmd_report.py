@@ -10,13 +10,12 @@ import argparse
 import json
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 from zeus_callbacks._footprint import ENERGY_BASES
 from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, time_note_of
-from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, name_impossible_figures
+from zeus_callbacks._terminal import fmt, name_impossible_figures, print_time_note, wrap
 from zeus_callbacks._units import readable_energy, three_figures
 from zeus_callbacks.cli import _compare as compare
 from zeus_callbacks.reporting import NODE_OFF, energy_parts, read_jsonl
@@ -145,17 +144,6 @@ def _print_epochs(epochs: list[dict]) -> None:
         print(f"{row}{fmt(r.get('time_s'), '.2f'):>10} {fmt(r.get('power_W_mean')):>9}")
     for why, mark in reasons.items():
         print(wrap(f"{mark} counter_J n/a: {why}", "      "))
-
-
-def wrap(text: str, hang: str = "     ") -> str:
-    """``text`` filled to the terminal's width, indented two spaces, its further lines by ``hang``."""
-    return textwrap.fill(text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent=hang)
-
-
-def print_time_note(note: str | None) -> None:
-    """Print a log's ``time_note`` (power-limit results on the virtual GPU: time not simulated), if any."""
-    if note:
-        print(wrap(f"TIME NOT SIMULATED: {note}", "    "))
 
 
 def _readable(energy_J: object) -> str:

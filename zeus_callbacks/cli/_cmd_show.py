@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
-from zeus_callbacks._terminal import TERMINAL_COLUMNS, fmt, table
+from zeus_callbacks._terminal import fmt, table, wrap
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
 from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
@@ -164,7 +163,7 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
     for key, profile in report["profiles"].items():
         fields = _profile_fields(key)
         key_text = key if fields is None else ", ".join(f"{name} {value}" for name, value in fields.items())
-        out.append(textwrap.fill(key_text, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    "))
+        out.append(wrap(key_text, "    "))
         out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
 
