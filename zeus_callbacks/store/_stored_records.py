@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,7 +28,7 @@ from zeus_callbacks.store._lease import lease_owner, this_host
 
 M = TypeVar("M", bound=BaseModel)
 TrialStatus = Literal["running", "completed", "failed", "early_stopped", "withdrawn"]
-TRIAL_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "early_stopped", "withdrawn")
+TRIAL_STATUSES: tuple[str, ...] = get_args(TrialStatus)
 
 
 @dataclass(frozen=True)
