@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "example": "raw_loop",
         "epochs": summary.epochs,
-        "batch_size": batch_size,
+        "batch_size": int(batch_size),
         "should_stop": m.should_stop,
         "val_acc": val_acc,
         "summary": summary.as_dict(),
