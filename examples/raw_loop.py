@@ -7,6 +7,8 @@ when there is one (NVIDIA/AMD backend), else on the CPU with the virtual GPU rep
     python examples/raw_loop.py [--epochs 3] [--config examples/zeus.yaml] [--summary-json out.json]
 
 The energy log is written to ``zeus_logs/<run>.jsonl`` (``logging.log_dir``); the summary is printed.
+With the batch-size optimiser on (``batch_size.enabled: true`` in the config) the loop trains at the
+batch size it suggests instead of ``--batch-size``, tells it so, and stops when it asks (``m.should_stop``).
 """
 
 from __future__ import annotations
@@ -68,14 +70,15 @@ def accuracy(model: nn.Module, loader: DataLoader, device: torch.device) -> floa
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="training batch size when the config's batch-size optimiser is off"
+    )
     parser.add_argument("--config", default=str(HERE / "zeus.yaml"))
     parser.add_argument("--summary-json", help="also write the run summary to this JSON file")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    train_loader, val_loader = digits_loaders(args.batch_size)
     model = digits_cnn().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     try:
@@ -86,6 +89,10 @@ def main(argv: list[str] | None = None) -> dict:
     val_acc = float("nan")
     try:
         with meter as m:  # the run: train_start here, train_end (or exception) on exit
+            # The batch-size optimiser's choice for this run (None when it is off), drawn as the run started.
+            batch_size = m.suggested_batch_size or args.batch_size
+            train_loader, val_loader = digits_loaders(batch_size)
+            m.use_batch_size(batch_size)  # the run's trial is recorded at the size trained, and only then
             for _ in range(args.epochs):
                 with m.epoch():
                     for x, y in train_loader:  # the batch fetch belongs to the step after it
@@ -94,17 +101,30 @@ def main(argv: list[str] | None = None) -> dict:
                             optimizer.zero_grad()
                             loss.backward()
                             optimizer.step()
+                        if m.should_stop:  # the optimiser stopped this run early (its cost is too high)
+                            break
                     with m.evaluation() as results:  # no step's window holds the evaluation
                         val_acc = accuracy(model, val_loader, device)
-                        results["val/acc"] = val_acc
+                        results["val/acc"] = val_acc  # reaching batch_size.target sets m.should_stop
+                if m.should_stop:
+                    break
     except ZeusCallbacksError as exc:  # e.g. a store that cannot be opened: its one-line message
         raise SystemExit(f"zeus-callbacks: {exc}") from None
 
     summary = meter.summary
     assert summary is not None  # the with block ended the run
     print(summary, flush=True)
-    print(f"raw_loop: {args.epochs} epochs, {summary.steps} steps, val/acc {val_acc:.3f}")
-    result = {"example": "raw_loop", "epochs": args.epochs, "val_acc": val_acc, "summary": summary.as_dict()}
+    stopped = " (stopped by the batch-size optimiser)" if m.should_stop else ""
+    print(f"raw_loop: {summary.epochs} epochs, {summary.steps} steps at batch size {batch_size}, "
+          f"val/acc {val_acc:.3f}{stopped}")  # fmt: skip
+    result = {
+        "example": "raw_loop",
+        "epochs": summary.epochs,
+        "batch_size": int(batch_size),
+        "should_stop": m.should_stop,
+        "val_acc": val_acc,
+        "summary": summary.as_dict(),
+    }
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(result, indent=2))
     return result

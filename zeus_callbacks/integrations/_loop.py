@@ -33,6 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.errors import CallOrderError
 from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
+from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 from zeus_callbacks.session import Decision
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,11 @@ class Measurement(SessionAdapter):
     the run has steps and a total but no epoch records), evaluations (:meth:`evaluation`) and
     named windows (:meth:`window`). Steps and epochs are numbered from 0 in the order they end.
 
+    With the batch-size bandit on (``batch_size.enabled``), the loop trains at the batch size it
+    suggests (:attr:`suggested_batch_size`) and says which size it trains at (``batch_size`` here,
+    or :meth:`use_batch_size`): the run's trial is recorded at that size. A run that never says is
+    not recorded (its trial is withdrawn, with a warning), since the loop's batch size is unknown.
+
     Args:
         config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
         backend: An open GPU backend to use instead of the configured one (tests); the caller closes it.
@@ -58,9 +64,15 @@ class Measurement(SessionAdapter):
             Fabric pass ``fabric.is_global_zero``.
         device_index: The GPU this process trains on (its local rank); default: the session's
             choice. Under Fabric pass ``fabric.local_rank`` when it runs several processes.
+        batch_size: The batch size the loop trains at (samples per step on each process), for the
+            bandit's trial; default: none given (call :meth:`use_batch_size` in the run). Pass what
+            :func:`~zeus_callbacks.suggest_batch_size` returned, to build the data loaders before the
+            run: the run claims its trial. Ignored with ``batch_size.enabled`` false.
 
     Raises:
         ConfigError: The configuration is invalid (raised here, before training).
+        TypeError: ``batch_size`` is not an int.
+        ValueError: ``batch_size`` is below 1.
 
     Attributes:
         config: The resolved configuration.
@@ -68,7 +80,7 @@ class Measurement(SessionAdapter):
         summary: The :class:`~zeus_callbacks.reporting.RunSummary` of the last run once it ended
             (None before and during a run).
         should_stop: A step or evaluation of this run asked to stop training (the batch-size
-            optimiser's early stop); the loop decides whether to obey.
+            optimiser's early stop or its target reached); the loop decides whether to obey.
     """
 
     def __init__(
@@ -79,13 +91,18 @@ class Measurement(SessionAdapter):
         run_name: str | None = None,
         is_main_process: bool | None = None,
         device_index: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
         if callable(config):
             raise TypeError("measure() takes a configuration, not a function: decorate with @measure(config)")
+        if batch_size is not None:
+            _check_batch_size("measure(batch_size=...)", batch_size)
         super().__init__(config, backend)
         self._run_name_arg = run_name
         self._is_main_arg = is_main_process
         self._device_index = device_index
+        self._batch_size_arg = batch_size
+        self._batch_size_used: int | None = None  # the size the loop said it trains at, in this run
         self._running = False
         self._in_step = False
         self._in_eval = False
@@ -104,6 +121,7 @@ class Measurement(SessionAdapter):
         Raises:
             CallOrderError: A run of this object is already under way (blocks do not nest).
             BackendUnavailable: The configured backend cannot be used here.
+            StoreError: With the bandit on, its store cannot be opened (corrupt, newer schema).
         """
         if self._running:
             raise CallOrderError("measure(): a run is already under way; a with block of it cannot nest")
@@ -112,8 +130,14 @@ class Measurement(SessionAdapter):
         self._epoch = None
         self._steps = self._epochs = 0
         self.should_stop = False
+        self._batch_size_used = None
+        handed = self._batch_size_arg
+        if isinstance(handed, SuggestedBatchSize) and self.config.batch_size.enabled:
+            self.session.suggest_batch_size(handed)  # claims its trial (and store), as the HF callback does
         self.session.train_start(run_name=self._run_name_arg)
         self._running = True
+        if handed is not None:
+            self._use(handed, "measure(batch_size=...)")
         return self
 
     def __exit__(
@@ -125,6 +149,7 @@ class Measurement(SessionAdapter):
         evaluation still open is measured up to here. An open step or epoch is warned about.
         """
         self._running = False
+        self._withdraw_unless_told()
         if exc is not None:
             self.summary = self.session.exception(exc)
             return
@@ -165,6 +190,78 @@ class Measurement(SessionAdapter):
                 return func(*args, **kwargs)
 
         return measured
+
+    # ------------------------------------------------------------------ the batch size
+    @property
+    def suggested_batch_size(self) -> int | None:
+        """The batch size the bandit suggests for this run (samples per step on each process).
+
+        Drawn when the run starts: build the training data loader with it inside the run, then
+        confirm it with :meth:`use_batch_size`. Under several processes only the main one draws:
+        there, call :func:`~zeus_callbacks.suggest_batch_size` on every process before the run and
+        pass its value as ``measure(batch_size=...)`` instead.
+
+        Returns:
+            The batch size; ``batch_size.default_batch_size`` when the store could not be reached; None
+            when ``batch_size.enabled`` is false (train at your own size), or on a process other than
+            the main one that was not handed a suggestion.
+
+        Raises:
+            CallOrderError: Outside the run (the suggestion is drawn when the run starts).
+        """
+        self._need_run("suggested_batch_size")
+        return self.session.suggest_batch_size()
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Say which batch size the loop trains at: the bandit's trial of this run is recorded at it.
+
+        Call it once the training data loader is built. With the bandit on, a run that never says
+        (here or with ``measure(batch_size=...)``) records no trial: its trial is withdrawn at the end,
+        with a warning. A size other than :attr:`suggested_batch_size` is recorded as it is, with a
+        warning (as the Lightning and Hugging Face callbacks do). Nothing is recorded with
+        ``batch_size.enabled`` false.
+
+        Args:
+            batch_size: Samples per training step on this process (the loader's ``batch_size``).
+
+        Raises:
+            CallOrderError: Outside the run.
+            TypeError: ``batch_size`` is not an int.
+            ValueError: ``batch_size`` is below 1.
+        """
+        self._need_run("use_batch_size()")
+        _check_batch_size("use_batch_size()", batch_size)
+        self._use(batch_size, "use_batch_size()")
+
+    def _use(self, batch_size: int, how: str) -> None:
+        """The loop trains at ``batch_size`` (it said so with ``how``): the trial is recorded there."""
+        self._batch_size_used = int(batch_size)
+        if not self.config.batch_size.enabled:
+            return
+        self._use_batch_size(
+            self.session.suggest_batch_size(), int(batch_size), f"the batch size this loop trains at ({how})",
+            "; build the training data loader with m.suggested_batch_size (docs/raw_loops.md). "
+            "The trial is recorded at",
+        )  # fmt: skip
+        self.session.use_batch_size(int(batch_size))
+
+    def _withdraw_unless_told(self) -> None:
+        """At the run's end: a bandit trial whose batch size the loop never gave is withdrawn, with one warning."""
+        controller = self.session.batch_size_controller  # None: the bandit off, or not the main process
+        if self._batch_size_used is not None or controller is None:
+            return
+        reason = "withdrawn: the loop never said which batch size it trained at"
+        self.session.withdraw_batch_size_trial(reason)
+        trial = "" if controller.trial_id is None else f", trial {controller.trial_id}"
+        logger.warning(
+            "zeus-callbacks: batch_size.enabled is true, but this loop never said which batch size it trained at, "
+            "so its trial (suggested batch size %s%s of job %s) is withdrawn, not recorded: build the training "
+            "data loader with m.suggested_batch_size and call m.use_batch_size(size), or pass "
+            "measure(config, batch_size=size) (docs/raw_loops.md)",
+            controller.batch_size,
+            trial,
+            self.config.job_id,
+        )
 
     # ------------------------------------------------------------------ steps
     def step_start(self) -> None:
@@ -335,6 +432,14 @@ class Measurement(SessionAdapter):
             raise CallOrderError(f"{call} inside a step: end the step first")
 
 
+def _check_batch_size(call: str, batch_size: object) -> None:
+    """Refuse a batch size that is not a positive int (TypeError, ValueError), naming ``call``."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"{call}: the batch size must be an int, not {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"{call}: the batch size must be at least 1, not {batch_size}")
+
+
 def measure(
     config: ConfigArg = None,
     *,
@@ -342,6 +447,7 @@ def measure(
     run_name: str | None = None,
     is_main_process: bool | None = None,
     device_index: int | None = None,
+    batch_size: int | None = None,
 ) -> Measurement:
     """Measure GPU energy of a block or a function, as a context manager or a decorator.
 
@@ -353,8 +459,14 @@ def measure(
 
     Raises:
         ConfigError: The configuration is invalid.
-        TypeError: Used as ``@measure`` without parentheses.
+        TypeError: Used as ``@measure`` without parentheses, or ``batch_size`` not an int.
+        ValueError: ``batch_size`` is below 1.
     """
     return Measurement(
-        config, backend=backend, run_name=run_name, is_main_process=is_main_process, device_index=device_index
+        config,
+        backend=backend,
+        run_name=run_name,
+        is_main_process=is_main_process,
+        device_index=device_index,
+        batch_size=batch_size,
     )

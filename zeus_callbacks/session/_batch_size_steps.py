@@ -175,6 +175,11 @@ class BatchSizeSteps:
         if self.batch_size_controller is not None:
             self.batch_size_controller.use_batch_size(batch_size)
 
+    def withdraw_trial(self, reason: str) -> None:
+        """At the end, withdraw the run's trial rather than record it (its batch size is not known)."""
+        if self.batch_size_controller is not None:
+            self.batch_size_controller.withdraw(reason)
+
     def _refresh_step_decision(self) -> None:
         """Set the per-step stop decision hook from the stop state (None: nothing can stop the run)."""
         if self._stops.active:

@@ -252,6 +252,19 @@ class EnergySession:
         """Tell the bandit which batch size the run really uses (when it differs from the suggestion)."""
         self._batch.use_batch_size(batch_size)
 
+    def withdraw_batch_size_trial(self, reason: str) -> None:
+        """Withdraw the run's batch-size trial at :meth:`train_end` instead of recording it.
+
+        For a loop whose batch size is not known (it never said which it trained at): a trial recorded
+        at the suggestion would be an observation of a batch size that may never have run. A withdrawn
+        trial (status ``withdrawn``, ``reason`` in its ``info``) is neither an observation nor a failure
+        of its batch size. Nothing happens with ``batch_size.enabled`` false or off the main process.
+
+        Args:
+            reason: Why, kept in the trial's ``info["reason"]``.
+        """
+        self._batch.withdraw_trial(reason)
+
     # ------------------------------------------------------------------ the run's parts
     @property
     def run(self) -> StartedRun:

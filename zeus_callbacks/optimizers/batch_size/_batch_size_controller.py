@@ -448,6 +448,8 @@ class BatchSizeController:
         converged: Whether the target was reached, at any evaluation (one after an early stop included).
         stop_reason: Why the run was stopped early, if it was.
         batch_size: The batch size the run really uses (the suggestion unless told otherwise).
+        withdraw_reason: Why the trial is withdrawn at :meth:`finish` rather than recorded (the run's
+            batch size is unknown), if it is.
     """
 
     def __init__(self, config: ZeusConfig, store: RunStore | None = None) -> None:
@@ -467,6 +469,7 @@ class BatchSizeController:
         self.power_limit_W: float | None = None
         self.detached: str | None = None  # why the run trains without the bandit (store unreachable), if it does
         self.pending_path: Path | None = None  # where the trial waits when the store could not take it
+        self.withdraw_reason: str | None = None
         self._store_location: str | None = None
         self._last_check_s = -float("inf")
 
@@ -547,6 +550,17 @@ class BatchSizeController:
         """Record the batch size of the run's data loaders, when it differs from the suggestion."""
         self.batch_size = int(batch_size)
 
+    def withdraw(self, reason: str) -> None:
+        """Withdraw the trial at :meth:`finish` instead of recording it: the run's batch size is not known.
+
+        A trial recorded at a batch size the run did not train at would be an observation of an arm
+        never run; withdrawn, it is neither an observation nor a failure (:func:`withdraw_suggestion`).
+
+        Args:
+            reason: Why, kept in the trial's ``info["reason"]``.
+        """
+        self.withdraw_reason = reason
+
     def record_power_limit(self, power_limit_W: float) -> None:
         """Record the power limit the run trains at from now on (W), kept with the trial."""
         self.power_limit_W = power_limit_W
@@ -613,6 +627,8 @@ class BatchSizeController:
         """
         if (self.suggestion is None and self.detached is None) or self.cost is None:
             return None
+        if self.withdraw_reason is not None:
+            return self._withdraw_trial(self.withdraw_reason)
         if run_status != "completed":
             status = "failed"
         elif self.stop_reason is not None:
@@ -663,6 +679,26 @@ class BatchSizeController:
                     trial_id,
                     exc,
                     self.pending_path,
+                )
+                return None
+        finally:
+            if self._owns_store:
+                self.run_store.close()
+
+    def _withdraw_trial(self, reason: str) -> TrialRecord | None:
+        """:meth:`finish` of a withdrawn run: its trial withdrawn (none kept when detached from the store)."""
+        try:
+            if self.suggestion is None:  # trained without the store: nothing made, nothing kept pending
+                return None
+            trial_id = self.suggestion.trial_id
+            try:
+                return withdraw_suggestion(self.run_store.get(), trial_id, reason)
+            except StoreError as exc:
+                logger.warning(
+                    "zeus-callbacks: cannot withdraw trial %d now (%s); the store marks it failed once this "
+                    "process has ended",
+                    trial_id,
+                    exc,
                 )
                 return None
         finally:

@@ -1,0 +1,246 @@
+"""A raw loop under the batch-size bandit: a trial is recorded only at the batch size the loop trained at.
+
+An outside tester ran ``examples/raw_loop.py`` twice with ``batch_size.enabled: true``: both runs trained
+at 32 (the example's ``--batch-size``), but the second trial was recorded at 16, the bandit's suggestion
+the loop never asked for. The example now takes the suggestion; a loop that never says which batch size
+it trained at records no trial (it is withdrawn, with one warning); one that trains at another size has
+its trial recorded at that size (as the Lightning and Hugging Face callbacks do).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+from pathlib import Path
+
+import pytest
+
+import zeus_callbacks
+from zeus_callbacks import CallOrderError, suggest_batch_size
+from zeus_callbacks.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_DIGITS = 1437  # 80 % of scikit-learn's 1,797 digits: the example's training split
+
+
+def load_raw_loop_example():
+    """``examples/raw_loop.py`` as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("raw_loop_example", ROOT / "examples" / "raw_loop.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bandit_yaml(tmp_path: Path, *, target: bool = True) -> Path:
+    """examples/zeus.yaml's settings with the bandit on, on the virtual GPU, its store a SQLite file in tmp_path.
+
+    ``target`` False: no target (a loop that never evaluates); the pruning then moves on after each run.
+    """
+    config = tmp_path / "zeus.yaml"
+    config.write_text(
+        "job_id: digits-nightly\n"
+        "backend: virtual\n"
+        "virtual: {gpu: A40, workload: imagenet}\n"
+        f"logging: {{interval_steps: 10, log_dir: {tmp_path / 'zeus_logs'}}}\n"
+        "batch_size:\n"
+        "  enabled: true\n"
+        "  batch_sizes: [16, 32, 64]\n"
+        "  default_batch_size: 32\n"
+        + ("  target: {metric: val/acc, value: 0.5, direction: max}\n" if target else "")
+        + f"store: {{backend: sqlite, path: {tmp_path / 'store.sqlite'}}}\n"
+    )
+    return config
+
+
+@pytest.mark.timeout(600)
+def test_the_raw_loop_example_records_each_trial_at_the_batch_size_it_trained(tmp_path, monkeypatch):
+    # The outside tester's case, run as they ran it: the example's main() twice, a real SQLite store file.
+    monkeypatch.chdir(tmp_path)
+    example = load_raw_loop_example()
+    trained: list[int] = []
+    build = example.digits_loaders
+
+    def spy(batch_size: int = 32):
+        trained.append(int(batch_size))
+        return build(batch_size)
+
+    monkeypatch.setattr(example, "digits_loaders", spy)
+    config = bandit_yaml(tmp_path)
+    summaries = [example.main(["--config", str(config), "--epochs", "1"])["summary"] for _ in range(2)]
+    with open_store(tmp_path / "store.sqlite") as store:
+        trials = store.list_trials("digits-nightly")
+    assert len(trained) == 2 and [t.status for t in trials if t.status == "running"] == []
+    recorded = [t for t in trials if t.status != "withdrawn"]
+    assert [t.batch_size for t in recorded] == trained  # each run's trial at the size its loader had
+    assert trained[1] != trained[0]  # the bandit moved on to another size, and the loop followed it
+    for size, summary in zip(trained, summaries, strict=True):  # the loop honoured should_stop: never more steps
+        assert summary["steps"] <= math.ceil(TRAIN_DIGITS / size)
+
+
+# ---------------------------------------------------------------------- a small raw loop, on a manual clock
+STEP_S = 0.05
+
+
+def bandit_config(tmp_path: Path, **batch_size: object) -> dict:
+    return {
+        "backend": "virtual",
+        "job_id": "nightly",
+        "logging": {"log_dir": str(tmp_path), "interval_steps": 3},
+        "batch_size": {
+            "enabled": True,
+            "batch_sizes": [16, 32, 64],
+            "default_batch_size": 32,
+            "target": {"metric": "val/acc", "value": 0.5, "direction": "max"},
+            **batch_size,
+        },
+        "store": {"backend": "sqlite", "path": str(tmp_path / "store.sqlite")},
+    }
+
+
+def train(m, clock, batch_size: int, steps: int = 4) -> None:
+    """One epoch of ``steps`` steps of ``batch_size`` samples and an evaluation that reaches the target."""
+    with m.epoch():
+        for _ in range(steps):
+            with m.step(num_samples=batch_size):
+                clock.advance(STEP_S)
+                m.session.sampler.poll_once()
+        with m.evaluation() as results:
+            results["val/acc"] = 0.9
+
+
+def trials(tmp_path: Path) -> list:
+    with open_store(tmp_path / "store.sqlite") as store:
+        return store.list_trials("nightly")
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "batch size" in r.getMessage()]
+
+
+def test_a_loop_that_never_says_its_batch_size_records_no_trial_and_says_so_once(
+    tmp_path, virtual_backend, manual_clock, caplog
+):
+    config = bandit_config(tmp_path)
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:  # the first run says: recorded
+        first = m.suggested_batch_size
+        m.use_batch_size(first)
+        train(m, manual_clock, first)
+    assert first == 32 and m.should_stop  # the default batch size first; the target reached asks to stop
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend) as m:  # trains at 32, never asks nor says
+            train(m, manual_clock, 32)
+    (warning,) = warnings_of(caplog)
+    assert "never said which batch size it trained at" in warning and "withdrawn, not recorded" in warning
+    assert "suggested batch size 16, trial 2" in warning and "m.use_batch_size(size)" in warning
+    assert "measure(config, batch_size=size)" in warning
+    one, two = trials(tmp_path)
+    assert (one.batch_size, one.status, one.converged) == (32, "completed", True)
+    assert two.status == "withdrawn" and two.cost is None and not two.converged  # no observation of 16
+    assert two.info["reason"] == "withdrawn: the loop never said which batch size it trained at"
+    with zeus_callbacks.measure(config, backend=virtual_backend) as m:  # the bandit did not move: 16 again
+        assert m.suggested_batch_size == 16
+        m.use_batch_size(16)
+        train(m, manual_clock, 16)
+    assert [(t.batch_size, t.status) for t in trials(tmp_path)][2] == (16, "completed")
+
+
+def test_a_failed_run_that_never_said_its_batch_size_is_withdrawn_not_counted_against_the_suggestion(
+    tmp_path, virtual_backend, manual_clock, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"), pytest.raises(RuntimeError, match="boom"):
+        with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend) as m:
+            train(m, manual_clock, 32)
+            raise RuntimeError("boom")
+    assert m.summary is not None and m.summary.status == "failed"
+    (trial,) = trials(tmp_path)
+    assert trial.status == "withdrawn"  # not "failed": a failure would count against batch size 32
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_loop_that_trains_at_another_size_has_its_trial_recorded_at_that_size(
+    tmp_path, virtual_backend, manual_clock, caplog
+):
+    # As the Lightning and HF callbacks do for a loader they cannot change: warn, record the size trained.
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend) as m:
+            assert m.suggested_batch_size == 32
+            m.use_batch_size(64)
+            train(m, manual_clock, 64)
+    (warning,) = warnings_of(caplog)
+    assert "this loop trains at (use_batch_size()) is 64, not the suggested 32" in warning
+    assert "m.suggested_batch_size" in warning and "The trial is recorded at 64" in warning
+    (trial,) = trials(tmp_path)
+    assert (trial.batch_size, trial.status) == (64, "completed")
+
+
+def test_a_suggestion_made_before_the_run_is_claimed_by_measure_and_recorded_at_its_size(
+    tmp_path, virtual_backend, manual_clock, caplog
+):
+    config = bandit_config(tmp_path)
+    size = suggest_batch_size(config)  # before the loaders are built, as for the HF Trainer
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend, batch_size=size) as m:
+            assert m.suggested_batch_size == size == 32
+            train(m, manual_clock, size)
+    assert warnings_of(caplog) == []
+    (trial,) = trials(tmp_path)  # its trial, claimed: not a second one
+    assert (trial.batch_size, trial.status) == (32, "completed")
+
+
+def test_with_the_bandit_off_there_is_no_suggestion_and_nothing_to_say(tmp_path, virtual_backend, manual_clock, caplog):
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path)}}
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+            assert m.suggested_batch_size is None
+            m.use_batch_size(8)  # harmless: nothing is recorded
+            train(m, manual_clock, 8)
+        with zeus_callbacks.measure(config, backend=virtual_backend) as m:  # never says: nothing to warn about
+            train(m, manual_clock, 8)
+    assert warnings_of(caplog) == []
+    assert not (tmp_path / "store.sqlite").exists()
+
+
+def test_the_batch_size_calls_refuse_misuse_clearly(tmp_path, virtual_backend):
+    m = zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend)
+    with pytest.raises(CallOrderError, match="suggested_batch_size outside a run"):
+        _ = m.suggested_batch_size
+    with pytest.raises(CallOrderError, match=r"use_batch_size\(\) outside a run"):
+        m.use_batch_size(32)
+    with pytest.raises(TypeError, match=r"measure\(batch_size=...\): the batch size must be an int, not bool"):
+        zeus_callbacks.measure(bandit_config(tmp_path), batch_size=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1, not 0"):
+        zeus_callbacks.measure(bandit_config(tmp_path), batch_size=0)
+    with m:
+        with pytest.raises(TypeError, match="not str"):
+            m.use_batch_size("32")  # type: ignore[arg-type]
+        m.use_batch_size(m.suggested_batch_size)
+
+
+@pytest.mark.timeout(600)
+def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_path, monkeypatch):
+    # The same two runs through Lightning Fabric: the suggestion is drawn before the loaders and handed to measure().
+    # The example evaluates after its run, outside measure(): no target, or the bandit would hold its first size.
+    pytest.importorskip("lightning")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # fabric_loop imports raw_loop's model and data
+    spec = importlib.util.spec_from_file_location("fabric_loop_example", ROOT / "examples" / "fabric_loop.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    trained: list[int] = []
+    build = example.digits_loaders
+
+    def spy(batch_size: int = 32):
+        trained.append(int(batch_size))
+        return build(batch_size)
+
+    monkeypatch.setattr(example, "digits_loaders", spy)
+    config = bandit_yaml(tmp_path, target=False)
+    for _ in range(2):
+        example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")])
+    with open_store(tmp_path / "store.sqlite") as store:
+        trials = store.list_trials("digits-nightly")
+    assert [t.batch_size for t in trials] == trained and trained[1] != trained[0]
+    assert all(t.status in ("completed", "early_stopped") for t in trials)  # one trial a run, claimed: none withdrawn
