@@ -229,8 +229,6 @@ def power_limit_profile_record(
     ``job_steps``: the job length (training steps) the search was told, and ``job_steps_source``
     where it came from (``config``, ``trainer`` or ``train_start``); both None when unknown.
     """
-    # an unfinished profile says how many of its rows were measured (the one under test was not)
-    measured = {} if result.limits_measured is None else {"limits_measured": result.limits_measured}
     return {
         "event": "power_limit_profile",
         "step": step,
@@ -244,7 +242,7 @@ def power_limit_profile_record(
         "fallback_sweep": result.fallback_sweep,
         "limits": result.rows,
         "finished": result.finished,
-        **measured,
+        "limits_measured": result.limits_measured,
         "message": result.message,
         "time_note": time_note,
     }
