@@ -436,8 +436,8 @@ class StoreConfig(_Section):
         le=3600.0,
         description="How long (s) a store operation waits for another process's lock or transaction (a database: "
         "retries a transient error) before giving up: at run start the run then trains at default_batch_size "
-        "without the bandit's suggestion; at run start or end the trial is kept in <log_dir>/zeus_pending_trials "
-        "and recorded on the next open.",
+        "without the bandit's suggestion; either way (start or end) the trial's outcome is written to "
+        "<log_dir>/zeus_pending_trials at the run's end and recorded on the next open.",
     )
 
     @field_validator("url")
