@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -631,6 +631,17 @@ def is_energy_log(path: str | Path) -> bool:
 def not_a_store_but_a_log(path: str | Path) -> str:
     """What to say when an energy log is given where a store is expected."""
     return f"{path} is a zeus-callbacks energy log (JSONL), not a store: read it with `zeus-callbacks report {path}`"
+
+
+def no_such_job(store: str | Path, job_id: str, job_ids: Sequence[str]) -> str:
+    """What ``show STORE JOB`` and ``plot bandit STORE JOB`` say when the store has no job ``job_id``.
+
+    Args:
+        store: The store as given on the command line.
+        job_id: The job asked for.
+        job_ids: The store's jobs (listed, so that a typo can be seen).
+    """
+    return f"no job {job_id!r} in {store} (its jobs: {', '.join(job_ids) or 'none'})"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
