@@ -456,7 +456,7 @@ FIELDS: dict[str, str] = {
     "otherwise.",
     "power_limit_profile.limits_measured": "When `finished` is false: how many rows of `limits` were measured "
     "(their window decided); the limit still under test, or one entered but never profiled, is listed but not "
-    "counted. The warning and `zeus-callbacks report` say the same, e.g. \"9 of the 10 limits tried measured\". "
+    'counted. The warning and `zeus-callbacks report` say the same, e.g. "9 of the 10 limits tried measured". '
     "Null when `finished` is true.",
     "power_limit_profile.message": "The same outcome in words (also in the Python log).",
     "power_limit_profile.time_note": "On the virtual GPU with the real clock (a training run, not `simulate`): "
