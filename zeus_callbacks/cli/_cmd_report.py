@@ -218,7 +218,8 @@ def _figure(value: object) -> str:
 
 def _unfinished_profile(profile: dict[str, Any]) -> str:
     """How much of an unfinished ``power_limit_profile`` was measured, in the run's own warning's words."""
-    rows = profile.get("limits") if isinstance(profile.get("limits"), list) else []
+    limits = profile.get("limits")
+    rows = limits if isinstance(limits, list) else []
     measured = profile.get("limits_measured")
     if isinstance(measured, int) and not isinstance(measured, bool):
         return limits_measured_text(measured, len(rows))
