@@ -737,7 +737,9 @@ def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, 
     """The tester's summary: 90 steps × 58.3 ms beside a 4.735 s run (a sample's mean, lifted by slow steps).
 
     Here every fifth step is slow and the seeded sample of a 0.2 share draws more of them than their
-    share: before, the summary's time/step × 90 came to 11.3 s beside a 9.7 s run (energy alike).
+    share: before, the summary's time/step × the 89 steps after warm-up came to 11.2 s beside a 9.7 s
+    run (energy alike). The bound is of the steps the means are of: a mean of every step is exact and
+    left alone even where the warm-up step is cheaper (tests/test_bulk_report.py).
     """
     from zeus_callbacks.session import EnergySession
 
@@ -752,8 +754,8 @@ def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, 
         session.step_end(i, num_samples=32)
     session.epoch_end(0)
     summary = session.train_end()
-    assert summary.measured_steps < 89  # a sample
-    assert summary.step_time_s * summary.steps <= summary.time_s * (1 + 1e-12)
-    assert summary.step_energy_J * summary.steps <= summary.energy_J * (1 + 1e-12)
+    assert summary.measured_steps < 89  # a sample of the 89 steps after the warm-up one
+    assert summary.step_time_s * 89 <= summary.time_s * (1 + 1e-12)
+    assert summary.step_energy_J * 89 <= summary.energy_J * (1 + 1e-12)
     run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
     assert run_end["step_time_s"] == summary.step_time_s

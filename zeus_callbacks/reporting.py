@@ -251,9 +251,10 @@ class RunSummary:
             (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain
             mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
             is their energy estimate. A sample's estimate can exceed what the whole run holds, which
-            no mean of its steps can: both step means are then scaled down by one factor, to at most
-            ``energy_J / steps`` and ``time_s / steps``.
-        step_time_s: Mean step time, estimated alike (s), NaN without steps; at most ``time_s / steps``.
+            no mean of its steps can: both step means are then scaled down by one factor, so that
+            × the steps after warm-up they are at most ``energy_J`` and ``time_s``.
+        step_time_s: Mean step time, estimated alike (s), NaN without steps; × the steps after warm-up,
+            at most ``time_s``.
         epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
             the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).
         power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
