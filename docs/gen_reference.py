@@ -454,6 +454,10 @@ FIELDS: dict[str, str] = {
     "power_limit_profile.finished": "False when training ended before profiling did: no limit was chosen, the "
     "run trained at the trial limits, and `limits` holds what was measured (a warning says so too); true "
     "otherwise.",
+    "power_limit_profile.limits_measured": "When `finished` is false: how many rows of `limits` were measured "
+    "(their window decided); the limit still under test, or one entered but never profiled, is listed but not "
+    'counted. The warning and `zeus-callbacks report` say the same, e.g. "9 of the 10 limits tried measured". '
+    "Null when `finished` is true.",
     "power_limit_profile.message": "The same outcome in words (also in the Python log).",
     "power_limit_profile.time_note": "On the virtual GPU with the real clock (a training run, not `simulate`): "
     "power is simulated but time is not, so every limit's steps take this machine's time and a lower limit's "

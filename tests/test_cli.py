@@ -37,6 +37,25 @@ def test_validate_config_prints_a_setting_without_effect_on_stderr_and_stays_val
     assert not caplog.records  # printed once, not logged as well
 
 
+def test_validate_config_warns_of_a_batch_size_search_without_job_id_or_target(tmp_path, capsys):
+    # Before, batch_size.enabled without job_id or target was called valid, silently (outside tester): the
+    # trials then go to the shared job "default", and without a target no run converges.
+    path = tmp_path / "bs.yaml"
+    path.write_text("backend: virtual\nbatch_size: {enabled: true, batch_sizes: [16, 32], default_batch_size: 32}\n")
+    assert main(["validate-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "valid" in captured.out
+    job, target = captured.err.splitlines()
+    assert job.startswith(f"{path}: warning: batch_size.enabled without job_id: the trials go to job 'default'")
+    assert target.startswith(f"{path}: warning: batch_size.enabled without batch_size.target: no run converges")
+    path.write_text(
+        "backend: virtual\njob_id: nightly\nbatch_size: {enabled: true, batch_sizes: [16, 32], "
+        "default_batch_size: 32, target: {metric: val/acc, value: 0.9}}\n"
+    )
+    assert main(["validate-config", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_validate_config_refuses_a_repeated_section(tmp_path, capsys):
     path = tmp_path / "twice.yaml"
     path.write_text("logging: {interval_steps: 7}\nbackend: virtual\nlogging: {jsonl: false}\n")

@@ -147,7 +147,11 @@ def test_plots_land_in_a_created_folder_say_simulated_and_keep_labels_and_recurr
     out = capsys.readouterr().out
     assert "job sim/V100/cifar100" in out and "7 trial(s)" in out
     assert cli(["show", str(store), "nightly"]) == 1
-    assert "no job 'nightly'" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert said == f"zeus-callbacks: no job 'nightly' in {store} (its jobs: sim/V100/cifar100)\n"
+    # plot bandit words a missing job as show does (before: "job 'nightly' has no finished trial in ...").
+    assert cli(["plot", "bandit", str(store), "nightly", "-o", str(tmp_path / "none.png")]) == 1
+    assert capsys.readouterr().err == said and not (tmp_path / "none.png").exists()
     kept = _keep_figures(monkeypatch)
     # -o missing_dir/ : a file inside it, the folder created (before: missing_dir.png beside it).
     out = tmp_path / "missing_dir"

@@ -626,6 +626,27 @@ def test_a_profile_cut_short_by_the_end_of_training_is_recorded_and_plotted(tmp_
     assert image.stat().st_size > 1000
 
 
+def test_an_unfinished_profile_counts_its_measured_limits_the_same_in_the_warning_record_and_report(
+    tmp_path, caplog, capsys
+):
+    # Before, the warning said "8 of 9 limits measured" (9: the grid, not the limits the record lists),
+    # and report said "9 limits measured", counting a limit entered but never profiled.
+    from zeus_callbacks.cli import main as cli
+
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    with caplog.at_level(logging.WARNING):  # job_steps: the search adds limits off the grid
+        session, _ = simulate_session(tmp_path, backend, max_steps=45, run_name="cut", job_steps=2000)
+        session.train_end()
+    profile = [r for r in read_jsonl(tmp_path / "cut.jsonl") if r["event"] == "power_limit_profile"][-1]
+    assert profile["finished"] is False and len(profile["limits"]) == 9
+    assert [r["profiled_steps"] for r in profile["limits"]].count(0) == 1  # entered, never profiled
+    assert profile["limits_measured"] == 8
+    warning = next(r.getMessage() for r in caplog.records if "did not finish" in r.getMessage())
+    assert "(8 of the 9 limits tried measured)" in warning
+    assert cli(["report", str(tmp_path / "cut.jsonl")]) == 0
+    assert "(profiling did not finish: 8 of the 9 limits tried measured)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_observe_mode_cut_short_by_the_end_of_training_logs_one_warning(tmp_path, caplog):
     # docs/shared-clusters.md promises one warning; before, a run that ended while observe mode was
     # still measuring added "profiling did not finish ... (1 of 9 limits measured)" as a second one.

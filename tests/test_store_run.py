@@ -94,6 +94,9 @@ def test_a_database_down_at_run_start_trains_at_the_default_and_keeps_the_trial(
     session = EnergySession(cfg, backend=backend, is_main_process=True)
     with caplog.at_level(logging.WARNING):
         batch_size = session.suggest_batch_size()
+        # Before, the warning said the trial "is kept in" the pending folder, where nothing was yet
+        # (outside tester): it is written at the run's end, and the warning says so.
+        assert not (tmp_path / "logs" / recurring.PENDING_DIR).exists()
         session.train_start()
         limiter = session.power_limiter
         step = 0
@@ -110,6 +113,7 @@ def test_a_database_down_at_run_start_trains_at_the_default_and_keeps_the_trial(
     assert len(attempts) == 1  # one attempt per run: the cache and train end did not wait for it again
     start = [r.getMessage() for r in caplog.records if "without the bandit's suggestion" in r.getMessage()]
     assert len(start) == 1 and "user:***@127.0.0.1:1/db" in start[0] and "still failing" in start[0]
+    assert f"at the run's end its trial is written to {tmp_path / 'logs' / recurring.PENDING_DIR} " in start[0]
     assert ":pw@" not in caplog.text
     assert len(pending) == 1 and ":pw@" not in pending[0].read_text()
     kept = json.loads(pending[0].read_text())

@@ -731,3 +731,31 @@ def test_the_printed_summary_says_how_many_measured_steps_its_step_means_stand_o
     assert steps_line.endswith(f"(mean of {summary.measured_steps} measured steps)")
     run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
     assert run_end["measured_steps"] == summary.measured_steps
+
+
+def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, virtual_backend, manual_clock):
+    """The tester's summary: 90 steps × 58.3 ms beside a 4.735 s run (a sample's mean, lifted by slow steps).
+
+    Here every fifth step is slow and the seeded sample of a 0.2 share draws more of them than their
+    share: before, the summary's time/step × the 89 steps after warm-up came to 11.2 s beside a 9.7 s
+    run (energy alike). The bound is of the steps the means are of: a mean of every step is exact and
+    left alone even where the warm-up step is cheaper (tests/test_bulk_report.py).
+    """
+    from zeus_callbacks.session import EnergySession
+
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.2},
+           "logging": {"log_dir": str(tmp_path), "interval_steps": 10}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for i in range(90):
+        session.step_start(i)
+        manual_clock.advance(0.5 if i % 5 == 4 else 0.01)
+        session.step_end(i, num_samples=32)
+    session.epoch_end(0)
+    summary = session.train_end()
+    assert summary.measured_steps < 89  # a sample of the 89 steps after the warm-up one
+    assert summary.step_time_s * 89 <= summary.time_s * (1 + 1e-12)
+    assert summary.step_energy_J * 89 <= summary.energy_J * (1 + 1e-12)
+    run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
+    assert run_end["step_time_s"] == summary.step_time_s

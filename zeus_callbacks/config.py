@@ -436,8 +436,8 @@ class StoreConfig(_Section):
         le=3600.0,
         description="How long (s) a store operation waits for another process's lock or transaction (a database: "
         "retries a transient error) before giving up: at run start the run then trains at default_batch_size "
-        "without the bandit's suggestion; at run start or end the trial is kept in <log_dir>/zeus_pending_trials "
-        "and recorded on the next open.",
+        "without the bandit's suggestion; either way (start or end) the trial's outcome is written to "
+        "<log_dir>/zeus_pending_trials at the run's end and recorded on the next open.",
     )
 
     @field_validator("url")
@@ -698,6 +698,42 @@ def setting_warnings(config: ZeusConfig) -> list[str]:
         found.append(
             "windows.max_overhead has no effect: it is the budget of windows.sample_fraction: auto, "
             f"and windows.sample_fraction is {windows.sample_fraction:g}"
+        )
+    return found
+
+
+def batch_size_warnings(config: ZeusConfig) -> list[str]:
+    """What a batch-size search misses without ``job_id`` or ``batch_size.target``, one line each.
+
+    Valid either way, and the bandit runs: without ``job_id`` its trials are those of job
+    ``default``, which every configuration that names no job shares in that store; without a target
+    no run converges, so the pruning removes no batch size (:attr:`BanditSettings.has_target
+    <zeus_callbacks.optimizers.batch_size._bandit_settings.BanditSettings.has_target>`), no run is
+    stopped early on cost (``beta_knob``: its threshold is the best converged cost) and the costs
+    compared are whole runs', not the cost to a target. ``validate-config`` prints these; a run
+    does not log them.
+
+    Args:
+        config: A validated configuration.
+
+    Returns:
+        One message per missing key, naming it and the consequence (empty when batch_size is off
+        or both are set).
+    """
+    if not config.batch_size.enabled:
+        return []
+    found = []
+    if config.job_id == ZeusConfig.model_fields["job_id"].default:
+        found.append(
+            f"batch_size.enabled without job_id: the trials go to job {config.job_id!r}, which every "
+            "configuration that names no job shares in this store, so different trainings would mix in one "
+            "search; set job_id to name this recurring job"
+        )
+    if config.batch_size.target is None:
+        found.append(
+            "batch_size.enabled without batch_size.target: no run converges, so the pruning removes no batch "
+            "size, no run is stopped early on cost (beta_knob) and the bandit compares whole runs' costs, not "
+            "the cost to reach a target; set batch_size.target {metric, value, direction}"
         )
     return found
 

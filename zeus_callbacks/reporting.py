@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -250,8 +250,11 @@ class RunSummary:
             the mean of the measured steps, each weighed by 1/p, ``p`` its chance of being measured
             (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain
             mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
-            is their energy estimate.
-        step_time_s: Mean step time, estimated alike (s), NaN without steps.
+            is their energy estimate. A sample's estimate can exceed what the whole run holds, which
+            no mean of its steps can: both step means are then scaled down by one factor, so that
+            × the steps after warm-up they are at most ``energy_J`` and ``time_s``.
+        step_time_s: Mean step time, estimated alike (s), NaN without steps; × the steps after warm-up,
+            at most ``time_s``.
         epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
             the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).
         power_limit_W: Power limit in force at the end (W): after profiling, the original one, restored.
@@ -629,6 +632,17 @@ def is_energy_log(path: str | Path) -> bool:
 def not_a_store_but_a_log(path: str | Path) -> str:
     """What to say when an energy log is given where a store is expected."""
     return f"{path} is a zeus-callbacks energy log (JSONL), not a store: read it with `zeus-callbacks report {path}`"
+
+
+def no_such_job(store: str | Path, job_id: str, job_ids: Sequence[str]) -> str:
+    """What ``show STORE JOB`` and ``plot bandit STORE JOB`` say when the store has no job ``job_id``.
+
+    Args:
+        store: The store as given on the command line.
+        job_id: The job asked for.
+        job_ids: The store's jobs (listed, so that a typo can be seen).
+    """
+    return f"no job {job_id!r} in {store} (its jobs: {', '.join(job_ids) or 'none'})"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

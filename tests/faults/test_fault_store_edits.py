@@ -245,3 +245,35 @@ def test_a_flipped_bit_in_an_index_is_refused_before_a_run_writes(originals, tmp
         for extra in tmp_path.glob(f"index{offset}*"):
             extra.unlink()
     assert not failures, failures
+
+
+def test_a_damaged_sqlite_store_gets_one_message_whatever_found_the_damage(originals, tmp_path):
+    # Before, a file SQLite could not open said "is not a readable SQLite store (...) — move it away",
+    # one its integrity check refused said "is damaged (SQLite's integrity check: ...)" (outside tester).
+    original = originals["sqlite"]
+    header = _copy(original, tmp_path, "header")  # SQLite's own header destroyed: "file is not a database"
+    data = bytearray(header.read_bytes())
+    data[:16] = b"not sqlite here!"
+    header.write_bytes(bytes(data))
+    with sqlite3.connect(f"file:{original}?mode=ro", uri=True) as db:
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'trials_by_job'").fetchone()[0]
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    index = _copy(original, tmp_path, "index")  # a cell of an index: the file opens, its integrity check fails
+    data = bytearray(index.read_bytes())
+    data[root * page_size - 1] ^= 0x80
+    index.write_bytes(bytes(data))
+    messages = []
+    for path in (header, index):
+        before = path.read_bytes()
+        with pytest.raises(StoreCorruptError) as info:
+            open_store(path)
+        assert path.read_bytes() == before
+        messages.append(str(info.value))
+    assert "integrity check" in messages[1] and "file is not a database" in messages[0]
+    for path, message in zip((header, index), messages, strict=True):
+        head, _, tail = message.partition(" (")
+        assert head == f"store {path} is damaged: SQLite cannot read it", message
+        assert tail.endswith(
+            "; it was left untouched — restore it from a backup, or move it away to start a new store "
+            "(the batch-size bandit then starts over)"
+        ), message

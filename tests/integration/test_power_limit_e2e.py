@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tests.integration.helpers import read_scalars, virtual_config
+from tests.integration.helpers import SampledClock, read_scalars, virtual_config
 from tests.integration.test_huggingface import make_trainer as make_hf_trainer
 from tests.integration.test_lightning import TinyRegressor, loaders
 from tests.integration.test_lightning import make_trainer as make_pl_trainer
 from zeus_callbacks import ZeusCallback, ZeusTrainerCallback
-from zeus_callbacks.backends.base import WallClock
+from zeus_callbacks.backends.base import Clock, WallClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.optimizers.power_limit import MARKER_NAME
 from zeus_callbacks.reporting import read_jsonl
@@ -28,13 +28,34 @@ def profiling_config(tmp_path) -> dict:
     return config
 
 
-def backend_at_original() -> VirtualGPUBackend:
-    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", clock=WallClock(), noise_W=3.0, read_only=False)
+STEP_S = 0.25  # a step's time at the maximum limit on the simulated clock (s)
+
+
+def backend_at_original(clock: Clock | None = None) -> VirtualGPUBackend:
+    clock = WallClock() if clock is None else clock
+    backend = VirtualGPUBackend(gpu="A40", workload="imagenet", clock=clock, noise_W=3.0, read_only=False)
     backend.set_power_limit_W(0, ORIGINAL_W)
     return backend
 
 
-def check_run(tmp_path, backend: VirtualGPUBackend) -> dict:
+class SimulatedTimeRegressor(TinyRegressor):
+    """Each training step takes the trace's time at the limit in force, on a clock only the steps move.
+
+    On the wall clock a step took this machine's time: under load the power samples lagged the steps,
+    profiling waited for them, and the search could still be running when the fit ended ("unfinished",
+    once in CI). Here every step and its samples are where the clock says, whatever the load.
+    """
+
+    def __init__(self, clock: SampledClock, backend: VirtualGPUBackend) -> None:
+        super().__init__()
+        self.clock, self.backend = clock, backend
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(STEP_S * self.backend.step_time_factor(self.backend.power_limit_W(0)))
+        return super().training_step(batch, batch_idx)
+
+
+def check_run(tmp_path, backend: VirtualGPUBackend, *, wall_clock: bool = True) -> dict:
     assert backend.power_limit_W(0) == ORIGINAL_W  # restored at the end
     assert not (tmp_path / "zeus" / MARKER_NAME).exists()
     records = read_jsonl(tmp_path / "zeus" / "test.jsonl")
@@ -44,18 +65,25 @@ def check_run(tmp_path, backend: VirtualGPUBackend) -> dict:
     limits_logged = {r["power_limit_W"] for r in records if r["event"] == "steps"}
     assert profile["chosen_limit_W"] in limits_logged or len(limits_logged) > 1
     assert records[-1]["event"] == "run_end" and records[-1]["power_limit_W"] == ORIGINAL_W
-    # The virtual GPU on the wall clock: power simulated, time not; the results say so (issue 26).
-    assert "not a saving" in profile["time_note"] and records[-1]["time_note"] == profile["time_note"]
+    if wall_clock:  # the virtual GPU on the wall clock: power simulated, time not; the results say so (issue 26)
+        assert "not a saving" in profile["time_note"] and records[-1]["time_note"] == profile["time_note"]
+    else:  # the trace's time too: nothing to say
+        assert profile["time_note"] is None and records[-1]["time_note"] is None
     return profile
 
 
 def test_lightning_profiles_applies_and_restores(tmp_path):
-    backend = backend_at_original()
+    # A real Lightning fit on a simulated clock (SimulatedTimeRegressor): where the search ends does not
+    # depend on how fast this machine runs the steps or the sampler thread.
+    clock = SampledClock(1_000.0)
+    backend = backend_at_original(clock)
     callback = ZeusCallback(profiling_config(tmp_path), backend=backend)
+    clock.adapter = callback
     trainer = make_pl_trainer(tmp_path, callback, max_epochs=3, val_check_interval=7)
     train, val = loaders()
-    trainer.fit(TinyRegressor(), train, val)
-    profile = check_run(tmp_path, backend)
+    trainer.fit(SimulatedTimeRegressor(clock, backend), train, val)
+    assert clock.reads >= 60  # the steps moved the clock, and the sensor was read after each
+    profile = check_run(tmp_path, backend, wall_clock=False)
     # The fit's length reached the search (issue 31): 3 epochs of 20 steps, power_limit.job_steps unset.
     assert job_steps_of(callback) == 60 == trainer.estimated_stepping_batches
     assert (profile["job_steps"], profile["job_steps_source"]) == (60, "trainer")  # and its record says so

@@ -14,7 +14,7 @@ from pathlib import Path
 from zeus_callbacks._run_log import impossible_figures, is_simulated, last_record, run_course, time_note_of
 from zeus_callbacks._terminal import name_impossible_figures, print_time_note
 from zeus_callbacks.errors import NotAnEnergyLog, NothingToPlot, ZeusCallbacksError
-from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log, read_jsonl
+from zeus_callbacks.reporting import is_energy_log, no_such_job, not_a_store_but_a_log, read_jsonl
 from zeus_callbacks.store import open_store
 
 
@@ -115,6 +115,8 @@ def _plot_profile(args: argparse.Namespace, out: Path) -> Drawn | None:
 def _plot_bandit(args: argparse.Namespace, out: Path) -> Drawn | None:
     """``plot bandit STORE JOB``: each recurrence's cost (:func:`zeus_callbacks._plots.plot_bandit_costs`).
 
+    None (the reason on stderr) when the store has no job ``JOB``, worded as ``show`` words it.
+
     Raises:
         StoreError: The store cannot be read.
         NothingToPlot: The job has no finished trial.
@@ -128,7 +130,11 @@ def _plot_bandit(args: argparse.Namespace, out: Path) -> Drawn | None:
         print(f"zeus-callbacks: {not_a_store_but_a_log(args.source)}", file=sys.stderr)
         return None
     with open_store(args.source, read_only=True) as store:
-        trials = [t for t in store.list_trials(args.job) if t.cost is not None]
+        job_ids = [job.job_id for job in store.list_jobs()]
+        trials = [t for t in store.list_trials(args.job) if t.cost is not None] if args.job in job_ids else []
+    if args.job not in job_ids:  # as show says it
+        print(f"zeus-callbacks: {no_such_job(args.source, args.job, job_ids)}", file=sys.stderr)
+        return None
     if not trials:
         raise NothingToPlot(f"job {args.job!r} has no finished trial in {args.source}")
     simulated = any(t.info.get("simulated") for t in trials)  # a trial on the virtual GPU: the figure says so

@@ -18,6 +18,7 @@ from zeus_callbacks._run_log import impossible_figures, is_simulated, last_recor
 from zeus_callbacks._terminal import fmt, name_impossible_figures, print_time_note, wrap
 from zeus_callbacks._units import readable_energy, three_figures
 from zeus_callbacks.cli import _compare as compare
+from zeus_callbacks.optimizers.power_limit import limits_measured_text
 from zeus_callbacks.reporting import NODE_OFF, energy_parts, read_jsonl
 
 
@@ -103,7 +104,7 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
                       + ("" if from_step is None else f", in force from step {from_step}")
                       + f" (original {fmt(end.get('power_limit_W'))} W, restored at the end)")  # fmt: skip
         if profile is not None and profile.get("finished") is False:
-            limits += f" (profiling did not finish: {len(profile.get('limits') or [])} limits measured)"
+            limits += f" (profiling did not finish: {_unfinished_profile(profile)})"
         missing = [k for k in ("run_name", "status", "energy_J", "time_s", "steps") if k not in end]
         print(f"run {fmt(end.get('run_name'))} ({fmt(end.get('status'))})")
         if simulated:
@@ -213,6 +214,17 @@ def _figure(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return fmt(value)
     return three_figures(float(value))
+
+
+def _unfinished_profile(profile: dict[str, Any]) -> str:
+    """How much of an unfinished ``power_limit_profile`` was measured, in the run's own warning's words."""
+    limits = profile.get("limits")
+    rows = limits if isinstance(limits, list) else []
+    measured = profile.get("limits_measured")
+    if isinstance(measured, int) and not isinstance(measured, bool):
+        return limits_measured_text(measured, len(rows))
+    # a log from before limits_measured: which of its rows was still under test is unknown
+    return f"{len(rows)} limit{'' if len(rows) == 1 else 's'} tried"
 
 
 def _job_backend(end: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from zeus_callbacks._terminal import fmt, table, wrap
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
-from zeus_callbacks.reporting import is_energy_log, not_a_store_but_a_log
+from zeus_callbacks.reporting import is_energy_log, no_such_job, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
 from zeus_callbacks.store._base import Store
 
@@ -105,8 +105,7 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
         if job_id is not None:
             chosen = [job for job in jobs if job.job_id == job_id]
             if not chosen:
-                names = ", ".join(job.job_id for job in jobs) or "none"
-                raise KeyError(f"no job {job_id!r} in {store_path} (its jobs: {names})")
+                raise KeyError(no_such_job(store_path, job_id, [job.job_id for job in jobs]))
             jobs = chosen
         for job in jobs:
             state = _state(store, job.job_id)

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zeus_callbacks.config import ConfigError, load_config, setting_warnings
+from zeus_callbacks.config import ConfigError, batch_size_warnings, load_config, setting_warnings
 from zeus_callbacks.errors import TraceFormatError
 
 
@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
     training paths are read and checked too; a ``logging.log_dir`` that a file keeps from being a
     folder, or that cannot be created or written, is an error (the run would fail at its start).
 
-    Settings that have no effect beside the others (:func:`~zeus_callbacks.config.setting_warnings`)
-    are printed on stderr, one line each; they leave the file valid.
+    Settings that have no effect beside the others (:func:`~zeus_callbacks.config.setting_warnings`),
+    and a batch-size search without ``job_id`` or ``batch_size.target``
+    (:func:`~zeus_callbacks.config.batch_size_warnings`), are printed on stderr, one line each; they
+    leave the file valid.
 
     Returns:
         0 when valid (with or without warnings), 1 (the errors on stderr) when not.
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:  # the run would fail at its start: say so now
         print(f"invalid zeus-callbacks configuration in {args.file}:\n  logging.log_dir: {problem}", file=sys.stderr)
         return 1
-    for message in setting_warnings(config):
+    for message in setting_warnings(config) + batch_size_warnings(config):
         print(f"{args.file}: warning: {message}", file=sys.stderr)
     if args.json:
         print(json.dumps(config.model_dump(mode="json"), indent=2))

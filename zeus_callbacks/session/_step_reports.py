@@ -455,4 +455,5 @@ class StepReports:
             time_note=time_note,
             counter_note_local=counter_why,
             measured_steps=t.measured_steps,
+            warmup_steps=self._warmup_done(),
         )

@@ -327,10 +327,7 @@ class SQLStore(Store):
         if isinstance(exc, self._sa.exc.IntegrityError):  # a write the schema refuses (a pending_id recorded twice)
             return StoreError(f"store {self.location}: {what} refused by the schema ({reason}); nothing was written")
         if "file is not a database" in lower or "malformed" in lower:
-            return StoreCorruptError(
-                f"store {self.location} is not a readable SQLite store ({reason}); it was left untouched — "
-                "move it away to start a new one"
-            )
+            return self._damaged(reason)
         if self.file is not None:
             return self._file_error(reason, what, waited_s)
         if _is_auth(exc):
@@ -369,7 +366,14 @@ class SQLStore(Store):
             )
         if "unable to open" in lower or "readonly" in lower or "disk i/o" in lower:
             return StoreError(f"cannot {what} store {self.location}: {reason}")
-        return StoreCorruptError(f"store {self.location} is unreadable ({what}: {reason}); it was left untouched")
+        return self._damaged(f"{what}: {reason}")
+
+    def _damaged(self, detail: str) -> StoreCorruptError:
+        """The one message of a SQLite file SQLite cannot read, whatever found it (``detail``: what SQLite said)."""
+        return StoreCorruptError(
+            f"store {self.location} is damaged: SQLite cannot read it ({detail}); it was left untouched — "
+            "restore it from a backup, or move it away to start a new store (the batch-size bandit then starts over)"
+        )
 
     # -- opening ------------------------------------------------------------------------
     def _open(self) -> None:
@@ -390,10 +394,7 @@ class SQLStore(Store):
         rows = conn.exec_driver_sql("PRAGMA integrity_check").fetchall()
         if [tuple(row) for row in rows] != [("ok",)]:
             found = " ".join(str(rows[0][0]).split())
-            raise StoreCorruptError(
-                f"store {self.location} is damaged (SQLite's integrity check: {found}); it was left untouched — "
-                "move it away to start a new one"
-            )
+            raise self._damaged(f"its integrity check: {found}")
 
     def _set_journal_mode(self, conn: Any) -> None:
         """WAL, or the rollback journal on a network filesystem (a new file's switch is retried while locked)."""

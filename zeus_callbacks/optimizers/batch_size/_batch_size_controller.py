@@ -302,8 +302,8 @@ def _merge_one(store: Store, config: ZeusConfig, path: Path, pending: dict[str, 
 
 def _detached_warning(exc: Exception, config: ZeusConfig) -> None:
     logger.warning(
-        "zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: the "
-        "trial is kept in %s and recorded when the store is next opened",
+        "zeus-callbacks: %s; training at default_batch_size %d without the bandit's suggestion: at the "
+        "run's end its trial is written to %s and recorded when the store is next opened",
         exc,
         config.batch_size.default_batch_size,
         pending_dir(config),

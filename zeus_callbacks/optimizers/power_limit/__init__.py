@@ -33,7 +33,11 @@ from zeus_callbacks.optimizers.power_limit._marker import (
 )
 from zeus_callbacks.optimizers.power_limit._objective import Objective
 from zeus_callbacks.optimizers.power_limit._owner import Owner
-from zeus_callbacks.optimizers.power_limit._power_limit_controller import PowerLimitController, PowerLimitResult
+from zeus_callbacks.optimizers.power_limit._power_limit_controller import (
+    PowerLimitController,
+    PowerLimitResult,
+    limits_measured_text,
+)
 from zeus_callbacks.optimizers.power_limit._search import is_unimodal, power_limit_grid_W
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "RestoreMarker",
     "RestoreOutcome",
     "is_unimodal",
+    "limits_measured_text",
     "marker_path",
     "marker_paths",
     "power_limit_grid_W",

@@ -32,6 +32,19 @@ from zeus_callbacks.optimizers.power_limit._time_note import time_note
 logger = logging.getLogger(__name__)
 
 
+def limits_measured_text(measured: int, tried: int) -> str:
+    """How much of an unfinished profile was measured, as the warning and ``zeus-callbacks report`` say it.
+
+    Args:
+        measured: Limits whose window was decided (the one under test and a limit never profiled are not).
+        tried: Limits the profile record lists (:attr:`PowerLimitResult.rows`).
+
+    Returns:
+        E.g. ``"9 of the 10 limits tried measured"``.
+    """
+    return f"{measured} of the {tried} limit{'' if tried == 1 else 's'} tried measured"
+
+
 @dataclass(frozen=True)
 class PowerLimitResult:
     """The outcome, for the log (source: profile, cache, checkpoint, observe, unfinished or abandoned)."""
@@ -44,6 +57,7 @@ class PowerLimitResult:
     fallback_sweep: bool
     message: str
     finished: bool = True
+    limits_measured: int | None = None  # unfinished only: the rows whose window was decided (see unfinished)
 
 
 class PowerLimitController:
@@ -241,6 +255,7 @@ class PowerLimitController:
         profiling_steps: int | None = None,
         sweep: bool | None = None,
         finished: bool = True,
+        limits_measured: int | None = None,
     ) -> PowerLimitResult:
         """Keep (and log at ``level``) the outcome; what is not given comes from the profiler."""
         p = self.profiler
@@ -249,7 +264,9 @@ class PowerLimitController:
         steps = p.profiling_steps if profiling_steps is None else profiling_steps
         rows = self._rows() if rows is None else rows
         sweep = p.fallback_sweep if sweep is None else sweep
-        self.result = PowerLimitResult(source, chosen_W, steps, p.objective.key(), rows, sweep, message, finished)
+        self.result = PowerLimitResult(
+            source, chosen_W, steps, p.objective.key(), rows, sweep, message, finished, limits_measured
+        )
         return self.result
 
     def _rows(self) -> list[dict[str, float]]:
@@ -289,12 +306,15 @@ class PowerLimitController:
                 f"ended after {steps} steps; nothing was chosen or changed"
             )
             return self._conclude("observe", None, message, logging.INFO, rows=rows, finished=False)
+        # "of" the rows the record lists (the search adds limits off the grid, and never tries some on it)
         message = (
-            f"power-limit profiling did not finish in {steps} steps ({done} of {len(p.limits_W)} limits "
-            f"measured); the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
+            f"power-limit profiling did not finish in {steps} steps ({limits_measured_text(done, len(rows))}); "
+            f"the run trained at {trained} and no limit was chosen; raise max_steps/epochs, or "
             "lower power_limit.profile_steps / warmup_steps so profiling ends within the run"
         )
-        return self._conclude("unfinished", None, message, logging.WARNING, rows=rows, finished=False)
+        return self._conclude(
+            "unfinished", None, message, logging.WARNING, rows=rows, finished=False, limits_measured=done
+        )
 
     def _finish(self) -> PowerLimitResult:
         p = self.profiler
