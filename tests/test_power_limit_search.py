@@ -98,6 +98,19 @@ def test_a_limit_two_watts_from_the_best_is_measured_again_when_the_job_repays_i
     assert polish is not None and polish[0] in (200.0, 197.907) and polish[1] >= 6
 
 
+def test_the_best_is_not_measured_again_against_itself():
+    # Every other limit is settled (clearly dearer over long windows): nothing is left to tell the best
+    # from, however wide its own interval, so the polish ends instead of spending the job's share on it.
+    grid = power_limit_grid_W(100, 300, 35)
+    prof = _profiler(grid, "energy", job_steps=50_000)
+    rng = np.random.default_rng(1)
+    for x in grid:
+        level, n = (1.0, 6) if x == 200.0 else (1.2, 40)
+        energy = list(level * (1 + 0.03 * rng.standard_normal(n)))
+        prof.profiles[x] = LimitProfile(x, energy, [1.0] * n, steps=n + 1)
+    assert prof._polish() is None
+
+
 # -- search ----------------------------------------------------------------------------
 def drive(plan: SearchPlan, cost_fn, half_width: float = 0.0) -> tuple[float, dict[float, Measured]]:
     """Run the search on exact (or fixed-width) measurements; return (choice, what it measured)."""
@@ -661,7 +674,7 @@ def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_wi
     steps_left = job_steps - prof.profiling_steps
     for x, m in measured.items():
         spread = math.hypot(m.half_width, best.half_width)
-        if spread <= s.polish_ci * best.cost or no_share:
+        if x == chosen or spread <= s.polish_ci * best.cost or no_share:
             continue
         sd, diff = spread / 1.96, m.cost - best.cost
         saving = sd * float(stats.norm.pdf(diff / sd)) - diff * float(stats.norm.cdf(-diff / sd))
@@ -669,5 +682,5 @@ def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_wi
         window = min(max(prof.profiles[target].n, s.min_profile_steps), s.profile_steps) + s.warmup_steps
         excess = max(prof.measured()[target].cost / best.cost - 1, 0)
         overspends = prof.excess_steps(chosen) + window * excess > budget
-        assert overspends or saving / best.cost * steps_left - window * excess <= 1e-9 * steps_left
+        assert overspends or saving / best.cost * steps_left - window * excess <= window * s.polish_ci + 1e-9
     assert cost(chosen) <= 1.01 * min(cost(x) for x in np.linspace(low, low + width, 801))

@@ -753,7 +753,8 @@ class PowerLimitProfiler:
         best. The window measures the wider of the two, where the excess budget left pays it. Ranked per
         step of the window, since the polish's steps are capped: a limit dropped after a short, noisy
         window is cheap to measure again, a tie already measured long is not. Pairs whose combined
-        half-widths are under ``polish_ci`` of the best's cost are settled. A limit close to the best
+        half-widths are under ``polish_ci`` of the best's cost are settled, and so is a pair whose window
+        saves under ``polish_ci`` of a step per step. A limit close to the best
         in watts is no exception: on a curve with a kink at the optimum (a trace's measured points), 2 W
         off it can cost 0.7 % more.
         """
@@ -764,14 +765,15 @@ class PowerLimitProfiler:
         chosen, chosen_rate = None, 0.0
         for x, m in feasible.items():
             spread = math.hypot(m.half_width, best.half_width)
-            if not spread > s.polish_ci * abs(best.cost):
+            if x == best_x or not spread > s.polish_ci * abs(best.cost):
                 continue
             saving = _expected_saving(m.cost - best.cost, spread / 1.96)
             target = max((x, best_x), key=lambda y: feasible[y].half_width)
             window = self._polish_steps(target) + s.warmup_steps
             excess = max(self._price(target) / best_price - 1.0, 0.0)
             gain = saving / abs(best.cost) * steps_left - window * excess
-            if gain > 0 and window * excess <= budget_left and gain / window > chosen_rate:
+            # a window at the best costs no excess: it must still save a polish_ci share of a step per step
+            if gain > window * s.polish_ci and window * excess <= budget_left and gain / window > chosen_rate:
                 chosen, chosen_rate = target, gain / window
         return chosen
 
