@@ -340,3 +340,17 @@ def test_use_batch_size_takes_any_integral_but_not_a_float_bool_or_str(tmp_path,
     with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend, batch_size=np.int32(16)) as m:
         train(m, manual_clock, 16)
     assert [(t.batch_size, t.status) for t in trials(tmp_path)][1] == (16, "completed")
+
+
+def test_a_plain_int_copy_of_a_suggestion_is_named_in_the_warning(tmp_path, virtual_backend, manual_clock, caplog):
+    config = bandit_config(tmp_path)
+    size = suggest_batch_size(config)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend, batch_size=int(size)) as m:
+            train(m, manual_clock, int(size))
+    (warning,) = [w for w in warnings_of(caplog) if "plain int" in w]
+    assert "measure(batch_size=32) was given a plain int" in warning
+    assert "suggestion made before the run (batch size 32, trial 1) was not claimed" in warning and "trial 2" in warning
+    assert "as returned, not copied with int()" in warning
+    assert [(t.trial_id, t.status) for t in trials(tmp_path)][1] == (2, "completed")
+    del size

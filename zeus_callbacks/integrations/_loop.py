@@ -37,6 +37,7 @@ from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.errors import CallOrderError
 from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
+from zeus_callbacks.optimizers.batch_size._batch_size_controller import unclaimed_suggestion
 from zeus_callbacks.session import Decision
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class Measurement(SessionAdapter):
         batch_size: The batch size the loop trains at (samples per step on each process), for the
             bandit's trial; default: none given (call :meth:`use_batch_size` in the run). Pass what
             :func:`~zeus_callbacks.suggest_batch_size` returned, to build the data loaders before the
-            run: the run claims its trial. Ignored with ``batch_size.enabled`` false.
+            run: the run claims its trial (only as returned: a copy made with ``int()`` carries no trial).
+            Ignored with ``batch_size.enabled`` false.
 
     Raises:
         ConfigError: The configuration is invalid (raised here, before training).
@@ -137,10 +139,15 @@ class Measurement(SessionAdapter):
         self.should_stop = False
         self._said = _SaidBatchSize()
         handed = self._batch_size_arg
+        copied = None  # a suggestion made before the run that a plain int copy of it did not claim
         if isinstance(handed, SuggestedBatchSize) and self.config.batch_size.enabled:
             self.session.suggest_batch_size(handed)  # claims its trial (and store), as the HF callback does
+        elif handed is not None and self.config.batch_size.enabled:
+            copied = unclaimed_suggestion(self.config.job_id)
         self.session.train_start(run_name=self._run_name_arg)
         self._running = True
+        if copied is not None:
+            self._warn_copied(int(handed), copied.batch_size, copied.trial_id)  # type: ignore[arg-type]
         if handed is not None:
             self._use(handed, "measure(batch_size=...)")
         return self
@@ -274,6 +281,23 @@ class Measurement(SessionAdapter):
             "The trial is recorded at",
         )  # fmt: skip
         self.session.use_batch_size(size)
+
+    def _warn_copied(self, handed: int, batch_size: int, trial_id: int) -> None:
+        """``measure(batch_size=handed)`` got a plain int while a suggestion of the job waits unclaimed: say so."""
+        controller = self.session.batch_size_controller  # None: not the main process (nothing drawn here)
+        if controller is None:
+            return
+        logger.warning(
+            "zeus-callbacks: measure(batch_size=%d) was given a plain int, not the value suggest_batch_size() "
+            "returned, so the suggestion made before the run (batch size %d, trial %d) was not claimed: this run "
+            "drew a trial of its own (trial %s), and trial %d is withdrawn once that value is dropped. Pass the "
+            "value as returned, not copied with int() (docs/raw_loops.md)",
+            handed,
+            batch_size,
+            trial_id,
+            controller.trial_id,
+            trial_id,
+        )
 
     def _withdraw_unless_told(self) -> None:
         """At the run's end: a bandit trial whose batch size the loop never gave (or gave late, or two) is withdrawn.
