@@ -26,6 +26,7 @@ import functools
 import inspect
 import logging
 import operator
+import os
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_active: tuple[int, Measurement] | None = None
+"""The run under way in this process (its pid, its object): runs of two objects cannot nest."""
+
 
 class Measurement(SessionAdapter):
     """One measured run per ``with`` block (or per call of the decorated function).
@@ -59,6 +63,9 @@ class Measurement(SessionAdapter):
     step (``batch_size`` here, or :meth:`use_batch_size`): the run's trial is recorded at that size.
     A run that never says, says after steps ran, or says two sizes is not recorded (its trial is
     withdrawn, with a warning), since the loop's batch size is unknown or mixed.
+
+    One run at a time in a process: a run of another ``measure()`` object inside this one's is
+    refused (its energy would be counted in both).
 
     Args:
         config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
@@ -126,12 +133,19 @@ class Measurement(SessionAdapter):
             This object, for the marks.
 
         Raises:
-            CallOrderError: A run of this object is already under way (blocks do not nest).
+            CallOrderError: A run of this object is already under way (blocks do not nest), or a run
+                of another ``measure()`` object in this process (its energy would be counted in both).
             BackendUnavailable: The configured backend cannot be used here.
             StoreError: With the bandit on, its store cannot be opened (corrupt, newer schema).
         """
         if self._running:
             raise CallOrderError("measure(): a run is already under way; a with block of it cannot nest")
+        if _active is not None and _active[0] == os.getpid():
+            raise CallOrderError(
+                "measure(): a run of another measure() object is under way in this process; two runs cannot nest "
+                "(the outer run's energy would include the inner one's, and both would be recorded). End the "
+                "outer run first, or measure the inner part as a window of it: with m.window(name): ..."
+            )
         self._new_session(is_main_process=self._is_main_arg, device_index=self._device_index)
         self._in_step = self._in_eval = False
         self._epoch = None
@@ -146,6 +160,7 @@ class Measurement(SessionAdapter):
             copied = unclaimed_suggestion(self.config.job_id)
         self.session.train_start(run_name=self._run_name_arg)
         self._running = True
+        _set_active(self)
         if copied is not None:
             self._warn_copied(int(handed), copied.batch_size, copied.trial_id)  # type: ignore[arg-type]
         if handed is not None:
@@ -161,6 +176,7 @@ class Measurement(SessionAdapter):
         evaluation still open is measured up to here. An open step or epoch is warned about.
         """
         self._running = False
+        _set_active(None)
         self._withdraw_unless_told()
         if exc is not None:
             self.summary = self.session.exception(exc)
@@ -515,6 +531,12 @@ class _SaidBatchSize:
     how: str | None = None  # the call that said it
     withdraw: tuple[str, str] | None = None  # said late or two sizes: (the trial's reason, what the warning says)
     refused: list[str] = field(default_factory=list)  # the first few calls refused (not an integer, below 1)
+
+
+def _set_active(run: Measurement | None) -> None:
+    """Mark ``run`` as this process's run under way (None: none)."""
+    global _active
+    _active = None if run is None else (os.getpid(), run)
 
 
 def _check_batch_size(call: str, batch_size: object) -> int:
