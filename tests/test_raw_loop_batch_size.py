@@ -221,7 +221,8 @@ def test_the_batch_size_calls_refuse_misuse_clearly(tmp_path, virtual_backend):
 @pytest.mark.timeout(600)
 def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_path, monkeypatch):
     # The same two runs through Lightning Fabric: the suggestion is drawn before the loaders and handed to measure().
-    # The example evaluates after its run, outside measure(): no target, or the bandit would hold its first size.
+    # With a target: the example evaluates inside its run (an outside tester found it evaluating after the run, so
+    # every trial was recorded not converged though val/acc reached the target).
     pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # fabric_loop imports raw_loop's model and data
@@ -237,13 +238,16 @@ def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_
         return build(batch_size)
 
     monkeypatch.setattr(example, "digits_loaders", spy)
-    config = bandit_yaml(tmp_path, target=False)
-    for _ in range(2):
-        example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")])
+    config = bandit_yaml(tmp_path)
+    results = [
+        example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")]) for _ in range(2)
+    ]
     with open_store(tmp_path / "store.sqlite") as store:
         trials = store.list_trials("digits-nightly")
     assert [t.batch_size for t in trials] == trained and trained[1] != trained[0]
     assert all(t.status in ("completed", "early_stopped") for t in trials)  # one trial a run, claimed: none withdrawn
+    assert all(r["val_acc"] >= 0.5 and r["should_stop"] for r in results)  # the target reached: asked to stop
+    assert [t.converged for t in trials] == [True, True]
 
 
 # ---------------------------------------------------------------------- said late, said twice (outside tester, round 2)
