@@ -547,7 +547,7 @@ def _check_batch_size(call: str, batch_size: object) -> int:
     try:
         if isinstance(batch_size, bool):
             raise TypeError
-        size = operator.index(batch_size)  # type: ignore[call-overload]
+        size = operator.index(batch_size)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{call}: the batch size must be an int, not {type(batch_size).__name__}") from None
     if size < 1:
