@@ -2,7 +2,8 @@
 
 ``@meter`` (``zeus_callbacks.measure``) makes each call of the training function one measured
 run; the loop marks epochs and steps with ``epoch_start``/``epoch_end`` and
-``step_start``/``step_end``, and hands the energy metrics to Fabric's TensorBoard logger.
+``step_start``/``step_end``, evaluates each epoch inside the run (``meter.evaluation()``), and
+hands the energy metrics to Fabric's TensorBoard logger.
 Real data (the digits that ship with scikit-learn); the model and data are ``raw_loop.py``'s.
 Runs on the GPU when there is one, else on the CPU with the virtual GPU reporting power.
 
@@ -11,7 +12,8 @@ Runs on the GPU when there is one, else on the CPU with the virtual GPU reportin
 Then: ``tensorboard --logdir runs`` (scalars under energy/, power/, time/).
 With the batch-size optimiser on (``batch_size.enabled: true`` in the config) the loaders are built at
 the size ``suggest_batch_size`` returns, handed to ``measure(batch_size=...)`` so that the run is recorded
-at it, and the loop stops when the optimiser asks (``meter.should_stop``).
+at it, and the loop stops when the optimiser asks (``meter.should_stop``). Each epoch's validation accuracy
+goes to ``meter.evaluation()``, so that a run reaching ``batch_size.target`` is recorded as converged.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     @meter  # each call is one run: train_start on entry, train_end (or exception) on exit
     def fit(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-        step = 0
+        step, val_acc = 0, float("nan")
         for _ in range(args.epochs):
             meter.epoch_start()
             for x, y in train_loader:
@@ -80,11 +82,15 @@ def main(argv: list[str] | None = None) -> dict:
                 step += 1
                 if meter.should_stop:  # the batch-size optimiser stopped this run early (its cost is too high)
                     break
+            # Inside the run: the target is checked here. Every process runs it (each on its shard of the data).
+            with meter.evaluation(every_rank=True) as results:
+                val_acc = accuracy(model, val_loader, fabric.device)
+                results["val/acc"] = val_acc  # reaching batch_size.target sets meter.should_stop
             meter.epoch_end()
-            fabric.log_dict(meter.pop_metrics(), step=step)  # the epoch's energy
+            fabric.log_dict(meter.pop_metrics(), step=step)  # the epoch's energy and its evaluation's
             if meter.should_stop:
                 break
-        return accuracy(model, val_loader, fabric.device)
+        return val_acc
 
     try:
         val_acc = fit(model, optimizer)

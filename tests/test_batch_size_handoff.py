@@ -80,6 +80,9 @@ def test_a_second_suggestion_of_a_job_withdraws_the_earlier_unclaimed_one(tmp_pa
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
         two = suggest_batch_size(config(tmp_path))
     assert "called again for job nightly" in caplog.text and "trial 1" in caplog.text
+    # Its advice names both ways to hand the value on, not the Hugging Face one alone (a raw loop's user read it too).
+    assert "per_device_train_batch_size=...) for the Hugging Face Trainer" in caplog.text
+    assert "measure(config, batch_size=...) for a raw loop" in caplog.text
     assert one.withdrawn and not two.withdrawn
     with open_store(tmp_path / "zeus_store.sqlite") as store:
         first = store.get_trial(1)

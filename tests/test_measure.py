@@ -193,6 +193,36 @@ def test_a_mark_out_of_order_is_a_clear_error_and_the_run_still_ends(config, vir
     assert records(m, "exception")[0]["type"] == "CallOrderError"
 
 
+@pytest.mark.parametrize("how", ["with", "decorator"])
+def test_a_run_of_another_measure_inside_a_run_is_refused(config, virtual_backend, manual_clock, how):
+    # An outside tester: two measure() objects nested ran silently; the outer run's energy held the inner's, and
+    # both were recorded (with the bandit on, as two trials). The inner one is refused where it starts.
+    outer, inner = (zeus_callbacks.measure(config, backend=virtual_backend) for _ in range(2))
+
+    @inner
+    def inner_run() -> None: ...
+
+    with outer:
+        with outer.step():
+            work(outer, manual_clock, STEP_S)
+        with pytest.raises(CallOrderError, match="a run of another measure\\(\\) object is under way in this process"):
+            if how == "with":
+                with inner:
+                    pass
+            else:
+                inner_run()
+        assert inner.summary is None and not inner._running  # never started: nothing measured, nothing recorded
+        with outer.step():  # the outer run goes on
+            work(outer, manual_clock, STEP_S)
+    assert outer.summary is not None and (outer.summary.status, outer.summary.steps) == ("completed", 2)
+    with inner:  # one after the other is fine
+        pass
+    with pytest.raises(RuntimeError, match="boom"), outer:  # a run that failed frees the process too
+        raise RuntimeError("boom")
+    inner_run()
+    assert inner.summary is not None and inner.summary.status == "completed"
+
+
 @pytest.mark.parametrize(
     "mark", [lambda m: m.step_start(), lambda m: m.step_end(), lambda m: m.epoch_start(), lambda m: m.window("w")]
 )

@@ -221,7 +221,8 @@ def test_the_batch_size_calls_refuse_misuse_clearly(tmp_path, virtual_backend):
 @pytest.mark.timeout(600)
 def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_path, monkeypatch):
     # The same two runs through Lightning Fabric: the suggestion is drawn before the loaders and handed to measure().
-    # The example evaluates after its run, outside measure(): no target, or the bandit would hold its first size.
+    # With a target: the example evaluates inside its run (an outside tester found it evaluating after the run, so
+    # every trial was recorded not converged though val/acc reached the target).
     pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # fabric_loop imports raw_loop's model and data
@@ -237,10 +238,123 @@ def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_
         return build(batch_size)
 
     monkeypatch.setattr(example, "digits_loaders", spy)
-    config = bandit_yaml(tmp_path, target=False)
-    for _ in range(2):
-        example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")])
+    config = bandit_yaml(tmp_path)
+    results = [
+        example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")]) for _ in range(2)
+    ]
     with open_store(tmp_path / "store.sqlite") as store:
         trials = store.list_trials("digits-nightly")
     assert [t.batch_size for t in trials] == trained and trained[1] != trained[0]
     assert all(t.status in ("completed", "early_stopped") for t in trials)  # one trial a run, claimed: none withdrawn
+    assert all(r["val_acc"] >= 0.5 and r["should_stop"] for r in results)  # the target reached: asked to stop
+    assert [t.converged for t in trials] == [True, True]
+
+
+# ---------------------------------------------------------------------- said late, said twice (outside tester, round 2)
+def train_steps(m, clock, batch_size: int, steps: int = 4) -> None:
+    """One epoch of ``steps`` steps marked with step_start/step_end, no evaluation."""
+    m.epoch_start()
+    for _ in range(steps):
+        m.step_start()
+        clock.advance(STEP_S)
+        m.session.sampler.poll_once()
+        m.step_end(num_samples=batch_size)
+    m.epoch_end()
+
+
+def test_a_batch_size_said_after_steps_ran_withdraws_the_trial_with_one_warning(
+    tmp_path, virtual_backend, manual_clock, caplog
+):
+    # The tester's case: the loop trained at 8, then said the suggestion; the trial was recorded at 32, never trained.
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend) as m:
+            suggested = m.suggested_batch_size
+            train_steps(m, manual_clock, 8)
+            m.use_batch_size(suggested)
+    (warning,) = warnings_of(caplog)
+    assert "use_batch_size(32) after 4 training steps had run" in warning and "withdrawn, not recorded" in warning
+    assert "before the first step" in warning and "trial 1" in warning
+    (trial,) = trials(tmp_path)
+    assert (trial.status, trial.cost) == ("withdrawn", None)
+    assert trial.info["reason"] == "withdrawn: the loop said its batch size after training steps had run"
+
+
+@pytest.mark.parametrize("by_measure", [False, True], ids=["use_batch_size-twice", "measure-then-use_batch_size"])
+def test_two_different_batch_sizes_said_in_one_run_withdraw_the_trial_with_one_warning(
+    tmp_path, virtual_backend, manual_clock, caplog, by_measure
+):
+    config = bandit_config(tmp_path)
+    size = suggest_batch_size(config) if by_measure else None
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend, batch_size=size) as m:
+            if not by_measure:
+                m.use_batch_size(m.suggested_batch_size)
+            m.use_batch_size(64)  # before any step, but a second, different size: the run's size is mixed
+            m.use_batch_size(16)  # a third: still one warning
+            train(m, manual_clock, 64)
+    (warning,) = warnings_of(caplog)
+    first = "measure(batch_size=...)" if by_measure else "use_batch_size()"
+    assert f"said two batch sizes: 32 ({first}), then 64 (use_batch_size())" in warning
+    assert "withdrawn, not recorded" in warning and "say it once" in warning
+    (trial,) = trials(tmp_path)
+    assert trial.status == "withdrawn"
+    assert trial.info["reason"] == "withdrawn: the loop said two batch sizes (32, then 64)"
+
+
+def test_the_same_batch_size_said_twice_or_after_steps_is_fine(tmp_path, virtual_backend, manual_clock, caplog):
+    config = bandit_config(tmp_path)
+    size = suggest_batch_size(config)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend, batch_size=size) as m:
+            m.use_batch_size(32)
+            train(m, manual_clock, 32)
+            m.use_batch_size(32)  # the same size again, after steps: nothing new said
+    assert warnings_of(caplog) == []
+    (trial,) = trials(tmp_path)
+    assert (trial.batch_size, trial.status) == (32, "completed")
+
+
+def test_a_refused_batch_size_is_named_in_the_end_of_run_warning(tmp_path, virtual_backend, manual_clock, caplog):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend) as m:
+            with pytest.raises(ValueError, match="at least 1"):
+                m.use_batch_size(0)
+            with pytest.raises(TypeError, match="not float"):
+                m.use_batch_size(128.0)  # type: ignore[arg-type]
+            train(m, manual_clock, 32)
+    (warning,) = warnings_of(caplog)
+    assert (
+        "never said a valid batch size" in warning and "(refused: use_batch_size(0), use_batch_size(128.0))" in warning
+    )
+    assert "never said which batch size it trained at" not in warning
+    (trial,) = trials(tmp_path)
+    assert trial.status == "withdrawn"
+
+
+def test_use_batch_size_takes_any_integral_but_not_a_float_bool_or_str(tmp_path, virtual_backend, manual_clock):
+    np = pytest.importorskip("numpy")
+    with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend) as m:
+        for wrong, kind in ((True, "bool"), (128.0, "float"), ("128", "str"), (np.float64(128), "float64")):
+            with pytest.raises(TypeError, match=f"must be an int, not {kind}"):
+                m.use_batch_size(wrong)  # type: ignore[arg-type]
+        m.use_batch_size(np.int64(64))
+        train(m, manual_clock, 64)
+    (trial,) = trials(tmp_path)
+    assert (trial.batch_size, trial.status) == (64, "completed")
+    with zeus_callbacks.measure(bandit_config(tmp_path), backend=virtual_backend, batch_size=np.int32(16)) as m:
+        train(m, manual_clock, 16)
+    assert [(t.batch_size, t.status) for t in trials(tmp_path)][1] == (16, "completed")
+
+
+def test_a_plain_int_copy_of_a_suggestion_is_named_in_the_warning(tmp_path, virtual_backend, manual_clock, caplog):
+    config = bandit_config(tmp_path)
+    size = suggest_batch_size(config)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        with zeus_callbacks.measure(config, backend=virtual_backend, batch_size=int(size)) as m:
+            train(m, manual_clock, int(size))
+    (warning,) = [w for w in warnings_of(caplog) if "plain int" in w]
+    assert "measure(batch_size=32) was given a plain int" in warning
+    assert "suggestion made before the run (batch size 32, trial 1) was not claimed" in warning and "trial 2" in warning
+    assert "as returned, not copied with int()" in warning
+    assert [(t.trial_id, t.status) for t in trials(tmp_path)][1] == (2, "completed")
+    del size

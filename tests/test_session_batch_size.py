@@ -265,3 +265,41 @@ def test_exploring_thompson_run_stops_at_the_best_arms_bound_and_is_censored(tmp
         post = bandit.posteriors([128])[128]
         as_cut = bandit.posteriors([128], bandit.observations())[128]
     assert post.n == 2.0 and post.mean > as_cut.mean  # counted above the cut, not at it
+
+
+@pytest.mark.parametrize(
+    ("evaluations", "said"),
+    [
+        ([{"val_acc": 0.9, "val/loss": 0.1}], "its evaluations reported val/loss, val_acc"),
+        ([], "no evaluation reported any metric"),
+    ],
+    ids=["misnamed", "no-evaluation"],
+)
+def test_a_run_that_never_reports_the_target_metric_says_so_once_at_its_end(tmp_path, caplog, evaluations, said):
+    # An outside tester: examples/fabric_loop.py evaluated outside its run, so every trial was recorded not converged
+    # (and its arm pruned) though val/acc reached the target, without a word. Any adapter can miss the metric.
+    session, _, clock = new_run(tmp_path, "one")
+    session.train_start(run_name="one")
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        for i in range(3):
+            step(session, clock, i)
+        for metrics in evaluations * 2:
+            session.evaluate(metrics)
+        session.train_end()
+    (warning,) = [r.getMessage() for r in caplog.records if "never reported" in r.getMessage()]
+    assert f"batch_size.target names metric val/acc, but this run never reported it ({said})" in warning
+    assert "trial 1 (batch size 64) is recorded as not converged" in warning
+    with open_store(tmp_path / "zeus_store.sqlite") as store:
+        (trial,) = store.list_trials("nightly")
+    assert (trial.status, trial.converged) == ("completed", False)
+
+
+def test_a_target_metric_reported_but_not_reached_or_no_target_warns_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        for name, bs in (("missed", {}), ("no-target", {"target": None})):
+            session, _, clock = new_run(tmp_path / name, name, **bs)
+            session.train_start(run_name=name)
+            step(session, clock, 0)
+            session.evaluate({"val/acc": 0.1})
+            session.train_end()
+    assert "never reported" not in caplog.text

@@ -25,8 +25,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
+import os
+import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,12 +38,16 @@ from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.errors import CallOrderError
 from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
+from zeus_callbacks.optimizers.batch_size._batch_size_controller import unclaimed_suggestion
 from zeus_callbacks.session import Decision
 
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_active: tuple[int, Measurement] | None = None
+"""The run under way in this process (its pid, its object): runs of two objects cannot nest."""
 
 
 class Measurement(SessionAdapter):
@@ -51,9 +59,13 @@ class Measurement(SessionAdapter):
     named windows (:meth:`window`). Steps and epochs are numbered from 0 in the order they end.
 
     With the batch-size bandit on (``batch_size.enabled``), the loop trains at the batch size it
-    suggests (:attr:`suggested_batch_size`) and says which size it trains at (``batch_size`` here,
-    or :meth:`use_batch_size`): the run's trial is recorded at that size. A run that never says is
-    not recorded (its trial is withdrawn, with a warning), since the loop's batch size is unknown.
+    suggests (:attr:`suggested_batch_size`) and says which size it trains at, once, before its first
+    step (``batch_size`` here, or :meth:`use_batch_size`): the run's trial is recorded at that size.
+    A run that never says, says after steps ran, or says two sizes is not recorded (its trial is
+    withdrawn, with a warning), since the loop's batch size is unknown or mixed.
+
+    One run at a time in a process: a run of another ``measure()`` object inside this one's is
+    refused (its energy would be counted in both).
 
     Args:
         config: Path of a YAML file, a mapping of settings, a ``ZeusConfig``, or None (defaults).
@@ -67,11 +79,12 @@ class Measurement(SessionAdapter):
         batch_size: The batch size the loop trains at (samples per step on each process), for the
             bandit's trial; default: none given (call :meth:`use_batch_size` in the run). Pass what
             :func:`~zeus_callbacks.suggest_batch_size` returned, to build the data loaders before the
-            run: the run claims its trial. Ignored with ``batch_size.enabled`` false.
+            run: the run claims its trial (only as returned: a copy made with ``int()`` carries no trial).
+            Ignored with ``batch_size.enabled`` false.
 
     Raises:
         ConfigError: The configuration is invalid (raised here, before training).
-        TypeError: ``batch_size`` is not an int.
+        TypeError: ``batch_size`` is not an integer (``bool`` and ``float`` included).
         ValueError: ``batch_size`` is below 1.
 
     Attributes:
@@ -95,14 +108,15 @@ class Measurement(SessionAdapter):
     ) -> None:
         if callable(config):
             raise TypeError("measure() takes a configuration, not a function: decorate with @measure(config)")
-        if batch_size is not None:
-            _check_batch_size("measure(batch_size=...)", batch_size)
+        if batch_size is not None and not isinstance(batch_size, SuggestedBatchSize):  # that one carries its trial
+            batch_size = _check_batch_size("measure(batch_size=...)", batch_size)
         super().__init__(config, backend)
         self._run_name_arg = run_name
         self._is_main_arg = is_main_process
         self._device_index = device_index
         self._batch_size_arg = batch_size
-        self._batch_size_used: int | None = None  # the size the loop said it trains at, in this run
+        self._said = _SaidBatchSize()
+        self._steps_started = 0  # step_start() calls in this run
         self._running = False
         self._in_step = False
         self._in_eval = False
@@ -119,23 +133,36 @@ class Measurement(SessionAdapter):
             This object, for the marks.
 
         Raises:
-            CallOrderError: A run of this object is already under way (blocks do not nest).
+            CallOrderError: A run of this object is already under way (blocks do not nest), or a run
+                of another ``measure()`` object in this process (its energy would be counted in both).
             BackendUnavailable: The configured backend cannot be used here.
             StoreError: With the bandit on, its store cannot be opened (corrupt, newer schema).
         """
         if self._running:
             raise CallOrderError("measure(): a run is already under way; a with block of it cannot nest")
+        if _active is not None and _active[0] == os.getpid():
+            raise CallOrderError(
+                "measure(): a run of another measure() object is under way in this process; two runs cannot nest "
+                "(the outer run's energy would include the inner one's, and both would be recorded). End the "
+                "outer run first, or measure the inner part as a window of it: with m.window(name): ..."
+            )
         self._new_session(is_main_process=self._is_main_arg, device_index=self._device_index)
         self._in_step = self._in_eval = False
         self._epoch = None
-        self._steps = self._epochs = 0
+        self._steps = self._epochs = self._steps_started = 0
         self.should_stop = False
-        self._batch_size_used = None
+        self._said = _SaidBatchSize()
         handed = self._batch_size_arg
+        copied = None  # a suggestion made before the run that a plain int copy of it did not claim
         if isinstance(handed, SuggestedBatchSize) and self.config.batch_size.enabled:
             self.session.suggest_batch_size(handed)  # claims its trial (and store), as the HF callback does
+        elif handed is not None and self.config.batch_size.enabled:
+            copied = unclaimed_suggestion(self.config.job_id)
         self.session.train_start(run_name=self._run_name_arg)
         self._running = True
+        _set_active(self)
+        if copied is not None:
+            self._warn_copied(int(handed), copied.batch_size, copied.trial_id)  # type: ignore[arg-type]
         if handed is not None:
             self._use(handed, "measure(batch_size=...)")
         return self
@@ -149,6 +176,7 @@ class Measurement(SessionAdapter):
         evaluation still open is measured up to here. An open step or epoch is warned about.
         """
         self._running = False
+        _set_active(None)
         self._withdraw_unless_told()
         if exc is not None:
             self.summary = self.session.exception(exc)
@@ -215,52 +243,114 @@ class Measurement(SessionAdapter):
     def use_batch_size(self, batch_size: int) -> None:
         """Say which batch size the loop trains at: the bandit's trial of this run is recorded at it.
 
-        Call it once the training data loader is built. With the bandit on, a run that never says
-        (here or with ``measure(batch_size=...)``) records no trial: its trial is withdrawn at the end,
-        with a warning. A size other than :attr:`suggested_batch_size` is recorded as it is, with a
-        warning (as the Lightning and Hugging Face callbacks do). Nothing is recorded with
+        Call it once the training data loader is built, before the first step. With the bandit on,
+        a run that never says (here or with ``measure(batch_size=...)``), says after a step has
+        started, or says two different sizes records no trial: its batch size is unknown or mixed,
+        so its trial is withdrawn at the end, with one warning. The same size said again changes
+        nothing. A size other than :attr:`suggested_batch_size` is recorded as it is, with a warning
+        (as the Lightning and Hugging Face callbacks do). Nothing is recorded with
         ``batch_size.enabled`` false.
 
         Args:
-            batch_size: Samples per training step on this process (the loader's ``batch_size``).
+            batch_size: Samples per training step on this process (the loader's ``batch_size``): an
+                int, or any integer type (``numpy.int64``); not a ``bool`` or a ``float``.
 
         Raises:
             CallOrderError: Outside the run.
-            TypeError: ``batch_size`` is not an int.
+            TypeError: ``batch_size`` is not an integer.
             ValueError: ``batch_size`` is below 1.
         """
         self._need_run("use_batch_size()")
-        _check_batch_size("use_batch_size()", batch_size)
-        self._use(batch_size, "use_batch_size()")
+        try:
+            size = _check_batch_size("use_batch_size()", batch_size)
+        except (TypeError, ValueError):
+            if len(self._said.refused) < 3:  # the first few: a loop may repeat the call every step
+                self._said.refused.append(f"use_batch_size({reprlib.repr(batch_size)})")
+            raise
+        self._use(size, "use_batch_size()")
 
     def _use(self, batch_size: int, how: str) -> None:
-        """The loop trains at ``batch_size`` (it said so with ``how``): the trial is recorded there."""
-        self._batch_size_used = int(batch_size)
+        """The loop says it trains at ``batch_size`` (with ``how``): the trial is recorded there, if said in time."""
+        size, said = int(batch_size), self._said
+        if size == said.size or said.withdraw is not None:  # nothing new, or the size is already unknown
+            return
+        if said.size is not None:
+            said.withdraw = (
+                f"withdrawn: the loop said two batch sizes ({said.size}, then {size})",
+                f"said two batch sizes: {said.size} ({said.how}), then {size} ({how}), so the batch size it "
+                "trained at is mixed",
+            )
+            return
+        if self._steps_started:
+            steps = f"{self._steps_started} training step{'s' if self._steps_started != 1 else ''}"
+            said.withdraw = (
+                "withdrawn: the loop said its batch size after training steps had run",
+                f"said use_batch_size({size}) after {steps} had run, so the batch size it trained at is unknown",
+            )
+            return
+        said.size, said.how = size, how
         if not self.config.batch_size.enabled:
             return
         self._use_batch_size(
-            self.session.suggest_batch_size(), int(batch_size), f"the batch size this loop trains at ({how})",
+            self.session.suggest_batch_size(), size, f"the batch size this loop trains at ({how})",
             "; build the training data loader with m.suggested_batch_size (docs/raw_loops.md). "
             "The trial is recorded at",
         )  # fmt: skip
-        self.session.use_batch_size(int(batch_size))
+        self.session.use_batch_size(size)
+
+    def _warn_copied(self, handed: int, batch_size: int, trial_id: int) -> None:
+        """``measure(batch_size=handed)`` got a plain int while a suggestion of the job waits unclaimed: say so."""
+        controller = self.session.batch_size_controller  # None: not the main process (nothing drawn here)
+        if controller is None:
+            return
+        logger.warning(
+            "zeus-callbacks: measure(batch_size=%d) was given a plain int, not the value suggest_batch_size() "
+            "returned, so the suggestion made before the run (batch size %d, trial %d) was not claimed: this run "
+            "drew a trial of its own (trial %s), and trial %d is withdrawn once that value is dropped. Pass the "
+            "value as returned, not copied with int() (docs/raw_loops.md)",
+            handed,
+            batch_size,
+            trial_id,
+            controller.trial_id,
+            trial_id,
+        )
 
     def _withdraw_unless_told(self) -> None:
-        """At the run's end: a bandit trial whose batch size the loop never gave is withdrawn, with one warning."""
+        """At the run's end: a bandit trial whose batch size the loop never gave (or gave late, or two) is withdrawn.
+
+        One warning says what happened and what to do.
+        """
         controller = self.session.batch_size_controller  # None: the bandit off, or not the main process
-        if self._batch_size_used is not None or controller is None:
+        said = self._said
+        if controller is None or (said.size is not None and said.withdraw is None):
             return
-        reason = "withdrawn: the loop never said which batch size it trained at"
+        if said.withdraw is not None:
+            reason, what = said.withdraw
+            fix = (
+                "say it once, before the first step: m.use_batch_size(size) right after building the training "
+                "data loader, or measure(config, batch_size=size)"
+            )
+        elif said.refused:
+            reason = "withdrawn: the loop never said a valid batch size"
+            what = f"never said a valid batch size (refused: {', '.join(said.refused)})"
+            fix = "call m.use_batch_size(size) with a positive int, or pass measure(config, batch_size=size)"
+        else:
+            reason = "withdrawn: the loop never said which batch size it trained at"
+            what = "never said which batch size it trained at"
+            fix = (
+                "build the training data loader with m.suggested_batch_size and call m.use_batch_size(size), "
+                "or pass measure(config, batch_size=size)"
+            )
         self.session.withdraw_batch_size_trial(reason)
         trial = "" if controller.trial_id is None else f", trial {controller.trial_id}"
         logger.warning(
-            "zeus-callbacks: batch_size.enabled is true, but this loop never said which batch size it trained at, "
-            "so its trial (suggested batch size %s%s of job %s) is withdrawn, not recorded: build the training "
-            "data loader with m.suggested_batch_size and call m.use_batch_size(size), or pass "
-            "measure(config, batch_size=size) (docs/raw_loops.md)",
+            "zeus-callbacks: batch_size.enabled is true, but this loop %s, so its trial (suggested batch size "
+            "%s%s of job %s) is withdrawn, not recorded: %s (docs/raw_loops.md)",
+            what,
             controller.batch_size,
             trial,
             self.config.job_id,
+            fix,
         )
 
     # ------------------------------------------------------------------ steps
@@ -274,6 +364,7 @@ class Measurement(SessionAdapter):
         if self._in_step:
             raise CallOrderError("step_start(): the previous step is still open (call step_end() first)")
         self._in_step = True
+        self._steps_started += 1
         self.session.step_start(self._steps)
 
     def step_end(self, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
@@ -432,12 +523,36 @@ class Measurement(SessionAdapter):
             raise CallOrderError(f"{call} inside a step: end the step first")
 
 
-def _check_batch_size(call: str, batch_size: object) -> None:
-    """Refuse a batch size that is not a positive int (TypeError, ValueError), naming ``call``."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise TypeError(f"{call}: the batch size must be an int, not {type(batch_size).__name__}")
-    if batch_size < 1:
-        raise ValueError(f"{call}: the batch size must be at least 1, not {batch_size}")
+@dataclass
+class _SaidBatchSize:
+    """What the loop said about its batch size in a run."""
+
+    size: int | None = None  # the size said (the first, if two were)
+    how: str | None = None  # the call that said it
+    withdraw: tuple[str, str] | None = None  # said late or two sizes: (the trial's reason, what the warning says)
+    refused: list[str] = field(default_factory=list)  # the first few calls refused (not an integer, below 1)
+
+
+def _set_active(run: Measurement | None) -> None:
+    """Mark ``run`` as this process's run under way (None: none)."""
+    global _active
+    _active = None if run is None else (os.getpid(), run)
+
+
+def _check_batch_size(call: str, batch_size: object) -> int:
+    """The batch size as an int: refuse one that is not a positive integer (TypeError, ValueError), naming ``call``.
+
+    Any integer type is taken (``operator.index``: ``numpy.int64``); ``bool``, ``float`` and ``str`` are not.
+    """
+    try:
+        if isinstance(batch_size, bool):
+            raise TypeError
+        size = operator.index(batch_size)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{call}: the batch size must be an int, not {type(batch_size).__name__}") from None
+    if size < 1:
+        raise ValueError(f"{call}: the batch size must be at least 1, not {size}")
+    return size
 
 
 def measure(

@@ -21,6 +21,7 @@ from zeus_callbacks.session import _log_records as records
 from zeus_callbacks.session._aggregate import RankAggregator
 from zeus_callbacks.session._run import StartedRun
 from zeus_callbacks.session._scheduler import CONTINUE, Decision
+from zeus_callbacks.store import TrialRecord
 from zeus_callbacks.store._run_store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class BatchSizeSteps:
             BatchSizeController(config, run_store) if config.batch_size.enabled and is_main_process else None
         )
         self._stop_reason: str | None = None
+        self._reported: set[str] = set()  # the metric names this run's evaluations reported (the main process)
         self._target_pending: str | None = None  # a target reached at an evaluation not every rank ran
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
         self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
@@ -87,6 +89,7 @@ class BatchSizeSteps:
         """
         target_reason = None
         if self.batch_size_controller is not None:
+            self._reported.update(metrics)
             # Observed after a stop too: the evaluation that follows a cost stop may reach the
             # target, and the trial then counts as converged (its batch size stays a candidate).
             target_reason = self.batch_size_controller.observe(metrics)
@@ -114,8 +117,31 @@ class BatchSizeSteps:
                 )
                 if t is not None and self._run is not None:
                     self._run.log.write(records.trial_record(t))
+                if t is not None:
+                    self._warn_target_unreported(t)
             except Exception as exc:  # the run is over: a store fault must not hide its summary
                 logger.warning("zeus-callbacks: cannot record the batch-size trial (%s)", exc)
+
+    def _warn_target_unreported(self, trial: TrialRecord) -> None:
+        """A trial recorded without the target's metric ever reported (misnamed, or no evaluation): say so, once.
+
+        The trial is recorded as not converged, and its arm may be pruned, whatever the model reached.
+        """
+        target = self._config.batch_size.target
+        if target is None or target.metric in self._reported or trial.status not in ("completed", "early_stopped"):
+            return
+        names = sorted(self._reported)
+        seen = f"its evaluations reported {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+        logger.warning(
+            "zeus-callbacks: batch_size.target names metric %s, but this run never reported it (%s), so trial %d "
+            "(batch size %d) is recorded as not converged: report %s from an evaluation inside the run "
+            "(docs/batch_size.md)",
+            target.metric,
+            seen if names else "no evaluation reported any metric",
+            trial.trial_id,
+            trial.batch_size,
+            target.metric,
+        )
 
     def start(self, run: StartedRun, ranks: RankAggregator, power_limit_W: float | None) -> BaseException | None:
         """Start the bandit's side of the run; under several processes, share its stop rule.

@@ -166,13 +166,20 @@ def _withdraw_earlier(job_id: str) -> None:
         return
     logger.warning(
         "zeus-callbacks: suggest_batch_size() was called again for job %s in this process; its earlier "
-        "suggestion (batch size %d, trial %d), which no run claimed, is withdrawn: pass the value the latest "
-        "call returns as per_device_train_batch_size",
+        "suggestion (batch size %d, trial %d), which no run claimed, is withdrawn: hand the run the value the "
+        "latest call returns, as it is (TrainingArguments(per_device_train_batch_size=...) for the Hugging Face "
+        "Trainer, measure(config, batch_size=...) for a raw loop)",
         job_id,
         earlier.batch_size,
         earlier.suggestion.trial_id,
     )
     earlier.withdraw(REPLACED_REASON)
+
+
+def unclaimed_suggestion(job_id: str) -> Suggestion | None:
+    """This process's latest suggestion of ``job_id`` that no run has claimed yet (None: there is none)."""
+    made = _UNCLAIMED.get(job_id)
+    return None if made is None or made.state != "unclaimed" else made.suggestion
 
 
 PENDING_DIR = "zeus_pending_trials"
