@@ -468,6 +468,10 @@ FIELDS: dict[str, str] = {
     "batch_size.phase": "Bandit phase when it chose: `pruning` or `thompson` (Zeus NSDI '23, §4.2-4.4).",
     "batch_size.threshold_cost": "Early-stop threshold `beta_knob` × best converged cost (J-equivalent); "
     "null before any recurrence converged.",
+    "batch_size.store_open_s": "Seconds the run's start spent on the store before the run window opened: opening "
+    "it, drawing the suggestion and reading the early-stop threshold's inputs, a wait for a store another process "
+    "holds included (up to `store.lock_timeout_s`). This time, and the GPU's energy in it, is in neither the run's "
+    "`energy_J` / `time_s` nor the trial's cost: an idle wait is no cost of the batch size under test.",
     "trial.batch_size": "Batch size recorded for the trial.",
     "trial.status": "`completed`, `early_stopped` (cost passed the threshold) or `failed` (crashed).",
     "trial.converged": "Whether the run reached `batch_size.target`, at any evaluation: an `early_stopped` "

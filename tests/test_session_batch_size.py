@@ -9,6 +9,7 @@ import pytest
 from zeus_callbacks import ConfigError, suggest_batch_size
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
+from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import EnergySession
@@ -303,3 +304,52 @@ def test_a_target_metric_reported_but_not_reached_or_no_target_warns_nothing(tmp
             session.evaluate({"val/acc": 0.1})
             session.train_end()
     assert "never reported" not in caplog.text
+
+
+def test_the_store_work_of_train_start_lies_before_the_run_window(tmp_path, monkeypatch):
+    """D2: whatever the bandit's store work at train start takes (here 30 s of a held store, on the manual
+    clock) is in neither the run's time and energy nor the trial's; the ``batch_size`` record says it."""
+    wait_s, steps = 30.0, 5
+    opened = recurring.BatchSizeController.open_trial
+
+    def run(name: str, store_wait_s: float):
+        session, backend, clock = new_run(tmp_path / name, name)
+
+        def slow_open(self) -> None:
+            first = not self._opened  # a later call does nothing (and waits for nothing)
+            opened(self)
+            if first:
+                clock.advance(store_wait_s)  # the store answered only now
+
+        monkeypatch.setattr(recurring.BatchSizeController, "open_trial", slow_open)
+        session.train_start(run_name=name)
+        for i in range(steps):
+            step(session, clock, i)
+        summary = session.train_end()
+        backend.close()
+        (record,) = [r for r in read_jsonl(tmp_path / name / f"{name}.jsonl") if r["event"] == "batch_size"]
+        with recurring.open_job_store(session.config) as store:
+            (trial,) = store.list_trials("nightly")
+        return summary, trial, record
+
+    free = run("free", 0.0)
+    held = run("held", wait_s)
+    for (summary, trial, record), store_wait_s in ((free, 0.0), (held, wait_s)):
+        assert summary.time_s == pytest.approx(steps * STEP_S)
+        assert trial.time_s == pytest.approx(steps * STEP_S) and trial.energy_J == pytest.approx(summary.energy_J)
+        assert record["store_open_s"] == pytest.approx(store_wait_s)
+    assert held[1].energy_J == pytest.approx(free[1].energy_J) and held[1].cost == pytest.approx(free[1].cost)
+
+
+def test_start_after_open_trial_uses_no_store(tmp_path):
+    """The controller's store work is all in open_trial(): start() then only fixes the cost and threshold."""
+    controller = recurring.BatchSizeController(parse_config(config(tmp_path)))
+    controller.open_trial()
+
+    def no_store(fn):
+        raise AssertionError("start() used the store")
+
+    controller._with_bandit = no_store  # type: ignore[method-assign]
+    controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
+    assert controller.cost is not None and controller.batch_size == 64
+    controller.run_store.close()

@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,8 +27,11 @@ import pytest
 from filelock import FileLock
 
 from tests.timeouts import CHILD_TIMEOUT_S
+from zeus_callbacks.backends.base import ManualClock
+from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.config import parse_config
 from zeus_callbacks.optimizers.batch_size import _batch_size_controller as recurring
+from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.session import EnergySession
 from zeus_callbacks.store import open_store
 
@@ -182,3 +187,118 @@ def test_a_store_locked_at_run_end_keeps_the_trial_and_merges_it(tmp_path, kind,
     )
     record_fault("store: locked", ok)
     assert ok, (pending, out, err[-2000:], trials, left)
+
+
+class _ManualPlusWallClock(ManualClock):
+    """A manual clock that real time moves too: a wait for a lock shows in it, the steps stay exact.
+
+    Real time passed is folded into the manual time at each :meth:`advance`, so the sampler's drain
+    alarms (due on this clock) keep their place.
+    """
+
+    def __init__(self, start_s: float) -> None:
+        super().__init__(start_s)
+        self._fold = threading.Lock()
+        self._wall0_s = time.monotonic()
+
+    def now_s(self) -> float:
+        with self._fold:
+            return super().now_s() + (time.monotonic() - self._wall0_s)
+
+    def advance(self, dt_s: float) -> float:
+        with self._fold:
+            wall_s = time.monotonic()
+            self._now_s += wall_s - self._wall0_s
+            self._wall0_s = wall_s
+        return super().advance(dt_s)
+
+
+class _HeldFor:
+    """Hold the store (as :class:`_Locked`) from a thread, for ``hold_s`` (s, real time) or until the block ends."""
+
+    def __init__(self, kind: str, path: Path, hold_s: float | None) -> None:
+        self.kind, self.path, self.hold_s = kind, path, hold_s
+        self._taken, self._done = threading.Event(), threading.Event()
+
+    def _hold(self) -> None:
+        with _Locked(self.kind, self.path):  # a SQLite connection stays on the thread that made it
+            self._taken.set()
+            self._done.wait(self.hold_s)
+
+    def __enter__(self) -> _HeldFor:
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+        self._thread.start()
+        assert self._taken.wait(CHILD_TIMEOUT_S)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(CHILD_TIMEOUT_S)
+
+
+def _run_and_trial(tmp_path: Path, kind: str, *, lock_timeout_s: float, hold_s: float | None = None, free=False):
+    """One run of 5 steps of 1 s (manual clock) on the virtual GPU, the store held at its start (``hold_s``:
+    for that long, None: past ``lock_timeout_s``) or free; its trial (merged from the pending file if
+    need be), the seconds its ``train_start`` took and its ``batch_size`` log record."""
+    cfg = _config(tmp_path, kind)
+    cfg["store"]["lock_timeout_s"] = lock_timeout_s
+    open_store(cfg["store"]["path"], kind).close()
+    clock = _ManualPlusWallClock(1000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    try:
+        session = EnergySession(cfg, backend=backend, is_main_process=True)
+        with contextlib.nullcontext() if free else _HeldFor(kind, Path(cfg["store"]["path"]), hold_s):
+            session.train_start()  # the bandit's store is opened here (as the raw loop and the callbacks do)
+            start_took_s = clock.now_s() - 1000.0
+            for i in range(5):
+                session.step_start(i)
+                clock.advance(1.0)
+                session.step_end(i)
+        session.train_end()
+    finally:
+        backend.close()
+    with recurring.open_job_store(parse_config(cfg)) as store:  # merges the pending trial of a locked run
+        trials = store.list_trials("nightly")
+    assert len(trials) == 1, trials
+    log = [json.loads(line) for line in (tmp_path / "logs" / "r.jsonl").read_text().splitlines()]
+    (batch_record,) = [r for r in log if r["event"] == "batch_size"]
+    return trials[0], start_took_s, batch_record
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+@pytest.mark.parametrize(
+    ("lock_timeout_s", "hold_s"),
+    [(1.5, None), (4.0, 1.5)],
+    ids=["held-past-the-timeout", "released-after-a-wait"],
+)
+def test_the_wait_for_a_locked_store_is_not_in_the_trials_cost(tmp_path, kind, lock_timeout_s, hold_s, record_fault):
+    """D2: time and energy spent waiting for a locked store at train start stay out of the bandit's trial.
+
+    The clock moves with real time, so the wait is seen by the run if it falls inside it; the steps move
+    it by exact seconds. The same run with the store free is the reference: the two trials may differ only
+    by the real time the runs' own work takes, which must stay under half the wait. The wait is in the
+    ``batch_size`` record instead (``store_open_s``).
+    """
+    wait_s = lock_timeout_s if hold_s is None else hold_s
+    free, _, _ = _run_and_trial(tmp_path / "free", kind, lock_timeout_s=lock_timeout_s, free=True)
+    held, start_took_s, record = _run_and_trial(tmp_path / "held", kind, lock_timeout_s=lock_timeout_s, hold_s=hold_s)
+    # Bounds from the setup: half the wait at the run's mean power (the virtual GPU's power is constant),
+    # and the cost of that much energy and time (MaxPower: the virtual GPU's maximum limit).
+    slack_s = wait_s / 2
+    power_W = free.energy_J / free.time_s
+    max_power_W = VirtualGPUBackend(clock=ManualClock(), read_only=True).power_limit_constraints_W(0)[1]
+    eta = parse_config(_config(tmp_path, kind)).batch_size.eta_knob
+    slack_cost = ZeusCost(eta, max_power_W)(power_W * slack_s, slack_s)
+    detached = "could not be reached at train start" in held.info.get("reason", "")
+    ok = (
+        start_took_s >= wait_s  # the run did wait for the lock
+        and detached == (hold_s is None)  # past the timeout: trained without the bandit; else its suggestion
+        and held.status == "completed"
+        and abs(held.time_s - free.time_s) < slack_s
+        and abs(held.energy_J - free.energy_J) < power_W * slack_s
+        and abs(held.cost - free.cost) < slack_cost
+        and record["store_open_s"] >= wait_s  # the wait, said in the log
+    )
+    record_fault("store: locked", ok)
+    figures = [(t.time_s, t.energy_J, t.cost) for t in (free, held)]
+    assert ok, (start_took_s, slack_s, slack_cost, figures, record, held.info)

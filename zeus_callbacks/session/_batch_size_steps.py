@@ -69,6 +69,9 @@ class BatchSizeSteps:
         self._target_pending: str | None = None  # a target reached at an evaluation not every rank ran
         self._followed_batch_size: int | None = None  # not the main process: the main's suggestion
         self._stops = agreement.StopAgreement()  # several processes, bandit on: stop decisions are exchanged
+        self._prepare_failure: BaseException | None = None  # what kept prepare() from opening the trial
+        self._store_open_s: float | None = None  # how long prepare() spent on the store (s, backend clock)
+        self._max_power_W = 0.0  # the cost's MaxPower, agreed by prepare() (W, all GPUs)
         self._refresh_step_decision()
 
     @property
@@ -143,46 +146,82 @@ class BatchSizeSteps:
             target.metric,
         )
 
-    def start(self, run: StartedRun, ranks: RankAggregator, power_limit_W: float | None) -> BaseException | None:
-        """Start the bandit's side of the run; under several processes, share its stop rule.
+    def prepare(self, run: StartedRun, ranks: RankAggregator, power_limit_W: float | None) -> None:
+        """Before the run's measurement opens: the bandit's store work, then the cost's ``MaxPower``.
 
-        Every rank takes part in the same two collectives (when distributed): the sum of
-        the GPUs' maximum power (the cost's ``MaxPower``), then the main rank's early-stop
-        rule, or the error that kept it from starting, so that no rank waits alone.
+        The main process opens the store, draws (or claims) the suggestion and reads what the early-stop
+        threshold needs (:meth:`~zeus_callbacks.optimizers.batch_size.BatchSizeController.open_trial`)
+        here, before the run window: a store another process holds makes it wait up to
+        ``store.lock_timeout_s`` with no training done, and that wait belongs to neither the run's energy
+        and time nor the trial's cost, which is made of them. How long it took goes into the
+        ``batch_size`` record (``store_open_s``). Then every rank takes part in the first collective
+        (when distributed), the sum of the GPUs' maximum power: no rank's run opens before the main
+        process is through with the store. An error is kept for :meth:`start`, which shares it.
+
+        Args:
+            run: The run, not started yet.
+            ranks: The processes of the run.
+            power_limit_W: The power limit in force (W), standing in for a GPU's maximum where the
+                backend has no limit range.
+        """
+        self._run, self._ranks = run, ranks
+        self._prepare_failure = None
+        c = self.batch_size_controller
+        clock = run.backend.clock
+        began_s = clock.now_s()
+        if c is not None:
+            try:
+                c.open_trial()
+            except BaseException as exc:  # e.g. a corrupt store: the run starts, ends cleanly, then raises
+                self._prepare_failure = exc
+        self._store_open_s = clock.now_s() - began_s if c is not None else None
+        try:
+            max_power_W = sum(run.backend.power_limit_constraints_W(i)[1] for i in run.gpu_indices)
+        except BackendError:  # no limit range: the limit in force stands in for the maximum
+            max_power_W = (power_limit_W or 1.0) * len(run.gpu_indices)
+        if ranks.collective:
+            max_power_W = agreement.agree_max_power_W(ranks.ranks, max_power_W)  # MaxPower of all GPUs
+        self._max_power_W = max_power_W
+
+    def start(self, power_limit_W: float | None) -> BaseException | None:
+        """Start the bandit's side of the run (after :meth:`prepare`); under several processes, share its stop rule.
+
+        Every rank takes part in the same collective (when distributed): the main rank's early-stop
+        rule, or the error that kept it from starting, so that no rank waits alone. No store is used
+        here (:meth:`prepare` did), so nothing in the run's window waits for one.
+
+        Args:
+            power_limit_W: The power limit in force once the power-limit part has started (W),
+                recorded with the trial.
 
         Returns:
             The error that kept the bandit from starting (e.g. a corrupt store), which the session
             raises once it has ended the run cleanly; None when it started.
         """
-        self._run, self._ranks = run, ranks
+        run = self._run
+        assert run is not None, "prepare() comes first"
         self._running = True
-        try:
-            max_power_W = sum(run.backend.power_limit_constraints_W(i)[1] for i in run.gpu_indices)
-        except BackendError:  # no limit range: the limit in force stands in for the maximum
-            max_power_W = (power_limit_W or 1.0) * len(run.gpu_indices)
         agreed = self._ranks.collective
         self._stops = agreement.StopAgreement()
-        if agreed:
-            max_power_W = agreement.agree_max_power_W(ranks.ranks, max_power_W)  # MaxPower of all GPUs
         c = self.batch_size_controller
-        failure: BaseException | None = None
-        if c is not None:
+        failure = self._prepare_failure
+        if c is not None and failure is None:
             try:
-                c.start(max_power_W, power_limit_W)
+                c.start(self._max_power_W, power_limit_W)
             except BaseException as exc:  # e.g. a corrupt store: end the run cleanly, then raise
                 failure = exc
         rule = c.rule if c is not None and failure is None else None
         self._stops.rule = rule
         if agreed:
             try:
-                rule = agreement.share_stop_rule(ranks.ranks, rule, failure)
+                rule = agreement.share_stop_rule(self._ranks.ranks, rule, failure)
             except BaseException as exc:
                 failure = exc
             bs_cfg = self._config.batch_size
             self._stops.start(rule, target_set=bs_cfg.target is not None, stop_at_target=bs_cfg.stop_at_target)
         self._refresh_step_decision()
         if failure is None and c is not None:
-            run.log.write(records.batch_size_record(c))
+            run.log.write(records.batch_size_record(c, store_open_s=self._store_open_s))
         return failure
 
     def suggest_batch_size(self, suggested: SuggestedBatchSize | None = None) -> int | None:

@@ -367,6 +367,8 @@ class EnergySession:
         self._run = run
         self._reports.begin(run, self._totals, self._carried, self._ranks)
         self._power.open(run)
+        if cfg.batch_size.enabled:  # before the run window: a wait for a locked store is not the trial's cost
+            self._batch.prepare(run, self._ranks, self._power.power_limit_W)
         run.start()
         self._started = True
         fraction = cfg.windows.sample_fraction
@@ -404,7 +406,7 @@ class EnergySession:
             self._ranks, self._totals, job_steps=job_steps, job_steps_source=job_steps_source
         )
         if cfg.batch_size.enabled:
-            failure = self._batch.start(run, self._ranks, self._power.power_limit_W)
+            failure = self._batch.start(self._power.power_limit_W)
             if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise
                 self.exception(failure)
                 raise failure

@@ -200,11 +200,15 @@ def window_record(record: WindowRecord) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ optimisers
-def batch_size_record(controller: Any) -> dict[str, Any]:
-    """The ``batch_size`` record: the bandit's choice for this recurrence."""
+def batch_size_record(controller: Any, *, store_open_s: float | None = None) -> dict[str, Any]:
+    """The ``batch_size`` record: the bandit's choice for this recurrence.
+
+    ``store_open_s``: how long the run's start spent on the store before the run window opened (s),
+    a wait for a lock included; it is in neither the run's time nor the trial's cost.
+    """
     c = controller
     return {"event": "batch_size", "trial_id": c.trial_id, "batch_size": c.batch_size, "phase": c.phase,
-            "threshold_cost": c.threshold}  # fmt: skip
+            "threshold_cost": c.threshold, "store_open_s": store_open_s}  # fmt: skip
 
 
 def trial_record(t: Any) -> dict[str, Any]:

@@ -479,6 +479,10 @@ class BatchSizeController:
         self.withdraw_reason: str | None = None
         self._store_location: str | None = None
         self._last_check_s = -float("inf")
+        self._opened = False  # open_trial() done: the store's part of the run's start
+        # The early-stop threshold's inputs, read by open_trial(): (early_stop_factor(), explore_stop_threshold());
+        # None when the run has no threshold from the store (detached, or the store unreachable then).
+        self._stop_inputs: tuple[tuple[str, float, float] | None, float | None] | None = None
 
     def _with_bandit(self, fn):
         store = self.run_store.get()  # the run's: opened once, closed at train end
@@ -527,27 +531,47 @@ class BatchSizeController:
         self.batch_size = int(self.config.batch_size.default_batch_size)  # type: ignore[arg-type]  # when enabled
         return self.batch_size
 
+    def open_trial(self) -> None:
+        """The store's part of the run's start: the suggestion, and what the early-stop threshold needs.
+
+        Call it before the run's energy and time start counting (the session does, ahead of its run
+        window): the trial's cost is the run's, and a store that another process holds makes this wait
+        up to ``store.lock_timeout_s`` (a GPU idle, no training), which must not be charged to the
+        batch size under test. :meth:`start` calls it when nobody did. Idempotent.
+
+        Raises:
+            StoreError: The store cannot be used (corrupt, newer schema); one that cannot be reached
+                (:class:`~zeus_callbacks.errors.StoreUnavailableError`) detaches the run instead (:meth:`suggest`).
+        """
+        if self._opened:
+            return
+        self.suggest()
+        if self.detached is None:
+            try:
+                self._stop_inputs = self._with_bandit(
+                    lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
+                )
+            except StoreUnavailableError as exc:  # the trial exists; finish() records it, or keeps it pending
+                logger.warning(
+                    "zeus-callbacks: %s; this run is not stopped early on cost (its threshold needs the store)", exc
+                )
+        self._opened = True
+
     def start(self, max_power_W: float, power_limit_W: float | None) -> None:
         """Training starts: fix the cost function and the early-stop threshold (the lower of the two rules).
+
+        Uses the store only when :meth:`open_trial` has not run yet.
 
         Args:
             max_power_W: MaxPower of the cost (W, all measured GPUs), unless the config sets it.
             power_limit_W: Power limit in force (W), recorded with the trial.
         """
-        self.suggest()
+        self.open_trial()
         self.cost = ZeusCost(self.config.batch_size.eta_knob, self.config.batch_size.max_power_W or max_power_W)
         self.power_limit_W = power_limit_W
-        if self.detached is not None:  # no bandit for this run: nothing stops it on cost
+        if self._stop_inputs is None:  # detached, or the store unreachable for the threshold: no stop on cost
             return
-        try:
-            factor, explore = self._with_bandit(
-                lambda b: (b.early_stop_factor(), b.explore_stop_threshold(self.batch_size))
-            )
-        except StoreUnavailableError as exc:  # the trial exists; finish() records it, or keeps it pending
-            logger.warning(
-                "zeus-callbacks: %s; this run is not stopped early on cost (its threshold needs the store)", exc
-            )
-            return
+        factor, explore = self._stop_inputs
         beta = None if factor is None else factor[1] * factor[2]
         self.explore_stop = explore is not None and (beta is None or explore < beta)
         self.threshold = explore if self.explore_stop else beta
