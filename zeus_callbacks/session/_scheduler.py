@@ -594,7 +594,7 @@ class StepScheduler:
         self._tail_open = True
 
     def close_eval_tail(self, token: Any | None = None) -> Any | None:
-        """End the :data:`EVAL_TAIL` window at boundary ``token`` (an evaluation's or epoch's start or end, the run's end).
+        """End the :data:`EVAL_TAIL` window at boundary ``token`` (an evaluation's start, an epoch's, the run's end).
 
         Args:
             token: A mark already taken at this boundary (shared), or None to take one if a tail is open.
