@@ -173,3 +173,57 @@ def test_a_rest_beside_an_estimated_steps_j_says_it_holds_the_estimate_s_error()
     assert exact["other_J"] == pytest.approx(4.0) and exact["other_note"] is None
     over = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.1, 2, 0.0, 0.0, 0), steps_taken=8)
     assert over["other_J"] is None and over["other_note"] is None
+
+
+def test_a_tail_ends_at_the_next_evaluation_or_the_epoch_end_and_one_after_the_epoch_counts_in_none(
+    tmp_path, virtual_backend, manual_clock
+):
+    """Evaluations back to back: the first's tail ends where the second begins. An evaluation at the epoch's end:
+    its tail ends with the epoch. An evaluation after the epoch's end (HF Trainer): its tail is in no epoch."""
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    step_s, eval_s, gap_s, last_s, outside_s = 0.01, 0.05, 0.07, 0.11, 0.3
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 1},
+           "logging": {"log_dir": str(tmp_path), "run_name": "tails", "interval_steps": 5}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+
+    def wait(seconds: float) -> None:
+        manual_clock.advance(seconds)
+        session.sampler.poll_once()
+
+    def evaluation() -> None:
+        session.eval_start()
+        wait(eval_s)
+        session.eval_end(report=True)
+
+    session.train_start()
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for step in range(6 * epoch, 6 * epoch + 6):
+            session.step_start(step)
+            wait(step_s)
+            session.step_end(step)
+        if epoch == 0:
+            evaluation()  # two datasets, one after the other
+            wait(gap_s)
+            evaluation()
+            wait(last_s)  # a checkpoint before the epoch's end
+        session.epoch_end(epoch)
+        if epoch == 0:
+            evaluation()  # after the epoch's end: in no epoch
+            wait(outside_s)
+    session.train_end()
+    epochs = [r for r in read_jsonl(tmp_path / "tails.jsonl") if r["event"] == "epoch"]
+    first, second = (r["ledger"] for r in epochs)
+    assert first["eval_tail_s"] == pytest.approx(gap_s + last_s, abs=1e-9)
+    assert first["eval_s"] == pytest.approx(2 * eval_s, abs=1e-9)
+    assert second["eval_tail_s"] == 0.0 and second["eval_J"] == 0.0  # the evaluation before it began is not its
+    for record, ledger in zip(epochs, (first, second), strict=True):
+        power_W = record["energy_J"] / record["time_s"]
+        assert ledger["eval_tail_J"] == pytest.approx(power_W * ledger["eval_tail_s"], rel=1e-6)
+        assert ledger["other_s"] == pytest.approx(0.0, abs=1e-9)
+        parts = [ledger[f"{k}_J"] for k in ("warmup", "steps", "eval", "eval_tail", "other")]
+        assert math.fsum(parts) == pytest.approx(record["energy_J"], rel=1e-9)
+    end = [r for r in read_jsonl(tmp_path / "tails.jsonl") if r["event"] == "run_end"][0]
+    assert end["time_s"] == pytest.approx(sum(r["time_s"] for r in epochs) + eval_s + outside_s, abs=1e-6)
