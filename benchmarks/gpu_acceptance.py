@@ -16,9 +16,11 @@ loses that run only):
 
 Each run reads its own JSONL log back (``zeus_callbacks.reporting.read_jsonl``) and reports the epoch ledger
 as shares of the epochs' energy: warm-up (``warmup`` records), steps (sum of ``energy_J_mean x steps`` over
-``steps`` records), evaluations (``eval`` records) and other (the epoch record's ``ledger["other_J"]``, or,
-where the log has no ledger, epoch - the rest, marked ``computed``); the closure (steps + warm-up + evals) /
-epoch; the ledger's own sum / epoch; each epoch against the hardware energy counter (``counter_energy_J``:
+``steps`` records), evaluations (``eval`` records), what follows each evaluation up to the next step (the epoch
+records' ``ledger["eval_tail_J"]``: the evaluation's attribution and sensor wait, other callbacks, a log, a
+checkpoint) and other (the epoch record's ``ledger["other_J"]``, or, where the log has no ledger, epoch - the
+rest, marked ``computed``); the closure (steps + warm-up + evals + eval tails) / epoch; the ledger's own sum /
+epoch; each epoch against the hardware energy counter (``counter_energy_J``:
 epochs of >= 2 s); the run total (``run_end``) against the counter; every negative number and every
 incomplete (``complete: false``) record or null figure anywhere in the log; steps and mean step time.
 
@@ -65,11 +67,12 @@ MODES = {"default": {}, "every": {"windows": {"sample_fraction": 1}}}
 
 LEGEND = (
     "warm-up, steps, evals: the warmup, steps (energy_J_mean x steps) and eval records' energy, as shares of the "
-    "epochs' energy; other: the epochs' ledger other_J (computed: epoch - the three, where the log has no ledger); "
-    "closure: (warm-up + steps + evals) / epoch; ledger Σ: the ledger's four parts / epoch; epoch/counter: the "
-    "epoch furthest from the hardware counter (epochs of >= 2 s); run/counter: run_end energy / its counter "
-    "energy; negative: negative numbers anywhere in the log; incomplete: complete: false records and dropped "
-    "windows; null: energy figures left null; checks: issue 27's done-when (ledger within 0.5 %, >= 98 % "
+    "epochs' energy; eval tail: the epochs' ledger eval_tail_J (each evaluation's end to the next step's start); "
+    "other: the epochs' ledger other_J (computed: epoch - the four, where the log has no ledger); "
+    "closure: (warm-up + steps + evals + eval tails) / epoch; ledger Σ: the ledger's five parts / epoch; "
+    "epoch/counter: the epoch furthest from the hardware counter (epochs of >= 2 s); run/counter: run_end energy / "
+    "its counter energy; negative: negative numbers anywhere in the log; incomplete: complete: false records and "
+    "dropped windows; null: energy figures left null; checks: issue 27's done-when (ledger within 0.5 %, >= 98 % "
     "explained where only training and evaluation run, no negative, run within 2 % of the counter over > 5 s)."
 )
 
@@ -80,7 +83,7 @@ class Shape:
     name: str
     framework: str  # "hf" or "lightning"
     what: str
-    pure: bool  # nothing but training and evaluation in the epoch: steps + warm-up + evals should explain >= 98 %
+    pure: bool  # nothing but training and evaluation in the epoch: steps + warm-up + evals (+ tails) explain >= 98 %
 
 
 SHAPES = [
@@ -490,13 +493,17 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_J": math.fsum(r["energy_J_mean"] * r["steps"] for r in steps if r.get("energy_J_mean") is not None),
         "eval_J": math.fsum(r["energy_J"] for r in evals if r.get("energy_J") is not None),
     }
-    explained_J = math.fsum(parts.values())
-    # warm-up, steps and evals as the records give them (what a user adds up); other from the epochs' ledger
+    # warm-up, steps and evals as the records give them (what a user adds up); the evaluations' tails (no record
+    # of their own) and other from the epochs' ledger
     ledgers = [r.get("ledger") for r in epochs]
+    with_ledger = bool(epochs) and all(isinstance(x, dict) for x in ledgers)
+    parts["eval_tail_J"] = math.fsum((x.get("eval_tail_J") or 0.0) for x in ledgers) if with_ledger else 0.0
+    explained_J = math.fsum(parts.values())
     ledger_parts, ledger_sum = None, None
-    if epochs and all(isinstance(x, dict) for x in ledgers):
-        keys = ("warmup_J", "steps_J", "eval_J", "other_J")
-        known = all(x.get(k) is not None for x in ledgers for k in keys)
+    if with_ledger:
+        keys = ("warmup_J", "steps_J", "eval_J", "eval_tail_J", "other_J")
+        # a log from before the tail was measured has no eval_tail_J: 0 there (its other_J holds the tail)
+        known = all(x.get(k) is not None for x in ledgers for k in keys if k != "eval_tail_J")
         ledger_parts = {k: math.fsum(x.get(k) or 0.0 for x in ledgers) for k in keys}
         other_J, other_source = (ledger_parts["other_J"] if known else None), "ledger"
         ledger_sum = ratio(math.fsum(ledger_parts.values()), epoch_J) if known else None
@@ -519,6 +526,7 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
             "warmup_J": parts["warmup_J"],
             "steps_J": parts["steps_J"],
             "eval_J": parts["eval_J"],
+            "eval_tail_J": parts["eval_tail_J"],  # from the epochs' ledger: no record of its own
             "evals": len(evals),
         },  # fmt: skip
         "ledger": ledger_parts,
@@ -603,7 +611,8 @@ def checks(verdicts: dict[str, bool | None]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| shape | mode | steps | step ms | run s | warm-up | steps | evals | other | closure | ledger Σ "
+    head = ("| shape | mode | steps | step ms | run s | warm-up | steps | evals | eval tail | other | closure "
+            "| ledger Σ "
             "| epoch/counter | run/counter | negative | incomplete | null | issue 27 checks |")  # fmt: skip
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     for r in rows:
@@ -615,7 +624,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['shape']} | {r['mode']} | {a['steps']} | {fmt(a['step_ms'], '.2f')} | {fmt(a['run_s'], '.1f')} "
             f"| {fmt(s['warmup'], '.1f', True)} | {fmt(s['steps'], '.1f', True)} | {fmt(s['eval'], '.1f', True)} "
-            f"| {other} | {fmt(a['closure'], '.4f')} | {fmt(a['ledger_sum'], '.4f')} "
+            f"| {fmt(s['eval_tail'], '.1f', True)} | {other} | {fmt(a['closure'], '.4f')} "
+            f"| {fmt(a['ledger_sum'], '.4f')} "
             f"| {fmt(a['epoch_vs_counter_worst'], '.4f')} | {fmt(a['run_vs_counter'], '.4f')} "
             f"| {len(a['negatives'])} | {len(a['incomplete'])} | {len(a['nulls'])} | {checks(r['verdict'])} |"
         )
@@ -769,6 +779,7 @@ def brief(row: dict[str, Any]) -> dict[str, Any]:
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
     return {
         "closure": r4(a["closure"]), "ledger_sum": r4(a["ledger_sum"]), "other_share": r4(a["shares"]["other"]),
+        "eval_tail_share": r4(a["shares"]["eval_tail"]),
         "other_source": a["other_source"], "negatives": len(a["negatives"]), "incomplete": len(a["incomplete"]),
         "nulls": len(a["nulls"]), "run_vs_counter": r4(a["run_vs_counter"]), "run_s": r4(a["run_s"]),
     }  # fmt: skip

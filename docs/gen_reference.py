@@ -249,7 +249,8 @@ EVENTS: dict[str, str] = {
     "printed summary and `report` add a `parts` line made from `energy_J` and `epoch_energy_J`. The epochs' "
     "energy plus what lies outside every epoch make the total. Outside means set-up, steps or evaluations after "
     "an epoch's end, the end of the run, and on a resumed run the resumed epoch's part before the checkpoint. "
-    "Each epoch record's `ledger` splits its epoch into warm-up, steps, evaluations and the rest. The line is "
+    "Each epoch record's `ledger` splits its epoch into warm-up, steps, evaluations, what follows them and the "
+    "rest. The line is "
     "left out when a part is unknown.",
 }
 
@@ -304,12 +305,17 @@ FIELDS: dict[str, str] = {
     "(`windows.sample_fraction`, or no power sample covered them): `count` is 0 and the means null. Or it stands "
     "for warm-up steps only. Null otherwise: a record with null means always says why here.",
     "epoch.ledger": "Where the epoch's energy and time went, each stretch in exactly one entry. The entries are "
-    "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch) and `other_J`, with the same "
-    "`_s` entries. `other_J` is the rest: the stretch after the last step, the wait before an evaluation and its "
-    "loader's start, and what follows an evaluation before the next step begins (other callbacks, a checkpoint "
-    "save). Work between two steps, a checkpoint save or a log, is in the next step's window, which runs "
-    "from the previous step's end (after an evaluation: from the step's own start). "
-    "`warmup + steps + eval + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
+    "`warmup_J`, `steps_J`, `eval_J` (evaluation windows that began inside the epoch), `eval_tail_J` and "
+    "`other_J`, with the same `_s` entries. `eval_tail_J` is what follows each of those evaluations, measured "
+    "by the `eval_tail` window from the evaluation's end mark to the next boundary (the next step's start, "
+    "another evaluation's start, the epoch's end). It holds the session's attribution of the evaluation and its "
+    "wait for the sensor (up to 0.25 s), the other callbacks' evaluation hooks, the trainer's log, a checkpoint "
+    "save, the next batch fetch. 0 with `windows.eval` off "
+    "(then that stretch is in `other`). `other_J` is the rest, what no window holds: the stretch after the "
+    "last step, the wait before an evaluation and its loader's start. Work between two steps, a checkpoint "
+    "save or a log, is in the next step's window, which runs from the previous step's end (after an "
+    "evaluation: from the step's own start). "
+    "`warmup + steps + eval + eval_tail + other` equals the epoch's `energy_J` (and `time_s`) to rounding. "
     "Steps without a usable window (unmeasured under `windows.sample_fraction`) enter `steps_J` at the "
     "epoch's mean measured step, counted in `steps_estimated`; each measured step weighs `1/p - 1`, `p` its "
     "chance of being measured (auto sampling measures a larger share where steps are slow, so a plain mean would "
@@ -321,7 +327,7 @@ FIELDS: dict[str, str] = {
     "When `other_J` stands beside an estimated `steps_J` it is the rest of an estimate, its error included: "
     '`other_note` then says so ("includes the sampling error of steps_J (estimated from N of M steps after '
     'warm-up)"); null when every step was measured. '
-    "With no estimate in it, `warmup + steps_windowed + eval + unwindowed` always equals the epoch: "
+    "With no estimate in it, `warmup + steps_windowed + eval + eval_tail + unwindowed` always equals the epoch: "
     "`unwindowed_J` is what no window holds (the unmeasured steps and other together).",
     "epoch.cpu_energy_J": "CPU package energy of the epoch (J), summed over sockets, between readings at its "
     "start and end (`node.rapl`: Linux powercap RAPL; with `node.virtual_cpu` beside the virtual GPU, SIMULATED: "

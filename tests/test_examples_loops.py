@@ -65,7 +65,7 @@ def check_run(result: dict, records: list[dict]) -> None:
     for record in epochs:
         assert record["complete"] and record["energy_J"] > 0 and record["time_s"] > 0
         ledger = record["ledger"]
-        parts_J = ledger["warmup_J"] + ledger["steps_J"] + ledger["eval_J"] + ledger["other_J"]
+        parts_J = ledger["warmup_J"] + ledger["steps_J"] + ledger["eval_J"] + ledger["eval_tail_J"] + ledger["other_J"]
         assert parts_J == pytest.approx(record["energy_J"], rel=REL)  # every step measured: the ledger sums
     assert sum(r["energy_J"] for r in epochs) <= end["energy_J"]  # the epochs lie inside the run
 

@@ -15,14 +15,21 @@ energy = st.floats(min_value=0.0, max_value=1e5, allow_nan=False)
 count = st.integers(min_value=0, max_value=500)
 
 
-@given(warmup_J=energy, steps_J=energy, eval_J=energy, gap_J=energy, steps_n=count, extra=count, warmup_n=count)
-def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, gap_J, steps_n, extra, warmup_n):
+@given(
+    warmup_J=energy, steps_J=energy, eval_J=energy, tail_J=energy, gap_J=energy, steps_n=count, extra=count,
+    warmup_n=count,
+)  # fmt: skip
+def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, tail_J, gap_J, steps_n, extra, warmup_n):
     """Windows that lie inside the epoch (the epoch holds them plus a gap): both splits close, no part < 0."""
-    epoch_J = warmup_J + steps_J + eval_J + gap_J
+    epoch_J = warmup_J + steps_J + eval_J + tail_J + gap_J
     epoch_s = epoch_J / 250.0  # a constant 250 W, so times follow energies
-    row = LedgerColumns(warmup_J, warmup_J / 250, warmup_n, steps_J, steps_J / 250, steps_n, eval_J, eval_J / 250, 1.0)
+    row = LedgerColumns(
+        warmup_J, warmup_J / 250, warmup_n, steps_J, steps_J / 250, steps_n, eval_J, eval_J / 250, 1.0,
+        eval_tail_J=tail_J, eval_tail_s=tail_J / 250,
+    )  # fmt: skip
     ledger = close_ledger(epoch_J, epoch_s, row, steps_taken=warmup_n + steps_n + extra)
-    exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
+    assert ledger["eval_tail_J"] == tail_J and ledger["eval_tail_s"] == tail_J / 250
+    exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "eval_tail_J", "unwindowed_J")]
     assert all(v is not None and v >= 0 for v in exact)
     assert math.isclose(math.fsum(exact), epoch_J, rel_tol=1e-9, abs_tol=1e-9)
     assert ledger["steps_estimated"] == extra and ledger["steps_measured"] == steps_n
@@ -32,7 +39,7 @@ def test_the_ledger_closes_and_is_never_negative(warmup_J, steps_J, eval_J, gap_
         if steps_n == 0 and extra:
             assert "no" in ledger["other_reason"] and ledger["steps_J"] is None
     else:
-        parts = [ledger[k] for k in ("warmup_J", "steps_J", "eval_J", "other_J")]
+        parts = [ledger[k] for k in ("warmup_J", "steps_J", "eval_J", "eval_tail_J", "other_J")]
         assert min(parts) >= 0
         assert math.isclose(math.fsum(parts), epoch_J, rel_tol=1e-9, abs_tol=1e-9)
     if not extra:  # every step has a window: other is exactly the gap, never unknown
@@ -98,8 +105,60 @@ def test_a_sampled_run_on_the_virtual_gpu_marks_its_steps_as_estimated(tmp_path,
         # The estimate is flagged; what is presented as a rest is never negative.
         assert ledger["other_J"] is None or ledger["other_J"] >= 0
         assert ledger["other_J"] is not None or ledger["other_reason"]
-        exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "unwindowed_J")]
+        exact = [ledger[k] for k in ("warmup_J", "steps_windowed_J", "eval_J", "eval_tail_J", "unwindowed_J")]
         assert math.isclose(math.fsum(exact), record["energy_J"], rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("sample_fraction", [1.0, 0.5])
+def test_the_stretch_after_an_evaluation_is_its_tail_in_the_ledger_not_other(
+    tmp_path, virtual_backend, manual_clock, sample_fraction
+):
+    """What follows an evaluation up to the next step's start (a later callback, a checkpoint: 200 ms here) is
+    the ledger's eval_tail, in energy and time; other holds nothing; the step after the evaluation is not longer."""
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    step_s, eval_s, after_eval_s, eval_at = 0.01, 0.05, 0.2, 10
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": sample_fraction},
+           "logging": {"log_dir": str(tmp_path), "run_name": "tail", "interval_steps": 5}}  # fmt: skip
+    seen: list = []
+    session = EnergySession(cfg, backend=virtual_backend, window_observer=seen.append)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(20):
+        session.step_start(step)
+        manual_clock.advance(step_s)
+        session.sampler.poll_once()
+        session.step_end(step)
+        if step == eval_at:
+            session.eval_start()
+            manual_clock.advance(eval_s)
+            session.sampler.poll_once()
+            session.eval_end(report=True)
+            session.evaluate({"loss": 1.0})
+            manual_clock.advance(after_eval_s)  # other callbacks' on_evaluate, a checkpoint save, a log
+            session.sampler.poll_once()
+    session.epoch_end(0)
+    session.train_end()
+    (epoch,) = [r for r in read_jsonl(tmp_path / "tail.jsonl") if r["event"] == "epoch"]
+    ledger = epoch["ledger"]
+    power_W = epoch["energy_J"] / epoch["time_s"]  # the virtual GPU draws a constant power here
+    assert ledger["eval_tail_s"] == pytest.approx(after_eval_s, abs=1e-9)
+    assert ledger["eval_tail_J"] == pytest.approx(power_W * after_eval_s, rel=1e-6)
+    assert ledger["eval_s"] == pytest.approx(eval_s, abs=1e-9)
+    parts = [ledger[f"{k}_J"] for k in ("warmup", "steps_windowed", "eval", "eval_tail", "unwindowed")]
+    assert math.fsum(parts) == pytest.approx(epoch["energy_J"], rel=1e-9)
+    if sample_fraction == 1.0:  # every step has a window: the tiled windows leave nothing
+        assert ledger["other_J"] == pytest.approx(0.0, abs=1e-6 * epoch["energy_J"])
+        assert ledger["other_s"] == pytest.approx(0.0, abs=1e-9)
+        parts = [ledger[f"{k}_J"] for k in ("warmup", "steps", "eval", "eval_tail", "other")]
+        assert math.fsum(parts) == pytest.approx(epoch["energy_J"], rel=1e-9)
+    steps = [(int(b.info(k)["step"]), float(b.time_s[k])) for b in seen for k in range(b.size) if b.names[k] == "step"]
+    after = [t for step, t in steps if step == eval_at + 1]
+    assert not after or after[0] == pytest.approx(step_s, abs=1e-9)  # not the 200 ms after the evaluation
+    assert all(t == pytest.approx(step_s, abs=1e-9) for _, t in steps)
+    # No record or metric of its own: the tail is the ledger's.
+    assert not [r for r in read_jsonl(tmp_path / "tail.jsonl") if "eval_tail" in str(r.get("event", ""))]
 
 
 def test_a_rest_beside_an_estimated_steps_j_says_it_holds_the_estimate_s_error():
@@ -114,3 +173,57 @@ def test_a_rest_beside_an_estimated_steps_j_says_it_holds_the_estimate_s_error()
     assert exact["other_J"] == pytest.approx(4.0) and exact["other_note"] is None
     over = close_ledger(10.0, 1.0, LedgerColumns(0.0, 0.0, 0, 6.0, 0.1, 2, 0.0, 0.0, 0), steps_taken=8)
     assert over["other_J"] is None and over["other_note"] is None
+
+
+def test_a_tail_ends_at_the_next_evaluation_or_the_epoch_end_and_one_after_the_epoch_counts_in_none(
+    tmp_path, virtual_backend, manual_clock
+):
+    """Evaluations back to back: the first's tail ends where the second begins. An evaluation at the epoch's end:
+    its tail ends with the epoch. An evaluation after the epoch's end (HF Trainer): its tail is in no epoch."""
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    step_s, eval_s, gap_s, last_s, outside_s = 0.01, 0.05, 0.07, 0.11, 0.3
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 1},
+           "logging": {"log_dir": str(tmp_path), "run_name": "tails", "interval_steps": 5}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+
+    def wait(seconds: float) -> None:
+        manual_clock.advance(seconds)
+        session.sampler.poll_once()
+
+    def evaluation() -> None:
+        session.eval_start()
+        wait(eval_s)
+        session.eval_end(report=True)
+
+    session.train_start()
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for step in range(6 * epoch, 6 * epoch + 6):
+            session.step_start(step)
+            wait(step_s)
+            session.step_end(step)
+        if epoch == 0:
+            evaluation()  # two datasets, one after the other
+            wait(gap_s)
+            evaluation()
+            wait(last_s)  # a checkpoint before the epoch's end
+        session.epoch_end(epoch)
+        if epoch == 0:
+            evaluation()  # after the epoch's end: in no epoch
+            wait(outside_s)
+    session.train_end()
+    epochs = [r for r in read_jsonl(tmp_path / "tails.jsonl") if r["event"] == "epoch"]
+    first, second = (r["ledger"] for r in epochs)
+    assert first["eval_tail_s"] == pytest.approx(gap_s + last_s, abs=1e-9)
+    assert first["eval_s"] == pytest.approx(2 * eval_s, abs=1e-9)
+    assert second["eval_tail_s"] == 0.0 and second["eval_J"] == 0.0  # the evaluation before it began is not its
+    for record, ledger in zip(epochs, (first, second), strict=True):
+        power_W = record["energy_J"] / record["time_s"]
+        assert ledger["eval_tail_J"] == pytest.approx(power_W * ledger["eval_tail_s"], rel=1e-6)
+        assert ledger["other_s"] == pytest.approx(0.0, abs=1e-9)
+        parts = [ledger[f"{k}_J"] for k in ("warmup", "steps", "eval", "eval_tail", "other")]
+        assert math.fsum(parts) == pytest.approx(record["energy_J"], rel=1e-9)
+    end = [r for r in read_jsonl(tmp_path / "tails.jsonl") if r["event"] == "run_end"][0]
+    assert end["time_s"] == pytest.approx(sum(r["time_s"] for r in epochs) + eval_s + outside_s, abs=1e-6)

@@ -480,7 +480,7 @@ def energy_parts(energy_J: object, epoch_energy_J: object) -> str | None:
     The epochs' windows and what lies outside every epoch window add up to the total. Outside:
     set-up before the first epoch, evaluations or steps after an epoch's end, the end of the run,
     and on a resumed run the part of the resumed epoch before the checkpoint. Inside an epoch,
-    its record's ``ledger`` splits warm-up, steps, evaluations and the rest (no estimate here:
+    its record's ``ledger`` splits warm-up, steps, evaluations, their tails and the rest (no estimate here:
     a mean step times a step count mixes warm-up and carried steps into the figure).
 
     Args:

@@ -17,7 +17,9 @@ lists every figure that breaks the invariant: no negative or NaN figure in any r
 window's boundaries where the hooks put them; each ``steps`` record's means within tolerance of the
 means of the windows it stands for, or flagged (``complete: false``, ``degraded``); each evaluation,
 epoch and run within tolerance or null/flagged; and, where the records carry it, the epoch ledger
-closes (warm-up + steps + eval + other = the epoch).
+closes (warm-up + steps + eval + eval_tail + other = the epoch) and its ``eval_tail`` holds the truth of
+the stretches from each evaluation's end to the next boundary (a step's start, an evaluation's start, the
+epoch's start or end, the run's end).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ EDGE_S = SAMPLE_PERIOD_S * 1.5  # a boundary's error: the power change within on
 TIME_EPS_S = 1e-7  # event times pass through ms and an anchor: rounding only
 ABS_EPS_J = 1e-6
 REL_EPS = 1e-6
-LEDGER_PARTS = ("warmup", "steps", "eval", "other")
+LEDGER_PARTS = ("warmup", "steps", "eval", "eval_tail", "other")
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,8 @@ class _Player:
         self.eval_truth: list[tuple[float, float]] = []
         self.epoch_truth: dict[int, tuple[float, float]] = {}
         self.eval_open: float | None = None
+        self.tail_open: float | None = None  # an evaluation ended here: its tail is open until the next boundary
+        self.tail_truth: list[tuple[float, float]] = []
         self.epoch_open: float | None = None
         self.epoch_index = 0
         self.runs: list[dict[str, Any]] = []  # per session: observed windows, record count at each, run truth
@@ -243,6 +247,7 @@ class _Player:
         summary = session.exception(KeyboardInterrupt()) if interrupted else session.train_end()
         assert summary is not None
         run["end"] = end
+        self.close_tail(end)
         if self.epoch_open is not None:  # cut short: the run's end closes the epoch window
             self.epoch_truth[self.epoch_index] = (self.epoch_open, end)
             self.epoch_open = None
@@ -250,7 +255,8 @@ class _Player:
         run["records"] = read_jsonl(summary.jsonl_path)
         run["eval_truth"] = self.eval_truth
         run["epoch_truth"] = self.epoch_truth
-        self.eval_truth, self.epoch_truth = [], {}
+        run["tail_truth"] = self.tail_truth
+        self.eval_truth, self.epoch_truth, self.tail_truth = [], {}, []
         self.session = None
 
     # -- hooks with their truth ------------------------------------------------------------
@@ -258,11 +264,19 @@ class _Player:
         assert self.session is not None
         self.session.epoch_start(epoch)
         self.boundary = self.epoch_open = self.now_boundary()  # after the anchor's sync: where the mark lands
+        self.close_tail(self.boundary)
         self.epoch_index = epoch
+
+    def close_tail(self, at: float) -> None:
+        """The boundary at ``at`` ends an evaluation's open tail (the session's eval_tail window)."""
+        if self.tail_open is not None:
+            self.tail_truth.append((self.tail_open, at))
+            self.tail_open = None
 
     def epoch_end(self, epoch: int) -> None:
         assert self.session is not None
         end = self.now_boundary()
+        self.close_tail(end)
         self.session.epoch_end(epoch, report=self.plan.order == "hf")
         if self.plan.order == "lightning":
             self.session.pop_metrics()
@@ -274,6 +288,7 @@ class _Player:
         assert self.session is not None
         if self.boundary is None:  # no boundary before it: the step opens here
             self.boundary = self.now_boundary()
+        self.close_tail(self.boundary)  # after an evaluation: the step's start mark ends its tail
         self.session.step_start(step, phase=phase)
 
     def step_end(self, step: int) -> None:
@@ -288,6 +303,7 @@ class _Player:
     def eval_start(self) -> None:
         assert self.session is not None
         self.eval_open = self.now_boundary()
+        self.close_tail(self.eval_open)
         self.session.eval_start()
 
     def eval_end(self, *, report: bool) -> None:
@@ -296,6 +312,7 @@ class _Player:
         self.session.eval_end(report=report)
         self.eval_truth.append((self.eval_open, end))
         self.eval_open = None
+        self.tail_open = end  # the session's eval_tail opens at the evaluation's end mark
         self.boundary = None  # what follows the evaluation is no step's: the next step opens at its step_start
 
     # -- work ----------------------------------------------------------------------------------
@@ -553,6 +570,15 @@ def _judge(player: _Player) -> Outcome:
             flagged = r.get("complete") is False or bool(r.get("degraded"))
             out.figures.append(Figure(f"run {n} epoch {r['epoch']}", r["energy_J"], truth, tol, flagged))
             _check_ledger(r, f"run {n} epoch {r['epoch']}", out)
+            ledger = r.get("ledger")
+            if ledger is not None:  # the tails that begin inside the epoch: the ledger's eval_tail
+                tails = [(ta, tb) for ta, tb in run["tail_truth"] if a <= ta <= b]
+                parts = [_truth(cuda, ta, tb) for ta, tb in tails]
+                where = f"run {n} epoch {r['epoch']} eval_tail"
+                tail_J, tail_tol = sum(t for t, _ in parts), sum(tol for _, tol in parts)
+                out.figures.append(Figure(f"{where}_J", ledger.get("eval_tail_J"), tail_J, tail_tol, flagged))
+                tail_s = sum(tb - ta for ta, tb in tails)
+                out.figures.append(Figure(f"{where}_s", ledger.get("eval_tail_s"), tail_s, 1e-6, flagged))
         summary = run["summary"]
         truth, tol = _truth(cuda, run["start"], run["end"])
         flagged = summary.degraded or summary.complete is False
@@ -562,14 +588,14 @@ def _judge(player: _Player) -> Outcome:
 
 
 def _check_ledger(r: dict[str, Any], where: str, out: Outcome) -> None:
-    """Warm-up + steps + eval + other == the epoch (energy and time), when the record carries a ledger."""
+    """Warm-up + steps + eval + eval_tail + other == the epoch (energy and time), when the record carries a ledger."""
     ledger = r.get("ledger")
     if ledger is None:
         return
     out.ledgers += 1
     for unit, total in (("J", r.get("energy_J")), ("s", r.get("time_s"))):
         # The split with no estimate in it closes whatever the sampling, wherever the epoch is known.
-        exact = [ledger.get(f"{p}_{unit}") for p in ("warmup", "steps_windowed", "eval", "unwindowed")]
+        exact = [ledger.get(f"{p}_{unit}") for p in ("warmup", "steps_windowed", "eval", "eval_tail", "unwindowed")]
         if total is not None and (any(p is None or p < 0 for p in exact) or not math.isclose(
             math.fsum(exact), total, rel_tol=1e-6, abs_tol=1e-9
         )):  # fmt: skip

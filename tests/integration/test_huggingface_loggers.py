@@ -379,3 +379,14 @@ def test_the_step_after_an_evaluation_begins_at_its_own_step_begin(tmp_path):
     assert len(steps) == 7  # one a record (interval_steps=1) after the warm-up step
     # Each step's window holds its forward only: the step after the evaluation too (step 4, 230 ms before).
     assert [r["time_s_mean"] for r in steps] == pytest.approx([step_s] * len(steps), rel=1e-6)
+    # What followed each evaluation up to the next on_step_begin (the later callback's 200 ms) is the ledger's
+    # eval_tail, not other: the epoch is explained by warm-up, steps, evaluations and their tails.
+    records = read_jsonl(callback.summary.jsonl_path)
+    evals = [r for r in records if r["event"] == "eval"]
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    ledger = epoch["ledger"]
+    assert len(evals) == 2 and ledger["eval_tail_s"] == pytest.approx(len(evals) * pause_s, rel=1e-6)
+    assert ledger["eval_tail_J"] > 0 and ledger["other_s"] == pytest.approx(0.0, abs=1e-9)
+    assert ledger["other_J"] <= 1e-3 * epoch["energy_J"]
+    parts = [ledger[f"{k}_J"] for k in ("warmup", "steps", "eval", "eval_tail", "other")]
+    assert sum(parts) == pytest.approx(epoch["energy_J"], rel=1e-9)

@@ -45,7 +45,7 @@ from zeus_callbacks.session._run import (
     open_run,
     select_gpu_indices,
 )  # fmt: skip
-from zeus_callbacks.session._scheduler import Decision, StepScheduler
+from zeus_callbacks.session._scheduler import EVAL_TAIL, Decision, StepScheduler
 from zeus_callbacks.session._state import Totals, carried_totals, resume_state
 from zeus_callbacks.session._step_reports import StepReports
 
@@ -463,6 +463,7 @@ class EnergySession:
                 info["node_start"] = self.run.node.read()
             token = self.run.meter.mark()
             self.run.meter.begin_at("epoch", token, info)
+        token = self._steps.close_eval_tail(token)  # an evaluation after the last epoch's end: its tail ends here
         self._steps.open_step_at_boundary(token)
 
     def eval_start(self) -> None:
@@ -470,7 +471,8 @@ class EnergySession:
 
         The evaluation is no part of any step, nor is what follows it before the next step begins:
         the next measured step's window opens at its own :meth:`step_start` (or at the next
-        :meth:`epoch_start`, after an epoch's end).
+        :meth:`epoch_start`, after an epoch's end). What follows an evaluation up to that boundary
+        (or up to this one, for evaluations back to back) is its ``eval_tail`` (:meth:`eval_end`).
         """
         self._steps.take_back_quiet_steps()
         if not self.started:
@@ -478,13 +480,19 @@ class EnergySession:
         run = self.run
         self._steps.eval_begins()
         self._power.eval_start()
-        if self.config.windows.eval:
-            run.meter.begin("eval", step=self._totals.steps)
+        if self.config.windows.eval:  # the last evaluation's tail, if open, ends where this one begins
+            token = self._steps.close_eval_tail()
+            run.meter.begin_at("eval", run.meter.mark() if token is None else token, {"step": self._totals.steps})
 
     def eval_end(
         self, *, report: bool = False, dataset: str | None = None, every_rank: bool = False
     ) -> dict[str, float]:
         """Close the evaluation window; its energy is reported once attributed.
+
+        The ``eval_tail`` window opens at the evaluation's end mark (with ``windows.eval``, unless a
+        measured step holds the evaluation): the attribution here and its wait for the sensor, the other
+        callbacks' evaluation hooks, a log, a checkpoint up to the next step's start (or the next
+        evaluation's start, the epoch's end, the run's end). The epoch ledger counts it as ``eval_tail``.
 
         Args:
             report: Attribute the evaluation now (waits ≤ 0.25 s for the sensor, like
@@ -516,6 +524,7 @@ class EnergySession:
             if dataset is not None:
                 info["dataset"] = dataset
             run.meter.end_at("eval", token, info)
+            self._steps.open_eval_tail(token)  # what follows the evaluation, up to the next boundary
             # Attribute the evaluation now (a wait for the sensor, not work: outside the steps' time),
             # so that adapters log its energy at the evaluation's step, before the next training step.
             run.flush_sensor(run.backend.clock.now_s(), read_counter=False)  # samples only: no 3-5 ms counter read
@@ -583,7 +592,10 @@ class EnergySession:
         self._open_epoch = None
         steps.pause_timing()
         steps.discard_phases()
-        if not run.meter.end("epoch", epoch=epoch, end_step=self._totals.steps, **self._node_end()):
+        info = {"epoch": epoch, "end_step": self._totals.steps, **self._node_end()}
+        token = steps.close_eval_tail()  # an evaluation's tail ends with the epoch, at its end mark
+        ended = run.meter.end("epoch", **info) if token is None else run.meter.end_at("epoch", token, info)
+        if not ended:
             steps.timed_report()
             return {}
         run.flush_sensor(run.backend.clock.now_s())  # a wait, not work: not charged to the steps
@@ -629,9 +641,14 @@ class EnergySession:
         self._reports.epoch_ended(counts)
         if run.meter.is_open("eval"):
             run.meter.end("eval")
+        token = steps.close_eval_tail()  # an evaluation's tail ends with the run (and its epoch, at one mark)
         if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
             self._totals.epochs += 1
-            run.meter.end("epoch", end_step=self._totals.steps, **self._node_end())
+            info = {"end_step": self._totals.steps, **self._node_end()}
+            if token is None:
+                run.meter.end("epoch", **info)
+            else:
+                run.meter.end_at("epoch", token, info)
         self._reports.node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:
@@ -688,7 +705,7 @@ class EnergySession:
             >>> with session.window("generate"):  # doctest: +SKIP
             ...     model.generate(**inputs)
         """
-        if name in ("run", "step", "epoch", "eval", SPAN_WINDOW, *PHASES):
+        if name in ("run", "step", "epoch", "eval", EVAL_TAIL, SPAN_WINDOW, *PHASES):
             raise ValueError(f"window name {name!r} is reserved")
         if not self.started:
             yield

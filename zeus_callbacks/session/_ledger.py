@@ -1,17 +1,20 @@
 """The epoch ledger: every stretch of an epoch's timeline in exactly one entry.
 
-An epoch's energy and time split into warm-up steps, steps, evaluations and ``other`` (what no
-window holds: the stretch after the last step, the wait before an evaluation and its loader's start;
-a checkpoint save or a log between two steps is in the next step's window). The first three are
+An epoch's energy and time split into warm-up steps, steps, evaluations, evaluation tails and ``other``
+(what no window holds: the stretch after the last step, the wait before an evaluation and its loader's
+start; a checkpoint save or a log between two steps is in the next step's window). An evaluation's tail
+(``eval_tail``) runs from its end mark to the next boundary (the next step's start, an evaluation's start,
+the epoch's end): the session's attribution of the evaluation and its wait for the sensor, the other
+callbacks' evaluation hooks, the trainer's log, a checkpoint save, the next batch fetch. The first four are
 disjoint windows inside the epoch window, attributed from the same running integral of the power
-samples, so ``other = epoch − warm-up − steps − evaluations`` is what they leave, not a guess.
+samples, so ``other = epoch − warm-up − steps − evaluations − tails`` is what they leave, not a guess.
 
 A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly covered by
 samples when the epoch ended) enters ``steps`` at the epoch's mean measured step, each measured step
 weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured steps it stands in for):
 an estimate, said in ``steps_basis``. An estimate that leaves less than nothing for ``other`` makes
 ``other`` null with the reason, never negative. The split with no estimate in it always closes:
-warm-up + the step windows + evaluations + ``unwindowed`` (unmeasured steps and other together).
+warm-up + the step windows + evaluations + tails + ``unwindowed`` (unmeasured steps and other together).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class EpochLedger:
         step_windows: Their count.
         evals: ``(start_s, energy_J, time_s)`` of each evaluation window; only those that begin
             inside the epoch count (a Trainer may evaluate after the epoch's end).
+        eval_tails: The same of each evaluation's tail (``eval_tail`` window), counted alike.
         stand_in_J: The step windows' ``Σ (1/p − 1)·E`` (J), ``p`` each one's chance of being measured.
         stand_in_s: Their ``Σ (1/p − 1)·t`` (s).
         stand_in_steps: Their ``Σ (1/p − 1)``: the unmeasured steps they stand in for, in expectation.
@@ -53,6 +57,7 @@ class EpochLedger:
     steps_s: float = 0.0
     step_windows: int = 0
     evals: list[tuple[float, float, float]] = field(default_factory=list)
+    eval_tails: list[tuple[float, float, float]] = field(default_factory=list)
     stand_in_J: float = 0.0
     stand_in_s: float = 0.0
     stand_in_steps: float = 0.0
@@ -77,19 +82,25 @@ class EpochLedger:
         """Add one evaluation window that starts at ``start_s`` (s on the backend clock)."""
         self.evals.append((start_s, energy_J, time_s))
 
+    def add_eval_tail(self, start_s: float, energy_J: float, time_s: float) -> None:
+        """Add one evaluation's tail window that starts at ``start_s`` (s on the backend clock): its end mark."""
+        self.eval_tails.append((start_s, energy_J, time_s))
+
     def row(self, epoch_start_s: float) -> LedgerColumns:
         """This rank's ledger for the epoch that began at ``epoch_start_s`` (s), sent with the epoch's figures."""
         inside = [(e, t) for s, e, t in self.evals if s >= epoch_start_s]
+        tails = [(e, t) for s, e, t in self.eval_tails if s >= epoch_start_s]
         return LedgerColumns(
             warmup_J=self.warmup_J, warmup_s=self.warmup_s, warmup_windows=float(self.warmup_windows),
             steps_J=self.steps_J, steps_s=self.steps_s, step_windows=float(self.step_windows),
             eval_J=math.fsum(e for e, _ in inside), eval_s=math.fsum(t for _, t in inside), evals=float(len(inside)),
+            eval_tail_J=math.fsum(e for e, _ in tails), eval_tail_s=math.fsum(t for _, t in tails),
             stand_in_J=self.stand_in_J, stand_in_s=self.stand_in_s, stand_in_steps=self.stand_in_steps,
         )  # fmt: skip
 
 
 def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_taken: int) -> dict[str, Any]:
-    """The ledger of one epoch: warm-up, steps, evaluations and ``other``, in J and s.
+    """The ledger of one epoch: warm-up, steps, evaluations, evaluation tails and ``other``, in J and s.
 
     Args:
         epoch_J: The epoch's energy (J; NaN when no sample covers it).
@@ -99,14 +110,15 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
         steps_taken: Steps taken in the epoch (warm-up steps included).
 
     Returns:
-        The epoch record's ``ledger``: ``warmup + steps + eval + other`` equals the epoch (J and s alike)
-        wherever ``other`` is not None (``other_reason`` says why it is; ``other_note`` that it absorbs the
-        error of an estimated ``steps_J``). Always: ``warmup + steps_windowed + eval + unwindowed`` equals
-        the epoch (``unwindowed`` None only when the epoch's energy is unknown).
+        The epoch record's ``ledger``: ``warmup + steps + eval + eval_tail + other`` equals the epoch (J and s
+        alike) wherever ``other`` is not None (``other_reason`` says why it is; ``other_note`` that it absorbs
+        the error of an estimated ``steps_J``). Always: ``warmup + steps_windowed + eval + eval_tail +
+        unwindowed`` equals the epoch (``unwindowed`` None only when the epoch's energy is unknown).
     """
     warmup_J, warmup_s, warmup_n = row.warmup_J, row.warmup_s, row.warmup_windows
     steps_J, steps_s, steps_n = row.steps_J, row.steps_s, row.step_windows
     eval_J, eval_s = row.eval_J, row.eval_s
+    tail_J, tail_s = row.eval_tail_J, row.eval_tail_s
     windowed_J, windowed_s = steps_J, steps_s
     estimated = max(0, steps_taken - int(warmup_n) - int(steps_n))
     reason = None
@@ -121,8 +133,8 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
     elif estimated:
         steps_J = steps_s = math.nan
         reason = f"none of the epoch's {estimated} steps after warm-up has a measured window"
-    other_J = _rest(epoch_J, warmup_J, steps_J, eval_J)
-    other_s = _rest(epoch_s, warmup_s, steps_s, eval_s)
+    other_J = _rest(epoch_J, warmup_J, steps_J, eval_J, tail_J)
+    other_s = _rest(epoch_s, warmup_s, steps_s, eval_s, tail_s)
     if reason is None and not math.isfinite(epoch_J):
         reason = "no power sample covers the epoch"
     elif reason is None and (other_J is None or other_s is None) and estimated:
@@ -139,12 +151,12 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
             f"{int(steps_n) + estimated} steps after warm-up)"
         )
     # The exact split, whatever the sampling: what the windows leave (unmeasured steps and other together).
-    unwindowed_J = _rest(epoch_J, warmup_J, windowed_J, eval_J)
-    unwindowed_s = _rest(epoch_s, warmup_s, windowed_s, eval_s)
+    unwindowed_J = _rest(epoch_J, warmup_J, windowed_J, eval_J, tail_J)
+    unwindowed_s = _rest(epoch_s, warmup_s, windowed_s, eval_s, tail_s)
     return {
         "warmup_J": _finite(warmup_J), "steps_J": _finite(steps_J), "eval_J": _finite(eval_J),
-        "other_J": other_J if reason is None else None,
-        "warmup_s": warmup_s, "steps_s": _finite(steps_s), "eval_s": eval_s,
+        "eval_tail_J": _finite(tail_J), "other_J": other_J if reason is None else None,
+        "warmup_s": warmup_s, "steps_s": _finite(steps_s), "eval_s": eval_s, "eval_tail_s": tail_s,
         "other_s": other_s if reason is None else None,
         "steps_estimated": estimated, "steps_measured": int(steps_n),
         "steps_basis": _steps_basis(int(steps_n), estimated), "other_reason": reason,

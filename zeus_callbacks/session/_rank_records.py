@@ -206,7 +206,8 @@ class LedgerColumns(RankRecord):
     """One rank's epoch ledger (:meth:`~zeus_callbacks.session._ledger.EpochLedger.row`).
 
     The fields are :class:`~zeus_callbacks.session._ledger.EpochLedger`'s, with the energy (J), time (s)
-    and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``.
+    and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``, and
+    the energy (J) and time (s) of their tails as ``eval_tail_J``, ``eval_tail_s``.
     Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
     """
 
@@ -219,6 +220,8 @@ class LedgerColumns(RankRecord):
     eval_J: float = reduced("sum")
     eval_s: float = reduced("slowest")
     evals: float = reduced("slowest")
+    eval_tail_J: float = reduced("sum")
+    eval_tail_s: float = reduced("slowest")
     stand_in_J: float = reduced("sum")
     stand_in_s: float = reduced("slowest")
     stand_in_steps: float = reduced("slowest")

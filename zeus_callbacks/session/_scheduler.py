@@ -25,6 +25,11 @@ UNMEASURED_TIMING_MASK = 63
 """An unmeasured step is timed when its remaining skips are a multiple of 64."""
 PHASE_REANCHOR_S = 30.0
 """With windows.phases, CUDA event timing is re-anchored this often (s)."""
+EVAL_TAIL = "eval_tail"
+"""The window from an evaluation's end mark to the next boundary: the next step's start, an evaluation's
+start, the epoch's start or end, the run's end. It holds the evaluation's aftermath (the session's own
+attribution of it and its wait for the sensor, the other callbacks' evaluation hooks, the trainer's log, a
+checkpoint save, the next batch fetch); the epoch ledger counts it as ``eval_tail``, no record of its own."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class StepScheduler:
         self._dataloader_open = False  # phases: a measured step's dataloader gap is open
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._phase_windows = False  # windows.phases
+        self._tail_open = False  # the eval_tail window is open (an evaluation ended; no boundary since)
         self._step_windows = True  # windows.step
         self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
         self._warmup_done = 0  # warm-up steps taken in this run
@@ -233,6 +239,7 @@ class StepScheduler:
         self._interval_steps = 0
         self._governor.restart(time.perf_counter())
         self._phase_open = None
+        self._tail_open = False
         self.active = True
 
     def end(self) -> None:
@@ -265,6 +272,9 @@ class StepScheduler:
         # (before the compute; in a tiled step window it falls with the fetch; the profiler times its own steps).
         if self.power_step_start is not None:
             self.power_step_start(step)
+        if self._tail_open:  # the first step after an evaluation: its start mark ends the evaluation's tail
+            self._step_start_after_eval(step, phase)
+            return
         if self._skip:  # not a measured step (windows.sample_fraction)
             self._skip -= 1
             if not self._skip & UNMEASURED_TIMING_MASK:
@@ -290,6 +300,34 @@ class StepScheduler:
             # Most measured steps opened at the last boundary (the previous step's end mark)
             # and take no mark here; one with no boundary before it begins now.
             meter.begin_at("step", self._mark())
+        self._governor.hook_s += time.perf_counter() - t0
+
+    def _step_start_after_eval(self, step: int, phase: str | None) -> None:
+        """:meth:`step_start` of the first step after an evaluation: one mark ends the tail and opens the step.
+
+        The :data:`EVAL_TAIL` window and the step's windows (when it is measured) share the mark, so
+        they tile: nothing between the evaluation's end and the step's compute is in no window.
+        """
+        t0 = time.perf_counter()
+        meter = self._meter
+        token = self._mark()
+        meter.end_at(EVAL_TAIL, token)
+        self._tail_open = False
+        if self._skip:  # not a measured step (windows.sample_fraction): the tail's mark is the only one
+            self._skip -= 1
+            if not self._skip & UNMEASURED_TIMING_MASK:
+                self._time_unmeasured = True
+            return
+        self._measuring = True
+        self._step_index = step
+        if self._phase_windows:  # eval_begins dropped the dataloader phase opened ahead: the compute begins here
+            if phase is not None:
+                meter.begin_at(phase, token)
+                self._phase_open = phase
+            if self._epoch_measured % 16 == 0:
+                self._maybe_reanchor()
+        if self._step_windows and not meter.is_open("step"):
+            meter.begin_at("step", token)
         self._governor.hook_s += time.perf_counter() - t0
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
@@ -533,7 +571,8 @@ class StepScheduler:
 
         The next measured step's window then opens at its own :meth:`step_start`, not where the
         evaluation ends: what comes between (the other callbacks' evaluation hooks, the evaluation's
-        exchange between ranks, a checkpoint) is no step's (an outside tester: 202 ms against 26 ms).
+        exchange between ranks, a checkpoint) is no step's (an outside tester: 202 ms against 26 ms)
+        but the :data:`EVAL_TAIL` window's (:meth:`open_eval_tail`).
         """
         self.pause_timing()
         if not self._measuring:  # the window opened ahead would otherwise hold the whole evaluation
@@ -541,6 +580,35 @@ class StepScheduler:
             if self._phase_windows:
                 self._meter.discard("dataloader")
                 self._dataloader_open = False
+
+    def open_eval_tail(self, token: Any) -> None:
+        """An evaluation ended at mark ``token``: open the :data:`EVAL_TAIL` window there.
+
+        Not inside a measured step (an evaluation the loop runs within a step): the step's window holds
+        what follows the evaluation. The tail ends at the next boundary (:meth:`step_start`,
+        :meth:`close_eval_tail`).
+        """
+        if self._measuring:
+            return
+        self._meter.begin_at(EVAL_TAIL, token)
+        self._tail_open = True
+
+    def close_eval_tail(self, token: Any | None = None) -> Any | None:
+        """End the :data:`EVAL_TAIL` window at boundary ``token`` (an evaluation's start, an epoch's, the run's end).
+
+        Args:
+            token: A mark already taken at this boundary (shared), or None to take one if a tail is open.
+
+        Returns:
+            The boundary's mark: ``token``, or the one taken here (None: no tail was open and none given).
+        """
+        if not self._tail_open:
+            return token
+        self._tail_open = False
+        if token is None:
+            token = self._mark()
+        self._meter.end_at(EVAL_TAIL, token)
+        return token
 
     def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""

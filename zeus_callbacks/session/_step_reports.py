@@ -37,6 +37,7 @@ from zeus_callbacks.session._rank_records import (
     WarmupColumns,
 )
 from zeus_callbacks.session._run import StartedRun, measurement_of
+from zeus_callbacks.session._scheduler import EVAL_TAIL
 from zeus_callbacks.session._state import Totals
 
 _BULK_WINDOWS = frozenset(("step", *PHASES))  # attributed and aggregated as arrays at each report
@@ -203,6 +204,9 @@ class StepReports:
             self._queue_epoch_metrics(record)
         elif record.name == "eval":
             self._absorb_eval(record)
+        elif record.name == EVAL_TAIL:  # the epoch ledger's eval_tail: no record, no metric of its own
+            if record.time_s >= 0 and math.isfinite(record.energy_J):
+                self._ledger.add_eval_tail(record.start_s, record.energy_J, record.time_s)
         elif record.name == "run":
             self._run_record = record
         elif record.name == SPAN_WINDOW:
