@@ -120,8 +120,9 @@ METRICS: dict[str, str] = {
     EPOCH_COUNTER_ENERGY_J: "J — the same epoch from the hardware energy counter (cross-check)",
     EPOCH_TIME_S: "s — epoch wall time",
     EPOCH_MEAN_POWER_W: "W — mean GPU power over the epoch",
-    EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step and evaluation window (the stretch "
-    "after the last step, the wait before an evaluation): warm-up + steps + evaluations + this = the epoch",
+    EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step, evaluation and evaluation-tail window "
+    "(the stretch after the last step, the wait before an evaluation): warm-up + steps + evaluations + their "
+    "tails (the ledger's eval_tail_J) + this = the epoch",
     EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
     "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
     EPOCH_CPU_ENERGY_J: "J — CPU package energy of the training epoch, summed over sockets, between readings at "
