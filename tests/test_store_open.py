@@ -167,3 +167,24 @@ def test_a_store_on_a_network_filesystem_avoids_wal_and_fcntl_locks(tmp_path, mo
     monkeypatch.undo()
     with JSONStore(tmp_path / "local.json") as local:  # a local disk keeps the fcntl lock
         assert isinstance(local._lock, FileLock) and not isinstance(local._lock, SoftFileLock)
+
+
+def test_a_retried_store_operation_raises_no_deprecation_warning():
+    # tenacity 9.2 deprecated wait_exponential_jitter(initial=...): under -W error a run's first store
+    # retry then failed the run (an outside tester). Two transient failures, then success, warnings as errors.
+    import warnings
+
+    from zeus_callbacks.store._base import retry_transient
+
+    calls = []
+
+    def attempt() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TimeoutError("held")
+        return "done"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert retry_transient(attempt, 5.0, lambda exc: isinstance(exc, TimeoutError)) == "done"
+    assert len(calls) == 3

@@ -411,7 +411,9 @@ def retry_transient(attempt: Callable[[], T], limit_s: float, is_transient: Call
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         stop=tenacity.stop_before_delay(limit_s),
-        wait=tenacity.wait_exponential_jitter(initial=0.02, max=1.0, jitter=0.02),
+        # wait_exponential_jitter's parameters were renamed in tenacity 9.2 (initial -> multiplier, with a
+        # DeprecationWarning): the sum of the two older waits says the same in every version since 8.3
+        wait=tenacity.wait_exponential(multiplier=0.02, max=1.0) + tenacity.wait_random(0, 0.02),
         reraise=True,
     )
     return retrying(attempt)
