@@ -296,6 +296,7 @@ def test_two_different_batch_sizes_said_in_one_run_withdraw_the_trial_with_one_w
     first = "measure(batch_size=...)" if by_measure else "use_batch_size()"
     assert f"said two batch sizes: 32 ({first}), then 64 (use_batch_size())" in warning
     assert "withdrawn, not recorded" in warning and "say it once" in warning
+    assert "is not known for sure" in warning and "mixed" not in warning  # no step had run at either size
     (trial,) = trials(tmp_path)
     assert trial.status == "withdrawn"
     assert trial.info["reason"] == "withdrawn: the loop said two batch sizes (32, then 64)"

@@ -278,7 +278,8 @@ class Measurement(SessionAdapter):
             said.withdraw = (
                 f"withdrawn: the loop said two batch sizes ({said.size}, then {size})",
                 f"said two batch sizes: {said.size} ({said.how}), then {size} ({how}), so the batch size it "
-                "trained at is mixed",
+                # before any step the loop only changed its word; after, it may have trained at both
+                + ("trained at is mixed" if self._steps_started else "trained at is not known for sure"),
             )
             return
         if self._steps_started:
