@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmarks
 import power_limit_families as families  # noqa: E402
-from power_limit_regret import JOB_STEPS  # noqa: E402
+from power_limit_regret import JOB_STEPS, regret_ratio  # noqa: E402
+from power_limit_targets import MAX_ABS_REGRET_PCT  # noqa: E402
 
 CaseKey = tuple[str, str, str]  # objective, family, "label step W"
 
@@ -59,16 +60,15 @@ def worst_cases(runs_files: list[Path]) -> list[CaseKey]:
             continue
         key = (r["objective"], r["family"], r["case"])
         for n, ours in r["regret"].items():
-            theirs = sweep[key]["regret"][n]
-            ratio = ours / theirs if theirs > 0 else 0.0
-            rows[(r["objective"], r["family"], int(n))].append((ratio, ours, key))
+            ratio = regret_ratio(ours, sweep[key]["regret"][n])  # None: no ratio to take, no failure
+            rows[(r["objective"], r["family"], int(n))].append((0.0 if ratio is None else ratio, ours, key))
     chosen: list[CaseKey] = []
     for (_, _, n), values in rows.items():
         worst_ratio = max(values)
         worst_regret = max(values, key=lambda v: v[1])
         if worst_ratio[0] > (0.5 if n <= 10_000 else 1.0):
             chosen.append(worst_ratio[2])
-        if n >= 10_000 and worst_regret[1] > 0.01:
+        if n >= 10_000 and 100.0 * worst_regret[1] > MAX_ABS_REGRET_PCT:
             chosen.append(worst_regret[2])
     return sorted(set(chosen))
 
@@ -83,7 +83,7 @@ def spread_rows(results: list[dict]) -> list[dict]:
     for (objective, family, case, n), modes in sorted(by_row.items()):
         ours, sweep = modes["ours"], modes["sweep"]
         seeds = sorted(set(ours) & set(sweep))
-        paired = [ours[s] / sweep[s] for s in seeds if sweep[s] > 0]
+        paired = [ratio for s in seeds if (ratio := regret_ratio(ours[s], sweep[s])) is not None]
         rows.append({
             "objective": objective, "family": family, "case": case, "N": n,
             "sweep_pct": [round(sweep[s], 4) for s in seeds], "ours_pct": [round(ours[s], 4) for s in seeds],
@@ -99,7 +99,7 @@ def _failing(rows: list[dict]) -> dict[str, int]:
         r["worst_paired_ratio"] is not None and r["worst_paired_ratio"] > (0.5 if r["N"] <= 10_000 else 1.0)
         for r in rows
     )
-    c = sum(r["N"] >= 10_000 and max(r["ours_pct"]) > 1.0 for r in rows)
+    c = sum(r["N"] >= 10_000 and max(r["ours_pct"]) > MAX_ABS_REGRET_PCT for r in rows)
     return {"a_b": a_b, "c": c}
 
 
