@@ -24,13 +24,26 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN_DIGITS = 1437  # 80 % of scikit-learn's 1,797 digits: the example's training split
 
 
-def load_raw_loop_example():
-    """``examples/raw_loop.py`` as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("raw_loop_example", ROOT / "examples" / "raw_loop.py")
+def load_example(name: str):
+    """``examples/<name>.py`` as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_example", ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def spy_on_loaders(monkeypatch, example) -> list[int]:
+    """The batch size of every ``example.digits_loaders`` call, in order: the sizes the example trained at."""
+    trained: list[int] = []
+    build = example.digits_loaders
+
+    def spy(batch_size: int = 32):
+        trained.append(int(batch_size))
+        return build(batch_size)
+
+    monkeypatch.setattr(example, "digits_loaders", spy)
+    return trained
 
 
 def bandit_yaml(tmp_path: Path, *, target: bool = True) -> Path:
@@ -58,15 +71,8 @@ def bandit_yaml(tmp_path: Path, *, target: bool = True) -> Path:
 def test_the_raw_loop_example_records_each_trial_at_the_batch_size_it_trained(tmp_path, monkeypatch):
     # The outside tester's case, run as they ran it: the example's main() twice, a real SQLite store file.
     monkeypatch.chdir(tmp_path)
-    example = load_raw_loop_example()
-    trained: list[int] = []
-    build = example.digits_loaders
-
-    def spy(batch_size: int = 32):
-        trained.append(int(batch_size))
-        return build(batch_size)
-
-    monkeypatch.setattr(example, "digits_loaders", spy)
+    example = load_example("raw_loop")
+    trained = spy_on_loaders(monkeypatch, example)
     config = bandit_yaml(tmp_path)
     summaries = [example.main(["--config", str(config), "--epochs", "1"])["summary"] for _ in range(2)]
     with open_store(tmp_path / "store.sqlite") as store:
@@ -226,18 +232,8 @@ def test_the_fabric_example_records_each_trial_at_the_batch_size_it_trained(tmp_
     pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # fabric_loop imports raw_loop's model and data
-    spec = importlib.util.spec_from_file_location("fabric_loop_example", ROOT / "examples" / "fabric_loop.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    trained: list[int] = []
-    build = example.digits_loaders
-
-    def spy(batch_size: int = 32):
-        trained.append(int(batch_size))
-        return build(batch_size)
-
-    monkeypatch.setattr(example, "digits_loaders", spy)
+    example = load_example("fabric_loop")
+    trained = spy_on_loaders(monkeypatch, example)
     config = bandit_yaml(tmp_path)
     results = [
         example.main(["--config", str(config), "--epochs", "1", "--log-dir", str(tmp_path / "runs")]) for _ in range(2)
