@@ -75,6 +75,18 @@ def test_auto_budget_counts_the_unmeasured_steps_calls_by_hand():
     assert cheap.fraction == 1.0
 
 
+def _session_in_epoch(tmp_path, backend, *, sample_fraction: float | None = None, interval_steps: int = 50):
+    """A session on ``backend`` logging to ``tmp_path``, its run started and epoch 0 open."""
+    from zeus_callbacks.session import EnergySession
+
+    windows = {} if sample_fraction is None else {"windows": {"sample_fraction": sample_fraction}}
+    cfg = {"backend": "virtual", **windows, "logging": {"log_dir": str(tmp_path), "interval_steps": interval_steps}}
+    session = EnergySession(cfg, backend=backend)
+    session.train_start()
+    session.epoch_start(0)
+    return session
+
+
 def _auto_session_observed(tmp_path, backend, *, charge_before_s: float | None = None):
     """A started auto-sampling session on ``backend`` and the list its sampling's observe() calls fill."""
     from zeus_callbacks.session import EnergySession
@@ -254,12 +266,7 @@ def test_lightning_fraction_measures_a_share_and_reports_every_step_taken(tmp_pa
 
 def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend, manual_clock):
     """Empty steps: the step period is the hooks' own cost, far over the 0.1 % budget on any machine."""
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend)
     for i in range(3000):
         session.step_start(i)
         # 0.1 ms of virtual time (the budget counts CPU time, not this clock), so that power samples
@@ -278,13 +285,7 @@ def test_auto_backs_off_when_the_hooks_are_the_step(tmp_path, virtual_backend, m
 
 
 def test_the_steps_records_count_every_step_even_when_the_last_are_unmeasured(tmp_path, virtual_backend, manual_clock):
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.002},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend, sample_fraction=0.002)
 
     def steps(first, n):
         for i in range(first, first + n):
@@ -312,13 +313,7 @@ def test_a_steps_record_with_no_measured_step_says_why_its_means_are_null(tmp_pa
     Every window is attributed at the flush; the steps after it are unmeasured (sample_fraction), so the
     run's last steps record stands for steps with no mean: it must say why, not leave a bare null.
     """
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.002},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend, sample_fraction=0.002)
     step = 0
     for _ in range(2):  # the warm-up step (measured, reported apart), then steps until the draw skips one
         session.step_start(step)
@@ -343,12 +338,7 @@ def test_a_steps_record_with_no_measured_step_says_why_its_means_are_null(tmp_pa
 
 
 def test_a_steps_record_of_warmup_steps_only_says_why_its_means_are_null(tmp_path, virtual_backend, manual_clock):
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend)
     session.step_start(0)  # the only step: the warm-up step
     manual_clock.advance(0.05)
     session.step_end(0)
@@ -507,12 +497,7 @@ def test_each_sampling_warning_is_one_line_that_fits_a_100_column_console(caplog
 def test_a_log_flush_keeps_the_spaced_out_report_cadence(tmp_path, virtual_backend, manual_clock):
     """Issue 28: the HF callback flushed a report at every Trainer log, even after auto sampling had spaced
     reports out to save that cost (about half of the default mode's hook time on a CPU-bound step)."""
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend)
     reports_at_logs = []  # reports made inside each simulated Trainer log (counted)
     for i in range(3000):
         session.step_start(i)
@@ -726,13 +711,7 @@ def test_the_printed_summary_says_how_many_measured_steps_its_step_means_stand_o
     tmp_path, virtual_backend, manual_clock
 ):
     """The tester's summary gave energy/step and time/step with no word that they came from 13 of 45 steps."""
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.2},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 50}}  # fmt: skip
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend, sample_fraction=0.2)
     for i in range(300):
         session.step_start(i)
         manual_clock.advance(0.01)
@@ -754,13 +733,7 @@ def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, 
     run (energy alike). The bound is of the steps the means are of: a mean of every step is exact and
     left alone even where the warm-up step is cheaper (tests/test_bulk_report.py).
     """
-    from zeus_callbacks.session import EnergySession
-
-    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.2},
-           "logging": {"log_dir": str(tmp_path), "interval_steps": 10}}  # fmt: skip
-    session = EnergySession(cfg, backend=virtual_backend)
-    session.train_start()
-    session.epoch_start(0)
+    session = _session_in_epoch(tmp_path, virtual_backend, sample_fraction=0.2, interval_steps=10)
     for i in range(90):
         session.step_start(i)
         manual_clock.advance(0.5 if i % 5 == 4 else 0.01)
