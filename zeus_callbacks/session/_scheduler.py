@@ -272,9 +272,9 @@ class StepScheduler:
         # (before the compute; in a tiled step window it falls with the fetch; the profiler times its own steps).
         if self.power_step_start is not None:
             self.power_step_start(step)
-        if self._tail_open:  # the first step after an evaluation: its start mark ends the evaluation's tail
-            self._step_start_after_eval(step, phase)
-            return
+        # The first step after an evaluation: one mark ends the evaluation's tail and, if the step is
+        # measured, opens its windows, so the two tile (None: no tail open, the step takes its own mark).
+        token = self.close_eval_tail() if self._tail_open else None
         if self._skip:  # not a measured step (windows.sample_fraction)
             self._skip -= 1
             if not self._skip & UNMEASURED_TIMING_MASK:
@@ -285,7 +285,8 @@ class StepScheduler:
         self._step_index = step
         meter = self._meter
         if self._phase_windows:
-            token = self._mark()  # the compute begins: dataloader | forward
+            if token is None:
+                token = self._mark()  # the compute begins: dataloader | forward
             if self._dataloader_open:
                 meter.end_at("dataloader", token)
                 self._dataloader_open = False
@@ -299,35 +300,7 @@ class StepScheduler:
         elif self._step_windows and not meter.is_open("step"):
             # Most measured steps opened at the last boundary (the previous step's end mark)
             # and take no mark here; one with no boundary before it begins now.
-            meter.begin_at("step", self._mark())
-        self._governor.hook_s += time.perf_counter() - t0
-
-    def _step_start_after_eval(self, step: int, phase: str | None) -> None:
-        """:meth:`step_start` of the first step after an evaluation: one mark ends the tail and opens the step.
-
-        The :data:`EVAL_TAIL` window and the step's windows (when it is measured) share the mark, so
-        they tile: nothing between the evaluation's end and the step's compute is in no window.
-        """
-        t0 = time.perf_counter()
-        meter = self._meter
-        token = self._mark()
-        meter.end_at(EVAL_TAIL, token)
-        self._tail_open = False
-        if self._skip:  # not a measured step (windows.sample_fraction): the tail's mark is the only one
-            self._skip -= 1
-            if not self._skip & UNMEASURED_TIMING_MASK:
-                self._time_unmeasured = True
-            return
-        self._measuring = True
-        self._step_index = step
-        if self._phase_windows:  # eval_begins dropped the dataloader phase opened ahead: the compute begins here
-            if phase is not None:
-                meter.begin_at(phase, token)
-                self._phase_open = phase
-            if self._epoch_measured % 16 == 0:
-                self._maybe_reanchor()
-        if self._step_windows and not meter.is_open("step"):
-            meter.begin_at("step", token)
+            meter.begin_at("step", self._mark() if token is None else token)
         self._governor.hook_s += time.perf_counter() - t0
 
     def step_end(self, step: int, *, num_samples: int | None = None, num_tokens: int | None = None) -> Decision:
