@@ -52,12 +52,13 @@ import numpy as np
 
 from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_interval, t_quantile_95, t_quantile_975
 from zeus_callbacks.optimizers.power_limit._objective import INFEASIBLE_COST, Objective
-from zeus_callbacks.optimizers.power_limit._search import Measured, SearchPlan, SearchSettings, tolerance
+from zeus_callbacks.optimizers.power_limit._search import Measured, SearchPlan, SearchSettings, tolerance, wiener_gaps
 
 logger = logging.getLogger(__name__)
 
 _REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of the (dear) time reference
 _TIE_APART_W = 2.5  # max_slowdown's polish: a tie this close (W) to the best is not measured again
+_EXPLORE_MIN_GAP_W = 2.0  # polish: a gap between measured limits narrower than this (W) is not probed
 
 
 def _expected_saving(diff: float, sd: float) -> float:
@@ -720,7 +721,11 @@ class PowerLimitProfiler:
         if self.objective.name == "max_slowdown":
             target = self._boundary_to_polish(best_x)
         if target is None and self.objective.name != "max_slowdown":
-            target = self._most_informative(feasible, best_x, best_price, budget - spent)
+            informative = self._most_informative(feasible, best_x, best_price, budget - spent)
+            gap = self._most_promising_gap(feasible, best_x, budget - spent)
+            if gap is not None and (informative is None or gap[1] > informative[1]):
+                return gap[0], 0
+            target = informative[0] if informative is not None else None
         elif target is None:
             floor = s.unimodal_tolerance
             tied = [x for x, m in feasible.items()
@@ -744,8 +749,8 @@ class PowerLimitProfiler:
 
     def _most_informative(
         self, feasible: dict[float, Measured], best_x: float, best_price: float, budget_left: float
-    ) -> float | None:
-        """The limit whose next window buys the most expected saving per profiling step; None: none repays its window.
+    ) -> tuple[float, float] | None:
+        """(limit, gain per step) of the window that buys most expected saving per step; None: none repays it.
 
         For each measured limit apart from the best: the expected saving per step of choosing it over the
         best, ``E[max(best − cost, 0)]`` under a normal difference with the two intervals' combined spread
@@ -775,7 +780,37 @@ class PowerLimitProfiler:
             # a window at the best costs no excess: it must still save a polish_ci share of a step per step
             if gain > window * s.polish_ci and window * excess <= budget_left and gain / window > chosen_rate:
                 chosen, chosen_rate = target, gain / window
-        return chosen
+        return None if chosen is None else (chosen, chosen_rate)
+
+    def _most_promising_gap(
+        self, feasible: dict[float, Measured], best_x: float, budget_left: float
+    ) -> tuple[float, float] | None:
+        """(limit, gain per step) of the unmeasured limit whose first window buys the most expected saving; None: none.
+
+        The candidates are the middles of the gaps between measured limits (:func:`wiener_gaps`: the
+        cost there as a Brownian bridge between the gap's ends). Each is ranked as in
+        :meth:`_most_informative`: the expected saving per step of finding it cheaper than the best,
+        ``E[max(best − cost, 0)]``, times the job's steps left, less its window's predicted excess over
+        the best, per step of the window. The search's grid and its local refinement see one valley and
+        smooth curves; this finds a kink between two measured limits or a second valley where a long job
+        repays looking (measured on the V100 and A40 traces: the knot at the optimum between two
+        grid limits, a second valley the golden-section search left).
+        """
+        s = self.settings
+        assert s.job_steps is not None
+        steps_left = s.job_steps - self.profiling_steps
+        best = feasible[best_x]
+        window = s.warmup_steps + max(s.min_profile_steps, 2)
+        chosen, chosen_rate = None, 0.0
+        for gap in wiener_gaps(feasible, _EXPLORE_MIN_GAP_W):
+            if gap.limit_W in self.profiles or not gap.sd > 0:
+                continue
+            saving = _expected_saving(gap.cost - best.cost, gap.sd)
+            excess = max(gap.cost / best.cost - 1.0, 0.0)
+            gain = saving / abs(best.cost) * steps_left - window * excess
+            if gain > window * s.polish_ci and window * excess <= budget_left and gain / window > chosen_rate:
+                chosen, chosen_rate = gap.limit_W, gain / window
+        return None if chosen is None else (chosen, chosen_rate)
 
     def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
         """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.

@@ -280,6 +280,54 @@ class SearchPlan:
         return candidates
 
 
+@dataclass(frozen=True)
+class GapPrediction:
+    """What the cost curve may hold at the middle of a gap between two measured limits."""
+
+    limit_W: float  # the gap's midpoint (W, rounded to 1 mW)
+    cost: float  # predicted mean cost there (the two ends' average)
+    sd: float  # predicted standard deviation (same unit as cost)
+
+
+def wiener_gaps(measured: Mapping[float, Measured], min_gap_W: float) -> list[GapPrediction]:
+    """Predict the cost at the middle of every gap between adjacent measured limits at least ``min_gap_W`` wide.
+
+    The cost curve between measured limits is modelled as a Wiener process pinned at each of them
+    (a Brownian bridge), the one-dimensional model of Kushner's global search (H. J. Kushner, "A new
+    method of locating the maximum point of an arbitrary multipeak curve in the presence of noise",
+    J. Basic Eng. 86(1), 1964; Žilinskas, "Axiomatic characterization of a global optimization
+    algorithm", 1985, for its expected-improvement form). It assumes no shape: a kink between two
+    measured limits (a trace's knot) or a narrow second valley is as likely as a straight line, in
+    proportion to the gap's width. At a midpoint the bridge's mean is the two costs' average and its
+    variance ``κ² · gap / 4``, plus a quarter of each end's own variance; ``κ²`` (cost² per W) is the
+    process's maximum-likelihood variance over every adjacent measured pair, less their measurement
+    noise: mean of ``max((Δcost)² − var_a − var_b, 0) / Δx``.
+
+    Args:
+        measured: Measured limits (W) → cost with its 95 % half-width; infeasible ones (cost ≥
+            ``_INFEASIBLE_AT`` × the least) are left out.
+        min_gap_W: Gaps narrower than this (W) are not predicted.
+
+    Returns:
+        One prediction per gap wide enough, ordered by limit; empty under three feasible limits.
+    """
+    lowest = _lowest_cost(measured)
+    points = sorted(x for x, m in measured.items() if abs(m.cost) <= _INFEASIBLE_AT * max(lowest, 1e-30))
+    if len(points) < 3:
+        return []
+    var = {x: (measured[x].half_width / 1.96) ** 2 for x in points}
+    pairs = list(zip(points, points[1:], strict=False))
+    kappa2 = sum(max((measured[b].cost - measured[a].cost) ** 2 - var[a] - var[b], 0.0) / (b - a) for a, b in pairs)
+    kappa2 /= len(pairs)
+    out = []
+    for a, b in pairs:
+        if b - a < min_gap_W:
+            continue
+        sd = math.sqrt(kappa2 * (b - a) / 4 + (var[a] + var[b]) / 4)
+        out.append(GapPrediction(round(0.5 * (a + b), 3), 0.5 * (measured[a].cost + measured[b].cost), sd))
+    return out
+
+
 _BOUNDARY_W = 1.0  # max_slowdown: the bracket of the feasibility boundary is narrowed down to this (W)
 _INFEASIBLE_AT = 1e6  # a cost this many times the best's marks an infeasible limit (max_slowdown's 1e12 scale)
 
@@ -339,4 +387,13 @@ def _parabola_step(points: Sequence[float], measured: Mapping[float, Measured], 
     return min(max(vertex, lo_x + margin), hi_x - margin), cb - predicted
 
 
-__all__ = ["Measured", "SearchPlan", "SearchSettings", "is_unimodal", "power_limit_grid_W", "tolerance"]
+__all__ = [
+    "GapPrediction",
+    "Measured",
+    "SearchPlan",
+    "SearchSettings",
+    "is_unimodal",
+    "power_limit_grid_W",
+    "tolerance",
+    "wiener_gaps",
+]
