@@ -148,28 +148,50 @@ def test_the_gap_model_recovers_the_variance_per_watt_of_a_wiener_curve(seed):
 
 
 def test_the_gap_model_takes_measurement_noise_out_of_the_curves_variance_and_into_the_ends():
-    # three limits 10 W apart, costs 1.0, 1.2, 1.0, each with a 95 % half-width of 0.098 (sd 0.05):
-    # kappa² = mean((0.2² − 2 · 0.05²) / 10) = 0.0035 per W; the middle's variance 0.0035 · 10 / 4 + 2 · 0.05² / 4
+    # three limits 10 W apart, costs 1.0, 1.2, 1.0, each with a 95 % half-width of 0.098 (sd 0.05): the
+    # middle lies 0.2 off the line through its neighbours, whose noise there is 0.05² (1 + 1/4 + 1/4);
+    # kappa² = (0.2² − 1.5 · 0.05²) / (10 · 10 / 20); a gap's middle: kappa² · 10 / 4 + 2 · 0.05² / 4
     measured = {100.0: Measured(1.0, 0.098), 110.0: Measured(1.2, 0.098), 120.0: Measured(1.0, 0.098)}
     gaps = wiener_gaps(measured, 2.0)
     assert [g.limit_W for g in gaps] == [105.0, 115.0]
     sd = 0.098 / 1.96
-    kappa2 = (0.2**2 - 2 * sd**2) / 10
+    kappa2 = (0.2**2 - 1.5 * sd**2) / 5
     for g in gaps:
         assert g.cost == pytest.approx(1.1)
         assert g.sd == pytest.approx(math.sqrt(kappa2 * 10 / 4 + 2 * sd**2 / 4))
-    # under three limits nothing is predicted (one pair gives no variance to go by); infeasible ones are out
+    # under three limits nothing is predicted (no residual to go by); infeasible ones are out
     assert wiener_gaps({100.0: Measured(1.0), 120.0: Measured(1.1)}, 2.0) == []
     assert len(wiener_gaps({**measured, 90.0: Measured(INFEASIBLE_COST)}, 2.0)) == 2
 
 
-@pytest.mark.parametrize("workload", ["sentiment140", "squad"])
-def test_a_long_job_finds_the_optimum_at_a_trace_knot_between_two_grid_limits(workload):
-    # The V100 traces are measured every 25 W and interpolated linearly (time and power apart, so energy
-    # bends between knots); on a 35 W grid the optimum is a knot no grid limit and no local refinement
-    # reaches (sentiment140: 150 W; the search settles 1.0-1.2 % dearer). A job of 10 000 steps or more
-    # repays probing the gaps between measured limits; every seed lands within 0.3 % of the optimum.
-    curve = traces.power_curve(traces.bundled_trace("V100"), workload)
+@given(slope=st.floats(-0.05, 0.05), spacing=st.floats(1.0, 50.0), n=st.integers(3, 12))
+def test_a_straight_cost_line_however_steep_predicts_no_spread_in_its_gaps(slope, spacing, n):
+    # the bridge's mean follows any trend: only the curve's bends (residuals from the neighbours' line) count
+    measured = {100.0 + k * spacing: Measured(1.0 + slope * k * spacing) for k in range(n)}
+    gaps = wiener_gaps(measured, 0.5)
+    assert len(gaps) == n - 1
+    assert all(g.sd == pytest.approx(0.0, abs=1e-6) for g in gaps)
+
+
+def test_the_grid_gives_the_variance_when_refined_limits_crowd_it():
+    # two refine points a watt from a grid limit, their difference pure noise the short windows understate:
+    # from the grid alone, the curve (straight between its grid limits) has no spread; from every limit, it has
+    grid = [100.0, 125.0, 150.0, 175.0]
+    measured = {x: Measured(1.0 + 0.001 * (x - 100.0)) for x in grid}
+    measured |= {149.0: Measured(1.05), 151.0: Measured(1.0)}
+    assert all(g.sd == pytest.approx(0.0, abs=1e-6) for g in wiener_gaps(measured, 10.0, variance_from_W=grid))
+    assert all(g.sd > 0.01 for g in wiener_gaps(measured, 10.0))
+
+
+@pytest.mark.parametrize(("gpu", "workload"), [("V100", "sentiment140"), ("A40", "movielens-1m")])
+def test_a_long_job_finds_an_optimum_between_two_grid_limits(gpu, workload):
+    # The bundled traces are measured every 25 W and interpolated linearly (time and power apart, so energy
+    # bends between knots); on a 35 W grid the optimum is a knot no grid limit reaches. V100 sentiment140:
+    # the search refines a valley 1 % dearer (150 W lies between 130 and 160 W); A40 movielens-1m: the
+    # golden-section search may take the 200 W valley, 1.7 % dearer than the knot at 275 W. Untold the
+    # job's length, some seeds pay that. Told 10 000 steps or more, the gap probes find the optimum's
+    # valley: every seed within 0.75 %, 0.4 % on average.
+    curve = traces.power_curve(traces.bundled_trace(gpu), workload)
 
     def energy_of(x: float) -> float:
         t = np.interp(x, curve.power_limit_W, curve.time_per_epoch_s)
@@ -177,12 +199,16 @@ def test_a_long_job_finds_the_optimum_at_a_trace_knot_between_two_grid_limits(wo
 
     best = min(energy_of(x) for x in np.linspace(curve.min_limit_W, curve.max_limit_W, 6001))
     grid = power_limit_grid_W(curve.min_limit_W, curve.max_limit_W, 35)
+    untold = [energy_of(_train(_profiler(grid, "energy"), energy_of, 0.01, seed)) / best - 1 for seed in range(4)]
+    assert max(untold) > 0.01
     for job_steps in (10_000, 50_000):
+        gaps = []
         for seed in range(4):
             prof = _profiler(grid, "energy", job_steps=job_steps)
             chosen = _train(prof, energy_of, 0.01, seed)
-            assert energy_of(chosen) <= 1.003 * best, (job_steps, seed, chosen)
+            gaps.append(energy_of(chosen) / best - 1)
             assert prof.excess_steps(chosen) <= 1.25 * prof.settings.polish_budget * job_steps
+        assert max(gaps) < 0.0075 and np.mean(gaps) < 0.004, (job_steps, gaps)
 
 
 # -- search ----------------------------------------------------------------------------

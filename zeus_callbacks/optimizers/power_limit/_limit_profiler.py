@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 
 _REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of the (dear) time reference
 _TIE_APART_W = 2.5  # max_slowdown's polish: a tie this close (W) to the best is not measured again
-_EXPLORE_MIN_GAP_W = 2.0  # polish: a gap between measured limits narrower than this (W) is not probed
+_EXPLORE_MIN_GAP_W = 2.0  # polish: a gap between measured limits narrower than this (W) is not probed ...
+_EXPLORE_GRID_SHARE = 0.25  # ... nor one narrower than this share of the grid's spacing (the search refines there)
 
 
 def _expected_saving(diff: float, sd: float) -> float:
@@ -802,7 +803,9 @@ class PowerLimitProfiler:
         best = feasible[best_x]
         window = s.warmup_steps + max(s.min_profile_steps, 2)
         chosen, chosen_rate = None, 0.0
-        for gap in wiener_gaps(feasible, _EXPLORE_MIN_GAP_W):
+        spacing = (self.limits_W[-1] - self.limits_W[0]) / max(len(self.limits_W) - 1, 1)  # the grid's
+        min_gap_W = max(_EXPLORE_MIN_GAP_W, _EXPLORE_GRID_SHARE * spacing)
+        for gap in wiener_gaps(feasible, min_gap_W, variance_from_W=self.limits_W):
             if gap.limit_W in self.profiles or not gap.sd > 0:
                 continue
             saving = _expected_saving(gap.cost - best.cost, gap.sd)

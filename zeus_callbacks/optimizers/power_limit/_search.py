@@ -289,24 +289,36 @@ class GapPrediction:
     sd: float  # predicted standard deviation (same unit as cost)
 
 
-def wiener_gaps(measured: Mapping[float, Measured], min_gap_W: float) -> list[GapPrediction]:
+def wiener_gaps(
+    measured: Mapping[float, Measured], min_gap_W: float, variance_from_W: Sequence[float] | None = None
+) -> list[GapPrediction]:
     """Predict the cost at the middle of every gap between adjacent measured limits at least ``min_gap_W`` wide.
 
     The cost curve between measured limits is modelled as a Wiener process pinned at each of them
-    (a Brownian bridge), the one-dimensional model of Kushner's global search (H. J. Kushner, "A new
-    method of locating the maximum point of an arbitrary multipeak curve in the presence of noise",
-    J. Basic Eng. 86(1), 1964; Žilinskas, "Axiomatic characterization of a global optimization
-    algorithm", 1985, for its expected-improvement form). It assumes no shape: a kink between two
-    measured limits (a trace's knot) or a narrow second valley is as likely as a straight line, in
-    proportion to the gap's width. At a midpoint the bridge's mean is the two costs' average and its
-    variance ``κ² · gap / 4``, plus a quarter of each end's own variance; ``κ²`` (cost² per W) is the
-    process's maximum-likelihood variance over every adjacent measured pair, less their measurement
-    noise: mean of ``max((Δcost)² − var_a − var_b, 0) / Δx``.
+    (a Brownian bridge): the one-dimensional model of an unknown multi-valley curve of H. J. Kushner,
+    "A new method of locating the maximum point of an arbitrary multipeak curve in the presence of
+    noise", J. Basic Eng. 86(1), 1964. The caller ranks the gaps by expected improvement (J. Mockus,
+    V. Tiesis, A. Žilinskas, "The application of Bayesian methods for seeking the extremum", Towards
+    Global Optimisation 2, 1978). It assumes no shape: a kink between two measured limits (a trace's
+    knot) or a narrow second valley is as likely as a straight line, in proportion to the gap's width.
+
+    At a midpoint the bridge's mean is the two costs' average, whatever the curve's trend, and its
+    variance ``κ² · gap / 4``, plus a quarter of each end's own variance. ``κ²`` (cost² per W) comes
+    from how far each interior anchor ``b`` lies from the straight line through its neighbours ``a``
+    and ``c``: for the bridge that residual has variance ``κ² · (b − a)(c − b) / (c − a)``, plus the
+    three limits' noise carried through the line. So a steep but straight stretch is not read as
+    roughness. ``κ²`` is the mean over the anchors of ``max(residual² − noise, 0)`` over that factor
+    (a moment estimate; the clipping biases it up). A mean's noise variance is taken as
+    ``(half_width / 1.96)²``, an upper bound for a Student-t half-width.
 
     Args:
-        measured: Measured limits (W) → cost with its 95 % half-width; infeasible ones (cost ≥
+        measured: Measured limits (W) → cost with its 95 % half-width; infeasible ones (cost above
             ``_INFEASIBLE_AT`` × the least) are left out.
         min_gap_W: Gaps narrower than this (W) are not predicted.
+        variance_from_W: The anchors: limits whose residuals give ``κ²``, e.g. the search's grid (a grid
+            spacing apart a residual is mostly the curve's; a watt apart it is mostly noise, which the
+            half-widths of short windows understate). None, or under three of them measured: every
+            measured limit.
 
     Returns:
         One prediction per gap wide enough, ordered by limit; empty under three feasible limits.
@@ -316,11 +328,18 @@ def wiener_gaps(measured: Mapping[float, Measured], min_gap_W: float) -> list[Ga
     if len(points) < 3:
         return []
     var = {x: (measured[x].half_width / 1.96) ** 2 for x in points}
-    pairs = list(zip(points, points[1:], strict=False))
-    kappa2 = sum(max((measured[b].cost - measured[a].cost) ** 2 - var[a] - var[b], 0.0) / (b - a) for a, b in pairs)
-    kappa2 /= len(pairs)
+    chosen = set(variance_from_W or ())
+    anchors = [x for x in points if x in chosen]
+    anchors = anchors if len(anchors) >= 3 else points
+    terms = []
+    for a, b, c in zip(anchors, anchors[1:], anchors[2:], strict=False):
+        wa, wc = (c - b) / (c - a), (b - a) / (c - a)  # the line's weights at b
+        residual = measured[b].cost - wa * measured[a].cost - wc * measured[c].cost
+        noise = var[b] + wa * wa * var[a] + wc * wc * var[c]
+        terms.append(max(residual * residual - noise, 0.0) / ((b - a) * (c - b) / (c - a)))
+    kappa2 = sum(terms) / len(terms)
     out = []
-    for a, b in pairs:
+    for a, b in zip(points, points[1:], strict=False):
         if b - a < min_gap_W:
             continue
         sd = math.sqrt(kappa2 * (b - a) / 4 + (var[a] + var[b]) / 4)
