@@ -626,6 +626,51 @@ def test_a_profile_cut_short_by_the_end_of_training_is_recorded_and_plotted(tmp_
     assert image.stat().st_size > 1000
 
 
+def test_a_run_that_ends_during_the_polish_chooses_the_best_measured_limit_and_caches_it(tmp_path, caplog):
+    # Told a long job, the search finishes and the polish goes on; a run stopped early (its target reached,
+    # pruned) before the polish ends keeps what the search found: the best limit measured, cached for the
+    # next run. Before, nothing was chosen ("did not finish") and the next run profiled again.
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    config = {"backend": "virtual", "logging": {"log_dir": str(tmp_path), "run_name": "early", "interval_steps": 5},
+              "power_limit": {"enabled": True, "job_steps": 50_000}}  # fmt: skip
+    session = EnergySession(config, backend=backend, is_main_process=True)
+    session.train_start()
+    limiter = session.power_limiter
+    session.epoch_start(0)
+    polishing_since = None
+    for step in range(3000):
+        session.step_start(step)
+        backend.clock.advance(STEP_S * backend.step_time_factor(backend.power_limit_W(0)))
+        session.step_end(step, num_samples=32)
+        if polishing_since is None and limiter.profiler.polishing:
+            polishing_since = step
+        if polishing_since is not None and step >= polishing_since + 10:
+            break
+    assert polishing_since is not None and limiter.result is None  # still polishing
+    with caplog.at_level(logging.INFO):
+        session.train_end()
+    assert not [r for r in caplog.records if "did not finish" in r.getMessage()]
+    profile = [r for r in read_jsonl(tmp_path / "early.jsonl") if r["event"] == "power_limit_profile"]
+    assert len(profile) == 1 and profile[0]["source"] == "profile" and profile[0]["finished"] is True
+    measured = {r["limit_W"]: r["cost"] for r in profile[0]["limits"] if r["profiled_steps"] >= 2}
+    assert profile[0]["chosen_limit_W"] == min(measured, key=lambda x: (measured[x], -x))
+    assert (
+        "before the polish did" in profile[0]["message"] and f"after {step + 1} of the 50000" in profile[0]["message"]
+    )
+    assert backend.power_limit_W(0) == 300.0  # restored at the end, not set to the choice on the way out
+    # the next run of the job takes the choice from the cache instead of profiling again
+    again = EnergySession({**config, "logging": {**config["logging"], "run_name": "next"}}, backend=backend,
+                          is_main_process=True)  # fmt: skip
+    again.train_start()
+    again.epoch_start(0)
+    again.step_start(0)
+    again.step_end(0, num_samples=32)
+    again.step_start(1)
+    assert again.power_limiter.result is not None and again.power_limiter.result.source == "cache"
+    assert backend.power_limit_W(0) == profile[0]["chosen_limit_W"]
+    again.train_end()
+
+
 def test_an_unfinished_profile_counts_its_measured_limits_the_same_in_the_warning_record_and_report(
     tmp_path, caplog, capsys
 ):

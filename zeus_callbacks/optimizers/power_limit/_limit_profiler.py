@@ -191,6 +191,7 @@ class PowerLimitProfiler:
         self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
         self.polishes = 0  # polish windows run (see _polish)
+        self.polishing = False  # the search and its revisits are done: the best measured limit may be chosen now
         self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
@@ -610,6 +611,7 @@ class PowerLimitProfiler:
             self._revisit_until_n = self._measured_steps(again) + max(self.settings.min_profile_steps, 2)
             self.revisits += 1
             return False
+        self.polishing = True
         polish = self._polish()
         if polish is not None:
             self._enter_limit(polish[0])
@@ -622,6 +624,22 @@ class PowerLimitProfiler:
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
         return True
+
+    def choose_now(self) -> float | None:
+        """End the polish where it stands (the run ends before it did): choose the best measured limit.
+
+        The search had finished (:attr:`polishing`): its choice is the cheapest limit with two or more
+        resolved steps, as at the polish's own end. Returns the chosen limit (W), or None when the
+        search had not finished or the profile is over.
+        """
+        if not self.polishing or self.state.phase not in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING):
+            return None
+        costs = {x: c for x, c in self.costs().items() if self.profiles[x].n >= 2}
+        if not costs:
+            return None
+        self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
+        self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
+        return self.chosen_limit_W
 
     def _measured_steps(self, limit_W: float) -> int:
         """Profiled steps at ``limit_W``: those with energy and those still awaiting it."""
@@ -806,7 +824,7 @@ class PowerLimitProfiler:
         spacing = (self.limits_W[-1] - self.limits_W[0]) / max(len(self.limits_W) - 1, 1)  # the grid's
         min_gap_W = max(_EXPLORE_MIN_GAP_W, _EXPLORE_GRID_SHARE * spacing)
         for gap in wiener_gaps(feasible, min_gap_W, variance_from_W=self.limits_W):
-            if gap.limit_W in self.profiles or not gap.sd > 0:
+            if gap.limit_W in self.profiles or not 0 < gap.sd < math.inf:
                 continue
             saving = _expected_saving(gap.cost - best.cost, gap.sd)
             excess = max(gap.cost / best.cost - 1.0, 0.0)

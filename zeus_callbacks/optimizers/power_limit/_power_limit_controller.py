@@ -288,11 +288,19 @@ class PowerLimitController:
     def unfinished(self, steps: int) -> PowerLimitResult | None:
         """The outcome (``finished=False``) when training ends after ``steps`` steps, before profiling did.
 
-        None when a result exists already or no limit was tried.
+        None when a result exists already or no limit was tried. A run that ends during the polish
+        (``job_steps`` told, the search done) gets the best measured limit, cached for the next run
+        (``finished=True``: only the polish was cut short).
         """
         p = self.profiler
         if self.result is not None or not p.profiles:
             return None
+        if not self.observe and p.choose_now() is not None:
+            told = p.settings.job_steps
+            return self._finish(
+                apply=False,
+                note=f"; the run ended after {steps} of the {told} steps it was expected to run, before the polish did",
+            )
         rows = self._rows()
         tried = sorted({r["limit_W"] for r in rows})
         trained = f"{tried[0]:.0f} W" if len(tried) == 1 else f"{tried[0]:.0f}–{tried[-1]:.0f} W"
@@ -316,7 +324,8 @@ class PowerLimitController:
             "unfinished", None, message, logging.WARNING, rows=rows, finished=False, limits_measured=done
         )
 
-    def _finish(self) -> PowerLimitResult:
+    def _finish(self, *, apply: bool = True, note: str = "") -> PowerLimitResult:
+        """Conclude a decided profile: apply its choice (unless ``apply`` is False), log, plot and cache it."""
         p = self.profiler
         rows = self._rows()
         if p.phase == ProfilerPhase.OBSERVE:
@@ -331,10 +340,12 @@ class PowerLimitController:
             self.restore()
             message = "profiling abandoned (no power samples arrived); the original limits are kept"
             return self._conclude("abandoned", None, message, rows=rows, sweep=False)
-        self.apply(chosen)
+        if apply:
+            self.apply(chosen)
         message = (
             f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
             f"steps over {len(rows)} limits{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
+            f"{note}"
         )
         result = self._conclude("profile", chosen, message, logging.INFO, rows=rows)
         if self.plot_path is not None and self.is_main_process:
