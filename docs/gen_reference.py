@@ -444,7 +444,8 @@ FIELDS: dict[str, str] = {
     "power_limit_profile.step": "Steps executed when the choice was made.",
     "power_limit_profile.source": "`profile` (profiled now), `cache` (stored profile reused, no profiling) or "
     "`observe` (limits could not be changed: only the current limit was measured), `abandoned` (no power "
-    "samples arrived; the original limits are kept) or `unfinished` (training ended first; see `finished`).",
+    "samples arrived; the original limits are kept) or `unfinished` (training ended before the search did; see "
+    "`finished`). A run that ends during the polish keeps its best measured limit: `profile`.",
     "power_limit_profile.objective": "The objective and its knob, e.g. `zeus_cost(eta=0.5)`.",
     "power_limit_profile.chosen_limit_W": "The limit applied for the rest of the run (W); null in observe mode.",
     "power_limit_profile.original_limit_W": "GPU index → the limit found at the start (W), restored at the end.",
