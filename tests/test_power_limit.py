@@ -642,7 +642,7 @@ def test_a_run_that_ends_during_the_polish_chooses_the_best_measured_limit_and_c
         session.step_start(step)
         backend.clock.advance(STEP_S * backend.step_time_factor(backend.power_limit_W(0)))
         session.step_end(step, num_samples=32)
-        if polishing_since is None and limiter.profiler.polishing:
+        if polishing_since is None and limiter.profiler.search_done:
             polishing_since = step
         if polishing_since is not None and step >= polishing_since + 10:
             break

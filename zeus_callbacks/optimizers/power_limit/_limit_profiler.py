@@ -191,7 +191,7 @@ class PowerLimitProfiler:
         self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
         self.polishes = 0  # polish windows run (see _polish)
-        self.polishing = False  # the search and its revisits are done: the best measured limit may be chosen now
+        self.search_done = False  # the search and its revisits are done: the best measured limit may be chosen now
         self.abandoned = False
 
     # -- public view -----------------------------------------------------------------
@@ -611,7 +611,7 @@ class PowerLimitProfiler:
             self._revisit_until_n = self._measured_steps(again) + max(self.settings.min_profile_steps, 2)
             self.revisits += 1
             return False
-        self.polishing = True
+        self.search_done = True
         polish = self._polish()
         if polish is not None:
             self._enter_limit(polish[0])
@@ -628,11 +628,11 @@ class PowerLimitProfiler:
     def choose_now(self) -> float | None:
         """End the polish where it stands (the run ends before it did): choose the best measured limit.
 
-        The search had finished (:attr:`polishing`): its choice is the cheapest limit with two or more
+        The search had finished (:attr:`search_done`): its choice is the cheapest limit with two or more
         resolved steps, as at the polish's own end. Returns the chosen limit (W), or None when the
         search had not finished or the profile is over.
         """
-        if not self.polishing or self.state.phase not in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING):
+        if not self.search_done or self.state.phase not in (ProfilerPhase.WARMUP, ProfilerPhase.PROFILING):
             return None
         costs = {x: c for x, c in self.costs().items() if self.profiles[x].n >= 2}
         if not costs:

@@ -322,6 +322,8 @@ def wiener_gaps(
 
     Returns:
         One prediction per gap wide enough, ordered by limit; empty under three feasible limits.
+        Raises nothing: a non-finite cost or half-width gives a non-finite prediction, which the
+        caller skips.
     """
     lowest = _lowest_cost(measured)
     points = sorted(x for x, m in measured.items() if abs(m.cost) <= _INFEASIBLE_AT * max(lowest, 1e-30))
