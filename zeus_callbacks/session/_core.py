@@ -466,6 +466,12 @@ class EnergySession:
         token = self._steps.close_eval_tail(token)  # an evaluation after the last epoch's end: its tail ends here
         self._steps.open_step_at_boundary(token)
 
+    def _end_epoch_window(self, info: dict[str, Any]) -> bool:
+        """Close the epoch window with ``info`` (False: none open); an evaluation's tail still open ends at its mark."""
+        token = self._steps.close_eval_tail()
+        meter = self.run.meter
+        return meter.end("epoch", **info) if token is None else meter.end_at("epoch", token, info)
+
     def eval_start(self) -> None:
         """Open the evaluation window; a step window opened ahead at the last step's end is dropped.
 
@@ -481,8 +487,7 @@ class EnergySession:
         self._steps.eval_begins()
         self._power.eval_start()
         if self.config.windows.eval:  # the last evaluation's tail, if open, ends where this one begins
-            token = self._steps.close_eval_tail()
-            run.meter.begin_at("eval", run.meter.mark() if token is None else token, {"step": self._totals.steps})
+            run.meter.begin_at("eval", self._steps.close_eval_tail(run.meter.mark()), {"step": self._totals.steps})
 
     def eval_end(
         self, *, report: bool = False, dataset: str | None = None, every_rank: bool = False
@@ -592,10 +597,7 @@ class EnergySession:
         self._open_epoch = None
         steps.pause_timing()
         steps.discard_phases()
-        info = {"epoch": epoch, "end_step": self._totals.steps, **self._node_end()}
-        token = steps.close_eval_tail()  # an evaluation's tail ends with the epoch, at its end mark
-        ended = run.meter.end("epoch", **info) if token is None else run.meter.end_at("epoch", token, info)
-        if not ended:
+        if not self._end_epoch_window({"epoch": epoch, "end_step": self._totals.steps, **self._node_end()}):
             steps.timed_report()
             return {}
         run.flush_sensor(run.backend.clock.now_s())  # a wait, not work: not charged to the steps
@@ -641,14 +643,11 @@ class EnergySession:
         self._reports.epoch_ended(counts)
         if run.meter.is_open("eval"):
             run.meter.end("eval")
-        token = steps.close_eval_tail()  # an evaluation's tail ends with the run (and its epoch, at one mark)
         if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
             self._totals.epochs += 1
-            info = {"end_step": self._totals.steps, **self._node_end()}
-            if token is None:
-                run.meter.end("epoch", **info)
-            else:
-                run.meter.end_at("epoch", token, info)
+            self._end_epoch_window({"end_step": self._totals.steps, **self._node_end()})
+        else:
+            steps.close_eval_tail()  # an evaluation's tail ends with the run
         self._reports.node_span_boundary(last=True)  # the last node span closes with the run
         run.meter.end("run")
         try:
