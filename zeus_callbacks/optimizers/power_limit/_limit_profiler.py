@@ -783,8 +783,6 @@ class PowerLimitProfiler:
         off it can cost 0.7 % more.
         """
         s = self.settings
-        assert s.job_steps is not None
-        steps_left = s.job_steps - self.profiling_steps
         best = feasible[best_x]
         chosen, chosen_rate = None, 0.0
         for x, m in feasible.items():
@@ -795,10 +793,9 @@ class PowerLimitProfiler:
             target = max((x, best_x), key=lambda y: feasible[y].half_width)
             window = self._polish_steps(target) + s.warmup_steps
             excess = max(self._price(target) / best_price - 1.0, 0.0)
-            gain = saving / abs(best.cost) * steps_left - window * excess
-            # a window at the best costs no excess: it must still save a polish_ci share of a step per step
-            if gain > window * s.polish_ci and window * excess <= budget_left and gain / window > chosen_rate:
-                chosen, chosen_rate = target, gain / window
+            rate = self._repaid_rate(saving / abs(best.cost), window, excess, budget_left)
+            if rate > chosen_rate:
+                chosen, chosen_rate = target, rate
         return None if chosen is None else (chosen, chosen_rate)
 
     def _most_promising_gap(
@@ -816,8 +813,6 @@ class PowerLimitProfiler:
         grid limits, a second valley the golden-section search left).
         """
         s = self.settings
-        assert s.job_steps is not None
-        steps_left = s.job_steps - self.profiling_steps
         best = feasible[best_x]
         window = s.warmup_steps + max(s.min_profile_steps, 2)
         chosen, chosen_rate = None, 0.0
@@ -828,10 +823,24 @@ class PowerLimitProfiler:
                 continue
             saving = _expected_saving(gap.cost - best.cost, gap.sd)
             excess = max(gap.cost / best.cost - 1.0, 0.0)
-            gain = saving / abs(best.cost) * steps_left - window * excess
-            if gain > window * s.polish_ci and window * excess <= budget_left and gain / window > chosen_rate:
-                chosen, chosen_rate = gap.limit_W, gain / window
+            rate = self._repaid_rate(saving / abs(best.cost), window, excess, budget_left)
+            if rate > chosen_rate:
+                chosen, chosen_rate = gap.limit_W, rate
         return None if chosen is None else (chosen, chosen_rate)
+
+    def _repaid_rate(self, saving: float, window: int, excess: float, budget_left: float) -> float:
+        """What a polish window gains per step of it (step-equivalents), or 0 when it does not repay itself.
+
+        ``saving``: the expected saving per step of the job left (a fraction of the best's cost);
+        ``window``: the window's steps; ``excess``: its price over the best's per step (a fraction).
+        Gain: ``saving`` × the steps left − ``window`` × ``excess``. It must exceed a ``polish_ci`` share of a
+        step per step of the window (a window at the best costs no excess, yet must save something), and
+        the window's excess must fit the ``budget_left`` (step-equivalents).
+        """
+        s = self.settings
+        assert s.job_steps is not None
+        gain = saving * (s.job_steps - self.profiling_steps) - window * excess
+        return gain / window if gain > window * s.polish_ci and window * excess <= budget_left else 0.0
 
     def _unmeasured_grid_limit(self, best_price: float, budget_left: float) -> float | None:
         """A grid limit not measured yet whose first window the budget left (step-equivalents) pays; None: none.
