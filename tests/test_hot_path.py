@@ -221,7 +221,9 @@ def test_shared_boundary_marks_make_phases_tile_the_step_exactly(tmp_path, manua
         assert step.time_s == pytest.approx(0.009 + 0.002)  # 2 ms of loading + 9 ms of compute
         warmup = {"warmup": True} if k == 0 else {}  # windows.warmup_steps: the run's first step
         # measure_probability: its chance of being measured (every step is: 1), the weight of issue 31.
-        info = {"step": k, "run_step": k, "num_samples": 8, "num_tokens": None, "measure_probability": 1.0}
+        # evaluations_before: two windows with an evaluation between hold more than steps between them.
+        info = {"step": k, "run_step": k, "num_samples": 8, "num_tokens": None, "measure_probability": 1.0,
+                "evaluations_before": 0}  # fmt: skip
         assert step.info == {**info, **warmup}
         if k:  # the steps tile the epoch: one mark ends a step and begins the next
             assert step.start_s == steps[k - 1].end_s

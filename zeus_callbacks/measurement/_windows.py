@@ -544,6 +544,26 @@ class WindowMeter:
             _objects(start_info), _objects(end_info), covered_s,
         )  # fmt: skip
 
+    def span_energy_J(self, starts_s: np.ndarray, ends_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Energy of stretches that are no window (the steps between two measured step windows).
+
+        Args:
+            starts_s: Starts on the backend clock, shape (m,) (s).
+            ends_s: Ends, shape (m,) (s).
+
+        Returns:
+            ``(energy_J, complete)``: energy summed over the measured GPUs, shape (m,) (J; NaN where no
+            sample covers it), and whether the samples cover each stretch wholly, shape (m,).
+        """
+        since_s = float(starts_s.min()) - abs(self.sampler.sensor_delay_s)
+        energy_J = np.zeros(len(starts_s))
+        complete = np.ones(len(starts_s), dtype=bool)
+        for index in self.sampler.gpu_indices:
+            energy, _, is_complete, covered = self._attribute(index, starts_s, ends_s, since_s)
+            energy_J = energy_J + energy
+            complete &= is_complete & (covered >= ends_s - starts_s - 1e-9)
+        return energy_J, complete
+
     def _covered_end_s(self) -> float:
         """The oldest of the GPUs' newest integral knots (-inf before two knots)."""
         covered = np.inf

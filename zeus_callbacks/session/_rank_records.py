@@ -207,7 +207,9 @@ class LedgerColumns(RankRecord):
 
     The fields are :class:`~zeus_callbacks.session._ledger.EpochLedger`'s, with the energy (J), time (s)
     and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``, and
-    the energy (J) and time (s) of their tails as ``eval_tail_J``, ``eval_tail_s``.
+    the energy (J) and time (s) of their tails as ``eval_tail_J``, ``eval_tail_s``, and the energy (J), time (s)
+    and steps of the stretches between step windows that hold steps only as ``between_J``, ``between_s``,
+    ``between_steps``.
     Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
     """
 
@@ -225,6 +227,9 @@ class LedgerColumns(RankRecord):
     stand_in_J: float = reduced("sum")
     stand_in_s: float = reduced("slowest")
     stand_in_steps: float = reduced("slowest")
+    between_J: float = reduced("sum")
+    between_s: float = reduced("slowest")
+    between_steps: float = reduced("slowest")
 
 
 @dataclass(frozen=True)

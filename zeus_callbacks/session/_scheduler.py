@@ -19,6 +19,7 @@ from zeus_callbacks.backends.base import Clock
 from zeus_callbacks.measurement._overhead import MEASURE_PROBABILITY, WindowSampling
 from zeus_callbacks.measurement._step_phases import PHASES
 from zeus_callbacks.measurement._windows import BoundaryTimer, WindowMeter
+from zeus_callbacks.session._ledger import EVALUATIONS_BEFORE
 from zeus_callbacks.session._state import Totals
 
 UNMEASURED_TIMING_MASK = 63
@@ -136,6 +137,7 @@ class StepScheduler:
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._phase_windows = False  # windows.phases
         self._tail_open = False  # the eval_tail window is open (an evaluation ended; no boundary since)
+        self._evaluations = 0  # evaluations begun: two step windows with one between have more than steps between
         self._step_windows = True  # windows.step
         self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
         self._warmup_done = 0  # warm-up steps taken in this run
@@ -409,7 +411,8 @@ class StepScheduler:
         if self._step_windows:
             # run_step: the step's place among every step taken (0-based, a resumed run's included).
             info = {"step": self._step_index, "run_step": self._totals.steps, "num_samples": num_samples,
-                    "num_tokens": num_tokens, MEASURE_PROBABILITY: self._draw_probability}  # fmt: skip
+                    "num_tokens": num_tokens, MEASURE_PROBABILITY: self._draw_probability,
+                    EVALUATIONS_BEFORE: self._evaluations}  # fmt: skip
             if self._warmup_left:
                 info["warmup"] = True
                 self._warmup_left -= 1
@@ -548,6 +551,7 @@ class StepScheduler:
         but the :data:`EVAL_TAIL` window's (:meth:`open_eval_tail`).
         """
         self.pause_timing()
+        self._evaluations += 1
         if not self._measuring:  # the window opened ahead would otherwise hold the whole evaluation
             self._meter.discard("step")
             if self._phase_windows:

@@ -183,6 +183,7 @@ class StepReports:
         if not covered.all():
             steps = steps.select(covered)
         if steps.size:
+            self._add_stretches_between(steps)
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
             rest = steps
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
@@ -197,6 +198,17 @@ class StepReports:
         phases = self._run.phases
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
+
+    def _add_stretches_between(self, steps: WindowBatch) -> None:
+        """Give the ledger the steps between two step windows, from the stretch that holds them (samples cover it)."""
+        stretches = self._ledger.stretches_between(steps)
+        if not stretches:
+            return
+        starts, ends, _ = (np.array(column, dtype=np.float64) for column in zip(*stretches, strict=True))
+        energy_J, complete = self._run.meter.span_energy_J(starts, ends)
+        for stretch, energy, whole in zip(stretches, energy_J.tolist(), complete.tolist(), strict=True):
+            if whole and math.isfinite(energy):
+                self._ledger.add_between(stretch, energy)
 
     def _absorb(self, record: WindowRecord) -> None:
         """Take one window other than a step or a phase (those go through :meth:`_absorb_bulk`)."""
@@ -368,7 +380,7 @@ class StepReports:
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self._run
         counter_J, counter_why = run.counter_energy(record.start_s, record.end_s)
-        ledger = self._ledger.row(record.start_s)
+        ledger = self._ledger.row(record.start_s, record.end_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
         node = local_node(run.node, end.since(start) if start is not None and end is not None else None, run.node_note)
