@@ -298,3 +298,71 @@ def test_a_sampled_epoch_measures_the_steps_between_its_windows(tmp_path, manual
             sampled["energy_J"], rel_tol=1e-9,
         )  # fmt: skip
     assert max(naive) > 3 * max(ours)  # the premise: the plain mean of the measured steps is off (3.6-17 % here)
+
+
+def test_ranks_that_measured_different_stretches_between_their_windows_fall_back_to_the_estimate():
+    # An outside tester: between_J sums the ranks, but the steps it stands for were one rank's count: a rank
+    # whose samples missed a stretch left its energy out, and steps_J came out short with nothing said.
+    step_J, step_s = 2.0, 0.01
+    rank0 = LedgerColumns(0, 0, 0, 20.0, 0.1, 10, 0, 0, 0, between_J=180.0, between_s=0.9, between_steps=90,
+                          between_steps_most=90)  # fmt: skip
+    rank1 = LedgerColumns(0, 0, 0, 20.0, 0.1, 10, 0, 0, 0, between_J=160.0, between_s=0.8, between_steps=80,
+                          between_steps_most=80)  # fmt: skip
+    for slowest in (0, 1):
+        row = LedgerColumns.reduce([rank0, rank1], slowest=slowest)
+        ledger = close_ledger(2 * 100 * step_J, 100 * step_s, row, steps_taken=100)
+        assert ledger["steps_between"] == 0 and ledger["steps_estimated"] == 90  # the mean of the measured steps
+        assert ledger["steps_J"] == pytest.approx(400.0)
+    agreed = LedgerColumns.reduce([rank0, rank0], slowest=0)
+    ledger = close_ledger(400.0, 1.0, agreed, steps_taken=100)
+    assert ledger["steps_between"] == 90 and ledger["steps_J"] == pytest.approx(400.0)
+
+
+def test_an_evaluation_that_begins_inside_a_measured_step_and_outlasts_it_is_no_stretch_of_steps(
+    tmp_path, manual_clock, monkeypatch
+):
+    """An outside tester: the stretch from that step's end to the next measured step held the rest of the
+    evaluation and its tail, and was counted as 3 steps (steps_J 2.1 x the truth)."""
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.measurement._overhead import WindowSampling
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    monkeypatch.setattr(WindowSampling, "next_skip", lambda self: 3)  # one step in 4 measured: 3, 7, 11, ...
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.25, "warmup_steps": 0},
+           "logging": {"log_dir": str(tmp_path), "run_name": "straddle", "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+
+    def run_for(seconds: float, utilization: float = 1.0) -> None:
+        backend.set_utilization(utilization)
+        for _ in range(round(seconds / 0.005)):
+            manual_clock.advance(0.005)
+            session.sampler.poll_once()
+
+    try:
+        session.train_start()
+        session.epoch_start(0)
+        for i in range(40):
+            session.step_start(i)
+            if i == 11:  # measured
+                run_for(0.005)
+                session.eval_start()  # inside the step ...
+                run_for(0.005, 0.5)
+                session.step_end(i)  # ... which ends while it runs
+                run_for(0.5, 0.5)
+                session.eval_end()
+                run_for(0.3, 0.2)  # its tail
+                continue
+            run_for(0.01)
+            session.step_end(i)
+        session.epoch_end(0)
+        session.train_end()
+    finally:
+        backend.close()
+    (epoch,) = [r for r in read_jsonl(tmp_path / "straddle.jsonl") if r["event"] == "epoch"]
+    ledger = epoch["ledger"]
+    full_W = backend.average_power_W(backend.power_limit_W(0))
+    truth_J = 39 * 0.01 * full_W  # the 39 steps of 10 ms at full power, step 11 aside
+    assert ledger["steps_measured"] + ledger["steps_between"] + ledger["steps_estimated"] == 40
+    assert ledger["steps_J"] < 1.1 * truth_J + 0.01 * full_W  # before: 2.1 x

@@ -537,7 +537,7 @@ class EnergySession:
             self._reports.attribute_closed(final=together)
         if together:
             self._reports.eval_exchange()
-        self._steps.resume_timing()
+        self._steps.eval_ends()
         if not report or not self.config.windows.eval:
             return {}
         if together or not self._ranks.collective:  # a report is a collective under several processes

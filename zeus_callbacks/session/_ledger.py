@@ -35,7 +35,10 @@ from zeus_callbacks.measurement._windows import WindowBatch
 from zeus_callbacks.session._rank_records import LedgerColumns
 
 EVALUATIONS_BEFORE = "evaluations_before"
-"""A measured step window's info key: evaluations begun before it (windows with one between hold more than steps)."""
+"""A measured step window's info key: evaluation starts and ends before its end (odd: an evaluation is open).
+
+Two step windows whose counts differ have an evaluation's edge between them; one that ends with an
+evaluation open (it began inside the step) is followed by the rest of that evaluation."""
 
 ROUNDING = 1e-9
 """A part below zero by less than this share of the epoch is rounding: it is 0 (sums of the same integral)."""
@@ -85,7 +88,8 @@ class EpochLedger:
 
         Returns:
             ``(start_s, end_s, steps)`` of each new stretch (s on the backend clock): from a window's end to
-            the next one's start, with no evaluation begun between; for :meth:`add_between` once attributed.
+            the next one's start, with no evaluation open at the first's end and none begun or ended up to
+            the second's end; for :meth:`add_between` once attributed.
         """
         stretches = []
         ends = steps.end_s.tolist()
@@ -95,7 +99,9 @@ class EpochLedger:
             last, self._last_window = self._last_window, None
             if run_step is None:
                 continue
-            if last is not None and run_step - last[1] > 1 and evaluations == last[2] and start_s >= last[0]:
+            # no evaluation open at the last window's end (an even count), none begun or ended since
+            clean = isinstance(evaluations, int) and evaluations % 2 == 0
+            if clean and last is not None and evaluations == last[2] and run_step - last[1] > 1 and start_s >= last[0]:
                 stretches.append((last[0], start_s, int(run_step - last[1] - 1)))
             self._last_window = (end_s, int(run_step), evaluations)
         return stretches
@@ -133,6 +139,7 @@ class EpochLedger:
         inside = [(e, t) for s, e, t in self.evals if s >= epoch_start_s]
         tails = [(e, t) for s, e, t in self.eval_tails if s >= epoch_start_s]
         between = [(b - a, n, e) for a, b, n, e in self.between if epoch_start_s <= a <= b <= epoch_end_s]
+        steps_between = sum(n for _, n, _ in between)
         return LedgerColumns(
             warmup_J=self.warmup_J, warmup_s=self.warmup_s, warmup_windows=float(self.warmup_windows),
             steps_J=self.steps_J, steps_s=self.steps_s, step_windows=float(self.step_windows),
@@ -140,7 +147,7 @@ class EpochLedger:
             eval_tail_J=math.fsum(e for e, _ in tails), eval_tail_s=math.fsum(t for _, t in tails),
             stand_in_J=self.stand_in_J, stand_in_s=self.stand_in_s, stand_in_steps=self.stand_in_steps,
             between_J=math.fsum(e for _, _, e in between), between_s=math.fsum(t for t, _, _ in between),
-            between_steps=float(sum(n for _, n, _ in between)),
+            between_steps=float(steps_between), between_steps_most=float(steps_between),
         )  # fmt: skip
 
 
@@ -166,7 +173,10 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
     tail_J, tail_s = row.eval_tail_J, row.eval_tail_s
     windowed_J, windowed_s = steps_J, steps_s
     unwindowed_steps = max(0, steps_taken - int(warmup_n) - int(steps_n))
-    between = int(row.between_steps) if row.between_steps <= unwindowed_steps else 0  # else not this epoch's
+    # Used where every rank measured the same stretches (a rank may miss one, its samples lost) and they hold
+    # no more steps than the epoch left without a window (else they are not this epoch's).
+    agreed = row.between_steps == row.between_steps_most
+    between = int(row.between_steps) if agreed and row.between_steps <= unwindowed_steps else 0
     if between:  # the steps between two step windows: measured, from the stretch that holds them
         steps_J += row.between_J
         steps_s += row.between_s
@@ -191,10 +201,7 @@ def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_ta
     if reason is None and not math.isfinite(epoch_J):
         reason = "no power sample covers the epoch"
     elif reason is None and (other_J is None or other_s is None) and estimated:
-        reason = (
-            f"the {estimated} steps without a window, estimated at the epoch's mean measured step, "
-            "exceed what the measured windows leave of the epoch (sampling error)"
-        )
+        reason = f"the {estimated} estimated steps exceed what the measured windows leave of the epoch (sampling error)"
     elif reason is None and (other_J is None or other_s is None):
         reason = "the windows hold more than the epoch (they overlap): a defect, please report it"
     note = None

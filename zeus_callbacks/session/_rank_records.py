@@ -209,7 +209,7 @@ class LedgerColumns(RankRecord):
     and count of the evaluations that began inside the epoch as ``eval_J``, ``eval_s``, ``evals``, and
     the energy (J) and time (s) of their tails as ``eval_tail_J``, ``eval_tail_s``, and the energy (J), time (s)
     and steps of the stretches between step windows that hold steps only as ``between_J``, ``between_s``,
-    ``between_steps``.
+    ``between_steps`` (the least over the ranks) and ``between_steps_most`` (the most).
     Energy sums over the ranks; times and counts are the slowest rank's (the rank whose time is the epoch's).
     """
 
@@ -229,7 +229,8 @@ class LedgerColumns(RankRecord):
     stand_in_steps: float = reduced("slowest")
     between_J: float = reduced("sum")
     between_s: float = reduced("slowest")
-    between_steps: float = reduced("slowest")
+    between_steps: float = reduced("min")
+    between_steps_most: float = reduced("max")  # differs from between_steps: the ranks measured different stretches
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ class StepScheduler:
         self._phase_open: str | None = None  # the phase window open now (phases tile the step)
         self._phase_windows = False  # windows.phases
         self._tail_open = False  # the eval_tail window is open (an evaluation ended; no boundary since)
-        self._evaluations = 0  # evaluations begun: two step windows with one between have more than steps between
+        self._evaluations = 0  # evaluations begun and ended: odd while one is open (see EVALUATIONS_BEFORE)
         self._step_windows = True  # windows.step
         self._warmup_left = 0  # warm-up steps still to come (measured, reported apart: windows.warmup_steps)
         self._warmup_done = 0  # warm-up steps taken in this run
@@ -590,6 +590,11 @@ class StepScheduler:
     def pause_timing(self) -> None:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
         self._governor.pause()
+
+    def eval_ends(self) -> None:
+        """An evaluation ends: timing resumes; the evaluation count moves on (even again: none open)."""
+        self._evaluations += 1
+        self.resume_timing()
 
     def resume_timing(self) -> None:
         """Training resumes after a pause."""
