@@ -52,7 +52,14 @@ import numpy as np
 
 from zeus_callbacks.optimizers.power_limit._limit_profile import LimitProfile, t_interval, t_quantile_95, t_quantile_975
 from zeus_callbacks.optimizers.power_limit._objective import INFEASIBLE_COST, Objective
-from zeus_callbacks.optimizers.power_limit._search import Measured, SearchPlan, SearchSettings, tolerance, wiener_gaps
+from zeus_callbacks.optimizers.power_limit._search import (
+    Measured,
+    SearchPlan,
+    SearchSettings,
+    neighbour_pooled_costs,
+    tolerance,
+    wiener_gaps,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +67,9 @@ _REF_SHARE = 3  # polish: the boundary limit gets this many times the steps of t
 _TIE_APART_W = 2.5  # max_slowdown's polish: a tie this close (W) to the best is not measured again
 _EXPLORE_MIN_GAP_W = 2.0  # polish: a gap between measured limits narrower than this (W) is not probed ...
 _EXPLORE_GRID_SHARE = 0.25  # ... nor one narrower than this share of the grid's spacing (the search refines there)
+
+
+_POOLED_CHOICE = True  # the choice compares pooled costs (off: the raw readings; a switch for benchmarks/ screens)
 
 
 def _expected_saving(diff: float, sd: float) -> float:
@@ -620,10 +630,24 @@ class PowerLimitProfiler:
                 self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
                 self._polishing = True
             return False
-        costs = self.costs()
+        costs = self._choice_costs(self.costs())
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
         return True
+
+    def _choice_costs(self, costs: dict[float, float]) -> dict[float, float]:
+        """The costs the choice compares: each pooled with its neighbours' line (:func:`neighbour_pooled_costs`).
+
+        Not for ``max_slowdown`` (its choice is the cheapest limit within the bound, read as measured),
+        nor under a full sweep (Zeus's choice, the baseline). A limit with under two steps has no interval:
+        it neither pools nor lends its reading.
+        """
+        if not _POOLED_CHOICE or self.objective.name == "max_slowdown" or self.settings.search == "sweep":
+            return costs
+        measured = self.measured()
+        spread = {x: m if self.profiles[x].n >= 2 else Measured(m.cost, math.inf) for x, m in measured.items()}
+        pooled = neighbour_pooled_costs({x: spread[x] for x in costs}, variance_from_W=self.limits_W)
+        return {x: pooled[x] for x in costs}
 
     def choose_now(self) -> float | None:
         """End the polish where it stands (the run ends before it did): choose the best measured limit.
@@ -637,6 +661,7 @@ class PowerLimitProfiler:
         costs = {x: c for x, c in self.costs().items() if self.profiles[x].n >= 2}
         if not costs:
             return None
+        costs = self._choice_costs(costs)
         self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
         self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
         return self.chosen_limit_W
