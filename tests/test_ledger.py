@@ -366,3 +366,38 @@ def test_an_evaluation_that_begins_inside_a_measured_step_and_outlasts_it_is_no_
     truth_J = 39 * 0.01 * full_W  # the 39 steps of 10 ms at full power, step 11 aside
     assert ledger["steps_measured"] + ledger["steps_between"] + ledger["steps_estimated"] == 40
     assert ledger["steps_J"] < 1.1 * truth_J + 0.01 * full_W  # before: 2.1 x
+
+
+def test_an_evaluation_inside_an_unmeasured_step_ends_its_tail_at_the_next_step(tmp_path, manual_clock, monkeypatch):
+    """An outside tester: the tail stayed open through the quiet steps after it (their step_start returns at
+    once), so 17 steps of 10 ms were in eval_tail_J and, as unmeasured steps, in steps_J too."""
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.measurement._overhead import WindowSampling
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    monkeypatch.setattr(WindowSampling, "next_skip", lambda self: 19)  # measured: 19, 39, 59, 79
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.05, "warmup_steps": 0},
+           "logging": {"log_dir": str(tmp_path), "run_name": "inside", "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    try:
+        session.train_start()
+        session.epoch_start(0)
+        for i in range(100):
+            session.step_start(i)
+            manual_clock.advance(0.01)
+            session.sampler.poll_once()
+            if i == 21:  # unmeasured: the evaluation runs inside it, at its end
+                session.eval_start()
+                manual_clock.advance(0.1)
+                session.sampler.poll_once()
+                session.eval_end()
+            session.step_end(i)
+        session.epoch_end(0)
+        session.train_end()
+    finally:
+        backend.close()
+    (epoch,) = [r for r in read_jsonl(tmp_path / "inside.jsonl") if r["event"] == "epoch"]
+    assert epoch["ledger"]["eval_s"] == pytest.approx(0.1, abs=1e-9)
+    assert epoch["ledger"]["eval_tail_s"] < 0.01  # up to step 22's start, not through the steps after it

@@ -377,6 +377,8 @@ class StepScheduler:
             return
         if not self._plans_quiet_steps:  # the reference path (plans_quiet_steps)
             return
+        if self._tail_open:  # an evaluation inside this step: the next step_start must end its tail
+            return
         untimed = (skip & UNMEASURED_TIMING_MASK or UNMEASURED_TIMING_MASK + 1) - 1  # before the next timed step
         every = self._sampling.report_every
         count = min(untimed, every - 1 - self._steps_since_report, every - 1 - self._interval_steps)
