@@ -401,3 +401,35 @@ def test_an_evaluation_inside_an_unmeasured_step_ends_its_tail_at_the_next_step(
     (epoch,) = [r for r in read_jsonl(tmp_path / "inside.jsonl") if r["event"] == "epoch"]
     assert epoch["ledger"]["eval_s"] == pytest.approx(0.1, abs=1e-9)
     assert epoch["ledger"]["eval_tail_s"] < 0.01  # up to step 22's start, not through the steps after it
+
+
+def test_the_steps_before_an_epochs_first_measured_step_are_measured_from_the_epochs_start(
+    tmp_path, virtual_backend, manual_clock, monkeypatch
+):
+    """An epoch's first step starts at the epoch's start mark, so the stretch up to its first measured step
+    holds exactly the steps before that one: only the steps after the epoch's last measured step are estimated."""
+    from zeus_callbacks.measurement._overhead import WindowSampling
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    monkeypatch.setattr(WindowSampling, "next_skip", lambda self: 7)  # run steps 7, 15, 23, ... measured
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.125, "warmup_steps": 0},
+           "logging": {"log_dir": str(tmp_path), "run_name": "leading", "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    for epoch in range(2):
+        session.epoch_start(epoch)
+        for i in range(50):
+            session.step_start(epoch * 50 + i)
+            manual_clock.advance(0.01)
+            session.sampler.poll_once()
+            session.step_end(epoch * 50 + i)
+        session.epoch_end(epoch)
+    session.train_end()
+    epochs = [r for r in read_jsonl(tmp_path / "leading.jsonl") if r["event"] == "epoch"]
+    # epoch 0: 7 steps before step 7, 2 after step 47; epoch 1: 5 before step 55, 4 after step 95
+    assert [(e["ledger"]["steps_measured"], e["ledger"]["steps_estimated"]) for e in epochs] == [(6, 2), (6, 4)]
+    for e in epochs:
+        assert e["ledger"]["steps_between"] == 50 - 6 - e["ledger"]["steps_estimated"]
+        power_W = e["energy_J"] / e["time_s"]  # a constant draw: every step's energy is known
+        assert e["ledger"]["steps_J"] == pytest.approx(power_W * 0.5, rel=1e-6)

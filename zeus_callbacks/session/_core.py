@@ -35,6 +35,7 @@ from zeus_callbacks.reporting import RunSummary
 from zeus_callbacks.session import _log_records as records
 from zeus_callbacks.session._aggregate import RankAggregator
 from zeus_callbacks.session._batch_size_steps import BatchSizeSteps
+from zeus_callbacks.session._ledger import EVALUATIONS_BEFORE
 from zeus_callbacks.session._node_spans import SPAN_WINDOW
 from zeus_callbacks.session._power_limit_steps import PowerLimitSteps
 from zeus_callbacks.session._run import (
@@ -456,7 +457,9 @@ class EnergySession:
         self._steps.begin_epoch()
         token = None
         if self.config.windows.epoch:
-            info: dict[str, Any] = {"epoch": epoch}
+            # Where the epoch begins among the steps: the ledger measures the steps before its first step window.
+            info: dict[str, Any] = {"epoch": epoch, "run_step": self._totals.steps,
+                                    EVALUATIONS_BEFORE: self._steps.evaluations}  # fmt: skip
             if resumed_inside:
                 info["covered_from_step"] = self._totals.steps
             if self.run.node is not None:  # the CPU/DRAM counters at the epoch's start (a few sysfs reads)

@@ -12,8 +12,9 @@ samples, so ``other = epoch − warm-up − steps − evaluations − tails`` is
 A step with no usable window (unmeasured under ``windows.sample_fraction``, or not wholly covered by
 samples) is measured all the same when it lies between two step windows with no evaluation between:
 step windows tile the timeline, so the stretch from one's end to the next one's start holds exactly
-the steps between them, and its energy comes from the same integral (``steps_between``). Only the steps
-outside such stretches (before the epoch's first step window, after its last, next to an evaluation)
+the steps between them, and its energy comes from the same integral (``steps_between``). So does the
+stretch from the epoch's start mark to its first step window (the epoch's first step starts there).
+Only the steps outside such stretches (after the epoch's last step window, next to an evaluation)
 are estimated, at the mean step of those known; with no such stretch, at the epoch's mean measured
 step, each measured step weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured
 steps it stands in for). Either is said in ``steps_basis``. A mean of the measured steps alone is a
@@ -79,6 +80,7 @@ class EpochLedger:
     stand_in_steps: float = 0.0
     between: list[tuple[float, float, int, float]] = field(default_factory=list)
     _last_window: tuple[float, int, Any] | None = None  # (end_s, run_step, evaluations before) of the latest
+    _first_window: tuple[float, int, Any] | None = None  # (start_s, run_step, evaluations before) of the first
 
     def stretches_between(self, steps: WindowBatch) -> list[tuple[float, float, int]]:
         """The stretches between consecutive step windows that hold steps without a window and nothing else.
@@ -99,12 +101,37 @@ class EpochLedger:
             last, self._last_window = self._last_window, None
             if run_step is None:
                 continue
+            if self._first_window is None:
+                self._first_window = (start_s, int(run_step), evaluations)
             # no evaluation open at the last window's end (an even count), none begun or ended since
             clean = isinstance(evaluations, int) and evaluations % 2 == 0
             if clean and last is not None and evaluations == last[2] and run_step - last[1] > 1 and start_s >= last[0]:
                 stretches.append((last[0], start_s, int(run_step - last[1] - 1)))
             self._last_window = (end_s, int(run_step), evaluations)
         return stretches
+
+    def leading_stretch(self, epoch_info: dict[str, Any], epoch_start_s: float) -> tuple[float, float, int] | None:
+        """The stretch from the epoch's start mark to its first step window, when it holds steps only.
+
+        An epoch's first step starts at the epoch's start mark (the step windows tile from there), so
+        when that step is unmeasured the stretch up to the first measured step's start holds exactly
+        the steps before it; unless an evaluation began or ended between.
+
+        Args:
+            epoch_info: The epoch window's info (``run_step``: the steps taken before it; the evaluation count).
+            epoch_start_s: The epoch's start (s on the backend clock).
+
+        Returns:
+            ``(start_s, end_s, steps)`` for :meth:`add_between` once attributed, or None.
+        """
+        first = self._first_window
+        run_step, evaluations = epoch_info.get("run_step"), epoch_info.get(EVALUATIONS_BEFORE)
+        if first is None or not isinstance(run_step, int) or not isinstance(evaluations, int) or evaluations % 2:
+            return None
+        steps = first[1] - run_step
+        if steps < 1 or first[2] != evaluations or not first[0] >= epoch_start_s:
+            return None
+        return (epoch_start_s, first[0], steps)
 
     def add_between(self, stretch: tuple[float, float, int], energy_J: float) -> None:
         """Add one stretch of :meth:`stretches_between` with its energy (J), attributed from the samples."""

@@ -593,6 +593,11 @@ class StepScheduler:
         """Training pauses (epoch end, evaluation): the pause is no step's time."""
         self._governor.pause()
 
+    @property
+    def evaluations(self) -> int:
+        """Evaluation starts and ends so far (odd while one is open): :data:`EVALUATIONS_BEFORE`."""
+        return self._evaluations
+
     def eval_ends(self) -> None:
         """An evaluation ends: timing resumes; the evaluation count moves on (even again: none open)."""
         self._evaluations += 1

@@ -201,7 +201,10 @@ class StepReports:
 
     def _add_stretches_between(self, steps: WindowBatch) -> None:
         """Give the ledger the steps between two step windows, from the stretch that holds them (samples cover it)."""
-        stretches = self._ledger.stretches_between(steps)
+        self._add_stretches(self._ledger.stretches_between(steps))
+
+    def _add_stretches(self, stretches: list[tuple[float, float, int]]) -> None:
+        """Attribute stretches that hold steps only and give them to the ledger (those the samples cover wholly)."""
         if not stretches:
             return
         starts, ends, _ = (np.array(column, dtype=np.float64) for column in zip(*stretches, strict=True))
@@ -380,6 +383,8 @@ class StepReports:
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self._run
         counter_J, counter_why = run.counter_energy(record.start_s, record.end_s)
+        leading = self._ledger.leading_stretch(record.info, record.start_s)
+        self._add_stretches([leading] if leading is not None else [])
         ledger = self._ledger.row(record.start_s, record.end_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
