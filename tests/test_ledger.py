@@ -433,3 +433,42 @@ def test_the_steps_before_an_epochs_first_measured_step_are_measured_from_the_ep
         assert e["ledger"]["steps_between"] == 50 - 6 - e["ledger"]["steps_estimated"]
         power_W = e["energy_J"] / e["time_s"]  # a constant draw: every step's energy is known
         assert e["ledger"]["steps_J"] == pytest.approx(power_W * 0.5, rel=1e-6)
+
+
+def test_the_steps_after_an_evaluation_are_measured_from_its_tails_end(
+    tmp_path, virtual_backend, manual_clock, monkeypatch
+):
+    """The first step after an evaluation starts where the evaluation's tail ends, so the stretch from there to
+    the next measured step holds exactly the steps between: only the steps after the last measured step before
+    the evaluation (with the wait before it) and after the epoch's last measured step are estimated."""
+    from zeus_callbacks.measurement._overhead import WindowSampling
+    from zeus_callbacks.reporting import read_jsonl
+    from zeus_callbacks.session import EnergySession
+
+    monkeypatch.setattr(WindowSampling, "next_skip", lambda self: 7)  # run steps 7, 15, 23, ... measured
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": 0.125, "warmup_steps": 0},
+           "logging": {"log_dir": str(tmp_path), "run_name": "after_eval", "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=virtual_backend)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(100):
+        session.step_start(step)
+        manual_clock.advance(0.01)
+        session.sampler.poll_once()
+        session.step_end(step)
+        if step == 49:
+            session.eval_start()
+            manual_clock.advance(0.05)
+            session.sampler.poll_once()
+            session.eval_end()
+            manual_clock.advance(0.02)  # the tail: other callbacks, a log
+            session.sampler.poll_once()
+    session.epoch_end(0)
+    session.train_end()
+    (epoch,) = [r for r in read_jsonl(tmp_path / "after_eval.jsonl") if r["event"] == "epoch"]
+    ledger = epoch["ledger"]
+    # measured 7, 15, ..., 95 (12); estimated 48-49 (before the evaluation) and 96-99 (after the last)
+    assert (ledger["steps_measured"], ledger["steps_between"], ledger["steps_estimated"]) == (12, 82, 6)
+    power_W = epoch["energy_J"] / epoch["time_s"]  # a constant draw
+    assert ledger["steps_J"] == pytest.approx(power_W * 1.0, rel=1e-6)
+    assert ledger["eval_tail_s"] == pytest.approx(0.02, abs=1e-9)

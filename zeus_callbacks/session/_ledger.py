@@ -13,15 +13,15 @@ A step with no usable window (unmeasured under ``windows.sample_fraction``, or n
 samples) is measured all the same when it lies between two step windows with no evaluation between:
 step windows tile the timeline, so the stretch from one's end to the next one's start holds exactly
 the steps between them, and its energy comes from the same integral (``steps_between``). So does the
-stretch from the epoch's start mark to its first step window (the epoch's first step starts there).
-Only the steps outside such stretches (after the epoch's last step window, next to an evaluation)
-are estimated, at the mean step of those known; with no such stretch, at the epoch's mean measured
-step, each measured step weighed by ``1/p − 1`` (``p`` its chance of being measured: the unmeasured
-steps it stands in for). Either is said in ``steps_basis``. A mean of the measured steps alone is a
-poor estimate where step times vary (a data-loader stall, an optimizer step under gradient
-accumulation): on an H100 loader-bound job, 17 measured steps of 444 put the epoch's steps about 30 %
-short. An estimate that leaves less than nothing for ``other`` makes ``other`` null with the reason, never
-negative. The split with no estimate in it always closes:
+stretch from the epoch's start mark, or from an evaluation tail's end, to the next step window (the
+first step after it starts there). Only the steps outside such stretches (after the last step window
+before an evaluation or the epoch's end) are estimated, at the mean step of those known; with no such
+stretch, at the epoch's mean measured step, each measured step weighed by ``1/p − 1`` (``p`` its
+chance of being measured: the unmeasured steps it stands in for). Either is said in ``steps_basis``.
+A mean of the measured steps alone is a poor estimate where step times vary (a data-loader stall, an
+optimizer step under gradient accumulation): on an H100 loader-bound job, 17 measured steps of 444
+put the epoch's steps about 30 % short. An estimate that leaves less than nothing for ``other`` makes
+``other`` null with the reason, never negative. The split with no estimate in it always closes:
 warm-up + the step windows + evaluations + tails + ``unwindowed`` (unmeasured steps and other together).
 """
 
@@ -80,7 +80,11 @@ class EpochLedger:
     stand_in_steps: float = 0.0
     between: list[tuple[float, float, int, float]] = field(default_factory=list)
     _last_window: tuple[float, int, Any] | None = None  # (end_s, run_step, evaluations before) of the latest
-    _first_window: tuple[float, int, Any] | None = None  # (start_s, run_step, evaluations before) of the first
+    # (start_s, run_step, evaluations before) of each step window with no stretch of steps before it
+    # (the epoch's first, the first after an evaluation): where a stretch from a boundary may end
+    _after_break: list[tuple[float, int, Any]] = field(default_factory=list)
+    # (time_s, run_step, evaluations before) of each evaluation tail's end: a stretch of steps may start there
+    _tail_ends: list[tuple[float, int, Any]] = field(default_factory=list)
 
     def stretches_between(self, steps: WindowBatch) -> list[tuple[float, float, int]]:
         """The stretches between consecutive step windows that hold steps without a window and nothing else.
@@ -101,37 +105,54 @@ class EpochLedger:
             last, self._last_window = self._last_window, None
             if run_step is None:
                 continue
-            if self._first_window is None:
-                self._first_window = (start_s, int(run_step), evaluations)
             # no evaluation open at the last window's end (an even count), none begun or ended since
             clean = isinstance(evaluations, int) and evaluations % 2 == 0
             if clean and last is not None and evaluations == last[2] and run_step - last[1] > 1 and start_s >= last[0]:
                 stretches.append((last[0], start_s, int(run_step - last[1] - 1)))
+            elif last is None or evaluations != last[2]:
+                self._after_break.append((start_s, int(run_step), evaluations))
             self._last_window = (end_s, int(run_step), evaluations)
         return stretches
 
-    def leading_stretch(self, epoch_info: dict[str, Any], epoch_start_s: float) -> tuple[float, float, int] | None:
-        """The stretch from the epoch's start mark to its first step window, when it holds steps only.
+    def add_tail_end(self, end_s: float, info: dict[str, Any]) -> None:
+        """Note where an evaluation's tail ended (``info``: ``run_step``, the evaluation count there)."""
+        run_step, evaluations = info.get("run_step"), info.get(EVALUATIONS_BEFORE)
+        if isinstance(run_step, int) and isinstance(evaluations, int):
+            self._tail_ends.append((end_s, run_step, evaluations))
 
-        An epoch's first step starts at the epoch's start mark (the step windows tile from there), so
-        when that step is unmeasured the stretch up to the first measured step's start holds exactly
-        the steps before it; unless an evaluation began or ended between.
+    def stretches_from_boundaries(
+        self, epoch_info: dict[str, Any], epoch_start_s: float
+    ) -> list[tuple[float, float, int]]:
+        """The stretches from a boundary (the epoch's start, an evaluation tail's end) to the next step window.
+
+        The first step after such a boundary starts at its mark (the epoch's first step at the epoch's
+        start mark; the first after an evaluation where its tail ends), and the step windows tile from
+        there. So when that step is unmeasured, the stretch up to the next measured step's start holds
+        exactly the steps before it: unless an evaluation began or ended between.
 
         Args:
             epoch_info: The epoch window's info (``run_step``: the steps taken before it; the evaluation count).
             epoch_start_s: The epoch's start (s on the backend clock).
 
         Returns:
-            ``(start_s, end_s, steps)`` for :meth:`add_between` once attributed, or None.
+            ``(start_s, end_s, steps)`` of each, for :meth:`add_between` once attributed.
         """
-        first = self._first_window
+        boundaries = list(self._tail_ends)
         run_step, evaluations = epoch_info.get("run_step"), epoch_info.get(EVALUATIONS_BEFORE)
-        if first is None or not isinstance(run_step, int) or not isinstance(evaluations, int) or evaluations % 2:
-            return None
-        steps = first[1] - run_step
-        if steps < 1 or first[2] != evaluations or not first[0] >= epoch_start_s:
-            return None
-        return (epoch_start_s, first[0], steps)
+        if isinstance(run_step, int) and isinstance(evaluations, int):
+            boundaries.append((epoch_start_s, run_step, evaluations))
+        out = []
+        for at_s, run_step, evaluations in boundaries:
+            after = [w for w in self._after_break if w[0] >= at_s]
+            if evaluations % 2 or not after:
+                continue
+            start_s, window_step, window_evaluations = min(after)
+            stretch = (at_s, start_s, window_step - run_step)
+            # a tail that ends at the epoch's start (an evaluation after the last epoch) is the same boundary
+            fits = window_evaluations == evaluations and window_step > run_step and at_s >= epoch_start_s
+            if fits and stretch not in out:
+                out.append(stretch)
+        return out
 
     def add_between(self, stretch: tuple[float, float, int], energy_J: float) -> None:
         """Add one stretch of :meth:`stretches_between` with its energy (J), attributed from the samples."""

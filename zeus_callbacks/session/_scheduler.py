@@ -586,7 +586,8 @@ class StepScheduler:
         self._tail_open = False
         if token is None:
             token = self._mark()
-        self._meter.end_at(EVAL_TAIL, token)
+        # where it ends among the steps: the ledger measures the steps from here to the next step window
+        self._meter.end_at(EVAL_TAIL, token, {"run_step": self._totals.steps, EVALUATIONS_BEFORE: self._evaluations})
         return token
 
     def pause_timing(self) -> None:

@@ -222,6 +222,7 @@ class StepReports:
         elif record.name == EVAL_TAIL:  # the epoch ledger's eval_tail: no record, no metric of its own
             if record.time_s >= 0 and math.isfinite(record.energy_J):
                 self._ledger.add_eval_tail(record.start_s, record.energy_J, record.time_s)
+                self._ledger.add_tail_end(record.end_s, record.info)
         elif record.name == "run":
             self._run_record = record
         elif record.name == SPAN_WINDOW:
@@ -383,8 +384,7 @@ class StepReports:
     def _queue_epoch_metrics(self, record: WindowRecord) -> None:
         run = self._run
         counter_J, counter_why = run.counter_energy(record.start_s, record.end_s)
-        leading = self._ledger.leading_stretch(record.info, record.start_s)
-        self._add_stretches([leading] if leading is not None else [])
+        self._add_stretches(self._ledger.stretches_from_boundaries(record.info, record.start_s))
         ledger = self._ledger.row(record.start_s, record.end_s)
         self._ledger = EpochLedger()  # the next epoch's; an evaluation after this epoch's end goes there (and out)
         start, end = record.info.get("node_start"), record.info.get("node_end")  # CPU/DRAM readings (epoch_start/end)
