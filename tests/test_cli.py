@@ -203,8 +203,9 @@ def test_report_without_run_end_still_says_simulated(tmp_path, capsys, virtual_b
     assert "  SIMULATED energy (virtual GPU, not measured)" in capsys.readouterr().out.splitlines()
 
 
-def test_console_script_entry_point_runs():
-    done = subprocess.run([sys.executable, "-m", "zeus_callbacks.cli", "--help"], capture_output=True, text=True)
+@pytest.mark.parametrize("module", ["zeus_callbacks.cli", "zeus_callbacks"])  # a new user tried the second first
+def test_console_script_entry_point_runs(module):
+    done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "validate-config" in done.stdout
 
 

@@ -464,7 +464,7 @@ def test_auto_sampling_says_so_again_when_the_share_falls_below_half_of_what_it_
     for _ in range(10):
         interval(40e-6)  # budget 10 us of a 1 ms step: f = 0.25
     first = sampling.fraction
-    assert len(said()) == 1 and f"auto {100 * first:.1f}%:" in said()[0]
+    assert len(said()) == 1 and f"measuring {100 * first:.1f}% of steps (auto)" in said()[0]
     for _ in range(3):
         interval(45e-6)  # the share moves, but not below half: nothing more is said
     assert sampling.fraction > first / 2 and len(said()) == 1
@@ -473,10 +473,10 @@ def test_auto_sampling_says_so_again_when_the_share_falls_below_half_of_what_it_
     assert sampling.fraction < first / 2
     messages = said()
     assert len(messages) >= 2
-    assert all("fell from" in m and m.endswith("steps + epoch ends") for m in messages[1:])
+    assert all("now measuring" in m and m.endswith("steps + epoch ends") for m in messages[1:])
     # Each message starts from the share the one before it stated; none is left unsaid at the end.
-    stated_from = [float(m.split("fell from ")[1].split("%")[0]) / 100 for m in messages[1:]]
-    stated_to = [float(m.split(" to ")[1].split("%")[0]) / 100 for m in messages[1:]]
+    stated_from = [float(m.split("(was ")[1].split("%")[0]) / 100 for m in messages[1:]]
+    stated_to = [float(m.split("now measuring ")[1].split("%")[0]) / 100 for m in messages[1:]]
     assert stated_from[0] == pytest.approx(first, abs=1e-4)
     assert stated_from[1:] == pytest.approx(stated_to[:-1], abs=1e-4)
     assert all(to < fro / 2 for fro, to in zip(stated_from, stated_to, strict=True))
@@ -490,7 +490,7 @@ def test_each_sampling_warning_is_one_line_that_fits_a_100_column_console(caplog
     for cost_s in [40e-6] * 10 + [400e-6] * 20:  # 1 ms steps: f = 0.25 is announced, then falls to ~0.025
         sampling.observe(steps=100, elapsed_s=0.1, hook_s=100 * cost_s, measured=100, report_s=0.0)
     said = [r.getMessage() for r in caplog.records if r.name == "zeus_callbacks.measurement._overhead"]
-    assert len(said) >= 2 and "fell from" in said[-1]
+    assert len(said) >= 2 and "now measuring" in said[-1]
     assert all("\n" not in m and len(m) <= 100 for m in said), said
 
 

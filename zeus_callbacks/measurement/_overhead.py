@@ -171,14 +171,15 @@ class WindowSampling:
                 # "+ epoch ends": else a run whose epochs are shorter than the interval reads as if its
                 # step energy came more rarely than it does.
                 logger.warning(  # one short line: a progress bar wraps a long one into several
-                    "zeus-callbacks: sample_fraction auto %.1f%%: step energy every %d steps (not %d) + epoch ends",
+                    "zeus-callbacks: measuring %.1f%% of steps (auto); "
+                    "step energy every %d steps (not %d) + epoch ends",
                     100 * self.fraction, self.report_every, self.interval_steps,
                 )  # fmt: skip
             elif self._told_fraction is not None and self.fraction < self._told_fraction / 2:
                 logger.warning(
-                    "zeus-callbacks: measured share fell from %.2f%% to %.2f%%: "
+                    "zeus-callbacks: now measuring %.2f%% of steps (was %.2f%%); "
                     "step energy every %d steps + epoch ends",
-                    100 * self._told_fraction, 100 * self.fraction, self.report_every,
+                    100 * self.fraction, 100 * self._told_fraction, self.report_every,
                 )  # fmt: skip
                 self._told_fraction = self.fraction
 
