@@ -183,7 +183,7 @@ class StepReports:
         if not covered.all():
             steps = steps.select(covered)
         if steps.size:
-            self._add_stretches_between(steps)
+            self._add_stretches(self._ledger.stretches_between(steps))  # the steps between two step windows
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
             rest = steps
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
@@ -198,10 +198,6 @@ class StepReports:
         phases = self._run.phases
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
-
-    def _add_stretches_between(self, steps: WindowBatch) -> None:
-        """Give the ledger the steps between two step windows, from the stretch that holds them (samples cover it)."""
-        self._add_stretches(self._ledger.stretches_between(steps))
 
     def _add_stretches(self, stretches: list[tuple[float, float, int]]) -> None:
         """Attribute stretches that hold steps only and give them to the ledger (those the samples cover wholly)."""

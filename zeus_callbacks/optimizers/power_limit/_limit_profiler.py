@@ -645,9 +645,8 @@ class PowerLimitProfiler:
         if not _POOLED_CHOICE or self.objective.name == "max_slowdown" or self.settings.search == "sweep":
             return costs
         measured = self.measured()
-        spread = {x: m if self.profiles[x].n >= 2 else Measured(m.cost, math.inf) for x, m in measured.items()}
-        pooled = neighbour_pooled_costs({x: spread[x] for x in costs}, variance_from_W=self.limits_W)
-        return {x: pooled[x] for x in costs}
+        spread = {x: measured[x] if self.profiles[x].n >= 2 else Measured(costs[x], math.inf) for x in costs}
+        return neighbour_pooled_costs(spread, variance_from_W=self.limits_W)
 
     def choose_now(self) -> float | None:
         """End the polish where it stands (the run ends before it did): choose the best measured limit.

@@ -328,8 +328,8 @@ def wiener_gaps(
     points = _feasible_points(measured)
     if len(points) < 3:
         return []
-    var = {x: (measured[x].half_width / 1.96) ** 2 for x in points}
-    kappa2 = _roughness(measured, points, variance_from_W)
+    var = _noise_var(measured, points)
+    kappa2 = _roughness(measured, var, variance_from_W)
     out = []
     for a, b in zip(points, points[1:], strict=False):
         if b - a < min_gap_W:
@@ -345,9 +345,16 @@ def _feasible_points(measured: Mapping[float, Measured]) -> list[float]:
     return sorted(x for x, m in measured.items() if abs(m.cost) <= _INFEASIBLE_AT * max(lowest, 1e-30))
 
 
-def _roughness(measured: Mapping[float, Measured], points: list[float], anchors_from: Sequence[float] | None) -> float:
-    """``κ²`` of :func:`wiener_gaps` (cost² per W) from the anchors among ``points`` (three or more)."""
-    var = {x: (measured[x].half_width / 1.96) ** 2 for x in points}
+def _noise_var(measured: Mapping[float, Measured], points: list[float]) -> dict[float, float]:
+    """Each limit's noise variance, ``(half_width / 1.96)²`` (an upper bound for a Student-t half-width)."""
+    return {x: (measured[x].half_width / 1.96) ** 2 for x in points}
+
+
+def _roughness(
+    measured: Mapping[float, Measured], var: dict[float, float], anchors_from: Sequence[float] | None
+) -> float:
+    """``κ²`` of :func:`wiener_gaps` (cost² per W) from the anchors among ``var``'s limits (sorted, three or more)."""
+    points = list(var)
     chosen = set(anchors_from or ())
     anchors = [x for x in points if x in chosen]
     anchors = anchors if len(anchors) >= 3 else points
@@ -387,8 +394,8 @@ def neighbour_pooled_costs(
     points = _feasible_points(measured)
     if len(points) < 3:
         return out
-    kappa2 = _roughness(measured, points, variance_from_W)
-    var = {x: (measured[x].half_width / 1.96) ** 2 for x in points}
+    var = _noise_var(measured, points)
+    kappa2 = _roughness(measured, var, variance_from_W)
     for a, b, c in zip(points, points[1:], points[2:], strict=False):
         wa, wc = (c - b) / (c - a), (b - a) / (c - a)
         line = wa * measured[a].cost + wc * measured[c].cost
