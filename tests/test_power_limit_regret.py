@@ -50,3 +50,24 @@ def test_regret_ratio_is_none_without_a_positive_sweep_regret():
     assert regret_ratio(0.02, 0.04) == pytest.approx(0.5)  # a quotient of two exact binary fractions
     assert regret_ratio(0.02, 0.0) is None
     assert regret_ratio(0.02, -0.01) is None
+
+
+def test_the_regret_screen_judges_a_run_by_the_targets_of_issue_31():
+    from power_limit_regret_screen import _fails
+
+    assert _fails(0.6, 0.5, 50_000)  # above the sweep's, at any N
+    assert _fails(0.3, 0.5, 2_000) and not _fails(0.25, 0.5, 2_000)  # above half the sweep's at N <= 10 000
+    assert not _fails(0.3, 0.5, 50_000)  # ... not at 50 000
+    assert _fails(1.2, 5.0, 10_000) and not _fails(1.2, 5.0, 2_000)  # above 1 % at N >= 10 000
+
+
+def test_the_regret_screen_counts_the_profiling_and_the_choice_over_the_job():
+    # One real search on a convex family curve: the regret holds the chosen limit's gap over the steps after
+    # the profiling, and the profiling's own excess on top, never less
+    from power_limit_regret_screen import _one
+
+    n = 2_000
+    row = _one((("energy", "convex", "100-250", 25.0), 0, n))
+    assert row["n"] == n and 0 < row["steps"] < n
+    assert 100.0 <= row["limit_W"] <= 250.0 and row["gap_pct"] >= 0.0
+    assert row["regret"] >= row["gap_pct"] * (n - row["steps"]) / n - 1e-9
