@@ -35,9 +35,14 @@ def _one(job: tuple[Key, int, int]) -> dict:
     key, seed, n = job
     import power_limit_families as families
 
-    logging.disable(logging.WARNING)  # the sessions' sampling notices, once per run
     case = next(c for c in families.cases([]) if (c.objective, c.family, c.label, c.step_W) == key)
-    decided = families.run_search(case, seed, {"job_steps": n})
+    package_logger = logging.getLogger("zeus_callbacks")
+    level = package_logger.level
+    package_logger.setLevel(logging.ERROR)  # the sessions' sampling notices, once per run; restored (tests call this)
+    try:
+        decided = families.run_search(case, seed, {"job_steps": n})
+    finally:
+        package_logger.setLevel(level)
     best = families.best_cost(case.curve, case.objective)
     cost_at = {x: families.step_cost(case.curve, case.objective, x) for x in {decided.limit_W, *decided.step_limits_W}}
     regret = families.job_regret([cost_at[x] for x in decided.step_limits_W], cost_at[decided.limit_W], best, n)
