@@ -287,7 +287,12 @@ FIELDS: dict[str, str] = {
     "steps.last_step": "Index of the last measured step in the report: the framework's global step when that "
     "step began (0 for the first). With sampled steps a record at an epoch's end also stands for the unmeasured "
     "steps after it (`steps`), so the epoch's last step can lie past `last_step`.",
-    "steps.count": "Number of measured steps the report's means cover.",
+    "steps.count": "Number of steps the report's means cover: those with a window and `between_steps` more.",
+    "steps.between_steps": "Steps without a window that the means cover (`windows.sample_fraction`): each lies "
+    "between two step windows, or between an evaluation's tail and the next step window, with nothing else in "
+    "that stretch, so the stretch's energy and time, from the same power samples, are theirs (the epoch "
+    "ledger's `steps_between`). 0 when every step has a window, or when the ranks measured different "
+    "stretches (the means are then the step windows' only).",
     "steps.steps": "Steps the means stand for, measured or not, warm-up steps left out: the steps after the "
     "previous `steps` record's up to this record's last measured step (to the last step taken at an epoch's "
     "end). `energy_J_mean × steps` estimates their energy; summed over the records, plus the `warmup` "
@@ -348,8 +353,8 @@ FIELDS: dict[str, str] = {
     "warmup.time_s": "Their total time, the slowest rank's (s).",
     "warmup.step_energy_J": "Each warm-up step's energy on this process's GPUs (J).",
     "warmup.step_time_s": "Each warm-up step's time on this process (s).",
-    "steps.energy_J_mean": "Mean energy per step over those steps, summed over GPUs (J).",
-    "steps.time_s_mean": "Mean step time (s).",
+    "steps.energy_J_mean": "Mean energy per step over the `count` steps, summed over GPUs (J).",
+    "steps.time_s_mean": "Mean step time over the `count` steps (s).",
     "steps.power_W_mean": "Mean power over those steps: their energy / their time (W).",
     "steps.energy_J_per_sample": "Energy per training sample (J); null when a step did not give its sample count.",
     "steps.energy_J_per_token": "Energy per input token (J); null unless every step gave its token count.",
@@ -612,7 +617,8 @@ def render_metrics() -> str:
         "the newest. Lightning's loggers get each report at its own step. The "
         "Hugging Face Trainer's reporters only read its logs. So each log merges every report since its "
         f"previous log into one interval. `{reporting.STEP_ENERGY_J}` is the mean over all the interval's "
-        f"measured steps and `{reporting.STEP_COUNT}` their number. `{reporting.STEP_TIME_S}`, "
+        "measured steps (those with a window and those between two windows, `between_steps` in the JSONL) "
+        f"and `{reporting.STEP_COUNT}` their number. `{reporting.STEP_TIME_S}`, "
         f"`{reporting.MEAN_POWER_W}` and the per-sample figures are the interval's too. So over the logs, "
         f"`{reporting.STEP_ENERGY_J}` × `{reporting.STEP_COUNT}` sums to the JSONL `steps` records' "
         "`energy_J_mean` × `count`. A step whose power samples have not arrived yet "
@@ -622,7 +628,8 @@ def render_metrics() -> str:
         "reports are empty, even with `windows.sample_fraction: 1`. Steps too short "
         "for a window at every step within `windows.max_overhead` are measured as a random share "
         "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
-        "then over that share. With one process, auto also sets the report interval R again at each report, "
+        "then over that share and the steps between two of its windows. With one process, auto also sets "
+        "the report interval R again at each report, "
         "from the measured share and the step time. While every step is measured, R = `logging.interval_steps`. "
         "Otherwise R is the larger of `logging.interval_steps` and ⌈16 / share⌉ steps, but at most 5 s of steps "
         "(never below `logging.interval_steps`). A report is "

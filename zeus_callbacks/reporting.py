@@ -96,7 +96,7 @@ def gpu_energy_key(index: int) -> str:
 
 METRICS: dict[str, str] = {
     STEP_ENERGY_J: "J — mean GPU energy per training step over the logging interval (summed over GPUs)",
-    STEP_COUNT: "steps — how many measured steps the mean in energy/step_J covers (windows.sample_fraction)",
+    STEP_COUNT: "steps — how many steps the mean in energy/step_J covers: with a window or between two windows",
     STEP_POWER_SAMPLES: "samples — power samples behind energy/step_J",
     STEP_TIME_S: "s — mean step time over the logging interval",
     MEAN_POWER_W: "W — mean GPU power during the interval's steps",

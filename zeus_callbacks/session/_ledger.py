@@ -85,6 +85,8 @@ class EpochLedger:
     _after_break: list[tuple[float, int, Any]] = field(default_factory=list)
     # (time_s, run_step, evaluations before) of each evaluation tail's end: a stretch of steps may start there
     _tail_ends: list[tuple[float, int, Any]] = field(default_factory=list)
+    _first_window_s: float = math.inf  # the start of the epoch's first step window seen (s)
+    _emitted: set[tuple[float, float, int]] = field(default_factory=set)  # boundary stretches already given out
 
     def stretches_between(self, steps: WindowBatch) -> list[tuple[float, float, int]]:
         """The stretches between consecutive step windows that hold steps without a window and nothing else.
@@ -99,6 +101,8 @@ class EpochLedger:
         """
         stretches = []
         ends = steps.end_s.tolist()
+        if steps.size:
+            self._first_window_s = min(self._first_window_s, float(steps.start_s.min()))
         for start_s, end_s, info in zip(steps.start_s.tolist(), ends, steps.end_info, strict=True):
             info = info or {}
             run_step, evaluations = info.get("run_step"), info.get(EVALUATIONS_BEFORE)
@@ -142,17 +146,42 @@ class EpochLedger:
         if isinstance(run_step, int) and isinstance(evaluations, int):
             boundaries.append((epoch_start_s, run_step, evaluations))
         out = []
-        for at_s, run_step, evaluations in boundaries:
-            after = [w for w in self._after_break if w[0] >= at_s]
-            if evaluations % 2 or not after:
-                continue
-            start_s, window_step, window_evaluations = min(after)
-            stretch = (at_s, start_s, window_step - run_step)
+        for boundary in boundaries:
             # a tail that ends at the epoch's start (an evaluation after the last epoch) is the same boundary
-            fits = window_evaluations == evaluations and window_step > run_step and at_s >= epoch_start_s
-            if fits and stretch not in out:
+            stretch = self._stretch_from(*boundary) if boundary[0] >= epoch_start_s else None
+            if stretch is not None and stretch not in out and stretch not in self._emitted:
                 out.append(stretch)
         return out
+
+    def stretches_after_tails(self) -> list[tuple[float, float, int]]:
+        """The stretches from an evaluation tail's end to the next step window, as soon as both are known.
+
+        Only tails that end after one of the epoch's step windows began (so inside the epoch, whose
+        start is known only at its end); each stretch once (:meth:`stretches_from_boundaries` leaves it).
+        For the ``steps`` records, whose means then hold the steps after an evaluation too.
+
+        Returns:
+            ``(start_s, end_s, steps)`` of each new one, for :meth:`add_between` once attributed.
+        """
+        out = []
+        for boundary in self._tail_ends:
+            stretch = self._stretch_from(*boundary) if boundary[0] > self._first_window_s else None
+            if stretch is not None and stretch not in self._emitted:
+                self._emitted.add(stretch)
+                out.append(stretch)
+        return out
+
+    def _stretch_from(self, at_s: float, run_step: int, evaluations: Any) -> tuple[float, float, int] | None:
+        """The stretch from a boundary at ``at_s`` (the steps before it: ``run_step``) to the next step window.
+
+        None: no step window after it yet, an evaluation open there, or one began or ended before that window.
+        """
+        after = [w for w in self._after_break if w[0] >= at_s]
+        if evaluations % 2 or not after:
+            return None
+        start_s, window_step, window_evaluations = min(after)
+        fits = window_evaluations == evaluations and window_step > run_step
+        return (at_s, start_s, window_step - run_step) if fits else None
 
     def add_between(self, stretch: tuple[float, float, int], energy_J: float) -> None:
         """Add one stretch of :meth:`stretches_between` with its energy (J), attributed from the samples."""

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks._footprint import carbon_estimate, cost_estimate
@@ -253,10 +253,37 @@ def power_limit_profile_record(
 
 
 # ------------------------------------------------------------------------ steps
-def local_step_row(batches: Sequence[WindowBatch]) -> StepColumns:
+class Stretches(NamedTuple):
+    """Steps without a window measured as the stretches between two step windows (the epoch ledger's ``between``).
+
+    Attributes:
+        energy_J: The stretches' energy (J, this process's GPUs).
+        time_s: Their time (s).
+        steps: The steps they hold.
+    """
+
+    energy_J: float = 0.0
+    time_s: float = 0.0
+    steps: int = 0
+
+    def plus_stretch(self, stretch: tuple[float, float, int], energy_J: float) -> Stretches:
+        """These and one more stretch, ``(start_s, end_s, steps)`` holding ``energy_J`` (J)."""
+        start_s, end_s, steps = stretch
+        return Stretches(self.energy_J + energy_J, self.time_s + (end_s - start_s), self.steps + steps)
+
+    def plus(self, other: Stretches) -> Stretches:
+        """These and ``other``'s."""
+        return Stretches(self.energy_J + other.energy_J, self.time_s + other.time_s, self.steps + other.steps)
+
+
+NO_STRETCH = Stretches()
+
+
+def local_step_row(batches: Sequence[WindowBatch], between: Stretches = NO_STRETCH) -> StepColumns:
     """This rank's measured steps: energy (J), time (s), count, samples, tokens, power samples.
 
-    Samples (tokens) are NaN unless every step reported them.
+    Samples (tokens) are NaN unless every step reported them. ``between``: the steps between those
+    windows, measured as stretches (:class:`Stretches`).
     """
     count = sum(b.size for b in batches)
     samples = [v for b in batches for v in b.info_values("num_samples")]
@@ -279,6 +306,9 @@ def local_step_row(batches: Sequence[WindowBatch]) -> StepColumns:
         weighted_J=weighted_J,
         weighted_s=weighted_s,
         weight=weight,
+        between_J=between.energy_J,
+        between_s=between.time_s,
+        between_steps=float(between.steps),
     )
 
 
@@ -297,24 +327,45 @@ def merged_rows(earlier: list[C] | None, rows: list[C]) -> list[C]:
     return [old.plus(new) for old, new in zip(earlier, rows, strict=True)]
 
 
+def agreed_between_steps(rows: Sequence[StepColumns]) -> int:
+    """The steps measured as stretches between step windows that every rank's row holds; 0 when the ranks differ.
+
+    A rank whose samples missed a stretch would leave its energy out of the sum over the ranks while the
+    others count its steps: then no rank's stretches are used (the epoch ledger's rule).
+    """
+    counts = {r.between_steps for r in rows}
+    return int(counts.pop()) if len(counts) == 1 else 0
+
+
 def step_metrics(rows: Sequence[StepColumns]) -> dict[str, float]:
     """Per-step means from the ranks' measured steps (:func:`local_step_row`), ranks with steps only.
 
     One rank's record per GPU group; combined per step: energy and power sum over ranks,
-    time is the slowest rank's.
+    time is the slowest rank's. Where every rank measured the same stretches between its step windows
+    (:func:`agreed_between_steps`), the means are over the steps with a window and those between:
+    every step from the first window to the last, each measured once, so no step stands for another.
+    Otherwise over the steps with a window, each weighed by 1 / its chance of being measured.
     """
-    # Each step weighed by 1 / its chance of being measured (StepColumns.weight): auto sampling measures a
-    # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step.
-    step_J = sum(r.weighted_J / r.weight for r in rows)
+    between = agreed_between_steps(rows)
+    if between:
+        step_J = sum((r.energy_J + r.between_J) / (r.steps + r.between_steps) for r in rows)
+        step_s = max((r.time_s + r.between_s) / (r.steps + r.between_steps) for r in rows)
+        power_W = sum((r.energy_J + r.between_J) / (r.time_s + r.between_s) for r in rows if r.time_s > 0)
+    else:
+        # Each step weighed by 1 / its chance of being measured (StepColumns.weight): auto sampling measures a
+        # larger share of a loaded machine's slow stretches, and a plain mean would overstate the step.
+        step_J = sum(r.weighted_J / r.weight for r in rows)
+        step_s = max(r.weighted_s / r.weight for r in rows)
+        power_W = sum(r.energy_J / r.time_s for r in rows if r.time_s > 0)
     samples_per_step = sum(r.samples / r.steps for r in rows)
     tokens_per_step = sum(r.tokens / r.steps for r in rows)
     combined = StepColumns.reduce(rows)
     values = {
         metric.STEP_ENERGY_J: step_J,
-        metric.STEP_COUNT: combined.steps,
+        metric.STEP_COUNT: combined.steps + between,
         metric.STEP_POWER_SAMPLES: combined.power_samples,
-        metric.STEP_TIME_S: max(r.weighted_s / r.weight for r in rows),
-        metric.MEAN_POWER_W: sum(r.energy_J / r.time_s for r in rows if r.time_s > 0),
+        metric.STEP_TIME_S: step_s,
+        metric.MEAN_POWER_W: power_W,
     }
     if math.isfinite(samples_per_step) and samples_per_step > 0:
         values[metric.ENERGY_PER_SAMPLE_J] = step_J / samples_per_step
@@ -354,8 +405,12 @@ def steps_record(
     dropped_windows: int = 0,
     node: Mapping[str, Any] | None = None,
     partial_reason: str | None = None,
+    between_steps: int = 0,
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
+
+    ``count`` steps are in the means: those with a window and ``between_steps`` steps between two of them,
+    measured as the stretches that hold them (:func:`step_metrics`).
 
     ``steps`` counts the steps taken since the last record other than warm-up steps
     (``warmup_steps`` of them, reported in the ``warmup`` record): ``energy_J_mean ×
@@ -375,6 +430,7 @@ def steps_record(
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
         "count": int(values.get(metric.STEP_COUNT, 0)),
+        "between_steps": between_steps,
         "steps": steps_taken,
         "warmup_steps": warmup_steps,
         "energy_J_mean": values.get(metric.STEP_ENERGY_J),

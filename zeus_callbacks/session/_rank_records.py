@@ -109,6 +109,9 @@ class StepColumns(RankRecord):
         weighted_s: ``Σ t/p`` (s).
         weight: ``Σ 1/p``: the steps they stand for, in expectation; ``weighted_J / weight`` is the
             mean step with no share of the run counting more than another (the plain mean when every p is equal).
+        between_J: Energy of the steps between two of these windows, measured as the stretches that hold them (J).
+        between_s: Their time (s).
+        between_steps: How many (each rank's own: the ranks' least).
     """
 
     energy_J: float = reduced("sum")
@@ -120,6 +123,9 @@ class StepColumns(RankRecord):
     weighted_J: float = reduced("sum")
     weighted_s: float = reduced("max")
     weight: float = reduced("min")
+    between_J: float = reduced("sum")
+    between_s: float = reduced("max")
+    between_steps: float = reduced("min")
 
     count_field = "steps"  # a report without steps adds nothing to an interval (its NaN counts neither)
 

@@ -89,6 +89,7 @@ class StepReports:
         self._ranks: RankAggregator
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
+        self._unreported_between = records.NO_STRETCH  # the stretches between step windows since then
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
         # metrics queued are the means over that whole interval, however many reports it held.
@@ -183,7 +184,8 @@ class StepReports:
         if not covered.all():
             steps = steps.select(covered)
         if steps.size:
-            self._add_stretches(self._ledger.stretches_between(steps))  # the steps between two step windows
+            # the steps between two step windows: in the epoch ledger and in the next steps record's means
+            self._add_stretches(self._ledger.stretches_between(steps), in_steps_record=True)
             warmup = np.fromiter((bool(i and i.get("warmup")) for i in steps.end_info), dtype=bool, count=steps.size)
             rest = steps
             if warmup.any():  # the run's first steps: reported apart (windows.warmup_steps)
@@ -199,8 +201,12 @@ class StepReports:
         if phases is not None and steps.size < batch.size:
             phases.add_batch(batch.select(~is_step))
 
-    def _add_stretches(self, stretches: list[tuple[float, float, int]]) -> None:
-        """Attribute stretches that hold steps only and give them to the ledger (those the samples cover wholly)."""
+    def _add_stretches(self, stretches: list[tuple[float, float, int]], *, in_steps_record: bool = False) -> None:
+        """Attribute stretches that hold steps only and give them to the ledger (those the samples cover wholly).
+
+        ``in_steps_record``: their steps also go into the next ``steps`` record's means (stretches between two
+        step windows; those from an epoch boundary are found at the epoch's end, after its records).
+        """
         if not stretches:
             return
         starts, ends, _ = (np.array(column, dtype=np.float64) for column in zip(*stretches, strict=True))
@@ -208,6 +214,8 @@ class StepReports:
         for stretch, energy, whole in zip(stretches, energy_J.tolist(), complete.tolist(), strict=True):
             if whole and math.isfinite(energy):
                 self._ledger.add_between(stretch, energy)
+                if in_steps_record:
+                    self._unreported_between = self._unreported_between.plus_stretch(stretch, energy)
 
     def _absorb(self, record: WindowRecord) -> None:
         """Take one window other than a step or a phase (those go through :meth:`_absorb_bulk`)."""
@@ -263,8 +271,11 @@ class StepReports:
         self._run.log.write(records.eval_record(held, reason=reason, ranks=combined, processes=len(rows)))
 
     def _queue_step_metrics(self, *, final: bool = False) -> None:
-        batches, warmup = self._unreported_steps, self._unreported_warmup
+        # the steps from an evaluation's tail to the next step window, once both are attributed
+        self._add_stretches(self._ledger.stretches_after_tails(), in_steps_record=True)
+        batches, warmup, between = self._unreported_steps, self._unreported_warmup, self._unreported_between
         self._unreported_steps, self._unreported_warmup = [], []
+        self._unreported_between = records.NO_STRETCH
         count = sum(b.size for b in batches)
         collective = self._ranks.collective
         sampling = self._sampling() if self._sampling is not None else None
@@ -273,7 +284,7 @@ class StepReports:
         # The warm-up steps, the run so far (several processes: every rank shows the run's) and the node
         # spans travel with the steps: one exchange per report.
         local = StepReportRow(
-            records.local_step_row(batches),
+            records.local_step_row(batches, between),
             records.local_warmup_row(warmup),
             RunSoFar(run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
             if collective else None,
@@ -307,13 +318,15 @@ class StepReports:
         partial = None if len(rows) == len(steps) else records.partial_ranks_reason(len(rows), len(steps))
         if partial and not final:
             self._unreported_steps[:0] = batches
+            self._unreported_between = between.plus(self._unreported_between)
             return
         values = {} if partial else records.step_metrics(rows)  # this report's (the JSONL record)
         self._interval_rows = records.merged_rows(self._interval_rows, steps)
         interval = [s for s in self._interval_rows if s.steps > 0]  # queued: the interval's, once every rank has steps
         if len(interval) == len(self._interval_rows):
             self._pending_metrics.update(records.step_metrics(interval))
-        self._write_steps_record(values, batches if count else [], len(gathered), final=final, partial=partial)
+        self._write_steps_record(values, batches if count else [], len(gathered), final=final, partial=partial,
+                                 between_steps=records.agreed_between_steps(rows) if values else 0)  # fmt: skip
         if count:  # the run's step means weigh each measured step by 1 / its chance of being measured (see Totals)
             mine = local.steps
             self._totals.step_energy_J += mine.weighted_J
@@ -328,7 +341,7 @@ class StepReports:
 
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool,
-        partial: str | None = None,
+        partial: str | None = None, between_steps: int = 0,
     ) -> None:  # fmt: skip
         """Write the ``steps`` record (:func:`~zeus_callbacks.session._log_records.steps_record`).
 
@@ -354,7 +367,7 @@ class StepReports:
                 values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
                 power_limit_W=self._power_limit_W(), ranks=ranks, degraded=self._degraded(),
                 dropped_windows=self._dropped_windows, node=node.fields if node is not None else None,
-                partial_reason=partial,
+                partial_reason=partial, between_steps=between_steps,
             )
         )  # fmt: skip
         self._dropped_windows = 0
