@@ -287,7 +287,7 @@ FIELDS: dict[str, str] = {
     "steps.last_step": "Index of the last measured step in the report: the framework's global step when that "
     "step began (0 for the first). With sampled steps a record at an epoch's end also stands for the unmeasured "
     "steps after it (`steps`), so the epoch's last step can lie past `last_step`.",
-    "steps.count": "Number of steps the report's means cover: those with a window and `between_steps` more.",
+    "steps.count": "Number of measured steps with a window in the report's means (`between_steps` more are in them).",
     "steps.between_steps": "Steps without a window that the means cover (`windows.sample_fraction`): each lies "
     "between two step windows, or between an evaluation's tail and the next step window, with nothing else in "
     "that stretch, so the stretch's energy and time, from the same power samples, are theirs (the epoch "
@@ -621,13 +621,13 @@ def render_metrics() -> str:
         f"and `{reporting.STEP_COUNT}` their number. `{reporting.STEP_TIME_S}`, "
         f"`{reporting.MEAN_POWER_W}` and the per-sample figures are the interval's too. So over the logs, "
         f"`{reporting.STEP_ENERGY_J}` × `{reporting.STEP_COUNT}` sums to the JSONL `steps` records' "
-        "`energy_J_mean` × `count`. A step whose power samples have not arrived yet "
+        "`energy_J_mean` × (`count` + `between_steps`). A step whose power samples have not arrived yet "
         f"goes into the next report, which is why `{reporting.STEP_COUNT}` is logged alongside. "
         "A report none of whose steps has samples yet logs nothing: its steps go into the next one. The sampler "
         "drains every `sampling.poll_period_s` (0.1 s by default), so with steps far shorter than that, some "
         "reports are empty, even with `windows.sample_fraction: 1`. Steps too short "
         "for a window at every step within `windows.max_overhead` are measured as a random share "
-        "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*): the means are "
+        "(`windows.sample_fraction: auto`; docs/concepts.md, *Which steps get windows*). The means are "
         "then over that share and the steps between two of its windows. With one process, auto also sets "
         "the report interval R again at each report, "
         "from the measured share and the step time. While every step is measured, R = `logging.interval_steps`. "

@@ -494,6 +494,36 @@ def _check_numbers(record: dict[str, Any], where: str, out: Outcome) -> None:
     walk("", {k: v for k, v in record.items() if k not in ("config",)})
 
 
+def _bound_means(
+    out: Outcome, where: str, record: dict[str, Any], cuda: FakeCuda, windows: list[tuple[float, float]],
+    candidates: list[tuple[float, float]], between: int,
+) -> None:  # fmt: skip
+    """A steps record whose means hold ``between`` unwindowed steps: each mean within the bounds any such set gives."""
+    if len(candidates) < between:
+        out.problems.append(f"{where}: between_steps {between} but {len(candidates)} unwindowed steps in its range")
+        return
+    count = len(windows)
+    if record.get("count") != count:
+        out.problems.append(f"{where}: count {record.get('count')} but {count} windows before it")
+        return
+    flagged = record.get("complete") is False or bool(record.get("degraded"))
+    n = count + between
+    window_truths = [_truth(cuda, a, b) for a, b in windows]
+    energies = sorted(_truth(cuda, a, b)[0] for a, b in candidates)
+    times = sorted(b - a for a, b in candidates)
+    base_J, base_tol = sum(t for t, _ in window_truths), sum(tol for _, tol in window_truths)
+    base_s = sum(b - a for a, b in windows)
+    candidates_tol = sum(_truth(cuda, a, b)[1] for a, b in candidates)
+    for key, value, low, high, tol in (
+        ("energy_J_mean", record["energy_J_mean"], base_J + sum(energies[:between]),
+         base_J + sum(energies[len(energies) - between:]), base_tol + candidates_tol),
+        ("time_s_mean", record["time_s_mean"], base_s + sum(times[:between]),
+         base_s + sum(times[len(times) - between:]), 1e-6 * n),
+    ):  # fmt: skip
+        mid, half = (low + high) / (2 * n), (high - low + 2 * tol) / (2 * n)
+        out.figures.append(Figure(f"{where} {key}", value, mid, half, flagged))
+
+
 def _judge(player: _Player) -> Outcome:
     out = Outcome()
     cuda = player.cuda
@@ -524,10 +554,27 @@ def _judge(player: _Player) -> Outcome:
         # -- each steps record against the windows it stands for
         taken = 0  # windows consumed by earlier steps records
         counted = [w for w in windows if w[5] and not w[1].get("warmup")]
+        windowed = {w[1]["run_step"] for w in windows if w[5]}  # a stretch may hold a step not wholly covered
+        after_step = -1  # the last run_step an earlier steps record's windows reached
         for i, r in enumerate(records):
             if r["event"] != "steps":
                 continue
             mine = [w for w in counted[taken:] if w[0] < i]  # absorbed before record i was written (run_start: 0)
+            between = r.get("between_steps") or 0
+            if mine and between:
+                # Steps without a window in the means, measured as the stretches that hold them: which stretches
+                # the session took (no evaluation between, the samples covering them) is its rule, so the truth
+                # is bounded: the mean over the windows and any `between` of the unwindowed steps in the record's
+                # range lies between the means with the cheapest and with the dearest of them.
+                last = max(w[1]["run_step"] for w in mine)
+                spans = {k: player.step_truth[k] for k in range(after_step + 1, last) if k not in windowed}
+                _bound_means(out, f"run {n} steps {i}", r, cuda, [player.step_truth[w[1]["run_step"]] for w in mine],
+                             list(spans.values()), between)  # fmt: skip
+                taken += len(mine)
+                after_step = last
+                continue
+            if mine:
+                after_step = max(w[1]["run_step"] for w in mine)
             if r.get("dropped_windows") and r.get("complete") is not False:  # dropped as impossible: said so
                 out.problems.append(f"run {n} steps record {i}: {r['dropped_windows']} windows dropped, not flagged")
             count = r.get("count") or 0

@@ -409,7 +409,7 @@ def steps_record(
 ) -> dict[str, Any]:
     """The ``steps`` record: the means in ``values`` (empty: no step measured) and the steps they stand for.
 
-    ``count`` steps are in the means: those with a window and ``between_steps`` steps between two of them,
+    The means are over ``count`` steps with a window and ``between_steps`` steps between two of them,
     measured as the stretches that hold them (:func:`step_metrics`).
 
     ``steps`` counts the steps taken since the last record other than warm-up steps
@@ -429,7 +429,7 @@ def steps_record(
     return {
         "event": "steps",
         "last_step": batches[-1].info(-1).get("step") if batches else None,
-        "count": int(values.get(metric.STEP_COUNT, 0)),
+        "count": int(values.get(metric.STEP_COUNT, 0)) - between_steps,
         "between_steps": between_steps,
         "steps": steps_taken,
         "warmup_steps": warmup_steps,
