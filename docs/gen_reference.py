@@ -289,7 +289,8 @@ FIELDS: dict[str, str] = {
     "steps after it (`steps`), so the epoch's last step can lie past `last_step`.",
     "steps.count": "Number of measured steps with a window in the report's means (`between_steps` more are in them).",
     "steps.between_steps": "Steps without a window that the means cover (`windows.sample_fraction`): each lies "
-    "between two step windows, or between an evaluation's tail and the next step window, with nothing else in "
+    "between two step windows, or between the epoch's start or an evaluation's tail and the next step window, "
+    "with nothing else in "
     "that stretch, so the stretch's energy and time, from the same power samples, are theirs (the epoch "
     "ledger's `steps_between`). 0 when every step has a window, or when the ranks measured different "
     "stretches (the means are then the step windows' only).",
@@ -353,8 +354,9 @@ FIELDS: dict[str, str] = {
     "warmup.time_s": "Their total time, the slowest rank's (s).",
     "warmup.step_energy_J": "Each warm-up step's energy on this process's GPUs (J).",
     "warmup.step_time_s": "Each warm-up step's time on this process (s).",
-    "steps.energy_J_mean": "Mean energy per step over the `count` steps, summed over GPUs (J).",
-    "steps.time_s_mean": "Mean step time over the `count` steps (s).",
+    "steps.energy_J_mean": "Mean energy per step over the `count` steps with a window and the `between_steps` "
+    "steps, summed over GPUs (J).",
+    "steps.time_s_mean": "Mean step time over the `count` steps with a window and the `between_steps` steps (s).",
     "steps.power_W_mean": "Mean power over those steps: their energy / their time (W).",
     "steps.energy_J_per_sample": "Energy per training sample (J); null when a step did not give its sample count.",
     "steps.energy_J_per_token": "Energy per input token (J); null unless every step gave its token count.",

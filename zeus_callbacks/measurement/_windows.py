@@ -397,6 +397,19 @@ class WindowMeter:
         """True while window ``name`` is open."""
         return name in self._open
 
+    def open_start(self, name: str) -> tuple[float, dict[str, Any]] | None:
+        """An open window's start (s on the backend clock) and its start info, once its mark was read.
+
+        None: ``name`` is not open, or its start mark has no time yet (a CUDA event not read) or none at all.
+        """
+        opened = self._open.get(name)
+        if opened is None:
+            return None
+        start_s = opened[0] if self._tokens_are_times else opened[2]
+        if start_s is None or not math.isfinite(start_s):
+            return None
+        return float(start_s), dict(opened[1] or {})
+
     @property
     def pending_count(self) -> int:
         """Closed windows whose energy is not attributed yet."""

@@ -171,6 +171,29 @@ class EpochLedger:
                 out.append(stretch)
         return out
 
+    def stretch_after_epoch_start(self, start_s: float, epoch_info: dict[str, Any]) -> list[tuple[float, float, int]]:
+        """The stretch from the open epoch's start mark to its first step window, as soon as that window is known.
+
+        Only while this ledger holds no window from before ``start_s`` (it is the open epoch's); once
+        (:meth:`stretches_from_boundaries` leaves it). For the ``steps`` records, as
+        :meth:`stretches_after_tails`.
+
+        Args:
+            start_s: The open epoch window's start (s on the backend clock).
+            epoch_info: Its start info (``run_step``, the evaluation count).
+
+        Returns:
+            ``[(start_s, end_s, steps)]`` when new, else ``[]``.
+        """
+        run_step, evaluations = epoch_info.get("run_step"), epoch_info.get(EVALUATIONS_BEFORE)
+        if not (isinstance(run_step, int) and isinstance(evaluations, int)) or self._first_window_s < start_s:
+            return []
+        stretch = self._stretch_from(start_s, run_step, evaluations)
+        if stretch is None or stretch in self._emitted:
+            return []
+        self._emitted.add(stretch)
+        return [stretch]
+
     def _stretch_from(self, at_s: float, run_step: int, evaluations: Any) -> tuple[float, float, int] | None:
         """The stretch from a boundary at ``at_s`` (the steps before it: ``run_step``) to the next step window.
 
