@@ -254,7 +254,10 @@ def power_limit_profile_record(
 
 # ------------------------------------------------------------------------ steps
 class Stretches(NamedTuple):
-    """Steps without a window measured as the stretches between two step windows (the epoch ledger's ``between``).
+    """Steps without a window, measured as the stretches that hold them (the epoch ledger's ``between``).
+
+    A stretch runs between two step windows, or from the epoch's start or an evaluation tail's end to the
+    next step window, with nothing but steps in it.
 
     Attributes:
         energy_J: The stretches' energy (J, this process's GPUs).

@@ -89,7 +89,7 @@ class StepReports:
         self._ranks: RankAggregator
         self._unreported_steps: list[WindowBatch] = []  # step windows attributed since the last step metrics
         self._unreported_warmup: list[WindowBatch] = []  # warm-up step windows attributed since then
-        self._unreported_between = records.NO_STRETCH  # the stretches between step windows since then
+        self._unreported_between = records.NO_STRETCH  # stretches of steps without a window attributed since then
         self._steps_logged_upto = 0  # steps (run_step order) the "steps" records stood for so far
         # The step (warm-up) columns of the reports since the last pop_metrics, summed per rank: the
         # metrics queued are the means over that whole interval, however many reports it held.
@@ -204,8 +204,8 @@ class StepReports:
     def _add_stretches(self, stretches: list[tuple[float, float, int]], *, in_steps_record: bool = False) -> None:
         """Attribute stretches that hold steps only and give them to the ledger (those the samples cover wholly).
 
-        ``in_steps_record``: their steps also go into the next ``steps`` record's means (stretches between two
-        step windows; those from an epoch boundary are found at the epoch's end, after its records).
+        ``in_steps_record``: their steps also go into the next ``steps`` record's means (the stretches a report
+        finds; those left to the epoch's end come after its records).
         """
         if not stretches:
             return
