@@ -341,8 +341,13 @@ def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_s
     # The checkpoint key digests the whole configuration: a resume with a new log_dir used to miss
     # it and restart the totals from zero without a word.
     args = training_args(tmp_path, max_steps=8, save_strategy="steps", save_steps=4)
-    first = ZeusTrainerCallback(virtual_config(tmp_path))
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    # On a manual clock, 50 ms a step: on the wall clock an idle machine took the 4 steps before the checkpoint
+    # in 13 ms, before the virtual sensor's first 20 ms sample, and the state saved 0 J (the test's race).
+    clock = ManualClock(1_000.0)
+    first = ZeusTrainerCallback(
+        virtual_config(tmp_path), backend=manual_virtual_backend(virtual_config(tmp_path), clock)
+    )
+    trainer = Trainer(model=clocked_lm(clock, 0.05), args=args, train_dataset=RandomTokens(200))
     first.attach(trainer)
     trainer.train()
     saved = json.loads((tmp_path / "out" / "checkpoint-4" / "trainer_state.json").read_text())
@@ -352,8 +357,9 @@ def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_s
     config = virtual_config(tmp_path / "elsewhere")
     if change == "job_id":
         config = {**virtual_config(tmp_path), "job_id": "other"}
-    second = ZeusTrainerCallback(config)
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200))
+    clock = ManualClock(1_000.0)  # a new process
+    second = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    trainer = Trainer(model=clocked_lm(clock, 0.05), args=args, train_dataset=RandomTokens(200))
     second.attach(trainer)
     with caplog.at_level("WARNING", logger="zeus_callbacks"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
