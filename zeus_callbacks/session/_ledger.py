@@ -120,9 +120,9 @@ class EpochLedger:
 
     def add_tail_end(self, end_s: float, info: dict[str, Any]) -> None:
         """Note where an evaluation's tail ended (``info``: ``run_step``, the evaluation count there)."""
-        run_step, evaluations = info.get("run_step"), info.get(EVALUATIONS_BEFORE)
-        if isinstance(run_step, int) and isinstance(evaluations, int):
-            self._tail_ends.append((end_s, run_step, evaluations))
+        boundary = _boundary(end_s, info)
+        if boundary is not None:
+            self._tail_ends.append(boundary)
 
     def stretches_from_boundaries(
         self, epoch_info: dict[str, Any], epoch_start_s: float
@@ -132,7 +132,8 @@ class EpochLedger:
         The first step after such a boundary starts at its mark (the epoch's first step at the epoch's
         start mark; the first after an evaluation where its tail ends), and the step windows tile from
         there. So when that step is unmeasured, the stretch up to the next measured step's start holds
-        exactly the steps before it: unless an evaluation began or ended between.
+        exactly the steps before it: unless an evaluation began or ended between. Those that
+        :meth:`stretches_known_now` gave out already are left out.
 
         Args:
             epoch_info: The epoch window's info (``run_step``: the steps taken before it; the evaluation count).
@@ -142,9 +143,9 @@ class EpochLedger:
             ``(start_s, end_s, steps)`` of each, for :meth:`add_between` once attributed.
         """
         boundaries = list(self._tail_ends)
-        run_step, evaluations = epoch_info.get("run_step"), epoch_info.get(EVALUATIONS_BEFORE)
-        if isinstance(run_step, int) and isinstance(evaluations, int):
-            boundaries.append((epoch_start_s, run_step, evaluations))
+        epoch = _boundary(epoch_start_s, epoch_info)
+        if epoch is not None:
+            boundaries.append(epoch)
         out = []
         for boundary in boundaries:
             # a tail that ends at the epoch's start (an evaluation after the last epoch) is the same boundary
@@ -153,46 +154,34 @@ class EpochLedger:
                 out.append(stretch)
         return out
 
-    def stretches_after_tails(self) -> list[tuple[float, float, int]]:
-        """The stretches from an evaluation tail's end to the next step window, as soon as both are known.
+    def stretches_known_now(self, open_epoch: tuple[float, dict[str, Any]] | None) -> list[tuple[float, float, int]]:
+        """The stretches from the open epoch's start and from evaluation tails' ends to the next step window, so far.
 
-        Only tails that end after one of the epoch's step windows began (so inside the epoch, whose
-        start is known only at its end); each stretch once (:meth:`stretches_from_boundaries` leaves it).
-        For the ``steps`` records, whose means then hold the steps after an evaluation too.
+        For the ``steps`` records, whose means then hold those steps too; each stretch once
+        (:meth:`stretches_from_boundaries` leaves it at the epoch's end). The epoch's start only while
+        this ledger holds no window from before it (it is the open epoch's); a tail only when it ends
+        after one of the epoch's step windows began (so inside the epoch, whose start is known only at
+        its end).
+
+        Args:
+            open_epoch: The open epoch window's start (s on the backend clock) and start info
+                (``run_step``, the evaluation count); None when none is open or its start is not read yet.
 
         Returns:
             ``(start_s, end_s, steps)`` of each new one, for :meth:`add_between` once attributed.
         """
+        boundaries = []
+        epoch = _boundary(*open_epoch) if open_epoch is not None else None
+        if epoch is not None and epoch[0] <= self._first_window_s:
+            boundaries.append(epoch)
+        boundaries += [tail for tail in self._tail_ends if tail[0] > self._first_window_s]
         out = []
-        for boundary in self._tail_ends:
-            stretch = self._stretch_from(*boundary) if boundary[0] > self._first_window_s else None
+        for boundary in boundaries:
+            stretch = self._stretch_from(*boundary)
             if stretch is not None and stretch not in self._emitted:
                 self._emitted.add(stretch)
                 out.append(stretch)
         return out
-
-    def stretch_after_epoch_start(self, start_s: float, epoch_info: dict[str, Any]) -> list[tuple[float, float, int]]:
-        """The stretch from the open epoch's start mark to its first step window, as soon as that window is known.
-
-        Only while this ledger holds no window from before ``start_s`` (it is the open epoch's); once
-        (:meth:`stretches_from_boundaries` leaves it). For the ``steps`` records, as
-        :meth:`stretches_after_tails`.
-
-        Args:
-            start_s: The open epoch window's start (s on the backend clock).
-            epoch_info: Its start info (``run_step``, the evaluation count).
-
-        Returns:
-            ``[(start_s, end_s, steps)]`` when new, else ``[]``.
-        """
-        run_step, evaluations = epoch_info.get("run_step"), epoch_info.get(EVALUATIONS_BEFORE)
-        if not (isinstance(run_step, int) and isinstance(evaluations, int)) or self._first_window_s < start_s:
-            return []
-        stretch = self._stretch_from(start_s, run_step, evaluations)
-        if stretch is None or stretch in self._emitted:
-            return []
-        self._emitted.add(stretch)
-        return [stretch]
 
     def _stretch_from(self, at_s: float, run_step: int, evaluations: Any) -> tuple[float, float, int] | None:
         """The stretch from a boundary at ``at_s`` (the steps before it: ``run_step``) to the next step window.
@@ -249,6 +238,12 @@ class EpochLedger:
             between_J=math.fsum(e for _, _, e in between), between_s=math.fsum(t for t, _, _ in between),
             between_steps=float(steps_between), between_steps_most=float(steps_between),
         )  # fmt: skip
+
+
+def _boundary(at_s: float, info: dict[str, Any]) -> tuple[float, int, int] | None:
+    """Where a stretch of steps may start: ``(at_s, run_step, evaluations before)`` from a mark's info; None without."""
+    run_step, evaluations = info.get("run_step"), info.get(EVALUATIONS_BEFORE)
+    return (at_s, run_step, evaluations) if isinstance(run_step, int) and isinstance(evaluations, int) else None
 
 
 def close_ledger(epoch_J: float, epoch_s: float, row: LedgerColumns, *, steps_taken: int) -> dict[str, Any]:

@@ -272,10 +272,7 @@ class StepReports:
 
     def _queue_step_metrics(self, *, final: bool = False) -> None:
         # the steps from the epoch's start, and from an evaluation's tail, to the next step window, once known
-        epoch = self._run.meter.open_start("epoch")
-        if epoch is not None:
-            self._add_stretches(self._ledger.stretch_after_epoch_start(*epoch), in_steps_record=True)
-        self._add_stretches(self._ledger.stretches_after_tails(), in_steps_record=True)
+        self._add_stretches(self._ledger.stretches_known_now(self._run.meter.open_start("epoch")), in_steps_record=True)
         batches, warmup, between = self._unreported_steps, self._unreported_warmup, self._unreported_between
         self._unreported_steps, self._unreported_warmup = [], []
         self._unreported_between = records.NO_STRETCH
