@@ -813,7 +813,10 @@ def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_wi
     assert prof.excess_steps(chosen) <= 1.25 * budget
     assert prof.profiling_steps <= s.polish_max_share * job_steps + s.warmup_steps + s.profile_steps
     measured = {x: m for x, m in prof.measured().items() if prof.profiles[x].n >= 2}
-    best = measured[chosen]
+    # The polish measures against the least raw reading; the choice pools each cost with its neighbours' line,
+    # so it may take another limit (seed 83666: 197.7 W chosen, 200 W the least reading by 6e-7).
+    best_x = min(measured, key=lambda x: (measured[x].cost, -x))
+    best = measured[best_x]
     # it stopped because no further window repays itself: for every pair with the best still apart by more
     # than polish_ci, the expected saving of the rest of the job (normal difference of the two intervals)
     # is below the window's excess cost, or that window overspends the budget, or the share is used up
@@ -821,13 +824,13 @@ def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_wi
     steps_left = job_steps - prof.profiling_steps
     for x, m in measured.items():
         spread = math.hypot(m.half_width, best.half_width)
-        if x == chosen or spread <= s.polish_ci * best.cost or no_share:
+        if x == best_x or spread <= s.polish_ci * best.cost or no_share:
             continue
         sd, diff = spread / 1.96, m.cost - best.cost
         saving = sd * float(stats.norm.pdf(diff / sd)) - diff * float(stats.norm.cdf(-diff / sd))
-        target = max((x, chosen), key=lambda y: measured[y].half_width)
+        target = max((x, best_x), key=lambda y: measured[y].half_width)
         window = min(max(prof.profiles[target].n, s.min_profile_steps), s.profile_steps) + s.warmup_steps
         excess = max(prof.measured()[target].cost / best.cost - 1, 0)
-        overspends = prof.excess_steps(chosen) + window * excess > budget
+        overspends = prof.excess_steps(best_x) + window * excess > budget
         assert overspends or saving / best.cost * steps_left - window * excess <= window * s.polish_ci + 1e-9
     assert cost(chosen) <= 1.01 * min(cost(x) for x in np.linspace(low, low + width, 801))
