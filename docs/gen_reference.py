@@ -279,7 +279,11 @@ FIELDS: dict[str, str] = {
     "power_limit_W": "Power limit read when the run started, mean over the measured GPUs (W); null when "
     "it cannot be read.",
     "run_start.read_only": "Whether the backend refuses hardware changes (`ZEUS_CALLBACKS_READ_ONLY`).",
-    "run_start.resumed_energy_J": "Energy carried over from a checkpoint this run resumed from (J).",
+    "run_start.resumed_energy_J": "Energy carried over from a checkpoint this run resumed from (J); null when the "
+    "checkpoint holds no measured energy (`resumed_energy_note` says why): the run's `energy_J` is then null too.",
+    "run_start.resumed_energy_note": "Why `resumed_energy_J` is null: the checkpoint was saved before any power sample "
+    "covered the run's start (it stores `energy_J` null with this reason, never 0 J), or on a GPU that cannot be "
+    "measured. Null when the figure is known or nothing was resumed.",
     "run_start.resumed_steps": "Training steps carried over from a checkpoint this run resumed from (0 for a "
     "fresh run): the run's step counts (`eval.step`, `epoch.end_step`) include them.",
     "run_start.wall_time": "Start time, seconds since the Unix epoch.",

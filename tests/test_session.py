@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, VirtualGPUBackend
+from zeus_callbacks.cli import main as cli_main
 from zeus_callbacks.measurement._attribution import COUNTER_MIN_PERIODS
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
@@ -424,6 +426,72 @@ def test_state_dict_mid_run_counts_the_finished_steps(new_session, virtual_backe
     assert state["energy_J"] == pytest.approx(virtual_backend.true_power_W(0) * (manual_clock.now_s() - start_s))
 
 
+def early_checkpoint(session: EnergySession, clock, steps: int = 4, step_s: float = 0.003) -> dict:
+    """``steps`` steps of ``step_s`` manual seconds, then ``state_dict()``: all before the first power sample.
+
+    The virtual GPU's first sample comes one sample period (20 ms, ±1 ms) after it was made, so a state
+    saved 12 ms into the run has no sample covering any of it (issue: a Hugging Face test's 4 steps
+    took 13 ms on an idle machine and the checkpoint said 0 J).
+    """
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(steps):
+        session.step_start(step)
+        clock.advance(step_s)
+        session.sampler.poll_once()  # as the sampler thread would: nothing to read yet
+        session.step_end(step)
+    assert steps * step_s < session.backend.sample_period_s * 0.75
+    assert session.sampler.latest_sample_s() is None  # nothing measured yet
+    return session.state_dict()
+
+
+def test_a_checkpoint_before_the_first_power_sample_has_no_energy_figure(new_session, virtual_backend, manual_clock):
+    session = new_session(virtual_backend)
+    state = early_checkpoint(session, manual_clock)
+    assert state["steps"] == 4 and state["time_s"] == pytest.approx(4 * 0.003)
+    # The run's energy so far was not measured: no 0 J, a null with its reason.
+    assert state["energy_J"] is None
+    assert "power sample" in state["energy_note"]
+    json.dumps(state, allow_nan=False)  # the Hugging Face Trainer writes it to trainer_state.json
+
+
+def capsys_report(capsys, path) -> str:
+    """What ``zeus-callbacks report PATH`` prints."""
+    capsys.readouterr()
+    assert cli_main(["report", str(path)]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_run_resumed_from_a_checkpoint_without_an_energy_figure_says_its_energy_is_unknown(
+    new_session, virtual_backend, manual_clock, capsys
+):
+    state = early_checkpoint(new_session(virtual_backend, run_name="first"), manual_clock)
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = new_session(backend, run_name="second")
+    second.load_state_dict(state)
+    run = full_run(second, backend, manual_clock)
+    summary = run.summary
+    # The resumed run's own windows are measured; the run's total lacks the carried steps' energy: unknown.
+    assert summary.steps == 4 + EPOCHS * STEPS_PER_EPOCH
+    assert summary.epoch_energy_J == pytest.approx([run.power_W * STEPS_PER_EPOCH * STEP_S] * EPOCHS, rel=1e-6)
+    assert math.isnan(summary.energy_J) and summary.energy_Wh is None and math.isnan(summary.mean_power_W)
+    assert summary.counter_energy_J is None and summary.time_s > run.end_s - run.start_s
+    assert "checkpoint" in summary.energy_note and state["energy_note"] in summary.energy_note
+    assert "n/a" in str(summary).splitlines()[1] and summary.energy_note in str(summary)
+    assert "ENERGY UNKNOWN" in capsys_report(capsys, summary.jsonl_path)  # zeus-callbacks report says it too
+    assert metric.TOTAL_ENERGY_J not in metric.run_metrics(summary)  # results, TensorBoard, W&B: no figure
+    assert metric.TOTAL_TIME_S in metric.run_metrics(summary)
+    start, end = run.records[0], run.records[-1]
+    assert start["event"] == "run_start" and start["resumed_energy_J"] is None
+    assert start["resumed_energy_note"] == summary.energy_note and start["resumed_steps"] == 4
+    assert end["event"] == "run_end" and end["energy_J"] is None and end["energy_note"] == summary.energy_note
+    # No logged total claims a figure (the loggers get totals() at every log), and a later checkpoint keeps the null.
+    assert metric.TOTAL_ENERGY_J not in second.totals() and metric.TOTAL_TIME_S in second.totals()
+    assert second.progress_bar_metrics() == {}
+    again = second.state_dict()
+    assert again["energy_J"] is None and again["energy_note"] == summary.energy_note and again["steps"] == summary.steps
+
+
 def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_clock):
     session = new_session(virtual_backend)
     assert session.totals() == {}
@@ -442,11 +510,14 @@ def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_cl
 
 def test_load_state_dict_tolerates_missing_and_unknown_keys(new_session, virtual_backend):
     session = new_session(virtual_backend)
-    session.load_state_dict({"energy_J": 12.5, "added_in_a_later_release": [1, 2]})
+    session.load_state_dict({"energy_J": 12.5, "added_in_a_later_release": [1, 2]})  # no energy_note: older
     state = session.state_dict()
-    assert state["energy_J"] == 12.5
+    assert state["energy_J"] == 12.5 and state["energy_note"] is None
     assert state["steps"] == 0
     assert state["epoch_energy_J"] == []
+    session.load_state_dict({"energy_J": None, "steps": 3})  # null without its note: still no figure
+    state = session.state_dict()
+    assert state["energy_J"] is None and state["energy_note"] and state["steps"] == 3
 
 
 # -- errors at train start ------------------------------------------------------------------------

@@ -241,7 +241,8 @@ class RunSummary:
         run_name: Name of the run (also the JSONL file's stem).
         status: ``"completed"``, ``"failed"`` or ``"interrupted"``.
         backend: One-line description of the backend and its GPUs.
-        energy_J: GPU energy of the run, summed over GPUs (J).
+        energy_J: GPU energy of the run, summed over GPUs (J); NaN (null in the log) when unknown:
+            ``measurement`` unavailable, or ``energy_note``.
         time_s: Wall time of the run (s).
         steps: Training steps taken (every ``step_end``, measured or not: ``windows.sample_fraction``).
         epochs: Training epochs run, one per entry of ``epoch_energy_J``: an epoch cut short by the
@@ -317,6 +318,10 @@ class RunSummary:
         measured_steps: Steps after warm-up whose windows ``step_energy_J`` and ``step_time_s`` come from;
             under ``windows.sample_fraction`` fewer than the steps: those figures are then estimates from
             a sample. The printed summary says "mean of N measured steps". None where not known.
+        energy_note: Why ``energy_J`` is unknown on a GPU that was measured: the run resumed from a
+            checkpoint whose energy so far was not measured (saved before any power sample covered the
+            run's start), so the total cannot hold those steps; ``counter_energy_J`` is then null too.
+            The epochs, steps and evaluations of this run keep their figures. None otherwise.
     """
 
     run_name: str
@@ -358,6 +363,7 @@ class RunSummary:
     node_energy_J: float | None = None
     node_energy_note: str | None = None
     measured_steps: int | None = None
+    energy_note: str | None = None
     energy_Wh: float | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -442,6 +448,8 @@ class RunSummary:
             lines.append(
                 f"  INCOMPLETE: samples cover {100 * self.coverage:.1f} % of the run; energy is that part's only"
             )
+        if self.energy_note:  # a resumed run whose checkpoint held no measured energy
+            lines.append(f"  ENERGY UNKNOWN: {self.energy_note}")
         if self.time_note:
             lines.append(f"  TIME NOT SIMULATED: {self.time_note}")
         if self.energy_source != "samples":

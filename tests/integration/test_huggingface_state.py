@@ -8,6 +8,7 @@ the JSONL energy log, ``train_results.json``.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -375,6 +376,44 @@ def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_s
         assert "restart from zero" in warnings[0]
         assert not run_start.get("resumed_energy_J")
         assert second.summary.steps == 4
+
+
+def test_a_checkpoint_saved_before_the_first_power_sample_carries_no_energy_and_the_resumed_run_says_so(tmp_path):
+    # The race the test above was moved off, on purpose: 4 steps of 3 ms before the checkpoint, inside the
+    # virtual sensor's first 20 ms sample period. The state used to hold energy_J 0.0, and the resumed run
+    # then counted those steps as free.
+    args = training_args(tmp_path, max_steps=8, save_strategy="steps", save_steps=4)
+    config = virtual_config(tmp_path)
+    clock = ManualClock(1_000.0)
+    first = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    trainer = Trainer(model=clocked_lm(clock, 0.003), args=args, train_dataset=RandomTokens(200))
+    first.attach(trainer)
+    trainer.train()
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    (state,) = saved["stateful_callbacks"]["ZeusTrainerCallback"]["attributes"]["resume_states"].values()
+    assert state["steps"] == 4 and state["time_s"] == pytest.approx(4 * 0.003)
+    assert state["energy_J"] is None and "power sample" in state["energy_note"]
+
+    clock = ManualClock(1_000.0)  # a new process, whose steps the samples do cover
+    second = ZeusTrainerCallback(config, backend=manual_virtual_backend(config, clock))
+    resumed_args = training_args(tmp_path, max_steps=8, report_to=["tensorboard"], logging_steps=2)
+    trainer = Trainer(model=clocked_lm(clock, 0.05), args=resumed_args, train_dataset=RandomTokens(200))
+    second.attach(trainer)
+    output = trainer.train(resume_from_checkpoint=str(checkpoint))
+    summary = second.summary
+    assert summary.steps == 8 and summary.time_s == pytest.approx(4 * 0.003 + 4 * 0.05, rel=0.05)
+    # The total would miss the checkpoint's steps: unknown, with the reason, wherever a total is reported.
+    assert math.isnan(summary.energy_J) and state["energy_note"] in summary.energy_note
+    assert all(e > 0 for e in summary.epoch_energy_J)  # this run's own windows are measured
+    records = read_jsonl(summary.jsonl_path)
+    assert records[0]["resumed_energy_J"] is None and records[0]["resumed_energy_note"] == summary.energy_note
+    assert records[-1]["energy_J"] is None and records[-1]["energy_note"] == summary.energy_note
+    assert metric.TOTAL_ENERGY_J not in output.metrics and metric.TOTAL_TIME_S in output.metrics
+    logged = read_scalars(tmp_path / "out")  # run 1 reported to none: these are the resumed run's
+    scalars = {tag.removeprefix("train/"): values for tag, values in logged.items()}
+    assert scalars[metric.TOTAL_TIME_S] and scalars[metric.EPOCH_ENERGY_J]  # logged, but no total energy point
+    assert metric.TOTAL_ENERGY_J not in scalars, scalars[metric.TOTAL_ENERGY_J]
 
 
 @pytest.mark.parametrize("restore_flag", [False, True], ids=["plain-resume", "restore_callback_states"])

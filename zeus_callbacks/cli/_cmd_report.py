@@ -116,6 +116,8 @@ def _report_one(path: Path, records: list[dict], *, as_json: bool) -> None:
         print(wrap(f"on {_job_backend(end)}"))
         print(f"  energy {fmt(end.get('energy_J'))} J{_readable(end.get('energy_J'))} over {fmt(end.get('time_s'))} s"
               f" (mean {fmt(end.get('mean_power_W'))} W)")  # fmt: skip
+        if end.get("energy_note"):  # a resumed run whose checkpoint held no measured energy
+            print(wrap(f"ENERGY UNKNOWN: {end['energy_note']}", "    "))
         print(wrap(f"{fmt(end.get('steps'))} steps, {limits}"))
         if missing:
             print(f"  (the run_end record lacks {', '.join(missing)}: shown as -)")

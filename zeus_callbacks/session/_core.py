@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -399,6 +400,7 @@ class EnergySession:
                 resumed_energy_J=self._carried.energy_J, wall_time=run.start_wall,
                 measurement=measurement, measurement_note=note,
                 devices=records.device_identities(backend, run.gpu_indices), resumed_steps=self._carried.steps,
+                resumed_energy_note=self._carried.energy_note,
             )
         )  # fmt: skip
         # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
@@ -813,7 +815,8 @@ class EnergySession:
 
         Under several processes, during the run: the energy of all GPUs and the slowest
         rank's time as of the last step report (the same on every rank); before the first
-        report, this rank's own.
+        report, this rank's own. A figure that is unknown is left out (``energy/total_J`` of a run
+        resumed from a checkpoint whose energy was not measured: the summary's ``energy_note``).
         """
         if self._finished is not None:
             values = {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
@@ -828,7 +831,7 @@ class EnergySession:
             values = {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
         else:
             values = self._local_totals()
-        return self._flagged(values, flag=False)
+        return self._flagged({k: v for k, v in values.items() if math.isfinite(v)}, flag=False)
 
     def _local_totals(self) -> dict[str, float]:
         energy_J, time_s = self._so_far()
@@ -859,16 +862,38 @@ class EnergySession:
 
     # ------------------------------------------------------------- resume support
     def state_dict(self) -> dict[str, Any]:
-        """Totals to carry across a checkpoint resume."""
+        """Totals to carry across a checkpoint resume.
+
+        ``energy_J`` is the run's energy so far (J), or None with ``energy_note`` when it was not measured:
+        saved before any power sample covered the run's start, on a GPU that cannot be measured, or
+        carried unknown from an earlier checkpoint. Saving waits (at most about 0.25 s, as an epoch's
+        end does) for the samples to reach the save moment.
+        """
         self._steps.take_back_quiet_steps()
         measured = self.started or self._finished is not None
         t = self._totals if measured else self._carried
-        # This rank's own totals while running (a resume adds the ranks' figures again).
-        totals = self._local_totals() if self.started else self.totals() if measured else {}
+        energy_J, note = t.energy_J, t.energy_note
+        if self.started:
+            # This rank's own totals (a resume adds the ranks' figures again). Not 0 J for a stretch no
+            # sample covers: a resumed run would count those steps as free. The samples this wait brings
+            # are the cheapest honest figure; what they still do not cover is null with the reason.
+            run = self.run
+            if run.backend.measurable:
+                run.flush_sensor(run.backend.clock.now_s(), read_counter=False)
+            measured_J, why = run.measured_so_far_J()
+            energy_J = self._carried.energy_J + measured_J if measured_J is not None else math.nan
+            note = self._carried.energy_note or why
+            time_s = run.time_so_far_s(self._carried.time_s)
+        elif self._finished is not None:
+            energy_J, time_s = self._finished.energy_J, self._finished.time_s
+            note = self._finished.energy_note or self._finished.measurement_note
+        else:
+            time_s = t.time_s
         state = resume_state(
             t,
-            energy_J=totals.get(metric.TOTAL_ENERGY_J, t.energy_J),
-            time_s=totals.get(metric.TOTAL_TIME_S, t.time_s),
+            energy_J=energy_J,
+            energy_note=note,
+            time_s=time_s,
             run_name=self.run_name,
             # Saved inside an epoch (after some of its steps): a run resumed from here starts mid-epoch.
             open_epoch=self._open_epoch if self.started and self._steps.epoch_steps > 0 else None,

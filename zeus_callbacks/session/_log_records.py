@@ -85,10 +85,13 @@ def run_start_record(
     measurement_note: str | None = None,
     devices: Sequence[DeviceIdentity] = (),
     resumed_steps: int = 0,
+    resumed_energy_note: str | None = None,
 ) -> dict[str, Any]:
     """The ``run_start`` record (``measurement``: ``measured``, ``simulated`` or ``unavailable``).
 
     ``devices`` says which device stands behind each of ``gpu_indices`` (:func:`device_identities`).
+    ``resumed_energy_J`` NaN (a checkpoint without a measured energy) is written null, with
+    ``resumed_energy_note`` saying why.
     """
     return {
         "event": "run_start",
@@ -103,6 +106,7 @@ def run_start_record(
         "power_limit_W": power_limit_W,
         "read_only": read_only,
         "resumed_energy_J": resumed_energy_J,
+        "resumed_energy_note": resumed_energy_note,
         "resumed_steps": resumed_steps,
         "wall_time": wall_time,
         "config": config.model_dump(mode="json"),
@@ -732,6 +736,7 @@ def run_summary(
     counter_note_local: str | None = None,
     measured_steps: int | None = None,
     warmup_steps: int = 0,
+    carried_energy_note: str | None = None,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -743,6 +748,8 @@ def run_summary(
     None: no node option is on. ``time_note``: why power-limit results do not show the time a limit
     costs (the virtual GPU on the real clock), or None. ``warmup_steps``: this run's warm-up steps, left
     out of the step means (:func:`step_means_within_run` holds those to the run's totals).
+    ``carried_energy_J`` NaN: the checkpoint's energy was not measured (``carried_energy_note`` says why),
+    so the run's energy and its counter cross-check are unknown, with that note in ``energy_note``.
     """
     chosen_W, chosen_step, applied = chosen_power_limit or (None, None, False)
     runs = [row.run for row in rows]
@@ -753,12 +760,13 @@ def run_summary(
     shares = [r.covered_s / r.time_s if r.time_s > 0 else 1.0 for r in runs]
     coverage = min(1.0, min(shares)) if runs and measurement != "unavailable" else 0.0
     complete = all(r.covered_s >= r.time_s - 1e-9 for r in runs) and measurement != "unavailable"
+    energy_note = carried_energy_note if not math.isfinite(carried_energy_J) else None
     if measurement == "unavailable":
         energy_J = math.nan
     step_energy_J, step_time_s = step_means_within_run(
         combined.step_energy_J, combined.step_time_s, energy_J, time_s, steps - warmup_steps
     )
-    unknown = f"the run's energy is unknown ({measurement_note or 'measurement unavailable'})"
+    unknown = f"the run's energy is unknown ({measurement_note or energy_note or 'measurement unavailable'})"
     node_fields = (
         node_figures(energy_J, [row.node for row in rows], node, carried_energy_J=carried_energy_J)
         if node is not None
@@ -783,8 +791,9 @@ def run_summary(
         chosen_power_limit_W=chosen_W,
         power_limit_from_step=chosen_step,
         power_limit_applied=applied,
-        counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) else None,
-        counter_energy_note=counter_note(counter_J, counter_note_local),
+        counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) and energy_note is None else None,
+        counter_energy_note=counter_note(counter_J, counter_note_local) or energy_note,
+        energy_note=energy_note,
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),

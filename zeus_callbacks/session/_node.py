@@ -156,7 +156,7 @@ def node_figures(
     if cpu_J is not None and (dram_J is not None or not with_dram) and math.isfinite(gpu_energy_J):
         node_J = gpu_energy_J + cpu_J + (dram_J or 0.0)  # dram_J None here only when no DRAM domain exists
     reasons = local.reasons
-    if carried_energy_J > 0:
+    if carried_energy_J > 0 or math.isnan(carried_energy_J):  # NaN: the checkpoint's energy is unknown
         node_J = None
         reasons = RESUMED + (f"; {reasons}" if reasons else "")
     elif node_J is None and not reasons:

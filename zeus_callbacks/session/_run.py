@@ -314,21 +314,47 @@ class StartedRun:
     def energy_so_far_J(self, carried_J: float = 0.0) -> float:
         """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``.
 
-        The running integral's value at the start is kept once the samples reach it, so each call
-        reads only the newest knots (a call a log or report: its cost does not grow with the run).
+        A GPU whose samples do not reach the start yet adds nothing (:meth:`measured_so_far_J` says
+        so instead). The running integral's value at the start is kept once the samples reach it, so
+        each call reads only the newest knots (a call a log or report: its cost does not grow with the run).
+        """
+        return carried_J + self._since_start_J()[0]
+
+    def measured_so_far_J(self) -> tuple[float | None, str | None]:
+        """This run's energy (J) since :meth:`start`, when the power samples cover it (for a checkpoint).
+
+        As :meth:`energy_so_far_J` reads it, with one difference: a GPU whose samples do not reach the
+        run's start yet (a checkpoint saved within the first sample period) makes the figure unknown
+        rather than 0 J.
+
+        Returns:
+            ``(energy_J, None)``, or ``(None, why)`` when it is not measured.
+        """
+        if not self.backend.measurable:
+            return None, measurement_of(self.backend)[1]
+        energy_J, why = self._since_start_J()
+        return (energy_J, None) if why is None else (None, why)
+
+    def _since_start_J(self) -> tuple[float, str | None]:
+        """``(energy_J, why)``: the covered GPUs' energy since the start, and why a GPU has none (None: all have).
+
+        NaN (and no reason) when the backend cannot be measured.
         """
         if self.sampler.latest_sample_s() is None:
             self.sampler.poll_bounded(read_counter=False)  # early in the run: read once, off the step path
         now_s = self.backend.clock.now_s()
         if not self.backend.measurable:
-            return math.nan
-        total = 0.0
+            return math.nan, None
+        total, why = 0.0, None
         for index in self.gpu_indices:
             reach_s = self.sampler.reach_s(index)
             at_start_J = self._integral_at_start_J.get(index)
             if at_start_J is None:
                 knots, cumulative = self.sampler.cumulative_energy(index)
                 if len(knots) < 2 or knots[-1] + reach_s < self.start_s:
+                    gpu = f"GPU {index}: " if len(self.gpu_indices) > 1 else ""
+                    why = why or (f"{gpu}no power sample covered the run's start yet, the {self.backend.name} "
+                                  f"sensor samples every {self.backend.sample_period_s:g} s")  # fmt: skip
                     continue  # no samples reach the start yet: nothing is covered
                 at_start_J = extended_integral_J(knots, cumulative, self.start_s, reach_s=reach_s)
                 self._integral_at_start_J[index] = at_start_J
@@ -338,7 +364,7 @@ class StartedRun:
             if len(knots) < 2:
                 knots, cumulative = self.sampler.cumulative_energy(index)
             total += extended_integral_J(knots, cumulative, now_s, reach_s=reach_s) - at_start_J
-        return carried_J + total
+        return total, why
 
     def time_so_far_s(self, carried_s: float = 0.0) -> float:
         """Time (s) since :meth:`start`, plus ``carried_s``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -12,7 +13,7 @@ class Totals:
     """Running totals of the training run (carried across checkpoint resumes).
 
     Attributes:
-        energy_J: Energy of the run (J).
+        energy_J: Energy of the run (J); NaN when unknown (``energy_note`` says why).
         time_s: Time of the run (s).
         steps: Steps executed.
         measured_steps: Steps whose energy has been attributed (warm-up steps left out).
@@ -25,6 +26,8 @@ class Totals:
         estimated_steps: ``Σ 1/p``: the steps those sums stand for, in expectation;
             ``step_energy_J / estimated_steps`` is the run's mean step energy.
         epoch_energy_J: Each epoch's energy (J).
+        energy_note: Why ``energy_J`` is unknown (a checkpoint saved before the power samples covered
+            the run's start); None when it is known.
     """
 
     energy_J: float = 0.0
@@ -36,32 +39,62 @@ class Totals:
     step_time_s: float = 0.0
     estimated_steps: float = 0.0
     epoch_energy_J: list[float] = field(default_factory=list)
+    energy_note: str | None = None
 
     def copy(self) -> Totals:
         """A copy whose epoch list is its own."""
         return replace(self, epoch_energy_J=list(self.epoch_energy_J))
 
 
+UNKNOWN_CARRIED = "the checkpoint this run resumed from holds no measured energy"
+"""Prefix of a resumed run's ``energy_note`` when the checkpoint's energy so far was not measured."""
+
+
 def resume_state(
-    totals: Totals, *, energy_J: float, time_s: float, run_name: str | None, open_epoch: Any = None
+    totals: Totals,
+    *,
+    energy_J: float | None,
+    time_s: float,
+    run_name: str | None,
+    open_epoch: Any = None,
+    energy_note: str | None = None,
 ) -> dict[str, Any]:
     """The checkpoint state, in plain numbers, lists and strings: ``totals`` with the run's energy (J) and time (s).
 
+    ``energy_J`` None or NaN (not measured) is saved as None, with ``energy_note`` (why), never as a
+    number: a run resumed from the state then has an unknown energy rather than one missing those steps.
     ``run_name`` is informative (a resumed run has a new log). ``open_epoch``: the epoch under way with
     steps taken in it (None: between epochs); a run resumed inside it says so in its ``epoch`` record.
     """
-    return {**asdict(totals), "energy_J": energy_J, "time_s": time_s, "run_name": run_name, "open_epoch": open_epoch}
+    known = energy_J is not None and math.isfinite(energy_J)
+    return {
+        **asdict(totals),
+        "energy_J": energy_J if known else None,
+        "energy_note": None if known else energy_note or "the run's energy so far was not measured",
+        "time_s": time_s,
+        "run_name": run_name,
+        "open_epoch": open_epoch,
+    }
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
     """The totals a checkpoint's state carries into the next run (missing keys: zero; unknown keys ignored).
 
     A state from before ``estimated_steps`` holds the measured steps' sum over their count: it is
-    carried as that count's estimate.
+    carried as that count's estimate. A null ``energy_J`` (not measured when saved) is carried as
+    unknown (NaN) with its ``energy_note``; a state from before ``energy_note`` has a number there.
     """
     measured = int(state.get("measured_steps", state.get("steps", 0)))
+    saved_J = state.get("energy_J", 0.0)
+    energy_J = math.nan if saved_J is None else float(saved_J)
+    note = None
+    if not math.isfinite(energy_J):
+        saved_note = state.get("energy_note")
+        note = UNKNOWN_CARRIED if not saved_note else f"{UNKNOWN_CARRIED}: {saved_note}"
+        if saved_note and saved_note.startswith(UNKNOWN_CARRIED):  # saved again by a resumed run
+            note = saved_note
     return Totals(
-        energy_J=float(state.get("energy_J", 0.0)),
+        energy_J=energy_J,
         time_s=float(state.get("time_s", 0.0)),
         steps=int(state.get("steps", 0)),
         measured_steps=measured,
@@ -70,4 +103,5 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         step_time_s=float(state.get("step_time_s", 0.0)),
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
         estimated_steps=float(state.get("estimated_steps", measured)),
+        energy_note=note,
     )

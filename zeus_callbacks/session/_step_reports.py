@@ -465,6 +465,7 @@ class StepReports:
             counter_resolution_J=resolution,
             carried_energy_J=self._carried.energy_J,
             carried_time_s=self._carried.time_s,
+            carried_energy_note=self._carried.energy_note,
             run_name=run.run_name or "",
             status=status,
             backend=records.job_backend(
