@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -834,3 +835,48 @@ def test_a_known_job_length_measures_again_while_the_rest_of_the_job_repays_a_wi
         overspends = prof.excess_steps(best_x) + window * excess > budget
         assert overspends or saving / best.cost * steps_left - window * excess <= window * s.polish_ci + 1e-9
     assert cost(chosen) <= 1.01 * min(cost(x) for x in np.linspace(low, low + width, 801))
+
+
+@pytest.mark.parametrize("dip_frac", [0.41, 0.58, 0.71, 0.86])
+def test_a_long_job_scouts_the_gaps_and_finds_a_narrow_second_valley_between_grid_limits(dip_frac):
+    # A convex energy curve with its valley near the minimum, and a second, narrow valley (a Gaussian dip 3 %
+    # of the range wide, 2 % cheaper than the first) between two grid limits: from the grid it reads as the
+    # smooth curve. Untold the job's length the search settles in the first valley; told 50 000 steps, the
+    # scouts read the gaps blind and the polish measures again what reads low.
+    low, width = 100.0, 300.0
+    opt, dip_at, dip_sd = low + 0.1 * width, low + dip_frac * width, 0.03 * width
+
+    def smooth(x: float) -> float:
+        return 1.0 + 0.6 * ((x - opt) / width) ** 2
+
+    depth = 1.0 - 0.98 / smooth(dip_at)  # the dip's floor: 2 % under the first valley
+
+    def cost(x: float) -> float:
+        return smooth(x) * (1.0 - depth * math.exp(-0.5 * ((x - dip_at) / dip_sd) ** 2))
+
+    best = min(cost(x) for x in np.linspace(low, low + width, 3001))
+    grid = power_limit_grid_W(low, low + width, 35)
+    assert min(cost(x) for x in grid) > 0.99 * smooth(opt)  # no grid limit sits in the dip
+    for seed in range(2):
+        untold = _train(_profiler(grid, "energy"), cost, 0.01, seed)
+        assert cost(untold) / best - 1 > 0.015
+        prof = _profiler(grid, "energy", job_steps=50_000)
+        chosen = _train(prof, cost, 0.01, seed)
+        assert cost(chosen) / best - 1 < 0.005, (seed, chosen)
+        assert prof.excess_steps(chosen) <= 1.25 * prof.settings.polish_budget * 50_000
+
+
+def test_the_scouted_limits_survive_a_checkpoint():
+    # The scouts' own share of the polish budget is counted over the limits they measured first: a resumed
+    # profile must know them, or it would scout again with a fresh share
+    low, width = 100.0, 300.0
+
+    def cost(x: float) -> float:
+        return 1.0 + 0.6 * ((x - low - 0.1 * width) / width) ** 2
+
+    first = _profiler(power_limit_grid_W(low, low + width, 35), "energy", job_steps=50_000)
+    _train(first, cost, 0.01, 0)
+    assert first.scouted_W
+    second = _profiler(power_limit_grid_W(low, low + width, 35), "energy", job_steps=50_000)
+    assert second.resume(json.loads(json.dumps(first.export_state())))
+    assert second.scouted_W == first.scouted_W

@@ -44,7 +44,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -68,6 +68,9 @@ _TIE_APART_W = 2.5  # max_slowdown's polish: a tie this close (W) to the best is
 _EXPLORE_MIN_GAP_W = 2.0  # polish: a gap between measured limits narrower than this (W) is not probed ...
 _EXPLORE_GRID_SHARE = 0.25  # ... nor one narrower than this share of the grid's spacing (the search refines there)
 
+
+_SCOUT_STEPS = 2  # polish: a scout of a gap measures this many steps after its warm-up ...
+_SCOUT_BUDGET_SHARE = 0.5  # ... while the scouts' excess stays under this share of the polish budget
 
 _POOLED_CHOICE = True  # the choice compares pooled costs (off: the raw readings; a switch for benchmarks/ screens)
 
@@ -201,6 +204,7 @@ class PowerLimitProfiler:
         self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
         self.polishes = 0  # polish windows run (see _polish)
+        self.scouted_W: set[float] = set()  # limits a scout's window measured first (see _gap_to_scout)
         self.search_done = False  # the search and its revisits are done: the best measured limit may be chosen now
         self.abandoned = False
 
@@ -253,7 +257,8 @@ class PowerLimitProfiler:
 
         Returns:
             Plain numbers and lists (``json`` serialisable): ``phase``, ``chosen_limit_W``,
-            ``current_limit_W``, ``profiling_steps``, ``fallback_sweep``, ``refine_probes`` and
+            ``current_limit_W``, ``profiling_steps``, ``fallback_sweep``, ``refine_probes``, ``scouted_W``
+            (the limits a scout measured first, W) and
             ``limits`` (per decided limit: ``limit_W``, ``energy_J`` and ``time_s`` per profiled
             step, in J and s, and ``steps`` spent at it).
         """
@@ -268,6 +273,7 @@ class PowerLimitProfiler:
             "fallback_sweep": self._plan.fallback_sweep,
             "refine_probes": self._plan.refine_probes,
             "observe_only": self.observe_only,
+            "scouted_W": sorted(self.scouted_W),
             "limits": [
                 {"limit_W": limit, "energy_J": list(p.energy_J), "time_s": list(p.time_s), "steps": p.steps}
                 for limit, p in sorted(self.profiles.items())
@@ -307,6 +313,7 @@ class PowerLimitProfiler:
         self.profiling_steps = int(state.get("profiling_steps", 0))
         self._plan.fallback_sweep = self.fallback_sweep = bool(state.get("fallback_sweep", False))
         self._plan.refine_probes = int(state.get("refine_probes", 0))
+        self.scouted_W = {float(x) for x in state.get("scouted_W", [])}
         if self.state.phase == ProfilerPhase.DONE:
             return True
         current = state.get("current_limit_W")
@@ -630,8 +637,7 @@ class PowerLimitProfiler:
                 self._revisit_until_n = self._measured_steps(polish[0]) + polish[1]
                 self._polishing = True
             return False
-        costs = self._choice_costs(self.costs())
-        self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
+        self.chosen_limit_W = self._cheapest(self._choice_costs(self.costs()))
         self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
         return True
 
@@ -648,6 +654,17 @@ class PowerLimitProfiler:
         spread = {x: measured[x] if self.profiles[x].n >= 2 else Measured(costs[x], math.inf) for x in costs}
         return neighbour_pooled_costs(spread, variance_from_W=self.limits_W)
 
+    def _cheapest(self, costs: dict[float, float]) -> float:
+        """The cheapest limit of ``costs`` (W), the higher on a tie.
+
+        A scout's short reading (:meth:`_gap_to_scout`) decides nothing until its limit is measured
+        again, to a full window's steps.
+        """
+        full = max(self.settings.min_profile_steps, 2)
+        short = {x for x in self.scouted_W if self.profiles[x].n < full}
+        decided = {x: c for x, c in costs.items() if x not in short} or costs
+        return min(decided, key=lambda k: (decided[k], -k))
+
     def choose_now(self) -> float | None:
         """End the polish where it stands (the run ends before it did): choose the best measured limit.
 
@@ -660,14 +677,15 @@ class PowerLimitProfiler:
         costs = {x: c for x, c in self.costs().items() if self.profiles[x].n >= 2}
         if not costs:
             return None
-        costs = self._choice_costs(costs)
-        self.chosen_limit_W = min(costs, key=lambda k: (costs[k], -k))
+        self.chosen_limit_W = self._cheapest(self._choice_costs(costs))
         self.state = ProfilerState(ProfilerPhase.DONE, self.chosen_limit_W)
         return self.chosen_limit_W
 
     def _measured_steps(self, limit_W: float) -> int:
         """Profiled steps at ``limit_W``: those with energy and those still awaiting it."""
-        profile = self.profiles[limit_W]
+        profile = self.profiles.get(limit_W)
+        if profile is None:  # a limit not entered yet (a scout's)
+            return 0
         return profile.n + sum(1 for pending in self._pending if pending.profile is profile)
 
     def measured(self) -> dict[float, Measured]:
@@ -724,12 +742,19 @@ class PowerLimitProfiler:
             return p.energy_per_step_J
         return self.objective.step_value(p.energy_per_step_J, p.time_per_step_s)
 
-    def excess_steps(self, best_W: float) -> float:
-        """Step-equivalents of cost profiling spent above ``best_W``'s: Σ steps × max(price / best's − 1, 0)."""
+    def excess_steps(self, best_W: float, among: Collection[float] | None = None) -> float:
+        """Step-equivalents of cost profiling spent above ``best_W``'s: Σ steps × max(price / best's − 1, 0).
+
+        ``among``: only at these limits (W); None: at every measured limit.
+        """
         best = self._price(best_W)
         if not best > 0:
             return math.inf
-        return sum(p.steps * max(self._price(x) / best - 1.0, 0.0) for x, p in self.profiles.items() if p.n)
+        return sum(
+            p.steps * max(self._price(x) / best - 1.0, 0.0)
+            for x, p in self.profiles.items()
+            if p.n and (among is None or x in among)
+        )
 
     def _polish(self) -> tuple[float, int] | None:
         """(limit, steps) to measure again before choosing, where the remaining job repays it; None: choose now.
@@ -760,6 +785,14 @@ class PowerLimitProfiler:
         grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
         if grid_x is not None:
             return grid_x, 0
+        if self.objective.name != "max_slowdown":
+            scouts_spent = self.excess_steps(best_x, among=self.scouted_W)
+            scout_x = self._gap_to_scout(
+                feasible, best_price, min(budget - spent, _SCOUT_BUDGET_SHARE * budget - scouts_spent)
+            )
+            if scout_x is not None:
+                self.scouted_W.add(scout_x)
+                return scout_x, _SCOUT_STEPS
         target = None
         if self.objective.name == "max_slowdown":
             target = self._boundary_to_polish(best_x)
@@ -851,6 +884,39 @@ class PowerLimitProfiler:
             if rate > chosen_rate:
                 chosen, chosen_rate = gap.limit_W, rate
         return None if chosen is None else (chosen, chosen_rate)
+
+    def _gap_to_scout(self, feasible: dict[float, Measured], best_price: float, budget_left: float) -> float | None:
+        """The middle of the widest gap between measured limits, for a short scouting window; None: none left.
+
+        A narrow second valley between two measured limits reads, from its ends, like the smooth curve it
+        sits on, so neither the bridge's prediction (:meth:`_most_promising_gap`) nor the search's refinement
+        goes there. A scout reads such a gap blind: ``_SCOUT_STEPS`` steps after the warm-up, a tenth of a
+        full window's cost, halving the widest gap first, while the scouts' predicted excess (each gap's
+        price interpolated between its ends) fits ``budget_left`` (step-equivalents; the polish gives it a
+        ``_SCOUT_BUDGET_SHARE`` of its budget). So a longer job scouts finer. A scout that reads low is then
+        measured again as any tie with the best (:meth:`_most_informative`). Gaps narrower than
+        :meth:`_most_promising_gap`'s are left to it.
+        """
+        s = self.settings
+        window = s.warmup_steps + _SCOUT_STEPS
+        spacing = (self.limits_W[-1] - self.limits_W[0]) / max(len(self.limits_W) - 1, 1)
+        min_gap_W = 2 * max(_EXPLORE_MIN_GAP_W, _EXPLORE_GRID_SHARE * spacing)
+        points = sorted(self.profiles)  # infeasible limits bound gaps too: their middles are not scouted
+        best = feasible[min(feasible, key=lambda x: (feasible[x].cost, -x))]
+
+        def ties_best(x: float) -> bool:  # the refinement's and the gap probes' ground, not the scouts'
+            return feasible[x].cost - best.cost <= math.hypot(feasible[x].half_width, best.half_width)
+
+        best_gap: tuple[float, float] | None = None  # (middle, excess per watt of gap)
+        for a, b in zip(points, points[1:], strict=False):
+            if b - a < min_gap_W or a not in feasible or b not in feasible or ties_best(a) or ties_best(b):
+                continue
+            excess = window * max(0.5 * (self._price(a) + self._price(b)) / best_price - 1.0, 0.0)
+            if excess > budget_left:
+                continue
+            if best_gap is None or excess / (b - a) < best_gap[1]:
+                best_gap = (round(0.5 * (a + b), 3), excess / (b - a))
+        return None if best_gap is None else best_gap[0]
 
     def _repaid_rate(self, saving: float, window: int, excess: float, budget_left: float) -> float:
         """What a polish window gains per step of it (step-equivalents), or 0 when it does not repay itself.
