@@ -492,6 +492,47 @@ def test_a_run_resumed_from_a_checkpoint_without_an_energy_figure_says_its_energ
     assert again["energy_J"] is None and again["energy_note"] == summary.energy_note and again["steps"] == summary.steps
 
 
+def test_a_resumed_runs_step_means_are_not_scaled_down_by_the_checkpoints_unmeasured_steps(
+    new_session, virtual_backend, manual_clock
+):
+    # 4 steps of 3 ms before a checkpoint no sample covered (none of them measured: the state's step
+    # means stand for no step), then 24 steps of 50 ms, every one after the warm-up step measured. The
+    # run's mean step is those 50 ms steps'. It was held to the run's time as if it stood for all 27
+    # steps after warm-up, the 4 short ones too (27 × 50 ms > the run's ~1.2 s): scaled down ~10 %.
+    state = early_checkpoint(new_session(virtual_backend, run_name="first"), manual_clock)
+    assert state["estimated_steps"] == 0 and state["steps"] == 4
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = new_session(backend, run_name="second")
+    second.load_state_dict(state)
+    run = full_run(second, backend, manual_clock)
+    summary = run.summary
+    assert summary.steps == 4 + EPOCHS * STEPS_PER_EPOCH and summary.measured_steps == EPOCHS * STEPS_PER_EPOCH - 1
+    assert (summary.steps - 1) * STEP_S > summary.time_s  # the old bound's premise: it would scale the means
+    assert summary.step_time_s == pytest.approx(STEP_S, rel=1e-6)
+    assert summary.step_energy_J == pytest.approx(run.power_W * STEP_S, rel=1e-6)
+    # The means × the steps they stand for (this run's after its warm-up step) stay within the run.
+    assert summary.step_time_s * summary.measured_steps < summary.time_s
+
+
+def test_a_resumed_runs_step_means_combine_the_checkpoints_measured_steps_with_its_own(
+    new_session, virtual_backend, manual_clock
+):
+    # A checkpoint whose steps were all measured (2 epochs of 12 × 50 ms), then a resumed run alike: the
+    # carried means and the run's combine, each step counted once, each run's warm-up step left out.
+    first_session = new_session(virtual_backend, run_name="first")
+    first = full_run(first_session, virtual_backend, manual_clock)
+    state = first_session.state_dict()
+    assert state["estimated_steps"] == pytest.approx(EPOCHS * STEPS_PER_EPOCH - 1)
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = new_session(backend, run_name="second")
+    second.load_state_dict(state)
+    run = full_run(second, backend, manual_clock)
+    summary = run.summary
+    assert summary.step_time_s == pytest.approx(STEP_S, rel=1e-6)
+    assert summary.step_energy_J == pytest.approx(first.power_W * STEP_S, rel=1e-6)
+    assert summary.measured_steps == 2 * (EPOCHS * STEPS_PER_EPOCH - 1)
+
+
 def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_clock):
     session = new_session(virtual_backend)
     assert session.totals() == {}

@@ -254,8 +254,12 @@ class RunSummary:
             mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
             is their energy estimate. A sample's estimate can exceed what the whole run holds, which
             no mean of its steps can: both step means are then scaled down by one factor, so that
-            × the steps after warm-up they are at most ``energy_J`` and ``time_s``.
-        step_time_s: Mean step time, estimated alike (s), NaN without steps; × the steps after warm-up,
+            × the steps they stand for they are at most ``energy_J`` and ``time_s``. Those steps are
+            the steps after warm-up; in a resumed run, its own after its warm-up and the checkpoint's
+            measured ones (the state's ``estimated_steps``), never the checkpoint's steps that no
+            mean holds (saved before a sample covered them, or before their report), which a resumed
+            run's means would otherwise be held to as if they were as long.
+        step_time_s: Mean step time, estimated alike (s), NaN without steps; × the steps it stands for,
             at most ``time_s``.
         epoch_energy_J: Energy of each epoch (J); for an epoch the run resumed inside, of its steps after
             the checkpoint only (its ``epoch`` record says ``resumed_mid_epoch``).

@@ -406,6 +406,9 @@ def test_a_checkpoint_saved_before_the_first_power_sample_carries_no_energy_and_
     # The total would miss the checkpoint's steps: unknown, with the reason, wherever a total is reported.
     assert math.isnan(summary.energy_J) and state["energy_note"] in summary.energy_note
     assert all(e > 0 for e in summary.epoch_energy_J)  # this run's own windows are measured
+    # The mean step is the resumed run's 50 ms steps', not held to the run's time as if the checkpoint's
+    # 4 unmeasured 3 ms steps were as long (7 steps × 50 ms beside a 0.21 s run: scaled down 40 %).
+    assert summary.step_time_s == pytest.approx(0.05, rel=0.05)
     records = read_jsonl(summary.jsonl_path)
     assert records[0]["resumed_energy_J"] is None and records[0]["resumed_energy_note"] == summary.energy_note
     assert records[-1]["energy_J"] is None and records[-1]["energy_note"] == summary.energy_note

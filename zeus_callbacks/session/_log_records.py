@@ -677,7 +677,7 @@ def job_backend(backend: GPUBackend, *, gpus: int, processes: int) -> str:
 
 
 def step_means_within_run(
-    step_energy_J: float, step_time_s: float, energy_J: float, time_s: float, steps: int
+    step_energy_J: float, step_time_s: float, energy_J: float, time_s: float, steps: float
 ) -> tuple[float, float]:
     """A sample's step means, held to what the run holds: ``× steps``, at most the run's energy and time.
 
@@ -694,7 +694,8 @@ def step_means_within_run(
         step_time_s: The sample's mean time per step (s; NaN: none).
         energy_J: The run's energy (J).
         time_s: The run's time (s).
-        steps: The steps the means are of: the run's, warm-up steps left out.
+        steps: The steps the means stand for (:func:`steps_behind_means`): the run's, warm-up steps left
+            out, and of a checkpoint's steps only those its means stand for.
 
     Returns:
         ``(step_energy_J, step_time_s)``, each × ``min(1, energy_J / (steps × step_energy_J),
@@ -705,6 +706,26 @@ def step_means_within_run(
         if steps > 0 and math.isfinite(mean) and mean > 0 and math.isfinite(total):
             factor = min(factor, total / (steps * mean))
     return step_energy_J * factor, step_time_s * factor
+
+
+def steps_behind_means(steps: int, warmup_steps: int, carried_steps: int, carried_estimated_steps: float) -> float:
+    """The steps a run's step means stand for: this process's run's after its warm-up, and the checkpoint's.
+
+    A resumed run's means combine the checkpoint's sums (over its ``estimated_steps``) with its own. The
+    checkpoint's other steps (its warm-up ones, those no sample covered before it was saved, those
+    measured after its last report) are in no mean: counted at the mean, they scaled a right mean down
+    (3 ms steps before a checkpoint no sample covered, 50 ms steps after: by 4 to 10 %).
+
+    Args:
+        steps: The run's steps, the checkpoint's included.
+        warmup_steps: This run's warm-up steps.
+        carried_steps: The checkpoint's steps (0: a fresh run).
+        carried_estimated_steps: The steps the checkpoint's step sums stand for (``Totals.estimated_steps``).
+
+    Returns:
+        ``steps − carried_steps − warmup_steps + carried_estimated_steps`` (at least 0).
+    """
+    return max(0.0, steps - carried_steps - warmup_steps + carried_estimated_steps)
 
 
 def run_summary(
@@ -737,6 +758,8 @@ def run_summary(
     measured_steps: int | None = None,
     warmup_steps: int = 0,
     carried_energy_note: str | None = None,
+    carried_steps: int = 0,
+    carried_estimated_steps: float = 0.0,
 ) -> RunSummary:
     """The run summary from the ranks' summary columns (:func:`local_summary_row`).
 
@@ -748,6 +771,8 @@ def run_summary(
     None: no node option is on. ``time_note``: why power-limit results do not show the time a limit
     costs (the virtual GPU on the real clock), or None. ``warmup_steps``: this run's warm-up steps, left
     out of the step means (:func:`step_means_within_run` holds those to the run's totals).
+    ``carried_steps`` / ``carried_estimated_steps``: a checkpoint's steps and those its step sums stand
+    for (:func:`steps_behind_means`).
     ``carried_energy_J`` NaN: the checkpoint's energy was not measured (``carried_energy_note`` says why),
     so the run's energy and its counter cross-check are unknown, with that note in ``energy_note``.
     """
@@ -763,8 +788,9 @@ def run_summary(
     energy_note = carried_energy_note if not math.isfinite(carried_energy_J) else None
     if measurement == "unavailable":
         energy_J = math.nan
+    mean_steps = steps_behind_means(steps, warmup_steps, carried_steps, carried_estimated_steps)
     step_energy_J, step_time_s = step_means_within_run(
-        combined.step_energy_J, combined.step_time_s, energy_J, time_s, steps - warmup_steps
+        combined.step_energy_J, combined.step_time_s, energy_J, time_s, mean_steps
     )
     unknown = f"the run's energy is unknown ({measurement_note or energy_note or 'measurement unavailable'})"
     node_fields = (

@@ -466,6 +466,8 @@ class StepReports:
             carried_energy_J=self._carried.energy_J,
             carried_time_s=self._carried.time_s,
             carried_energy_note=self._carried.energy_note,
+            carried_steps=self._carried.steps,
+            carried_estimated_steps=self._carried.estimated_steps,
             run_name=run.run_name or "",
             status=status,
             backend=records.job_backend(
