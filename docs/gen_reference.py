@@ -673,7 +673,9 @@ def render_metrics() -> str:
         "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
         "(Lightning writes them through `trainer.loggers`), however it ended; the Hugging Face callback also "
-        "adds the running totals to every periodic log. When `train()` raises, the Hugging Face callback hands "
+        "adds the running totals to every periodic log. Before any power sample covers the run's start (the "
+        "sensor's first sample period), a running total has no `energy/total_J`, never 0 J; `time/total_s` is "
+        "there. When `train()` raises, the Hugging Face callback hands "
         "the steps reported since its last log and the run's totals to the Trainer's reporters as one more log. "
         "That log is at the step that failed (the last completed step + 1; never in `log_history`). An evaluation "
         "may stop training (`EarlyStoppingCallback`) after that step's periodic log. The final log then gives the "

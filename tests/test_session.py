@@ -549,6 +549,35 @@ def test_totals_and_progress_bar_mid_run(new_session, virtual_backend, manual_cl
     assert shown_kJ == pytest.approx(totals[metric.TOTAL_ENERGY_J] / 1e3, abs=5e-4)  # rounded to 1 J
 
 
+def test_live_totals_leave_the_energy_out_until_a_power_sample_covers_the_runs_start(
+    new_session, virtual_backend, manual_clock
+):
+    # 2 steps of 3 ms: inside the virtual sensor's first 20 ms sample period, no sample reaches the
+    # run's start. totals() (the progress bar, the loggers' live points) said energy/total_J 0.0 here.
+    session = new_session(virtual_backend)
+    session.train_start()
+    start_s = manual_clock.now_s()
+    session.epoch_start(0)
+    for step in range(2):
+        session.step_start(step)
+        manual_clock.advance(0.003)
+        session.sampler.poll_once()  # as the sampler thread would: nothing to read yet
+        session.step_end(step)
+    assert session.sampler.latest_sample_s() is None
+    totals = session.totals()
+    assert metric.TOTAL_ENERGY_J not in totals, totals  # not measured: left out, never 0 J
+    assert totals[metric.TOTAL_TIME_S] == pytest.approx(0.006, rel=1e-6)
+    assert session.progress_bar_metrics() == {}
+    # Once samples cover the start, the measured figure.
+    settle(session, manual_clock)
+    totals = session.totals()
+    elapsed_s = manual_clock.now_s() - start_s
+    assert totals[metric.TOTAL_ENERGY_J] == pytest.approx(virtual_backend.true_power_W(0) * elapsed_s, rel=1e-6)
+    assert totals[metric.TOTAL_TIME_S] == pytest.approx(elapsed_s, rel=1e-6)
+    shown_kJ = session.progress_bar_metrics()[metric.PROGRESS_BAR_SIMULATED_ENERGY]
+    assert shown_kJ == pytest.approx(totals[metric.TOTAL_ENERGY_J] / 1e3, abs=5e-4)
+
+
 def test_load_state_dict_tolerates_missing_and_unknown_keys(new_session, virtual_backend):
     session = new_session(virtual_backend)
     session.load_state_dict({"energy_J": 12.5, "added_in_a_later_release": [1, 2]})  # no energy_note: older

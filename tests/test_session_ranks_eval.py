@@ -100,6 +100,37 @@ def test_an_evaluation_not_known_to_run_on_every_rank_waits_on_no_rank_and_says_
     assert ev["energy_J"] == pytest.approx(epoch["ledger"]["eval_J"] / 2, rel=1e-9)  # one of two mirrored GPUs
 
 
+def test_the_ranks_totals_leave_the_energy_out_until_power_samples_cover_the_runs_start(tmp_path, monkeypatch):
+    # The first report (4 steps of 3 ms) comes before the first 0.1 s sample: the ranks' "so far" energy
+    # summed each rank's uncovered GPU as 0 J, and totals() showed energy/total_J 0.0 until the next report.
+    ranks = MirrorRanks()
+    session, clock = start(tmp_path, monkeypatch, ranks)
+    start_s = clock.now_s()
+    session.epoch_start(0)
+    for i in range(4):
+        session.step_start(i)
+        clock.advance(0.003)
+        session.sampler.poll_once()
+        session.step_end(i)
+    assert ranks.gathers and session.sampler.latest_sample_s() is None  # the report's exchange, no sample yet
+    totals = session.totals()
+    assert metric.TOTAL_ENERGY_J not in totals, totals  # not measured: left out, never 0 J
+    assert totals[metric.TOTAL_TIME_S] == pytest.approx(0.012, rel=1e-6)
+    assert session.progress_bar_metrics() == {}
+    # The next report, with samples past the start: both (mirrored) GPUs' measured energy.
+    for i in range(4, 8):
+        session.step_start(i)
+        clock.advance(0.05)
+        session.sampler.poll_once()
+        session.step_end(i)
+    totals = session.totals()
+    elapsed_s = clock.now_s() - start_s
+    power_W = session.backend.true_power_W(session.gpu_indices[0])
+    assert totals[metric.TOTAL_ENERGY_J] == pytest.approx(2 * power_W * elapsed_s, rel=1e-6)
+    assert totals[metric.TOTAL_TIME_S] == pytest.approx(elapsed_s, rel=1e-6)
+    session.train_end()
+
+
 def run_steps(session, clock, steps):
     for i in range(steps):
         session.step_start(i)

@@ -154,7 +154,11 @@ class EnergySession:
         self._steps.step_decision = decide
 
     def _so_far(self) -> tuple[float, float]:
-        """The run's (energy in J, time in s) so far on this process."""
+        """The run's (energy in J, time in s) so far on this process, for the batch-size early-stop check.
+
+        The energy is a lower bound (:meth:`~._run.StartedRun.energy_so_far_J`); :meth:`totals` reports
+        the known figure only.
+        """
         run = self.run
         return run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)
 
@@ -815,8 +819,10 @@ class EnergySession:
 
         Under several processes, during the run: the energy of all GPUs and the slowest
         rank's time as of the last step report (the same on every rank); before the first
-        report, this rank's own. A figure that is unknown is left out (``energy/total_J`` of a run
-        resumed from a checkpoint whose energy was not measured: the summary's ``energy_note``).
+        report, this rank's own. A figure that is unknown is left out: ``energy/total_J`` while a GPU's
+        power samples do not reach the run's start yet (the sensor's first sample period; under several
+        processes, any rank's GPU as of the last report), or of a run resumed from a checkpoint whose
+        energy was not measured (the summary's ``energy_note``).
         """
         if self._finished is not None:
             values = {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
@@ -834,7 +840,8 @@ class EnergySession:
         return self._flagged({k: v for k, v in values.items() if math.isfinite(v)}, flag=False)
 
     def _local_totals(self) -> dict[str, float]:
-        energy_J, time_s = self._so_far()
+        run = self.run
+        energy_J, time_s = run.known_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)
         return {metric.TOTAL_ENERGY_J: energy_J, metric.TOTAL_TIME_S: time_s}
 
     def progress_bar_metrics(self) -> dict[str, float]:

@@ -312,13 +312,25 @@ class StartedRun:
         return total, None
 
     def energy_so_far_J(self, carried_J: float = 0.0) -> float:
-        """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``.
+        """Energy (J) of the measured GPUs since :meth:`start` (this process's), plus ``carried_J``: at least the run's.
 
-        A GPU whose samples do not reach the start yet adds nothing (:meth:`measured_so_far_J` says
-        so instead). The running integral's value at the start is kept once the samples reach it, so
-        each call reads only the newest knots (a call a log or report: its cost does not grow with the run).
+        A GPU whose samples do not reach the start yet adds nothing: a lower bound, for the batch-size
+        early-stop check, which must not stop a run on a cost it has not reached. A figure to report
+        is :meth:`known_so_far_J` (unknown then, never 0 J). The running integral's value at the start
+        is kept once the samples reach it, so each call reads only the newest knots (a call a log or
+        report: its cost does not grow with the run).
         """
         return carried_J + self._since_start_J()[0]
+
+    def known_so_far_J(self, carried_J: float = 0.0) -> float:
+        """The run's energy (J) so far for the live totals: :meth:`measured_so_far_J` plus ``carried_J``.
+
+        NaN (left out of ``totals()``, the progress bar and the loggers' points) while a GPU's samples
+        do not reach the run's start (the sensor's first sample period) or the GPU cannot be measured:
+        those GPUs' energy is unknown, not 0 J.
+        """
+        measured_J, _ = self.measured_so_far_J()
+        return math.nan if measured_J is None else carried_J + measured_J
 
     def measured_so_far_J(self) -> tuple[float | None, str | None]:
         """This run's energy (J) since :meth:`start`, when the power samples cover it (for a checkpoint).

@@ -59,7 +59,7 @@ class StepReports:
     Attributes:
         reports_made: Step reports made since the run began (every ``interval_steps``, epoch ends, flushes).
         ranks_totals: Several processes: (J, s) of all ranks as of the last report; None before it, or
-            with one process.
+            with one process. The energy is NaN while any rank's GPU had no sample reaching the run's start.
         last_epoch_metrics: What the last attributed epoch queued (its phases too).
         phase_summary_s: Time of the last epoch's phase superposition (s): not a step's cost.
     """
@@ -286,7 +286,7 @@ class StepReports:
         local = StepReportRow(
             records.local_step_row(batches, between),
             records.local_warmup_row(warmup),
-            RunSoFar(run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
+            RunSoFar(run.known_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s))
             if collective else None,
             ShareVote(sampling.wanted if sampling is not None else 1.0) if collective else None,
             tuple(spans.local_row()) if spans is not None else (),
