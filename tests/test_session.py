@@ -14,6 +14,8 @@ from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, VirtualGPUBackend
 from zeus_callbacks.cli import main as cli_main
 from zeus_callbacks.measurement._attribution import COUNTER_MIN_PERIODS
+from zeus_callbacks.optimizers.batch_size import EarlyStopRule
+from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.reporting import read_jsonl
 from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
 
@@ -820,3 +822,30 @@ def test_a_report_with_only_the_warm_up_step_measured_scales_nothing(new_session
     assert all(r["energy_J_mean"] is None for r in steps)  # null, never the warm-up's 1 s step scaled
     assert sum(r["steps"] for r in steps) == 2 * INTERVAL_STEPS - 1
     assert sum(r["warmup_steps"] for r in steps) == 1
+
+
+def test_a_run_resumed_without_an_energy_figure_is_never_stopped_early_on_an_unknown_cost(
+    new_session, virtual_backend, manual_clock
+):
+    # The batch-size early stop reads the run's energy so far as a lower bound. A checkpoint's unknown
+    # energy (null) adds nothing to it, so the check sees the resumed run's own measured joules, never
+    # NaN; and a rule handed an unknown cost stops nothing (it said "cost nan exceeds ..." before).
+    state = early_checkpoint(new_session(virtual_backend, run_name="first"), manual_clock)
+    assert state["energy_J"] is None
+    backend = VirtualGPUBackend(clock=manual_clock, noise_W=0.0, read_only=True)
+    second = new_session(backend, run_name="second")
+    second.load_state_dict(state)
+    second.train_start()
+    second.epoch_start(0)
+    for step in range(10):
+        second.step_start(step)
+        manual_clock.advance(0.05)
+        second.sampler.poll_once()
+        second.step_end(step)
+    energy_J, time_s = second._so_far()
+    assert 0 < energy_J <= backend.true_power_W(0) * (10 * 0.05 + backend.sample_period_s)
+    assert time_s > 10 * 0.05
+    rule = EarlyStopRule(ZeusCost(0.5, 600.0), threshold_cost=1.0)  # any known cost here exceeds it
+    assert rule.reason(energy_J, time_s) is not None
+    assert rule.reason(math.nan, time_s) is None and rule.reason(energy_J, math.nan) is None
+    second.train_end()

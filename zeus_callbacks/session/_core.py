@@ -157,10 +157,11 @@ class EnergySession:
         """The run's (energy in J, time in s) so far on this process, for the batch-size early-stop check.
 
         The energy is a lower bound (:meth:`~._run.StartedRun.energy_so_far_J`); :meth:`totals` reports
-        the known figure only.
+        the known figure only. A checkpoint's unknown energy (null, :meth:`state_dict`) adds 0 J to it.
         """
         run = self.run
-        return run.energy_so_far_J(self._carried.energy_J), run.time_so_far_s(self._carried.time_s)
+        carried_J = self._carried.energy_J if math.isfinite(self._carried.energy_J) else 0.0
+        return run.energy_so_far_J(carried_J), run.time_so_far_s(self._carried.time_s)
 
     # ------------------------------------------------------------------ the parts' figures
     @property

@@ -427,9 +427,12 @@ class EarlyStopRule:
     factor: float | None = None
 
     def reason(self, energy_J: float, time_s: float) -> str | None:
-        """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds."""
+        """Why the run stops, or None while the cost of ``energy_J`` (J) over ``time_s`` (s) is within bounds.
+
+        An unknown cost (NaN energy or time) stops nothing: a run is never stopped on a cost it has not shown.
+        """
         cost = self.cost(energy_J, time_s)
-        if cost <= self.threshold_cost:
+        if not cost > self.threshold_cost:  # NaN included
             return None
         if self.explore:
             return (
