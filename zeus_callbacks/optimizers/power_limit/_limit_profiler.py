@@ -44,7 +44,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -204,6 +204,7 @@ class PowerLimitProfiler:
         self._polishing = False  # the window is a polish revisit: it runs to _revisit_until_n whatever it measures
         self.revisits = 0
         self.polishes = 0  # polish windows run (see _polish)
+        self._noise_terms: dict[tuple[str, int], tuple[LimitProfile, tuple[int, int], float, int]] = {}
         self.scouted_W: set[float] = set()  # limits a scout's window measured first (see _gap_to_scout)
         self.search_done = False  # the search and its revisits are done: the best measured limit may be chosen now
         self.abandoned = False
@@ -416,23 +417,37 @@ class PowerLimitProfiler:
             pending.profile.energy_J.append(float(energy))
             pending.profile.time_s.append(pending.end_s - pending.start_s)
 
-    def _pooled_rel_sd(self, values_of: Callable[[LimitProfile], list[float]]) -> tuple[float, int]:
+    def _pooled_rel_sd(self, which: Literal["cost", "time_s", "energy_J"]) -> tuple[float, int]:
         """The card's measured noise: the relative sd of a per-step value pooled over every window, and its dof.
 
         Step-time jitter and sensor noise are (roughly) relative, so each window's deviations
         are taken over its own mean and their squares pooled: sqrt(Σ Σ ((v − m_i)/m_i)² / Σ (n_i − 1)).
+        ``which``: the per-step objective value, time (s) or energy (J).
         """
         ss, dof = 0.0, 0
         for p in self.profiles.values():
-            values = values_of(p)
-            if len(values) < 2:
-                continue
-            mean = sum(values) / len(values)
-            if mean == 0 or not math.isfinite(mean):
-                continue
-            ss += sum(((v - mean) / mean) ** 2 for v in values)
-            dof += len(values) - 1
+            ss_p, dof_p = self._noise_term(which, p)
+            ss += ss_p
+            dof += dof_p
         return (math.sqrt(ss / dof), dof) if dof else (0.0, 0)
+
+    def _noise_term(self, which: Literal["cost", "time_s", "energy_J"], p: LimitProfile) -> tuple[float, int]:
+        """One window's share of :meth:`_pooled_rel_sd`: Σ ((v − m)/m)² and n − 1 (0, 0 under two values).
+
+        Kept until the window's steps change: the pool is read at every step and for every measured
+        limit at every decision, and a long job's polish measures a hundred limits or more.
+        """
+        size = (len(p.energy_J), len(p.time_s))
+        hit = self._noise_terms.get((which, id(p)))
+        if hit is not None and hit[0] is p and hit[1] == size:
+            return hit[2], hit[3]
+        values = self._values(p) if which == "cost" else p.time_s if which == "time_s" else p.energy_J
+        mean = sum(values) / len(values) if len(values) >= 2 else 0.0
+        term = (0.0, 0)
+        if mean != 0 and math.isfinite(mean):
+            term = (sum(((v - mean) / mean) ** 2 for v in values), len(values) - 1)
+        self._noise_terms[(which, id(p))] = (p, size, *term)  # holds p: its id is not reused while cached
+        return term
 
     def _widened(self, values: list[float], rel_sd: float, dof: int) -> tuple[float, float]:
         """95 % interval of the mean of ``values`` that a lucky, too-quiet small window cannot make narrow.
@@ -453,11 +468,11 @@ class PowerLimitProfiler:
 
     def interval(self, profile: LimitProfile) -> tuple[float, float]:
         """95 % interval (low, high) of the limit's mean per-step objective value, floored by the card's noise."""
-        return self._widened(self._values(profile), *self._pooled_rel_sd(self._values))
+        return self._widened(self._values(profile), *self._pooled_rel_sd("cost"))
 
     def time_interval(self, profile: LimitProfile) -> tuple[float, float]:
         """95 % interval (low, high) of the limit's mean time per step (s), floored by the pooled time noise."""
-        return self._widened(profile.time_s, *self._pooled_rel_sd(lambda p: p.time_s))
+        return self._widened(profile.time_s, *self._pooled_rel_sd("time_s"))
 
     def _feasible_costs(self, exclude: float) -> dict[float, float]:
         """The costs of the feasible limits with 2 resolved steps or more, ``exclude`` aside."""
@@ -559,7 +574,7 @@ class PowerLimitProfiler:
             return None
         if ref is profile:
             return 1.0
-        rel_sd, dof = self._pooled_rel_sd(lambda p: p.time_s)
+        rel_sd, dof = self._pooled_rel_sd("time_s")
         if dof < 1:
             return None
         rel_se = []
@@ -969,7 +984,7 @@ class PowerLimitProfiler:
         """
         ref = self.profiles[self.limits_W[-1]]
         factor = self.objective.max_slowdown
-        _, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd(lambda p: p.energy_J))
+        _, best_high = self._widened(self.profiles[best_x].energy_J, *self._pooled_rel_sd("energy_J"))
         candidates = []
         for x, p in self.profiles.items():
             if x >= best_x or p.n < 2 or p.energy_per_step_J >= best_high:  # clearly dearer: no gain
