@@ -70,7 +70,7 @@ _EXPLORE_GRID_SHARE = 0.25  # ... nor one narrower than this share of the grid's
 
 
 _SCOUT_STEPS = 2  # polish: a scout of a gap measures this many steps after its warm-up ...
-_SCOUT_BUDGET_SHARE = 0.5  # ... while the scouts' excess stays under this share of the polish budget
+_SCOUT_BUDGET_SHARE = 0.25  # ... while the scouts' excess stays under this share of the polish budget
 
 _POOLED_CHOICE = True  # the choice compares pooled costs (off: the raw readings; a switch for benchmarks/ screens)
 
