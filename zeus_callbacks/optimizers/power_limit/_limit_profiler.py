@@ -245,6 +245,8 @@ class PowerLimitProfiler:
         """
         self.observe_only = True
         self.profiles.clear()
+        self._noise_terms.clear()
+        self.scouted_W.clear()
         self._pending = []
         self.start_at(limit_W)
         self.state = ProfilerState(ProfilerPhase.IDLE)
@@ -901,16 +903,17 @@ class PowerLimitProfiler:
         return None if chosen is None else (chosen, chosen_rate)
 
     def _gap_to_scout(self, feasible: dict[float, Measured], best_price: float, budget_left: float) -> float | None:
-        """The middle of the widest gap between measured limits, for a short scouting window; None: none left.
+        """The middle of the gap between measured limits to scout next, a short window there; None: none left.
 
         A narrow second valley between two measured limits reads, from its ends, like the smooth curve it
         sits on, so neither the bridge's prediction (:meth:`_most_promising_gap`) nor the search's refinement
-        goes there. A scout reads such a gap blind: ``_SCOUT_STEPS`` steps after the warm-up, a tenth of a
-        full window's cost, halving the widest gap first, while the scouts' predicted excess (each gap's
-        price interpolated between its ends) fits ``budget_left`` (step-equivalents; the polish gives it a
-        ``_SCOUT_BUDGET_SHARE`` of its budget). So a longer job scouts finer. A scout that reads low is then
-        measured again as any tie with the best (:meth:`_most_informative`). Gaps narrower than
-        :meth:`_most_promising_gap`'s are left to it.
+        goes there. A scout reads such a gap blind: ``_SCOUT_STEPS`` steps after the warm-up, about a tenth
+        of a full window. The gap whose scout costs least per watt of gap goes first, its price
+        interpolated between its ends, while that price fits ``budget_left`` (step-equivalents; the polish
+        gives the scouts a ``_SCOUT_BUDGET_SHARE`` of its budget), so a longer job scouts finer. Gaps with
+        an end that ties the best are the refinement's and the gap probes' ground, and gaps under twice
+        :meth:`_most_promising_gap`'s narrowest are not scouted. A scout that reads low is measured again as
+        any tie with the best (:meth:`_most_informative`); until then it decides nothing (:meth:`_cheapest`).
         """
         s = self.settings
         window = s.warmup_steps + _SCOUT_STEPS
@@ -919,7 +922,7 @@ class PowerLimitProfiler:
         points = sorted(self.profiles)  # infeasible limits bound gaps too: their middles are not scouted
         best = feasible[min(feasible, key=lambda x: (feasible[x].cost, -x))]
 
-        def ties_best(x: float) -> bool:  # the refinement's and the gap probes' ground, not the scouts'
+        def ties_best(x: float) -> bool:
             return feasible[x].cost - best.cost <= math.hypot(feasible[x].half_width, best.half_width)
 
         best_gap: tuple[float, float] | None = None  # (middle, excess per watt of gap)
