@@ -880,3 +880,32 @@ def test_the_scouted_limits_survive_a_checkpoint():
     second = _profiler(power_limit_grid_W(low, low + width, 35), "energy", job_steps=50_000)
     assert second.resume(json.loads(json.dumps(first.export_state())))
     assert second.scouted_W == first.scouted_W
+
+
+def test_a_run_that_ends_right_after_the_polish_names_a_scout_still_chooses():
+    # The polish names a scout before any step runs at it; a run that stops then (early stop, a crash, Ctrl-C)
+    # chooses from what was measured. It raised KeyError here, from train_end, and left the limit unrestored.
+    low, width = 100.0, 300.0
+
+    def cost(x: float) -> float:
+        return 1.0 + 0.6 * ((x - low - 0.1 * width) / width) ** 2
+
+    prof = _profiler(power_limit_grid_W(low, low + width, 35), "energy", job_steps=50_000)
+    rng = np.random.default_rng(0)
+    energies: dict[tuple[float, float], float] = {}
+    prof.energy_fn = lambda a, b, **_: energies.get((a, b))
+    now = 0.0
+    for step in range(5000):
+        limit = prof.on_step_start(step, now)
+        assert limit is not None
+        energies[(now, now + 1.0)] = cost(limit) * (1 + 0.01 * rng.standard_normal())
+        now += 1.0
+        assert not prof.on_step_end(step, now)
+        if any(x not in prof.profiles for x in prof.scouted_W):
+            break
+    else:
+        raise AssertionError("no scout was named")
+    named = prof.target_limit_W
+    chosen = prof.choose_now()
+    assert chosen is not None and chosen != named and chosen in prof.profiles
+    assert cost(chosen) <= 1.01 * min(cost(x) for x in np.linspace(low, low + width, 1201))

@@ -678,7 +678,8 @@ class PowerLimitProfiler:
         again, to a full window's steps.
         """
         full = max(self.settings.min_profile_steps, 2)
-        short = {x for x in self.scouted_W if self.profiles[x].n < full}
+        # a scout named but not yet run has no profile (a run may end right after the polish picked it)
+        short = {x for x in self.scouted_W if x not in self.profiles or self.profiles[x].n < full}
         decided = {x: c for x, c in costs.items() if x not in short} or costs
         return min(decided, key=lambda k: (decided[k], -k))
 
