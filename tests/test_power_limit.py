@@ -945,3 +945,59 @@ def test_no_profiled_step_whose_samples_were_lost_decides_a_limit(tmp_path, capl
     assert all(p.n == 0 for p in profiler.profiles.values())
     assert profiler.dropped_steps >= 2
     assert sum("do not cover" in r.getMessage() for r in caplog.records) == 1  # the first, then counted
+
+
+def _profiling_session(tmp_path, backend):
+    session = EnergySession(
+        {
+            "backend": "virtual",
+            "logging": {"log_dir": str(tmp_path), "run_name": "x"},
+            "power_limit": {"enabled": True, "warmup_steps": 0},
+        },
+        backend=backend,
+        is_main_process=True,
+    )
+    backend.set_power_limit_W(0, 250.0)
+    session.train_start()
+    for step in range(8):
+        session.step_start(step)
+        backend.clock.advance(STEP_S)
+        session.step_end(step, num_samples=8)
+    assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
+    return session
+
+
+@pytest.mark.parametrize("how", ["train_end", "exception"])
+def test_a_failure_in_the_profilers_choice_at_the_end_still_restores_the_limit_and_ends_the_run(
+    tmp_path, monkeypatch, caplog, how
+):
+    # The restore must not depend on the choice: a KeyError there once left a live process at a trial limit.
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    session = _profiling_session(tmp_path, backend)
+
+    def broken(*_args, **_kwargs):
+        raise KeyError(183.334)
+
+    monkeypatch.setattr(session.power_limiter, "unfinished", broken)
+    with caplog.at_level(logging.ERROR, logger="zeus_callbacks"):
+        summary = session.train_end() if how == "train_end" else session.exception(RuntimeError("boom"))
+    assert backend.power_limit_W(0) == 250.0 and summary.power_limit_W == 250.0
+    assert not (tmp_path / MARKER_NAME).exists()
+    assert "cannot record the unfinished power-limit profile" in caplog.text
+    records = read_jsonl(tmp_path / "x.jsonl")
+    assert records[-1]["event"] == "run_end"
+    assert not any(r["event"] == "power_limit_profile" for r in records)
+
+
+def test_a_failure_closing_the_windows_at_the_end_still_restores_the_limit(tmp_path, monkeypatch):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    session = _profiling_session(tmp_path, backend)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("closing failed")
+
+    monkeypatch.setattr(session, "_close_windows", broken)
+    with pytest.raises(RuntimeError, match="closing failed"):
+        session.train_end()
+    assert backend.power_limit_W(0) == 250.0
+    assert not (tmp_path / MARKER_NAME).exists()

@@ -646,23 +646,10 @@ class EnergySession:
             self._status = status
         # After a failure other ranks may never reach the same collective: stay local.
         self._ranks.collectives_ok = self._status == "completed"
-        # A step cut short is not a step (its energy stays in the run total); an
-        # unfinished epoch or evaluation is still measured up to now.
-        run.meter.discard("step")
-        self._open_epoch = None
-        self._reports.epoch_ended(counts)
-        if run.meter.is_open("eval"):
-            run.meter.end("eval")
-        if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
-            self._totals.epochs += 1
-            self._end_epoch_window({"end_step": self._totals.steps, **self._node_end()})
-        else:
-            steps.close_eval_tail()  # an evaluation's tail ends with the run
-        self._reports.node_span_boundary(last=True)  # the last node span closes with the run
-        run.meter.end("run")
         try:
+            self._close_windows(counts)
             run.flush_sensor(run.backend.clock.now_s())
-        finally:
+        finally:  # whatever failed above, sampling stops and the power limits go back
             run.sampler.stop()
             self._power.stop()
         steps.report(resolve_final=True)
@@ -684,6 +671,23 @@ class EnergySession:
         if self._given_backend is None:
             run.backend.close()
         return summary
+
+    def _close_windows(self, counts: tuple[int, int]) -> None:
+        run = self.run
+        # A step cut short is not a step (its energy stays in the run total); an
+        # unfinished epoch or evaluation is still measured up to now.
+        run.meter.discard("step")
+        self._open_epoch = None
+        self._reports.epoch_ended(counts)
+        if run.meter.is_open("eval"):
+            run.meter.end("eval")
+        if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
+            self._totals.epochs += 1
+            self._end_epoch_window({"end_step": self._totals.steps, **self._node_end()})
+        else:
+            self._steps.close_eval_tail()  # an evaluation's tail ends with the run
+        self._reports.node_span_boundary(last=True)  # the last node span closes with the run
+        run.meter.end("run")
 
     def exception(self, exc: BaseException | None = None, *, interrupted: bool = False) -> RunSummary | None:
         """End the run after a training failure; nothing measured so far is lost.

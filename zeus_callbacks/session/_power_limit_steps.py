@@ -230,14 +230,23 @@ class PowerLimitSteps:
         )
 
     def stop(self) -> None:
-        """At the end: record an unfinished profile, restore the limits, read the limit in force."""
-        if self.power_limiter is not None:
+        """At the end: record an unfinished profile, restore the limits, read the limit in force.
+
+        The restore never depends on the profile: a failure choosing or writing it is logged
+        and the limits go back all the same.
+        """
+        if self.power_limiter is None:
+            return
+        try:
             if self._decides_power_limit():
                 unfinished = self.power_limiter.unfinished(self._totals.steps)
                 if unfinished is not None:
                     self._write_power_limit_profile(unfinished)
+        except Exception:  # a defect in the choice must not leave a GPU at a trial limit
+            logger.exception("zeus-callbacks: cannot record the unfinished power-limit profile; restoring the limits")
+        finally:
             self.power_limiter.restore()
-            self.power_limit_W = self._run.read_power_limit_W()
+        self.power_limit_W = self._run.read_power_limit_W()
 
     def _power_limit_step_end(self, step: int, num_samples: int | None) -> None:
         assert self.power_limiter is not None
