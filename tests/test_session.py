@@ -849,3 +849,15 @@ def test_a_run_resumed_without_an_energy_figure_is_never_stopped_early_on_an_unk
     assert rule.reason(energy_J, time_s) is not None
     assert rule.reason(math.nan, time_s) is None and rule.reason(energy_J, math.nan) is None
     second.train_end()
+
+
+def test_a_run_that_ends_before_its_first_power_sample_says_why_its_energy_is_unknown(
+    new_session, virtual_backend, manual_clock
+):
+    session = new_session(virtual_backend, run_name="short")
+    early_checkpoint(session, manual_clock)  # 12 ms of steps, no sample yet
+    summary = session.train_end()
+    assert math.isnan(summary.energy_J)
+    assert summary.energy_note is not None and "no power sample covered the run" in summary.energy_note
+    (end,) = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end"]
+    assert end["energy_J"] is None and end["energy_note"] == summary.energy_note

@@ -353,3 +353,46 @@ def test_start_after_open_trial_uses_no_store(tmp_path):
     controller.start(MAX_LIMIT_W, MAX_LIMIT_W)
     assert controller.cost is not None and controller.batch_size == 64
     controller.run_store.close()
+
+
+def test_a_run_resumed_without_an_energy_figure_closes_its_trial_unobserved_not_left_running(tmp_path, caplog):
+    # A checkpoint saved before the first power sample has no energy figure; the run resumed from it has
+    # none either. Its trial is recorded with its status and no cost (not an observation): left
+    # `running` (as before), the next open marked it failed and two such runs pruned the batch size.
+    first, _, clock = new_run(tmp_path, "first")
+    first.train_start(run_name="first")
+    first.epoch_start(0)
+    for i in range(4):
+        first.step_start(i)
+        clock.advance(0.003)
+        first.sampler.poll_once()
+        first.step_end(i)
+    state = first.state_dict()
+    assert state["energy_J"] is None
+    for i in range(4, 14):  # the first run goes on and reaches the target: the job's best cost
+        step(first, clock, i)
+    first.evaluate({"val/acc": 0.85})
+    first.train_end()
+
+    second, _, clock = new_run(tmp_path, "second")
+    second.load_state_dict(state)
+    second.train_start(run_name="second")
+    for i in range(4, 14):
+        step(second, clock, i)
+    second.evaluate({"val/acc": 0.85})
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        summary = second.train_end()
+    assert summary.energy_J != summary.energy_J  # NaN: unknown
+    assert "batch-size trial is recorded without a cost" in caplog.text
+    with open_store(tmp_path / "zeus_store.sqlite") as store:  # a new open marks no trial failed
+        trials = store.list_trials("nightly")
+        assert len(trials) == 2
+        resumed = trials[-1]
+        assert (resumed.status, resumed.converged, resumed.energy_J, resumed.cost) == ("completed", True, None, None)
+        assert "power sample" in resumed.info["energy_note"] and "cost is unknown" in resumed.info["not_observed"]
+        assert resumed.time_s is not None and resumed.time_s > 10 * STEP_S
+        assert all(t.status != "failed" for t in trials)
+        # Not an observation: the bandit's best cost stays the first run's.
+        assert store.get_bandit("nightly").state["min_cost"] == pytest.approx(trials[0].cost)
+    (record,) = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "trial"]
+    assert record["status"] == "completed" and record["cost"] is None

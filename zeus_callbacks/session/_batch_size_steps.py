@@ -109,14 +109,25 @@ class BatchSizeSteps:
         return self.decide()
 
     def record_trial(self, summary: RunSummary) -> None:
-        """At the end: record the recurrence's trial in the store (and the log), unless its energy is unknown."""
+        """At the end: record the recurrence's trial in the store (and the log).
+
+        A run whose energy is unknown (resumed from a checkpoint saved before any power sample) is
+        recorded with its status and no energy: not an observation of its batch size, and not
+        left ``running`` for the next open to mark failed.
+        """
         self._running = False
-        if self.batch_size_controller is not None and not math.isfinite(summary.energy_J):
-            logger.warning("zeus-callbacks: the run's energy is unknown; no batch-size trial is recorded")
-        elif self.batch_size_controller is not None:
+        if self.batch_size_controller is not None:
+            energy_note = None
+            if not math.isfinite(summary.energy_J):
+                energy_note = summary.energy_note or "the run's energy is unknown"
+                logger.warning(
+                    "zeus-callbacks: the run's energy is unknown (%s): its batch-size trial is recorded without "
+                    "a cost, not as an observation of its batch size",
+                    energy_note,
+                )
             try:
                 t = self.batch_size_controller.finish(
-                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded
+                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded, energy_note=energy_note
                 )
                 if t is not None and self._run is not None:
                     self._run.log.write(records.trial_record(t))

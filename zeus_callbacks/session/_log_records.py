@@ -647,6 +647,10 @@ def phases_record(epoch: Any, stats: Sequence[Any], explained: float, epoch_ener
 
 
 # ------------------------------------------------------------------------ summary
+NO_SAMPLE_NOTE = "no power sample covered the run: it ended within the sensor's first sample period"
+"""``energy_note`` of a run no power sample covered (its window's energy is NaN, never 0 J)."""
+
+
 def local_summary_row(run: WindowRecord | None, counter_J: float | None, step_energy_J: float,
                       step_time_s: float, estimated_steps: float, node: NodeColumns) -> SummaryRow:  # fmt: skip
     """This rank's summary row; the step means are the estimates over ``estimated_steps`` steps (NaN: none).
@@ -819,7 +823,7 @@ def run_summary(
         power_limit_applied=applied,
         counter_energy_J=carried_energy_J + counter_J if math.isfinite(counter_J) and energy_note is None else None,
         counter_energy_note=counter_note(counter_J, counter_note_local) or energy_note,
-        energy_note=energy_note,
+        energy_note=energy_note or (NO_SAMPLE_NOTE if math.isnan(energy_J) and measurement != "unavailable" else None),
         faults=faults,
         jsonl_path=jsonl_path,
         world_size=len(rows),

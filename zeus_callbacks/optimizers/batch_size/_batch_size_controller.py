@@ -648,16 +648,27 @@ class BatchSizeController:
         name, value = self.threshold_factor or ("beta_knob", None)
         return EarlyStopRule(self.cost, self.threshold, self.explore_stop, name, value)
 
-    def finish(self, energy_J: float, time_s: float, run_status: str, *, degraded: bool = False) -> TrialRecord | None:
+    def finish(
+        self,
+        energy_J: float,
+        time_s: float,
+        run_status: str,
+        *,
+        degraded: bool = False,
+        energy_note: str | None = None,
+    ) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
         A failed run counts against its arm (``batch_size.max_failures``), an interrupted one does not.
+        A run whose energy or time is not finite is recorded without them and without a cost: not an
+        observation, so the bandit does not move.
 
         Args:
-            energy_J: GPU energy of the run (J).
+            energy_J: GPU energy of the run (J); NaN when unknown.
             time_s: Wall time of the run (s).
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
             degraded: Sensor faults made the energy measurement incomplete.
+            energy_note: Why the energy is unknown, kept in the trial's ``info``.
         """
         if (self.suggestion is None and self.detached is None) or self.cost is None:
             return None
@@ -669,7 +680,8 @@ class BatchSizeController:
             status = "early_stopped"
         else:
             status = "completed"
-        cost = self.cost(energy_J, time_s) if math.isfinite(energy_J) and math.isfinite(time_s) else math.nan
+        known = math.isfinite(energy_J) and math.isfinite(time_s)
+        cost = self.cost(energy_J, time_s) if known else None
         # A run stopped on cost whose evaluation after the stop reached the target converged:
         # its cost is its cost to the target, and its batch size stays a candidate.
         converged = self.converged and status != "failed"
@@ -680,10 +692,12 @@ class BatchSizeController:
             info["simulated"] = True  # measured on the virtual GPU: plots say so
         if run_status != "completed":
             info["run_status"] = run_status  # an interrupted run does not count against its arm
+        if energy_note is not None and not math.isfinite(energy_J):
+            info["energy_note"] = energy_note
         suggested = None if self.suggestion is None else self.suggestion.batch_size
         outcome: dict[str, Any] = {
-            "energy_J": energy_J,
-            "time_s": time_s,
+            "energy_J": energy_J if math.isfinite(energy_J) else None,
+            "time_s": time_s if math.isfinite(time_s) else None,
             "cost": cost,
             "converged": converged,
             "status": status,
