@@ -16,6 +16,7 @@ from zeus_callbacks.backends import traces
 from zeus_callbacks.backends.base import ManualClock, PermissionDenied
 from zeus_callbacks.backends.virtual import JITTER_S, VirtualGPUBackend
 from zeus_callbacks.config import ZeusConfig
+from zeus_callbacks.measurement._windows import ClockTimer
 from zeus_callbacks.optimizers.power_limit import (
     MARKER_NAME,
     JsonProfileCache,
@@ -989,14 +990,41 @@ def test_a_failure_in_the_profilers_choice_at_the_end_still_restores_the_limit_a
     assert not any(r["event"] == "power_limit_profile" for r in records)
 
 
-def test_a_failure_closing_the_windows_at_the_end_still_restores_the_limit(tmp_path, monkeypatch):
+def test_a_failure_closing_the_windows_at_the_end_still_restores_the_limit(tmp_path):
+    # A failure while the run's open epoch is closed (here: the boundary timer, a documented seam, raises
+    # at the epoch's end mark) still puts the limit back before it propagates.
     backend = VirtualGPUBackend(clock=ManualClock(1000.0))
-    session = _profiling_session(tmp_path, backend)
+    armed = []
 
-    def broken(*_args, **_kwargs):
-        raise RuntimeError("closing failed")
+    class FailingTimer(ClockTimer):
+        def __init__(self, clock):
+            super().__init__(clock)
+            self.mark = self.failing_mark  # ClockTimer binds the clock's own method per instance
 
-    monkeypatch.setattr(session, "_close_windows", broken)
+        def failing_mark(self):
+            if armed:
+                raise RuntimeError("closing failed")
+            return self.clock.now_s()
+
+    session = EnergySession(
+        {
+            "backend": "virtual",
+            "logging": {"log_dir": str(tmp_path), "run_name": "x"},
+            "power_limit": {"enabled": True, "warmup_steps": 0},
+        },
+        backend=backend,
+        is_main_process=True,
+        timer_factory=lambda b: FailingTimer(b.clock),
+    )
+    backend.set_power_limit_W(0, 250.0)
+    session.train_start()
+    session.epoch_start(0)
+    for step in range(8):
+        session.step_start(step)
+        backend.clock.advance(STEP_S)
+        session.step_end(step, num_samples=8)
+    assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
+    armed.append(True)
     with pytest.raises(RuntimeError, match="closing failed"):
         session.train_end()
     assert backend.power_limit_W(0) == 250.0
