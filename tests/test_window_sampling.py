@@ -745,3 +745,107 @@ def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, 
     assert summary.step_energy_J * 89 <= summary.energy_J * (1 + 1e-12)
     run_end = next(r for r in read_jsonl(summary.jsonl_path) if r["event"] == "run_end")
     assert run_end["step_time_s"] == summary.step_time_s
+
+
+# -- the last step before each pause is measured (measure_next_step) -------------------------------
+def _paused_run(tmp_path, name, *, fraction, epochs, epoch_steps, eval_every, force, quiet=True, seed_steps=0.01):
+    """A run of ``epochs`` × ``epoch_steps`` steps with an evaluation after every ``eval_every``-th step of an
+    epoch; with ``force``, the adapter's rule: measure_next_step in the step before the last before each pause."""
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    clock = ManualClock(1_000.0)
+    backend = VirtualGPUBackend(clock=clock, noise_W=0.0, read_only=True)
+    cfg = {"backend": "virtual", "windows": {"sample_fraction": fraction},
+           "logging": {"log_dir": str(tmp_path / name), "interval_steps": 50}}  # fmt: skip
+    session = EnergySession(cfg, backend=backend)
+    session.plans_quiet_steps = quiet
+    session.train_start()
+    step, measured = 0, set()
+
+    def pause_after(i: int) -> bool:
+        return i + 1 == epoch_steps or (eval_every is not None and (i + 1) % eval_every == 0)
+
+    for epoch in range(epochs):
+        session.epoch_start(epoch)
+        if force and pause_after(0):  # the epoch's first step is already the last before a pause
+            session.measure_next_step()
+        for i in range(epoch_steps):
+            session.step_start(step)
+            if session.measuring:
+                measured.add((epoch, i))
+            clock.advance(seed_steps * (1 + (step % 7) / 7))  # step times that vary
+            session.sampler.poll_once(read_counter=False)
+            if force and i + 1 < epoch_steps and pause_after(i + 1):
+                session.measure_next_step()
+            session.step_end(step, num_samples=4)
+            step += 1
+            if eval_every is not None and (i + 1) % eval_every == 0 and i + 1 < epoch_steps:
+                session.eval_start()
+                clock.advance(0.03)
+                session.sampler.poll_once(read_counter=False)
+                session.eval_end()
+        clock.advance(0.03)
+        session.sampler.poll_once(read_counter=False)
+        session.epoch_end(epoch)
+    summary = session.train_end()
+    backend.close()
+    pauses = {(e, i) for e in range(epochs) for i in range(epoch_steps) if pause_after(i)}
+    return summary, read_jsonl(summary.jsonl_path), measured, pauses
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    fraction=st.sampled_from([0.001, 0.01, 0.05, 0.3]),
+    epochs=st.integers(1, 3),
+    epoch_steps=st.integers(1, 250),
+    eval_every=st.one_of(st.none(), st.integers(1, 120)),
+)
+def test_with_the_last_step_before_each_pause_measured_no_epoch_step_is_estimated(
+    fraction, epochs, epoch_steps, eval_every
+):
+    # Random schedules: the steps after the last drawn step before an evaluation or the epoch's end were
+    # estimated at the mean (or, at an epoch's end with none drawn, a steps record with null means).
+    # Measuring the last step before each pause leaves every step in a window or a measured stretch.
+    with tempfile.TemporaryDirectory() as tmp:
+        summary, records, measured, pauses = _paused_run(
+            __import__("pathlib").Path(tmp), "p", fraction=fraction, epochs=epochs, epoch_steps=epoch_steps,
+            eval_every=eval_every, force=True,
+        )  # fmt: skip
+    assert pauses <= measured
+    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
+    assert len(ledgers) == epochs
+    assert all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+    steps = [r for r in records if r["event"] == "steps"]
+    assert all(r["energy_J_mean"] is not None for r in steps if r["steps"] > 0), [r["incomplete_reason"] for r in steps]
+    assert sum(r["steps"] + r["warmup_steps"] for r in steps) == summary.steps == epochs * epoch_steps
+    if summary.steps > 1:  # more than the warm-up step: the run's step mean is known
+        assert math.isfinite(summary.step_energy_J) and summary.step_energy_J > 0
+
+
+def test_without_the_rule_the_last_steps_before_pauses_are_estimated(tmp_path):
+    # The same schedule without measure_next_step: what the rule removes is there to remove.
+    _, records, measured, pauses = _paused_run(
+        tmp_path, "unforced", fraction=0.01, epochs=3, epoch_steps=300, eval_every=70, force=False
+    )
+    assert not pauses <= measured
+    assert sum(r["ledger"]["steps_estimated"] for r in records if r["event"] == "epoch") > 0
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.3])
+def test_measuring_the_step_before_a_pause_changes_nothing_the_quiet_steps_count(tmp_path, fraction):
+    # measure_next_step takes back the steps counted ahead first: the quiet path measures and records the
+    # same steps as the whole path.
+    runs = [
+        _paused_run(
+            tmp_path, f"q{quiet}", fraction=fraction, epochs=2, epoch_steps=350, eval_every=90, force=True, quiet=quiet
+        )  # fmt: skip
+        for quiet in (True, False)
+    ]
+    (_, quiet_records, quiet_measured, _), (_, records, measured, _) = runs
+    assert quiet_measured == measured
+    key = ("steps", "count", "between_steps", "warmup_steps")
+    assert [[r.get(k) for k in key] for r in quiet_records if r["event"] == "steps"] == [
+        [r.get(k) for k in key] for r in records if r["event"] == "steps"
+    ]

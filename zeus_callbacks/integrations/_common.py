@@ -6,6 +6,7 @@ The adapters themselves only translate hooks.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +32,23 @@ def resolve_config(config: ConfigArg) -> ZeusConfig:
     return load_config(config) if isinstance(config, (str, Path)) else parse_config(config)
 
 
+def next_pause(done: int, every: int | None, ends: Iterable[int | None]) -> int | None:
+    """The first step count after ``done`` at which training pauses (an evaluation, an epoch's or the run's end).
+
+    Args:
+        done: Steps taken so far (the count the framework schedules by).
+        every: Training pauses after every ``every`` steps (an evaluation interval); None: no such interval.
+        ends: Counts training pauses at once (the epoch's end, the run's end); None entries are unknown.
+
+    Returns:
+        The least count > ``done`` that is a multiple of ``every`` or one of ``ends``; None when none is known.
+    """
+    options = [end for end in ends if end is not None and end > done]
+    if every is not None and every > 0:
+        options.append((done // every + 1) * every)
+    return min(options, default=None)
+
+
 class SessionAdapter:
     """The framework-independent part of a callback: its configuration and the session of each run.
 
@@ -42,6 +60,34 @@ class SessionAdapter:
         self._backend = backend
         self.session = EnergySession(self.config, backend=backend)
         self.summary: RunSummary | None = None
+        # The last step before each pause (an evaluation, the epoch's end, the run's end) is measured:
+        # the step count at whose end the session is told so, and the schedule it comes from.
+        self._measure_after = -1
+        self._pause_every: int | None = None
+        self._pause_ends: tuple[int | None, ...] = ()
+
+    def _plan_pauses(self, done: int, every: int | None, ends: Iterable[int | None]) -> None:
+        """Between steps, ``done`` taken: plan to measure the last step before each coming pause.
+
+        ``every`` and ``ends`` are :func:`next_pause`'s, in the count ``done`` is in. Before each
+        step's ``step_end`` the adapter compares the count that step ends with to ``_measure_after``
+        (one comparison a step) and calls :meth:`_measure_next_step` when they are equal.
+        """
+        self._pause_every, self._pause_ends = every, tuple(ends)
+        pause = next_pause(done, every, self._pause_ends)
+        if pause == done + 1:  # the very next step comes right before a pause: measured from here
+            self.session.measure_next_step()
+            pause = next_pause(done + 1, every, self._pause_ends)
+        self._measure_after = -1 if pause is None else pause - 1
+
+    def _measure_next_step(self, count: int) -> None:
+        """In the step that ends with ``count`` steps taken, the next one is the last before a pause: measure it.
+
+        Its window opens at this step's end mark (:meth:`~zeus_callbacks.session.EnergySession.measure_next_step`).
+        """
+        self.session.measure_next_step()
+        pause = next_pause(count + 1, self._pause_every, self._pause_ends)
+        self._measure_after = -1 if pause is None else pause - 1
 
     @classmethod
     def from_yaml(cls: type[AdapterT], path: str | Path, **kwargs: Any) -> AdapterT:

@@ -311,6 +311,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         self._eval_on_start = False  # training has begun: no evaluation from here on is the one before it
         self._epoch = int(state.epoch or 0)
         self.session.epoch_start(self._epoch)
+        self._plan_pauses(state.global_step, *_pauses(args, state, self._epoch, kwargs.get("train_dataloader")))
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Open the step window (the first micro-batch of an optimizer step)."""
@@ -337,6 +338,8 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         if seen:
             tokens = (seen - self._tokens_seen) or None
             self._tokens_seen = seen
+        if state.global_step == self._measure_after:  # the next step is the last before an evaluation or an end
+            self._measure_next_step(state.global_step)
         # step_end closes the optimizer phase at the step's end mark.
         decision = self.session.step_end(state.global_step, num_samples=self._samples_per_step, num_tokens=tokens)
         if decision.stop_training:
@@ -638,3 +641,24 @@ def _guard_evaluate(trainer: Trainer) -> None:
         return original(*args, **kwargs)
 
     _wrap_once(trainer, "evaluate", evaluate)
+
+
+def _pauses(
+    args: TrainingArguments, state: TrainerState, epoch: int, train_dataloader: Any
+) -> tuple[int | None, tuple[int | None, ...]]:
+    """The Trainer's pauses in optimizer steps (``every`` and ``ends`` of :func:`~._common.next_pause`).
+
+    An evaluation every ``eval_steps`` global steps (``eval_strategy="steps"``), the epoch's end (the
+    Trainer's ``ceil(batches / gradient_accumulation_steps)`` steps an epoch, when the loader has a
+    length) and ``max_steps``. None where the Trainer does not say; a wrong guess costs one measured step.
+    """
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    every = state.eval_steps if strategy == "steps" and isinstance(state.eval_steps, int) else None
+    try:
+        batches = len(train_dataloader)
+    except TypeError:  # None, or a loader without a length
+        batches = 0
+    accumulation = max(1, args.gradient_accumulation_steps)
+    per_epoch = -(-batches // accumulation) if batches > 0 else None
+    epoch_end = (epoch + 1) * per_epoch if per_epoch is not None else None
+    return every, (epoch_end, state.max_steps or None)

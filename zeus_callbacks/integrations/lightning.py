@@ -174,6 +174,7 @@ class ZeusCallback(SessionAdapter, Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.epoch_start(trainer.current_epoch)
+        self._plan_pauses(0, *_pauses(trainer))
 
     @override
     def on_train_batch_start(
@@ -186,6 +187,7 @@ class ZeusCallback(SessionAdapter, Callback):
             self._epoch_unchecked = False
             if session.open_epoch is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start
                 session.epoch_start(trainer.current_epoch)
+                self._plan_pauses(batch_idx, *_pauses(trainer))
         session.step_start(step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
 
@@ -196,6 +198,8 @@ class ZeusCallback(SessionAdapter, Callback):
         session = self.session
         if not self._optimizer_stepped:  # a micro-batch of gradient accumulation: no optimizer step
             session.phase_discard("optimizer")
+        if batch_idx + 1 == self._measure_after:  # the next batch is the last before a validation or the epoch's end
+            self._measure_next_step(batch_idx + 1)
         # One mark: the optimizer phase and the step end, the dataloader phase begins. Under DDP
         # the session has agreed the decision across ranks (the same step everywhere).
         if session.step_end_reads_arguments:
@@ -409,6 +413,24 @@ def _batch_size(batch: Any) -> int | None:
         return int(extract_batch_size(batch))
     except Exception:  # an exotic batch: energy per sample is simply not reported
         return None
+
+
+def _pauses(trainer: pl.Trainer) -> tuple[int | None, tuple[int | None]]:
+    """This epoch's pauses in batches (``every`` and ``ends`` of :func:`~._common.next_pause`).
+
+    A validation every ``val_check_batch`` batches of the epoch (when it validates this epoch and counts
+    within it), and the epoch's end after ``num_training_batches``; None where Lightning does not say.
+    """
+    batches = trainer.num_training_batches
+    end = batches if isinstance(batches, int) else None  # inf: a loader without a length
+    every = trainer.val_check_batch
+    per_epoch = trainer.check_val_every_n_epoch
+    validates = (
+        trainer.enable_validation
+        and per_epoch is not None  # None: validations counted over the fit's batches, not the epoch's
+        and (trainer.current_epoch + 1) % per_epoch == 0
+    )
+    return (every if validates and isinstance(every, int) else None), (end,)
 
 
 def _steps_left(trainer: pl.Trainer) -> int | None:

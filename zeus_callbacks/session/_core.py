@@ -185,6 +185,21 @@ class EnergySession:
         """
         return self._steps.step_end_reads_arguments
 
+    def measure_next_step(self) -> None:
+        """Measure the step after the current one whatever ``windows.sample_fraction`` draws.
+
+        Call it during the last-but-one step before a pause (an evaluation, the epoch's end, the
+        run's end), before that step's ``step_end``: the last step before the pause is then
+        measured, and its window opens at the end mark of the step before. The steps since the
+        previous measured step then lie in a stretch of steps only, which the epoch ledger and the
+        ``steps`` records measure from the power samples instead of estimating them (with none
+        measured, an epoch's last steps had null means). The Lightning and Hugging Face adapters
+        call it from the trainer's schedule; a raw loop may call it. A wrong guess costs one
+        measured step. No effect before :meth:`train_start`, with every step measured, or
+        without step windows.
+        """
+        self._steps.measure_next_step()
+
     @property
     def quiet_steps_left(self) -> int:
         """Steps counted ahead whose calls have not come yet (their calls return at once)."""

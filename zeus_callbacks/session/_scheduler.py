@@ -146,6 +146,7 @@ class StepScheduler:
         # was drawn (1 for warm-up). Auto sampling's share follows the step time, so steps measured while the
         # share is high are the slow ones: estimates weigh each measured step by 1 / this (Horvitz-Thompson).
         self._draw_probability = 1.0
+        self._force_next = False  # measure the step after the measured one now open (measure_next_step)
         self._mark: Any = None  # the meter's mark(): one boundary
         # The run's meter, timer and clock: assigned by begin(), read only once a run has started.
         self._meter: WindowMeter
@@ -428,9 +429,33 @@ class StepScheduler:
         governor = self._governor
         governor.measured += 1
         self._draw_next_skip()
+        if self._force_next:
+            self._force_next = False
+            self._skip, self._draw_probability = 0, 1.0
         if not self._skip and token is not None:
             self._open_step_at(token)
         governor.hook_s += time.perf_counter() - t0
+
+    def measure_next_step(self) -> None:
+        """Measure the step after the current one, whatever the sampling draws (its chance: 1).
+
+        For the last step before a pause (an evaluation, the epoch's end, the run's end): with it
+        measured, the steps since the last measured one form a stretch of steps only, which the
+        epoch ledger and the ``steps`` record measure whole, instead of estimating them from means or
+        leaving an epoch's last steps with none (docs/sampling.md). Called during a step, before its
+        :meth:`step_end`, the next step's window opens at that step's end mark; between steps, at
+        the next step's start. Measured with certainty, the step weighs 1 in the means (each step
+        the sampling drew weighs 1 / its chance), so it stands for itself only when other steps were
+        measured near it. The draws after it go on from a fresh gap: the gaps are geometric, so every
+        other step keeps its chance.
+        """
+        if not self.active or not (self._step_windows or self._phase_windows):
+            return
+        self.take_back_quiet_steps()
+        if self._measuring:
+            self._force_next = True  # its windows close at step_end, which draws the next gap: forced there
+        elif self._skip:
+            self._skip, self._draw_probability = 0, 1.0
 
     def _draw_next_skip(self) -> None:
         """Draw the unmeasured steps before the next measured one, noting the share they were drawn with."""
