@@ -1029,3 +1029,21 @@ def test_a_failure_closing_the_windows_at_the_end_still_restores_the_limit(tmp_p
         session.train_end()
     assert backend.power_limit_W(0) == 250.0
     assert not (tmp_path / MARKER_NAME).exists()
+
+
+def test_the_profile_record_says_which_limits_scouts_measured_first(tmp_path):
+    # A long job's polish scouts the gaps between measured limits with short windows; the record and its
+    # message say which limits those were (a scout's reading decides nothing until measured again).
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    session, _ = simulate_session(
+        tmp_path, backend, steps_per_epoch=100, max_steps=1000, run_name="scouts", job_steps=50_000,
+        objective="energy",
+    )  # fmt: skip
+    session.train_end()
+    (profile,) = [r for r in read_jsonl(tmp_path / "scouts.jsonl") if r["event"] == "power_limit_profile"]
+    scouts = {row["limit_W"] for row in profile["limits"] if row["scout"]}
+    assert scouts and scouts == set(session.power_limiter.profiler.scouted_W) & {
+        r["limit_W"] for r in profile["limits"]
+    }
+    assert f"({len(scouts)} of them scouts)" in profile["message"]
+    assert all(isinstance(row["scout"], bool) for row in profile["limits"])

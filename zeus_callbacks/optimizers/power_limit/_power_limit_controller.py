@@ -53,7 +53,7 @@ class PowerLimitResult:
     chosen_limit_W: float | None
     profiling_steps: int
     objective: str
-    rows: list[dict[str, float]]
+    rows: list[dict[str, Any]]
     fallback_sweep: bool
     message: str
     finished: bool = True
@@ -251,7 +251,7 @@ class PowerLimitController:
         message: str,
         level: int | None = None,
         *,
-        rows: list[dict[str, float]] | None = None,
+        rows: list[dict[str, Any]] | None = None,
         profiling_steps: int | None = None,
         sweep: bool | None = None,
         finished: bool = True,
@@ -269,8 +269,8 @@ class PowerLimitController:
         )
         return self.result
 
-    def _rows(self) -> list[dict[str, float]]:
-        """The per-limit table of what was measured, highest limit first."""
+    def _rows(self) -> list[dict[str, Any]]:
+        """The per-limit table of what was measured, highest limit first (``scout``: first measured by a scout)."""
         p = self.profiler
         costs = p.costs()
         return [
@@ -281,6 +281,7 @@ class PowerLimitController:
                 "cost": costs.get(limit, math.nan),
                 "profiled_steps": prof.n,
                 "steps": prof.steps,
+                "scout": limit in p.scouted_W,
             }
             for limit, prof in sorted(p.profiles.items(), reverse=True)
         ]
@@ -344,7 +345,8 @@ class PowerLimitController:
             self.apply(chosen)
         message = (
             f"chose power limit {chosen:.0f} W ({p.objective.key()}) after {p.profiling_steps} profiling "
-            f"steps over {len(rows)} limits{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
+            f"steps over {len(rows)} limits{_scouts_note(rows)}"
+            f"{' (full sweep: cost curve not unimodal)' if p.fallback_sweep else ''}"
             f"{note}"
         )
         result = self._conclude("profile", chosen, message, logging.INFO, rows=rows)
@@ -473,3 +475,9 @@ class PowerLimitController:
         cleanup, self._cleanup = self._cleanup, None
         if cleanup is not None:
             cleanup.cancel()
+
+
+def _scouts_note(rows: list[dict[str, Any]]) -> str:
+    """`` (N of them scouts)`` when the polish scouted gaps (short windows, docs/power_limit.md), else empty."""
+    scouts = sum(1 for row in rows if row.get("scout"))
+    return f" ({scouts} of them scouts)" if scouts else ""
