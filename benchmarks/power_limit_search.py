@@ -199,6 +199,7 @@ def main() -> None:
         + " |"
     )
     lines = [header, "|" + "---|" * len(header.split(" | "))]
+    print("\n".join(lines), flush=True)  # the rows follow as each workload finishes
     ratio_max = 0.0
     gap_max = 0.0
     regret: dict[int, dict] = {
@@ -284,7 +285,6 @@ def main() -> None:
             print(lines[-1], flush=True)
     if args.markdown is not None:
         args.markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines[:2]))
     summary: dict = {
         "steps_ratio_max": round(ratio_max, 4),
         "cost_gap_pct_max": round(gap_max, 4),
