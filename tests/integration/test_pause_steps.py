@@ -106,3 +106,20 @@ def test_the_hf_trainer_measures_the_step_before_each_evaluation_each_epochs_end
     assert len(ledgers) == 2 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
     steps = [r for r in records if r["event"] == "steps" and r["steps"] > 0]
     assert steps and all(r["energy_J_mean"] is not None for r in steps)
+
+
+def test_lightning_measures_the_last_batch_before_max_steps_cuts_an_epoch(tmp_path):
+    zeus = ZeusCallback(sampled_config(tmp_path, "pl-max"))
+    spy = MeasuredBatches(zeus)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
+    train = DataLoader(TensorDataset(x, y), batch_size=8)  # 80 batches an epoch; max_steps 100 ends 20 into the second
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False, max_steps=100,
+                        default_root_dir=str(tmp_path), num_sanity_val_steps=0, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(TinyRegressor(), train)
+    assert zeus.summary.steps == 100
+    assert {(0, 79), (1, 19)} <= spy.measured
+    records = read_jsonl(zeus.summary.jsonl_path)
+    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
+    assert len(ledgers) == 2 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)

@@ -174,7 +174,7 @@ class ZeusCallback(SessionAdapter, Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.epoch_start(trainer.current_epoch)
-        self._plan_pauses(0, *_pauses(trainer))
+        self._plan_pauses(0, *_pauses(trainer, 0))
 
     @override
     def on_train_batch_start(
@@ -187,7 +187,7 @@ class ZeusCallback(SessionAdapter, Callback):
             self._epoch_unchecked = False
             if session.open_epoch is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start
                 session.epoch_start(trainer.current_epoch)
-                self._plan_pauses(batch_idx, *_pauses(trainer))
+                self._plan_pauses(batch_idx, *_pauses(trainer, batch_idx))
         session.step_start(step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
 
@@ -415,14 +415,17 @@ def _batch_size(batch: Any) -> int | None:
         return None
 
 
-def _pauses(trainer: pl.Trainer) -> tuple[int | None, tuple[int | None]]:
-    """This epoch's pauses in batches (``every`` and ``ends`` of :func:`~._common.next_pause`).
+def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | None, ...]]:
+    """This epoch's pauses in batches, ``done`` of them taken (``every`` and ``ends`` of :func:`~._common.next_pause`).
 
     A validation every ``val_check_batch`` batches of the epoch (when it validates this epoch and counts
-    within it), and the epoch's end after ``num_training_batches``; None where Lightning does not say.
+    within it), the epoch's end after ``num_training_batches`` and the fit's end at ``max_steps`` (its
+    optimizer steps left × ``accumulate_grad_batches``); None where Lightning does not say.
     """
     batches = trainer.num_training_batches
     end = batches if isinstance(batches, int) else None  # inf: a loader without a length
+    steps_left = trainer.max_steps - trainer.global_step if trainer.max_steps > 0 else None
+    fit_end = done + steps_left * trainer.accumulate_grad_batches if steps_left is not None else None
     every = trainer.val_check_batch
     per_epoch = trainer.check_val_every_n_epoch
     validates = (
@@ -430,7 +433,7 @@ def _pauses(trainer: pl.Trainer) -> tuple[int | None, tuple[int | None]]:
         and per_epoch is not None  # None: validations counted over the fit's batches, not the epoch's
         and (trainer.current_epoch + 1) % per_epoch == 0
     )
-    return (every if validates and isinstance(every, int) else None), (end,)
+    return (every if validates and isinstance(every, int) else None), (end, fit_end)
 
 
 def _steps_left(trainer: pl.Trainer) -> int | None:
