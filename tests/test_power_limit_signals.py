@@ -179,3 +179,65 @@ def test_hf_exception_in_a_training_step_restores_at_exit(tmp_path):
     calls = [float(x) for x in (tmp_path / "setter_calls.txt").read_text().split()[1::2]]
     assert len(set(calls)) >= 2 and calls[-1] == ORIGINAL_W
     assert not (tmp_path / "zeus" / MARKER_NAME).exists()
+
+
+LINGERING = textwrap.dedent(
+    """
+    import os, signal, sys
+    import lightning.pytorch as L
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from zeus_callbacks.backends.base import ManualClock
+    from zeus_callbacks.backends.virtual import VirtualGPUBackend
+    from zeus_callbacks.session import EnergySession
+
+    log_dir = sys.argv[1]
+    # A run left open (never ended): its cleanup keeps our SIGTERM handler installed over the default.
+    left = EnergySession({"backend": "virtual", "logging": {"log_dir": log_dir, "run_name": "left"}},
+                         backend=VirtualGPUBackend(clock=ManualClock(1000.0)), is_main_process=True)
+    left.train_start()
+    assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+
+    class Stops(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's preemption: Lightning stops at its next check
+            x, y = batch
+            return nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=log_dir)
+    ended = "normally"
+    try:
+        trainer.fit(Stops(), data)
+    except BaseException as exc:  # Lightning stops the fit at its next check (SIGTERMException, or an exit)
+        ended = type(exc).__name__
+    print("FIT ENDED", ended, "RECEIVED", trainer.received_sigterm, flush=True)
+    """
+)
+
+
+def test_a_handler_left_by_an_open_run_leaves_a_sigterm_to_lightning_instead_of_killing_the_process(tmp_path):
+    # Lightning composes its SIGTERM handler with the one installed before it. Ours, left by a run that was
+    # never ended, then ran under Lightning's and took the default action: the process died of SIGTERM (a
+    # pytest worker crashed on it) where Lightning alone stops the fit at its next check.
+    script = tmp_path / "child.py"
+    script.write_text(LINGERING)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+        timeout=CHILD_TIMEOUT_S, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # not -SIGTERM: the process lived on
+    assert "FIT ENDED" in done.stdout and "RECEIVED True" in done.stdout  # Lightning's handler saw it too
+    assert "zeus-callbacks: SIGTERM: ending the energy log" in done.stderr  # our cleanup ran first
+    records = [json.loads(line) for line in (tmp_path / "left.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "run_end"  # the open run was ended by it, nothing lost

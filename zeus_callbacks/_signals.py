@@ -53,6 +53,8 @@ class ChainedSigterm:
 
     def _handle(self, signum: int, frame: Any) -> None:
         previous = self._previous
+        # False: a handler installed over ours called us as its previous one (Lightning composes them so).
+        outermost = signal.getsignal(signum) == self._handle
         logger.warning("zeus-callbacks: SIGTERM: %s", self.what)
         try:
             self.cleanup()
@@ -61,6 +63,8 @@ class ChainedSigterm:
         self.uninstall()
         if callable(previous):
             previous(signum, frame)
-        else:
+        elif outermost:  # the default action, as without us: the process dies of SIGTERM
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+        # Otherwise what the signal does is the outer handler's call (Lightning stops at its next check):
+        # dying here would take that away, as the default action under it would not have run.
