@@ -1047,3 +1047,11 @@ def test_the_profile_record_says_which_limits_scouts_measured_first(tmp_path):
     }
     assert f"({len(scouts)} of them scouts)" in profile["message"]
     assert all(isinstance(row["scout"], bool) for row in profile["limits"])
+
+
+def test_rows_cached_before_the_scout_key_read_as_no_scout():
+    from zeus_callbacks.optimizers.power_limit._power_limit_controller import _cached_rows
+
+    old = {"limits": [{"limit_W": 300.0, "cost": 1.0}, {"limit_W": 250.0, "cost": 0.9, "scout": True}]}
+    assert [row["scout"] for row in _cached_rows(old)] == [False, True]
+    assert "scout" not in old["limits"][0]  # the cache entry itself is left as it was

@@ -123,3 +123,39 @@ def test_lightning_measures_the_last_batch_before_max_steps_cuts_an_epoch(tmp_pa
     records = read_jsonl(zeus.summary.jsonl_path)
     ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
     assert len(ledgers) == 2 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+
+
+def test_lightning_measures_the_batch_before_each_validation_counted_over_the_whole_fit(tmp_path):
+    # check_val_every_n_epoch=None: validation every 30 batches of the fit, not of the epoch (80 batches an epoch).
+    zeus = ZeusCallback(sampled_config(tmp_path, "pl-fit"))
+    spy = MeasuredBatches(zeus)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
+    train = DataLoader(TensorDataset(x, y), batch_size=8)
+    _, val = loaders()
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False, max_epochs=3,
+                        val_check_interval=30, check_val_every_n_epoch=None, default_root_dir=str(tmp_path),
+                        num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(TinyRegressor(), train, val)
+    fit_batches = {(epoch, i): 80 * epoch + i + 1 for epoch in range(3) for i in range(80)}
+    assert spy.before_validation == {key for key, n in fit_batches.items() if n % 30 == 0}
+    assert spy.before_validation <= spy.measured
+    records = read_jsonl(zeus.summary.jsonl_path)
+    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
+    assert len(ledgers) == 3 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+
+
+def test_the_hf_trainer_reads_an_eval_steps_it_kept_as_a_float(tmp_path):
+    # TrainingArguments makes eval_steps above 1 an int and the Trainer a ratio below 1 a step count: 1.0
+    # stays a float, and the Trainer evaluates after every step.
+    zeus = ZeusTrainerCallback(sampled_config(tmp_path, "hf-float"))
+    spy = MeasuredSteps(zeus)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4, logging_steps=10,
+        report_to=[], save_strategy="no", eval_strategy="steps", eval_steps=1.0, use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(4),
+                      callbacks=[zeus, spy])  # fmt: skip
+    trainer.train()
+    assert isinstance(trainer.state.eval_steps, float) and spy.evaluated_after == [1, 2, 3, 4, 5, 6]
+    assert set(spy.evaluated_after) <= spy.measured  # every step is the last before an evaluation

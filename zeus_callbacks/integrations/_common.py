@@ -32,20 +32,23 @@ def resolve_config(config: ConfigArg) -> ZeusConfig:
     return load_config(config) if isinstance(config, (str, Path)) else parse_config(config)
 
 
-def next_pause(done: int, every: int | None, ends: Iterable[int | None]) -> int | None:
+def next_pause(done: int, every: int | None, ends: Iterable[int | None], offset: int = 0) -> int | None:
     """The first step count after ``done`` at which training pauses (an evaluation, an epoch's or the run's end).
 
     Args:
         done: Steps taken so far (the count the framework schedules by).
         every: Training pauses after every ``every`` steps (an evaluation interval); None: no such interval.
         ends: Counts training pauses at once (the epoch's end, the run's end); None entries are unknown.
+        offset: Steps before the count's zero that the interval counts too (Lightning's validation
+            interval over the whole fit, counted from the epoch's start): ``offset + count`` is the multiple.
 
     Returns:
-        The least count > ``done`` that is a multiple of ``every`` or one of ``ends``; None when none is known.
+        The least count > ``done`` with ``offset + count`` a multiple of ``every``, or one of ``ends``;
+        None when none is known.
     """
     options = [end for end in ends if end is not None and end > done]
     if every is not None and every > 0:
-        options.append((done // every + 1) * every)
+        options.append(((offset + done) // every + 1) * every - offset)
     return min(options, default=None)
 
 
@@ -65,19 +68,20 @@ class SessionAdapter:
         self._measure_after = -1
         self._pause_every: int | None = None
         self._pause_ends: tuple[int | None, ...] = ()
+        self._pause_offset = 0
 
-    def _plan_pauses(self, done: int, every: int | None, ends: Iterable[int | None]) -> None:
+    def _plan_pauses(self, done: int, every: int | None, ends: Iterable[int | None], offset: int = 0) -> None:
         """Between steps, ``done`` taken: plan to measure the last step before each coming pause.
 
-        ``every`` and ``ends`` are :func:`next_pause`'s, in the count ``done`` is in. Before each
-        step's ``step_end`` the adapter compares the count that step ends with to ``_measure_after``
+        ``every``, ``ends`` and ``offset`` are :func:`next_pause`'s, in the count ``done`` is in. Before
+        each step's ``step_end`` the adapter compares the count that step ends with to ``_measure_after``
         (one comparison a step) and calls :meth:`_measure_next_step` when they are equal.
         """
-        self._pause_every, self._pause_ends = every, tuple(ends)
-        pause = next_pause(done, every, self._pause_ends)
+        self._pause_every, self._pause_ends, self._pause_offset = every, tuple(ends), offset
+        pause = next_pause(done, every, self._pause_ends, offset)
         if pause == done + 1:  # the very next step comes right before a pause: measured from here
             self.session.measure_next_step()
-            pause = next_pause(done + 1, every, self._pause_ends)
+            pause = next_pause(done + 1, every, self._pause_ends, offset)
         self._measure_after = -1 if pause is None else pause - 1
 
     def _measure_next_step(self, count: int) -> None:
@@ -86,7 +90,7 @@ class SessionAdapter:
         Its window opens at this step's end mark (:meth:`~zeus_callbacks.session.EnergySession.measure_next_step`).
         """
         self.session.measure_next_step()
-        pause = next_pause(count + 1, self._pause_every, self._pause_ends)
+        pause = next_pause(count + 1, self._pause_every, self._pause_ends, self._pause_offset)
         self._measure_after = -1 if pause is None else pause - 1
 
     @classmethod

@@ -653,7 +653,9 @@ def _pauses(
     length) and ``max_steps``. None where the Trainer does not say; a wrong guess costs one measured step.
     """
     strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-    every = state.eval_steps if strategy == "steps" and isinstance(state.eval_steps, int) else None
+    interval = state.eval_steps  # an int, or a float the Trainer kept (1.0, say: it converts ratios below 1 only)
+    whole = isinstance(interval, (int, float)) and interval >= 1 and float(interval).is_integer()
+    every = int(interval) if strategy == "steps" and whole else None
     try:
         batches = len(train_dataloader)
     except TypeError:  # None, or a loader without a length

@@ -415,12 +415,13 @@ def _batch_size(batch: Any) -> int | None:
         return None
 
 
-def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | None, ...]]:
-    """This epoch's pauses in batches, ``done`` of them taken (``every`` and ``ends`` of :func:`~._common.next_pause`).
+def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | None, ...], int]:
+    """This epoch's pauses in batches, ``done`` taken (``every``, ``ends``, ``offset`` of :func:`~._common.next_pause`).
 
-    A validation every ``val_check_batch`` batches of the epoch (when it validates this epoch and counts
-    within it), the epoch's end after ``num_training_batches`` and the fit's end at ``max_steps`` (its
-    optimizer steps left × ``accumulate_grad_batches``); None where Lightning does not say.
+    A validation every ``val_check_batch`` batches: of the epoch when it validates this epoch, of the
+    whole fit with ``check_val_every_n_epoch=None`` (``offset``: the fit's batches before this epoch);
+    the epoch's end after ``num_training_batches``; the fit's end at ``max_steps`` (its optimizer steps
+    left × ``accumulate_grad_batches``). None where Lightning does not say.
     """
     batches = trainer.num_training_batches
     end = batches if isinstance(batches, int) else None  # inf: a loader without a length
@@ -428,12 +429,16 @@ def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | Non
     fit_end = done + steps_left * trainer.accumulate_grad_batches if steps_left is not None else None
     every = trainer.val_check_batch
     per_epoch = trainer.check_val_every_n_epoch
-    validates = (
-        trainer.enable_validation
-        and per_epoch is not None  # None: validations counted over the fit's batches, not the epoch's
-        and (trainer.current_epoch + 1) % per_epoch == 0
-    )
-    return (every if validates and isinstance(every, int) else None), (end, fit_end)
+    offset = 0
+    if per_epoch is None:  # validations counted over the fit's batches, not the epoch's
+        completed = getattr(
+            getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None), "total", None
+        )
+        offset = completed.completed - done if completed is not None else 0
+        validates = trainer.enable_validation and completed is not None
+    else:
+        validates = trainer.enable_validation and (trainer.current_epoch + 1) % per_epoch == 0
+    return (every if validates and isinstance(every, int) else None), (end, fit_end), offset
 
 
 def _steps_left(trainer: pl.Trainer) -> int | None:

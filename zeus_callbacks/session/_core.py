@@ -665,8 +665,10 @@ class EnergySession:
             self._close_windows(counts)
             run.flush_sensor(run.backend.clock.now_s())
         finally:  # whatever failed above, sampling stops and the power limits go back
-            run.sampler.stop()
-            self._power.stop()
+            try:
+                run.sampler.stop()
+            finally:
+                self._power.stop()
         steps.report(resolve_final=True)
         limiter = self._power.power_limiter
         summary = self._reports.summary(

@@ -241,7 +241,7 @@ class PowerLimitController:
         self.apply(limit)
         message = f"applied the cached power limit {limit:.0f} W for {self.key.as_str()} without profiling"
         return self._conclude(
-            "cache", limit, message, logging.INFO, rows=list(entry.get("limits", [])), profiling_steps=0, sweep=False
+            "cache", limit, message, logging.INFO, rows=_cached_rows(entry), profiling_steps=0, sweep=False
         )
 
     def _conclude(
@@ -481,3 +481,8 @@ def _scouts_note(rows: list[dict[str, Any]]) -> str:
     """`` (N of them scouts)`` when the polish scouted gaps (short windows, docs/power_limit.md), else empty."""
     scouts = sum(1 for row in rows if row.get("scout"))
     return f" ({scouts} of them scouts)" if scouts else ""
+
+
+def _cached_rows(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A cache entry's rows; those cached before rows said ``scout`` get ``scout: False`` (no scout then)."""
+    return [{**row, "scout": bool(row.get("scout", False))} for row in entry.get("limits", [])]
