@@ -472,7 +472,9 @@ FIELDS: dict[str, str] = {
     "`train_start(job_steps=...)`); null when unknown.",
     "power_limit_profile.fallback_sweep": "True when the cost curve was not unimodal and every limit was measured.",
     "power_limit_profile.limits": "The per-limit table: `limit_W`, `energy_per_step_J`, `time_per_step_s`, "
-    "`cost`, `profiled_steps`, `steps`.",
+    "`cost`, `profiled_steps`, `steps`, `scout` (true: the limit was first measured by a scout, the polish's "
+    "short window in a gap between measured limits, whose reading decides nothing until a full window measures "
+    "it again; [power_limit.md](power_limit.md)).",
     "power_limit_profile.finished": "False when training ended before profiling did: no limit was chosen, the "
     "run trained at the trial limits, and `limits` holds what was measured (a warning says so too); true "
     "otherwise.",
