@@ -301,8 +301,8 @@ def test_session_logs_choice_table_and_restores_the_original_not_the_max(tmp_pat
     assert {row["limit_W"] for row in profile["limits"]} >= {300.0, chosen}
 
 
-def test_exception_restores_and_removes_the_marker(tmp_path):
-    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+def _profiling_session(tmp_path, backend, *, in_epoch: bool = False, **session_args) -> EnergySession:
+    """A session profiling the power limit of ``backend`` (original 250 W), 8 steps in: a trial limit is set."""
     session = EnergySession(
         {
             "backend": "virtual",
@@ -311,14 +311,23 @@ def test_exception_restores_and_removes_the_marker(tmp_path):
         },
         backend=backend,
         is_main_process=True,
+        **session_args,
     )
     backend.set_power_limit_W(0, 250.0)
     session.train_start()
+    if in_epoch:
+        session.epoch_start(0)
     for step in range(8):
         session.step_start(step)
         backend.clock.advance(STEP_S)
         session.step_end(step, num_samples=8)
     assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
+    return session
+
+
+def test_exception_restores_and_removes_the_marker(tmp_path):
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0))
+    session = _profiling_session(tmp_path, backend)
     session.exception(RuntimeError("boom"))
     assert backend.power_limit_W(0) == 250.0
     assert not (tmp_path / MARKER_NAME).exists()
@@ -948,26 +957,6 @@ def test_no_profiled_step_whose_samples_were_lost_decides_a_limit(tmp_path, capl
     assert sum("do not cover" in r.getMessage() for r in caplog.records) == 1  # the first, then counted
 
 
-def _profiling_session(tmp_path, backend):
-    session = EnergySession(
-        {
-            "backend": "virtual",
-            "logging": {"log_dir": str(tmp_path), "run_name": "x"},
-            "power_limit": {"enabled": True, "warmup_steps": 0},
-        },
-        backend=backend,
-        is_main_process=True,
-    )
-    backend.set_power_limit_W(0, 250.0)
-    session.train_start()
-    for step in range(8):
-        session.step_start(step)
-        backend.clock.advance(STEP_S)
-        session.step_end(step, num_samples=8)
-    assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
-    return session
-
-
 @pytest.mark.parametrize("how", ["train_end", "exception"])
 def test_a_failure_in_the_profilers_choice_at_the_end_still_restores_the_limit_and_ends_the_run(
     tmp_path, monkeypatch, caplog, how
@@ -1006,24 +995,7 @@ def test_a_failure_closing_the_windows_at_the_end_still_restores_the_limit(tmp_p
                 raise RuntimeError("closing failed")
             return self.clock.now_s()
 
-    session = EnergySession(
-        {
-            "backend": "virtual",
-            "logging": {"log_dir": str(tmp_path), "run_name": "x"},
-            "power_limit": {"enabled": True, "warmup_steps": 0},
-        },
-        backend=backend,
-        is_main_process=True,
-        timer_factory=lambda b: FailingTimer(b.clock),
-    )
-    backend.set_power_limit_W(0, 250.0)
-    session.train_start()
-    session.epoch_start(0)
-    for step in range(8):
-        session.step_start(step)
-        backend.clock.advance(STEP_S)
-        session.step_end(step, num_samples=8)
-    assert backend.power_limit_W(0) != 250.0 and (tmp_path / MARKER_NAME).exists()
+    session = _profiling_session(tmp_path, backend, in_epoch=True, timer_factory=lambda b: FailingTimer(b.clock))
     armed.append(True)
     with pytest.raises(RuntimeError, match="closing failed"):
         session.train_end()

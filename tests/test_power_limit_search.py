@@ -490,8 +490,8 @@ def test_a_too_quiet_window_is_widened_to_the_cards_pooled_noise(seed, rel_sd, w
     assert alone.interval(alone.profiles[100.0]) == pytest.approx(t_interval(values), rel=1e-12)
 
 
-def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float:
-    """Run 1 s steps whose energy is ``cost_of(limit)`` with relative Gaussian noise; return the choice."""
+def _run_steps(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int):
+    """Run 1 s steps whose energy is ``cost_of(limit)`` with relative Gaussian noise; yield each step end's answer."""
     rng = np.random.default_rng(seed)
     energies: dict[tuple[float, float], float] = {}
     prof.energy_fn = lambda a, b, **_: energies.get((a, b))
@@ -501,7 +501,13 @@ def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float
         assert limit is not None
         energies[(now, now + 1.0)] = cost_of(limit) * (1 + rel_sd * rng.standard_normal())
         now += 1.0
-        if prof.on_step_end(step, now):
+        yield prof.on_step_end(step, now)
+
+
+def _train(prof: PowerLimitProfiler, cost_of, rel_sd: float, seed: int) -> float:
+    """Run :func:`_run_steps` until the profiler decides; return the choice."""
+    for decided in _run_steps(prof, cost_of, rel_sd, seed):
+        if decided:
             assert prof.chosen_limit_W is not None
             return prof.chosen_limit_W
     raise AssertionError("the profiler did not decide")
@@ -891,16 +897,8 @@ def test_a_run_that_ends_right_after_the_polish_names_a_scout_still_chooses():
         return 1.0 + 0.6 * ((x - low - 0.1 * width) / width) ** 2
 
     prof = _profiler(power_limit_grid_W(low, low + width, 35), "energy", job_steps=50_000)
-    rng = np.random.default_rng(0)
-    energies: dict[tuple[float, float], float] = {}
-    prof.energy_fn = lambda a, b, **_: energies.get((a, b))
-    now = 0.0
-    for step in range(5000):
-        limit = prof.on_step_start(step, now)
-        assert limit is not None
-        energies[(now, now + 1.0)] = cost(limit) * (1 + 0.01 * rng.standard_normal())
-        now += 1.0
-        assert not prof.on_step_end(step, now)
+    for decided in _run_steps(prof, cost, 0.01, 0):
+        assert not decided
         if any(x not in prof.profiles for x in prof.scouted_W):
             break
     else:

@@ -48,27 +48,53 @@ class MeasuredBatches(Callback):
             self.before_validation.add(self._last)
 
 
-def test_lightning_measures_the_batch_before_each_validation_and_each_epochs_last_batch(tmp_path):
-    zeus = ZeusCallback(sampled_config(tmp_path, "pl"))
+def fit_lightning(tmp_path, name: str, seed: int, *, validate: bool, **trainer_args):
+    """A sampled Lightning fit of 80 batches an epoch; returns the callback, its spy and the JSONL records."""
+    zeus = ZeusCallback(sampled_config(tmp_path, name))
     spy = MeasuredBatches(zeus)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
-    train = DataLoader(TensorDataset(x, y), batch_size=8)  # 80 batches an epoch: validation after 24, 48 and 72
-    _, val = loaders()
-    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False, max_epochs=3,
-                        default_root_dir=str(tmp_path),
-                        val_check_interval=0.3, num_sanity_val_steps=0, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
-    trainer.fit(TinyRegressor(), train, val)
+    train = DataLoader(TensorDataset(x, y), batch_size=8)
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False,
+                        default_root_dir=str(tmp_path), num_sanity_val_steps=0, enable_progress_bar=False,
+                        enable_model_summary=False, **trainer_args)  # fmt: skip
+    trainer.fit(TinyRegressor(), train, loaders()[1] if validate else None)
+    return zeus, spy, read_jsonl(zeus.summary.jsonl_path)
+
+
+def train_hf(tmp_path, name: str, eval_rows: int, **args):
+    """A sampled HF Trainer run (200 rows, 4 a batch: 50 steps an epoch); returns its parts and JSONL records."""
+    zeus = ZeusTrainerCallback(sampled_config(tmp_path, name))
+    spy = MeasuredSteps(zeus)
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, logging_steps=10, report_to=[],
+        save_strategy="no", eval_strategy="steps", use_cpu=True, disable_tqdm=True, **args,
+    )  # fmt: skip
+    trainer = Trainer(model=tiny_lm(), args=arguments, train_dataset=RandomTokens(200),
+                      eval_dataset=RandomTokens(eval_rows), callbacks=[zeus, spy])  # fmt: skip
+    trainer.train()
+    return trainer, spy, read_jsonl(zeus.summary.jsonl_path)
+
+
+def assert_no_step_estimated(records: list[dict], epochs: int) -> None:
+    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
+    assert len(ledgers) == epochs and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+
+
+def assert_no_null_step_means(records: list[dict]) -> None:
+    steps = [r for r in records if r["event"] == "steps" and r["steps"] > 0]
+    assert steps and all(r["energy_J_mean"] is not None for r in steps)
+
+
+def test_lightning_measures_the_batch_before_each_validation_and_each_epochs_last_batch(tmp_path):
+    # validation after 24, 48 and 72 of each epoch's 80 batches
+    _, spy, records = fit_lightning(tmp_path, "pl", 0, validate=True, max_epochs=3, val_check_interval=0.3)
     assert spy.before_validation == {(epoch, i) for epoch in range(3) for i in (23, 47, 71)}
     assert spy.before_validation <= spy.measured
     assert {(epoch, 79) for epoch in range(3)} <= spy.measured  # each epoch's last batch
     assert len(spy.measured) < 0.4 * 240  # still a sample: the rule adds about one step per pause
-    records = read_jsonl(zeus.summary.jsonl_path)
-    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
-    assert len(ledgers) == 3 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
-    steps = [r for r in records if r["event"] == "steps" and r["steps"] > 0]
-    assert steps and all(r["energy_J_mean"] is not None for r in steps)
+    assert_no_step_estimated(records, 3)
+    assert_no_null_step_means(records)
 
 
 class MeasuredSteps(TrainerCallback):
@@ -88,74 +114,37 @@ class MeasuredSteps(TrainerCallback):
 
 
 def test_the_hf_trainer_measures_the_step_before_each_evaluation_each_epochs_end_and_max_steps(tmp_path):
-    zeus = ZeusTrainerCallback(sampled_config(tmp_path, "hf"))
-    spy = MeasuredSteps(zeus)
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=60, per_device_train_batch_size=4, logging_steps=10,
-        report_to=[], save_strategy="no", eval_strategy="steps", eval_steps=14, use_cpu=True, disable_tqdm=True,
-    )  # fmt: skip
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(8),
-                      callbacks=[zeus, spy])  # fmt: skip
-    trainer.train()
+    _, spy, records = train_hf(tmp_path, "hf", 8, max_steps=60, eval_steps=14)
     assert spy.evaluated_after == [14, 28, 42, 56, 60]  # and at the end
     pauses = {14, 28, 42, 50, 56, 60}  # evaluations, the first epoch's end (200 / 4 steps), max_steps
     assert pauses <= spy.measured
     assert len(spy.measured) < 0.5 * 60
-    records = read_jsonl(zeus.summary.jsonl_path)
-    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
-    assert len(ledgers) == 2 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
-    steps = [r for r in records if r["event"] == "steps" and r["steps"] > 0]
-    assert steps and all(r["energy_J_mean"] is not None for r in steps)
+    assert_no_step_estimated(records, 2)
+    assert_no_null_step_means(records)
 
 
 def test_lightning_measures_the_last_batch_before_max_steps_cuts_an_epoch(tmp_path):
-    zeus = ZeusCallback(sampled_config(tmp_path, "pl-max"))
-    spy = MeasuredBatches(zeus)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
-    train = DataLoader(TensorDataset(x, y), batch_size=8)  # 80 batches an epoch; max_steps 100 ends 20 into the second
-    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False, max_steps=100,
-                        default_root_dir=str(tmp_path), num_sanity_val_steps=0, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
-    trainer.fit(TinyRegressor(), train)
+    # max_steps 100 ends 20 batches into the second epoch
+    zeus, spy, records = fit_lightning(tmp_path, "pl-max", 1, validate=False, max_steps=100)
     assert zeus.summary.steps == 100
     assert {(0, 79), (1, 19)} <= spy.measured
-    records = read_jsonl(zeus.summary.jsonl_path)
-    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
-    assert len(ledgers) == 2 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+    assert_no_step_estimated(records, 2)
 
 
 def test_lightning_measures_the_batch_before_each_validation_counted_over_the_whole_fit(tmp_path):
     # check_val_every_n_epoch=None: validation every 30 batches of the fit, not of the epoch (80 batches an epoch).
-    zeus = ZeusCallback(sampled_config(tmp_path, "pl-fit"))
-    spy = MeasuredBatches(zeus)
-    g = torch.Generator().manual_seed(2)
-    x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
-    train = DataLoader(TensorDataset(x, y), batch_size=8)
-    _, val = loaders()
-    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False, max_epochs=3,
-                        val_check_interval=30, check_val_every_n_epoch=None, default_root_dir=str(tmp_path),
-                        num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(TinyRegressor(), train, val)
+    _, spy, records = fit_lightning(
+        tmp_path, "pl-fit", 2, validate=True, max_epochs=3, val_check_interval=30, check_val_every_n_epoch=None
+    )
     fit_batches = {(epoch, i): 80 * epoch + i + 1 for epoch in range(3) for i in range(80)}
     assert spy.before_validation == {key for key, n in fit_batches.items() if n % 30 == 0}
     assert spy.before_validation <= spy.measured
-    records = read_jsonl(zeus.summary.jsonl_path)
-    ledgers = [r["ledger"] for r in records if r["event"] == "epoch"]
-    assert len(ledgers) == 3 and all(ledger["steps_estimated"] == 0 for ledger in ledgers)
+    assert_no_step_estimated(records, 3)
 
 
 def test_the_hf_trainer_reads_an_eval_steps_it_kept_as_a_float(tmp_path):
     # TrainingArguments makes eval_steps above 1 an int and the Trainer a ratio below 1 a step count: 1.0
     # stays a float, and the Trainer evaluates after every step.
-    zeus = ZeusTrainerCallback(sampled_config(tmp_path, "hf-float"))
-    spy = MeasuredSteps(zeus)
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4, logging_steps=10,
-        report_to=[], save_strategy="no", eval_strategy="steps", eval_steps=1.0, use_cpu=True, disable_tqdm=True,
-    )  # fmt: skip
-    trainer = Trainer(model=tiny_lm(), args=args, train_dataset=RandomTokens(200), eval_dataset=RandomTokens(4),
-                      callbacks=[zeus, spy])  # fmt: skip
-    trainer.train()
+    trainer, spy, _ = train_hf(tmp_path, "hf-float", 4, max_steps=6, eval_steps=1.0)
     assert isinstance(trainer.state.eval_steps, float) and spy.evaluated_after == [1, 2, 3, 4, 5, 6]
     assert set(spy.evaluated_after) <= spy.measured  # every step is the last before an evaluation

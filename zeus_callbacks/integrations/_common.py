@@ -78,11 +78,10 @@ class SessionAdapter:
         (one comparison a step) and calls :meth:`_measure_next_step` when they are equal.
         """
         self._pause_every, self._pause_ends, self._pause_offset = every, tuple(ends), offset
-        pause = next_pause(done, every, self._pause_ends, offset)
-        if pause == done + 1:  # the very next step comes right before a pause: measured from here
+        self._measure_after = self._step_before_last(done)
+        if self._measure_after == done:  # the very next step comes right before a pause: measured from here
             self.session.measure_next_step()
-            pause = next_pause(done + 1, every, self._pause_ends, offset)
-        self._measure_after = -1 if pause is None else pause - 1
+            self._measure_after = self._step_before_last(done + 1)
 
     def _measure_next_step(self, count: int) -> None:
         """In the step that ends with ``count`` steps taken, the next one is the last before a pause: measure it.
@@ -90,8 +89,12 @@ class SessionAdapter:
         Its window opens at this step's end mark (:meth:`~zeus_callbacks.session.EnergySession.measure_next_step`).
         """
         self.session.measure_next_step()
-        pause = next_pause(count + 1, self._pause_every, self._pause_ends, self._pause_offset)
-        self._measure_after = -1 if pause is None else pause - 1
+        self._measure_after = self._step_before_last(count + 1)
+
+    def _step_before_last(self, done: int) -> int:
+        """The count of the step before the last one before the next pause after ``done`` (-1: none known)."""
+        pause = next_pause(done, self._pause_every, self._pause_ends, self._pause_offset)
+        return -1 if pause is None else pause - 1
 
     @classmethod
     def from_yaml(cls: type[AdapterT], path: str | Path, **kwargs: Any) -> AdapterT:

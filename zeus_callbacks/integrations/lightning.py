@@ -431,11 +431,10 @@ def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | Non
     per_epoch = trainer.check_val_every_n_epoch
     offset = 0
     if per_epoch is None:  # validations counted over the fit's batches, not the epoch's
-        completed = getattr(
-            getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None), "total", None
-        )
-        offset = completed.completed - done if completed is not None else 0
-        validates = trainer.enable_validation and completed is not None
+        progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
+        fit_total = getattr(progress, "total", None)  # the fit's batches so far (Lightning's loop progress)
+        offset = fit_total.completed - done if fit_total is not None else 0
+        validates = trainer.enable_validation and fit_total is not None
     else:
         validates = trainer.enable_validation and (trainer.current_epoch + 1) % per_epoch == 0
     return (every if validates and isinstance(every, int) else None), (end, fit_end), offset

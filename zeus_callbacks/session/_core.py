@@ -690,6 +690,7 @@ class EnergySession:
         return summary
 
     def _close_windows(self, counts: tuple[int, int]) -> None:
+        """At the run's end: close the open step, evaluation, epoch and run windows (``counts``: the epoch's)."""
         run = self.run
         # A step cut short is not a step (its energy stays in the run total); an
         # unfinished epoch or evaluation is still measured up to now.

@@ -236,6 +236,7 @@ class StepScheduler:
         self._warmup_left = warmup_steps if step_windows else 0
         self._warmup_done = 0
         # The first step after warm-up is drawn like any other.
+        self._force_next = False
         self._draw_next_skip()
         self._quiet_left = 0
         self._measuring = self._dataloader_open = False
@@ -441,13 +442,13 @@ class StepScheduler:
 
         For the last step before a pause (an evaluation, the epoch's end, the run's end): with it
         measured, the steps since the last measured one form a stretch of steps only, which the
-        epoch ledger and the ``steps`` record measure whole, instead of estimating them from means or
-        leaving an epoch's last steps with none (docs/sampling.md). Called during a step, before its
-        :meth:`step_end`, the next step's window opens at that step's end mark; between steps, at
-        the next step's start. Measured with certainty, the step weighs 1 in the means (each step
-        the sampling drew weighs 1 / its chance), so it stands for itself only when other steps were
-        measured near it. The draws after it go on from a fresh gap: the gaps are geometric, so every
-        other step keeps its chance.
+        epoch ledger and the ``steps`` record measure whole, instead of estimating them from means
+        or leaving an epoch's last steps with none (docs/concepts.md, "Because the windows tile").
+        Called during a step, before its :meth:`step_end`, the next step's window opens at that
+        step's end mark; between steps, at the next step's start. Measured with certainty, the step
+        weighs 1 in the means (each step the sampling drew weighs 1 / its chance), so it stands for
+        itself only when other steps were measured near it. The draws after it go on from a fresh
+        gap: the gaps are geometric, so every other step keeps its chance.
         """
         if not self.active or not (self._step_windows or self._phase_windows):
             return
