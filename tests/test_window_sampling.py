@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import tempfile
 
 import numpy as np
@@ -748,9 +749,16 @@ def test_the_summarys_step_means_times_the_steps_never_exceed_the_run(tmp_path, 
 
 
 # -- the last step before each pause is measured (measure_next_step) -------------------------------
-def _paused_run(tmp_path, name, *, fraction, epochs, epoch_steps, eval_every, force, quiet=True, seed_steps=0.01):
+def _stalled_step_s(seed: int, step: int) -> float:
+    """Step ``step``'s time in a run with stalls (s): 10 ms, or 0.5 s in about one step of 20 (seeded)."""
+    return 0.5 if random.Random(seed * 100_003 + step).random() < 0.05 else 0.01
+
+
+def _paused_run(tmp_path, name, *, fraction, epochs, epoch_steps, eval_every, force, quiet=True, seed_steps=0.01,
+                stalls=None):  # fmt: skip
     """A run of ``epochs`` × ``epoch_steps`` steps with an evaluation after every ``eval_every``-th step of an
-    epoch; with ``force``, the adapter's rule: measure_next_step in the step before the last before each pause."""
+    epoch; with ``force``, the adapter's rule: measure_next_step in the step before the last before each pause.
+    ``stalls``: a seed; each step then also takes :func:`_stalled_step_s`."""
     from zeus_callbacks.backends.base import ManualClock
     from zeus_callbacks.backends.virtual import VirtualGPUBackend
     from zeus_callbacks.session import EnergySession
@@ -776,6 +784,8 @@ def _paused_run(tmp_path, name, *, fraction, epochs, epoch_steps, eval_every, fo
             if session.measuring:
                 measured.add((epoch, i))
             clock.advance(seed_steps * (1 + (step % 7) / 7))  # step times that vary
+            if stalls is not None:
+                clock.advance(_stalled_step_s(stalls, step))
             session.sampler.poll_once(read_counter=False)
             if force and i + 1 < epoch_steps and pause_after(i + 1):
                 session.measure_next_step()
@@ -822,6 +832,10 @@ def test_with_the_last_step_before_each_pause_measured_no_epoch_step_is_estimate
     assert sum(r["steps"] + r["warmup_steps"] for r in steps) == summary.steps == epochs * epoch_steps
     if summary.steps > 1:  # more than the warm-up step: the run's step mean is known
         assert math.isfinite(summary.step_energy_J) and summary.step_energy_J > 0
+        # The summary's mean is its records' means weighed by their steps: the two never disagree.
+        known = [r for r in steps if r["energy_J_mean"] is not None and r["steps"] > 0]
+        records_J = sum(r["energy_J_mean"] * r["steps"] for r in known)
+        assert summary.step_energy_J * sum(r["steps"] for r in known) == pytest.approx(records_J, rel=1e-9)
 
 
 def test_without_the_rule_the_last_steps_before_pauses_are_estimated(tmp_path):
@@ -849,3 +863,22 @@ def test_measuring_the_step_before_a_pause_changes_nothing_the_quiet_steps_count
     assert [[r.get(k) for k in key] for r in quiet_records if r["event"] == "steps"] == [
         [r.get(k) for k in key] for r in records if r["event"] == "steps"
     ]
+
+
+def test_the_summarys_step_mean_is_the_measured_stretches_not_a_few_sampled_windows(tmp_path):
+    """The tester's loaded run printed energy/step 16.6 J beside steps records of 56.6 J.
+
+    The records' means hold the stretches between the step windows, which measure every step there; the
+    summary's was drawn from the few windows alone. Here step times are heavy-tailed (a stall in ~1 of 20
+    steps) and 1 % of the steps get a window: the summary's time/step is the true mean step (each step's
+    time is known on the manual clock). The windows alone gave 23.33 s for seed 0's 23.14 s of steps.
+    """
+    for seed in range(4):
+        summary, records, _, _ = _paused_run(
+            tmp_path, f"s{seed}", fraction=0.01, epochs=2, epoch_steps=300, eval_every=100, force=True,
+            seed_steps=0.0, stalls=seed,
+        )  # fmt: skip
+        warmup = sum(r["warmup_steps"] for r in records if r["event"] == "steps")
+        true_s = sum(_stalled_step_s(seed, step) for step in range(warmup, summary.steps))
+        assert summary.step_time_s * (summary.steps - warmup) == pytest.approx(true_s, rel=1e-6)
+        assert summary.measured_steps == summary.steps - warmup  # every step measured: windows and stretches

@@ -135,8 +135,8 @@ METRICS: dict[str, str] = {
     TOTAL_ENERGY_J: "J — GPU energy of the whole run (train start to end)",
     TOTAL_TIME_S: "s — wall time of the whole run",
     RUN_MEAN_POWER_W: "W — mean GPU power of the whole run (energy/total_J / time/total_s), logged once at the end",
-    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps, each measured step weighed by 1/p "
-    "(p: its chance of being measured); logged once at the end",
+    RUN_STEP_ENERGY_J: "J — the run's mean step energy after its warm-up steps: the steps records' means weighed by "
+    "the steps each stands for; logged once at the end",
     RUN_STEP_TIME_S: "s — the run's mean step time after its warm-up steps, weighed the same way; logged once at "
     "the end",
     RUN_STEP_COUNT: "steps — the training steps the run took, logged once at the end",
@@ -249,10 +249,12 @@ class RunSummary:
             end of training (``max_steps``, an interruption) counts, as its energy is measured.
         mean_power_W: ``energy_J / time_s`` (W).
         step_energy_J: Mean energy per step after the warm-up steps (J), NaN without a measured one:
-            the mean of the measured steps, each weighed by 1/p, ``p`` its chance of being measured
-            (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain
-            mean would overstate the step), so ``step_energy_J`` × the steps of the ``steps`` records
-            is their energy estimate. A sample's estimate can exceed what the whole run holds, which
+            the ``steps`` records' means weighed by the steps each stands for, so ``step_energy_J`` × those
+            steps is the records' estimate of their energy. A record's mean is over its steps with a window
+            and the stretches between them where it could use those (measured, not sampled), else over
+            its measured steps, each weighed by 1/p, ``p`` its chance of being measured
+            (``windows.sample_fraction: auto`` measures a larger share where steps are slow: a plain mean
+            would overstate the step). A sample's estimate can exceed what the whole run holds, which
             no mean of its steps can: both step means are then scaled down by one factor, so that
             × the steps they stand for they are at most ``energy_J`` and ``time_s``. Those steps are
             the steps after warm-up; in a resumed run, its own after its warm-up and the checkpoint's
@@ -319,9 +321,11 @@ class RunSummary:
         node_energy_note: With ``node.rapl`` or ``node.virtual_cpu``: the parts ``node_energy_J`` holds (a
             simulated CPU says ``SIMULATED``), or why a figure is unknown; with both off, ``node.rapl and
             node.virtual_cpu are off: no CPU/DRAM energy reader``, as in each epoch record.
-        measured_steps: Steps after warm-up whose windows ``step_energy_J`` and ``step_time_s`` come from;
-            under ``windows.sample_fraction`` fewer than the steps: those figures are then estimates from
-            a sample. The printed summary says "mean of N measured steps". None where not known.
+        measured_steps: Steps after warm-up that ``step_energy_J`` and ``step_time_s`` come from: those with
+            a window, and those between two windows measured as the stretches that hold them where the
+            ``steps`` records used those. Fewer than the steps under ``windows.sample_fraction`` when
+            stretches could not be used: those figures are then estimates from a sample. The printed
+            summary says "mean of N measured steps". None where not known.
         energy_note: Why ``energy_J`` is unknown on a GPU that was measured: the run resumed from a
             checkpoint whose energy so far was not measured (saved before any power sample covered the
             run's start), so the total cannot hold those steps; ``counter_energy_J`` is then null too.

@@ -16,14 +16,17 @@ class Totals:
         energy_J: Energy of the run (J); NaN when unknown (``energy_note`` says why).
         time_s: Time of the run (s).
         steps: Steps executed.
-        measured_steps: Steps whose energy has been attributed (warm-up steps left out).
+        measured_steps: Steps whose energy has been attributed (warm-up steps left out): those with a
+            window, and those the step means hold as stretches between windows.
         epochs: Epochs executed (an epoch cut short counts).
-        step_energy_J: ``Σ E/p`` over the measured steps after warm-up (J), ``p`` each one's chance
-            of being measured (Horvitz-Thompson): the energy of the steps they stand for, in
-            expectation. Under ``windows.sample_fraction: auto`` the share measured follows the
-            step time, so a plain mean would weigh each stretch by that share.
-        step_time_s: ``Σ t/p``, alike (s).
-        estimated_steps: ``Σ 1/p``: the steps those sums stand for, in expectation;
+        step_energy_J: The energy of the steps after warm-up that the step means stand for (J), per
+            report as its ``steps`` record draws its means: the steps with a window and the stretches
+            between them where the record used those (each step measured once), else ``Σ E/p`` over
+            the measured steps, ``p`` each one's chance of being measured (Horvitz-Thompson: the
+            steps they stand for, in expectation). Under ``windows.sample_fraction: auto`` the share
+            measured follows the step time, so a plain mean would weigh each stretch by that share.
+        step_time_s: Alike (s).
+        estimated_steps: The steps those sums stand for (``Σ 1/p`` where sampled);
             ``step_energy_J / estimated_steps`` is the run's mean step energy.
         epoch_energy_J: Each epoch's energy (J).
         energy_note: Why ``energy_J`` is unknown (a checkpoint saved before the power samples covered

@@ -325,13 +325,33 @@ class StepReports:
         interval = [s for s in self._interval_rows if s.steps > 0]  # queued: the interval's, once every rank has steps
         if len(interval) == len(self._interval_rows):
             self._pending_metrics.update(records.step_metrics(interval))
-        self._write_steps_record(values, batches if count else [], len(gathered), final=final, partial=partial,
-                                 between_steps=records.agreed_between_steps(rows) if values else 0)  # fmt: skip
-        if count:  # the run's step means weigh each measured step by 1 / its chance of being measured (see Totals)
-            mine = local.steps
-            self._totals.step_energy_J += mine.weighted_J
-            self._totals.step_time_s += mine.weighted_s
-            self._totals.estimated_steps += mine.weight
+        between_steps = records.agreed_between_steps(rows) if values else 0
+        steps_taken = self._write_steps_record(values, batches if count else [], len(gathered), final=final,
+                                               partial=partial, between_steps=between_steps)  # fmt: skip
+        if values:
+            self._add_to_run_means(local.steps, steps_taken, stretches_used=between_steps > 0)
+
+    def _add_to_run_means(self, mine: StepColumns, steps: int, *, stretches_used: bool) -> None:
+        """Add a ``steps`` record's estimate to the run's step means (:class:`~zeus_callbacks.session._state.Totals`).
+
+        ``mine``: this rank's part of the record; ``steps``: the steps the record stands for. This rank's
+        mean step is the one the record's means sum over ranks (with the stretches between the windows
+        where it used them, else each measured step weighed by 1 / its chance of being measured), and it
+        counts ``steps`` times: the run's mean is the records' means weighed by their steps. A summary
+        drawn from the windows alone disagreed with its own records when few steps were measured on a
+        loaded machine (16.6 J against 56.6 J).
+        """
+        if stretches_used:
+            energy_J, time_s = mine.energy_J + mine.between_J, mine.time_s + mine.between_s
+            count = mine.steps + mine.between_steps
+            self._totals.measured_steps += int(mine.between_steps)  # measured as stretches, not sampled
+        else:
+            energy_J, time_s, count = mine.weighted_J, mine.weighted_s, mine.weight
+        if count <= 0 or steps <= 0:
+            return
+        self._totals.step_energy_J += energy_J / count * steps
+        self._totals.step_time_s += time_s / count * steps
+        self._totals.estimated_steps += steps
 
     def end_interval(self) -> None:
         """The loggers took the queued metrics: the next interval's means start from nothing."""
@@ -342,13 +362,14 @@ class StepReports:
     def _write_steps_record(
         self, values: dict[str, float], batches: list[WindowBatch], ranks: int, *, final: bool,
         partial: str | None = None, between_steps: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> int:  # fmt: skip
         """Write the ``steps`` record (:func:`~zeus_callbacks.session._log_records.steps_record`).
 
         The record stands for the steps after the last record's, up to its last measured
         step (to the last step taken when ``final``: every window is attributed then), the
         warm-up steps among them counted apart. So ``energy_J_mean × steps`` pairs a mean
         with the steps it was drawn from, even when attribution lags a report behind.
+        Returns the steps it stands for (``steps``: after warm-up).
         """
         lo = self._steps_logged_upto
         if final:
@@ -362,9 +383,10 @@ class StepReports:
         first_warmup = self._carried.steps  # warm-up steps are the run's first ones
         warmup = max(0, min(upto, first_warmup + self._warmup_done()) - max(lo, first_warmup))
         node = self._node_figures()
+        steps_taken = upto - lo - warmup
         self._run.log.write(
             records.steps_record(
-                values, batches, steps_taken=upto - lo - warmup, warmup_steps=warmup,
+                values, batches, steps_taken=steps_taken, warmup_steps=warmup,
                 power_limit_W=self._power_limit_W(), ranks=ranks, degraded=self._degraded(),
                 dropped_windows=self._dropped_windows, node=node.fields if node is not None else None,
                 partial_reason=partial, between_steps=between_steps,
@@ -375,6 +397,7 @@ class StepReports:
             for key in STEP_METRICS:  # an earlier report's value in this interval: replaced, or gone if now unknown
                 self._pending_metrics.pop(key, None)
             self._pending_metrics.update(self._node_spans.publish(node))
+        return steps_taken
 
     def _node_figures(self) -> SpanFigures | None:
         """The node spans for the record being written: those the last exchange combined (None: no node option).
