@@ -261,7 +261,7 @@ def test_show_labels_the_posterior_and_gives_the_measured_mean_beside_it(tmp_pat
     assert main(["show", str(store)]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.lstrip().startswith("batch") and "alive" in line)
-    assert header.split() == "batch model mean model spread model n measured mean trials alive".split()
+    assert header.split() == "batch model mean model spread model n measured mean measured trials alive".split()
     assert "mean cost" not in "\n".join(lines)  # no unlabelled model figure
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -355,7 +356,7 @@ def test_start_after_open_trial_uses_no_store(tmp_path):
     controller.run_store.close()
 
 
-def test_a_run_resumed_without_an_energy_figure_closes_its_trial_unobserved_not_left_running(tmp_path, caplog):
+def test_a_run_resumed_without_an_energy_figure_closes_its_trial_unobserved_not_left_running(tmp_path, caplog, capsys):
     # A checkpoint saved before the first power sample has no energy figure; the run resumed from it has
     # none either. Its trial is recorded with its status and no cost (not an observation): left
     # `running` (as before), the next open marked it failed and two such runs pruned the batch size.
@@ -396,3 +397,17 @@ def test_a_run_resumed_without_an_energy_figure_closes_its_trial_unobserved_not_
         assert store.get_bandit("nightly").state["min_cost"] == pytest.approx(trials[0].cost)
     (record,) = [r for r in read_jsonl(summary.jsonl_path) if r["event"] == "trial"]
     assert record["status"] == "completed" and record["cost"] is None
+    # `show` says why the trial has no cost, and counts it in no arm's measured trials.
+    from zeus_callbacks.cli import main
+
+    store_path = str(tmp_path / "zeus_store.sqlite")
+    assert main(["show", store_path, "nightly", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["jobs"][0]
+    shown = {t["trial_id"]: t for t in job["trials"]}
+    assert shown[resumed.trial_id]["note"] == f"{resumed.info['energy_note']}; {resumed.info['not_observed']}"
+    assert shown[trials[0].trial_id]["note"] is None
+    (arm,) = [a for a in job["arms"] if a["batch_size"] == resumed.batch_size]
+    assert arm["measured_trials"] == sum(t.batch_size == resumed.batch_size for t in trials) - 1, (arm, trials)
+    assert main(["show", store_path, "nightly"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the note is wrapped to the console
+    assert f"trial {resumed.trial_id}: {resumed.info['energy_note']}" in text

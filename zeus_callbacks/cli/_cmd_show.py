@@ -129,6 +129,7 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                             "energy_J": t.energy_J,
                             "time_s": t.time_s,
                             "cost": t.cost,
+                            "note": trial_note(t.info),
                         }
                         for t in store.list_trials(job.job_id)
                     ],
@@ -148,15 +149,19 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             for row in arm_rows:  # observations are a float in the posterior; whole counts read better
                 row[3] = int(row[3]) if float(row[3]).is_integer() else row[3]
             # The bandit's posterior (its model) is named as such: with one trial its mean is not that trial's cost.
-            headers = ["batch", "model mean", "model spread", "model n", "measured mean", "trials", "alive"]
+            # "measured trials": the trials whose cost the bandit observed, not every trial of the arm.
+            headers = ["batch", "model mean", "model spread", "model n", "measured mean", "measured trials", "alive"]
             out.append(table(headers, arm_rows))
         for batch_size, reason in job["failed_arms"].items():
             out.append(f"batch size {batch_size} pruned: {reason}")
         trials = job["trials"]
         out.append(f"{len(trials)} trial(s)" + (" (last 10):" if len(trials) > 10 else ":"))
-        rows = [list(t.values()) for t in trials[-10:]]  # a trial's fields, in the headers' order
+        rows = [list(t.values())[:-1] for t in trials[-10:]]  # a trial's fields but its note, in the headers' order
         if rows:
             out.append(table(["id", "batch", "limit_W", "status", "conv", "energy_J", "time_s", "cost"], rows))
+        for t in trials[-10:]:  # why a figure is missing, under the table (a column would not fit a console)
+            if t["note"]:
+                out.append(wrap(f"trial {t['trial_id']}: {t['note']}", "    "))
     if report["profiles"]:
         out.append("\npower-limit profiles:")
     for key, profile in report["profiles"].items():
@@ -165,6 +170,16 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
         out.append(wrap(key_text, "    "))
         out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
+
+
+def trial_note(info: dict[str, Any]) -> str | None:
+    """Why a trial's energy or cost is missing, from its ``info`` (None: nothing is missing, or no reason kept).
+
+    A run whose energy was not measured says why (``energy_note``) and that its cost is not an
+    observation (``not_observed``); a failed or withdrawn trial says why it ended (``reason``).
+    """
+    parts = [str(info[key]) for key in ("reason", "energy_note", "not_observed") if info.get(key)]
+    return "; ".join(parts) or None
 
 
 def _profile_fields(key: str) -> dict[str, Any] | None:
