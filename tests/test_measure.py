@@ -272,3 +272,61 @@ def test_a_generator_or_async_function_cannot_be_decorated(config, virtual_backe
     with pytest.raises(TypeError, match="cannot decorate a(n async)? .*with measure"):
         m(func)
     assert not list(pathlib.Path(config["logging"]["log_dir"]).glob("*.jsonl"))  # no empty run was written
+
+
+def test_a_loop_resumed_from_its_checkpoint_goes_on_from_its_totals_steps_and_epoch(
+    config, virtual_backend, manual_clock
+):
+    # A raw loop saves m.state_dict() in its checkpoint mid-epoch; the next process loads it before `with`.
+    # Before, the new run's session dropped a state loaded outside the run: it started from 0 J and step 0.
+    power_W = virtual_backend.true_power_W(0)
+    first = zeus_callbacks.measure({**config, "logging": {**config["logging"], "run_name": "first"}},
+                                   backend=virtual_backend)  # fmt: skip
+    with first as m:
+        start_s = manual_clock.now_s()
+        with m.epoch():
+            for _ in range(STEPS_PER_EPOCH):
+                with m.step():
+                    work(m, manual_clock, STEP_S)
+        m.epoch_start()
+        for _ in range(2):
+            with m.step():
+                work(m, manual_clock, STEP_S)
+        work(m, manual_clock, 0.2)  # the samples cover the save moment (the sensor's lag passes)
+        state = m.state_dict()
+        saved_s = manual_clock.now_s() - start_s
+        with pytest.raises(CallOrderError, match="before `with"):
+            m.load_state_dict(state)
+    assert (state["steps"], state["epochs"], state["open_epoch"]) == (STEPS_PER_EPOCH + 2, 1, 1)
+    assert state["energy_J"] == pytest.approx(power_W * saved_s, rel=REL)
+
+    second = zeus_callbacks.measure({**config, "logging": {**config["logging"], "run_name": "second"}},
+                                    backend=virtual_backend)  # fmt: skip
+    second.load_state_dict(state)
+    with second as m:
+        start_s = manual_clock.now_s()
+        with m.epoch():  # the epoch the checkpoint was saved in, resumed
+            for _ in range(STEPS_PER_EPOCH - 2):
+                with m.step():
+                    work(m, manual_clock, STEP_S)
+        work(m, manual_clock, 2 * virtual_backend.sample_period_s)
+        resumed_s = manual_clock.now_s() - start_s
+    summary = m.summary
+    assert (summary.steps, summary.epochs) == (2 * STEPS_PER_EPOCH, 2)
+    (end,) = records(m, "run_end")  # this run's samples begin a fraction of a sample period after its start
+    assert summary.energy_J == pytest.approx(power_W * (saved_s + resumed_s * end["coverage"]), rel=REL)
+    (epoch,) = records(m, "epoch")
+    assert epoch["epoch"] == 1 and epoch["resumed_mid_epoch"]
+    (warmup,) = records(m, "warmup")
+    assert warmup["steps"] == [STEPS_PER_EPOCH + 2]  # numbered on from the checkpoint's steps
+    assert sum(r["steps"] + r["warmup_steps"] for r in records(m, "steps")) == STEPS_PER_EPOCH - 2
+    with second as again:  # one run takes the state: the next starts from nothing
+        with again.step():
+            work(again, manual_clock, STEP_S)
+    assert again.summary.steps == 1
+
+
+def test_a_state_that_is_not_a_mapping_is_refused(config, virtual_backend):
+    m = zeus_callbacks.measure(config, backend=virtual_backend)
+    with pytest.raises(TypeError, match="mapping"):
+        m.load_state_dict([1, 2])

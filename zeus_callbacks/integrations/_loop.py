@@ -123,6 +123,7 @@ class Measurement(SessionAdapter):
         self._epoch: int | None = None  # the epoch under way (None: between epochs)
         self._steps = 0  # steps ended in this run
         self._epochs = 0  # epochs ended in this run
+        self._resume_from: Mapping[str, Any] | None = None  # a checkpoint's state for the next run (load_state_dict)
         self.should_stop = False
 
     # ------------------------------------------------------------------ the run
@@ -150,6 +151,10 @@ class Measurement(SessionAdapter):
         self._in_step = self._in_eval = False
         self._epoch = None
         self._steps = self._epochs = self._steps_started = 0
+        if self._resume_from is not None:  # steps and epochs go on from the checkpoint's
+            state, self._resume_from = self._resume_from, None
+            self.session.load_state_dict(state)
+            self._steps, self._epochs = int(state.get("steps", 0)), int(state.get("epochs", 0))
         self.should_stop = False
         self._said = _SaidBatchSize()
         handed = self._batch_size_arg
@@ -515,6 +520,44 @@ class Measurement(SessionAdapter):
             Metric name → value (docs/metrics.md), e.g. for ``fabric.log_dict``; empty most steps.
         """
         return self.session.pop_metrics()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The run's totals so far, to save in the loop's checkpoint (plain numbers, lists and strings).
+
+        Call it inside the run when the loop saves a checkpoint, or after the run. Saving waits (at most
+        about 0.25 s) for the power samples to reach this moment. The energy so far is None, with
+        ``energy_note``, when no sample covered it yet (docs/raw_loops.md, "Checkpoints").
+
+        Returns:
+            The state :meth:`load_state_dict` takes (:meth:`~zeus_callbacks.session.EnergySession.state_dict`).
+
+        Raises:
+            CallOrderError: A step is open (a step is no checkpoint moment).
+        """
+        if self._in_step:
+            raise CallOrderError("state_dict() inside a step: save the checkpoint after step_end()")
+        return self.session.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume the next run from a checkpoint's state (:meth:`state_dict`): call it before ``with``.
+
+        The next run's totals (energy, time, steps, epochs, step means) start from the checkpoint's, and
+        its steps and epochs are numbered on from there. A loop that resumes inside an epoch calls
+        :meth:`epoch_start` again: that epoch's record then covers the steps after the checkpoint only
+        (``resumed_mid_epoch``). One run takes the state; the one after starts from nothing again.
+
+        Raises:
+            CallOrderError: A run is under way (its totals are already counting).
+            TypeError: ``state`` is not a mapping.
+        """
+        if self._running:
+            raise CallOrderError("load_state_dict() inside a run: call it before `with measure(...)`")
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"load_state_dict(): the state must be a mapping (from state_dict()), not {type(state).__name__}"
+            )
+        self._resume_from = dict(state)
 
     # ------------------------------------------------------------------ helpers
     def _need_run(self, call: str, *, outside_step: bool = False) -> None:
