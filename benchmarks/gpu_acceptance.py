@@ -21,8 +21,10 @@ records' ``ledger["eval_tail_J"]``: the evaluation's attribution and sensor wait
 checkpoint) and other (the epoch record's ``ledger["other_J"]``, or, where the log has no ledger, epoch - the
 rest, marked ``computed``); the closure (steps + warm-up + evals + eval tails) / epoch; the ledger's own sum /
 epoch; each epoch against the hardware energy counter (``counter_energy_J``:
-epochs of >= 2 s); the run total (``run_end``) against the counter; every negative number and every
-incomplete (``complete: false``) record or null figure anywhere in the log; steps and mean step time.
+epochs of >= 2 s); the run total (``run_end``) against the counter; the summary's energy/step x the
+steps the ``steps`` records' means stand for, against those records' estimate (they must agree); every
+negative number and every incomplete (``complete: false``) record or null figure anywhere in the log;
+steps and mean step time.
 
 ``backend: auto``: on the GPU the NVIDIA backend, read-only. The script sets ``ZEUS_CALLBACKS_READ_ONLY=1``
 for its children (each asserts it, and every run's ``run_start`` must say ``read_only``), reads every GPU's
@@ -542,6 +544,13 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
         "run_s": end.get("time_s"),
         "steps": end.get("steps"),
         "step_ms": 1e3 * end["step_time_s"] if isinstance(end.get("step_time_s"), (int, float)) else None,
+        # the summary's energy/step × the steps its records' means stand for, over those records' estimate
+        "summary_vs_records": ratio(
+            end["step_energy_J"] * sum(r["steps"] for r in steps if r.get("energy_J_mean") is not None)
+            if isinstance(end.get("step_energy_J"), (int, float))
+            else None,
+            parts["steps_J"],
+        ),
         "measured_steps": count,
         "measured_step_ms": 1e3 * math.fsum(r["time_s_mean"] * r["count"] for r in measured) / count if count else None,
         "negatives": negatives,
@@ -558,6 +567,7 @@ def verdict(shape: Shape, a: dict[str, Any]) -> dict[str, bool | None]:
         "ledger_closes_0.5%": None if a["ledger_sum"] is None else abs(a["ledger_sum"] - 1) <= 0.005,
         "explains_98%": (a["closure"] >= 0.98) if shape.pure and a["closure"] is not None else None,
         "no_negative": not a["negatives"],
+        "summary_agrees_1%": None if a.get("summary_vs_records") is None else abs(a["summary_vs_records"] - 1) <= 0.01,
         "run_vs_counter_2%": (abs(a["run_vs_counter"] - 1) <= 0.02)
         if a["run_vs_counter"] is not None and (a["run_s"] or 0) > 5
         else None,
@@ -612,8 +622,8 @@ def checks(verdicts: dict[str, bool | None]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| shape | mode | steps | step ms | run s | warm-up | steps | evals | eval tail | other | closure "
-            "| ledger Σ "
-            "| epoch/counter | run/counter | negative | incomplete | null | issue 27 checks |")  # fmt: skip
+            "| ledger Σ | epoch/counter | run/counter | summary/records "
+            "| negative | incomplete | null | issue 27 checks |")  # fmt: skip
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     for r in rows:
         if "error" in r:
@@ -627,6 +637,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {fmt(s['eval_tail'], '.1f', True)} | {other} | {fmt(a['closure'], '.4f')} "
             f"| {fmt(a['ledger_sum'], '.4f')} "
             f"| {fmt(a['epoch_vs_counter_worst'], '.4f')} | {fmt(a['run_vs_counter'], '.4f')} "
+            f"| {fmt(a.get('summary_vs_records'), '.4f')} "
             f"| {len(a['negatives'])} | {len(a['incomplete'])} | {len(a['nulls'])} | {checks(r['verdict'])} |"
         )
     return "\n".join(lines)
