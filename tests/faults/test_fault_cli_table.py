@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.once_per_run import once_per_run
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.store import open_store
@@ -228,7 +229,11 @@ _STUB: dict[str, Path] = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cli")
+    """Each row's (exit status, stdout, stderr), the commands run once per test run, all at once."""
+    return once_per_run(tmp_path_factory, "cli-table", _run_rows)
+
+
+def _run_rows(tmp: Path) -> dict[str, list]:
     files = _files(tmp)
     env = {
         **os.environ,
@@ -248,7 +253,7 @@ def results(tmp_path_factory):
     results = {}
     for case, proc in procs.items():
         out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
-        results[case] = (proc.returncode, out, err)
+        results[case] = [proc.returncode, out, err]
     return results
 
 

@@ -11,6 +11,7 @@ back (with one setter call) and remove the marker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.power_limit_child import ORIGINAL_W
+from tests.once_per_run import once_per_run
 from tests.test_power_limit_signals import SpyBackend
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.backends.base import ManualClock
@@ -77,13 +79,21 @@ class Case:
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, list[Case]]:
-    """Run every case at once (seeded steps and phases) and collect what the children left."""
-    rng = random.Random(20261129)
-    planned = [
-        Case(mode, rng.choice(PROFILING_STEPS), rng.choice(PHASES), tmp_path_factory.mktemp(f"{mode}-{k}"))
-        for mode in MODES
-        for k in range(CASES_PER_MODE)
+    """Every case's run (once per test run, whichever worker asks first), by mode."""
+    ran = [
+        Case(**{**c, "log_dir": Path(c["log_dir"])}) for c in once_per_run(tmp_path_factory, "pl-faults", _run_cases)
     ]
+    return {mode: [c for c in ran if c.mode == mode] for mode in MODES}
+
+
+def _run_cases(folder: Path) -> list[dict]:
+    """Run every case at once (seeded steps and phases) in ``folder`` and collect what the children left."""
+    rng = random.Random(20261129)
+    planned = []
+    for mode in MODES:
+        for k in range(CASES_PER_MODE):
+            (log_dir := folder / f"{mode}-{k}").mkdir()
+            planned.append(Case(mode, rng.choice(PROFILING_STEPS), rng.choice(PHASES), log_dir))
     procs = [
         subprocess.Popen(
             [sys.executable, str(CHILD), str(c.log_dir), c.mode, str(c.step), c.phase],
@@ -98,7 +108,7 @@ def cases(tmp_path_factory) -> dict[str, list[Case]]:
     for case, proc in zip(planned, procs, strict=True):  # 15 children at once: slow on a loaded machine
         case.stdout, case.stderr = proc.communicate(timeout=CHILD_TIMEOUT_S)
         case.returncode = proc.returncode
-    return {mode: [c for c in planned if c.mode == mode] for mode in MODES}
+    return [{**dataclasses.asdict(c), "log_dir": str(c.log_dir)} for c in planned]
 
 
 def _problems_after_exit(case: Case) -> list[str]:

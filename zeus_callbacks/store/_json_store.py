@@ -1,7 +1,8 @@
 """JSON store: one human-readable file, replaced atomically under a file lock.
 
 A write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the file, changes it and
-writes it back with :func:`~zeus_callbacks._atomic_io.write_json_atomic` (fsync'ed, then ``os.replace``): a
+writes it back with :func:`~zeus_callbacks._atomic_io.atomic_output` (fsync'ed, then ``os.replace``), one record a
+line (:func:`document_text`): a
 reader, who takes no lock, or a process killed mid-write only ever sees a complete file. The whole file is
 rewritten per write: for small stores (SQLite for many concurrent runs). On a network filesystem
 (:mod:`~zeus_callbacks.store._netfs`) the lock is a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as
@@ -20,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, SoftFileLock, Timeout
 
-from zeus_callbacks._atomic_io import write_json_atomic
+from zeus_callbacks._atomic_io import atomic_output
 from zeus_callbacks.store import _netfs as netfs
 from zeus_callbacks.store import _stored_records as records
 from zeus_callbacks.store._base import (
@@ -68,6 +69,24 @@ def _migrate_3_to_4(doc: Document) -> None:
 
 MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 """``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
+
+
+def document_text(doc: Document) -> str:
+    """The store's JSON text: one record a line (a trial, a job, a bandit), keys sorted.
+
+    Readable and diffable as an indented file is, but each line comes from the C encoder: ``json.dump``
+    with an indent runs the pure-Python one, 55 ms a write at 800 trials, with writers queued on the lock.
+    """
+
+    def block(value: Any) -> str:
+        if isinstance(value, list) and value:
+            return "[\n" + ",\n".join("  " + json.dumps(v, sort_keys=True) for v in value) + "\n ]"
+        if isinstance(value, dict) and value:
+            lines = (f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(value.items()))
+            return "{\n" + ",\n".join(lines) + "\n }"
+        return json.dumps(value, sort_keys=True)
+
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {block(v)}" for k, v in sorted(doc.items())) + "\n}\n"
 
 
 def _empty_document() -> Document:
@@ -121,7 +140,8 @@ class JSONStore(Store):
                 "the JSON store locks with an O_EXCL lock file there (a writer killed while holding it "
                 "leaves it behind: remove it by hand)",
             )
-        self._lock = lock_class(str(self.path) + ".lock", timeout=self.lock_timeout_s)
+        # A write holds the lock for milliseconds: a waiting writer looks every 5 ms, not filelock's 50.
+        self._lock = lock_class(str(self.path) + ".lock", timeout=self.lock_timeout_s, poll_interval=0.005)
         if read_only:  # no lock file, no write: each read loads the whole (atomically replaced) file
             if not self.path.exists():
                 raise StoreError(f"no such store: {self.path}")
@@ -176,7 +196,8 @@ class JSONStore(Store):
                 before = copy.deepcopy(doc) if not always_write else None
                 result = change(doc)
                 if always_write or doc != before:
-                    write_json_atomic(self.path, doc, sort_keys=True)
+                    with atomic_output(self.path) as fh:
+                        fh.write(document_text(doc))
                 return result
         except Timeout as exc:
             raise locked_error(
