@@ -48,14 +48,14 @@ class MeasuredBatches(Callback):
             self.before_validation.add(self._last)
 
 
-def fit_lightning(tmp_path, name: str, seed: int, *, validate: bool, **trainer_args):
+def fit_lightning(tmp_path, name: str, seed: int, *, validate: bool, extra_callbacks=(), **trainer_args):
     """A sampled Lightning fit of 80 batches an epoch; returns the callback, its spy and the JSONL records."""
     zeus = ZeusCallback(sampled_config(tmp_path, name))
     spy = MeasuredBatches(zeus)
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(640, 16, generator=g), torch.randn(640, 1, generator=g)
     train = DataLoader(TensorDataset(x, y), batch_size=8)
-    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy], logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=[zeus, spy, *extra_callbacks], logger=False,
                         default_root_dir=str(tmp_path), num_sanity_val_steps=0, enable_progress_bar=False,
                         enable_model_summary=False, **trainer_args)  # fmt: skip
     trainer.fit(TinyRegressor(), train, loaders()[1] if validate else None)
@@ -95,6 +95,44 @@ def test_lightning_measures_the_batch_before_each_validation_and_each_epochs_las
     assert len(spy.measured) < 0.4 * 240  # still a sample: the rule adds about one step per pause
     assert_no_step_estimated(records, 3)
     assert_no_null_step_means(records)
+
+
+class TimedBatches(Callback):
+    """Lightning's and the adapter's clock (``time.monotonic`` in the modules that read it) moves only here:
+    each batch takes ``batch_s`` of it, the first of each third batch three times as long."""
+
+    def __init__(self, monkeypatch, batch_s: float) -> None:
+        import time as real_time
+        import types
+
+        from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
+
+        import zeus_callbacks.integrations.lightning as adapter
+
+        self.now_s, self.batch_s, self.batches = 1_000.0, batch_s, 0
+        clock = types.SimpleNamespace(**{k: getattr(real_time, k) for k in dir(real_time) if not k.startswith("_")})
+        clock.monotonic = lambda: self.now_s
+        for module in (fit_loop, evaluation_loop, training_epoch_loop, adapter):
+            monkeypatch.setattr(module, "time", clock, raising=module is not adapter)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.now_s += self.batch_s * (3 if self.batches % 3 == 0 else 1)
+        self.batches += 1
+
+
+def test_lightning_measures_the_batch_before_each_time_based_validation(tmp_path, monkeypatch):
+    # val_check_interval as a duration (Lightning >= 2.6): validation after the first batch that ends 0.5 s
+    # after the last one. On a fake clock (no wall-clock race) whose batch times vary, the adapter measures
+    # the batch it predicts crosses the interval, from the batch before it.
+    from datetime import timedelta
+
+    timed = TimedBatches(monkeypatch, batch_s=0.02)
+    zeus, spy, records = fit_lightning(tmp_path, "pl-time", 5, validate=True, max_epochs=2,
+                                       val_check_interval=timedelta(seconds=0.5), extra_callbacks=[timed])  # fmt: skip
+    assert len(spy.before_validation) >= 4  # 80 batches of 20-60 ms an epoch: several validations
+    assert spy.before_validation <= spy.measured
+    assert len(spy.measured) < 0.4 * 160
+    assert_no_step_estimated(records, 2)
 
 
 class MeasuredSteps(TrainerCallback):

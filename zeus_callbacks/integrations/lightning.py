@@ -22,6 +22,7 @@ import functools
 import logging
 import math
 import re
+import time
 import warnings
 from typing import Any
 
@@ -87,6 +88,10 @@ class ZeusCallback(SessionAdapter, Callback):
         self._eval_for_monitors: dict[str, float] = {}  # eval energy, for callback_metrics at the next log_dict
         self._ended = False  # the run's end was published (loggers, summary)
         self._unprinted: RunSummary | None = None  # the summary, published and waiting to be printed (teardown)
+        # A time-based val_check_interval (Lightning >= 2.6): the interval this epoch validates at (s, None: no
+        # such interval), and when the last batch ended (time.monotonic, Lightning's clock for it).
+        self._val_every_s: float | None = None
+        self._last_batch_end_s: float | None = None
 
     @functools.cached_property
     @override
@@ -175,6 +180,7 @@ class ZeusCallback(SessionAdapter, Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.epoch_start(trainer.current_epoch)
         self._plan_pauses(0, *_pauses(trainer, 0))
+        self._val_every_s, self._last_batch_end_s = _time_based_validation(trainer), None
 
     @override
     def on_train_batch_start(
@@ -188,8 +194,25 @@ class ZeusCallback(SessionAdapter, Callback):
             if session.open_epoch is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start
                 session.epoch_start(trainer.current_epoch)
                 self._plan_pauses(batch_idx, *_pauses(trainer, batch_idx))
+                self._val_every_s, self._last_batch_end_s = _time_based_validation(trainer), None
         session.step_start(step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
+
+    def _before_a_timed_validation(self, trainer: pl.Trainer, batch_idx: int) -> None:
+        """A time-based validation: when the next batch, as long as this one, ends past the interval, measure it.
+
+        Lightning validates after the first batch that ends ``_val_every_s`` after its last validation
+        (``trainer._last_val_time``, ``time.monotonic``). One clock read a step, with such an interval only.
+        A wrong guess costs one measured step, or leaves that step estimated as before.
+        """
+        now_s = time.monotonic()
+        last_end_s, self._last_batch_end_s = self._last_batch_end_s, now_s
+        last_val_s = getattr(trainer, "_last_val_time", None)
+        if last_end_s is None or not isinstance(last_val_s, (int, float)) or self._val_every_s is None:
+            return
+        due_s = last_val_s + self._val_every_s
+        if now_s < due_s <= now_s + (now_s - last_end_s):
+            self._measure_next_step(batch_idx + 1)
 
     @override
     def on_train_batch_end(
@@ -200,6 +223,8 @@ class ZeusCallback(SessionAdapter, Callback):
             session.phase_discard("optimizer")
         if batch_idx + 1 == self._measure_after:  # the next batch is the last before a validation or the epoch's end
             self._measure_next_step(batch_idx + 1)
+        elif self._val_every_s is not None:
+            self._before_a_timed_validation(trainer, batch_idx)
         # One mark: the optimizer phase and the step end, the dataloader phase begins. Under DDP
         # the session has agreed the decision across ranks (the same step everywhere).
         if session.step_end_reads_arguments:
@@ -438,6 +463,18 @@ def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | Non
     else:
         validates = trainer.enable_validation and (trainer.current_epoch + 1) % per_epoch == 0
     return (every if validates and isinstance(every, int) else None), (end, fit_end), offset
+
+
+def _time_based_validation(trainer: pl.Trainer) -> float | None:
+    """The time-based ``val_check_interval`` (s) when this epoch validates by time; None otherwise.
+
+    Lightning >= 2.6 takes a duration there (``"00:00:10:00"``, a ``timedelta``, a dict) and validates after
+    the first batch that ends that long after the last validation (``trainer._val_check_time_interval``).
+    """
+    interval = getattr(trainer, "_val_check_time_interval", None)
+    per_epoch = trainer.check_val_every_n_epoch
+    validates = trainer.enable_validation and (per_epoch is None or (trainer.current_epoch + 1) % per_epoch == 0)
+    return float(interval) if validates and isinstance(interval, (int, float)) and interval > 0 else None
 
 
 def _steps_left(trainer: pl.Trainer) -> int | None:
