@@ -47,18 +47,25 @@ def test_sort_keys_orders_the_written_object(tmp_path):
 
 
 def test_the_json_store_writes_through_the_shared_writer(tmp_path, monkeypatch):
+    import json
+
     from zeus_callbacks import _atomic_io as atomic_io
     from zeus_callbacks.store import open_store
 
     writes = []
-    real = atomic_io.write_json_atomic
+    real = atomic_io.atomic_output
 
-    def spy(path, data, **kw):
-        writes.append((path, kw))
-        real(path, data, **kw)
+    def spy(path, *args, **kw):
+        writes.append(path)
+        return real(path, *args, **kw)
 
-    monkeypatch.setattr("zeus_callbacks.store._json_store.write_json_atomic", spy)
-    with open_store(tmp_path / "zeus_store.json") as store:
+    monkeypatch.setattr("zeus_callbacks.store._json_store.atomic_output", spy)
+    path = tmp_path / "zeus_store.json"
+    with open_store(path) as store:
         store.create_trial("job", 32, None)
-    assert writes and all(kw == {"sort_keys": True} for _, kw in writes)
+    assert writes and all(str(p) == str(path) for p in writes)
+    text = path.read_text()
+    doc = json.loads(text)  # one record a line, and valid JSON
+    (trial_line,) = [line for line in text.splitlines() if '"trial_id": 1' in line]
+    assert json.loads(trial_line.strip().rstrip(",")) == doc["trials"][0]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -420,7 +420,8 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
             seen.append(("epoch", session.steps_this_run, session.epoch_steps))
         summary = session.train_end()
         backend.close()
-        records = [(r["steps"], r["count"]) for r in read_jsonl(summary.jsonl_path) if r["event"] == "steps"]
+        records = [(r["steps"], r["count"], r["between_steps"]) for r in read_jsonl(summary.jsonl_path)
+                   if r["event"] == "steps"]  # fmt: skip
         runs[quiet] = (measured, seen, records, summary.steps, session.state_dict()["measured_steps"], quiet_calls)
     (q_measured, q_seen, q_records, q_steps, q_count, q_calls), reference = runs[True], runs[False]
     assert reference[5] == 0  # the reference never plans
@@ -429,7 +430,8 @@ def test_quiet_steps_measure_and_count_exactly_what_the_whole_path_does(tmp_path
     assert q_seen == reference[1]
     assert q_records == reference[2]
     assert q_steps == reference[3] == 1400
-    assert q_count == reference[4] == len(q_measured) - 1  # the warm-up step (step 0) is counted apart
+    # measured: the windows (the warm-up step, step 0, counted apart) and the steps measured as stretches
+    assert q_count == reference[4] == len(q_measured) - 1 + sum(between for _, _, between in q_records)
 
 
 def test_auto_sampling_keeps_interval_steps_when_every_step_is_measured_and_announces_a_longer_one(caplog):

@@ -148,7 +148,7 @@ class StepReports:
             # The limit in force, with the step metrics or without them (no step measured: windows.sample_fraction).
             self._pending_metrics[metric.POWER_LIMIT_W] = power_limit_W
         if self._unreported_steps or self._unreported_warmup or self._ranks.collective:
-            self._queue_step_metrics(final=resolve_final)
+            self._queue_step_metrics(final=resolve_final, closed_epoch=epochs[0] if epochs else None)
         if resolve_final and self._totals.steps > self._steps_logged_upto:  # the last steps, none measured
             self._write_steps_record({}, [], self._ranks.ranks.num_processes, final=True)
         for record in epochs:
@@ -270,9 +270,13 @@ class StepReports:
         reason = None if held.time_s >= 0 else "the evaluation window ended before it began"
         self._run.log.write(records.eval_record(held, reason=reason, ranks=combined, processes=len(rows)))
 
-    def _queue_step_metrics(self, *, final: bool = False) -> None:
-        # the steps from the epoch's start, and from an evaluation's tail, to the next step window, once known
-        self._add_stretches(self._ledger.stretches_known_now(self._run.meter.open_start("epoch")), in_steps_record=True)
+    def _queue_step_metrics(self, *, final: bool = False, closed_epoch: WindowRecord | None = None) -> None:
+        # the steps from the epoch's start, and from an evaluation's tail, to the next step window, once known;
+        # an epoch this report closed (its record held until after this one) starts them as the open one would
+        epoch = self._run.meter.open_start("epoch")
+        if epoch is None and closed_epoch is not None and math.isfinite(closed_epoch.start_s):
+            epoch = (closed_epoch.start_s, dict(closed_epoch.info or {}))
+        self._add_stretches(self._ledger.stretches_known_now(epoch), in_steps_record=True)
         batches, warmup, between = self._unreported_steps, self._unreported_warmup, self._unreported_between
         self._unreported_steps, self._unreported_warmup = [], []
         self._unreported_between = records.NO_STRETCH
