@@ -1,12 +1,12 @@
 """JSON store: one human-readable file, replaced atomically under a file lock.
 
 A write takes an exclusive :class:`filelock.FileLock` on ``<file>.lock``, reads the file, changes it and
-writes it back with :func:`~zeus_callbacks._atomic_io.atomic_output` (fsync'ed, then ``os.replace``), one record a
-line (:func:`document_text`): a
-reader, who takes no lock, or a process killed mid-write only ever sees a complete file. The whole file is
-rewritten per write: for small stores (SQLite for many concurrent runs). On a network filesystem
-(:mod:`~zeus_callbacks.store._netfs`) the lock is a :class:`filelock.SoftFileLock` (``O_EXCL`` create), as
-``fcntl`` locks are unreliable there. Opening reads first, and locks only to migrate or mark dead trials.
+writes it back, one record a line (:func:`document_text`), with :func:`~zeus_callbacks._atomic_io.atomic_output`
+(fsync'ed, then ``os.replace``): a reader, who takes no lock, or a process killed mid-write only ever sees a
+complete file. The whole file is rewritten per write: for small stores (SQLite for many concurrent runs). On a
+network filesystem (:mod:`~zeus_callbacks.store._netfs`) the lock is a :class:`filelock.SoftFileLock` (``O_EXCL``
+create), as ``fcntl`` locks are unreliable there. Opening reads first, and locks only to migrate or mark dead
+trials.
 """
 
 from __future__ import annotations
