@@ -330,3 +330,45 @@ def test_a_state_that_is_not_a_mapping_is_refused(config, virtual_backend):
     m = zeus_callbacks.measure(config, backend=virtual_backend)
     with pytest.raises(TypeError, match="mapping"):
         m.load_state_dict([1, 2])
+
+
+def test_a_run_that_fails_to_start_keeps_the_checkpoint_state_for_the_next_try(config, virtual_backend, manual_clock):
+    # A tester's run: the store was damaged when the resumed run started (StoreCorruptError at `with`); once
+    # mended, the retry started from 0 steps and 0 J, without a word: the failed start had used the state up.
+    from zeus_callbacks.errors import StoreError
+
+    store = pathlib.Path(config["logging"]["log_dir"]) / "store.json"
+    store.write_text("not a store")
+    cfg = {**config, "job_id": "nightly", "store": {"backend": "json", "path": str(store)},
+           "batch_size": {"enabled": True, "batch_sizes": [16, 32], "default_batch_size": 16}}  # fmt: skip
+    meter = zeus_callbacks.measure(cfg, backend=virtual_backend)
+    meter.load_state_dict({"energy_J": 50.0, "time_s": 2.0, "steps": 20, "epochs": 1})
+    with pytest.raises(StoreError):
+        with meter:
+            pass
+    store.unlink()  # mended
+    with meter as m:
+        m.use_batch_size(16)
+        with m.step():
+            work(m, manual_clock, STEP_S)
+    assert m.summary.steps == 21 and m.summary.epochs == 1 and m.summary.energy_J > 50.0
+
+
+@pytest.mark.parametrize(
+    ("state", "says"),
+    [
+        ({"energy_J": -26.1, "steps": 2}, "energy_J must be a finite number >= 0, not -26.1"),
+        ({"steps": None}, "steps must be a finite number >= 0, not None"),
+        ({"steps": 2.5}, "steps must be a whole number"),
+        ({"energy_J": float("inf")}, "energy_J must be a finite number >= 0, not inf"),
+        ({"energy_J": 1.0, "energy_note": 3}, "energy_note must be text or null"),
+        ({"callbacks": {"ZeusCallback": {"steps": 3}}}, "not a zeus-callbacks checkpoint state"),
+    ],
+)
+def test_a_damaged_or_misplaced_state_is_refused_when_loaded_naming_the_key(config, virtual_backend, state, says):
+    m = zeus_callbacks.measure(config, backend=virtual_backend)
+    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+        m.load_state_dict(state)
+    with m:  # nothing was kept: the next run starts from nothing
+        pass
+    assert m.summary.steps == 0

@@ -198,6 +198,23 @@ def test_failed_run_records_a_failed_trial_and_module_suggestion_is_claimed(tmp_
     with open_store(tmp_path / "zeus_store.sqlite") as store:
         (trial,) = store.list_trials("nightly")  # one trial: the session claimed the module's suggestion
         assert (trial.status, trial.batch_size, trial.converged) == ("failed", 128, False)
+    # `show` says the run failed and that it counts against its batch size (a tester found no word)
+    from zeus_callbacks.cli._cmd_show import show
+
+    (shown,) = json.loads(show(tmp_path / "zeus_store.sqlite", as_json=True))["jobs"][0]["trials"]
+    assert shown["note"].startswith("the run failed") and "counted against its batch size" in shown["note"]
+
+
+def test_show_says_an_interrupted_run_does_not_count_against_its_batch_size(tmp_path):
+    session, _, clock = new_run(tmp_path, "x")
+    session.train_start(run_name="x")
+    step(session, clock, 0)
+    session.exception(KeyboardInterrupt())
+    from zeus_callbacks.cli._cmd_show import show
+
+    (shown,) = json.loads(show(tmp_path / "zeus_store.sqlite", as_json=True))["jobs"][0]["trials"]
+    assert shown["status"] == "failed"
+    assert shown["note"].startswith("the run was interrupted") and "not counted against" in shown["note"]
 
 
 def test_disabled_bandit_changes_nothing(tmp_path):

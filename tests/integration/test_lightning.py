@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import lightning.pytorch as L
@@ -180,6 +181,28 @@ def test_resume_from_checkpoint_carries_energy(tmp_path):
     second_segment_J = second.summary.gpu_energy_J[0]
     assert second_segment_J > 0
     assert second.summary.energy_J == pytest.approx(first_J + second_segment_J, rel=1e-9)
+
+
+def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog):
+    config = virtual_config(tmp_path)
+    trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1)
+    train, _ = loaders()
+    trainer.fit(TinyRegressor(), train)
+    ckpt = tmp_path / "one_epoch.ckpt"
+    trainer.save_checkpoint(ckpt)
+    checkpoint = torch.load(ckpt, weights_only=False)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ZeusCallback")]
+    checkpoint["callbacks"][key]["energy_J"] = -26.1  # hand-edited, or written by a buggy tool
+    torch.save(checkpoint, ckpt)
+
+    second = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, second, max_epochs=2)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))  # training goes on
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert "energy_J must be a finite number >= 0, not -26.1" in caplog.text
+    assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
+    assert "energy state was unreadable" in second.summary.energy_note
 
 
 def test_bad_config_fails_before_training(tmp_path):

@@ -172,14 +172,23 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
     return "\n".join(out)
 
 
+_RUN_ENDS = {
+    "failed": "the run failed (its exception is in its JSONL log): counted against its batch size",
+    "interrupted": "the run was interrupted (Ctrl-C, SIGTERM): not counted against its batch size",
+}
+
+
 def trial_note(info: dict[str, Any]) -> str | None:
     """Why a trial's energy or cost is missing, from its ``info`` (None: nothing is missing, or no reason kept).
 
-    A run whose energy was not measured says why (``energy_note``) and that its cost is not an
-    observation (``not_observed``); a failed or withdrawn trial says why it ended (``reason``).
+    A run that did not complete says how it ended (``run_status``: failed or interrupted, and whether
+    that counts against its batch size); a trial ended for it says why (``reason``: process died,
+    withdrawn). A run whose energy was not measured says why (``energy_note``) and that its cost is
+    not an observation (``not_observed``).
     """
-    parts = [str(info[key]) for key in ("reason", "energy_note", "not_observed") if info.get(key)]
-    return "; ".join(parts) or None
+    parts = [_RUN_ENDS.get(str(info.get("run_status")), ""), *(str(info.get(key) or "") for key in
+             ("reason", "energy_note", "not_observed"))]  # fmt: skip
+    return "; ".join(part for part in parts if part) or None
 
 
 def _profile_fields(key: str) -> dict[str, Any] | None:

@@ -96,6 +96,20 @@ class SessionAdapter:
         pause = next_pause(done, self._pause_every, self._pause_ends, self._pause_offset)
         return -1 if pause is None else pause - 1
 
+    def _load_checkpoint_state(self, state: Any) -> None:
+        """Carry a framework checkpoint's state into the session; an unreadable one leaves the energy unknown.
+
+        Training goes on from a checkpoint whose energy state is damaged (a negative total, a key of the
+        wrong type): the run's energy is then unknown, with the reason, never a total missing those steps.
+        """
+        try:
+            self.session.load_state_dict(state)
+        except (TypeError, ValueError) as exc:
+            logger.warning("zeus-callbacks: the checkpoint's energy state is unreadable (%s): the resumed run's "
+                           "energy is unknown; training goes on", exc)  # fmt: skip
+            why = f"its energy state was unreadable ({exc})"
+            self.session.load_state_dict({"energy_J": None, "energy_note": why})
+
     @classmethod
     def from_yaml(cls: type[AdapterT], path: str | Path, **kwargs: Any) -> AdapterT:
         """Build the callback from a YAML file (see ``docs/configuration.md``).

@@ -39,7 +39,7 @@ from zeus_callbacks.errors import CallOrderError
 from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 from zeus_callbacks.optimizers.batch_size._batch_size_controller import unclaimed_suggestion
-from zeus_callbacks.session import Decision
+from zeus_callbacks.session import Decision, check_state
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +151,8 @@ class Measurement(SessionAdapter):
         self._in_step = self._in_eval = False
         self._epoch = None
         self._steps = self._epochs = self._steps_started = 0
-        if self._resume_from is not None:  # steps and epochs go on from the checkpoint's
-            state, self._resume_from = self._resume_from, None
+        state = self._resume_from
+        if state is not None:  # steps and epochs go on from the checkpoint's
             self.session.load_state_dict(state)
             self._steps, self._epochs = int(state.get("steps", 0)), int(state.get("epochs", 0))
         self.should_stop = False
@@ -164,6 +164,7 @@ class Measurement(SessionAdapter):
         elif handed is not None and self.config.batch_size.enabled:
             copied = unclaimed_suggestion(self.config.job_id)
         self.session.train_start(run_name=self._run_name_arg)
+        self._resume_from = None  # this run took it (a start that failed keeps it for the next try)
         self._running = True
         _set_active(self)
         if copied is not None:
@@ -550,13 +551,12 @@ class Measurement(SessionAdapter):
         Raises:
             CallOrderError: A run is under way (its totals are already counting).
             TypeError: ``state`` is not a mapping.
+            ValueError: It is not a state :meth:`state_dict` wrote (a total negative or not a number, or
+                no total at all: a checkpoint's whole dict handed instead of this entry); the message names the key.
         """
         if self._running:
             raise CallOrderError("load_state_dict() inside a run: call it before `with measure(...)`")
-        if not isinstance(state, Mapping):
-            raise TypeError(
-                f"load_state_dict(): the state must be a mapping (from state_dict()), not {type(state).__name__}"
-            )
+        check_state(state)
         self._resume_from = dict(state)
 
     # ------------------------------------------------------------------ helpers

@@ -275,7 +275,7 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         )
         carried = self._checkpoint_state(state)
         if carried is not None:
-            self.session.load_state_dict(carried)
+            self._load_checkpoint_state(carried)
         self._tokens_seen = state.num_input_tokens_seen or 0
         self._eval_on_start = bool(args.eval_on_start)
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps

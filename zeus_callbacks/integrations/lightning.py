@@ -89,9 +89,11 @@ class ZeusCallback(SessionAdapter, Callback):
         self._ended = False  # the run's end was published (loggers, summary)
         self._unprinted: RunSummary | None = None  # the summary, published and waiting to be printed (teardown)
         # A time-based val_check_interval (Lightning >= 2.6): the interval this epoch validates at (s, None: no
-        # such interval), and when the last batch ended (time.monotonic, Lightning's clock for it).
+        # such interval), when the last batch ended (time.monotonic, Lightning's clock for it; None at an
+        # epoch's start) and the last two batches' times (s), kept across epochs.
         self._val_every_s: float | None = None
         self._last_batch_end_s: float | None = None
+        self._batch_s = (0.0, 0.0)
 
     @functools.cached_property
     @override
@@ -158,7 +160,7 @@ class ZeusCallback(SessionAdapter, Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.session.load_state_dict(state_dict)
+        self._load_checkpoint_state(state_dict)
 
     # -- training --------------------------------------------------------------------
     @override
@@ -199,19 +201,23 @@ class ZeusCallback(SessionAdapter, Callback):
         self._optimizer_stepped = False
 
     def _before_a_timed_validation(self, trainer: pl.Trainer, batch_idx: int) -> None:
-        """A time-based validation: when the next batch, as long as this one, ends past the interval, measure it.
+        """A time-based validation: measure the next batch when, as long as the longer of the last two, it ends past it.
 
         Lightning validates after the first batch that ends ``_val_every_s`` after its last validation
         (``trainer._last_val_time``, ``time.monotonic``). One clock read a step, with such an interval only.
-        A wrong guess costs one measured step, or leaves that step estimated as before.
+        The longer of two batches covers batch times that alternate (accumulation); the times are kept over
+        an epoch's end, so an epoch's first batches are guessed too. A wrong guess costs one measured
+        step, or leaves that step estimated as before.
         """
         now_s = time.monotonic()
         last_end_s, self._last_batch_end_s = self._last_batch_end_s, now_s
+        if last_end_s is not None:
+            self._batch_s = (self._batch_s[1], now_s - last_end_s)
         last_val_s = getattr(trainer, "_last_val_time", None)
-        if last_end_s is None or not isinstance(last_val_s, (int, float)) or self._val_every_s is None:
+        if not isinstance(last_val_s, (int, float)) or self._val_every_s is None:
             return
         due_s = last_val_s + self._val_every_s
-        if now_s < due_s <= now_s + (now_s - last_end_s):
+        if now_s < due_s <= now_s + max(self._batch_s):
             self._measure_next_step(batch_idx + 1)
 
     @override

@@ -48,7 +48,7 @@ from zeus_callbacks.session._run import (
     select_gpu_indices,
 )  # fmt: skip
 from zeus_callbacks.session._scheduler import EVAL_TAIL, Decision, StepScheduler
-from zeus_callbacks.session._state import Totals, carried_totals, resume_state
+from zeus_callbacks.session._state import Totals, carried_totals, check_state, resume_state
 from zeus_callbacks.session._step_reports import StepReports
 
 __all__ = ["Decision", "EnergySession", "default_gpu_indices"]
@@ -939,7 +939,13 @@ class EnergySession:
         Unknown keys are ignored; a state without ``power_limit`` profiles from the start. A state saved
         inside an epoch (``open_epoch``) marks that epoch's record, when the resumed run begins in it, as
         covering only the steps after the checkpoint (``resumed_mid_epoch``, ``energy/epoch_partial``).
+
+        Raises:
+            TypeError: ``state`` is not a mapping.
+            ValueError: It is not a state :meth:`state_dict` wrote (a total negative, not a number, or
+                none at all); the message names the key.
         """
+        check_state(state)
         self._carried = carried_totals(state)
         self._carried_open_epoch = state.get("open_epoch")  # None: between epochs, or an older state
         self._power.carry(state)

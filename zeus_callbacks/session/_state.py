@@ -80,6 +80,52 @@ def resume_state(
     }
 
 
+_COUNTS = ("steps", "measured_steps", "epochs")  # whole numbers, at least 0
+_AMOUNTS = ("time_s", "step_energy_J", "step_time_s", "estimated_steps")  # finite numbers, at least 0
+
+
+def check_state(state: Any) -> None:
+    """Refuse a checkpoint state that is not one :func:`resume_state` wrote, naming the key at fault.
+
+    Only the keys present are checked (older states lack some); a mapping with none of the totals' keys
+    is refused, as a state handed at the wrong level (a checkpoint's whole ``callbacks`` dict) would
+    otherwise start the run from nothing without a word.
+
+    Raises:
+        TypeError: ``state`` is not a mapping.
+        ValueError: A count is not a whole number >= 0, an amount (s, J) not a finite number >= 0,
+            ``energy_J`` neither null nor one, ``energy_note`` not text, or no totals key at all.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a checkpoint state must be a mapping (from state_dict()), not {type(state).__name__}")
+    if not any(key in state for key in (*_COUNTS, *_AMOUNTS, "energy_J")):
+        shown = ", ".join(sorted(map(str, state))[:6]) or "none"
+        raise ValueError(f"not a zeus-callbacks checkpoint state: none of its keys ({shown}) is a total such as "
+                         "steps or energy_J; pass what state_dict() returned")  # fmt: skip
+
+    def number(key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"checkpoint state: {key} must be a finite number >= 0, not {value!r}")
+        return float(value)
+
+    for key in _COUNTS:
+        if key in state and not number(key, state[key]).is_integer():
+            raise ValueError(f"checkpoint state: {key} must be a whole number, not {state[key]!r}")
+    for key in _AMOUNTS:
+        if key in state:
+            number(key, state[key])
+    if state.get("energy_J") is not None:
+        number("energy_J", state["energy_J"])
+    if not isinstance(state.get("energy_note"), (str, type(None))):
+        raise ValueError(f"checkpoint state: energy_note must be text or null, not {state['energy_note']!r}")
+    epochs_J = state.get("epoch_energy_J", [])
+    if not isinstance(epochs_J, list):
+        raise ValueError(f"checkpoint state: epoch_energy_J must be a list, not {epochs_J!r}")
+    for value in epochs_J:  # an epoch's energy may be null (NaN) when it was not measured
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            raise ValueError(f"checkpoint state: epoch_energy_J holds {value!r}, not a number")
+
+
 def carried_totals(state: Mapping[str, Any]) -> Totals:
     """The totals a checkpoint's state carries into the next run (missing keys: zero; unknown keys ignored).
 
@@ -105,6 +151,7 @@ def carried_totals(state: Mapping[str, Any]) -> Totals:
         step_energy_J=float(state.get("step_energy_J", 0.0)),
         step_time_s=float(state.get("step_time_s", 0.0)),
         epoch_energy_J=[float(e) for e in state.get("epoch_energy_J", [])],
-        estimated_steps=float(state.get("estimated_steps", measured)),
+        # a state with no step sums carries no steps behind them (they would count as 0 J in the mean)
+        estimated_steps=float(state.get("estimated_steps", measured if "step_energy_J" in state else 0.0)),
         energy_note=note,
     )

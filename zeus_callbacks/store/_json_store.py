@@ -71,22 +71,24 @@ MIGRATIONS: dict[int, Callable[[Document], None]] = {1: _migrate_1_to_2, 2: _mig
 """``MIGRATIONS[v]`` turns a version-``v`` document into version ``v + 1`` in place."""
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True).encode  # one encoder for every record: json.dumps builds one a call
+
+
 def document_text(doc: Document) -> str:
     """The store's JSON text: one record a line (a trial, a job, a bandit), keys sorted.
 
     Readable and diffable as an indented file is, but each line comes from the C encoder: ``json.dump``
-    with an indent runs the pure-Python one, 55 ms a write at 800 trials, with writers queued on the lock.
+    with an indent runs the pure-Python one (benchmarks/json_store_write.py), with writers queued on the lock.
     """
 
     def block(value: Any) -> str:
         if isinstance(value, list) and value:
-            return "[\n" + ",\n".join("  " + json.dumps(v, sort_keys=True) for v in value) + "\n ]"
+            return "[\n  " + ",\n  ".join(map(_ENCODE, value)) + "\n ]"
         if isinstance(value, dict) and value:
-            lines = (f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(value.items()))
-            return "{\n" + ",\n".join(lines) + "\n }"
-        return json.dumps(value, sort_keys=True)
+            return "{\n" + ",\n".join(f"  {_ENCODE(k)}: {_ENCODE(v)}" for k, v in sorted(value.items())) + "\n }"
+        return _ENCODE(value)
 
-    return "{\n" + ",\n".join(f" {json.dumps(k)}: {block(v)}" for k, v in sorted(doc.items())) + "\n}\n"
+    return "{\n" + ",\n".join(f" {_ENCODE(k)}: {block(v)}" for k, v in sorted(doc.items())) + "\n}\n"
 
 
 def _empty_document() -> Document:
