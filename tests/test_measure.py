@@ -363,6 +363,10 @@ def test_a_run_that_fails_to_start_keeps_the_checkpoint_state_for_the_next_try(c
         ({"energy_J": float("inf")}, "energy_J must be a finite number >= 0, not inf"),
         ({"energy_J": 1.0, "energy_note": 3}, "energy_note must be text or null"),
         ({"callbacks": {"ZeusCallback": {"steps": 3}}}, "not a zeus-callbacks checkpoint state"),
+        ({"steps": 1, "epoch_energy_J": [None]}, "epoch_energy_J holds None"),  # passed, then failed at every `with`
+        ({"steps": 1, "epoch_energy_J": [-5.0]}, "epoch_energy_J holds -5.0"),
+        ({"steps": 9, "estimated_steps": 0, "step_energy_J": 5.0}, "sums over estimated_steps, which is 0"),
+        ({"steps": 1, "power_limit": "x"}, "power_limit must be a mapping or null"),
     ],
 )
 def test_a_damaged_or_misplaced_state_is_refused_when_loaded_naming_the_key(config, virtual_backend, state, says):

@@ -205,6 +205,33 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
     assert "energy state was unreadable" in second.summary.energy_note
 
 
+@pytest.mark.parametrize("edit", ["emptied", "removed"])
+def test_a_checkpoint_without_the_callbacks_state_resumes_with_the_energy_unknown(tmp_path, caplog, edit):
+    # A tester's checkpoints: the callback's entry emptied (Lightning hands no empty state over) or removed.
+    # The resumed total silently missed the first segment.
+    config = virtual_config(tmp_path)
+    trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1)
+    train, _ = loaders()
+    trainer.fit(TinyRegressor(), train)
+    ckpt = tmp_path / "one_epoch.ckpt"
+    trainer.save_checkpoint(ckpt)
+    checkpoint = torch.load(ckpt, weights_only=False)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ZeusCallback")]
+    if edit == "emptied":
+        checkpoint["callbacks"][key] = {}
+    else:
+        del checkpoint["callbacks"][key]
+    torch.save(checkpoint, ckpt)
+
+    second = ZeusCallback(config)
+    trainer = make_trainer(tmp_path, second, max_epochs=2)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert "holds no energy state" in caplog.text
+    assert math.isnan(second.summary.energy_J) and "holds no energy state" in second.summary.energy_note
+
+
 def test_bad_config_fails_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"logging\.interval_step"):
         ZeusCallback({"backend": "virtual", "logging": {"interval_step": 5}})

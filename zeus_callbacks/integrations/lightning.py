@@ -91,9 +91,10 @@ class ZeusCallback(SessionAdapter, Callback):
         # A time-based val_check_interval (Lightning >= 2.6): the interval this epoch validates at (s, None: no
         # such interval), when the last batch ended (time.monotonic, Lightning's clock for it; None at an
         # epoch's start) and the last two batches' times (s), kept across epochs.
+        self._state_loaded = False  # a checkpoint restore handed this fit a state (load_state_dict)
         self._val_every_s: float | None = None
         self._last_batch_end_s: float | None = None
-        self._batch_s = (0.0, 0.0)
+        self._batch_s = (0.0,) * 4
 
     @functools.cached_property
     @override
@@ -114,6 +115,7 @@ class ZeusCallback(SessionAdapter, Callback):
             self._eval_for_monitors = {}
             self._ended = False
             self._unprinted = None
+            self._state_loaded = False
             self.session.open_backend()  # a missing GPU or library fails here, before training
             suggested = self.session.suggest_batch_size()  # None unless batch_size.enabled (main process only)
             if self.config.batch_size.enabled and trainer.world_size > 1:
@@ -160,6 +162,7 @@ class ZeusCallback(SessionAdapter, Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._state_loaded = True
         self._load_checkpoint_state(state_dict)
 
     # -- training --------------------------------------------------------------------
@@ -172,6 +175,13 @@ class ZeusCallback(SessionAdapter, Callback):
                 suggested, used, "the train loader's batch size",
                 " (data loaders passed to fit() directly cannot be changed); the trial is recorded at",
             )  # fmt: skip
+        if trainer.global_step > 0 and not self._state_loaded:
+            # Resumed from a checkpoint with no state of this callback (an empty one, which Lightning does
+            # not hand over, or another job_id's): the total cannot hold the steps before it.
+            why = f"the checkpoint holds no energy state of {self.state_key}"
+            logger.warning("zeus-callbacks: resumed at step %d but %s: the run's energy is unknown; training goes on",
+                           trainer.global_step, why)  # fmt: skip
+            self.session.load_state_dict({"energy_J": None, "energy_note": why})
         self.session.train_start(
             run_name=self._run_name(_logger_run_name(trainer)),
             job_steps=_steps_left(trainer),
@@ -201,18 +211,18 @@ class ZeusCallback(SessionAdapter, Callback):
         self._optimizer_stepped = False
 
     def _before_a_timed_validation(self, trainer: pl.Trainer, batch_idx: int) -> None:
-        """A time-based validation: measure the next batch when, as long as the longer of the last two, it ends past it.
+        """A time-based validation: measure the next batch if, as long as the longest of the last four, it ends past it.
 
         Lightning validates after the first batch that ends ``_val_every_s`` after its last validation
         (``trainer._last_val_time``, ``time.monotonic``). One clock read a step, with such an interval only.
-        The longer of two batches covers batch times that alternate (accumulation); the times are kept over
-        an epoch's end, so an epoch's first batches are guessed too. A wrong guess costs one measured
-        step, or leaves that step estimated as before.
+        The longest of four batches covers batch times that repeat in short cycles (accumulation); the times
+        are kept over an epoch's end, so an epoch's first batches are guessed too. A guess too early costs
+        one measured step; one too late leaves the steps after the last measured one estimated, as before.
         """
         now_s = time.monotonic()
         last_end_s, self._last_batch_end_s = self._last_batch_end_s, now_s
         if last_end_s is not None:
-            self._batch_s = (self._batch_s[1], now_s - last_end_s)
+            self._batch_s = (*self._batch_s[1:], now_s - last_end_s)
         last_val_s = getattr(trainer, "_last_val_time", None)
         if not isinstance(last_val_s, (int, float)) or self._val_every_s is None:
             return

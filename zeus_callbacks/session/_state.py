@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -104,7 +105,7 @@ def check_state(state: Any) -> None:
                          "steps or energy_J; pass what state_dict() returned")  # fmt: skip
 
     def number(key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
             raise ValueError(f"checkpoint state: {key} must be a finite number >= 0, not {value!r}")
         return float(value)
 
@@ -121,9 +122,14 @@ def check_state(state: Any) -> None:
     epochs_J = state.get("epoch_energy_J", [])
     if not isinstance(epochs_J, list):
         raise ValueError(f"checkpoint state: epoch_energy_J must be a list, not {epochs_J!r}")
-    for value in epochs_J:  # an epoch's energy may be null (NaN) when it was not measured
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            raise ValueError(f"checkpoint state: epoch_energy_J holds {value!r}, not a number")
+    for value in epochs_J:  # an epoch's energy is NaN when it was not measured
+        known = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not known or not (math.isnan(float(value)) or 0 <= float(value) < math.inf):
+            raise ValueError(f"checkpoint state: epoch_energy_J holds {value!r}, not a finite energy >= 0 (J) or NaN")
+    if state.get("estimated_steps") == 0 and (state.get("step_energy_J") or state.get("step_time_s")):
+        raise ValueError("checkpoint state: step_energy_J and step_time_s are sums over estimated_steps, which is 0")
+    if not isinstance(state.get("power_limit"), (Mapping, type(None))):
+        raise ValueError(f"checkpoint state: power_limit must be a mapping or null, not {state['power_limit']!r}")
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
