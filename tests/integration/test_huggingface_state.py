@@ -372,10 +372,10 @@ def test_a_resume_under_another_configuration_says_what_it_does_with_the_saved_s
         assert "continuing it" in warnings[0]
         assert run_start["resumed_energy_J"] == pytest.approx(state["energy_J"])
         assert second.summary.steps == 8 and second.summary.energy_J > state["energy_J"]
-    else:  # another job's state is not this run's: the totals restart, and the log says so
-        assert "restart from zero" in warnings[0]
+    else:  # another job's state is not this run's: the energy is unknown, and the log says why
+        assert "but none for" in warnings[0] and "energy is unknown" in warnings[0]
         assert not run_start.get("resumed_energy_J")
-        assert second.summary.steps == 4
+        assert math.isnan(second.summary.energy_J) and "but none for" in second.summary.energy_note
 
 
 def test_a_checkpoint_saved_before_the_first_power_sample_carries_no_energy_and_the_resumed_run_says_so(tmp_path):
@@ -458,3 +458,28 @@ def test_two_instances_resumed_mid_profiling_both_continue(tmp_path, restore_fla
             if row["limit_W"] in decided[zeus.state_key]:
                 saved_rows = {r["limit_W"]: r for r in states[zeus.state_key]["power_limit"]["limits"]}
                 assert row["profiled_steps"] == len(saved_rows[row["limit_W"]]["energy_J"]), zeus.state_key
+
+
+@pytest.mark.parametrize("entry", ["attributes null", "state null", "states a list", "no entry"])
+def test_a_checkpoint_with_a_damaged_or_missing_entry_leaves_the_energy_unknown_not_a_crash(tmp_path, entry):
+    # A tester's hand-edited trainer_state.json: `attributes: null` stopped training (AttributeError); a null
+    # state gave a self-contradictory warning; a list, or no entry, silently dropped the first segment.
+    from transformers import TrainerState
+
+    from zeus_callbacks.session import EnergySession
+
+    callback = ZeusTrainerCallback(virtual_config(tmp_path))
+    key = callback.state_key
+    stateful = {
+        "attributes null": {"ZeusTrainerCallback": {"attributes": None}},
+        "state null": {"ZeusTrainerCallback": {"attributes": {"resume_states": {key: None}}}},
+        "states a list": {"ZeusTrainerCallback": {"attributes": {"resume_states": [1, 2]}}},
+        "no entry": {},
+    }[entry]
+    carried = callback._checkpoint_state(TrainerState(global_step=4, stateful_callbacks=stateful))
+    session = EnergySession(virtual_config(tmp_path))
+    callback.session = session
+    callback._load_checkpoint_state(carried)  # what on_train_begin does with it
+    session.train_start()
+    summary = session.train_end()
+    assert math.isnan(summary.energy_J) and summary.energy_note

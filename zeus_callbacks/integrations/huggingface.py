@@ -219,29 +219,35 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
         saved: dict[str, Any] = {}
         for item in entries:  # an older list (one entry per save): the last one wins
             if isinstance(item, Mapping):
-                states = item.get("attributes", {}).get("resume_states", {})
+                attributes = item.get("attributes")
+                states = attributes.get("resume_states") if isinstance(attributes, Mapping) else None
                 saved.update(states if isinstance(states, Mapping) else {})
-        found = saved.get(self.state_key)
-        if found is None and saved:
-            # The key digests the whole configuration, so any edit between save and resume (a new
-            # log_dir, interval) misses it: take the one saved state of this job if there is exactly
-            # one, else say the totals restart rather than dropping them silently.
-            same_job = [key for key in saved if _job_of(key) == self.config.job_id]
-            if len(same_job) == 1 and len(self._peers()) == 1:
-                logger.warning(
-                    "zeus-callbacks: the checkpoint's state was saved under another configuration of job %r "
-                    "(%s, this run %s); continuing it",
-                    self.config.job_id, same_job[0], self.state_key,
-                )  # fmt: skip
-                found = saved[same_job[0]]
-            else:
-                logger.warning(
-                    "zeus-callbacks: the checkpoint holds energy state for %s but none for this callback (%s): "
-                    "its totals and power-limit profile restart from zero (keep the configuration of the run "
-                    "that saved it to continue them)",
-                    ", ".join(sorted(saved)), self.state_key,
-                )  # fmt: skip
-        return found
+        if self.state_key in saved:  # a damaged entry (null, a list) is refused by the load: energy unknown
+            found = saved[self.state_key]
+            return found if isinstance(found, Mapping) else {"damaged entry": found}
+        if not saved:
+            why = f"the checkpoint holds no energy state of {self.state_key}"
+            logger.warning("zeus-callbacks: resumed at step %d but %s: the run's energy is unknown; training goes on",
+                           state.global_step, why)  # fmt: skip
+            return {"energy_J": None, "energy_note": why}
+        # The key digests the whole configuration, so any edit between save and resume (a new log_dir,
+        # interval) misses it: take the one saved state of this job if there is exactly one; else the
+        # run's energy is unknown (it cannot hold the steps before the checkpoint), said with the keys.
+        same_job = [key for key in saved if _job_of(key) == self.config.job_id]
+        if len(same_job) == 1 and len(self._peers()) == 1:
+            logger.warning(
+                "zeus-callbacks: the checkpoint's state was saved under another configuration of job %r "
+                "(%s, this run %s); continuing it",
+                self.config.job_id, same_job[0], self.state_key,
+            )  # fmt: skip
+            found = saved[same_job[0]]
+            return found if isinstance(found, Mapping) else {"damaged entry": found}
+        why = f"the checkpoint holds energy state for {', '.join(sorted(saved))} but none for {self.state_key}"
+        logger.warning(
+            "zeus-callbacks: %s: the run's energy is unknown and its power-limit profile restarts (keep the "
+            "configuration of the run that saved it to continue them)", why,
+        )  # fmt: skip
+        return {"energy_J": None, "energy_note": why}
 
     # -- training ------------------------------------------------------------------------
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
