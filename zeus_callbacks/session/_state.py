@@ -95,7 +95,9 @@ def check_state(state: Any) -> None:
     Raises:
         TypeError: ``state`` is not a mapping.
         ValueError: A count is not a whole number >= 0, an amount (s, J) not a finite number >= 0,
-            ``energy_J`` neither null nor one, ``energy_note`` not text, or no totals key at all.
+            ``energy_J`` neither null nor one, ``energy_note`` not text, ``epoch_energy_J`` not a list of
+            energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping, or
+            no totals key at all.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"a checkpoint state must be a mapping (from state_dict()), not {type(state).__name__}")
