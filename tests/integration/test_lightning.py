@@ -183,7 +183,9 @@ def test_resume_from_checkpoint_carries_energy(tmp_path):
     assert second.summary.energy_J == pytest.approx(first_J + second_segment_J, rel=1e-9)
 
 
-def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog):
+def resume_from_an_edited_checkpoint(tmp_path, caplog, edit):
+    """One epoch fitted and checkpointed, ``edit(callbacks, key)`` applied to the checkpoint's callback states
+    (``key``: the ZeusCallback's), then a second epoch resumed from it; returns the trainer and the callback."""
     config = virtual_config(tmp_path)
     trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1)
     train, _ = loaders()
@@ -192,13 +194,21 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
     trainer.save_checkpoint(ckpt)
     checkpoint = torch.load(ckpt, weights_only=False)
     (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ZeusCallback")]
-    checkpoint["callbacks"][key]["energy_J"] = -26.1  # hand-edited, or written by a buggy tool
+    edit(checkpoint["callbacks"], key)
     torch.save(checkpoint, ckpt)
 
     second = ZeusCallback(config)
     trainer = make_trainer(tmp_path, second, max_epochs=2)
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
         trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))  # training goes on
+    return trainer, second
+
+
+def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog):
+    def damage(callbacks, key):  # hand-edited, or written by a buggy tool
+        callbacks[key]["energy_J"] = -26.1
+
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage)
     assert trainer.current_epoch == 2 and second.summary.status == "completed"
     assert "energy_J must be a finite number >= 0, not -26.1" in caplog.text
     assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
@@ -209,24 +219,13 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
 def test_a_checkpoint_without_the_callbacks_state_resumes_with_the_energy_unknown(tmp_path, caplog, edit):
     # A tester's checkpoints: the callback's entry emptied (Lightning hands no empty state over) or removed.
     # The resumed total silently missed the first segment.
-    config = virtual_config(tmp_path)
-    trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1)
-    train, _ = loaders()
-    trainer.fit(TinyRegressor(), train)
-    ckpt = tmp_path / "one_epoch.ckpt"
-    trainer.save_checkpoint(ckpt)
-    checkpoint = torch.load(ckpt, weights_only=False)
-    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ZeusCallback")]
-    if edit == "emptied":
-        checkpoint["callbacks"][key] = {}
-    else:
-        del checkpoint["callbacks"][key]
-    torch.save(checkpoint, ckpt)
+    def without(callbacks, key):
+        if edit == "emptied":
+            callbacks[key] = {}
+        else:
+            del callbacks[key]
 
-    second = ZeusCallback(config)
-    trainer = make_trainer(tmp_path, second, max_epochs=2)
-    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
-        trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, without)
     assert trainer.current_epoch == 2 and second.summary.status == "completed"
     assert "holds no energy state" in caplog.text
     assert math.isnan(second.summary.energy_J) and "holds no energy state" in second.summary.energy_note

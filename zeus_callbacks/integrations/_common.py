@@ -52,6 +52,11 @@ def next_pause(done: int, every: int | None, ends: Iterable[int | None], offset:
     return min(options, default=None)
 
 
+def unknown_energy_state(why: str) -> dict[str, Any]:
+    """A checkpoint state that carries an unknown energy, ``why`` as its note, and no other total."""
+    return {"energy_J": None, "energy_note": why}
+
+
 class SessionAdapter:
     """The framework-independent part of a callback: its configuration and the session of each run.
 
@@ -107,8 +112,18 @@ class SessionAdapter:
         except (TypeError, ValueError) as exc:
             logger.warning("zeus-callbacks: the checkpoint's energy state is unreadable (%s): the resumed run's "
                            "energy is unknown; training goes on", exc)  # fmt: skip
-            why = f"its energy state was unreadable ({exc})"
-            self.session.load_state_dict({"energy_J": None, "energy_note": why})
+            self.session.load_state_dict(unknown_energy_state(f"its energy state was unreadable ({exc})"))
+
+    def _state_for_a_resume_without_one(self, step: int, state_key: str) -> dict[str, Any]:
+        """The state a run resumed at ``step`` from a checkpoint holding none of ``state_key`` carries, and a warning.
+
+        The run's total cannot hold the steps before the checkpoint: its energy is unknown, never a total
+        that silently misses them.
+        """
+        why = f"the checkpoint holds no energy state of {state_key}"
+        logger.warning("zeus-callbacks: resumed at step %d but %s: the run's energy is unknown; training goes on",
+                       step, why)  # fmt: skip
+        return unknown_energy_state(why)
 
     @classmethod
     def from_yaml(cls: type[AdapterT], path: str | Path, **kwargs: Any) -> AdapterT:

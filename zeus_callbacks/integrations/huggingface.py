@@ -49,7 +49,7 @@ from transformers.trainer_callback import DefaultFlowCallback, ExportableState
 
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.base import GPUBackend
-from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter
+from zeus_callbacks.integrations._common import ConfigArg, SessionAdapter, unknown_energy_state
 from zeus_callbacks.optimizers.batch_size import SuggestedBatchSize
 
 logger = logging.getLogger(__name__)
@@ -222,32 +222,29 @@ class ZeusTrainerCallback(SessionAdapter, TrainerCallback, ExportableState):
                 attributes = item.get("attributes")
                 states = attributes.get("resume_states") if isinstance(attributes, Mapping) else None
                 saved.update(states if isinstance(states, Mapping) else {})
-        if self.state_key in saved:  # a damaged entry (null, a list) is refused by the load: energy unknown
-            found = saved[self.state_key]
-            return found if isinstance(found, Mapping) else {"damaged entry": found}
-        if not saved:
-            why = f"the checkpoint holds no energy state of {self.state_key}"
-            logger.warning("zeus-callbacks: resumed at step %d but %s: the run's energy is unknown; training goes on",
-                           state.global_step, why)  # fmt: skip
-            return {"energy_J": None, "energy_note": why}
-        # The key digests the whole configuration, so any edit between save and resume (a new log_dir,
-        # interval) misses it: take the one saved state of this job if there is exactly one; else the
-        # run's energy is unknown (it cannot hold the steps before the checkpoint), said with the keys.
-        same_job = [key for key in saved if _job_of(key) == self.config.job_id]
-        if len(same_job) == 1 and len(self._peers()) == 1:
+        key = self.state_key if self.state_key in saved else None
+        if key is None and not saved:
+            return self._state_for_a_resume_without_one(state.global_step, self.state_key)
+        if key is None:
+            # The key digests the whole configuration, so any edit between save and resume (a new log_dir,
+            # interval) misses it: take the one saved state of this job if there is exactly one; else the
+            # run's energy is unknown (it cannot hold the steps before the checkpoint), said with the keys.
+            same_job = [k for k in saved if _job_of(k) == self.config.job_id]
+            if len(same_job) != 1 or len(self._peers()) != 1:
+                why = f"the checkpoint holds energy state for {', '.join(sorted(saved))} but none for {self.state_key}"
+                logger.warning(
+                    "zeus-callbacks: %s: the run's energy is unknown and its power-limit profile restarts (keep the "
+                    "configuration of the run that saved it to continue them)", why,
+                )  # fmt: skip
+                return unknown_energy_state(why)
+            key = same_job[0]
             logger.warning(
                 "zeus-callbacks: the checkpoint's state was saved under another configuration of job %r "
                 "(%s, this run %s); continuing it",
-                self.config.job_id, same_job[0], self.state_key,
+                self.config.job_id, key, self.state_key,
             )  # fmt: skip
-            found = saved[same_job[0]]
-            return found if isinstance(found, Mapping) else {"damaged entry": found}
-        why = f"the checkpoint holds energy state for {', '.join(sorted(saved))} but none for {self.state_key}"
-        logger.warning(
-            "zeus-callbacks: %s: the run's energy is unknown and its power-limit profile restarts (keep the "
-            "configuration of the run that saved it to continue them)", why,
-        )  # fmt: skip
-        return {"energy_J": None, "energy_note": why}
+        found = saved[key]  # a damaged entry (null, a list) is refused by the load: the energy is then unknown
+        return found if isinstance(found, Mapping) else {"damaged entry": found}
 
     # -- training ------------------------------------------------------------------------
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):

@@ -88,10 +88,10 @@ class ZeusCallback(SessionAdapter, Callback):
         self._eval_for_monitors: dict[str, float] = {}  # eval energy, for callback_metrics at the next log_dict
         self._ended = False  # the run's end was published (loggers, summary)
         self._unprinted: RunSummary | None = None  # the summary, published and waiting to be printed (teardown)
+        self._state_loaded = False  # a checkpoint restore handed this fit a state (load_state_dict)
         # A time-based val_check_interval (Lightning >= 2.6): the interval this epoch validates at (s, None: no
         # such interval), when the last batch ended (time.monotonic, Lightning's clock for it; None at an
-        # epoch's start) and the last two batches' times (s), kept across epochs.
-        self._state_loaded = False  # a checkpoint restore handed this fit a state (load_state_dict)
+        # epoch's start) and the last four batches' times (s), kept across epochs.
         self._val_every_s: float | None = None
         self._last_batch_end_s: float | None = None
         self._batch_s = (0.0,) * 4
@@ -177,11 +177,8 @@ class ZeusCallback(SessionAdapter, Callback):
             )  # fmt: skip
         if trainer.global_step > 0 and not self._state_loaded:
             # Resumed from a checkpoint with no state of this callback (an empty one, which Lightning does
-            # not hand over, or another job_id's): the total cannot hold the steps before it.
-            why = f"the checkpoint holds no energy state of {self.state_key}"
-            logger.warning("zeus-callbacks: resumed at step %d but %s: the run's energy is unknown; training goes on",
-                           trainer.global_step, why)  # fmt: skip
-            self.session.load_state_dict({"energy_J": None, "energy_note": why})
+            # not hand over, or another job_id's)
+            self._load_checkpoint_state(self._state_for_a_resume_without_one(trainer.global_step, self.state_key))
         self.session.train_start(
             run_name=self._run_name(_logger_run_name(trainer)),
             job_steps=_steps_left(trainer),
@@ -191,8 +188,7 @@ class ZeusCallback(SessionAdapter, Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.epoch_start(trainer.current_epoch)
-        self._plan_pauses(0, *_pauses(trainer, 0))
-        self._val_every_s, self._last_batch_end_s = _time_based_validation(trainer), None
+        self._plan_epoch(trainer, 0)
 
     @override
     def on_train_batch_start(
@@ -205,10 +201,14 @@ class ZeusCallback(SessionAdapter, Callback):
             self._epoch_unchecked = False
             if session.open_epoch is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start
                 session.epoch_start(trainer.current_epoch)
-                self._plan_pauses(batch_idx, *_pauses(trainer, batch_idx))
-                self._val_every_s, self._last_batch_end_s = _time_based_validation(trainer), None
+                self._plan_epoch(trainer, batch_idx)
         session.step_start(step, phase="forward")  # one mark: step and forward begin
         self._optimizer_stepped = False
+
+    def _plan_epoch(self, trainer: pl.Trainer, done: int) -> None:
+        """At an epoch's start (``done`` of its batches taken: a mid-epoch resume), plan its measured pauses."""
+        self._plan_pauses(done, *_pauses(trainer, done))
+        self._val_every_s, self._last_batch_end_s = _time_based_validation(trainer), None
 
     def _before_a_timed_validation(self, trainer: pl.Trainer, batch_idx: int) -> None:
         """A time-based validation: measure the next batch if, as long as the longest of the last four, it ends past it.
@@ -471,14 +471,19 @@ def _pauses(trainer: pl.Trainer, done: int) -> tuple[int | None, tuple[int | Non
     every = trainer.val_check_batch
     per_epoch = trainer.check_val_every_n_epoch
     offset = 0
+    validates = _validates_this_epoch(trainer)
     if per_epoch is None:  # validations counted over the fit's batches, not the epoch's
         progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
         fit_total = getattr(progress, "total", None)  # the fit's batches so far (Lightning's loop progress)
         offset = fit_total.completed - done if fit_total is not None else 0
-        validates = trainer.enable_validation and fit_total is not None
-    else:
-        validates = trainer.enable_validation and (trainer.current_epoch + 1) % per_epoch == 0
+        validates = validates and fit_total is not None
     return (every if validates and isinstance(every, int) else None), (end, fit_end), offset
+
+
+def _validates_this_epoch(trainer: pl.Trainer) -> bool:
+    """Whether the fit validates in this epoch (``check_val_every_n_epoch``; None: every epoch, by the fit's count)."""
+    per_epoch = trainer.check_val_every_n_epoch
+    return trainer.enable_validation and (per_epoch is None or (trainer.current_epoch + 1) % per_epoch == 0)
 
 
 def _time_based_validation(trainer: pl.Trainer) -> float | None:
@@ -488,9 +493,9 @@ def _time_based_validation(trainer: pl.Trainer) -> float | None:
     the first batch that ends that long after the last validation (``trainer._val_check_time_interval``).
     """
     interval = getattr(trainer, "_val_check_time_interval", None)
-    per_epoch = trainer.check_val_every_n_epoch
-    validates = trainer.enable_validation and (per_epoch is None or (trainer.current_epoch + 1) % per_epoch == 0)
-    return float(interval) if validates and isinstance(interval, (int, float)) and interval > 0 else None
+    if not isinstance(interval, (int, float)) or interval <= 0 or not _validates_this_epoch(trainer):
+        return None
+    return float(interval)
 
 
 def _steps_left(trainer: pl.Trainer) -> int | None:
