@@ -7,6 +7,7 @@ times the time the test advanced; the JSONL log each run writes is read back.
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 
@@ -367,11 +368,24 @@ def test_a_run_that_fails_to_start_keeps_the_checkpoint_state_for_the_next_try(c
         ({"steps": 1, "epoch_energy_J": [-5.0]}, "epoch_energy_J holds -5.0"),
         ({"steps": 9, "estimated_steps": 0, "step_energy_J": 5.0}, "sums over estimated_steps, which is 0"),
         ({"steps": 1, "power_limit": "x"}, "power_limit must be a mapping or null"),
+        # a mapping with damaged rows passed, then failed inside the profiler's resume (KeyError 'limit_W')
+        ({"steps": 1, "power_limit": {"limits": [{}]}}, "power_limit.limits[0].limit_W is missing"),
+        ({"steps": 1, "power_limit": {"limits": [{"limit_W": "x"}]}}, "power_limit.limits[0].limit_W must be"),
+        (
+            {"steps": 1, "power_limit": {"limits": [{"limit_W": 250, "energy_J": ["1"], "time_s": [0.1]}]}},
+            "power_limit.limits[0].energy_J[0] must be a finite number >= 0, not '1'",
+        ),  # fmt: skip
+        (
+            {"steps": 1, "power_limit": {"limits": [{"limit_W": 250, "energy_J": [float("nan")], "time_s": [0.1]}]}},
+            "power_limit.limits[0].energy_J[0] must be a finite number >= 0, not nan",
+        ),  # fmt: skip
+        ({"steps": 1, "power_limit": {"limits": [{"limit_W": 250, "steps": -1}]}}, "power_limit.limits[0].steps"),
+        ({"steps": 1, "power_limit": {"profiling_steps": -2}}, "power_limit.profiling_steps must be a whole number"),
     ],
 )
 def test_a_damaged_or_misplaced_state_is_refused_when_loaded_naming_the_key(config, virtual_backend, state, says):
     m = zeus_callbacks.measure(config, backend=virtual_backend)
-    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(says)):
         m.load_state_dict(state)
     with m:  # nothing was kept: the next run starts from nothing
         pass

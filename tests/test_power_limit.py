@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from zeus_callbacks.optimizers.power_limit import (
     ProfileKey,
     ProfilerPhase,
     ProfileSettings,
+    check_profile_state,
     is_unimodal,
     power_limit_grid_W,
     restore_from_marker,
@@ -871,10 +873,38 @@ def test_a_profile_resumed_from_its_checkpoint_state_measures_nothing_twice_and_
 def test_a_profile_state_outside_the_range_or_from_observe_mode_is_ignored():
     world = TraceWorld("A40", "imagenet")
     profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn)
-    outside = {"phase": "warmup", "current_limit_W": 300.0, "limits": [{"limit_W": 900.0, "energy_J": [1.0]}]}
+    outside = {"phase": "warmup", "current_limit_W": 300.0,
+               "limits": [{"limit_W": 900.0, "energy_J": [1.0], "time_s": [0.1]}]}  # fmt: skip
     assert not profiler.resume(outside) and not profiler.profiles
     assert not profiler.resume({"observe_only": True, "limits": []})
     assert profiler.phase == ProfilerPhase.IDLE
+
+
+@pytest.mark.parametrize(
+    ("state", "says"),
+    [
+        ({"limits": [{}]}, "limits[0].limit_W is missing"),  # was KeyError 'limit_W'
+        ({"limits": [{"limit_W": "250"}]}, "limits[0].limit_W must be a finite number > 0, not '250'"),
+        ({"limits": [{"limit_W": 250.0, "energy_J": ["1"], "time_s": [0.1]}]}, "limits[0].energy_J[0] must be"),
+        ({"limits": [{"limit_W": 250.0, "energy_J": [math.nan], "time_s": [0.1]}]}, "not nan"),
+        ({"limits": [{"limit_W": 250.0, "energy_J": [1.0], "time_s": []}]}, "must be as long (1 and 0 steps)"),
+        ({"limits": [{"limit_W": 250.0, "steps": -1}]}, "limits[0].steps must be a whole number >= 0, not -1"),
+        ({"limits": "x"}, "limits must be a list"),
+        ({"profiling_steps": "4"}, "profiling_steps must be a whole number >= 0"),
+        ({"phase": "lost"}, "phase must be one of"),
+        ({"current_limit_W": -5}, "current_limit_W must be a finite number > 0, not -5"),
+    ],
+)
+def test_an_unreadable_profile_state_is_ignored_with_a_warning_not_a_crash(state, says, caplog):
+    world = TraceWorld("A40", "imagenet")
+    profiler = PowerLimitProfiler(grid_of(world), Objective("energy", max_power_W=300.0), world.energy_fn)
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        assert not profiler.resume(state)
+    assert "power-limit profile is unreadable" in caplog.text and says in caplog.text
+    assert "profiling starts over" in caplog.text
+    assert profiler.phase == ProfilerPhase.IDLE and not profiler.profiles and profiler.profiling_steps == 0
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_profile_state(state)
 
 
 # ------------------------------------------------------------------ windows the samples do not cover

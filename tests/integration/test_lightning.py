@@ -183,9 +183,10 @@ def test_resume_from_checkpoint_carries_energy(tmp_path):
     assert second.summary.energy_J == pytest.approx(first_J + second_segment_J, rel=1e-9)
 
 
-def resume_from_an_edited_checkpoint(tmp_path, caplog, edit):
+def resume_from_an_edited_checkpoint(tmp_path, caplog, edit, **resumed):
     """One epoch fitted and checkpointed, ``edit(callbacks, key)`` applied to the checkpoint's callback states
-    (``key``: the ZeusCallback's), then a second epoch resumed from it; returns the trainer and the callback."""
+    (``key``: the ZeusCallback's), then a second epoch resumed from it (``resumed``: sections of its config
+    set anew); returns the trainer and the callback."""
     config = virtual_config(tmp_path)
     trainer = make_trainer(tmp_path, ZeusCallback(config), max_epochs=1)
     train, _ = loaders()
@@ -197,7 +198,7 @@ def resume_from_an_edited_checkpoint(tmp_path, caplog, edit):
     edit(checkpoint["callbacks"], key)
     torch.save(checkpoint, ckpt)
 
-    second = ZeusCallback(config)
+    second = ZeusCallback({**config, **resumed})
     trainer = make_trainer(tmp_path, second, max_epochs=2)
     with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
         trainer.fit(TinyRegressor(), train, ckpt_path=str(ckpt))  # training goes on
@@ -213,6 +214,37 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
     assert "energy_J must be a finite number >= 0, not -26.1" in caplog.text
     assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
     assert "energy state was unreadable" in second.summary.energy_note
+
+
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        ([{}], "limits[0].limit_W is missing"),  # stopped training: KeyError 'limit_W'
+        ([{"limit_W": "250"}], "limits[0].limit_W must be a finite number > 0, not '250'"),
+        ([{"limit_W": 250.0, "energy_J": ["9.5"], "time_s": [0.1]}], "limits[0].energy_J[0] must be"),
+        ([{"limit_W": 250.0, "energy_J": [float("nan")], "time_s": [0.1]}], "limits[0].energy_J[0] must be"),
+        ([{"limit_W": 250.0, "steps": -3}], "limits[0].steps must be a whole number >= 0, not -3"),
+    ],
+)
+def test_a_checkpoint_with_a_damaged_power_limit_profile_profiles_again_keeping_the_energy(tmp_path, caplog, rows,
+                                                                                            says):  # fmt: skip
+    # A tester's checkpoint: a power_limit sub-state that is a mapping but whose rows are damaged.
+    def damage(callbacks, key):
+        callbacks[key]["power_limit"] = {"phase": "profiling", "profiling_steps": 4, "limits": rows}
+
+    profiling = {"enabled": True, "search": "sweep", "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3,
+                 "step_W": 50.0, "cache": False, "plot": False}  # fmt: skip
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage, power_limit=profiling)
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert "power-limit profile is unreadable" in caplog.text and says in caplog.text
+    assert "profiling starts over" in caplog.text
+    assert "continuing the checkpoint's power-limit profile" not in caplog.text
+    # Only the profile was dropped: the energy and counts carried from the first epoch are kept.
+    assert math.isfinite(second.summary.energy_J) and second.summary.energy_note is None
+    assert second.summary.steps == 2 * N_TRAIN // BATCH and second.summary.epochs == 2
+    records = read_jsonl(second.summary.jsonl_path)
+    assert records[0]["resumed_energy_J"] > 0
+    assert any(r["event"] == "power_limit_profile" for r in records)  # profiled anew in this segment
 
 
 @pytest.mark.parametrize("edit", ["emptied", "removed"])

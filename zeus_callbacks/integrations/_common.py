@@ -6,7 +6,7 @@ The adapters themselves only translate hooks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -106,10 +106,22 @@ class SessionAdapter:
 
         Training goes on from a checkpoint whose energy state is damaged (a negative total, a key of the
         wrong type): the run's energy is then unknown, with the reason, never a total missing those steps.
+        A damaged power-limit profile alone (a row without ``limit_W``) is dropped with a warning: the
+        totals are kept and profiling starts over.
         """
         try:
             self.session.load_state_dict(state)
         except (TypeError, ValueError) as exc:
+            if isinstance(state, Mapping) and state.get("power_limit") is not None:
+                rest = {k: v for k, v in state.items() if k != "power_limit"}
+                try:
+                    self.session.load_state_dict(rest)
+                except (TypeError, ValueError):
+                    pass  # more is damaged than the profile
+                else:
+                    logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (%s): "
+                                   "profiling starts over; the energy so far is kept", exc)  # fmt: skip
+                    return
             logger.warning("zeus-callbacks: the checkpoint's energy state is unreadable (%s): the resumed run's "
                            "energy is unknown; training goes on", exc)  # fmt: skip
             self.session.load_state_dict(unknown_energy_state(f"its energy state was unreadable ({exc})"))

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from zeus_callbacks.optimizers.power_limit._limit_profiler import check_profile_state
+
 
 @dataclass
 class Totals:
@@ -96,8 +98,9 @@ def check_state(state: Any) -> None:
         TypeError: ``state`` is not a mapping.
         ValueError: A count is not a whole number >= 0, an amount (s, J) not a finite number >= 0,
             ``energy_J`` neither null nor one, ``energy_note`` not text, ``epoch_energy_J`` not a list of
-            energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping, or
-            no totals key at all.
+            energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping or
+            not a profile the profiler wrote (a row without ``limit_W``, a text among its energies:
+            ``power_limit.limits[0].limit_W`` named), or no totals key at all.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"a checkpoint state must be a mapping (from state_dict()), not {type(state).__name__}")
@@ -132,6 +135,11 @@ def check_state(state: Any) -> None:
         raise ValueError("checkpoint state: step_energy_J and step_time_s are sums over estimated_steps, which is 0")
     if not isinstance(state.get("power_limit"), (Mapping, type(None))):
         raise ValueError(f"checkpoint state: power_limit must be a mapping or null, not {state['power_limit']!r}")
+    if state.get("power_limit") is not None:
+        try:
+            check_profile_state(state["power_limit"])
+        except ValueError as exc:
+            raise ValueError(f"checkpoint state: power_limit.{exc}") from None
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:

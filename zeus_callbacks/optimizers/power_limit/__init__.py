@@ -18,6 +18,7 @@ from zeus_callbacks.optimizers.power_limit._limit_profiler import (
     ProfilerPhase,
     ProfilerState,
     ProfileSettings,
+    check_profile_state,
 )
 from zeus_callbacks.optimizers.power_limit._marker import (
     MARKER_NAME,
@@ -61,6 +62,7 @@ __all__ = [
     "ProfilerState",
     "RestoreMarker",
     "RestoreOutcome",
+    "check_profile_state",
     "is_unimodal",
     "limits_measured_text",
     "marker_path",

@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import numbers
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -79,6 +80,67 @@ def _expected_saving(diff: float, sd: float) -> float:
     """``E[max(−D, 0)]`` for ``D ~ N(diff, sd²)``: what choosing a limit measured ``diff`` dearer saves, on average."""
     z = diff / sd
     return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - diff * 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def check_profile_state(state: Any) -> None:
+    """Refuse a profile state that :meth:`PowerLimitProfiler.export_state` did not write, naming the key at fault.
+
+    Only the keys present are checked (missing ones take their defaults in :meth:`PowerLimitProfiler.resume`).
+
+    Raises:
+        ValueError: ``state`` is not a mapping; ``limits`` not a list of rows each with a ``limit_W`` (W,
+            finite and > 0), ``energy_J`` and ``time_s`` lists of finite numbers >= 0 (J, s) of one length,
+            and ``steps`` a whole number >= 0; ``chosen_limit_W`` or ``current_limit_W`` neither null nor a
+            finite number > 0 (W); ``profiling_steps`` or ``refine_probes`` not a whole number >= 0;
+            ``scouted_W`` not a list of finite numbers > 0 (W); ``phase`` not a phase's name; a flag not a bool.
+    """
+
+    def number(key: str, value: Any, *, positive: bool = False, whole: bool = False) -> None:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        if not real or value < 0 or (positive and value == 0) or (whole and not float(value).is_integer()):
+            kind = "a whole number >= 0" if whole else "a finite number > 0" if positive else "a finite number >= 0"
+            raise ValueError(f"{key} must be {kind}, not {value!r}")
+
+    if not isinstance(state, Mapping):
+        raise ValueError(f"the profile must be a mapping, not {type(state).__name__}")
+    phase = state.get("phase", ProfilerPhase.IDLE.value)
+    if phase not in {p.value for p in ProfilerPhase}:
+        raise ValueError(f"phase must be one of {', '.join(p.value for p in ProfilerPhase)}, not {phase!r}")
+    for key in ("chosen_limit_W", "current_limit_W"):
+        if state.get(key) is not None:
+            number(key, state[key], positive=True)
+    for key in ("profiling_steps", "refine_probes"):
+        if key in state:
+            number(key, state[key], whole=True)
+    for key in ("fallback_sweep", "observe_only"):
+        if not isinstance(state.get(key, False), bool):
+            raise ValueError(f"{key} must be true or false, not {state[key]!r}")
+    scouted = state.get("scouted_W", [])
+    if not isinstance(scouted, list):
+        raise ValueError(f"scouted_W must be a list, not {scouted!r}")
+    for i, value in enumerate(scouted):
+        number(f"scouted_W[{i}]", value, positive=True)
+    rows = state.get("limits", [])
+    if not isinstance(rows, list):
+        raise ValueError(f"limits must be a list, not {rows!r}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"limits[{i}] must be a mapping, not {row!r}")
+        if "limit_W" not in row:
+            raise ValueError(f"limits[{i}].limit_W is missing")
+        number(f"limits[{i}].limit_W", row["limit_W"], positive=True)
+        lengths = []
+        for key in ("energy_J", "time_s"):
+            values = row.get(key, [])
+            if not isinstance(values, list):
+                raise ValueError(f"limits[{i}].{key} must be a list, not {values!r}")
+            for j, value in enumerate(values):
+                number(f"limits[{i}].{key}[{j}]", value)
+            lengths.append(len(values))
+        if lengths[0] != lengths[1]:
+            raise ValueError(f"limits[{i}].energy_J and time_s must be as long ({lengths[0]} and {lengths[1]} steps)")
+        if "steps" in row:
+            number(f"limits[{i}].steps", row["steps"], whole=True)
 
 
 class EnergyFn(Protocol):
@@ -288,14 +350,23 @@ class PowerLimitProfiler:
         """Continue the profile a checkpoint kept (:meth:`export_state`), before the first step: IDLE → IDLE or DONE.
 
         Decided limits are not measured again; a finished profile goes straight to DONE at its
-        choice. A state from observe mode, or with limits outside this profiler's range, is ignored.
+        choice. A state from observe mode is ignored; one with limits outside this profiler's range, or
+        unreadable (a row without ``limit_W``, a text among the energies: :func:`check_profile_state`), is
+        ignored with a warning.
 
         Args:
             state: What :meth:`export_state` returned (missing keys take their defaults).
 
         Returns:
-            True when the state was taken, False when it was ignored.
+            True when the state was taken, False when it was ignored (an unreadable one with a warning:
+            :func:`check_profile_state`; profiling starts over).
         """
+        try:
+            check_profile_state(state)
+        except ValueError as exc:
+            logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (%s); profiling "
+                           "starts over", exc)  # fmt: skip
+            return False
         if self.state.phase != ProfilerPhase.IDLE or state.get("observe_only") or self.observe_only:
             return False
         low, high = self.limits_W[0], self.limits_W[-1]
