@@ -390,3 +390,46 @@ def test_a_damaged_or_misplaced_state_is_refused_when_loaded_naming_the_key(conf
     with m:  # nothing was kept: the next run starts from nothing
         pass
     assert m.summary.steps == 0
+
+
+def _store_gone(*args, **kwargs):
+    from zeus_callbacks.errors import StoreError
+
+    raise StoreError("store.json: the store went away (a fault injected after the sampler started)")
+
+
+@pytest.mark.parametrize("where", ["session", "measure"])
+def test_a_start_that_fails_after_sampling_began_stops_what_it_started(config, virtual_backend, monkeypatch, where):
+    # A tester's run: a store error raised late in the `with`'s start left a zeus-power-sampler thread
+    # running, and the log later ended "interrupted" (the exit cleanup), not with the failure.
+    import threading
+
+    from zeus_callbacks.errors import StoreError
+    from zeus_callbacks.optimizers.batch_size import BatchSizeController
+    from zeus_callbacks.session._batch_size_steps import BatchSizeSteps
+
+    def sampler_threads() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "zeus-power-sampler")
+
+    before = sampler_threads()
+    store = pathlib.Path(config["logging"]["log_dir"]) / "store.json"
+    cfg = {**config, "job_id": "nightly", "store": {"backend": "json", "path": str(store)},
+           "batch_size": {"enabled": True, "batch_sizes": [16, 32], "default_batch_size": 16}}  # fmt: skip
+    if where == "session":  # the last part of the session's start
+        monkeypatch.setattr(BatchSizeSteps, "start", _store_gone)
+    else:  # the adapter's own work once the session started: the batch size handed to measure()
+        monkeypatch.setattr(BatchSizeController, "use_batch_size", _store_gone)
+    meter = zeus_callbacks.measure(cfg, backend=virtual_backend, batch_size=16)
+    meter.load_state_dict({"energy_J": 50.0, "time_s": 2.0, "steps": 20, "epochs": 1})
+    with pytest.raises(StoreError, match="went away"):
+        with meter:
+            pass
+    assert sampler_threads() == before and not meter.session.started  # nothing left running
+    log = read_jsonl(pathlib.Path(config["logging"]["log_dir"]) / "loop.jsonl")
+    assert [r["event"] for r in log][-2:] == ["exception", "run_end"]  # the log says what happened
+    assert log[-2]["type"] == "StoreError" and log[-1]["status"] == "failed"
+    monkeypatch.undo()
+    with meter as m:  # the next try starts, and goes on from the checkpoint the failed start kept
+        with m.step():
+            pass
+    assert m.summary.status == "completed" and m.summary.steps == 21

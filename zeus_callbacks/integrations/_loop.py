@@ -138,6 +138,9 @@ class Measurement(SessionAdapter):
                 of another ``measure()`` object in this process (its energy would be counted in both).
             BackendUnavailable: The configured backend cannot be used here.
             StoreError: With the bandit on, its store cannot be opened (corrupt, newer schema).
+
+        A start that fails once sampling began ends that run as ``failed`` (its log ends with the
+        exception) and stops its sampler; a checkpoint state loaded for it is kept for the next try.
         """
         if self._running:
             raise CallOrderError("measure(): a run is already under way; a with block of it cannot nest")
@@ -164,13 +167,17 @@ class Measurement(SessionAdapter):
         elif handed is not None and self.config.batch_size.enabled:
             copied = unclaimed_suggestion(self.config.job_id)
         self.session.train_start(run_name=self._run_name_arg)
+        try:
+            if copied is not None:
+                self._warn_copied(int(handed), copied.batch_size, copied.trial_id)  # type: ignore[arg-type]
+            if handed is not None:
+                self._use(handed, "measure(batch_size=...)")
+        except BaseException as exc:  # the run started: end it as failed (no sampler left), then raise
+            self.session.exception(exc)
+            raise
         self._resume_from = None  # this run took it (a start that failed keeps it for the next try)
         self._running = True
         _set_active(self)
-        if copied is not None:
-            self._warn_copied(int(handed), copied.batch_size, copied.trial_id)  # type: ignore[arg-type]
-        if handed is not None:
-            self._use(handed, "measure(batch_size=...)")
         return self
 
     def __exit__(

@@ -370,6 +370,9 @@ class EnergySession:
         Raises:
             BackendUnavailable: ``config.backend`` names a backend that cannot be used.
             OSError: The JSONL log directory is not writable (raised before training).
+            StoreError: With the bandit on, its store cannot be used (corrupt, newer schema). Any error
+                raised once sampling began first ends the run as ``failed``: the sampler stops, the log
+                ends with the exception and ``run_end``.
         """
         if self.started:
             return
@@ -393,46 +396,55 @@ class EnergySession:
             self._batch.prepare(run, self._ranks, self._power.power_limit_W)
         run.start()
         self._started = True
-        fraction = cfg.windows.sample_fraction
-        sampling = WindowSampling(
-            None if fraction == "auto" else fraction,
-            cfg.windows.max_overhead,
-            cfg.logging.interval_steps,
-            stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
-            shared=self.ranks.is_distributed,  # the ranks agree the share at each report: they measure the same steps
-            announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
-        )
-        self._steps.begin(
-            self._totals, run.meter, run.timer, backend.clock, sampling,
-            step_windows=cfg.windows.step, phase_windows=run.phases is not None,
-            warmup_steps=cfg.windows.warmup_steps,
-        )  # fmt: skip
-        self._reports.node_span_boundary()  # the first node span opens with the run
-        # A scheduler's kill skips atexit: end the run (and restore limits) first.
-        self._cleanup = CLEANUPS.register(
-            self._end_interrupted, what="ending the energy log", order=CleanupOrder.END_RUN, at_exit=True
-        )
-        measurement, note = measurement_of(backend)
-        self._write(
-            records.run_start_record(
-                run_name=run.run_name, config=cfg, backend=backend.describe(), gpu_indices=run.gpu_indices,
-                power_limit_W=self.power_limit_W, read_only=backend.read_only,
-                resumed_energy_J=self._carried.energy_J, wall_time=run.start_wall,
-                measurement=measurement, measurement_note=note,
-                devices=records.device_identities(backend, run.gpu_indices), resumed_steps=self._carried.steps,
-                resumed_energy_note=self._carried.energy_note,
+        try:
+            fraction = cfg.windows.sample_fraction
+            sampling = WindowSampling(
+                None if fraction == "auto" else fraction,
+                cfg.windows.max_overhead,
+                cfg.logging.interval_steps,
+                stretch_reports=not self.ranks.is_distributed,  # reports are collectives under several processes
+                shared=self.ranks.is_distributed,  # the ranks agree the share at each report: the same steps measured
+                announce=cfg.windows.step,  # no step windows: no step energy whose cadence to announce
             )
-        )  # fmt: skip
-        # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
-        steps = self._steps
-        steps.power_step_start, steps.power_step_end = self._power.start(
-            self._ranks, self._totals, job_steps=job_steps, job_steps_source=job_steps_source
-        )
-        if cfg.batch_size.enabled:
-            failure = self._batch.start(self._power.power_limit_W)
-            if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise
-                self.exception(failure)
-                raise failure
+            self._steps.begin(
+                self._totals, run.meter, run.timer, backend.clock, sampling,
+                step_windows=cfg.windows.step, phase_windows=run.phases is not None,
+                warmup_steps=cfg.windows.warmup_steps,
+            )  # fmt: skip
+            self._reports.node_span_boundary()  # the first node span opens with the run
+            # A scheduler's kill skips atexit: end the run (and restore limits) first.
+            self._cleanup = CLEANUPS.register(
+                self._end_interrupted, what="ending the energy log", order=CleanupOrder.END_RUN, at_exit=True
+            )
+            measurement, note = measurement_of(backend)
+            self._write(
+                records.run_start_record(
+                    run_name=run.run_name, config=cfg, backend=backend.describe(), gpu_indices=run.gpu_indices,
+                    power_limit_W=self.power_limit_W, read_only=backend.read_only,
+                    resumed_energy_J=self._carried.energy_J, wall_time=run.start_wall,
+                    measurement=measurement, measurement_note=note,
+                    devices=records.device_identities(backend, run.gpu_indices), resumed_steps=self._carried.steps,
+                    resumed_energy_note=self._carried.energy_note,
+                )
+            )  # fmt: skip
+            # Optimiser hook: the batch-size bandit and power-limit cache are consulted here.
+            steps = self._steps
+            steps.power_step_start, steps.power_step_end = self._power.start(
+                self._ranks, self._totals, job_steps=job_steps, job_steps_source=job_steps_source
+            )
+            if cfg.batch_size.enabled:
+                failure = self._batch.start(self._power.power_limit_W)
+                if failure is not None:  # e.g. a corrupt store: end the run cleanly, then raise
+                    raise failure
+        except BaseException as exc:
+            # Sampling has begun: a start that fails past here (a store error, a full disk) ends the run
+            # as failed, so that no sampler thread is left and the log ends with the failure.
+            try:
+                self.exception(exc)
+            except Exception:  # the end failed too: at least nothing is left sampling
+                logger.exception("zeus-callbacks: cannot end the run whose start failed (%s)", exc)
+                run.sampler.stop()
+            raise
 
     def _node_end(self) -> dict[str, Any]:
         """The CPU/DRAM counters at an open epoch's end, for its window's info (nothing without a reader)."""
