@@ -214,6 +214,25 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
     assert "energy_J must be a finite number >= 0, not -26.1" in caplog.text
     assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
     assert "energy state was unreadable" in second.summary.energy_note
+    # What was readable is kept: the steps, epochs and time count both segments (they counted the second only).
+    assert second.summary.steps == 2 * N_TRAIN // BATCH and second.summary.epochs == 2
+    assert len(second.summary.epoch_energy_J) == 2
+    (start,) = [r for r in read_jsonl(second.summary.jsonl_path) if r["event"] == "run_start"]
+    assert start["resumed_steps"] == N_TRAIN // BATCH
+    assert "cover only the run after the checkpoint" not in second.summary.energy_note
+
+
+def test_a_checkpoint_whose_counts_are_unreadable_says_they_cover_the_resumed_run_only(tmp_path, caplog):
+    def damage(callbacks, key):
+        callbacks[key].update(energy_J=-26.1, steps="twenty", time_s=None)
+
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage)
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert math.isnan(second.summary.energy_J)
+    # The epochs were readable and are kept; the steps and time count the second epoch only, and the note says so.
+    assert second.summary.epochs == 2 and second.summary.steps == N_TRAIN // BATCH
+    assert "its time and steps cover only the run after the checkpoint" in second.summary.energy_note
+    assert "its epochs are kept" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -261,6 +280,9 @@ def test_a_checkpoint_without_the_callbacks_state_resumes_with_the_energy_unknow
     assert trainer.current_epoch == 2 and second.summary.status == "completed"
     assert "holds no energy state" in caplog.text
     assert math.isnan(second.summary.energy_J) and "holds no energy state" in second.summary.energy_note
+    # Nothing was carried: the counts are the second epoch's, and the note says they are not the whole run's.
+    assert second.summary.steps == N_TRAIN // BATCH
+    assert "its time, steps and epochs cover only the run after the checkpoint" in second.summary.energy_note
 
 
 def test_bad_config_fails_before_training(tmp_path):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.reporting import RunSummary
-from zeus_callbacks.session import EnergySession
+from zeus_callbacks.session import EnergySession, check_state
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,51 @@ def next_pause(done: int, every: int | None, ends: Iterable[int | None], offset:
     return min(options, default=None)
 
 
-def unknown_energy_state(why: str) -> dict[str, Any]:
-    """A checkpoint state that carries an unknown energy, ``why`` as its note, and no other total."""
-    return {"energy_J": None, "energy_note": why}
+_READABLE_PARTS = (
+    ("steps",), ("epochs",), ("time_s",), ("epoch_energy_J",), ("power_limit",),
+    ("measured_steps", "step_energy_J", "step_time_s", "estimated_steps"),  # the step means' sums, together
+)  # fmt: skip
+"""The parts of a damaged checkpoint state that are kept when each is readable on its own (check_state)."""
+
+_COUNTS_NAMED = (("time_s", "time"), ("steps", "steps"), ("epochs", "epochs"))
+
+
+def unknown_energy_state(why: str, state: Any = None) -> dict[str, Any]:
+    """A checkpoint state that carries an unknown energy, ``why`` (and what else is lost) as its note.
+
+    Of ``state`` (a damaged checkpoint state, or None: none at all) it keeps each part that is readable
+    on its own (the steps, the epochs, the time, the epochs' energies, the step means' sums, the
+    power-limit profile, ``open_epoch``); never its ``energy_J``. The time, steps or epochs it cannot
+    keep then cover only the run after the checkpoint: the note says which, as those figures would
+    otherwise pass for the whole run's.
+    """
+    kept: dict[str, Any] = {"energy_J": None, "energy_note": why}
+    if isinstance(state, Mapping):
+        for keys in _READABLE_PARTS:
+            part = {key: state[key] for key in keys if key in state}
+            if not part:
+                continue
+            try:
+                check_state({**kept, **part})
+            except (TypeError, ValueError):
+                continue
+            kept.update(part)
+        open_epoch = state.get("open_epoch")
+        if "steps" in kept and isinstance(open_epoch, int) and not isinstance(open_epoch, bool) and open_epoch >= 0:
+            kept["open_epoch"] = open_epoch
+    lost = [name for key, name in _COUNTS_NAMED if key not in kept]
+    if lost:
+        figures = " and ".join([", ".join(lost[:-1]), lost[-1]] if len(lost) > 1 else lost)
+        kept["energy_note"] = f"{why}; its {figures} cover only the run after the checkpoint"
+    return kept
+
+
+def _what_is_kept(carried: Mapping[str, Any]) -> str:
+    """What a resume from a damaged state keeps, for its warning."""
+    kept = [name for key, name in _COUNTS_NAMED if key in carried]
+    if not kept:
+        return "nothing of it is kept: the run's time, steps and epochs start from this run"
+    return f"its {', '.join(kept)} are kept"
 
 
 class SessionAdapter:
@@ -106,6 +148,7 @@ class SessionAdapter:
 
         Training goes on from a checkpoint whose energy state is damaged (a negative total, a key of the
         wrong type): the run's energy is then unknown, with the reason, never a total missing those steps.
+        Its other parts that are readable are kept (:func:`unknown_energy_state`).
         A damaged power-limit profile alone (a row without ``limit_W``) is dropped with a warning: the
         totals are kept and profiling starts over.
         """
@@ -122,9 +165,10 @@ class SessionAdapter:
                     logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (%s): "
                                    "profiling starts over; the energy so far is kept", exc)  # fmt: skip
                     return
+            carried = unknown_energy_state(f"its energy state was unreadable ({exc})", state)
             logger.warning("zeus-callbacks: the checkpoint's energy state is unreadable (%s): the resumed run's "
-                           "energy is unknown; training goes on", exc)  # fmt: skip
-            self.session.load_state_dict(unknown_energy_state(f"its energy state was unreadable ({exc})"))
+                           "energy is unknown (%s); training goes on", exc, _what_is_kept(carried))  # fmt: skip
+            self.session.load_state_dict(carried)
 
     def _state_for_a_resume_without_one(self, step: int, state_key: str) -> dict[str, Any]:
         """The state a run resumed at ``step`` from a checkpoint holding none of ``state_key`` carries, and a warning.
