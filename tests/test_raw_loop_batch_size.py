@@ -355,3 +355,37 @@ def test_a_plain_int_copy_of_a_suggestion_is_named_in_the_warning(tmp_path, virt
     assert "as returned, not copied with int()" in warning
     assert [(t.trial_id, t.status) for t in trials(tmp_path)][1] == (2, "completed")
     del size
+
+
+OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)\n"
+    "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json", "postgresql"])
+def test_a_batch_size_pruned_for_failing_names_the_last_failure(tmp_path, virtual_backend, manual_clock, capsys, kind):
+    # docs/batch_size.md promises `(last: CUDA out of memory)`; show printed `(last: the run failed)`: the
+    # failed run's exception was never stored with its trial.
+    from tests.store_contract import new_location
+    from zeus_callbacks.cli import main
+
+    location = new_location(kind, tmp_path)
+    config = bandit_config(tmp_path, batch_sizes=[16, 32], target=None)
+    config["store"] = {"url": location} if kind == "postgresql" else {"backend": kind, "path": location}
+    for _ in range(2):  # max_failures: 2
+        with pytest.raises(RuntimeError, match="CUDA out of memory"):
+            with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+                m.use_batch_size(m.suggested_batch_size)
+                train(m, manual_clock, m.suggested_batch_size)
+                raise RuntimeError(OOM)
+    assert suggest_batch_size(config) == 16  # 32 pruned: the next suggestion moves on
+    reason = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)"
+    with open_store(location) as store:
+        failed = [t for t in store.list_trials("nightly") if t.status == "failed"]
+        bandit = store.get_bandit("nightly")
+    assert [t.info["error"] for t in failed] == [reason, reason]  # the type and the first line, in every store
+    assert bandit.state["failed_arms"] == {"32": f"failed 2 times in a row (last: {reason})"}
+    capsys.readouterr()
+    assert main(["show", location]) == 0
+    assert f"batch size 32 pruned: failed 2 times in a row (last: {reason})" in capsys.readouterr().out

@@ -108,12 +108,13 @@ class BatchSizeSteps:
         self._refresh_step_decision()
         return self.decide()
 
-    def record_trial(self, summary: RunSummary) -> None:
+    def record_trial(self, summary: RunSummary, *, failure: str | None = None) -> None:
         """At the end: record the recurrence's trial in the store (and the log).
 
         A run whose energy is unknown (resumed from a checkpoint saved before any power sample) is
         recorded with its status and no energy: not an observation of its batch size, and not
-        left ``running`` for the next open to mark failed.
+        left ``running`` for the next open to mark failed. ``failure``: the exception that ended a
+        run that did not complete, in short (:func:`~zeus_callbacks.session._log_records.failure_reason`).
         """
         self._running = False
         if self.batch_size_controller is not None:
@@ -127,8 +128,9 @@ class BatchSizeSteps:
                 )
             try:
                 t = self.batch_size_controller.finish(
-                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded, energy_note=energy_note
-                )
+                    summary.energy_J, summary.time_s, summary.status, degraded=summary.degraded,
+                    energy_note=energy_note, error=failure,
+                )  # fmt: skip
                 if t is not None and self._run is not None:
                     self._run.log.write(records.trial_record(t))
                 if t is not None:

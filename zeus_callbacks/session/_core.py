@@ -688,7 +688,8 @@ class EnergySession:
             time_note=limiter.time_note() if limiter is not None else None,
         )  # fmt: skip
         self._finished = summary
-        self._batch.record_trial(summary)
+        failure = None if self._exception_record is None else records.failure_reason(self._exception_record)
+        self._batch.record_trial(summary, failure=failure)
         self.run_store.close()
         if self._exception_record is not None:
             self._write(self._exception_record)

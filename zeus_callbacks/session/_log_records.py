@@ -134,6 +134,20 @@ def exception_record(exc: BaseException) -> dict[str, Any]:
     return {"event": "exception", "type": type(exc).__name__, "message": str(exc)[:500]}
 
 
+FAILURE_REASON_CHARS = 120
+"""The longest failure reason a failed trial keeps (``info["error"]``), in characters."""
+
+
+def failure_reason(record: Mapping[str, Any]) -> str:
+    """A failed run's exception in short, for its trial: ``Type: first line of the message``, cut to 120 characters.
+
+    ``record`` is an :func:`exception_record`. What pruning prints as ``(last: ...)``.
+    """
+    lines = [line.strip() for line in str(record.get("message", "")).splitlines() if line.strip()]
+    reason = f"{record['type']}: {lines[0]}" if lines else str(record["type"])
+    return reason if len(reason) <= FAILURE_REASON_CHARS else reason[: FAILURE_REASON_CHARS - 3] + "..."
+
+
 def run_end_record(summary: RunSummary) -> dict[str, Any]:
     """The ``run_end`` record: the summary's fields."""
     return {"event": "run_end", **summary.as_dict()}

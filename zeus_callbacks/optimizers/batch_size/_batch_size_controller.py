@@ -656,6 +656,7 @@ class BatchSizeController:
         *,
         degraded: bool = False,
         energy_note: str | None = None,
+        error: str | None = None,
     ) -> TrialRecord | None:
         """Record the trial's outcome in the store and return the finished trial (None: no trial was made).
 
@@ -669,6 +670,8 @@ class BatchSizeController:
             run_status: The session's status: ``completed``, ``failed`` or ``interrupted``.
             degraded: Sensor faults made the energy measurement incomplete.
             energy_note: Why the energy is unknown, kept in the trial's ``info``.
+            error: The exception that ended a run that did not complete, in short (``Type: message``),
+                kept in the trial's ``info["error"]``: pruning names it (``last: ...``).
         """
         if (self.suggestion is None and self.detached is None) or self.cost is None:
             return None
@@ -692,6 +695,8 @@ class BatchSizeController:
             info["simulated"] = True  # measured on the virtual GPU: plots say so
         if run_status != "completed":
             info["run_status"] = run_status  # an interrupted run does not count against its arm
+            if error:
+                info["error"] = error  # what pruning names as the last failure
         if energy_note is not None and not math.isfinite(energy_J):
             info["energy_note"] = energy_note
         suggested = None if self.suggestion is None else self.suggestion.batch_size
