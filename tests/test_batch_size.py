@@ -119,6 +119,18 @@ def test_failed_trials_neither_count_nor_move_pruning(store):
     assert bandit.suggest().batch_size == 64 and bandit.observations() == {}
 
 
+@pytest.mark.parametrize("used", [None, 32])
+def test_a_trial_that_is_no_observation_is_named_by_its_batch_size(store, caplog, used):
+    # The warning said "batch size (suggested)" where the run trained at the suggestion, not its size.
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    s = bandit.suggest()
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        bandit.report(s.trial_id, energy_J=math.nan, time_s=10.0, cost=None, converged=False, batch_size=used)
+    (warning,) = [r.getMessage() for r in caplog.records if "not an observation" in r.getMessage()]
+    assert f"trial {s.trial_id} is not an observation of batch size {used or 64}: " in warning
+    assert "(suggested)" not in warning
+
+
 def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
     """Issue 30: a suggestion no run claimed (withdrawn) is not a failure of its batch size: failed, withdrawn, failed
     is two failures in a row (max_failures 2), and a withdrawn pruning candidate is suggested again."""

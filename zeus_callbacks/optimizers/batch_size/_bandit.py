@@ -503,13 +503,6 @@ class BatchSizeBandit:
         converged = bool(converged) and status != "failed"  # an early-stopped run may reach the target after its stop
         problem = None if status == "failed" else observation_problem(energy_J, time_s, cost, degraded=degraded)
         if problem is not None:
-            logger.warning(
-                "zeus-callbacks: job %s trial %d is not an observation of batch size %s: %s",
-                self.job_id,
-                trial_id,
-                batch_size if batch_size is not None else "(suggested)",
-                problem,
-            )
             info = {**(info or {}), "not_observed": problem}
             cost = None
             energy_J = None if degraded else finite_or_none(energy_J)
@@ -519,7 +512,7 @@ class BatchSizeBandit:
             energy_J = finite_or_none(energy_J)
             time_s = finite_or_none(time_s)
         absorb = None if status == "failed" or cost is None else self._absorb(float(cost), converged)
-        return self.store.finish_trial(
+        trial = self.store.finish_trial(
             trial_id,
             status=status,
             energy_J=energy_J,
@@ -532,6 +525,12 @@ class BatchSizeBandit:
             pending_id=pending_id,
             bandit_update=absorb,  # one transaction: the outcome and the bandit's update, both or neither
         )
+        if problem is not None:  # named by the trial's batch size (the suggestion's, unless another was used)
+            logger.warning(
+                "zeus-callbacks: job %s trial %d is not an observation of batch size %d: %s",
+                self.job_id, trial_id, trial.batch_size, problem,
+            )  # fmt: skip
+        return trial
 
     def _absorb(self, cost: float, converged: bool) -> OutcomeUpdate:
         """The bandit transform of an observed outcome, run by the store inside the outcome's transaction.
