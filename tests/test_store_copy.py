@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.store_contract import _open, new_location
@@ -12,6 +13,12 @@ from zeus_callbacks.store._base import snapshot
 KINDS = ["sqlite", "json", "postgresql"]
 
 
+def _bandit_state(min_cost: float) -> dict:
+    """A bandit state of batch sizes 64 and 128 as the bandit writes it (show reads it)."""
+    return {"phase": "pruning", "round": 0, "direction": "start", "start": 64, "candidate": 64, "survivors": [64, 128],
+            "rng": np.random.PCG64(0).state, "batch_sizes": [64, 128], "min_cost": min_cost}  # fmt: skip
+
+
 def _fill(location: str, kind: str) -> None:
     with _open(kind, location) as store:
         store.ensure_job("nightly", {"workload": "imagenet"})
@@ -19,8 +26,8 @@ def _fill(location: str, kind: str) -> None:
         store.finish_trial(done.trial_id, status="completed", energy_J=10.5, time_s=2.0, cost=7.0, converged=True)
         store.create_trial("nightly", 128, pid=1)  # running, of another process
         store.create_trial("other", 8, pid=1)
-        store.update_bandit("nightly", lambda s: (BanditState(s.job_id, {"min_cost": 7.0}, {64: {"n": 1}}), None))
-        store.update_bandit("nightly", lambda s: (BanditState(s.job_id, {"min_cost": 6.0}, {64: {"n": 2}}), None))
+        store.update_bandit("nightly", lambda s: (BanditState(s.job_id, _bandit_state(7.0), {64: {"n": 1}}), None))
+        store.update_bandit("nightly", lambda s: (BanditState(s.job_id, _bandit_state(6.0), {64: {"n": 2}}), None))
         store.put_profile("A40/bs64", {"limits_W": [200.0, 300.0], "time_s": [1.25, 1.0]})
 
 
@@ -57,3 +64,20 @@ def test_the_store_copy_command(tmp_path, capsys):
     assert "copied 2 job(s), 3 trial(s), 1 bandit state(s) and 1 profile(s)" in out and "copy.json" in out
     assert main(["store", "copy", src, dst]) == 1  # the copy holds jobs now: refused, named
     assert "holds jobs already" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+def test_store_copy_refuses_a_bandit_state_that_show_refuses(tmp_path, capsys, kind):
+    # A tester's store: `store copy` copied a bandit state that `show` then refused as malformed.
+    src, dst = new_location(kind, tmp_path, "src"), tmp_path / "copy.json"
+    _fill(src, kind)
+    with _open(kind, src) as store:  # hand-edited: the phase gone
+        store.update_bandit("nightly", lambda s: (BanditState(s.job_id, {"min_cost": 6.0}, s.arms), None))
+    assert main(["show", src]) == 1
+    shown = capsys.readouterr().err
+    assert "the bandit state of job 'nightly' is malformed (phase: Field required)" in shown
+    assert main(["store", "copy", src, str(dst)]) == 1  # the two agree: refused, named, nothing written
+    err = capsys.readouterr().err
+    assert "not copied, nothing was written" in err and str(src) in err
+    assert "the bandit state of job 'nightly' is malformed (phase: Field required)" in err
+    assert "Traceback" not in err and not dst.exists()

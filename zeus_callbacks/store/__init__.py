@@ -9,8 +9,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from zeus_callbacks.store._base import (
     DEFAULT_LEASE_GRACE_S,
@@ -24,6 +25,9 @@ from zeus_callbacks.store._base import (
     TrialRecord,
     mask_url,
 )
+
+if TYPE_CHECKING:
+    from zeus_callbacks.store._stored_records import Snapshot
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
@@ -149,7 +153,9 @@ def open_configured_store(settings: StoreSettings, log_dir: str | Path, *, read_
     )
 
 
-def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, int, int]:
+def copy_store(
+    source: str | Path, destination: str | Path, *, check: Callable[[Snapshot, str], None] | None = None
+) -> tuple[int, int, int, int]:
     """Copy every record of one store into a new, empty one: between any two stores (SQLite, JSON, a database).
 
     The source is opened read-only; the destination (created when missing; its kind from its
@@ -159,6 +165,9 @@ def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, i
     Args:
         source: The store to read (a file or a database URL).
         destination: The store to write; it must hold no job yet.
+        check: Called with the source's records and its location before the destination is opened;
+            the error it raises refuses the copy (``zeus-callbacks store copy`` checks the bandit states
+            as ``show`` reads them).
 
     Returns:
         How many jobs, trials, bandit states and profiles were copied.
@@ -166,11 +175,14 @@ def copy_store(source: str | Path, destination: str | Path) -> tuple[int, int, i
     Raises:
         StoreError: Either store cannot be opened, or the destination holds jobs already
             (nothing was written).
+        StoreCorruptError: ``check`` refused a record (nothing was written).
     """
     from zeus_callbacks.store._base import snapshot
 
     with open_store(source, read_only=True) as src:
         records = snapshot(src)
+        if check is not None:
+            check(records, src.location)
     with open_store(destination) as dst:
         dst.import_records(records)
     return len(records.jobs), len(records.trials), len(records.bandits), len(records.profiles)
