@@ -38,14 +38,6 @@ def test_a_failed_rename_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
 
-def test_sort_keys_orders_the_written_object(tmp_path):
-    path = tmp_path / "store.json"
-    write_json_atomic(path, {"b": 1, "a": {"d": 2, "c": 3}}, sort_keys=True)
-    text = path.read_text()
-    assert text.index('"a"') < text.index('"b"') and text.index('"c"') < text.index('"d"')
-    assert json.loads(text) == {"a": {"c": 3, "d": 2}, "b": 1}
-
-
 def test_the_json_store_writes_through_the_shared_writer(tmp_path, monkeypatch):
     import json
 

@@ -72,7 +72,7 @@ def atomic_output(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         raise
 
 
-def write_json_atomic(path: str | Path, data: Any, *, sort_keys: bool = False) -> None:
+def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (see :func:`atomic_output`).
 
     Raises:
@@ -80,7 +80,7 @@ def write_json_atomic(path: str | Path, data: Any, *, sort_keys: bool = False) -
         TypeError: ``data`` is not JSON-serialisable (the old file is unchanged).
     """
     with atomic_output(path) as fh:
-        json.dump(data, fh, indent=1, sort_keys=sort_keys)
+        json.dump(data, fh, indent=1)
 
 
 def ownership_problem(path: str | Path) -> str | None:
