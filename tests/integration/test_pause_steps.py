@@ -99,9 +99,10 @@ def test_lightning_measures_the_batch_before_each_validation_and_each_epochs_las
 
 class TimedBatches(Callback):
     """Lightning's and the adapter's clock (``time.monotonic`` in the modules that read it) moves only here:
-    each batch takes ``batch_s`` of it, the first of each third batch three times as long."""
+    each batch takes ``batch_s`` of it, the first of each third batch three times as long, and a validation
+    ``validation_s``."""
 
-    def __init__(self, monkeypatch, batch_s: float) -> None:
+    def __init__(self, monkeypatch, batch_s: float, validation_s: float = 0.0) -> None:
         import time as real_time
         import types
 
@@ -109,7 +110,7 @@ class TimedBatches(Callback):
 
         import zeus_callbacks.integrations.lightning as adapter
 
-        self.now_s, self.batch_s, self.batches = 1_000.0, batch_s, 0
+        self.now_s, self.batch_s, self.batches, self.validation_s = 1_000.0, batch_s, 0, validation_s
         clock = types.SimpleNamespace(**{k: getattr(real_time, k) for k in dir(real_time) if not k.startswith("_")})
         clock.monotonic = lambda: self.now_s
         for module in (fit_loop, evaluation_loop, training_epoch_loop, adapter):
@@ -118,6 +119,9 @@ class TimedBatches(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.now_s += self.batch_s * (3 if self.batches % 3 == 0 else 1)
         self.batches += 1
+
+    def on_validation_start(self, trainer, pl_module):
+        self.now_s += self.validation_s
 
 
 def test_lightning_measures_the_batch_before_each_time_based_validation(tmp_path, monkeypatch):
@@ -132,6 +136,22 @@ def test_lightning_measures_the_batch_before_each_time_based_validation(tmp_path
     assert len(spy.before_validation) >= 4  # 80 batches of 20-60 ms an epoch: several validations
     assert spy.before_validation <= spy.measured
     assert len(spy.measured) < 0.4 * 160
+    assert_no_step_estimated(records, 2)
+
+
+def test_a_validation_longer_than_the_interval_does_not_pass_for_a_batch_time(tmp_path, monkeypatch):
+    # Each validation takes 0.8 s, longer than the 0.5 s interval. The batch after it must not count that
+    # time as its own: with it, every batch looked long enough to cross the interval and was measured.
+    from datetime import timedelta
+
+    timed = TimedBatches(monkeypatch, batch_s=0.02, validation_s=0.8)
+    zeus, spy, records = fit_lightning(tmp_path, "pl-long-val", 5, validate=True, max_epochs=2,
+                                       val_check_interval=timedelta(seconds=0.5), extra_callbacks=[timed])  # fmt: skip
+    assert len(spy.before_validation) >= 4
+    assert spy.before_validation <= spy.measured
+    # at most the three batches before each validation (a guess early by up to two), and each epoch's
+    # first and last: 23 here; with the validation taken as a batch time, 57 (every batch after one)
+    assert len(spy.measured) <= 3 * len(spy.before_validation) + 2 * 2
     assert_no_step_estimated(records, 2)
 
 

@@ -276,6 +276,7 @@ class ZeusCallback(SessionAdapter, Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.session.eval_start()
+            self._last_batch_end_s = None  # the next batch's time would hold this validation's
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
