@@ -582,14 +582,28 @@ def test_live_totals_leave_the_energy_out_until_a_power_sample_covers_the_runs_s
 
 def test_load_state_dict_tolerates_missing_and_unknown_keys(new_session, virtual_backend):
     session = new_session(virtual_backend)
-    session.load_state_dict({"energy_J": 12.5, "added_in_a_later_release": [1, 2]})  # no energy_note: older
+    older = {"energy_J": 12.5, "time_s": 2.0, "steps": 4, "epochs": 1}  # no energy_note, step sums, epoch energies
+    session.load_state_dict({**older, "added_in_a_later_release": [1, 2]})
     state = session.state_dict()
     assert state["energy_J"] == 12.5 and state["energy_note"] is None
-    assert state["steps"] == 0
+    assert state["steps"] == 4 and state["estimated_steps"] == 0  # no step sums: no steps behind a mean
     assert state["epoch_energy_J"] == []
     session.load_state_dict({"energy_J": None, "steps": 3})  # null without its note: still no figure
     state = session.state_dict()
     assert state["energy_J"] is None and state["energy_note"] and state["steps"] == 3
+
+
+@pytest.mark.parametrize("missing", ["energy_J", "time_s", "steps", "epochs"])
+def test_a_state_missing_a_total_is_refused_not_read_as_zero(new_session, virtual_backend, missing):
+    # A missing energy_J was read as 0 J: a resumed run reported the steps after the checkpoint only, with no
+    # note. A missing time_s gave 1 351 W mean power on a 300 W card; a missing steps, a wrong energy per step.
+    session = new_session(virtual_backend)
+    saved = {"energy_J": 69.0, "energy_note": None, "time_s": 3.0, "steps": 20, "epochs": 1}
+    with pytest.raises(ValueError, match=f"{missing} is missing"):
+        session.load_state_dict({k: v for k, v in saved.items() if k != missing})
+    unknown = {"energy_J": None, "energy_note": "its energy state was unreadable"}  # counts lost: allowed, noted
+    session.load_state_dict(unknown)
+    assert session.state_dict()["energy_J"] is None
 
 
 # -- errors at train start ------------------------------------------------------------------------

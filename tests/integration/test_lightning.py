@@ -205,13 +205,21 @@ def resume_from_an_edited_checkpoint(tmp_path, caplog, edit, **resumed):
     return trainer, second
 
 
-def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog):
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda state: state.update(energy_J=-26.1), "energy_J must be a finite number >= 0, not -26.1"),
+        (lambda state: state.pop("energy_J"), "energy_J is missing"),  # was read as 0 J: a total short of epoch 1
+    ],
+    ids=["negative", "missing"],
+)
+def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog, edit, said):
     def damage(callbacks, key):  # hand-edited, or written by a buggy tool
-        callbacks[key]["energy_J"] = -26.1
+        edit(callbacks[key])
 
     trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage)
     assert trainer.current_epoch == 2 and second.summary.status == "completed"
-    assert "energy_J must be a finite number >= 0, not -26.1" in caplog.text
+    assert said in caplog.text
     assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
     assert "energy state was unreadable" in second.summary.energy_note
     # What was readable is kept: the steps, epochs and time count both segments (they counted the second only).

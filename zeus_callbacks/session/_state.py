@@ -90,9 +90,10 @@ _AMOUNTS = ("time_s", "step_energy_J", "step_time_s", "estimated_steps")  # fini
 def check_state(state: Any) -> None:
     """Refuse a checkpoint state that is not one :func:`resume_state` wrote, naming the key at fault.
 
-    Only the keys present are checked (older states lack some); a mapping with none of the totals' keys
-    is refused, as a state handed at the wrong level (a checkpoint's whole ``callbacks`` dict) would
-    otherwise start the run from nothing without a word.
+    ``energy_J`` must be present, and with a known energy ``time_s``, ``steps`` and ``epochs`` too (a
+    missing one was read as 0); the other keys are checked where present (older states lack some). A
+    mapping with none of the totals' keys is refused, as a state handed at the wrong level (a
+    checkpoint's whole ``callbacks`` dict) would otherwise start the run from nothing without a word.
 
     Raises:
         TypeError: ``state`` is not a mapping.
@@ -100,7 +101,8 @@ def check_state(state: Any) -> None:
             ``energy_J`` neither null nor one, ``energy_note`` not text, ``epoch_energy_J`` not a list of
             energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping or
             not a profile the profiler wrote (a row without ``limit_W``, a text among its energies:
-            ``power_limit.limits[0].limit_W`` named), or no totals key at all.
+            ``power_limit.limits[0].limit_W`` named), ``energy_J`` missing, or with a known energy
+            ``time_s``, ``steps`` or ``epochs`` missing, or no totals key at all.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"a checkpoint state must be a mapping (from state_dict()), not {type(state).__name__}")
@@ -140,6 +142,12 @@ def check_state(state: Any) -> None:
             check_profile_state(state["power_limit"])
         except ValueError as exc:
             raise ValueError(f"checkpoint state: power_limit.{exc}") from None
+    # energy_J is in every state resume_state wrote (null when unknown); a known energy comes with the counts
+    # it covers. A missing one was read as 0: a total short of the checkpoint's energy, without a word.
+    required = ("energy_J",) if state.get("energy_J") is None else ("energy_J", "time_s", "steps", "epochs")
+    for key in required:
+        if key not in state:
+            raise ValueError(f"checkpoint state: {key} is missing (state_dict() always writes it)")
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
