@@ -751,6 +751,33 @@ def test_the_summary_and_report_show_the_chosen_limit_and_the_step_it_took_effec
     assert f"power limit {chosen_W:.1f} W chosen by profiling, in force from step {from_step} (original 300.0 W" in said
 
 
+def test_a_run_resumed_after_the_choice_says_the_limit_it_ran_at(tmp_path):
+    # A checkpoint saved after profiling chose: the resumed run applies the choice from its first step. Its
+    # summary said "no limit chosen" (chosen None, applied False) while every step ran at the choice.
+    backend = VirtualGPUBackend(clock=ManualClock(1000.0), noise_W=3.0)
+    first, _ = simulate_session(tmp_path, backend, run_name="first")
+    chosen_W = first.power_limiter.result.chosen_limit_W
+    assert chosen_W is not None and chosen_W != 300.0
+    state = json.loads(json.dumps(first.state_dict()))
+    first.train_end()
+    config = {"backend": "virtual", "power_limit": {"enabled": True},
+              "logging": {"log_dir": str(tmp_path), "run_name": "second", "interval_steps": 5}}  # fmt: skip
+    second = EnergySession(config, backend=backend, is_main_process=True)
+    second.load_state_dict(state)
+    second.train_start()
+    second.epoch_start(0)
+    for step in range(state["steps"], state["steps"] + 6):
+        second.step_start(step)
+        assert backend.power_limit_W(0) == chosen_W
+        backend.clock.advance(STEP_S)
+        second.step_end(step, num_samples=32)
+    second.epoch_end(0)
+    summary = second.train_end()
+    assert (summary.chosen_power_limit_W, summary.power_limit_applied) == (chosen_W, True)
+    assert summary.power_limit_from_step == state["steps"]  # this run's first step
+    assert f"{chosen_W:,.3f} W chosen" in str(summary)
+
+
 # ------------------------------------------------- a late step's energy: the samples before the switch
 def _late_step(before_W, after_W, *, seed, period_s, duration_s, gap_s, noise_W=3.0, stall_s=0.0):
     """A step [a, b] at ``before_W``, the limit switched to ``after_W`` at s = b + ``gap_s``; its energy with and

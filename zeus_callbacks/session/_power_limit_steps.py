@@ -169,7 +169,11 @@ class PowerLimitSteps:
                 self._power_limit_follower = self._power_limit_agreement and self._ranks.ranks.process_index != 0
         carried = self._carried_power_limit
         if self.power_limiter is not None and carried is not None and self._decides_power_limit():
-            self.power_limiter.resume(carried)
+            limiter = self.power_limiter
+            if limiter.resume(carried) and limiter.result is not None and limiter.result.chosen_limit_W is not None:
+                # the checkpoint's choice, in force from this run's first step: the summary says so
+                self.chosen = (limiter.result.chosen_limit_W, self._totals.steps, not limiter.observe)
+                self._on_chosen(limiter.result.chosen_limit_W)
         has_limiter = self.power_limiter is not None
         return (
             self._power_limit_step_start if has_limiter else None,
