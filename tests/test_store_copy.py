@@ -81,3 +81,24 @@ def test_store_copy_refuses_a_bandit_state_that_show_refuses(tmp_path, capsys, k
     assert "not copied, nothing was written" in err and str(src) in err
     assert "the bandit state of job 'nightly' is malformed (phase: Field required)" in err
     assert "Traceback" not in err and not dst.exists()
+
+
+@pytest.mark.parametrize("dst_name", ["copy.sqlite", "copy.json"])
+def test_a_source_record_the_destination_cannot_store_is_named_as_the_sources_and_leaves_no_file(
+    tmp_path, capsys, dst_name
+):
+    # A tester's hand-edited JSON store with a NaN in an arm: the copy blamed the destination ("store
+    # copy.sqlite: arm ... holds a non-finite number; nothing was written") and left an empty store file there.
+    import json
+    import math
+
+    src, dst = str(tmp_path / "src.json"), tmp_path / dst_name
+    _fill(src, "json")
+    doc = json.loads((tmp_path / "src.json").read_text())
+    doc["bandits"]["nightly"]["arms"]["64"]["std_cost"] = math.nan
+    (tmp_path / "src.json").write_text(json.dumps(doc))
+    assert main(["store", "copy", src, str(dst)]) == 1
+    err = capsys.readouterr().err
+    assert f"nothing was written to {dst}" in err and f"a record of {src} cannot be stored" in err
+    assert "non-finite" in err and "Traceback" not in err
+    assert all(p.name.startswith("src.json") for p in tmp_path.iterdir())  # no copy file, no side file

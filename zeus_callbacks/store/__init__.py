@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from zeus_callbacks.errors import StoreValueError
 from zeus_callbacks.store._base import (
     DEFAULT_LEASE_GRACE_S,
     SCHEMA_VERSION,
@@ -176,6 +177,8 @@ def copy_store(
         StoreError: Either store cannot be opened, or the destination holds jobs already
             (nothing was written).
         StoreCorruptError: ``check`` refused a record (nothing was written).
+        StoreValueError: A record of the source cannot be stored (a non-finite number): named as the
+            source's, and a destination file the copy created is removed.
     """
     from zeus_callbacks.store._base import snapshot
 
@@ -183,6 +186,25 @@ def copy_store(
         records = snapshot(src)
         if check is not None:
             check(records, src.location)
-    with open_store(destination) as dst:
-        dst.import_records(records)
+    created = None if is_url(destination) or Path(destination).exists() else Path(destination)
+    try:
+        with open_store(destination) as dst:
+            dst.import_records(records)
+    except StoreValueError as exc:  # raised by the destination's checks, but the record is the source's
+        _remove_created(created)
+        raise StoreValueError(
+            f"not copied, nothing was written to {store_location(destination)}: a record of "
+            f"{store_location(source)} cannot be stored ({exc})"
+        ) from exc
+    except BaseException:
+        _remove_created(created)
+        raise
     return len(records.jobs), len(records.trials), len(records.bandits), len(records.profiles)
+
+
+def _remove_created(path: Path | None) -> None:
+    """Remove a store file a failed copy created (with SQLite's side files): "nothing was written" holds."""
+    if path is None:
+        return
+    for leftover in (path, *(path.with_name(path.name + end) for end in ("-journal", "-wal", "-shm", ".lock"))):
+        leftover.unlink(missing_ok=True)
