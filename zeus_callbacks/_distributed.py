@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 def _process_group_size() -> int:
+    if "torch" not in sys.modules:  # a process group needs torch imported here: none yet, and no import to pay
+        return 1
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is always there with the frameworks

@@ -9,6 +9,10 @@ every 4 steps against the target ``eval_loss <= L``. With ``--step-s S`` the vir
 manual clock that each training step advances by ``S`` (both ranks' windows then hold the same time);
 ``--eval-s E`` makes each evaluation batch advance it by ``E`` too. ``--eval-on-start`` sets the
 Trainer's ``eval_on_start`` (an evaluation before the first step).
+
+Several runs can share one launch (the two processes, their imports and their process group):
+``hf_ddp_job.py OUT1 [options] --then OUT2 [options] ...`` runs them one after the other, each
+with its own Trainer, callback, virtual GPUs and folder, in the same two processes.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ class LogProbe(TrainerCallback):
             self.totals.append((state.global_step, logs["energy/total_J"], logs["time/total_s"]))
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    """One run (one ``train``) of the options ``argv``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--store", type=Path, help="run the batch-size bandit with this store")
@@ -63,7 +68,7 @@ def main() -> None:
     parser.add_argument("--evaluate", action="store_true", help="the Trainer evaluates every 4 steps")
     parser.add_argument("--eval-on-start", action="store_true", help="and once before training (eval_on_start)")
     parser.add_argument("--eval-s", type=float, help="each evaluation batch takes this long on the manual clock")
-    cli = parser.parse_args()
+    cli = parser.parse_args(argv)
     out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
     clock = ManualClock(1_000.0) if cli.step_s else None  # None: the wall clock
@@ -138,8 +143,20 @@ def main() -> None:
     )
 
 
+def runs(argv: list[str]) -> list[list[str]]:
+    """Each run's options: ``argv`` split at ``--then``."""
+    split: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == "--then":
+            split.append([])
+        else:
+            split[-1].append(arg)
+    return split
+
+
 if __name__ == "__main__":
-    main()
+    for run in runs(sys.argv[1:]):
+        main(run)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     # Every result is written and closed by now. Skip the interpreter's teardown: on the CPU a

@@ -5,6 +5,10 @@ Lightning's launcher starts the second process by re-running this script. Each r
 ``OUT/rank<r>.json`` with what it saw. With ``--step-s S`` the virtual GPUs run on a manual clock that
 each training step advances by ``S``: both ranks' windows then hold the same steps' time, however
 differently the machine starts and runs the two processes.
+
+Several runs can share one launch (the two processes, their imports and their process group):
+``python lightning_ddp_job.py OUT1 [options] --then OUT2 [options] ...`` runs them one after the
+other, each with its own Trainer, callback, virtual GPUs and folder, in the same two processes.
 """
 
 from __future__ import annotations
@@ -101,7 +105,8 @@ class Probe(L.Callback):
         )
 
 
-def main() -> None:
+def main(argv: list[str]) -> L.Trainer:
+    """One run (one ``fit``) of the options ``argv``; its Trainer."""
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--faulty-rank", type=int)
@@ -114,7 +119,7 @@ def main() -> None:
     parser.add_argument("--overheads", type=float, nargs=2, help="windows.max_overhead of rank 0 and of rank 1")
     parser.add_argument("--sample-fraction", type=float, help="windows.sample_fraction (default: auto)")
     parser.add_argument("--session-backend", action="store_true", help="each rank's session opens its virtual GPU")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     clock = ManualClock(1_000.0) if args.step_s else None  # None: the wall clock
     backend = VirtualGPUBackend(
@@ -170,16 +175,32 @@ def main() -> None:
         trainer.fit(model, val_dataloaders=val)
     else:
         trainer.fit(model)
-    # Rank 0 started rank 1 (Lightning re-ran this script) and does not wait for it: wait here, so
-    # that rank 1's exit status is this job's too and a failure there fails the test.
-    for child in getattr(trainer.strategy.launcher, "procs", []):
-        if (code := child.wait(timeout=CHILD_TIMEOUT_S)) != 0:
-            print(f"rank 1 (pid {child.pid}) exited with status {code}", file=sys.stderr)
-            sys.exit(1)
+    return trainer
+
+
+def runs(argv: list[str]) -> list[list[str]]:
+    """Each run's options: ``argv`` split at ``--then``."""
+    split: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == "--then":
+            split.append([])
+        else:
+            split[-1].append(arg)
+    return split
 
 
 if __name__ == "__main__":
-    main()
+    # Rank 1 re-runs this command line, so both ranks play the same runs in the same order. The first
+    # fit starts rank 1 and the process group; later Trainers find both (LOCAL_RANK is set by then).
+    children = []
+    for run in runs(sys.argv[1:]):
+        children += getattr(main(run).strategy.launcher, "procs", [])
+    # Rank 0 started rank 1 (Lightning re-ran this script) and does not wait for it: wait here, so
+    # that rank 1's exit status is this job's too and a failure there fails the test.
+    for child in children:
+        if (code := child.wait(timeout=CHILD_TIMEOUT_S)) != 0:
+            print(f"rank 1 (pid {child.pid}) exited with status {code}", file=sys.stderr)
+            sys.exit(1)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     # Every result is written and closed by now. Skip the interpreter's teardown: on the CPU a

@@ -1,4 +1,10 @@
-"""Real 2-process DDP runs on the CPU (gloo): aggregation, one writer, shared degraded mode."""
+"""Real 2-process DDP runs on the CPU (gloo): aggregation, one writer, shared degraded mode.
+
+Runs that need no process of their own share a launch (``--then``, once per test run): each
+job's two processes import Lightning or Transformers (seconds of CPU each) once for several
+runs, and each run keeps its own Trainer, callback, virtual GPUs and folder. A run that fails
+on purpose, or whose claim is about what happens in fresh processes, has its own launch.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import read_scalars
+from tests.once_per_run import once_per_run
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks.reporting import read_jsonl
 
@@ -21,20 +28,72 @@ JOB = Path(__file__).with_name("lightning_ddp_job.py")
 HF_JOB = Path(__file__).with_name("hf_ddp_job.py")
 
 
+# --standalone: a free rendezvous port, so concurrent runs cannot collide on 29500.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
 def run_job(out: Path, *extra: str, command: list[str] | None = None) -> list[dict]:
     command = command or [sys.executable, str(JOB), str(out), *extra]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=out.parent, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     (out / "stderr.txt").write_text(done.stderr)  # both ranks' (Lightning's launcher shares the streams)
+    return ranks_of(out, done.stderr)
+
+
+def ranks_of(out: Path, stderr: str = "") -> list[dict]:
+    """What each rank of the run in ``out`` wrote; there must be two."""
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {done.stderr[-2000:]}"
+    assert len(ranks) == 2, f"expected 2 ranks, got {len(ranks)}: {stderr[-2000:]}"
     return ranks
 
 
-def test_lightning_ddp_sums_ranks_and_writes_once(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    ranks = run_job(out, "--step-s", "0.05")  # 50 ms steps on a manual clock: the ranks' windows are alike
+def shared_launch(folder: Path, launcher: list[str], runs: dict[str, list[str]]) -> dict[str, str]:
+    """Run ``runs`` (name: the job's options) one after the other in one launch; each run's folder by name.
+
+    Every run's folder gets the launch's stderr (both ranks', all runs'): a check on it sees more, not less.
+    """
+    outs = {name: folder / name for name in runs}
+    command = list(launcher)
+    for name, options in runs.items():
+        outs[name].mkdir()
+        command += [*(["--then"] if command != launcher else []), str(outs[name]), *options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=folder, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for out in outs.values():
+        (out / "stderr.txt").write_text(done.stderr)
+    return {name: str(out) for name, out in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> dict[str, Path]:
+    """The Lightning runs that share one 2-process launch, by name: each one's folder."""
+    runs = {
+        # First: its check that Lightning warned nothing must not miss a warning shown once per process.
+        "session_backend": ["--session-backend"],
+        "sums": ["--step-s", "0.05"],  # 50 ms steps on a manual clock: the ranks' windows are alike
+        "faulty_rank": ["--faulty-rank", "1"],
+        "evaluation": ["--step-s", "0.05", "--validate", "--overheads", "0.4", "0.001"],
+    }
+    outs = once_per_run(tmp_path_factory, "ddp-lightning", lambda f: shared_launch(f, [sys.executable, str(JOB)], runs))
+    return {name: Path(out) for name, out in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory) -> dict[str, Path]:
+    """The HF Trainer runs that share one torchrun launch, by name: each one's folder."""
+    runs = {
+        "sums": ["--step-s", "0.05"],  # 50 ms steps on a manual clock
+        "evaluation": ["--evaluate"],
+        # A manual clock: 50 ms a training step and a evaluation batch (2 batches of 4 of 16 samples on each rank).
+        "eval_on_start": ["--evaluate", "--eval-on-start", "--step-s", "0.05", "--eval-s", "0.05"],
+    }
+    outs = once_per_run(tmp_path_factory, "ddp-hf", lambda f: shared_launch(f, [*TORCHRUN, str(HF_JOB)], runs))
+    return {name: Path(out) for name, out in outs.items()}
+
+
+def test_lightning_ddp_sums_ranks_and_writes_once(lightning_runs):
+    out = lightning_runs["sums"]
+    ranks = ranks_of(out)
     for rank in ranks:  # two real processes, both seeing the group
         assert rank["trainer_world_size"] == 2 and rank["accelerate_num_processes"] == 2
     assert len({rank["pid"] for rank in ranks}) == 2
@@ -66,14 +125,13 @@ def test_lightning_ddp_sums_ranks_and_writes_once(tmp_path):
     assert {"energy/gpu0_J", "energy/gpu1_J", "energy/epoch_J"} <= set(scalars)
 
 
-def test_lightning_ddp_on_the_configs_virtual_gpus_names_each_ranks_gpu_and_warns_nothing(tmp_path, capsys):
+def test_lightning_ddp_on_the_configs_virtual_gpus_names_each_ranks_gpu_and_warns_nothing(lightning_runs, capsys):
     # An outside tester's 2-process run: Lightning warned that sim_energy_kJ was logged without sync_dist,
     # both ranks' virtual GPUs were VIRTUAL-GPU-0, and the report listed rank 0's GPU under "2 GPU(s)".
     from zeus_callbacks.cli import main
 
-    out = tmp_path / "run"
-    out.mkdir()
-    ranks = run_job(out, "--session-backend")
+    out = lightning_runs["session_backend"]  # the launch's first run
+    ranks = ranks_of(out)
     assert [r["trainer_world_size"] for r in ranks] == [2, 2] and len({r["pid"] for r in ranks}) == 2
     assert [r["gpu_uuid"] for r in ranks] == ["VIRTUAL-GPU-RANK0-0", "VIRTUAL-GPU-RANK1-0"]
     stderr = (out / "stderr.txt").read_text()
@@ -87,10 +145,8 @@ def test_lightning_ddp_on_the_configs_virtual_gpus_names_each_ranks_gpu_and_warn
     assert "2 GPU(s) over 2 processes" in report and "GPU(s) of rank 0 only" in report
 
 
-def test_a_sensor_fault_on_one_rank_degrades_both(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    ranks = run_job(out, "--faulty-rank", "1")
+def test_a_sensor_fault_on_one_rank_degrades_both(lightning_runs):
+    ranks = ranks_of(lightning_runs["faulty_rank"])
     by_rank = {r["global_rank"]: r["summary"] for r in ranks}
     assert by_rank[1]["faults"] and not by_rank[0]["faults"]  # only rank 1 saw the fault
     assert by_rank[0]["degraded"] and by_rank[1]["degraded"]  # agreed through a collective
@@ -121,13 +177,9 @@ def test_a_failure_on_one_rank_ends_both_and_the_total_says_it_is_one_ranks(tmp_
     assert "  PARTIAL: this process's GPUs only (1 of 2 ranks)" in capsys.readouterr().out
 
 
-def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    # --standalone: a free rendezvous port, so concurrent runs cannot collide on 29500.
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command = [*launcher, str(HF_JOB), str(out), "--step-s", "0.05"]  # 50 ms steps on a manual clock
-    ranks = run_job(out, command=command)
+def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(hf_runs):
+    out = hf_runs["sums"]
+    ranks = ranks_of(out)
     assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
     assert sorted(r["gpu_indices"][0] for r in ranks) == [0, 1]
     summaries = [r["summary"] for r in ranks]
@@ -154,6 +206,8 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(tmp_path):
 
 
 def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
+    # A launch of its own: as the launch's fourth run, rank 0 profiled in observe mode (it saw a restore
+    # marker it had not written), which a first run does not.
     out = tmp_path / "run"
     out.mkdir()
     ranks = run_job(out, "--power-limit")
@@ -223,7 +277,7 @@ def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tm
     out = tmp_path / "run"
     out.mkdir()
     store_path = tmp_path / "zeus.sqlite"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    launcher = TORCHRUN
     runs = []
     # Recurrence 1 reaches its target at the first evaluation (step 4); recurrence 2 never can,
     # and its cost passes 1.3 x the first one's (prune_cost_ratio_no_descent while pruning).
@@ -253,15 +307,14 @@ def test_hf_bandit_under_torchrun_suggests_once_and_stops_every_rank_together(tm
     assert 0 < step2 < 60 and step2 % 2 == 0  # early, at an agreement step (stop_agreement_steps = 2)
 
 
-def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_same_steps(tmp_path, capsys):
+def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_same_steps(lightning_runs, capsys):
     # Issue 26. Each rank's eval record held its own GPU only (about half the ledger's eval_J on 2 ranks);
     # under auto sampling each rank settled its own share, so the ranks measured different steps; and
     # `report` printed "1 GPU(s)" for the 2-GPU job. Here the ranks' budgets differ 400-fold.
     from zeus_callbacks.cli import main as cli
 
-    out = tmp_path / "run"
-    out.mkdir()
-    ranks = run_job(out, "--step-s", "0.05", "--validate", "--overheads", "0.4", "0.001")
+    out = lightning_runs["evaluation"]
+    ranks = ranks_of(out)
     assert len({r["pid"] for r in ranks}) == 2 and all(r["trainer_world_size"] == 2 for r in ranks)
     measured = [r["measured_steps"] for r in ranks]
     assert measured[0] == measured[1]  # one agreed share, one seed: the same steps on both GPUs
@@ -291,12 +344,10 @@ def test_lightning_ddp_evaluation_energy_sums_the_ranks_and_they_measure_the_sam
     assert "2 GPU(s) over 2 processes" in header and "1 GPU(s)" not in header
 
 
-def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(tmp_path):
+def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(hf_runs):
     # Issue 26: the Trainer's own evaluations run on every process; their energy is summed over the ranks.
-    out = tmp_path / "run"
-    out.mkdir()
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    ranks = run_job(out, command=[*launcher, str(HF_JOB), str(out), "--evaluate"])
+    out = hf_runs["evaluation"]
+    ranks = ranks_of(out)
     assert all(r["trainer_world_size"] == 2 for r in ranks) and len({r["pid"] for r in ranks}) == 2
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
     evals = [r for r in records if r["event"] == "eval"]
@@ -307,15 +358,11 @@ def test_hf_trainer_evaluation_energy_sums_the_ranks_under_torchrun(tmp_path):
     assert sum(r["energy_J"] for r in evals) == pytest.approx(epoch["ledger"]["eval_J"], rel=1e-6)
 
 
-def test_hf_eval_on_start_energy_sums_the_ranks_under_torchrun(tmp_path):
+def test_hf_eval_on_start_energy_sums_the_ranks_under_torchrun(hf_runs):
     # Issue 26: the Trainer's eval_on_start evaluation (before the first step) sets no should_evaluate flag;
     # its eval record held rank 0's GPU alone ("ranks": 1, a ranks_note) while later evaluations summed both.
-    out = tmp_path / "run"
-    out.mkdir()
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    # A manual clock: 50 ms a training step and a evaluation batch (2 batches of 4 of 16 samples on each rank).
-    job = [str(HF_JOB), str(out), "--evaluate", "--eval-on-start", "--step-s", "0.05", "--eval-s", "0.05"]
-    ranks = run_job(out, command=[*launcher, *job])
+    out = hf_runs["eval_on_start"]
+    ranks = ranks_of(out)
     assert all(r["trainer_world_size"] == 2 and r["eval_on_start"] for r in ranks)
     assert len({r["pid"] for r in ranks}) == 2  # two processes
     records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")

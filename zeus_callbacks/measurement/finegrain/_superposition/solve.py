@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import linalg
 
 from zeus_callbacks.measurement.finegrain._superposition.design import Columns, Design
 from zeus_callbacks.measurement.finegrain._superposition.settings import SuperposeSettings
@@ -148,6 +147,8 @@ def solve(prob: Problem, weights: np.ndarray) -> np.ndarray:
     Raises:
         scipy.linalg.LinAlgError: The least-squares solve did not converge.
     """
+    from scipy import linalg  # here: every import of the session reaches this module, few runs fit
+
     rows, rhs = augmented_system(prob, weights)
     theta, *_ = linalg.lstsq(rows, rhs)
     return np.asarray(theta)
