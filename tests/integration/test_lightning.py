@@ -276,6 +276,16 @@ def test_a_checkpoint_with_a_damaged_power_limit_profile_profiles_again_keeping_
     assert any(r["event"] == "power_limit_profile" for r in records)  # profiled anew in this segment
 
 
+def test_a_damaged_power_limit_profile_with_profiling_off_is_dropped_not_started_over(tmp_path, caplog):
+    def damage(callbacks, key):
+        callbacks[key]["power_limit"] = {"limits": [{}]}
+
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage)
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert "power-limit profile is unreadable" in caplog.text and "it is dropped" in caplog.text
+    assert "profiling starts over" not in caplog.text and math.isfinite(second.summary.energy_J)
+
+
 @pytest.mark.parametrize("edit", ["emptied", "removed"])
 def test_a_checkpoint_without_the_callbacks_state_resumes_with_the_energy_unknown(tmp_path, caplog, edit):
     # A tester's checkpoints: the callback's entry emptied (Lightning hands no empty state over) or removed.

@@ -162,8 +162,9 @@ class SessionAdapter:
                 except (TypeError, ValueError):
                     pass  # more is damaged than the profile
                 else:
+                    then = "profiling starts over" if self.config.power_limit.enabled else "it is dropped"
                     logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (%s): "
-                                   "profiling starts over; the energy so far is kept", exc)  # fmt: skip
+                                   "%s; the energy so far is kept", exc, then)  # fmt: skip
                     return
             carried = unknown_energy_state(f"its energy state was unreadable ({exc})", state)
             logger.warning("zeus-callbacks: the checkpoint's energy state is unreadable (%s): the resumed run's "
