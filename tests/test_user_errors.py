@@ -15,7 +15,7 @@ from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks import ConfigError
 from zeus_callbacks.cli import main as cli
 from zeus_callbacks.config import load_config, parse_config
-from zeus_callbacks.reporting import read_jsonl
+from zeus_callbacks.reporting import JsonlWriter, read_jsonl
 from zeus_callbacks.session import EnergySession
 
 
@@ -132,6 +132,39 @@ def test_sigterm_ends_the_log_and_still_kills_the_process(tmp_path):
     records = read_jsonl(log)
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
     assert records[-1]["steps"] >= 2 and records[-1]["energy_J"] > 0
+
+
+def test_a_record_written_by_a_signal_handler_in_the_middle_of_a_write_is_kept(tmp_path):
+    # The SIGTERM test failed once in a full run: its handler wrote run_end while the main thread was flushing
+    # the same log, the buffered file refused the re-entry (RuntimeError: reentrant call inside BufferedWriter)
+    # and the log ended at the record before. The fake refuses a re-entered write as io's buffer does.
+    writer = JsonlWriter(tmp_path, "run")
+    real = writer._file
+
+    class RefusesReentry:
+        inside = False
+
+        def write(self, text):
+            if self.inside:
+                raise RuntimeError("reentrant call inside <_io.BufferedWriter name='run.jsonl'>")
+            return real.write(text)
+
+        def flush(self):
+            self.inside = True
+            try:
+                writer.write({"event": "run_end", "status": "interrupted"})  # the handler, mid-flush
+                real.flush()
+            finally:
+                self.inside = False
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    writer._file = RefusesReentry()
+    writer.write({"event": "steps", "steps": 2})
+    writer._file = real
+    writer.close()
+    assert sorted(r["event"] for r in read_jsonl(writer.path)) == ["run_end", "steps"]  # both whole
 
 
 def test_report_of_a_run_end_that_lacks_fields_shows_dashes(tmp_path, capsys):

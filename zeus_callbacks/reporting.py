@@ -585,13 +585,16 @@ class JsonlWriter:
     def __init__(self, log_dir: Path, run_name: str) -> None:
         log_dir = Path(log_dir)
         run_name = file_stem(run_name)
+        self._writing = False  # inside write(): a call now is re-entered (a signal handler)
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             for attempt in range(10_000):
                 self.run_name = run_name if attempt == 0 else f"{run_name}-{attempt}"
                 self.path = log_dir / f"{self.run_name}.jsonl"
                 try:
-                    self._file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - long-lived handle
+                    # created exclusively; appended, so a re-entered write's line is never overwritten (write)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+                    self._file = os.fdopen(fd, "w", encoding="utf-8")
                     break
                 except FileExistsError:
                     continue
@@ -603,11 +606,28 @@ class JsonlWriter:
             ) from exc
 
     def write(self, record: dict[str, Any]) -> None:
-        """Write one record (NaN/inf become null)."""
+        """Write one record (NaN/inf become null).
+
+        A signal handler (SIGTERM's ``run_end``) may run while this thread is inside a write; the
+        buffered file refuses such a re-entry (``RuntimeError: reentrant call``) and the record was
+        lost. A re-entered write goes straight to the file, appended, on a new line.
+        """
         if self._file.closed:
             return
-        self._file.write(json.dumps(_json_safe(record), sort_keys=False) + "\n")
-        self._file.flush()
+        line = json.dumps(_json_safe(record), sort_keys=False) + "\n"
+        if self._writing:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, ("\n" + line).encode("utf-8"))  # after any part of the interrupted record
+            finally:
+                os.close(fd)
+            return
+        self._writing = True
+        try:
+            self._file.write(line)
+            self._file.flush()
+        finally:
+            self._writing = False
 
     def close(self) -> None:
         """Flush, fsync and close (idempotent)."""
