@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from tests.distributed.job_runs import runs
 from zeus_callbacks import ZeusTrainerCallback, suggest_batch_size
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
@@ -141,17 +142,6 @@ def main(argv: list[str]) -> None:
             }
         )
     )
-
-
-def runs(argv: list[str]) -> list[list[str]]:
-    """Each run's options: ``argv`` split at ``--then``."""
-    split: list[list[str]] = [[]]
-    for arg in argv:
-        if arg == "--then":
-            split.append([])
-        else:
-            split[-1].append(arg)
-    return split
 
 
 if __name__ == "__main__":

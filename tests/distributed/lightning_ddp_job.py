@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.distributed.job_runs import runs
 from tests.timeouts import CHILD_TIMEOUT_S
 from zeus_callbacks import ZeusCallback
 from zeus_callbacks.backends.base import ManualClock
@@ -176,17 +177,6 @@ def main(argv: list[str]) -> L.Trainer:
     else:
         trainer.fit(model)
     return trainer
-
-
-def runs(argv: list[str]) -> list[list[str]]:
-    """Each run's options: ``argv`` split at ``--then``."""
-    split: list[list[str]] = [[]]
-    for arg in argv:
-        if arg == "--then":
-            split.append([])
-        else:
-            split[-1].append(arg)
-    return split
 
 
 if __name__ == "__main__":
