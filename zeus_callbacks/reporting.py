@@ -593,8 +593,8 @@ class JsonlWriter:
                 self.path = log_dir / f"{self.run_name}.jsonl"
                 try:
                     # created exclusively; appended, so a re-entered write's line is never overwritten (write)
-                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
-                    self._file = os.fdopen(fd, "w", encoding="utf-8")
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+                    self._file = os.fdopen(self._fd, "w", encoding="utf-8")
                     break
                 except FileExistsError:
                     continue
@@ -610,17 +610,13 @@ class JsonlWriter:
 
         A signal handler (SIGTERM's ``run_end``) may run while this thread is inside a write; the
         buffered file refuses such a re-entry (``RuntimeError: reentrant call``) and the record was
-        lost. A re-entered write goes straight to the file, appended, on a new line.
+        lost. A re-entered write goes past the buffer to the file's append-only descriptor, on a new line.
         """
         if self._file.closed:
             return
         line = json.dumps(_json_safe(record), sort_keys=False) + "\n"
-        if self._writing:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, ("\n" + line).encode("utf-8"))  # after any part of the interrupted record
-            finally:
-                os.close(fd)
+        if self._writing:  # past the buffer, on the same append-only descriptor
+            os.write(self._fd, ("\n" + line).encode("utf-8"))  # after any part of the interrupted record
             return
         self._writing = True
         try:
