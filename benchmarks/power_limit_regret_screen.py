@@ -30,9 +30,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 Key = tuple[str, str, str, float]  # objective, family, label, grid step (W)
 
 
-def _one(job: tuple[Key, int, int]) -> dict:
+_ORIGINAL: dict[str, object] = {}  # the profiler's constants before any variant changed them
+_SETTINGS: dict[str, float] = {}  # the ProfileSettings fields the variant of the job in hand changes
+
+
+def _apply_settings(changes: dict[str, float]) -> None:
+    """Screen a variant without editing the package: each ``name`` is a ``ProfileSettings`` field or an
+    upper-case constant of the profiler's module (``_SCOUT_BUDGET_SHARE``). In this process only; the
+    previous job's variant is undone first (one pool runs every variant)."""
+    import dataclasses
+
+    from zeus_callbacks.optimizers.power_limit import _limit_profiler as profiler
+
+    if not _ORIGINAL:  # first job in this process: wrap the constructor once
+        init = profiler.PowerLimitProfiler.__init__
+
+        def screened(self, limits_W, objective, energy_fn, settings=None, **kwargs):  # type: ignore[no-untyped-def]
+            tuned = dataclasses.replace(settings or profiler.ProfileSettings(), **_SETTINGS)
+            init(self, limits_W, objective, energy_fn, tuned, **kwargs)
+
+        profiler.PowerLimitProfiler.__init__ = screened  # type: ignore[method-assign]
+        _ORIGINAL.update({k: v for k, v in vars(profiler).items() if k.isupper() or k.lstrip("_").isupper()})
+    for name, value in _ORIGINAL.items():
+        setattr(profiler, name, value)
+    fields = {f.name for f in dataclasses.fields(profiler.ProfileSettings)}
+    _SETTINGS.clear()
+    for name, value in changes.items():
+        if name in fields:
+            _SETTINGS[name] = value
+        elif name in _ORIGINAL:
+            setattr(profiler, name, type(_ORIGINAL[name])(value))
+        else:
+            raise SystemExit(f"--variant {name}: neither a ProfileSettings field nor a constant of the profiler")
+
+
+def _one(job: tuple[Key, int, int, dict[str, float]]) -> dict:
     """One case, seed and N: our search told N, its job-total regret (%)."""
-    key, seed, n = job
+    key, seed, n, changes = job
+    _apply_settings(changes)
     import power_limit_families as families
 
     case = next(c for c in families.cases([]) if (c.objective, c.family, c.label, c.step_W) == key)
@@ -47,7 +82,7 @@ def _one(job: tuple[Key, int, int]) -> dict:
     cost_at = {x: families.step_cost(case.curve, case.objective, x) for x in {decided.limit_W, *decided.step_limits_W}}
     regret = families.job_regret([cost_at[x] for x in decided.step_limits_W], cost_at[decided.limit_W], best, n)
     return {"case": list(key), "seed": seed, "n": n, "regret": 100 * regret, "limit_W": decided.limit_W,
-            "gap_pct": 100 * (cost_at[decided.limit_W] / best - 1), "steps": decided.steps}  # fmt: skip
+            "gap_pct": 100 * (cost_at[decided.limit_W] / best - 1), "steps": decided.steps, "set": changes}  # fmt: skip
 
 
 def _sweep_regrets(runs_file: Path) -> dict[tuple[Key, int], float]:
@@ -69,13 +104,29 @@ def _fails(regret: float, sweep: float, n: int) -> bool:
 
 
 def _summary(rows: list[dict], sweep: dict[tuple[Key, int], float]) -> dict[int, dict]:
+    """Per N: runs, mean and worst regret (%), runs failing a target, and cases whose mean over the seeds fails one."""
     out = {}
     for n in sorted({r["n"] for r in rows}):
-        at = [r for r in rows if r["n"] == n]
-        fails = sum(_fails(r["regret"], sweep[(tuple(r["case"]), n)], n) for r in at if (tuple(r["case"]), n) in sweep)
-        out[n] = {"runs": len(at), "mean": round(statistics.mean(r["regret"] for r in at), 4),
-                  "max": round(max(r["regret"] for r in at), 4), "fails": fails}  # fmt: skip
+        at = [r for r in rows if r["n"] == n and (tuple(r["case"]), n) in sweep]
+        by_case: dict[Key, list[float]] = {}
+        for r in at:
+            by_case.setdefault(tuple(r["case"]), []).append(r["regret"])  # type: ignore[arg-type]
+        regrets = [r["regret"] for r in at]
+        out[n] = {
+            "runs": len(at),
+            "mean": round(statistics.mean(regrets), 4) if at else None,
+            "max": round(max(regrets), 4) if at else None,
+            "fails": sum(_fails(r["regret"], sweep[(tuple(r["case"]), n)], n) for r in at),
+            "cases": len(by_case),
+            "mean_fails": sum(_fails(statistics.mean(v), sweep[(k, n)], n) for k, v in by_case.items()),
+        }
     return out
+
+
+def _variant(text: str) -> tuple[str, dict[str, float]]:
+    """``NAME:K=V,K=V`` (or ``NAME`` alone: the tree as it is) → (NAME, {K: V})."""
+    name, _, spec = text.partition(":")
+    return name, {k: float(v) for k, v in (kv.split("=", 1) for kv in spec.split(",") if kv)}
 
 
 def main() -> None:
@@ -89,32 +140,35 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="every run, as JSON lines")
     parser.add_argument("--against", type=Path, default=None, help="a families runs file: the sweep's regrets")
     parser.add_argument("--before", type=Path, default=None, help="a previous screen's rows, to compare")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,K=V",
+                        help="a variant of the search to screen (repeatable): ProfileSettings fields or the "
+                        "profiler's constants; default: the tree as it is")  # fmt: skip
     args = parser.parse_args()
     import power_limit_families as families
 
     objectives, fams = args.objectives.split(","), args.families.split(",") if args.families else None
     keys = [(c.objective, c.family, c.label, c.step_W) for c in families.cases([])
             if c.objective in objectives and (fams is None or c.family in fams)]  # fmt: skip
-    jobs = [(k, int(s), int(n)) for k in keys for s in args.seeds.split(",") for n in args.n.split(",")]
+    variants = dict(map(_variant, args.variant or ["tree"]))
+    # seed by seed, so that a run cut short still holds every variant on its first seeds
+    jobs = [(k, int(s), int(n), changes) for s in args.seeds.split(",") for changes in variants.values()
+            for k in keys for n in args.n.split(",")]  # fmt: skip
+    name_of = {json.dumps(c, sort_keys=True): name for name, c in variants.items()}
     rows = []
     with ProcessPoolExecutor(args.workers) as pool, args.out.open("w") as f:
         for row in pool.map(_one, jobs, chunksize=2):
+            row["variant"] = name_of[json.dumps(row["set"], sort_keys=True)]
             rows.append(row)
             f.write(json.dumps(row) + "\n")
+            f.flush()
     sweep = _sweep_regrets(args.against) if args.against else {}
-    after = _summary(rows, sweep)
-    if args.before:
-        wanted = {(tuple(r["case"]), r["seed"], r["n"]) for r in rows}
-        before_rows = [
-            r for r in map(json.loads, args.before.open()) if (tuple(r["case"]), r["seed"], r["n"]) in wanted
-        ]
-        before = _summary(before_rows, sweep)
-        for n, s in after.items():
-            print(f"N={n}: before {before.get(n)}, after {s}")
-    else:
-        for n, s in after.items():
-            print(f"N={n}: {s}")
-    print(json.dumps({str(n): s for n, s in after.items()}))
+    before = [json.loads(line) for line in args.before.open()] if args.before else []
+    for name in variants:
+        mine = [r for r in rows if r["variant"] == name]
+        wanted = {(tuple(r["case"]), r["seed"], r["n"]) for r in mine}
+        earlier = _summary([r for r in before if (tuple(r["case"]), r["seed"], r["n"]) in wanted], sweep)
+        for n, s in _summary(mine, sweep).items():
+            print(f"{name} N={n}: " + (f"before {earlier.get(n)}, after " if before else "") + json.dumps(s))
 
 
 if __name__ == "__main__":
