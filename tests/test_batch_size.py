@@ -152,6 +152,59 @@ def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
     assert "64" in bandit.state()["failed_arms"]
 
 
+OOM = {"run_status": "failed", "error": "RuntimeError: CUDA out of memory"}
+
+
+def fail(bandit: BatchSizeBandit, info: dict | None = None) -> int:
+    """One recurrence whose run raised (``info``: what the session stores with a failed trial)."""
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=None, time_s=None, cost=None, converged=False, status="failed", info=info)
+    return s.batch_size
+
+
+def test_a_batch_size_is_pruned_as_soon_as_its_last_allowed_failure_is_recorded(store):
+    """Outside tester: a size that failed max_failures times was pruned only when the next run drew its suggestion,
+    so the stored state (what `show` prints) called it live in between. The failure's report prunes it now, with
+    the job's own max_failures, and the next suggestion sees the same state."""
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    assert [fail(bandit, OOM) for _ in range(2)] == [64, 64]  # max_failures 2
+    state = bandit.state()  # read before any other suggestion
+    assert state["failed_arms"] == {"64": "failed 2 times in a row (last: RuntimeError: CUDA out of memory)"}
+    assert 64 not in state["survivors"] and state["candidate"] == 32  # a failing candidate: the pruning moved on
+    assert store.get_bandit("job").arms[64]["pruned"]
+    assert bandit.suggest().batch_size == 32 and bandit.state()["failed_arms"] == state["failed_arms"]
+
+    patient = BatchSizeBandit(store, "patient", BanditSettings(SIZES, 64, max_failures=3))
+    assert [fail(patient, OOM) for _ in range(2)] == [64, 64]
+    assert "failed_arms" not in patient.state() and 64 in patient.state()["survivors"]  # the job's limit, not 2
+    fail(patient, OOM)
+    assert "failed 3 times in a row" in patient.state()["failed_arms"]["64"]
+
+
+def test_while_no_run_reached_the_target_the_hint_names_the_failure_of_runs_that_crashed(store, caplog):
+    """Outside tester: runs that crashed before any evaluation were told "no run reported the metric at all: check
+    its name". The hint names the failure then; a run that finished without the metric still gets the name hint."""
+    target = {"target_metric": "val/acc", "target_value": 0.9, "target_direction": "max"}
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64, max_failures=None, **target))
+
+    def hint() -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+            s = bandit.suggest()
+        (warning,) = [r.getMessage() for r in caplog.records if "no run has reached the target" in r.getMessage()]
+        assert s.batch_size == 64  # held: no run has reached the target
+        return warning
+
+    fail(bandit, OOM)
+    fail(bandit, {"run_status": "failed", "error": "ValueError: bad shape"})
+    warning = hint()
+    assert "the runs failed before any evaluation reported it (last: ValueError: bad shape)" in warning
+    assert "check its name" not in warning
+    s = store.list_trials("job", status="running")[-1]
+    bandit.report(s.trial_id, energy_J=1.0, time_s=1.0, cost=cost_of(64), converged=False)  # finished, no metric
+    assert "no run reported the metric at all: check its name" in hint()
+
+
 def test_while_no_run_ever_reached_the_target_pruning_holds_its_start(store, caplog):
     """Issue 30: with a target no run reaches, every candidate failed to converge, every direction ended at once,
     and Thompson sampling settled on the cheapest size that never converged. The pruning holds its start now,

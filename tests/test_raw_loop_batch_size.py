@@ -10,6 +10,7 @@ its trial recorded at that size (as the Lightning and Hugging Face callbacks do)
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 from pathlib import Path
@@ -379,13 +380,40 @@ def test_a_batch_size_pruned_for_failing_names_the_last_failure(tmp_path, virtua
                 m.use_batch_size(m.suggested_batch_size)
                 train(m, manual_clock, m.suggested_batch_size)
                 raise RuntimeError(OOM)
-    assert suggest_batch_size(config) == 16  # 32 pruned: the next suggestion moves on
     reason = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)"
+    pruned = f"failed 2 times in a row (last: {reason})"
+    # Outside tester: `show` said so only once the next run had drawn its suggestion. Right after the second
+    # failure, before any suggestion, it says what that suggestion will see.
+    capsys.readouterr()
+    assert main(["show", location]) == 0
+    assert f"batch size 32 pruned: {pruned}" in capsys.readouterr().out
+    assert main(["show", location, "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["failed_arms"] == {"32": pruned}
     with open_store(location) as store:
         failed = [t for t in store.list_trials("nightly") if t.status == "failed"]
         bandit = store.get_bandit("nightly")
     assert [t.info["error"] for t in failed] == [reason, reason]  # the type and the first line, in every store
-    assert bandit.state["failed_arms"] == {"32": f"failed 2 times in a row (last: {reason})"}
-    capsys.readouterr()
-    assert main(["show", location]) == 0
-    assert f"batch size 32 pruned: failed 2 times in a row (last: {reason})" in capsys.readouterr().out
+    assert bandit.state["failed_arms"] == {"32": pruned} and bandit.state["survivors"] == [16]
+    assert suggest_batch_size(config) == 16  # 32 pruned: the next suggestion moves on, as show said
+    with open_store(location) as store:
+        assert store.get_bandit("nightly").state["failed_arms"] == {"32": pruned}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+def test_runs_that_crashed_before_evaluating_are_told_they_failed_not_to_check_the_metric_name(
+    tmp_path, virtual_backend, manual_clock, caplog, kind
+):
+    # Outside tester: while no run had reached the target, runs that crashed before their first evaluation got
+    # "no run reported the metric at all: check its name". The hint names the failure now.
+    config = bandit_config(tmp_path)
+    config["store"] = {"backend": kind, "path": str(tmp_path / f"store.{kind}")}
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        with zeus_callbacks.measure(config, backend=virtual_backend) as m:
+            m.use_batch_size(m.suggested_batch_size)
+            raise RuntimeError(OOM)  # before any step or evaluation
+    with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+        assert suggest_batch_size(config) == 32  # held: no run has reached the target
+    (hint,) = [r.getMessage() for r in caplog.records if "no run has reached the target" in r.getMessage()]
+    assert "the runs failed before any evaluation reported it (last: RuntimeError: CUDA out of memory." in hint
+    assert "check its name" not in hint

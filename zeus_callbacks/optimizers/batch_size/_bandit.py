@@ -61,6 +61,7 @@ from zeus_callbacks.optimizers.batch_size._maths import (
 from zeus_callbacks.optimizers.batch_size._observations import (
     arm_failures,
     best_target_value,
+    failure_reason,
     finite_or_none,
     is_observable_cost,
     observation_problem,
@@ -391,14 +392,20 @@ class BatchSizeBandit:
         return self.settings.has_target and state.min_cost is None and not any(t.converged for t in trials)
 
     def _warn_target_never_reached(self, trials: Sequence[TrialRecord], batch_size: int) -> None:
-        """Say, at each suggestion while it lasts, that no run reached the target and what came closest."""
+        """Say, at each suggestion while it lasts, that no run reached the target and what came closest.
+
+        With no value of the metric seen: the last failure when every finished run failed (it crashed
+        before any evaluation), else a hint to check the metric's name (a run finished without it).
+        """
         s = self.settings
         best = best_target_value(trials, s.target_direction)
-        seen = (
-            f"the best value seen is {best:g} (info.best_target_value)"
-            if best is not None
-            else "no run reported the metric at all: check its name"
-        )
+        finished = [t for t in trials if t.status not in ("running", "withdrawn")]
+        if best is not None:
+            seen = f"the best value seen is {best:g} (info.best_target_value)"
+        elif finished and all(t.status == "failed" for t in finished):  # crashed before any evaluation did
+            seen = f"the runs failed before any evaluation reported it (last: {failure_reason(finished[-1])})"
+        else:  # a run finished and never reported it
+            seen = "no run reported the metric at all: check its name"
         logger.warning(
             "zeus-callbacks: job %s: no run has reached the target %s %s %g yet; %s. The bandit holds batch "
             "size %d (pruning) until one does",
@@ -489,7 +496,8 @@ class BatchSizeBandit:
             converged: Whether it reached the target; an ``early_stopped`` run whose evaluation after
                 the stop reached it converged too (its cost is then its cost to the target, not censored).
             status: ``completed`` (ran to its end), ``early_stopped`` or ``failed`` (crashed:
-                not an observation, never converged, and it does not move the pruning on).
+                not an observation, never converged; it moves nothing unless it is its arm's
+                ``max_failures``-th failure in a row, which prunes the arm in the same transaction).
             batch_size: The batch size really used, if it differs from the suggestion.
             power_limit_W: Power limit it ran at (W).
             info: Extras stored with the trial.
@@ -511,7 +519,10 @@ class BatchSizeBandit:
             cost = cost if is_observable_cost(cost) else None
             energy_J = finite_or_none(energy_J)
             time_s = finite_or_none(time_s)
-        absorb = None if status == "failed" or cost is None else self._absorb(float(cost), converged)
+        if status == "failed":  # no observation, but it may be the arm's last allowed failure
+            absorb: OutcomeUpdate | None = self._absorb_failure
+        else:
+            absorb = None if cost is None else self._absorb(float(cost), converged)
         trial = self.store.finish_trial(
             trial_id,
             status=status,
@@ -555,6 +566,17 @@ class BatchSizeBandit:
             return BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, obs))
 
         return update
+
+    def _absorb_failure(self, trial: TrialRecord, trials: list[TrialRecord], current: BanditState) -> BanditState:
+        """The bandit transform of a failed run, run by the store inside the failure's transaction.
+
+        It prunes an arm whose failure this is the ``max_failures``-th in a row (:meth:`_prune_failed`, the rule
+        :meth:`suggest` applies too), so the stored state (what ``zeus-callbacks show`` prints) says so at once.
+        """
+        if _bandit_update_hook is not None:
+            _bandit_update_hook()
+        state = self._prune_failed(self._state(current), arm_failures(trials))
+        return BanditState(current.job_id, state.to_stored(), self._arm_snapshot(state, self.observations(trials)))
 
     def _advance(self, state: StoredState, batch_size: int, converged: bool, cost: float | None) -> StoredState:
         """Pruning transition after the candidate's outcome: ``start`` → ``down`` → ``up`` → next round or Thompson.

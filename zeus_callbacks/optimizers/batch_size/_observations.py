@@ -69,8 +69,17 @@ def arm_failures(trials: Sequence[TrialRecord]) -> dict[int, tuple[int, str]]:
         if trial.info.get("run_status") == "interrupted":
             continue
         count = out.get(trial.batch_size, (0, ""))[0] + 1
-        out[trial.batch_size] = (count, str(trial.info.get("reason") or trial.info.get("error") or "the run failed"))
+        out[trial.batch_size] = (count, failure_reason(trial))
     return out
+
+
+def failure_reason(trial: TrialRecord) -> str:
+    """Why a ``failed`` trial failed, in short: the store's ``reason`` (``process died``), else the run's ``error``.
+
+    ``error`` is the exception's type and the first line of its message; a trial recorded before it was
+    kept says ``the run failed``.
+    """
+    return str(trial.info.get("reason") or trial.info.get("error") or "the run failed")
 
 
 def finite_or_none(value: float | None) -> float | None:
