@@ -51,12 +51,15 @@ def launcher_env_int(name: str, default: int) -> int:
 
 
 def launcher_world_size() -> int:
-    """How many processes the launcher started (``WORLD_SIZE``; 1 without a launcher).
+    """How many processes the launcher started (``WORLD_SIZE``, else the live process group's size; 1 alone).
+
+    Lightning deletes ``WORLD_SIZE`` when a fit ends, but a later fit in the same processes still
+    runs in the same process group: without it, both ranks would name one restore marker.
 
     Raises:
         ConfigError: ``WORLD_SIZE`` is set but is not a non-negative integer.
     """
-    return max(1, launcher_env_int("WORLD_SIZE", 1))
+    return max(1, launcher_env_int("WORLD_SIZE", 1), _process_group_size())
 
 
 def process_rank() -> int | None:

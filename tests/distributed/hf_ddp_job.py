@@ -8,7 +8,8 @@ building ``TrainingArguments`` (the main process alone reads the store), and tra
 every 4 steps against the target ``eval_loss <= L``. With ``--step-s S`` the virtual GPUs run on a
 manual clock that each training step advances by ``S`` (both ranks' windows then hold the same time);
 ``--eval-s E`` makes each evaluation batch advance it by ``E`` too. ``--eval-on-start`` sets the
-Trainer's ``eval_on_start`` (an evaluation before the first step).
+Trainer's ``eval_on_start`` (an evaluation before the first step). ``--power-limit`` profiles power
+limits over 32 steps, as the Lightning job's ``--power-limit`` does.
 
 Several runs can share one launch (the two processes, their imports and their process group):
 ``hf_ddp_job.py OUT1 [options] --then OUT2 [options] ...`` runs them one after the other, each
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--evaluate", action="store_true", help="the Trainer evaluates every 4 steps")
     parser.add_argument("--eval-on-start", action="store_true", help="and once before training (eval_on_start)")
     parser.add_argument("--eval-s", type=float, help="each evaluation batch takes this long on the manual clock")
+    parser.add_argument("--power-limit", action="store_true", help="profile power limits (agreed across ranks)")
     cli = parser.parse_args(argv)
     out = cli.out
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -86,13 +88,18 @@ def main(argv: list[str]) -> None:
         # Before TrainingArguments, with the same device and backend: the group made here is the Trainer's.
         batch_size = suggest_batch_size(config, cpu=True, ddp_backend="gloo")
         extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
+    if cli.power_limit:
+        config["power_limit"] = {
+            "enabled": True, "warmup_steps": 0, "min_profile_steps": 2, "profile_steps": 3, "step_W": 100.0,
+            "cache": False, "plot": False,
+        }  # fmt: skip
     if cli.evaluate:
         extra = {"eval_strategy": "steps", "eval_steps": 4, "per_device_eval_batch_size": 4}
         extra["eval_on_start"] = cli.eval_on_start
     zeus = ZeusTrainerCallback(config, backend=backend)
     args = TrainingArguments(
         output_dir=str(out / "hf"),
-        max_steps=60 if cli.store else 12,
+        max_steps=60 if cli.store else 32 if cli.power_limit else 12,
         per_device_train_batch_size=batch_size,
         logging_steps=4,
         report_to="none",

@@ -73,6 +73,8 @@ def lightning_runs(tmp_path_factory) -> dict[str, Path]:
         "sums": ["--step-s", "0.05"],  # 50 ms steps on a manual clock: the ranks' windows are alike
         "faulty_rank": ["--faulty-rank", "1"],
         "evaluation": ["--step-s", "0.05", "--validate", "--overheads", "0.4", "0.001"],
+        # Not first: Lightning deleted WORLD_SIZE when the earlier fits ended, and both ranks then shared one marker.
+        "power_limit": ["--power-limit"],
     }
     outs = once_per_run(tmp_path_factory, "ddp-lightning", lambda f: shared_launch(f, [sys.executable, str(JOB)], runs))
     return {name: Path(out) for name, out in outs.items()}
@@ -86,6 +88,7 @@ def hf_runs(tmp_path_factory) -> dict[str, Path]:
         "evaluation": ["--evaluate"],
         # A manual clock: 50 ms a training step and a evaluation batch (2 batches of 4 of 16 samples on each rank).
         "eval_on_start": ["--evaluate", "--eval-on-start", "--step-s", "0.05", "--eval-s", "0.05"],
+        "power_limit": ["--power-limit", "--step-s", "0.05"],  # not first: a later run profiles too
     }
     outs = once_per_run(tmp_path_factory, "ddp-hf", lambda f: shared_launch(f, [*TORCHRUN, str(HF_JOB)], runs))
     return {name: Path(out) for name, out in outs.items()}
@@ -205,12 +208,13 @@ def test_hf_trainer_under_torchrun_sums_ranks_and_writes_once(hf_runs):
     assert energies == sorted(energies) and energies[-1] < summaries[0]["energy_J"]
 
 
-def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
-    # A launch of its own: as the launch's fourth run, rank 0 profiled in observe mode (it saw a restore
-    # marker it had not written), which a first run does not.
-    out = tmp_path / "run"
-    out.mkdir()
-    ranks = run_job(out, "--power-limit")
+def test_every_rank_applies_the_same_power_limit_at_the_same_step(lightning_runs):
+    # A later fit in the same two processes: rank 0 used to observe, finding rank 1's restore marker at
+    # its own path ("holds a file this run did not write"), once Lightning had deleted WORLD_SIZE.
+    out = lightning_runs["power_limit"]
+    ranks = ranks_of(out)
+    assert len({r["pid"] for r in ranks}) == 2 and all(r["trainer_world_size"] == 2 for r in ranks)
+    assert "did not write" not in (out / "stderr.txt").read_text()
     by_rank = {r["global_rank"]: r for r in ranks}
     limits0 = [tuple(x) for x in by_rank[0]["limits"]]
     limits1 = [tuple(x) for x in by_rank[1]["limits"]]
@@ -219,7 +223,23 @@ def test_every_rank_applies_the_same_power_limit_at_the_same_step(tmp_path):
     original_W = limits0[0][1]
     assert by_rank[0]["limit_after_W"] == by_rank[1]["limit_after_W"] == original_W  # restored
     records = read_jsonl(out / "zeus" / "ddp.jsonl")
-    assert [r["event"] for r in records].count("power_limit_profile") == 1
+    profiles = [r for r in records if r["event"] == "power_limit_profile"]
+    assert [r["source"] for r in profiles] == ["profile"]
+    assert not list((out / "zeus").glob("power_limit_restore*"))  # each rank removed its own marker
+
+
+def test_hf_trainer_under_torchrun_profiles_power_limits_in_a_later_run(hf_runs):
+    # torchrun's WORLD_SIZE outlives a run (Lightning deletes its own): each rank keeps its own marker.
+    out = hf_runs["power_limit"]
+    ranks = ranks_of(out)
+    assert len({r["pid"] for r in ranks}) == 2 and all(r["trainer_world_size"] == 2 for r in ranks)
+    assert "did not write" not in (out / "stderr.txt").read_text()
+    by_rank = {r["global_rank"]: r for r in ranks}
+    assert by_rank[0]["summary"]["chosen_power_limit_W"] is not None  # the main rank chose (not observe mode)
+    assert all(r["summary"]["power_limit_W"] == 300.0 for r in ranks)  # restored at the end
+    records = read_jsonl(out / "zeus" / "hf-ddp.jsonl")
+    assert [r["source"] for r in records if r["event"] == "power_limit_profile"] == ["profile"]
+    assert not list((out / "zeus").glob("power_limit_restore*"))
 
 
 def test_batch_size_is_chosen_once_and_the_store_written_once(tmp_path):
