@@ -73,9 +73,6 @@ _EXPLORE_GRID_SHARE = 0.25  # ... nor one narrower than this share of the grid's
 _SCOUT_STEPS = 2  # polish: a scout of a gap measures this many steps after its warm-up ...
 _SCOUT_BUDGET_SHARE = 0.25  # ... while the scouts' excess stays under this share of the polish budget
 
-_SWEEP_BUDGET_SHARE = 0.0  # polish: profiling's excess stays under this share of a Zeus sweep's (0: off; a screen)
-_ZEUS_WINDOW_STEPS = 50  # a Zeus sweep's window at each grid limit: 10 warm-up and 40 profiled steps
-
 _POOLED_CHOICE = True  # the choice compares pooled costs (off: the raw readings; a switch for benchmarks/ screens)
 
 
@@ -872,8 +869,6 @@ class PowerLimitProfiler:
         if not best_price > 0:
             return None
         spent, budget = self.excess_steps(best_x), s.polish_budget * s.job_steps
-        if _SWEEP_BUDGET_SHARE > 0:
-            budget = min(budget, _SWEEP_BUDGET_SHARE * self._sweep_excess_steps(best_price))
         if self.profiling_steps + s.warmup_steps + s.profile_steps > s.polish_max_share * s.job_steps:
             return None  # near-free steps (ties at the optimum) are bounded in number too
         grid_x = self._unmeasured_grid_limit(best_price, budget - spent)
@@ -911,20 +906,6 @@ class PowerLimitProfiler:
         if spent + (extra + s.warmup_steps) * excess > budget:
             return None
         return target, extra
-
-    def _sweep_excess_steps(self, best_price: float) -> float:
-        """Step-equivalents a Zeus sweep of the grid would spend above ``best_price``, read off the measured limits.
-
-        Each grid limit gets ``_ZEUS_WINDOW_STEPS`` steps; an unmeasured one is priced by linear
-        interpolation between the measured limits.
-        """
-        known = sorted(x for x, p in self.profiles.items() if p.n >= 2)
-        if not known:
-            return math.inf
-        prices = [self._price(x) for x in known]
-        return _ZEUS_WINDOW_STEPS * sum(
-            max(float(np.interp(x, known, prices)) / best_price - 1.0, 0.0) for x in self.limits_W
-        )
 
     def _polish_steps(self, limit_W: float) -> int:
         """Profiled steps of a polish window at ``limit_W``: its steps doubled, within the window bounds."""
