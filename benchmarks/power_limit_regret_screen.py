@@ -137,13 +137,26 @@ def main() -> None:
     parser.add_argument("--n", default="2000,10000", help="comma-separated job lengths")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", type=Path, required=True, help="every run, as JSON lines")
+    parser.add_argument("--out", type=Path, default=None, help="every run, as JSON lines (needed unless --rows)")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        action="append",
+        default=[],
+        help="summarise these screens' rows instead of running (repeatable; needs --against)",
+    )
+    parser.add_argument("--by-family", action="store_true", help="also count failing runs per objective and family")
     parser.add_argument("--against", type=Path, default=None, help="a families runs file: the sweep's regrets")
     parser.add_argument("--before", type=Path, default=None, help="a previous screen's rows, to compare")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,K=V",
                         help="a variant of the search to screen (repeatable): ProfileSettings fields or the "
                         "profiler's constants; default: the tree as it is")  # fmt: skip
     args = parser.parse_args()
+    if args.rows:
+        _print_rows([json.loads(line) for path in args.rows for line in path.open()], args)
+        return
+    if args.out is None:
+        parser.error("--out is needed to run a screen")
     import power_limit_families as families
 
     objectives, fams = args.objectives.split(","), args.families.split(",") if args.families else None
@@ -161,14 +174,26 @@ def main() -> None:
             rows.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()
+    _print_rows(rows, args)
+
+
+def _print_rows(rows: list[dict], args: argparse.Namespace) -> None:
+    """Per variant and N: the summary, next to ``--before``'s on the same runs; per family with ``--by-family``."""
     sweep = _sweep_regrets(args.against) if args.against else {}
     before = [json.loads(line) for line in args.before.open()] if args.before else []
-    for name in variants:
+    for row in rows:
+        row.setdefault("variant", "tree")  # rows written before variants were named
+    for name in sorted({r["variant"] for r in rows}):
         mine = [r for r in rows if r["variant"] == name]
         wanted = {(tuple(r["case"]), r["seed"], r["n"]) for r in mine}
         earlier = _summary([r for r in before if (tuple(r["case"]), r["seed"], r["n"]) in wanted], sweep)
         for n, s in _summary(mine, sweep).items():
             print(f"{name} N={n}: " + (f"before {earlier.get(n)}, after " if before else "") + json.dumps(s))
+        if args.by_family:
+            for objective, family in sorted({(r["case"][0], r["case"][1]) for r in mine}):
+                at = [r for r in mine if r["case"][:2] == [objective, family] and (tuple(r["case"]), r["n"]) in sweep]
+                fails = sum(_fails(r["regret"], sweep[(tuple(r["case"]), r["n"])], r["n"]) for r in at)
+                print(f"  {name} {objective} {family}: {fails} of {len(at)} runs fail a target")
 
 
 if __name__ == "__main__":
