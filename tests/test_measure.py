@@ -381,6 +381,17 @@ def test_a_run_that_fails_to_start_keeps_the_checkpoint_state_for_the_next_try(c
         ),  # fmt: skip
         ({"steps": 1, "power_limit": {"limits": [{"limit_W": 250, "steps": -1}]}}, "power_limit.limits[0].steps"),
         ({"steps": 1, "power_limit": {"profiling_steps": -2}}, "power_limit.profiling_steps must be a whole number"),
+        # An outside tester's semantic damage: each passed the type checks and was carried without a word.
+        ({"steps": 1, "open_epoch": "x"}, "open_epoch must be a whole number >= 0 or null, not 'x'"),
+        ({"steps": 1, "open_epoch": -4}, "open_epoch must be a whole number >= 0 or null, not -4"),
+        ({"steps": 9, "epochs": 1, "open_epoch": 99}, "open_epoch 99 is beyond the 1 epochs counted (epochs)"),
+        ({"steps": 1, "run_name": 5}, "run_name must be text or null, not 5"),
+        ({"steps": 4, "measured_steps": 9}, "measured_steps 9 is more than the 4 steps taken (steps)"),
+        ({"energy_J": 1e300, "time_s": 3.0, "steps": 4, "epochs": 1}, "energy_J 1e+300 is more than any job's GPUs"),
+        (
+            {"steps": 1, "power_limit": {"limits": [{"limit_W": 250}, {"limit_W": 200}, {"limit_W": 250.0}]}},
+            "power_limit.limits[2].limit_W 250.0 repeats limits[0]'s",
+        ),  # fmt: skip
     ],
 )
 def test_a_damaged_or_misplaced_state_is_refused_when_loaded_naming_the_key(config, virtual_backend, state, says):

@@ -920,6 +920,11 @@ def test_a_profile_state_outside_the_range_or_from_observe_mode_is_ignored():
         ({"profiling_steps": "4"}, "profiling_steps must be a whole number >= 0"),
         ({"phase": "lost"}, "phase must be one of"),
         ({"current_limit_W": -5}, "current_limit_W must be a finite number > 0, not -5"),
+        # a second row of one limit replaced the first's steps without a word (an outside tester's edit)
+        (
+            {"limits": [{"limit_W": 150.0}, {"limit_W": 250.0}, {"limit_W": 150}]},
+            "limits[2].limit_W 150 repeats limits[0]'s",
+        ),
     ],
 )
 def test_an_unreadable_profile_state_is_ignored_with_a_warning_not_a_crash(state, says, caplog):
@@ -932,6 +937,29 @@ def test_an_unreadable_profile_state_is_ignored_with_a_warning_not_a_crash(state
     assert profiler.phase == ProfilerPhase.IDLE and not profiler.profiles and profiler.profiling_steps == 0
     with pytest.raises(ValueError, match=re.escape(says)):
         check_profile_state(state)
+
+
+def test_a_finished_profile_whose_choice_is_outside_the_limits_is_ignored_with_a_warning(caplog):
+    # An outside tester's edit: chosen_limit_W 950 W on a 100-250 W card passed, and the run silently took the
+    # rows' cheapest limit instead. The range is this run's, known once the profiler is built: checked in resume.
+    world = TraceWorld("A40", "imagenet")
+    grid = grid_of(world)
+    low, high = min(grid), max(grid)
+    objective = Objective("energy", max_power_W=300.0)
+    rows = [{"limit_W": x, "energy_J": [world.energy_J(x)] * 4, "time_s": [world.time_s(x)] * 4, "steps": 5}
+            for x in grid]  # fmt: skip
+    finished = {"phase": "done", "chosen_limit_W": low, "profiling_steps": 5 * len(grid), "limits": rows}
+    profiler = PowerLimitProfiler(grid, objective, world.energy_fn)
+    assert profiler.resume(finished) and profiler.phase == ProfilerPhase.DONE  # as saved: its choice applies
+    check_profile_state({**finished, "chosen_limit_W": 950.0})  # no range known here: the rows are another run's
+    for chosen in (950.0, low / 2):
+        profiler = PowerLimitProfiler(grid, objective, world.energy_fn)
+        with caplog.at_level(logging.WARNING, logger="zeus_callbacks"):
+            assert not profiler.resume({**finished, "chosen_limit_W": chosen})
+        says = f"power_limit.chosen_limit_W {chosen!r} is outside the limits {low:g}–{high:g} W"
+        assert says in caplog.text and "profiling starts over" in caplog.text
+        assert profiler.phase == ProfilerPhase.IDLE and not profiler.profiles and profiler.chosen_limit_W is None
+        caplog.clear()
 
 
 # ------------------------------------------------------------------ windows the samples do not cover

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,11 +14,12 @@ import pytest
 from zeus_callbacks import reporting as metric
 from zeus_callbacks.backends.virtual import COUNTER_PERIOD_S, VirtualGPUBackend
 from zeus_callbacks.cli import main as cli_main
+from zeus_callbacks.integrations._common import unknown_energy_state
 from zeus_callbacks.measurement._attribution import COUNTER_MIN_PERIODS
 from zeus_callbacks.optimizers.batch_size import EarlyStopRule
 from zeus_callbacks.optimizers.cost import ZeusCost
 from zeus_callbacks.reporting import read_jsonl
-from zeus_callbacks.session import Decision, EnergySession, default_gpu_indices
+from zeus_callbacks.session import PARTIAL_COUNTS, Decision, EnergySession, check_state, default_gpu_indices
 
 INTERVAL_STEPS = 5
 STEP_S = 0.05
@@ -604,6 +606,45 @@ def test_a_state_missing_a_total_is_refused_not_read_as_zero(new_session, virtua
     unknown = {"energy_J": None, "energy_note": "its energy state was unreadable"}  # counts lost: allowed, noted
     session.load_state_dict(unknown)
     assert session.state_dict()["energy_J"] is None
+
+
+def test_a_state_whose_parts_disagree_is_refused_naming_the_key_and_value(new_session, virtual_backend):
+    # An outside tester's edits: each passed the type checks; 99 marked no epoch, 1e300 J became the total.
+    session = new_session(virtual_backend)
+    saved = {"energy_J": 69.0, "energy_note": None, "time_s": 3.0, "steps": 20, "measured_steps": 18, "epochs": 1,
+             "run_name": "saved", "open_epoch": 1}  # fmt: skip
+    session.load_state_dict(saved)  # inside epoch 1, after epoch 0: as state_dict() writes it
+    for edit, says in (
+        ({"open_epoch": 99}, "open_epoch 99 is beyond the 1 epochs counted"),
+        ({"open_epoch": "x"}, "open_epoch must be a whole number >= 0 or null, not 'x'"),
+        ({"open_epoch": 1.5}, "open_epoch must be a whole number >= 0 or null, not 1.5"),
+        ({"run_name": 5}, "run_name must be text or null, not 5"),
+        ({"measured_steps": 21}, "measured_steps 21 is more than the 20 steps taken"),
+        ({"energy_J": 1e300}, "energy_J 1e+300 is more than any job's GPUs could draw in time_s 3.0"),
+        ({"energy_J": 2e9 * 4.0}, "energy_J 8000000000.0 is more than"),  # 2 GW for the 3 s (and a second)
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            session.load_state_dict({**saved, **edit})
+    # Counts that miss the run before a lost state do not bound the framework's epoch number.
+    partial = {"energy_J": None, "energy_note": f"its state was lost; its time, steps and epochs {PARTIAL_COUNTS}",
+               "time_s": 1.0, "steps": 5, "epochs": 0, "open_epoch": 3}  # fmt: skip
+    session.load_state_dict(partial)
+    assert session.state_dict()["energy_J"] is None
+
+
+def test_a_state_refused_for_its_open_epoch_keeps_its_counts_but_not_the_mark(new_session, virtual_backend):
+    # What the Lightning and HF callbacks carry from such a state (their runs: tests/integration/test_lightning.py).
+    saved = {"energy_J": 69.0, "energy_note": None, "time_s": 3.0, "steps": 20, "epochs": 1, "open_epoch": 99}
+    with pytest.raises(ValueError) as refused:
+        check_state(saved)
+    carried = unknown_energy_state(f"its energy state was unreadable ({refused.value})", saved)
+    assert "open_epoch" not in carried  # an epoch it names is no epoch of this run: none is marked
+    session = new_session(virtual_backend)
+    session.load_state_dict(carried)
+    state = session.state_dict()
+    assert state["energy_J"] is None and "open_epoch 99 is beyond the 1 epochs counted" in state["energy_note"]
+    assert (state["steps"], state["epochs"], state["time_s"]) == (20, 1, 3.0)  # the readable parts
+    assert unknown_energy_state("why", {**saved, "open_epoch": 1})["open_epoch"] == 1  # a readable one is kept
 
 
 # -- errors at train start ------------------------------------------------------------------------

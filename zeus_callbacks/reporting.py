@@ -600,10 +600,8 @@ class JsonlWriter:
                     continue
             else:
                 raise FileExistsError(f"too many runs named {run_name!r} in {log_dir}")
-        except OSError as exc:
-            raise EnergyLogError(
-                exc.errno, f"cannot write the zeus-callbacks energy log in {log_dir}: {exc.strerror or exc}"
-            ) from exc
+        except OSError as exc:  # no package name: the callers that print it prefix "zeus-callbacks:"
+            raise EnergyLogError(exc.errno, f"cannot write the energy log in {log_dir}: {exc.strerror or exc}") from exc
 
     def write(self, record: dict[str, Any]) -> None:
         """Write one record (NaN/inf become null).

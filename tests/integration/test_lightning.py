@@ -210,8 +210,11 @@ def resume_from_an_edited_checkpoint(tmp_path, caplog, edit, **resumed):
     [
         (lambda state: state.update(energy_J=-26.1), "energy_J must be a finite number >= 0, not -26.1"),
         (lambda state: state.pop("energy_J"), "energy_J is missing"),  # was read as 0 J: a total short of epoch 1
+        # An outside tester's edits that passed the type checks: an epoch of another run marked, an absurd total.
+        (lambda state: state.update(open_epoch=99), "open_epoch 99 is beyond the 1 epochs counted (epochs)"),
+        (lambda state: state.update(energy_J=1e300), "energy_J 1e+300 is more than any job's GPUs could draw"),
     ],
-    ids=["negative", "missing"],
+    ids=["negative", "missing", "open_epoch", "absurd"],
 )
 def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknown(tmp_path, caplog, edit, said):
     def damage(callbacks, key):  # hand-edited, or written by a buggy tool
@@ -221,12 +224,14 @@ def test_a_checkpoint_with_a_damaged_energy_state_resumes_with_the_energy_unknow
     assert trainer.current_epoch == 2 and second.summary.status == "completed"
     assert said in caplog.text
     assert math.isnan(second.summary.energy_J)  # unknown, never a negative total or one missing the first epoch
-    assert "energy state was unreadable" in second.summary.energy_note
+    assert "energy state was unreadable" in second.summary.energy_note and said in second.summary.energy_note
     # What was readable is kept: the steps, epochs and time count both segments (they counted the second only).
     assert second.summary.steps == 2 * N_TRAIN // BATCH and second.summary.epochs == 2
     assert len(second.summary.epoch_energy_J) == 2
-    (start,) = [r for r in read_jsonl(second.summary.jsonl_path) if r["event"] == "run_start"]
+    records = read_jsonl(second.summary.jsonl_path)
+    (start,) = [r for r in records if r["event"] == "run_start"]
     assert start["resumed_steps"] == N_TRAIN // BATCH
+    assert not any(r.get("resumed_mid_epoch") for r in records if r["event"] == "epoch")  # saved between epochs
     assert "cover only the run after the checkpoint" not in second.summary.energy_note
 
 
@@ -274,6 +279,23 @@ def test_a_checkpoint_with_a_damaged_power_limit_profile_profiles_again_keeping_
     records = read_jsonl(second.summary.jsonl_path)
     assert records[0]["resumed_energy_J"] > 0
     assert any(r["event"] == "power_limit_profile" for r in records)  # profiled anew in this segment
+
+
+def test_a_power_limit_choice_outside_the_cards_limits_profiles_again_keeping_the_energy(tmp_path, caplog):
+    # An outside tester's checkpoint: a finished profile choosing 5000 W passed, and the run went on with
+    # another limit than the one saved, without a word. The card's range is known once profiling starts.
+    def damage(callbacks, key):
+        callbacks[key]["power_limit"] = {"phase": "done", "chosen_limit_W": 5000.0, "profiling_steps": 0, "limits": []}
+
+    profiling = {"enabled": True, "search": "sweep", "warmup_steps": 1, "min_profile_steps": 2, "profile_steps": 3,
+                 "step_W": 50.0, "cache": False, "plot": False}  # fmt: skip
+    trainer, second = resume_from_an_edited_checkpoint(tmp_path, caplog, damage, power_limit=profiling)
+    assert trainer.current_epoch == 2 and second.summary.status == "completed"
+    assert "power-limit profile is unreadable (power_limit.chosen_limit_W 5000.0 is outside the limits" in caplog.text
+    assert "profiling starts over" in caplog.text
+    assert "continuing the checkpoint's power-limit profile" not in caplog.text
+    assert math.isfinite(second.summary.energy_J) and second.summary.energy_note is None  # only the profile dropped
+    assert any(r["event"] == "power_limit_profile" for r in read_jsonl(second.summary.jsonl_path))
 
 
 def test_a_damaged_power_limit_profile_with_profiling_off_is_dropped_not_started_over(tmp_path, caplog):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.reporting import RunSummary
-from zeus_callbacks.session import EnergySession, check_state
+from zeus_callbacks.session import PARTIAL_COUNTS, EnergySession, check_state
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +81,17 @@ def unknown_energy_state(why: str, state: Any = None) -> dict[str, Any]:
             except (TypeError, ValueError):
                 continue
             kept.update(part)
-        open_epoch = state.get("open_epoch")
-        if "steps" in kept and isinstance(open_epoch, int) and not isinstance(open_epoch, bool) and open_epoch >= 0:
-            kept["open_epoch"] = open_epoch
     lost = [name for key, name in _COUNTS_NAMED if key not in kept]
     if lost:
         figures = " and ".join([", ".join(lost[:-1]), lost[-1]] if len(lost) > 1 else lost)
-        kept["energy_note"] = f"{why}; its {figures} cover only the run after the checkpoint"
+        kept["energy_note"] = f"{why}; its {figures} {PARTIAL_COUNTS}"
+    if isinstance(state, Mapping) and "steps" in kept and state.get("open_epoch") is not None:
+        try:  # an epoch index beyond the epochs kept, or not one at all, marks no epoch
+            check_state({**kept, "open_epoch": state["open_epoch"]})
+        except (TypeError, ValueError):
+            pass
+        else:
+            kept["open_epoch"] = state["open_epoch"]
     return kept
 
 

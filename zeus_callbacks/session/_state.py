@@ -86,6 +86,17 @@ def resume_state(
 _COUNTS = ("steps", "measured_steps", "epochs")  # whole numbers, at least 0
 _AMOUNTS = ("time_s", "step_energy_J", "step_time_s", "estimated_steps")  # finite numbers, at least 0
 
+PARTIAL_COUNTS = "cover only the run after the checkpoint"
+"""Said in an ``energy_note`` whose state's time, steps or epochs miss the run before a lost checkpoint state."""
+
+JOB_POWER_CEILING_W = 1e9
+"""Above any training job's GPU draw (W): the largest clusters draw a few hundred MW in all.
+
+A state's ``energy_J`` above this × (``time_s`` + 1 s) cannot be measured; the second covers the sensors'
+averaging (up to ~1 s). ``energy_J`` may sum every rank's GPUs, and the state does not say how many: hence
+a whole job's ceiling rather than one GPU's.
+"""
+
 
 def check_state(state: Any) -> None:
     """Refuse a checkpoint state that is not one :func:`resume_state` wrote, naming the key at fault.
@@ -98,10 +109,13 @@ def check_state(state: Any) -> None:
     Raises:
         TypeError: ``state`` is not a mapping.
         ValueError: A count is not a whole number >= 0, an amount (s, J) not a finite number >= 0,
-            ``energy_J`` neither null nor one, ``energy_note`` not text, ``epoch_energy_J`` not a list of
+            ``energy_J`` neither null nor one, or above :data:`JOB_POWER_CEILING_W` × (``time_s`` + 1 s),
+            ``measured_steps`` above ``steps``, ``energy_note`` or ``run_name`` not text or null,
+            ``open_epoch`` neither null nor a whole number >= 0, or (when the counts are the whole run's:
+            no :data:`PARTIAL_COUNTS` note) above ``epochs``, ``epoch_energy_J`` not a list of
             energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping or
-            not a profile the profiler wrote (a row without ``limit_W``, a text among its energies:
-            ``power_limit.limits[0].limit_W`` named), ``energy_J`` missing, or with a known energy
+            not a profile the profiler wrote (a row without ``limit_W``, a text among its energies, a limit
+            twice: ``power_limit.limits[0].limit_W`` named), ``energy_J`` missing, or with a known energy
             ``time_s``, ``steps`` or ``epochs`` missing, or no totals key at all.
     """
     if not isinstance(state, Mapping):
@@ -124,8 +138,14 @@ def check_state(state: Any) -> None:
             number(key, state[key])
     if state.get("energy_J") is not None:
         number("energy_J", state["energy_J"])
-    if not isinstance(state.get("energy_note"), (str, type(None))):
-        raise ValueError(f"checkpoint state: energy_note must be text or null, not {state['energy_note']!r}")
+    for key in ("energy_note", "run_name"):
+        if not isinstance(state.get(key), (str, type(None))):
+            raise ValueError(f"checkpoint state: {key} must be text or null, not {state[key]!r}")
+    # Counts are whole numbers by now; carried_totals reads a missing steps as 0.
+    if state.get("measured_steps", 0) > state.get("steps", 0):
+        raise ValueError(f"checkpoint state: measured_steps {state['measured_steps']!r} is more than the "
+                         f"{state.get('steps', 0)!r} steps taken (steps)")  # fmt: skip
+    _check_open_epoch(state)
     epochs_J = state.get("epoch_energy_J", [])
     if not isinstance(epochs_J, list):
         raise ValueError(f"checkpoint state: epoch_energy_J must be a list, not {epochs_J!r}")
@@ -148,6 +168,26 @@ def check_state(state: Any) -> None:
     for key in required:
         if key not in state:
             raise ValueError(f"checkpoint state: {key} is missing (state_dict() always writes it)")
+    energy_J = state.get("energy_J")
+    if energy_J is not None and energy_J > JOB_POWER_CEILING_W * (state["time_s"] + 1.0):
+        raise ValueError(f"checkpoint state: energy_J {energy_J!r} is more than any job's GPUs could draw in "
+                         f"time_s {state['time_s']!r} (at most {JOB_POWER_CEILING_W:.0e} W)")  # fmt: skip
+
+
+def _check_open_epoch(state: Mapping[str, Any]) -> None:
+    """Refuse an ``open_epoch`` that is not an epoch index of the run the state counts (see :func:`check_state`)."""
+    open_epoch = state.get("open_epoch")
+    if open_epoch is None:
+        return
+    real = isinstance(open_epoch, numbers.Real) and not isinstance(open_epoch, bool)
+    if not real or not math.isfinite(open_epoch) or open_epoch < 0 or not float(open_epoch).is_integer():
+        raise ValueError(f"checkpoint state: open_epoch must be a whole number >= 0 or null, not {open_epoch!r}")
+    # The epoch under way is numbered from 0, so the epochs before it are counted: at most `epochs` (an epoch
+    # cut short and resumed counts twice). Not checked where the counts miss the run before a lost state:
+    # the framework's numbering went on through it.
+    if PARTIAL_COUNTS not in (state.get("energy_note") or "") and open_epoch > state.get("epochs", 0):
+        raise ValueError(f"checkpoint state: open_epoch {open_epoch!r} is beyond the {state.get('epochs', 0)!r} "
+                         "epochs counted (epochs)")  # fmt: skip
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:

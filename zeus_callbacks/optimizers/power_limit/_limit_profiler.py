@@ -82,6 +82,20 @@ def _expected_saving(diff: float, sd: float) -> float:
     return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - diff * 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def check_profile_range(state: Mapping[str, Any], low_W: float, high_W: float) -> None:
+    """Refuse a profile state (one :func:`check_profile_state` passed) whose choice lies outside ``low_W``–``high_W``.
+
+    The range is this run's limits (W), known only once the profiler is built: a choice outside it was made
+    on another GPU or configuration, or edited, and cannot be applied here.
+
+    Raises:
+        ValueError: ``chosen_limit_W`` is outside the range (W); the message names it and the range.
+    """
+    chosen = state.get("chosen_limit_W")
+    if chosen is not None and not low_W <= float(chosen) <= high_W:
+        raise ValueError(f"chosen_limit_W {chosen!r} is outside the limits {low_W:g}–{high_W:g} W")
+
+
 def check_profile_state(state: Any) -> None:
     """Refuse a profile state that :meth:`PowerLimitProfiler.export_state` did not write, naming the key at fault.
 
@@ -92,7 +106,8 @@ def check_profile_state(state: Any) -> None:
             finite and > 0), ``energy_J`` and ``time_s`` lists of finite numbers >= 0 (J, s) of one length,
             and ``steps`` a whole number >= 0; ``chosen_limit_W`` or ``current_limit_W`` neither null nor a
             finite number > 0 (W); ``profiling_steps`` or ``refine_probes`` not a whole number >= 0;
-            ``scouted_W`` not a list of finite numbers > 0 (W); ``phase`` not a phase's name; a flag not a bool.
+            ``scouted_W`` not a list of finite numbers > 0 (W); ``phase`` not a phase's name; a flag not a bool;
+            a limit in two rows (the profile keeps one row a limit: a second would replace the first).
     """
 
     def number(key: str, value: Any, *, positive: bool = False, whole: bool = False) -> None:
@@ -123,12 +138,16 @@ def check_profile_state(state: Any) -> None:
     rows = state.get("limits", [])
     if not isinstance(rows, list):
         raise ValueError(f"limits must be a list, not {rows!r}")
+    seen: dict[float, int] = {}  # limit (W) → its row
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise ValueError(f"limits[{i}] must be a mapping, not {row!r}")
         if "limit_W" not in row:
             raise ValueError(f"limits[{i}].limit_W is missing")
         number(f"limits[{i}].limit_W", row["limit_W"], positive=True)
+        first = seen.setdefault(float(row["limit_W"]), i)
+        if first != i:
+            raise ValueError(f"limits[{i}].limit_W {row['limit_W']!r} repeats limits[{first}]'s")
         lengths = []
         for key in ("energy_J", "time_s"):
             values = row.get(key, [])
@@ -351,7 +370,8 @@ class PowerLimitProfiler:
 
         Decided limits are not measured again; a finished profile goes straight to DONE at its
         choice. A state from observe mode is ignored; one with limits outside this profiler's range, or
-        unreadable (a row without ``limit_W``, a text among the energies: :func:`check_profile_state`), is
+        unreadable (a row without ``limit_W``, a text among the energies, a limit twice:
+        :func:`check_profile_state`; a ``chosen_limit_W`` outside the range: :func:`check_profile_range`), is
         ignored with a warning.
 
         Args:
@@ -361,22 +381,24 @@ class PowerLimitProfiler:
             True when the state was taken, False when it was ignored (an unreadable one with a warning:
             :func:`check_profile_state`; profiling starts over).
         """
+        low, high = self.limits_W[0], self.limits_W[-1]
         try:
             check_profile_state(state)
+            # A finished profile's choice outside this run's limits was silently replaced by the rows' cheapest.
+            check_profile_range(state, low, high)
         except ValueError as exc:
-            logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (%s); profiling "
-                           "starts over", exc)  # fmt: skip
+            logger.warning("zeus-callbacks: the checkpoint's power-limit profile is unreadable (power_limit.%s); "
+                           "profiling starts over", exc)  # fmt: skip
             return False
         if self.state.phase != ProfilerPhase.IDLE or state.get("observe_only") or self.observe_only:
             return False
-        low, high = self.limits_W[0], self.limits_W[-1]
         limits = list(state.get("limits", []))
         if any(not low <= float(row["limit_W"]) <= high for row in limits):
             logger.warning("zeus-callbacks: the checkpoint's power-limit profile is outside %.0f-%.0f W; "
                            "profiling starts over", low, high)  # fmt: skip
             return False
         chosen = state.get("chosen_limit_W")
-        if state.get("phase") == ProfilerPhase.DONE.value and chosen is not None and low <= float(chosen) <= high:
+        if state.get("phase") == ProfilerPhase.DONE.value and chosen is not None:  # in range: check_profile_range
             self.finish_with(float(chosen))
         for row in limits:
             limit = float(row["limit_W"])
