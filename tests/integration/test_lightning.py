@@ -211,7 +211,7 @@ def resume_from_an_edited_checkpoint(tmp_path, caplog, edit, **resumed):
         (lambda state: state.update(energy_J=-26.1), "energy_J must be a finite number >= 0, not -26.1"),
         (lambda state: state.pop("energy_J"), "energy_J is missing"),  # was read as 0 J: a total short of epoch 1
         # An outside tester's edits that passed the type checks: an epoch of another run marked, an absurd total.
-        (lambda state: state.update(open_epoch=99), "open_epoch 99 is beyond the 1 epochs counted (epochs)"),
+        (lambda state: state.update(open_epoch="x"), "open_epoch must be a whole number >= 0 or null, not 'x'"),
         (lambda state: state.update(energy_J=1e300), "energy_J 1e+300 is more than any job's GPUs could draw"),
     ],
     ids=["negative", "missing", "open_epoch", "absurd"],

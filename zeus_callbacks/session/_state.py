@@ -111,8 +111,7 @@ def check_state(state: Any) -> None:
         ValueError: A count is not a whole number >= 0, an amount (s, J) not a finite number >= 0,
             ``energy_J`` neither null nor one, or above :data:`JOB_POWER_CEILING_W` × (``time_s`` + 1 s),
             ``measured_steps`` above ``steps``, ``energy_note`` or ``run_name`` not text or null,
-            ``open_epoch`` neither null nor a whole number >= 0, or (when the counts are the whole run's:
-            no :data:`PARTIAL_COUNTS` note) above ``epochs``, ``epoch_energy_J`` not a list of
+            ``open_epoch`` neither null nor a whole number >= 0, ``epoch_energy_J`` not a list of
             energies >= 0 (J) or NaN, step sums over 0 estimated steps, ``power_limit`` not a mapping or
             not a profile the profiler wrote (a row without ``limit_W``, a text among its energies, a limit
             twice: ``power_limit.limits[0].limit_W`` named), ``energy_J`` missing, or with a known energy
@@ -175,19 +174,15 @@ def check_state(state: Any) -> None:
 
 
 def _check_open_epoch(state: Mapping[str, Any]) -> None:
-    """Refuse an ``open_epoch`` that is not an epoch index of the run the state counts (see :func:`check_state`)."""
+    """Refuse an ``open_epoch`` that is not an epoch index, a whole number >= 0 (see :func:`check_state`)."""
     open_epoch = state.get("open_epoch")
     if open_epoch is None:
         return
     real = isinstance(open_epoch, numbers.Real) and not isinstance(open_epoch, bool)
     if not real or not math.isfinite(open_epoch) or open_epoch < 0 or not float(open_epoch).is_integer():
         raise ValueError(f"checkpoint state: open_epoch must be a whole number >= 0 or null, not {open_epoch!r}")
-    # The epoch under way is numbered from 0, so the epochs before it are counted: at most `epochs` (an epoch
-    # cut short and resumed counts twice). Not checked where the counts miss the run before a lost state:
-    # the framework's numbering went on through it.
-    if PARTIAL_COUNTS not in (state.get("energy_note") or "") and open_epoch > state.get("epochs", 0):
-        raise ValueError(f"checkpoint state: open_epoch {open_epoch!r} is beyond the {state.get('epochs', 0)!r} "
-                         "epochs counted (epochs)")  # fmt: skip
+    # No bound by `epochs`: it is the framework's epoch number, which counts on past this state's epochs when
+    # the callback joined a run already under way or a trainer fits again.
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
