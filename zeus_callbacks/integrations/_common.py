@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from zeus_callbacks.backends.base import GPUBackend
 from zeus_callbacks.config import ZeusConfig, load_config, parse_config
 from zeus_callbacks.reporting import RunSummary
-from zeus_callbacks.session import PARTIAL_COUNTS, EnergySession, check_state
+from zeus_callbacks.session import EnergySession, check_state
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def unknown_energy_state(why: str, state: Any = None) -> dict[str, Any]:
     lost = [name for key, name in _COUNTS_NAMED if key not in kept]
     if lost:
         figures = " and ".join([", ".join(lost[:-1]), lost[-1]] if len(lost) > 1 else lost)
-        kept["energy_note"] = f"{why}; its {figures} {PARTIAL_COUNTS}"
+        verb = "covers" if len(lost) == 1 else "cover"
+        kept["energy_note"] = f"{why}; its {figures} {verb} only the run after the checkpoint"
     if isinstance(state, Mapping) and "steps" in kept and state.get("open_epoch") is not None:
         try:  # an epoch index beyond the epochs kept, or not one at all, marks no epoch
             check_state({**kept, "open_epoch": state["open_epoch"]})

@@ -12,6 +12,6 @@ running totals and checkpoint state (``_state``).
 """
 
 from zeus_callbacks.session._core import Decision, EnergySession, default_gpu_indices
-from zeus_callbacks.session._state import PARTIAL_COUNTS, check_state
+from zeus_callbacks.session._state import check_state
 
-__all__ = ["PARTIAL_COUNTS", "Decision", "EnergySession", "check_state", "default_gpu_indices"]
+__all__ = ["Decision", "EnergySession", "check_state", "default_gpu_indices"]

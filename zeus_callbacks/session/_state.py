@@ -86,9 +86,6 @@ def resume_state(
 _COUNTS = ("steps", "measured_steps", "epochs")  # whole numbers, at least 0
 _AMOUNTS = ("time_s", "step_energy_J", "step_time_s", "estimated_steps")  # finite numbers, at least 0
 
-PARTIAL_COUNTS = "cover only the run after the checkpoint"
-"""Said in an ``energy_note`` whose state's time, steps or epochs miss the run before a lost checkpoint state."""
-
 JOB_POWER_CEILING_W = 1e9
 """Above any training job's GPU draw (W): the largest clusters draw a few hundred MW in all.
 
