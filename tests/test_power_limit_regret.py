@@ -67,7 +67,21 @@ def test_the_regret_screen_counts_the_profiling_and_the_choice_over_the_job():
     from power_limit_regret_screen import _one
 
     n = 2_000
-    row = _one((("energy", "convex", "100-250", 25.0), 0, n))
+    row = _one((("energy", "convex", "100-250", 25.0), 0, n, {}))
     assert row["n"] == n and 0 < row["steps"] < n
     assert 100.0 <= row["limit_W"] <= 250.0 and row["gap_pct"] >= 0.0
     assert row["regret"] >= row["gap_pct"] * (n - row["steps"]) / n - 1e-9
+
+
+def test_a_screened_variant_changes_its_own_runs_only():
+    # One pool runs every variant: a job's settings must not leak into the next job in the same process
+    from power_limit_regret_screen import _one
+
+    key, n = ("zeus_cost", "convex", "125-250", 35.0), 10_000
+    tree = _one((key, 0, n, {}))
+    short = _one((key, 0, n, {"polish_max_share": 0.02}))
+    unscouted = _one((key, 0, n, {"_SCOUT_BUDGET_SHARE": 0}))
+    again = _one((key, 0, n, {}))
+    assert short["steps"] < tree["steps"] and short["set"] == {"polish_max_share": 0.02}
+    assert unscouted["steps"] != tree["steps"] or unscouted["limit_W"] != tree["limit_W"]
+    assert (again["steps"], again["limit_W"], again["regret"]) == (tree["steps"], tree["limit_W"], tree["regret"])
