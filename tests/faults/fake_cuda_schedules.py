@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tests.fakes.fake_cuda import FakeCuda
+from tests.faults.scratch import scratch_dir
 from zeus_callbacks.backends.base import ManualClock
 from zeus_callbacks.backends.virtual import VirtualGPUBackend
 from zeus_callbacks.measurement._windows import ClockTimer, CudaEventTimer, WindowBatch
@@ -443,7 +443,7 @@ class _Player:
 
 def play(plan: Plan) -> Outcome:
     """Play ``plan`` and judge every figure its runs reported."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_dir() as tmp:
         player = _Player(plan, Path(tmp))
         player.play()
         return _judge(player)

@@ -20,13 +20,13 @@ fake's true energy, or null with a reason; never negative, never 0 for unknown.
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.faults import tally as tallies
+from tests.faults.scratch import scratch_dir
 from zeus_callbacks.backends.rapl import STILL_AFTER_S, UJ_PER_J, NodeEnergy, RaplReader
 from zeus_callbacks.session._node import local_node, node_figures
 
@@ -111,7 +111,7 @@ def tolerance_J(truth_J: float, froze: bool, power_W: float) -> float:
 def run_schedule(schedule: Schedule) -> Outcome:
     """Drive a fake tree and a :class:`RaplReader` through ``schedule``; every figure against the truth."""
     domains = labels(schedule)
-    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+    with scratch_dir() as tmp, pytest.MonkeyPatch.context() as patch:
         root = Path(tmp)
         files = []
         for (folder, name, _), range_uj, start_uj in zip(domains, schedule.ranges_uj, schedule.starts_uj, strict=True):

@@ -17,7 +17,6 @@ mean over one poll interval (one step here), so its edge is a step.
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from tests.fakes import fake_amdsmi as fa
 from tests.fakes import fake_pynvml as fp
 from tests.faults import tally as tallies
+from tests.faults.scratch import scratch_dir
 from zeus_callbacks.backends._amdsmi import AMDSMIBackend
 from zeus_callbacks.backends._nvml import NVMLBackend
 from zeus_callbacks.backends.base import ManualClock
@@ -182,7 +182,7 @@ def _switch(fake: Any, schedule: Schedule, step: int) -> None:
 
 def run_schedule(schedule: Schedule, log_dir: Path | None = None) -> Outcome:
     """Play ``schedule`` through a real EnergySession and return its figures with their truth."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_dir() as tmp:
         return _run(schedule, Path(log_dir or tmp))
 
 
