@@ -4,7 +4,8 @@ Each truth-or-flag schedule opens a session whose JSONL log is written and ``fsy
 temporary folder made and removed per schedule. On a disk every ``fsync`` waits for the write-back,
 and the folder's create and remove touch the file system's journal: the 1,000 NVML/amdsmi schedules
 took 98 s of wall time and 32.6 s of CPU with their folders under /tmp, 58 s and 28.9 s under
-/dev/shm (one run each, a loaded 2-core machine). In memory (tmpfs) ``fsync`` returns at once; every
+/dev/shm (one run each, a 2-core machine at load 10); at load 2.5, 33 s -> 29 s of wall time, the CPU
+within noise (~26 s). In memory (tmpfs) ``fsync`` returns at once; every
 file is written and read back as before, so the suites check the same figures.
 """
 
