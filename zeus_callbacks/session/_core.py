@@ -849,9 +849,10 @@ class EnergySession:
     def totals(self) -> dict[str, float]:
         """The run's energy and time so far: ``energy/total_J``, ``time/total_s``.
 
-        Once the run has ended, also ``energy/cpu_J``, ``energy/dram_J``, ``energy/node_J`` and the
-        estimates ``energy/co2_g`` and ``cost/run`` where they are configured and known
-        (:func:`~zeus_callbacks.reporting.run_metrics`).
+        Once the run has ended, also its mean power and mean step (``power/run_mean_W``,
+        ``energy/run_step_mean_J``, ``time/run_step_mean_s``, ``energy/run_step_count``), ``energy/cpu_J``,
+        ``energy/dram_J``, ``energy/node_J`` and the estimates ``energy/co2_g`` and ``cost/run`` where they
+        are configured and known (:func:`~zeus_callbacks.reporting.run_metrics`).
 
         Under several processes, during the run: the energy of all GPUs and the slowest
         rank's time as of the last step report (the same on every rank); before the first
@@ -862,9 +863,12 @@ class EnergySession:
         """
         if self._finished is not None:
             values = {metric.TOTAL_ENERGY_J: self._finished.energy_J, metric.TOTAL_TIME_S: self._finished.time_s}
-            # The run's CPU/DRAM/node energy and CO2 and cost estimates, where known: at the end only.
+            # The run's means, its CPU/DRAM/node energy and CO2 and cost estimates, where known: at the end only.
             estimates = metric.run_metrics(self._finished)
-            once = (metric.CPU_ENERGY_J, metric.DRAM_ENERGY_J, metric.NODE_ENERGY_J, metric.CO2_G, metric.RUN_COST)
+            once = (
+                *(metric.RUN_MEAN_POWER_W, metric.RUN_STEP_ENERGY_J, metric.RUN_STEP_TIME_S, metric.RUN_STEP_COUNT),
+                *(metric.CPU_ENERGY_J, metric.DRAM_ENERGY_J, metric.NODE_ENERGY_J, metric.CO2_G, metric.RUN_COST),
+            )
             values.update({k: estimates[k] for k in once if k in estimates})
         elif not self.started:
             return {}
