@@ -674,8 +674,8 @@ def render_metrics() -> str:
         "record names it in `dataset`. An evaluation outside "
         "training (a later `trainer.evaluate()`) is not measured.",
         f"- **Run totals** (`{reporting.TOTAL_ENERGY_J}`, `{reporting.TOTAL_TIME_S}`) at the end of training "
-        "(Lightning writes them through `trainer.loggers`, with the run's means: `power/run_mean_W` and the "
-        "`run_step` figures), however it ended; the Hugging Face callback also "
+        "(Lightning writes them through `trainer.loggers`), however it ended. Lightning adds the run's means "
+        "(`power/run_mean_W` and the `run_step` figures); the Hugging Face callback "
         "adds the running totals to every periodic log. Before any power sample covers the run's start (the "
         "sensor's first sample period), a running total has no `energy/total_J`, never 0 J; `time/total_s` is "
         "there. When `train()` raises, the Hugging Face callback hands "
