@@ -17,10 +17,12 @@ the sweep's at N <= 10 000; above 1 % at N >= 10 000), next to a previous screen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -30,44 +32,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 Key = tuple[str, str, str, float]  # objective, family, label, grid step (W)
 
 
-_ORIGINAL: dict[str, object] = {}  # the profiler's constants before any variant changed them
-_SETTINGS: dict[str, float] = {}  # the ProfileSettings fields the variant of the job in hand changes
+@contextlib.contextmanager
+def _variant_applied(changes: dict[str, float]) -> Iterator[None]:
+    """Screen a variant without editing the package, for the runs inside the block only (then undone).
 
+    Each name is a ``ProfileSettings`` field (every profiler built inside gets it) or an upper-case
+    constant of the profiler's module (``_SCOUT_BUDGET_SHARE``).
 
-def _apply_settings(changes: dict[str, float]) -> None:
-    """Screen a variant without editing the package: each ``name`` is a ``ProfileSettings`` field or an
-    upper-case constant of the profiler's module (``_SCOUT_BUDGET_SHARE``). In this process only; the
-    previous job's variant is undone first (one pool runs every variant)."""
+    Raises:
+        SystemExit: A name is neither.
+    """
     import dataclasses
 
     from zeus_callbacks.optimizers.power_limit import _limit_profiler as profiler
 
-    if not _ORIGINAL:  # first job in this process: wrap the constructor once
-        init = profiler.PowerLimitProfiler.__init__
-
-        def screened(self, limits_W, objective, energy_fn, settings=None, **kwargs):  # type: ignore[no-untyped-def]
-            tuned = dataclasses.replace(settings or profiler.ProfileSettings(), **_SETTINGS)
-            init(self, limits_W, objective, energy_fn, tuned, **kwargs)
-
-        profiler.PowerLimitProfiler.__init__ = screened  # type: ignore[method-assign]
-        _ORIGINAL.update({k: v for k, v in vars(profiler).items() if k.isupper() or k.lstrip("_").isupper()})
-    for name, value in _ORIGINAL.items():
-        setattr(profiler, name, value)
     fields = {f.name for f in dataclasses.fields(profiler.ProfileSettings)}
-    _SETTINGS.clear()
-    for name, value in changes.items():
-        if name in fields:
-            _SETTINGS[name] = value
-        elif name in _ORIGINAL:
-            setattr(profiler, name, type(_ORIGINAL[name])(value))
-        else:
+    for name in changes:
+        if name not in fields and not (name.lstrip("_").isupper() and hasattr(profiler, name)):
             raise SystemExit(f"--variant {name}: neither a ProfileSettings field nor a constant of the profiler")
+    saved = {name: getattr(profiler, name) for name in changes if name not in fields}
+    settings = {name: value for name, value in changes.items() if name in fields}
+    init = profiler.PowerLimitProfiler.__init__
+
+    def screened(self, limits_W, objective, energy_fn, settings_=None, **kwargs):  # type: ignore[no-untyped-def]
+        init(self, limits_W, objective, energy_fn, dataclasses.replace(settings_ or profiler.ProfileSettings(),
+                                                                       **settings), **kwargs)  # fmt: skip
+
+    try:
+        for name, value in saved.items():
+            setattr(profiler, name, type(value)(changes[name]))
+        if settings:
+            profiler.PowerLimitProfiler.__init__ = screened  # type: ignore[method-assign]
+        yield
+    finally:
+        profiler.PowerLimitProfiler.__init__ = init  # type: ignore[method-assign]
+        for name, value in saved.items():
+            setattr(profiler, name, value)
 
 
 def _one(job: tuple[Key, int, int, dict[str, float]]) -> dict:
     """One case, seed and N: our search told N, its job-total regret (%)."""
     key, seed, n, changes = job
-    _apply_settings(changes)
     import power_limit_families as families
 
     case = next(c for c in families.cases([]) if (c.objective, c.family, c.label, c.step_W) == key)
@@ -75,7 +80,8 @@ def _one(job: tuple[Key, int, int, dict[str, float]]) -> dict:
     level = package_logger.level
     package_logger.setLevel(logging.ERROR)  # the sessions' sampling notices, once per run; restored (tests call this)
     try:
-        decided = families.run_search(case, seed, {"job_steps": n})
+        with _variant_applied(changes):
+            decided = families.run_search(case, seed, {"job_steps": n})
     finally:
         package_logger.setLevel(level)
     best = families.best_cost(case.curve, case.objective)

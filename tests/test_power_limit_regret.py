@@ -77,6 +77,9 @@ def test_a_screened_variant_changes_its_own_runs_only():
     # One pool runs every variant: a job's settings must not leak into the next job in the same process
     from power_limit_regret_screen import _one
 
+    from zeus_callbacks.optimizers.power_limit import _limit_profiler as profiler
+
+    init, share = profiler.PowerLimitProfiler.__init__, profiler._SCOUT_BUDGET_SHARE
     key, n = ("zeus_cost", "convex", "125-250", 35.0), 10_000
     tree = _one((key, 0, n, {}))
     short = _one((key, 0, n, {"polish_max_share": 0.02}))
@@ -85,3 +88,5 @@ def test_a_screened_variant_changes_its_own_runs_only():
     assert short["steps"] < tree["steps"] and short["set"] == {"polish_max_share": 0.02}
     assert unscouted["steps"] != tree["steps"] or unscouted["limit_W"] != tree["limit_W"]
     assert (again["steps"], again["limit_W"], again["regret"]) == (tree["steps"], tree["limit_W"], tree["regret"])
+    # ... and nothing of them outlives the runs: the package is as it was
+    assert profiler.PowerLimitProfiler.__init__ is init and profiler._SCOUT_BUDGET_SHARE == share
