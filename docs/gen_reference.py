@@ -399,6 +399,9 @@ FIELDS: dict[str, str] = {
     "`energy/epoch_J`.",
     "epoch.covered_from_step": "The step (0-based, the run's steps before the resume included) the "
     "epoch's figures begin at when `resumed_mid_epoch`; null when the run saw the epoch from its start.",
+    "epoch.cut_short": "True when the run ended inside this epoch (`max_steps`, an interruption, a failure): "
+    "its figures cover the steps it took, not a whole epoch. Logged as `energy/epoch_partial` = 1 beside "
+    "`energy/epoch_J`.",
     "counter_resets": "Times an energy counter went backwards so far; each drops one interval of the "
     "counter series (filled from the samples in `counter_energy_J`), and the cross-check goes on.",
     "epoch.epoch": "Epoch index (from 0).",

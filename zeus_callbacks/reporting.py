@@ -123,8 +123,9 @@ METRICS: dict[str, str] = {
     EPOCH_OTHER_J: "J — the epoch's energy outside every warm-up, step, evaluation and evaluation-tail window "
     "(the stretch after the last step, the wait before an evaluation): warm-up + steps + evaluations + their "
     "tails (the ledger's eval_tail_J) + this = the epoch",
-    EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch: "
-    "they cover only the steps after the checkpoint (the steps before are in the carried run total)",
+    EPOCH_PARTIAL: "flag — 1 with an epoch's figures when the run resumed from a checkpoint inside that epoch "
+    "(they cover only the steps after the checkpoint; the steps before are in the carried run total), or when "
+    "the run ended inside it (max_steps, an interruption, a failure: they cover the steps it took)",
     EPOCH_CPU_ENERGY_J: "J — CPU package energy of the training epoch, summed over sockets, between readings at "
     "its start and end (node.rapl; SIMULATED with node.virtual_cpu beside the virtual GPU); logged when known",
     EPOCH_DRAM_ENERGY_J: "J — DRAM energy of the training epoch (RAPL dram domains, node.rapl); logged when known",

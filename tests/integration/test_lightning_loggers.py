@@ -227,6 +227,10 @@ def test_every_ending_reaches_the_loggers_and_prints_the_summary(tmp_path, caplo
     assert tb["energy/total_J"] == [(trainer.global_step, pytest.approx(summary.energy_J, rel=1e-6))]
     assert tb["time/total_s"] == [(trainer.global_step, pytest.approx(summary.time_s, rel=1e-6))]
     assert rule.series("energy/total_J") == [(trainer.global_step, summary.energy_J)]
+    # An epoch the run ended inside says so, in its record and beside its figures
+    (epoch,) = [r for r in records if r["event"] == "epoch"]
+    assert epoch["cut_short"] is (ending != "completed")
+    assert [v for _, v in tb.get("energy/epoch_partial", [])] == ([] if ending == "completed" else [1.0])
     # ... and so do the run's means, as docs/metrics.md lists them (the HF results have them too)
     means = {"power/run_mean_W": summary.mean_power_W, "energy/run_step_mean_J": summary.step_energy_J,
              "time/run_step_mean_s": summary.step_time_s, "energy/run_step_count": summary.steps}  # fmt: skip

@@ -714,7 +714,7 @@ class EnergySession:
             run.meter.end("eval")
         if run.meter.is_open("epoch"):  # cut short (max_steps, an interruption): measured, so counted
             self._totals.epochs += 1
-            self._end_epoch_window({"end_step": self._totals.steps, **self._node_end()})
+            self._end_epoch_window({"end_step": self._totals.steps, "cut_short": True, **self._node_end()})
         else:
             self._steps.close_eval_tail()  # an evaluation's tail ends with the run
         self._reports.node_span_boundary(last=True)  # the last node span closes with the run

@@ -602,7 +602,8 @@ def epoch_record(
     """The ``epoch`` record (``energy_J`` null when no sample covers it, ``covered_s`` the part they do).
 
     An epoch the run resumed inside (from a checkpoint saved after some of its steps) is not
-    ``complete``: ``resumed_mid_epoch`` says why, ``covered_from_step`` where its figures begin.
+    ``complete``: ``resumed_mid_epoch`` says why, ``covered_from_step`` where its figures begin. An epoch the
+    run ended inside (``max_steps``, an interruption, a failure) is ``cut_short``: its figures are its steps'.
     ``ledger`` splits the epoch into warm-up, steps, evaluations and other
     (:mod:`zeus_callbacks.session._ledger`); the node fields add the CPU and DRAM energy between the
     epoch's start and end readings (:mod:`zeus_callbacks.session._node`).
@@ -623,6 +624,7 @@ def epoch_record(
         "covered_s": record.covered_s,
         "resumed_mid_epoch": covered_from is not None,
         "covered_from_step": covered_from,
+        "cut_short": bool(record.info.get("cut_short")),
         "counter_resets": counter_resets,
         "ledger": e.ledger,
         "cpu_energy_J": e.node["cpu_energy_J"],

@@ -431,8 +431,8 @@ class StepReports:
         epoch = record.info.get("epoch")
         e = records.epoch_energy(rows, epoch, steps_taken=self._epoch_sampled[0], node=node,
                                  counter_note_local=counter_why)  # fmt: skip
-        if record.info.get("covered_from_step") is not None:  # resumed inside it: its figures are a part
-            e.metrics[metric.EPOCH_PARTIAL] = 1.0
+        if record.info.get("covered_from_step") is not None or record.info.get("cut_short"):
+            e.metrics[metric.EPOCH_PARTIAL] = 1.0  # resumed inside it, or the run ended inside it: a part
         self._totals.epoch_energy_J.append(e.energy_J)
         self._pending_metrics.update(e.metrics)
         self.last_epoch_metrics = dict(e.metrics)
