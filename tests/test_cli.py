@@ -424,3 +424,29 @@ def test_show_gives_a_withdrawn_trial_no_converged_verdict(tmp_path, capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     (row,) = [r for r in rows if r[:1] == [str(unclaimed.trial_id)] and "withdrawn" in r]
     assert row == [str(unclaimed.trial_id), "64", "-", "withdrawn", "-", "-", "-", "-"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda doc, job: doc["trials"][0].update(energy_J=-5), r"trial \d+ \(trials\[0\]\) field energy_J"),
+        (lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(mean_cost="abc"), "field mean_cost"),
+        (lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(observations=-1), "field observations"),
+    ],
+    ids=["negative-energy", "cost-in-words", "negative-count"],
+)
+def test_show_refuses_an_impossible_value_in_a_json_store_and_leaves_it_untouched(tmp_path, capsys, edit, named):
+    # Outside tester: `show` printed energy -5.0 and arms with a negative count or a cost "abc" as fine.
+    store = tmp_path / "store.json"
+    args = ["simulate", "--gpu", "A40", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    assert main(args) == 0
+    doc = json.loads(store.read_text())
+    (job,) = doc["bandits"]
+    edit(doc, job)
+    store.write_text(json.dumps(doc))
+    before = store.read_bytes()
+    capsys.readouterr()
+    assert main(["show", str(store), job]) == 1
+    err = capsys.readouterr().err
+    assert re.search(named, err) and str(store) in err and "left untouched" in err and "Traceback" not in err
+    assert store.read_bytes() == before
