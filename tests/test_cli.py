@@ -450,3 +450,29 @@ def test_show_refuses_an_impossible_value_in_a_json_store_and_leaves_it_untouche
     err = capsys.readouterr().err
     assert re.search(named, err) and str(store) in err and "left untouched" in err and "Traceback" not in err
     assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("suffix", ["json", "sqlite"])
+def test_show_says_a_running_trials_process_is_gone_and_writes_nothing(tmp_path, capsys, suffix):
+    # Outside tester: after a SIGKILL `show` listed the trial as running with no hint (the next run marks it failed).
+    import multiprocessing
+
+    from zeus_callbacks.store import open_store
+
+    proc = multiprocessing.get_context("fork").Process(target=os.getpid)
+    proc.start()
+    proc.join()
+    store = tmp_path / f"store.{suffix}"
+    with open_store(store) as s:
+        killed = s.create_trial("nightly", 32, pid=proc.pid)
+        alive = s.create_trial("nightly", 64)  # this process's: alive
+    before = store.read_bytes()
+    assert main(["show", str(store), "nightly"]) == 0
+    out = capsys.readouterr().out
+    assert f"trial {killed.trial_id}: running (process {proc.pid} on this host is gone" in out
+    assert f"trial {alive.trial_id}:" not in out
+    assert main(["show", str(store), "nightly", "--json"]) == 0
+    notes = {t["trial_id"]: t["note"] for t in json.loads(capsys.readouterr().out)["jobs"][0]["trials"]}
+    assert str(proc.pid) in notes[killed.trial_id] and notes[alive.trial_id] is None
+    assert store.read_bytes() == before  # show only says so: the trial is still running in the store
+    assert not (tmp_path / f"store.{suffix}-wal").exists()
