@@ -150,6 +150,7 @@ def set_schema_version(kind: str, location: str, version: int) -> None:
             conn.execute(sa.text("UPDATE zeus_schema_version SET version = :v"), {"v": version})
         engine.dispose()
 
+
 def tamper(kind: str, location: str, table: str, column: str, key: dict, value) -> None:
     """Set one stored value behind the store's back, as a hand edit or a damaged file would.
 
@@ -172,7 +173,7 @@ def tamper(kind: str, location: str, table: str, column: str, key: dict, value) 
     where = " AND ".join(f"{k} = :{k}" for k in key)
     with engine.begin() as conn:
         conn.execute(
-            sa.text(f"UPDATE {prefix}{table} SET \"{column}\" = :value WHERE {where}"),
+            sa.text(f'UPDATE {prefix}{table} SET "{column}" = :value WHERE {where}'),
             {**key, "value": json.dumps(value) if table == "arms" else value},
         )
     engine.dispose()
@@ -189,7 +190,6 @@ def fingerprint(kind: str, location: str):
         rows = [sorted(map(tuple, conn.execute(sa.text(f"SELECT * FROM zeus_{t}")).all())) for t in ("trials", "arms")]
     engine.dispose()
     return rows
-
 
 
 def _manual_store_time(monkeypatch) -> ManualClock:

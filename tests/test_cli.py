@@ -426,12 +426,19 @@ def test_show_gives_a_withdrawn_trial_no_converged_verdict(tmp_path, capsys):
     assert row == [str(unclaimed.trial_id), "64", "-", "withdrawn", "-", "-", "-", "-"]
 
 
+def _first_arm(doc: dict, job: str) -> dict:
+    return next(iter(doc["bandits"][job]["arms"].values()))
+
+
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
         (lambda doc, job: doc["trials"][0].update(energy_J=-5), r"trial \d+ \(trials\[0\]\) field energy_J"),
         (lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(mean_cost="abc"), "field mean_cost"),
-        (lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(observations=-1), "field observations"),
+        (
+            lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(observations=-1),
+            "field observations",
+        ),
     ],
     ids=["negative-energy", "cost-in-words", "negative-count"],
 )

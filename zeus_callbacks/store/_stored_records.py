@@ -8,8 +8,9 @@ store, the record (``trial 7``, ``the bandit of job 'nightly'``) and the field, 
 The models are lax where a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for 8), strict in the
 rest; a stored energy, time, cost or power limit that is not finite (a NaN an older version let through)
 reads as None: unknown, and a negative energy, time or cost, or an arm's negative or non-numeric cost or count, is
-refused (no run measures one: the file was damaged or edited). Both stores build what they write here too (a new, finished or dead trial, a bandit
-state's JSON), so the SQL rows and the JSON document hold the same fields, refused by the same checks.
+refused (no run measures one: the file was damaged or edited). Both stores build what they write here too (a new,
+finished or dead trial, a bandit state's JSON), so the SQL rows and the JSON document hold the same fields, refused
+by the same checks.
 """
 
 from __future__ import annotations
