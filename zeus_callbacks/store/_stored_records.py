@@ -193,8 +193,16 @@ class ArmModel(_Record):
 
     pruned: bool | None = None
     observations: int | None = Field(None, ge=0)
-    mean_cost: float | None = Field(None, ge=0, allow_inf_nan=False)
-    std_cost: float | None = Field(None, ge=0, allow_inf_nan=False)
+    mean_cost: float | None = None
+    std_cost: float | None = None
+
+    @field_validator("mean_cost", "std_cost", mode="after")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        # A NaN reads as before (an older version's); it is refused on the way in (dumps_strict), not here.
+        if value is not None and value < 0:
+            raise ValueError("must be ≥ 0 (a cost and its spread are never negative)")
+        return value
 
 
 def arm_problem(arm: Mapping[str, Any]) -> tuple[str, str] | None:
