@@ -151,6 +151,47 @@ def set_schema_version(kind: str, location: str, version: int) -> None:
         engine.dispose()
 
 
+def tamper(kind: str, location: str, table: str, column: str, key: dict, value) -> None:
+    """Set one stored value behind the store's back, as a hand edit or a damaged file would.
+
+    ``table`` is ``trials`` (``key``: ``trial_id``, ``value``: the column's) or ``arms`` (``key``: ``job_id``
+    and ``batch_size``, ``value``: the arm's JSON object). JSON: the document's record; SQL: an UPDATE.
+    """
+    if kind == "json":
+        doc = json.loads(Path(location).read_text())
+        if table == "trials":
+            record = next(t for t in doc["trials"] if t["trial_id"] == key["trial_id"])
+            record[column] = value
+        else:
+            doc["bandits"][key["job_id"]]["arms"][str(key["batch_size"])] = value
+        Path(location).write_text(json.dumps(doc))
+        return
+    import sqlalchemy as sa
+
+    prefix = "" if kind == "sqlite" else "zeus_"
+    engine = db_engine(location if "://" in location else f"sqlite:///{location}")
+    where = " AND ".join(f"{k} = :{k}" for k in key)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f'UPDATE {prefix}{table} SET "{column}" = :value WHERE {where}'),
+            {**key, "value": json.dumps(value) if table == "arms" else value},
+        )
+    engine.dispose()
+
+
+def fingerprint(kind: str, location: str):
+    """What a store holds, to compare before and after: a file's bytes, a database's trials and arms rows."""
+    if kind != "postgresql":
+        return file_of(kind, location).read_bytes()
+    import sqlalchemy as sa
+
+    engine = db_engine(location)
+    with engine.connect() as conn:
+        rows = [sorted(map(tuple, conn.execute(sa.text(f"SELECT * FROM zeus_{t}")).all())) for t in ("trials", "arms")]
+    engine.dispose()
+    return rows
+
+
 def _manual_store_time(monkeypatch) -> ManualClock:
     """The stores' Unix time (their ``now``) on a manual clock, from the real time: leases age only when told."""
     clock = ManualClock(time.time())
@@ -437,6 +478,51 @@ class StoreContract:
         with pytest.raises(StoreCorruptError, match=file.name):
             _open(kind, path)
         assert file.read_bytes() == garbage
+
+    @pytest.mark.parametrize(
+        ("table", "column", "value", "named"),
+        [
+            ("trials", "energy_J", -5.0, r"trial {trial}\b.*energy_J"),
+            ("trials", "time_s", -1.0, r"trial {trial}\b.*time_s"),
+            ("trials", "cost", -2.0, r"trial {trial}\b.*cost"),
+            ("arms", "state", {"pruned": False, "observations": -1}, r"arm '?16'? field observations"),
+            ("arms", "state", {"pruned": False, "mean_cost": "abc"}, r"arm '?16'? field mean_cost"),
+            ("arms", "state", {"pruned": False, "std_cost": -1.0}, r"arm '?16'? field std_cost"),
+        ],
+        ids=["energy", "time", "cost", "observations", "mean-cost-text", "std-cost"],
+    )
+    def test_an_impossible_stored_value_is_refused_by_name_and_left_untouched(
+        self, kind: str, store: Store, path: str, table: str, column: str, value, named: str
+    ) -> None:
+        """No run records a negative energy, time or cost, nor an arm with a negative count or a cost in words."""
+        trial = store.create_trial("j", 16, 250.0)
+        store.finish_trial(trial.trial_id, status="completed", energy_J=5.0, time_s=1.0, cost=5.0, converged=True)
+        arm = {"pruned": False, "observations": 1, "mean_cost": 5.0, "std_cost": 0.5}
+        store.update_bandit("j", lambda s: (BanditState(s.job_id, {"min_cost": 5.0}, {16: arm}), None))
+        store.close()
+        key = {"trial_id": trial.trial_id} if table == "trials" else {"job_id": "j", "batch_size": 16}
+        tamper(kind, path, table, column, key, value)
+        before = fingerprint(kind, path)
+        pattern = named.format(trial=trial.trial_id)
+        for read_only in (True, False):  # show's open, and a run's
+            with pytest.raises(StoreCorruptError, match=pattern):
+                with _open(kind, path, read_only=read_only) as damaged:
+                    damaged.list_trials("j")
+                    damaged.get_bandit("j")
+        assert fingerprint(kind, path) == before
+
+    def test_an_impossible_value_is_never_written(self, store: Store) -> None:
+        """What a read refuses, a write refuses first (StoreValueError naming the field): nothing is written."""
+        trial = store.create_trial("j", 16)
+        for field in ("energy_J", "time_s", "cost"):
+            values = {"energy_J": 1.0, "time_s": 1.0, "cost": 1.0, field: -1.0}
+            with pytest.raises(StoreValueError, match=field):
+                store.finish_trial(trial.trial_id, status="completed", converged=True, **values)
+        for arm, field in (({"observations": -1}, "observations"), ({"mean_cost": "abc"}, "mean_cost")):
+            with pytest.raises(StoreValueError, match=f"arm 16 of job j: field {field}"):
+                store.update_bandit("j", lambda s, arm=arm: (BanditState(s.job_id, {}, {16: arm}), None))
+        assert store.get_trial(trial.trial_id).status == "running"
+        assert store.get_bandit("j") is None
 
     def test_truncated_file_is_a_clear_error(self, kind: str, path: str) -> None:
         if kind not in FILE_KINDS:

@@ -424,3 +424,62 @@ def test_show_gives_a_withdrawn_trial_no_converged_verdict(tmp_path, capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     (row,) = [r for r in rows if r[:1] == [str(unclaimed.trial_id)] and "withdrawn" in r]
     assert row == [str(unclaimed.trial_id), "64", "-", "withdrawn", "-", "-", "-", "-"]
+
+
+def _first_arm(doc: dict, job: str) -> dict:
+    return next(iter(doc["bandits"][job]["arms"].values()))
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda doc, job: doc["trials"][0].update(energy_J=-5), r"trial \d+ \(trials\[0\]\) field energy_J"),
+        (lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(mean_cost="abc"), "field mean_cost"),
+        (
+            lambda doc, job: next(iter(doc["bandits"][job]["arms"].values())).update(observations=-1),
+            "field observations",
+        ),
+    ],
+    ids=["negative-energy", "cost-in-words", "negative-count"],
+)
+def test_show_refuses_an_impossible_value_in_a_json_store_and_leaves_it_untouched(tmp_path, capsys, edit, named):
+    # Outside tester: `show` printed energy -5.0 and arms with a negative count or a cost "abc" as fine.
+    store = tmp_path / "store.json"
+    args = ["simulate", "--gpu", "A40", "--workload", "cifar100", "--recurrences", "3", "--store", str(store)]
+    assert main(args) == 0
+    doc = json.loads(store.read_text())
+    (job,) = doc["bandits"]
+    edit(doc, job)
+    store.write_text(json.dumps(doc))
+    before = store.read_bytes()
+    capsys.readouterr()
+    assert main(["show", str(store), job]) == 1
+    err = capsys.readouterr().err
+    assert re.search(named, err) and str(store) in err and "left untouched" in err and "Traceback" not in err
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("suffix", ["json", "sqlite"])
+def test_show_says_a_running_trials_process_is_gone_and_writes_nothing(tmp_path, capsys, suffix):
+    # Outside tester: after a SIGKILL `show` listed the trial as running with no hint (the next run marks it failed).
+    import multiprocessing
+
+    from zeus_callbacks.store import open_store
+
+    proc = multiprocessing.get_context("fork").Process(target=os.getpid)
+    proc.start()
+    proc.join()
+    store = tmp_path / f"store.{suffix}"
+    with open_store(store) as s:
+        killed = s.create_trial("nightly", 32, pid=proc.pid)
+        alive = s.create_trial("nightly", 64)  # this process's: alive
+    before = store.read_bytes()
+    assert main(["show", str(store), "nightly"]) == 0
+    out = capsys.readouterr().out
+    assert f"trial {killed.trial_id}: running (process {proc.pid} on this host is gone" in out
+    assert f"trial {alive.trial_id}:" not in out
+    assert main(["show", str(store), "nightly", "--json"]) == 0
+    notes = {t["trial_id"]: t["note"] for t in json.loads(capsys.readouterr().out)["jobs"][0]["trials"]}
+    assert str(proc.pid) in notes[killed.trial_id] and notes[alive.trial_id] is None
+    assert store.read_bytes() == before  # show only says so: the trial is still running in the store
+    assert not (tmp_path / f"store.{suffix}-wal").exists()

@@ -13,7 +13,7 @@ from zeus_callbacks.optimizers.batch_size import BanditSettings, BatchSizeBandit
 from zeus_callbacks.optimizers.batch_size._bandit_state import StoredState, read_state
 from zeus_callbacks.reporting import is_energy_log, no_such_job, not_a_store_but_a_log
 from zeus_callbacks.store import open_store
-from zeus_callbacks.store._base import Store
+from zeus_callbacks.store._base import Store, TrialRecord, dead_trials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -109,6 +109,8 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
             jobs = chosen
         for job in jobs:
             state = _state(store, job.job_id)
+            trials = store.list_trials(job.job_id)
+            dead = {t.trial_id: reason for t, reason in dead_trials(trials, store.lease_grace_s)}
             failed = {} if state is None else state.failed_arms  # batch size → why it was pruned for failing
             report["jobs"].append(
                 {
@@ -129,9 +131,9 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
                             "energy_J": t.energy_J,
                             "time_s": t.time_s,
                             "cost": t.cost,
-                            "note": trial_note(t.info),
+                            "note": dead_note(t, dead.get(t.trial_id), store.lease_grace_s) or trial_note(t.info),
                         }
-                        for t in store.list_trials(job.job_id)
+                        for t in trials
                     ],
                 }
             )
@@ -170,6 +172,22 @@ def show(store_path: str | Path, *, as_json: bool = False, job_id: str | None = 
         out.append(wrap(key_text, "    "))
         out.append(f"    {_profile_text(profile)}")
     return "\n".join(out)
+
+
+def dead_note(trial: TrialRecord, reason: str | None, lease_grace_s: float) -> str | None:
+    """Why a trial still ``running`` in the store is dead, for ``show`` (None: not dead, as far as can be told).
+
+    ``reason`` is :func:`~zeus_callbacks.store._base.dead_trials`'s. ``show`` opens the store read-only, so
+    it only says so: the next run that opens the store for writing marks the trial failed.
+    """
+    if reason == "process died":
+        return f"running (process {trial.pid} on this host is gone: the next run marks it failed)"
+    if reason == "lease expired":
+        return (
+            f"running (no heartbeat from host {trial.host} for over {lease_grace_s:g} s: its lease expired, "
+            "the next run marks it failed)"
+        )
+    return None
 
 
 _RUN_ENDS = {

@@ -7,8 +7,10 @@ anything back; a record that does not fit is a :class:`~zeus_callbacks.errors.St
 store, the record (``trial 7``, ``the bandit of job 'nightly'``) and the field, the store left untouched.
 The models are lax where a value keeps its meaning (SQLite's ``1`` for true, ``"8"`` for 8), strict in the
 rest; a stored energy, time, cost or power limit that is not finite (a NaN an older version let through)
-reads as None: unknown. Both stores build what they write here too (a new, finished or dead trial, a bandit
-state's JSON), so the SQL rows and the JSON document hold the same fields, refused by the same checks.
+reads as None: unknown, and a negative energy, time or cost, or an arm's negative or non-numeric cost or count, is
+refused (no run measures one: the file was damaged or edited). Both stores build what they write here too (a new,
+finished or dead trial, a bandit state's JSON), so the SQL rows and the JSON document hold the same fields, refused
+by the same checks.
 """
 
 from __future__ import annotations
@@ -171,12 +173,58 @@ class TrialModel(_Record):
     def _unknown_when_not_finite(cls, value: float | None) -> float | None:
         return None if value is not None and not math.isfinite(value) else value
 
+    @field_validator("energy_J", "time_s", "cost", mode="after")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            raise ValueError("must be ≥ 0 (a run's energy, time and cost are never negative)")
+        return value
+
     @field_validator("started_at", "ended_at", "heartbeat_at", mode="after")
     @classmethod
     def _finite_time(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite Unix time")
         return value
+
+
+class ArmModel(_Record):
+    """One arm's snapshot as the bandit stores it (``_bandit._arm_snapshot``); other keys pass unchecked."""
+
+    pruned: bool | None = None
+    observations: int | None = Field(None, ge=0)
+    mean_cost: float | None = None
+    std_cost: float | None = None
+
+    @field_validator("mean_cost", "std_cost", mode="after")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        # A NaN reads as before (an older version's); it is refused on the way in (dumps_strict), not here.
+        if value is not None and value < 0:
+            raise ValueError("must be ≥ 0 (a cost and its spread are never negative)")
+        return value
+
+
+def arm_problem(arm: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first field of an arm's snapshot that no bandit writes (a negative count, a cost not a number), or None.
+
+    Returns:
+        (field, problem) of the first misfit; None when the arm fits :class:`ArmModel`.
+    """
+    try:
+        ArmModel.model_validate(dict(arm))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        return str(error["loc"][0]), f"{error['msg']}, got {error.get('input')!r}"
+    return None
+
+
+def check_arm(arm: Mapping[str, Any], location: str, record: str) -> dict[str, Any]:
+    """``arm`` as read from a store, checked (:func:`arm_problem`); a misfit is a :class:`StoreCorruptError`."""
+    problem = arm_problem(arm)
+    if problem is not None:
+        raise corrupt(location, f"{record} field {problem[0]}", problem[1])
+    return dict(arm)
 
 
 class JobModel(_Record):
@@ -270,6 +318,9 @@ def validate_document(doc: dict[str, Any], location: str) -> dict[str, Any]:
     except ValidationError as exc:
         record, problem = _first_error(exc, doc)
         raise corrupt(location, record, problem) from exc
+    for job_id, entry in model.bandits.items():
+        for key, arm in entry.arms.items():
+            check_arm(arm, location, f"the bandit of job {job_id!r}, arm {key}")
     return model.model_dump()
 
 
@@ -340,7 +391,9 @@ def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any
     """A :class:`BanditState` from its stored parts (JSON text or mappings; batch sizes integers or text), checked."""
     name = f"the bandit of job {job_id!r}"
     decoded = {
-        batch_size_key(b, location, f"{name}, arm {b!r}"): mapping_column(s, location, f"{name}, arm {b!r}")
+        batch_size_key(b, location, f"{name}, arm {b!r}"): check_arm(
+            mapping_column(s, location, f"{name}, arm {b!r}"), location, f"{name}, arm {b!r}"
+        )
         for b, s in arms
     }
     return BanditState(
@@ -354,6 +407,12 @@ def bandit(job_id: str, state: Any, version_value: Any, arms: Iterable[tuple[Any
 def bandit_json(state: BanditState, location: str) -> tuple[str, dict[int, str]]:
     """A bandit state as stored: its state's JSON and each arm's (batch size → JSON), checked (:func:`dumps_strict`)."""
     job_id = state.job_id
+    for b, arm in state.arms.items():  # what a read would refuse is never written
+        problem = arm_problem(arm)
+        if problem is not None:
+            raise StoreValueError(
+                f"store {location}: arm {b} of job {job_id}: field {problem[0]}: {problem[1]}; nothing was written"
+            )
     return dumps_strict(state.state, location, f"the bandit state of job {job_id}"), {
         int(b): dumps_strict(s, location, f"arm {b} of job {job_id}") for b, s in state.arms.items()
     }
@@ -418,7 +477,7 @@ def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
 
     Raises:
         ValueError: ``status`` is ``running`` or unknown.
-        StoreValueError: A number (or a value of ``info``) is not finite.
+        StoreValueError: A number (or a value of ``info``) is not finite, or an energy, time or cost is negative.
     """
     result = Outcome(**{**given, "info": dict(given.get("info") or {})})
     if result.status not in TRIAL_STATUSES or result.status == "running":
@@ -433,6 +492,14 @@ def outcome(location: str, trial_id: int, **given: Any) -> Outcome:
         cost=result.cost,
         power_limit_W=result.power_limit_W,
     )
+    negative = {k: v for k, v in (("energy_J", result.energy_J), ("time_s", result.time_s), ("cost", result.cost))
+                if v is not None and v < 0}  # fmt: skip
+    if negative:  # a read would refuse it: never written
+        named = ", ".join(f"{k}={v!r}" for k, v in negative.items())
+        raise StoreValueError(
+            f"store {location}: finish trial {trial_id}: {named} is negative; record None (unknown) instead — "
+            "nothing was written"
+        )
     dumps_strict(result.info, location, f"the info of trial {trial_id}")
     return result
 

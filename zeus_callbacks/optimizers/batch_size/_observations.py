@@ -83,8 +83,8 @@ def failure_reason(trial: TrialRecord) -> str:
 
 
 def finite_or_none(value: float | None) -> float | None:
-    """``value`` when it is a finite number, else None (unknown)."""
-    return value if value is not None and math.isfinite(value) else None
+    """``value`` when it is a finite number ≥ 0, else None (unknown): a store refuses a negative energy or time."""
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def best_target_value(trials: Sequence[TrialRecord], direction: str) -> float | None:
