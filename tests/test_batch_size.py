@@ -131,6 +131,16 @@ def test_a_trial_that_is_no_observation_is_named_by_its_batch_size(store, caplog
     assert "(suggested)" not in warning
 
 
+def test_a_failed_run_reporting_a_negative_figure_stores_it_as_unknown(store):
+    # The store refuses a negative energy or time (it could not have been measured): the report keeps the
+    # failure on record with the figure unknown, rather than raising on the failed run's way out
+    bandit = BatchSizeBandit(store, "job", BanditSettings(SIZES, 64))
+    s = bandit.suggest()
+    bandit.report(s.trial_id, energy_J=-5.0, time_s=-1.0, cost=None, converged=False, status="failed")
+    (trial,) = store.list_trials("job")
+    assert trial.status == "failed" and trial.energy_J is None and trial.time_s is None
+
+
 def test_withdrawn_trials_neither_count_as_failures_nor_move_pruning(store):
     """Issue 30: a suggestion no run claimed (withdrawn) is not a failure of its batch size: failed, withdrawn, failed
     is two failures in a row (max_failures 2), and a withdrawn pruning candidate is suggested again."""
