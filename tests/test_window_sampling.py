@@ -588,7 +588,10 @@ def test_auto_report_interval_is_the_documented_rule(interval, timings):
     step_s = None
     for period_s, cost_s, steps in timings:
         sampling.observe(steps=steps, elapsed_s=period_s * steps, hook_s=cost_s * steps, measured=steps, report_s=0.0)
-        step_s = period_s if step_s is None else step_s + 0.3 * (period_s - step_s)  # the smoothing it documents
+        # the smoothing it documents, on the step time it sees (elapsed / steps: 0.1 × 41 / 41 is not 0.1, and
+        # the steps of 5 s, a floor, differ by one between the two)
+        seen_s = (period_s * steps) / steps
+        step_s = seen_s if step_s is None else step_s + 0.3 * (seen_s - step_s)
         f = sampling.fraction
         if f >= 1.0:
             assert sampling.report_every == interval
