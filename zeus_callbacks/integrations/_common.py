@@ -87,7 +87,7 @@ def unknown_energy_state(why: str, state: Any = None) -> dict[str, Any]:
         verb = "covers" if len(lost) == 1 else "cover"
         kept["energy_note"] = f"{why}; its {figures} {verb} only the run after the checkpoint"
     if isinstance(state, Mapping) and "steps" in kept and state.get("open_epoch") is not None:
-        try:  # an epoch index beyond the epochs kept, or not one at all, marks no epoch
+        try:  # an open_epoch that is no epoch number marks no epoch
             check_state({**kept, "open_epoch": state["open_epoch"]})
         except (TypeError, ValueError):
             pass

@@ -121,14 +121,15 @@ def check_state(state: Any) -> None:
         raise ValueError(f"not a zeus-callbacks checkpoint state: none of its keys ({shown}) is a total such as "
                          "steps or energy_J; pass what state_dict() returned")  # fmt: skip
 
-    def number(key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+    def number(key: str, value: Any) -> None:
+        if not _is_amount(value):
             raise ValueError(f"checkpoint state: {key} must be a finite number >= 0, not {value!r}")
-        return float(value)
 
     for key in _COUNTS:
-        if key in state and not number(key, state[key]).is_integer():
-            raise ValueError(f"checkpoint state: {key} must be a whole number, not {state[key]!r}")
+        if key in state:
+            number(key, state[key])
+            if not _is_count(state[key]):
+                raise ValueError(f"checkpoint state: {key} must be a whole number, not {state[key]!r}")
     for key in _AMOUNTS:
         if key in state:
             number(key, state[key])
@@ -141,7 +142,11 @@ def check_state(state: Any) -> None:
     if state.get("measured_steps", 0) > state.get("steps", 0):
         raise ValueError(f"checkpoint state: measured_steps {state['measured_steps']!r} is more than the "
                          f"{state.get('steps', 0)!r} steps taken (steps)")  # fmt: skip
-    _check_open_epoch(state)
+    # open_epoch is the framework's epoch number, not bounded by `epochs`: it counts on past this state's epochs
+    # when the callback joined a run already under way or a trainer fits again.
+    open_epoch = state.get("open_epoch")
+    if open_epoch is not None and not _is_count(open_epoch):
+        raise ValueError(f"checkpoint state: open_epoch must be a whole number >= 0 or null, not {open_epoch!r}")
     epochs_J = state.get("epoch_energy_J", [])
     if not isinstance(epochs_J, list):
         raise ValueError(f"checkpoint state: epoch_energy_J must be a list, not {epochs_J!r}")
@@ -170,16 +175,15 @@ def check_state(state: Any) -> None:
                          f"time_s {state['time_s']!r} (at most {JOB_POWER_CEILING_W:.0e} W)")  # fmt: skip
 
 
-def _check_open_epoch(state: Mapping[str, Any]) -> None:
-    """Refuse an ``open_epoch`` that is not an epoch index, a whole number >= 0 (see :func:`check_state`)."""
-    open_epoch = state.get("open_epoch")
-    if open_epoch is None:
-        return
-    real = isinstance(open_epoch, numbers.Real) and not isinstance(open_epoch, bool)
-    if not real or not math.isfinite(open_epoch) or open_epoch < 0 or not float(open_epoch).is_integer():
-        raise ValueError(f"checkpoint state: open_epoch must be a whole number >= 0 or null, not {open_epoch!r}")
-    # No bound by `epochs`: it is the framework's epoch number, which counts on past this state's epochs when
-    # the callback joined a run already under way or a trainer fits again.
+def _is_amount(value: Any) -> bool:
+    """A finite number >= 0 (a bool is not one)."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return real and math.isfinite(value) and float(value) >= 0
+
+
+def _is_count(value: Any) -> bool:
+    """A whole number >= 0 (``2.0`` is one: JSON may write a count so)."""
+    return _is_amount(value) and float(value).is_integer()
 
 
 def carried_totals(state: Mapping[str, Any]) -> Totals:
