@@ -62,8 +62,8 @@ from zeus_callbacks.optimizers.batch_size._observations import (
     arm_failures,
     best_target_value,
     failure_reason,
-    finite_or_none,
     is_observable_cost,
+    measurable_or_none,
     observation_problem,
 )
 from zeus_callbacks.store._base import BanditState, OutcomeUpdate, Store, TrialRecord
@@ -513,12 +513,12 @@ class BatchSizeBandit:
         if problem is not None:
             info = {**(info or {}), "not_observed": problem}
             cost = None
-            energy_J = None if degraded else finite_or_none(energy_J)
-            time_s = finite_or_none(time_s)
+            energy_J = None if degraded else measurable_or_none(energy_J)
+            time_s = measurable_or_none(time_s)
         elif status == "failed":  # not an observation whatever its figures; keep only the sane ones
             cost = cost if is_observable_cost(cost) else None
-            energy_J = finite_or_none(energy_J)
-            time_s = finite_or_none(time_s)
+            energy_J = measurable_or_none(energy_J)
+            time_s = measurable_or_none(time_s)
         if status == "failed":  # no observation, but it may be the arm's last allowed failure
             absorb: OutcomeUpdate | None = self._absorb_failure
         else:

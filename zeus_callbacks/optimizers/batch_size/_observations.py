@@ -82,7 +82,7 @@ def failure_reason(trial: TrialRecord) -> str:
     return str(trial.info.get("reason") or trial.info.get("error") or "the run failed")
 
 
-def finite_or_none(value: float | None) -> float | None:
+def measurable_or_none(value: float | None) -> float | None:
     """``value`` when it is a finite number ≥ 0, else None (unknown): a store refuses a negative energy or time."""
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
