@@ -114,7 +114,7 @@ class BatchSizeSteps:
         A run whose energy is unknown (resumed from a checkpoint saved before any power sample) is
         recorded with its status and no energy: not an observation of its batch size, and not
         left ``running`` for the next open to mark failed. ``failure``: the exception that ended a
-        run that did not complete, in short (:func:`~zeus_callbacks.session._log_records.failure_reason`).
+        run that did not complete, in short (:func:`~zeus_callbacks.session._log_records.exception_in_short`).
         """
         self._running = False
         if self.batch_size_controller is not None:

@@ -688,7 +688,7 @@ class EnergySession:
             time_note=limiter.time_note() if limiter is not None else None,
         )  # fmt: skip
         self._finished = summary
-        failure = None if self._exception_record is None else records.failure_reason(self._exception_record)
+        failure = None if self._exception_record is None else records.exception_in_short(self._exception_record)
         self._batch.record_trial(summary, failure=failure)
         self.run_store.close()
         if self._exception_record is not None:

@@ -138,7 +138,7 @@ FAILURE_REASON_CHARS = 120
 """The longest failure reason a failed trial keeps (``info["error"]``), in characters."""
 
 
-def failure_reason(record: Mapping[str, Any]) -> str:
+def exception_in_short(record: Mapping[str, Any]) -> str:
     """A failed run's exception in short, for its trial: ``Type: first line of the message``, cut to 120 characters.
 
     ``record`` is an :func:`exception_record`. What pruning prints as ``(last: ...)``.

@@ -171,9 +171,7 @@ class PowerLimitSteps:
         if self.power_limiter is not None and carried is not None and self._decides_power_limit():
             limiter = self.power_limiter
             if limiter.resume(carried) and limiter.result is not None and limiter.result.chosen_limit_W is not None:
-                # the checkpoint's choice, in force from this run's first step: the summary says so
-                self.chosen = (limiter.result.chosen_limit_W, self._totals.steps, not limiter.observe)
-                self._on_chosen(limiter.result.chosen_limit_W)
+                self._chose(limiter.result.chosen_limit_W, from_step=self._totals.steps)  # from this run's first step
         has_limiter = self.power_limiter is not None
         return (
             self._power_limit_step_start if has_limiter else None,
@@ -252,6 +250,15 @@ class PowerLimitSteps:
             self.power_limiter.restore()
         self.power_limit_W = self._run.read_power_limit_W()
 
+    def _chose(self, limit_W: float, *, from_step: int) -> None:
+        """Record the limit chosen, in force from ``from_step`` (observe mode: chosen, never applied).
+
+        The summary says it; the batch-size trial records the limit it trained at.
+        """
+        assert self.power_limiter is not None
+        self.chosen = (limit_W, from_step, not self.power_limiter.observe)
+        self._on_chosen(limit_W)
+
     def _power_limit_step_end(self, step: int, num_samples: int | None) -> None:
         assert self.power_limiter is not None
         result = self.power_limiter.on_step_end(step, self._run.backend.clock.now_s(), num_samples)
@@ -259,10 +266,8 @@ class PowerLimitSteps:
         if result is None:
             return
         if result.chosen_limit_W is not None:
-            # In force from the next step on (observe mode: chosen, never applied).
-            self.chosen = (result.chosen_limit_W, self._totals.steps + 1, not self.power_limiter.observe)
             self._pending_metrics[metric.POWER_LIMIT_CHOSEN_W] = result.chosen_limit_W
-            self._on_chosen(result.chosen_limit_W)  # the batch-size trial records the limit it trained at
+            self._chose(result.chosen_limit_W, from_step=self._totals.steps + 1)  # in force from the next step on
         self._pending_metrics[metric.POWER_LIMIT_PROFILING_STEPS] = float(result.profiling_steps)
         self._write_power_limit_profile(result)
 
